@@ -1,0 +1,480 @@
+//! The CPU backend: rayon-parallel sparse products and fused vector kernels on host memory.
+//!
+//! Reductions sum fixed-size chunks and then the chunk sums in order, so every result is the
+//! same whatever the thread count or scheduling (bitwise reproducible runs and resumes).
+
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::{Backend, Operator, TransposeStrategy};
+use crate::comm::Comm;
+use crate::error::Result;
+use crate::sparse::{Csc, Csr};
+
+/// Elements per reduction chunk (and below twice this, vector kernels run on one thread).
+const CHUNK: usize = 16 * 1024;
+/// Nonzeros below which a sparse product is not split further across threads.
+const SPMV_GRAIN: u64 = 32 * 1024;
+
+/// Host vectors and rayon kernels.
+pub struct CpuBackend {
+    partials: Mutex<Vec<f64>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend {
+            partials: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Deterministic chunked reduction of `f(chunk_index, range)` partial sums.
+    fn reduce<F>(&self, n: usize, f: F) -> f64
+    where
+        F: Fn(std::ops::Range<usize>) -> f64 + Sync,
+    {
+        let nchunks = n.div_ceil(CHUNK);
+        if nchunks <= 2 {
+            return (0..nchunks)
+                .map(|c| f(c * CHUNK..((c + 1) * CHUNK).min(n)))
+                .sum();
+        }
+        let mut p = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        p.resize(nchunks, 0.0);
+        p.par_iter_mut()
+            .enumerate()
+            .for_each(|(c, s)| *s = f(c * CHUNK..((c + 1) * CHUNK).min(n)));
+        p.iter().sum()
+    }
+}
+
+fn par_for<F>(n: usize, f: F)
+where
+    F: Fn(std::ops::Range<usize>) + Sync,
+{
+    if n <= 2 * CHUNK {
+        f(0..n);
+    } else {
+        (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .for_each(|c| f(c * CHUNK..((c + 1) * CHUNK).min(n)));
+    }
+}
+
+/// A raw pointer that may be shared across threads when every thread touches disjoint indices.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f64);
+// SAFETY: used only by `par_for` bodies whose index ranges are disjoint, so no two threads
+// access the same element.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMut {}
+impl SharedMut {
+    /// # Safety
+    /// `r` must be in bounds of the original slice and not accessed by any other thread.
+    unsafe fn slice<'a>(self, r: std::ops::Range<usize>) -> &'a mut [f64] {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(r.start), r.len()) }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Vector = Vec<f64>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn describe(&self) -> String {
+        format!("cpu (rayon, {} threads)", rayon::current_num_threads())
+    }
+    fn zeros(&self, n: usize) -> Result<Vec<f64>> {
+        Ok(vec![0.0; n])
+    }
+    fn upload(&self, x: &[f64]) -> Result<Vec<f64>> {
+        Ok(x.to_vec())
+    }
+    fn download(&self, x: &Vec<f64>, out: &mut [f64]) -> Result<()> {
+        out.copy_from_slice(x);
+        Ok(())
+    }
+    fn len(&self, x: &Vec<f64>) -> usize {
+        x.len()
+    }
+    fn copy(&self, src: &Vec<f64>, dst: &mut Vec<f64>) -> Result<()> {
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+    fn fill(&self, x: &mut Vec<f64>, value: f64) -> Result<()> {
+        x.fill(value);
+        Ok(())
+    }
+    fn scale(&self, x: &mut Vec<f64>, a: f64) -> Result<()> {
+        let p = SharedMut(x.as_mut_ptr());
+        par_for(x.len(), |r| {
+            // SAFETY: par_for hands out disjoint in-bounds ranges.
+            unsafe { p.slice(r) }.iter_mut().for_each(|v| *v *= a)
+        });
+        Ok(())
+    }
+    fn axpby(&self, a: f64, x: &Vec<f64>, b: f64, y: &mut Vec<f64>) -> Result<()> {
+        assert_eq!(x.len(), y.len());
+        let p = SharedMut(y.as_mut_ptr());
+        par_for(x.len(), |r| {
+            // SAFETY: par_for hands out disjoint in-bounds ranges.
+            let ys = unsafe { p.slice(r.clone()) };
+            for (yi, &xi) in ys.iter_mut().zip(&x[r]) {
+                *yi = a * xi + b * *yi;
+            }
+        });
+        Ok(())
+    }
+    fn pointwise_mul(&self, x: &Vec<f64>, y: &Vec<f64>, z: &mut Vec<f64>) -> Result<()> {
+        assert!(x.len() == y.len() && y.len() == z.len());
+        let p = SharedMut(z.as_mut_ptr());
+        par_for(x.len(), |r| {
+            // SAFETY: par_for hands out disjoint in-bounds ranges.
+            let zs = unsafe { p.slice(r.clone()) };
+            for ((zi, &xi), &yi) in zs.iter_mut().zip(&x[r.clone()]).zip(&y[r]) {
+                *zi = xi * yi;
+            }
+        });
+        Ok(())
+    }
+    fn dot(&self, x: &Vec<f64>, y: &Vec<f64>) -> Result<f64> {
+        assert_eq!(x.len(), y.len());
+        Ok(self.reduce(x.len(), |r| {
+            x[r.clone()].iter().zip(&y[r]).map(|(a, b)| a * b).sum()
+        }))
+    }
+    fn norm_sq(&self, x: &Vec<f64>) -> Result<f64> {
+        Ok(self.reduce(x.len(), |r| x[r].iter().map(|a| a * a).sum()))
+    }
+    fn lsqr_update(
+        &self,
+        x: &mut Vec<f64>,
+        w: &mut Vec<f64>,
+        v: &Vec<f64>,
+        t1: f64,
+        t2: f64,
+        inv_rho: f64,
+        var: Option<&mut Vec<f64>>,
+    ) -> Result<f64> {
+        let n = x.len();
+        assert!(w.len() == n && v.len() == n);
+        let (px, pw) = (SharedMut(x.as_mut_ptr()), SharedMut(w.as_mut_ptr()));
+        let pvar = var.map(|v| {
+            assert_eq!(v.len(), n);
+            SharedMut(v.as_mut_ptr())
+        });
+        Ok(self.reduce(n, |r| {
+            // SAFETY: reduce hands each chunk index to exactly one closure call, so the ranges
+            // are disjoint and in bounds.
+            let (xs, ws) = unsafe { (px.slice(r.clone()), pw.slice(r.clone())) };
+            let vs = &v[r.clone()];
+            let mut s = 0.0;
+            match pvar {
+                Some(pv) => {
+                    // SAFETY: as above.
+                    let var = unsafe { pv.slice(r) };
+                    for i in 0..xs.len() {
+                        let wi = ws[i];
+                        let dk = inv_rho * wi;
+                        s += dk * dk;
+                        xs[i] += t1 * wi;
+                        var[i] += dk * dk;
+                        ws[i] = vs[i] + t2 * wi;
+                    }
+                }
+                None => {
+                    for i in 0..xs.len() {
+                        let wi = ws[i];
+                        let dk = inv_rho * wi;
+                        s += dk * dk;
+                        xs[i] += t1 * wi;
+                        ws[i] = vs[i] + t2 * wi;
+                    }
+                }
+            }
+            s
+        }))
+    }
+    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Vec<f64>) -> Result<()> {
+        comm.allreduce_sum(x)
+    }
+}
+
+/// y[rows] = alpha * A[rows] x + beta * y[rows], splitting the row range in two by nonzero count
+/// until each piece is small (balanced for a mix of very long and very short rows).
+fn spmv_rows(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64], row0: usize) {
+    let ip = a.indptr();
+    let nrows = y.len();
+    let nnz = ip[row0 + nrows] - ip[row0];
+    if nnz <= SPMV_GRAIN || nrows < 2 {
+        let (idx, val) = (a.indices(), a.data());
+        for (k, yi) in y.iter_mut().enumerate() {
+            let (s, e) = (ip[row0 + k] as usize, ip[row0 + k + 1] as usize);
+            let mut sum = 0.0;
+            for p in s..e {
+                sum += val[p] * x[idx[p] as usize];
+            }
+            *yi = if beta == 0.0 {
+                alpha * sum
+            } else {
+                alpha * sum + beta * *yi
+            };
+        }
+        return;
+    }
+    let target = ip[row0] + nnz / 2;
+    let mid = ip[row0..=row0 + nrows]
+        .partition_point(|&p| p <= target)
+        .clamp(1, nrows - 1);
+    let (lo, hi) = y.split_at_mut(mid);
+    rayon::join(
+        || spmv_rows(a, alpha, x, beta, lo, row0),
+        || spmv_rows(a, alpha, x, beta, hi, row0 + mid),
+    );
+}
+
+/// Row ranges of about equal nonzero count (for the per-thread scatter).
+fn nnz_chunks(a: &Csr, parts: usize) -> Vec<usize> {
+    let ip = a.indptr();
+    let nnz = a.nnz() as u64;
+    let mut b = vec![0usize];
+    for k in 1..parts {
+        let target = nnz * k as u64 / parts as u64;
+        let r = ip
+            .partition_point(|&p| p <= target)
+            .saturating_sub(1)
+            .max(*b.last().unwrap_or(&0));
+        b.push(r.min(a.nrows()));
+    }
+    b.push(a.nrows());
+    b
+}
+
+enum TransposeImpl {
+    Csc(Csc),
+    Scatter {
+        bounds: Vec<usize>,
+        bufs: Mutex<Vec<Vec<f64>>>,
+    },
+}
+
+/// A CSR matrix on the CPU, with A^T applied through a CSC copy or a per-thread scatter.
+pub struct CpuCsrOperator {
+    a: Csr,
+    t: TransposeImpl,
+}
+
+impl CpuCsrOperator {
+    /// `Auto` chooses the CSC copy (fastest here); `Library` means CSC on the CPU.
+    pub fn new(a: Csr, strategy: TransposeStrategy) -> Self {
+        let t = match strategy {
+            TransposeStrategy::Scatter => {
+                let parts = rayon::current_num_threads().max(1);
+                let bounds = nnz_chunks(&a, parts);
+                let bufs = (0..parts).map(|_| vec![0.0; a.ncols()]).collect();
+                TransposeImpl::Scatter {
+                    bounds,
+                    bufs: Mutex::new(bufs),
+                }
+            }
+            _ => TransposeImpl::Csc(Csc::from_csr(&a)),
+        };
+        CpuCsrOperator { a, t }
+    }
+    pub fn matrix(&self) -> &Csr {
+        &self.a
+    }
+    pub fn strategy(&self) -> TransposeStrategy {
+        match self.t {
+            TransposeImpl::Csc(_) => TransposeStrategy::Csc,
+            TransposeImpl::Scatter { .. } => TransposeStrategy::Scatter,
+        }
+    }
+    /// Bytes of matrix storage this operator holds.
+    pub fn bytes(&self) -> usize {
+        let csr = |m: &Csr| m.nnz() * 12 + (m.nrows() + 1) * 8;
+        csr(&self.a)
+            + match &self.t {
+                TransposeImpl::Csc(c) => csr(c.transpose_csr()),
+                TransposeImpl::Scatter { bufs, .. } => {
+                    bufs.lock().map(|b| b.len()).unwrap_or(0) * self.a.ncols() * 8
+                }
+            }
+    }
+}
+
+impl Operator<CpuBackend> for CpuCsrOperator {
+    fn nrows(&self) -> usize {
+        self.a.nrows()
+    }
+    fn ncols(&self) -> usize {
+        self.a.ncols()
+    }
+    fn apply(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> Result<()> {
+        assert_eq!(x.len(), self.a.ncols());
+        assert_eq!(y.len(), self.a.nrows());
+        spmv_rows(&self.a, alpha, x, beta, y, 0);
+        Ok(())
+    }
+    fn apply_t(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        y: &Vec<f64>,
+        beta: f64,
+        x: &mut Vec<f64>,
+    ) -> Result<()> {
+        assert_eq!(y.len(), self.a.nrows());
+        assert_eq!(x.len(), self.a.ncols());
+        match &self.t {
+            TransposeImpl::Csc(c) => spmv_rows(c.transpose_csr(), alpha, y, beta, x, 0),
+            TransposeImpl::Scatter { bounds, bufs } => {
+                let mut bufs = bufs.lock().unwrap_or_else(|e| e.into_inner());
+                let a = &self.a;
+                bufs.par_iter_mut().enumerate().for_each(|(t, buf)| {
+                    buf.fill(0.0);
+                    let rows = bounds[t]..bounds[t + 1];
+                    for (r, &yr) in rows.clone().zip(&y[rows]) {
+                        let (c, v) = a.row(r);
+                        for (&j, &aij) in c.iter().zip(v) {
+                            buf[j as usize] += aij * yr;
+                        }
+                    }
+                });
+                let bufs = &*bufs;
+                let p = SharedMut(x.as_mut_ptr());
+                par_for(x.len(), |r| {
+                    // SAFETY: par_for hands out disjoint in-bounds ranges.
+                    let xs = unsafe { p.slice(r.clone()) };
+                    for (k, xi) in xs.iter_mut().enumerate() {
+                        let j = r.start + k;
+                        let s: f64 = bufs.iter().map(|b| b[j]).sum();
+                        *xi = if beta == 0.0 {
+                            alpha * s
+                        } else {
+                            alpha * s + beta * *xi
+                        };
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random_csr(m: usize, n: usize, seed: u64) -> Csr {
+        let mut s = seed;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (mut r, mut c, mut v) = (vec![], vec![], vec![]);
+        for i in 0..m {
+            let len = if i == 3 {
+                n.min(5000)
+            } else {
+                (next() % 6) as usize
+            };
+            for _ in 0..len {
+                r.push(i as u64);
+                c.push(next() % n as u64);
+                v.push((next() % 1000) as f64 / 500.0 - 1.0);
+            }
+        }
+        Csr::from_triplets(m, n, &r, &c, &v).unwrap()
+    }
+
+    #[test]
+    fn products_match_reference_both_transposes() {
+        let be = CpuBackend::new();
+        for &(m, n) in &[(2000usize, 700usize), (300, 9000), (100_000, 50)] {
+            let a = random_csr(m, n, (m * n) as u64 + 1);
+            let x: Vec<f64> = (0..n).map(|i| (i as f64).sin()).collect();
+            let y0: Vec<f64> = (0..m).map(|i| (i as f64).cos()).collect();
+            let at = a.transpose();
+            let want_y: Vec<f64> = a
+                .matvec(&x)
+                .iter()
+                .zip(&y0)
+                .map(|(ax, y)| 2.0 * ax - 0.5 * y)
+                .collect();
+            let want_x: Vec<f64> = at
+                .matvec(&y0)
+                .iter()
+                .zip(&x)
+                .map(|(ay, x)| -1.0 * ay + 3.0 * x)
+                .collect();
+            for strat in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
+                let op = CpuCsrOperator::new(a.clone(), strat);
+                let mut y = y0.clone();
+                op.apply(&be, 2.0, &x, -0.5, &mut y).unwrap();
+                let mut xx = x.clone();
+                op.apply_t(&be, -1.0, &y0, 3.0, &mut xx).unwrap();
+                for (p, q) in y.iter().zip(&want_y) {
+                    assert!((p - q).abs() <= 1e-12 * (1.0 + q.abs()));
+                }
+                for (p, q) in xx.iter().zip(&want_x) {
+                    assert!(
+                        (p - q).abs() <= 1e-12 * (1.0 + q.abs()),
+                        "{strat}: {p} vs {q}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_kernels_and_deterministic_reductions() {
+        let be = CpuBackend::new();
+        let n = 100_003;
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 * 1e-3).collect();
+        let y: Vec<f64> = (0..n)
+            .map(|i| ((i * 104_729) % 997) as f64 * 1e-3)
+            .collect();
+        let d1 = be.dot(&x, &y).unwrap();
+        let d2 = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| be.dot(&x, &y).unwrap());
+        assert_eq!(d1.to_bits(), d2.to_bits());
+        let naive: f64 = x.iter().zip(&y).map(|(a, b)| a * b).sum();
+        assert!((d1 - naive).abs() < 1e-9 * naive);
+        let mut z = y.clone();
+        be.axpby(2.0, &x, -1.0, &mut z).unwrap();
+        assert_eq!(z[12345], 2.0 * x[12345] - y[12345]);
+        let (mut xx, mut w, v) = (x.clone(), y.clone(), x.clone());
+        let mut var = vec![0.0; n];
+        let s = be
+            .lsqr_update(&mut xx, &mut w, &v, 0.5, -0.25, 2.0, Some(&mut var))
+            .unwrap();
+        let want: f64 = y.iter().map(|a| 4.0 * a * a).sum();
+        assert!((s - want).abs() < 1e-9 * want);
+        assert_eq!(xx[7], x[7] + 0.5 * y[7]);
+        assert_eq!(w[7], v[7] - 0.25 * y[7]);
+        assert_eq!(var[7], (2.0 * y[7]) * (2.0 * y[7]));
+    }
+}

@@ -1,0 +1,147 @@
+//! Compute backends. A [`Backend`] owns vectors (host memory for the CPU backend, device memory
+//! for CUDA) and the vector kernels the solvers need; an [`Operator`] applies a matrix held by
+//! that backend. Solvers are written once over these two traits.
+
+pub mod cpu;
+
+use crate::comm::Comm;
+use crate::error::Result;
+
+/// Vector storage and the vector kernels the Krylov solvers use. Reductions (`dot`, `norm_sq`)
+/// are local to this rank; the solver sums them over ranks through [`Comm`] where a vector is
+/// distributed.
+pub trait Backend: Send + Sync {
+    /// A vector of f64 owned by this backend.
+    type Vector: Send;
+
+    /// Short name: "cpu" or "cuda".
+    fn name(&self) -> &'static str;
+    /// One line for logs and reports (device, threads).
+    fn describe(&self) -> String;
+
+    fn zeros(&self, n: usize) -> Result<Self::Vector>;
+    fn upload(&self, x: &[f64]) -> Result<Self::Vector>;
+    fn download(&self, x: &Self::Vector, out: &mut [f64]) -> Result<()>;
+    fn len(&self, x: &Self::Vector) -> usize;
+
+    /// dst = src
+    fn copy(&self, src: &Self::Vector, dst: &mut Self::Vector) -> Result<()>;
+    /// x = value
+    fn fill(&self, x: &mut Self::Vector, value: f64) -> Result<()>;
+    /// x = a x
+    fn scale(&self, x: &mut Self::Vector, a: f64) -> Result<()>;
+    /// y = a x + b y
+    fn axpby(&self, a: f64, x: &Self::Vector, b: f64, y: &mut Self::Vector) -> Result<()>;
+    /// z = x .* y (element-wise)
+    fn pointwise_mul(&self, x: &Self::Vector, y: &Self::Vector, z: &mut Self::Vector)
+        -> Result<()>;
+    /// Local x . y
+    fn dot(&self, x: &Self::Vector, y: &Self::Vector) -> Result<f64>;
+    /// Local sum of squares of x.
+    fn norm_sq(&self, x: &Self::Vector) -> Result<f64>;
+
+    /// LSQR's fused step (Paige & Saunders' update of x and w), in one pass:
+    /// `s = ||w||^2` (before the update); `x += t1 w`; `var += (w * inv_rho)^2` when given;
+    /// `w = v + t2 w`. Returns `s`.
+    #[allow(clippy::too_many_arguments)]
+    fn lsqr_update(
+        &self,
+        x: &mut Self::Vector,
+        w: &mut Self::Vector,
+        v: &Self::Vector,
+        t1: f64,
+        t2: f64,
+        inv_rho: f64,
+        var: Option<&mut Self::Vector>,
+    ) -> Result<f64>;
+
+    /// out[j] = basis[j] . w for every j (classical Gram-Schmidt's batched inner products).
+    fn multi_dot(&self, basis: &[Self::Vector], w: &Self::Vector, out: &mut [f64]) -> Result<()> {
+        for (o, b) in out.iter_mut().zip(basis) {
+            *o = self.dot(b, w)?;
+        }
+        Ok(())
+    }
+    /// w -= sum_j coeffs[j] basis[j]
+    fn multi_axpy(
+        &self,
+        coeffs: &[f64],
+        basis: &[Self::Vector],
+        w: &mut Self::Vector,
+    ) -> Result<()> {
+        for (&c, b) in coeffs.iter().zip(basis) {
+            self.axpby(-c, b, 1.0, w)?;
+        }
+        Ok(())
+    }
+
+    /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
+    /// iteration). The CPU backend hands the slice to `comm`; a GPU backend may stage it through
+    /// pinned host memory or reduce GPU to GPU.
+    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Vector) -> Result<()>;
+}
+
+/// A matrix applied on a backend. `nrows` is this rank's share of the rows.
+pub trait Operator<B: Backend> {
+    fn nrows(&self) -> usize;
+    fn ncols(&self) -> usize;
+    /// y = alpha A x + beta y
+    fn apply(
+        &self,
+        backend: &B,
+        alpha: f64,
+        x: &B::Vector,
+        beta: f64,
+        y: &mut B::Vector,
+    ) -> Result<()>;
+    /// x = alpha A^T y + beta x, with this rank's rows only (no reduction over ranks).
+    fn apply_t(
+        &self,
+        backend: &B,
+        alpha: f64,
+        y: &B::Vector,
+        beta: f64,
+        x: &mut B::Vector,
+    ) -> Result<()>;
+}
+
+/// How x += A^T y is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransposeStrategy {
+    /// Pick by memory: an explicit transpose copy when it fits, else the scatter.
+    Auto,
+    /// An explicit CSC copy of A (= CSR of A^T): a gather per column, no write conflicts.
+    Csc,
+    /// Scatter from the CSR rows (per-thread buffers on the CPU, atomic adds on the GPU): no
+    /// second copy of the matrix.
+    Scatter,
+    /// The vendor library's transposed SpMV (cuSPARSE; the GPU baseline).
+    Library,
+}
+
+impl std::str::FromStr for TransposeStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "csc" => Ok(Self::Csc),
+            "scatter" | "atomic" => Ok(Self::Scatter),
+            "library" | "cusparse" => Ok(Self::Library),
+            _ => Err(format!(
+                "unknown transpose strategy '{s}' (auto, csc, scatter, library)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransposeStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Csc => "csc",
+            Self::Scatter => "scatter",
+            Self::Library => "library",
+        })
+    }
+}

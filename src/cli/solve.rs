@@ -1,0 +1,110 @@
+//! `seistomo solve`: one system from Matrix Market files.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+
+use crate::backend::TransposeStrategy;
+use crate::comm::SerialComm;
+use crate::run::{self, BackendChoice, OutputPaths, SolveOptions};
+use crate::solver::LsqrParams;
+
+#[derive(Debug, Args)]
+pub struct SolveArgs {
+    /// Solver (lsqr).
+    #[arg(long, default_value = "lsqr")]
+    method: String,
+    /// System matrix A (Matrix Market, .gz allowed).
+    #[arg(long)]
+    matrix: PathBuf,
+    /// Right-hand side b (Matrix Market array or text, one value per line). Default: b = A 1.
+    #[arg(long)]
+    rhs: Option<PathBuf>,
+    /// Regularisation matrix R: the system becomes [A; w R] x = [b; 0].
+    #[arg(long)]
+    reg: Option<PathBuf>,
+    /// Weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
+    reg_weight: f64,
+    /// Starting guess x0 (damping then applies to x - x0).
+    #[arg(long)]
+    x0: Option<PathBuf>,
+    /// LSQR damping (Tikhonov weight on ||x - x0||).
+    #[arg(long, default_value_t = 0.0)]
+    damp: f64,
+    #[arg(long, default_value_t = 1e-6)]
+    atol: f64,
+    #[arg(long, default_value_t = 1e-6)]
+    btol: f64,
+    #[arg(long, default_value_t = 1e8)]
+    conlim: f64,
+    /// Iteration limit (default 2 n).
+    #[arg(long)]
+    iter_lim: Option<usize>,
+    /// Scale columns to unit norm (right diagonal preconditioning).
+    #[arg(long)]
+    col_scale: bool,
+    /// Compute the var estimate (a lower bound on diag((A^T A + damp^2 I)^-1)) into this file.
+    #[arg(long)]
+    variance: Option<PathBuf>,
+    /// Compute backend.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// How A^T y is computed: auto, csc, scatter, library.
+    #[arg(long, default_value = "auto")]
+    transpose: TransposeStrategy,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Solution file: one value per line.
+    #[arg(long)]
+    solution: Option<PathBuf>,
+    /// Report file (JSON).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Convergence history (CSV, iteration 0 onwards).
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Print progress every N iterations (0: never).
+    #[arg(long, default_value_t = 0)]
+    progress: usize,
+}
+
+pub fn run(a: SolveArgs) -> anyhow::Result<()> {
+    if a.method != "lsqr" {
+        anyhow::bail!(
+            "--method {}: only lsqr is available in this build",
+            a.method
+        );
+    }
+    super::init_threads(a.threads)?;
+    let t = Instant::now();
+    let sys = run::load_mtx_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+    let load = t.elapsed().as_secs_f64();
+    let opts = SolveOptions {
+        params: LsqrParams {
+            damp: a.damp,
+            atol: a.atol,
+            btol: a.btol,
+            conlim: a.conlim,
+            iter_lim: a.iter_lim,
+            calc_var: a.variance.is_some(),
+        },
+        col_scale: a.col_scale,
+        x0: a.x0,
+        backend: a.backend,
+        transpose: a.transpose,
+        threads: a.threads,
+    };
+    let out = OutputPaths {
+        solution: a.solution,
+        report: a.report,
+        history: a.history,
+        variance: a.variance,
+    };
+    let o = run::solve_system(sys, &opts, &SerialComm, load, a.progress)?;
+    run::write_outputs(&out, &o)?;
+    eprintln!("{}", super::summary(&o));
+    Ok(())
+}

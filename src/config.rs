@@ -1,0 +1,299 @@
+//! Run configuration: TOML -> raw serde structs (unknown keys rejected) -> `validate()` ->
+//! [`RunConfig`]. Every error names the file and the key (and the line, for syntax errors).
+//! Relative paths in a config are relative to the config file's directory.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::backend::TransposeStrategy;
+use crate::error::{Error, Result};
+use crate::run::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use crate::solver::LsqrParams;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    system: Option<RawSystem>,
+    #[serde(default)]
+    solver: RawSolver,
+    #[serde(default)]
+    backend: RawBackend,
+    #[serde(default)]
+    output: RawOutput,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSystem {
+    matrix: PathBuf,
+    rhs: Option<PathBuf>,
+    reg: Option<PathBuf>,
+    reg_weight: Option<f64>,
+    x0: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSolver {
+    method: Option<String>,
+    damp: Option<f64>,
+    atol: Option<f64>,
+    btol: Option<f64>,
+    conlim: Option<f64>,
+    iter_lim: Option<i64>,
+    col_scale: Option<bool>,
+    calc_var: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    kind: Option<String>,
+    transpose: Option<String>,
+    threads: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutput {
+    dir: Option<PathBuf>,
+    solution: Option<String>,
+    report: Option<String>,
+    history: Option<String>,
+    variance: Option<String>,
+}
+
+/// A validated run.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The config file.
+    pub path: PathBuf,
+    pub system: SystemSource,
+    pub options: SolveOptions,
+    pub output: OutputPaths,
+    /// The TOML text, echoed into outputs.
+    pub text: String,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
+}
+
+impl RunConfig {
+    /// Read and validate a config file.
+    pub fn load(path: &Path) -> Result<RunConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(path, &text)
+    }
+
+    /// Validate config text read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<RunConfig> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
+            Error::parse(path, line, e.message().replace('\n', " "))
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
+        let bad = |msg: String| Error::config(path, msg);
+        let existing = |key: &str, p: &Path| -> Result<PathBuf> {
+            let full = resolve(p);
+            if full.is_file() {
+                Ok(full)
+            } else {
+                Err(bad(format!("{key}: file '{}' not found", full.display())))
+            }
+        };
+
+        let sys = raw
+            .system
+            .ok_or_else(|| bad("missing [system] table (matrix = ..., rhs = ...)".into()))?;
+        let reg = sys
+            .reg
+            .as_deref()
+            .map(|p| existing("[system] reg", p))
+            .transpose()?;
+        let reg_weight = sys.reg_weight.unwrap_or(1.0);
+        if !reg_weight.is_finite() || reg_weight < 0.0 {
+            return Err(bad(format!(
+                "[system] reg_weight must be finite and >= 0 (got {reg_weight})"
+            )));
+        }
+        if sys.reg_weight.is_some() && reg.is_none() {
+            return Err(bad(
+                "[system] reg_weight is set but there is no reg matrix".into()
+            ));
+        }
+        let system = SystemSource::Mtx {
+            matrix: existing("[system] matrix", &sys.matrix)?,
+            rhs: sys
+                .rhs
+                .as_deref()
+                .map(|p| existing("[system] rhs", p))
+                .transpose()?,
+            reg,
+            reg_weight,
+        };
+        let x0 = sys
+            .x0
+            .as_deref()
+            .map(|p| existing("[system] x0", p))
+            .transpose()?;
+
+        let s = raw.solver;
+        if let Some(m) = &s.method {
+            if m != "lsqr" {
+                return Err(bad(format!(
+                    "[solver] method '{m}' is not supported by invert (lsqr)"
+                )));
+            }
+        }
+        let d = LsqrParams::default();
+        let nonneg = |key: &str, v: Option<f64>, default: f64| -> Result<f64> {
+            match v {
+                None => Ok(default),
+                Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+                Some(x) => Err(bad(format!(
+                    "[solver] {key} must be finite and >= 0 (got {x})"
+                ))),
+            }
+        };
+        let iter_lim = match s.iter_lim {
+            None => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => return Err(bad(format!("[solver] iter_lim must be > 0 (got {k})"))),
+        };
+        let params = LsqrParams {
+            damp: nonneg("damp", s.damp, d.damp)?,
+            atol: nonneg("atol", s.atol, d.atol)?,
+            btol: nonneg("btol", s.btol, d.btol)?,
+            conlim: nonneg("conlim", s.conlim, d.conlim)?,
+            iter_lim,
+            calc_var: s.calc_var.unwrap_or(false),
+        };
+
+        let b = raw.backend;
+        let backend = match b.kind.as_deref() {
+            None => BackendChoice::Auto,
+            Some(k) => k
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] kind: {e}")))?,
+        };
+        let transpose = match b.transpose.as_deref() {
+            None => TransposeStrategy::Auto,
+            Some(t) => t
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] transpose: {e}")))?,
+        };
+        let threads = match b.threads {
+            None => None,
+            Some(t) if t > 0 => Some(t as usize),
+            Some(t) => return Err(bad(format!("[backend] threads must be > 0 (got {t})"))),
+        };
+
+        let o = raw.output;
+        let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
+        let name =
+            |v: Option<String>, default: &str| dir.join(v.unwrap_or_else(|| default.to_string()));
+        let output = OutputPaths {
+            solution: Some(name(o.solution, "solution.txt")),
+            report: Some(name(o.report, "report.json")),
+            history: Some(name(o.history, "history.csv")),
+            variance: if params.calc_var {
+                Some(name(o.variance, "variance.txt"))
+            } else {
+                None
+            },
+        };
+        let options = SolveOptions {
+            params,
+            col_scale: s.col_scale.unwrap_or(false),
+            x0,
+            backend,
+            transpose,
+            threads,
+        };
+        Ok(RunConfig {
+            path: path.to_path_buf(),
+            system,
+            options,
+            output,
+            text: text.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Result<RunConfig> {
+        let dir = std::env::temp_dir().join(format!("seistomo-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("A.mtx"),
+            "%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 1\n",
+        )
+        .unwrap();
+        RunConfig::parse(&dir.join("run.toml"), text)
+    }
+
+    #[test]
+    fn accepts_a_minimal_config_and_resolves_paths() {
+        let c =
+            cfg("[system]\nmatrix = \"A.mtx\"\n[solver]\natol = 1e-8\niter_lim = 10\n").unwrap();
+        match &c.system {
+            SystemSource::Mtx { matrix, .. } => {
+                assert!(matrix.ends_with("A.mtx") && matrix.starts_with(std::env::temp_dir()))
+            }
+        }
+        assert_eq!(c.options.params.atol, 1e-8);
+        assert_eq!(c.options.params.iter_lim, Some(10));
+    }
+
+    #[test]
+    fn rejects_bad_configs_naming_key_and_file() {
+        let cases = [
+            (
+                "[system]\nmatrix = \"A.mtx\"\nfoo = 1\n",
+                "unknown field `foo`",
+            ),
+            (
+                "[system]\nmatrix = \"A.mtx\"\n[solver]\natol = -1.0\n",
+                "atol must be",
+            ),
+            (
+                "[system]\nmatrix = \"A.mtx\"\n[solver]\natol = \"x\"\n",
+                "run.toml:4",
+            ),
+            (
+                "[system]\nmatrix = \"missing.mtx\"\n",
+                "[system] matrix: file",
+            ),
+            ("[solver]\natol = 1.0\n", "missing [system]"),
+            (
+                "[system]\nmatrix = \"A.mtx\"\n[backend]\nkind = \"tpu\"\n",
+                "[backend] kind",
+            ),
+            (
+                "[system]\nmatrix = \"A.mtx\"\n[solver]\niter_lim = 0\n",
+                "iter_lim",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = cfg(text).unwrap_err().to_string();
+            assert!(e.contains("run.toml") && e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "multi-line error: {e}");
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! seistomo: large seismic tomography inversions (damped least squares by LSQR, square systems
+//! by GMRES) on CPUs and GPUs, in one process or across MPI ranks.
+//!
+//! Layout: [`sparse`] (CSR/CSC, Matrix Market), [`io`] (files), [`comm`] (ranks),
+//! [`backend`] (CPU and CUDA kernels), [`solver`] (LSQR, GMRES), [`config`] (TOML runs),
+//! [`run`] (the pipeline shared by the CLI commands), [`cli`] (subcommands).
+
+pub mod backend;
+pub mod cli;
+pub mod comm;
+pub mod config;
+pub mod error;
+pub mod io;
+pub mod run;
+pub mod solver;
+pub mod sparse;
+pub mod testing;
+
+pub use error::{Error, Result};
+
+/// Program version, for reports and model files.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,418 @@
+//! The pipeline shared by `solve` and `invert`: load a system, pick a backend, run LSQR, write
+//! the solution, report and history (rank 0 only, atomically, after the solve succeeded).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
+use crate::backend::{Backend, Operator, TransposeStrategy};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::io::{write_atomic, write_vector_text};
+use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
+use crate::sparse::{mtx, Csr};
+
+/// Which compute backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// CUDA when a usable GPU is present, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda),
+            _ => Err(format!("unknown backend '{s}' (auto, cpu, cuda)")),
+        }
+    }
+}
+
+/// Where the system comes from.
+#[derive(Debug, Clone)]
+pub enum SystemSource {
+    /// Matrix Market files: the system is [A; w R] x = [b; 0] (b = A 1 without an rhs file).
+    Mtx {
+        matrix: PathBuf,
+        rhs: Option<PathBuf>,
+        reg: Option<PathBuf>,
+        reg_weight: f64,
+    },
+}
+
+/// Solver settings beyond the system itself.
+#[derive(Debug, Clone)]
+pub struct SolveOptions {
+    pub params: LsqrParams,
+    /// Scale every column of the system to unit norm (right diagonal preconditioning); the
+    /// solution and var are scaled back.
+    pub col_scale: bool,
+    pub x0: Option<PathBuf>,
+    pub backend: BackendChoice,
+    pub transpose: TransposeStrategy,
+    /// CPU threads (default: rayon's, i.e. the cores or RAYON_NUM_THREADS).
+    pub threads: Option<usize>,
+}
+
+/// Output files; `None` skips one.
+#[derive(Debug, Clone, Default)]
+pub struct OutputPaths {
+    pub solution: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub history: Option<PathBuf>,
+    pub variance: Option<PathBuf>,
+}
+
+/// A loaded least-squares system (this rank's rows).
+#[derive(Debug, Clone)]
+pub struct System {
+    pub a: Csr,
+    pub b: Vec<f64>,
+    /// Rows of the kernel (data) part; the remaining rows are damping/regularisation.
+    pub kernel_rows: usize,
+}
+
+/// Load [A; w R], [b; 0] from Matrix Market / text files.
+pub fn load_mtx_system(
+    matrix: &Path,
+    rhs: Option<&Path>,
+    reg: Option<&Path>,
+    reg_weight: f64,
+) -> Result<System> {
+    let a = mtx::read_matrix(matrix)?;
+    let b = match rhs {
+        Some(p) => {
+            let b = mtx::read_vector(p)?;
+            if b.len() != a.nrows() {
+                return Err(Error::format(
+                    p,
+                    format!(
+                        "{} values but the matrix {} has {} rows",
+                        b.len(),
+                        matrix.display(),
+                        a.nrows()
+                    ),
+                ));
+            }
+            b
+        }
+        None => a.matvec(&vec![1.0; a.ncols()]),
+    };
+    let kernel_rows = a.nrows();
+    match reg {
+        None => Ok(System { a, b, kernel_rows }),
+        Some(p) => {
+            let r = mtx::read_matrix(p)?;
+            if r.ncols() != a.ncols() {
+                return Err(Error::format(
+                    p,
+                    format!(
+                        "{} columns but the matrix {} has {}",
+                        r.ncols(),
+                        matrix.display(),
+                        a.ncols()
+                    ),
+                ));
+            }
+            let mut b = b;
+            b.resize(a.nrows() + r.nrows(), 0.0);
+            let a = a
+                .vstack_scaled(&r, reg_weight)
+                .map_err(|e| Error::in_file(p, e))?;
+            Ok(System { a, b, kernel_rows })
+        }
+    }
+}
+
+impl SystemSource {
+    pub fn load(&self) -> Result<System> {
+        match self {
+            SystemSource::Mtx {
+                matrix,
+                rhs,
+                reg,
+                reg_weight,
+            } => load_mtx_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+        }
+    }
+}
+
+/// Wall-clock seconds of each phase.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Seconds {
+    pub load: f64,
+    pub setup: f64,
+    pub solve: f64,
+    pub total: f64,
+}
+
+/// report.json: what was solved, how, and the outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub program: &'static str,
+    pub version: &'static str,
+    pub method: &'static str,
+    pub backend: String,
+    pub backend_detail: String,
+    pub transpose: String,
+    pub ranks: usize,
+    pub threads: usize,
+    pub m: usize,
+    pub n: usize,
+    pub nnz: usize,
+    pub damp: f64,
+    pub atol: f64,
+    pub btol: f64,
+    pub conlim: f64,
+    pub iter_lim: usize,
+    pub col_scale: bool,
+    pub istop: u32,
+    pub stop_reason: String,
+    pub iterations: usize,
+    pub r1norm: f64,
+    pub r2norm: f64,
+    pub anorm: f64,
+    pub acond: f64,
+    pub arnorm: f64,
+    pub xnorm: f64,
+    pub seconds: Seconds,
+    pub ms_per_iter: f64,
+}
+
+/// Everything a run produced.
+pub struct Outcome {
+    pub solution: LsqrSolution,
+    pub history: Vec<IterRecord>,
+    pub report: Report,
+}
+
+/// Resolve `Auto` and check that the chosen backend can run here; the string says why.
+pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
+    match choice {
+        BackendChoice::Cpu => Ok((BackendChoice::Cpu, "cpu requested".into())),
+        BackendChoice::Cuda => Err(Error::backend(
+            "cuda",
+            "this build has no CUDA backend yet; use --backend cpu",
+        )),
+        BackendChoice::Auto => Ok((
+            BackendChoice::Cpu,
+            "auto: no CUDA backend in this build, using the CPU".into(),
+        )),
+    }
+}
+
+/// Column scale factors 1/||A_:j|| over all ranks (1 for empty columns).
+pub fn column_scaling(a: &Csr, comm: &dyn Comm) -> Result<Vec<f64>> {
+    let mut sq: Vec<f64> = a.column_norms().iter().map(|v| v * v).collect();
+    comm.allreduce_sum(&mut sq)?;
+    Ok(sq
+        .iter()
+        .map(|&s| if s > 0.0 { 1.0 / s.sqrt() } else { 1.0 })
+        .collect())
+}
+
+/// Monitor that records the history and, when asked, prints progress to stderr.
+struct CliMonitor {
+    history: Vec<IterRecord>,
+    every: usize,
+}
+
+impl<B: Backend> LsqrMonitor<B> for CliMonitor {
+    fn record(&mut self, rec: &IterRecord) -> Result<()> {
+        if self.every > 0 && rec.itn % self.every == 0 {
+            eprintln!(
+                "  itn {:>7}  r1norm {:.6e}  arnorm {:.3e}  xnorm {:.6e}  acond {:.3e}",
+                rec.itn, rec.r1norm, rec.arnorm, rec.xnorm, rec.acond
+            );
+        }
+        self.history.push(*rec);
+        Ok(())
+    }
+}
+
+fn solve_on<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    params: &LsqrParams,
+    progress_every: usize,
+) -> Result<(LsqrSolution, Vec<IterRecord>)> {
+    let mut mon = CliMonitor {
+        history: Vec::new(),
+        every: if comm.is_root() { progress_every } else { 0 },
+    };
+    let sol = solver::lsqr(be, op, comm, b, x0, params, &mut mon)?;
+    Ok((sol, mon.history))
+}
+
+/// Solve a loaded system with LSQR.
+pub fn solve_system(
+    sys: System,
+    opts: &SolveOptions,
+    comm: &dyn Comm,
+    load_seconds: f64,
+    progress_every: usize,
+) -> Result<Outcome> {
+    let t_setup = Instant::now();
+    let System { mut a, b, .. } = sys;
+    let (m_local, n, nnz_local) = (a.nrows(), a.ncols(), a.nnz());
+    let x0 = match &opts.x0 {
+        Some(p) => {
+            let x0 = mtx::read_vector(p)?;
+            if x0.len() != n {
+                return Err(Error::format(
+                    p,
+                    format!("x0 has {} values but the system has {n} columns", x0.len()),
+                ));
+            }
+            Some(x0)
+        }
+        None => None,
+    };
+    let scale = if opts.col_scale {
+        Some(column_scaling(&a, comm)?)
+    } else {
+        None
+    };
+    let x0 = match (&scale, x0) {
+        (Some(d), Some(x0)) => Some(x0.iter().zip(d).map(|(x, d)| x / d).collect::<Vec<_>>()),
+        (_, x0) => x0,
+    };
+    if let Some(d) = &scale {
+        a.scale_columns(d);
+    }
+    let (kind, _why) = choose_backend(opts.backend)?;
+    let m = comm.allreduce_scalar(m_local as f64)? as usize;
+    let nnz = comm.allreduce_scalar(nnz_local as f64)? as usize;
+    let (mut solution, history, backend_detail, transpose, setup) = match kind {
+        BackendChoice::Cpu | BackendChoice::Auto => {
+            let be = CpuBackend::new();
+            let op = CpuCsrOperator::new(a, opts.transpose);
+            let setup = t_setup.elapsed().as_secs_f64();
+            let (s, h) = solve_on(
+                &be,
+                &op,
+                comm,
+                &b,
+                x0.as_deref(),
+                &opts.params,
+                progress_every,
+            )?;
+            (s, h, be.describe(), op.strategy().to_string(), setup)
+        }
+        BackendChoice::Cuda => unreachable!("choose_backend refuses cuda in this build"),
+    };
+    if let Some(d) = &scale {
+        solution.x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
+        if let Some(var) = solution.var.as_mut() {
+            var.iter_mut().zip(d).for_each(|(v, d)| *v *= d * d);
+        }
+    }
+    let info: &LsqrInfo = &solution.info;
+    let p = &opts.params;
+    let report = Report {
+        program: "seistomo",
+        version: crate::VERSION,
+        method: "lsqr",
+        backend: match kind {
+            BackendChoice::Cuda => "cuda".into(),
+            _ => "cpu".into(),
+        },
+        backend_detail,
+        transpose,
+        ranks: comm.size(),
+        threads: rayon::current_num_threads(),
+        m,
+        n,
+        nnz,
+        damp: p.damp,
+        atol: p.atol,
+        btol: p.btol,
+        conlim: p.conlim,
+        iter_lim: p.iter_lim.unwrap_or(2 * n),
+        col_scale: opts.col_scale,
+        istop: info.istop,
+        stop_reason: info.stop_reason.clone(),
+        iterations: info.itn,
+        r1norm: info.r1norm,
+        r2norm: info.r2norm,
+        anorm: info.anorm,
+        acond: info.acond,
+        arnorm: info.arnorm,
+        xnorm: info.xnorm,
+        seconds: Seconds {
+            load: load_seconds,
+            setup,
+            solve: info.seconds,
+            total: load_seconds + setup + info.seconds,
+        },
+        ms_per_iter: if info.itn > 0 {
+            1e3 * info.seconds / info.itn as f64
+        } else {
+            0.0
+        },
+    };
+    Ok(Outcome {
+        solution,
+        history,
+        report,
+    })
+}
+
+/// Write the history as CSV.
+pub fn write_history(path: &Path, h: &[IterRecord]) -> Result<()> {
+    write_atomic(path, |w| {
+        writeln!(w, "itn,r1norm,r2norm,arnorm,anorm,acond,xnorm,seconds")?;
+        for r in h {
+            writeln!(
+                w,
+                "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e}",
+                r.itn, r.r1norm, r.r2norm, r.arnorm, r.anorm, r.acond, r.xnorm, r.seconds
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// Write any serialisable value as pretty JSON.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    write_atomic(path, |w| {
+        serde_json::to_writer_pretty(&mut *w, value).map_err(std::io::Error::other)?;
+        writeln!(w)
+    })
+}
+
+/// Write the outputs that are asked for (call on rank 0 only). Directories are created.
+pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
+    for p in [&out.solution, &out.report, &out.history, &out.variance]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+    }
+    if let Some(p) = &out.solution {
+        write_vector_text(p, &o.solution.x)?;
+    }
+    if let (Some(p), Some(var)) = (&out.variance, &o.solution.var) {
+        write_vector_text(p, var)?;
+    }
+    if let Some(p) = &out.history {
+        write_history(p, &o.history)?;
+    }
+    if let Some(p) = &out.report {
+        write_json(p, &o.report)?;
+    }
+    Ok(())
+}

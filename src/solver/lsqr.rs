@@ -1,0 +1,473 @@
+//! LSQR (Paige & Saunders 1982, ACM TOMS 8(1) 43-71), following SciPy's `lsqr` step for step so
+//! that istop, iterations and norms agree with it.
+//!
+//! Solves min ||b - A x||^2 + damp^2 ||x - x0||^2 (with no x0, ||x||). Distributed over ranks the
+//! paper's way (Huang et al. 2012): each rank holds its rows of A and of u, and a full copy of
+//! x, v and w; ||u|| is a scalar sum over ranks and A^T u is summed over ranks with one vector
+//! reduction per iteration. Nothing here calls rayon, MPI or CUDA: only [`Backend`], [`Operator`]
+//! and [`Comm`].
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, Operator};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+
+/// LSQR parameters, with SciPy's meanings and defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LsqrParams {
+    pub damp: f64,
+    pub atol: f64,
+    pub btol: f64,
+    /// Stop when the condition estimate exceeds this (0 disables the test).
+    pub conlim: f64,
+    /// Default: 2 n (SciPy's).
+    pub iter_lim: Option<usize>,
+    /// Accumulate the `var` estimate of diag((A^T A + damp^2 I)^-1).
+    pub calc_var: bool,
+}
+
+impl Default for LsqrParams {
+    fn default() -> Self {
+        LsqrParams {
+            damp: 0.0,
+            atol: 1e-6,
+            btol: 1e-6,
+            conlim: 1e8,
+            iter_lim: None,
+            calc_var: false,
+        }
+    }
+}
+
+/// SciPy's istop words.
+pub fn stop_reason(istop: u32) -> &'static str {
+    match istop {
+        0 => "x = 0 is the exact solution (b = 0 or A^T b = 0); no iterations were needed",
+        1 => "Ax - b is small enough, given atol, btol",
+        2 => "the least-squares solution is good enough, given atol",
+        3 => "the estimate of cond(Abar) has exceeded conlim",
+        4 => "Ax - b is small enough for this machine",
+        5 => "the least-squares solution is good enough for this machine",
+        6 => "cond(Abar) seems to be too large for this machine",
+        7 => "the iteration limit has been reached",
+        _ => "unknown stop code",
+    }
+}
+
+/// The scalar state of LSQR: everything besides the vectors u, v, w, x (and var) that an
+/// iteration needs, so that a run can be checkpointed and resumed exactly.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LsqrScalars {
+    pub itn: usize,
+    pub istop: u32,
+    pub alpha: f64,
+    pub beta: f64,
+    pub rhobar: f64,
+    pub phibar: f64,
+    pub bnorm: f64,
+    pub anorm: f64,
+    pub acond: f64,
+    pub ddnorm: f64,
+    pub res2: f64,
+    pub xnorm: f64,
+    pub xxnorm: f64,
+    pub z: f64,
+    pub cs2: f64,
+    pub sn2: f64,
+    pub rnorm: f64,
+    pub r1norm: f64,
+    pub r2norm: f64,
+    pub arnorm: f64,
+}
+
+/// The vectors of LSQR on a backend. `u` has this rank's rows; the others have all columns.
+pub struct LsqrVectors<V> {
+    pub u: V,
+    pub v: V,
+    pub w: V,
+    pub x: V,
+    pub var: Option<V>,
+}
+
+/// One line of the convergence history (iteration 0 is the start).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct IterRecord {
+    pub itn: usize,
+    pub r1norm: f64,
+    pub r2norm: f64,
+    pub arnorm: f64,
+    pub anorm: f64,
+    pub acond: f64,
+    pub xnorm: f64,
+    /// Seconds since the solve started.
+    pub seconds: f64,
+}
+
+/// What LSQR reports, as SciPy's `lsqr` returns it (x and var are downloaded separately).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LsqrInfo {
+    pub istop: u32,
+    pub stop_reason: String,
+    pub itn: usize,
+    pub r1norm: f64,
+    pub r2norm: f64,
+    pub anorm: f64,
+    pub acond: f64,
+    pub arnorm: f64,
+    pub xnorm: f64,
+    pub seconds: f64,
+}
+
+/// Called with every iteration's record (from iteration 0) and, after each iteration, with the
+/// full state (for checkpoints). Returning an error stops the solve with that error.
+pub trait LsqrMonitor<B: Backend> {
+    fn record(&mut self, _rec: &IterRecord) -> Result<()> {
+        Ok(())
+    }
+    fn state(&mut self, _backend: &B, _s: &LsqrScalars, _v: &LsqrVectors<B::Vector>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A monitor that does nothing.
+pub struct NoMonitor;
+impl<B: Backend> LsqrMonitor<B> for NoMonitor {}
+
+/// A monitor that keeps the history in memory.
+#[derive(Default)]
+pub struct History(pub Vec<IterRecord>);
+impl<B: Backend> LsqrMonitor<B> for History {
+    fn record(&mut self, rec: &IterRecord) -> Result<()> {
+        self.0.push(*rec);
+        Ok(())
+    }
+}
+
+/// The global operations LSQR needs, built from a backend, a rank-local operator and a Comm.
+struct Dist<'a, B: Backend, O: Operator<B>> {
+    be: &'a B,
+    op: &'a O,
+    comm: &'a dyn Comm,
+    /// Scratch for A^T u before the reduction over ranks (None on one rank).
+    tmp: Option<B::Vector>,
+}
+
+impl<B: Backend, O: Operator<B>> Dist<'_, B, O> {
+    /// ||u|| over all ranks (u is distributed by rows).
+    fn row_norm(&self, u: &B::Vector) -> Result<f64> {
+        Ok(self.comm.allreduce_scalar(self.be.norm_sq(u)?)?.sqrt())
+    }
+    /// ||v|| (v is replicated on every rank).
+    fn col_norm(&self, v: &B::Vector) -> Result<f64> {
+        Ok(self.be.norm_sq(v)?.sqrt())
+    }
+    /// x = A^T u + beta x, A^T u summed over ranks.
+    fn apply_t(&mut self, u: &B::Vector, beta: f64, x: &mut B::Vector) -> Result<()> {
+        match self.tmp.as_mut() {
+            None => self.op.apply_t(self.be, 1.0, u, beta, x),
+            Some(t) => {
+                self.op.apply_t(self.be, 1.0, u, 0.0, t)?;
+                self.be.allreduce_sum(self.comm, t)?;
+                self.be.axpby(1.0, t, beta, x)
+            }
+        }
+    }
+}
+
+fn sym_ortho(a: f64, b: f64) -> (f64, f64, f64) {
+    let sign = |x: f64| {
+        if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else {
+            0.0
+        }
+    };
+    if b == 0.0 {
+        (sign(a), 0.0, a.abs())
+    } else if a == 0.0 {
+        (0.0, sign(b), b.abs())
+    } else if b.abs() > a.abs() {
+        let tau = a / b;
+        let s = sign(b) / (1.0 + tau * tau).sqrt();
+        let c = s * tau;
+        (c, s, b / s)
+    } else {
+        let tau = b / a;
+        let c = sign(a) / (1.0 + tau * tau).sqrt();
+        let s = c * tau;
+        (c, s, a / c)
+    }
+}
+
+/// Set up LSQR: u = b - A x0 normalised, v = A^T u normalised, w = v. `b` holds this rank's
+/// rows; `x0` (all columns) defaults to zero.
+pub fn lsqr_start<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    b: &B::Vector,
+    x0: Option<&B::Vector>,
+    params: &LsqrParams,
+) -> Result<(LsqrScalars, LsqrVectors<B::Vector>)> {
+    let (m, n) = (op.nrows(), op.ncols());
+    if be.len(b) != m {
+        return Err(Error::Invalid(format!(
+            "right-hand side has {} entries but the matrix has {m} rows here",
+            be.len(b)
+        )));
+    }
+    check_params(params)?;
+    let mut d = Dist {
+        be,
+        op,
+        comm,
+        tmp: None,
+    };
+    let mut u = be.zeros(m)?;
+    be.copy(b, &mut u)?;
+    let bnorm = d.row_norm(&u)?;
+    let mut x = be.zeros(n)?;
+    let beta = match x0 {
+        None => bnorm,
+        Some(x0) => {
+            if be.len(x0) != n {
+                return Err(Error::Invalid(format!(
+                    "x0 has {} entries but the matrix has {n} columns",
+                    be.len(x0)
+                )));
+            }
+            be.copy(x0, &mut x)?;
+            op.apply(be, -1.0, &x, 1.0, &mut u)?;
+            d.row_norm(&u)?
+        }
+    };
+    if comm.size() > 1 {
+        d.tmp = Some(be.zeros(n)?);
+    }
+    let mut v = be.zeros(n)?;
+    let mut alpha = 0.0;
+    if beta > 0.0 {
+        be.scale(&mut u, 1.0 / beta)?;
+        d.apply_t(&u, 0.0, &mut v)?;
+        alpha = d.col_norm(&v)?;
+    } else {
+        be.copy(&x, &mut v)?;
+    }
+    if alpha > 0.0 {
+        be.scale(&mut v, 1.0 / alpha)?;
+    }
+    let mut w = be.zeros(n)?;
+    be.copy(&v, &mut w)?;
+    let var = if params.calc_var {
+        Some(be.zeros(n)?)
+    } else {
+        None
+    };
+    let s = LsqrScalars {
+        alpha,
+        beta,
+        rhobar: alpha,
+        phibar: beta,
+        bnorm,
+        cs2: -1.0,
+        rnorm: beta,
+        r1norm: beta,
+        r2norm: beta,
+        arnorm: alpha * beta,
+        ..Default::default()
+    };
+    Ok((s, LsqrVectors { u, v, w, x, var }))
+}
+
+fn check_params(p: &LsqrParams) -> Result<()> {
+    for (name, v) in [
+        ("damp", p.damp),
+        ("atol", p.atol),
+        ("btol", p.btol),
+        ("conlim", p.conlim),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "LSQR parameter {name} must be finite and >= 0 (got {v})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Run LSQR iterations from a started (or resumed) state until a stopping test fires.
+pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    params: &LsqrParams,
+    s: &mut LsqrScalars,
+    vecs: &mut LsqrVectors<B::Vector>,
+    monitor: &mut dyn LsqrMonitor<B>,
+) -> Result<LsqrInfo> {
+    check_params(params)?;
+    let start = Instant::now();
+    let n = op.ncols();
+    let iter_lim = params.iter_lim.unwrap_or(2 * n);
+    let eps = f64::EPSILON;
+    let damp = params.damp;
+    let dampsq = damp * damp;
+    let ctol = if params.conlim > 0.0 {
+        1.0 / params.conlim
+    } else {
+        0.0
+    };
+    let mut d = Dist {
+        be,
+        op,
+        comm,
+        tmp: if comm.size() > 1 {
+            Some(be.zeros(n)?)
+        } else {
+            None
+        },
+    };
+    let rec = |s: &LsqrScalars, t: f64| IterRecord {
+        itn: s.itn,
+        r1norm: s.r1norm,
+        r2norm: s.r2norm,
+        arnorm: s.arnorm,
+        anorm: s.anorm,
+        acond: s.acond,
+        xnorm: s.xnorm,
+        seconds: t,
+    };
+    if s.itn == 0 {
+        monitor.record(&rec(s, 0.0))?;
+    }
+    let finish = |s: &LsqrScalars, t: f64| LsqrInfo {
+        istop: s.istop,
+        stop_reason: stop_reason(s.istop).to_string(),
+        itn: s.itn,
+        r1norm: s.r1norm,
+        r2norm: s.r2norm,
+        anorm: s.anorm,
+        acond: s.acond,
+        arnorm: s.arnorm,
+        xnorm: s.xnorm,
+        seconds: t,
+    };
+    if s.arnorm == 0.0 || s.istop != 0 {
+        return Ok(finish(s, 0.0));
+    }
+    while s.itn < iter_lim {
+        s.itn += 1;
+        // beta u = A v - alpha u ; alpha v = A^T u - beta v
+        op.apply(be, 1.0, &vecs.v, -s.alpha, &mut vecs.u)?;
+        s.beta = d.row_norm(&vecs.u)?;
+        if s.beta > 0.0 {
+            be.scale(&mut vecs.u, 1.0 / s.beta)?;
+            s.anorm = (s.anorm * s.anorm + s.alpha * s.alpha + s.beta * s.beta + dampsq).sqrt();
+            d.apply_t(&vecs.u, -s.beta, &mut vecs.v)?;
+            s.alpha = d.col_norm(&vecs.v)?;
+            if s.alpha > 0.0 {
+                be.scale(&mut vecs.v, 1.0 / s.alpha)?;
+            }
+        }
+        // Eliminate the damping parameter with a plane rotation.
+        let (rhobar1, psi) = if damp > 0.0 {
+            let rhobar1 = (s.rhobar * s.rhobar + dampsq).sqrt();
+            let cs1 = s.rhobar / rhobar1;
+            let sn1 = damp / rhobar1;
+            let psi = sn1 * s.phibar;
+            s.phibar *= cs1;
+            (rhobar1, psi)
+        } else {
+            (s.rhobar, 0.0)
+        };
+        // Eliminate the subdiagonal element beta.
+        let (cs, sn, rho) = sym_ortho(rhobar1, s.beta);
+        let theta = sn * s.alpha;
+        s.rhobar = -cs * s.alpha;
+        let phi = cs * s.phibar;
+        s.phibar *= sn;
+        let tau = sn * phi;
+        // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
+        let t1 = phi / rho;
+        let t2 = -theta / rho;
+        let dk2 = be.lsqr_update(
+            &mut vecs.x,
+            &mut vecs.w,
+            &vecs.v,
+            t1,
+            t2,
+            1.0 / rho,
+            vecs.var.as_mut(),
+        )?;
+        s.ddnorm += dk2;
+        // Estimate ||x|| with a rotation on the right.
+        let delta = s.sn2 * rho;
+        let gambar = -s.cs2 * rho;
+        let rhs = phi - delta * s.z;
+        let zbar = rhs / gambar;
+        s.xnorm = (s.xxnorm + zbar * zbar).sqrt();
+        let gamma = (gambar * gambar + theta * theta).sqrt();
+        s.cs2 = gambar / gamma;
+        s.sn2 = theta / gamma;
+        s.z = rhs / gamma;
+        s.xxnorm += s.z * s.z;
+        // Norm and condition estimates.
+        s.acond = s.anorm * s.ddnorm.sqrt();
+        let res1 = s.phibar * s.phibar;
+        s.res2 += psi * psi;
+        s.rnorm = (res1 + s.res2).sqrt();
+        s.arnorm = s.alpha * tau.abs();
+        if damp > 0.0 {
+            let r1sq = s.rnorm * s.rnorm - dampsq * s.xxnorm;
+            s.r1norm = r1sq.abs().sqrt();
+            if r1sq < 0.0 {
+                s.r1norm = -s.r1norm;
+            }
+        } else {
+            s.r1norm = s.rnorm;
+        }
+        s.r2norm = s.rnorm;
+        // Stopping tests (SciPy's order: later tests override earlier ones).
+        let test1 = s.rnorm / s.bnorm;
+        let test2 = s.arnorm / (s.anorm * s.rnorm + eps);
+        let test3 = 1.0 / (s.acond + eps);
+        let t1n = test1 / (1.0 + s.anorm * s.xnorm / s.bnorm);
+        let rtol = params.btol + params.atol * s.anorm * s.xnorm / s.bnorm;
+        if s.itn >= iter_lim {
+            s.istop = 7;
+        }
+        if 1.0 + test3 <= 1.0 {
+            s.istop = 6;
+        }
+        if 1.0 + test2 <= 1.0 {
+            s.istop = 5;
+        }
+        if 1.0 + t1n <= 1.0 {
+            s.istop = 4;
+        }
+        if test3 <= ctol {
+            s.istop = 3;
+        }
+        if test2 <= params.atol {
+            s.istop = 2;
+        }
+        if test1 <= rtol {
+            s.istop = 1;
+        }
+        let t = start.elapsed().as_secs_f64();
+        monitor.record(&rec(s, t))?;
+        monitor.state(be, s, vecs)?;
+        if s.istop != 0 {
+            break;
+        }
+    }
+    if s.istop == 0 && s.itn >= iter_lim {
+        s.istop = 7;
+    }
+    Ok(finish(s, start.elapsed().as_secs_f64()))
+}

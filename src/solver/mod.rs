@@ -1,0 +1,51 @@
+//! Iterative solvers, written once over [`crate::backend::Backend`], [`crate::backend::Operator`]
+//! and [`crate::comm::Comm`].
+
+pub mod lsqr;
+
+pub use lsqr::{
+    lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrScalars,
+    LsqrVectors, NoMonitor,
+};
+
+use crate::backend::{Backend, Operator};
+use crate::comm::Comm;
+use crate::error::Result;
+
+/// The host-side result of an LSQR solve.
+#[derive(Debug, Clone)]
+pub struct LsqrSolution {
+    pub x: Vec<f64>,
+    /// Diagonal estimate of (A^T A + damp^2 I)^-1 when asked for: a lower bound.
+    pub var: Option<Vec<f64>>,
+    pub info: LsqrInfo,
+}
+
+/// Upload b (this rank's rows) and x0, run LSQR to a stop, download x (and var).
+pub fn lsqr<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    params: &LsqrParams,
+    monitor: &mut dyn LsqrMonitor<B>,
+) -> Result<LsqrSolution> {
+    let bd = be.upload(b)?;
+    let x0d = x0.map(|x| be.upload(x)).transpose()?;
+    let (mut s, mut v) = lsqr_start(be, op, comm, &bd, x0d.as_ref(), params)?;
+    drop(bd);
+    let info = lsqr_iterate(be, op, comm, params, &mut s, &mut v, monitor)?;
+    let n = op.ncols();
+    let mut x = vec![0.0; n];
+    be.download(&v.x, &mut x)?;
+    let var = match &v.var {
+        Some(d) => {
+            let mut h = vec![0.0; n];
+            be.download(d, &mut h)?;
+            Some(h)
+        }
+        None => None,
+    };
+    Ok(LsqrSolution { x, var, info })
+}

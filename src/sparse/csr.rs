@@ -1,0 +1,475 @@
+//! Compressed sparse row storage with u64 row offsets (a matrix may hold more than 2^31
+//! nonzeros) and u32 column indices, and its transpose form CSC (= CSR of A^T).
+
+use crate::error::{Result, StructureError};
+
+/// A CSR matrix: row `i` holds `indices[indptr[i]..indptr[i+1]]` with matching `data`.
+/// Invariants (checked by [`Csr::try_new`]): column indices strictly increase within a row,
+/// are `< ncols`, and every value is finite.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Csr {
+    nrows: usize,
+    ncols: usize,
+    indptr: Vec<u64>,
+    indices: Vec<u32>,
+    data: Vec<f64>,
+}
+
+impl Csr {
+    /// Validating constructor: the arrays must describe a well-formed CSR matrix with sorted,
+    /// unique column indices and finite values.
+    pub fn try_new(
+        nrows: usize,
+        ncols: usize,
+        indptr: Vec<u64>,
+        indices: Vec<u32>,
+        data: Vec<f64>,
+    ) -> Result<Self, StructureError> {
+        if ncols > u32::MAX as usize + 1 {
+            return Err(StructureError::TooManyColumns { ncols });
+        }
+        if indptr.len() != nrows + 1 {
+            return Err(StructureError::OffsetsLength {
+                got: indptr.len(),
+                expected: nrows + 1,
+            });
+        }
+        if indptr[0] != 0 {
+            return Err(StructureError::OffsetsStart(indptr[0]));
+        }
+        if indices.len() != data.len() {
+            return Err(StructureError::LengthMismatch {
+                indices: indices.len(),
+                values: data.len(),
+            });
+        }
+        for (row, w) in indptr.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(StructureError::OffsetsDecrease { row });
+            }
+        }
+        let last = indptr[nrows];
+        if last != indices.len() as u64 {
+            return Err(StructureError::OffsetsEnd {
+                last,
+                nnz: indices.len(),
+            });
+        }
+        for row in 0..nrows {
+            let (s, e) = (indptr[row] as usize, indptr[row + 1] as usize);
+            let mut prev: Option<u32> = None;
+            for k in s..e {
+                let col = indices[k];
+                if col as usize >= ncols {
+                    return Err(StructureError::ColumnOutOfRange {
+                        row,
+                        col: col as u64,
+                        ncols,
+                    });
+                }
+                if prev.is_some_and(|p| col <= p) {
+                    return Err(StructureError::Unsorted { row, col });
+                }
+                if !data[k].is_finite() {
+                    return Err(StructureError::NonFinite {
+                        row,
+                        col,
+                        value: data[k],
+                    });
+                }
+                prev = Some(col);
+            }
+        }
+        Ok(Csr {
+            nrows,
+            ncols,
+            indptr,
+            indices,
+            data,
+        })
+    }
+
+    /// Build from (row, col, value) triplets in any order; duplicates are summed. Indices are
+    /// checked against the shape; values must be finite.
+    pub fn from_triplets(
+        nrows: usize,
+        ncols: usize,
+        rows: &[u64],
+        cols: &[u64],
+        vals: &[f64],
+    ) -> Result<Self, StructureError> {
+        if rows.len() != cols.len() || rows.len() != vals.len() {
+            return Err(StructureError::LengthMismatch {
+                indices: rows.len(),
+                values: vals.len(),
+            });
+        }
+        if ncols > u32::MAX as usize + 1 {
+            return Err(StructureError::TooManyColumns { ncols });
+        }
+        let mut counts = vec![0u64; nrows + 1];
+        for (k, (&r, &c)) in rows.iter().zip(cols).enumerate() {
+            if r as usize >= nrows {
+                return Err(StructureError::Shape(format!(
+                    "entry {k}: row {r} out of range (nrows = {nrows})"
+                )));
+            }
+            if c as usize >= ncols {
+                return Err(StructureError::ColumnOutOfRange {
+                    row: r as usize,
+                    col: c,
+                    ncols,
+                });
+            }
+            if !vals[k].is_finite() {
+                return Err(StructureError::NonFinite {
+                    row: r as usize,
+                    col: c as u32,
+                    value: vals[k],
+                });
+            }
+            counts[r as usize + 1] += 1;
+        }
+        for i in 0..nrows {
+            counts[i + 1] += counts[i];
+        }
+        let mut next = counts.clone();
+        let mut idx = vec![0u32; rows.len()];
+        let mut val = vec![0f64; rows.len()];
+        for k in 0..rows.len() {
+            let r = rows[k] as usize;
+            let p = next[r] as usize;
+            idx[p] = cols[k] as u32;
+            val[p] = vals[k];
+            next[r] += 1;
+        }
+        // Sort each row by column and sum duplicates, compacting in place.
+        let mut indptr = vec![0u64; nrows + 1];
+        let mut out = 0usize;
+        let mut perm: Vec<usize> = Vec::new();
+        for r in 0..nrows {
+            let (s, e) = (counts[r] as usize, counts[r + 1] as usize);
+            perm.clear();
+            perm.extend(s..e);
+            perm.sort_by_key(|&p| idx[p]);
+            let row_start = out;
+            let (ri, rv): (Vec<u32>, Vec<f64>) = perm.iter().map(|&p| (idx[p], val[p])).unzip();
+            for (c, v) in ri.into_iter().zip(rv) {
+                if out > row_start && idx[out - 1] == c {
+                    val[out - 1] += v;
+                } else {
+                    idx[out] = c;
+                    val[out] = v;
+                    out += 1;
+                }
+            }
+            indptr[r + 1] = out as u64;
+        }
+        idx.truncate(out);
+        val.truncate(out);
+        Ok(Csr {
+            nrows,
+            ncols,
+            indptr,
+            indices: idx,
+            data: val,
+        })
+    }
+
+    /// An empty matrix of the given shape.
+    pub fn zeros(nrows: usize, ncols: usize) -> Self {
+        Csr {
+            nrows,
+            ncols,
+            indptr: vec![0; nrows + 1],
+            indices: Vec::new(),
+            data: Vec::new(),
+        }
+    }
+
+    /// Skip validation: for arrays produced by code that already guarantees the invariants
+    /// (a checked load, a transpose, a stack of valid matrices).
+    pub(crate) fn from_trusted(
+        nrows: usize,
+        ncols: usize,
+        indptr: Vec<u64>,
+        indices: Vec<u32>,
+        data: Vec<f64>,
+    ) -> Self {
+        debug_assert_eq!(indptr.len(), nrows + 1);
+        debug_assert_eq!(indices.len(), data.len());
+        Csr {
+            nrows,
+            ncols,
+            indptr,
+            indices,
+            data,
+        }
+    }
+
+    pub fn nrows(&self) -> usize {
+        self.nrows
+    }
+    pub fn ncols(&self) -> usize {
+        self.ncols
+    }
+    pub fn shape(&self) -> (usize, usize) {
+        (self.nrows, self.ncols)
+    }
+    pub fn nnz(&self) -> usize {
+        self.indices.len()
+    }
+    pub fn indptr(&self) -> &[u64] {
+        &self.indptr
+    }
+    pub fn indices(&self) -> &[u32] {
+        &self.indices
+    }
+    pub fn data(&self) -> &[f64] {
+        &self.data
+    }
+    /// Values may be changed freely (they stay finite if the caller keeps them so).
+    pub fn data_mut(&mut self) -> &mut [f64] {
+        &mut self.data
+    }
+    /// Column indices and values of row `i`.
+    pub fn row(&self, i: usize) -> (&[u32], &[f64]) {
+        let (s, e) = (self.indptr[i] as usize, self.indptr[i + 1] as usize);
+        (&self.indices[s..e], &self.data[s..e])
+    }
+    pub fn into_parts(self) -> (usize, usize, Vec<u64>, Vec<u32>, Vec<f64>) {
+        (self.nrows, self.ncols, self.indptr, self.indices, self.data)
+    }
+
+    /// The transpose, as a new CSR matrix (counting sort by column: rows stay sorted).
+    pub fn transpose(&self) -> Csr {
+        let mut counts = vec![0u64; self.ncols + 1];
+        for &c in &self.indices {
+            counts[c as usize + 1] += 1;
+        }
+        for j in 0..self.ncols {
+            counts[j + 1] += counts[j];
+        }
+        let mut next = counts.clone();
+        let mut idx = vec![0u32; self.nnz()];
+        let mut val = vec![0f64; self.nnz()];
+        for r in 0..self.nrows {
+            let (cols, vals) = self.row(r);
+            for (&c, &v) in cols.iter().zip(vals) {
+                let p = next[c as usize] as usize;
+                idx[p] = r as u32;
+                val[p] = v;
+                next[c as usize] += 1;
+            }
+        }
+        Csr {
+            nrows: self.ncols,
+            ncols: self.nrows,
+            indptr: counts,
+            indices: idx,
+            data: val,
+        }
+    }
+
+    /// Stack `self` on top of `scale * other` (same column count): the system [A; λR].
+    pub fn vstack_scaled(&self, other: &Csr, scale: f64) -> Result<Csr, StructureError> {
+        if other.ncols != self.ncols {
+            return Err(StructureError::Shape(format!(
+                "cannot stack a matrix with {} columns under one with {}",
+                other.ncols, self.ncols
+            )));
+        }
+        let mut indptr = self.indptr.clone();
+        let base = self.nnz() as u64;
+        indptr.extend(other.indptr[1..].iter().map(|&p| p + base));
+        let mut indices = self.indices.clone();
+        indices.extend_from_slice(&other.indices);
+        let mut data = self.data.clone();
+        data.extend(other.data.iter().map(|&v| v * scale));
+        Ok(Csr::from_trusted(
+            self.nrows + other.nrows,
+            self.ncols,
+            indptr,
+            indices,
+            data,
+        ))
+    }
+
+    /// Rows with indices `rows` (in that order) as a new matrix.
+    pub fn select_rows(&self, rows: &[usize]) -> Csr {
+        let mut indptr = Vec::with_capacity(rows.len() + 1);
+        indptr.push(0u64);
+        let total: usize = rows
+            .iter()
+            .map(|&r| (self.indptr[r + 1] - self.indptr[r]) as usize)
+            .sum();
+        let mut indices = Vec::with_capacity(total);
+        let mut data = Vec::with_capacity(total);
+        for &r in rows {
+            let (c, v) = self.row(r);
+            indices.extend_from_slice(c);
+            data.extend_from_slice(v);
+            indptr.push(indices.len() as u64);
+        }
+        Csr::from_trusted(rows.len(), self.ncols, indptr, indices, data)
+    }
+
+    /// Multiply column j by `scale[j]` (right diagonal scaling A D).
+    pub fn scale_columns(&mut self, scale: &[f64]) {
+        assert_eq!(scale.len(), self.ncols);
+        for (v, &c) in self.data.iter_mut().zip(&self.indices) {
+            *v *= scale[c as usize];
+        }
+    }
+
+    /// Euclidean norm of every column.
+    pub fn column_norms(&self) -> Vec<f64> {
+        let mut s = vec![0.0; self.ncols];
+        for (&v, &c) in self.data.iter().zip(&self.indices) {
+            s[c as usize] += v * v;
+        }
+        s.iter_mut().for_each(|x| *x = x.sqrt());
+        s
+    }
+
+    /// y = A x computed serially (reference implementation for tests and small work).
+    pub fn matvec(&self, x: &[f64]) -> Vec<f64> {
+        assert_eq!(x.len(), self.ncols);
+        (0..self.nrows)
+            .map(|i| {
+                let (c, v) = self.row(i);
+                c.iter().zip(v).map(|(&j, &a)| a * x[j as usize]).sum()
+            })
+            .collect()
+    }
+
+    /// The diagonal (zero where absent).
+    pub fn diagonal(&self) -> Vec<f64> {
+        let n = self.nrows.min(self.ncols);
+        (0..n)
+            .map(|i| {
+                let (c, v) = self.row(i);
+                c.binary_search(&(i as u32)).map(|k| v[k]).unwrap_or(0.0)
+            })
+            .collect()
+    }
+}
+
+/// Compressed sparse column storage of A, held as the CSR of A^T.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Csc {
+    t: Csr,
+}
+
+#[allow(clippy::misnamed_getters)] // the fields of A^T, read as A's
+impl Csc {
+    /// CSC copy of a CSR matrix.
+    pub fn from_csr(a: &Csr) -> Self {
+        Csc { t: a.transpose() }
+    }
+    /// Rows of A.
+    pub fn nrows(&self) -> usize {
+        self.t.ncols
+    }
+    /// Columns of A.
+    pub fn ncols(&self) -> usize {
+        self.t.nrows
+    }
+    pub fn nnz(&self) -> usize {
+        self.t.nnz()
+    }
+    /// A^T in CSR form: row j of it is column j of A.
+    pub fn transpose_csr(&self) -> &Csr {
+        &self.t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Csr {
+        // [1 0 2]
+        // [0 0 0]
+        // [3 4 0]
+        Csr::try_new(
+            3,
+            3,
+            vec![0, 2, 2, 4],
+            vec![0, 2, 0, 1],
+            vec![1., 2., 3., 4.],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn try_new_rejects_bad_structure() {
+        use StructureError::*;
+        assert!(matches!(
+            Csr::try_new(2, 2, vec![0, 1], vec![0], vec![1.]),
+            Err(OffsetsLength { .. })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 2, vec![1, 1], vec![0], vec![1.]),
+            Err(OffsetsStart(1))
+        ));
+        assert!(matches!(
+            Csr::try_new(2, 2, vec![0, 2, 1], vec![0, 1], vec![1., 2.]),
+            Err(OffsetsDecrease { row: 1 })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 2, vec![0, 2], vec![0, 1], vec![1.]),
+            Err(LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 2, vec![0, 1], vec![0, 1], vec![1., 2.]),
+            Err(OffsetsEnd { .. })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 2, vec![0, 1], vec![2], vec![1.]),
+            Err(ColumnOutOfRange { row: 0, col: 2, .. })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 3, vec![0, 2], vec![2, 1], vec![1., 2.]),
+            Err(Unsorted { row: 0, col: 1 })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 3, vec![0, 2], vec![1, 1], vec![1., 2.]),
+            Err(Unsorted { .. })
+        ));
+        assert!(matches!(
+            Csr::try_new(1, 3, vec![0, 1], vec![1], vec![f64::NAN]),
+            Err(NonFinite { .. })
+        ));
+    }
+
+    #[test]
+    fn triplets_sort_and_sum_duplicates() {
+        let a = Csr::from_triplets(
+            3,
+            3,
+            &[2, 0, 2, 0, 2],
+            &[1, 2, 0, 0, 1],
+            &[2., 2., 3., 1., 2.],
+        )
+        .unwrap();
+        assert_eq!(a, small());
+        assert!(Csr::from_triplets(2, 2, &[2], &[0], &[1.]).is_err());
+        assert!(Csr::from_triplets(2, 2, &[0], &[2], &[1.]).is_err());
+    }
+
+    #[test]
+    fn transpose_and_stack() {
+        let a = small();
+        let t = a.transpose();
+        assert_eq!(t.shape(), (3, 3));
+        assert_eq!(t.matvec(&[1., 2., 3.]), vec![1. + 9., 12., 2.]);
+        assert_eq!(t.transpose(), a);
+        let s = a.vstack_scaled(&a, 2.0).unwrap();
+        assert_eq!(s.nrows(), 6);
+        assert_eq!(s.matvec(&[1., 1., 1.]), vec![3., 0., 7., 6., 0., 14.]);
+        assert_eq!(Csc::from_csr(&a).transpose_csr(), &t);
+        assert_eq!(a.diagonal(), vec![1., 0., 0.]);
+        assert_eq!(a.select_rows(&[2, 0]).matvec(&[1., 1., 1.]), vec![7., 3.]);
+    }
+}

@@ -1,0 +1,243 @@
+//! Test problems with known solutions, for tests and benchmarks.
+//!
+//! [`Lstp`] is Paige & Saunders' LSTP generator (ACM TOMS 8(1), 1982, section 8; the test driver
+//! distributed with LSQR): A = H_Y D H_Z with Householder reflectors H_Y = I - 2 hy hy^T,
+//! H_Z = I - 2 hz hz^T (hy_i ~ sin(4 pi i / m), hz_i ~ cos(4 pi i / n), unit norm) and
+//! D = diag(d_i), d_i = (ceil(i / nduplc) nduplc / min(m, n))^npower, so the SVD is known and the
+//! damped least-squares solution can be written down exactly for any b.
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::Operator;
+use crate::error::Result;
+use crate::sparse::Csr;
+
+/// One LSTP problem: the operator, its right-hand side and the known solution.
+#[derive(Debug, Clone)]
+pub struct Lstp {
+    pub m: usize,
+    pub n: usize,
+    pub damp: f64,
+    hy: Vec<f64>,
+    hz: Vec<f64>,
+    d: Vec<f64>,
+    /// Right-hand side built as in the original driver: b = r + A x_true.
+    pub b: Vec<f64>,
+    /// The generator's x (x_j = n - j); the exact damped solution when m >= n.
+    pub x_true: Vec<f64>,
+}
+
+/// y = (I - 2 h h^T) x for unit h.
+fn householder(h: &[f64], x: &[f64], y: &mut [f64]) {
+    let s: f64 = h.iter().zip(x).map(|(a, b)| a * b).sum();
+    for ((yi, &hi), &xi) in y.iter_mut().zip(h).zip(x) {
+        *yi = xi - 2.0 * s * hi;
+    }
+}
+
+impl Lstp {
+    pub fn new(m: usize, n: usize, nduplc: usize, npower: i32, damp: f64) -> Lstp {
+        let unit = |v: Vec<f64>| {
+            let s = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+            v.into_iter().map(|a| -a / s).collect::<Vec<_>>()
+        };
+        let fourpi = 4.0 * std::f64::consts::PI;
+        let hy = unit(
+            (1..=m)
+                .map(|i| (i as f64 * fourpi / m as f64).sin())
+                .collect(),
+        );
+        let hz = unit(
+            (1..=n)
+                .map(|i| (i as f64 * fourpi / n as f64).cos())
+                .collect(),
+        );
+        let minmn = m.min(n);
+        let d: Vec<f64> = (1..=minmn)
+            .map(|i| {
+                let j = (i - 1 + nduplc) / nduplc;
+                ((j * nduplc) as f64 / minmn as f64).powi(npower)
+            })
+            .collect();
+        let x_true: Vec<f64> = (1..=n).map(|j| (n - j) as f64).collect();
+        // Residual r = H_Y [s; t], D s = damp^2 H_Z x, t arbitrary (alternating, growing).
+        let mut hzx = vec![0.0; n];
+        householder(&hz, &x_true, &mut hzx);
+        let mut w = vec![0.0; m];
+        for i in 0..minmn {
+            w[i] = damp * damp * hzx[i] / d[i];
+        }
+        let mut t = 1.0;
+        for (i, wi) in w.iter_mut().enumerate().skip(minmn) {
+            *wi = t * (i + 1 - minmn) as f64 / m as f64;
+            t = -t;
+        }
+        let mut b = vec![0.0; m];
+        householder(&hy, &w, &mut b);
+        let mut p = Lstp {
+            m,
+            n,
+            damp,
+            hy,
+            hz,
+            d,
+            b: Vec::new(),
+            x_true,
+        };
+        let ax = p.apply_dense(&p.x_true);
+        p.b = b.iter().zip(&ax).map(|(r, a)| r + a).collect();
+        p
+    }
+
+    /// A x (exact in the reflector form).
+    pub fn apply_dense(&self, x: &[f64]) -> Vec<f64> {
+        let mut z = vec![0.0; self.n];
+        householder(&self.hz, x, &mut z);
+        let mut dz = vec![0.0; self.m];
+        for i in 0..self.d.len() {
+            dz[i] = self.d[i] * z[i];
+        }
+        let mut y = vec![0.0; self.m];
+        householder(&self.hy, &dz, &mut y);
+        y
+    }
+
+    /// A^T y.
+    pub fn apply_t_dense(&self, y: &[f64]) -> Vec<f64> {
+        let mut z = vec![0.0; self.m];
+        householder(&self.hy, y, &mut z);
+        let mut dz = vec![0.0; self.n];
+        for i in 0..self.d.len() {
+            dz[i] = self.d[i] * z[i];
+        }
+        let mut x = vec![0.0; self.n];
+        householder(&self.hz, &dz, &mut x);
+        x
+    }
+
+    /// The minimiser of ||A x - b||^2 + damp^2 ||x||^2 (minimum norm when damp = 0), from the SVD.
+    pub fn exact_solution(&self, b: &[f64]) -> Vec<f64> {
+        let mut c = vec![0.0; self.m];
+        householder(&self.hy, b, &mut c);
+        let mut z = vec![0.0; self.n];
+        for i in 0..self.d.len() {
+            z[i] = self.d[i] * c[i] / (self.d[i] * self.d[i] + self.damp * self.damp);
+        }
+        let mut x = vec![0.0; self.n];
+        householder(&self.hz, &z, &mut x);
+        x
+    }
+
+    /// Condition number of [A; damp I] (as the original driver prints it).
+    pub fn cond(&self) -> f64 {
+        let dmax = self.d.iter().cloned().fold(0.0, f64::max);
+        let dmin = self.d.iter().cloned().fold(f64::INFINITY, f64::min);
+        ((dmax * dmax + self.damp * self.damp) / (dmin * dmin + self.damp * self.damp)).sqrt()
+    }
+
+    /// The matrix as an explicit (dense) CSR, for tests of the sparse paths and the CLI.
+    pub fn to_csr(&self) -> Csr {
+        let mut indptr = vec![0u64];
+        let mut indices = Vec::with_capacity(self.m * self.n);
+        let mut data = Vec::with_capacity(self.m * self.n);
+        let mut cols = Vec::with_capacity(self.n);
+        for j in 0..self.n {
+            let mut e = vec![0.0; self.n];
+            e[j] = 1.0;
+            cols.push(self.apply_dense(&e));
+        }
+        for i in 0..self.m {
+            for (j, col) in cols.iter().enumerate() {
+                if col[i] != 0.0 {
+                    indices.push(j as u32);
+                    data.push(col[i]);
+                }
+            }
+            indptr.push(indices.len() as u64);
+        }
+        Csr::try_new(self.m, self.n, indptr, indices, data).expect("LSTP matrix is well formed")
+    }
+}
+
+impl Operator<CpuBackend> for Lstp {
+    fn nrows(&self) -> usize {
+        self.m
+    }
+    fn ncols(&self) -> usize {
+        self.n
+    }
+    fn apply(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> Result<()> {
+        let ax = self.apply_dense(x);
+        for (yi, a) in y.iter_mut().zip(ax) {
+            *yi = alpha * a + beta * *yi;
+        }
+        Ok(())
+    }
+    fn apply_t(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        y: &Vec<f64>,
+        beta: f64,
+        x: &mut Vec<f64>,
+    ) -> Result<()> {
+        let aty = self.apply_t_dense(y);
+        for (xi, a) in x.iter_mut().zip(aty) {
+            *xi = alpha * a + beta * *xi;
+        }
+        Ok(())
+    }
+}
+
+/// A small deterministic pseudo-random generator (xorshift64*) for reproducible test data.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform integer in [0, k).
+    pub fn below(&mut self, k: u64) -> u64 {
+        self.next_u64() % k.max(1)
+    }
+}
+
+/// A random sparse matrix with awkward structure for kernel tests: empty rows, one very long
+/// row, columns never touched, short damping-like rows.
+pub fn awkward_csr(m: usize, n: usize, seed: u64) -> Csr {
+    let mut rng = Rng::new(seed);
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    let untouched = n / 10; // the last tenth of the columns stays empty
+    let ncol = (n - untouched).max(1) as u64;
+    for i in 0..m {
+        let len = match i % 7 {
+            0 => 0,
+            1 if i == 1 => (n * 3).min(20_000),
+            2 | 3 => 1 + rng.below(4) as usize,
+            _ => rng.below(40) as usize,
+        };
+        for _ in 0..len {
+            r.push(i as u64);
+            c.push(rng.below(ncol));
+            v.push(rng.uniform() * 2.0 - 1.0);
+        }
+    }
+    Csr::from_triplets(m, n, &r, &c, &v).expect("generated entries are in range")
+}
