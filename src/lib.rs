@@ -11,6 +11,7 @@ pub mod comm;
 pub mod config;
 pub mod error;
 pub mod io;
+pub mod model;
 pub mod run;
 pub mod solver;
 pub mod sparse;

@@ -31,6 +31,11 @@ pub trait Comm: Send + Sync {
     /// Gather each rank's slice (lengths may differ) to rank 0, concatenated in rank order;
     /// `None` on other ranks.
     fn gather_to_root(&self, local: &[f64]) -> Result<Option<Vec<f64>>>;
+    /// Personalised all-to-all exchange: `send[r]` goes to rank r; returns what each rank sent
+    /// here (`recv[r]` from rank r). Used for halo exchanges of distributed square systems.
+    fn alltoallv(&self, send: &[Vec<f64>]) -> Result<Vec<Vec<f64>>>;
+    /// The same for indices (set-up of communication patterns).
+    fn alltoallv_u64(&self, send: &[Vec<u64>]) -> Result<Vec<Vec<u64>>>;
     /// True on rank 0, the rank that logs and writes output files.
     fn is_root(&self) -> bool {
         self.rank() == 0

@@ -26,6 +26,12 @@ impl Comm for SerialComm {
     fn broadcast_bytes(&self, _root: usize, _buf: &mut Vec<u8>) -> Result<()> {
         Ok(())
     }
+    fn alltoallv(&self, send: &[Vec<f64>]) -> Result<Vec<Vec<f64>>> {
+        Ok(send.to_vec())
+    }
+    fn alltoallv_u64(&self, send: &[Vec<u64>]) -> Result<Vec<Vec<u64>>> {
+        Ok(send.to_vec())
+    }
     fn gather_to_root(&self, local: &[f64]) -> Result<Option<Vec<f64>>> {
         Ok(Some(local.to_vec()))
     }
