@@ -21,6 +21,8 @@ struct RawConfig {
     backend: RawBackend,
     #[serde(default)]
     output: RawOutput,
+    /// What the unknowns are and how to write the model (src/model/spec.rs).
+    model: Option<crate::model::spec::RawModel>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -62,6 +64,12 @@ struct RawOutput {
     report: Option<String>,
     history: Option<String>,
     variance: Option<String>,
+    /// Model file (HDF5 + XDMF sidecar); "" disables it. Default: model.h5 in the output dir.
+    model: Option<String>,
+    /// Write the LSQR state every N iterations (0 or absent: never).
+    checkpoint_every: Option<i64>,
+    /// Checkpoint file name (default: checkpoint.bin in the output dir).
+    checkpoint: Option<String>,
 }
 
 /// A validated run.
@@ -74,6 +82,8 @@ pub struct RunConfig {
     pub output: OutputPaths,
     /// The TOML text, echoed into outputs.
     pub text: String,
+    /// The model description ([model] table) and model/checkpoint outputs.
+    pub model: crate::model::spec::ModelOutput,
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -215,6 +225,14 @@ impl RunConfig {
                 None
             },
         };
+        let model = crate::model::spec::ModelOutput::from_raw(
+            path,
+            &dir,
+            raw.model,
+            o.model,
+            o.checkpoint_every,
+            o.checkpoint,
+        )?;
         let options = SolveOptions {
             params,
             col_scale: s.col_scale.unwrap_or(false),
@@ -229,6 +247,7 @@ impl RunConfig {
             options,
             output,
             text: text.to_string(),
+            model,
         })
     }
 }

@@ -238,6 +238,7 @@ impl<B: Backend> LsqrMonitor<B> for CliMonitor {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn solve_on<B: Backend, O: Operator<B>>(
     be: &B,
     op: &O,
@@ -246,11 +247,21 @@ fn solve_on<B: Backend, O: Operator<B>>(
     x0: Option<&[f64]>,
     params: &LsqrParams,
     progress_every: usize,
+    ckpt: Option<(&crate::model::checkpoint::Checkpointing, &str)>,
 ) -> Result<(LsqrSolution, Vec<IterRecord>)> {
     let mut mon = CliMonitor {
         history: Vec::new(),
         every: if comm.is_root() { progress_every } else { 0 },
     };
+    if let Some((ck, fp)) = ckpt {
+        let (sol, h) = crate::model::checkpoint::lsqr_checkpointed(
+            be, op, comm, b, x0, params, ck, fp, &mut mon,
+        )?;
+        if let (Some(k), true) = (h.resumed_from, comm.is_root()) {
+            eprintln!("resumed from the checkpoint at iteration {k}");
+        }
+        return Ok((sol, h.history));
+    }
     let sol = solver::lsqr(be, op, comm, b, x0, params, &mut mon)?;
     Ok((sol, mon.history))
 }
@@ -262,6 +273,18 @@ pub fn solve_system(
     comm: &dyn Comm,
     load_seconds: f64,
     progress_every: usize,
+) -> Result<Outcome> {
+    solve_system_checkpointed(sys, opts, comm, load_seconds, progress_every, None)
+}
+
+/// [`solve_system`] with checkpoints every N iterations and resume (src/model/checkpoint.rs).
+pub fn solve_system_checkpointed(
+    sys: System,
+    opts: &SolveOptions,
+    comm: &dyn Comm,
+    load_seconds: f64,
+    progress_every: usize,
+    ckpt: Option<&crate::model::checkpoint::Checkpointing>,
 ) -> Result<Outcome> {
     let t_setup = Instant::now();
     let System { mut a, b, .. } = sys;
@@ -298,6 +321,7 @@ pub fn solve_system(
         BackendChoice::Cpu | BackendChoice::Auto => {
             let be = CpuBackend::new();
             let op = CpuCsrOperator::new(a, opts.transpose);
+            let fp = ckpt.map(|_| crate::model::checkpoint::fingerprint(op.matrix(), &b));
             let setup = t_setup.elapsed().as_secs_f64();
             let (s, h) = solve_on(
                 &be,
@@ -307,6 +331,7 @@ pub fn solve_system(
                 x0.as_deref(),
                 &opts.params,
                 progress_every,
+                ckpt.zip(fp.as_deref()),
             )?;
             (s, h, be.describe(), op.strategy().to_string(), setup)
         }

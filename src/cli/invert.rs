@@ -16,6 +16,9 @@ pub struct InvertArgs {
     /// Print progress every N iterations (0: never).
     #[arg(long, default_value_t = 0)]
     progress: usize,
+    /// Continue from the last checkpoint ([output] checkpoint_every) when there is one.
+    #[arg(long)]
+    resume: bool,
 }
 
 pub fn run(a: InvertArgs) -> anyhow::Result<()> {
@@ -24,8 +27,17 @@ pub fn run(a: InvertArgs) -> anyhow::Result<()> {
     let t = Instant::now();
     let sys = cfg.system.load()?;
     let load = t.elapsed().as_secs_f64();
-    let o = run::solve_system(sys, &cfg.options, &SerialComm, load, a.progress)?;
+    let model = crate::model::RunModel::prepare(&cfg, &sys, a.resume)?;
+    let o = run::solve_system_checkpointed(
+        sys,
+        &cfg.options,
+        &SerialComm,
+        load,
+        a.progress,
+        model.checkpointing(),
+    )?;
     run::write_outputs(&cfg.output, &o)?;
+    model.finish(&cfg, &o)?;
     eprintln!("{}", super::summary(&o));
     if let Some(p) = &cfg.output.solution {
         eprintln!("model written to {}", p.display());

@@ -2,6 +2,8 @@
 //! on stderr and a non-zero exit.
 
 mod invert;
+mod lcurve;
+mod plot;
 mod solve;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +23,10 @@ pub enum Command {
     Solve(solve::SolveArgs),
     /// Run an inversion described by a TOML config file.
     Invert(invert::InvertArgs),
+    /// PNG quicklooks of a model file: map slices, sections, convergence.
+    Plot(plot::PlotArgs),
+    /// L-curve: one inversion per damping/regularisation weight; finds the corner.
+    Lcurve(lcurve::LcurveArgs),
 }
 
 /// Run the parsed command line.
@@ -28,6 +34,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Solve(a) => solve::run(a),
         Command::Invert(a) => invert::run(a),
+        Command::Plot(a) => plot::run(a),
+        Command::Lcurve(a) => lcurve::run(a),
     }
 }
 

@@ -1,5 +1,81 @@
-//! Models: the grid, and (later) the HDF5/XDMF model files, reference models and plots.
+//! Models: the grid, what the unknowns mean ([`spec`]), derived fields and ray coverage
+//! ([`fields`]), the HDF5 model file and its XDMF sidecar, checkpoints of the LSQR state, PNG
+//! quicklooks and the L-curve.
 
+pub mod checkpoint;
+pub mod fields;
 pub mod grid;
+pub mod hdf5;
+pub mod lcurve;
+pub mod plot;
+pub mod spec;
+pub mod xdmf;
 
 pub use grid::Grid;
+
+use crate::config::RunConfig;
+use crate::error::{Error, Result};
+use crate::run::{Outcome, System};
+
+/// The model side of an `invert` run: validated before the solve (so a bad `[model]` table fails
+/// fast), written after it.
+pub struct RunModel {
+    spec: spec::ModelSpec,
+    coverage: fields::Coverage,
+    kernel_rows: usize,
+    ckpt: Option<checkpoint::Checkpointing>,
+}
+
+impl RunModel {
+    /// Read the `[model]` files, compute the ray coverage of the kernel rows and set up
+    /// checkpointing (`resume`: continue from the checkpoint when there is one).
+    pub fn prepare(cfg: &RunConfig, sys: &System, resume: bool) -> Result<RunModel> {
+        let n = sys.a.ncols();
+        let spec = cfg.model.spec(n)?;
+        let coverage = fields::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
+        let ckpt = (cfg.model.checkpoint_every > 0 || resume).then(|| checkpoint::Checkpointing {
+            path: cfg.model.checkpoint.clone(),
+            every: cfg.model.checkpoint_every,
+            resume,
+        });
+        if resume && !cfg.model.checkpoint.is_file() {
+            eprintln!(
+                "no checkpoint at {}: starting from the beginning",
+                cfg.model.checkpoint.display()
+            );
+        }
+        Ok(RunModel {
+            spec,
+            coverage,
+            kernel_rows: sys.kernel_rows,
+            ckpt,
+        })
+    }
+
+    pub fn checkpointing(&self) -> Option<&checkpoint::Checkpointing> {
+        self.ckpt.as_ref()
+    }
+
+    /// Write the model file (when configured) and remove the checkpoint of the finished run.
+    pub fn finish(&self, cfg: &RunConfig, o: &Outcome) -> Result<()> {
+        if let Some(p) = &cfg.model.path {
+            hdf5::write_model(
+                p,
+                &hdf5::ModelInputs {
+                    spec: &self.spec,
+                    outcome: o,
+                    coverage: Some(&self.coverage),
+                    kernel_rows: self.kernel_rows,
+                    config_text: &cfg.text,
+                },
+            )?;
+            eprintln!("model file written to {}", p.display());
+        }
+        if let Some(ck) = &self.ckpt {
+            if ck.path.is_file() {
+                std::fs::remove_file(&ck.path).map_err(|e| Error::io(&ck.path, e))?;
+            }
+        }
+        Ok(())
+    }
+}

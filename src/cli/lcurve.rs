@@ -1,0 +1,141 @@
+//! `seistomo lcurve CONFIG --damping 0.001,0.01,0.1,1` (or `--log-range 1e-3:1:9`): one
+//! inversion per damping / regularisation weight, the data loaded once; writes lcurve.csv,
+//! lcurve.png, and the corner's model.h5 + report.json.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+use crate::comm::SerialComm;
+use crate::config::RunConfig;
+use crate::model::fields::Coverage;
+use crate::model::hdf5::{write_model, ModelInputs};
+use crate::model::lcurve::{corner, parse_list, parse_log_range, Sweep};
+use crate::run::{write_json, SystemSource};
+use crate::sparse::mtx;
+
+#[derive(Debug, Args)]
+pub struct LcurveArgs {
+    /// Run configuration (TOML).
+    config: PathBuf,
+    /// Weights, comma-separated: the weight of the reg rows ([system] reg) or, without a reg
+    /// matrix, LSQR's damping.
+    #[arg(long, conflicts_with = "log_range")]
+    damping: Option<String>,
+    /// FROM:TO:COUNT weights evenly spaced in log, e.g. 1e-3:1:9.
+    #[arg(long)]
+    log_range: Option<String>,
+    /// Output directory (default: the config's output dir + /lcurve).
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+}
+
+pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
+    let cfg = RunConfig::load(&a.config)?;
+    super::init_threads(cfg.options.threads)?;
+    let weights = match (&a.damping, &a.log_range) {
+        (Some(d), None) => parse_list(d)?,
+        (None, Some(r)) => parse_log_range(r)?,
+        _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT"),
+    };
+    if weights.len() < 3 {
+        bail!("an L-curve needs at least 3 weights (got {})", weights.len());
+    }
+    let out = match &a.output {
+        Some(o) => o.clone(),
+        None => cfg
+            .output
+            .report
+            .as_ref()
+            .and_then(|p| p.parent())
+            .map(|d| d.join("lcurve"))
+            .unwrap_or_else(|| PathBuf::from("lcurve")),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    #[allow(unreachable_patterns)] // other system sources are added by the dataset work
+    let sweep = match &cfg.system {
+        SystemSource::Mtx { matrix, rhs, reg, .. } => {
+            let g = mtx::read_matrix(matrix)?;
+            let d = match rhs {
+                Some(p) => mtx::read_vector(p)?,
+                None => g.matvec(&vec![1.0; g.ncols()]),
+            };
+            if d.len() != g.nrows() {
+                bail!("{}: {} values for {} rows", matrix.display(), d.len(), g.nrows());
+            }
+            let r = reg.as_deref().map(mtx::read_matrix).transpose()?;
+            if let Some(r) = &r {
+                if r.ncols() != g.ncols() {
+                    bail!("reg matrix has {} columns, the kernel {}", r.ncols(), g.ncols());
+                }
+            }
+            Sweep { g, d, r }
+        }
+        _ => bail!("lcurve supports Matrix Market systems ([system] matrix/rhs/reg)"),
+    };
+    let what = if sweep.r.is_some() { "reg_weight" } else { "damp" };
+    let l_label = if sweep.r.is_some() { "roughness ||R m||" } else { "model norm ||m||" };
+    eprintln!("L-curve over {} values of {what}", weights.len());
+    let pts = sweep.run(&weights, &cfg.options, &SerialComm, |i, p| {
+        eprintln!(
+            "  {what} {:.4e}: ||Gm-d|| {:.6e}  {} {:.6e}  ({} its, istop {})",
+            weights[i],
+            p.residual_norm,
+            if sweep.r.is_some() { "||Rm||" } else { "||m||" },
+            p.model_norm,
+            p.outcome.report.iterations,
+            p.outcome.report.istop
+        )
+    })?;
+    let triples: Vec<(f64, f64, f64)> = pts
+        .iter()
+        .map(|p| (p.weight, p.residual_norm, p.model_norm))
+        .collect();
+    let (c, _) = corner(&triples);
+    let csv = out.join("lcurve.csv");
+    crate::io::write_atomic(&csv, |w| {
+        writeln!(w, "{what},residual_norm,model_norm,curvature,iterations,istop,corner")?;
+        for (i, p) in pts.iter().enumerate() {
+            writeln!(
+                w,
+                "{:e},{:e},{:e},{:e},{},{},{}",
+                p.weight,
+                p.residual_norm,
+                p.model_norm,
+                p.curvature,
+                p.outcome.report.iterations,
+                p.outcome.report.istop,
+                u8::from(c == Some(i))
+            )?;
+        }
+        Ok(())
+    })?;
+    let png = out.join("lcurve.png");
+    crate::model::plot::lcurve_png(&png, &triples, c, l_label)?;
+    eprintln!("wrote {} and {}", csv.display(), png.display());
+    match c {
+        Some(i) => {
+            let p = &pts[i];
+            eprintln!("corner: {what} = {:.6e}", p.weight);
+            let n = sweep.g.ncols();
+            let spec = cfg.model.spec(n)?;
+            let cov = Coverage::from_kernel_rows(&sweep.g, sweep.g.nrows());
+            let model = out.join("model.h5");
+            write_model(
+                &model,
+                &ModelInputs {
+                    spec: &spec,
+                    outcome: &p.outcome,
+                    coverage: Some(&cov),
+                    kernel_rows: sweep.g.nrows(),
+                    config_text: &cfg.text,
+                },
+            )?;
+            write_json(&out.join("report.json"), &p.outcome.report)?;
+            eprintln!("corner model written to {}", model.display());
+        }
+        None => eprintln!("no corner found (the curve has no left turn): widen the range"),
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Derived model fields (velocity, slowness, perturbations) and ray coverage (hit count, DWS).
+
+use crate::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
+use crate::sparse::Csr;
+
+/// Per-cell ray coverage from the kernel rows of a system.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Coverage {
+    /// Number of kernel rows (rays) with a nonzero entry in the cell.
+    pub hit_count: Vec<u32>,
+    /// Derivative weight sum: the sum over kernel rows of |G_ij| (ray length in the cell for
+    /// travel-time kernels).
+    pub dws: Vec<f64>,
+}
+
+impl Coverage {
+    /// Coverage of the first `kernel_rows` rows of `a` (the data rows; the remaining rows are
+    /// damping/regularisation and are not counted).
+    pub fn from_kernel_rows(a: &Csr, kernel_rows: usize) -> Coverage {
+        let n = a.ncols();
+        let mut hit_count = vec![0u32; n];
+        let mut dws = vec![0.0; n];
+        for i in 0..kernel_rows.min(a.nrows()) {
+            let (cols, vals) = a.row(i);
+            for (&c, &v) in cols.iter().zip(vals) {
+                if v != 0.0 {
+                    hit_count[c as usize] = hit_count[c as usize].saturating_add(1);
+                    dws[c as usize] += v.abs();
+                }
+            }
+        }
+        Coverage { hit_count, dws }
+    }
+    /// Sum the coverage of several ranks' kernel rows (element-wise).
+    pub fn merge(&mut self, other: &Coverage) {
+        for (a, b) in self.hit_count.iter_mut().zip(&other.hit_count) {
+            *a = a.saturating_add(*b);
+        }
+        for (a, b) in self.dws.iter_mut().zip(&other.dws) {
+            *a += b;
+        }
+    }
+}
+
+/// The model fields written to model.h5, each one value per unknown (grid order).
+#[derive(Debug, Clone)]
+pub struct Fields {
+    pub slowness: Vec<f64>,
+    /// 1 / slowness (NaN where the slowness is not positive).
+    pub velocity: Vec<f64>,
+    pub reference_velocity: Vec<f64>,
+    /// Slowness minus the reference slowness.
+    pub slowness_perturbation: Vec<f64>,
+    /// Relative velocity perturbation 100 (v - v_ref) / v_ref, in percent.
+    pub perturbation: Vec<f64>,
+    pub true_velocity: Option<Vec<f64>>,
+    pub true_perturbation: Option<Vec<f64>>,
+}
+
+fn interp(profile: &[(f64, f64)], z: f64) -> f64 {
+    let first = profile[0];
+    let last = profile[profile.len() - 1];
+    if z <= first.0 {
+        return first.1;
+    }
+    if z >= last.0 {
+        return last.1;
+    }
+    for w in profile.windows(2) {
+        let ((z0, v0), (z1, v1)) = (w[0], w[1]);
+        if z <= z1 {
+            return v0 + (v1 - v0) * (z - z0) / (z1 - z0);
+        }
+    }
+    last.1
+}
+
+fn inv(s: f64) -> f64 {
+    if s > 0.0 {
+        1.0 / s
+    } else {
+        f64::NAN
+    }
+}
+
+impl Fields {
+    /// Derive every field from the solution vector `x` (length checked by `spec.check`).
+    pub fn derive(spec: &ModelSpec, x: &[f64]) -> Fields {
+        let n = x.len();
+        // Reference slowness per cell.
+        let ref_slow: Vec<f64> = match &spec.reference {
+            Reference::Constant(v) => vec![1.0 / v; n],
+            Reference::Profile(p) => match &spec.param {
+                Parameterisation::Grid(g) => (0..n).map(|i| 1.0 / interp(p, g.center(i)[2])).collect(),
+                // Validated away; fall back to the profile's first velocity.
+                _ => vec![1.0 / p[0].1; n],
+            },
+            Reference::Mean => {
+                let s: Vec<f64> = match spec.unknowns {
+                    Unknowns::Slowness => x.to_vec(),
+                    Unknowns::SlownessPerturbation => vec![0.0; n],
+                };
+                let mean = s.iter().sum::<f64>() / n.max(1) as f64;
+                vec![mean; n]
+            }
+        };
+        let to_slowness = |v: &[f64]| -> Vec<f64> {
+            match spec.unknowns {
+                Unknowns::Slowness => v.to_vec(),
+                Unknowns::SlownessPerturbation => {
+                    v.iter().zip(&ref_slow).map(|(d, r)| r + d).collect()
+                }
+            }
+        };
+        let pert = |s: &[f64]| -> Vec<f64> {
+            s.iter()
+                .zip(&ref_slow)
+                .map(|(&s, &r)| 100.0 * (inv(s) * r - 1.0))
+                .collect()
+        };
+        let slowness = to_slowness(x);
+        let velocity = slowness.iter().map(|&s| inv(s)).collect();
+        let perturbation = pert(&slowness);
+        let slowness_perturbation = slowness.iter().zip(&ref_slow).map(|(s, r)| s - r).collect();
+        let (true_velocity, true_perturbation) = match &spec.true_model {
+            Some(t) => {
+                let s = to_slowness(t);
+                (Some(s.iter().map(|&s| inv(s)).collect()), Some(pert(&s)))
+            }
+            None => (None, None),
+        };
+        Fields {
+            slowness,
+            velocity,
+            reference_velocity: ref_slow.iter().map(|&s| inv(s)).collect(),
+            slowness_perturbation,
+            perturbation,
+            true_velocity,
+            true_perturbation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Grid;
+
+    #[test]
+    fn coverage_counts_kernel_rows_only() {
+        let a = Csr::from_triplets(3, 3, &[0, 0, 1, 2], &[0, 1, 1, 2], &[2.0, -1.0, 3.0, 5.0])
+            .unwrap();
+        let c = Coverage::from_kernel_rows(&a, 2);
+        assert_eq!(c.hit_count, vec![1, 2, 0]);
+        assert_eq!(c.dws, vec![2.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn perturbation_of_a_profile_reference() {
+        let mut g = Grid::new([1, 1, 2], [0.0; 3], [1.0, 1.0, 10.0]);
+        g.axes[2] = "depth".into();
+        let spec = ModelSpec {
+            param: Parameterisation::Grid(g),
+            unknowns: Unknowns::SlownessPerturbation,
+            slowness_unit: "s/km".into(),
+            reference: Reference::Profile(vec![(0.0, 4.0), (20.0, 6.0)]),
+            true_model: Some(vec![0.0, 0.0]),
+        };
+        // Cell centres at depth 5 and 15: v_ref 4.5 and 5.5.
+        let x = [1.0 / 4.95 - 1.0 / 4.5, 0.0];
+        let f = Fields::derive(&spec, &x);
+        assert!((f.reference_velocity[0] - 4.5).abs() < 1e-12);
+        assert!((f.reference_velocity[1] - 5.5).abs() < 1e-12);
+        assert!((f.velocity[0] - 4.95).abs() < 1e-12);
+        assert!((f.perturbation[0] - 10.0).abs() < 1e-9);
+        assert_eq!(f.perturbation[1], 0.0);
+        assert_eq!(f.true_perturbation.unwrap(), vec![0.0, 0.0]);
+    }
+}

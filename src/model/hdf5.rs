@@ -1,0 +1,477 @@
+//! The model file (HDF5) and its reader. Layout (docs/model-files.md lists every item):
+//!
+//! ```text
+//! /            attrs: format, format_version, program, version, parameterisation, unknowns, ...
+//! /model       velocity, slowness, reference_velocity, perturbation, slowness_perturbation,
+//!              solution, hit_count, dws, [variance_lower_bound, std_error_lower_bound],
+//!              [true_velocity, true_perturbation, true_solution]; grid attrs on the group
+//! /cells       bounds [n][4] (cell parameterisations)
+//! /solver      attrs: every report.json key (istop, stop_reason, norms, acond, ...)
+//! /history     itn, r1norm, r2norm, arnorm, anorm, acond, xnorm, seconds (iteration 0 on)
+//! /run         config_toml, report_json (strings)
+//! ```
+//!
+//! Grid fields are C-ordered datasets of shape [nz][ny][nx]: cell (i, j, k) is element
+//! [k][j][i], which is exactly the linear index i + nx (j + ny k) of the solution vector.
+//! The file is written under a temporary name in the same directory and renamed into place.
+
+use std::path::{Path, PathBuf};
+
+use ::hdf5::types::VarLenUnicode;
+use ::hdf5::{Group, H5Type, Location};
+
+use crate::error::{Error, Result};
+use crate::model::fields::{Coverage, Fields};
+use crate::model::spec::{ModelSpec, Parameterisation, Reference};
+use crate::model::Grid;
+use crate::run::Outcome;
+use crate::solver::IterRecord;
+
+/// Format name and version written to the root attributes.
+pub const FORMAT: &str = "seistomo-model";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// What goes into a model file besides the spec.
+pub struct ModelInputs<'a> {
+    pub spec: &'a ModelSpec,
+    pub outcome: &'a Outcome,
+    /// Ray coverage of the kernel rows (None: not written).
+    pub coverage: Option<&'a Coverage>,
+    /// Rows of the system that are data (kernel) rows.
+    pub kernel_rows: usize,
+    /// The run configuration, echoed.
+    pub config_text: &'a str,
+}
+
+fn h5err(path: &Path, e: ::hdf5::Error) -> Error {
+    Error::format(path, format!("HDF5: {e}"))
+}
+
+fn vlu(path: &Path, s: &str) -> Result<VarLenUnicode> {
+    s.replace('\0', " ")
+        .parse::<VarLenUnicode>()
+        .map_err(|e| Error::format(path, format!("HDF5 string: {e}")))
+}
+
+/// Attribute writers that name the file in their errors.
+struct W<'p> {
+    path: &'p Path,
+}
+
+impl W<'_> {
+    fn str_attr(&self, loc: &Location, name: &str, value: &str) -> Result<()> {
+        let v = vlu(self.path, value)?;
+        loc.new_attr::<VarLenUnicode>()
+            .create(name)
+            .and_then(|a| a.write_scalar(&v))
+            .map_err(|e| h5err(self.path, e))
+    }
+    fn str_list_attr(&self, loc: &Location, name: &str, values: &[String]) -> Result<()> {
+        let v: Vec<VarLenUnicode> = values
+            .iter()
+            .map(|s| vlu(self.path, s))
+            .collect::<Result<_>>()?;
+        loc.new_attr::<VarLenUnicode>()
+            .shape([v.len()])
+            .create(name)
+            .and_then(|a| a.write_raw(&v))
+            .map_err(|e| h5err(self.path, e))
+    }
+    fn num_attr<T: H5Type>(&self, loc: &Location, name: &str, value: T) -> Result<()> {
+        loc.new_attr::<T>()
+            .create(name)
+            .and_then(|a| a.write_scalar(&value))
+            .map_err(|e| h5err(self.path, e))
+    }
+    fn vec_attr<T: H5Type>(&self, loc: &Location, name: &str, values: &[T]) -> Result<()> {
+        loc.new_attr::<T>()
+            .shape([values.len()])
+            .create(name)
+            .and_then(|a| a.write_raw(values))
+            .map_err(|e| h5err(self.path, e))
+    }
+    fn dataset<T: H5Type>(
+        &self,
+        g: &Group,
+        name: &str,
+        shape: &[usize],
+        data: &[T],
+        units: &str,
+        description: &str,
+    ) -> Result<()> {
+        let ds = g
+            .new_dataset::<T>()
+            .shape(shape.to_vec())
+            .create(name)
+            .map_err(|e| h5err(self.path, e))?;
+        ds.write_raw(data).map_err(|e| h5err(self.path, e))?;
+        self.str_attr(&ds, "units", units)?;
+        self.str_attr(&ds, "description", description)
+    }
+    fn str_dataset(&self, g: &Group, name: &str, text: &str) -> Result<()> {
+        let v = vlu(self.path, text)?;
+        g.new_dataset::<VarLenUnicode>()
+            .create(name)
+            .and_then(|d| d.write_scalar(&v))
+            .map_err(|e| h5err(self.path, e))
+    }
+}
+
+/// The temporary name a model file is written under before the rename.
+fn temp_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// The XDMF sidecar of a model file: same name, extension `.xdmf`.
+pub fn xdmf_path(path: &Path) -> PathBuf {
+    path.with_extension("xdmf")
+}
+
+/// Write the model file atomically (and, for grids, its XDMF sidecar).
+pub fn write_model(path: &Path, inp: &ModelInputs) -> Result<()> {
+    let x = &inp.outcome.solution.x;
+    inp.spec.check(x.len())?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let tmp = temp_name(path);
+    let r = write_model_to(&tmp, path, inp);
+    match r {
+        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(path, e)
+        })?,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    }
+    if let Parameterisation::Grid(g) = &inp.spec.param {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        crate::model::xdmf::write_xdmf(
+            &xdmf_path(path),
+            &name,
+            g,
+            &crate::model::xdmf::grid_fields(inp.spec, inp.coverage.is_some(), inp.outcome.solution.var.is_some()),
+        )?;
+    }
+    Ok(())
+}
+
+fn reference_words(r: &Reference) -> String {
+    match r {
+        Reference::Constant(v) => format!("constant {v}"),
+        Reference::Profile(p) => format!(
+            "1-D profile (depth, velocity): {}",
+            p.iter()
+                .map(|(z, v)| format!("({z}, {v})"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        Reference::Mean => "constant: the mean slowness of the recovered model".into(),
+    }
+}
+
+fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
+    let w = W { path };
+    let spec = inp.spec;
+    let o = inp.outcome;
+    let x = &o.solution.x;
+    let n = x.len();
+    let f = ::hdf5::File::create(tmp).map_err(|e| h5err(path, e))?;
+    let f_loc: &Location = &f;
+    w.str_attr(f_loc, "format", FORMAT)?;
+    w.num_attr(f_loc, "format_version", FORMAT_VERSION)?;
+    w.str_attr(f_loc, "program", "seistomo")?;
+    w.str_attr(f_loc, "version", crate::VERSION)?;
+    let param = match &spec.param {
+        Parameterisation::Grid(_) => "grid",
+        Parameterisation::Cells(_) => "cells",
+        Parameterisation::Vector => "vector",
+    };
+    w.str_attr(f_loc, "parameterisation", param)?;
+    w.str_attr(f_loc, "unknowns", spec.unknowns.as_str())?;
+    w.str_attr(f_loc, "slowness_unit", &spec.slowness_unit)?;
+    let vunit = spec.velocity_unit();
+    w.str_attr(f_loc, "velocity_unit", &vunit)?;
+    w.str_attr(f_loc, "reference", &reference_words(&spec.reference))?;
+    w.num_attr(f_loc, "kernel_rows", inp.kernel_rows as u64)?;
+    w.num_attr(f_loc, "synthetic", u8::from(spec.true_model.is_some()))?;
+
+    // Model fields.
+    let g = f.create_group("model").map_err(|e| h5err(path, e))?;
+    let shape: Vec<usize> = match &spec.param {
+        Parameterisation::Grid(grid) => {
+            write_grid_attrs(&w, &g, grid)?;
+            vec![grid.n[2], grid.n[1], grid.n[0]]
+        }
+        _ => vec![n],
+    };
+    let fields = Fields::derive(spec, x);
+    let su = spec.slowness_unit.as_str();
+    let ds = |name: &str, data: &[f64], units: &str, what: &str| {
+        w.dataset(&g, name, &shape, data, units, what)
+    };
+    ds("velocity", &fields.velocity, &vunit, "recovered velocity 1/slowness (NaN where the slowness is not positive)")?;
+    ds("slowness", &fields.slowness, su, "recovered slowness")?;
+    ds("reference_velocity", &fields.reference_velocity, &vunit, "reference velocity model")?;
+    ds("perturbation", &fields.perturbation, "percent", "relative velocity perturbation 100 (v - v_ref) / v_ref")?;
+    ds("slowness_perturbation", &fields.slowness_perturbation, su, "slowness minus reference slowness")?;
+    ds("solution", x, su, &format!("the solution vector x as solved ({})", spec.unknowns.as_str()))?;
+    if let Some(c) = inp.coverage {
+        w.dataset(&g, "hit_count", &shape, &c.hit_count, "1", "number of kernel rows (rays) touching the cell")?;
+        ds("dws", &c.dws, "kernel units", "derivative weight sum: sum of |G_ij| over kernel rows")?;
+    }
+    if let Some(var) = &o.solution.var {
+        let r = &o.report;
+        let dof = r.m.saturating_sub(r.n);
+        let s2 = if dof > 0 { r.r1norm * r.r1norm / dof as f64 } else { 1.0 };
+        let se: Vec<f64> = var.iter().map(|v| (v * s2).sqrt()).collect();
+        ds("variance_lower_bound", var, &format!("({su})^2 / data^2"), "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)")?;
+        ds("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
+        let gv: &Location = &g;
+        w.num_attr(gv, "std_error_scale_r1norm2_over_dof", s2)?;
+    }
+    if let (Some(tv), Some(tp), Some(t)) = (&fields.true_velocity, &fields.true_perturbation, &spec.true_model) {
+        ds("true_velocity", tv, &vunit, "true velocity of the synthetic model")?;
+        ds("true_perturbation", tp, "percent", "true relative velocity perturbation, percent")?;
+        ds("true_solution", t, su, "the true model vector (same quantity as solution)")?;
+    }
+
+    if let Parameterisation::Cells(c) = &spec.param {
+        let cg = f.create_group("cells").map_err(|e| h5err(path, e))?;
+        let ncol = c.columns.len();
+        let flat: Vec<f64> = c.rows.iter().flatten().copied().collect();
+        w.dataset(&cg, "bounds", &[c.rows.len(), ncol], &flat, &c.units, "cell bounds, one row per unknown")?;
+        let cl: &Location = &cg;
+        w.str_list_attr(cl, "columns", &c.columns)?;
+        w.str_attr(cl, "units", &c.units)?;
+    }
+
+    // Solver diagnostics: every report key as an attribute.
+    let sg = f.create_group("solver").map_err(|e| h5err(path, e))?;
+    let report = serde_json::to_value(&o.report)
+        .map_err(|e| Error::format(path, format!("report: {e}")))?;
+    write_json_attrs(&w, &sg, "", &report)?;
+
+    // Convergence history.
+    let hg = f.create_group("history").map_err(|e| h5err(path, e))?;
+    let h = &o.history;
+    let col = |get: fn(&IterRecord) -> f64| h.iter().map(get).collect::<Vec<f64>>();
+    let itn: Vec<u64> = h.iter().map(|r| r.itn as u64).collect();
+    w.dataset(&hg, "itn", &[h.len()], &itn, "1", "iteration (0: the start)")?;
+    for (name, get, what) in [
+        ("r1norm", (|r: &IterRecord| r.r1norm) as fn(&IterRecord) -> f64, "||b - A x||"),
+        ("r2norm", |r| r.r2norm, "sqrt(||b - A x||^2 + damp^2 ||x||^2)"),
+        ("arnorm", |r| r.arnorm, "||A^T (b - A x) - damp^2 x||"),
+        ("anorm", |r| r.anorm, "Frobenius norm estimate of [A; damp I]"),
+        ("acond", |r| r.acond, "condition estimate"),
+        ("xnorm", |r| r.xnorm, "||x||"),
+        ("seconds", |r| r.seconds, "seconds since the solve started"),
+    ] {
+        w.dataset(&hg, name, &[h.len()], &col(get), "", what)?;
+    }
+
+    let rg = f.create_group("run").map_err(|e| h5err(path, e))?;
+    w.str_dataset(&rg, "config_toml", inp.config_text)?;
+    let rj = serde_json::to_string_pretty(&o.report)
+        .map_err(|e| Error::format(path, format!("report: {e}")))?;
+    w.str_dataset(&rg, "report_json", &rj)?;
+    f.close().map_err(|e| h5err(path, e))?;
+    // Make the data durable before the rename.
+    std::fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(tmp, e))
+}
+
+fn write_grid_attrs(w: &W, g: &Group, grid: &Grid) -> Result<()> {
+    let l: &Location = g;
+    w.vec_attr(l, "n_xyz", &grid.n.map(|v| v as u64))?;
+    w.vec_attr(l, "origin_xyz", &grid.origin)?;
+    w.vec_attr(l, "spacing_xyz", &grid.spacing)?;
+    w.str_list_attr(l, "axes_xyz", &grid.axes)?;
+    w.str_attr(l, "units", &grid.units)?;
+    w.str_attr(
+        l,
+        "layout",
+        "C order, shape [nz][ny][nx]: cell (i, j, k) is element [k][j][i] = solution[i + nx*(j + ny*k)]; origin is the corner of cell (0,0,0), values are cell averages",
+    )
+}
+
+fn write_json_attrs(w: &W, g: &Group, prefix: &str, v: &serde_json::Value) -> Result<()> {
+    let l: &Location = g;
+    if let serde_json::Value::Object(map) = v {
+        for (k, v) in map {
+            let name = format!("{prefix}{k}");
+            match v {
+                serde_json::Value::Number(num) => {
+                    if let Some(u) = num.as_u64() {
+                        w.num_attr(l, &name, u)?
+                    } else if let Some(i) = num.as_i64() {
+                        w.num_attr(l, &name, i)?
+                    } else {
+                        w.num_attr(l, &name, num.as_f64().unwrap_or(f64::NAN))?
+                    }
+                }
+                serde_json::Value::String(s) => w.str_attr(l, &name, s)?,
+                serde_json::Value::Bool(b) => w.num_attr(l, &name, u8::from(*b))?,
+                serde_json::Value::Object(_) => write_json_attrs(w, g, &format!("{name}_"), v)?,
+                serde_json::Value::Null => {}
+                serde_json::Value::Array(_) => w.str_attr(l, &name, &v.to_string())?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A model file read back (for plots and tests).
+#[derive(Debug, Clone)]
+pub struct ModelFile {
+    pub path: PathBuf,
+    pub parameterisation: String,
+    pub unknowns: String,
+    pub velocity_unit: String,
+    pub grid: Option<Grid>,
+    /// Cell bounds (cell parameterisations): columns and rows.
+    pub cell_columns: Vec<String>,
+    pub cells: Vec<Vec<f64>>,
+    pub history: Vec<IterRecord>,
+    pub istop: u64,
+    pub stop_reason: String,
+    file: ::hdf5::File,
+}
+
+impl ModelFile {
+    pub fn open(path: &Path) -> Result<ModelFile> {
+        let e = |er: ::hdf5::Error| h5err(path, er);
+        let f = ::hdf5::File::open(path).map_err(e)?;
+        let sattr = |loc: &Location, name: &str| -> Result<String> {
+            loc.attr(name)
+                .and_then(|a| a.read_scalar::<VarLenUnicode>())
+                .map(|s| s.as_str().to_string())
+                .map_err(|er| Error::format(path, format!("attribute {name}: {er}")))
+        };
+        let root: &Location = &f;
+        let format = sattr(root, "format")?;
+        if format != FORMAT {
+            return Err(Error::format(path, format!("not a seistomo model file (format '{format}')")));
+        }
+        let parameterisation = sattr(root, "parameterisation")?;
+        let unknowns = sattr(root, "unknowns")?;
+        let velocity_unit = sattr(root, "velocity_unit")?;
+        let model = f.group("model").map_err(e)?;
+        let grid = if parameterisation == "grid" {
+            let ml: &Location = &model;
+            let n: Vec<u64> = ml.attr("n_xyz").and_then(|a| a.read_raw()).map_err(e)?;
+            let origin: Vec<f64> = ml.attr("origin_xyz").and_then(|a| a.read_raw()).map_err(e)?;
+            let spacing: Vec<f64> = ml.attr("spacing_xyz").and_then(|a| a.read_raw()).map_err(e)?;
+            let axes: Vec<VarLenUnicode> = ml.attr("axes_xyz").and_then(|a| a.read_raw()).map_err(e)?;
+            if n.len() != 3 || origin.len() != 3 || spacing.len() != 3 || axes.len() != 3 {
+                return Err(Error::format(path, "grid attributes must have 3 values"));
+            }
+            let mut g = Grid::new(
+                [n[0] as usize, n[1] as usize, n[2] as usize],
+                [origin[0], origin[1], origin[2]],
+                [spacing[0], spacing[1], spacing[2]],
+            );
+            g.axes = [0, 1, 2].map(|i| axes[i].as_str().to_string());
+            g.units = sattr(ml, "units")?;
+            Some(g)
+        } else {
+            None
+        };
+        let (cell_columns, cells) = if parameterisation == "cells" {
+            let cg = f.group("cells").map_err(e)?;
+            let cl: &Location = &cg;
+            let cols: Vec<VarLenUnicode> = cl.attr("columns").and_then(|a| a.read_raw()).map_err(e)?;
+            let b = cg.dataset("bounds").map_err(e)?;
+            let flat: Vec<f64> = b.read_raw().map_err(e)?;
+            let nc = cols.len().max(1);
+            (
+                cols.iter().map(|c| c.as_str().to_string()).collect(),
+                flat.chunks(nc).map(|c| c.to_vec()).collect(),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let hg = f.group("history").map_err(e)?;
+        let col = |name: &str| -> Result<Vec<f64>> {
+            hg.dataset(name).and_then(|d| d.read_raw::<f64>()).map_err(e)
+        };
+        let itn: Vec<u64> = hg.dataset("itn").and_then(|d| d.read_raw()).map_err(e)?;
+        let (r1, r2, ar, an, ac, xn, sec) = (
+            col("r1norm")?,
+            col("r2norm")?,
+            col("arnorm")?,
+            col("anorm")?,
+            col("acond")?,
+            col("xnorm")?,
+            col("seconds")?,
+        );
+        let history = (0..itn.len())
+            .map(|i| IterRecord {
+                itn: itn[i] as usize,
+                r1norm: r1[i],
+                r2norm: r2[i],
+                arnorm: ar[i],
+                anorm: an[i],
+                acond: ac[i],
+                xnorm: xn[i],
+                seconds: sec[i],
+            })
+            .collect();
+        let sg = f.group("solver").map_err(e)?;
+        let sl: &Location = &sg;
+        let istop = sl.attr("istop").and_then(|a| a.read_scalar::<u64>()).map_err(e)?;
+        let stop_reason = sattr(sl, "stop_reason")?;
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            parameterisation,
+            unknowns,
+            velocity_unit,
+            grid,
+            cell_columns,
+            cells,
+            history,
+            istop,
+            stop_reason,
+            file: f,
+        })
+    }
+
+    /// Does /model hold this field?
+    pub fn has_field(&self, name: &str) -> bool {
+        self.file
+            .group("model")
+            .map(|g| g.link_exists(name))
+            .unwrap_or(false)
+    }
+
+    /// A field of /model, flattened in solution order, with its shape.
+    pub fn field(&self, name: &str) -> Result<(Vec<f64>, Vec<usize>)> {
+        let e = |er: ::hdf5::Error| Error::format(&self.path, format!("/model/{name}: {er}"));
+        let ds = self.file.group("model").and_then(|g| g.dataset(name)).map_err(e)?;
+        let shape = ds.shape();
+        let v: Vec<f64> = ds.read_raw().map_err(e)?;
+        Ok((v, shape))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_name_is_hidden_in_the_same_dir() {
+        let t = temp_name(Path::new("/a/b/model.h5"));
+        assert_eq!(t.parent(), Some(Path::new("/a/b")));
+        assert!(t.file_name().unwrap().to_string_lossy().starts_with(".model.h5.tmp"));
+    }
+}
