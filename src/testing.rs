@@ -26,9 +26,21 @@ pub struct Lstp {
     pub x_true: Vec<f64>,
 }
 
-/// y = (I - 2 h h^T) x for unit h.
+/// y = (I - 2 h h^T) x for unit h; h . x by compensated (Neumaier) summation, so that the test
+/// operator itself adds as little rounding as possible.
 fn householder(h: &[f64], x: &[f64], y: &mut [f64]) {
-    let s: f64 = h.iter().zip(x).map(|(a, b)| a * b).sum();
+    let (mut s, mut c) = (0.0f64, 0.0f64);
+    for (a, b) in h.iter().zip(x) {
+        let t = a * b;
+        let u = s + t;
+        c += if s.abs() >= t.abs() {
+            (s - u) + t
+        } else {
+            (t - u) + s
+        };
+        s = u;
+    }
+    let s = s + c;
     for ((yi, &hi), &xi) in y.iter_mut().zip(h).zip(x) {
         *yi = xi - 2.0 * s * hi;
     }
