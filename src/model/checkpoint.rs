@@ -9,7 +9,8 @@
 //! u (m_local f64) | v (n f64) | w (n f64) | x (n f64) | [var (n f64)] | FNV-1a 64 of all before
 //! ```
 //! The JSON header holds the scalars, the LSQR parameters, the history so far, the sizes and a
-//! fingerprint of the system, all of which must match on resume. With several ranks each rank
+//! fingerprint of the system, all of which must match on resume (serde_json is built with
+//! `float_roundtrip`, so the f64 scalars read back bit for bit). With several ranks each rank
 //! writes its own file (`name.rank<r>`) because u is distributed by rows.
 
 use std::io::Write;

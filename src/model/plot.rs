@@ -200,6 +200,7 @@ fn draw_colorbar(
     label: &str,
 ) -> Result<()> {
     let e = |x: &dyn std::fmt::Display| perr(path, x);
+    let span = scale.hi - scale.lo;
     let mut chart = ChartBuilder::on(area)
         .margin_top(40)
         .margin_bottom(52)
@@ -213,7 +214,7 @@ fn draw_colorbar(
         .disable_mesh()
         .disable_x_axis()
         .y_labels(7)
-        .y_label_formatter(&|v| format!("{v:.3}"))
+        .y_label_formatter(&|v| tick(*v, span))
         .label_style(("sans-serif", 12))
         .draw()
         .map_err(|x| e(&x))?;
@@ -226,6 +227,15 @@ fn draw_colorbar(
         }))
         .map_err(|x| e(&x))?;
     Ok(())
+}
+
+/// A tick label with as many decimals as a range of `span` needs.
+pub fn tick(v: f64, span: f64) -> String {
+    if !(span > 0.0) || span < 1e-3 || span >= 1e6 {
+        return format!("{v:.2e}");
+    }
+    let decimals = (2.0 - span.log10().floor()).clamp(0.0, 6.0) as usize;
+    format!("{v:.decimals$}")
 }
 
 /// Heat-map panels side by side sharing one colour scale, with a colour bar.
@@ -345,11 +355,10 @@ pub fn lcurve_png(
             ))
             .map_err(|x| e(&x))?;
         chart
-            .draw_series(pos.iter().map(|p| Circle::new((p.1, p.2), 4, BLUE.filled())))
-            .map_err(|x| e(&x))?;
-        chart
             .draw_series(pos.iter().map(|p| {
-                Text::new(format!("{:.3e}", p.0), (p.1, p.2), ("sans-serif", 12).into_font())
+                EmptyElement::at((p.1, p.2))
+                    + Circle::new((0, 0), 4, BLUE.filled())
+                    + Text::new(format!("{:.2e}", p.0), (8, -2), ("sans-serif", 12).into_font())
             }))
             .map_err(|x| e(&x))?;
         if let Some(c) = corner.and_then(|c| points.get(c)) {
@@ -575,5 +584,13 @@ mod tests {
         let pos = s.color(s.hi);
         assert!(neg.0 > neg.2 && pos.2 > pos.0);
         assert_eq!(s.color(f64::NAN), RGBColor(160, 160, 160));
+    }
+
+    #[test]
+    fn tick_labels_fit_the_range() {
+        assert_eq!(tick(3300.0, 450.0), "3300");
+        assert_eq!(tick(5.0, 10.0), "5.0");
+        assert_eq!(tick(-2.5, 9.0), "-2.50");
+        assert_eq!(tick(3.2e-4, 2e-5), "3.20e-4");
     }
 }

@@ -7,7 +7,6 @@
 //! z y x order (VTK's vtkXdmfReader sets `ORIGIN = (origin[2], origin[1], origin[0])`), despite the
 //! name. We write both in z y x order.
 
-use std::io::Write;
 use std::path::Path;
 
 use crate::error::Result;

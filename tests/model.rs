@@ -1,0 +1,403 @@
+//! Model files: the XDMF/HDF5 axis order, the datasets and attributes, australia's cell model,
+//! PNG quicklooks and the L-curve through the CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use seistomo::comm::SerialComm;
+use seistomo::model::fields::Coverage;
+use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
+use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
+use seistomo::model::Grid;
+use seistomo::run::{solve_system, BackendChoice, Outcome, SolveOptions, System};
+use seistomo::solver::LsqrParams;
+use seistomo::sparse::Csr;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("seistomo-model-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Solve I x = b (with var): x = b up to rounding.
+fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
+    let n = b.len();
+    let idx: Vec<u64> = (0..n as u64).collect();
+    let a = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
+    let cov = Coverage::from_kernel_rows(&a, n);
+    let opts = SolveOptions {
+        params: LsqrParams {
+            atol: 1e-12,
+            btol: 1e-12,
+            calc_var: true,
+            ..Default::default()
+        },
+        col_scale: false,
+        x0: None,
+        backend: BackendChoice::Cpu,
+        transpose: seistomo::backend::TransposeStrategy::Auto,
+        threads: None,
+    };
+    let sys = System {
+        a,
+        b: b.to_vec(),
+        kernel_rows: n,
+    };
+    (solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap(), cov)
+}
+
+fn grid() -> Grid {
+    let mut g = Grid::new([4, 3, 2], [-10.0, 20.0, 0.0], [2.0, 5.0, 7.5]);
+    g.axes = ["x".into(), "y".into(), "depth".into()];
+    g
+}
+
+fn encode(i: usize, j: usize, k: usize) -> f64 {
+    1.0 + i as f64 + 10.0 * j as f64 + 100.0 * k as f64
+}
+
+fn attr_between<'a>(text: &'a str, before: &str, after: &str) -> &'a str {
+    let s = text.find(before).unwrap_or_else(|| panic!("no {before} in\n{text}")) + before.len();
+    let e = text[s..].find(after).unwrap() + s;
+    &text[s..e]
+}
+
+#[test]
+fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
+    let g = grid();
+    let [nx, ny, nz] = g.n;
+    let mut x = vec![0.0; g.ncells()];
+    for k in 0..nz {
+        for j in 0..ny {
+            for i in 0..nx {
+                x[g.index(i, j, k)] = encode(i, j, k);
+            }
+        }
+    }
+    let (o, cov) = identity_outcome(&x);
+    let spec = ModelSpec {
+        param: Parameterisation::Grid(g.clone()),
+        unknowns: Unknowns::Slowness,
+        slowness_unit: "s/km".into(),
+        reference: Reference::Constant(1.0),
+        true_model: Some(x.clone()),
+    };
+    let dir = tmp("axes");
+    let p = dir.join("model.h5");
+    write_model(
+        &p,
+        &ModelInputs {
+            spec: &spec,
+            outcome: &o,
+            coverage: Some(&cov),
+            kernel_rows: x.len(),
+            config_text: "# test",
+        },
+    )
+    .unwrap();
+
+    // HDF5: shape [nz][ny][nx]; element [k][j][i] encodes (i, j, k).
+    let f = hdf5::File::open(&p).unwrap();
+    let ds = f.dataset("model/true_solution").unwrap();
+    assert_eq!(ds.shape(), vec![nz, ny, nx]);
+    let flat: Vec<f64> = ds.read_raw().unwrap();
+    for k in 0..nz {
+        for j in 0..ny {
+            for i in 0..nx {
+                assert_eq!(flat[(k * ny + j) * nx + i], encode(i, j, k), "({i},{j},{k})");
+            }
+        }
+    }
+    let sol: Vec<f64> = f.dataset("model/solution").unwrap().read_raw().unwrap();
+    for (a, b) in sol.iter().zip(&flat) {
+        assert!((a - b).abs() < 1e-9 * b.abs(), "{a} vs {b}");
+    }
+
+    // XDMF: point dims nz+1 ny+1 nx+1, cell data dims nz ny nx = the HDF5 shape, origin and
+    // spacing slowest axis first (z y x).
+    let xdmf = std::fs::read_to_string(xdmf_path(&p)).unwrap();
+    let topo = attr_between(&xdmf, "TopologyType=\"3DCoRectMesh\" Dimensions=\"", "\"");
+    assert_eq!(topo, format!("{} {} {}", nz + 1, ny + 1, nx + 1));
+    let origin: Vec<f64> = attr_between(&xdmf, "Name=\"Origin\"", "</DataItem>")
+        .rsplit('>')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(origin, vec![g.origin[2], g.origin[1], g.origin[0]]);
+    let spacing: Vec<f64> = attr_between(&xdmf, "Name=\"Spacing\"", "</DataItem>")
+        .rsplit('>')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(spacing, vec![g.spacing[2], g.spacing[1], g.spacing[0]]);
+    // Every attribute's DataItem names an existing dataset with the same dims.
+    let mut count = 0;
+    for part in xdmf.split("<Attribute ").skip(1) {
+        let dims = attr_between(part, "<DataItem Dimensions=\"", "\"");
+        let reference = attr_between(part, "Format=\"HDF\">", "</DataItem>");
+        let (file, path) = reference.split_once(':').unwrap();
+        assert_eq!(file, "model.h5");
+        let shape = f.dataset(path).unwrap().shape();
+        let want: Vec<usize> = dims.split_whitespace().map(|d| d.parse().unwrap()).collect();
+        assert_eq!(shape, want, "{path}");
+        count += 1;
+    }
+    assert!(count >= 8, "only {count} XDMF attributes");
+    assert!(xdmf.contains("model/true_velocity") && xdmf.contains("model/hit_count"));
+}
+
+#[test]
+fn model_file_holds_diagnostics_history_config_and_coverage() {
+    let g = grid();
+    let x: Vec<f64> = (0..g.ncells()).map(|i| 0.2 + 0.001 * i as f64).collect();
+    let (o, cov) = identity_outcome(&x);
+    let spec = ModelSpec {
+        param: Parameterisation::Grid(g.clone()),
+        unknowns: Unknowns::Slowness,
+        slowness_unit: "s/km".into(),
+        reference: Reference::Profile(vec![(0.0, 4.0), (15.0, 5.0)]),
+        true_model: None,
+    };
+    let dir = tmp("diag");
+    let p = dir.join("sub/model.h5");
+    write_model(
+        &p,
+        &ModelInputs {
+            spec: &spec,
+            outcome: &o,
+            coverage: Some(&cov),
+            kernel_rows: x.len(),
+            config_text: "[solver]\natol = 1e-12\n",
+        },
+    )
+    .unwrap();
+    let f = hdf5::File::open(&p).unwrap();
+    for ds in [
+        "model/velocity",
+        "model/slowness",
+        "model/reference_velocity",
+        "model/perturbation",
+        "model/slowness_perturbation",
+        "model/hit_count",
+        "model/dws",
+        "model/variance_lower_bound",
+        "model/std_error_lower_bound",
+        "history/r1norm",
+        "history/arnorm",
+        "history/xnorm",
+        "history/seconds",
+        "run/config_toml",
+        "run/report_json",
+    ] {
+        assert!(f.dataset(ds).is_ok(), "missing {ds}");
+    }
+    assert!(f.dataset("model/true_velocity").is_err(), "not a synthetic run");
+    let hits: Vec<u32> = f.dataset("model/hit_count").unwrap().read_raw().unwrap();
+    assert!(hits.iter().all(|&h| h == 1));
+    let se = f.dataset("model/std_error_lower_bound").unwrap();
+    let d: String = se
+        .attr("description")
+        .unwrap()
+        .read_scalar::<hdf5::types::VarLenUnicode>()
+        .unwrap()
+        .as_str()
+        .to_string();
+    assert!(d.contains("LOWER BOUND"), "{d}");
+    let ref_v: Vec<f64> = f.dataset("model/reference_velocity").unwrap().read_raw().unwrap();
+    // Layer centres at depth 3.75 and 11.25 on the profile 4 -> 5 km/s over 0..15 km.
+    assert!((ref_v[0] - 4.25).abs() < 1e-12 && (ref_v[ref_v.len() - 1] - 4.75).abs() < 1e-12);
+    let v: Vec<f64> = f.dataset("model/velocity").unwrap().read_raw().unwrap();
+    let pert: Vec<f64> = f.dataset("model/perturbation").unwrap().read_raw().unwrap();
+    for i in 0..v.len() {
+        assert!((v[i] - 1.0 / x[i]).abs() < 1e-9);
+        assert!((pert[i] - 100.0 * (v[i] / ref_v[i] - 1.0)).abs() < 1e-9);
+    }
+    let mf = ModelFile::open(&p).unwrap();
+    assert_eq!(mf.grid.as_ref().unwrap(), &g);
+    assert_eq!(mf.history.len(), o.report.iterations + 1);
+    assert_eq!(mf.history[0].itn, 0);
+    assert_eq!(mf.istop, u64::from(o.report.istop));
+    let solver = f.group("solver").unwrap();
+    let names = solver.attr_names().unwrap();
+    for k in ["istop", "stop_reason", "iterations", "r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm", "version", "seconds_solve"] {
+        assert!(names.iter().any(|n| n == k), "no /solver@{k} in {names:?}");
+    }
+    let cfg: hdf5::types::VarLenUnicode = f.dataset("run/config_toml").unwrap().read_scalar().unwrap();
+    assert!(cfg.as_str().contains("atol = 1e-12"));
+    // Nothing but the model and its sidecar in the directory.
+    let mut names: Vec<String> = std::fs::read_dir(p.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["model.h5", "model.xdmf"]);
+}
+
+fn seistomo(args: &[&str]) -> (bool, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_seistomo"))
+        .args(args)
+        .output()
+        .unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn is_png(p: &Path) -> bool {
+    std::fs::read(p)
+        .map(|b| b.len() > 2000 && b.starts_with(b"\x89PNG\r\n\x1a\n"))
+        .unwrap_or(false)
+}
+
+fn australia_config(dir: &Path, extra: &str) -> PathBuf {
+    let a = root().join("datasets/australia");
+    let text = format!(
+        "[system]\nmatrix = \"{g}\"\nrhs = \"{d}\"\nreg = \"{r}\"\nreg_weight = 0.015\n\
+         [solver]\natol = 1e-6\nbtol = 1e-6\n[backend]\nkind = \"cpu\"\n\
+         [output]\ndir = \"{o}\"\n\
+         [model]\nslowness_unit = \"s/m\"\ncells = \"{c}\"\n{extra}",
+        g = a.join("G.mtx.gz").display(),
+        d = a.join("d.txt").display(),
+        r = a.join("R.mtx.gz").display(),
+        c = a.join("cells.txt").display(),
+        o = dir.join("out").display(),
+    );
+    let p = dir.join("australia.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn australia_invert_writes_a_cell_model_and_plots() {
+    let dir = tmp("australia");
+    let cfg = australia_config(&dir, "");
+    let (ok, err) = seistomo(&["invert", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let out = dir.join("out");
+    let p = out.join("model.h5");
+    assert!(out.join("report.json").is_file() && !xdmf_path(&p).exists());
+    let mf = ModelFile::open(&p).unwrap();
+    assert_eq!(mf.parameterisation, "cells");
+    assert_eq!(mf.cells.len(), 11916);
+    assert_eq!(mf.cell_columns, vec!["lat_min", "lat_max", "lon_min", "lon_max"]);
+    assert_eq!(mf.cells[0], vec![-8.4, -8.1, 141.8, 142.1]);
+    assert_eq!(mf.velocity_unit, "m/s");
+    let (v, shape) = mf.field("velocity").unwrap();
+    assert_eq!(shape, vec![11916]);
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+    assert!((2500.0..4500.0).contains(&mean), "mean velocity {mean} m/s");
+    let (hits, _) = mf.field("hit_count").unwrap();
+    assert!(hits.iter().sum::<f64>() > 15661.0, "every ray hits at least one cell");
+    // The solution in the model file is the one in solution.txt.
+    let (x, _) = mf.field("solution").unwrap();
+    let txt: Vec<f64> = std::fs::read_to_string(out.join("solution.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(x, txt);
+
+    let map = dir.join("map.png");
+    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--field", "velocity", "-o", map.to_str().unwrap()]);
+    assert!(ok && is_png(&map), "{err}");
+    let conv = dir.join("conv.png");
+    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--convergence", "-o", conv.to_str().unwrap()]);
+    assert!(ok && is_png(&conv), "{err}");
+    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--section", "x=140", "-o", map.to_str().unwrap()]);
+    assert!(!ok && err.contains("no vertical sections"), "{err}");
+    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--compare-true", "-o", map.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a synthetic run"), "{err}");
+}
+
+#[test]
+fn grid_slices_sections_and_bad_depths() {
+    let g = grid();
+    let x: Vec<f64> = (0..g.ncells())
+        .map(|i| {
+            let [a, b, c] = g.ijk(i);
+            0.25 * (1.0 + 0.05 * if (a + b + c) % 2 == 0 { 1.0 } else { -1.0 })
+        })
+        .collect();
+    let (o, cov) = identity_outcome(&x);
+    let spec = ModelSpec {
+        param: Parameterisation::Grid(g.clone()),
+        unknowns: Unknowns::Slowness,
+        slowness_unit: "s/km".into(),
+        reference: Reference::Constant(4.0),
+        true_model: Some(x.clone()),
+    };
+    let dir = tmp("grid");
+    let p = dir.join("model.h5");
+    write_model(
+        &p,
+        &ModelInputs {
+            spec: &spec,
+            outcome: &o,
+            coverage: Some(&cov),
+            kernel_rows: x.len(),
+            config_text: "",
+        },
+    )
+    .unwrap();
+    let ps = p.to_str().unwrap();
+    for (args, name) in [
+        (vec!["--depth", "10"], "slice.png"),
+        (vec!["--depth", "3", "--compare-true"], "compare.png"),
+        (vec!["--section", "y=27"], "section.png"),
+        (vec!["--section", "x=-9", "--field", "velocity"], "section_v.png"),
+        (vec!["--convergence"], "conv.png"),
+    ] {
+        let out = dir.join(name);
+        let mut a = vec!["plot", ps, "-o", out.to_str().unwrap()];
+        a.extend(args);
+        let (ok, err) = seistomo(&a);
+        assert!(ok && is_png(&out), "{a:?}: {err}");
+    }
+    let (ok, err) = seistomo(&["plot", ps, "--depth", "16", "-o", dir.join("x.png").to_str().unwrap()]);
+    assert!(!ok && err.contains("depth = 16 is outside the grid"), "{err}");
+    let (ok, err) = seistomo(&["plot", ps, "-o", dir.join("x.png").to_str().unwrap()]);
+    assert!(!ok && err.contains("--depth"), "{err}");
+    assert!(!dir.join("x.png").exists());
+}
+
+#[test]
+fn lcurve_on_australia_finds_a_corner() {
+    let dir = tmp("lcurve");
+    let cfg = australia_config(&dir, "");
+    let out = dir.join("lc");
+    let (ok, err) = seistomo(&[
+        "lcurve",
+        cfg.to_str().unwrap(),
+        "--log-range",
+        "1e-4:1:5",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let csv = std::fs::read_to_string(out.join("lcurve.csv")).unwrap();
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 5);
+    assert!(csv.starts_with("reg_weight,residual_norm,model_norm"));
+    // Residual grows and roughness falls with the weight.
+    for w in rows.windows(2) {
+        assert!(w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001, "{csv}");
+    }
+    let corners: Vec<usize> = (0..5).filter(|&i| rows[i][6] == 1.0).collect();
+    assert_eq!(corners.len(), 1, "{csv}");
+    let c = corners[0];
+    assert!(c > 0 && c < 4 && rows[c][3] > 0.0, "{csv}");
+    assert!(is_png(&out.join("lcurve.png")));
+    assert!(out.join("model.h5").is_file() && out.join("report.json").is_file());
+}
