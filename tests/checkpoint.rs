@@ -19,11 +19,12 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// australia with tolerances that cannot be met, so LSQR runs to iter_lim (several seconds).
+/// australia with a tiny roughness weight and no stopping tolerances, so LSQR runs all 2500
+/// iterations (several seconds).
 fn config(dir: &Path, out: &Path, every: usize) -> PathBuf {
     let a = root().join("datasets/australia");
     let text = format!(
-        "[system]\nmatrix = \"{g}\"\nrhs = \"{d}\"\nreg = \"{r}\"\nreg_weight = 0.015\n\
+        "[system]\nmatrix = \"{g}\"\nrhs = \"{d}\"\nreg = \"{r}\"\nreg_weight = 1e-5\n\
          [solver]\natol = 0.0\nbtol = 0.0\nconlim = 0.0\niter_lim = 2500\n\
          [backend]\nkind = \"cpu\"\nthreads = 2\n\
          [output]\ndir = \"{o}\"\ncheckpoint_every = {every}\n\
