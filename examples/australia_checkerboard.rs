@@ -16,7 +16,9 @@ fn main() -> anyhow::Result<()> {
     let out = root.join("datasets/australia-checkerboard");
     std::fs::create_dir_all(&out)?;
     let g = mtx::read_matrix(src.join("G.mtx.gz"))?;
-    let cols = ["lat_min", "lat_max", "lon_min", "lon_max"].map(String::from).to_vec();
+    let cols = ["lat_min", "lat_max", "lon_min", "lon_max"]
+        .map(String::from)
+        .to_vec();
     let cells = read_cell_table(&src.join("cells.txt"), cols, "degrees")?;
     let v0 = 3125.0;
     let m: Vec<f64> = cells
@@ -33,6 +35,10 @@ fn main() -> anyhow::Result<()> {
     let d = g.matvec(&m);
     write_vector_text(&out.join("true_model.txt"), &m)?;
     write_vector_text(&out.join("d.txt"), &d)?;
-    println!("wrote {} and {}", out.join("true_model.txt").display(), out.join("d.txt").display());
+    println!(
+        "wrote {} and {}",
+        out.join("true_model.txt").display(),
+        out.join("d.txt").display()
+    );
     Ok(())
 }

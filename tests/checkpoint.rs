@@ -92,7 +92,10 @@ fn kill_9_then_resume_reproduces_the_uninterrupted_model_bitwise() {
             child.try_wait().unwrap().is_none(),
             "the run ended before its first checkpoint"
         );
-        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint after 120 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no checkpoint after 120 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // A random moment between the first checkpoint and (well before) the end.
@@ -116,16 +119,28 @@ fn kill_9_then_resume_reproduces_the_uninterrupted_model_bitwise() {
     );
     let (state, ..) = read_checkpoint(&ck).unwrap();
     let k = state.scalars.itn;
-    assert!(k >= 40 && k % 40 == 0 && k < 2500, "checkpoint at iteration {k}");
+    assert!(
+        k >= 40 && k % 40 == 0 && k < 2500,
+        "checkpoint at iteration {k}"
+    );
     eprintln!("killed after {wait:.2} s; last checkpoint at iteration {k}");
 
     // Resume and compare.
     let err = run_ok(invert(&cfg_b, true));
-    assert!(err.contains(&format!("resumed from the checkpoint at iteration {k}")), "{err}");
-    assert!(!ck.exists(), "the checkpoint of a finished run was not removed");
+    assert!(
+        err.contains(&format!("resumed from the checkpoint at iteration {k}")),
+        "{err}"
+    );
+    assert!(
+        !ck.exists(),
+        "the checkpoint of a finished run was not removed"
+    );
     let sa = std::fs::read(out_a.join("solution.txt")).unwrap();
     let sb = std::fs::read(out_b.join("solution.txt")).unwrap();
-    assert!(sa == sb, "resumed solution differs from the uninterrupted one");
+    assert!(
+        sa == sb,
+        "resumed solution differs from the uninterrupted one"
+    );
     assert_eq!(
         model_solution_bits(&out_a.join("model.h5")),
         model_solution_bits(&out_b.join("model.h5"))
@@ -140,7 +155,11 @@ fn kill_9_then_resume_reproduces_the_uninterrupted_model_bitwise() {
     for d in [&out_a, &out_b] {
         for e in std::fs::read_dir(d).unwrap() {
             let n = e.unwrap().file_name().to_string_lossy().into_owned();
-            assert!(!n.starts_with('.'), "temporary file {n} left in {}", d.display());
+            assert!(
+                !n.starts_with('.'),
+                "temporary file {n} left in {}",
+                d.display()
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -156,7 +175,10 @@ fn resume_refuses_a_checkpoint_of_another_system() {
     let o = invert(&cfg, true).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
-    assert!(err.contains("checkpoint.bin") && err.contains("checkpoint"), "{err}");
+    assert!(
+        err.contains("checkpoint.bin") && err.contains("checkpoint"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

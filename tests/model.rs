@@ -62,7 +62,10 @@ fn encode(i: usize, j: usize, k: usize) -> f64 {
 }
 
 fn attr_between<'a>(text: &'a str, before: &str, after: &str) -> &'a str {
-    let s = text.find(before).unwrap_or_else(|| panic!("no {before} in\n{text}")) + before.len();
+    let s = text
+        .find(before)
+        .unwrap_or_else(|| panic!("no {before} in\n{text}"))
+        + before.len();
     let e = text[s..].find(after).unwrap() + s;
     &text[s..e]
 }
@@ -109,7 +112,11 @@ fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
     for k in 0..nz {
         for j in 0..ny {
             for i in 0..nx {
-                assert_eq!(flat[(k * ny + j) * nx + i], encode(i, j, k), "({i},{j},{k})");
+                assert_eq!(
+                    flat[(k * ny + j) * nx + i],
+                    encode(i, j, k),
+                    "({i},{j},{k})"
+                );
             }
         }
     }
@@ -147,7 +154,10 @@ fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
         let (file, path) = reference.split_once(':').unwrap();
         assert_eq!(file, "model.h5");
         let shape = f.dataset(path).unwrap().shape();
-        let want: Vec<usize> = dims.split_whitespace().map(|d| d.parse().unwrap()).collect();
+        let want: Vec<usize> = dims
+            .split_whitespace()
+            .map(|d| d.parse().unwrap())
+            .collect();
         assert_eq!(shape, want, "{path}");
         count += 1;
     }
@@ -200,7 +210,10 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
     ] {
         assert!(f.dataset(ds).is_ok(), "missing {ds}");
     }
-    assert!(f.dataset("model/true_velocity").is_err(), "not a synthetic run");
+    assert!(
+        f.dataset("model/true_velocity").is_err(),
+        "not a synthetic run"
+    );
     let hits: Vec<u32> = f.dataset("model/hit_count").unwrap().read_raw().unwrap();
     assert!(hits.iter().all(|&h| h == 1));
     let se = f.dataset("model/std_error_lower_bound").unwrap();
@@ -212,7 +225,11 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
         .as_str()
         .to_string();
     assert!(d.contains("LOWER BOUND"), "{d}");
-    let ref_v: Vec<f64> = f.dataset("model/reference_velocity").unwrap().read_raw().unwrap();
+    let ref_v: Vec<f64> = f
+        .dataset("model/reference_velocity")
+        .unwrap()
+        .read_raw()
+        .unwrap();
     // Layer centres at depth 3.75 and 11.25 on the profile 4 -> 5 km/s over 0..15 km.
     assert!((ref_v[0] - 4.25).abs() < 1e-12 && (ref_v[ref_v.len() - 1] - 4.75).abs() < 1e-12);
     let v: Vec<f64> = f.dataset("model/velocity").unwrap().read_raw().unwrap();
@@ -228,10 +245,23 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
     assert_eq!(mf.istop, u64::from(o.report.istop));
     let solver = f.group("solver").unwrap();
     let names = solver.attr_names().unwrap();
-    for k in ["istop", "stop_reason", "iterations", "r1norm", "r2norm", "anorm", "acond", "arnorm", "xnorm", "version", "seconds_solve"] {
+    for k in [
+        "istop",
+        "stop_reason",
+        "iterations",
+        "r1norm",
+        "r2norm",
+        "anorm",
+        "acond",
+        "arnorm",
+        "xnorm",
+        "version",
+        "seconds_solve",
+    ] {
         assert!(names.iter().any(|n| n == k), "no /solver@{k} in {names:?}");
     }
-    let cfg: hdf5::types::VarLenUnicode = f.dataset("run/config_toml").unwrap().read_scalar().unwrap();
+    let cfg: hdf5::types::VarLenUnicode =
+        f.dataset("run/config_toml").unwrap().read_scalar().unwrap();
     assert!(cfg.as_str().contains("atol = 1e-12"));
     // Nothing but the model and its sidecar in the directory.
     let mut names: Vec<String> = std::fs::read_dir(p.parent().unwrap())
@@ -247,7 +277,10 @@ fn seistomo(args: &[&str]) -> (bool, String) {
         .args(args)
         .output()
         .unwrap();
-    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn is_png(p: &Path) -> bool {
@@ -286,7 +319,10 @@ fn australia_invert_writes_a_cell_model_and_plots() {
     let mf = ModelFile::open(&p).unwrap();
     assert_eq!(mf.parameterisation, "cells");
     assert_eq!(mf.cells.len(), 11916);
-    assert_eq!(mf.cell_columns, vec!["lat_min", "lat_max", "lon_min", "lon_max"]);
+    assert_eq!(
+        mf.cell_columns,
+        vec!["lat_min", "lat_max", "lon_min", "lon_max"]
+    );
     assert_eq!(mf.cells[0], vec![-8.4, -8.1, 141.8, 142.1]);
     assert_eq!(mf.velocity_unit, "m/s");
     let (v, shape) = mf.field("velocity").unwrap();
@@ -295,7 +331,10 @@ fn australia_invert_writes_a_cell_model_and_plots() {
     let mean = finite.iter().sum::<f64>() / finite.len() as f64;
     assert!((2500.0..4500.0).contains(&mean), "mean velocity {mean} m/s");
     let (hits, _) = mf.field("hit_count").unwrap();
-    assert!(hits.iter().sum::<f64>() > 15661.0, "every ray hits at least one cell");
+    assert!(
+        hits.iter().sum::<f64>() > 15661.0,
+        "every ray hits at least one cell"
+    );
     // The solution in the model file is the one in solution.txt.
     let (x, _) = mf.field("solution").unwrap();
     let txt: Vec<f64> = std::fs::read_to_string(out.join("solution.txt"))
@@ -306,14 +345,40 @@ fn australia_invert_writes_a_cell_model_and_plots() {
     assert_eq!(x, txt);
 
     let map = dir.join("map.png");
-    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--field", "velocity", "-o", map.to_str().unwrap()]);
+    let (ok, err) = seistomo(&[
+        "plot",
+        p.to_str().unwrap(),
+        "--field",
+        "velocity",
+        "-o",
+        map.to_str().unwrap(),
+    ]);
     assert!(ok && is_png(&map), "{err}");
     let conv = dir.join("conv.png");
-    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--convergence", "-o", conv.to_str().unwrap()]);
+    let (ok, err) = seistomo(&[
+        "plot",
+        p.to_str().unwrap(),
+        "--convergence",
+        "-o",
+        conv.to_str().unwrap(),
+    ]);
     assert!(ok && is_png(&conv), "{err}");
-    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--section", "x=140", "-o", map.to_str().unwrap()]);
+    let (ok, err) = seistomo(&[
+        "plot",
+        p.to_str().unwrap(),
+        "--section",
+        "x=140",
+        "-o",
+        map.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("no vertical sections"), "{err}");
-    let (ok, err) = seistomo(&["plot", p.to_str().unwrap(), "--compare-true", "-o", map.to_str().unwrap()]);
+    let (ok, err) = seistomo(&[
+        "plot",
+        p.to_str().unwrap(),
+        "--compare-true",
+        "-o",
+        map.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("not a synthetic run"), "{err}");
 }
 
@@ -352,7 +417,10 @@ fn grid_slices_sections_and_bad_depths() {
         (vec!["--depth", "10"], "slice.png"),
         (vec!["--depth", "3", "--compare-true"], "compare.png"),
         (vec!["--section", "y=27"], "section.png"),
-        (vec!["--section", "x=-9", "--field", "velocity"], "section_v.png"),
+        (
+            vec!["--section", "x=-9", "--field", "velocity"],
+            "section_v.png",
+        ),
         (vec!["--convergence"], "conv.png"),
     ] {
         let out = dir.join(name);
@@ -361,8 +429,18 @@ fn grid_slices_sections_and_bad_depths() {
         let (ok, err) = seistomo(&a);
         assert!(ok && is_png(&out), "{a:?}: {err}");
     }
-    let (ok, err) = seistomo(&["plot", ps, "--depth", "16", "-o", dir.join("x.png").to_str().unwrap()]);
-    assert!(!ok && err.contains("depth = 16 is outside the grid"), "{err}");
+    let (ok, err) = seistomo(&[
+        "plot",
+        ps,
+        "--depth",
+        "16",
+        "-o",
+        dir.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("depth = 16 is outside the grid"),
+        "{err}"
+    );
     let (ok, err) = seistomo(&["plot", ps, "-o", dir.join("x.png").to_str().unwrap()]);
     assert!(!ok && err.contains("--depth"), "{err}");
     assert!(!dir.join("x.png").exists());
@@ -392,7 +470,10 @@ fn lcurve_on_australia_finds_a_corner() {
     assert!(csv.starts_with("reg_weight,residual_norm,model_norm"));
     // Residual grows and roughness falls with the weight.
     for w in rows.windows(2) {
-        assert!(w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001, "{csv}");
+        assert!(
+            w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001,
+            "{csv}"
+        );
     }
     let corners: Vec<usize> = (0..5).filter(|&i| rows[i][6] == 1.0).collect();
     assert_eq!(corners.len(), 1, "{csv}");
@@ -400,4 +481,21 @@ fn lcurve_on_australia_finds_a_corner() {
     assert!(c > 0 && c < 4 && rows[c][3] > 0.0, "{csv}");
     assert!(is_png(&out.join("lcurve.png")));
     assert!(out.join("model.h5").is_file() && out.join("report.json").is_file());
+}
+
+#[test]
+fn bundled_model_configs_load_with_their_cell_tables() {
+    for name in ["australia-model.toml", "australia-checkerboard.toml"] {
+        let cfg = seistomo::config::RunConfig::load(&root().join("configs").join(name)).unwrap();
+        let spec = cfg.model.spec(11916).unwrap();
+        match &spec.param {
+            Parameterisation::Cells(c) => assert_eq!(c.rows.len(), 11916),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert_eq!(spec.slowness_unit, "s/m");
+        assert_eq!(spec.true_model.is_some(), name.contains("checkerboard"));
+        assert!(cfg.model.path.as_ref().unwrap().ends_with("model.h5"));
+        // A wrong number of unknowns is refused.
+        assert!(cfg.model.spec(11915).is_err());
+    }
 }

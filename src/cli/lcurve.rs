@@ -40,7 +40,10 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
         _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT"),
     };
     if weights.len() < 3 {
-        bail!("an L-curve needs at least 3 weights (got {})", weights.len());
+        bail!(
+            "an L-curve needs at least 3 weights (got {})",
+            weights.len()
+        );
     }
     let out = match &a.output {
         Some(o) => o.clone(),
@@ -55,27 +58,46 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     #[allow(unreachable_patterns)] // other system sources are added by the dataset work
     let sweep = match &cfg.system {
-        SystemSource::Mtx { matrix, rhs, reg, .. } => {
+        SystemSource::Mtx {
+            matrix, rhs, reg, ..
+        } => {
             let g = mtx::read_matrix(matrix)?;
             let d = match rhs {
                 Some(p) => mtx::read_vector(p)?,
                 None => g.matvec(&vec![1.0; g.ncols()]),
             };
             if d.len() != g.nrows() {
-                bail!("{}: {} values for {} rows", matrix.display(), d.len(), g.nrows());
+                bail!(
+                    "{}: {} values for {} rows",
+                    matrix.display(),
+                    d.len(),
+                    g.nrows()
+                );
             }
             let r = reg.as_deref().map(mtx::read_matrix).transpose()?;
             if let Some(r) = &r {
                 if r.ncols() != g.ncols() {
-                    bail!("reg matrix has {} columns, the kernel {}", r.ncols(), g.ncols());
+                    bail!(
+                        "reg matrix has {} columns, the kernel {}",
+                        r.ncols(),
+                        g.ncols()
+                    );
                 }
             }
             Sweep { g, d, r }
         }
         _ => bail!("lcurve supports Matrix Market systems ([system] matrix/rhs/reg)"),
     };
-    let what = if sweep.r.is_some() { "reg_weight" } else { "damp" };
-    let l_label = if sweep.r.is_some() { "roughness ||R m||" } else { "model norm ||m||" };
+    let what = if sweep.r.is_some() {
+        "reg_weight"
+    } else {
+        "damp"
+    };
+    let l_label = if sweep.r.is_some() {
+        "roughness ||R m||"
+    } else {
+        "model norm ||m||"
+    };
     eprintln!("L-curve over {} values of {what}", weights.len());
     let pts = sweep.run(&weights, &cfg.options, &SerialComm, |i, p| {
         eprintln!(
@@ -95,7 +117,10 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     let (c, _) = corner(&triples);
     let csv = out.join("lcurve.csv");
     crate::io::write_atomic(&csv, |w| {
-        writeln!(w, "{what},residual_norm,model_norm,curvature,iterations,istop,corner")?;
+        writeln!(
+            w,
+            "{what},residual_norm,model_norm,curvature,iterations,istop,corner"
+        )?;
         for (i, p) in pts.iter().enumerate() {
             writeln!(
                 w,

@@ -216,7 +216,9 @@ pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize
     }
     let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
     if version != VERSION {
-        return Err(bad(&format!("version {version}, this program reads {VERSION}")));
+        return Err(bad(&format!(
+            "version {version}, this program reads {VERSION}"
+        )));
     }
     let hlen = u64::from_le_bytes(body[12..20].try_into().expect("8 bytes")) as usize;
     if 20 + hlen > body.len() {
@@ -440,9 +442,18 @@ mod tests {
             every: 0,
             resume: false,
         };
-        let (want, wh) =
-            lsqr_checkpointed(&be, &op, &SerialComm, &b, None, &params, &full, &fp, &mut NoMonitor)
-                .unwrap();
+        let (want, wh) = lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &full,
+            &fp,
+            &mut NoMonitor,
+        )
+        .unwrap();
         assert!(want.info.itn > 6);
         // Stop after 5 iterations with a checkpoint every 5, then resume.
         let short = LsqrParams {
@@ -459,12 +470,38 @@ mod tests {
             every: 2,
             ..ck.clone()
         };
-        lsqr_checkpointed(&be, &op, &SerialComm, &b, None, &short, &ck2, &fp, &mut NoMonitor)
-            .unwrap();
+        lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &short,
+            &ck2,
+            &fp,
+            &mut NoMonitor,
+        )
+        .unwrap();
         assert!(dir.join("ck.bin").is_file());
-        let res = Checkpointing { resume: true, ..ck.clone() };
-        let e = lsqr_checkpointed(&be, &op, &SerialComm, &b, None, &params, &res, &fp, &mut NoMonitor);
-        assert!(e.is_err(), "a checkpoint with other parameters was accepted");
+        let res = Checkpointing {
+            resume: true,
+            ..ck.clone()
+        };
+        let e = lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &res,
+            &fp,
+            &mut NoMonitor,
+        );
+        assert!(
+            e.is_err(),
+            "a checkpoint with other parameters was accepted"
+        );
         // Now a proper interrupted run: same parameters, stopped by an error from the monitor.
         struct StopAt(usize);
         impl<B: Backend> LsqrMonitor<B> for StopAt {
@@ -477,15 +514,37 @@ mod tests {
             }
         }
         let _ = std::fs::remove_file(dir.join("ck.bin"));
-        let e = lsqr_checkpointed(&be, &op, &SerialComm, &b, None, &params, &ck, &fp, &mut StopAt(7));
+        let e = lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &ck,
+            &fp,
+            &mut StopAt(7),
+        );
         assert!(e.is_err());
-        let (got, gh) =
-            lsqr_checkpointed(&be, &op, &SerialComm, &b, None, &params, &res, &fp, &mut NoMonitor)
-                .unwrap();
+        let (got, gh) = lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &res,
+            &fp,
+            &mut NoMonitor,
+        )
+        .unwrap();
         assert_eq!(gh.resumed_from, Some(5));
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got.x), bits(&want.x));
-        assert_eq!(bits(got.var.as_ref().unwrap()), bits(want.var.as_ref().unwrap()));
+        assert_eq!(
+            bits(got.var.as_ref().unwrap()),
+            bits(want.var.as_ref().unwrap())
+        );
         assert_eq!(got.info.itn, want.info.itn);
         assert_eq!(gh.history.len(), wh.history.len());
         // A corrupted checkpoint is refused with the file named.
@@ -493,7 +552,10 @@ mod tests {
         let k = bytes.len() / 2;
         bytes[k] ^= 1;
         std::fs::write(dir.join("ck.bin"), &bytes).unwrap();
-        let e = read_checkpoint(&dir.join("ck.bin")).err().unwrap().to_string();
+        let e = read_checkpoint(&dir.join("ck.bin"))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("ck.bin") && e.contains("checksum"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

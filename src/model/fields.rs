@@ -91,7 +91,9 @@ impl Fields {
         let ref_slow: Vec<f64> = match &spec.reference {
             Reference::Constant(v) => vec![1.0 / v; n],
             Reference::Profile(p) => match &spec.param {
-                Parameterisation::Grid(g) => (0..n).map(|i| 1.0 / interp(p, g.center(i)[2])).collect(),
+                Parameterisation::Grid(g) => {
+                    (0..n).map(|i| 1.0 / interp(p, g.center(i)[2])).collect()
+                }
                 // Validated away; fall back to the profile's first velocity.
                 _ => vec![1.0 / p[0].1; n],
             },
@@ -148,8 +150,8 @@ mod tests {
 
     #[test]
     fn coverage_counts_kernel_rows_only() {
-        let a = Csr::from_triplets(3, 3, &[0, 0, 1, 2], &[0, 1, 1, 2], &[2.0, -1.0, 3.0, 5.0])
-            .unwrap();
+        let a =
+            Csr::from_triplets(3, 3, &[0, 0, 1, 2], &[0, 1, 1, 2], &[2.0, -1.0, 3.0, 5.0]).unwrap();
         let c = Coverage::from_kernel_rows(&a, 2);
         assert_eq!(c.hit_count, vec![1, 2, 0]);
         assert_eq!(c.dws, vec![2.0, 4.0, 0.0]);

@@ -159,7 +159,11 @@ pub fn write_model(path: &Path, inp: &ModelInputs) -> Result<()> {
             &xdmf_path(path),
             &name,
             g,
-            &crate::model::xdmf::grid_fields(inp.spec, inp.coverage.is_some(), inp.outcome.solution.var.is_some()),
+            &crate::model::xdmf::grid_fields(
+                inp.spec,
+                inp.coverage.is_some(),
+                inp.outcome.solution.var.is_some(),
+            ),
         )?;
     }
     Ok(())
@@ -219,37 +223,112 @@ fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
     let ds = |name: &str, data: &[f64], units: &str, what: &str| {
         w.dataset(&g, name, &shape, data, units, what)
     };
-    ds("velocity", &fields.velocity, &vunit, "recovered velocity 1/slowness (NaN where the slowness is not positive)")?;
+    ds(
+        "velocity",
+        &fields.velocity,
+        &vunit,
+        "recovered velocity 1/slowness (NaN where the slowness is not positive)",
+    )?;
     ds("slowness", &fields.slowness, su, "recovered slowness")?;
-    ds("reference_velocity", &fields.reference_velocity, &vunit, "reference velocity model")?;
-    ds("perturbation", &fields.perturbation, "percent", "relative velocity perturbation 100 (v - v_ref) / v_ref")?;
-    ds("slowness_perturbation", &fields.slowness_perturbation, su, "slowness minus reference slowness")?;
-    ds("solution", x, su, &format!("the solution vector x as solved ({})", spec.unknowns.as_str()))?;
+    ds(
+        "reference_velocity",
+        &fields.reference_velocity,
+        &vunit,
+        "reference velocity model",
+    )?;
+    ds(
+        "perturbation",
+        &fields.perturbation,
+        "percent",
+        "relative velocity perturbation 100 (v - v_ref) / v_ref",
+    )?;
+    ds(
+        "slowness_perturbation",
+        &fields.slowness_perturbation,
+        su,
+        "slowness minus reference slowness",
+    )?;
+    ds(
+        "solution",
+        x,
+        su,
+        &format!(
+            "the solution vector x as solved ({})",
+            spec.unknowns.as_str()
+        ),
+    )?;
     if let Some(c) = inp.coverage {
-        w.dataset(&g, "hit_count", &shape, &c.hit_count, "1", "number of kernel rows (rays) touching the cell")?;
-        ds("dws", &c.dws, "kernel units", "derivative weight sum: sum of |G_ij| over kernel rows")?;
+        w.dataset(
+            &g,
+            "hit_count",
+            &shape,
+            &c.hit_count,
+            "1",
+            "number of kernel rows (rays) touching the cell",
+        )?;
+        ds(
+            "dws",
+            &c.dws,
+            "kernel units",
+            "derivative weight sum: sum of |G_ij| over kernel rows",
+        )?;
     }
     if let Some(var) = &o.solution.var {
         let r = &o.report;
         let dof = r.m.saturating_sub(r.n);
-        let s2 = if dof > 0 { r.r1norm * r.r1norm / dof as f64 } else { 1.0 };
+        let s2 = if dof > 0 {
+            r.r1norm * r.r1norm / dof as f64
+        } else {
+            1.0
+        };
         let se: Vec<f64> = var.iter().map(|v| (v * s2).sqrt()).collect();
-        ds("variance_lower_bound", var, &format!("({su})^2 / data^2"), "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)")?;
+        ds(
+            "variance_lower_bound",
+            var,
+            &format!("({su})^2 / data^2"),
+            "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)",
+        )?;
         ds("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
         let gv: &Location = &g;
         w.num_attr(gv, "std_error_scale_r1norm2_over_dof", s2)?;
     }
-    if let (Some(tv), Some(tp), Some(t)) = (&fields.true_velocity, &fields.true_perturbation, &spec.true_model) {
-        ds("true_velocity", tv, &vunit, "true velocity of the synthetic model")?;
-        ds("true_perturbation", tp, "percent", "true relative velocity perturbation, percent")?;
-        ds("true_solution", t, su, "the true model vector (same quantity as solution)")?;
+    if let (Some(tv), Some(tp), Some(t)) = (
+        &fields.true_velocity,
+        &fields.true_perturbation,
+        &spec.true_model,
+    ) {
+        ds(
+            "true_velocity",
+            tv,
+            &vunit,
+            "true velocity of the synthetic model",
+        )?;
+        ds(
+            "true_perturbation",
+            tp,
+            "percent",
+            "true relative velocity perturbation, percent",
+        )?;
+        ds(
+            "true_solution",
+            t,
+            su,
+            "the true model vector (same quantity as solution)",
+        )?;
     }
 
     if let Parameterisation::Cells(c) = &spec.param {
         let cg = f.create_group("cells").map_err(|e| h5err(path, e))?;
         let ncol = c.columns.len();
         let flat: Vec<f64> = c.rows.iter().flatten().copied().collect();
-        w.dataset(&cg, "bounds", &[c.rows.len(), ncol], &flat, &c.units, "cell bounds, one row per unknown")?;
+        w.dataset(
+            &cg,
+            "bounds",
+            &[c.rows.len(), ncol],
+            &flat,
+            &c.units,
+            "cell bounds, one row per unknown",
+        )?;
         let cl: &Location = &cg;
         w.str_list_attr(cl, "columns", &c.columns)?;
         w.str_attr(cl, "units", &c.units)?;
@@ -257,8 +336,8 @@ fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
 
     // Solver diagnostics: every report key as an attribute.
     let sg = f.create_group("solver").map_err(|e| h5err(path, e))?;
-    let report = serde_json::to_value(&o.report)
-        .map_err(|e| Error::format(path, format!("report: {e}")))?;
+    let report =
+        serde_json::to_value(&o.report).map_err(|e| Error::format(path, format!("report: {e}")))?;
     write_json_attrs(&w, &sg, "", &report)?;
 
     // Convergence history.
@@ -266,12 +345,31 @@ fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
     let h = &o.history;
     let col = |get: fn(&IterRecord) -> f64| h.iter().map(get).collect::<Vec<f64>>();
     let itn: Vec<u64> = h.iter().map(|r| r.itn as u64).collect();
-    w.dataset(&hg, "itn", &[h.len()], &itn, "1", "iteration (0: the start)")?;
+    w.dataset(
+        &hg,
+        "itn",
+        &[h.len()],
+        &itn,
+        "1",
+        "iteration (0: the start)",
+    )?;
     for (name, get, what) in [
-        ("r1norm", (|r: &IterRecord| r.r1norm) as fn(&IterRecord) -> f64, "||b - A x||"),
-        ("r2norm", |r| r.r2norm, "sqrt(||b - A x||^2 + damp^2 ||x||^2)"),
+        (
+            "r1norm",
+            (|r: &IterRecord| r.r1norm) as fn(&IterRecord) -> f64,
+            "||b - A x||",
+        ),
+        (
+            "r2norm",
+            |r| r.r2norm,
+            "sqrt(||b - A x||^2 + damp^2 ||x||^2)",
+        ),
         ("arnorm", |r| r.arnorm, "||A^T (b - A x) - damp^2 x||"),
-        ("anorm", |r| r.anorm, "Frobenius norm estimate of [A; damp I]"),
+        (
+            "anorm",
+            |r| r.anorm,
+            "Frobenius norm estimate of [A; damp I]",
+        ),
         ("acond", |r| r.acond, "condition estimate"),
         ("xnorm", |r| r.xnorm, "||x||"),
         ("seconds", |r| r.seconds, "seconds since the solve started"),
@@ -361,7 +459,10 @@ impl ModelFile {
         let root: &Location = &f;
         let format = sattr(root, "format")?;
         if format != FORMAT {
-            return Err(Error::format(path, format!("not a seistomo model file (format '{format}')")));
+            return Err(Error::format(
+                path,
+                format!("not a seistomo model file (format '{format}')"),
+            ));
         }
         let parameterisation = sattr(root, "parameterisation")?;
         let unknowns = sattr(root, "unknowns")?;
@@ -370,9 +471,16 @@ impl ModelFile {
         let grid = if parameterisation == "grid" {
             let ml: &Location = &model;
             let n: Vec<u64> = ml.attr("n_xyz").and_then(|a| a.read_raw()).map_err(e)?;
-            let origin: Vec<f64> = ml.attr("origin_xyz").and_then(|a| a.read_raw()).map_err(e)?;
-            let spacing: Vec<f64> = ml.attr("spacing_xyz").and_then(|a| a.read_raw()).map_err(e)?;
-            let axes: Vec<VarLenUnicode> = ml.attr("axes_xyz").and_then(|a| a.read_raw()).map_err(e)?;
+            let origin: Vec<f64> = ml
+                .attr("origin_xyz")
+                .and_then(|a| a.read_raw())
+                .map_err(e)?;
+            let spacing: Vec<f64> = ml
+                .attr("spacing_xyz")
+                .and_then(|a| a.read_raw())
+                .map_err(e)?;
+            let axes: Vec<VarLenUnicode> =
+                ml.attr("axes_xyz").and_then(|a| a.read_raw()).map_err(e)?;
             if n.len() != 3 || origin.len() != 3 || spacing.len() != 3 || axes.len() != 3 {
                 return Err(Error::format(path, "grid attributes must have 3 values"));
             }
@@ -390,7 +498,8 @@ impl ModelFile {
         let (cell_columns, cells) = if parameterisation == "cells" {
             let cg = f.group("cells").map_err(e)?;
             let cl: &Location = &cg;
-            let cols: Vec<VarLenUnicode> = cl.attr("columns").and_then(|a| a.read_raw()).map_err(e)?;
+            let cols: Vec<VarLenUnicode> =
+                cl.attr("columns").and_then(|a| a.read_raw()).map_err(e)?;
             let b = cg.dataset("bounds").map_err(e)?;
             let flat: Vec<f64> = b.read_raw().map_err(e)?;
             let nc = cols.len().max(1);
@@ -403,7 +512,9 @@ impl ModelFile {
         };
         let hg = f.group("history").map_err(e)?;
         let col = |name: &str| -> Result<Vec<f64>> {
-            hg.dataset(name).and_then(|d| d.read_raw::<f64>()).map_err(e)
+            hg.dataset(name)
+                .and_then(|d| d.read_raw::<f64>())
+                .map_err(e)
         };
         let itn: Vec<u64> = hg.dataset("itn").and_then(|d| d.read_raw()).map_err(e)?;
         let (r1, r2, ar, an, ac, xn, sec) = (
@@ -429,7 +540,10 @@ impl ModelFile {
             .collect();
         let sg = f.group("solver").map_err(e)?;
         let sl: &Location = &sg;
-        let istop = sl.attr("istop").and_then(|a| a.read_scalar::<u64>()).map_err(e)?;
+        let istop = sl
+            .attr("istop")
+            .and_then(|a| a.read_scalar::<u64>())
+            .map_err(e)?;
         let stop_reason = sattr(sl, "stop_reason")?;
         Ok(ModelFile {
             path: path.to_path_buf(),
@@ -457,7 +571,11 @@ impl ModelFile {
     /// A field of /model, flattened in solution order, with its shape.
     pub fn field(&self, name: &str) -> Result<(Vec<f64>, Vec<usize>)> {
         let e = |er: ::hdf5::Error| Error::format(&self.path, format!("/model/{name}: {er}"));
-        let ds = self.file.group("model").and_then(|g| g.dataset(name)).map_err(e)?;
+        let ds = self
+            .file
+            .group("model")
+            .and_then(|g| g.dataset(name))
+            .map_err(e)?;
         let shape = ds.shape();
         let v: Vec<f64> = ds.read_raw().map_err(e)?;
         Ok((v, shape))
@@ -472,6 +590,10 @@ mod tests {
     fn temp_name_is_hidden_in_the_same_dir() {
         let t = temp_name(Path::new("/a/b/model.h5"));
         assert_eq!(t.parent(), Some(Path::new("/a/b")));
-        assert!(t.file_name().unwrap().to_string_lossy().starts_with(".model.h5.tmp"));
+        assert!(t
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".model.h5.tmp"));
     }
 }

@@ -36,7 +36,11 @@ pub fn parse_list(s: &str) -> Result<Vec<f64>> {
 
 /// Parse "1e-3:1:9": `k` weights spaced evenly in log between `a` and `b`.
 pub fn parse_log_range(s: &str) -> Result<Vec<f64>> {
-    let bad = || Error::Invalid(format!("--log-range '{s}': expected FROM:TO:COUNT, e.g. 1e-3:1:9"));
+    let bad = || {
+        Error::Invalid(format!(
+            "--log-range '{s}': expected FROM:TO:COUNT, e.g. 1e-3:1:9"
+        ))
+    };
     let p: Vec<&str> = s.split(':').collect();
     if p.len() != 3 {
         return Err(bad());

@@ -103,17 +103,29 @@ impl Scale {
     pub fn for_values(values: &[f64], diverging: bool) -> Scale {
         let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
-            return Scale { lo: -1.0, hi: 1.0, diverging };
+            return Scale {
+                lo: -1.0,
+                hi: 1.0,
+                diverging,
+            };
         }
         v.sort_by(|a, b| a.total_cmp(b));
         let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
         if diverging {
             let m = q(0.02).abs().max(q(0.98).abs());
             let m = if m > 0.0 { m } else { 1.0 };
-            Scale { lo: -m, hi: m, diverging }
+            Scale {
+                lo: -m,
+                hi: m,
+                diverging,
+            }
         } else {
             let (lo, hi) = (q(0.02), q(0.98));
-            let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
+            let (lo, hi) = if hi > lo {
+                (lo, hi)
+            } else {
+                (lo - 0.5, lo + 0.5)
+            };
             Scale { lo, hi, diverging }
         }
     }
@@ -172,7 +184,10 @@ fn draw_panel(
         .y_label_area_size(60)
         .build_cartesian_2d(xa..xb, yl..yh)
         .map_err(|x| e(&x))?;
-    let yfmt = move |v: &f64| format!("{}", sgn * v);
+    let yfmt = move |v: &f64| {
+        let y = sgn * v;
+        format!("{}", if y == 0.0 { 0.0 } else { y })
+    };
     chart
         .configure_mesh()
         .disable_mesh()
@@ -223,7 +238,10 @@ fn draw_colorbar(
     chart
         .draw_series((0..k).map(|i| {
             let v0 = scale.lo + i as f64 * step;
-            Rectangle::new([(0.0, v0), (1.0, v0 + step)], scale.color(v0 + 0.5 * step).filled())
+            Rectangle::new(
+                [(0.0, v0), (1.0, v0 + step)],
+                scale.color(v0 + 0.5 * step).filled(),
+            )
         }))
         .map_err(|x| e(&x))?;
     Ok(())
@@ -231,7 +249,7 @@ fn draw_colorbar(
 
 /// A tick label with as many decimals as a range of `span` needs.
 pub fn tick(v: f64, span: f64) -> String {
-    if !(span > 0.0) || span < 1e-3 || span >= 1e6 {
+    if !(1e-3..1e6).contains(&span) {
         return format!("{v:.2e}");
     }
     let decimals = (2.0 - span.log10().floor()).clamp(0.0, 6.0) as usize;
@@ -267,7 +285,11 @@ pub fn convergence_png(path: &Path, h: &[IterRecord], title: &str) -> Result<()>
     };
     let r1 = rel(|r| r.r1norm);
     let ar = rel(|r| r.arnorm);
-    let lo = r1.iter().chain(&ar).map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let lo = r1
+        .iter()
+        .chain(&ar)
+        .map(|p| p.1)
+        .fold(f64::INFINITY, f64::min);
     let hi = r1.iter().chain(&ar).map(|p| p.1).fold(0.0, f64::max);
     let (lo, hi) = (lo.max(1e-300) * 0.5, hi.max(lo) * 2.0);
     let xmax = (h[h.len() - 1].itn as f64).max(1.0);
@@ -358,7 +380,11 @@ pub fn lcurve_png(
             .draw_series(pos.iter().map(|p| {
                 EmptyElement::at((p.1, p.2))
                     + Circle::new((0, 0), 4, BLUE.filled())
-                    + Text::new(format!("{:.2e}", p.0), (8, -2), ("sans-serif", 12).into_font())
+                    + Text::new(
+                        format!("{:.2e}", p.0),
+                        (8, -2),
+                        ("sans-serif", 12).into_font(),
+                    )
             }))
             .map_err(|x| e(&x))?;
         if let Some(c) = corner.and_then(|c| points.get(c)) {
@@ -386,9 +412,14 @@ pub fn lcurve_png(
 #[derive(Debug, Clone)]
 pub enum View {
     /// Map at the grid layer containing this depth (grid models) or the cell map (cell models).
-    Map { depth: Option<f64> },
+    Map {
+        depth: Option<f64>,
+    },
     /// Vertical section at x = value (axis 0) or y = value (axis 1).
-    Section { axis: usize, at: f64 },
+    Section {
+        axis: usize,
+        at: f64,
+    },
     Convergence,
 }
 
@@ -406,7 +437,13 @@ fn field_label(mf: &ModelFile, field: &str) -> String {
 
 /// Draw a view of a model file. `compare_true` puts the true model beside the recovered one
 /// (synthetic runs).
-pub fn plot_model(mf: &ModelFile, view: &View, field: &str, compare_true: bool, out: &Path) -> Result<()> {
+pub fn plot_model(
+    mf: &ModelFile,
+    view: &View,
+    field: &str,
+    compare_true: bool,
+    out: &Path,
+) -> Result<()> {
     if let View::Convergence = view {
         let title = format!(
             "LSQR convergence: istop {} after {} iterations",
@@ -439,7 +476,10 @@ pub fn plot_model(mf: &ModelFile, view: &View, field: &str, compare_true: bool, 
         let (cells, where_) = cells_of(mf, &v, view)?;
         layers.push((format!("{name}{where_}"), cells));
     }
-    let all: Vec<f64> = layers.iter().flat_map(|l| l.1.iter().map(|c| c.value)).collect();
+    let all: Vec<f64> = layers
+        .iter()
+        .flat_map(|l| l.1.iter().map(|c| c.value))
+        .collect();
     let scale = Scale::for_values(&all, is_diverging(field));
     let (xl, yl, down) = axis_labels(mf, view);
     let panels: Vec<Panel> = layers
@@ -493,7 +533,9 @@ fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String
         match view {
             View::Map { depth } => {
                 let d = depth.ok_or_else(|| {
-                    Error::Invalid("a grid model needs --depth (or --section, --convergence)".into())
+                    Error::Invalid(
+                        "a grid model needs --depth (or --section, --convergence)".into(),
+                    )
                 })?;
                 let k = layer(2, d)?;
                 let mut cells = Vec::with_capacity(nx * ny);
@@ -523,7 +565,11 @@ fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String
                 let mut cells = Vec::new();
                 for k in 0..nz {
                     for t in 0..g.n[other] {
-                        let idx = if axis == 0 { g.index(s, t, k) } else { g.index(t, s, k) };
+                        let idx = if axis == 0 {
+                            g.index(s, t, k)
+                        } else {
+                            g.index(t, s, k)
+                        };
                         cells.push(Cell {
                             x0: edge(other, t),
                             x1: edge(other, t + 1),
@@ -533,21 +579,37 @@ fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String
                         });
                     }
                 }
-                Ok((cells, format!(", section {} = {at} {}", g.axes[axis], g.units)))
+                Ok((
+                    cells,
+                    format!(", section {} = {at} {}", g.axes[axis], g.units),
+                ))
             }
             View::Convergence => Ok((Vec::new(), String::new())),
         }
     } else if !mf.cells.is_empty() {
         if let View::Section { .. } = view {
-            return Err(Error::Invalid("a cell model has no vertical sections".into()));
+            return Err(Error::Invalid(
+                "a cell model has no vertical sections".into(),
+            ));
         }
         // Columns lat_min lat_max lon_min lon_max (or the first four in that order).
         let col = |name: &str, dflt: usize| {
-            mf.cell_columns.iter().position(|c| c == name).unwrap_or(dflt)
+            mf.cell_columns
+                .iter()
+                .position(|c| c == name)
+                .unwrap_or(dflt)
         };
-        let (a0, a1, b0, b1) = (col("lon_min", 2), col("lon_max", 3), col("lat_min", 0), col("lat_max", 1));
+        let (a0, a1, b0, b1) = (
+            col("lon_min", 2),
+            col("lon_max", 3),
+            col("lat_min", 0),
+            col("lat_max", 1),
+        );
         if mf.cells.iter().any(|r| r.len() < 4) {
-            return Err(Error::format(&mf.path, "the cell table needs 4 columns to draw a map"));
+            return Err(Error::format(
+                &mf.path,
+                "the cell table needs 4 columns to draw a map",
+            ));
         }
         let cells = mf
             .cells

@@ -15,7 +15,11 @@ use crate::model::spec::ModelSpec;
 use crate::model::Grid;
 
 /// The /model fields of a grid model file that the XDMF lists.
-pub fn grid_fields(spec: &ModelSpec, coverage: bool, var: bool) -> Vec<(&'static str, &'static str)> {
+pub fn grid_fields(
+    spec: &ModelSpec,
+    coverage: bool,
+    var: bool,
+) -> Vec<(&'static str, &'static str)> {
     let mut f = vec![
         ("velocity", "Float"),
         ("slowness", "Float"),
