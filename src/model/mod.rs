@@ -19,11 +19,13 @@ use crate::run::{Outcome, System};
 
 /// The model side of an `invert` run: validated before the solve (so a bad `[model]` table fails
 /// fast), written after it.
+/// A dataset reader that knows its grid, reference and true model replaces `spec` after
+/// [`RunModel::prepare`]; with several ranks, sum `coverage` over ranks (`Coverage::merge`).
 pub struct RunModel {
-    spec: spec::ModelSpec,
-    coverage: fields::Coverage,
-    kernel_rows: usize,
-    ckpt: Option<checkpoint::Checkpointing>,
+    pub spec: spec::ModelSpec,
+    pub coverage: fields::Coverage,
+    pub kernel_rows: usize,
+    pub ckpt: Option<checkpoint::Checkpointing>,
 }
 
 impl RunModel {
