@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
@@ -128,18 +127,16 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let cleanup = TempDir(dir.clone());
     mtx::write_matrix(
-        &dir.join("A.mtx"),
+        dir.join("A.mtx"),
         &exported,
         "system exported by seistomo compare",
     )?;
-    mtx::write_vector_mtx(&dir.join("b.mtx"), &b)?;
+    mtx::write_vector_mtx(dir.join("b.mtx"), &b)?;
     std::fs::write(dir.join("peer_lsqr.py"), PEER_SCRIPT)
         .with_context(|| format!("writing {}", dir.display()))?;
 
     let mut rows = Vec::new();
-    let t = Instant::now();
     let o = run::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
-    let _ = t;
     rows.push(Row {
         name: format!(
             "seistomo {} ({})",
@@ -202,7 +199,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
                     eprintln!("{peer} skipped: {why}");
                     continue;
                 }
-                let mut x = mtx::read_vector(&dir.join(format!("x_{peer}.txt")))?;
+                let mut x = mtx::read_vector(dir.join(format!("x_{peer}.txt")))?;
                 if let Some(d) = &scale {
                     x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
                 }
