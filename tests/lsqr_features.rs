@@ -1,46 +1,18 @@
 //! LSQR options beyond the plain solve: the var estimate (against SciPy's), x0 (damping applies
 //! to x - x0), column scaling, damping (against the known LSTP solution), istop 0 and 7.
 
-use std::io::BufRead;
-use std::path::PathBuf;
+mod common;
 
+use common::{reference_json, reference_vector as read_gz, rel};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::run::{load_mtx_system, solve_system, BackendChoice, SolveOptions};
+use seistomo::run::{solve_system, BackendChoice, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testing::Lstp;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn read_gz(name: &str) -> Vec<f64> {
-    let r = seistomo::io::open_text(&root().join("tests/reference").join(name)).unwrap();
-    r.lines()
-        .map(|l| l.unwrap().trim().parse().unwrap())
-        .collect()
-}
-
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f64>()
-        .sqrt();
-    num / b.iter().map(|y| y * y).sum::<f64>().sqrt()
-}
-
 fn well(name: &str) -> seistomo::run::System {
-    let l = root().join("datasets/lsq");
-    load_mtx_system(
-        &l.join(format!("{name}.mtx.gz")),
-        Some(&l.join(format!("{name}_rhs1.mtx.gz"))),
-        None,
-        0.0,
-    )
-    .unwrap()
+    common::system(name)
 }
 
 fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
@@ -59,23 +31,9 @@ fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
 /// perturbation of A^T u): compared tightly after 10 iterations and loosely at convergence.
 #[test]
 fn var_matches_scipy() {
-    let refj: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/reference/lsqr_scipy.json")).unwrap(),
-    )
-    .unwrap();
+    let refj = reference_json("lsqr_scipy.json");
     for name in ["well1033", "well1850", "australia"] {
-        let sys = if name == "australia" {
-            let a = root().join("datasets/australia");
-            load_mtx_system(
-                &a.join("G.mtx.gz"),
-                Some(&a.join("d.txt")),
-                Some(&a.join("R.mtx.gz")),
-                0.015,
-            )
-            .unwrap()
-        } else {
-            well(name)
-        };
+        let sys = common::system(name);
         let early = LsqrParams {
             atol: 1e-10,
             btol: 1e-10,
