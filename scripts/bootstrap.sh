@@ -20,6 +20,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq >&2
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
+# rustfmt and clippy (the test command checks formatting and lints); a minimal rustup profile
+# lacks them.
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >&2
+  done
+fi
 venv="$root/.venv-cmake"
 cmake_ok() {
   [ -x "$venv/bin/cmake" ] || return 1

@@ -2,13 +2,13 @@
 """Reference LSQR results from SciPy (and PETSc through petsc4py) on the bundled real systems.
 
 Writes tests/reference/lsqr_scipy.json (istop, itn, norms, SciPy/PETSc versions) and, for every
-system, the SciPy solution as tests/reference/x_<name>.txt.gz. The Rust tests
+system, the SciPy solution and var estimate as tests/reference/{x,var}_<name>.txt.gz. The Rust tests
 (tests/lsqr_reference.rs) compare seistomo against these files.
 
 Run with Debian's interpreter (python3-scipy, python3-petsc4py; installed by scripts/bootstrap.sh):
     OPENBLAS_NUM_THREADS=1 /usr/bin/python3 scripts/lsqr_reference.py
 """
-import gzip, json, os, sys, time
+import gzip, io, json, os, sys, time
 import numpy as np, scipy, scipy.io as sio, scipy.sparse as sp
 from scipy.sparse.linalg import lsqr
 
@@ -17,6 +17,12 @@ DS = os.path.join(ROOT, "datasets")
 OUT = os.path.join(ROOT, "tests", "reference")
 TOL = 1e-10
 CONLIM = 1e14
+
+
+def write_gz(path, values):
+    """One value per line (repr: round-trip precision); gzip with mtime 0 so reruns are identical."""
+    with gzip.GzipFile(path, "wb", mtime=0) as g, io.TextIOWrapper(g) as f:
+        f.write("\n".join(repr(float(v)) for v in values) + "\n")
 
 
 def systems():
@@ -56,15 +62,19 @@ def main():
                atol=TOL, btol=TOL, conlim=CONLIM, damp=0.0, systems={})
     for name, A, b in systems():
         t = time.perf_counter()
-        x, istop, itn, r1, r2, an, ac, arn, xn, _ = lsqr(A, b, atol=TOL, btol=TOL, conlim=CONLIM, iter_lim=100000)
+        x, istop, itn, r1, r2, an, ac, arn, xn, var = lsqr(A, b, atol=TOL, btol=TOL, conlim=CONLIM, iter_lim=100000,
+                                                           calc_var=True)
         dt = time.perf_counter() - t
         entry = dict(m=A.shape[0], n=A.shape[1], nnz=int(A.nnz), istop=int(istop), itn=int(itn), r1norm=r1,
                      r2norm=r2, anorm=an, acond=ac, arnorm=float(arn), xnorm=xn, seconds=dt,
                      true_rnorm=float(np.linalg.norm(b - A @ x)))
         entry["petsc"] = petsc_lsqr(A, b)
         res["systems"][name] = entry
-        with gzip.open(os.path.join(OUT, f"x_{name}.txt.gz"), "wt") as f:
-            f.write("\n".join(repr(float(v)) for v in x) + "\n")
+        write_gz(os.path.join(OUT, f"x_{name}.txt.gz"), x)
+        write_gz(os.path.join(OUT, f"var_{name}.txt.gz"), var)
+        # var after 10 iterations: before rounding differences are amplified (see docs/lsqr.md).
+        var10 = lsqr(A, b, atol=TOL, btol=TOL, conlim=CONLIM, iter_lim=10, calc_var=True)[9]
+        write_gz(os.path.join(OUT, f"var10_{name}.txt.gz"), var10)
         print(name, json.dumps(entry), file=sys.stderr)
     with open(os.path.join(OUT, "lsqr_scipy.json"), "w") as f:
         json.dump(res, f, indent=1)

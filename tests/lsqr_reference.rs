@@ -1,68 +1,17 @@
 //! LSQR against SciPy's lsqr on the bundled real systems (references made by
 //! scripts/lsqr_reference.py: tests/reference/lsqr_scipy.json and x_<name>.txt.gz).
 
-use std::io::BufRead;
-use std::path::PathBuf;
+mod common;
 
+use common::{reference_json as refjson, reference_vector, rel as rel_diff, system};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::run::{load_mtx_system, System};
+use seistomo::run::System;
 use seistomo::solver::{lsqr, History, LsqrParams};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn reference() -> serde_json::Value {
-    let text = std::fs::read_to_string(root().join("tests/reference/lsqr_scipy.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn scipy_x(name: &str) -> Vec<f64> {
-    let r =
-        seistomo::io::open_text(&root().join(format!("tests/reference/x_{name}.txt.gz"))).unwrap();
-    r.lines()
-        .map(|l| l.unwrap().trim().parse().unwrap())
-        .collect()
-}
-
-fn system(name: &str) -> System {
-    let d = root().join("datasets");
-    if name == "australia" {
-        let a = d.join("australia");
-        load_mtx_system(
-            &a.join("G.mtx.gz"),
-            Some(&a.join("d.txt")),
-            Some(&a.join("R.mtx.gz")),
-            0.015,
-        )
-        .unwrap()
-    } else {
-        let l = d.join("lsq");
-        load_mtx_system(
-            &l.join(format!("{name}.mtx.gz")),
-            Some(&l.join(format!("{name}_rhs1.mtx.gz"))),
-            None,
-            0.0,
-        )
-        .unwrap()
-    }
-}
-
-fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f64>()
-        .sqrt();
-    let den: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
-    num / den
-}
-
 fn check(name: &str, well_conditioned: bool) {
-    let refj = reference();
+    let refj = refjson("lsqr_scipy.json");
     let r = &refj["systems"][name];
     let tol = refj["atol"].as_f64().unwrap();
     let sys = system(name);
@@ -107,7 +56,7 @@ fn check(name: &str, well_conditioned: bool) {
         sol.info.r1norm
     );
     let xn = r["xnorm"].as_f64().unwrap();
-    let d = rel_diff(&sol.x, &scipy_x(name));
+    let d = rel_diff(&sol.x, &reference_vector(&format!("x_{name}.txt.gz")));
     if well_conditioned {
         assert!(d <= 1e-8, "{name}: ||x - x_scipy|| / ||x_scipy|| = {d:e}");
         assert!((sol.info.xnorm - xn).abs() <= 1e-8 * xn);

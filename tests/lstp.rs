@@ -2,21 +2,14 @@
 //! singular values, so the damped least-squares solution is known exactly. The recovered x must
 //! match it to the accuracy the condition number allows.
 
+mod common;
+
+use common::rel;
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testing::Lstp;
-
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f64>()
-        .sqrt();
-    num / b.iter().map(|y| y * y).sum::<f64>().sqrt()
-}
 
 /// Run one LSTP problem; returns (relative error, condition, iterations, istop).
 fn solve(m: usize, n: usize, npower: i32, damp: f64) -> (f64, f64, usize, u32) {

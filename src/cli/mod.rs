@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+mod compare;
 mod invert;
 mod lcurve;
 mod plot;
@@ -27,6 +28,8 @@ pub enum Command {
     Plot(plot::PlotArgs),
     /// L-curve: one inversion per damping/regularisation weight; finds the corner.
     Lcurve(lcurve::LcurveArgs),
+    /// Run seistomo and its peers (SciPy, PETSc) on the same system and print one table.
+    Compare(compare::CompareArgs),
 }
 
 /// Run the parsed command line.
@@ -36,6 +39,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Invert(a) => invert::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Lcurve(a) => lcurve::run(a),
+        Command::Compare(a) => compare::run(a),
     }
 }
 

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+pub mod petsc;
+
 /// Open a text file for buffered reading; `.gz` files are decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
     let f = File::open(path).map_err(|e| Error::io(path, e))?;

@@ -406,35 +406,11 @@ impl Operator<CpuBackend> for CpuCsrOperator {
 mod tests {
     use super::*;
 
-    fn random_csr(m: usize, n: usize, seed: u64) -> Csr {
-        let mut s = seed;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        let (mut r, mut c, mut v) = (vec![], vec![], vec![]);
-        for i in 0..m {
-            let len = if i == 3 {
-                n.min(5000)
-            } else {
-                (next() % 6) as usize
-            };
-            for _ in 0..len {
-                r.push(i as u64);
-                c.push(next() % n as u64);
-                v.push((next() % 1000) as f64 / 500.0 - 1.0);
-            }
-        }
-        Csr::from_triplets(m, n, &r, &c, &v).unwrap()
-    }
-
     #[test]
     fn products_match_reference_both_transposes() {
         let be = CpuBackend::new();
         for &(m, n) in &[(2000usize, 700usize), (300, 9000), (100_000, 50)] {
-            let a = random_csr(m, n, (m * n) as u64 + 1);
+            let a = crate::testing::awkward_csr(m, n, (m * n) as u64 + 1);
             let x: Vec<f64> = (0..n).map(|i| (i as f64).sin()).collect();
             let y0: Vec<f64> = (0..m).map(|i| (i as f64).cos()).collect();
             let at = a.transpose();

@@ -1,0 +1,70 @@
+#!/usr/bin/python3
+"""LSQR peers on one Matrix Market system: SciPy's lsqr and PETSc's KSPLSQR (petsc4py), one
+thread each. Prints one JSON line per peer (iterations, stop reason, norms, seconds, ms/iter).
+
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 scripts/peer_lsqr.py A.mtx[.gz] [--rhs b] \
+        [--reg R.mtx.gz --lam 0.015] [--damp 0] [--tol 1e-8] [--maxit N] [--solution-dir DIR]
+
+The system is [A; lam R] x = [b; 0] (b = A 1 without --rhs). PETSc's KSPLSQR has no damping
+option: damp > 0 is applied by appending damp*I rows. With --solution-dir the solutions are
+written as DIR/x_scipy.txt and DIR/x_petsc.txt.
+"""
+import argparse, json, os, sys, time
+import numpy as np, scipy, scipy.io as sio, scipy.sparse as sp
+from scipy.sparse.linalg import lsqr
+
+
+def vec(path):
+    return np.asarray(sio.mmread(path)).ravel() if ".mtx" in path else np.loadtxt(path).ravel()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("matrix"); ap.add_argument("--rhs"); ap.add_argument("--reg")
+    ap.add_argument("--lam", type=float, default=1.0); ap.add_argument("--damp", type=float, default=0.0)
+    ap.add_argument("--tol", type=float, default=1e-8); ap.add_argument("--conlim", type=float, default=1e14)
+    ap.add_argument("--maxit", type=int, default=100000); ap.add_argument("--solution-dir")
+    ap.add_argument("--peers", default="scipy,petsc")
+    a = ap.parse_args()
+    peers = a.peers.split(",")
+    A = sp.csr_matrix(sio.mmread(a.matrix)).astype(float)
+    b = vec(a.rhs) if a.rhs else A @ np.ones(A.shape[1])
+    if a.reg:
+        R = sp.csr_matrix(sio.mmread(a.reg)).astype(float)
+        A = sp.vstack([A, a.lam * R]).tocsr(); b = np.concatenate([b, np.zeros(R.shape[0])])
+    if "scipy" in peers:
+        t = time.perf_counter()
+        x, istop, itn, r1, r2, an, ac, arn, xn, _ = lsqr(A, b, damp=a.damp, atol=a.tol, btol=a.tol, conlim=a.conlim, iter_lim=a.maxit)
+        dt = time.perf_counter() - t
+        print(json.dumps(dict(peer="scipy", version=scipy.__version__, m=A.shape[0], n=A.shape[1], nnz=int(A.nnz),
+                              istop=int(istop), iterations=int(itn), rnorm=float(np.linalg.norm(b - A @ x)), r1norm=r1,
+                              arnorm=float(arn), xnorm=float(np.linalg.norm(x)), seconds=dt, ms_per_iter=1e3 * dt / max(itn, 1))), flush=True)
+        if a.solution_dir:
+            np.savetxt(os.path.join(a.solution_dir, "x_scipy.txt"), x, fmt="%.17e")
+    if "petsc" not in peers:
+        return
+    try:
+        import petsc4py
+        petsc4py.init([])
+        from petsc4py import PETSc
+    except ImportError:
+        print(json.dumps(dict(peer="petsc", skipped="petsc4py is not importable by " + sys.executable)))
+        return
+    K = A if a.damp == 0 else sp.vstack([A, a.damp * sp.identity(A.shape[1])]).tocsr()
+    rhs = b if K is A else np.concatenate([b, np.zeros(A.shape[1])])
+    M = PETSc.Mat().createAIJ(size=K.shape, csr=(K.indptr.astype(PETSc.IntType), K.indices.astype(PETSc.IntType), K.data))
+    M.assemble()
+    bv = PETSc.Vec().createWithArray(rhs.copy()); xv = M.createVecRight()
+    ksp = PETSc.KSP().create(); ksp.setOperators(M); ksp.setType("lsqr"); ksp.getPC().setType("none")
+    ksp.setTolerances(rtol=a.tol, atol=0.0, max_it=a.maxit)
+    t = time.perf_counter(); ksp.solve(bv, xv); dt = time.perf_counter() - t
+    its = ksp.getIterationNumber(); x = xv.getArray().copy()
+    print(json.dumps(dict(peer="petsc", version=".".join(map(str, PETSc.Sys.getVersion())), reason=int(ksp.getConvergedReason()),
+                          iterations=its, rnorm=float(np.linalg.norm(b - A @ x)), xnorm=float(np.linalg.norm(x)),
+                          seconds=dt, ms_per_iter=1e3 * dt / max(its, 1))), flush=True)
+    if a.solution_dir:
+        np.savetxt(os.path.join(a.solution_dir, "x_petsc.txt"), x, fmt="%.17e")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+//! `seistomo compare`: seistomo and its peers (SciPy's lsqr, PETSc's KSPLSQR through petsc4py)
+//! on the same system on this machine, in one table.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::backend::TransposeStrategy;
+use crate::comm::SerialComm;
+use crate::config::RunConfig;
+use crate::run::{self, BackendChoice, SolveOptions, System};
+use crate::solver::LsqrParams;
+use crate::sparse::{mtx, Csr};
+
+/// The peer script, embedded so that an installed binary needs no checkout.
+const PEER_SCRIPT: &str = include_str!("../../scripts/peer_lsqr.py");
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// A run config (.toml) or a matrix (.mtx / .mtx.gz).
+    target: PathBuf,
+    /// With a matrix: right-hand side (default b = A 1).
+    #[arg(long)]
+    rhs: Option<PathBuf>,
+    /// With a matrix: regularisation rows [A; w R].
+    #[arg(long)]
+    reg: Option<PathBuf>,
+    #[arg(long, default_value_t = 1.0)]
+    reg_weight: f64,
+    /// With a matrix: atol = btol = tol (PETSc's rtol). A config's atol is used otherwise.
+    #[arg(long, default_value_t = 1e-8)]
+    tol: f64,
+    /// Peers to run.
+    #[arg(long, default_value = "scipy,petsc", value_delimiter = ',')]
+    peers: Vec<String>,
+    /// seistomo's backend.
+    #[arg(long, default_value = "auto")]
+    backend: BackendChoice,
+    /// CPU threads for seistomo.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Python interpreter with SciPy and petsc4py (default /usr/bin/python3, else python3).
+    #[arg(long)]
+    python: Option<PathBuf>,
+}
+
+struct Row {
+    name: String,
+    iterations: usize,
+    stop: String,
+    x: Vec<f64>,
+    seconds: f64,
+    ms_per_iter: f64,
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|a| a * a).sum::<f64>().sqrt()
+}
+
+/// ||b - A x|| and ||A^T (b - A x) - damp^2 x|| of the unscaled system, computed from x.
+fn residuals(a: &Csr, at: &Csr, b: &[f64], x: &[f64], damp: f64) -> (f64, f64) {
+    let r: Vec<f64> = a.matvec(x).iter().zip(b).map(|(ax, b)| b - ax).collect();
+    let atr: Vec<f64> = at
+        .matvec(&r)
+        .iter()
+        .zip(x)
+        .map(|(g, x)| g - damp * damp * x)
+        .collect();
+    (norm(&r), norm(&atr))
+}
+
+pub fn run(a: CompareArgs) -> anyhow::Result<()> {
+    super::init_threads(a.threads)?;
+    let is_config = a.target.extension().is_some_and(|e| e == "toml");
+    let (sys, opts): (System, SolveOptions) = if is_config {
+        let cfg = RunConfig::load(&a.target)?;
+        let mut opts = cfg.options.clone();
+        opts.backend = a.backend;
+        (cfg.system.load()?, opts)
+    } else {
+        let sys =
+            run::load_mtx_system(&a.target, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+        let params = LsqrParams {
+            atol: a.tol,
+            btol: a.tol,
+            conlim: 1e14,
+            iter_lim: Some(100_000),
+            ..Default::default()
+        };
+        let opts = SolveOptions {
+            params,
+            col_scale: false,
+            x0: None,
+            backend: a.backend,
+            transpose: TransposeStrategy::Auto,
+            threads: a.threads,
+        };
+        (sys, opts)
+    };
+    if opts.x0.is_some() {
+        anyhow::bail!("compare does not support x0 (the peers start from zero)");
+    }
+    let tol = opts.params.atol;
+    if opts.params.btol != tol {
+        eprintln!(
+            "note: atol {} and btol {} differ; the peers get tol = atol",
+            tol, opts.params.btol
+        );
+    }
+    let damp = opts.params.damp;
+    let a_orig = sys.a.clone();
+    let at = a_orig.transpose();
+    let b = sys.b.clone();
+    // The exact system seistomo iterates on (scaled columns when asked), for the peers.
+    let scale = if opts.col_scale {
+        Some(run::column_scaling(&sys.a, &SerialComm)?)
+    } else {
+        None
+    };
+    let mut exported = sys.a.clone();
+    if let Some(d) = &scale {
+        exported.scale_columns(d);
+    }
+    let dir = std::env::temp_dir().join(format!("seistomo-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cleanup = TempDir(dir.clone());
+    mtx::write_matrix(
+        dir.join("A.mtx"),
+        &exported,
+        "system exported by seistomo compare",
+    )?;
+    mtx::write_vector_mtx(dir.join("b.mtx"), &b)?;
+    std::fs::write(dir.join("peer_lsqr.py"), PEER_SCRIPT)
+        .with_context(|| format!("writing {}", dir.display()))?;
+
+    let mut rows = Vec::new();
+    let o = run::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
+    rows.push(Row {
+        name: format!(
+            "seistomo {} ({})",
+            o.report.backend, o.report.backend_detail
+        ),
+        iterations: o.report.iterations,
+        stop: format!("istop {}", o.report.istop),
+        x: o.solution.x.clone(),
+        seconds: o.report.seconds.solve,
+        ms_per_iter: o.report.ms_per_iter,
+    });
+
+    let python = a.python.clone().unwrap_or_else(|| {
+        let deb = PathBuf::from("/usr/bin/python3");
+        if deb.exists() {
+            deb
+        } else {
+            PathBuf::from("python3")
+        }
+    });
+    let out = Command::new(&python)
+        .arg(dir.join("peer_lsqr.py"))
+        .arg(dir.join("A.mtx"))
+        .arg("--rhs")
+        .arg(dir.join("b.mtx"))
+        .args([
+            "--tol",
+            &tol.to_string(),
+            "--damp",
+            &damp.to_string(),
+            "--conlim",
+            &opts.params.conlim.to_string(),
+        ])
+        .args([
+            "--maxit",
+            &opts.params.iter_lim.unwrap_or(100_000).to_string(),
+        ])
+        .args(["--peers", &a.peers.join(",")])
+        .arg("--solution-dir")
+        .arg(&dir)
+        .env("OPENBLAS_NUM_THREADS", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .output();
+    match out {
+        Err(e) => eprintln!("peers skipped: cannot run {}: {e}", python.display()),
+        Ok(out) if !out.status.success() => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            eprintln!(
+                "peers skipped: {} failed: {}",
+                python.display(),
+                err.lines().last().unwrap_or("")
+            );
+        }
+        Ok(out) => {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let j: serde_json::Value =
+                    serde_json::from_str(line).context("peer output is not JSON")?;
+                let peer = j["peer"].as_str().unwrap_or("?").to_string();
+                if let Some(why) = j["skipped"].as_str() {
+                    eprintln!("{peer} skipped: {why}");
+                    continue;
+                }
+                let mut x = mtx::read_vector(dir.join(format!("x_{peer}.txt")))?;
+                if let Some(d) = &scale {
+                    x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
+                }
+                let stop = match (j.get("istop"), j.get("reason")) {
+                    (Some(i), _) if !i.is_null() => format!("istop {i}"),
+                    (_, Some(r)) => format!("reason {r}"),
+                    _ => "?".into(),
+                };
+                rows.push(Row {
+                    name: format!("{peer} {} (1 thread)", j["version"].as_str().unwrap_or("")),
+                    iterations: j["iterations"].as_u64().unwrap_or(0) as usize,
+                    stop,
+                    x,
+                    seconds: j["seconds"].as_f64().unwrap_or(f64::NAN),
+                    ms_per_iter: j["ms_per_iter"].as_f64().unwrap_or(f64::NAN),
+                });
+            }
+        }
+    }
+    drop(cleanup);
+    print_table(&rows, &a_orig, &at, &b, damp, &a.target);
+    Ok(())
+}
+
+fn print_table(rows: &[Row], a: &Csr, at: &Csr, b: &[f64], damp: f64, target: &Path) {
+    let ours = &rows[0];
+    println!(
+        "system: {} ({} x {}, {} nonzeros)",
+        target.display(),
+        a.nrows(),
+        a.ncols(),
+        a.nnz()
+    );
+    println!("| solver | iterations | stop | ‖r‖ | ‖Aᵀr − damp²x‖ | ‖x‖ | ‖x − x_peer‖/‖x_peer‖ | seconds | ms/iter | seistomo speed-up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (k, r) in rows.iter().enumerate() {
+        let (rn, arn) = residuals(a, at, b, &r.x, damp);
+        let rel = if k == 0 {
+            "-".to_string()
+        } else {
+            let d: Vec<f64> = ours.x.iter().zip(&r.x).map(|(p, q)| p - q).collect();
+            format!("{:.2e}", norm(&d) / norm(&r.x))
+        };
+        let speed = if k == 0 {
+            "1.00".to_string()
+        } else {
+            format!("{:.2}", r.ms_per_iter / ours.ms_per_iter)
+        };
+        println!(
+            "| {} | {} | {} | {:.10e} | {:.3e} | {:.10e} | {} | {:.4} | {:.4} | {} |",
+            r.name,
+            r.iterations,
+            r.stop,
+            rn,
+            arn,
+            norm(&r.x),
+            rel,
+            r.seconds,
+            r.ms_per_iter,
+            speed
+        );
+    }
+}
+
+/// Removes the scratch directory when dropped.
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
