@@ -499,3 +499,47 @@ fn bundled_model_configs_load_with_their_cell_tables() {
         assert!(cfg.model.spec(11915).is_err());
     }
 }
+
+#[test]
+fn lcurve_without_reg_sweeps_lsqr_damping() {
+    let dir = tmp("lcurve-damp");
+    let lsq = root().join("datasets/lsq");
+    let cfg = dir.join("well.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
+             [backend]\nkind = \"cpu\"\n[output]\ndir = \"{}\"\n",
+            lsq.join("illc1033.mtx.gz").display(),
+            lsq.join("illc1033_rhs1.mtx.gz").display(),
+            dir.join("out").display()
+        ),
+    )
+    .unwrap();
+    let (ok, err) = seistomo(&[
+        "lcurve",
+        cfg.to_str().unwrap(),
+        "--damping",
+        "1e-4,1e-3,1e-2,1e-1,1",
+    ]);
+    assert!(ok, "{err}");
+    let out = dir.join("out/lcurve");
+    let csv = std::fs::read_to_string(out.join("lcurve.csv")).unwrap();
+    assert!(csv.starts_with("damp,residual_norm,model_norm"), "{csv}");
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 5);
+    // More damping: larger residual, smaller ||m||.
+    for w in rows.windows(2) {
+        assert!(
+            w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001,
+            "{csv}"
+        );
+    }
+    assert!(is_png(&out.join("lcurve.png")));
+    let (ok, err) = seistomo(&["lcurve", cfg.to_str().unwrap(), "--damping", "1,2"]);
+    assert!(!ok && err.contains("at least 3"), "{err}");
+}
