@@ -40,7 +40,7 @@ pub fn run(a: InvertArgs) -> anyhow::Result<()> {
     model.finish(&cfg, &o)?;
     eprintln!("{}", super::summary(&o));
     if let Some(p) = &cfg.output.solution {
-        eprintln!("model written to {}", p.display());
+        eprintln!("solution vector written to {}", p.display());
     }
     Ok(())
 }
