@@ -23,12 +23,38 @@ pub enum Command {
     Invert(invert::InvertArgs),
 }
 
-/// Run the parsed command line.
+/// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Solve(a) => solve::run(a),
-        Command::Invert(a) => invert::run(a),
+    let comm = crate::comm::init()?;
+    let result = match cli.command {
+        Command::Solve(a) => solve::run(a, &*comm),
+        Command::Invert(a) => invert::run(a, &*comm),
+    };
+    end_job(comm, result)
+}
+
+/// End a command on every rank: an error that all ranks agreed on (`Error::Rank`) is printed by
+/// rank 0 alone and every rank exits 1 after finalising MPI; an error only this rank has seen is
+/// printed with the rank and the whole job is aborted (the other ranks may be waiting for it).
+fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyhow::Result<()> {
+    let e = match result {
+        Ok(()) => return Ok(()),
+        Err(e) if comm.size() == 1 => return Err(e),
+        Err(e) => e,
+    };
+    let agreed = e
+        .chain()
+        .any(|c| matches!(c.downcast_ref(), Some(crate::Error::Rank { .. })));
+    if !agreed {
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("seistomo: error: rank {}: {msg}", comm.rank());
+        comm.abort(1);
     }
+    if comm.is_root() {
+        return Err(e);
+    }
+    drop(comm); // finalises MPI
+    std::process::exit(1);
 }
 
 /// Use `threads` rayon workers for the rest of the process (when given).
@@ -39,6 +65,17 @@ pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
             .build_global()?;
     }
     Ok(())
+}
+
+/// On rank 0 of a multi-rank job, say how the job is laid out (stderr).
+pub(crate) fn log_job(comm: &dyn crate::comm::Comm) {
+    if comm.size() > 1 && comm.is_root() {
+        eprintln!(
+            "{}; {} thread(s) per rank",
+            comm.describe(),
+            rayon::current_num_threads()
+        );
+    }
 }
 
 /// One line summarising an outcome, for stderr.

@@ -1,0 +1,51 @@
+//! The `solve` / `invert` pipeline over ranks: rank 0 loads the system and sends each rank its
+//! rows (nonzero-balanced), every rank runs LSQR on its rows (one vector reduction per
+//! iteration), rank 0 collects the per-rank timing and alone writes the outputs. With one rank
+//! this is exactly the single-process pipeline of [`crate::run`].
+
+use std::time::Instant;
+
+use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
+use crate::error::Result;
+use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
+
+/// Load (on rank 0), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
+/// other ranks. Errors while loading or writing reach every rank as the same
+/// [`crate::Error::Rank`]; other errors are this rank's own (the caller must end the job, e.g.
+/// with [`Comm::abort`], since other ranks may be waiting in a collective).
+pub fn run_lsqr(
+    comm: &dyn Comm,
+    load: impl FnOnce() -> Result<System>,
+    opts: &SolveOptions,
+    out: &OutputPaths,
+    progress_every: usize,
+) -> Result<Option<Outcome>> {
+    let t = Instant::now();
+    let sys = distribute_system(comm, load, contiguous_nnz_split)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let (rows, nnz) = (sys.a.nrows(), sys.a.nnz());
+    let timed = TimedComm::new(comm);
+    let mut outcome = run::solve_system(sys, opts, &timed, load_s, progress_every)?;
+    let red = timed.totals();
+    let allreduce_s = red.vector_s + red.scalar_s;
+    let mine = RankTiming {
+        rank: comm.rank(),
+        rows,
+        nnz,
+        load_s,
+        compute_s: (outcome.solution.info.seconds - allreduce_s).max(0.0),
+        allreduce_s,
+        allreduce_vector_s: red.vector_s,
+        allreduce_calls: red.vector_calls + red.scalar_calls,
+    };
+    let all = mine.gather(comm)?;
+    let written = match all {
+        Some(all) => {
+            outcome.report.rank_timing = all;
+            run::write_outputs(out, &outcome)
+        }
+        None => Ok(()),
+    };
+    agree(comm, written)?;
+    Ok(comm.is_root().then_some(outcome))
+}
