@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
 
 /// Load (on rank 0), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
@@ -20,6 +20,8 @@ pub fn run_lsqr(
     out: &OutputPaths,
     progress_every: usize,
 ) -> Result<Option<Outcome>> {
+    // Problems every rank would hit alike are found before any rank waits for another.
+    agree(comm, check_params(opts))?;
     let t = Instant::now();
     let sys = distribute_system(comm, load, contiguous_nnz_split)?;
     let load_s = t.elapsed().as_secs_f64();
@@ -48,4 +50,22 @@ pub fn run_lsqr(
     };
     agree(comm, written)?;
     Ok(comm.is_root().then_some(outcome))
+}
+
+/// The LSQR parameter checks the solver makes, done up front on every rank.
+fn check_params(opts: &SolveOptions) -> Result<()> {
+    let p = &opts.params;
+    for (name, v) in [
+        ("damp", p.damp),
+        ("atol", p.atol),
+        ("btol", p.btol),
+        ("conlim", p.conlim),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "LSQR parameter {name} must be finite and >= 0 (got {v})"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -33,26 +33,37 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     end_job(comm, result)
 }
 
-/// End a command on every rank: an error that all ranks agreed on (`Error::Rank`) is printed by
-/// rank 0 alone and every rank exits 1 after finalising MPI; an error only this rank has seen is
-/// printed with the rank and the whole job is aborted (the other ranks may be waiting for it).
+/// End a command on every rank. One process: errors go back to `main`. Several ranks: an error
+/// that all ranks agreed on (`Error::Rank`) is printed by rank 0 alone, then every rank
+/// finalises MPI and exits 1; an error only this rank has seen is printed with the rank and the
+/// whole job is aborted (the other ranks may be waiting for it in a collective). Each message is
+/// one line, written with one call so that ranks' output does not interleave.
 fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyhow::Result<()> {
     let e = match result {
         Ok(()) => return Ok(()),
         Err(e) if comm.size() == 1 => return Err(e),
         Err(e) => e,
     };
+    let say = |line: String| {
+        use std::io::Write;
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(line.replace('\n', " ").as_bytes());
+        let _ = err.write_all(b"\n");
+        let _ = err.flush();
+    };
     let agreed = e
         .chain()
         .any(|c| matches!(c.downcast_ref(), Some(crate::Error::Rank { .. })));
     if !agreed {
-        let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("seistomo: error: rank {}: {msg}", comm.rank());
+        say(format!("seistomo: error: rank {}: {e}", comm.rank()));
         comm.abort(1);
     }
     if comm.is_root() {
-        return Err(e);
+        say(format!("seistomo: error: {e}"));
     }
+    // Nobody exits before rank 0 has printed (the launcher ends the job at the first non-zero
+    // exit).
+    let _ = comm.barrier();
     drop(comm); // finalises MPI
     std::process::exit(1);
 }

@@ -66,11 +66,10 @@ impl MpiComm {
         let node = world.split_shared(world.rank());
         let library = mpi::environment::library_version()
             .unwrap_or_else(|_| "unknown MPI library".into())
-            .lines()
+            .split([',', '\n'])
             .next()
             .unwrap_or_default()
             .trim()
-            .trim_end_matches(',')
             .to_string();
         Ok(MpiComm {
             rank: world.rank() as usize,
