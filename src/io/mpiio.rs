@@ -16,7 +16,7 @@
 //! number of collective calls.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -58,6 +58,7 @@ mod with_mpi {
     use mpi::ffi;
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::*;
+    use std::path::PathBuf;
 
     use super::*;
 
