@@ -278,6 +278,76 @@ fn more_ranks_than_rows_leaves_a_rank_without_rows() {
     );
 }
 
+#[test]
+fn invert_on_2_ranks_writes_the_outputs_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("invert");
+    let (a, b) = (
+        data("lsq/well1033.mtx.gz"),
+        data("lsq/well1033_rhs1.mtx.gz"),
+    );
+    let cfg = format!(
+        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
+         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\nsolution = \"x.txt\"\n\
+         report = \"report.json\"\nhistory = \"history.csv\"\n",
+        a.display(),
+        b.display()
+    );
+    std::fs::write(dir.join("run.toml"), cfg).unwrap();
+    let serial = solve(
+        None,
+        &[
+            "--matrix",
+            a.to_str().unwrap(),
+            "--rhs",
+            b.to_str().unwrap(),
+            "--atol",
+            "1e-10",
+            "--btol",
+            "1e-10",
+        ],
+        &dir,
+        "serial",
+    );
+    let mut c = mpirun();
+    c.args(["-np", "2", BIN, "invert"])
+        .arg(dir.join("run.toml"));
+    let out = finish(c);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches("model written to").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    let rep = report(&dir.join("out/report.json"));
+    assert_eq!(rep["ranks"], 2);
+    assert_eq!(rep["istop"], serial.report["istop"]);
+    let its = rep["iterations"].as_u64().unwrap();
+    let iters = serial.report["iterations"].as_u64().unwrap();
+    assert!(
+        its.abs_diff(iters) <= iteration_band(iters),
+        "{its} vs {iters}"
+    );
+    let x = read_vec(&dir.join("out/x.txt"));
+    let d = rel_diff(&x, &serial.x);
+    assert!(d <= 1e-10, "solution differs by {d:e}");
+    let hist = std::fs::read_to_string(dir.join("out/history.csv")).unwrap();
+    assert_eq!(
+        hist.lines().count() as u64,
+        its + 2,
+        "header + iterations 0..=itn"
+    );
+    // No temporary files left behind by a second writer.
+    let names: Vec<_> = std::fs::read_dir(dir.join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
 /// MPMD launch: ranks 0, 1 and 3 work in `good`, rank 2 in `bad` (as when a path exists on one
 /// node only).
 fn rank2_elsewhere(good: &Path, bad: &Path, args: &[&str]) -> Output {
@@ -320,7 +390,7 @@ fn config_file_missing_on_rank_2_ends_the_job_with_its_name() {
             && lines[0].contains("not found"),
         "{err}"
     );
-    assert!(!good.join("x.txt").exists(), "no output after a failed job");
+    assert!(!good.join("out").exists(), "no output after a failed job");
 }
 
 #[test]
