@@ -153,14 +153,16 @@ fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
 /// alpha/beta sequence (hence anorm and the stopping tests) depends on the last bits of every
 /// sum: changing the summation order (here: partial sums per rank, then over ranks) moves the
 /// stopping iteration by a few (australia at 1e-10: 406 serial, 405 on 2 ranks; at 1e-8: 331
-/// serial, 329/331/328 on 2/3/4 ranks) while x agrees to ~1e-11.
+/// serial, 329/331/328 on 2/3/4 ranks; well1033: 204 serial, 201/203/206) while x agrees to
+/// ~1e-11. Which count comes out depends on the MPI library's reduction algorithm, hence the
+/// margin.
 fn iteration_band(serial: u64) -> u64 {
-    3.max(serial / 50)
+    5.max(serial / 25)
 }
 
 /// Compare `np`-rank runs with the single-process run of the same arguments: one rank under
 /// mpirun must be bit-for-bit the serial run; more ranks must stop for the same reason, within
-/// [`iteration_band`] iterations, with the solution within 1e-10 relative.
+/// [`iteration_band`] iterations (4%), with the solution within 1e-10 relative.
 fn check_against_serial(args: &[&str], dir: &Path, nps: &[usize]) {
     let serial = solve(None, args, dir, "serial");
     let iters = serial.report["iterations"].as_u64().unwrap();
