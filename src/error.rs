@@ -65,6 +65,9 @@ pub enum Error {
     /// Communication between ranks failed.
     #[error("communication: {0}")]
     Comm(String),
+    /// An error one rank hit, made known to every rank of the job (see `comm::agree`).
+    #[error("rank {rank}: {msg}")]
+    Rank { rank: usize, msg: String },
 }
 
 impl Error {

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod cli;
 pub mod comm;
 pub mod config;
+pub mod distributed;
 pub mod error;
 pub mod io;
 pub mod model;

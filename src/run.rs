@@ -185,6 +185,9 @@ pub struct Report {
     pub xnorm: f64,
     pub seconds: Seconds,
     pub ms_per_iter: f64,
+    /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rank_timing: Vec<crate::comm::RankTiming>,
 }
 
 /// Everything a run produced.
@@ -386,6 +389,7 @@ pub fn solve_system_checkpointed(
         } else {
             0.0
         },
+        rank_timing: Vec::new(),
     };
     Ok(Outcome {
         solution,

@@ -1,13 +1,11 @@
 //! `seistomo invert CONFIG.toml`: the TOML form of a run.
 
-use std::path::PathBuf;
-use std::time::Instant;
-
 use clap::Args;
+use std::path::PathBuf;
 
-use crate::comm::SerialComm;
+use crate::comm::{agree, Comm};
 use crate::config::RunConfig;
-use crate::run;
+use crate::distributed;
 
 #[derive(Debug, Args)]
 pub struct InvertArgs {
@@ -21,26 +19,28 @@ pub struct InvertArgs {
     resume: bool,
 }
 
-pub fn run(a: InvertArgs) -> anyhow::Result<()> {
-    let cfg = RunConfig::load(&a.config)?;
-    super::init_threads(cfg.options.threads)?;
-    let t = Instant::now();
-    let sys = cfg.system.load()?;
-    let load = t.elapsed().as_secs_f64();
-    let model = crate::model::RunModel::prepare(&cfg, &sys, a.resume)?;
-    let o = run::solve_system_checkpointed(
-        sys,
-        &cfg.options,
-        &SerialComm,
-        load,
-        a.progress,
-        model.checkpointing(),
+pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
+    // Every rank reads and checks the config; an error on any rank ends the job on every rank.
+    let cfg = agree(comm, RunConfig::load(&a.config))?;
+    super::init_threads(
+        cfg.options
+            .threads
+            .or_else(crate::comm::default_threads_per_rank),
     )?;
-    run::write_outputs(&cfg.output, &o)?;
-    model.finish(&cfg, &o)?;
-    eprintln!("{}", super::summary(&o));
-    if let Some(p) = &cfg.output.solution {
-        eprintln!("solution vector written to {}", p.display());
+    super::log_job(comm);
+    let load = || cfg.system.load();
+    if let Some(o) = distributed::run_lsqr(
+        comm,
+        load,
+        &cfg.options,
+        &cfg.output,
+        a.progress,
+        Some((&cfg, a.resume)),
+    )? {
+        eprintln!("{}", super::summary(&o));
+        if let Some(p) = &cfg.output.solution {
+            eprintln!("solution vector written to {}", p.display());
+        }
     }
     Ok(())
 }

@@ -32,15 +32,52 @@ pub enum Command {
     Compare(compare::CompareArgs),
 }
 
-/// Run the parsed command line.
+/// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Solve(a) => solve::run(a),
-        Command::Invert(a) => invert::run(a),
+    let comm = crate::comm::init()?;
+    let result = match cli.command {
+        Command::Solve(a) => solve::run(a, &*comm),
+        Command::Invert(a) => invert::run(a, &*comm),
         Command::Plot(a) => plot::run(a),
         Command::Lcurve(a) => lcurve::run(a),
         Command::Compare(a) => compare::run(a),
+    };
+    end_job(comm, result)
+}
+
+/// End a command on every rank. One process: errors go back to `main`. Several ranks: an error
+/// that all ranks agreed on (`Error::Rank`) is printed by rank 0 alone, then every rank
+/// finalises MPI and exits 1; an error only this rank has seen is printed with the rank and the
+/// whole job is aborted (the other ranks may be waiting for it in a collective). Each message is
+/// one line, written with one call so that ranks' output does not interleave.
+fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyhow::Result<()> {
+    let e = match result {
+        Ok(()) => return Ok(()),
+        Err(e) if comm.size() == 1 => return Err(e),
+        Err(e) => e,
+    };
+    let say = |line: String| {
+        use std::io::Write;
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(line.replace('\n', " ").as_bytes());
+        let _ = err.write_all(b"\n");
+        let _ = err.flush();
+    };
+    let agreed = e
+        .chain()
+        .any(|c| matches!(c.downcast_ref(), Some(crate::Error::Rank { .. })));
+    if !agreed {
+        say(format!("seistomo: error: rank {}: {e}", comm.rank()));
+        comm.abort(1);
     }
+    if comm.is_root() {
+        say(format!("seistomo: error: {e}"));
+    }
+    // Nobody exits before rank 0 has printed (the launcher ends the job at the first non-zero
+    // exit).
+    let _ = comm.barrier();
+    drop(comm); // finalises MPI
+    std::process::exit(1);
 }
 
 /// Use `threads` rayon workers for the rest of the process (when given).
@@ -51,6 +88,17 @@ pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
             .build_global()?;
     }
     Ok(())
+}
+
+/// On rank 0 of a multi-rank job, say how the job is laid out (stderr).
+pub(crate) fn log_job(comm: &dyn crate::comm::Comm) {
+    if comm.size() > 1 && comm.is_root() {
+        eprintln!(
+            "{}; {} thread(s) per rank",
+            comm.describe(),
+            rayon::current_num_threads()
+        );
+    }
 }
 
 /// One line summarising an outcome, for stderr.

@@ -1,12 +1,11 @@
 //! `seistomo solve`: one system from Matrix Market files.
 
-use std::path::PathBuf;
-use std::time::Instant;
-
 use clap::Args;
+use std::path::PathBuf;
 
 use crate::backend::TransposeStrategy;
-use crate::comm::SerialComm;
+use crate::comm::Comm;
+use crate::distributed;
 use crate::run::{self, BackendChoice, OutputPaths, SolveOptions};
 use crate::solver::LsqrParams;
 
@@ -71,17 +70,14 @@ pub struct SolveArgs {
     progress: usize,
 }
 
-pub fn run(a: SolveArgs) -> anyhow::Result<()> {
+pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     if a.method != "lsqr" {
         anyhow::bail!(
             "--method {}: only lsqr is available in this build",
             a.method
         );
     }
-    super::init_threads(a.threads)?;
-    let t = Instant::now();
-    let sys = run::load_mtx_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
-    let load = t.elapsed().as_secs_f64();
+    super::init_threads(a.threads.or_else(crate::comm::default_threads_per_rank))?;
     let opts = SolveOptions {
         params: LsqrParams {
             damp: a.damp,
@@ -103,8 +99,10 @@ pub fn run(a: SolveArgs) -> anyhow::Result<()> {
         history: a.history,
         variance: a.variance,
     };
-    let o = run::solve_system(sys, &opts, &SerialComm, load, a.progress)?;
-    run::write_outputs(&out, &o)?;
-    eprintln!("{}", super::summary(&o));
+    super::log_job(comm);
+    let load = || run::load_mtx_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight);
+    if let Some(o) = distributed::run_lsqr(comm, load, &opts, &out, a.progress, None)? {
+        eprintln!("{}", super::summary(&o));
+    }
     Ok(())
 }

@@ -2,11 +2,19 @@
 //! [`crate::backend::Backend::allreduce_sum`], which moves device vectors to it), so LSQR and
 //! GMRES are written once for one process or many.
 
+pub mod distribute;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod serial;
+mod timed;
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::MpiComm;
+pub use distribute::{agree, contiguous_nnz_split, distribute_system, Assignment};
 pub use serial::SerialComm;
+pub use timed::{RankTiming, TimedComm};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a solver or loader needs from the ranks of a job.
 pub trait Comm: Send + Sync {
@@ -39,5 +47,126 @@ pub trait Comm: Send + Sync {
     /// True on rank 0, the rank that logs and writes output files.
     fn is_root(&self) -> bool {
         self.rank() == 0
+    }
+    /// This rank's index among the ranks on its node (GPU backends bind to GPU = local rank).
+    fn local_rank(&self) -> usize {
+        local_rank()
+    }
+    /// One line for logs and reports: which communicator, how many ranks.
+    fn describe(&self) -> String {
+        format!("{} rank(s)", self.size())
+    }
+    /// Read `len` bytes at `offset` of `path`, this rank alone: MPI-IO (MPI_File_read_at on
+    /// MPI_COMM_SELF) under MPI, a positioned std read otherwise. Loaders read their rows with it.
+    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        crate::io::mpiio::read_at_local(path, offset, len)
+    }
+    /// Collective: every rank reads its own range (possibly empty) of the same `path`
+    /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
+    /// that rank's: pass the result through [`agree`].
+    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_at(path, offset, len)
+    }
+    /// End the whole job now with exit code `code` (MPI_Abort under MPI). For errors that only
+    /// this rank has seen while the others may be waiting in a collective.
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
+}
+
+/// Environment variables that MPI launchers set in every rank they start (Open MPI's mpirun,
+/// MPICH/Intel MPI's hydra, PMIx and PMI-2 launchers such as Slurm's srun).
+const LAUNCHER_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "PMI_SIZE",
+    "PMI_RANK",
+    "MPI_LOCALNRANKS",
+];
+
+/// True when this process was started by an MPI launcher (mpirun, mpiexec, srun).
+pub fn launched_by_mpi() -> bool {
+    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+}
+
+fn env_usize(names: &[&str]) -> Option<usize> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()))
+}
+
+/// This process's rank among the ranks on its node, from the launcher's environment
+/// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, PMI_LOCAL_RANK); 0 when not
+/// launched by MPI. The GPU backend binds rank -> GPU (local rank modulo the GPU count) with it.
+/// [`MpiComm`] computes the same from a shared-memory split of the world instead.
+pub fn local_rank() -> usize {
+    env_usize(&[
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "PMI_LOCAL_RANK",
+    ])
+    .unwrap_or(0)
+}
+
+/// Ranks on this node according to the launcher (1 when not launched by MPI).
+pub fn local_size() -> usize {
+    env_usize(&[
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+        "PMI_LOCAL_SIZE",
+    ])
+    .unwrap_or(1)
+    .max(1)
+}
+
+/// CPU threads a rank should use when none were asked for: the cores divided among the ranks of
+/// this node (so that `mpirun --bind-to none -np 4` on 16 cores gives 4 threads per rank rather
+/// than 64 threads fighting for 16 cores). `None` when there is one rank per node, or when
+/// RAYON_NUM_THREADS decides.
+pub fn default_threads_per_rank() -> Option<usize> {
+    let per_node = local_size();
+    if per_node <= 1 || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some((cores / per_node).max(1))
+}
+
+/// The communicator for this process: MPI when the `mpi` feature is on and the process was
+/// started by an MPI launcher, else [`SerialComm`]. SEISTOMO_MPI=1 forces MPI (singleton
+/// init), SEISTOMO_MPI=0 forces one process. Keep the box alive until the program ends:
+/// dropping it finalises MPI.
+pub fn init() -> Result<Box<dyn Comm>> {
+    let want = match std::env::var("SEISTOMO_MPI").ok().as_deref() {
+        Some("1" | "on" | "yes") => true,
+        Some("0" | "off" | "no") => false,
+        Some(v) => {
+            return Err(Error::Invalid(format!(
+                "SEISTOMO_MPI={v}: expected 1 (force MPI) or 0 (one process)"
+            )))
+        }
+        None => launched_by_mpi(),
+    };
+    if !want {
+        return Ok(Box::new(SerialComm));
+    }
+    #[cfg(feature = "mpi")]
+    {
+        Ok(Box::new(MpiComm::init()?))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let world = env_usize(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]);
+        if launched_by_mpi() && world.is_none_or(|n| n > 1) {
+            Err(Error::Comm(
+                "started by an MPI launcher but this build has no MPI support (built without \
+                 the `mpi` feature); rebuild with default features or run without mpirun"
+                    .into(),
+            ))
+        } else {
+            Ok(Box::new(SerialComm))
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! atomic writes (a temporary file renamed into place) so that an interrupted run never leaves a
 //! truncated output that looks complete.
 
+pub mod mpiio;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};

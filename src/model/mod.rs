@@ -54,6 +54,11 @@ impl RunModel {
         })
     }
 
+    /// The coverage, to be summed over ranks.
+    pub fn coverage_mut(&mut self) -> &mut fields::Coverage {
+        &mut self.coverage
+    }
+
     pub fn checkpointing(&self) -> Option<&checkpoint::Checkpointing> {
         self.ckpt.as_ref()
     }

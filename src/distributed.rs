@@ -1,0 +1,100 @@
+//! The `solve` / `invert` pipeline over ranks: rank 0 loads the system and sends each rank its
+//! rows (nonzero-balanced), every rank runs LSQR on its rows (one vector reduction per
+//! iteration), rank 0 collects the per-rank timing and alone writes the outputs. With one rank
+//! this is exactly the single-process pipeline of [`crate::run`].
+
+use std::time::Instant;
+
+use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
+use crate::config::RunConfig;
+use crate::error::{Error, Result};
+use crate::model::RunModel;
+use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
+
+/// Load (on rank 0), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
+/// other ranks. Errors while loading or writing reach every rank as the same
+/// [`crate::Error::Rank`]; other errors are this rank's own (the caller must end the job, e.g.
+/// with [`Comm::abort`], since other ranks may be waiting in a collective).
+pub fn run_lsqr(
+    comm: &dyn Comm,
+    load: impl FnOnce() -> Result<System>,
+    opts: &SolveOptions,
+    out: &OutputPaths,
+    progress_every: usize,
+    model: Option<(&RunConfig, bool)>,
+) -> Result<Option<Outcome>> {
+    // Problems every rank would hit alike are found before any rank waits for another.
+    agree(comm, check_params(opts))?;
+    let t = Instant::now();
+    let sys = distribute_system(comm, load, contiguous_nnz_split)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let (rows, nnz) = (sys.a.nrows(), sys.a.nnz());
+    // The model file's coverage (hit count, DWS) is summed over every rank's kernel rows;
+    // checkpoints are per rank (u is distributed).
+    let run_model = match model {
+        None => None,
+        Some((cfg, resume)) => {
+            let mut m = agree(comm, RunModel::prepare(cfg, &sys, resume))?;
+            if comm.size() > 1 {
+                let cov = m.coverage_mut();
+                let mut hits: Vec<f64> = cov.hit_count.iter().map(|&h| h as f64).collect();
+                comm.allreduce_sum(&mut hits)?;
+                comm.allreduce_sum(&mut cov.dws)?;
+                cov.hit_count = hits.iter().map(|&h| h as u32).collect();
+            }
+            Some(m)
+        }
+    };
+    let timed = TimedComm::new(comm);
+    let mut outcome = run::solve_system_checkpointed(
+        sys,
+        opts,
+        &timed,
+        load_s,
+        progress_every,
+        run_model.as_ref().and_then(|m| m.checkpointing()),
+    )?;
+    let red = timed.totals();
+    let allreduce_s = red.vector_s + red.scalar_s;
+    let mine = RankTiming {
+        rank: comm.rank(),
+        rows,
+        nnz,
+        load_s,
+        compute_s: (outcome.solution.info.seconds - allreduce_s).max(0.0),
+        allreduce_s,
+        allreduce_vector_s: red.vector_s,
+        allreduce_calls: red.vector_calls + red.scalar_calls,
+    };
+    let all = mine.gather(comm)?;
+    let written = match all {
+        Some(all) => {
+            outcome.report.rank_timing = all;
+            run::write_outputs(out, &outcome).and_then(|()| match (&run_model, model) {
+                (Some(m), Some((cfg, _))) => m.finish(cfg, &outcome),
+                _ => Ok(()),
+            })
+        }
+        None => Ok(()),
+    };
+    agree(comm, written)?;
+    Ok(comm.is_root().then_some(outcome))
+}
+
+/// The LSQR parameter checks the solver makes, done up front on every rank.
+fn check_params(opts: &SolveOptions) -> Result<()> {
+    let p = &opts.params;
+    for (name, v) in [
+        ("damp", p.damp),
+        ("atol", p.atol),
+        ("btol", p.btol),
+        ("conlim", p.conlim),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "LSQR parameter {name} must be finite and >= 0 (got {v})"
+            )));
+        }
+    }
+    Ok(())
+}

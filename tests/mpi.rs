@@ -1,0 +1,502 @@
+//! The binary under `mpirun` on 1-4 ranks (CPU backend): the same istop, iterations and
+//! solution (to 1e-10 relative: only the summation order differs) as the single-process run, a
+//! rank with no rows, failing ranks ending the whole job with the file named, and MPI-IO byte
+//! ranges read on several ranks. Every test prints why and returns when `mpirun` is absent.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_seistomo");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// A job that has not ended by then counts as hung.
+const HANG: Duration = Duration::from_secs(300);
+
+fn have_mpirun() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: mpirun not found on PATH (install openmpi-bin to run the MPI tests)");
+    }
+    ok
+}
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(ROOT).join("datasets").join(rel)
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// mpirun with the flags CI uses; one rank per core is not assumed.
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ])
+    // Several ranks share 2 cores: one thread each, and yield while waiting.
+    .env("RAYON_NUM_THREADS", "1")
+    .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    c
+}
+
+/// Run to the end or fail the test after HANG.
+fn finish(mut c: Command) -> Output {
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start process");
+    let t = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if t.elapsed() > HANG {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "job hung for {HANG:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn read_vec(p: &Path) -> Vec<f64> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+fn report(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+struct Run {
+    x: Vec<f64>,
+    report: serde_json::Value,
+}
+
+/// `seistomo solve ARGS` on `np` ranks (None: no mpirun at all), outputs in `dir/tag.*`.
+fn solve(np: Option<usize>, args: &[&str], dir: &Path, tag: &str) -> Run {
+    let sol = dir.join(format!("{tag}.x.txt"));
+    let rep = dir.join(format!("{tag}.report.json"));
+    let mut c = match np {
+        None => {
+            let mut c = Command::new(BIN);
+            c.env("RAYON_NUM_THREADS", "1");
+            c
+        }
+        Some(np) => {
+            let mut c = mpirun();
+            c.args(["-np", &np.to_string(), BIN]);
+            c
+        }
+    };
+    c.arg("solve")
+        .args(args)
+        .args(["--backend", "cpu", "--solution"])
+        .arg(&sol)
+        .arg("--report")
+        .arg(&rep);
+    let out = finish(c);
+    assert!(
+        out.status.success(),
+        "{tag} failed: {}\n{}",
+        out.status,
+        stderr(&out)
+    );
+    if np.is_some_and(|n| n > 1) {
+        // Logs come from rank 0 only: one summary line.
+        assert_eq!(
+            stderr(&out).matches("lsqr on cpu").count(),
+            1,
+            "{}",
+            stderr(&out)
+        );
+    }
+    Run {
+        x: read_vec(&sol),
+        report: report(&rep),
+    }
+}
+
+fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let n: f64 = b.iter().map(|y| y * y).sum();
+    (d / n.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// How far a multi-rank iteration count may stray from the single-process one. LSQR without
+/// reorthogonalisation loses orthogonality after a few hundred iterations, and from then on its
+/// alpha/beta sequence (hence anorm and the stopping tests) depends on the last bits of every
+/// sum: changing the summation order (here: partial sums per rank, then over ranks) moves the
+/// stopping iteration by a few (australia at 1e-10: 406 serial, 405 on 2 ranks; at 1e-8: 331
+/// serial, 329/331/328 on 2/3/4 ranks; well1033: 204 serial, 201/203/206) while x agrees to
+/// ~1e-11. Which count comes out depends on the MPI library's reduction algorithm, hence the
+/// margin.
+fn iteration_band(serial: u64) -> u64 {
+    5.max(serial / 25)
+}
+
+/// Compare `np`-rank runs with the single-process run of the same arguments: one rank under
+/// mpirun must be bit-for-bit the serial run; more ranks must stop for the same reason, within
+/// [`iteration_band`] iterations (4%), with the solution within 1e-10 relative.
+fn check_against_serial(args: &[&str], dir: &Path, nps: &[usize]) {
+    let serial = solve(None, args, dir, "serial");
+    let iters = serial.report["iterations"].as_u64().unwrap();
+    assert!(
+        iters > 10,
+        "too easy a system for this test: {iters} iterations"
+    );
+    for &np in nps {
+        let r = solve(Some(np), args, dir, &format!("np{np}"));
+        let rep = &r.report;
+        let its = rep["iterations"].as_u64().unwrap();
+        assert_eq!(rep["ranks"], np, "np {np}");
+        assert_eq!(rep["istop"], serial.report["istop"], "np {np}: istop");
+        assert_eq!(rep["m"], serial.report["m"]);
+        assert_eq!(rep["nnz"], serial.report["nnz"]);
+        let d = rel_diff(&r.x, &serial.x);
+        if np == 1 {
+            assert_eq!(its, iters, "np 1: iterations");
+            assert_eq!(r.x, serial.x, "np 1 must be the serial run exactly");
+        } else {
+            assert!(
+                its.abs_diff(iters) <= iteration_band(iters),
+                "np {np}: {its} iterations vs {iters} serial"
+            );
+        }
+        assert!(d <= 1e-10, "np {np}: solution differs by {d:e} (relative)");
+        let t = rep["rank_timing"].as_array().expect("rank_timing");
+        assert_eq!(t.len(), np);
+        let rows: u64 = t.iter().map(|e| e["rows"].as_u64().unwrap()).sum();
+        assert_eq!(rows, rep["m"].as_u64().unwrap(), "rows over ranks");
+        for (i, e) in t.iter().enumerate() {
+            assert_eq!(e["rank"], i);
+            if np > 1 {
+                assert!(e["allreduce_calls"].as_u64().unwrap() >= 2 * its);
+            }
+        }
+        eprintln!("np {np}: {its} iterations (serial {iters}), solution within {d:.1e} of serial");
+    }
+}
+
+#[test]
+fn australia_on_1_to_4_ranks_matches_serial() {
+    if !have_mpirun() {
+        return;
+    }
+    let (g, d, r) = (
+        data("australia/G.mtx.gz"),
+        data("australia/d.txt"),
+        data("australia/R.mtx.gz"),
+    );
+    let args = [
+        "--matrix",
+        g.to_str().unwrap(),
+        "--rhs",
+        d.to_str().unwrap(),
+        "--reg",
+        r.to_str().unwrap(),
+        "--reg-weight",
+        "0.015",
+        "--atol",
+        "1e-10",
+        "--btol",
+        "1e-10",
+    ];
+    check_against_serial(&args, &tmpdir("australia"), &[1, 2, 3, 4]);
+}
+
+#[test]
+fn lsq_set_on_1_to_4_ranks_matches_serial() {
+    if !have_mpirun() {
+        return;
+    }
+    for (name, nps) in [("well1033", &[1usize, 2, 3, 4][..]), ("well1850", &[3][..])] {
+        let a = data(&format!("lsq/{name}.mtx.gz"));
+        let b = data(&format!("lsq/{name}_rhs1.mtx.gz"));
+        let args = [
+            "--matrix",
+            a.to_str().unwrap(),
+            "--rhs",
+            b.to_str().unwrap(),
+            "--atol",
+            "1e-10",
+            "--btol",
+            "1e-10",
+            "--conlim",
+            "1e12",
+        ];
+        check_against_serial(&args, &tmpdir(name), nps);
+    }
+}
+
+#[test]
+fn more_ranks_than_rows_leaves_a_rank_without_rows() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("tiny");
+    let a = dir.join("A.mtx");
+    std::fs::write(
+        &a,
+        "%%MatrixMarket matrix coordinate real general\n3 2 5\n1 1 2.0\n1 2 -1.0\n2 1 1.0\n3 2 3.0\n2 2 0.5\n",
+    )
+    .unwrap();
+    let args = ["--matrix", a.to_str().unwrap(), "--damp", "0.1"];
+    let serial = solve(None, &args, &dir, "serial");
+    let r = solve(Some(4), &args, &dir, "np4");
+    assert_eq!(r.report["iterations"], serial.report["iterations"]);
+    assert_eq!(r.report["istop"], serial.report["istop"]);
+    let d = rel_diff(&r.x, &serial.x);
+    assert!(d <= 1e-12, "solution differs by {d:e}");
+    let t = r.report["rank_timing"].as_array().unwrap();
+    assert!(
+        t.iter().any(|e| e["rows"] == 0),
+        "expected a rank without rows: {t:?}"
+    );
+}
+
+#[test]
+fn invert_on_2_ranks_writes_the_outputs_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("invert");
+    let (a, b) = (
+        data("lsq/well1033.mtx.gz"),
+        data("lsq/well1033_rhs1.mtx.gz"),
+    );
+    let cfg = format!(
+        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
+         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\nsolution = \"x.txt\"\n\
+         report = \"report.json\"\nhistory = \"history.csv\"\n",
+        a.display(),
+        b.display()
+    );
+    std::fs::write(dir.join("run.toml"), cfg).unwrap();
+    let serial = solve(
+        None,
+        &[
+            "--matrix",
+            a.to_str().unwrap(),
+            "--rhs",
+            b.to_str().unwrap(),
+            "--atol",
+            "1e-10",
+            "--btol",
+            "1e-10",
+        ],
+        &dir,
+        "serial",
+    );
+    let mut c = mpirun();
+    c.args(["-np", "2", BIN, "invert"])
+        .arg(dir.join("run.toml"));
+    let out = finish(c);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches("solution vector written to").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    let rep = report(&dir.join("out/report.json"));
+    assert_eq!(rep["ranks"], 2);
+    assert_eq!(rep["istop"], serial.report["istop"]);
+    let its = rep["iterations"].as_u64().unwrap();
+    let iters = serial.report["iterations"].as_u64().unwrap();
+    assert!(
+        its.abs_diff(iters) <= iteration_band(iters),
+        "{its} vs {iters}"
+    );
+    let x = read_vec(&dir.join("out/x.txt"));
+    let d = rel_diff(&x, &serial.x);
+    assert!(d <= 1e-10, "solution differs by {d:e}");
+    let hist = std::fs::read_to_string(dir.join("out/history.csv")).unwrap();
+    assert_eq!(
+        hist.lines().count() as u64,
+        its + 2,
+        "header + iterations 0..=itn"
+    );
+    // No temporary files left behind by a second writer.
+    let names: Vec<_> = std::fs::read_dir(dir.join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
+/// MPMD launch: ranks 0, 1 and 3 work in `good`, rank 2 in `bad` (as when a path exists on one
+/// node only).
+fn rank2_elsewhere(good: &Path, bad: &Path, args: &[&str]) -> Output {
+    let mut c = mpirun();
+    let mut part = |np: &str, dir: &Path, last: bool| {
+        c.args(["-np", np, "--wdir", dir.to_str().unwrap(), BIN])
+            .args(args);
+        if !last {
+            c.arg(":");
+        }
+    };
+    part("2", good, false);
+    part("1", bad, false);
+    part("1", good, true);
+    finish(c)
+}
+
+#[test]
+fn config_file_missing_on_rank_2_ends_the_job_with_its_name() {
+    if !have_mpirun() {
+        return;
+    }
+    let good = tmpdir("fail-good");
+    let bad = tmpdir("fail-bad");
+    std::fs::copy(data("lsq/well1033.mtx.gz"), good.join("A.mtx.gz")).unwrap();
+    let cfg = "[system]\nmatrix = \"A.mtx.gz\"\n[backend]\nkind = \"cpu\"\n[output]\nsolution = \"x.txt\"\n";
+    std::fs::write(good.join("run.toml"), cfg).unwrap();
+    std::fs::write(bad.join("run.toml"), cfg).unwrap();
+    let out = rank2_elsewhere(&good, &bad, &["invert", "run.toml"]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "job succeeded: {err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("seistomo: error"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line expected:\n{err}");
+    assert!(
+        lines[0].contains("rank 2")
+            && lines[0].contains("A.mtx.gz")
+            && lines[0].contains("not found"),
+        "{err}"
+    );
+    assert!(!good.join("out").exists(), "no output after a failed job");
+}
+
+#[test]
+fn x0_unreadable_on_rank_2_aborts_the_job_with_its_name() {
+    if !have_mpirun() {
+        return;
+    }
+    let good = tmpdir("abort-good");
+    let bad = tmpdir("abort-bad");
+    std::fs::write(good.join("x0.txt"), "0\n".repeat(320)).unwrap();
+    let a = data("lsq/well1033.mtx.gz");
+    let sol = good.join("x.txt");
+    let args = [
+        "solve",
+        "--matrix",
+        a.to_str().unwrap(),
+        "--x0",
+        "x0.txt",
+        "--backend",
+        "cpu",
+        "--solution",
+        sol.to_str().unwrap(),
+    ];
+    let out = rank2_elsewhere(&good, &bad, &args);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "job succeeded: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("seistomo: error"))
+        .unwrap_or_else(|| panic!("no error line:\n{err}"));
+    assert!(line.contains("rank 2") && line.contains("x0.txt"), "{err}");
+    assert!(!sol.exists(), "no output after a failed job");
+}
+
+#[test]
+fn mpiio_reads_byte_ranges_on_three_ranks() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("mpiio");
+    let f = dir.join("bytes.bin");
+    std::fs::write(&f, pattern(100_000)).unwrap();
+    let mut c = mpirun();
+    c.args(["-np", "3"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "mpiio_rank_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SEISTOMO_MPIIO_FILE", &f);
+    let out = finish(c);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
+    assert!(out.status.success(), "{text}");
+    for r in 0..3 {
+        assert!(text.contains(&format!("mpiio rank {r} of 3 ok")), "{text}");
+    }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+/// Run by `mpiio_reads_byte_ranges_on_three_ranks` on each rank (does nothing on its own).
+#[test]
+fn mpiio_rank_child() {
+    use seistomo::comm::{Comm, MpiComm};
+    use seistomo::io::mpiio::{read_at, MpiFile};
+    let Some(f) = std::env::var_os("SEISTOMO_MPIIO_FILE") else {
+        eprintln!("mpiio_rank_child: only runs under mpirun, started by mpiio_reads_byte_ranges_on_three_ranks");
+        return;
+    };
+    let f = PathBuf::from(f);
+    let want = pattern(100_000);
+    let comm = MpiComm::init().unwrap();
+    let (rank, size) = (comm.rank(), comm.size());
+    // Independent reads, different ranges per rank.
+    let (off, len) = (rank * 30_001 + 17, 20_000 + rank);
+    assert_eq!(read_at(&f, off as u64, len).unwrap(), &want[off..off + len]);
+    assert_eq!(
+        comm.read_at(&f, off as u64, len).unwrap(),
+        &want[off..off + len]
+    );
+    // Collective read: rank 1 reads nothing.
+    let len = if rank == 1 { 0 } else { 5_000 * (rank + 1) };
+    let off = 99_000 - len;
+    let file = MpiFile::open_world(&f).unwrap();
+    assert_eq!(file.size().unwrap(), 100_000);
+    assert_eq!(
+        file.read_at_all(off as u64, len).unwrap(),
+        &want[off..off + len]
+    );
+    // Past the end: a short read names the file.
+    let e = file.read_at(99_990, 20).unwrap_err().to_string();
+    assert!(e.contains("bytes.bin") && e.contains("10 of them"), "{e}");
+    drop(file);
+    assert_eq!(
+        comm.read_at_all(&f, 1000 * rank as u64, 10).unwrap(),
+        &want[1000 * rank..1000 * rank + 10]
+    );
+    // A missing file: the error names it.
+    let missing = f.with_file_name("missing.bin");
+    let e = read_at(&missing, 0, 1).unwrap_err().to_string();
+    assert!(e.contains("missing.bin"), "{e}");
+    println!("mpiio rank {rank} of {size} ok");
+}
