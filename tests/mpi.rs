@@ -347,7 +347,9 @@ fn invert_on_2_ranks_writes_the_outputs_once() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names.len(), 3, "{names:?}");
+    // solution, report, history and the model file (written by rank 0 alone).
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(dir.join("out/model.h5").is_file());
 }
 
 /// MPMD launch: ranks 0, 1 and 3 work in `good`, rank 2 in `bad` (as when a path exists on one
