@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod io;
 pub mod model;
+pub mod partition;
 pub mod run;
 pub mod solver;
 pub mod sparse;

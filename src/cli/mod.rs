@@ -1,8 +1,12 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+mod export;
+mod import;
+mod inspect;
 mod invert;
 mod solve;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +25,14 @@ pub enum Command {
     Solve(solve::SolveArgs),
     /// Run an inversion described by a TOML config file.
     Invert(invert::InvertArgs),
+    /// Generate a synthetic straight-ray travel-time dataset and its true model.
+    Synth(synth::SynthArgs),
+    /// Build a dataset from Matrix Market kernel, damping matrix, data and weights.
+    Import(import::ImportArgs),
+    /// Write a dataset's assembled system as Matrix Market or NumPy files.
+    Export(export::ExportArgs),
+    /// Print a dataset's sizes, nnz histogram, memory per backend and partition imbalance.
+    Inspect(inspect::InspectArgs),
 }
 
 /// Run the parsed command line.
@@ -28,6 +40,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Solve(a) => solve::run(a),
         Command::Invert(a) => invert::run(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Import(a) => import::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Inspect(a) => inspect::run(a),
     }
 }
 

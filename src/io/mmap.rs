@@ -1,0 +1,47 @@
+//! Read-only memory maps of dataset files: the one place in the I/O layer with `unsafe`.
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+/// A read-only view of a whole file: memory-mapped, or an empty slice for an empty file (a
+/// zero-length map is an error on some systems).
+pub struct MappedFile {
+    map: Option<Mmap>,
+}
+
+impl MappedFile {
+    /// Map `path` read-only. Errors name the file.
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: the map is read-only and private to this process. Dataset files are written
+        // atomically (temporary file + rename) and never modified in place by seistomo; if
+        // another program truncates or rewrites a file while it is mapped, reads may see the
+        // new bytes or fault (SIGBUS), which memmap2 documents as the caller's responsibility.
+        // Every byte read through the map is validated (magic, counts, ranges, finiteness)
+        // before it is trusted, so changed contents cannot cause undefined behaviour in Rust
+        // code, only wrong values or a load error.
+        let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    /// Advise the kernel that the file will be read sequentially (a hint; errors ignored).
+    pub fn advise_sequential(&self) {
+        #[cfg(unix)]
+        if let Some(m) = &self.map {
+            let _ = m.advise(memmap2::Advice::Sequential);
+        }
+    }
+}
