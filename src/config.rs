@@ -274,7 +274,12 @@ fn dataset_source(
     } else {
         path
     };
-    let manifest = existing("[dataset] path", &manifest)?;
+    if !manifest.is_file() {
+        return Err(bad(format!(
+            "[dataset] path: file '{}' not found",
+            manifest.display()
+        )));
+    }
     let nonneg = |key: &str, v: f64| -> Result<f64> {
         if v.is_finite() && v >= 0.0 {
             Ok(v)
