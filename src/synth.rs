@@ -355,7 +355,7 @@ pub fn travel_times(a: &Csr, m: &[f64], noise_sd: f64, seed: u64) -> Vec<f64> {
             let (c, v) = a.row(i);
             let t: f64 = c.iter().zip(v).map(|(&j, &x)| x * m[j as usize]).sum();
             if noise_sd > 0.0 {
-                t + noise_sd * gaussian(&mut ray_rng(seed ^ 0x6E6F_6973_65, i as u64))
+                t + noise_sd * gaussian(&mut ray_rng(seed ^ 0x006E_6F69_7365, i as u64))
             } else {
                 t
             }
@@ -479,7 +479,7 @@ mod tests {
         // norm 24; first: x 3*3*2=18, y 4*2*2=16, z 4*3*1=12; second: x 2*3*2=12, y 4*1*2=8.
         assert_eq!(r.nrows(), 24 + 18 + 16 + 12 + 12 + 8);
         // Difference rows annihilate constants; the norm rows do not.
-        let y = r.matvec(&vec![1.0; 24]);
+        let y = r.matvec(&[1.0; 24]);
         assert!(y[..24].iter().all(|&v| v == 0.5));
         assert!(y[24..].iter().all(|&v| v == 0.0));
         // Second differences annihilate linear functions of x.

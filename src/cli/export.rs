@@ -37,9 +37,14 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         mtx::write_vector_mtx(a.out.join("b.mtx"), &sys.b)?;
     } else {
         let ip: Vec<i64> = s.indptr().iter().map(|&p| p as i64).collect();
-        let ix: Vec<i32> = s.indices().iter().map(|&c| c as i32).collect();
         write_npy(&a.out.join("indptr.npy"), &ip)?;
-        write_npy(&a.out.join("indices.npy"), &ix)?;
+        if s.ncols() <= i32::MAX as usize {
+            let ix: Vec<i32> = s.indices().iter().map(|&c| c as i32).collect();
+            write_npy(&a.out.join("indices.npy"), &ix)?;
+        } else {
+            let ix: Vec<i64> = s.indices().iter().map(|&c| c as i64).collect();
+            write_npy(&a.out.join("indices.npy"), &ix)?;
+        }
         write_npy(&a.out.join("data.npy"), s.data())?;
         write_npy(&a.out.join("b.npy"), &sys.b)?;
         write_npy(

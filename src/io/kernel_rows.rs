@@ -341,6 +341,9 @@ fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize) -> Result<()> {
     r.exact_len(off, &format!("{nr} row records"))
 }
 
+/// CSR arrays of some rows (indptr, indices, data) and the bytes read.
+pub type RowsRead = (Vec<u64>, Vec<u32>, Vec<f64>, u64);
+
 /// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays.
 /// Returns (indptr, indices, data, bytes read).
 pub fn read_kernel_rows(
@@ -348,7 +351,7 @@ pub fn read_kernel_rows(
     meta: &Metadata,
     local: &[MetaEntry],
     progress: bool,
-) -> Result<(Vec<u64>, Vec<u32>, Vec<f64>, u64)> {
+) -> Result<RowsRead> {
     let vb = dm.m.precision.bytes();
     let ncols = meta.cols as usize;
     let kdir = dm.resolve(&dm.m.kernel_dir);
