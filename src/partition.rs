@@ -5,8 +5,9 @@
 //!    0..D) are split into `size` contiguous ranges: rank r gets rows
 //!    `[r * D / size, (r + 1) * D / size)`. Block files are memory-mapped and sliced, so the
 //!    number of block files need not equal the number of ranks.
-//! 2. Each rank starts with the nonzeros of its damping range as its initial load (estimated as
-//!    rows x the average damping nonzeros per row when the exact counts are not at hand).
+//! 2. Each rank starts with the nonzeros of its damping range as its initial load (exact: the
+//!    loader reads them from the block row offsets; estimated as rows x the average damping
+//!    nonzeros per row only when a caller has no counts).
 //! 3. **Kernel rows** are then walked in descending nnz order (the metadata order; ties by row
 //!    index) and each goes to the currently least-loaded rank (ties: lowest rank): greedy LPT.
 //!    The load is the nonzero count, which dominates SpMV memory traffic (12 bytes per nonzero

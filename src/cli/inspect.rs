@@ -139,7 +139,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         let p = ds.partition(r);
         let mx = p.load.iter().max().copied().unwrap_or(0);
         println!(
-            "  {r:>4} ranks  imbalance {:.6}  max {mx} nnz/rank  per-rank memory ~{}",
+            "  {r:>4} ranks  imbalance {:.9}  max {mx} nnz/rank  per-rank memory ~{}",
             p.imbalance(),
             gib((csr + csc) * mx as f64 / nnz.max(1.0) + 8.0 * 5.0 * n as f64)
         );
@@ -148,20 +148,29 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         let size = a.load_ranks.max(1);
         let mut tot_bytes = 0u64;
         let mut tot_s = 0.0;
+        let mut loads = Vec::with_capacity(size);
         for rank in 0..size {
             let (sys, st) = ds.load(rank, size, true)?;
+            loads.push(sys.a.nnz() as u64);
             tot_bytes += st.bytes;
             tot_s += st.seconds;
             println!(
-                "  load rank {rank}/{size}: {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s",
+                "  load rank {rank}/{size}: {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
                 sys.a.nrows(),
                 sys.a.nnz(),
                 gib(st.bytes as f64),
                 st.seconds,
-                st.gb_per_s()
+                st.gb_per_s(),
+                gib(st.kernel_bytes as f64),
+                st.kernel_seconds,
+                st.kernel_bytes as f64 / st.kernel_seconds.max(1e-12) / 1e9
             );
         }
         if size > 1 {
+            println!(
+                "  loaded nnz per rank {loads:?}: imbalance {:.9}",
+                crate::partition::imbalance(&loads)
+            );
             println!(
                 "  all ranks: {} in {:.3} s = {:.2} GB/s",
                 gib(tot_bytes as f64),

@@ -167,14 +167,20 @@ pub fn decode_values(
     let n = out.len();
     r.need(off, vb * n, "values")?;
     let bytes = &r.data[off..off + vb * n];
+    let mut finite = true;
     if vb == 8 {
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
             *o = f64::from_le_bytes(c.try_into().unwrap());
+            finite &= o.is_finite();
         }
     } else {
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *o = f32::from_le_bytes(c.try_into().unwrap()) as f64;
+            finite &= o.is_finite();
         }
+    }
+    if finite {
+        return Ok(());
     }
     if let Some(k) = out.iter().position(|v| !v.is_finite()) {
         let at = match cols.get(k) {
@@ -201,9 +207,20 @@ pub fn decode_columns(
     let n = out.len();
     r.need(off, 4 * n, "column indices")?;
     let bytes = &r.data[off..off + 4 * n];
+    // Branch-free first pass; the slow pass below only finds and names the bad column.
+    let mut bad = false;
     let mut prev: i64 = -1;
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
         let col = u32::from_le_bytes(c.try_into().unwrap());
+        bad |= (col as usize >= ncols) | ((col as i64) <= prev);
+        prev = col as i64;
+        *o = col;
+    }
+    if !bad {
+        return Ok(());
+    }
+    let mut prev: i64 = -1;
+    for &col in out.iter() {
         if col as usize >= ncols {
             return Err(Error::format(
                 r.path,
@@ -223,7 +240,6 @@ pub fn decode_columns(
             ));
         }
         prev = col as i64;
-        *o = col;
     }
     Ok(())
 }

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::binfmt::{
-    decode_columns, decode_values, pad8, put_columns, put_prefix, put_u64, put_values, Precision,
-    Reader, MAGIC_DAMP,
+    decode_values, pad8, put_columns, put_prefix, put_u64, put_values, Precision, Reader,
+    MAGIC_DAMP,
 };
 use crate::io::kernel_rows::write_plain;
 use crate::io::mmap::MappedFile;
@@ -119,8 +119,18 @@ impl DampingBlock {
         })
     }
 
+    /// Nonzeros of block-local rows `range` (offsets were checked at open).
+    pub fn range_nnz(&self, range: Range<u64>) -> u64 {
+        let b = self.map.bytes();
+        let at = |i: u64| {
+            let o = DAMP_HEADER + 8 * i as usize;
+            u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+        };
+        at(range.end) - at(range.start)
+    }
+
     /// Append the block's rows `range` (block-local) scaled by `weight` to CSR arrays; returns
-    /// bytes read.
+    /// bytes read. Columns and values of the whole range are decoded in one pass each.
     pub fn read_rows(
         &self,
         range: Range<u64>,
@@ -133,33 +143,91 @@ impl DampingBlock {
         let r = Reader::new(&self.path, self.map.bytes());
         let rows = self.rows as usize;
         let nnz = self.nnz as usize;
-        let off =
-            |i: usize| -> Result<usize> { Ok(r.u64(DAMP_HEADER + 8 * i, "row offsets")? as usize) };
+        let (r0, r1) = (range.start as usize, range.end as usize);
         let cols_at = DAMP_HEADER + 8 * (rows + 1);
         let vals_at = cols_at + pad8(4 * nnz);
-        let mut bytes = 0u64;
-        for i in range.start as usize..range.end as usize {
-            let (s, e) = (off(i)?, off(i + 1)?);
-            let row = self.first_row + i as u64;
-            let label = || format!("damping row {row}");
-            let base = indices.len();
-            indices.resize(base + e - s, 0);
-            data.resize(base + e - s, 0.0);
-            decode_columns(&r, cols_at + 4 * s, ncols, &mut indices[base..], &label)?;
-            decode_values(
-                &r,
-                vals_at + self.vb * s,
-                self.vb,
-                &indices[base..],
-                &mut data[base..],
-                &label,
-            )?;
-            if weight != 1.0 {
-                data[base..].iter_mut().for_each(|v| *v *= weight);
-            }
-            indptr.push(indices.len() as u64);
-            bytes += ((e - s) * (4 + self.vb) + 8) as u64;
+        // Offsets were checked at open (monotone, 0..=nnz).
+        let offs: Vec<usize> = r.data[DAMP_HEADER + 8 * r0..DAMP_HEADER + 8 * (r1 + 1)]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect();
+        let (s, e) = (offs[0], offs[offs.len() - 1]);
+        let base = indices.len();
+        let first_row = self.first_row + r0 as u64;
+        // The damping row holding local nonzero k of this range.
+        let row_of = |k: usize| first_row + (offs.partition_point(|&o| o <= s + k) - 1) as u64;
+        indices.resize(base + e - s, 0);
+        data.resize(base + e - s, 0.0);
+        let label_all = || format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
+        // Range check of every column (strict increase is checked per row below).
+        let cols = &mut indices[base..];
+        if let Err(err) = decode_columns_unordered(&r, cols_at + 4 * s, ncols, cols) {
+            return Err(match err {
+                Some(k) => Error::format(
+                    &self.path,
+                    format!(
+                        "damping row {}: column {} out of range (ncols = {ncols})",
+                        row_of(k),
+                        cols[k]
+                    ),
+                ),
+                None => Error::format(&self.path, format!("truncated: {}", label_all())),
+            });
         }
-        Ok(bytes)
+        for w in offs.windows(2) {
+            let row = &cols[w[0] - s..w[1] - s];
+            if let Some(p) = row.windows(2).position(|c| c[1] <= c[0]) {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "damping row {}: columns not strictly increasing at column {} (unsorted or duplicate)",
+                        row_of(w[0] - s + p + 1),
+                        row[p + 1]
+                    ),
+                ));
+            }
+        }
+        let vals = &mut data[base..];
+        decode_values(&r, vals_at + self.vb * s, self.vb, &[], vals, &label_all).map_err(|_| {
+            let k = vals.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            Error::format(
+                &self.path,
+                format!(
+                    "damping row {}, column {}: value is not finite ({})",
+                    row_of(k),
+                    cols[k],
+                    vals[k]
+                ),
+            )
+        })?;
+        if weight != 1.0 {
+            vals.iter_mut().for_each(|v| *v *= weight);
+        }
+        let shift = base as u64 - s as u64;
+        indptr.extend(offs[1..].iter().map(|&o| o as u64 + shift));
+        Ok(((r1 - r0 + 1) * 8 + (e - s) * (4 + self.vb)) as u64)
     }
+}
+
+/// Decode column indices checking only the range; `Err(Some(k))` names the bad position,
+/// `Err(None)` a truncated file.
+fn decode_columns_unordered(
+    r: &Reader,
+    off: usize,
+    ncols: usize,
+    out: &mut [u32],
+) -> std::result::Result<(), Option<usize>> {
+    let n = out.len();
+    if off + 4 * n > r.data.len() {
+        return Err(None);
+    }
+    let mut bad = false;
+    for (o, c) in out.iter_mut().zip(r.data[off..off + 4 * n].chunks_exact(4)) {
+        *o = u32::from_le_bytes(c.try_into().unwrap());
+        bad |= *o as usize >= ncols;
+    }
+    if bad {
+        return Err(out.iter().position(|&c| c as usize >= ncols));
+    }
+    Ok(())
 }

@@ -50,6 +50,9 @@ pub struct LoadStats {
     pub nnz: usize,
     pub bytes: u64,
     pub seconds: f64,
+    /// The kernel rows alone (row files / packs decoded into the CSR).
+    pub kernel_bytes: u64,
+    pub kernel_seconds: f64,
 }
 
 impl LoadStats {
@@ -142,16 +145,38 @@ impl OpenDataset {
         self.meta.cols as usize
     }
 
+    /// Exact nonzeros of damping rows `range` (stored blocks, then generated rows).
+    pub fn damping_range_nnz(&self, range: Range<u64>) -> u64 {
+        let mut total = 0;
+        for blk in &self.blocks {
+            let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
+            let (s, e) = (range.start.max(b0), range.end.min(b1));
+            if s < e {
+                total += blk.range_nnz((s - b0)..(e - b0));
+            }
+        }
+        if let Some(g) = &self.generated {
+            let stored = self.manifest.damping_rows();
+            let (s, e) = (range.start.max(stored), range.end.max(stored));
+            if s < e {
+                let ip = g.indptr();
+                total += ip[(e - stored) as usize] - ip[(s - stored) as usize];
+            }
+        }
+        total
+    }
+
     /// The partition over `size` ranks (see [`crate::partition`]).
     pub fn partition(&self, size: usize) -> Partition {
         let rows: Vec<u64> = self.meta.entries.iter().map(|e| e.row).collect();
         let nnz: Vec<u64> = self.meta.entries.iter().map(|e| e.nnz).collect();
+        let exact = |r: Range<u64>| self.damping_range_nnz(r);
         partition(
             &rows,
             &nnz,
             self.damping_rows(),
             self.damping_nnz(),
-            None,
+            Some(&exact),
             size,
         )
     }
@@ -186,8 +211,11 @@ impl OpenDataset {
             .map(|&r| self.meta.entries[where_[r as usize] as usize])
             .collect();
         drop(where_);
+        let t_k = Instant::now();
         let (mut indptr, mut indices, mut data, mut bytes) =
             read_kernel_rows(dm, &self.meta, &local, progress)?;
+        let kernel_seconds = t_k.elapsed().as_secs_f64();
+        let kernel_bytes = bytes;
         // b and weights follow their rows.
         let rhs_path = dm.resolve(&dm.m.rhs);
         let (b_all, nb) = read_vector(&rhs_path, VectorKind::Rhs, Some(self.meta.rows))?;
@@ -266,6 +294,8 @@ impl OpenDataset {
             nnz: a.nnz(),
             bytes,
             seconds: t.elapsed().as_secs_f64(),
+            kernel_bytes,
+            kernel_seconds,
         };
         Ok((System { a, b, kernel_rows }, stats))
     }

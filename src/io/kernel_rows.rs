@@ -378,7 +378,7 @@ pub fn read_kernel_rows(
                     return Ok(None);
                 }
                 let path = kdir.join(pack_file_name(p as u64));
-                let map = MappedFile::open(&path)?;
+                let map = MappedFile::open_populated(&path)?;
                 check_pack(&path, map.bytes(), p as u64, vb)?;
                 Ok(Some(map))
             })
@@ -386,6 +386,9 @@ pub fn read_kernel_rows(
     } else {
         Vec::new()
     };
+    let pack_paths: Vec<PathBuf> = (0..packs.len() as u64)
+        .map(|p| kdir.join(pack_file_name(p)))
+        .collect();
     // Disjoint output slices, one per row.
     let mut jobs: Vec<(&MetaEntry, &mut [u32], &mut [f64])> = Vec::with_capacity(local.len());
     {
@@ -432,8 +435,7 @@ pub fn read_kernel_rows(
                 Layout::Packed => {
                     let p = e.file as usize;
                     let map = packs[p].as_ref().expect("pack opened above");
-                    let path = kdir.join(pack_file_name(e.file));
-                    let r = Reader::new(&path, map.bytes());
+                    let r = Reader::new(&pack_paths[p], map.bytes());
                     decode_record(&r, e.offset as usize, e.row, vb, ncols, cols, vals)?;
                     bytes_read.fetch_add(record_size(e.nnz as usize, vb) as u64, Ordering::Relaxed);
                 }

@@ -32,6 +32,22 @@ impl MappedFile {
         Ok(MappedFile { map: Some(map) })
     }
 
+    /// Map `path` read-only and populate the page tables up front (one system call instead of
+    /// a page fault per 4 KiB page; for files that will be read in full).
+    pub fn open_populated(path: &Path) -> Result<MappedFile> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: as in `open`: a read-only private map of a file written atomically by
+        // seistomo, every byte validated before use; external modification while mapped is
+        // the caller's responsibility (memmap2's documented contract).
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }
+            .map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
     /// The file's bytes.
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
