@@ -408,7 +408,7 @@ pub fn read_kernel_rows(
             match meta.layout {
                 Layout::PerRow => {
                     let path = kdir.join(row_file_name(e.row));
-                    let map = MappedFile::open(&path).map_err(|err| match err {
+                    let map = MappedFile::open_small(&path).map_err(|err| match err {
                         Error::Io { source, .. } => Error::format(
                             &path,
                             format!("kernel row {} listed in the metadata: {source}", e.row),
