@@ -43,7 +43,9 @@ fn small_dataset(dir: &Path, layout: Layout, prec: Precision) -> (Csr, Vec<f64>)
     let k = synth::straight_ray_kernel(&g, 300, 5);
     let m = synth::checkerboard(&g, [2, 2, 2], 0.1);
     let b = synth::travel_times(&k, &m, 0.001, 5);
-    let w: Vec<f64> = (0..k.nrows()).map(|i| 1.0 + (i % 7) as f64 / 10.0).collect();
+    let w: Vec<f64> = (0..k.nrows())
+        .map(|i| 1.0 + (i % 7) as f64 / 10.0)
+        .collect();
     let reg = synth::regularisation(&g, 0.1, [0.5, 0.0, 0.5], [0.0, 0.2, 0.0]);
     let mut spec = DatasetSpec::new(&k, &b);
     spec.weights = Some(&w);
@@ -75,7 +77,11 @@ fn australia_import_invert_matches_solve_on_mtx() {
         .arg(&ds)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Loaded system == the Matrix Market system, bit for bit.
     let from_ds = load_dataset(&ds, 0, 1).unwrap();
     let from_mtx = run::load_mtx_system(
@@ -92,10 +98,27 @@ fn australia_import_invert_matches_solve_on_mtx() {
         "[dataset]\npath = \"au\"\n[solver]\natol = 1e-8\nbtol = 1e-8\n[backend]\nkind = \"cpu\"\n[output]\ndir = \"inv\"\n",
     )
     .unwrap();
-    let out = bin().arg("invert").arg(dir.join("run.toml")).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = bin()
-        .args(["solve", "--backend", "cpu", "--atol", "1e-8", "--btol", "1e-8", "--matrix"])
+        .arg("invert")
+        .arg(dir.join("run.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bin()
+        .args([
+            "solve",
+            "--backend",
+            "cpu",
+            "--atol",
+            "1e-8",
+            "--btol",
+            "1e-8",
+            "--matrix",
+        ])
         .arg(au.join("G.mtx.gz"))
         .arg("--rhs")
         .arg(au.join("d.txt"))
@@ -105,7 +128,11 @@ fn australia_import_invert_matches_solve_on_mtx() {
         .arg(dir.join("solve.txt"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let read = |p: PathBuf| -> Vec<f64> {
         std::fs::read_to_string(p)
             .unwrap()
@@ -132,10 +159,18 @@ fn australia_import_invert_matches_solve_on_mtx() {
         .arg(dir.join("exp"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let back =
-        run::load_mtx_system(&dir.join("exp/A.mtx"), Some(&dir.join("exp/b.mtx")), None, 1.0)
-            .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let back = run::load_mtx_system(
+        &dir.join("exp/A.mtx"),
+        Some(&dir.join("exp/b.mtx")),
+        None,
+        1.0,
+    )
+    .unwrap();
     assert_eq!(back.a, from_ds.a);
     assert_eq!(back.b, from_ds.b);
     let _ = std::fs::remove_dir_all(&dir);
@@ -206,14 +241,19 @@ fn generated_regularisation_and_weight_override() {
     let r = base.kernel_rows;
     let (_, v_base) = base.a.row(r);
     let (_, v_new) = s.a.row(r);
-    assert!(v_base.iter().zip(v_new).all(|(a, b)| (a / 0.7 * 2.0 - b).abs() < 1e-15));
+    assert!(v_base
+        .iter()
+        .zip(v_new)
+        .all(|(a, b)| (a / 0.7 * 2.0 - b).abs() < 1e-15));
     assert_eq!(s.a.row(s.a.nrows() - 1), gen.row(gen.nrows() - 1));
     // No grid -> a clear error.
     let au = tmp("nogrid");
     let k = synth::straight_ray_kernel(&g, 10, 1);
     let b = vec![0.0; 10];
     write_dataset(&au.join("x"), &DatasetSpec::new(&k, &b), false).unwrap();
-    let e = load_dataset_with(&au.join("x"), 0, 1, &opts).unwrap_err().to_string();
+    let e = load_dataset_with(&au.join("x"), 0, 1, &opts)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("dataset.toml") && e.contains("no [grid]"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&au);
@@ -222,7 +262,9 @@ fn generated_regularisation_and_weight_override() {
 #[test]
 fn demo_checkerboard_is_recovered() {
     let demo = root().join("datasets/demo");
-    let truth = read_true_model(&demo).unwrap().expect("the demo has a true model");
+    let truth = read_true_model(&demo)
+        .unwrap()
+        .expect("the demo has a true model");
     let cfg = seistomo::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
     let sys = cfg.system.load().unwrap();
     assert_eq!(sys.a.ncols(), truth.len());
@@ -298,73 +340,241 @@ fn corruptions_give_one_clear_error_naming_the_file() {
         let p = row5(&per_row);
         read_u64(&p, 24) as usize
     };
-    type Case = (&'static str, bool, Box<dyn Fn(&Path)>, &'static str, &'static str);
+    type Case = (
+        &'static str,
+        bool,
+        Box<dyn Fn(&Path)>,
+        &'static str,
+        &'static str,
+    );
     let cases: Vec<Case> = vec![
-        ("truncated row file", false, Box::new(move |d| truncate(&row5(d), 8)), "row_0000000005.bin", "truncated"),
-        ("row file trailing bytes", false, Box::new(move |d| {
-            let p = row5(d);
-            let mut v = std::fs::read(&p).unwrap();
-            v.extend_from_slice(&[0; 8]);
-            std::fs::write(&p, v).unwrap();
-        }), "row_0000000005.bin", "trailing bytes"),
-        ("wrong magic", false, Box::new(move |d| patch(&row5(d), 0, b"NOTMAGIC")), "row_0000000005.bin", "bad magic"),
-        ("wrong version", false, Box::new(move |d| patch(&row5(d), 8, &7u32.to_le_bytes())), "row_0000000005.bin", "version 7"),
-        ("nnz in metadata != file", false, Box::new(move |d| patch(&row5(d), 24, &((nnz5 + 1) as u64).to_le_bytes())), "row_0000000005.bin", "kernel row 5: "),
-        ("column >= ncols", false, Box::new(move |d| patch(&row5(d), 32, &1000u32.to_le_bytes())), "row_0000000005.bin", "kernel row 5: column 1000 out of range"),
-        ("unsorted columns", false, Box::new(move |d| {
-            let p = row5(d);
-            let c0 = std::fs::read(&p).unwrap()[36..40].to_vec();
-            patch(&p, 32, &c0);
-        }), "row_0000000005.bin", "not strictly increasing"),
-        ("NaN value", false, Box::new(move |d| patch(&row5(d), 32 + pad8(4 * nnz5), &f64::NAN.to_le_bytes())), "row_0000000005.bin", "kernel row 5, column"),
-        ("Inf value (packed)", true, Box::new(|d| {
-            let meta = d.join("metadata.bin");
-            let (row, file, off) = (read_u64(&meta, meta_entry(0)), read_u64(&meta, meta_entry(0) + 16), read_u64(&meta, meta_entry(0) + 24) as usize);
-            assert_eq!(row, row);
-            let nnz = read_u64(&meta, meta_entry(0) + 8) as usize;
-            patch(&d.join(format!("kernel/pack_{file:05}.bin")), off + 16 + pad8(4 * nnz), &f64::INFINITY.to_le_bytes());
-        }), "pack_00000.bin", "value is not finite (inf)"),
-        ("truncated pack", true, Box::new(|d| truncate(&d.join("kernel/pack_00000.bin"), 3)), "pack_00000.bin", "truncated"),
-        ("b shorter than rows", false, Box::new(|d| {
-            let p = d.join("b.bin");
-            let mut v = std::fs::read(&p).unwrap();
-            let n = u64::from_le_bytes(v[16..24].try_into().unwrap()) - 1;
-            v[16..24].copy_from_slice(&n.to_le_bytes());
-            v.truncate(v.len() - 8);
-            std::fs::write(&p, v).unwrap();
-        }), "b.bin", "299 values but the dataset needs 300"),
-        ("NaN in b", false, Box::new(|d| patch(&d.join("b.bin"), 32 + 8 * 17, &f64::NAN.to_le_bytes())), "b.bin", "row 17"),
-        ("negative weight", false, Box::new(|d| patch(&d.join("weights.bin"), 32 + 8 * 4, &(-1.0f64).to_le_bytes())), "weights.bin", "row 4"),
-        ("duplicate row index", false, Box::new(|d| {
-            let meta = d.join("metadata.bin");
-            let r0 = read_u64(&meta, meta_entry(0));
-            patch(&meta, meta_entry(1), &r0.to_le_bytes());
-        }), "metadata.bin", "duplicate row index"),
-        ("metadata row out of range", true, Box::new(|d| patch(&d.join("metadata.bin"), meta_entry(2), &999u64.to_le_bytes())), "metadata.bin", "row 999 out of range"),
-        ("metadata truncated", true, Box::new(|d| truncate(&d.join("metadata.bin"), 32)), "metadata.bin", "truncated"),
-        ("metadata nnz total", true, Box::new(|d| patch(&d.join("metadata.bin"), 32, &1u64.to_le_bytes())), "metadata.bin", "nonzeros"),
-        ("missing row file", false, Box::new(move |d| std::fs::remove_file(row5(d)).unwrap()), "row_0000000005.bin", "kernel row 5 listed in the metadata"),
-        ("missing pack file", true, Box::new(|d| std::fs::remove_file(d.join("kernel/pack_00001.bin")).unwrap()), "pack_00001.bin", "No such file"),
-        ("damping block truncated", true, Box::new(|d| truncate(&d.join("damping/block_0001.bin"), 8)), "block_0001.bin", "truncated"),
-        ("damping block wrong first row", true, Box::new(|d| patch(&d.join("damping/block_0002.bin"), 24, &3u64.to_le_bytes())), "block_0002.bin", "first row 3"),
-        ("damping NaN", true, Box::new(|d| {
-            let p = d.join("damping/block_0000.bin");
-            let v = std::fs::read(&p).unwrap();
-            let (rows, nnz) = (read_u64(&p, 32) as usize, read_u64(&p, 40) as usize);
-            let at = 56 + 8 * (rows + 1) + pad8(4 * nnz);
-            assert!(at + 8 <= v.len());
-            patch(&p, at, &f64::NAN.to_le_bytes());
-        }), "block_0000.bin", "damping row 0"),
-        ("manifest wrong format", true, Box::new(|d| {
-            let p = d.join("dataset.toml");
-            let t = std::fs::read_to_string(&p).unwrap().replace("seistomo-dataset", "other");
-            std::fs::write(p, t).unwrap();
-        }), "dataset.toml", "not a seistomo dataset"),
-        ("manifest count mismatch", true, Box::new(|d| {
-            let p = d.join("dataset.toml");
-            let t = std::fs::read_to_string(&p).unwrap().replace("kernel_rows = 300", "kernel_rows = 301");
-            std::fs::write(p, t).unwrap();
-        }), "metadata.bin", "300 kernel rows"),
+        (
+            "truncated row file",
+            false,
+            Box::new(move |d| truncate(&row5(d), 8)),
+            "row_0000000005.bin",
+            "truncated",
+        ),
+        (
+            "row file trailing bytes",
+            false,
+            Box::new(move |d| {
+                let p = row5(d);
+                let mut v = std::fs::read(&p).unwrap();
+                v.extend_from_slice(&[0; 8]);
+                std::fs::write(&p, v).unwrap();
+            }),
+            "row_0000000005.bin",
+            "trailing bytes",
+        ),
+        (
+            "wrong magic",
+            false,
+            Box::new(move |d| patch(&row5(d), 0, b"NOTMAGIC")),
+            "row_0000000005.bin",
+            "bad magic",
+        ),
+        (
+            "wrong version",
+            false,
+            Box::new(move |d| patch(&row5(d), 8, &7u32.to_le_bytes())),
+            "row_0000000005.bin",
+            "version 7",
+        ),
+        (
+            "nnz in metadata != file",
+            false,
+            Box::new(move |d| patch(&row5(d), 24, &((nnz5 + 1) as u64).to_le_bytes())),
+            "row_0000000005.bin",
+            "kernel row 5: ",
+        ),
+        (
+            "column >= ncols",
+            false,
+            Box::new(move |d| patch(&row5(d), 32, &1000u32.to_le_bytes())),
+            "row_0000000005.bin",
+            "kernel row 5: column 1000 out of range",
+        ),
+        (
+            "unsorted columns",
+            false,
+            Box::new(move |d| {
+                let p = row5(d);
+                let c0 = std::fs::read(&p).unwrap()[36..40].to_vec();
+                patch(&p, 32, &c0);
+            }),
+            "row_0000000005.bin",
+            "not strictly increasing",
+        ),
+        (
+            "NaN value",
+            false,
+            Box::new(move |d| patch(&row5(d), 32 + pad8(4 * nnz5), &f64::NAN.to_le_bytes())),
+            "row_0000000005.bin",
+            "kernel row 5, column",
+        ),
+        (
+            "Inf value (packed)",
+            true,
+            Box::new(|d| {
+                let meta = d.join("metadata.bin");
+                let (row, file, off) = (
+                    read_u64(&meta, meta_entry(0)),
+                    read_u64(&meta, meta_entry(0) + 16),
+                    read_u64(&meta, meta_entry(0) + 24) as usize,
+                );
+                assert_eq!(row, row);
+                let nnz = read_u64(&meta, meta_entry(0) + 8) as usize;
+                patch(
+                    &d.join(format!("kernel/pack_{file:05}.bin")),
+                    off + 16 + pad8(4 * nnz),
+                    &f64::INFINITY.to_le_bytes(),
+                );
+            }),
+            "pack_00000.bin",
+            "value is not finite (inf)",
+        ),
+        (
+            "truncated pack",
+            true,
+            Box::new(|d| truncate(&d.join("kernel/pack_00000.bin"), 3)),
+            "pack_00000.bin",
+            "truncated",
+        ),
+        (
+            "b shorter than rows",
+            false,
+            Box::new(|d| {
+                let p = d.join("b.bin");
+                let mut v = std::fs::read(&p).unwrap();
+                let n = u64::from_le_bytes(v[16..24].try_into().unwrap()) - 1;
+                v[16..24].copy_from_slice(&n.to_le_bytes());
+                v.truncate(v.len() - 8);
+                std::fs::write(&p, v).unwrap();
+            }),
+            "b.bin",
+            "299 values but the dataset needs 300",
+        ),
+        (
+            "NaN in b",
+            false,
+            Box::new(|d| patch(&d.join("b.bin"), 32 + 8 * 17, &f64::NAN.to_le_bytes())),
+            "b.bin",
+            "row 17",
+        ),
+        (
+            "negative weight",
+            false,
+            Box::new(|d| patch(&d.join("weights.bin"), 32 + 8 * 4, &(-1.0f64).to_le_bytes())),
+            "weights.bin",
+            "row 4",
+        ),
+        (
+            "duplicate row index",
+            false,
+            Box::new(|d| {
+                let meta = d.join("metadata.bin");
+                let r0 = read_u64(&meta, meta_entry(0));
+                patch(&meta, meta_entry(1), &r0.to_le_bytes());
+            }),
+            "metadata.bin",
+            "duplicate row index",
+        ),
+        (
+            "metadata row out of range",
+            true,
+            Box::new(|d| {
+                patch(
+                    &d.join("metadata.bin"),
+                    meta_entry(2),
+                    &999u64.to_le_bytes(),
+                )
+            }),
+            "metadata.bin",
+            "row 999 out of range",
+        ),
+        (
+            "metadata truncated",
+            true,
+            Box::new(|d| truncate(&d.join("metadata.bin"), 32)),
+            "metadata.bin",
+            "truncated",
+        ),
+        (
+            "metadata nnz total",
+            true,
+            Box::new(|d| patch(&d.join("metadata.bin"), 32, &1u64.to_le_bytes())),
+            "metadata.bin",
+            "nonzeros",
+        ),
+        (
+            "missing row file",
+            false,
+            Box::new(move |d| std::fs::remove_file(row5(d)).unwrap()),
+            "row_0000000005.bin",
+            "kernel row 5 listed in the metadata",
+        ),
+        (
+            "missing pack file",
+            true,
+            Box::new(|d| std::fs::remove_file(d.join("kernel/pack_00001.bin")).unwrap()),
+            "pack_00001.bin",
+            "No such file",
+        ),
+        (
+            "damping block truncated",
+            true,
+            Box::new(|d| truncate(&d.join("damping/block_0001.bin"), 8)),
+            "block_0001.bin",
+            "truncated",
+        ),
+        (
+            "damping block wrong first row",
+            true,
+            Box::new(|d| patch(&d.join("damping/block_0002.bin"), 24, &3u64.to_le_bytes())),
+            "block_0002.bin",
+            "first row 3",
+        ),
+        (
+            "damping NaN",
+            true,
+            Box::new(|d| {
+                let p = d.join("damping/block_0000.bin");
+                let v = std::fs::read(&p).unwrap();
+                let (rows, nnz) = (read_u64(&p, 32) as usize, read_u64(&p, 40) as usize);
+                let at = 56 + 8 * (rows + 1) + pad8(4 * nnz);
+                assert!(at + 8 <= v.len());
+                patch(&p, at, &f64::NAN.to_le_bytes());
+            }),
+            "block_0000.bin",
+            "damping row 0",
+        ),
+        (
+            "manifest wrong format",
+            true,
+            Box::new(|d| {
+                let p = d.join("dataset.toml");
+                let t = std::fs::read_to_string(&p)
+                    .unwrap()
+                    .replace("seistomo-dataset", "other");
+                std::fs::write(p, t).unwrap();
+            }),
+            "dataset.toml",
+            "not a seistomo dataset",
+        ),
+        (
+            "manifest count mismatch",
+            true,
+            Box::new(|d| {
+                let p = d.join("dataset.toml");
+                let t = std::fs::read_to_string(&p)
+                    .unwrap()
+                    .replace("kernel_rows = 300", "kernel_rows = 301");
+                std::fs::write(p, t).unwrap();
+            }),
+            "metadata.bin",
+            "300 kernel rows",
+        ),
     ];
     for (i, (what, is_packed, corrupt, file, msg)) in cases.iter().enumerate() {
         let d = dir.join(format!("case{i}"));
@@ -383,7 +593,10 @@ fn corruptions_give_one_clear_error_naming_the_file() {
             let out = bin().arg("inspect").arg(&d).arg("--load").output().unwrap();
             assert!(!out.status.success(), "{what}");
             let err = String::from_utf8_lossy(&out.stderr);
-            let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("seistomo: error")).collect();
+            let lines: Vec<&str> = err
+                .lines()
+                .filter(|l| l.starts_with("seistomo: error"))
+                .collect();
             assert_eq!(lines.len(), 1, "{what}: {err}");
             assert!(lines[0].contains(file), "{what}: {err}");
         }
@@ -396,31 +609,110 @@ fn cli_synth_inspect_export_npy() {
     let dir = tmp("cli");
     let d = dir.join("syn");
     let out = bin()
-        .args(["synth", "--grid", "5,4,3", "--rays", "50", "--model", "spike", "--noise", "0.01", "--norm-damping", "0.1", "--layout", "per-row", "--out"])
+        .args([
+            "synth",
+            "--grid",
+            "5,4,3",
+            "--rays",
+            "50",
+            "--model",
+            "spike",
+            "--noise",
+            "0.01",
+            "--norm-damping",
+            "0.1",
+            "--layout",
+            "per-row",
+            "--out",
+        ])
         .arg(&d)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A second synth into the same place refuses (no overwrite).
     let again = bin().args(["synth", "--out"]).arg(&d).output().unwrap();
     assert!(!again.status.success());
-    let out = bin().arg("inspect").arg(&d).args(["--ranks", "1,3"]).output().unwrap();
+    let out = bin()
+        .arg("inspect")
+        .arg(&d)
+        .args(["--ranks", "1,3"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("kernel       50 rows") && text.contains("3 ranks  imbalance"), "{text}");
-    let out = bin().arg("export").arg(&d).args(["--format", "npy", "--out"]).arg(dir.join("npy")).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("kernel       50 rows") && text.contains("3 ranks  imbalance"),
+        "{text}"
+    );
+    let out = bin()
+        .arg("export")
+        .arg(&d)
+        .args(["--format", "npy", "--out"])
+        .arg(dir.join("npy"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let sys = load_dataset(&d, 0, 1).unwrap();
     let data = std::fs::read(dir.join("npy/data.npy")).unwrap();
     let hl = u16::from_le_bytes([data[8], data[9]]) as usize;
-    let vals: Vec<f64> = data[10 + hl..].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    let vals: Vec<f64> = data[10 + hl..]
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(vals, sys.a.data());
     let shape = std::fs::read(dir.join("npy/shape.npy")).unwrap();
     let hl = u16::from_le_bytes([shape[8], shape[9]]) as usize;
-    assert_eq!(i64::from_le_bytes(shape[10 + hl..18 + hl].try_into().unwrap()), sys.a.nrows() as i64);
+    assert_eq!(
+        i64::from_le_bytes(shape[10 + hl..18 + hl].try_into().unwrap()),
+        sys.a.nrows() as i64
+    );
     // Bad arguments: one line, non-zero.
-    let out = bin().arg("inspect").arg(dir.join("nothing")).output().unwrap();
+    let out = bin()
+        .arg("inspect")
+        .arg(dir.join("nothing"))
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+        1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigma_divides_rows_and_data() {
+    let dir = tmp("sigma");
+    let g = Grid::new([4, 4, 2], [0.0; 3], [1.0; 3]);
+    let k = synth::straight_ray_kernel(&g, 40, 3);
+    let b: Vec<f64> = (0..40).map(|i| i as f64 * 0.5).collect();
+    let sigma: Vec<f64> = (0..40).map(|i| 0.5 + i as f64 / 40.0).collect();
+    let mut spec = DatasetSpec::new(&k, &b);
+    spec.sigma = Some(&sigma);
+    spec.layout = Layout::PerRow;
+    write_dataset(&dir.join("s"), &spec, false).unwrap();
+    let s = load_dataset(&dir.join("s"), 0, 1).unwrap();
+    for i in 0..40 {
+        assert_eq!(s.b[i], b[i] / sigma[i]);
+        let want: Vec<f64> = k.row(i).1.iter().map(|v| v / sigma[i]).collect();
+        assert_eq!(s.a.row(i).1, &want[..]);
+    }
+    // sigma <= 0 is refused, naming the file and row.
+    patch(&dir.join("s/sigma.bin"), 32 + 8 * 9, &0.0f64.to_le_bytes());
+    let e = load_dataset(&dir.join("s"), 0, 1).unwrap_err().to_string();
+    assert!(e.contains("sigma.bin") && e.contains("row 9"), "{e}");
+    // Both weights and sigma: refused at write and in a manifest.
+    let w = vec![1.0; 40];
+    spec.weights = Some(&w);
+    let e = write_dataset(&dir.join("both"), &spec, false).unwrap_err();
+    assert!(e.to_string().contains("not both"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::io::binfmt::Precision;
 use crate::io::dataset::{OpenDataset, Regularisation};
+use crate::io::manifest::Layout;
 use crate::io::LoadOptions;
 
 #[derive(Debug, Args)]
@@ -31,6 +33,14 @@ pub struct InspectArgs {
     smoothing: [f64; 3],
 }
 
+/// println! that stops quietly on a closed pipe (`inspect | head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 fn gib(bytes: f64) -> String {
     if bytes >= (1u64 << 30) as f64 {
         format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
@@ -51,32 +61,46 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
     let m = &ds.manifest.m;
-    println!("dataset      {} ({})", ds.manifest.path.display(), m.name);
+    say!("dataset      {} ({})", ds.manifest.path.display(), m.name);
     if !m.description.is_empty() {
-        println!("description  {}", m.description);
+        say!("description  {}", m.description);
     }
-    println!(
-        "format       version {}, layout {:?}, precision {:?}, {} kernel files",
-        m.version, m.layout, m.precision, ds.meta.files
+    say!(
+        "format       version {}, layout {}, precision {}, {} kernel files",
+        m.version,
+        match m.layout {
+            Layout::PerRow => "per-row",
+            Layout::Packed => "packed",
+        },
+        match m.precision {
+            Precision::F32 => "f32",
+            Precision::F64 => "f64",
+        },
+        ds.meta.files
     );
     if let Some(g) = &m.grid {
-        println!(
+        say!(
             "grid         {} x {} x {} cells, origin {:?}, spacing {:?} {}",
-            g.n[0], g.n[1], g.n[2], g.origin, g.spacing, g.units
+            g.n[0],
+            g.n[1],
+            g.n[2],
+            g.origin,
+            g.spacing,
+            g.units
         );
     }
     let kr = ds.kernel_rows();
     let kn = ds.meta.nnz;
     let (dr, dn) = (ds.damping_rows(), ds.damping_nnz());
     let n = ds.columns() as u64;
-    println!("columns      {n}");
-    println!(
+    say!("columns      {n}");
+    say!(
         "kernel       {kr} rows, {kn} nonzeros (mean {:.1}, max {}, min {} per row)",
         kn as f64 / kr.max(1) as f64,
         ds.meta.entries.first().map_or(0, |e| e.nnz),
         ds.meta.entries.last().map_or(0, |e| e.nnz)
     );
-    println!(
+    say!(
         "damping      {dr} rows, {dn} nonzeros ({} stored in {} blocks, weight {}; {} generated from the grid)",
         ds.manifest.damping_rows(),
         ds.blocks.len(),
@@ -88,9 +112,9 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         (None, Some(_)) => "standard deviations",
         _ => "none",
     };
-    println!("row weights  {weights}");
+    say!("row weights  {weights}");
     // Histogram of kernel nnz per row in powers of two.
-    println!("nnz per kernel row:");
+    say!("nnz per kernel row:");
     let mut bins: Vec<u64> = vec![0; 65];
     for e in &ds.meta.entries {
         let b = if e.nnz == 0 {
@@ -108,22 +132,22 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             (1u64 << (b - 1), (1u64 << b) - 1)
         };
         let bar = "#".repeat(((c as f64 / maxc as f64) * 40.0).ceil() as usize);
-        println!("  {lo:>8} ..= {hi:<8} {c:>10}  {bar}");
+        say!("  {lo:>8} ..= {hi:<8} {c:>10}  {bar}");
     }
     let rows = (kr + dr) as f64;
     let nnz = (kn + dn) as f64;
     let csr = 8.0 * (rows + 1.0) + 12.0 * nnz;
     let csc = 8.0 * (n as f64 + 1.0) + 12.0 * nnz;
     let vecs = 8.0 * (2.0 * rows + 5.0 * n as f64);
-    println!("memory (whole system, f64 values, u32 columns, u64 offsets):");
-    println!(
+    say!("memory (whole system, f64 values, u32 columns, u64 offsets):");
+    say!(
         "  cpu   CSR {} + CSC copy for A^T {} + LSQR vectors {} = {}",
         gib(csr),
         gib(csc),
         gib(vecs),
         gib(csr + csc + vecs)
     );
-    println!(
+    say!(
         "  cuda  device: CSR {} + CSR of A^T {} + vectors {} = {} (host keeps the CSR: {})",
         gib(csr),
         gib(csc),
@@ -131,14 +155,14 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         gib(csr + csc + vecs),
         gib(csr)
     );
-    println!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
+    say!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
     for &r in &a.ranks {
         if r == 0 {
             continue;
         }
         let p = ds.partition(r);
         let mx = p.load.iter().max().copied().unwrap_or(0);
-        println!(
+        say!(
             "  {r:>4} ranks  imbalance {:.9}  max {mx} nnz/rank  per-rank memory ~{}",
             p.imbalance(),
             gib((csr + csc) * mx as f64 / nnz.max(1.0) + 8.0 * 5.0 * n as f64)
@@ -154,7 +178,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             loads.push(sys.a.nnz() as u64);
             tot_bytes += st.bytes;
             tot_s += st.seconds;
-            println!(
+            say!(
                 "  load rank {rank}/{size}: {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
                 sys.a.nrows(),
                 sys.a.nnz(),
@@ -167,11 +191,11 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             );
         }
         if size > 1 {
-            println!(
+            say!(
                 "  loaded nnz per rank {loads:?}: imbalance {:.9}",
                 crate::partition::imbalance(&loads)
             );
-            println!(
+            say!(
                 "  all ranks: {} in {:.3} s = {:.2} GB/s",
                 gib(tot_bytes as f64),
                 tot_s,

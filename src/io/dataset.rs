@@ -387,6 +387,11 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
             k.nrows()
         )));
     }
+    if spec.weights.is_some() && spec.sigma.is_some() {
+        return Err(bad(
+            "give data weights or standard deviations, not both".into()
+        ));
+    }
     for (what, v) in [("weights", spec.weights), ("sigma", spec.sigma)] {
         if let Some(v) = v {
             if v.len() != k.nrows() {
