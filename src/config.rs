@@ -15,6 +15,7 @@ use crate::solver::LsqrParams;
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     system: Option<RawSystem>,
+    dataset: Option<RawDataset>,
     #[serde(default)]
     solver: RawSolver,
     #[serde(default)]
@@ -33,6 +34,25 @@ struct RawSystem {
     reg: Option<PathBuf>,
     reg_weight: Option<f64>,
     x0: Option<PathBuf>,
+}
+
+/// `[dataset]`: a dataset directory instead of `[system]` (docs/datasets.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataset {
+    /// dataset.toml or its directory.
+    path: PathBuf,
+    /// Override the manifest's damping weight λ.
+    damping_weight: Option<f64>,
+    /// Regularisation generated from the grid: norm damping λ0 (FMTOMO ε, tomoDD DAMP).
+    norm_damping: Option<f64>,
+    /// First-derivative (flattening) weights along x, y, z.
+    flattening: Option<[f64; 3]>,
+    /// Second-derivative (smoothing; FMTOMO η, tomoDD SMOOTH) weights along x, y, z.
+    smoothing: Option<[f64; 3]>,
+    x0: Option<PathBuf>,
+    /// Progress bar while loading.
+    progress: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,40 +145,48 @@ impl RunConfig {
             }
         };
 
-        let sys = raw
-            .system
-            .ok_or_else(|| bad("missing [system] table (matrix = ..., rhs = ...)".into()))?;
-        let reg = sys
-            .reg
-            .as_deref()
-            .map(|p| existing("[system] reg", p))
-            .transpose()?;
-        let reg_weight = sys.reg_weight.unwrap_or(1.0);
-        if !reg_weight.is_finite() || reg_weight < 0.0 {
-            return Err(bad(format!(
-                "[system] reg_weight must be finite and >= 0 (got {reg_weight})"
-            )));
+        if raw.system.is_some() && raw.dataset.is_some() {
+            return Err(bad("give [system] or [dataset], not both".into()));
         }
-        if sys.reg_weight.is_some() && reg.is_none() {
-            return Err(bad(
-                "[system] reg_weight is set but there is no reg matrix".into()
-            ));
-        }
-        let system = SystemSource::Mtx {
-            matrix: existing("[system] matrix", &sys.matrix)?,
-            rhs: sys
-                .rhs
+        let (system, x0) = if let Some(ds) = raw.dataset {
+            dataset_source(ds, &resolve, &existing, &bad)?
+        } else {
+            let sys = raw
+                .system
+                .ok_or_else(|| bad("missing [system] table (matrix = ..., rhs = ...)".into()))?;
+            let reg = sys
+                .reg
                 .as_deref()
-                .map(|p| existing("[system] rhs", p))
-                .transpose()?,
-            reg,
-            reg_weight,
+                .map(|p| existing("[system] reg", p))
+                .transpose()?;
+            let reg_weight = sys.reg_weight.unwrap_or(1.0);
+            if !reg_weight.is_finite() || reg_weight < 0.0 {
+                return Err(bad(format!(
+                    "[system] reg_weight must be finite and >= 0 (got {reg_weight})"
+                )));
+            }
+            if sys.reg_weight.is_some() && reg.is_none() {
+                return Err(bad(
+                    "[system] reg_weight is set but there is no reg matrix".into()
+                ));
+            }
+            let system = SystemSource::Mtx {
+                matrix: existing("[system] matrix", &sys.matrix)?,
+                rhs: sys
+                    .rhs
+                    .as_deref()
+                    .map(|p| existing("[system] rhs", p))
+                    .transpose()?,
+                reg,
+                reg_weight,
+            };
+            let x0 = sys
+                .x0
+                .as_deref()
+                .map(|p| existing("[system] x0", p))
+                .transpose()?;
+            (system, x0)
         };
-        let x0 = sys
-            .x0
-            .as_deref()
-            .map(|p| existing("[system] x0", p))
-            .transpose()?;
 
         let s = raw.solver;
         if let Some(m) = &s.method {
@@ -252,6 +280,70 @@ impl RunConfig {
     }
 }
 
+/// `[dataset]` -> SystemSource::Dataset and x0.
+fn dataset_source(
+    ds: RawDataset,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    existing: &dyn Fn(&str, &Path) -> Result<PathBuf>,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<(SystemSource, Option<PathBuf>)> {
+    let path = resolve(&ds.path);
+    let manifest = if path.is_dir() {
+        path.join("dataset.toml")
+    } else {
+        path
+    };
+    if !manifest.is_file() {
+        return Err(bad(format!(
+            "[dataset] path: file '{}' not found",
+            manifest.display()
+        )));
+    }
+    let nonneg = |key: &str, v: f64| -> Result<f64> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(bad(format!(
+                "[dataset] {key} must be finite and >= 0 (got {v})"
+            )))
+        }
+    };
+    let damping_weight = ds
+        .damping_weight
+        .map(|w| nonneg("damping_weight", w))
+        .transpose()?;
+    let norm = nonneg("norm_damping", ds.norm_damping.unwrap_or(0.0))?;
+    let first = ds.flattening.unwrap_or([0.0; 3]);
+    let second = ds.smoothing.unwrap_or([0.0; 3]);
+    for (key, w) in [("flattening", first), ("smoothing", second)] {
+        for v in w {
+            nonneg(key, v)?;
+        }
+    }
+    let reg = crate::io::dataset::Regularisation {
+        norm,
+        first,
+        second,
+    };
+    let options = crate::io::LoadOptions {
+        progress: ds.progress.unwrap_or(false),
+        damping_weight,
+        regularisation: (!reg.is_empty()).then_some(reg),
+    };
+    let x0 = ds
+        .x0
+        .as_deref()
+        .map(|p| existing("[dataset] x0", p))
+        .transpose()?;
+    Ok((
+        SystemSource::Dataset {
+            path: manifest,
+            options,
+        },
+        x0,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +367,7 @@ mod tests {
             SystemSource::Mtx { matrix, .. } => {
                 assert!(matrix.ends_with("A.mtx") && matrix.starts_with(std::env::temp_dir()))
             }
+            other => panic!("expected an mtx source, got {other:?}"),
         }
         assert_eq!(c.options.params.atol, 1e-8);
         assert_eq!(c.options.params.iter_lim, Some(10));
@@ -300,6 +393,11 @@ mod tests {
                 "[system] matrix: file",
             ),
             ("[solver]\natol = 1.0\n", "missing [system]"),
+            (
+                "[system]\nmatrix = \"A.mtx\"\n[dataset]\npath = \"d\"\n",
+                "not both",
+            ),
+            ("[dataset]\npath = \"nowhere\"\n", "[dataset] path"),
             (
                 "[system]\nmatrix = \"A.mtx\"\n[backend]\nkind = \"tpu\"\n",
                 "[backend] kind",

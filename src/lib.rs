@@ -13,9 +13,11 @@ pub mod distributed;
 pub mod error;
 pub mod io;
 pub mod model;
+pub mod partition;
 pub mod run;
 pub mod solver;
 pub mod sparse;
+pub mod synth;
 pub mod testing;
 
 pub use error::{Error, Result};

@@ -46,6 +46,11 @@ pub enum SystemSource {
         reg: Option<PathBuf>,
         reg_weight: f64,
     },
+    /// A dataset directory (docs/formats.md), loaded as rank 0 of 1 by [`SystemSource::load`].
+    Dataset {
+        path: PathBuf,
+        options: crate::io::LoadOptions,
+    },
 }
 
 /// Solver settings beyond the system itself.
@@ -141,6 +146,9 @@ impl SystemSource {
                 reg,
                 reg_weight,
             } => load_mtx_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+            SystemSource::Dataset { path, options } => {
+                crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
+            }
         }
     }
 }

@@ -2,10 +2,14 @@
 //! on stderr and a non-zero exit.
 
 mod compare;
+mod export;
+mod import;
+mod inspect;
 mod invert;
 mod lcurve;
 mod plot;
 mod solve;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +34,14 @@ pub enum Command {
     Lcurve(lcurve::LcurveArgs),
     /// Run seistomo and its peers (SciPy, PETSc) on the same system and print one table.
     Compare(compare::CompareArgs),
+    /// Generate a synthetic straight-ray travel-time dataset and its true model.
+    Synth(synth::SynthArgs),
+    /// Build a dataset from Matrix Market kernel, damping matrix, data and weights.
+    Import(import::ImportArgs),
+    /// Write a dataset's assembled system as Matrix Market or NumPy files.
+    Export(export::ExportArgs),
+    /// Print a dataset's sizes, nnz histogram, memory per backend and partition imbalance.
+    Inspect(inspect::InspectArgs),
 }
 
 /// Run the parsed command line (on every rank of an MPI job).
@@ -41,6 +53,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot(a) => plot::run(a),
         Command::Lcurve(a) => lcurve::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::Synth(a) => synth::run(a),
+        Command::Import(a) => import::run(a),
+        Command::Export(a) => export::run(a),
+        Command::Inspect(a) => inspect::run(a),
     };
     end_job(comm, result)
 }

@@ -10,7 +10,17 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+pub mod binfmt;
+pub mod damping;
+pub mod dataset;
+pub mod kernel_rows;
+pub mod manifest;
+pub mod mmap;
+pub mod npy;
 pub mod petsc;
+pub mod vectors;
+
+pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
 
 /// Open a text file for buffered reading; `.gz` files are decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {

@@ -1,0 +1,233 @@
+//! Damping block files: consecutive damping rows as a small CSR (docs/formats.md).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::io::binfmt::{
+    decode_values, pad8, put_columns, put_prefix, put_u64, put_values, Precision, Reader,
+    MAGIC_DAMP,
+};
+use crate::io::kernel_rows::write_plain;
+use crate::io::mmap::MappedFile;
+use crate::sparse::Csr;
+
+/// Bytes before the row offsets.
+pub const DAMP_HEADER: usize = 56;
+
+/// Write the damping matrix `d` as `nblocks` block files `dir/damping/block_NNNN.bin` with about
+/// equal row counts. Returns the paths relative to `dir`.
+pub fn write_damping(dir: &Path, d: &Csr, nblocks: usize, prec: Precision) -> Result<Vec<PathBuf>> {
+    let sub = dir.join("damping");
+    std::fs::create_dir_all(&sub).map_err(|e| Error::io(&sub, e))?;
+    let nblocks = nblocks.clamp(1, d.nrows().max(1));
+    let m = d.nrows();
+    let mut names = Vec::new();
+    for b in 0..nblocks {
+        let (r0, r1) = (b * m / nblocks, (b + 1) * m / nblocks);
+        let rel = PathBuf::from("damping").join(format!("block_{b:04}.bin"));
+        let ip = d.indptr();
+        let (s, e) = (ip[r0] as usize, ip[r1] as usize);
+        write_plain(&dir.join(&rel), |w| {
+            put_prefix(w, &MAGIC_DAMP, prec.bytes() as u32)?;
+            put_u64(w, b as u64)?;
+            put_u64(w, r0 as u64)?;
+            put_u64(w, (r1 - r0) as u64)?;
+            put_u64(w, (e - s) as u64)?;
+            put_u64(w, d.ncols() as u64)?;
+            let mut buf = Vec::with_capacity(8 * (r1 - r0 + 1));
+            for &p in &ip[r0..=r1] {
+                buf.extend_from_slice(&(p - s as u64).to_le_bytes());
+            }
+            w.write_all(&buf)?;
+            put_columns(w, &d.indices()[s..e])?;
+            put_values(w, &d.data()[s..e], prec)
+        })?;
+        names.push(rel);
+    }
+    Ok(names)
+}
+
+/// A mapped, header-checked damping block.
+pub struct DampingBlock {
+    pub path: PathBuf,
+    map: MappedFile,
+    pub first_row: u64,
+    pub rows: u64,
+    pub nnz: u64,
+    vb: usize,
+}
+
+impl DampingBlock {
+    /// Open block number `index`, check its header against the expected first row, columns
+    /// and precision, and its length.
+    pub fn open(
+        path: &Path,
+        index: u64,
+        first_row: u64,
+        ncols: u64,
+        prec: Precision,
+    ) -> Result<DampingBlock> {
+        let map = MappedFile::open(path)?;
+        let r = Reader::new(path, map.bytes());
+        let vb = r.prefix(&MAGIC_DAMP, "damping block")? as usize;
+        let bad = |msg: String| Error::format(path, msg);
+        if vb != prec.bytes() {
+            return Err(bad(format!(
+                "values of {vb} bytes but the dataset's precision has {}",
+                prec.bytes()
+            )));
+        }
+        let idx = r.u64(16, "block index")?;
+        if idx != index {
+            return Err(bad(format!(
+                "block index {idx} but it is listed as block {index}"
+            )));
+        }
+        let fr = r.u64(24, "first row")?;
+        if fr != first_row {
+            return Err(bad(format!(
+                "first row {fr} but the blocks before it end at row {first_row}"
+            )));
+        }
+        let rows = r.count(32, "rows")?;
+        let nnz = r.count(40, "nonzeros")?;
+        let nc = r.u64(48, "columns")?;
+        if nc != ncols {
+            return Err(bad(format!("{nc} columns but the dataset has {ncols}")));
+        }
+        let end = DAMP_HEADER + 8 * (rows + 1) + pad8(4 * nnz) + pad8(vb * nnz);
+        r.exact_len(end, &format!("{rows} rows and {nnz} nonzeros"))?;
+        let mut prev = 0u64;
+        for i in 0..=rows {
+            let p = r.u64(DAMP_HEADER + 8 * i, "row offsets")?;
+            if (i == 0 && p != 0) || p < prev || p > nnz as u64 || (i == rows && p != nnz as u64) {
+                return Err(bad(format!(
+                    "damping row {}: bad row offset {p} (offsets must start at 0, not decrease and end at {nnz})",
+                    first_row + i as u64
+                )));
+            }
+            prev = p;
+        }
+        Ok(DampingBlock {
+            path: path.to_path_buf(),
+            map,
+            first_row,
+            rows: rows as u64,
+            nnz: nnz as u64,
+            vb,
+        })
+    }
+
+    /// Nonzeros of block-local rows `range` (offsets were checked at open).
+    pub fn range_nnz(&self, range: Range<u64>) -> u64 {
+        let b = self.map.bytes();
+        let at = |i: u64| {
+            let o = DAMP_HEADER + 8 * i as usize;
+            u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+        };
+        at(range.end) - at(range.start)
+    }
+
+    /// Append the block's rows `range` (block-local) scaled by `weight` to CSR arrays; returns
+    /// bytes read. Columns and values of the whole range are decoded in one pass each.
+    pub fn read_rows(
+        &self,
+        range: Range<u64>,
+        weight: f64,
+        ncols: usize,
+        indptr: &mut Vec<u64>,
+        indices: &mut Vec<u32>,
+        data: &mut Vec<f64>,
+    ) -> Result<u64> {
+        let r = Reader::new(&self.path, self.map.bytes());
+        let rows = self.rows as usize;
+        let nnz = self.nnz as usize;
+        let (r0, r1) = (range.start as usize, range.end as usize);
+        let cols_at = DAMP_HEADER + 8 * (rows + 1);
+        let vals_at = cols_at + pad8(4 * nnz);
+        // Offsets were checked at open (monotone, 0..=nnz).
+        let offs: Vec<usize> = r.data[DAMP_HEADER + 8 * r0..DAMP_HEADER + 8 * (r1 + 1)]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect();
+        let (s, e) = (offs[0], offs[offs.len() - 1]);
+        let base = indices.len();
+        let first_row = self.first_row + r0 as u64;
+        // The damping row holding local nonzero k of this range.
+        let row_of = |k: usize| first_row + (offs.partition_point(|&o| o <= s + k) - 1) as u64;
+        indices.resize(base + e - s, 0);
+        data.resize(base + e - s, 0.0);
+        let label_all = || format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
+        // Range check of every column (strict increase is checked per row below).
+        let cols = &mut indices[base..];
+        if let Err(err) = decode_columns_unordered(&r, cols_at + 4 * s, ncols, cols) {
+            return Err(match err {
+                Some(k) => Error::format(
+                    &self.path,
+                    format!(
+                        "damping row {}: column {} out of range (ncols = {ncols})",
+                        row_of(k),
+                        cols[k]
+                    ),
+                ),
+                None => Error::format(&self.path, format!("truncated: {}", label_all())),
+            });
+        }
+        for w in offs.windows(2) {
+            let row = &cols[w[0] - s..w[1] - s];
+            if let Some(p) = row.windows(2).position(|c| c[1] <= c[0]) {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "damping row {}: columns not strictly increasing at column {} (unsorted or duplicate)",
+                        row_of(w[0] - s + p + 1),
+                        row[p + 1]
+                    ),
+                ));
+            }
+        }
+        let vals = &mut data[base..];
+        decode_values(&r, vals_at + self.vb * s, self.vb, &[], vals, &label_all).map_err(|_| {
+            let k = vals.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            Error::format(
+                &self.path,
+                format!(
+                    "damping row {}, column {}: value is not finite ({})",
+                    row_of(k),
+                    cols[k],
+                    vals[k]
+                ),
+            )
+        })?;
+        if weight != 1.0 {
+            vals.iter_mut().for_each(|v| *v *= weight);
+        }
+        let shift = base as u64 - s as u64;
+        indptr.extend(offs[1..].iter().map(|&o| o as u64 + shift));
+        Ok(((r1 - r0 + 1) * 8 + (e - s) * (4 + self.vb)) as u64)
+    }
+}
+
+/// Decode column indices checking only the range; `Err(Some(k))` names the bad position,
+/// `Err(None)` a truncated file.
+fn decode_columns_unordered(
+    r: &Reader,
+    off: usize,
+    ncols: usize,
+    out: &mut [u32],
+) -> std::result::Result<(), Option<usize>> {
+    let n = out.len();
+    if off + 4 * n > r.data.len() {
+        return Err(None);
+    }
+    let mut bad = false;
+    for (o, c) in out.iter_mut().zip(r.data[off..off + 4 * n].chunks_exact(4)) {
+        *o = u32::from_le_bytes(c.try_into().unwrap());
+        bad |= *o as usize >= ncols;
+    }
+    if bad {
+        return Err(out.iter().position(|&c| c as usize >= ncols));
+    }
+    Ok(())
+}

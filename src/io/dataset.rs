@@ -1,0 +1,538 @@
+//! Whole datasets: write one from matrices, load one rank's share into a [`System`], the
+//! global row order of a rank, and the partition plan (docs/formats.md, docs/datasets.md).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::io::binfmt::Precision;
+use crate::io::damping::{write_damping, DampingBlock};
+use crate::io::kernel_rows::{read_kernel_rows, read_metadata, write_kernel, MetaEntry, Metadata};
+use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
+use crate::io::vectors::{read_vector, write_vector, VectorKind};
+use crate::model::Grid;
+use crate::partition::{partition, Partition};
+use crate::run::System;
+use crate::sparse::Csr;
+
+/// Regularisation generated from the dataset's grid at load (see [`crate::synth::regularisation`]):
+/// FMTOMO's damping ε / tomoDD's DAMP is `norm`; first-derivative (flattening) and
+/// second-derivative (smoothing, FMTOMO's η, tomoDD's SMOOTH) weights per axis x, y, z.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Regularisation {
+    pub norm: f64,
+    pub first: [f64; 3],
+    pub second: [f64; 3],
+}
+
+impl Regularisation {
+    pub fn is_empty(&self) -> bool {
+        self.norm == 0.0 && self.first == [0.0; 3] && self.second == [0.0; 3]
+    }
+}
+
+/// Options of a load.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+    /// Override the manifest's damping weight λ.
+    pub damping_weight: Option<f64>,
+    /// Damping rows generated from the grid, appended after the stored damping blocks.
+    pub regularisation: Option<Regularisation>,
+}
+
+/// What a load read and how fast.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LoadStats {
+    pub rows: usize,
+    pub nnz: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// The kernel rows alone (row files / packs decoded into the CSR).
+    pub kernel_bytes: u64,
+    pub kernel_seconds: f64,
+}
+
+impl LoadStats {
+    /// Throughput in GB/s (10^9 bytes per second).
+    pub fn gb_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A dataset opened for loading: manifest, metadata, damping block headers, generated rows.
+pub struct OpenDataset {
+    pub manifest: DatasetManifest,
+    pub meta: Metadata,
+    pub blocks: Vec<DampingBlock>,
+    /// Rows generated from the grid (after the stored damping rows).
+    pub generated: Option<Csr>,
+    pub damping_weight: f64,
+}
+
+impl OpenDataset {
+    /// Open and check the manifest, the metadata and every damping block header.
+    pub fn open(path: &Path, opts: &LoadOptions) -> Result<OpenDataset> {
+        let manifest = DatasetManifest::load(path)?;
+        let meta = read_metadata(&manifest)?;
+        let mut blocks = Vec::new();
+        if let Some(d) = &manifest.m.damping {
+            let mut first = 0u64;
+            let mut nnz = 0u64;
+            for (i, b) in d.blocks.iter().enumerate() {
+                let blk = DampingBlock::open(
+                    &manifest.resolve(b),
+                    i as u64,
+                    first,
+                    manifest.m.columns,
+                    manifest.m.precision,
+                )?;
+                first += blk.rows;
+                nnz += blk.nnz;
+                blocks.push(blk);
+            }
+            if first != d.rows || nnz != d.nnz {
+                return Err(Error::format(
+                    &manifest.path,
+                    format!(
+                        "[damping] says {} rows and {} nonzeros but the blocks hold {first} and {nnz}",
+                        d.rows, d.nnz
+                    ),
+                ));
+            }
+        }
+        let damping_weight = opts
+            .damping_weight
+            .unwrap_or_else(|| manifest.m.damping.as_ref().map_or(1.0, |d| d.weight));
+        let generated = match opts.regularisation.filter(|r| !r.is_empty()) {
+            None => None,
+            Some(r) => {
+                let g = manifest.m.grid.as_ref().ok_or_else(|| {
+                    Error::format(
+                        &manifest.path,
+                        "regularisation from the grid was asked for but the dataset has no [grid]",
+                    )
+                })?;
+                Some(crate::synth::regularisation(g, r.norm, r.first, r.second))
+            }
+        };
+        Ok(OpenDataset {
+            manifest,
+            meta,
+            blocks,
+            generated,
+            damping_weight,
+        })
+    }
+
+    /// Stored plus generated damping rows.
+    pub fn damping_rows(&self) -> u64 {
+        self.manifest.damping_rows() + self.generated.as_ref().map_or(0, |g| g.nrows() as u64)
+    }
+    pub fn damping_nnz(&self) -> u64 {
+        self.manifest.damping_nnz() + self.generated.as_ref().map_or(0, |g| g.nnz() as u64)
+    }
+    pub fn kernel_rows(&self) -> u64 {
+        self.meta.rows
+    }
+    pub fn columns(&self) -> usize {
+        self.meta.cols as usize
+    }
+
+    /// Exact nonzeros of damping rows `range` (stored blocks, then generated rows).
+    pub fn damping_range_nnz(&self, range: Range<u64>) -> u64 {
+        let mut total = 0;
+        for blk in &self.blocks {
+            let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
+            let (s, e) = (range.start.max(b0), range.end.min(b1));
+            if s < e {
+                total += blk.range_nnz((s - b0)..(e - b0));
+            }
+        }
+        if let Some(g) = &self.generated {
+            let stored = self.manifest.damping_rows();
+            let (s, e) = (range.start.max(stored), range.end.max(stored));
+            if s < e {
+                let ip = g.indptr();
+                total += ip[(e - stored) as usize] - ip[(s - stored) as usize];
+            }
+        }
+        total
+    }
+
+    /// The partition over `size` ranks (see [`crate::partition`]).
+    pub fn partition(&self, size: usize) -> Partition {
+        let rows: Vec<u64> = self.meta.entries.iter().map(|e| e.row).collect();
+        let nnz: Vec<u64> = self.meta.entries.iter().map(|e| e.nnz).collect();
+        let exact = |r: Range<u64>| self.damping_range_nnz(r);
+        partition(
+            &rows,
+            &nnz,
+            self.damping_rows(),
+            self.damping_nnz(),
+            Some(&exact),
+            size,
+        )
+    }
+
+    /// Global row indices of rank `rank`'s local rows, in local order: kernel rows (0..M) in
+    /// ascending order, then damping rows (M + d for damping row d).
+    pub fn row_order(&self, rank: usize, size: usize) -> Vec<u64> {
+        let p = self.partition(size);
+        let m = self.kernel_rows();
+        let mut order = p.kernel[rank].clone();
+        order.extend(p.damping[rank].clone().map(|d| m + d));
+        order
+    }
+
+    /// Load rank `rank`'s rows.
+    pub fn load(&self, rank: usize, size: usize, progress: bool) -> Result<(System, LoadStats)> {
+        if size == 0 || rank >= size {
+            return Err(Error::Invalid(format!(
+                "rank {rank} of {size}: rank must be < size"
+            )));
+        }
+        let t = Instant::now();
+        let dm = &self.manifest;
+        let p = self.partition(size);
+        // Metadata entry of every row.
+        let mut where_: Vec<u32> = vec![u32::MAX; self.meta.rows as usize];
+        for (k, e) in self.meta.entries.iter().enumerate() {
+            where_[e.row as usize] = k as u32;
+        }
+        let local: Vec<MetaEntry> = p.kernel[rank]
+            .iter()
+            .map(|&r| self.meta.entries[where_[r as usize] as usize])
+            .collect();
+        drop(where_);
+        let t_k = Instant::now();
+        let (mut indptr, mut indices, mut data, mut bytes) =
+            read_kernel_rows(dm, &self.meta, &local, progress)?;
+        let kernel_seconds = t_k.elapsed().as_secs_f64();
+        let kernel_bytes = bytes;
+        // b and weights follow their rows.
+        let rhs_path = dm.resolve(&dm.m.rhs);
+        let (b_all, nb) = read_vector(&rhs_path, VectorKind::Rhs, Some(self.meta.rows))?;
+        bytes += nb;
+        let mut b: Vec<f64> = local.iter().map(|e| b_all[e.row as usize]).collect();
+        drop(b_all);
+        let scale = match (&dm.m.weights, &dm.m.sigma) {
+            (Some(w), _) => {
+                let (w, n) =
+                    read_vector(&dm.resolve(w), VectorKind::Weights, Some(self.meta.rows))?;
+                bytes += n;
+                Some(
+                    local
+                        .iter()
+                        .map(|e| (w[e.row as usize], false))
+                        .collect::<Vec<_>>(),
+                )
+            }
+            (None, Some(s)) => {
+                let (s, n) = read_vector(&dm.resolve(s), VectorKind::Sigma, Some(self.meta.rows))?;
+                bytes += n;
+                Some(
+                    local
+                        .iter()
+                        .map(|e| (s[e.row as usize], true))
+                        .collect::<Vec<_>>(),
+                )
+            }
+            (None, None) => None,
+        };
+        if let Some(scale) = scale {
+            for (i, &(w, divide)) in scale.iter().enumerate() {
+                let (s, e) = (indptr[i] as usize, indptr[i + 1] as usize);
+                if divide {
+                    data[s..e].iter_mut().for_each(|v| *v /= w);
+                    b[i] /= w;
+                } else {
+                    data[s..e].iter_mut().for_each(|v| *v *= w);
+                    b[i] *= w;
+                }
+            }
+        }
+        let kernel_rows = local.len();
+        // Damping rows of this rank: stored blocks, then generated rows.
+        let range = p.damping[rank].clone();
+        let stored = dm.damping_rows();
+        let ncols = self.columns();
+        for blk in &self.blocks {
+            let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
+            let (s, e) = (range.start.max(b0), range.end.min(b1));
+            if s < e {
+                bytes += blk.read_rows(
+                    (s - b0)..(e - b0),
+                    self.damping_weight,
+                    ncols,
+                    &mut indptr,
+                    &mut indices,
+                    &mut data,
+                )?;
+            }
+        }
+        if let Some(g) = &self.generated {
+            let gr: Range<u64> = range.start.max(stored)..range.end.max(stored);
+            for i in gr {
+                let (c, v) = g.row((i - stored) as usize);
+                indices.extend_from_slice(c);
+                data.extend_from_slice(v);
+                indptr.push(indices.len() as u64);
+            }
+        }
+        let nrows = indptr.len() - 1;
+        b.resize(nrows, 0.0);
+        let a = Csr::from_trusted(nrows, ncols, indptr, indices, data);
+        let stats = LoadStats {
+            rows: a.nrows(),
+            nnz: a.nnz(),
+            bytes,
+            seconds: t.elapsed().as_secs_f64(),
+            kernel_bytes,
+            kernel_seconds,
+        };
+        Ok((System { a, b, kernel_rows }, stats))
+    }
+}
+
+/// Load rank `rank` of `size`'s rows of the dataset at `path` (a dataset.toml or its
+/// directory). The single-process case is rank 0 of 1: all rows in the original order.
+pub fn load_dataset(path: &Path, rank: usize, size: usize) -> Result<System> {
+    load_dataset_with(path, rank, size, &LoadOptions::default()).map(|(s, _)| s)
+}
+
+/// [`load_dataset`] with options; also returns the load statistics.
+pub fn load_dataset_with(
+    path: &Path,
+    rank: usize,
+    size: usize,
+    opts: &LoadOptions,
+) -> Result<(System, LoadStats)> {
+    let t = Instant::now();
+    let ds = OpenDataset::open(path, opts)?;
+    let (sys, mut stats) = ds.load(rank, size, opts.progress)?;
+    stats.seconds = t.elapsed().as_secs_f64();
+    Ok((sys, stats))
+}
+
+/// Global row indices of rank `rank`'s local rows (kernel rows 0..M, damping rows M + d), so a
+/// result gathered from the ranks can be put back in dataset order.
+pub fn global_row_order(
+    path: &Path,
+    rank: usize,
+    size: usize,
+    opts: &LoadOptions,
+) -> Result<Vec<u64>> {
+    Ok(OpenDataset::open(path, opts)?.row_order(rank, size))
+}
+
+/// Everything needed to write a dataset.
+pub struct DatasetSpec<'a> {
+    pub name: String,
+    pub description: String,
+    pub kernel: &'a Csr,
+    pub rhs: &'a [f64],
+    pub weights: Option<&'a [f64]>,
+    pub sigma: Option<&'a [f64]>,
+    /// Stored damping rows (unscaled) and their weight λ.
+    pub damping: Option<&'a Csr>,
+    pub damping_weight: f64,
+    pub damping_blocks: usize,
+    pub grid: Option<Grid>,
+    pub true_model: Option<&'a [f64]>,
+    pub layout: Layout,
+    pub precision: Precision,
+    /// Target size of a pack file (packed layout).
+    pub pack_bytes: u64,
+}
+
+impl<'a> DatasetSpec<'a> {
+    /// A spec with defaults: packed, f64, 64 MiB packs, no damping or weights.
+    pub fn new(kernel: &'a Csr, rhs: &'a [f64]) -> Self {
+        DatasetSpec {
+            name: String::new(),
+            description: String::new(),
+            kernel,
+            rhs,
+            weights: None,
+            sigma: None,
+            damping: None,
+            damping_weight: 1.0,
+            damping_blocks: 1,
+            grid: None,
+            true_model: None,
+            layout: Layout::Packed,
+            precision: Precision::F64,
+            pack_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Write a dataset directory `out` (which must not exist or be empty). Everything is written
+/// into a hidden sibling directory that is renamed to `out` when complete, so an interrupted
+/// write leaves no dataset behind.
+pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<PathBuf> {
+    let k = spec.kernel;
+    let bad = |msg: String| Error::Invalid(msg);
+    if spec.rhs.len() != k.nrows() {
+        return Err(bad(format!(
+            "b has {} values but the kernel has {} rows",
+            spec.rhs.len(),
+            k.nrows()
+        )));
+    }
+    if spec.weights.is_some() && spec.sigma.is_some() {
+        return Err(bad(
+            "give data weights or standard deviations, not both".into()
+        ));
+    }
+    for (what, v) in [("weights", spec.weights), ("sigma", spec.sigma)] {
+        if let Some(v) = v {
+            if v.len() != k.nrows() {
+                return Err(bad(format!(
+                    "{what} has {} values but the kernel has {} rows",
+                    v.len(),
+                    k.nrows()
+                )));
+            }
+        }
+    }
+    if let Some(d) = spec.damping {
+        if d.ncols() != k.ncols() {
+            return Err(bad(format!(
+                "the damping matrix has {} columns but the kernel has {}",
+                d.ncols(),
+                k.ncols()
+            )));
+        }
+    }
+    if let Some(g) = &spec.grid {
+        if g.ncells() != k.ncols() {
+            return Err(bad(format!(
+                "the grid has {} cells but the kernel has {} columns",
+                g.ncells(),
+                k.ncols()
+            )));
+        }
+    }
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map_err(|e| Error::io(out, e))?
+            .next()
+            .is_some()
+    {
+        return Err(Error::format(
+            out,
+            "exists and is not empty (remove it or choose another output directory)",
+        ));
+    }
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "dataset".into());
+    let tmp = parent.join(format!(".{name}.partial{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = (|| -> Result<()> {
+        write_kernel(
+            &tmp,
+            Path::new("kernel"),
+            Path::new("metadata.bin"),
+            k,
+            spec.layout,
+            spec.precision,
+            spec.pack_bytes,
+            progress,
+        )?;
+        write_vector(
+            &tmp.join("b.bin"),
+            VectorKind::Rhs,
+            spec.rhs,
+            Precision::F64,
+        )?;
+        if let Some(w) = spec.weights {
+            write_vector(
+                &tmp.join("weights.bin"),
+                VectorKind::Weights,
+                w,
+                Precision::F64,
+            )?;
+        }
+        if let Some(s) = spec.sigma {
+            write_vector(&tmp.join("sigma.bin"), VectorKind::Sigma, s, Precision::F64)?;
+        }
+        if let Some(m) = spec.true_model {
+            write_vector(
+                &tmp.join("true_model.bin"),
+                VectorKind::Model,
+                m,
+                Precision::F64,
+            )?;
+        }
+        let damping = match spec.damping {
+            Some(d) => Some(DampingManifest {
+                blocks: write_damping(&tmp, d, spec.damping_blocks, spec.precision)?,
+                rows: d.nrows() as u64,
+                nnz: d.nnz() as u64,
+                weight: spec.damping_weight,
+            }),
+            None => None,
+        };
+        let m = Manifest {
+            format: FORMAT_NAME.into(),
+            version: crate::io::binfmt::VERSION,
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            columns: k.ncols() as u64,
+            kernel_rows: k.nrows() as u64,
+            kernel_nnz: k.nnz() as u64,
+            precision: spec.precision,
+            layout: spec.layout,
+            metadata: "metadata.bin".into(),
+            kernel_dir: "kernel".into(),
+            rhs: "b.bin".into(),
+            weights: spec.weights.map(|_| "weights.bin".into()),
+            sigma: spec.sigma.map(|_| "sigma.bin".into()),
+            true_model: spec.true_model.map(|_| "true_model.bin".into()),
+            damping,
+            grid: spec.grid.clone(),
+        };
+        let text = toml::to_string(&m).map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
+        let mpath = tmp.join("dataset.toml");
+        crate::io::write_atomic(&mpath, |w| w.write_all(text.as_bytes()))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if out.exists() {
+        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+    }
+    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+    Ok(out.join("dataset.toml"))
+}
+
+/// Read a dataset's true model (synthetic datasets), if it has one.
+pub fn read_true_model(path: &Path) -> Result<Option<Vec<f64>>> {
+    let dm = DatasetManifest::load(path)?;
+    match &dm.m.true_model {
+        None => Ok(None),
+        Some(p) => Ok(Some(
+            read_vector(&dm.resolve(p), VectorKind::Model, Some(dm.m.columns))?.0,
+        )),
+    }
+}

@@ -1,0 +1,449 @@
+//! Kernel rows on disk: the metadata file (rows with their nnz, descending), per-row files and
+//! packed files (docs/formats.md), written from a CSR and read back into a local CSR.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::io::binfmt::{
+    decode_record, put_prefix, put_record, put_u64, record_size, Precision, Reader, MAGIC_META,
+    MAGIC_PACK, MAGIC_ROW,
+};
+use crate::io::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
+use crate::io::mmap::MappedFile;
+use crate::partition::descending_order;
+use crate::sparse::Csr;
+
+/// Bytes of the metadata header and of one entry.
+pub const META_HEADER: usize = 48;
+pub const META_ENTRY: usize = 32;
+/// Bytes of the pack header and of one row-table entry.
+pub const PACK_HEADER: usize = 48;
+pub const PACK_ENTRY: usize = 24;
+/// Bytes before the record in a per-row file.
+pub const ROW_HEADER: usize = 16;
+
+/// One kernel row as the metadata lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaEntry {
+    pub row: u64,
+    pub nnz: u64,
+    /// Pack number (packed) or the row itself (per-row).
+    pub file: u64,
+    /// Byte offset of the row record in its file.
+    pub offset: u64,
+}
+
+/// The parsed, validated metadata file.
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    pub path: PathBuf,
+    pub layout: Layout,
+    pub rows: u64,
+    pub cols: u64,
+    pub nnz: u64,
+    pub files: u64,
+    /// Entries in file order: descending nnz.
+    pub entries: Vec<MetaEntry>,
+}
+
+fn layout_code(l: Layout) -> u32 {
+    match l {
+        Layout::PerRow => 0,
+        Layout::Packed => 1,
+    }
+}
+
+/// Read and validate the metadata against the manifest.
+pub fn read_metadata(dm: &DatasetManifest) -> Result<Metadata> {
+    let path = dm.resolve(&dm.m.metadata);
+    let map = MappedFile::open(&path)?;
+    let r = Reader::new(&path, map.bytes());
+    let code = r.prefix(&MAGIC_META, "metadata")?;
+    let layout = match code {
+        0 => Layout::PerRow,
+        1 => Layout::Packed,
+        c => {
+            return Err(Error::format(
+                &path,
+                format!("layout code {c} is neither 0 (per-row) nor 1 (packed)"),
+            ))
+        }
+    };
+    let bad = |msg: String| Error::format(&path, msg);
+    if layout != dm.m.layout {
+        return Err(bad(format!(
+            "layout {layout:?} but {} says {:?}",
+            dm.path.display(),
+            dm.m.layout
+        )));
+    }
+    let rows = r.count(16, "kernel rows")?;
+    let cols = r.u64(24, "columns")?;
+    let nnz = r.u64(32, "nonzeros")?;
+    let files = r.u64(40, "file count")?;
+    for (what, got, want) in [
+        ("kernel rows", rows as u64, dm.m.kernel_rows),
+        ("columns", cols, dm.m.columns),
+        ("nonzeros", nnz, dm.m.kernel_nnz),
+    ] {
+        if got != want {
+            return Err(bad(format!(
+                "{got} {what} but {} says {want}",
+                dm.path.display()
+            )));
+        }
+    }
+    r.exact_len(META_HEADER + META_ENTRY * rows, &format!("{rows} entries"))?;
+    let mut entries = Vec::with_capacity(rows);
+    let mut seen = vec![false; rows];
+    let mut total = 0u64;
+    let mut prev_nnz = u64::MAX;
+    for k in 0..rows {
+        let o = META_HEADER + META_ENTRY * k;
+        let e = MetaEntry {
+            row: r.u64(o, "entry")?,
+            nnz: r.u64(o + 8, "entry")?,
+            file: r.u64(o + 16, "entry")?,
+            offset: r.u64(o + 24, "entry")?,
+        };
+        if e.row >= rows as u64 {
+            return Err(bad(format!(
+                "entry {k}: row {} out of range (kernel rows = {rows})",
+                e.row
+            )));
+        }
+        if std::mem::replace(&mut seen[e.row as usize], true) {
+            return Err(bad(format!("entry {k}: duplicate row index {}", e.row)));
+        }
+        if e.nnz > cols {
+            return Err(bad(format!(
+                "entry {k}: row {} has {} nonzeros but there are only {cols} columns",
+                e.row, e.nnz
+            )));
+        }
+        if e.nnz > prev_nnz {
+            return Err(bad(format!(
+                "entry {k}: row {} ({} nonzeros) breaks the descending nnz order",
+                e.row, e.nnz
+            )));
+        }
+        prev_nnz = e.nnz;
+        match layout {
+            Layout::PerRow if e.file != e.row || e.offset != ROW_HEADER as u64 => {
+                return Err(bad(format!(
+                    "entry {k}: row {} must name file {} at offset {ROW_HEADER} (got file {}, offset {})",
+                    e.row, e.row, e.file, e.offset
+                )))
+            }
+            Layout::Packed if e.file >= files => {
+                return Err(bad(format!(
+                    "entry {k}: row {} in pack {} but there are {files} packs",
+                    e.row, e.file
+                )))
+            }
+            _ => {}
+        }
+        total += e.nnz;
+        entries.push(e);
+    }
+    if total != nnz {
+        return Err(bad(format!(
+            "the entries hold {total} nonzeros but the header says {nnz}"
+        )));
+    }
+    Ok(Metadata {
+        path,
+        layout,
+        rows: rows as u64,
+        cols,
+        nnz,
+        files,
+        entries,
+    })
+}
+
+/// Write the kernel `a` into `dir/<kernel_dir>` and `dir/<metadata>`; returns the entries.
+#[allow(clippy::too_many_arguments)]
+pub fn write_kernel(
+    dir: &Path,
+    kernel_dir: &Path,
+    metadata: &Path,
+    a: &Csr,
+    layout: Layout,
+    prec: Precision,
+    pack_bytes: u64,
+    progress: bool,
+) -> Result<Vec<MetaEntry>> {
+    let kdir = dir.join(kernel_dir);
+    std::fs::create_dir_all(&kdir).map_err(|e| Error::io(&kdir, e))?;
+    let nnz: Vec<u64> = (0..a.nrows())
+        .map(|i| a.indptr()[i + 1] - a.indptr()[i])
+        .collect();
+    let order = descending_order(&nnz);
+    let vb = prec.bytes();
+    let pb = crate::synth::progress_bar(a.nnz() as u64, "writing", progress);
+    let mut entries: Vec<MetaEntry> = Vec::with_capacity(a.nrows());
+    match layout {
+        Layout::PerRow => {
+            entries = order
+                .iter()
+                .map(|&i| MetaEntry {
+                    row: i as u64,
+                    nnz: nnz[i],
+                    file: i as u64,
+                    offset: ROW_HEADER as u64,
+                })
+                .collect();
+            entries.par_iter().try_for_each(|e| {
+                let p = kdir.join(row_file_name(e.row));
+                let (c, v) = a.row(e.row as usize);
+                write_plain(&p, |w| {
+                    put_prefix(w, &MAGIC_ROW, vb as u32)?;
+                    put_record(w, e.row, c, v, prec)
+                })?;
+                pb.inc(e.nnz);
+                Ok::<(), Error>(())
+            })?;
+        }
+        Layout::Packed => {
+            // Consecutive runs of the metadata order, each about `pack_bytes`.
+            let mut packs: Vec<Vec<usize>> = vec![Vec::new()];
+            let mut bytes = 0u64;
+            for &i in &order {
+                let s = record_size(nnz[i] as usize, vb) as u64;
+                if bytes > 0 && bytes + s > pack_bytes {
+                    packs.push(Vec::new());
+                    bytes = 0;
+                }
+                packs.last_mut().unwrap().push(i);
+                bytes += s;
+            }
+            if order.is_empty() {
+                packs.clear();
+            }
+            let per_pack: Vec<Vec<MetaEntry>> = packs
+                .par_iter()
+                .enumerate()
+                .map(|(p, rows)| {
+                    let mut off = (PACK_HEADER + PACK_ENTRY * rows.len()) as u64;
+                    let es: Vec<MetaEntry> = rows
+                        .iter()
+                        .map(|&i| {
+                            let e = MetaEntry {
+                                row: i as u64,
+                                nnz: nnz[i],
+                                file: p as u64,
+                                offset: off,
+                            };
+                            off += record_size(nnz[i] as usize, vb) as u64;
+                            e
+                        })
+                        .collect();
+                    let path = kdir.join(pack_file_name(p as u64));
+                    write_plain(&path, |w| {
+                        put_prefix(w, &MAGIC_PACK, vb as u32)?;
+                        put_u64(w, p as u64)?;
+                        put_u64(w, rows.len() as u64)?;
+                        put_u64(w, es.iter().map(|e| e.nnz).sum())?;
+                        put_u64(w, 0)?;
+                        for e in &es {
+                            put_u64(w, e.row)?;
+                            put_u64(w, e.nnz)?;
+                            put_u64(w, e.offset)?;
+                        }
+                        for e in &es {
+                            let (c, v) = a.row(e.row as usize);
+                            put_record(w, e.row, c, v, prec)?;
+                            pb.inc(e.nnz);
+                        }
+                        Ok(())
+                    })?;
+                    Ok(es)
+                })
+                .collect::<Result<_>>()?;
+            entries.extend(per_pack.into_iter().flatten());
+        }
+    }
+    pb.finish_and_clear();
+    let nfiles = match layout {
+        Layout::PerRow => a.nrows() as u64,
+        Layout::Packed => entries.last().map_or(0, |e| e.file + 1),
+    };
+    let mpath = dir.join(metadata);
+    write_plain(&mpath, |w| {
+        put_prefix(w, &MAGIC_META, layout_code(layout))?;
+        put_u64(w, a.nrows() as u64)?;
+        put_u64(w, a.ncols() as u64)?;
+        put_u64(w, a.nnz() as u64)?;
+        put_u64(w, nfiles)?;
+        for e in &entries {
+            put_u64(w, e.row)?;
+            put_u64(w, e.nnz)?;
+            put_u64(w, e.file)?;
+            put_u64(w, e.offset)?;
+        }
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
+/// Write a file inside a dataset being built (the whole directory is renamed into place at the
+/// end, so single files need no atomic rename).
+pub fn write_plain<F>(path: &Path, body: F) -> Result<()>
+where
+    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+{
+    let r = (|| {
+        let f = std::fs::File::create(path)?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        body(&mut w)?;
+        w.flush()
+    })();
+    r.map_err(|e| Error::io(path, e))
+}
+
+/// Check a pack file's header and row table; returns its value size.
+fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize) -> Result<()> {
+    let r = Reader::new(path, bytes);
+    let got_vb = r.prefix(&MAGIC_PACK, "kernel pack")? as usize;
+    if got_vb != vb {
+        return Err(Error::format(
+            path,
+            format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
+        ));
+    }
+    let idx = r.u64(16, "pack index")?;
+    if idx != pack {
+        return Err(Error::format(
+            path,
+            format!("pack index {idx} but the file is listed as pack {pack}"),
+        ));
+    }
+    let nr = r.count(24, "rows in pack")?;
+    r.need(PACK_HEADER, PACK_ENTRY * nr, "the row table")?;
+    let mut off = PACK_HEADER + PACK_ENTRY * nr;
+    for k in 0..nr {
+        let o = PACK_HEADER + PACK_ENTRY * k;
+        let nnz = r.count(o + 8, "row table entry")?;
+        let at = r.u64(o + 16, "row table entry")?;
+        if at != off as u64 {
+            return Err(Error::format(
+                path,
+                format!("row table entry {k}: offset {at}, expected {off}"),
+            ));
+        }
+        off += record_size(nnz, vb);
+    }
+    r.exact_len(off, &format!("{nr} row records"))
+}
+
+/// CSR arrays of some rows (indptr, indices, data) and the bytes read.
+pub type RowsRead = (Vec<u64>, Vec<u32>, Vec<f64>, u64);
+
+/// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays.
+/// Returns (indptr, indices, data, bytes read).
+pub fn read_kernel_rows(
+    dm: &DatasetManifest,
+    meta: &Metadata,
+    local: &[MetaEntry],
+    progress: bool,
+) -> Result<RowsRead> {
+    let vb = dm.m.precision.bytes();
+    let ncols = meta.cols as usize;
+    let kdir = dm.resolve(&dm.m.kernel_dir);
+    let mut indptr = Vec::with_capacity(local.len() + 1);
+    indptr.push(0u64);
+    for e in local {
+        indptr.push(indptr.last().unwrap() + e.nnz);
+    }
+    let nnz = *indptr.last().unwrap() as usize;
+    let mut indices = vec![0u32; nnz];
+    let mut data = vec![0f64; nnz];
+    let bytes_read = AtomicU64::new(0);
+    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
+    // Packs this rank touches, opened and checked once.
+    let packs: Vec<Option<MappedFile>> = if meta.layout == Layout::Packed {
+        let mut need = vec![false; meta.files as usize];
+        for e in local {
+            need[e.file as usize] = true;
+        }
+        need.par_iter()
+            .enumerate()
+            .map(|(p, &n)| {
+                if !n {
+                    return Ok(None);
+                }
+                let path = kdir.join(pack_file_name(p as u64));
+                let map = MappedFile::open_populated(&path)?;
+                check_pack(&path, map.bytes(), p as u64, vb)?;
+                Ok(Some(map))
+            })
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let pack_paths: Vec<PathBuf> = (0..packs.len() as u64)
+        .map(|p| kdir.join(pack_file_name(p)))
+        .collect();
+    // Disjoint output slices, one per row.
+    let mut jobs: Vec<(&MetaEntry, &mut [u32], &mut [f64])> = Vec::with_capacity(local.len());
+    {
+        let (mut ri, mut rv) = (&mut indices[..], &mut data[..]);
+        for e in local {
+            let k = e.nnz as usize;
+            let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
+            let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
+            ri = rest_i;
+            rv = rest_v;
+            jobs.push((e, a, b));
+        }
+    }
+    jobs.par_iter_mut()
+        .with_min_len(64)
+        .try_for_each(|(e, cols, vals)| {
+            match meta.layout {
+                Layout::PerRow => {
+                    let path = kdir.join(row_file_name(e.row));
+                    let map = MappedFile::open_small(&path).map_err(|err| match err {
+                        Error::Io { source, .. } => Error::format(
+                            &path,
+                            format!("kernel row {} listed in the metadata: {source}", e.row),
+                        ),
+                        other => other,
+                    })?;
+                    let r = Reader::new(&path, map.bytes());
+                    let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
+                    if got_vb != vb {
+                        return Err(Error::format(
+                            &path,
+                            format!(
+                                "values of {got_vb} bytes but the dataset's precision has {vb}"
+                            ),
+                        ));
+                    }
+                    decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
+                    r.exact_len(
+                        ROW_HEADER + record_size(e.nnz as usize, vb),
+                        &format!("kernel row {}", e.row),
+                    )?;
+                    bytes_read.fetch_add(map.bytes().len() as u64, Ordering::Relaxed);
+                }
+                Layout::Packed => {
+                    let p = e.file as usize;
+                    let map = packs[p].as_ref().expect("pack opened above");
+                    let r = Reader::new(&pack_paths[p], map.bytes());
+                    decode_record(&r, e.offset as usize, e.row, vb, ncols, cols, vals)?;
+                    bytes_read.fetch_add(record_size(e.nnz as usize, vb) as u64, Ordering::Relaxed);
+                }
+            }
+            pb.inc(e.nnz);
+            Ok(())
+        })?;
+    pb.finish_and_clear();
+    drop(jobs);
+    Ok((indptr, indices, data, bytes_read.into_inner()))
+}

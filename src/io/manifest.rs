@@ -1,0 +1,183 @@
+//! `dataset.toml`: the manifest of a dataset directory (docs/formats.md).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::io::binfmt::{Precision, VERSION};
+use crate::model::Grid;
+
+/// The `format` value of every manifest.
+pub const FORMAT_NAME: &str = "seistomo-dataset";
+
+/// How kernel rows are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// One file per kernel row: `<kernel_dir>/row_<row:010>.bin`.
+    PerRow,
+    /// Many rows per file: `<kernel_dir>/pack_<pack:05>.bin` with a row table.
+    Packed,
+}
+
+impl std::str::FromStr for Layout {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "per-row" => Ok(Layout::PerRow),
+            "packed" => Ok(Layout::Packed),
+            _ => Err(format!("unknown layout '{s}' (per-row, packed)")),
+        }
+    }
+}
+
+/// The `[damping]` table: stored damping blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DampingManifest {
+    /// Block files in order (their rows follow each other).
+    pub blocks: Vec<PathBuf>,
+    /// Total damping rows and nonzeros over all blocks.
+    pub rows: u64,
+    pub nnz: u64,
+    /// λ: every damping value is multiplied by it at load (default 1).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The manifest as written in `dataset.toml`. Paths are relative to its directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Model parameters (columns of every row).
+    pub columns: u64,
+    pub kernel_rows: u64,
+    pub kernel_nnz: u64,
+    /// Value precision of kernel and damping files.
+    pub precision: Precision,
+    pub layout: Layout,
+    pub metadata: PathBuf,
+    pub kernel_dir: PathBuf,
+    /// Data vector b (one value per kernel row).
+    pub rhs: PathBuf,
+    /// Optional per-row data weights w (row i and b_i are multiplied by w_i).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<PathBuf>,
+    /// Optional per-row standard deviations σ (row i and b_i are divided by σ_i).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma: Option<PathBuf>,
+    /// Optional true model (synthetic datasets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub true_model: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damping: Option<DampingManifest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid: Option<Grid>,
+}
+
+/// A manifest read from disk, with its directory.
+#[derive(Debug, Clone)]
+pub struct DatasetManifest {
+    /// The manifest file.
+    pub path: PathBuf,
+    pub dir: PathBuf,
+    pub m: Manifest,
+}
+
+impl DatasetManifest {
+    /// Read `path` (a dataset.toml, or a directory holding one) and check it.
+    pub fn load(path: &Path) -> Result<DatasetManifest> {
+        let path = if path.is_dir() {
+            path.join("dataset.toml")
+        } else {
+            path.to_path_buf()
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let m: Manifest = toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                .unwrap_or(0);
+            Error::parse(&path, line, e.message().replace('\n', " "))
+        })?;
+        let bad = |msg: String| Error::format(&path, msg);
+        if m.format != FORMAT_NAME {
+            return Err(bad(format!(
+                "format = '{}' is not a seistomo dataset (expected '{FORMAT_NAME}')",
+                m.format
+            )));
+        }
+        if m.version != VERSION {
+            return Err(bad(format!(
+                "dataset version {} is not supported (this build reads version {VERSION})",
+                m.version
+            )));
+        }
+        if m.columns == 0 || m.columns > u32::MAX as u64 + 1 {
+            return Err(bad(format!("columns = {} must be in 1..=2^32", m.columns)));
+        }
+        if m.weights.is_some() && m.sigma.is_some() {
+            return Err(bad("give weights or sigma, not both".into()));
+        }
+        if let Some(d) = &m.damping {
+            if !d.weight.is_finite() || d.weight < 0.0 {
+                return Err(bad(format!(
+                    "[damping] weight must be finite and >= 0 (got {})",
+                    d.weight
+                )));
+            }
+        }
+        if let Some(g) = &m.grid {
+            if g.ncells() as u64 != m.columns {
+                return Err(bad(format!(
+                    "[grid] has {} cells but columns = {}",
+                    g.ncells(),
+                    m.columns
+                )));
+            }
+        }
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Ok(DatasetManifest { path, dir, m })
+    }
+
+    /// A path of the manifest, resolved against its directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    /// Rows of the stored damping blocks.
+    pub fn damping_rows(&self) -> u64 {
+        self.m.damping.as_ref().map_or(0, |d| d.rows)
+    }
+    pub fn damping_nnz(&self) -> u64 {
+        self.m.damping.as_ref().map_or(0, |d| d.nnz)
+    }
+}
+
+/// The name of kernel row file `row` (per-row layout).
+pub fn row_file_name(row: u64) -> String {
+    format!("row_{row:010}.bin")
+}
+
+/// The name of pack file `pack`.
+pub fn pack_file_name(pack: u64) -> String {
+    format!("pack_{pack:05}.bin")
+}

@@ -1,0 +1,97 @@
+//! Read-only memory maps of dataset files: the one place in the I/O layer with `unsafe`. Small
+//! files (per-row kernel files) are read instead: a map costs more than a read below 64 KiB.
+
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+/// A read-only view of a whole file: memory-mapped, or an empty slice for an empty file (a
+/// zero-length map is an error on some systems).
+pub struct MappedFile {
+    map: Option<Mmap>,
+    /// Small files are read into memory instead (a map costs more than a read below ~64 KiB).
+    owned: Vec<u8>,
+}
+
+/// Files below this size are read, not mapped.
+const SMALL: u64 = 64 << 10;
+
+impl MappedFile {
+    /// Map `path` read-only. Errors name the file.
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile {
+                map: None,
+                owned: Vec::new(),
+            });
+        }
+        // SAFETY: the map is read-only and private to this process. Dataset files are written
+        // atomically (temporary file + rename) and never modified in place by seistomo; if
+        // another program truncates or rewrites a file while it is mapped, reads may see the
+        // new bytes or fault (SIGBUS), which memmap2 documents as the caller's responsibility.
+        // Every byte read through the map is validated (magic, counts, ranges, finiteness)
+        // before it is trusted, so changed contents cannot cause undefined behaviour in Rust
+        // code, only wrong values or a load error.
+        let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile {
+            map: Some(map),
+            owned: Vec::new(),
+        })
+    }
+
+    /// Read `path` into memory when it is small (per-row kernel files), else map it.
+    pub fn open_small(path: &Path) -> Result<MappedFile> {
+        use std::io::Read;
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len >= SMALL {
+            return Self::open(path);
+        }
+        let mut owned = Vec::with_capacity(len as usize);
+        f.read_to_end(&mut owned).map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: None, owned })
+    }
+
+    /// Map `path` read-only and populate the page tables up front (one system call instead of
+    /// a page fault per 4 KiB page; for files that will be read in full).
+    pub fn open_populated(path: &Path) -> Result<MappedFile> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile {
+                map: None,
+                owned: Vec::new(),
+            });
+        }
+        // SAFETY: as in `open`: a read-only private map of a file written atomically by
+        // seistomo, every byte validated before use; external modification while mapped is
+        // the caller's responsibility (memmap2's documented contract).
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }
+            .map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile {
+            map: Some(map),
+            owned: Vec::new(),
+        })
+    }
+
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.map {
+            Some(m) => m,
+            None => &self.owned,
+        }
+    }
+
+    /// Advise the kernel that the file will be read sequentially (a hint; errors ignored).
+    pub fn advise_sequential(&self) {
+        #[cfg(unix)]
+        if let Some(m) = &self.map {
+            let _ = m.advise(memmap2::Advice::Sequential);
+        }
+    }
+}
