@@ -52,6 +52,7 @@ struct RawBackend {
     kind: Option<String>,
     transpose: Option<String>,
     threads: Option<i64>,
+    precision: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,6 +202,13 @@ impl RunConfig {
             Some(t) => return Err(bad(format!("[backend] threads must be > 0 (got {t})"))),
         };
 
+        let precision = match b.precision.as_deref() {
+            None => crate::backend::Precision::F64,
+            Some(p) => p
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] precision: {e}")))?,
+        };
+
         let o = raw.output;
         let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
         let name =
@@ -222,6 +230,7 @@ impl RunConfig {
             backend,
             transpose,
             threads,
+            precision,
         };
         Ok(RunConfig {
             path: path.to_path_buf(),

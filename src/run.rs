@@ -7,7 +7,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
-use crate::backend::{Backend, Operator, TransposeStrategy};
+use crate::backend::cuda::{CudaBackend, CudaCsrOperator};
+use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::{write_atomic, write_vector_text};
@@ -60,6 +61,8 @@ pub struct SolveOptions {
     pub transpose: TransposeStrategy,
     /// CPU threads (default: rayon's, i.e. the cores or RAYON_NUM_THREADS).
     pub threads: Option<usize>,
+    /// Matrix value precision on the GPU (vectors stay f64; the CPU backend uses f64).
+    pub precision: Precision,
 }
 
 /// Output files; `None` skips one.
@@ -198,14 +201,20 @@ pub struct Outcome {
 pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
     match choice {
         BackendChoice::Cpu => Ok((BackendChoice::Cpu, "cpu requested".into())),
-        BackendChoice::Cuda => Err(Error::backend(
-            "cuda",
-            "this build has no CUDA backend yet; use --backend cpu",
-        )),
-        BackendChoice::Auto => Ok((
-            BackendChoice::Cpu,
-            "auto: no CUDA backend in this build, using the CPU".into(),
-        )),
+        BackendChoice::Cuda => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("cuda requested: {dev}"))),
+            Err(why) => Err(Error::backend(
+                "cuda",
+                format!("no usable CUDA GPU ({why}); use --backend cpu"),
+            )),
+        },
+        BackendChoice::Auto => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("auto: CUDA usable, {dev}"))),
+            Err(why) => Ok((
+                BackendChoice::Cpu,
+                format!("auto: no usable CUDA GPU ({why}), using the CPU"),
+            )),
+        },
     }
 }
 
@@ -310,7 +319,23 @@ pub fn solve_system(
             )?;
             (s, h, be.describe(), op.strategy().to_string(), setup)
         }
-        BackendChoice::Cuda => unreachable!("choose_backend refuses cuda in this build"),
+        BackendChoice::Cuda => {
+            let be = CudaBackend::new(0)?;
+            let op = CudaCsrOperator::new(&be, &a, opts.transpose, opts.precision)?;
+            drop(a);
+            let setup = t_setup.elapsed().as_secs_f64();
+            let (s, h) = solve_on(
+                &be,
+                &op,
+                comm,
+                &b,
+                x0.as_deref(),
+                &opts.params,
+                progress_every,
+            )?;
+            let strategy = format!("{} ({} values)", op.strategy(), op.precision());
+            (s, h, be.describe(), strategy, setup)
+        }
     };
     if let Some(d) = &scale {
         solution.x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);

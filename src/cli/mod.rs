@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+pub mod bench;
 mod invert;
 mod solve;
 
@@ -21,6 +22,8 @@ pub enum Command {
     Solve(solve::SolveArgs),
     /// Run an inversion described by a TOML config file.
     Invert(invert::InvertArgs),
+    /// Time LSQR iterations per backend / transpose / precision on a synthetic or given system.
+    Bench(bench::BenchArgs),
 }
 
 /// Run the parsed command line.
@@ -28,6 +31,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Solve(a) => solve::run(a),
         Command::Invert(a) => invert::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }
 

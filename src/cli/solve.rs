@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::backend::TransposeStrategy;
+use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::SerialComm;
 use crate::run::{self, BackendChoice, OutputPaths, SolveOptions};
 use crate::solver::LsqrParams;
@@ -57,6 +57,9 @@ pub struct SolveArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Matrix value precision on the GPU: f64 or f32 (vectors and sums stay f64).
+    #[arg(long, default_value = "f64")]
+    precision: Precision,
     /// Solution file: one value per line.
     #[arg(long)]
     solution: Option<PathBuf>,
@@ -96,6 +99,7 @@ pub fn run(a: SolveArgs) -> anyhow::Result<()> {
         backend: a.backend,
         transpose: a.transpose,
         threads: a.threads,
+        precision: a.precision,
     };
     let out = OutputPaths {
         solution: a.solution,

@@ -1,0 +1,317 @@
+//! CUDA backend against the CPU backend (the reference). Every test prints
+//! "skipped: no CUDA GPU (reason)" and passes when no usable GPU is present (CI).
+
+use std::path::Path;
+
+use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
+use seistomo::backend::cuda::{probe, CudaBackend, CudaCsrOperator};
+use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
+use seistomo::comm::SerialComm;
+use seistomo::run::{choose_backend, load_mtx_system, BackendChoice};
+use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::sparse::Csr;
+use seistomo::testing::{awkward_csr, Rng};
+
+fn gpu() -> Option<CudaBackend> {
+    match probe() {
+        Err(why) => {
+            println!("skipped: no CUDA GPU ({why})");
+            None
+        }
+        Ok(dev) => {
+            println!("running on {dev}");
+            Some(CudaBackend::new(0).expect("probe succeeded, so the backend must start"))
+        }
+    }
+}
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> {
+    let mut h = vec![0.0; be.len(x)];
+    be.download(x, &mut h).unwrap();
+    h
+}
+
+/// The matrix with values rounded to f32 (what the GPU stores with f32 precision).
+fn rounded(a: &Csr) -> Csr {
+    let mut r = a.clone();
+    r.data_mut().iter_mut().for_each(|v| *v = *v as f32 as f64);
+    r
+}
+
+const SHAPES: [(usize, usize); 5] = [(2000, 700), (300, 9000), (50_000, 64), (7, 3), (8000, 2000)];
+const STRATEGIES: [TransposeStrategy; 3] = [
+    TransposeStrategy::Csc,
+    TransposeStrategy::Scatter,
+    TransposeStrategy::Library,
+];
+
+#[test]
+fn choose_backend_reports_why() {
+    match probe() {
+        Err(why) => {
+            let e = choose_backend(BackendChoice::Cuda).unwrap_err().to_string();
+            assert!(e.contains("no usable CUDA GPU"), "{e}");
+            let (k, msg) = choose_backend(BackendChoice::Auto).unwrap();
+            assert_eq!(k, BackendChoice::Cpu);
+            assert!(msg.contains("no usable CUDA GPU"), "{msg}");
+            println!("skipped GPU half: no CUDA GPU ({why})");
+        }
+        Ok(_) => {
+            let (k, msg) = choose_backend(BackendChoice::Auto).unwrap();
+            assert_eq!(k, BackendChoice::Cuda, "{msg}");
+            assert!(choose_backend(BackendChoice::Cuda).is_ok());
+        }
+    }
+}
+
+#[test]
+fn vector_kernels_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    for &n in &[1usize, 31, 1000, 100_003, 2_000_001] {
+        let x = rand_vec(n, n as u64);
+        let y = rand_vec(n, n as u64 + 1);
+        let v = rand_vec(n, n as u64 + 2);
+        let (gx, gv) = (g.upload(&x).unwrap(), g.upload(&v).unwrap());
+        let mut gy = g.upload(&y).unwrap();
+        assert_eq!(down(&g, &gy), y);
+        // axpby, scale, fill, copy, pointwise_mul
+        let mut cy = y.clone();
+        c.axpby(1.5, &x, -0.25, &mut cy).unwrap();
+        g.axpby(1.5, &gx, -0.25, &mut gy).unwrap();
+        assert_eq!(down(&g, &gy), cy);
+        c.scale(&mut cy, -3.0).unwrap();
+        g.scale(&mut gy, -3.0).unwrap();
+        assert_eq!(down(&g, &gy), cy);
+        let mut gz = g.zeros(n).unwrap();
+        let mut cz = vec![0.0; n];
+        c.pointwise_mul(&x, &y, &mut cz).unwrap();
+        let gyy = g.upload(&y).unwrap();
+        g.pointwise_mul(&gx, &gyy, &mut gz).unwrap();
+        assert_eq!(down(&g, &gz), cz);
+        g.fill(&mut gz, 2.5).unwrap();
+        assert!(down(&g, &gz).iter().all(|&z| z == 2.5));
+        g.copy(&gx, &mut gz).unwrap();
+        assert_eq!(down(&g, &gz), x);
+        // reductions: deterministic and equal to the CPU's within rounding
+        let (cd, gd) = (c.dot(&x, &y).unwrap(), g.dot(&gx, &gyy).unwrap());
+        assert!((cd - gd).abs() <= 1e-12 * (1.0 + cd.abs()), "{n}: {cd} vs {gd}");
+        assert_eq!(gd.to_bits(), g.dot(&gx, &gyy).unwrap().to_bits());
+        let (cn, gn) = (c.norm_sq(&x).unwrap(), g.norm_sq(&gx).unwrap());
+        assert!((cn - gn).abs() <= 1e-12 * cn, "{n}: {cn} vs {gn}");
+        // fused LSQR step, with and without var
+        for with_var in [false, true] {
+            let (mut cx, mut cw) = (x.clone(), y.clone());
+            let mut cvar = vec![0.5; n];
+            let (mut gx2, mut gw) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+            let mut gvar = g.upload(&vec![0.5; n]).unwrap();
+            let cs = c
+                .lsqr_update(&mut cx, &mut cw, &v, 0.7, -0.3, 1.9, with_var.then_some(&mut cvar))
+                .unwrap();
+            let gs = g
+                .lsqr_update(&mut gx2, &mut gw, &gv, 0.7, -0.3, 1.9, with_var.then_some(&mut gvar))
+                .unwrap();
+            assert!((cs - gs).abs() <= 1e-12 * cs, "{n}: {cs} vs {gs}");
+            assert_eq!(down(&g, &gx2), cx);
+            assert_eq!(down(&g, &gw), cw);
+            assert_eq!(down(&g, &gvar), cvar);
+        }
+    }
+    // Length mismatches are errors, not panics.
+    let a = g.zeros(3).unwrap();
+    let mut b = g.zeros(4).unwrap();
+    assert!(g.axpby(1.0, &a, 1.0, &mut b).is_err());
+    assert!(g.copy(&a, &mut b).is_err());
+}
+
+#[test]
+fn sparse_products_match_cpu_all_strategies_and_precisions() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 100 + si as u64);
+        let x = rand_vec(n, 7);
+        let y = rand_vec(m, 8);
+        for p in [Precision::F64, Precision::F32] {
+            let ar = if p == Precision::F32 { rounded(&a) } else { a.clone() };
+            let cop = CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc);
+            for s in STRATEGIES {
+                if s == TransposeStrategy::Library && p == Precision::F32 {
+                    assert!(CudaCsrOperator::new(&g, &a, s, p).is_err());
+                    continue;
+                }
+                let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
+                assert_eq!(gop.strategy(), s);
+                let (gx, gy0) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+                for (alpha, beta) in [(1.0, 0.0), (-0.5, 2.0), (2.0, 1.0)] {
+                    let mut cy = y.clone();
+                    cop.apply(&c, alpha, &x, beta, &mut cy).unwrap();
+                    let mut gy = g.upload(&y).unwrap();
+                    gop.apply(&g, alpha, &gx, beta, &mut gy).unwrap();
+                    let e = rel(&down(&g, &gy), &cy);
+                    assert!(e <= 1e-13, "A x {m}x{n} {s} {p} ({alpha},{beta}): {e}");
+                    let mut cx = x.clone();
+                    cop.apply_t(&c, alpha, &y, beta, &mut cx).unwrap();
+                    let mut gxx = g.upload(&x).unwrap();
+                    gop.apply_t(&g, alpha, &gy0, beta, &mut gxx).unwrap();
+                    let e = rel(&down(&g, &gxx), &cx);
+                    assert!(e <= 1e-13, "A^T y {m}x{n} {s} {p} ({alpha},{beta}): {e}");
+                }
+                // Wrong vector lengths are errors.
+                let mut bad = g.zeros(m + 1).unwrap();
+                assert!(gop.apply(&g, 1.0, &gx, 0.0, &mut bad).is_err());
+            }
+        }
+    }
+}
+
+#[test]
+fn lsqr_iterates_match_cpu_after_50_iterations() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 200 + si as u64);
+        let b = rand_vec(m, 9);
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: true,
+        };
+        for p in [Precision::F64, Precision::F32] {
+            let ar = if p == Precision::F32 { rounded(&a) } else { a.clone() };
+            let cop = CpuCsrOperator::new(ar, TransposeStrategy::Csc);
+            let cs = lsqr(&c, &cop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+            for s in STRATEGIES {
+                if s == TransposeStrategy::Library && p == Precision::F32 {
+                    continue;
+                }
+                let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
+                let gs = lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+                assert_eq!(gs.info.itn, cs.info.itn);
+                let e = rel(&gs.x, &cs.x);
+                let ev = rel(gs.var.as_ref().unwrap(), cs.var.as_ref().unwrap());
+                println!("{m}x{n} {s} {p}: x rel diff {e:.2e}, var {ev:.2e}");
+                assert!(e <= 1e-10 && ev <= 1e-10, "{m}x{n} {s} {p}: x {e}, var {ev}");
+                assert!((gs.info.r1norm - cs.info.r1norm).abs() <= 1e-10 * cs.info.r1norm);
+            }
+        }
+    }
+}
+
+fn dataset(p: &str) -> Option<std::path::PathBuf> {
+    // SEISTOMO_ROOT lets a copied test binary find the datasets on another machine.
+    let root = std::env::var_os("SEISTOMO_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
+    let path = root.join(p);
+    if path.exists() {
+        Some(path)
+    } else {
+        println!("skipped: {} missing", path.display());
+        None
+    }
+}
+
+#[test]
+fn lsqr_on_australia_and_well1850_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let (Some(gm), Some(rm), Some(dm), Some(wm), Some(wr)) = (
+        dataset("datasets/australia/G.mtx.gz"),
+        dataset("datasets/australia/R.mtx.gz"),
+        dataset("datasets/australia/d.txt"),
+        dataset("datasets/lsq/well1850.mtx.gz"),
+        dataset("datasets/lsq/well1850_rhs1.mtx.gz"),
+    ) else {
+        return;
+    };
+    let systems = [
+        (
+            "australia",
+            load_mtx_system(&gm, Some(&dm), Some(&rm), 0.015).unwrap(),
+            1e-8,
+        ),
+        ("well1850", load_mtx_system(&wm, Some(&wr), None, 1.0).unwrap(), 1e-10),
+    ];
+    for (name, sys, tol) in systems {
+        let params = LsqrParams {
+            atol: tol,
+            btol: tol,
+            ..Default::default()
+        };
+        let cop = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
+        let cs = lsqr(&c, &cop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+        for s in STRATEGIES {
+            let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
+            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let e = rel(&gs.x, &cs.x);
+            println!(
+                "{name} {s} f64: istop {} itn {} (cpu {} {}), r1norm {:.10e} (cpu {:.10e}), x rel diff {e:.2e}",
+                gs.info.istop, gs.info.itn, cs.info.istop, cs.info.itn, gs.info.r1norm, cs.info.r1norm
+            );
+            assert_eq!(gs.info.istop, cs.info.istop);
+            assert!((gs.info.itn as f64 - cs.info.itn as f64).abs() <= 0.02 * cs.info.itn as f64);
+            assert!((gs.info.r1norm - cs.info.r1norm).abs() <= 1e-8 * cs.info.r1norm);
+            assert!(e <= 1e-6, "{name} {s}: {e}");
+        }
+        // The accuracy cost of f32 values (reported; LSQR must still converge).
+        for s in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
+            let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F32).unwrap();
+            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let e = rel(&gs.x, &cs.x);
+            println!(
+                "{name} {s} f32: istop {} itn {}, r1norm {:.10e}, x rel diff to f64 CPU {e:.2e}",
+                gs.info.istop, gs.info.itn, gs.info.r1norm
+            );
+            assert!(gs.info.istop == 1 || gs.info.istop == 2, "{name} f32 istop {}", gs.info.istop);
+            assert!(e <= 1e-3, "{name} {s} f32: {e}");
+        }
+    }
+}
+
+/// How far two CPU orderings (CSC gather vs per-thread scatter) drift apart after 50 LSQR
+/// iterations on the awkward matrices: the scale against which the GPU is judged.
+fn cpu_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> f64 {
+    let c = CpuBackend::new();
+    let x1 = lsqr(&c, &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc), &SerialComm, b, None, params, &mut NoMonitor).unwrap().x;
+    let x2 = lsqr(&c, &CpuCsrOperator::new(a.clone(), TransposeStrategy::Scatter), &SerialComm, b, None, params, &mut NoMonitor).unwrap().x;
+    rel(&x2, &x1)
+}
+
+#[test]
+fn cpu_orderings_agree_after_50_iterations() {
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 200 + si as u64);
+        let b = rand_vec(m, 9);
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: false,
+        };
+        let e = cpu_spread(&a, &b, &params);
+        println!("{m}x{n}: cpu csc vs scatter x rel diff {e:.2e}");
+        assert!(e <= 1e-10, "{m}x{n}: {e}");
+    }
+}
