@@ -15,6 +15,7 @@ typedef unsigned int u32;
 #define WARP 32
 #define WARPS_PER_BLOCK 8
 #define SEG_NNZ 256
+#define UNROLL 4
 #define FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ double warp_sum(double v) {
@@ -37,9 +38,22 @@ __device__ __forceinline__ void spmv_impl(u32 nseg, const u32* __restrict__ seg,
     const u32 r0 = seg[s], r1 = seg[s + 1];
     const u64 b = ip[r0], e = ip[r1];
     if (r1 - r0 == 1) {
+        // Batches of UNROLL nonzeros per lane: all index/value loads of a batch are issued
+        // before the gathers, so a row of ~150 nonzeros costs about two memory latencies.
         double sum = 0.0;
-#pragma unroll 4
-        for (u64 k = b + lane; k < e; k += WARP) sum += (double)val[k] * __ldg(&x[ci[k]]);
+        for (u64 k0 = b + lane; k0 < e; k0 += UNROLL * WARP) {
+            u32 c[UNROLL];
+            double v[UNROLL];
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const u64 k = k0 + (u64)j * WARP;
+                c[j] = k < e ? __ldg(&ci[k]) : 0u;
+                v[j] = k < e ? (double)__ldg(&val[k]) : 0.0;
+            }
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j)
+                if (k0 + (u64)j * WARP < e) sum += v[j] * __ldg(&x[c[j]]);
+        }
         sum = warp_sum(sum);
         if (lane == 0) y[r0] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r0];
     } else {

@@ -171,6 +171,9 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         options: vec![
             format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
             "--std=c++17".into(),
+            // No fused multiply-add contraction: element-wise kernels then round exactly as
+            // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
+            "--fmad=false".into(),
         ],
         name: Some("seistomo_kernels.cu".into()),
         ..Default::default()
