@@ -148,9 +148,7 @@ impl std::fmt::Display for TransposeStrategy {
 }
 
 /// Storage precision of matrix values. Vectors, scalars and sums are always f64.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     #[default]

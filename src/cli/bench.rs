@@ -87,9 +87,7 @@ pub fn straight_ray_system(nx: usize, ny: usize, nz: usize, nrays: usize, seed: 
             let mut cols: Vec<u32> = (0..k)
                 .map(|s| {
                     let t = (s as f64 + 0.5) / k as f64;
-                    let c = |a: usize, n: usize| {
-                        ((src[a] + t * d[a]).max(0.0) as usize).min(n - 1)
-                    };
+                    let c = |a: usize, n: usize| ((src[a] + t * d[a]).max(0.0) as usize).min(n - 1);
                     ((c(2, nz) * ny + c(1, ny)) * nx + c(0, nx)) as u32
                 })
                 .collect();
@@ -166,12 +164,37 @@ pub fn export_npy(dir: &Path, a: &Csr, b: &[f64]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let ip: Vec<i64> = a.indptr().iter().map(|&p| p as i64).collect();
     let ci: Vec<i32> = a.indices().iter().map(|&c| c as i32).collect();
-    write_npy(&dir.join("indptr.npy"), "<i8", ip.len(), &le_bytes(&ip, i64::to_le_bytes))?;
-    write_npy(&dir.join("indices.npy"), "<i4", ci.len(), &le_bytes(&ci, i32::to_le_bytes))?;
-    write_npy(&dir.join("data.npy"), "<f8", a.nnz(), &le_bytes(a.data(), f64::to_le_bytes))?;
-    write_npy(&dir.join("b.npy"), "<f8", b.len(), &le_bytes(b, f64::to_le_bytes))?;
+    write_npy(
+        &dir.join("indptr.npy"),
+        "<i8",
+        ip.len(),
+        &le_bytes(&ip, i64::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("indices.npy"),
+        "<i4",
+        ci.len(),
+        &le_bytes(&ci, i32::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("data.npy"),
+        "<f8",
+        a.nnz(),
+        &le_bytes(a.data(), f64::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("b.npy"),
+        "<f8",
+        b.len(),
+        &le_bytes(b, f64::to_le_bytes),
+    )?;
     let shape = [a.nrows() as i64, a.ncols() as i64];
-    write_npy(&dir.join("shape.npy"), "<i8", 2, &le_bytes(&shape, i64::to_le_bytes))?;
+    write_npy(
+        &dir.join("shape.npy"),
+        "<i8",
+        2,
+        &le_bytes(&shape, i64::to_le_bytes),
+    )?;
     Ok(())
 }
 
@@ -269,7 +292,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let t = Instant::now();
     let (mat, b, what) = match &a.matrix {
         Some(p) => {
-            let sys = crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+            let sys =
+                crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
             (sys.a, sys.b, format!("{}", p.display()))
         }
         None => {
@@ -297,7 +321,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut rng = Rng::new(a.seed + 1);
             let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
             let b = mat.matvec(&xt);
-            (mat, b, format!("straight rays {}x{}x{}, {rays} rays", g.0, g.1, g.2))
+            (
+                mat,
+                b,
+                format!("straight rays {}x{}x{}, {rays} rays", g.0, g.1, g.2),
+            )
         }
     };
     let (m, n, nnz) = (mat.nrows(), mat.ncols(), mat.nnz());
@@ -307,7 +335,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     );
     if let Some(dir) = &a.export_npy {
         export_npy(dir, &mat, &b)?;
-        eprintln!("wrote {}/{{indptr,indices,data,b,shape}}.npy", dir.display());
+        eprintln!(
+            "wrote {}/{{indptr,indices,data,b,shape}}.npy",
+            dir.display()
+        );
         return Ok(());
     }
     let strategies: Vec<TransposeStrategy> = list(&a.transpose)?;
@@ -397,7 +428,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     ));
     out.push_str(&format!(
         "{:<6} {:<8} {:<5} {:>10} {:>9} {:>9} {:>8} {:>11} {:>14} {:>10}\n",
-        "backend", "transp", "prec", "ms/iter", "Ax ms", "ATy ms", "GB/s", "floor/time", "r1norm", "dx/x"
+        "backend",
+        "transp",
+        "prec",
+        "ms/iter",
+        "Ax ms",
+        "ATy ms",
+        "GB/s",
+        "floor/time",
+        "r1norm",
+        "dx/x"
     ));
     let mut json = String::new();
     for r in &rows {
@@ -415,7 +455,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         };
         out.push_str(&format!(
             "{:<7} {:<8} {:<5} {:>10.4} {:>9.4} {:>9.4} {:>8.0} {:>11.3} {:>14.8e} {:>10.2e}\n",
-            r.backend, r.transpose, r.precision, r.ms_iter, r.ax_ms, r.aty_ms, gbps, frac, r.r1norm, dx
+            r.backend,
+            r.transpose,
+            r.precision,
+            r.ms_iter,
+            r.ax_ms,
+            r.aty_ms,
+            gbps,
+            frac,
+            r.r1norm,
+            dx
         ));
         json.push_str(&format!(
             "{{\"system\":\"{what}\",\"m\":{m},\"n\":{n},\"nnz\":{nnz},\"backend\":\"{}\",\"transpose\":\"{}\",\"precision\":\"{}\",\"ms_per_iter\":{},\"ax_ms\":{},\"aty_ms\":{},\"copy_GBps\":{},\"floor_ms\":{},\"r1norm\":{},\"dx_rel\":{}}}\n",

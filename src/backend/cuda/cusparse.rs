@@ -85,32 +85,37 @@ impl CuSparse {
         let mut size = 0usize;
         for trans in [false, true] {
             let (xin, yout) = if trans { (&y, &x) } else { (&x, &y) };
-            let s = me.with_vectors(be, xin, yout, |h, op, mat, vx, vy| {
-                let (one, zero) = (1.0f64, 0.0f64);
-                let mut s = 0usize;
-                // SAFETY: valid handle and descriptors; host scalars live across the call.
-                check("SpMV buffer size", unsafe {
-                    cs::cusparseSpMV_bufferSize(
-                        h,
-                        op,
-                        &one as *const f64 as *const c_void,
-                        mat,
-                        vx,
-                        &zero as *const f64 as *const c_void,
-                        vy,
-                        cs::cudaDataType::CUDA_R_64F,
-                        cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
-                        &mut s,
-                    )
-                })?;
-                Ok(s)
-            }, trans)?;
+            let s = me.with_vectors(
+                be,
+                xin,
+                yout,
+                |h, op, mat, vx, vy| {
+                    let (one, zero) = (1.0f64, 0.0f64);
+                    let mut s = 0usize;
+                    // SAFETY: valid handle and descriptors; host scalars live across the call.
+                    check("SpMV buffer size", unsafe {
+                        cs::cusparseSpMV_bufferSize(
+                            h,
+                            op,
+                            &one as *const f64 as *const c_void,
+                            mat,
+                            vx,
+                            &zero as *const f64 as *const c_void,
+                            vy,
+                            cs::cudaDataType::CUDA_R_64F,
+                            cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
+                            &mut s,
+                        )
+                    })?;
+                    Ok(s)
+                },
+                trans,
+            )?;
             size = size.max(s);
         }
-        me.buf = be
-            .stream
-            .alloc_zeros::<u8>(size.max(1))
-            .map_err(|e| Error::backend("cuda", format!("cuSPARSE buffer of {size} bytes: {e:?}")))?;
+        me.buf = be.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
+            Error::backend("cuda", format!("cuSPARSE buffer of {size} bytes: {e:?}"))
+        })?;
         Ok(me)
     }
 
@@ -133,11 +138,21 @@ impl CuSparse {
             (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: descriptors over device buffers of the stated lengths, destroyed below.
         check("create vector", unsafe {
-            cs::cusparseCreateDnVec(&mut vx, x.len() as i64, be.ptr(x) as *mut c_void, cs::cudaDataType::CUDA_R_64F)
+            cs::cusparseCreateDnVec(
+                &mut vx,
+                x.len() as i64,
+                be.ptr(x) as *mut c_void,
+                cs::cudaDataType::CUDA_R_64F,
+            )
         })?;
         // SAFETY: as above.
         let st = unsafe {
-            cs::cusparseCreateDnVec(&mut vy, y.len() as i64, be.ptr(y) as *mut c_void, cs::cudaDataType::CUDA_R_64F)
+            cs::cusparseCreateDnVec(
+                &mut vy,
+                y.len() as i64,
+                be.ptr(y) as *mut c_void,
+                cs::cudaDataType::CUDA_R_64F,
+            )
         };
         if let Err(e) = check("create vector", st) {
             // SAFETY: vx was created above.
@@ -172,24 +187,30 @@ impl CuSparse {
         be.ctx
             .bind_to_thread()
             .map_err(|e| Error::backend("cuda", format!("{e:?}")))?;
-        self.with_vectors(be, x, y, |h, op, mat, vx, vy| {
-            // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
-            // host scalars live across the call (host pointer mode).
-            check("SpMV", unsafe {
-                cs::cusparseSpMV(
-                    h,
-                    op,
-                    &alpha as *const f64 as *const c_void,
-                    mat,
-                    vx,
-                    &beta as *const f64 as *const c_void,
-                    vy,
-                    cs::cudaDataType::CUDA_R_64F,
-                    cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
-                    buf as *mut c_void,
-                )
-            })
-        }, trans)
+        self.with_vectors(
+            be,
+            x,
+            y,
+            |h, op, mat, vx, vy| {
+                // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
+                // host scalars live across the call (host pointer mode).
+                check("SpMV", unsafe {
+                    cs::cusparseSpMV(
+                        h,
+                        op,
+                        &alpha as *const f64 as *const c_void,
+                        mat,
+                        vx,
+                        &beta as *const f64 as *const c_void,
+                        vy,
+                        cs::cudaDataType::CUDA_R_64F,
+                        cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
+                        buf as *mut c_void,
+                    )
+                })
+            },
+            trans,
+        )
     }
 }
 

@@ -14,7 +14,7 @@
 mod cusparse;
 mod operator;
 
-pub use operator::{plan_memory, CudaCsrOperator, MemoryPlan};
+pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -113,14 +113,19 @@ pub fn probe_device(ordinal: usize) -> std::result::Result<DeviceInfo, String> {
         return Err("the CUDA driver reports no device".into());
     }
     if ordinal >= count as usize {
-        return Err(format!("device {ordinal} requested but only {count} present"));
+        return Err(format!(
+            "device {ordinal} requested but only {count} present"
+        ));
     }
-    let ctx = CudaContext::new(ordinal).map_err(|e| format!("context on device {ordinal}: {e:?}"))?;
+    let ctx =
+        CudaContext::new(ordinal).map_err(|e| format!("context on device {ordinal}: {e:?}"))?;
     let name = ctx.name().map_err(|e| format!("device name: {e:?}"))?;
     let cc = ctx
         .compute_capability()
         .map_err(|e| format!("compute capability: {e:?}"))?;
-    let (free, total) = ctx.mem_get_info().map_err(|e| format!("memory info: {e:?}"))?;
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(|e| format!("memory info: {e:?}"))?;
     let sms = ctx
         .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| format!("SM count: {e:?}"))?;
@@ -185,9 +190,14 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
             }
             other => format!("{other:?}"),
         };
-        Error::backend("cuda", format!("NVRTC could not compile kernels/*.cu: {detail}"))
+        Error::backend(
+            "cuda",
+            format!("NVRTC could not compile kernels/*.cu: {detail}"),
+        )
     })?;
-    let module = ctx.load_module(ptx).map_err(cuda_err("loading the kernel module"))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(cuda_err("loading the kernel module"))?;
     let f = |name: &str| {
         module
             .load_function(name)
@@ -215,6 +225,41 @@ pub(crate) fn arg<T>(v: &T) -> *mut c_void {
     v as *const T as *mut c_void
 }
 
+/// One f64 of page-locked host memory mapped into the device's address space.
+struct MappedScalar {
+    _mem: cudarc::driver::PinnedHostSlice<f64>,
+    /// Host address (kept as an integer so the backend stays Send + Sync).
+    host: usize,
+    device: u64,
+}
+
+impl MappedScalar {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        // SAFETY: the memory is written below before any read.
+        let mut mem = unsafe {
+            ctx.alloc_pinned_with_flags::<f64>(
+                1,
+                dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(cuda_err("mapped host memory"))?;
+        let host = mem.as_mut_ptr().map_err(cuda_err("mapped host memory"))?;
+        // SAFETY: `host` points to one f64 of page-locked memory owned by `mem`.
+        unsafe { host.write(0.0) };
+        let mut device: dsys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
+        let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
+        if r != dsys::CUresult::CUDA_SUCCESS {
+            return Err(Error::backend("cuda", format!("mapping host memory: {r:?}")));
+        }
+        Ok(MappedScalar {
+            _mem: mem,
+            host: host as usize,
+            device,
+        })
+    }
+}
+
 /// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
 /// where a scalar comes back).
 pub struct CudaBackend {
@@ -226,6 +271,10 @@ pub struct CudaBackend {
     partial: CudaSlice<f64>,
     counter: CudaSlice<u32>,
     result: CudaSlice<f64>,
+    /// Where reductions write their result: a page-locked, device-mapped host word (the kernel
+    /// writes it directly; the host reads it after one stream synchronisation, no copy), or
+    /// `result` on the device when mapping is unavailable.
+    mapped: Option<MappedScalar>,
     /// Host staging for the multi-rank vector reduction.
     staging: Mutex<Vec<f64>>,
 }
@@ -251,6 +300,7 @@ impl CudaBackend {
         let result = stream
             .alloc_zeros::<f64>(1)
             .map_err(cuda_err("allocating reduction buffers"))?;
+        let mapped = MappedScalar::new(&ctx).ok();
         Ok(CudaBackend {
             ctx,
             stream,
@@ -259,6 +309,7 @@ impl CudaBackend {
             partial,
             counter,
             result,
+            mapped,
             staging: Mutex::new(Vec::new()),
         })
     }
@@ -299,7 +350,9 @@ impl CudaBackend {
         if grid == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(cuda_err("binding the context"))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
         // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
         // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
         // values of the matching types that outlive this call; buffer lengths are checked by
@@ -327,8 +380,21 @@ impl CudaBackend {
             .clamp(1, RED_MAX_BLOCKS) as u32
     }
 
-    /// Copy the reduction result to the host (waits for the stream).
+    /// Where a reduction kernel writes its result.
+    fn result_ptr(&self) -> u64 {
+        match &self.mapped {
+            Some(m) => m.device,
+            None => self.ptr(&self.result),
+        }
+    }
+
+    /// The reduction result on the host (waits for the stream).
     fn read_result(&self) -> Result<f64> {
+        if let Some(m) = &self.mapped {
+            self.synchronize()?;
+            // SAFETY: `m.host` is the live page-locked word the finished kernel wrote.
+            return Ok(unsafe { std::ptr::read_volatile(m.host as *const f64) });
+        }
         let mut h = [0.0f64];
         self.stream
             .memcpy_dtoh(&self.result, &mut h)
@@ -385,7 +451,12 @@ impl Backend for CudaBackend {
     fn fill(&self, x: &mut CudaSlice<f64>, value: f64) -> Result<()> {
         let (n, px) = (x.len() as u64, self.ptr(x));
         let g = self.elementwise_grid(x.len());
-        self.launch(&self.k.fill, g, THREADS, &mut [arg(&n), arg(&value), arg(&px)])
+        self.launch(
+            &self.k.fill,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&value), arg(&px)],
+        )
     }
     fn scale(&self, x: &mut CudaSlice<f64>, a: f64) -> Result<()> {
         let (n, px) = (x.len() as u64, self.ptr(x));
@@ -426,7 +497,7 @@ impl Backend for CudaBackend {
         let (pp, pc, pr) = (
             self.ptr(&self.partial),
             self.ptr(&self.counter),
-            self.ptr(&self.result),
+            self.result_ptr(),
         );
         let g = Self::reduction_grid(x.len());
         self.launch(
@@ -464,7 +535,7 @@ impl Backend for CudaBackend {
         let (pp, pc, pr) = (
             self.ptr(&self.partial),
             self.ptr(&self.counter),
-            self.ptr(&self.result),
+            self.result_ptr(),
         );
         let g = Self::reduction_grid(n);
         self.launch(

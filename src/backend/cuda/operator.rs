@@ -20,8 +20,10 @@ const WARPS_PER_BLOCK: u32 = 8;
 const HEADROOM_BYTES: u64 = 256 << 20;
 
 /// Cut rows into warp segments: a long row alone, or up to SEG_ROWS consecutive short rows
-/// with at most SEG_NNZ nonzeros together. Returns segment start rows plus the end.
-pub(crate) fn segments(indptr: &[u64]) -> Vec<u32> {
+/// with at most SEG_NNZ nonzeros together. Returns segment start rows plus the end. A
+/// single-row segment is summed by a whole warp (32 strided lane sums, then a shuffle tree);
+/// the rows of a multi-row segment are each summed sequentially by one lane.
+pub fn segments(indptr: &[u64]) -> Vec<u32> {
     let m = indptr.len().saturating_sub(1);
     let mut seg = vec![0u32];
     let (mut rows, mut nnz) = (0usize, 0u64);
@@ -72,9 +74,12 @@ fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
 ) -> Result<CudaSlice<T>> {
     let dummy = [T::default()];
     let src = if v.is_empty() { &dummy[..] } else { v };
-    be.stream
-        .clone_htod(src)
-        .map_err(|e| Error::backend("cuda", format!("uploading {} bytes: {e:?}", std::mem::size_of_val(src))))
+    be.stream.clone_htod(src).map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!("uploading {} bytes: {e:?}", std::mem::size_of_val(src)),
+        )
+    })
 }
 
 impl DevCsr {
@@ -115,7 +120,11 @@ impl DevCsr {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (ps, pi, pc) = (be.ptr(&self.seg), be.ptr(&self.indptr), be.ptr(&self.indices));
+        let (ps, pi, pc) = (
+            be.ptr(&self.seg),
+            be.ptr(&self.indptr),
+            be.ptr(&self.indices),
+        );
         let (f, pv) = match &self.values {
             DevValues::F64(v) => (&be.k.spmv_f64, be.ptr(v)),
             DevValues::F32(v) => (&be.k.spmv_f32, be.ptr(v)),
@@ -148,7 +157,11 @@ impl DevCsr {
         y: &CudaSlice<f64>,
         x: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (ps, pi, pc) = (be.ptr(&self.seg), be.ptr(&self.indptr), be.ptr(&self.indices));
+        let (ps, pi, pc) = (
+            be.ptr(&self.seg),
+            be.ptr(&self.indptr),
+            be.ptr(&self.indices),
+        );
         let (f, pv) = match &self.values {
             DevValues::F64(v) => (&be.k.scatter_f64, be.ptr(v)),
             DevValues::F32(v) => (&be.k.scatter_f32, be.ptr(v)),
@@ -278,7 +291,14 @@ pub fn plan_memory(
         hints.push("--transpose scatter (no second copy of the matrix)".to_string());
     }
     if precision == Precision::F64 {
-        let p32 = plan_for(m, n, nnz, TransposeStrategy::Scatter, Precision::F32, free_bytes);
+        let p32 = plan_for(
+            m,
+            n,
+            nnz,
+            TransposeStrategy::Scatter,
+            Precision::F32,
+            free_bytes,
+        );
         hints.push(format!(
             "--precision f32 (scatter with f32 values needs {:.2} GB)",
             p32.total() as f64 / 1e9
@@ -319,7 +339,14 @@ impl CudaCsrOperator {
         precision: Precision,
     ) -> Result<Self> {
         let (free, _total) = be.mem_info()?;
-        let plan = plan_memory(a.nrows(), a.ncols(), a.nnz(), strategy, precision, free as u64)?;
+        let plan = plan_memory(
+            a.nrows(),
+            a.ncols(),
+            a.nnz(),
+            strategy,
+            precision,
+            free as u64,
+        )?;
         if plan.strategy == TransposeStrategy::Library {
             if precision != Precision::F64 {
                 return Err(Error::backend(
@@ -466,8 +493,15 @@ mod tests {
         assert_eq!(p.strategy, TransposeStrategy::Csc);
         let csc = plan_for(m, n, nnz, TransposeStrategy::Csc, Precision::F64, free).total();
         let sc = plan_for(m, n, nnz, TransposeStrategy::Scatter, Precision::F64, free).total();
-        let p = plan_memory(m, n, nnz, TransposeStrategy::Auto, Precision::F64, (csc + sc) / 2)
-            .unwrap();
+        let p = plan_memory(
+            m,
+            n,
+            nnz,
+            TransposeStrategy::Auto,
+            Precision::F64,
+            (csc + sc) / 2,
+        )
+        .unwrap();
         assert_eq!(p.strategy, TransposeStrategy::Scatter);
         let e = plan_memory(m, n, nnz, TransposeStrategy::Auto, Precision::F64, sc / 2)
             .unwrap_err()
