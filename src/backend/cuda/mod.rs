@@ -250,7 +250,10 @@ impl MappedScalar {
         // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
         let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
         if r != dsys::CUresult::CUDA_SUCCESS {
-            return Err(Error::backend("cuda", format!("mapping host memory: {r:?}")));
+            return Err(Error::backend(
+                "cuda",
+                format!("mapping host memory: {r:?}"),
+            ));
         }
         Ok(MappedScalar {
             _mem: mem,
