@@ -165,6 +165,8 @@ pub struct Report {
     pub method: &'static str,
     pub backend: String,
     pub backend_detail: String,
+    /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
+    pub backend_reason: String,
     pub transpose: String,
     pub ranks: usize,
     pub threads: usize,
@@ -300,7 +302,7 @@ pub fn solve_system(
     if let Some(d) = &scale {
         a.scale_columns(d);
     }
-    let (kind, _why) = choose_backend(opts.backend)?;
+    let (kind, why) = choose_backend(opts.backend)?;
     let m = comm.allreduce_scalar(m_local as f64)? as usize;
     let nnz = comm.allreduce_scalar(nnz_local as f64)? as usize;
     let (mut solution, history, backend_detail, transpose, setup) = match kind {
@@ -354,6 +356,7 @@ pub fn solve_system(
             _ => "cpu".into(),
         },
         backend_detail,
+        backend_reason: why,
         transpose,
         ranks: comm.size(),
         threads: rayon::current_num_threads(),

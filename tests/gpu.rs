@@ -570,7 +570,7 @@ fn warp_order_spmv(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
     let seg = segments(a.indptr());
     for w in seg.windows(2) {
         let (r0, r1) = (w[0] as usize, w[1] as usize);
-        for r in r0..r1 {
+        for (r, yr) in y.iter_mut().enumerate().take(r1).skip(r0) {
             let (cols, vals) = a.row(r);
             let sum = if r1 - r0 == 1 {
                 let mut s = [0.0f64; 32];
@@ -588,10 +588,10 @@ fn warp_order_spmv(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
                     .zip(vals)
                     .fold(0.0, |t, (&c, &v)| t + v * x[c as usize])
             };
-            y[r] = if beta == 0.0 {
+            *yr = if beta == 0.0 {
                 alpha * sum
             } else {
-                alpha * sum + beta * y[r]
+                alpha * sum + beta * *yr
             };
         }
     }
