@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// Seed of the ray generator.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Order the synthetic rays by their first cell (instead of the generator's random order):
+    /// shows what row order does to the gathers of A^T u.
+    #[arg(long)]
+    sort_rays: bool,
     /// Benchmark a Matrix Market system instead: A (with --reg/--reg-weight/--rhs as in solve).
     #[arg(long)]
     matrix: Option<PathBuf>,
@@ -69,7 +73,14 @@ pub struct BenchArgs {
 }
 
 /// Build the straight-ray system of the CuPy peer on an nx x ny x nz grid.
-pub fn straight_ray_system(nx: usize, ny: usize, nz: usize, nrays: usize, seed: u64) -> Csr {
+pub fn straight_ray_system(
+    nx: usize,
+    ny: usize,
+    nz: usize,
+    nrays: usize,
+    seed: u64,
+    sort_rays: bool,
+) -> Csr {
     let ncell = nx * ny * nz;
     let k = 2 * (nx + ny + nz);
     let rows: Vec<Vec<(u32, f64)>> = (0..nrays)
@@ -102,6 +113,10 @@ pub fn straight_ray_system(nx: usize, ny: usize, nz: usize, nrays: usize, seed: 
             row
         })
         .collect();
+    let mut rows = rows;
+    if sort_rays {
+        rows.par_sort_by_key(|r| r.first().map(|e| e.0).unwrap_or(0));
+    }
     let mut indptr = Vec::with_capacity(nrays + 4 * ncell + 1);
     indptr.push(0u64);
     let nnz_est: usize = rows.iter().map(|r| r.len()).sum::<usize>() + 7 * ncell;
@@ -317,7 +332,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             if let Some(r) = a.rays {
                 rays = r;
             }
-            let mat = straight_ray_system(g.0, g.1, g.2, rays, a.seed);
+            let mat = straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays);
             let mut rng = Rng::new(a.seed + 1);
             let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
             let b = mat.matvec(&xt);
