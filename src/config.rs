@@ -74,6 +74,7 @@ struct RawBackend {
     kind: Option<String>,
     transpose: Option<String>,
     threads: Option<i64>,
+    precision: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -239,6 +240,13 @@ impl RunConfig {
             Some(t) => return Err(bad(format!("[backend] threads must be > 0 (got {t})"))),
         };
 
+        let precision = match b.precision.as_deref() {
+            None => crate::backend::Precision::F64,
+            Some(p) => p
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] precision: {e}")))?,
+        };
+
         let o = raw.output;
         let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
         let name =
@@ -268,6 +276,7 @@ impl RunConfig {
             backend,
             transpose,
             threads,
+            precision,
         };
         Ok(RunConfig {
             path: path.to_path_buf(),

@@ -7,7 +7,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
-use crate::backend::{Backend, Operator, TransposeStrategy};
+use crate::backend::cuda::{CudaBackend, CudaCsrOperator};
+use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::{write_atomic, write_vector_text};
@@ -65,6 +66,8 @@ pub struct SolveOptions {
     pub transpose: TransposeStrategy,
     /// CPU threads (default: rayon's, i.e. the cores or RAYON_NUM_THREADS).
     pub threads: Option<usize>,
+    /// Matrix value precision on the GPU (vectors stay f64; the CPU backend uses f64).
+    pub precision: Precision,
 }
 
 /// Output files; `None` skips one.
@@ -170,6 +173,8 @@ pub struct Report {
     pub method: &'static str,
     pub backend: String,
     pub backend_detail: String,
+    /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
+    pub backend_reason: String,
     pub transpose: String,
     pub ranks: usize,
     pub threads: usize,
@@ -209,14 +214,20 @@ pub struct Outcome {
 pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
     match choice {
         BackendChoice::Cpu => Ok((BackendChoice::Cpu, "cpu requested".into())),
-        BackendChoice::Cuda => Err(Error::backend(
-            "cuda",
-            "this build has no CUDA backend yet; use --backend cpu",
-        )),
-        BackendChoice::Auto => Ok((
-            BackendChoice::Cpu,
-            "auto: no CUDA backend in this build, using the CPU".into(),
-        )),
+        BackendChoice::Cuda => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("cuda requested: {dev}"))),
+            Err(why) => Err(Error::backend(
+                "cuda",
+                format!("no usable CUDA GPU ({why}); use --backend cpu"),
+            )),
+        },
+        BackendChoice::Auto => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("auto: CUDA usable, {dev}"))),
+            Err(why) => Ok((
+                BackendChoice::Cpu,
+                format!("auto: no usable CUDA GPU ({why}), using the CPU"),
+            )),
+        },
     }
 }
 
@@ -325,7 +336,7 @@ pub fn solve_system_checkpointed(
     if let Some(d) = &scale {
         a.scale_columns(d);
     }
-    let (kind, _why) = choose_backend(opts.backend)?;
+    let (kind, why) = choose_backend(opts.backend)?;
     let m = comm.allreduce_scalar(m_local as f64)? as usize;
     let nnz = comm.allreduce_scalar(nnz_local as f64)? as usize;
     let (mut solution, history, backend_detail, transpose, setup) = match kind {
@@ -346,7 +357,34 @@ pub fn solve_system_checkpointed(
             )?;
             (s, h, be.describe(), op.strategy().to_string(), setup)
         }
-        BackendChoice::Cuda => unreachable!("choose_backend refuses cuda in this build"),
+        BackendChoice::Cuda => {
+            // One GPU per rank: GPU = local rank on the node (device 0 alone).
+            let ordinal = if comm.size() > 1 {
+                comm.local_rank()
+            } else {
+                0
+            };
+            let be = CudaBackend::new(ordinal)?;
+            if comm.size() > 1 {
+                eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
+            }
+            let op = CudaCsrOperator::new(&be, &a, opts.transpose, opts.precision)?;
+            let fp = ckpt.map(|_| crate::model::checkpoint::fingerprint(&a, &b));
+            drop(a);
+            let setup = t_setup.elapsed().as_secs_f64();
+            let (s, h) = solve_on(
+                &be,
+                &op,
+                comm,
+                &b,
+                x0.as_deref(),
+                &opts.params,
+                progress_every,
+                ckpt.zip(fp.as_deref()),
+            )?;
+            let strategy = format!("{} ({} values)", op.strategy(), op.precision());
+            (s, h, be.describe(), strategy, setup)
+        }
     };
     if let Some(d) = &scale {
         solution.x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
@@ -365,6 +403,7 @@ pub fn solve_system_checkpointed(
             _ => "cpu".into(),
         },
         backend_detail,
+        backend_reason: why,
         transpose,
         ranks: comm.size(),
         threads: rayon::current_num_threads(),

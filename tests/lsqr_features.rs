@@ -23,6 +23,7 @@ fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
         backend: BackendChoice::Cpu,
         transpose: TransposeStrategy::Csc,
         threads: None,
+        precision: Default::default(),
     }
 }
 

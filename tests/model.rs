@@ -42,6 +42,7 @@ fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
         backend: BackendChoice::Cpu,
         transpose: seistomo::backend::TransposeStrategy::Auto,
         threads: None,
+        precision: Default::default(),
     };
     let sys = System {
         a,

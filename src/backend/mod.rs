@@ -3,6 +3,7 @@
 //! that backend. Solvers are written once over these two traits.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::comm::Comm;
 use crate::error::Result;
@@ -142,6 +143,47 @@ impl std::fmt::Display for TransposeStrategy {
             Self::Csc => "csc",
             Self::Scatter => "scatter",
             Self::Library => "library",
+        })
+    }
+}
+
+/// Storage precision of matrix values. Vectors, scalars and sums are always f64.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F64,
+    /// Values rounded to f32 (8 bytes per nonzero with the column index instead of 12); A and
+    /// A^T share the rounded values, accumulation stays f64. Used by the CUDA backend.
+    F32,
+}
+
+impl Precision {
+    /// Bytes of one stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F64 => 8,
+            Self::F32 => 4,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f64" | "double" => Ok(Self::F64),
+            "f32" | "single" => Ok(Self::F32),
+            _ => Err(format!("unknown precision '{s}' (f64, f32)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F64 => "f64",
+            Self::F32 => "f32",
         })
     }
 }

@@ -96,6 +96,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             backend: a.backend,
             transpose: TransposeStrategy::Auto,
             threads: a.threads,
+            precision: Default::default(),
         };
         (sys, opts)
     };

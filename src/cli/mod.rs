@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+pub mod bench;
 mod compare;
 mod export;
 mod import;
@@ -42,6 +43,8 @@ pub enum Command {
     Export(export::ExportArgs),
     /// Print a dataset's sizes, nnz histogram, memory per backend and partition imbalance.
     Inspect(inspect::InspectArgs),
+    /// Time LSQR iterations per backend / transpose / precision on a synthetic or given system.
+    Bench(bench::BenchArgs),
 }
 
 /// Run the parsed command line (on every rank of an MPI job).
@@ -57,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import(a) => import::run(a),
         Command::Export(a) => export::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     end_job(comm, result)
 }

@@ -3,7 +3,7 @@
 use clap::Args;
 use std::path::PathBuf;
 
-use crate::backend::TransposeStrategy;
+use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::distributed;
 use crate::run::{self, BackendChoice, OutputPaths, SolveOptions};
@@ -56,6 +56,9 @@ pub struct SolveArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Matrix value precision on the GPU: f64 or f32 (vectors and sums stay f64).
+    #[arg(long, default_value = "f64")]
+    precision: Precision,
     /// Solution file: one value per line.
     #[arg(long)]
     solution: Option<PathBuf>,
@@ -92,6 +95,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         backend: a.backend,
         transpose: a.transpose,
         threads: a.threads,
+        precision: a.precision,
     };
     let out = OutputPaths {
         solution: a.solution,

@@ -1,0 +1,132 @@
+// Sparse products for seistomo's CUDA backend (compiled at run time by NVRTC).
+//
+// A CSR matrix is cut on the host into "segments" of rows (see src/backend/cuda/operator.rs):
+// a long row (more than LONG_ROW nonzeros) is a segment of its own and gets a whole warp
+// ("vector" mode); runs of up to SEG_ROWS short rows with at most SEG_NNZ nonzeros together
+// share one warp ("stream" mode: the warp reads the segment's nonzeros coalesced, stores the
+// products in shared memory, then each lane sums one row). One warp per segment balances
+// kernel rows of thousands of nonzeros against damping rows of 1-4. Row offsets are 64-bit;
+// values are V = double or float, always accumulated in double. Every sum is taken in a fixed
+// order: results are bitwise reproducible.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define WARP 32
+#define WARPS_PER_BLOCK 8
+#define SEG_NNZ 256
+#define UNROLL 4
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// y = alpha A x + beta y (beta == 0: y is not read).
+template <typename V>
+__device__ __forceinline__ void spmv_impl(u32 nseg, const u32* __restrict__ seg,
+                                          const u64* __restrict__ ip, const u32* __restrict__ ci,
+                                          const V* __restrict__ val, const double* __restrict__ x,
+                                          double* __restrict__ y, double alpha, double beta) {
+    __shared__ double prod[WARPS_PER_BLOCK][SEG_NNZ];
+    const int lane = threadIdx.x & (WARP - 1);
+    const int wib = threadIdx.x / WARP;
+    const u32 s = blockIdx.x * WARPS_PER_BLOCK + wib;
+    if (s >= nseg) return;
+    const u32 r0 = seg[s], r1 = seg[s + 1];
+    const u64 b = ip[r0], e = ip[r1];
+    if (r1 - r0 == 1) {
+        // Batches of UNROLL nonzeros per lane: all index/value loads of a batch are issued
+        // before the gathers, so a row of ~150 nonzeros costs about two memory latencies.
+        double sum = 0.0;
+        for (u64 k0 = b + lane; k0 < e; k0 += UNROLL * WARP) {
+            u32 c[UNROLL];
+            double v[UNROLL];
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j) {
+                const u64 k = k0 + (u64)j * WARP;
+                c[j] = k < e ? __ldg(&ci[k]) : 0u;
+                v[j] = k < e ? (double)__ldg(&val[k]) : 0.0;
+            }
+#pragma unroll
+            for (int j = 0; j < UNROLL; ++j)
+                if (k0 + (u64)j * WARP < e) sum += v[j] * __ldg(&x[c[j]]);
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) y[r0] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r0];
+    } else {
+        const u32 cnt = (u32)(e - b);
+        for (u32 k = lane; k < cnt; k += WARP)
+            prod[wib][k] = (double)val[b + k] * __ldg(&x[ci[b + k]]);
+        __syncwarp();
+        const u32 r = r0 + lane;
+        if (r < r1) {
+            const u32 ks = (u32)(ip[r] - b), ke = (u32)(ip[r + 1] - b);
+            double sum = 0.0;
+            for (u32 k = ks; k < ke; ++k) sum += prod[wib][k];
+            y[r] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r];
+        }
+    }
+}
+
+// x[col] += alpha * A[row, col] * y[row] with f64 atomics (the paper's GPU-IV): A^T y straight
+// from the CSR rows, no second copy. x must be scaled by beta beforehand.
+template <typename V>
+__device__ __forceinline__ void scatter_impl(u32 nseg, const u32* __restrict__ seg,
+                                             const u64* __restrict__ ip,
+                                             const u32* __restrict__ ci,
+                                             const V* __restrict__ val,
+                                             const double* __restrict__ y, double* x,
+                                             double alpha) {
+    __shared__ u32 offs[WARPS_PER_BLOCK][WARP + 1];
+    const int lane = threadIdx.x & (WARP - 1);
+    const int wib = threadIdx.x / WARP;
+    const u32 s = blockIdx.x * WARPS_PER_BLOCK + wib;
+    if (s >= nseg) return;
+    const u32 r0 = seg[s], r1 = seg[s + 1];
+    const u64 b = ip[r0], e = ip[r1];
+    if (r1 - r0 == 1) {
+        const double yr = alpha * y[r0];
+        if (yr == 0.0) return;
+#pragma unroll 4
+        for (u64 k = b + lane; k < e; k += WARP) atomicAdd(&x[ci[k]], (double)val[k] * yr);
+    } else {
+        const u32 nr = r1 - r0;
+        if ((u32)lane < nr) offs[wib][lane] = (u32)(ip[r0 + lane] - b);
+        if (lane == 0) offs[wib][nr] = (u32)(e - b);
+        __syncwarp();
+        const u32 cnt = (u32)(e - b);
+        for (u32 k = lane; k < cnt; k += WARP) {
+            // last row i with offs[i] <= k (rows may be empty)
+            u32 lo = 0, hi = nr;  // offs[lo] <= k < offs[hi]
+            while (hi - lo > 1) {
+                const u32 mid = (lo + hi) >> 1;
+                if (offs[wib][mid] <= k) lo = mid; else hi = mid;
+            }
+            atomicAdd(&x[ci[b + k]], (double)val[b + k] * (alpha * y[r0 + lo]));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+spmv_f64(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const double* val,
+         const double* x, double* y, double alpha, double beta) {
+    spmv_impl<double>(nseg, seg, ip, ci, val, x, y, alpha, beta);
+}
+extern "C" __global__ void __launch_bounds__(256)
+spmv_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float* val,
+         const double* x, double* y, double alpha, double beta) {
+    spmv_impl<float>(nseg, seg, ip, ci, val, x, y, alpha, beta);
+}
+extern "C" __global__ void __launch_bounds__(256)
+scatter_f64(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const double* val,
+            const double* y, double* x, double alpha) {
+    scatter_impl<double>(nseg, seg, ip, ci, val, y, x, alpha);
+}
+extern "C" __global__ void __launch_bounds__(256)
+scatter_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float* val,
+            const double* y, double* x, double alpha) {
+    scatter_impl<float>(nseg, seg, ip, ci, val, y, x, alpha);
+}

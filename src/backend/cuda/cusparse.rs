@@ -1,0 +1,227 @@
+//! cuSPARSE SpMV through `cudarc::cusparse::sys` (the library baseline: the paper's GPU-I).
+
+use std::ffi::c_void;
+
+use cudarc::cusparse::sys as cs;
+use cudarc::driver::CudaSlice;
+
+use super::operator::DevCsr;
+use super::{CudaBackend, Error, Result};
+use crate::sparse::Csr;
+
+fn check(what: &str, st: cs::cusparseStatus_t) -> Result<()> {
+    if st == cs::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::backend("cuda", format!("cuSPARSE {what}: {st:?}")))
+    }
+}
+
+/// A cuSPARSE handle and CSR descriptor over the operator's device arrays (with 32-bit row
+/// offsets of its own), and the SpMV work buffer.
+pub(crate) struct CuSparse {
+    handle: cs::cusparseHandle_t,
+    mat: cs::cusparseSpMatDescr_t,
+    _ip32: CudaSlice<i32>,
+    buf: CudaSlice<u8>,
+    m: usize,
+    n: usize,
+}
+
+impl CuSparse {
+    pub fn new(be: &CudaBackend, a: &Csr, dev: &DevCsr) -> Result<Self> {
+        let ip32: Vec<i32> = a.indptr().iter().map(|&p| p as i32).collect();
+        let ip32 = be
+            .stream
+            .clone_htod(&ip32)
+            .map_err(|e| Error::backend("cuda", format!("uploading row offsets: {e:?}")))?;
+        let vals = match &dev.values {
+            super::operator::DevValues::F64(v) => be.ptr(v),
+            super::operator::DevValues::F32(_) => {
+                return Err(Error::backend("cuda", "cuSPARSE baseline needs f64 values"))
+            }
+        };
+        let mut handle: cs::cusparseHandle_t = std::ptr::null_mut();
+        // SAFETY: cusparseCreate writes a new handle into `handle`; the library is present
+        // (checked by probe before the backend was made).
+        check("create", unsafe { cs::cusparseCreate(&mut handle) })?;
+        let mut me = CuSparse {
+            handle,
+            mat: std::ptr::null_mut(),
+            _ip32: ip32,
+            buf: be
+                .stream
+                .alloc_zeros::<u8>(1)
+                .map_err(|e| Error::backend("cuda", format!("{e:?}")))?,
+            m: a.nrows(),
+            n: a.ncols(),
+        };
+        // SAFETY: the stream outlives the handle (both owned by the backend / this operator).
+        check("set stream", unsafe {
+            cs::cusparseSetStream(handle, be.stream.cu_stream() as cs::cudaStream_t)
+        })?;
+        let (pi, pc) = (be.ptr(&me._ip32), be.ptr(&dev.indices));
+        // SAFETY: the arrays are device buffers of the stated sizes and types, kept alive by
+        // `me` (row offsets) and by the operator that owns `dev` and this wrapper.
+        check("create CSR", unsafe {
+            cs::cusparseCreateCsr(
+                &mut me.mat,
+                me.m as i64,
+                me.n as i64,
+                dev.nnz as i64,
+                pi as *mut c_void,
+                pc as *mut c_void,
+                vals as *mut c_void,
+                cs::cusparseIndexType_t::CUSPARSE_INDEX_32I,
+                cs::cusparseIndexType_t::CUSPARSE_INDEX_32I,
+                cs::cusparseIndexBase_t::CUSPARSE_INDEX_BASE_ZERO,
+                cs::cudaDataType::CUDA_R_64F,
+            )
+        })?;
+        // Work buffer: the larger of the two products' needs.
+        use crate::backend::Backend;
+        let x = be.zeros(me.n.max(1))?;
+        let y = be.zeros(me.m.max(1))?;
+        let mut size = 0usize;
+        for trans in [false, true] {
+            let (xin, yout) = if trans { (&y, &x) } else { (&x, &y) };
+            let s = me.with_vectors(
+                be,
+                xin,
+                yout,
+                |h, op, mat, vx, vy| {
+                    let (one, zero) = (1.0f64, 0.0f64);
+                    let mut s = 0usize;
+                    // SAFETY: valid handle and descriptors; host scalars live across the call.
+                    check("SpMV buffer size", unsafe {
+                        cs::cusparseSpMV_bufferSize(
+                            h,
+                            op,
+                            &one as *const f64 as *const c_void,
+                            mat,
+                            vx,
+                            &zero as *const f64 as *const c_void,
+                            vy,
+                            cs::cudaDataType::CUDA_R_64F,
+                            cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
+                            &mut s,
+                        )
+                    })?;
+                    Ok(s)
+                },
+                trans,
+            )?;
+            size = size.max(s);
+        }
+        me.buf = be.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
+            Error::backend("cuda", format!("cuSPARSE buffer of {size} bytes: {e:?}"))
+        })?;
+        Ok(me)
+    }
+
+    /// Run `f` with dense-vector descriptors for x (input) and y (output).
+    fn with_vectors<T>(
+        &self,
+        be: &CudaBackend,
+        x: &CudaSlice<f64>,
+        y: &CudaSlice<f64>,
+        f: impl FnOnce(
+            cs::cusparseHandle_t,
+            cs::cusparseOperation_t,
+            cs::cusparseConstSpMatDescr_t,
+            cs::cusparseConstDnVecDescr_t,
+            cs::cusparseDnVecDescr_t,
+        ) -> Result<T>,
+        trans: bool,
+    ) -> Result<T> {
+        let (mut vx, mut vy): (cs::cusparseDnVecDescr_t, cs::cusparseDnVecDescr_t) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: descriptors over device buffers of the stated lengths, destroyed below.
+        check("create vector", unsafe {
+            cs::cusparseCreateDnVec(
+                &mut vx,
+                x.len() as i64,
+                be.ptr(x) as *mut c_void,
+                cs::cudaDataType::CUDA_R_64F,
+            )
+        })?;
+        // SAFETY: as above.
+        let st = unsafe {
+            cs::cusparseCreateDnVec(
+                &mut vy,
+                y.len() as i64,
+                be.ptr(y) as *mut c_void,
+                cs::cudaDataType::CUDA_R_64F,
+            )
+        };
+        if let Err(e) = check("create vector", st) {
+            // SAFETY: vx was created above.
+            unsafe { cs::cusparseDestroyDnVec(vx) };
+            return Err(e);
+        }
+        let op = if trans {
+            cs::cusparseOperation_t::CUSPARSE_OPERATION_TRANSPOSE
+        } else {
+            cs::cusparseOperation_t::CUSPARSE_OPERATION_NON_TRANSPOSE
+        };
+        let r = f(self.handle, op, self.mat, vx, vy);
+        // SAFETY: created above, not used after this.
+        unsafe {
+            cs::cusparseDestroyDnVec(vx);
+            cs::cusparseDestroyDnVec(vy);
+        }
+        r
+    }
+
+    /// y = alpha op(A) x + beta y
+    pub fn spmv(
+        &self,
+        be: &CudaBackend,
+        trans: bool,
+        alpha: f64,
+        x: &CudaSlice<f64>,
+        beta: f64,
+        y: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        let buf = be.ptr(&self.buf);
+        be.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::backend("cuda", format!("{e:?}")))?;
+        self.with_vectors(
+            be,
+            x,
+            y,
+            |h, op, mat, vx, vy| {
+                // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
+                // host scalars live across the call (host pointer mode).
+                check("SpMV", unsafe {
+                    cs::cusparseSpMV(
+                        h,
+                        op,
+                        &alpha as *const f64 as *const c_void,
+                        mat,
+                        vx,
+                        &beta as *const f64 as *const c_void,
+                        vy,
+                        cs::cudaDataType::CUDA_R_64F,
+                        cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
+                        buf as *mut c_void,
+                    )
+                })
+            },
+            trans,
+        )
+    }
+}
+
+impl Drop for CuSparse {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once here; errors cannot be reported from drop.
+        unsafe {
+            if !self.mat.is_null() {
+                cs::cusparseDestroySpMat(self.mat);
+            }
+            cs::cusparseDestroy(self.handle);
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! The CUDA backend (cudarc 0.19, driver API, libraries loaded at run time).
+//!
+//! - [`probe`] checks that the CUDA driver, NVRTC, cuBLAS and cuSPARSE libraries can be loaded
+//!   *before* any context is made (cudarc panics on a missing library), then that a device
+//!   exists; it never panics and says why CUDA is not usable.
+//! - The kernels live in `kernels/*.cu`, are embedded with `include_str!` and compiled once per
+//!   process and device by NVRTC for the device's architecture (`compute_XY` PTX, which the
+//!   driver turns into machine code for `sm_XY`); the module is cached.
+//! - Vectors are device buffers of f64 ([`CudaSlice<f64>`]); only scalars come back to the host
+//!   (one 8-byte copy per reduction). Reductions are single-launch and deterministic.
+//! - [`CudaCsrOperator`] (operator.rs) holds the matrix (f64 or f32 values) and applies A^T by an
+//!   explicit transposed copy, by f64 atomics, or through cuSPARSE.
+
+mod cusparse;
+mod operator;
+
+pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    result as dres, sys as dsys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
+    DevicePtr,
+};
+
+use super::Backend;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+
+/// The kernel sources, compiled together as one NVRTC program.
+const KERNEL_SOURCES: [&str; 2] = [
+    include_str!("../../../kernels/spmv.cu"),
+    include_str!("../../../kernels/vector.cu"),
+];
+
+/// Threads per block of the element-wise and reduction kernels.
+const THREADS: u32 = 256;
+/// At most this many blocks in a reduction (and the size of the partial-sum buffer).
+const RED_MAX_BLOCKS: usize = 1024;
+/// Elements per thread a reduction aims at before adding blocks.
+const RED_PER_THREAD: usize = 4;
+
+pub(crate) fn cuda_err(what: &str) -> impl Fn(dres::DriverError) -> Error + '_ {
+    move |e| Error::backend("cuda", format!("{what}: {e:?}"))
+}
+
+/// What [`probe`] found: the device a CUDA backend would use.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: usize,
+    pub free_bytes: usize,
+    pub multiprocessors: i32,
+    pub device_count: i32,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {} of {}: {} (sm_{}{}, {} SMs, {:.1} GiB, {:.1} GiB free)",
+            self.ordinal,
+            self.device_count,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.multiprocessors,
+            self.total_bytes as f64 / (1u64 << 30) as f64,
+            self.free_bytes as f64 / (1u64 << 30) as f64
+        )
+    }
+}
+
+/// The CUDA libraries that cannot be loaded here (empty when all are present).
+pub fn missing_libraries() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    // SAFETY: these functions only try to dlopen the library by its usual names; they do not
+    // call into it.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            missing.push("CUDA driver (libcuda)");
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            missing.push("NVRTC (libnvrtc)");
+        }
+        if !cudarc::cublas::sys::is_culib_present() {
+            missing.push("cuBLAS (libcublas)");
+        }
+        if !cudarc::cusparse::sys::is_culib_present() {
+            missing.push("cuSPARSE (libcusparse)");
+        }
+    }
+    missing
+}
+
+/// Whether a usable CUDA device is present: its description, or the reason it is not usable.
+/// Never panics. Creates (and keeps) the device's primary context when the libraries load.
+pub fn probe() -> std::result::Result<DeviceInfo, String> {
+    probe_device(0)
+}
+
+/// [`probe`] for one device ordinal.
+pub fn probe_device(ordinal: usize) -> std::result::Result<DeviceInfo, String> {
+    let missing = missing_libraries();
+    if !missing.is_empty() {
+        return Err(format!("missing {}", missing.join(", ")));
+    }
+    let count = CudaContext::device_count().map_err(|e| format!("cuInit/device count: {e:?}"))?;
+    if count <= 0 {
+        return Err("the CUDA driver reports no device".into());
+    }
+    if ordinal >= count as usize {
+        return Err(format!(
+            "device {ordinal} requested but only {count} present"
+        ));
+    }
+    let ctx =
+        CudaContext::new(ordinal).map_err(|e| format!("context on device {ordinal}: {e:?}"))?;
+    let name = ctx.name().map_err(|e| format!("device name: {e:?}"))?;
+    let cc = ctx
+        .compute_capability()
+        .map_err(|e| format!("compute capability: {e:?}"))?;
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(|e| format!("memory info: {e:?}"))?;
+    let sms = ctx
+        .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| format!("SM count: {e:?}"))?;
+    if cc.0 < 6 {
+        return Err(format!(
+            "{name} has compute capability {}.{}; f64 atomics need 6.0 or newer",
+            cc.0, cc.1
+        ));
+    }
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        compute_capability: cc,
+        total_bytes: total,
+        free_bytes: free,
+        multiprocessors: sms,
+        device_count: count,
+    })
+}
+
+/// The compiled kernels of one device.
+pub(crate) struct Kernels {
+    _module: Arc<CudaModule>,
+    pub spmv_f64: CudaFunction,
+    pub spmv_f32: CudaFunction,
+    pub scatter_f64: CudaFunction,
+    pub scatter_f32: CudaFunction,
+    pub dot: CudaFunction,
+    pub lsqr_update: CudaFunction,
+    pub axpby: CudaFunction,
+    pub scale: CudaFunction,
+    pub fill: CudaFunction,
+    pub pmul: CudaFunction,
+}
+
+type ModuleCache = Mutex<Vec<(usize, Arc<Kernels>)>>;
+
+/// Compile (once per process and device) and load the kernels.
+fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, k)) = cache.iter().find(|(o, _)| *o == ctx.ordinal()) {
+        return Ok(k.clone());
+    }
+    let src = KERNEL_SOURCES.join("\n");
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+            "--std=c++17".into(),
+            // No fused multiply-add contraction: element-wise kernels then round exactly as
+            // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
+            "--fmad=false".into(),
+        ],
+        name: Some("seistomo_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| {
+        let detail = match &e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => format!("{other:?}"),
+        };
+        Error::backend(
+            "cuda",
+            format!("NVRTC could not compile kernels/*.cu: {detail}"),
+        )
+    })?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(cuda_err("loading the kernel module"))?;
+    let f = |name: &str| {
+        module
+            .load_function(name)
+            .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))
+    };
+    let k = Arc::new(Kernels {
+        spmv_f64: f("spmv_f64")?,
+        spmv_f32: f("spmv_f32")?,
+        scatter_f64: f("scatter_f64")?,
+        scatter_f32: f("scatter_f32")?,
+        dot: f("dot")?,
+        lsqr_update: f("lsqr_update")?,
+        axpby: f("axpby")?,
+        scale: f("scale")?,
+        fill: f("fill")?,
+        pmul: f("pmul")?,
+        _module: module.clone(),
+    });
+    cache.push((ctx.ordinal(), k.clone()));
+    Ok(k)
+}
+
+/// A kernel argument: the address of a value that lives until the launch returns.
+pub(crate) fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+/// One f64 of page-locked host memory mapped into the device's address space.
+struct MappedScalar {
+    _mem: cudarc::driver::PinnedHostSlice<f64>,
+    /// Host address (kept as an integer so the backend stays Send + Sync).
+    host: usize,
+    device: u64,
+}
+
+impl MappedScalar {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        // SAFETY: the memory is written below before any read.
+        let mut mem = unsafe {
+            ctx.alloc_pinned_with_flags::<f64>(
+                1,
+                dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(cuda_err("mapped host memory"))?;
+        let host = mem.as_mut_ptr().map_err(cuda_err("mapped host memory"))?;
+        // SAFETY: `host` points to one f64 of page-locked memory owned by `mem`.
+        unsafe { host.write(0.0) };
+        let mut device: dsys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
+        let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
+        if r != dsys::CUresult::CUDA_SUCCESS {
+            return Err(Error::backend(
+                "cuda",
+                format!("mapping host memory: {r:?}"),
+            ));
+        }
+        Ok(MappedScalar {
+            _mem: mem,
+            host: host as usize,
+            device,
+        })
+    }
+}
+
+/// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
+/// where a scalar comes back).
+pub struct CudaBackend {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) k: Arc<Kernels>,
+    pub(crate) info: DeviceInfo,
+    /// Partial sums of a reduction (RED_MAX_BLOCKS), its ticket counter, and its result.
+    partial: CudaSlice<f64>,
+    counter: CudaSlice<u32>,
+    result: CudaSlice<f64>,
+    /// Where reductions write their result: a page-locked, device-mapped host word (the kernel
+    /// writes it directly; the host reads it after one stream synchronisation, no copy), or
+    /// `result` on the device when mapping is unavailable.
+    mapped: Option<MappedScalar>,
+    /// Host staging for the multi-rank vector reduction.
+    staging: Mutex<Vec<f64>>,
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal`: checks the libraries and the device first (an error, not
+    /// a panic, when CUDA is not usable), then compiles or reuses the kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let info = probe_device(ordinal)
+            .map_err(|why| Error::backend("cuda", format!("no usable CUDA GPU: {why}")))?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the context"))?;
+        // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
+        // per-buffer event tracking (cross-stream synchronisation) is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let k = kernels_for(&ctx, info.compute_capability)?;
+        let partial = stream
+            .alloc_zeros::<f64>(RED_MAX_BLOCKS)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let counter = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let result = stream
+            .alloc_zeros::<f64>(1)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let mapped = MappedScalar::new(&ctx).ok();
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            k,
+            info,
+            partial,
+            counter,
+            result,
+            mapped,
+            staging: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free and total device memory now, in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(cuda_err("memory info"))
+    }
+
+    /// Wait for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+
+    /// The stream every kernel of this backend runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Device address of a buffer (event tracking is off, so nothing is recorded).
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Launch `f` on this backend's stream.
+    pub(crate) fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
+        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
+        // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
+        // values of the matching types that outlive this call; buffer lengths are checked by
+        // the wrapper before the launch.
+        unsafe {
+            dres::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(cuda_err("kernel launch"))
+    }
+
+    fn elementwise_grid(&self, n: usize) -> u32 {
+        let max = (self.info.multiprocessors.max(1) as usize) * 16;
+        n.div_ceil(THREADS as usize).clamp(1, max) as u32
+    }
+
+    fn reduction_grid(n: usize) -> u32 {
+        n.div_ceil(THREADS as usize * RED_PER_THREAD)
+            .clamp(1, RED_MAX_BLOCKS) as u32
+    }
+
+    /// Where a reduction kernel writes its result.
+    fn result_ptr(&self) -> u64 {
+        match &self.mapped {
+            Some(m) => m.device,
+            None => self.ptr(&self.result),
+        }
+    }
+
+    /// The reduction result on the host (waits for the stream).
+    fn read_result(&self) -> Result<f64> {
+        if let Some(m) = &self.mapped {
+            self.synchronize()?;
+            // SAFETY: `m.host` is the live page-locked word the finished kernel wrote.
+            return Ok(unsafe { std::ptr::read_volatile(m.host as *const f64) });
+        }
+        let mut h = [0.0f64];
+        self.stream
+            .memcpy_dtoh(&self.result, &mut h)
+            .map_err(cuda_err("copying a scalar to the host"))?;
+        self.synchronize()?;
+        Ok(h[0])
+    }
+
+    fn check_len(&self, what: &str, got: usize, want: usize) -> Result<()> {
+        if got != want {
+            return Err(Error::Invalid(format!(
+                "cuda {what}: vector lengths differ ({got} vs {want})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Vector = CudaSlice<f64>;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn describe(&self) -> String {
+        format!("cuda {}", self.info)
+    }
+    fn zeros(&self, n: usize) -> Result<CudaSlice<f64>> {
+        self.stream
+            .alloc_zeros::<f64>(n)
+            .map_err(|e| Error::backend("cuda", format!("allocating {n} f64 on the device: {e:?}")))
+    }
+    fn upload(&self, x: &[f64]) -> Result<CudaSlice<f64>> {
+        self.stream
+            .clone_htod(x)
+            .map_err(cuda_err("copying a vector to the device"))
+    }
+    fn download(&self, x: &CudaSlice<f64>, out: &mut [f64]) -> Result<()> {
+        self.check_len("download", out.len(), x.len())?;
+        self.stream
+            .memcpy_dtoh(x, out)
+            .map_err(cuda_err("copying a vector to the host"))?;
+        self.synchronize()
+    }
+    fn len(&self, x: &CudaSlice<f64>) -> usize {
+        x.len()
+    }
+    fn copy(&self, src: &CudaSlice<f64>, dst: &mut CudaSlice<f64>) -> Result<()> {
+        self.check_len("copy", src.len(), dst.len())?;
+        self.stream
+            .memcpy_dtod(src, dst)
+            .map_err(cuda_err("device copy"))
+    }
+    fn fill(&self, x: &mut CudaSlice<f64>, value: f64) -> Result<()> {
+        let (n, px) = (x.len() as u64, self.ptr(x));
+        let g = self.elementwise_grid(x.len());
+        self.launch(
+            &self.k.fill,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&value), arg(&px)],
+        )
+    }
+    fn scale(&self, x: &mut CudaSlice<f64>, a: f64) -> Result<()> {
+        let (n, px) = (x.len() as u64, self.ptr(x));
+        let g = self.elementwise_grid(x.len());
+        self.launch(&self.k.scale, g, THREADS, &mut [arg(&n), arg(&a), arg(&px)])
+    }
+    fn axpby(&self, a: f64, x: &CudaSlice<f64>, b: f64, y: &mut CudaSlice<f64>) -> Result<()> {
+        self.check_len("axpby", x.len(), y.len())?;
+        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
+        let g = self.elementwise_grid(x.len());
+        self.launch(
+            &self.k.axpby,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&a), arg(&px), arg(&b), arg(&py)],
+        )
+    }
+    fn pointwise_mul(
+        &self,
+        x: &CudaSlice<f64>,
+        y: &CudaSlice<f64>,
+        z: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check_len("pointwise_mul", x.len(), y.len())?;
+        self.check_len("pointwise_mul", x.len(), z.len())?;
+        let (n, px, py, pz) = (x.len() as u64, self.ptr(x), self.ptr(y), self.ptr(z));
+        let g = self.elementwise_grid(x.len());
+        self.launch(
+            &self.k.pmul,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&px), arg(&py), arg(&pz)],
+        )
+    }
+    fn dot(&self, x: &CudaSlice<f64>, y: &CudaSlice<f64>) -> Result<f64> {
+        self.check_len("dot", x.len(), y.len())?;
+        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
+        let (pp, pc, pr) = (
+            self.ptr(&self.partial),
+            self.ptr(&self.counter),
+            self.result_ptr(),
+        );
+        let g = Self::reduction_grid(x.len());
+        self.launch(
+            &self.k.dot,
+            g,
+            THREADS,
+            &mut [arg(&px), arg(&py), arg(&n), arg(&pp), arg(&pc), arg(&pr)],
+        )?;
+        self.read_result()
+    }
+    fn norm_sq(&self, x: &CudaSlice<f64>) -> Result<f64> {
+        self.dot(x, x)
+    }
+    fn lsqr_update(
+        &self,
+        x: &mut CudaSlice<f64>,
+        w: &mut CudaSlice<f64>,
+        v: &CudaSlice<f64>,
+        t1: f64,
+        t2: f64,
+        inv_rho: f64,
+        var: Option<&mut CudaSlice<f64>>,
+    ) -> Result<f64> {
+        let n = x.len();
+        self.check_len("lsqr_update", w.len(), n)?;
+        self.check_len("lsqr_update", v.len(), n)?;
+        let pvar = match var {
+            Some(var) => {
+                self.check_len("lsqr_update", var.len(), n)?;
+                self.ptr(var)
+            }
+            None => 0u64,
+        };
+        let (px, pw, pv, n64) = (self.ptr(x), self.ptr(w), self.ptr(v), n as u64);
+        let (pp, pc, pr) = (
+            self.ptr(&self.partial),
+            self.ptr(&self.counter),
+            self.result_ptr(),
+        );
+        let g = Self::reduction_grid(n);
+        self.launch(
+            &self.k.lsqr_update,
+            g,
+            THREADS,
+            &mut [
+                arg(&px),
+                arg(&pw),
+                arg(&pv),
+                arg(&t1),
+                arg(&t2),
+                arg(&inv_rho),
+                arg(&pvar),
+                arg(&n64),
+                arg(&pp),
+                arg(&pc),
+                arg(&pr),
+            ],
+        )?;
+        self.read_result()
+    }
+    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
+        if comm.size() <= 1 {
+            return Ok(());
+        }
+        let mut h = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        h.resize(x.len(), 0.0);
+        self.download(x, &mut h)?;
+        comm.allreduce_sum(&mut h)?;
+        self.stream
+            .memcpy_htod(&h[..], x)
+            .map_err(cuda_err("copying a vector to the device"))?;
+        self.synchronize()
+    }
+}

@@ -1,0 +1,495 @@
+//! `seistomo bench`: LSQR iterations per backend, transpose strategy and value precision on a
+//! synthetic straight-ray system built in memory (or a system from Matrix Market files), with
+//! ms/iteration, effective bandwidth and the ratio to the bandwidth floor.
+//!
+//! The synthetic system follows `straight_ray_system` of the CuPy peer
+//! (/work/shared/peers/cupy_lsqr.py): rays from random points on the top face to random points
+//! on the bottom face of an NX x NY x NZ grid, K = 2 (NX+NY+NZ) samples per ray with duplicates
+//! summed per cell, then 0.1 I norm damping and first-difference smoothing rows (-0.5, +0.5)
+//! along x, y and z. `--export-npy DIR` writes it for `cupy_lsqr.py npy DIR ITERS`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
+use crate::backend::cuda::{CudaBackend, CudaCsrOperator};
+use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
+use crate::comm::SerialComm;
+use crate::io::write_atomic;
+use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
+use crate::sparse::Csr;
+use crate::testing::Rng;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Synthetic system preset: small (32x32x20, 20k rays), medium (64x64x40, 150k rays),
+    /// large (128x128x80, 600k rays: ~100M nonzeros, the CuPy peer's system).
+    #[arg(long, default_value = "small")]
+    size: String,
+    /// Grid NX,NY,NZ (overrides --size).
+    #[arg(long)]
+    grid: Option<String>,
+    /// Number of rays (overrides --size).
+    #[arg(long)]
+    rays: Option<usize>,
+    /// Seed of the ray generator.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Order the synthetic rays by their first cell (instead of the generator's random order):
+    /// shows what row order does to the gathers of A^T u.
+    #[arg(long)]
+    sort_rays: bool,
+    /// Benchmark a Matrix Market system instead: A (with --reg/--reg-weight/--rhs as in solve).
+    #[arg(long)]
+    matrix: Option<PathBuf>,
+    #[arg(long)]
+    rhs: Option<PathBuf>,
+    #[arg(long)]
+    reg: Option<PathBuf>,
+    #[arg(long, default_value_t = 1.0)]
+    reg_weight: f64,
+    /// LSQR iterations per configuration (timed after 3 warm-up iterations).
+    #[arg(long, default_value_t = 100)]
+    iters: usize,
+    /// Backends: cuda, cpu, or all.
+    #[arg(long, default_value = "cuda")]
+    backend: String,
+    /// Transpose strategies (comma-separated): csc, scatter, library.
+    #[arg(long, default_value = "csc,scatter,library")]
+    transpose: String,
+    /// Value precisions (comma-separated): f64, f32.
+    #[arg(long, default_value = "f64,f32")]
+    precision: String,
+    /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
+    #[arg(long)]
+    export_npy: Option<PathBuf>,
+    /// Also write the table as JSON lines to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Build the straight-ray system of the CuPy peer on an nx x ny x nz grid.
+pub fn straight_ray_system(
+    nx: usize,
+    ny: usize,
+    nz: usize,
+    nrays: usize,
+    seed: u64,
+    sort_rays: bool,
+) -> Csr {
+    let ncell = nx * ny * nz;
+    let k = 2 * (nx + ny + nz);
+    let rows: Vec<Vec<(u32, f64)>> = (0..nrays)
+        .into_par_iter()
+        .map(|r| {
+            let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
+            let src = [rng.uniform() * nx as f64, rng.uniform() * ny as f64, 0.0];
+            let rcv = [
+                rng.uniform() * nx as f64,
+                rng.uniform() * ny as f64,
+                nz as f64 - 1e-6,
+            ];
+            let d = [rcv[0] - src[0], rcv[1] - src[1], rcv[2] - src[2]];
+            let seg = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt() / k as f64;
+            let mut cols: Vec<u32> = (0..k)
+                .map(|s| {
+                    let t = (s as f64 + 0.5) / k as f64;
+                    let c = |a: usize, n: usize| ((src[a] + t * d[a]).max(0.0) as usize).min(n - 1);
+                    ((c(2, nz) * ny + c(1, ny)) * nx + c(0, nx)) as u32
+                })
+                .collect();
+            cols.sort_unstable();
+            let mut row: Vec<(u32, f64)> = Vec::with_capacity(cols.len());
+            for c in cols {
+                match row.last_mut() {
+                    Some((lc, v)) if *lc == c => *v += seg,
+                    _ => row.push((c, seg)),
+                }
+            }
+            row
+        })
+        .collect();
+    let mut rows = rows;
+    if sort_rays {
+        rows.par_sort_by_key(|r| r.first().map(|e| e.0).unwrap_or(0));
+    }
+    let mut indptr = Vec::with_capacity(nrays + 4 * ncell + 1);
+    indptr.push(0u64);
+    let nnz_est: usize = rows.iter().map(|r| r.len()).sum::<usize>() + 7 * ncell;
+    let mut indices = Vec::with_capacity(nnz_est);
+    let mut data = Vec::with_capacity(nnz_est);
+    for row in rows {
+        for (c, v) in row {
+            indices.push(c);
+            data.push(v);
+        }
+        indptr.push(indices.len() as u64);
+    }
+    for c in 0..ncell {
+        indices.push(c as u32);
+        data.push(0.1);
+        indptr.push(indices.len() as u64);
+    }
+    for (stride, dimlen, axis) in [(1, nx, 0), (nx, ny, 1), (nx * ny, nz, 2)] {
+        for c in 0..ncell {
+            let coord = match axis {
+                0 => c % nx,
+                1 => (c / nx) % ny,
+                _ => c / (nx * ny),
+            };
+            if coord + 1 < dimlen {
+                indices.extend([c as u32, (c + stride) as u32]);
+                data.extend([-0.5, 0.5]);
+                indptr.push(indices.len() as u64);
+            }
+        }
+    }
+    let m = indptr.len() - 1;
+    Csr::try_new(m, ncell, indptr, indices, data).expect("generated system is well formed")
+}
+
+fn write_npy(path: &Path, descr: &str, n: usize, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n},), }}");
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    write_atomic(path, |w| {
+        w.write_all(b"\x93NUMPY\x01\x00")?;
+        w.write_all(&(header.len() as u16).to_le_bytes())?;
+        w.write_all(header.as_bytes())?;
+        w.write_all(bytes)
+    })?;
+    Ok(())
+}
+
+fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * N);
+    for &x in v {
+        out.extend_from_slice(&f(x));
+    }
+    out
+}
+
+/// Write A and b as .npy files readable by numpy / cupy_lsqr.py.
+pub fn export_npy(dir: &Path, a: &Csr, b: &[f64]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ip: Vec<i64> = a.indptr().iter().map(|&p| p as i64).collect();
+    let ci: Vec<i32> = a.indices().iter().map(|&c| c as i32).collect();
+    write_npy(
+        &dir.join("indptr.npy"),
+        "<i8",
+        ip.len(),
+        &le_bytes(&ip, i64::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("indices.npy"),
+        "<i4",
+        ci.len(),
+        &le_bytes(&ci, i32::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("data.npy"),
+        "<f8",
+        a.nnz(),
+        &le_bytes(a.data(), f64::to_le_bytes),
+    )?;
+    write_npy(
+        &dir.join("b.npy"),
+        "<f8",
+        b.len(),
+        &le_bytes(b, f64::to_le_bytes),
+    )?;
+    let shape = [a.nrows() as i64, a.ncols() as i64];
+    write_npy(
+        &dir.join("shape.npy"),
+        "<i8",
+        2,
+        &le_bytes(&shape, i64::to_le_bytes),
+    )?;
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median wall time (ms) of `f` followed by `sync`.
+fn time_ms(
+    reps: usize,
+    sync: &dyn Fn() -> crate::Result<()>,
+    mut f: impl FnMut() -> crate::Result<()>,
+) -> crate::Result<f64> {
+    f()?;
+    sync()?;
+    let mut ts = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        sync()?;
+        ts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(median(ts))
+}
+
+/// One configuration's timings.
+struct Row {
+    backend: String,
+    transpose: String,
+    precision: String,
+    ms_iter: f64,
+    ax_ms: f64,
+    aty_ms: f64,
+    r1norm: f64,
+    x: Vec<f64>,
+}
+
+fn run_config<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    b: &[f64],
+    iters: usize,
+    sync: &dyn Fn() -> crate::Result<()>,
+) -> crate::Result<(f64, f64, f64, f64, Vec<f64>)> {
+    let (m, n) = (op.nrows(), op.ncols());
+    let comm = SerialComm;
+    let bd = be.upload(b)?;
+    // Products alone.
+    let mut y = be.zeros(m)?;
+    let mut x = be.zeros(n)?;
+    be.fill(&mut x, 0.5)?;
+    let ax = time_ms(20, sync, || op.apply(be, 1.0, &x, 0.0, &mut y))?;
+    let aty = time_ms(20, sync, || op.apply_t(be, 1.0, &y, 0.0, &mut x))?;
+    drop((x, y));
+    let params = LsqrParams {
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        iter_lim: Some(3),
+        ..Default::default()
+    };
+    // Warm-up, then the timed run from a fresh start.
+    let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
+    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
+    let params = LsqrParams {
+        iter_lim: Some(iters),
+        ..params
+    };
+    let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
+    sync()?;
+    let t = Instant::now();
+    let info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
+    sync()?;
+    let ms = t.elapsed().as_secs_f64() * 1e3 / info.itn.max(1) as f64;
+    let mut xh = vec![0.0; n];
+    be.download(&v.x, &mut xh)?;
+    Ok((ms, ax, aty, info.r1norm, xh))
+}
+
+fn list<T: std::str::FromStr<Err = String>>(s: &str) -> anyhow::Result<Vec<T>> {
+    s.split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| t.trim().parse::<T>().map_err(anyhow::Error::msg))
+        .collect()
+}
+
+/// Bytes of one SpMV pass over `rows` x `cols` with `nnz` nonzeros, counted as the CuPy peer
+/// does (values + 4-byte column indices + 4-byte row offsets + read x + write y).
+fn pass_bytes(rows: usize, cols: usize, nnz: usize, precision: Precision) -> f64 {
+    (nnz * (4 + precision.bytes()) + (rows + 1) * 4 + cols * 8 + rows * 8) as f64
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let (mat, b, what) = match &a.matrix {
+        Some(p) => {
+            let sys =
+                crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+            (sys.a, sys.b, format!("{}", p.display()))
+        }
+        None => {
+            let (mut g, mut rays) = match a.size.as_str() {
+                "small" => ((32, 32, 20), 20_000),
+                "medium" => ((64, 64, 40), 150_000),
+                "large" => ((128, 128, 80), 600_000),
+                s => bail!("--size {s}: expected small, medium or large"),
+            };
+            if let Some(gs) = &a.grid {
+                let v: Vec<usize> = gs
+                    .split(',')
+                    .map(|t| t.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("--grid {gs}: expected NX,NY,NZ"))?;
+                if v.len() != 3 || v.iter().any(|&d| d < 2) {
+                    bail!("--grid {gs}: expected three sizes >= 2");
+                }
+                g = (v[0], v[1], v[2]);
+            }
+            if let Some(r) = a.rays {
+                rays = r;
+            }
+            let mat = straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays);
+            let mut rng = Rng::new(a.seed + 1);
+            let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
+            let b = mat.matvec(&xt);
+            (
+                mat,
+                b,
+                format!("straight rays {}x{}x{}, {rays} rays", g.0, g.1, g.2),
+            )
+        }
+    };
+    let (m, n, nnz) = (mat.nrows(), mat.ncols(), mat.nnz());
+    eprintln!(
+        "system: {what}: {m} x {n}, {nnz} nonzeros (built in {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+    if let Some(dir) = &a.export_npy {
+        export_npy(dir, &mat, &b)?;
+        eprintln!(
+            "wrote {}/{{indptr,indices,data,b,shape}}.npy",
+            dir.display()
+        );
+        return Ok(());
+    }
+    let strategies: Vec<TransposeStrategy> = list(&a.transpose)?;
+    let precisions: Vec<Precision> = list(&a.precision)?;
+    let backends: Vec<&str> = match a.backend.as_str() {
+        "all" => vec!["cuda", "cpu"],
+        "cuda" | "gpu" => vec!["cuda"],
+        "cpu" => vec!["cpu"],
+        s => bail!("--backend {s}: expected cuda, cpu or all"),
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut copy_gbps = f64::NAN;
+    let mut device = String::from("-");
+    for &bk in &backends {
+        if bk == "cuda" {
+            let be = CudaBackend::new(0)?;
+            device = be.describe();
+            eprintln!("device: {device}");
+            // Device copy bandwidth (read + write), 256 MiB each way.
+            let len = 32usize << 20;
+            let src = be.zeros(len)?;
+            let mut dst = be.zeros(len)?;
+            let sync = || be.synchronize();
+            let ms = time_ms(10, &sync, || be.copy(&src, &mut dst))?;
+            copy_gbps = 2.0 * (len * 8) as f64 / (ms * 1e-3) / 1e9;
+            drop((src, dst));
+            for &p in &precisions {
+                for &s in &strategies {
+                    if s == TransposeStrategy::Library && p != Precision::F64 {
+                        continue;
+                    }
+                    let op = match CudaCsrOperator::new(&be, &mat, s, p) {
+                        Ok(op) => op,
+                        Err(e) => {
+                            eprintln!("cuda {s} {p}: skipped: {e}");
+                            continue;
+                        }
+                    };
+                    let (ms, ax, aty, r1, x) = run_config(&be, &op, &b, a.iters, &sync)?;
+                    eprintln!("cuda {s} {p}: {ms:.4} ms/iter (A x {ax:.4} ms, A^T y {aty:.4} ms)");
+                    rows.push(Row {
+                        backend: "cuda".into(),
+                        transpose: s.to_string(),
+                        precision: p.to_string(),
+                        ms_iter: ms,
+                        ax_ms: ax,
+                        aty_ms: aty,
+                        r1norm: r1,
+                        x,
+                    });
+                }
+            }
+        } else {
+            let be = CpuBackend::new();
+            let sync = || Ok(());
+            for &s in &strategies {
+                if s == TransposeStrategy::Library {
+                    continue;
+                }
+                let op = CpuCsrOperator::new(mat.clone(), s);
+                let (ms, ax, aty, r1, x) = run_config(&be, &op, &b, a.iters, &sync)?;
+                eprintln!("cpu {s} f64: {ms:.4} ms/iter");
+                rows.push(Row {
+                    backend: "cpu".into(),
+                    transpose: s.to_string(),
+                    precision: "f64".into(),
+                    ms_iter: ms,
+                    ax_ms: ax,
+                    aty_ms: aty,
+                    r1norm: r1,
+                    x,
+                });
+            }
+        }
+    }
+    // Floors: one A pass + one A^T pass + 10 vector passes, over the copy bandwidth.
+    let floor_bytes = |p: Precision| {
+        pass_bytes(m, n, nnz, p) + pass_bytes(n, m, nnz, p) + 10.0 * 8.0 * (m + n) as f64
+    };
+    let reference = rows.first().map(|r| r.x.clone());
+    let mut out = String::new();
+    out.push_str(&format!(
+        "# seistomo bench: {what}: {m} x {n}, {nnz} nnz; {} LSQR iterations\n# device: {device}\n# copy bandwidth {copy_gbps:.0} GB/s; floor f64 {:.4} ms, f32 {:.4} ms\n",
+        a.iters,
+        floor_bytes(Precision::F64) / (copy_gbps * 1e9) * 1e3,
+        floor_bytes(Precision::F32) / (copy_gbps * 1e9) * 1e3,
+    ));
+    out.push_str(&format!(
+        "{:<6} {:<8} {:<5} {:>10} {:>9} {:>9} {:>8} {:>11} {:>14} {:>10}\n",
+        "backend",
+        "transp",
+        "prec",
+        "ms/iter",
+        "Ax ms",
+        "ATy ms",
+        "GB/s",
+        "floor/time",
+        "r1norm",
+        "dx/x"
+    ));
+    let mut json = String::new();
+    for r in &rows {
+        let p: Precision = r.precision.parse().unwrap_or_default();
+        let fb = floor_bytes(p);
+        let gbps = fb / (r.ms_iter * 1e-3) / 1e9;
+        let frac = gbps / copy_gbps;
+        let dx = match &reference {
+            Some(x0) => {
+                let num: f64 = r.x.iter().zip(x0).map(|(a, b)| (a - b) * (a - b)).sum();
+                let den: f64 = x0.iter().map(|a| a * a).sum();
+                (num / den.max(f64::MIN_POSITIVE)).sqrt()
+            }
+            None => 0.0,
+        };
+        out.push_str(&format!(
+            "{:<7} {:<8} {:<5} {:>10.4} {:>9.4} {:>9.4} {:>8.0} {:>11.3} {:>14.8e} {:>10.2e}\n",
+            r.backend,
+            r.transpose,
+            r.precision,
+            r.ms_iter,
+            r.ax_ms,
+            r.aty_ms,
+            gbps,
+            frac,
+            r.r1norm,
+            dx
+        ));
+        json.push_str(&format!(
+            "{{\"system\":\"{what}\",\"m\":{m},\"n\":{n},\"nnz\":{nnz},\"backend\":\"{}\",\"transpose\":\"{}\",\"precision\":\"{}\",\"ms_per_iter\":{},\"ax_ms\":{},\"aty_ms\":{},\"copy_GBps\":{},\"floor_ms\":{},\"r1norm\":{},\"dx_rel\":{}}}\n",
+            r.backend, r.transpose, r.precision, r.ms_iter, r.ax_ms, r.aty_ms, copy_gbps,
+            fb / (copy_gbps * 1e9) * 1e3, r.r1norm, dx
+        ));
+    }
+    print!("{out}");
+    if let Some(p) = &a.json {
+        write_atomic(p, |w| w.write_all(json.as_bytes()))?;
+    }
+    Ok(())
+}

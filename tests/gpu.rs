@@ -1,0 +1,812 @@
+//! CUDA backend against the CPU backend (the reference). Every test prints
+//! "skipped: no CUDA GPU (reason)" and passes when no usable GPU is present (CI).
+
+use std::path::Path;
+
+use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
+use seistomo::backend::cuda::{probe, segments, CudaBackend, CudaCsrOperator};
+use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
+use seistomo::comm::SerialComm;
+use seistomo::run::{choose_backend, load_mtx_system, BackendChoice};
+use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::sparse::Csr;
+use seistomo::testing::{awkward_csr, Rng};
+
+fn gpu() -> Option<CudaBackend> {
+    match probe() {
+        Err(why) => {
+            println!("skipped: no CUDA GPU ({why})");
+            None
+        }
+        Ok(dev) => {
+            println!("running on {dev}");
+            Some(CudaBackend::new(0).expect("probe succeeded, so the backend must start"))
+        }
+    }
+}
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> {
+    let mut h = vec![0.0; be.len(x)];
+    be.download(x, &mut h).unwrap();
+    h
+}
+
+/// The matrix with values rounded to f32 (what the GPU stores with f32 precision).
+fn rounded(a: &Csr) -> Csr {
+    let mut r = a.clone();
+    r.data_mut().iter_mut().for_each(|v| *v = *v as f32 as f64);
+    r
+}
+
+const SHAPES: [(usize, usize); 5] = [(2000, 700), (300, 9000), (50_000, 64), (7, 3), (8000, 2000)];
+const STRATEGIES: [TransposeStrategy; 3] = [
+    TransposeStrategy::Csc,
+    TransposeStrategy::Scatter,
+    TransposeStrategy::Library,
+];
+
+#[test]
+fn choose_backend_reports_why() {
+    match probe() {
+        Err(why) => {
+            let e = choose_backend(BackendChoice::Cuda).unwrap_err().to_string();
+            assert!(e.contains("no usable CUDA GPU"), "{e}");
+            let (k, msg) = choose_backend(BackendChoice::Auto).unwrap();
+            assert_eq!(k, BackendChoice::Cpu);
+            assert!(msg.contains("no usable CUDA GPU"), "{msg}");
+            println!("skipped GPU half: no CUDA GPU ({why})");
+        }
+        Ok(_) => {
+            let (k, msg) = choose_backend(BackendChoice::Auto).unwrap();
+            assert_eq!(k, BackendChoice::Cuda, "{msg}");
+            assert!(choose_backend(BackendChoice::Cuda).is_ok());
+        }
+    }
+}
+
+#[test]
+fn vector_kernels_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let bad = std::cell::RefCell::new(Vec::<String>::new());
+    let same = |what: &str, n: usize, got: &[f64], want: &[f64]| {
+        let diff = got
+            .iter()
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        if diff > 0 {
+            bad.borrow_mut().push(format!(
+                "{what} n={n}: {diff} elements differ, rel {:.2e}",
+                rel(got, want)
+            ));
+        }
+    };
+    for &n in &[1usize, 31, 1000, 100_003, 2_000_001] {
+        let x = rand_vec(n, n as u64);
+        let y = rand_vec(n, n as u64 + 1);
+        let v = rand_vec(n, n as u64 + 2);
+        let (gx, gv) = (g.upload(&x).unwrap(), g.upload(&v).unwrap());
+        let mut gy = g.upload(&y).unwrap();
+        same("upload/download", n, &down(&g, &gy), &y);
+        let mut cy = y.clone();
+        c.axpby(1.5, &x, -0.25, &mut cy).unwrap();
+        g.axpby(1.5, &gx, -0.25, &mut gy).unwrap();
+        same("axpby", n, &down(&g, &gy), &cy);
+        c.scale(&mut cy, -3.0).unwrap();
+        g.scale(&mut gy, -3.0).unwrap();
+        same("scale", n, &down(&g, &gy), &cy);
+        let mut gz = g.zeros(n).unwrap();
+        let mut cz = vec![0.0; n];
+        c.pointwise_mul(&x, &y, &mut cz).unwrap();
+        let gyy = g.upload(&y).unwrap();
+        g.pointwise_mul(&gx, &gyy, &mut gz).unwrap();
+        same("pointwise_mul", n, &down(&g, &gz), &cz);
+        g.fill(&mut gz, 2.5).unwrap();
+        same("fill", n, &down(&g, &gz), &vec![2.5; n]);
+        g.copy(&gx, &mut gz).unwrap();
+        same("copy", n, &down(&g, &gz), &x);
+        // reductions: deterministic and equal to the CPU's within rounding
+        let (cd, gd) = (c.dot(&x, &y).unwrap(), g.dot(&gx, &gyy).unwrap());
+        if (cd - gd).abs() > 1e-12 * (1.0 + cd.abs()) {
+            bad.borrow_mut().push(format!("dot n={n}: {cd} vs {gd}"));
+        }
+        if gd.to_bits() != g.dot(&gx, &gyy).unwrap().to_bits() {
+            bad.borrow_mut()
+                .push(format!("dot n={n}: not reproducible"));
+        }
+        let (cn, gn) = (c.norm_sq(&x).unwrap(), g.norm_sq(&gx).unwrap());
+        if (cn - gn).abs() > 1e-12 * cn {
+            bad.borrow_mut()
+                .push(format!("norm_sq n={n}: {cn} vs {gn}"));
+        }
+        // fused LSQR step, with and without var
+        for with_var in [false, true] {
+            let (mut cx, mut cw) = (x.clone(), y.clone());
+            let mut cvar = vec![0.5; n];
+            let (mut gx2, mut gw) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+            let mut gvar = g.upload(&vec![0.5; n]).unwrap();
+            let cs = c
+                .lsqr_update(
+                    &mut cx,
+                    &mut cw,
+                    &v,
+                    0.7,
+                    -0.3,
+                    1.9,
+                    with_var.then_some(&mut cvar),
+                )
+                .unwrap();
+            let gs = g
+                .lsqr_update(
+                    &mut gx2,
+                    &mut gw,
+                    &gv,
+                    0.7,
+                    -0.3,
+                    1.9,
+                    with_var.then_some(&mut gvar),
+                )
+                .unwrap();
+            if (cs - gs).abs() > 1e-12 * cs {
+                bad.borrow_mut()
+                    .push(format!("lsqr_update n={n}: {cs} vs {gs}"));
+            }
+            same("lsqr_update x", n, &down(&g, &gx2), &cx);
+            same("lsqr_update w", n, &down(&g, &gw), &cw);
+            same("lsqr_update var", n, &down(&g, &gvar), &cvar);
+        }
+    }
+    let bad = bad.into_inner();
+    for b in &bad {
+        println!("MISMATCH {b}");
+    }
+    assert!(bad.is_empty(), "{} mismatches", bad.len());
+    // Length mismatches are errors, not panics.
+    let a = g.zeros(3).unwrap();
+    let mut b = g.zeros(4).unwrap();
+    assert!(g.axpby(1.0, &a, 1.0, &mut b).is_err());
+    assert!(g.copy(&a, &mut b).is_err());
+}
+
+#[test]
+fn sparse_products_match_cpu_all_strategies_and_precisions() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    for (si, &(m, n)) in SHAPES
+        .iter()
+        .enumerate()
+        .flat_map(|p| [p, p])
+        .enumerate()
+        .map(|(k, (si, mn))| (si + 100 * (k % 2), mn))
+    {
+        let a = awkward_csr(m, n, 100 + si as u64);
+        let x = rand_vec(n, 7);
+        let y = rand_vec(m, 8);
+        for p in [Precision::F64, Precision::F32] {
+            let ar = if p == Precision::F32 {
+                rounded(&a)
+            } else {
+                a.clone()
+            };
+            let cop = CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc);
+            for s in STRATEGIES {
+                if s == TransposeStrategy::Library && p == Precision::F32 {
+                    assert!(CudaCsrOperator::new(&g, &a, s, p).is_err());
+                    continue;
+                }
+                let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
+                assert_eq!(gop.strategy(), s);
+                let (gx, gy0) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+                for (alpha, beta) in [(1.0, 0.0), (-0.5, 2.0), (2.0, 1.0)] {
+                    let mut cy = y.clone();
+                    cop.apply(&c, alpha, &x, beta, &mut cy).unwrap();
+                    let mut gy = g.upload(&y).unwrap();
+                    gop.apply(&g, alpha, &gx, beta, &mut gy).unwrap();
+                    let gyh = down(&g, &gy);
+                    let e = rel(&gyh, &cy);
+                    let worst = gyh
+                        .iter()
+                        .zip(&cy)
+                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-300))
+                        .fold(0.0f64, f64::max);
+                    if alpha == -0.5 && s == TransposeStrategy::Csc {
+                        println!(
+                            "A x {m}x{n} {s} {p}: norm-wise {e:.2e}, worst element {worst:.2e}"
+                        );
+                    }
+                    assert!(e <= 1e-13, "A x {m}x{n} {s} {p} ({alpha},{beta}): {e}");
+                    let mut cx = x.clone();
+                    cop.apply_t(&c, alpha, &y, beta, &mut cx).unwrap();
+                    let mut gxx = g.upload(&x).unwrap();
+                    gop.apply_t(&g, alpha, &gy0, beta, &mut gxx).unwrap();
+                    let gxh = down(&g, &gxx);
+                    let e = rel(&gxh, &cx);
+                    let worst = gxh
+                        .iter()
+                        .zip(&cx)
+                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-300))
+                        .fold(0.0f64, f64::max);
+                    if alpha == -0.5 {
+                        println!(
+                            "A^T y {m}x{n} {s} {p}: norm-wise {e:.2e}, worst element {worst:.2e}"
+                        );
+                    }
+                    assert!(e <= 1e-13, "A^T y {m}x{n} {s} {p} ({alpha},{beta}): {e}");
+                }
+                // Wrong vector lengths are errors.
+                let mut bad = g.zeros(m + 1).unwrap();
+                assert!(gop.apply(&g, 1.0, &gx, 0.0, &mut bad).is_err());
+            }
+        }
+    }
+}
+
+/// Relative spread of x (and var) after LSQR on the CPU when the same problem is solved with
+/// its rows and columns permuted (a different summation order everywhere, the same problem in
+/// exact arithmetic): how much this problem itself amplifies rounding.
+fn order_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> (f64, f64) {
+    let c = CpuBackend::new();
+    let (m, n) = a.shape();
+    let mut r = Rng::new(5);
+    let mut rp: Vec<usize> = (0..m).collect();
+    let mut cp: Vec<usize> = (0..n).collect();
+    for i in (1..m).rev() {
+        rp.swap(i, r.below(i as u64 + 1) as usize);
+    }
+    for i in (1..n).rev() {
+        cp.swap(i, r.below(i as u64 + 1) as usize);
+    }
+    // Permuted matrix P A Q: row i of it is row rp[i] of A; column j of A becomes cinv[j].
+    let mut cinv = vec![0usize; n];
+    for (j, &c0) in cp.iter().enumerate() {
+        cinv[c0] = j;
+    }
+    let (mut ri, mut ci, mut vi) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, &r0) in rp.iter().enumerate() {
+        let (cols, vals) = a.row(r0);
+        for (&cc, &vv) in cols.iter().zip(vals) {
+            ri.push(i as u64);
+            ci.push(cinv[cc as usize] as u64);
+            vi.push(vv);
+        }
+    }
+    let ap = Csr::from_triplets(m, n, &ri, &ci, &vi).unwrap();
+    let bp: Vec<f64> = rp.iter().map(|&i| b[i]).collect();
+    let s0 = lsqr(
+        &c,
+        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
+        &SerialComm,
+        b,
+        None,
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap();
+    let s1 = lsqr(
+        &c,
+        &CpuCsrOperator::new(ap, TransposeStrategy::Csc),
+        &SerialComm,
+        &bp,
+        None,
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap();
+    let x1: Vec<f64> = (0..n).map(|j| s1.x[cinv[j]]).collect();
+    let (v0, v1) = (s0.var.unwrap_or_default(), s1.var.unwrap_or_default());
+    let v1: Vec<f64> = (0..v1.len()).map(|j| v1[cinv[j]]).collect();
+    (
+        rel(&x1, &s0.x),
+        if v0.is_empty() { 0.0 } else { rel(&v1, &v0) },
+    )
+}
+
+/// LSQR on the CPU in the GPU's summation and reduction orders.
+fn gpu_order_lsqr(a: &Csr, b: &[f64], params: &LsqrParams) -> seistomo::solver::LsqrSolution {
+    let g = GpuOrderCpu(CpuBackend::new());
+    let op = WarpOrderOp {
+        at: a.transpose(),
+        a: a.clone(),
+    };
+    lsqr(&g, &op, &SerialComm, b, None, params, &mut NoMonitor).unwrap()
+}
+
+#[test]
+fn lsqr_iterates_match_cpu_after_50_iterations() {
+    // The reference is the CPU run in the GPU's summation and reduction orders (kernels with a
+    // fixed order must match it to 1e-10). Atomics (scatter) and cuSPARSE sum in an order of
+    // their own: they must match to 1e-10 where a mere change of order moves this problem's
+    // x and var by less than that, else within 10x of that spread (measured: plain CPU order
+    // vs the GPU order). Some awkward shapes amplify the order of the norms by 1e5 in 50
+    // iterations (one dominant row: loss of orthogonality), hence the yardstick.
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut bad = Vec::new();
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 200 + si as u64);
+        let b = rand_vec(m, 9);
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: true,
+        };
+        // The order spread of this shape: the larger of the two precisions' (it is itself a
+        // chaotic quantity on the sensitive shapes).
+        let spread = |ar: &Csr| {
+            let plain = lsqr(
+                &c,
+                &CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc),
+                &SerialComm,
+                &b,
+                None,
+                &params,
+                &mut NoMonitor,
+            )
+            .unwrap();
+            let r = gpu_order_lsqr(ar, &b, &params);
+            (
+                rel(&plain.x, &r.x),
+                rel(plain.var.as_ref().unwrap(), r.var.as_ref().unwrap()),
+            )
+        };
+        let (s64, s32) = (spread(&a), spread(&rounded(&a)));
+        let (sx, sv) = (s64.0.max(s32.0), s64.1.max(s32.1));
+        for p in [Precision::F64, Precision::F32] {
+            let ar = if p == Precision::F32 {
+                rounded(&a)
+            } else {
+                a.clone()
+            };
+            let plain = lsqr(
+                &c,
+                &CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc),
+                &SerialComm,
+                &b,
+                None,
+                &params,
+                &mut NoMonitor,
+            )
+            .unwrap();
+            let reference = gpu_order_lsqr(&ar, &b, &params);
+            let (rx, rv) = (reference.x, reference.var.unwrap());
+            for s in STRATEGIES {
+                if s == TransposeStrategy::Library && p == Precision::F32 {
+                    continue;
+                }
+                let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
+                let gs = lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+                if s == TransposeStrategy::Csc {
+                    let again =
+                        lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+                    if !again
+                        .x
+                        .iter()
+                        .zip(&gs.x)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                    {
+                        bad.push(format!("{m}x{n} csc {p}: not reproducible"));
+                    }
+                }
+                let e = rel(&gs.x, &rx);
+                let ev = rel(gs.var.as_ref().unwrap(), &rv);
+                let (tx, tv) = if s == TransposeStrategy::Csc {
+                    (1e-10, 1e-10)
+                } else {
+                    (1e-10f64.max(10.0 * sx), 1e-10f64.max(10.0 * sv))
+                };
+                println!(
+                    "{m}x{n} {s} {p}: vs GPU-order CPU: x {e:.2e} var {ev:.2e} (tol {tx:.1e} {tv:.1e}); vs plain CPU: x {:.2e}; order spread x {sx:.2e} var {sv:.2e}",
+                    rel(&gs.x, &plain.x)
+                );
+                if gs.info.itn != plain.info.itn || e > tx || ev > tv {
+                    bad.push(format!("{m}x{n} {s} {p}: x {e:.2e}, var {ev:.2e}"));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+fn dataset(p: &str) -> Option<std::path::PathBuf> {
+    // SEISTOMO_ROOT lets a copied test binary find the datasets on another machine.
+    let root = std::env::var_os("SEISTOMO_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
+    let path = root.join(p);
+    if path.exists() {
+        Some(path)
+    } else {
+        println!("skipped: {} missing", path.display());
+        None
+    }
+}
+
+#[test]
+fn lsqr_on_australia_and_well1850_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let (Some(gm), Some(rm), Some(dm), Some(wm), Some(wr)) = (
+        dataset("datasets/australia/G.mtx.gz"),
+        dataset("datasets/australia/R.mtx.gz"),
+        dataset("datasets/australia/d.txt"),
+        dataset("datasets/lsq/well1850.mtx.gz"),
+        dataset("datasets/lsq/well1850_rhs1.mtx.gz"),
+    ) else {
+        return;
+    };
+    let systems = [
+        (
+            "australia",
+            load_mtx_system(&gm, Some(&dm), Some(&rm), 0.015).unwrap(),
+            1e-8,
+        ),
+        (
+            "well1850",
+            load_mtx_system(&wm, Some(&wr), None, 1.0).unwrap(),
+            1e-10,
+        ),
+    ];
+    for (name, sys, tol) in systems {
+        let params = LsqrParams {
+            atol: tol,
+            btol: tol,
+            ..Default::default()
+        };
+        let cop = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
+        let cs = lsqr(&c, &cop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+        for s in STRATEGIES {
+            let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
+            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let e = rel(&gs.x, &cs.x);
+            println!(
+                "{name} {s} f64: istop {} itn {} (cpu {} {}), r1norm {:.10e} (cpu {:.10e}), x rel diff {e:.2e}",
+                gs.info.istop, gs.info.itn, cs.info.istop, cs.info.itn, gs.info.r1norm, cs.info.r1norm
+            );
+            assert_eq!(gs.info.istop, cs.info.istop);
+            assert!((gs.info.itn as f64 - cs.info.itn as f64).abs() <= 0.02 * cs.info.itn as f64);
+            assert!((gs.info.r1norm - cs.info.r1norm).abs() <= 1e-8 * cs.info.r1norm);
+            assert!(e <= 1e-6, "{name} {s}: {e}");
+        }
+        // The accuracy cost of f32 values (reported; LSQR must still converge).
+        for s in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
+            let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F32).unwrap();
+            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let e = rel(&gs.x, &cs.x);
+            println!(
+                "{name} {s} f32: istop {} itn {}, r1norm {:.10e}, x rel diff to f64 CPU {e:.2e}",
+                gs.info.istop, gs.info.itn, gs.info.r1norm
+            );
+            assert!(
+                gs.info.istop == 1 || gs.info.istop == 2,
+                "{name} f32 istop {}",
+                gs.info.istop
+            );
+            assert!(e <= 1e-3, "{name} {s} f32: {e}");
+        }
+    }
+}
+
+/// How far two CPU orderings (CSC gather vs per-thread scatter) drift apart after 50 LSQR
+/// iterations on the awkward matrices: the scale against which the GPU is judged.
+fn cpu_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> f64 {
+    let c = CpuBackend::new();
+    let x1 = lsqr(
+        &c,
+        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
+        &SerialComm,
+        b,
+        None,
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap()
+    .x;
+    let x2 = lsqr(
+        &c,
+        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Scatter),
+        &SerialComm,
+        b,
+        None,
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap()
+    .x;
+    rel(&x2, &x1)
+}
+
+#[test]
+fn cpu_summation_order_spread() {
+    // Not a GPU test: shows how much each awkward problem amplifies a change of summation order
+    // (the yardstick of the LSQR comparison above). Well-conditioned shapes must agree to 1e-10.
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 200 + si as u64);
+        let b = rand_vec(m, 9);
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: true,
+        };
+        let (sx, sv) = order_spread(&a, &b, &params);
+        let e = cpu_spread(&a, &b, &params);
+        println!("{m}x{n}: reordered x rel diff {sx:.2e}, var {sv:.2e}; csc vs scatter {e:.2e}");
+        if m > n {
+            assert!(e <= 1e-10, "{m}x{n}: {e}");
+        }
+    }
+}
+
+/// A CPU operator that sums every row longer than 32 nonzeros in the GPU's order (32 strided
+/// lane sums, then the shuffle tree): isolates the effect of that summation order on LSQR.
+struct WarpOrderOp {
+    a: Csr,
+    at: Csr,
+}
+
+fn warp_order_spmv(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+    let seg = segments(a.indptr());
+    for w in seg.windows(2) {
+        let (r0, r1) = (w[0] as usize, w[1] as usize);
+        for (r, yr) in y.iter_mut().enumerate().take(r1).skip(r0) {
+            let (cols, vals) = a.row(r);
+            let sum = if r1 - r0 == 1 {
+                let mut s = [0.0f64; 32];
+                for (k, (&c, &v)) in cols.iter().zip(vals).enumerate() {
+                    s[k % 32] += v * x[c as usize];
+                }
+                for o in [16, 8, 4, 2, 1] {
+                    for l in 0..o {
+                        s[l] += s[l + o];
+                    }
+                }
+                s[0]
+            } else {
+                cols.iter()
+                    .zip(vals)
+                    .fold(0.0, |t, (&c, &v)| t + v * x[c as usize])
+            };
+            *yr = if beta == 0.0 {
+                alpha * sum
+            } else {
+                alpha * sum + beta * *yr
+            };
+        }
+    }
+}
+
+impl Operator<CpuBackend> for WarpOrderOp {
+    fn nrows(&self) -> usize {
+        self.a.nrows()
+    }
+    fn ncols(&self) -> usize {
+        self.a.ncols()
+    }
+    fn apply(
+        &self,
+        _: &CpuBackend,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> seistomo::Result<()> {
+        warp_order_spmv(&self.a, alpha, x, beta, y);
+        Ok(())
+    }
+    fn apply_t(
+        &self,
+        _: &CpuBackend,
+        alpha: f64,
+        y: &Vec<f64>,
+        beta: f64,
+        x: &mut Vec<f64>,
+    ) -> seistomo::Result<()> {
+        warp_order_spmv(&self.at, alpha, y, beta, x);
+        Ok(())
+    }
+}
+
+/// The GPU's dot-product order (kernels/vector.cu) on the CPU.
+fn gpu_order_dot(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len();
+    let g = n.div_ceil(1024).clamp(1, 1024);
+    let stride = g * 256;
+    let block_sum = |v: &[f64; 256]| {
+        let mut sh = [0.0f64; 8];
+        for (w, s) in sh.iter_mut().enumerate() {
+            let mut l = [0.0f64; 32];
+            l.copy_from_slice(&v[32 * w..32 * w + 32]);
+            for o in [16, 8, 4, 2, 1] {
+                for i in 0..o {
+                    l[i] += l[i + o];
+                }
+            }
+            *s = l[0];
+        }
+        sh.iter().fold(0.0, |t, &s| t + s)
+    };
+    let mut partial = vec![0.0; g];
+    for (b, p) in partial.iter_mut().enumerate() {
+        let mut v = [0.0f64; 256];
+        for (t, vt) in v.iter_mut().enumerate() {
+            let mut i = b * 256 + t;
+            while i < n {
+                *vt += x[i] * y[i];
+                i += stride;
+            }
+        }
+        *p = block_sum(&v);
+    }
+    let mut v = [0.0f64; 256];
+    for (t, vt) in v.iter_mut().enumerate() {
+        let mut i = t;
+        while i < g {
+            *vt += partial[i];
+            i += 256;
+        }
+    }
+    block_sum(&v)
+}
+
+/// The CPU backend with the GPU's reduction order.
+struct GpuOrderCpu(CpuBackend);
+
+impl Backend for GpuOrderCpu {
+    type Vector = Vec<f64>;
+    fn name(&self) -> &'static str {
+        "cpu-gpu-order"
+    }
+    fn describe(&self) -> String {
+        self.name().into()
+    }
+    fn zeros(&self, n: usize) -> seistomo::Result<Vec<f64>> {
+        self.0.zeros(n)
+    }
+    fn upload(&self, x: &[f64]) -> seistomo::Result<Vec<f64>> {
+        self.0.upload(x)
+    }
+    fn download(&self, x: &Vec<f64>, out: &mut [f64]) -> seistomo::Result<()> {
+        self.0.download(x, out)
+    }
+    fn len(&self, x: &Vec<f64>) -> usize {
+        x.len()
+    }
+    fn copy(&self, s: &Vec<f64>, d: &mut Vec<f64>) -> seistomo::Result<()> {
+        self.0.copy(s, d)
+    }
+    fn fill(&self, x: &mut Vec<f64>, v: f64) -> seistomo::Result<()> {
+        self.0.fill(x, v)
+    }
+    fn scale(&self, x: &mut Vec<f64>, a: f64) -> seistomo::Result<()> {
+        self.0.scale(x, a)
+    }
+    fn axpby(&self, a: f64, x: &Vec<f64>, b: f64, y: &mut Vec<f64>) -> seistomo::Result<()> {
+        self.0.axpby(a, x, b, y)
+    }
+    fn pointwise_mul(&self, x: &Vec<f64>, y: &Vec<f64>, z: &mut Vec<f64>) -> seistomo::Result<()> {
+        self.0.pointwise_mul(x, y, z)
+    }
+    fn dot(&self, x: &Vec<f64>, y: &Vec<f64>) -> seistomo::Result<f64> {
+        Ok(gpu_order_dot(x, y))
+    }
+    fn norm_sq(&self, x: &Vec<f64>) -> seistomo::Result<f64> {
+        Ok(gpu_order_dot(x, x))
+    }
+    fn lsqr_update(
+        &self,
+        x: &mut Vec<f64>,
+        w: &mut Vec<f64>,
+        v: &Vec<f64>,
+        t1: f64,
+        t2: f64,
+        inv_rho: f64,
+        var: Option<&mut Vec<f64>>,
+    ) -> seistomo::Result<f64> {
+        let wd: Vec<f64> = w.iter().map(|a| a * inv_rho).collect();
+        let s = gpu_order_dot(&wd, &wd);
+        self.0.lsqr_update(x, w, v, t1, t2, inv_rho, var)?;
+        Ok(s)
+    }
+    fn allreduce_sum(
+        &self,
+        comm: &dyn seistomo::comm::Comm,
+        x: &mut Vec<f64>,
+    ) -> seistomo::Result<()> {
+        self.0.allreduce_sum(comm, x)
+    }
+}
+
+impl Operator<GpuOrderCpu> for WarpOrderOp {
+    fn nrows(&self) -> usize {
+        self.a.nrows()
+    }
+    fn ncols(&self) -> usize {
+        self.a.ncols()
+    }
+    fn apply(
+        &self,
+        _: &GpuOrderCpu,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> seistomo::Result<()> {
+        warp_order_spmv(&self.a, alpha, x, beta, y);
+        Ok(())
+    }
+    fn apply_t(
+        &self,
+        _: &GpuOrderCpu,
+        alpha: f64,
+        y: &Vec<f64>,
+        beta: f64,
+        x: &mut Vec<f64>,
+    ) -> seistomo::Result<()> {
+        warp_order_spmv(&self.at, alpha, y, beta, x);
+        Ok(())
+    }
+}
+
+#[test]
+fn cpu_with_gpu_summation_and_reduction_order() {
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 200 + si as u64);
+        let b = rand_vec(m, 9);
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: true,
+        };
+        let c = CpuBackend::new();
+        let s0 = lsqr(
+            &c,
+            &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &mut NoMonitor,
+        )
+        .unwrap();
+        let g = GpuOrderCpu(CpuBackend::new());
+        let op = WarpOrderOp {
+            at: a.transpose(),
+            a,
+        };
+        let s1 = lsqr(&g, &op, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+        let e = rel(&s1.x, &s0.x);
+        println!(
+            "{m}x{n}: cpu with the GPU's sum and reduction orders: x rel diff {e:.2e}, var {:.2e}",
+            rel(s1.var.as_ref().unwrap(), s0.var.as_ref().unwrap())
+        );
+        // Shapes without a dominant row are insensitive to the order.
+        if m >= 8 * n || m < 10 {
+            assert!(e <= 1e-10, "{m}x{n}: {e}");
+        }
+    }
+}
