@@ -11,13 +11,24 @@ use crate::error::{Error, Result};
 use crate::model::RunModel;
 use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
 
-/// Load (on rank 0), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
+/// Where each rank's rows come from.
+pub enum Loading {
+    /// Rank 0 loads the whole system and sends each rank a nonzero-balanced block of rows
+    /// (Matrix Market input).
+    Root,
+    /// Every rank loads its own rows itself (datasets: the loader's greedy LPT partition, each
+    /// rank reading only its row files / pack ranges).
+    PerRank,
+}
+
+/// Load (on rank 0, or on every rank), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
 /// other ranks. Errors while loading or writing reach every rank as the same
 /// [`crate::Error::Rank`]; other errors are this rank's own (the caller must end the job, e.g.
 /// with [`Comm::abort`], since other ranks may be waiting in a collective).
 pub fn run_lsqr(
     comm: &dyn Comm,
     load: impl FnOnce() -> Result<System>,
+    loading: Loading,
     opts: &SolveOptions,
     out: &OutputPaths,
     progress_every: usize,
@@ -26,7 +37,10 @@ pub fn run_lsqr(
     // Problems every rank would hit alike are found before any rank waits for another.
     agree(comm, check_params(opts))?;
     let t = Instant::now();
-    let sys = distribute_system(comm, load, contiguous_nnz_split)?;
+    let sys = match loading {
+        Loading::Root => distribute_system(comm, load, contiguous_nnz_split)?,
+        Loading::PerRank => agree(comm, load())?,
+    };
     let load_s = t.elapsed().as_secs_f64();
     let (rows, nnz) = (sys.a.nrows(), sys.a.nnz());
     // The model file's coverage (hit count, DWS) is summed over every rank's kernel rows;

@@ -34,12 +34,10 @@ pub enum StructureError {
 /// Every error the library reports.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The OS refused a read or write.
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The OS refused a read or write. (The OS error is part of the message and deliberately
+    /// not an error `source`, so that the one-line CLI message does not repeat it.)
+    #[error("{}: {err}", path.display())]
+    Io { path: PathBuf, err: std::io::Error },
     /// A text file has a bad line.
     #[error("{}:{line}: {msg}", path.display())]
     Parse {
@@ -74,7 +72,7 @@ impl Error {
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.as_ref().to_path_buf(),
-            source,
+            err: source,
         }
     }
     pub fn parse(path: impl AsRef<Path>, line: usize, msg: impl Into<String>) -> Self {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::comm::{agree, Comm};
 use crate::config::RunConfig;
 use crate::distributed;
+use crate::run::SystemSource;
 
 #[derive(Debug, Args)]
 pub struct InvertArgs {
@@ -28,10 +29,23 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
             .or_else(crate::comm::default_threads_per_rank),
     )?;
     super::log_job(comm);
-    let load = || cfg.system.load();
+    // Datasets: every rank reads its own rows (greedy LPT over kernel row nnz, damping blocks by
+    // rank); Matrix Market: rank 0 reads and sends nonzero-balanced row blocks.
+    let (rank, size) = (comm.rank(), comm.size());
+    let (load, loading): (Box<dyn FnOnce() -> crate::Result<crate::run::System>>, _) =
+        match &cfg.system {
+            SystemSource::Dataset { path, options } => (
+                Box::new(move || {
+                    crate::io::load_dataset_with(path, rank, size, options).map(|(s, _)| s)
+                }),
+                distributed::Loading::PerRank,
+            ),
+            other => (Box::new(move || other.load()), distributed::Loading::Root),
+        };
     if let Some(o) = distributed::run_lsqr(
         comm,
         load,
+        loading,
         &cfg.options,
         &cfg.output,
         a.progress,

@@ -105,7 +105,15 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     };
     super::log_job(comm);
     let load = || run::load_mtx_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight);
-    if let Some(o) = distributed::run_lsqr(comm, load, &opts, &out, a.progress, None)? {
+    if let Some(o) = distributed::run_lsqr(
+        comm,
+        load,
+        distributed::Loading::Root,
+        &opts,
+        &out,
+        a.progress,
+        None,
+    )? {
         eprintln!("{}", super::summary(&o));
     }
     Ok(())

@@ -409,7 +409,7 @@ pub fn read_kernel_rows(
                 Layout::PerRow => {
                     let path = kdir.join(row_file_name(e.row));
                     let map = MappedFile::open_small(&path).map_err(|err| match err {
-                        Error::Io { source, .. } => Error::format(
+                        Error::Io { err: source, .. } => Error::format(
                             &path,
                             format!("kernel row {} listed in the metadata: {source}", e.row),
                         ),
