@@ -15,6 +15,7 @@ pub mod model;
 pub mod run;
 pub mod solver;
 pub mod sparse;
+pub mod squaregen;
 pub mod testing;
 
 pub use error::{Error, Result};

@@ -3,6 +3,8 @@
 
 mod invert;
 mod solve;
+mod solve_gmres;
+mod square;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,8 @@ pub enum Command {
     Solve(solve::SolveArgs),
     /// Run an inversion described by a TOML config file.
     Invert(invert::InvertArgs),
+    /// Write a generated square system (3-D Poisson or convection-diffusion) as Matrix Market.
+    Square(square::SquareArgs),
 }
 
 /// Run the parsed command line.
@@ -28,6 +32,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Solve(a) => solve::run(a),
         Command::Invert(a) => invert::run(a),
+        Command::Square(a) => square::run(a),
     }
 }
 
