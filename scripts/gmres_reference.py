@@ -7,6 +7,8 @@ inner iteration).
 Run with Debian's interpreter and one thread, from the repository root:
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 scripts/gmres_reference.py \
       > tests/reference/gmres_scipy.json
+One system (for benchmarks; prints one JSON line):
+  /usr/bin/python3 scripts/gmres_reference.py --one A.mtx[.gz] [--precond jacobi|none]
 Jacobi: M^-1 = diag(1/a_ii), with 1 where a_ii = 0 (seistomo's documented fallback).
 """
 import json, sys, time, platform
@@ -67,6 +69,19 @@ def petsc_run(A, b, pc):
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        path = sys.argv[2]
+        pc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--precond" else "jacobi"
+        A = sp.csr_matrix(sio.mmread(path)).astype(float)
+        b = np.ones(A.shape[0])
+        M, zeros = jacobi(A) if pc == "jacobi" else (None, 0)
+        c = dict(name=path, n=A.shape[0], nnz=int(A.nnz), precond=pc, scipy_version=scipy.__version__,
+                 scipy=scipy_run(A, b, M))
+        p = petsc_run(A, b, "jacobi" if pc == "jacobi" else "none")
+        if p is not None:
+            c["petsc"] = p
+        print(json.dumps(c))
+        return
     cases = []
     for name, path, pcs in SYSTEMS:
         A = sp.csr_matrix(sio.mmread(path)).astype(float)

@@ -52,7 +52,13 @@ pub const DEFAULT_PECLET: [f64; 3] = [0.6, 0.4, 0.2];
 /// Build the 7-point matrix on an nx x ny x nz grid with cell Peclet numbers `peclet`
 /// (ignored for Poisson). Rows are built directly in CSR order (no triplets), in parallel over
 /// z-planes; 2 million rows take well under a second.
-pub fn stencil7(kind: SquareKind, nx: usize, ny: usize, nz: usize, peclet: [f64; 3]) -> Result<Csr> {
+pub fn stencil7(
+    kind: SquareKind,
+    nx: usize,
+    ny: usize,
+    nz: usize,
+    peclet: [f64; 3],
+) -> Result<Csr> {
     if nx == 0 || ny == 0 || nz == 0 {
         return Err(Error::Invalid(format!(
             "square system grid {nx} x {ny} x {nz} is empty"

@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::comm::{Comm, SerialComm};
-use seistomo::solver::dist_square::{
-    comm_volume, DistSquareOperator, RowPartition, ThreadComm,
-};
+use seistomo::solver::dist_square::{comm_volume, DistSquareOperator, RowPartition, ThreadComm};
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,
     PrecondSide,
@@ -45,12 +43,28 @@ fn solve_serial(a: &Csr, precond: &str, params: &GmresParams) -> GmresSolution {
         "jacobi" => Box::new(Jacobi::new(&be, &op.diagonal()).unwrap()),
         "none" => Box::new(Identity),
         "block-ilu0" => Box::new(
-            BlockIlu0::new(op.local_matrix(), a.nrows(), 0, PivotPolicy::Error, TriSolve::Exact)
-                .unwrap(),
+            BlockIlu0::new(
+                op.local_matrix(),
+                a.nrows(),
+                0,
+                PivotPolicy::Error,
+                TriSolve::Exact,
+            )
+            .unwrap(),
         ),
         _ => unreachable!(),
     };
-    gmres(&be, &op, pc.as_mut(), &comm, &b, None, params, &mut NoGmresMonitor).unwrap()
+    gmres(
+        &be,
+        &op,
+        pc.as_mut(),
+        &comm,
+        &b,
+        None,
+        params,
+        &mut NoGmresMonitor,
+    )
+    .unwrap()
 }
 
 fn within_2pct(got: usize, want: usize) -> bool {
@@ -93,7 +107,10 @@ fn matches_scipy_verdict_and_iterations() {
             mgs.iterations
         );
         if want_conv {
-            assert!(mgs.relres <= 1e-10 && cgs.relres <= 1e-10, "{name}: {mgs:?}");
+            assert!(
+                mgs.relres <= 1e-10 && cgs.relres <= 1e-10,
+                "{name}: {mgs:?}"
+            );
         } else {
             assert!(mgs.relres > 1e-10 && mgs.relres.is_finite());
             assert!(mgs.reason.contains("limit"), "{}", mgs.reason);
@@ -141,8 +158,17 @@ fn block_ilu0_on_the_suitesparse_systems() {
             test: ConvergenceTest::Preconditioned,
             ..scipy_params(Orthog::Mgs)
         };
-        let s = gmres(&be, &op, &mut p, &comm, &vec![1.0; n], None, &params, &mut NoGmresMonitor)
-            .unwrap();
+        let s = gmres(
+            &be,
+            &op,
+            &mut p,
+            &comm,
+            &vec![1.0; n],
+            None,
+            &params,
+            &mut NoGmresMonitor,
+        )
+        .unwrap();
         eprintln!(
             "{name}: block-ilu0 (shift: {} inserted, {} replaced): converged {} after {} its, relres {:.3e}, precond relres {:.3e}: {}",
             p.inserted_diagonals, p.replaced_pivots, s.info.converged, s.info.iterations, s.info.relres, s.info.precond_relres, s.info.reason
@@ -203,13 +229,21 @@ fn solve_threads(
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let its = out[0].1;
-    assert!(out.iter().all(|o| o.1 == its), "ranks disagree on iterations");
+    assert!(
+        out.iter().all(|o| o.1 == its),
+        "ranks disagree on iterations"
+    );
     let conv = out[0].2;
     (out.into_iter().flat_map(|o| o.0).collect(), its, conv)
 }
 
 fn rel_diff(x: &[f64], y: &[f64]) -> f64 {
-    let d: f64 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+    let d: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
     d / y.iter().map(|a| a * a).sum::<f64>().sqrt()
 }
 
@@ -251,8 +285,12 @@ fn distributed_ranks_match_one_rank() {
     assert!(serial.info.converged);
     assert!(serial.info.iterations < serial_j.info.iterations);
     for p in 1..=4 {
-        let (x, its, conv) =
-            solve_threads(&a, &RowPartition::contiguous(a.nrows(), p), "block-ilu0", &params);
+        let (x, its, conv) = solve_threads(
+            &a,
+            &RowPartition::contiguous(a.nrows(), p),
+            "block-ilu0",
+            &params,
+        );
         assert!(conv, "P={p}");
         if p == 1 {
             assert_eq!(its, serial.info.iterations);
@@ -272,6 +310,30 @@ fn communication_volume_by_partition() {
         assert_eq!(vc.total_values, 2 * (p - 1) * 256);
         assert_eq!(vc.messages, 2 * (p - 1));
         assert!(vn.max_nnz - vn.min_nnz <= vc.max_nnz - vc.min_nnz + 7);
+    }
+}
+
+#[test]
+fn communication_volume_of_the_real_systems() {
+    // Printed with --nocapture for docs/gmres.md; the checks: nnz partitions balance nonzeros at
+    // least as well as equal row counts (up to one row), and the volume equals the ghosts.
+    for name in ["west0479", "nnc1374", "bayer10"] {
+        let a = mtx::read_matrix(root().join(format!("datasets/square/{name}.mtx.gz"))).unwrap();
+        let maxrow = (0..a.nrows()).map(|i| a.row(i).0.len()).max().unwrap();
+        for p in [2usize, 4] {
+            let vc = comm_volume(&a, &RowPartition::contiguous(a.nrows(), p)).unwrap();
+            let vn = comm_volume(&a, &RowPartition::by_nnz(a.indptr(), p)).unwrap();
+            eprintln!(
+                "| {name} | {p} | rows | {} | {} | {} | {} / {} |",
+                vc.total_values, vc.max_values, vc.messages, vc.max_nnz, vc.min_nnz
+            );
+            eprintln!(
+                "| {name} | {p} | nnz | {} | {} | {} | {} / {} |",
+                vn.total_values, vn.max_values, vn.messages, vn.max_nnz, vn.min_nnz
+            );
+            assert!(vn.max_nnz <= vc.max_nnz + maxrow);
+            assert!(vc.total_values <= a.nrows() * (p - 1));
+        }
     }
 }
 
@@ -348,9 +410,14 @@ fn breakdowns_limits_and_trivial_cases() {
     );
     assert!(right.info.converged);
     assert!(rel_diff(&right.x, &s.x) < 1e-8);
-    let mut ilu =
-        BlockIlu0::new(op.local_matrix(), a.nrows(), 0, PivotPolicy::Error, TriSolve::Jacobi(3))
-            .unwrap();
+    let mut ilu = BlockIlu0::new(
+        op.local_matrix(),
+        a.nrows(),
+        0,
+        PivotPolicy::Error,
+        TriSolve::Jacobi(3),
+    )
+    .unwrap();
     let si = gmres(
         &be,
         &op,
@@ -377,21 +444,52 @@ fn tmpdir(tag: &str) -> PathBuf {
 }
 
 fn run_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin()).args(args).output().unwrap()
+    std::process::Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
 fn cli_square_and_solve_gmres() {
     let d = tmpdir("cli");
     let m = d.join("cd.mtx");
-    let o = run_cli(&["square", "--kind", "convdiff", "--n", "8", "-o", m.to_str().unwrap()]);
+    let o = run_cli(&[
+        "square",
+        "--kind",
+        "convdiff",
+        "--n",
+        "8",
+        "-o",
+        m.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(mtx::read_matrix(&m).unwrap(), cube(SquareKind::Convdiff, 8).unwrap());
+    assert_eq!(
+        mtx::read_matrix(&m).unwrap(),
+        cube(SquareKind::Convdiff, 8).unwrap()
+    );
     let (x, r, h) = (d.join("x.txt"), d.join("r.json"), d.join("h.csv"));
     let o = run_cli(&[
-        "solve", "--method", "gmres", "--matrix", m.to_str().unwrap(), "--restart", "16",
-        "--rtol", "1e-10", "--precond", "jacobi", "--orthog", "cgs2", "--backend", "cpu",
-        "--solution", x.to_str().unwrap(), "--report", r.to_str().unwrap(), "--history",
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        m.to_str().unwrap(),
+        "--restart",
+        "16",
+        "--rtol",
+        "1e-10",
+        "--precond",
+        "jacobi",
+        "--orthog",
+        "cgs2",
+        "--backend",
+        "cpu",
+        "--solution",
+        x.to_str().unwrap(),
+        "--report",
+        r.to_str().unwrap(),
+        "--history",
         h.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -415,8 +513,15 @@ fn cli_square_and_solve_gmres() {
     // Non-convergence: plain report, warning, exit status 0.
     let w = root().join("datasets/square/west0479.mtx.gz");
     let o = run_cli(&[
-        "solve", "--method", "gmres", "--matrix", w.to_str().unwrap(), "--max-iter", "320",
-        "--report", r.to_str().unwrap(),
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        w.to_str().unwrap(),
+        "--max-iter",
+        "320",
+        "--report",
+        r.to_str().unwrap(),
     ]);
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -427,7 +532,12 @@ fn cli_square_and_solve_gmres() {
     assert_eq!(rep["iterations"], 320);
     // ILU(0) on a matrix with missing diagonal entries: one clear error line, exit status 1.
     let o = run_cli(&[
-        "solve", "--method", "gmres", "--matrix", w.to_str().unwrap(), "--precond",
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        w.to_str().unwrap(),
+        "--precond",
         "block-ilu0",
     ]);
     if !o.status.success() {

@@ -329,7 +329,14 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
     fn ncols(&self) -> usize {
         self.plan.n_local
     }
-    fn apply(&self, _be: &CpuBackend, alpha: f64, x: &Vec<f64>, beta: f64, y: &mut Vec<f64>) -> Result<()> {
+    fn apply(
+        &self,
+        _be: &CpuBackend,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> Result<()> {
         let n = self.plan.n_local;
         assert!(x.len() == n && y.len() == n);
         let mut guard = self.ext.lock().unwrap_or_else(|e| e.into_inner());
@@ -362,18 +369,33 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
             for (&j, &aij) in c.iter().zip(v) {
                 s += aij * ext[j as usize];
             }
-            *yi = if beta == 0.0 { alpha * s } else { alpha * s + beta * *yi };
+            *yi = if beta == 0.0 {
+                alpha * s
+            } else {
+                alpha * s + beta * *yi
+            };
         };
         if a.nnz() < 64 * 1024 {
             y.iter_mut().enumerate().for_each(body);
         } else {
-            y.par_iter_mut().with_min_len(4096).enumerate().for_each(body);
+            y.par_iter_mut()
+                .with_min_len(4096)
+                .enumerate()
+                .for_each(body);
         }
         Ok(())
     }
-    fn apply_t(&self, _be: &CpuBackend, _alpha: f64, _y: &Vec<f64>, _beta: f64, _x: &mut Vec<f64>) -> Result<()> {
+    fn apply_t(
+        &self,
+        _be: &CpuBackend,
+        _alpha: f64,
+        _y: &Vec<f64>,
+        _beta: f64,
+        _x: &mut Vec<f64>,
+    ) -> Result<()> {
         Err(Error::Invalid(
-            "the distributed square operator has no transpose product (GMRES does not need one)".into(),
+            "the distributed square operator has no transpose product (GMRES does not need one)"
+                .into(),
         ))
     }
 }

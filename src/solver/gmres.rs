@@ -112,7 +112,8 @@ impl GmresParams {
         if self.restart == 0 {
             return Err(Error::Invalid("GMRES restart must be at least 1".into()));
         }
-        if !(self.rtol >= 0.0 && self.rtol.is_finite()) || !(self.atol >= 0.0 && self.atol.is_finite()) {
+        let ok = |v: f64| v >= 0.0 && v.is_finite();
+        if !(ok(self.rtol) && ok(self.atol)) {
             return Err(Error::Invalid(format!(
                 "GMRES tolerances must be finite and >= 0 (rtol {}, atol {})",
                 self.rtol, self.atol
@@ -345,7 +346,11 @@ where
             precond_relres: prel,
             bnorm,
             seconds,
-            ms_per_iter: if its > 0 { 1e3 * seconds / its as f64 } else { 0.0 },
+            ms_per_iter: if its > 0 {
+                1e3 * seconds / its as f64
+            } else {
+                0.0
+            },
         }
     };
     if bnorm == 0.0 {
@@ -545,7 +550,14 @@ where
             } else {
                 "residual ||b - A x|| <= rtol ||b||"
             };
-            return Ok(finish(true, reason.into(), its, cycles, rnorm, beta / pbnorm));
+            return Ok(finish(
+                true,
+                reason.into(),
+                its,
+                cycles,
+                rnorm,
+                beta / pbnorm,
+            ));
         }
         if breakdown {
             return Ok(finish(
@@ -562,9 +574,7 @@ where
         if its >= params.max_iter {
             return Ok(finish(
                 false,
-                format!(
-                    "iteration limit: {its} iterations without reaching the tolerance"
-                ),
+                format!("iteration limit: {its} iterations without reaching the tolerance"),
                 its,
                 cycles,
                 rnorm,
