@@ -39,19 +39,23 @@ pub fn run(a: SquareArgs) -> anyhow::Result<()> {
         Some(_) => anyhow::bail!("--peclet takes three values"),
         None => DEFAULT_PECLET,
     };
+    let t = std::time::Instant::now();
     let m = stencil7(a.kind, nx, ny, nz, p)?;
+    let gen = t.elapsed().as_secs_f64();
     let comment = format!(
         "seistomo square --kind {:?} grid {nx}x{ny}x{nz} peclet {:?} (7-point, scaled by h^2)",
         a.kind, p
     )
     .to_lowercase();
+    let t = std::time::Instant::now();
     crate::sparse::mtx::write_matrix(&a.output, &m, &comment)?;
     eprintln!(
-        "wrote {}: {} x {}, {} nonzeros",
+        "wrote {}: {} x {}, {} nonzeros (generated in {gen:.3} s, written in {:.3} s)",
         a.output.display(),
         m.nrows(),
         m.ncols(),
-        m.nnz()
+        m.nnz(),
+        t.elapsed().as_secs_f64()
     );
     Ok(())
 }
