@@ -341,7 +341,9 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
         assert!(x.len() == n && y.len() == n);
         let mut guard = self.ext.lock().unwrap_or_else(|e| e.into_inner());
         let (ext, sends) = &mut *guard;
-        ext[..n].copy_from_slice(x);
+        if self.a.ncols() > n {
+            ext[..n].copy_from_slice(x);
+        }
         if self.comm.size() > 1 {
             for (buf, idx) in sends.iter_mut().zip(&self.plan.send_idx) {
                 buf.clear();
@@ -362,7 +364,8 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
             }
         }
         let a = &self.a;
-        let ext = &*ext;
+        // Without ghosts the local columns are x itself: skip the copy.
+        let ext: &[f64] = if a.ncols() == n { x } else { &ext[..] };
         let body = |(i, yi): (usize, &mut f64)| {
             let (c, v) = a.row(i);
             let mut s = 0.0;

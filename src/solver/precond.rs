@@ -384,7 +384,8 @@ mod tests {
         p.solve(&[1.0, 2.0], &mut z);
         assert!(z.iter().all(|v| v.is_finite()));
         // zero pivot present in the pattern
-        let a = Csr::from_triplets(2, 2, &[0, 0, 1], &[0, 1, 0], &[0.0, 1.0, 1.0]).unwrap();
+        let a =
+            Csr::from_triplets(2, 2, &[0, 0, 1, 1], &[0, 1, 0, 1], &[0.0, 1.0, 1.0, 1.0]).unwrap();
         let e = BlockIlu0::new(&a, 2, 0, PivotPolicy::Error, TriSolve::Exact)
             .err()
             .unwrap();
