@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::comm::{Comm, SerialComm};
-use seistomo::solver::dist_square::{comm_volume, DistSquareOperator, RowPartition, ThreadComm};
+use seistomo::solver::dist_square::{
+    comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond, ThreadComm,
+};
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,
     PrecondSide,
@@ -192,37 +194,28 @@ fn solve_threads(
             .iter()
             .map(|c| {
                 s.spawn(move || {
-                    let be = CpuBackend::new();
                     let rows: Vec<usize> = part.range(c.rank()).collect();
-                    let op =
-                        DistSquareOperator::distributed(&a.select_rows(&rows), part, c).unwrap();
                     let nl = rows.len();
-                    let mut pc: Box<dyn Preconditioner<CpuBackend>> = match precond {
-                        "jacobi" => Box::new(Jacobi::new(&be, &op.diagonal()).unwrap()),
-                        "block-ilu0" => Box::new(
-                            BlockIlu0::new(
-                                op.local_matrix(),
-                                nl,
-                                part.range(c.rank()).start,
-                                PivotPolicy::Error,
-                                TriSolve::Exact,
-                            )
-                            .unwrap(),
-                        ),
-                        _ => Box::new(Identity),
+                    let pc = match precond {
+                        "jacobi" => SquarePrecond::Jacobi,
+                        "block-ilu0" => SquarePrecond::BlockIlu0 {
+                            pivot: PivotPolicy::Error,
+                            tri: TriSolve::Exact,
+                        },
+                        _ => SquarePrecond::None,
                     };
-                    let sol = gmres(
-                        &be,
-                        &op,
-                        pc.as_mut(),
+                    let sol = gmres_square_cpu(
                         c,
+                        &a.select_rows(&rows),
+                        part,
                         &vec![1.0; nl],
                         None,
+                        pc,
                         params,
                         &mut NoGmresMonitor,
                     )
                     .unwrap();
-                    (sol.x, sol.info.iterations, sol.info.converged)
+                    (sol.x_local, sol.info.iterations, sol.info.converged)
                 })
             })
             .collect();

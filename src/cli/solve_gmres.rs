@@ -13,12 +13,12 @@ use crate::comm::{Comm, SerialComm};
 use crate::error::Result;
 use crate::io::{write_atomic, write_vector_text};
 use crate::run::{write_json, BackendChoice};
-use crate::solver::dist_square::DistSquareOperator;
+use crate::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
 use crate::solver::gmres::{
-    gmres, ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord,
-    Orthog, PrecondSide,
+    ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
+    PrecondSide,
 };
-use crate::solver::precond::{BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve};
+use crate::solver::precond::{PivotPolicy, TriSolve};
 use crate::sparse::mtx;
 
 /// Which preconditioner.
@@ -180,55 +180,52 @@ pub fn run(c: GmresCli) -> anyhow::Result<GmresReport> {
     };
     let t_setup = Instant::now();
     let nnz = a.nnz();
-    let be = CpuBackend::new();
-    let op = DistSquareOperator::serial(a, &comm)?;
-    let (mut zero_diag, mut replaced, mut inserted) = (None, None, None);
-    let mut pc: Box<dyn Preconditioner<CpuBackend>> = match c.precond {
-        PrecondChoice::None => Box::new(Identity),
-        PrecondChoice::Jacobi => {
-            let j = Jacobi::new(&be, &op.diagonal())?;
-            zero_diag = Some(j.zero_diagonals);
-            if j.zero_diagonals > 0 {
-                eprintln!(
-                    "seistomo: note: {} rows have a zero or missing diagonal; Jacobi leaves them unscaled",
-                    j.zero_diagonals
-                );
-            }
-            Box::new(j)
-        }
-        PrecondChoice::BlockIlu0 => {
-            let tri = match c.ilu_sweeps {
+    let precond = match c.precond {
+        PrecondChoice::None => SquarePrecond::None,
+        PrecondChoice::Jacobi => SquarePrecond::Jacobi,
+        PrecondChoice::BlockIlu0 => SquarePrecond::BlockIlu0 {
+            pivot: c.ilu_pivot,
+            tri: match c.ilu_sweeps {
                 None => TriSolve::Exact,
                 Some(s) => TriSolve::Jacobi(s),
-            };
-            let p = BlockIlu0::new(op.local_matrix(), n, 0, c.ilu_pivot, tri)
-                .with_context(|| format!("preconditioner for {}", c.matrix.display()))?;
-            replaced = Some(p.replaced_pivots);
-            inserted = Some(p.inserted_diagonals);
-            if p.replaced_pivots + p.inserted_diagonals > 0 {
-                eprintln!(
-                    "seistomo: note: ILU(0) inserted {} missing diagonal entries and replaced {} zero pivots",
-                    p.inserted_diagonals, p.replaced_pivots
-                );
-            }
-            Box::new(p)
-        }
+            },
+        },
     };
-    let setup = t_setup.elapsed().as_secs_f64();
+    let part = RowPartition::contiguous(n, comm.size());
+    let be = CpuBackend::new();
     let mut mon = CliMonitor {
         history: GmresHistory(Vec::with_capacity(c.params.max_iter.min(1 << 20) + 1)),
         every: c.progress,
     };
-    let sol = gmres(
-        &be,
-        &op,
-        pc.as_mut(),
+    let sol = gmres_square_cpu(
         &comm,
+        &a,
+        &part,
         &b,
         x0.as_deref(),
+        precond,
         &c.params,
         &mut mon,
-    )?;
+    )
+    .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
+    if let Some(z) = sol.jacobi_zero_diagonals.filter(|&z| z > 0) {
+        eprintln!(
+            "seistomo: note: {z} rows have a zero or missing diagonal; Jacobi leaves them unscaled"
+        );
+    }
+    if let (Some(r), Some(i)) = (sol.ilu_replaced_pivots, sol.ilu_inserted_diagonals) {
+        if r + i > 0 {
+            eprintln!(
+                "seistomo: note: ILU(0) inserted {i} missing diagonal entries and replaced {r} zero pivots"
+            );
+        }
+    }
+    let setup = t_setup.elapsed().as_secs_f64() - sol.info.seconds;
+    let (zero_diag, replaced, inserted) = (
+        sol.jacobi_zero_diagonals,
+        sol.ilu_replaced_pivots,
+        sol.ilu_inserted_diagonals,
+    );
     let info: &GmresInfo = &sol.info;
     let p = &c.params;
     let report = GmresReport {
@@ -252,7 +249,7 @@ pub fn run(c: GmresCli) -> anyhow::Result<GmresReport> {
         atol: p.atol,
         max_iter: p.max_iter,
         max_cycles: p.max_cycles,
-        precond: pc.name(),
+        precond: sol.precond.clone(),
         orthog: p.orthog,
         side: p.side,
         convergence_test: p.test,
@@ -279,7 +276,7 @@ pub fn run(c: GmresCli) -> anyhow::Result<GmresReport> {
         }
     }
     if let Some(p) = &c.solution {
-        write_vector_text(p, &sol.x)?;
+        write_vector_text(p, &sol.x_local)?;
     }
     if let Some(p) = &c.history {
         write_history(p, &mon.history.0)?;

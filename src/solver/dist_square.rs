@@ -18,6 +18,8 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::Operator;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::solver::gmres::{gmres, GmresInfo, GmresMonitor, GmresParams};
+use crate::solver::precond::{BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve};
 use crate::sparse::Csr;
 
 /// Contiguous row blocks: rank r owns rows `bounds[r]..bounds[r + 1]`.
@@ -401,6 +403,94 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
                 .into(),
         ))
     }
+}
+
+/// Preconditioner of a CPU square solve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SquarePrecond {
+    None,
+    Jacobi,
+    /// One ILU(0) block per rank.
+    BlockIlu0 {
+        pivot: PivotPolicy,
+        tri: TriSolve,
+    },
+}
+
+/// The result of [`gmres_square_cpu`] on one rank.
+#[derive(Debug, Clone)]
+pub struct SquareSolve {
+    /// This rank's entries of x.
+    pub x_local: Vec<f64>,
+    pub info: GmresInfo,
+    pub precond: String,
+    /// Summed over ranks.
+    pub jacobi_zero_diagonals: Option<usize>,
+    pub ilu_replaced_pivots: Option<usize>,
+    pub ilu_inserted_diagonals: Option<usize>,
+    /// Seconds to build the halo pattern, the local matrix and the preconditioner.
+    pub setup_seconds: f64,
+}
+
+/// GMRES on the CPU for one rank of a job: `rows` are this rank's rows of the square matrix
+/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
+/// Every rank calls it; the same code runs on one rank with [`crate::comm::SerialComm`].
+#[allow(clippy::too_many_arguments)]
+pub fn gmres_square_cpu(
+    comm: &dyn Comm,
+    rows: &Csr,
+    part: &RowPartition,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    precond: SquarePrecond,
+    params: &GmresParams,
+    monitor: &mut dyn GmresMonitor,
+) -> Result<SquareSolve> {
+    let t0 = std::time::Instant::now();
+    let be = CpuBackend::new();
+    let op = DistSquareOperator::distributed(rows, part, comm)?;
+    let nl = op.plan().n_local;
+    let row0 = part.range(comm.rank()).start;
+    let sum = |v: usize| -> Result<Option<usize>> {
+        Ok(Some(comm.allreduce_scalar(v as f64)?.round() as usize))
+    };
+    let (mut zd, mut rp, mut ins) = (None, None, None);
+    let mut pc: Box<dyn Preconditioner<CpuBackend>> = match precond {
+        SquarePrecond::None => Box::new(Identity),
+        SquarePrecond::Jacobi => {
+            let j = Jacobi::new(&be, &op.diagonal())?;
+            zd = sum(j.zero_diagonals)?;
+            Box::new(j)
+        }
+        SquarePrecond::BlockIlu0 { pivot, tri } => {
+            // every rank takes part in the reductions below, even when its factorisation fails
+            let f = BlockIlu0::new(op.local_matrix(), nl, row0, pivot, tri);
+            let failed = comm.allreduce_scalar(if f.is_err() { 1.0 } else { 0.0 })?;
+            let p = match f {
+                Ok(p) => p,
+                Err(e) => return Err(e),
+            };
+            if failed > 0.0 {
+                return Err(Error::Invalid(
+                    "block ILU(0) failed on another rank (see its message)".into(),
+                ));
+            }
+            rp = sum(p.replaced_pivots)?;
+            ins = sum(p.inserted_diagonals)?;
+            Box::new(p)
+        }
+    };
+    let setup_seconds = t0.elapsed().as_secs_f64();
+    let sol = gmres(&be, &op, pc.as_mut(), comm, b, x0, params, monitor)?;
+    Ok(SquareSolve {
+        x_local: sol.x,
+        info: sol.info,
+        precond: pc.name(),
+        jacobi_zero_diagonals: zd,
+        ilu_replaced_pivots: rp,
+        ilu_inserted_diagonals: ins,
+        setup_seconds,
+    })
 }
 
 /// P ranks as threads of one process: a [`Comm`] for tests of distributed code without MPI.
