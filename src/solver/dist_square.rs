@@ -466,10 +466,7 @@ pub fn gmres_square_cpu(
             // every rank takes part in the reductions below, even when its factorisation fails
             let f = BlockIlu0::new(op.local_matrix(), nl, row0, pivot, tri);
             let failed = comm.allreduce_scalar(if f.is_err() { 1.0 } else { 0.0 })?;
-            let p = match f {
-                Ok(p) => p,
-                Err(e) => return Err(e),
-            };
+            let p = f?;
             if failed > 0.0 {
                 return Err(Error::Invalid(
                     "block ILU(0) failed on another rank (see its message)".into(),
