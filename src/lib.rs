@@ -17,6 +17,7 @@ pub mod partition;
 pub mod run;
 pub mod solver;
 pub mod sparse;
+pub mod squaregen;
 pub mod synth;
 pub mod testing;
 

@@ -561,3 +561,51 @@ fn dataset_read_per_rank_on_1_to_4_ranks_matches_serial() {
         }
     }
 }
+
+/// GMRES on a generated convection-diffusion system across ranks (rows split by nonzeros, halo
+/// exchange by all-to-all): the same iterations and the same solution as one process.
+#[test]
+fn gmres_on_1_to_4_ranks_matches_serial() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("gmres");
+    let m = data("square_gen/convdiff24.mtx.gz");
+    let run = |np: Option<usize>, tag: &str| {
+        let (x, r) = (
+            dir.join(format!("{tag}.x")),
+            dir.join(format!("{tag}.json")),
+        );
+        let mut c = match np {
+            None => Command::new(BIN),
+            Some(np) => {
+                let mut c = mpirun();
+                c.args(["-np", &np.to_string(), BIN]);
+                c
+            }
+        };
+        c.args(["solve", "--method", "gmres", "--orthog", "cgs2", "--matrix"])
+            .arg(&m)
+            .arg("--solution")
+            .arg(&x)
+            .arg("--report")
+            .arg(&r);
+        let out = finish(c);
+        assert!(out.status.success(), "{tag}: {}", stderr(&out));
+        (read_vec(&x), report(&r))
+    };
+    let (xs, rs) = run(None, "serial");
+    assert_eq!(rs["converged"], true);
+    for np in 1..=4 {
+        let (x, r) = run(Some(np), &format!("np{np}"));
+        assert_eq!(r["ranks"], np);
+        assert_eq!(r["converged"], true);
+        let (a, b) = (
+            r["iterations"].as_u64().unwrap(),
+            rs["iterations"].as_u64().unwrap(),
+        );
+        assert!(a.abs_diff(b) <= 1, "np {np}: {a} vs {b} iterations");
+        let d = rel_diff(&x, &xs);
+        assert!(d <= 1e-10, "np {np}: {d:e}");
+    }
+}

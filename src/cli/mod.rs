@@ -10,6 +10,8 @@ mod invert;
 mod lcurve;
 mod plot;
 mod solve;
+mod solve_gmres;
+mod square;
 mod synth;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +47,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Time LSQR iterations per backend / transpose / precision on a synthetic or given system.
     Bench(bench::BenchArgs),
+    /// Write a generated square system (3-D Poisson or convection-diffusion) as Matrix Market.
+    Square(square::SquareArgs),
 }
 
 /// Run the parsed command line (on every rank of an MPI job).
@@ -61,6 +65,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(a) => export::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Square(a) => square::run(a),
     };
     end_job(comm, result)
 }

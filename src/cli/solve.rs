@@ -11,13 +11,14 @@ use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
 pub struct SolveArgs {
-    /// Solver (lsqr).
+    /// Solver: lsqr, or gmres (square systems).
     #[arg(long, default_value = "lsqr")]
     method: String,
     /// System matrix A (Matrix Market, .gz allowed).
     #[arg(long)]
     matrix: PathBuf,
-    /// Right-hand side b (Matrix Market array or text, one value per line). Default: b = A 1.
+    /// Right-hand side b (Matrix Market array or text, one value per line). Default: b = A 1
+    /// (lsqr), b = ones (gmres).
     #[arg(long)]
     rhs: Option<PathBuf>,
     /// Regularisation matrix R: the system becomes [A; w R] x = [b; 0].
@@ -71,9 +72,49 @@ pub struct SolveArgs {
     /// Print progress every N iterations (0: never).
     #[arg(long, default_value_t = 0)]
     progress: usize,
+    #[command(flatten)]
+    gmres: GmresArgs,
+}
+
+/// GMRES options (with --method gmres).
+#[derive(Debug, Args)]
+pub struct GmresArgs {
+    /// GMRES: Krylov dimension m of GMRES(m).
+    #[arg(long, default_value_t = 16)]
+    restart: usize,
+    /// GMRES: relative tolerance.
+    #[arg(long, default_value_t = 1e-10)]
+    rtol: f64,
+    /// GMRES: limit on total inner iterations (default 10000).
+    #[arg(long)]
+    max_iter: Option<usize>,
+    /// GMRES: limit on cycles (SciPy 1.10's maxiter counts cycles).
+    #[arg(long)]
+    max_cycles: Option<usize>,
+    /// GMRES preconditioner: none, jacobi, block-ilu0.
+    #[arg(long, default_value = "jacobi")]
+    precond: super::solve_gmres::PrecondChoice,
+    /// GMRES Arnoldi orthogonalisation: mgs or cgs2.
+    #[arg(long, default_value = "mgs")]
+    orthog: crate::solver::gmres::Orthog,
+    /// GMRES preconditioning side: left or right.
+    #[arg(long, default_value = "left")]
+    side: crate::solver::gmres::PrecondSide,
+    /// GMRES stopping rule: preconditioned (PETSc's) or scipy (SciPy 1.10's true-residual rule).
+    #[arg(long, default_value = "preconditioned")]
+    stop: crate::solver::gmres::ConvergenceTest,
+    /// Block ILU(0): on a missing diagonal or zero pivot, error or shift.
+    #[arg(long, default_value = "error")]
+    ilu_pivot: crate::solver::precond::PivotPolicy,
+    /// Block ILU(0): Jacobi sweeps per triangular solve instead of exact solves.
+    #[arg(long)]
+    ilu_sweeps: Option<usize>,
 }
 
 pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
+    if a.method == "gmres" {
+        return run_gmres(a, comm);
+    }
     if a.method != "lsqr" {
         anyhow::bail!(
             "--method {}: only lsqr is available in this build",
@@ -116,5 +157,35 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     )? {
         eprintln!("{}", super::summary(&o));
     }
+    Ok(())
+}
+
+fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
+    super::init_threads(a.threads)?;
+    let g = a.gmres;
+    let c = super::solve_gmres::GmresCli {
+        matrix: a.matrix,
+        rhs: a.rhs,
+        x0: a.x0,
+        params: crate::solver::gmres::GmresParams {
+            restart: g.restart,
+            rtol: g.rtol,
+            atol: 0.0,
+            max_iter: g.max_iter.unwrap_or(10_000),
+            max_cycles: g.max_cycles,
+            orthog: g.orthog,
+            side: g.side,
+            test: g.stop,
+        },
+        precond: g.precond,
+        ilu_pivot: g.ilu_pivot,
+        ilu_sweeps: g.ilu_sweeps,
+        backend: a.backend,
+        solution: a.solution,
+        report: a.report,
+        history: a.history,
+        progress: a.progress,
+    };
+    super::solve_gmres::run(c, comm)?;
     Ok(())
 }

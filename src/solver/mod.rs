@@ -1,7 +1,10 @@
 //! Iterative solvers, written once over [`crate::backend::Backend`], [`crate::backend::Operator`]
 //! and [`crate::comm::Comm`].
 
+pub mod dist_square;
+pub mod gmres;
 pub mod lsqr;
+pub mod precond;
 
 pub use lsqr::{
     lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrScalars,

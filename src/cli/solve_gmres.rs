@@ -1,0 +1,328 @@
+//! `seistomo solve --method gmres`: one square system from Matrix Market files, solved by
+//! restarted GMRES on one rank.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::error::Result;
+use crate::io::{write_atomic, write_vector_text};
+use crate::run::{write_json, BackendChoice};
+use crate::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
+use crate::solver::gmres::{
+    ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
+    PrecondSide,
+};
+use crate::solver::precond::{PivotPolicy, TriSolve};
+use crate::sparse::mtx;
+
+/// Which preconditioner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrecondChoice {
+    None,
+    Jacobi,
+    BlockIlu0,
+}
+
+impl std::str::FromStr for PrecondChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            "jacobi" => Ok(Self::Jacobi),
+            "block-ilu0" | "ilu0" | "bjacobi-ilu0" => Ok(Self::BlockIlu0),
+            _ => Err(format!(
+                "unknown preconditioner '{s}' (none, jacobi, block-ilu0)"
+            )),
+        }
+    }
+}
+
+/// What `solve --method gmres` needs beyond the LSQR options.
+#[derive(Debug, Clone)]
+pub struct GmresCli {
+    pub matrix: PathBuf,
+    pub rhs: Option<PathBuf>,
+    pub x0: Option<PathBuf>,
+    pub params: GmresParams,
+    pub precond: PrecondChoice,
+    pub ilu_pivot: PivotPolicy,
+    /// None: exact triangular solves.
+    pub ilu_sweeps: Option<usize>,
+    pub backend: BackendChoice,
+    pub solution: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub history: Option<PathBuf>,
+    pub progress: usize,
+}
+
+/// seconds of each phase
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct GmresSeconds {
+    pub load: f64,
+    pub setup: f64,
+    pub solve: f64,
+    pub total: f64,
+}
+
+/// report.json of a GMRES solve.
+#[derive(Debug, Clone, Serialize)]
+pub struct GmresReport {
+    pub program: &'static str,
+    pub version: &'static str,
+    pub method: &'static str,
+    pub matrix: String,
+    pub rhs: String,
+    pub backend: String,
+    pub backend_detail: String,
+    pub ranks: usize,
+    pub threads: usize,
+    pub n: usize,
+    pub nnz: usize,
+    pub restart: usize,
+    pub rtol: f64,
+    pub atol: f64,
+    pub max_iter: usize,
+    pub max_cycles: Option<usize>,
+    pub precond: String,
+    pub orthog: Orthog,
+    pub side: PrecondSide,
+    pub convergence_test: ConvergenceTest,
+    pub jacobi_zero_diagonals: Option<usize>,
+    pub ilu_replaced_pivots: Option<usize>,
+    pub ilu_inserted_diagonals: Option<usize>,
+    pub converged: bool,
+    pub reason: String,
+    pub iterations: usize,
+    pub restarts: usize,
+    /// ||b - A x|| / ||b||
+    pub relres: f64,
+    /// The residual the stopping rule used, relative.
+    pub precond_relres: f64,
+    pub seconds: GmresSeconds,
+    pub ms_per_iter: f64,
+}
+
+struct CliMonitor {
+    history: GmresHistory,
+    every: usize,
+}
+
+impl GmresMonitor for CliMonitor {
+    fn record(&mut self, rec: &GmresRecord) -> Result<()> {
+        if self.every > 0 && rec.iteration % self.every == 0 {
+            eprintln!(
+                "  it {:>7}  cycle {:>5}  resnorm {:.6e}  relres {:.3e}",
+                rec.iteration, rec.cycle, rec.resnorm, rec.relres
+            );
+        }
+        self.history.record(rec)
+    }
+}
+
+fn write_history(path: &Path, h: &[GmresRecord]) -> Result<()> {
+    write_atomic(path, |w| {
+        writeln!(w, "iteration,cycle,resnorm,relres,seconds")?;
+        for r in h {
+            writeln!(
+                w,
+                "{},{},{:e},{:e},{:e}",
+                r.iteration, r.cycle, r.resnorm, r.relres, r.seconds
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// Solve and write the outputs; returns the report.
+/// Every rank reads the matrix, keeps its nonzero-balanced block of rows and the matching
+/// entries of b and x0; rank 0 gathers x and alone writes the outputs (and returns the report).
+pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> {
+    let t = Instant::now();
+    let a = mtx::read_matrix(&c.matrix)?;
+    if a.nrows() != a.ncols() {
+        anyhow::bail!(
+            "{}: GMRES needs a square matrix; this one is {} x {} (use --method lsqr)",
+            c.matrix.display(),
+            a.nrows(),
+            a.ncols()
+        );
+    }
+    let n = a.nrows();
+    let read_vec = |p: &Path, what: &str| -> anyhow::Result<Vec<f64>> {
+        let v = mtx::read_vector(p)?;
+        if v.len() != n {
+            anyhow::bail!(
+                "{}: {what} has {} values but the matrix has {n} rows",
+                p.display(),
+                v.len()
+            );
+        }
+        Ok(v)
+    };
+    let b = match &c.rhs {
+        Some(p) => read_vec(p, "right-hand side")?,
+        None => vec![1.0; n],
+    };
+    let x0 = c.x0.as_deref().map(|p| read_vec(p, "x0")).transpose()?;
+    let load = t.elapsed().as_secs_f64();
+    let backend_note = match c.backend {
+        BackendChoice::Cpu => "cpu requested",
+        BackendChoice::Auto => "auto: GMRES runs on the CPU in this build",
+        BackendChoice::Cuda => {
+            anyhow::bail!("--backend cuda: GMRES has no CUDA path in this build; use --backend cpu")
+        }
+    };
+    let t_setup = Instant::now();
+    let nnz = a.nnz();
+    let precond = match c.precond {
+        PrecondChoice::None => SquarePrecond::None,
+        PrecondChoice::Jacobi => SquarePrecond::Jacobi,
+        PrecondChoice::BlockIlu0 => SquarePrecond::BlockIlu0 {
+            pivot: c.ilu_pivot,
+            tri: match c.ilu_sweeps {
+                None => TriSolve::Exact,
+                Some(s) => TriSolve::Jacobi(s),
+            },
+        },
+    };
+    let part = RowPartition::by_nnz(a.indptr(), comm.size());
+    let mine = part.range(comm.rank());
+    let rows: Vec<usize> = mine.clone().collect();
+    let a = if comm.size() > 1 {
+        a.select_rows(&rows)
+    } else {
+        a
+    };
+    let b = b[mine.clone()].to_vec();
+    let x0 = x0.map(|x| x[mine.clone()].to_vec());
+    let be = CpuBackend::new();
+    let mut mon = CliMonitor {
+        history: GmresHistory(Vec::with_capacity(c.params.max_iter.min(1 << 20) + 1)),
+        every: if comm.is_root() { c.progress } else { 0 },
+    };
+    let sol = gmres_square_cpu(
+        comm,
+        &a,
+        &part,
+        &b,
+        x0.as_deref(),
+        precond,
+        &c.params,
+        &mut mon,
+    )
+    .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
+    if let Some(z) = sol
+        .jacobi_zero_diagonals
+        .filter(|&z| z > 0 && comm.is_root())
+    {
+        eprintln!(
+            "seistomo: note: {z} rows have a zero or missing diagonal; Jacobi leaves them unscaled"
+        );
+    }
+    if let (Some(r), Some(i)) = (sol.ilu_replaced_pivots, sol.ilu_inserted_diagonals) {
+        if r + i > 0 && comm.is_root() {
+            eprintln!(
+                "seistomo: note: ILU(0) inserted {i} missing diagonal entries and replaced {r} zero pivots"
+            );
+        }
+    }
+    let setup = t_setup.elapsed().as_secs_f64() - sol.info.seconds;
+    let x = comm.gather_to_root(&sol.x_local)?;
+    let Some(x) = x else {
+        return Ok(None);
+    };
+    let (zero_diag, replaced, inserted) = (
+        sol.jacobi_zero_diagonals,
+        sol.ilu_replaced_pivots,
+        sol.ilu_inserted_diagonals,
+    );
+    let info: &GmresInfo = &sol.info;
+    let p = &c.params;
+    let report = GmresReport {
+        program: "seistomo",
+        version: crate::VERSION,
+        method: "gmres",
+        matrix: c.matrix.display().to_string(),
+        rhs: c
+            .rhs
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "ones".into()),
+        backend: be.name().into(),
+        backend_detail: format!("{} ({backend_note})", be.describe()),
+        ranks: comm.size(),
+        threads: rayon::current_num_threads(),
+        n,
+        nnz,
+        restart: p.restart,
+        rtol: p.rtol,
+        atol: p.atol,
+        max_iter: p.max_iter,
+        max_cycles: p.max_cycles,
+        precond: sol.precond.clone(),
+        orthog: p.orthog,
+        side: p.side,
+        convergence_test: p.test,
+        jacobi_zero_diagonals: zero_diag,
+        ilu_replaced_pivots: replaced,
+        ilu_inserted_diagonals: inserted,
+        converged: info.converged,
+        reason: info.reason.clone(),
+        iterations: info.iterations,
+        restarts: info.restarts,
+        relres: info.relres,
+        precond_relres: info.precond_relres,
+        seconds: GmresSeconds {
+            load,
+            setup,
+            solve: info.seconds,
+            total: load + setup + info.seconds,
+        },
+        ms_per_iter: info.ms_per_iter,
+    };
+    for p in [&c.solution, &c.report, &c.history].into_iter().flatten() {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        }
+    }
+    if let Some(p) = &c.solution {
+        write_vector_text(p, &x)?;
+    }
+    if let Some(p) = &c.history {
+        write_history(p, &mon.history.0)?;
+    }
+    if let Some(p) = &c.report {
+        write_json(p, &report)?;
+    }
+    eprintln!(
+        "gmres({}) {} {} on {}: {} after {} iterations ({} restarts); relres {:.3e} (stopping residual {:.3e}); solve {:.3} s ({:.4} ms/iter)",
+        p.restart,
+        report.precond,
+        match p.side {
+            PrecondSide::Left => "left",
+            PrecondSide::Right => "right",
+        },
+        report.backend,
+        if info.converged { "converged" } else { "NOT converged" },
+        info.iterations,
+        info.restarts,
+        info.relres,
+        info.precond_relres,
+        info.seconds,
+        info.ms_per_iter
+    );
+    if !info.converged {
+        eprintln!(
+            "seistomo: warning: GMRES did not converge: {} (report says converged=false; exit status 0)",
+            info.reason
+        );
+    }
+    Ok(Some(report))
+}

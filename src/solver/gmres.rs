@@ -1,0 +1,653 @@
+//! Restarted GMRES(m) (Saad & Schultz 1986) over [`Backend`], [`Operator`] and [`Comm`], for
+//! square systems A x = b whose rows (and x, b) are distributed over ranks.
+//!
+//! - Arnoldi by modified Gram-Schmidt (one reduction per basis vector) or by classical
+//!   Gram-Schmidt applied twice (CGS2: each pass is one [`Backend::multi_dot`] and ONE
+//!   [`Comm::allreduce_sum`] of the j+1 coefficients, then one [`Backend::multi_axpy`]).
+//! - Givens rotations and the small triangular solve on the host.
+//! - Left (minimise ||M^-1 (b - A x)||) or right (A M^-1 u = b, x = M^-1 u) preconditioning.
+//! - Two stopping rules: [`ConvergenceTest::Preconditioned`] (PETSc's default: the preconditioned
+//!   residual norm relative to the preconditioned ||b||; with right preconditioning this is the
+//!   true residual) and [`ConvergenceTest::Scipy`], SciPy 1.10's rule (the inner cycle stops on an
+//!   adaptive tolerance for the preconditioned residual, every restart checks the true residual
+//!   ||b - A x|| <= rtol ||b||), so that iteration counts can be compared with SciPy's `gmres`.
+//!
+//! Every vector lives in a [`GmresWorkspace`] allocated before the first iteration; the host
+//! arrays (Hessenberg matrix, rotations, coefficients) too. Nothing here calls rayon, MPI or CUDA.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::precond::Preconditioner;
+use crate::backend::{Backend, Operator};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+
+/// How the Arnoldi vectors are orthogonalised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Orthog {
+    /// Modified Gram-Schmidt: j+1 dependent inner products, one reduction each.
+    Mgs,
+    /// Classical Gram-Schmidt twice: two passes of batched inner products, one reduction each.
+    Cgs2,
+}
+
+/// Which side the preconditioner is applied on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecondSide {
+    Left,
+    Right,
+}
+
+/// Which residual decides convergence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvergenceTest {
+    /// ||M^-1 r|| <= max(rtol ||M^-1 b||, atol) with left preconditioning, ||r|| <= max(rtol
+    /// ||b||, atol) with right (PETSc's KSP default). Checked on the Arnoldi estimate inside a
+    /// cycle and on the recomputed residual at each restart.
+    Preconditioned,
+    /// SciPy 1.10 `gmres`: the inner cycle stops when the preconditioned residual estimate is
+    /// below an adaptive tolerance `ptol`; the solve stops when the true ||b - A x|| <=
+    /// max(rtol ||b||, atol), checked after every cycle (left preconditioning only).
+    Scipy,
+}
+
+macro_rules! impl_from_str {
+    ($t:ty, $what:literal, $($s:literal => $v:expr),+) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($s => Ok($v),)+
+                    _ => Err(format!(concat!("unknown ", $what, " '{}' ({})"), s,
+                        [$($s),+].join(", "))),
+                }
+            }
+        }
+    };
+}
+impl_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2);
+impl_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
+impl_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
+
+/// GMRES settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GmresParams {
+    /// Krylov subspace dimension m of GMRES(m).
+    pub restart: usize,
+    /// Relative tolerance.
+    pub rtol: f64,
+    /// Absolute tolerance (on the same residual as rtol).
+    pub atol: f64,
+    /// Limit on the total number of inner (Arnoldi) iterations.
+    pub max_iter: usize,
+    /// Optional limit on the number of cycles (SciPy 1.10's `maxiter` counts cycles).
+    pub max_cycles: Option<usize>,
+    pub orthog: Orthog,
+    pub side: PrecondSide,
+    pub test: ConvergenceTest,
+}
+
+impl Default for GmresParams {
+    fn default() -> Self {
+        GmresParams {
+            restart: 16,
+            rtol: 1e-10,
+            atol: 0.0,
+            max_iter: 10_000,
+            max_cycles: None,
+            orthog: Orthog::Mgs,
+            side: PrecondSide::Left,
+            test: ConvergenceTest::Preconditioned,
+        }
+    }
+}
+
+impl GmresParams {
+    fn check(&self) -> Result<()> {
+        if self.restart == 0 {
+            return Err(Error::Invalid("GMRES restart must be at least 1".into()));
+        }
+        let ok = |v: f64| v >= 0.0 && v.is_finite();
+        if !(ok(self.rtol) && ok(self.atol)) {
+            return Err(Error::Invalid(format!(
+                "GMRES tolerances must be finite and >= 0 (rtol {}, atol {})",
+                self.rtol, self.atol
+            )));
+        }
+        if self.test == ConvergenceTest::Scipy && self.side == PrecondSide::Right {
+            return Err(Error::Invalid(
+                "the scipy convergence test is defined for left preconditioning only".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One line of the convergence history. Iteration 0 is the initial residual.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct GmresRecord {
+    /// Total inner iterations so far.
+    pub iteration: usize,
+    /// Cycle number (0-based).
+    pub cycle: usize,
+    /// Residual norm the stopping rule looks at (the Arnoldi estimate inside a cycle; the
+    /// recomputed one at iteration 0): preconditioned with left preconditioning.
+    pub resnorm: f64,
+    /// resnorm divided by its value for x = 0 (||M^-1 b|| or ||b||).
+    pub relres: f64,
+    /// Seconds since the solve started.
+    pub seconds: f64,
+}
+
+/// Called with every iteration's record, from iteration 0. An error stops the solve.
+pub trait GmresMonitor {
+    fn record(&mut self, rec: &GmresRecord) -> Result<()>;
+}
+
+/// A monitor that does nothing.
+pub struct NoGmresMonitor;
+impl GmresMonitor for NoGmresMonitor {
+    fn record(&mut self, _rec: &GmresRecord) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A monitor that keeps the history in memory (reserve capacity up front to avoid growth).
+#[derive(Default)]
+pub struct GmresHistory(pub Vec<GmresRecord>);
+impl GmresMonitor for GmresHistory {
+    fn record(&mut self, rec: &GmresRecord) -> Result<()> {
+        self.0.push(*rec);
+        Ok(())
+    }
+}
+
+/// The outcome of a GMRES solve.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GmresInfo {
+    pub converged: bool,
+    /// Why the solve stopped, in words.
+    pub reason: String,
+    /// Total inner (Arnoldi) iterations: one operator and one preconditioner application each.
+    pub iterations: usize,
+    /// Cycles that were followed by a restart (cycles run - 1).
+    pub restarts: usize,
+    /// True relative residual ||b - A x|| / ||b|| of the returned x.
+    pub relres: f64,
+    /// The residual the stopping rule used, relative (preconditioned with left preconditioning).
+    pub precond_relres: f64,
+    pub bnorm: f64,
+    pub seconds: f64,
+    pub ms_per_iter: f64,
+}
+
+/// The vectors and host arrays of GMRES(m), sized once for n local rows.
+pub struct GmresWorkspace<B: Backend> {
+    m: usize,
+    n: usize,
+    /// Krylov basis V_0..V_m.
+    v: Vec<B::Vector>,
+    /// Arnoldi work vector.
+    w: B::Vector,
+    /// Residual b - A x.
+    r: B::Vector,
+    /// Temporary (A v before a left preconditioner, M^-1 v before A with a right one).
+    t: B::Vector,
+    /// Hessenberg matrix, column-major (m+1) x m.
+    h: Vec<f64>,
+    cs: Vec<f64>,
+    sn: Vec<f64>,
+    g: Vec<f64>,
+    y: Vec<f64>,
+    coef: Vec<f64>,
+}
+
+impl<B: Backend> GmresWorkspace<B> {
+    /// Allocate everything GMRES(m) needs for vectors of `n` local entries.
+    pub fn new(be: &B, n: usize, m: usize) -> Result<Self> {
+        let m = m.max(1);
+        let v = (0..=m).map(|_| be.zeros(n)).collect::<Result<Vec<_>>>()?;
+        Ok(GmresWorkspace {
+            m,
+            n,
+            v,
+            w: be.zeros(n)?,
+            r: be.zeros(n)?,
+            t: be.zeros(n)?,
+            h: vec![0.0; (m + 1) * m],
+            cs: vec![0.0; m],
+            sn: vec![0.0; m],
+            g: vec![0.0; m + 1],
+            y: vec![0.0; m],
+            coef: vec![0.0; m + 1],
+        })
+    }
+}
+
+/// Global 2-norm of a row-distributed vector.
+fn gnorm<B: Backend>(be: &B, comm: &dyn Comm, x: &B::Vector) -> Result<f64> {
+    Ok(comm.allreduce_scalar(be.norm_sq(x)?)?.max(0.0).sqrt())
+}
+
+/// A Givens rotation (c, s) with c a + s b = r, -s a + c b = 0.
+fn givens(a: f64, b: f64) -> (f64, f64) {
+    if b == 0.0 {
+        (1.0, 0.0)
+    } else if b.abs() > a.abs() {
+        let t = a / b;
+        let s = 1.0 / (1.0 + t * t).sqrt();
+        (s * t, s)
+    } else {
+        let t = b / a;
+        let c = 1.0 / (1.0 + t * t).sqrt();
+        (c, c * t)
+    }
+}
+
+/// Solve the leading k x k upper-triangular part of H y = g; trailing zero diagonals (from a
+/// breakdown) give zero components, as SciPy's UPDATE does.
+fn solve_upper(h: &[f64], ld: usize, g: &[f64], y: &mut [f64], k: usize) {
+    let mut kk = k;
+    while kk > 0 && h[(kk - 1) * ld + kk - 1] == 0.0 {
+        y[kk - 1] = 0.0;
+        kk -= 1;
+    }
+    for i in (0..kk).rev() {
+        let mut s = g[i];
+        for j in i + 1..kk {
+            s -= h[j * ld + i] * y[j];
+        }
+        let d = h[i * ld + i];
+        y[i] = if d != 0.0 { s / d } else { 0.0 };
+    }
+}
+
+/// Solve A x = b by GMRES(m). `b` and `x` hold this rank's rows; `x` is the starting guess on
+/// entry and the iterate on return. `ws` must come from [`GmresWorkspace::new`] with the same
+/// backend, the operator's local size and `params.restart`.
+#[allow(clippy::too_many_arguments)]
+pub fn gmres_solve<B, O, P>(
+    be: &B,
+    op: &O,
+    pc: &mut P,
+    comm: &dyn Comm,
+    b: &B::Vector,
+    x: &mut B::Vector,
+    params: &GmresParams,
+    ws: &mut GmresWorkspace<B>,
+    monitor: &mut dyn GmresMonitor,
+) -> Result<GmresInfo>
+where
+    B: Backend,
+    O: Operator<B>,
+    P: Preconditioner<B> + ?Sized,
+{
+    params.check()?;
+    let n = op.nrows();
+    if op.ncols() != n {
+        return Err(Error::Invalid(format!(
+            "GMRES needs a square (locally square) operator; got {} x {}",
+            n,
+            op.ncols()
+        )));
+    }
+    if be.len(b) != n || be.len(x) != n {
+        return Err(Error::Invalid(format!(
+            "GMRES: b has {} and x has {} entries but the operator has {n} local rows",
+            be.len(b),
+            be.len(x)
+        )));
+    }
+    if ws.n != n || ws.m != params.restart {
+        return Err(Error::Invalid(format!(
+            "GMRES workspace sized for n = {}, m = {} but the solve has n = {n}, m = {}",
+            ws.n, ws.m, params.restart
+        )));
+    }
+    let t0 = Instant::now();
+    let m = params.restart;
+    let ld = m + 1;
+    let left = params.side == PrecondSide::Left;
+    let scipy = params.test == ConvergenceTest::Scipy;
+    let GmresWorkspace {
+        v,
+        w,
+        r,
+        t,
+        h,
+        cs,
+        sn,
+        g,
+        y,
+        coef,
+        ..
+    } = ws;
+
+    let bnorm = gnorm(be, comm, b)?;
+    let finish = |converged: bool,
+                  reason: String,
+                  its: usize,
+                  cycles: usize,
+                  rnorm: f64,
+                  prel: f64|
+     -> GmresInfo {
+        let seconds = t0.elapsed().as_secs_f64();
+        GmresInfo {
+            converged,
+            reason,
+            iterations: its,
+            restarts: cycles.saturating_sub(1),
+            relres: if bnorm > 0.0 { rnorm / bnorm } else { 0.0 },
+            precond_relres: prel,
+            bnorm,
+            seconds,
+            ms_per_iter: if its > 0 {
+                1e3 * seconds / its as f64
+            } else {
+                0.0
+            },
+        }
+    };
+    if bnorm == 0.0 {
+        be.fill(x, 0.0)?;
+        monitor.record(&GmresRecord {
+            iteration: 0,
+            cycle: 0,
+            resnorm: 0.0,
+            relres: 0.0,
+            seconds: 0.0,
+        })?;
+        return Ok(finish(
+            true,
+            "b = 0: x = 0 is the exact solution".into(),
+            0,
+            0,
+            0.0,
+            0.0,
+        ));
+    }
+    // Norm of the preconditioned right-hand side (the residual of x = 0).
+    let pbnorm = if left {
+        pc.apply(be, b, t)?;
+        gnorm(be, comm, t)?
+    } else {
+        bnorm
+    };
+    if !pbnorm.is_finite() || pbnorm == 0.0 {
+        return Err(Error::Invalid(format!(
+            "GMRES: the preconditioned right-hand side has norm {pbnorm} (singular or invalid preconditioner)"
+        )));
+    }
+    let true_tol = params.atol.max(params.rtol * bnorm);
+    let pc_tol = params.atol.max(params.rtol * pbnorm);
+
+    // r = b - A x, V_0 = M^-1 r (left) or r; returns (||r||, ||V_0||).
+    let residual = |be: &B,
+                    pc: &mut P,
+                    x: &B::Vector,
+                    r: &mut B::Vector,
+                    v0: &mut B::Vector|
+     -> Result<(f64, f64)> {
+        be.copy(b, r)?;
+        op.apply(be, -1.0, x, 1.0, r)?;
+        let rn = gnorm(be, comm, r)?;
+        if left {
+            pc.apply(be, r, v0)?;
+            Ok((rn, gnorm(be, comm, v0)?))
+        } else {
+            be.copy(r, v0)?;
+            Ok((rn, rn))
+        }
+    };
+
+    let (mut rnorm, mut beta) = residual(be, pc, x, r, &mut v[0])?;
+    monitor.record(&GmresRecord {
+        iteration: 0,
+        cycle: 0,
+        resnorm: beta,
+        relres: beta / pbnorm,
+        seconds: t0.elapsed().as_secs_f64(),
+    })?;
+    let converged_now = |rnorm: f64, beta: f64| {
+        if scipy {
+            rnorm <= true_tol
+        } else {
+            beta <= pc_tol
+        }
+    };
+    if converged_now(rnorm, beta) {
+        return Ok(finish(
+            true,
+            "the initial guess already satisfies the tolerance".into(),
+            0,
+            0,
+            rnorm,
+            beta / pbnorm,
+        ));
+    }
+    // SciPy 1.10's adaptive inner tolerance.
+    let mut ptol_factor = 1.0f64;
+    let mut ptol = pbnorm * (true_tol / bnorm).min(1.0);
+
+    let mut its = 0usize;
+    let mut cycles = 0usize;
+    loop {
+        if !(beta.is_finite() && rnorm.is_finite()) {
+            return Err(Error::Invalid(format!(
+                "GMRES: residual became non-finite after {its} iterations (operator or preconditioner produces NaN/Inf)"
+            )));
+        }
+        cycles += 1;
+        be.scale(&mut v[0], 1.0 / beta)?;
+        g.fill(0.0);
+        g[0] = beta;
+        let inner_tol = if scipy { ptol } else { pc_tol };
+        let mut k = 0usize; // columns of H built in this cycle
+        let mut breakdown = false;
+        let mut est = beta;
+        while k < m && its < params.max_iter {
+            let j = k;
+            // w = M^-1 A v_j (left) or A M^-1 v_j (right)
+            if left {
+                op.apply(be, 1.0, &v[j], 0.0, t)?;
+                pc.apply(be, t, w)?;
+            } else {
+                pc.apply(be, &v[j], t)?;
+                op.apply(be, 1.0, t, 0.0, w)?;
+            }
+            its += 1;
+            let col = &mut h[j * ld..(j + 1) * ld];
+            match params.orthog {
+                Orthog::Mgs => {
+                    for i in 0..=j {
+                        let hij = comm.allreduce_scalar(be.dot(&v[i], w)?)?;
+                        be.axpby(-hij, &v[i], 1.0, w)?;
+                        col[i] = hij;
+                    }
+                }
+                Orthog::Cgs2 => {
+                    for pass in 0..2 {
+                        let c = &mut coef[..=j];
+                        be.multi_dot(&v[..=j], w, c)?;
+                        comm.allreduce_sum(c)?;
+                        be.multi_axpy(c, &v[..=j], w)?;
+                        for i in 0..=j {
+                            col[i] = if pass == 0 { c[i] } else { col[i] + c[i] };
+                        }
+                    }
+                }
+            }
+            let hn = gnorm(be, comm, w)?;
+            let colnorm = (col[..=j].iter().map(|a| a * a).sum::<f64>() + hn * hn).sqrt();
+            if !hn.is_finite() || !colnorm.is_finite() {
+                return Err(Error::Invalid(format!(
+                    "GMRES: Arnoldi vector became non-finite at iteration {its} (operator or preconditioner produces NaN/Inf)"
+                )));
+            }
+            if hn > f64::EPSILON * colnorm {
+                be.copy(w, &mut v[j + 1])?;
+                be.scale(&mut v[j + 1], 1.0 / hn)?;
+                col[j + 1] = hn;
+            } else {
+                col[j + 1] = 0.0;
+                breakdown = true;
+            }
+            for i in 0..j {
+                let (a, bb) = (col[i], col[i + 1]);
+                col[i] = cs[i] * a + sn[i] * bb;
+                col[i + 1] = -sn[i] * a + cs[i] * bb;
+            }
+            let (c, s) = givens(col[j], col[j + 1]);
+            cs[j] = c;
+            sn[j] = s;
+            col[j] = c * col[j] + s * col[j + 1];
+            col[j + 1] = 0.0;
+            g[j + 1] = -s * g[j];
+            g[j] *= c;
+            est = g[j + 1].abs();
+            k = j + 1;
+            monitor.record(&GmresRecord {
+                iteration: its,
+                cycle: cycles - 1,
+                resnorm: est,
+                relres: est / pbnorm,
+                seconds: t0.elapsed().as_secs_f64(),
+            })?;
+            if est <= inner_tol || breakdown {
+                break;
+            }
+        }
+        // x += V y (left) or M^-1 V y (right)
+        if k > 0 {
+            solve_upper(h, ld, g, y, k);
+            for (c, yi) in coef[..k].iter_mut().zip(&y[..k]) {
+                *c = -yi;
+            }
+            if left {
+                be.multi_axpy(&coef[..k], &v[..k], x)?;
+            } else {
+                be.fill(t, 0.0)?;
+                be.multi_axpy(&coef[..k], &v[..k], t)?;
+                pc.apply(be, t, w)?;
+                be.axpby(1.0, w, 1.0, x)?;
+            }
+        }
+        let (rn, bt) = residual(be, pc, x, r, &mut v[0])?;
+        rnorm = rn;
+        beta = bt;
+        if converged_now(rnorm, beta) {
+            let reason = if breakdown {
+                "happy breakdown: the Krylov space is invariant and the residual meets the tolerance"
+            } else if scipy {
+                "true residual ||b - A x|| <= rtol ||b||"
+            } else if left {
+                "preconditioned residual ||M^-1 (b - A x)|| <= rtol ||M^-1 b||"
+            } else {
+                "residual ||b - A x|| <= rtol ||b||"
+            };
+            return Ok(finish(
+                true,
+                reason.into(),
+                its,
+                cycles,
+                rnorm,
+                beta / pbnorm,
+            ));
+        }
+        if breakdown {
+            return Ok(finish(
+                false,
+                format!(
+                    "breakdown: the Krylov space became invariant at iteration {its} but the residual is still above the tolerance (singular or ill-conditioned operator/preconditioner)"
+                ),
+                its,
+                cycles,
+                rnorm,
+                beta / pbnorm,
+            ));
+        }
+        if its >= params.max_iter {
+            return Ok(finish(
+                false,
+                format!("iteration limit: {its} iterations without reaching the tolerance"),
+                its,
+                cycles,
+                rnorm,
+                beta / pbnorm,
+            ));
+        }
+        if params.max_cycles.is_some_and(|mc| cycles >= mc) {
+            return Ok(finish(
+                false,
+                format!(
+                    "cycle limit: {cycles} cycles of GMRES({m}) ({its} iterations) without reaching the tolerance"
+                ),
+                its,
+                cycles,
+                rnorm,
+                beta / pbnorm,
+            ));
+        }
+        if scipy {
+            if est > ptol {
+                ptol_factor = (1.5 * ptol_factor).min(1.0);
+            } else {
+                ptol_factor = (0.25 * ptol_factor).max(1e-16);
+            }
+            ptol = if rnorm != 0.0 {
+                est * ptol_factor.min(true_tol / rnorm)
+            } else {
+                est * ptol_factor
+            };
+        }
+    }
+}
+
+/// The host-side result of a GMRES solve.
+#[derive(Debug, Clone)]
+pub struct GmresSolution {
+    pub x: Vec<f64>,
+    pub info: GmresInfo,
+}
+
+/// Upload b (and x0; zero by default), allocate the workspace, solve, download x.
+#[allow(clippy::too_many_arguments)]
+pub fn gmres<B, O, P>(
+    be: &B,
+    op: &O,
+    pc: &mut P,
+    comm: &dyn Comm,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    params: &GmresParams,
+    monitor: &mut dyn GmresMonitor,
+) -> Result<GmresSolution>
+where
+    B: Backend,
+    O: Operator<B>,
+    P: Preconditioner<B> + ?Sized,
+{
+    let n = op.nrows();
+    if b.len() != n || x0.is_some_and(|x| x.len() != n) {
+        return Err(Error::Invalid(format!(
+            "GMRES: b has {} entries (x0 {:?}) but the operator has {n} local rows",
+            b.len(),
+            x0.map(|x| x.len())
+        )));
+    }
+    let bd = be.upload(b)?;
+    let mut xd = match x0 {
+        Some(x) => be.upload(x)?,
+        None => be.zeros(n)?,
+    };
+    let mut ws = GmresWorkspace::new(be, n, params.restart)?;
+    let info = gmres_solve(be, op, pc, comm, &bd, &mut xd, params, &mut ws, monitor)?;
+    let mut x = vec![0.0; n];
+    be.download(&xd, &mut x)?;
+    Ok(GmresSolution { x, info })
+}

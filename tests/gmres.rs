@@ -1,0 +1,543 @@
+//! GMRES against SciPy's gmres (tests/reference/gmres_scipy.json, written by
+//! scripts/gmres_reference.py), distributed GMRES on simulated ranks against one rank,
+//! preconditioners, breakdowns and the CLI.
+
+use std::path::{Path, PathBuf};
+
+use seistomo::backend::cpu::CpuBackend;
+use seistomo::comm::{Comm, SerialComm};
+use seistomo::solver::dist_square::{
+    comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond, ThreadComm,
+};
+use seistomo::solver::gmres::{
+    gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,
+    PrecondSide,
+};
+use seistomo::solver::precond::{
+    BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
+};
+use seistomo::sparse::{mtx, Csr};
+use seistomo::squaregen::{cube, SquareKind};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scipy_params(orthog: Orthog) -> GmresParams {
+    GmresParams {
+        restart: 16,
+        rtol: 1e-10,
+        atol: 0.0,
+        max_iter: 16 * 300,
+        max_cycles: Some(300),
+        orthog,
+        side: PrecondSide::Left,
+        test: ConvergenceTest::Scipy,
+    }
+}
+
+fn solve_serial(a: &Csr, precond: &str, params: &GmresParams) -> GmresSolution {
+    let be = CpuBackend::new();
+    let comm = SerialComm;
+    let op = DistSquareOperator::serial(a.clone(), &comm).unwrap();
+    let b = vec![1.0; a.nrows()];
+    let mut pc: Box<dyn Preconditioner<CpuBackend>> = match precond {
+        "jacobi" => Box::new(Jacobi::new(&be, &op.diagonal()).unwrap()),
+        "none" => Box::new(Identity),
+        "block-ilu0" => Box::new(
+            BlockIlu0::new(
+                op.local_matrix(),
+                a.nrows(),
+                0,
+                PivotPolicy::Error,
+                TriSolve::Exact,
+            )
+            .unwrap(),
+        ),
+        _ => unreachable!(),
+    };
+    gmres(
+        &be,
+        &op,
+        pc.as_mut(),
+        &comm,
+        &b,
+        None,
+        params,
+        &mut NoGmresMonitor,
+    )
+    .unwrap()
+}
+
+fn within_2pct(got: usize, want: usize) -> bool {
+    let tol = (0.02 * want as f64).ceil() as usize;
+    got.abs_diff(want) <= tol
+}
+
+#[test]
+fn matches_scipy_verdict_and_iterations() {
+    let text = std::fs::read_to_string(root().join("tests/reference/gmres_scipy.json")).unwrap();
+    let refj: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = refj["cases"].as_array().unwrap();
+    assert!(cases.len() >= 6, "reference has {} cases", cases.len());
+    let mut names = std::collections::BTreeSet::new();
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        names.insert(name.to_string());
+        let file = root().join(c["file"].as_str().unwrap());
+        let pc = c["precond"].as_str().unwrap();
+        let a = mtx::read_matrix(&file).unwrap();
+        let want_conv = c["scipy"]["converged"].as_bool().unwrap();
+        let want_its = c["scipy"]["iterations"].as_u64().unwrap() as usize;
+        let mgs = solve_serial(&a, pc, &scipy_params(Orthog::Mgs)).info;
+        let cgs = solve_serial(&a, pc, &scipy_params(Orthog::Cgs2)).info;
+        eprintln!(
+            "{name} {pc}: scipy {want_its} its conv {want_conv}; mgs {} its conv {} relres {:.3e}; cgs2 {} its conv {}",
+            mgs.iterations, mgs.converged, mgs.relres, cgs.iterations, cgs.converged
+        );
+        assert_eq!(mgs.converged, want_conv, "{name} {pc}: verdict (mgs)");
+        assert_eq!(cgs.converged, want_conv, "{name} {pc}: verdict (cgs2)");
+        assert!(
+            within_2pct(mgs.iterations, want_its),
+            "{name} {pc}: {} iterations, scipy {want_its}",
+            mgs.iterations
+        );
+        assert!(
+            within_2pct(cgs.iterations, mgs.iterations),
+            "{name} {pc}: cgs2 {} vs mgs {}",
+            cgs.iterations,
+            mgs.iterations
+        );
+        if want_conv {
+            assert!(
+                mgs.relres <= 1e-10 && cgs.relres <= 1e-10,
+                "{name}: {mgs:?}"
+            );
+        } else {
+            assert!(mgs.relres > 1e-10 && mgs.relres.is_finite());
+            assert!(mgs.reason.contains("limit"), "{}", mgs.reason);
+        }
+    }
+    for must in ["convdiff16", "poisson16", "west0479", "nnc1374", "bayer10"] {
+        assert!(names.contains(must), "reference lacks {must}");
+    }
+}
+
+#[test]
+fn committed_generated_systems_are_the_generator_output() {
+    for (kind, n, file) in [
+        (SquareKind::Convdiff, 16, "convdiff16"),
+        (SquareKind::Convdiff, 24, "convdiff24"),
+        (SquareKind::Poisson, 16, "poisson16"),
+    ] {
+        let p = root().join(format!("datasets/square_gen/{file}.mtx.gz"));
+        let a = mtx::read_matrix(&p).unwrap();
+        assert_eq!(a, cube(kind, n).unwrap(), "{}", p.display());
+    }
+}
+
+#[test]
+fn block_ilu0_on_the_suitesparse_systems() {
+    // What block-Jacobi ILU(0) (one block: one rank) does on the three hard systems: with the
+    // default pivot policy it must either factorise or stop with an error naming a row; with
+    // the shift policy it must run to a verdict with a finite residual.
+    for name in ["west0479", "nnc1374", "bayer10"] {
+        let a = mtx::read_matrix(root().join(format!("datasets/square/{name}.mtx.gz"))).unwrap();
+        let n = a.nrows();
+        match BlockIlu0::new(&a, n, 0, PivotPolicy::Error, TriSolve::Exact) {
+            Ok(_) => eprintln!("{name}: ILU(0) factorises without pivot trouble"),
+            Err(e) => {
+                let s = e.to_string();
+                assert!(s.contains("row "), "{s}");
+                eprintln!("{name}: {s}");
+            }
+        }
+        let mut p = BlockIlu0::new(&a, n, 0, PivotPolicy::Shift, TriSolve::Exact).unwrap();
+        let be = CpuBackend::new();
+        let comm = SerialComm;
+        let op = DistSquareOperator::serial(a.clone(), &comm).unwrap();
+        let params = GmresParams {
+            test: ConvergenceTest::Preconditioned,
+            ..scipy_params(Orthog::Mgs)
+        };
+        let s = gmres(
+            &be,
+            &op,
+            &mut p,
+            &comm,
+            &vec![1.0; n],
+            None,
+            &params,
+            &mut NoGmresMonitor,
+        )
+        .unwrap();
+        eprintln!(
+            "{name}: block-ilu0 (shift: {} inserted, {} replaced): converged {} after {} its, relres {:.3e}, precond relres {:.3e}: {}",
+            p.inserted_diagonals, p.replaced_pivots, s.info.converged, s.info.iterations, s.info.relres, s.info.precond_relres, s.info.reason
+        );
+        assert!(s.info.relres.is_finite() && s.x.iter().all(|v| v.is_finite()));
+    }
+}
+
+/// Run GMRES on P threads, each rank with its rows of `a`; returns the gathered x and the info
+/// of rank 0 (all ranks must agree on the iterations).
+fn solve_threads(
+    a: &Csr,
+    part: &RowPartition,
+    precond: &str,
+    params: &GmresParams,
+) -> (Vec<f64>, usize, bool) {
+    let p = part.parts();
+    let comms = ThreadComm::create(p);
+    let out: Vec<(Vec<f64>, usize, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let rows: Vec<usize> = part.range(c.rank()).collect();
+                    let nl = rows.len();
+                    let pc = match precond {
+                        "jacobi" => SquarePrecond::Jacobi,
+                        "block-ilu0" => SquarePrecond::BlockIlu0 {
+                            pivot: PivotPolicy::Error,
+                            tri: TriSolve::Exact,
+                        },
+                        _ => SquarePrecond::None,
+                    };
+                    let sol = gmres_square_cpu(
+                        c,
+                        &a.select_rows(&rows),
+                        part,
+                        &vec![1.0; nl],
+                        None,
+                        pc,
+                        params,
+                        &mut NoGmresMonitor,
+                    )
+                    .unwrap();
+                    (sol.x_local, sol.info.iterations, sol.info.converged)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let its = out[0].1;
+    assert!(
+        out.iter().all(|o| o.1 == its),
+        "ranks disagree on iterations"
+    );
+    let conv = out[0].2;
+    (out.into_iter().flat_map(|o| o.0).collect(), its, conv)
+}
+
+fn rel_diff(x: &[f64], y: &[f64]) -> f64 {
+    let d: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    d / y.iter().map(|a| a * a).sum::<f64>().sqrt()
+}
+
+#[test]
+fn distributed_ranks_match_one_rank() {
+    let a = cube(SquareKind::Convdiff, 12).unwrap();
+    for orthog in [Orthog::Mgs, Orthog::Cgs2] {
+        for side in [PrecondSide::Left, PrecondSide::Right] {
+            let params = GmresParams {
+                orthog,
+                side,
+                test: ConvergenceTest::Preconditioned,
+                ..scipy_params(orthog)
+            };
+            let serial = solve_serial(&a, "jacobi", &params);
+            assert!(serial.info.converged);
+            for p in 1..=4 {
+                for part in [
+                    RowPartition::contiguous(a.nrows(), p),
+                    RowPartition::by_nnz(a.indptr(), p),
+                ] {
+                    let (x, its, conv) = solve_threads(&a, &part, "jacobi", &params);
+                    assert!(conv);
+                    assert_eq!(its, serial.info.iterations, "{orthog:?} {side:?} P={p}");
+                    let d = rel_diff(&x, &serial.x);
+                    assert!(d <= 1e-10, "{orthog:?} {side:?} P={p}: rel diff {d:e}");
+                }
+            }
+        }
+    }
+    // block-Jacobi ILU(0): the preconditioner depends on the number of blocks; one block equals
+    // the serial ILU(0), more blocks still converge to the same solution.
+    let params = GmresParams {
+        test: ConvergenceTest::Preconditioned,
+        ..scipy_params(Orthog::Cgs2)
+    };
+    let serial = solve_serial(&a, "block-ilu0", &params);
+    let serial_j = solve_serial(&a, "jacobi", &params);
+    assert!(serial.info.converged);
+    assert!(serial.info.iterations < serial_j.info.iterations);
+    for p in 1..=4 {
+        let (x, its, conv) = solve_threads(
+            &a,
+            &RowPartition::contiguous(a.nrows(), p),
+            "block-ilu0",
+            &params,
+        );
+        assert!(conv, "P={p}");
+        if p == 1 {
+            assert_eq!(its, serial.info.iterations);
+        }
+        assert!(rel_diff(&x, &serial.x) < 1e-8, "P={p}");
+    }
+}
+
+#[test]
+fn communication_volume_by_partition() {
+    let a = cube(SquareKind::Convdiff, 16).unwrap();
+    for p in [2usize, 4] {
+        let vc = comm_volume(&a, &RowPartition::contiguous(a.nrows(), p)).unwrap();
+        let vn = comm_volume(&a, &RowPartition::by_nnz(a.indptr(), p)).unwrap();
+        eprintln!("P={p}: contiguous {vc:?}\n      nnz {vn:?}");
+        // slabs of a 16^3 grid exchange one 16x16 plane per neighbour and direction
+        assert_eq!(vc.total_values, 2 * (p - 1) * 256);
+        assert_eq!(vc.messages, 2 * (p - 1));
+        assert!(vn.max_nnz - vn.min_nnz <= vc.max_nnz - vc.min_nnz + 7);
+    }
+}
+
+#[test]
+fn communication_volume_of_the_real_systems() {
+    // Printed with --nocapture for docs/gmres.md; the checks: nnz partitions balance nonzeros at
+    // least as well as equal row counts (up to one row), and the volume equals the ghosts.
+    for name in ["west0479", "nnc1374", "bayer10"] {
+        let a = mtx::read_matrix(root().join(format!("datasets/square/{name}.mtx.gz"))).unwrap();
+        let maxrow = (0..a.nrows()).map(|i| a.row(i).0.len()).max().unwrap();
+        for p in [2usize, 4] {
+            let vc = comm_volume(&a, &RowPartition::contiguous(a.nrows(), p)).unwrap();
+            let vn = comm_volume(&a, &RowPartition::by_nnz(a.indptr(), p)).unwrap();
+            eprintln!(
+                "| {name} | {p} | rows | {} | {} | {} | {} / {} |",
+                vc.total_values, vc.max_values, vc.messages, vc.max_nnz, vc.min_nnz
+            );
+            eprintln!(
+                "| {name} | {p} | nnz | {} | {} | {} | {} / {} |",
+                vn.total_values, vn.max_values, vn.messages, vn.max_nnz, vn.min_nnz
+            );
+            assert!(vn.max_nnz <= vc.max_nnz + maxrow);
+            assert!(vc.total_values <= a.nrows() * (p - 1));
+        }
+    }
+}
+
+#[test]
+fn breakdowns_limits_and_trivial_cases() {
+    // Identity (n = 4: v_0 = ones/2 exactly): happy breakdown after one iteration.
+    let n = 4;
+    let idx: Vec<u64> = (0..n as u64).collect();
+    let eye = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
+    let s = solve_serial(&eye, "none", &GmresParams::default());
+    assert!(s.info.converged, "{:?}", s.info);
+    assert_eq!(s.info.iterations, 1);
+    assert!(s.info.reason.contains("breakdown"), "{:?}", s.info);
+    assert!(s.x.iter().all(|&v| (v - 1.0).abs() < 1e-15));
+    // Singular: a zero matrix breaks down without converging, and says so (no NaN).
+    let n = 50;
+    let zero = Csr::zeros(n, n);
+    let s = solve_serial(&zero, "jacobi", &GmresParams::default());
+    assert!(!s.info.converged);
+    assert!(s.info.reason.contains("breakdown"), "{}", s.info.reason);
+    assert!(s.x.iter().all(|v| v.is_finite()));
+    // Iteration limit.
+    let a = cube(SquareKind::Convdiff, 10).unwrap();
+    let p = GmresParams {
+        max_iter: 7,
+        ..GmresParams::default()
+    };
+    let s = solve_serial(&a, "jacobi", &p);
+    assert!(!s.info.converged);
+    assert_eq!(s.info.iterations, 7);
+    assert!(s.info.reason.contains("iteration limit"));
+    // b = 0
+    let be = CpuBackend::new();
+    let comm = SerialComm;
+    let op = DistSquareOperator::serial(a.clone(), &comm).unwrap();
+    let mut hist = GmresHistory::default();
+    let s = gmres(
+        &be,
+        &op,
+        &mut Identity,
+        &comm,
+        &vec![0.0; a.nrows()],
+        Some(&vec![3.0; a.nrows()]),
+        &GmresParams::default(),
+        &mut hist,
+    )
+    .unwrap();
+    assert!(s.info.converged && s.x.iter().all(|&v| v == 0.0));
+    // monitor from iteration 0, one record per iteration
+    let mut hist = GmresHistory::default();
+    let s = gmres(
+        &be,
+        &op,
+        &mut Identity,
+        &comm,
+        &vec![1.0; a.nrows()],
+        None,
+        &GmresParams::default(),
+        &mut hist,
+    )
+    .unwrap();
+    assert_eq!(hist.0[0].iteration, 0);
+    assert_eq!(hist.0[0].relres, 1.0);
+    assert_eq!(hist.0.len(), s.info.iterations + 1);
+    assert!(s.info.converged && s.info.relres <= 1e-10);
+    // Right preconditioning and the inexact (Jacobi-sweep) ILU solves reach the same x.
+    let right = solve_serial(
+        &a,
+        "jacobi",
+        &GmresParams {
+            side: PrecondSide::Right,
+            ..GmresParams::default()
+        },
+    );
+    assert!(right.info.converged);
+    assert!(rel_diff(&right.x, &s.x) < 1e-8);
+    let mut ilu = BlockIlu0::new(
+        op.local_matrix(),
+        a.nrows(),
+        0,
+        PivotPolicy::Error,
+        TriSolve::Jacobi(3),
+    )
+    .unwrap();
+    let si = gmres(
+        &be,
+        &op,
+        &mut ilu,
+        &comm,
+        &vec![1.0; a.nrows()],
+        None,
+        &GmresParams::default(),
+        &mut NoGmresMonitor,
+    )
+    .unwrap();
+    assert!(si.info.converged);
+    assert!(rel_diff(&si.x, &s.x) < 1e-8);
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_seistomo")
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("seistomo-gmres-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_square_and_solve_gmres() {
+    let d = tmpdir("cli");
+    let m = d.join("cd.mtx");
+    let o = run_cli(&[
+        "square",
+        "--kind",
+        "convdiff",
+        "--n",
+        "8",
+        "-o",
+        m.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        mtx::read_matrix(&m).unwrap(),
+        cube(SquareKind::Convdiff, 8).unwrap()
+    );
+    let (x, r, h) = (d.join("x.txt"), d.join("r.json"), d.join("h.csv"));
+    let o = run_cli(&[
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        m.to_str().unwrap(),
+        "--restart",
+        "16",
+        "--rtol",
+        "1e-10",
+        "--precond",
+        "jacobi",
+        "--orthog",
+        "cgs2",
+        "--backend",
+        "cpu",
+        "--solution",
+        x.to_str().unwrap(),
+        "--report",
+        r.to_str().unwrap(),
+        "--history",
+        h.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+    assert_eq!(rep["method"], "gmres");
+    assert_eq!(rep["converged"], true);
+    assert!(rep["relres"].as_f64().unwrap() <= 1e-9);
+    let its = rep["iterations"].as_u64().unwrap() as usize;
+    let hist = std::fs::read_to_string(&h).unwrap();
+    assert_eq!(hist.lines().count(), its + 2); // header + iteration 0..its
+    let xs = mtx::read_vector(&x).unwrap();
+    let a = cube(SquareKind::Convdiff, 8).unwrap();
+    let res: f64 = a
+        .matvec(&xs)
+        .iter()
+        .map(|v| (v - 1.0) * (v - 1.0))
+        .sum::<f64>()
+        .sqrt();
+    assert!(res / (a.nrows() as f64).sqrt() < 1e-8);
+    // Non-convergence: plain report, warning, exit status 0.
+    let w = root().join("datasets/square/west0479.mtx.gz");
+    let o = run_cli(&[
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        w.to_str().unwrap(),
+        "--max-iter",
+        "320",
+        "--report",
+        r.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("did not converge"), "{err}");
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+    assert_eq!(rep["converged"], false);
+    assert_eq!(rep["iterations"], 320);
+    // ILU(0) on a matrix with missing diagonal entries: one clear error line, exit status 1.
+    let o = run_cli(&[
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        w.to_str().unwrap(),
+        "--precond",
+        "block-ilu0",
+    ]);
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("diagonal") || err.contains("pivot"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = Path::new("");
+}
