@@ -75,6 +75,7 @@ struct RawBackend {
     transpose: Option<String>,
     threads: Option<i64>,
     precision: Option<String>,
+    allreduce: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -247,6 +248,13 @@ impl RunConfig {
                 .map_err(|e: String| bad(format!("[backend] precision: {e}")))?,
         };
 
+        let allreduce = match b.allreduce.as_deref() {
+            None => Default::default(),
+            Some(p) => p
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] allreduce: {e}")))?,
+        };
+
         let o = raw.output;
         let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
         let name =
@@ -277,6 +285,7 @@ impl RunConfig {
             transpose,
             threads,
             precision,
+            allreduce,
         };
         Ok(RunConfig {
             path: path.to_path_buf(),

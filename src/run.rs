@@ -68,6 +68,8 @@ pub struct SolveOptions {
     pub threads: Option<usize>,
     /// Matrix value precision on the GPU (vectors stay f64; the CPU backend uses f64).
     pub precision: Precision,
+    /// GPU runs on several ranks: how A^T u is summed over ranks.
+    pub allreduce: crate::backend::AllreducePath,
 }
 
 /// Output files; `None` skips one.
@@ -368,6 +370,10 @@ pub fn solve_system_checkpointed(
             if comm.size() > 1 {
                 eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
             }
+            let path = be.setup_allreduce(comm, opts.allreduce)?;
+            if comm.size() > 1 && comm.is_root() {
+                eprintln!("allreduce of A^T u over ranks: {path}");
+            }
             let op = CudaCsrOperator::new(&be, &a, opts.transpose, opts.precision)?;
             let fp = ckpt.map(|_| crate::model::checkpoint::fingerprint(&a, &b));
             drop(a);
@@ -382,7 +388,15 @@ pub fn solve_system_checkpointed(
                 progress_every,
                 ckpt.zip(fp.as_deref()),
             )?;
-            let strategy = format!("{} ({} values)", op.strategy(), op.precision());
+            let strategy = if comm.size() > 1 {
+                format!(
+                    "{} ({} values); allreduce: {path}",
+                    op.strategy(),
+                    op.precision()
+                )
+            } else {
+                format!("{} ({} values)", op.strategy(), op.precision())
+            };
             (s, h, be.describe(), strategy, setup)
         }
     };

@@ -24,6 +24,7 @@ fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
         transpose: TransposeStrategy::Csc,
         threads: None,
         precision: Default::default(),
+        allreduce: Default::default(),
     }
 }
 

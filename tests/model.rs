@@ -43,6 +43,7 @@ fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
         transpose: seistomo::backend::TransposeStrategy::Auto,
         threads: None,
         precision: Default::default(),
+        allreduce: Default::default(),
     };
     let sys = System {
         a,

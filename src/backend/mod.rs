@@ -147,6 +147,31 @@ impl std::fmt::Display for TransposeStrategy {
     }
 }
 
+/// How a multi-rank run sums A^T u over ranks (the one vector reduction per LSQR iteration).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AllreducePath {
+    /// NCCL (GPU to GPU) when every rank can load it, else the host path.
+    #[default]
+    Auto,
+    /// Copy to page-locked host memory, MPI_Allreduce, copy back (works with any MPI).
+    Host,
+    /// NCCL only (an error when it cannot be loaded).
+    Nccl,
+}
+
+impl std::str::FromStr for AllreducePath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "host" | "mpi" => Ok(Self::Host),
+            "nccl" => Ok(Self::Nccl),
+            _ => Err(format!("unknown allreduce path '{s}' (auto, host, nccl)")),
+        }
+    }
+}
+
 /// Storage precision of matrix values. Vectors, scalars and sums are always f64.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -97,6 +97,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             transpose: TransposeStrategy::Auto,
             threads: a.threads,
             precision: Default::default(),
+            allreduce: Default::default(),
         };
         (sys, opts)
     };

@@ -60,6 +60,9 @@ pub struct SolveArgs {
     /// Matrix value precision on the GPU: f64 or f32 (vectors and sums stay f64).
     #[arg(long, default_value = "f64")]
     precision: Precision,
+    /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
+    #[arg(long, default_value = "auto")]
+    allreduce: crate::backend::AllreducePath,
     /// Solution file: one value per line.
     #[arg(long)]
     solution: Option<PathBuf>,
@@ -137,6 +140,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         transpose: a.transpose,
         threads: a.threads,
         precision: a.precision,
+        allreduce: a.allreduce,
     };
     let out = OutputPaths {
         solution: a.solution,

@@ -278,8 +278,69 @@ pub struct CudaBackend {
     /// writes it directly; the host reads it after one stream synchronisation, no copy), or
     /// `result` on the device when mapping is unavailable.
     mapped: Option<MappedScalar>,
-    /// Host staging for the multi-rank vector reduction.
-    staging: Mutex<Vec<f64>>,
+    /// Page-locked host staging for the multi-rank vector reduction (host path).
+    pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
+    /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
+    nccl: Mutex<Option<NcclComm>>,
+}
+
+/// An NCCL communicator that can live in the backend.
+struct NcclComm(cudarc::nccl::safe::Comm);
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; the backend keeps it behind a Mutex, so only one thread uses it at a time.
+unsafe impl Send for NcclComm {}
+
+impl CudaBackend {
+    /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
+    /// it). NCCL needs libnccl on every rank (LD_LIBRARY_PATH); the unique id travels over
+    /// `comm`. Returns the path in words.
+    pub fn setup_allreduce(
+        &self,
+        comm: &dyn Comm,
+        path: crate::backend::AllreducePath,
+    ) -> Result<String> {
+        use crate::backend::AllreducePath;
+        if comm.size() <= 1 {
+            return Ok("none (one rank)".into());
+        }
+        // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
+        let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
+        let everywhere = comm.allreduce_max(if here { 0.0 } else { 1.0 })? == 0.0;
+        if !everywhere {
+            if path == AllreducePath::Nccl {
+                return Err(Error::backend(
+                    "cuda",
+                    "allreduce = nccl, but libnccl cannot be loaded on every rank (set LD_LIBRARY_PATH, or use allreduce = \"host\")",
+                ));
+            }
+            return Ok("host (page-locked buffer + MPI_Allreduce)".into());
+        }
+        let mut id_bytes = Vec::new();
+        let mut local_err = None;
+        if comm.rank() == 0 {
+            match cudarc::nccl::safe::Id::new() {
+                Ok(id) => id_bytes = id.internal().iter().map(|&c| c as u8).collect(),
+                Err(e) => local_err = Some(format!("ncclGetUniqueId: {e:?}")),
+            }
+        }
+        comm.broadcast_bytes(0, &mut id_bytes)?;
+        if id_bytes.len() != 128 {
+            return Err(Error::backend(
+                "cuda",
+                local_err.unwrap_or_else(|| "rank 0 could not create an NCCL id".into()),
+            ));
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&id_bytes) {
+            *d = *s as std::ffi::c_char;
+        }
+        let id = cudarc::nccl::safe::Id::uninit(internal);
+        let c =
+            cudarc::nccl::safe::Comm::from_rank(self.stream.clone(), comm.rank(), comm.size(), id)
+                .map_err(|e| Error::backend("cuda", format!("ncclCommInitRank: {e:?}")))?;
+        *self.nccl.lock().unwrap_or_else(|e| e.into_inner()) = Some(NcclComm(c));
+        Ok("nccl (GPU to GPU)".into())
+    }
 }
 
 impl CudaBackend {
@@ -313,7 +374,8 @@ impl CudaBackend {
             counter,
             result,
             mapped,
-            staging: Mutex::new(Vec::new()),
+            pinned: Mutex::new(None),
+            nccl: Mutex::new(None),
         })
     }
 
@@ -565,12 +627,31 @@ impl Backend for CudaBackend {
         if comm.size() <= 1 {
             return Ok(());
         }
-        let mut h = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        h.resize(x.len(), 0.0);
-        self.download(x, &mut h)?;
-        comm.allreduce_sum(&mut h)?;
+        if let Some(n) = self.nccl.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            n.0.all_reduce_in_place(x, &cudarc::nccl::safe::ReduceOp::Sum)
+                .map_err(|e| Error::backend("cuda", format!("ncclAllReduce: {e:?}")))?;
+            return Ok(());
+        }
+        let mut guard = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.as_ref().is_none_or(|p| p.len() != x.len()) {
+            // SAFETY: the buffer is fully overwritten by the device-to-host copy below before
+            // it is read; flags 0 = ordinary (not write-combined) page-locked memory, which the
+            // host reads fast.
+            let p = unsafe { self.ctx.alloc_pinned_with_flags::<f64>(x.len(), 0) }
+                .map_err(cuda_err("allocating page-locked host memory"))?;
+            *guard = Some(p);
+        }
+        let p = guard.as_mut().expect("allocated above");
         self.stream
-            .memcpy_htod(&h[..], x)
+            .memcpy_dtoh(x, p)
+            .map_err(cuda_err("copying a vector to the host"))?;
+        // Event tracking is off in this backend, so the pinned slice does not wait for the
+        // copy by itself: synchronise the stream before the host reads it.
+        self.synchronize()?;
+        let h = p.as_mut_slice().map_err(cuda_err("waiting for the copy"))?;
+        comm.allreduce_sum(h)?;
+        self.stream
+            .memcpy_htod(p, x)
             .map_err(cuda_err("copying a vector to the device"))?;
         self.synchronize()
     }
