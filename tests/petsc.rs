@@ -37,8 +37,20 @@ fn petsc_loads_export_and_reaches_same_residual() {
     .unwrap();
     let dir = std::env::temp_dir().join(format!("seistomo-petsc-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    petsc::write_mat(&dir.join("A.petsc"), &sys.a).unwrap();
-    petsc::write_vec(&dir.join("b.petsc"), &sys.b).unwrap();
+    // The CLI exports the exact system of the config ([G; 0.015 R], [d; 0]).
+    let out = Command::new(env!("CARGO_BIN_EXE_seistomo"))
+        .args(["export", "--format", "petsc"])
+        .arg(root.join("configs/australia.toml"))
+        .arg("-o")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(petsc::read_mat(&dir.join("A.petsc")).unwrap(), sys.a);
     let tol = 1e-10;
     let out = Command::new(&python)
         .arg(root.join("scripts/petsc_load_lsqr.py"))

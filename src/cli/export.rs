@@ -1,5 +1,6 @@
-//! `seistomo export`: a dataset's assembled system [W G; λ R] x = [W d; 0] as Matrix Market or
-//! NumPy files.
+//! `seistomo export`: the exact system seistomo solves — a dataset's assembled [W G; λ R] x =
+//! [W d; 0], a Matrix Market system [A; w R], or a config's system with its column scaling and
+//! damping rows applied — as Matrix Market, NumPy or PETSc binary files.
 
 use std::path::PathBuf;
 
@@ -11,30 +12,73 @@ use crate::sparse::mtx;
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// Dataset (dataset.toml or its directory).
+    /// A dataset (dataset.toml or its directory), a run config (.toml: its system with column
+    /// scaling and damp*I rows applied) or a matrix (.mtx / .mtx.gz, with --rhs/--reg).
     dataset: PathBuf,
-    /// mtx (A.mtx + b.mtx) or npy (indptr, indices, data, b, shape .npy).
+    /// mtx (A.mtx + b.mtx), npy (indptr, indices, data, b, shape .npy) or petsc (A.petsc +
+    /// b.petsc: PETSc binary Mat/Vec, read by MatLoad/VecLoad).
     #[arg(long, default_value = "mtx")]
     format: String,
     /// Output directory (created).
-    #[arg(long)]
+    #[arg(long, short = 'o')]
     out: PathBuf,
+    /// With a matrix: right-hand side (default b = A 1).
+    #[arg(long)]
+    rhs: Option<PathBuf>,
+    /// With a matrix: regularisation rows [A; w R].
+    #[arg(long)]
+    reg: Option<PathBuf>,
+    #[arg(long, default_value_t = 1.0)]
+    reg_weight: f64,
+}
+
+/// The system a config solves, as one matrix: column scaling applied and damp*I rows appended
+/// (so a peer without a damping option, PETSc's KSPLSQR, solves the same problem).
+fn config_system(path: &std::path::Path) -> anyhow::Result<crate::run::System> {
+    let cfg = crate::config::RunConfig::load(path)?;
+    let mut sys = cfg.system.load()?;
+    if cfg.options.col_scale {
+        let d = crate::run::column_scaling(&sys.a, &crate::comm::SerialComm)?;
+        sys.a.scale_columns(&d);
+        eprintln!(
+            "export: columns scaled to unit norm (the exported system's unknowns are D^-1 x)"
+        );
+    }
+    let damp = cfg.options.params.damp;
+    if damp > 0.0 {
+        let n = sys.a.ncols();
+        let idx: Vec<u64> = (0..n as u64).collect();
+        let eye = crate::sparse::Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n])?;
+        sys.a = sys.a.vstack_scaled(&eye, damp)?;
+        sys.b.resize(sys.a.nrows(), 0.0);
+    }
+    Ok(sys)
 }
 
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
-    if a.format != "mtx" && a.format != "npy" {
-        anyhow::bail!("--format '{}': expected mtx or npy", a.format);
+    if !matches!(a.format.as_str(), "mtx" | "npy" | "petsc") {
+        anyhow::bail!("--format '{}': expected mtx, npy or petsc", a.format);
     }
-    let opts = LoadOptions {
-        progress: true,
-        ..Default::default()
+    let name = a.dataset.to_string_lossy();
+    let sys = if name.ends_with(".mtx") || name.ends_with(".mtx.gz") {
+        crate::run::load_mtx_system(&a.dataset, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?
+    } else if name.ends_with(".toml") && !name.ends_with("dataset.toml") {
+        config_system(&a.dataset)?
+    } else {
+        let opts = LoadOptions {
+            progress: true,
+            ..Default::default()
+        };
+        load_dataset_with(&a.dataset, 0, 1, &opts)?.0
     };
-    let (sys, _) = load_dataset_with(&a.dataset, 0, 1, &opts)?;
     std::fs::create_dir_all(&a.out).map_err(|e| crate::Error::io(&a.out, e))?;
     let s = &sys.a;
     if a.format == "mtx" {
         mtx::write_matrix(a.out.join("A.mtx"), s, "exported by seistomo")?;
         mtx::write_vector_mtx(a.out.join("b.mtx"), &sys.b)?;
+    } else if a.format == "petsc" {
+        crate::io::petsc::write_mat(&a.out.join("A.petsc"), s)?;
+        crate::io::petsc::write_vec(&a.out.join("b.petsc"), &sys.b)?;
     } else {
         let ip: Vec<i64> = s.indptr().iter().map(|&p| p as i64).collect();
         write_npy(&a.out.join("indptr.npy"), &ip)?;
