@@ -244,8 +244,12 @@ fn spmv_rows(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64], row0: usi
         for (k, yi) in y.iter_mut().enumerate() {
             let (s, e) = (ip[row0 + k] as usize, ip[row0 + k + 1] as usize);
             let mut sum = 0.0;
-            for p in s..e {
-                sum += val[p] * x[idx[p] as usize];
+            for (&v, &c) in val[s..e].iter().zip(&idx[s..e]) {
+                debug_assert!((c as usize) < x.len());
+                // SAFETY: every column index of a Csr is < ncols (checked by Csr::try_new or
+                // guaranteed by the constructors that skip the check), and callers assert
+                // x.len() == ncols, so the read is in bounds.
+                sum += v * unsafe { *x.get_unchecked(c as usize) };
             }
             *yi = if beta == 0.0 {
                 alpha * sum
