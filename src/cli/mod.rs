@@ -106,12 +106,15 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
 }
 
 /// Use `threads` rayon workers for the rest of the process (when given).
+/// Without a count, rayon's default (RAYON_NUM_THREADS or the cores) is built up front, so the
+/// pool's threads start before the solve, not inside its first timed iteration.
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(t) = threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()?;
+        b = b.num_threads(t);
     }
+    // A second call in one process (tests) finds the pool built: not an error.
+    let _ = b.build_global();
     Ok(())
 }
 
