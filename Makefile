@@ -13,11 +13,17 @@ bootstrap:
 build:
 	@$(BOOT) && $(CARGO) build --release
 
-# The bundled demo inversion: real surface-wave tomography of Australia ([G; 0.015 R] m = [d; 0]).
+# The bundled demo: a synthetic straight-ray checkerboard (datasets/demo, made by `seistomo synth`,
+# command in datasets/demo/README.md) inverted, written as model.h5 + model.xdmf, and drawn; then
+# the real surface-wave tomography of Australia ([G; 0.015 R] m = [d; 0]) with its cell table.
 demo:
 	@$(BOOT) && $(CARGO) build --release && \
-	./target/release/seistomo invert configs/australia.toml --progress 50 && \
-	echo "demo outputs: out/australia/{solution.txt,report.json,history.csv}"
+	./target/release/seistomo invert datasets/demo/invert.toml && \
+	./target/release/seistomo plot out/demo/model.h5 --depth 2.5 --compare-true -o out/demo/slice.png && \
+	./target/release/seistomo plot out/demo/model.h5 --section y=6 --compare-true -o out/demo/section.png && \
+	./target/release/seistomo invert configs/australia-model.toml && \
+	./target/release/seistomo plot out/australia-model/model.h5 --field velocity -o out/australia-model/velocity.png && \
+	echo "demo outputs: out/demo/{model.h5,model.xdmf,slice.png,section.png,report.json}, out/australia-model/{model.h5,velocity.png}"
 
 lint:
 	@$(BOOT) && $(CARGO) fmt --all -- --check && $(CARGO) clippy --all-targets -- -D warnings && \

@@ -33,7 +33,20 @@ impl RunModel {
     /// checkpointing (`resume`: continue from the checkpoint when there is one).
     pub fn prepare(cfg: &RunConfig, sys: &System, resume: bool) -> Result<RunModel> {
         let n = sys.a.ncols();
-        let spec = cfg.model.spec(n)?;
+        let mut spec = cfg.model.spec(n)?;
+        // A dataset that carries a grid (and, when synthetic, its true model) describes the
+        // model when the [model] table does not.
+        if let crate::run::SystemSource::Dataset { path, .. } = &cfg.system {
+            if matches!(spec.param, spec::Parameterisation::Vector) {
+                if let Some(g) = crate::io::manifest::DatasetManifest::load(path)?.m.grid {
+                    spec.param = spec::Parameterisation::Grid(g);
+                }
+            }
+            if spec.true_model.is_none() {
+                spec.true_model = crate::io::dataset::read_true_model(path)?;
+            }
+            spec.check(n)?;
+        }
         let coverage = fields::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
         let ckpt = (cfg.model.checkpoint_every > 0 || resume).then(|| checkpoint::Checkpointing {
             path: cfg.model.checkpoint.clone(),
