@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
 use crate::config::RunConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::RunModel;
 use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
 
@@ -35,7 +35,7 @@ pub fn run_lsqr(
     model: Option<(&RunConfig, bool)>,
 ) -> Result<Option<Outcome>> {
     // Problems every rank would hit alike are found before any rank waits for another.
-    agree(comm, check_params(opts))?;
+    agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
     let t = Instant::now();
     let sys = match loading {
         Loading::Root => distribute_system(comm, load, contiguous_nnz_split)?,
@@ -93,22 +93,4 @@ pub fn run_lsqr(
     };
     agree(comm, written)?;
     Ok(comm.is_root().then_some(outcome))
-}
-
-/// The LSQR parameter checks the solver makes, done up front on every rank.
-fn check_params(opts: &SolveOptions) -> Result<()> {
-    let p = &opts.params;
-    for (name, v) in [
-        ("damp", p.damp),
-        ("atol", p.atol),
-        ("btol", p.btol),
-        ("conlim", p.conlim),
-    ] {
-        if !(v.is_finite() && v >= 0.0) {
-            return Err(Error::Invalid(format!(
-                "LSQR parameter {name} must be finite and >= 0 (got {v})"
-            )));
-        }
-    }
-    Ok(())
 }

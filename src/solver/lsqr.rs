@@ -284,7 +284,8 @@ pub fn lsqr_start<B: Backend, O: Operator<B>>(
     Ok((s, LsqrVectors { u, v, w, x, var }))
 }
 
-fn check_params(p: &LsqrParams) -> Result<()> {
+/// The parameter checks LSQR makes (the MPI pipeline runs them up front on every rank).
+pub fn check_params(p: &LsqrParams) -> Result<()> {
     for (name, v) in [
         ("damp", p.damp),
         ("atol", p.atol),
