@@ -632,6 +632,66 @@ fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String
     }
 }
 
+/// One panel of a bar chart: a title and (label, value, is_seistomo) bars.
+pub struct BarPanel {
+    pub title: String,
+    pub bars: Vec<(String, f64, bool)>,
+}
+
+/// Horizontal bar charts side by side (ms/iteration of several solvers per system); seistomo's
+/// bars in blue, peers' in grey, each value printed at its bar.
+pub fn bars_png(path: &Path, panels: &[BarPanel], xlabel: &str) -> Result<()> {
+    let e = |x: &dyn std::fmt::Display| perr(path, x);
+    if panels.is_empty() || panels.iter().any(|p| p.bars.is_empty()) {
+        return Err(perr(path, "nothing to draw"));
+    }
+    let cols = panels.len().min(2);
+    let rows = panels.len().div_ceil(cols);
+    with_png(path, (620 * cols as u32, 330 * rows as u32), |root| {
+        for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
+            let n = p.bars.len();
+            let xmax = p.bars.iter().map(|b| b.1).fold(0.0, f64::max) * 1.9;
+            let mut chart = ChartBuilder::on(area)
+                .caption(&p.title, ("sans-serif", 16))
+                .margin(10)
+                .x_label_area_size(36)
+                .y_label_area_size(10)
+                .build_cartesian_2d(0.0..xmax, 0.0..n as f64)
+                .map_err(|x| e(&x))?;
+            chart
+                .configure_mesh()
+                .disable_y_mesh()
+                .x_desc(xlabel)
+                .y_labels(0)
+                .label_style(("sans-serif", 12))
+                .draw()
+                .map_err(|x| e(&x))?;
+            for (i, (label, v, ours)) in p.bars.iter().enumerate() {
+                let y0 = (n - 1 - i) as f64 + 0.15;
+                let color = if *ours {
+                    RGBColor(33, 102, 172)
+                } else {
+                    RGBColor(150, 150, 150)
+                };
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(0.0, y0), (*v, y0 + 0.7)],
+                        color.filled(),
+                    )))
+                    .map_err(|x| e(&x))?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("{label}: {v:.3}"),
+                        (*v + xmax * 0.01, y0 + 0.5),
+                        ("sans-serif", 12),
+                    )))
+                    .map_err(|x| e(&x))?;
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -654,5 +714,20 @@ mod tests {
         assert_eq!(tick(5.0, 10.0), "5.0");
         assert_eq!(tick(-2.5, 9.0), "-2.50");
         assert_eq!(tick(3.2e-4, 2e-5), "3.20e-4");
+    }
+
+    #[test]
+    fn bar_chart_writes_a_png_and_rejects_nothing() {
+        let dir = std::env::temp_dir().join(format!("seistomo-bars-{}", std::process::id()));
+        let p = dir.join("bars.png");
+        let panel = |t: &str| BarPanel {
+            title: t.into(),
+            bars: vec![("ours".into(), 1.0, true), ("peer".into(), 2.5, false)],
+        };
+        bars_png(&p, &[panel("a"), panel("b"), panel("c")], "ms").unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(bars_png(&dir.join("none.png"), &[], "ms").is_err());
+        assert!(!dir.join("none.png").exists());
     }
 }
