@@ -5,7 +5,8 @@ thread each. Prints one JSON line per peer (iterations, stop reason, norms, seco
     OPENBLAS_NUM_THREADS=1 /usr/bin/python3 scripts/peer_lsqr.py A.mtx[.gz] [--rhs b] \
         [--reg R.mtx.gz --lam 0.015] [--damp 0] [--tol 1e-8] [--maxit N] [--solution-dir DIR]
 
-The system is [A; lam R] x = [b; 0] (b = A 1 without --rhs). PETSc's KSPLSQR has no damping
+The system is [A; lam R] x = [b; 0] (b = A 1 without --rhs). A directory instead of A.mtx holds
+indptr/indices/data/shape(/b) .npy files. PETSc's KSPLSQR has no damping
 option: damp > 0 is applied by appending damp*I rows. With --solution-dir the solutions are
 written as DIR/x_scipy.txt and DIR/x_petsc.txt.
 """
@@ -15,6 +16,8 @@ from scipy.sparse.linalg import lsqr
 
 
 def vec(path):
+    if path.endswith(".npy"):
+        return np.load(path).ravel()
     return np.asarray(sio.mmread(path)).ravel() if ".mtx" in path else np.loadtxt(path).ravel()
 
 
@@ -27,7 +30,13 @@ def main():
     ap.add_argument("--peers", default="scipy,petsc")
     a = ap.parse_args()
     peers = a.peers.split(",")
-    A = sp.csr_matrix(sio.mmread(a.matrix)).astype(float)
+    if os.path.isdir(a.matrix):  # CSR as .npy files (seistomo export --format npy / bench --export-npy)
+        ld = lambda k: np.load(os.path.join(a.matrix, k + ".npy"))
+        A = sp.csr_matrix((ld("data").astype(float), ld("indices"), ld("indptr")), shape=tuple(int(v) for v in ld("shape")))
+        if a.rhs is None and os.path.exists(os.path.join(a.matrix, "b.npy")):
+            a.rhs = os.path.join(a.matrix, "b.npy")
+    else:
+        A = sp.csr_matrix(sio.mmread(a.matrix)).astype(float)
     b = vec(a.rhs) if a.rhs else A @ np.ones(A.shape[1])
     if a.reg:
         R = sp.csr_matrix(sio.mmread(a.reg)).astype(float)
