@@ -1,22 +1,15 @@
 //! The command line end to end: configs in configs/ run, bad input fails with one clear line
 //! naming the file (and line), a non-zero exit, and no output left behind.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{root, scratch};
+
+use std::path::Path;
 use std::process::Command;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("seistomo-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Run and expect failure: exactly one stderr line, containing every `want`; nothing in `dir`

@@ -1,5 +1,9 @@
 //! Datasets: round trips, layouts, partitions, synthetic recovery, corruption handling.
 
+mod common;
+
+use common::{root, scratch as tmp};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,17 +19,6 @@ use seistomo::model::Grid;
 use seistomo::run::{self, System};
 use seistomo::sparse::Csr;
 use seistomo::synth;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("seistomo-ds-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))

@@ -60,3 +60,11 @@ pub fn system(name: &str) -> System {
         .unwrap()
     }
 }
+
+/// An empty scratch directory under the system temp dir, unique to this process and `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("seistomo-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
