@@ -110,8 +110,16 @@ fn kill_9_then_resume_reproduces_the_uninterrupted_model_bitwise() {
         child.try_wait().unwrap().is_none(),
         "the run finished before the kill (waited {wait:.2} s of a {full_secs:.2} s run)"
     );
+    let child_pid = child.id();
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
+    // The kill may land in the middle of a checkpoint write; make sure the half-written
+    // temporary file such a kill leaves is there, so its clean-up is always tested.
+    std::fs::write(
+        out_b.join(format!(".checkpoint.bin.tmp{child_pid}")),
+        b"half",
+    )
+    .unwrap();
     assert!(!status.success());
     assert!(
         !out_b.join("model.h5").exists(),

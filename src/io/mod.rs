@@ -36,12 +36,46 @@ pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
 }
 
 /// The temporary name an atomic write uses beside `path`.
-fn temp_path(path: &Path) -> PathBuf {
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// Remove the temporary files that writers of `path` killed mid-write (`kill -9`, a node lost)
+/// left beside it: `.{name}.tmp{pid}` where process `pid` no longer exists. Where liveness cannot
+/// be told (no `/proc`), nothing is removed. Best effort: failures are ignored.
+pub(crate) fn remove_stale_temps(path: &Path) {
+    let proc_fs = Path::new("/proc/self");
+    if !proc_fs.exists() {
+        return;
+    }
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let prefix = format!(".{name}.tmp");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let me = std::process::id();
+    for e in entries.flatten() {
+        let fname = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = fname
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != me && !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Write `path` atomically: `body` writes into a temporary file in the same directory, which is
@@ -51,6 +85,7 @@ pub fn write_atomic<F>(path: &Path, body: F) -> Result<()>
 where
     F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
 {
+    remove_stale_temps(path);
     let tmp = temp_path(path);
     let result = (|| -> std::io::Result<()> {
         let f = File::create(&tmp)?;
@@ -91,6 +126,34 @@ pub fn write_vector_text(path: &Path, x: &[f64]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_temps_of_dead_writers_are_removed() {
+        let dir = std::env::temp_dir().join(format!("seistomo-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("checkpoint.bin");
+        // A dead writer: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = dir.join(format!(".checkpoint.bin.tmp{dead}"));
+        // A live writer (this process's parent stands in) and an unrelated hidden file.
+        let live = dir.join(format!(
+            ".checkpoint.bin.tmp{}",
+            std::os::unix::process::parent_id()
+        ));
+        let other = dir.join(".other.tmp1");
+        for f in [&stale, &live, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        write_atomic(&p, |w| w.write_all(b"new")).unwrap();
+        if Path::new("/proc/self").exists() {
+            assert!(!stale.exists(), "the dead writer's temporary file stayed");
+        }
+        assert!(live.exists() && other.exists());
+        assert_eq!(std::fs::read(&p).unwrap(), b"new");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn atomic_write_leaves_nothing_on_error() {

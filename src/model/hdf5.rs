@@ -117,15 +117,6 @@ impl W<'_> {
     }
 }
 
-/// The temporary name a model file is written under before the rename.
-fn temp_name(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
-}
-
 /// The XDMF sidecar of a model file: same name, extension `.xdmf`.
 pub fn xdmf_path(path: &Path) -> PathBuf {
     path.with_extension("xdmf")
@@ -138,7 +129,8 @@ pub fn write_model(path: &Path, inp: &ModelInputs) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let tmp = temp_name(path);
+    crate::io::remove_stale_temps(path);
+    let tmp = crate::io::temp_path(path);
     let r = write_model_to(&tmp, path, inp);
     match r {
         Ok(()) => std::fs::rename(&tmp, path).map_err(|e| {
@@ -588,7 +580,7 @@ mod tests {
 
     #[test]
     fn temp_name_is_hidden_in_the_same_dir() {
-        let t = temp_name(Path::new("/a/b/model.h5"));
+        let t = crate::io::temp_path(Path::new("/a/b/model.h5"));
         assert_eq!(t.parent(), Some(Path::new("/a/b")));
         assert!(t
             .file_name()

@@ -95,6 +95,8 @@ impl RunModel {
             if ck.path.is_file() {
                 std::fs::remove_file(&ck.path).map_err(|e| Error::io(&ck.path, e))?;
             }
+            // A run killed while writing a checkpoint leaves its temporary file behind.
+            crate::io::remove_stale_temps(&ck.path);
         }
         Ok(())
     }
