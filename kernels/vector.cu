@@ -93,3 +93,108 @@ extern "C" __global__ void pmul(unsigned long long n, const double* __restrict__
                                 const double* __restrict__ y, double* __restrict__ z) {
     GRID_STRIDE(n) z[i] = x[i] * y[i];
 }
+
+// ---- GMRES: batched Gram-Schmidt kernels and ILU(0) Jacobi sweeps ----
+// Up to MULTI_MAX basis vectors per launch, passed by value (pointers and coefficients live in
+// the kernel's parameter space: no pointer table to upload).
+#define MULTI_MAX 32
+struct VecPtrs {
+    const double* p[MULTI_MAX];
+};
+struct Coefs {
+    double c[MULTI_MAX];
+};
+
+// mode 0: out[j] = V_j . w                     (k outputs)
+// mode 1: w -= sum_j c_j V_j; out[j] = V_j . w (k outputs; CGS2's update fused with its 2nd pass)
+// mode 2: w -= sum_j c_j V_j; out[0] = w . w   (1 output)
+// The update subtracts c_0 V_0 first, then c_1 V_1, ... (the CPU backend's order, bit for bit
+// without FMA contraction). Partial sums: partial[j * gridDim.x + block]; the last block adds
+// them in block order (deterministic, as `dot`).
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
+multi_dot(VecPtrs V, int k, Coefs c, int mode, double* __restrict__ w, unsigned long long n,
+          double* partial, unsigned* counter, double* out) {
+    double s[MULTI_MAX];
+#pragma unroll
+    for (int j = 0; j < MULTI_MAX; ++j) s[j] = 0.0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)RED_THREADS + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * RED_THREADS) {
+        double v[MULTI_MAX];
+#pragma unroll
+        for (int j = 0; j < MULTI_MAX; ++j)
+            if (j < k) v[j] = V.p[j][i];
+        double wi = w[i];
+        if (mode != 0) {
+#pragma unroll
+            for (int j = 0; j < MULTI_MAX; ++j)
+                if (j < k) wi = wi - c.c[j] * v[j];
+            w[i] = wi;
+        }
+        if (mode == 2) {
+            s[0] += wi * wi;
+        } else {
+#pragma unroll
+            for (int j = 0; j < MULTI_MAX; ++j)
+                if (j < k) s[j] += v[j] * wi;
+        }
+    }
+    const int nout = (mode == 2) ? 1 : k;
+    __shared__ double sh[RED_THREADS / 32];
+    __shared__ bool last;
+#pragma unroll
+    for (int j = 0; j < MULTI_MAX; ++j) {
+        if (j < nout) {
+            const double t = block_sum(s[j], sh);
+            if (threadIdx.x == 0) partial[(unsigned long long)j * gridDim.x + blockIdx.x] = t;
+        }
+    }
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned ticket = atomicAdd(counter, 1u);
+        last = (ticket == gridDim.x - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int j = 0; j < nout; ++j) {
+        double t = 0.0;
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += RED_THREADS)
+            t += __ldcg(&partial[(unsigned long long)j * gridDim.x + b]);
+        const double total = block_sum(t, sh);
+        if (threadIdx.x == 0) out[j] = total;
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
+// w -= sum_j c_j V_j (in j order), no reduction.
+extern "C" __global__ void multi_axpy(VecPtrs V, int k, Coefs c, double* __restrict__ w,
+                                      unsigned long long n) {
+    GRID_STRIDE(n) {
+        double wi = w[i];
+#pragma unroll
+        for (int j = 0; j < MULTI_MAX; ++j)
+            if (j < k) wi = wi - c.c[j] * V.p[j][i];
+        w[i] = wi;
+    }
+}
+
+// One Jacobi sweep on a triangular factor stored without its diagonal, a thread per row:
+// out[i] = (rhs[i] - sum_p val[p] x[col[p]]) * (dinv ? dinv[i] : 1), summed in row order (the
+// CPU's order: bitwise equal without FMA contraction).
+extern "C" __global__ void tri_sweep(unsigned long long n, const unsigned long long* __restrict__ ptr,
+                                     const unsigned* __restrict__ col,
+                                     const double* __restrict__ val,
+                                     const double* __restrict__ rhs, const double* __restrict__ x,
+                                     const double* __restrict__ dinv, double* __restrict__ out) {
+    GRID_STRIDE(n) {
+        double s = rhs[i];
+        for (unsigned long long p = ptr[i]; p < ptr[i + 1]; ++p) s -= val[p] * x[col[p]];
+        out[i] = dinv ? s * dinv[i] : s;
+    }
+}
+
+// out[k] = x[idx[k]] (the halo's send buffer).
+extern "C" __global__ void gather(unsigned long long n, const unsigned* __restrict__ idx,
+                                  const double* __restrict__ x, double* __restrict__ out) {
+    GRID_STRIDE(n) out[i] = x[idx[i]];
+}

@@ -76,6 +76,29 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// w -= sum_j coeffs[j] basis[j], then out[j] = basis[j] . w with the updated w (CGS2's
+    /// first update fused with its second pass of inner products: one pass over the basis).
+    fn multi_axpy_dot(
+        &self,
+        coeffs: &[f64],
+        basis: &[Self::Vector],
+        w: &mut Self::Vector,
+        out: &mut [f64],
+    ) -> Result<()> {
+        self.multi_axpy(coeffs, basis, w)?;
+        self.multi_dot(basis, w, out)
+    }
+    /// w -= sum_j coeffs[j] basis[j]; returns the local sum of squares of the updated w.
+    fn multi_axpy_norm_sq(
+        &self,
+        coeffs: &[f64],
+        basis: &[Self::Vector],
+        w: &mut Self::Vector,
+    ) -> Result<f64> {
+        self.multi_axpy(coeffs, basis, w)?;
+        self.norm_sq(w)
+    }
+
     /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
     /// iteration). The CPU backend hands the slice to `comm`; a GPU backend may stage it through
     /// pinned host memory or reduce GPU to GPU.

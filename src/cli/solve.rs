@@ -185,6 +185,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         ilu_pivot: g.ilu_pivot,
         ilu_sweeps: g.ilu_sweeps,
         backend: a.backend,
+        precision: a.precision,
         solution: a.solution,
         report: a.report,
         history: a.history,

@@ -1,5 +1,5 @@
 //! `seistomo solve --method gmres`: one square system from Matrix Market files, solved by
-//! restarted GMRES on one rank.
+//! restarted GMRES on one rank or several (MPI), on the CPU or the GPU (one GPU per rank).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -8,11 +8,12 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Backend;
+use crate::backend::cuda::{gmres_square_cuda, CudaBackend};
+use crate::backend::{Backend, Precision};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::io::{write_atomic, write_vector_text};
-use crate::run::{write_json, BackendChoice};
+use crate::run::{choose_backend, write_json, BackendChoice};
 use crate::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
@@ -56,6 +57,8 @@ pub struct GmresCli {
     /// None: exact triangular solves.
     pub ilu_sweeps: Option<usize>,
     pub backend: BackendChoice,
+    /// Matrix value precision on the GPU (vectors stay f64).
+    pub precision: Precision,
     pub solution: Option<PathBuf>,
     pub report: Option<PathBuf>,
     pub history: Option<PathBuf>,
@@ -172,13 +175,13 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
     };
     let x0 = c.x0.as_deref().map(|p| read_vec(p, "x0")).transpose()?;
     let load = t.elapsed().as_secs_f64();
-    let backend_note = match c.backend {
-        BackendChoice::Cpu => "cpu requested",
-        BackendChoice::Auto => "auto: GMRES runs on the CPU in this build",
-        BackendChoice::Cuda => {
-            anyhow::bail!("--backend cuda: GMRES has no CUDA path in this build; use --backend cpu")
-        }
-    };
+    let (backend, backend_note) = choose_backend(c.backend)?;
+    if backend == BackendChoice::Cpu && c.precision != Precision::F64 {
+        anyhow::bail!(
+            "--precision {}: the CPU backend stores f64 values only",
+            c.precision
+        );
+    }
     let t_setup = Instant::now();
     let nnz = a.nnz();
     let precond = match c.precond {
@@ -202,22 +205,50 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
     };
     let b = b[mine.clone()].to_vec();
     let x0 = x0.map(|x| x[mine.clone()].to_vec());
-    let be = CpuBackend::new();
     let mut mon = CliMonitor {
         history: GmresHistory(Vec::with_capacity(c.params.max_iter.min(1 << 20) + 1)),
         every: if comm.is_root() { c.progress } else { 0 },
     };
-    let sol = gmres_square_cpu(
-        comm,
-        &a,
-        &part,
-        &b,
-        x0.as_deref(),
-        precond,
-        &c.params,
-        &mut mon,
-    )
-    .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
+    let (sol, backend_name, backend_describe) = if backend == BackendChoice::Cuda {
+        // One GPU per rank: GPU = local rank on the node (device 0 alone).
+        let ordinal = if comm.size() > 1 {
+            comm.local_rank()
+        } else {
+            0
+        };
+        let be = CudaBackend::new(ordinal)?;
+        if comm.size() > 1 {
+            eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
+        }
+        let sol = gmres_square_cuda(
+            &be,
+            comm,
+            &a,
+            &part,
+            &b,
+            x0.as_deref(),
+            precond,
+            c.precision,
+            &c.params,
+            &mut mon,
+        )
+        .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
+        (sol, be.name(), be.describe())
+    } else {
+        let be = CpuBackend::new();
+        let sol = gmres_square_cpu(
+            comm,
+            &a,
+            &part,
+            &b,
+            x0.as_deref(),
+            precond,
+            &c.params,
+            &mut mon,
+        )
+        .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
+        (sol, be.name(), be.describe())
+    };
     if let Some(z) = sol
         .jacobi_zero_diagonals
         .filter(|&z| z > 0 && comm.is_root())
@@ -255,8 +286,8 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "ones".into()),
-        backend: be.name().into(),
-        backend_detail: format!("{} ({backend_note})", be.describe()),
+        backend: backend_name.into(),
+        backend_detail: format!("{backend_describe} ({backend_note})"),
         ranks: comm.size(),
         threads: rayon::current_num_threads(),
         n,

@@ -2,8 +2,10 @@
 //! square systems A x = b whose rows (and x, b) are distributed over ranks.
 //!
 //! - Arnoldi by modified Gram-Schmidt (one reduction per basis vector) or by classical
-//!   Gram-Schmidt applied twice (CGS2: each pass is one [`Backend::multi_dot`] and ONE
-//!   [`Comm::allreduce_sum`] of the j+1 coefficients, then one [`Backend::multi_axpy`]).
+//!   Gram-Schmidt applied twice (CGS2: each pass is one batch of j+1 inner products and ONE
+//!   [`Comm::allreduce_sum`] of them; the update of one pass is fused with the inner products
+//!   of the next, [`Backend::multi_axpy_dot`] and [`Backend::multi_axpy_norm_sq`], so a step
+//!   reads the basis three times).
 //! - Givens rotations and the small triangular solve on the host.
 //! - Left (minimise ||M^-1 (b - A x)||) or right (A M^-1 u = b, x = M^-1 u) preconditioning.
 //! - Two stopping rules: [`ConvergenceTest::Preconditioned`] (PETSc's default: the preconditioned
@@ -204,6 +206,7 @@ pub struct GmresWorkspace<B: Backend> {
     sn: Vec<f64>,
     g: Vec<f64>,
     y: Vec<f64>,
+    /// 2 (m+1) coefficients.
     coef: Vec<f64>,
 }
 
@@ -224,7 +227,8 @@ impl<B: Backend> GmresWorkspace<B> {
             sn: vec![0.0; m],
             g: vec![0.0; m + 1],
             y: vec![0.0; m],
-            coef: vec![0.0; m + 1],
+            // two columns of coefficients: CGS2's two passes
+            coef: vec![0.0; 2 * (m + 1)],
         })
     }
 }
@@ -462,27 +466,32 @@ where
             }
             its += 1;
             let col = &mut h[j * ld..(j + 1) * ld];
-            match params.orthog {
+            let hn = match params.orthog {
                 Orthog::Mgs => {
                     for i in 0..=j {
                         let hij = comm.allreduce_scalar(be.dot(&v[i], w)?)?;
                         be.axpby(-hij, &v[i], 1.0, w)?;
                         col[i] = hij;
                     }
+                    gnorm(be, comm, w)?
                 }
                 Orthog::Cgs2 => {
-                    for pass in 0..2 {
-                        let c = &mut coef[..=j];
-                        be.multi_dot(&v[..=j], w, c)?;
-                        comm.allreduce_sum(c)?;
-                        be.multi_axpy(c, &v[..=j], w)?;
-                        for i in 0..=j {
-                            col[i] = if pass == 0 { c[i] } else { col[i] + c[i] };
-                        }
+                    // Three passes over the basis, one reduction each: c = V^T w;
+                    // [w -= V c, c2 = V^T w]; [w -= V c2, ||w||^2].
+                    let (c, c2) = coef.split_at_mut(ld);
+                    let (c, c2) = (&mut c[..=j], &mut c2[..=j]);
+                    be.multi_dot(&v[..=j], w, c)?;
+                    comm.allreduce_sum(c)?;
+                    be.multi_axpy_dot(c, &v[..=j], w, c2)?;
+                    comm.allreduce_sum(c2)?;
+                    for i in 0..=j {
+                        col[i] = c[i] + c2[i];
                     }
+                    comm.allreduce_scalar(be.multi_axpy_norm_sq(c2, &v[..=j], w)?)?
+                        .max(0.0)
+                        .sqrt()
                 }
-            }
-            let hn = gnorm(be, comm, w)?;
+            };
             let colnorm = (col[..=j].iter().map(|a| a * a).sum::<f64>() + hn * hn).sqrt();
             if !hn.is_finite() || !colnorm.is_finite() {
                 return Err(Error::Invalid(format!(

@@ -250,6 +250,33 @@ impl BlockIlu0 {
         })
     }
 
+    /// The factors as strictly lower L (unit diagonal implied) and strictly upper U, each n x n
+    /// with the pattern's order kept, the inverted diagonal of U, and the triangular solve
+    /// (for a device copy that repeats [`BlockIlu0::solve`]'s arithmetic).
+    pub fn split_factors(&self) -> Result<(Csr, Csr, Vec<f64>, TriSolve)> {
+        let n = self.n;
+        let (mut lp, mut li, mut lv) = (vec![0u64], Vec::new(), Vec::new());
+        let (mut up, mut ui, mut uv) = (vec![0u64], Vec::new(), Vec::new());
+        for i in 0..n {
+            for p in self.indptr[i]..self.diag[i] {
+                li.push(self.indices[p]);
+                lv.push(self.lu[p]);
+            }
+            for p in self.diag[i] + 1..self.indptr[i + 1] {
+                ui.push(self.indices[p]);
+                uv.push(self.lu[p]);
+            }
+            lp.push(li.len() as u64);
+            up.push(ui.len() as u64);
+        }
+        Ok((
+            Csr::try_new(n, n, lp, li, lv)?,
+            Csr::try_new(n, n, up, ui, uv)?,
+            self.inv_diag.clone(),
+            self.tri,
+        ))
+    }
+
     /// z = U^-1 L^-1 r on host slices.
     pub fn solve(&mut self, r: &[f64], z: &mut [f64]) {
         let n = self.n;

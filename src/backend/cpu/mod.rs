@@ -35,6 +35,57 @@ impl CpuBackend {
         }
     }
 
+    /// Batched reductions over the chunks of `reduce`: per chunk, first `update(range)`, then
+    /// out[j] partials = lane sums of basis[j] . w (or, with `norm`, out[0] = w . w). Chunk sums
+    /// are added in chunk order, so every out[j] is bitwise the `dot` of the same vectors.
+    fn multi_reduce<U>(
+        &self,
+        basis: &[Vec<f64>],
+        n: usize,
+        out: &mut [f64],
+        update: U,
+        w: SharedMut,
+        norm: bool,
+    ) where
+        U: Fn(std::ops::Range<usize>) + Sync,
+    {
+        let k = out.len();
+        let nchunks = n.div_ceil(CHUNK);
+        let chunk = |c: usize, dst: &mut [f64]| {
+            let r = c * CHUNK..((c + 1) * CHUNK).min(n);
+            update(r.clone());
+            // SAFETY: `w` points to n live elements for the whole call; this chunk's range was
+            // updated above by this same call, and no other call touches it.
+            let ws: &[f64] = unsafe { w.slice(r.clone()) };
+            if norm {
+                dst[0] = lane_sum(ws.len(), |i| ws[i] * ws[i]);
+            } else {
+                for (d, v) in dst.iter_mut().zip(basis) {
+                    let vs = &v[r.clone()];
+                    *d = lane_sum(ws.len(), |i| vs[i] * ws[i]);
+                }
+            }
+        };
+        let mut p = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        if p.len() < nchunks * k {
+            p.resize(nchunks * k, 0.0);
+        }
+        let parts = &mut p[..nchunks * k];
+        if nchunks <= 2 || k == 0 {
+            for (c, dst) in parts.chunks_mut(k.max(1)).enumerate().take(nchunks) {
+                chunk(c, dst);
+            }
+        } else {
+            parts
+                .par_chunks_mut(k)
+                .enumerate()
+                .for_each(|(c, dst)| chunk(c, dst));
+        }
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = (0..nchunks).map(|c| parts[c * k + j]).sum();
+        }
+    }
+
     /// Deterministic chunked reduction of `f(chunk_index, range)` partial sums.
     fn reduce<F>(&self, n: usize, f: F) -> f64
     where
@@ -52,6 +103,16 @@ impl CpuBackend {
             .enumerate()
             .for_each(|(c, s)| *s = f(c * CHUNK..((c + 1) * CHUNK).min(n)));
         p.iter().sum()
+    }
+}
+
+/// w[r] -= sum_j coeffs[j] basis[j][r], subtracting c_0 v_0 first (the order of successive
+/// `axpby` calls, bit for bit).
+fn axpy_chunk(coeffs: &[f64], basis: &[Vec<f64>], r: std::ops::Range<usize>, ws: &mut [f64]) {
+    for (&c, v) in coeffs.iter().zip(basis) {
+        for (wi, &vi) in ws.iter_mut().zip(&v[r.clone()]) {
+            *wi = -c * vi + *wi;
+        }
     }
 }
 
@@ -181,6 +242,72 @@ impl Backend for CpuBackend {
             let (xs, ys) = (&x[r.clone()], &y[r]);
             lane_sum(xs.len(), |i| xs[i] * ys[i])
         }))
+    }
+    fn multi_dot(&self, basis: &[Vec<f64>], w: &Vec<f64>, out: &mut [f64]) -> Result<()> {
+        assert_eq!(basis.len(), out.len());
+        // Only read through the pointer.
+        let pw = SharedMut(w.as_ptr() as *mut f64);
+        self.multi_reduce(basis, w.len(), out, |_r| {}, pw, false);
+        Ok(())
+    }
+    fn multi_axpy(&self, coeffs: &[f64], basis: &[Vec<f64>], w: &mut Vec<f64>) -> Result<()> {
+        assert_eq!(coeffs.len(), basis.len());
+        let n = w.len();
+        let p = SharedMut(w.as_mut_ptr());
+        par_for(n, |r| {
+            // SAFETY: par_for hands out disjoint in-bounds ranges.
+            let ws = unsafe { p.slice(r.clone()) };
+            axpy_chunk(coeffs, basis, r, ws);
+        });
+        Ok(())
+    }
+    fn multi_axpy_dot(
+        &self,
+        coeffs: &[f64],
+        basis: &[Vec<f64>],
+        w: &mut Vec<f64>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        assert!(coeffs.len() == basis.len() && out.len() == basis.len());
+        let n = w.len();
+        let p = SharedMut(w.as_mut_ptr());
+        self.multi_reduce(
+            basis,
+            n,
+            out,
+            |r| {
+                // SAFETY: multi_reduce hands each chunk to exactly one call: disjoint ranges.
+                let ws = unsafe { p.slice(r.clone()) };
+                axpy_chunk(coeffs, basis, r, ws);
+            },
+            p,
+            false,
+        );
+        Ok(())
+    }
+    fn multi_axpy_norm_sq(
+        &self,
+        coeffs: &[f64],
+        basis: &[Vec<f64>],
+        w: &mut Vec<f64>,
+    ) -> Result<f64> {
+        assert_eq!(coeffs.len(), basis.len());
+        let n = w.len();
+        let p = SharedMut(w.as_mut_ptr());
+        let mut out = [0.0f64];
+        self.multi_reduce(
+            basis,
+            n,
+            &mut out,
+            |r| {
+                // SAFETY: multi_reduce hands each chunk to exactly one call: disjoint ranges.
+                let ws = unsafe { p.slice(r.clone()) };
+                axpy_chunk(coeffs, basis, r, ws);
+            },
+            p,
+            true,
+        );
+        Ok(out[0])
     }
     fn norm_sq(&self, x: &Vec<f64>) -> Result<f64> {
         Ok(self.reduce(x.len(), |r| {
@@ -409,6 +536,48 @@ impl Operator<CpuBackend> for CpuCsrOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fused_gram_schmidt_kernels_equal_the_unfused_calls_bitwise() {
+        let be = CpuBackend::new();
+        let mut rng = crate::testing::Rng::new(11);
+        for &n in &[5usize, 2 * CHUNK + 3, 5 * CHUNK + 7] {
+            for &k in &[0usize, 1, 7] {
+                let basis: Vec<Vec<f64>> = (0..k)
+                    .map(|_| (0..n).map(|_| rng.uniform() - 0.5).collect())
+                    .collect();
+                let w0: Vec<f64> = (0..n).map(|_| rng.uniform() - 0.5).collect();
+                let c: Vec<f64> = (0..k).map(|_| rng.uniform() - 0.5).collect();
+                // reference: one dot / axpby per basis vector
+                let dots = |w: &Vec<f64>| -> Vec<f64> {
+                    basis.iter().map(|v| be.dot(v, w).unwrap()).collect()
+                };
+                let mut wr = w0.clone();
+                for (cj, v) in c.iter().zip(&basis) {
+                    be.axpby(-cj, v, 1.0, &mut wr).unwrap();
+                }
+                let bits = |a: &[f64]| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+
+                let mut out = vec![0.0; k];
+                be.multi_dot(&basis, &w0, &mut out).unwrap();
+                assert_eq!(bits(&out), bits(&dots(&w0)), "multi_dot n={n} k={k}");
+
+                let mut w = w0.clone();
+                be.multi_axpy(&c, &basis, &mut w).unwrap();
+                assert_eq!(bits(&w), bits(&wr), "multi_axpy n={n} k={k}");
+
+                let mut w = w0.clone();
+                be.multi_axpy_dot(&c, &basis, &mut w, &mut out).unwrap();
+                assert_eq!(bits(&w), bits(&wr));
+                assert_eq!(bits(&out), bits(&dots(&wr)), "multi_axpy_dot n={n} k={k}");
+
+                let mut w = w0.clone();
+                let nn = be.multi_axpy_norm_sq(&c, &basis, &mut w).unwrap();
+                assert_eq!(bits(&w), bits(&wr));
+                assert_eq!(nn.to_bits(), be.norm_sq(&wr).unwrap().to_bits());
+            }
+        }
+    }
 
     #[test]
     fn products_match_reference_both_transposes() {

@@ -13,8 +13,10 @@
 
 mod cusparse;
 mod operator;
+mod square;
 
 pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
+pub use square::{gmres_square_cuda, CudaIluSweeps, CudaSquareOperator};
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -40,6 +42,8 @@ const THREADS: u32 = 256;
 const RED_MAX_BLOCKS: usize = 1024;
 /// Elements per thread a reduction aims at before adding blocks.
 const RED_PER_THREAD: usize = 4;
+/// Basis vectors per launch of the batched Gram-Schmidt kernels (MULTI_MAX in vector.cu).
+const MULTI_MAX: usize = 32;
 
 pub(crate) fn cuda_err(what: &str) -> impl Fn(dres::DriverError) -> Error + '_ {
     move |e| Error::backend("cuda", format!("{what}: {e:?}"))
@@ -159,6 +163,10 @@ pub(crate) struct Kernels {
     pub scale: CudaFunction,
     pub fill: CudaFunction,
     pub pmul: CudaFunction,
+    pub multi_dot: CudaFunction,
+    pub multi_axpy: CudaFunction,
+    pub tri_sweep: CudaFunction,
+    pub gather: CudaFunction,
 }
 
 type ModuleCache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -214,6 +222,10 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         scale: f("scale")?,
         fill: f("fill")?,
         pmul: f("pmul")?,
+        multi_dot: f("multi_dot")?,
+        multi_axpy: f("multi_axpy")?,
+        tri_sweep: f("tri_sweep")?,
+        gather: f("gather")?,
         _module: module.clone(),
     });
     cache.push((ctx.ordinal(), k.clone()));
@@ -225,7 +237,7 @@ pub(crate) fn arg<T>(v: &T) -> *mut c_void {
     v as *const T as *mut c_void
 }
 
-/// One f64 of page-locked host memory mapped into the device's address space.
+/// `len` f64 of page-locked host memory mapped into the device's address space.
 struct MappedScalar {
     _mem: cudarc::driver::PinnedHostSlice<f64>,
     /// Host address (kept as an integer so the backend stays Send + Sync).
@@ -234,18 +246,18 @@ struct MappedScalar {
 }
 
 impl MappedScalar {
-    fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
         // SAFETY: the memory is written below before any read.
         let mut mem = unsafe {
             ctx.alloc_pinned_with_flags::<f64>(
-                1,
+                len,
                 dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
             )
         }
         .map_err(cuda_err("mapped host memory"))?;
         let host = mem.as_mut_ptr().map_err(cuda_err("mapped host memory"))?;
-        // SAFETY: `host` points to one f64 of page-locked memory owned by `mem`.
-        unsafe { host.write(0.0) };
+        // SAFETY: `host` points to `len` f64 of page-locked memory owned by `mem`.
+        unsafe { std::ptr::write_bytes(host, 0, len) };
         let mut device: dsys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
         let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
@@ -278,6 +290,12 @@ pub struct CudaBackend {
     /// writes it directly; the host reads it after one stream synchronisation, no copy), or
     /// `result` on the device when mapping is unavailable.
     mapped: Option<MappedScalar>,
+    /// The same for the batched reductions of GMRES: MULTI_MAX partial-sum rows of
+    /// RED_MAX_BLOCKS, and MULTI_MAX results (mapped host memory, or `multi_result` on the
+    /// device when mapping is unavailable).
+    multi_partial: CudaSlice<f64>,
+    multi_result: CudaSlice<f64>,
+    multi_mapped: Option<MappedScalar>,
     /// Page-locked host staging for the multi-rank vector reduction (host path).
     pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
     /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
@@ -364,7 +382,14 @@ impl CudaBackend {
         let result = stream
             .alloc_zeros::<f64>(1)
             .map_err(cuda_err("allocating reduction buffers"))?;
-        let mapped = MappedScalar::new(&ctx).ok();
+        let mapped = MappedScalar::new(&ctx, 1).ok();
+        let multi_partial = stream
+            .alloc_zeros::<f64>(MULTI_MAX * RED_MAX_BLOCKS)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let multi_result = stream
+            .alloc_zeros::<f64>(MULTI_MAX)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let multi_mapped = MappedScalar::new(&ctx, MULTI_MAX).ok();
         Ok(CudaBackend {
             ctx,
             stream,
@@ -374,6 +399,9 @@ impl CudaBackend {
             counter,
             result,
             mapped,
+            multi_partial,
+            multi_result,
+            multi_mapped,
             pinned: Mutex::new(None),
             nccl: Mutex::new(None),
         })
@@ -466,6 +494,114 @@ impl CudaBackend {
             .map_err(cuda_err("copying a scalar to the host"))?;
         self.synchronize()?;
         Ok(h[0])
+    }
+
+    /// One launch of the batched Gram-Schmidt reduction (`mode` as in vector.cu's multi_dot)
+    /// over at most MULTI_MAX basis vectors of length `n`, with w at device address `pw`
+    /// (written only in modes 1 and 2); the results land in `out`.
+    fn multi_launch(
+        &self,
+        basis: &[CudaSlice<f64>],
+        coeffs: Option<&[f64]>,
+        mode: i32,
+        pw: u64,
+        n: usize,
+        out: &mut [f64],
+    ) -> Result<()> {
+        let k = basis.len();
+        debug_assert!(k <= MULTI_MAX && k > 0);
+        let mut ptrs = [0u64; MULTI_MAX];
+        for (p, b) in ptrs.iter_mut().zip(basis) {
+            self.check_len("multi_dot", b.len(), n)?;
+            *p = self.ptr(b);
+        }
+        let mut c = [0f64; MULTI_MAX];
+        if let Some(co) = coeffs {
+            c[..k].copy_from_slice(&co[..k]);
+        }
+        let nout = if mode == 2 { 1 } else { k };
+        let (k32, n64) = (k as i32, n as u64);
+        let (pp, pc) = (self.ptr(&self.multi_partial), self.ptr(&self.counter));
+        let pr = match &self.multi_mapped {
+            Some(m) => m.device,
+            None => self.ptr(&self.multi_result),
+        };
+        self.launch(
+            &self.k.multi_dot,
+            Self::reduction_grid(n),
+            THREADS,
+            &mut [
+                arg(&ptrs),
+                arg(&k32),
+                arg(&c),
+                arg(&mode),
+                arg(&pw),
+                arg(&n64),
+                arg(&pp),
+                arg(&pc),
+                arg(&pr),
+            ],
+        )?;
+        if let Some(m) = &self.multi_mapped {
+            self.synchronize()?;
+            for (j, o) in out[..nout].iter_mut().enumerate() {
+                // SAFETY: `m.host` holds MULTI_MAX page-locked f64 that the finished kernel
+                // wrote; j < nout <= MULTI_MAX.
+                *o = unsafe { std::ptr::read_volatile((m.host as *const f64).add(j)) };
+            }
+        } else {
+            self.stream
+                .memcpy_dtoh(&self.multi_result.slice(..nout), &mut out[..nout])
+                .map_err(cuda_err("copying results to the host"))?;
+            self.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// w -= sum_j coeffs[j] basis[j] in launches of at most MULTI_MAX vectors (in j order).
+    fn multi_axpy_chunks(
+        &self,
+        coeffs: &[f64],
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        let n = w.len();
+        for (bs, cs) in basis.chunks(MULTI_MAX).zip(coeffs.chunks(MULTI_MAX)) {
+            let mut ptrs = [0u64; MULTI_MAX];
+            for (p, b) in ptrs.iter_mut().zip(bs) {
+                self.check_len("multi_axpy", b.len(), n)?;
+                *p = self.ptr(b);
+            }
+            let mut c = [0f64; MULTI_MAX];
+            c[..cs.len()].copy_from_slice(cs);
+            let (k32, n64, pw) = (bs.len().min(cs.len()) as i32, n as u64, self.ptr(w));
+            let g = self.elementwise_grid(n);
+            self.launch(
+                &self.k.multi_axpy,
+                g,
+                THREADS,
+                &mut [arg(&ptrs), arg(&k32), arg(&c), arg(&pw), arg(&n64)],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// out[k] = x[idx[k]] on the device.
+    pub(crate) fn gather(
+        &self,
+        idx: &CudaSlice<u32>,
+        x: &CudaSlice<f64>,
+        out: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check_len("gather", idx.len(), out.len())?;
+        let (n, pi, px, po) = (idx.len() as u64, self.ptr(idx), self.ptr(x), self.ptr(out));
+        let g = self.elementwise_grid(idx.len());
+        self.launch(
+            &self.k.gather,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&pi), arg(&px), arg(&po)],
+        )
     }
 
     fn check_len(&self, what: &str, got: usize, want: usize) -> Result<()> {
@@ -622,6 +758,64 @@ impl Backend for CudaBackend {
             ],
         )?;
         self.read_result()
+    }
+    fn multi_dot(
+        &self,
+        basis: &[CudaSlice<f64>],
+        w: &CudaSlice<f64>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        self.check_len("multi_dot", out.len(), basis.len())?;
+        // Mode 0 only reads w.
+        let (pw, n) = (self.ptr(w), w.len());
+        for (bs, o) in basis.chunks(MULTI_MAX).zip(out.chunks_mut(MULTI_MAX)) {
+            self.multi_launch(bs, None, 0, pw, n, o)?;
+        }
+        Ok(())
+    }
+    fn multi_axpy(
+        &self,
+        coeffs: &[f64],
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check_len("multi_axpy", coeffs.len(), basis.len())?;
+        self.multi_axpy_chunks(coeffs, basis, w)
+    }
+    fn multi_axpy_dot(
+        &self,
+        coeffs: &[f64],
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        self.check_len("multi_axpy_dot", coeffs.len(), basis.len())?;
+        self.check_len("multi_axpy_dot", out.len(), basis.len())?;
+        if basis.is_empty() {
+            return Ok(());
+        }
+        if basis.len() > MULTI_MAX {
+            self.multi_axpy_chunks(coeffs, basis, w)?;
+            return self.multi_dot(basis, w, out);
+        }
+        let (pw, n) = (self.ptr(w), w.len());
+        self.multi_launch(basis, Some(coeffs), 1, pw, n, out)
+    }
+    fn multi_axpy_norm_sq(
+        &self,
+        coeffs: &[f64],
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+    ) -> Result<f64> {
+        self.check_len("multi_axpy_norm_sq", coeffs.len(), basis.len())?;
+        if basis.is_empty() || basis.len() > MULTI_MAX {
+            self.multi_axpy_chunks(coeffs, basis, w)?;
+            return self.norm_sq(w);
+        }
+        let mut out = [0f64; 1];
+        let (pw, n) = (self.ptr(w), w.len());
+        self.multi_launch(basis, Some(coeffs), 2, pw, n, &mut out)?;
+        Ok(out[0])
     }
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         if comm.size() <= 1 {

@@ -1,0 +1,434 @@
+//! GMRES on the CUDA backend against the CPU backend (the reference): the batched Gram-Schmidt
+//! kernels, the ILU(0) Jacobi sweeps, whole GMRES solves on one GPU and on several simulated
+//! ranks (threads sharing the GPU), and the CLI. Every test prints "skipped: no CUDA GPU
+//! (reason)" and passes when no usable GPU is present (CI).
+
+use std::path::PathBuf;
+
+use seistomo::backend::cpu::CpuBackend;
+use seistomo::backend::cuda::{gmres_square_cuda, probe, CudaBackend, CudaIluSweeps};
+use seistomo::backend::{Backend, Precision};
+use seistomo::comm::{Comm, SerialComm};
+use seistomo::solver::dist_square::{
+    gmres_square_cpu, RowPartition, SquarePrecond, SquareSolve, ThreadComm,
+};
+use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
+use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
+use seistomo::sparse::{mtx, Csr};
+use seistomo::squaregen::{cube, SquareKind};
+use seistomo::testing::Rng;
+
+fn gpu() -> Option<CudaBackend> {
+    match probe() {
+        Err(why) => {
+            println!("skipped: no CUDA GPU ({why})");
+            None
+        }
+        Ok(dev) => {
+            println!("running on {dev}");
+            Some(CudaBackend::new(0).expect("probe succeeded, so the backend must start"))
+        }
+    }
+}
+
+/// The repository (SEISTOMO_ROOT lets a copied test binary find it on the GPU machine).
+fn root() -> PathBuf {
+    std::env::var_os("SEISTOMO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The seistomo binary (SEISTOMO_BIN overrides, for a copied test binary).
+fn bin() -> PathBuf {
+    std::env::var_os("SEISTOMO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_seistomo")))
+}
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> {
+    let mut h = vec![0.0; be.len(x)];
+    be.download(x, &mut h).unwrap();
+    h
+}
+
+/// |got - want| small against the sum of the magnitudes of the summed products.
+fn close_sums(got: &[f64], want: &[f64], scale: &[f64], what: &str) {
+    for (j, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-13 * s.max(1e-300),
+            "{what}[{j}]: {g:e} vs {w:e} (scale {s:e})"
+        );
+    }
+}
+
+#[test]
+fn batched_gram_schmidt_kernels_match_cpu() {
+    let Some(be) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    for &n in &[1usize, 999, 300_001] {
+        for &k in &[1usize, 5, 17, 32, 33, 40] {
+            let seed = (n * 100 + k) as u64;
+            let basis_h: Vec<Vec<f64>> = (0..k).map(|j| rand_vec(n, seed + j as u64)).collect();
+            let w_h = rand_vec(n, seed + 1000);
+            let coef: Vec<f64> = rand_vec(k, seed + 2000);
+            let basis_d: Vec<_> = basis_h.iter().map(|v| be.upload(v).unwrap()).collect();
+            // magnitude scale of each inner product
+            let scale = |w: &[f64]| -> Vec<f64> {
+                basis_h
+                    .iter()
+                    .map(|v| v.iter().zip(w).map(|(a, b)| (a * b).abs()).sum())
+                    .collect()
+            };
+
+            // multi_dot
+            let mut want = vec![0.0; k];
+            cpu.multi_dot(&basis_h, &w_h, &mut want).unwrap();
+            let wd = be.upload(&w_h).unwrap();
+            let mut got = vec![0.0; k];
+            be.multi_dot(&basis_d, &wd, &mut got).unwrap();
+            close_sums(&got, &want, &scale(&w_h), &format!("multi_dot n={n} k={k}"));
+            assert_eq!(down(&be, &wd), w_h, "multi_dot wrote w");
+
+            // multi_axpy: the same order of updates as the CPU, bit for bit
+            let mut wc = w_h.clone();
+            cpu.multi_axpy(&coef, &basis_h, &mut wc).unwrap();
+            let mut wd = be.upload(&w_h).unwrap();
+            be.multi_axpy(&coef, &basis_d, &mut wd).unwrap();
+            let wg = down(&be, &wd);
+            assert!(
+                wg.iter().zip(&wc).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "multi_axpy n={n} k={k}: rel {:e}",
+                rel(&wg, &wc)
+            );
+
+            // multi_axpy_dot
+            let mut wc = w_h.clone();
+            let mut want = vec![0.0; k];
+            cpu.multi_axpy_dot(&coef, &basis_h, &mut wc, &mut want)
+                .unwrap();
+            let mut wd = be.upload(&w_h).unwrap();
+            let mut got = vec![0.0; k];
+            be.multi_axpy_dot(&coef, &basis_d, &mut wd, &mut got)
+                .unwrap();
+            let wg = down(&be, &wd);
+            assert!(
+                wg.iter().zip(&wc).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "multi_axpy_dot update n={n} k={k}"
+            );
+            close_sums(
+                &got,
+                &want,
+                &scale(&wc),
+                &format!("multi_axpy_dot n={n} k={k}"),
+            );
+
+            // multi_axpy_norm_sq
+            let mut wc = w_h.clone();
+            let want = cpu.multi_axpy_norm_sq(&coef, &basis_h, &mut wc).unwrap();
+            let mut wd = be.upload(&w_h).unwrap();
+            let got = be.multi_axpy_norm_sq(&coef, &basis_d, &mut wd).unwrap();
+            assert!(
+                (got - want).abs() <= 1e-13 * want,
+                "norm n={n} k={k}: {got:e} vs {want:e}"
+            );
+            assert_eq!(down(&be, &wd), wc, "multi_axpy_norm_sq update n={n} k={k}");
+        }
+    }
+}
+
+/// The systems the GPU GMRES is checked on: generated ones and the SuiteSparse set.
+fn systems() -> Vec<(String, Csr)> {
+    let mut v = vec![
+        (
+            "convdiff12 (generated)".to_string(),
+            cube(SquareKind::Convdiff, 12).unwrap(),
+        ),
+        (
+            "poisson10 (generated)".to_string(),
+            cube(SquareKind::Poisson, 10).unwrap(),
+        ),
+    ];
+    for f in [
+        "datasets/square_gen/convdiff16.mtx.gz",
+        "datasets/square/west0479.mtx.gz",
+        "datasets/square/nnc1374.mtx.gz",
+        "datasets/square/bayer10.mtx.gz",
+    ] {
+        v.push((f.to_string(), mtx::read_matrix(&root().join(f)).unwrap()));
+    }
+    v
+}
+
+#[test]
+fn ilu_jacobi_sweeps_match_cpu() {
+    let Some(be) = gpu() else { return };
+    for (name, a) in systems() {
+        let n = a.nrows();
+        for sweeps in [1usize, 2, 3, 5] {
+            let mut f =
+                BlockIlu0::new(&a, n, 0, PivotPolicy::Shift, TriSolve::Jacobi(sweeps)).unwrap();
+            let mut d = CudaIluSweeps::new(&be, &f).unwrap();
+            let r = rand_vec(n, sweeps as u64 + n as u64);
+            let mut want = vec![0.0; n];
+            f.solve(&r, &mut want);
+            let rd = be.upload(&r).unwrap();
+            let mut zd = be.zeros(n).unwrap();
+            d.apply(&be, &rd, &mut zd).unwrap();
+            let got = down(&be, &zd);
+            let bitwise = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let e = rel(&got, &want);
+            println!("{name}: {sweeps} sweeps: rel diff {e:e}, bitwise equal {bitwise}");
+            assert!(e <= 1e-14, "{name} {sweeps} sweeps: rel diff {e:e}");
+        }
+    }
+    // exact triangular solves are refused on the GPU with a clear message
+    let a = cube(SquareKind::Poisson, 4).unwrap();
+    let f = BlockIlu0::new(&a, a.nrows(), 0, PivotPolicy::Error, TriSolve::Exact).unwrap();
+    let e = CudaIluSweeps::new(&be, &f).err().unwrap().to_string();
+    assert!(e.contains("--ilu-sweeps"), "{e}");
+}
+
+fn params(orthog: Orthog, side: PrecondSide) -> GmresParams {
+    GmresParams {
+        restart: 16,
+        rtol: 1e-10,
+        atol: 0.0,
+        max_iter: 16 * 60,
+        max_cycles: Some(60),
+        orthog,
+        side,
+        test: ConvergenceTest::Preconditioned,
+    }
+}
+
+fn precond(name: &str) -> SquarePrecond {
+    match name {
+        "jacobi" => SquarePrecond::Jacobi,
+        "block-ilu0" => SquarePrecond::BlockIlu0 {
+            pivot: PivotPolicy::Shift,
+            tri: TriSolve::Jacobi(3),
+        },
+        _ => SquarePrecond::None,
+    }
+}
+
+fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
+    let part = RowPartition::contiguous(a.nrows(), 1);
+    let b = vec![1.0; a.nrows()];
+    gmres_square_cpu(
+        &SerialComm,
+        a,
+        &part,
+        &b,
+        None,
+        precond(pc),
+        p,
+        &mut NoGmresMonitor,
+    )
+    .unwrap()
+}
+
+fn solve_gpu(
+    be: &CudaBackend,
+    comm: &dyn Comm,
+    a: &Csr,
+    part: &RowPartition,
+    pc: &str,
+    p: &GmresParams,
+) -> SquareSolve {
+    let rows: Vec<usize> = part.range(comm.rank()).collect();
+    let b = vec![1.0; rows.len()];
+    gmres_square_cuda(
+        be,
+        comm,
+        &a.select_rows(&rows),
+        part,
+        &b,
+        None,
+        precond(pc),
+        Precision::F64,
+        p,
+        &mut NoGmresMonitor,
+    )
+    .unwrap()
+}
+
+#[test]
+fn gmres_on_the_gpu_matches_the_cpu() {
+    let Some(be) = gpu() else { return };
+    for (name, a) in systems() {
+        let part = RowPartition::contiguous(a.nrows(), 1);
+        for pc in ["none", "jacobi", "block-ilu0"] {
+            for orthog in [Orthog::Mgs, Orthog::Cgs2] {
+                for side in [PrecondSide::Left, PrecondSide::Right] {
+                    let p = params(orthog, side);
+                    let c = solve_cpu(&a, pc, &p);
+                    let g = solve_gpu(&be, &SerialComm, &a, &part, pc, &p);
+                    let d = rel(&g.x_local, &c.x_local);
+                    println!(
+                        "{name} {pc} {orthog:?} {side:?}: cpu {} its conv {} relres {:.2e}; gpu {} its conv {} relres {:.2e}; rel diff {d:.2e}",
+                        c.info.iterations, c.info.converged, c.info.relres,
+                        g.info.iterations, g.info.converged, g.info.relres
+                    );
+                    assert_eq!(
+                        g.info.converged, c.info.converged,
+                        "{name} {pc} {orthog:?} {side:?}"
+                    );
+                    assert_eq!(g.precond, c.precond);
+                    if c.info.converged {
+                        // SpMV and reductions sum in another order: at most one iteration apart
+                        // where the last residual sits at the tolerance.
+                        assert!(
+                            g.info.iterations.abs_diff(c.info.iterations) <= 1,
+                            "{name} {pc} {orthog:?} {side:?}: {} vs {} iterations",
+                            g.info.iterations,
+                            c.info.iterations
+                        );
+                        if g.info.iterations == c.info.iterations {
+                            assert!(d <= 1e-9, "{name} {pc} {orthog:?} {side:?}: rel diff {d:e}");
+                        }
+                        assert!(g.info.relres <= 1e-9, "{name}: relres {:e}", g.info.relres);
+                    } else {
+                        assert_eq!(g.info.iterations, c.info.iterations);
+                        assert!(g.info.relres.is_finite());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gmres_on_several_gpu_ranks_matches_one() {
+    let Some(be) = gpu() else { return };
+    drop(be);
+    let a = cube(SquareKind::Convdiff, 16).unwrap();
+    for pc in ["jacobi", "block-ilu0"] {
+        let p = params(Orthog::Cgs2, PrecondSide::Left);
+        let one = {
+            let be = CudaBackend::new(0).unwrap();
+            solve_gpu(
+                &be,
+                &SerialComm,
+                &a,
+                &RowPartition::contiguous(a.nrows(), 1),
+                pc,
+                &p,
+            )
+        };
+        assert!(one.info.converged);
+        for ranks in [2usize, 3] {
+            for part in [
+                RowPartition::contiguous(a.nrows(), ranks),
+                RowPartition::by_nnz(a.indptr(), ranks),
+            ] {
+                let comms = ThreadComm::create(ranks);
+                let out: Vec<SquareSolve> = std::thread::scope(|s| {
+                    let hs: Vec<_> = comms
+                        .iter()
+                        .map(|c| {
+                            let (a, part, p) = (&a, &part, &p);
+                            s.spawn(move || {
+                                let be = CudaBackend::new(0).unwrap();
+                                solve_gpu(&be, c, a, part, pc, p)
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                let x: Vec<f64> = out.iter().flat_map(|s| s.x_local.clone()).collect();
+                let its = out[0].info.iterations;
+                assert!(out.iter().all(|s| s.info.iterations == its));
+                let d = rel(&x, &one.x_local);
+                println!(
+                    "{pc} on {ranks} GPU ranks: {its} its (one rank {}), rel diff {d:e}",
+                    one.info.iterations
+                );
+                assert!(out[0].info.converged);
+                if pc == "jacobi" {
+                    // the same preconditioner on any rank count
+                    assert!(
+                        its.abs_diff(one.info.iterations) <= 1,
+                        "{its} vs {}",
+                        one.info.iterations
+                    );
+                    assert!(d <= 1e-9, "rel diff {d:e}");
+                } else {
+                    // one ILU(0) block per rank: another preconditioner, the same solution
+                    assert!(d <= 1e-8, "rel diff {d:e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cli_gmres_on_cuda() {
+    let Some(_be) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("seistomo-gpu-gmres-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |backend: &str, extra: &[&str]| -> serde_json::Value {
+        let rep = dir.join(format!("r-{backend}.json"));
+        let mut args = vec![
+            "solve",
+            "--method",
+            "gmres",
+            "--matrix",
+            "datasets/square_gen/convdiff24.mtx.gz",
+            "--restart",
+            "16",
+            "--rtol",
+            "1e-10",
+            "--precond",
+            "jacobi",
+            "--backend",
+            backend,
+            "--report",
+        ];
+        let reps = rep.to_string_lossy().into_owned();
+        args.push(&reps);
+        args.extend_from_slice(extra);
+        let o = std::process::Command::new(bin())
+            .current_dir(root())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_str(&std::fs::read_to_string(&rep).unwrap()).unwrap()
+    };
+    let c = run("cpu", &[]);
+    let g = run("cuda", &[]);
+    let a = run("auto", &[]);
+    assert_eq!(g["backend"], "cuda");
+    assert_eq!(a["backend"], "cuda");
+    assert_eq!(c["backend"], "cpu");
+    assert!(g["converged"].as_bool().unwrap());
+    let (ci, gi) = (
+        c["iterations"].as_u64().unwrap(),
+        g["iterations"].as_u64().unwrap(),
+    );
+    assert!(ci.abs_diff(gi) <= 1, "cpu {ci} vs cuda {gi}");
+    // f32 matrix values: the nearby system, still converged
+    let f = run("cuda", &["--precision", "f32"]);
+    assert!(f["converged"].as_bool().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
