@@ -111,7 +111,7 @@ impl CpuBackend {
 fn axpy_chunk(coeffs: &[f64], basis: &[Vec<f64>], r: std::ops::Range<usize>, ws: &mut [f64]) {
     for (&c, v) in coeffs.iter().zip(basis) {
         for (wi, &vi) in ws.iter_mut().zip(&v[r.clone()]) {
-            *wi = -c * vi + *wi;
+            *wi += -c * vi;
         }
     }
 }
