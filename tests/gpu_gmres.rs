@@ -170,7 +170,7 @@ fn systems() -> Vec<(String, Csr)> {
         "datasets/square/nnc1374.mtx.gz",
         "datasets/square/bayer10.mtx.gz",
     ] {
-        v.push((f.to_string(), mtx::read_matrix(&root().join(f)).unwrap()));
+        v.push((f.to_string(), mtx::read_matrix(root().join(f)).unwrap()));
     }
     v
 }
