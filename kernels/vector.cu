@@ -80,6 +80,11 @@ extern "C" __global__ void axpby(unsigned long long n, double a, const double* _
                                  double b, double* __restrict__ y) {
     GRID_STRIDE(n) y[i] = a * x[i] + b * y[i];
 }
+// y = a x
+extern "C" __global__ void copy_scaled(unsigned long long n, double a, const double* __restrict__ x,
+                                       double* __restrict__ y) {
+    GRID_STRIDE(n) y[i] = a * x[i];
+}
 // x = a x
 extern "C" __global__ void scale(unsigned long long n, double a, double* __restrict__ x) {
     GRID_STRIDE(n) x[i] *= a;

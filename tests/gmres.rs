@@ -91,6 +91,14 @@ fn matches_scipy_verdict_and_iterations() {
         let want_its = c["scipy"]["iterations"].as_u64().unwrap() as usize;
         let mgs = solve_serial(&a, pc, &scipy_params(Orthog::Mgs)).info;
         let cgs = solve_serial(&a, pc, &scipy_params(Orthog::Cgs2)).info;
+        let cgs1 = solve_serial(&a, pc, &scipy_params(Orthog::Cgs)).info;
+        assert_eq!(cgs1.converged, want_conv, "{name} {pc}: verdict (cgs)");
+        assert!(
+            within_2pct(cgs1.iterations, mgs.iterations),
+            "{name} {pc}: cgs {} vs mgs {}",
+            cgs1.iterations,
+            mgs.iterations
+        );
         eprintln!(
             "{name} {pc}: scipy {want_its} its conv {want_conv}; mgs {} its conv {} relres {:.3e}; cgs2 {} its conv {}",
             mgs.iterations, mgs.converged, mgs.relres, cgs.iterations, cgs.converged
@@ -243,7 +251,7 @@ fn rel_diff(x: &[f64], y: &[f64]) -> f64 {
 #[test]
 fn distributed_ranks_match_one_rank() {
     let a = cube(SquareKind::Convdiff, 12).unwrap();
-    for orthog in [Orthog::Mgs, Orthog::Cgs2] {
+    for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs] {
         for side in [PrecondSide::Left, PrecondSide::Right] {
             let params = GmresParams {
                 orthog,

@@ -278,7 +278,7 @@ fn gmres_on_the_gpu_matches_the_cpu() {
     for (name, a) in systems() {
         let part = RowPartition::contiguous(a.nrows(), 1);
         for pc in ["none", "jacobi", "block-ilu0"] {
-            for orthog in [Orthog::Mgs, Orthog::Cgs2] {
+            for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs] {
                 for side in [PrecondSide::Left, PrecondSide::Right] {
                     let p = params(orthog, side);
                     let c = solve_cpu(&a, pc, &p);

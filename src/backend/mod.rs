@@ -31,6 +31,11 @@ pub trait Backend: Send + Sync {
     fn fill(&self, x: &mut Self::Vector, value: f64) -> Result<()>;
     /// x = a x
     fn scale(&self, x: &mut Self::Vector, a: f64) -> Result<()>;
+    /// y = a x (y's old values are never read, so NaN there does not propagate)
+    fn copy_scaled(&self, a: f64, x: &Self::Vector, y: &mut Self::Vector) -> Result<()> {
+        self.copy(x, y)?;
+        self.scale(y, a)
+    }
     /// y = a x + b y
     fn axpby(&self, a: f64, x: &Self::Vector, b: f64, y: &mut Self::Vector) -> Result<()>;
     /// z = x .* y (element-wise)

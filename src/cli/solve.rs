@@ -97,7 +97,7 @@ pub struct GmresArgs {
     /// GMRES preconditioner: none, jacobi, block-ilu0.
     #[arg(long, default_value = "jacobi")]
     precond: super::solve_gmres::PrecondChoice,
-    /// GMRES Arnoldi orthogonalisation: mgs or cgs2.
+    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice) or cgs (classical once).
     #[arg(long, default_value = "mgs")]
     orthog: crate::solver::gmres::Orthog,
     /// GMRES preconditioning side: left or right.

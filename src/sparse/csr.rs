@@ -296,6 +296,27 @@ impl Csr {
     }
 
     /// Rows with indices `rows` (in that order) as a new matrix.
+    /// The matrix with column j renamed `new_of_old[j]` (a permutation of 0..ncols); each row's
+    /// entries are re-sorted by their new column.
+    pub fn permute_columns(&self, new_of_old: &[u32]) -> Csr {
+        assert_eq!(new_of_old.len(), self.ncols);
+        let mut indices = Vec::with_capacity(self.nnz());
+        let mut data = Vec::with_capacity(self.nnz());
+        let mut pairs: Vec<(u32, f64)> = Vec::new();
+        for i in 0..self.nrows {
+            let (c, v) = self.row(i);
+            pairs.clear();
+            pairs.extend(c.iter().zip(v).map(|(&j, &x)| (new_of_old[j as usize], x)));
+            pairs.sort_unstable_by_key(|p| p.0);
+            for &(j, x) in &pairs {
+                indices.push(j);
+                data.push(x);
+            }
+        }
+        Csr::try_new(self.nrows, self.ncols, self.indptr.clone(), indices, data)
+            .expect("a column permutation keeps the structure valid")
+    }
+
     pub fn select_rows(&self, rows: &[usize]) -> Csr {
         let mut indptr = Vec::with_capacity(rows.len() + 1);
         indptr.push(0u64);

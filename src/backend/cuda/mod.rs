@@ -164,6 +164,7 @@ pub(crate) struct Kernels {
     pub fill: CudaFunction,
     pub pmul: CudaFunction,
     pub multi_dot: CudaFunction,
+    pub copy_scaled: CudaFunction,
     pub multi_axpy: CudaFunction,
     pub tri_sweep: CudaFunction,
     pub gather: CudaFunction,
@@ -223,6 +224,7 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         fill: f("fill")?,
         pmul: f("pmul")?,
         multi_dot: f("multi_dot")?,
+        copy_scaled: f("copy_scaled")?,
         multi_axpy: f("multi_axpy")?,
         tri_sweep: f("tri_sweep")?,
         gather: f("gather")?,
@@ -663,6 +665,17 @@ impl Backend for CudaBackend {
         let (n, px) = (x.len() as u64, self.ptr(x));
         let g = self.elementwise_grid(x.len());
         self.launch(&self.k.scale, g, THREADS, &mut [arg(&n), arg(&a), arg(&px)])
+    }
+    fn copy_scaled(&self, a: f64, x: &CudaSlice<f64>, y: &mut CudaSlice<f64>) -> Result<()> {
+        self.check_len("copy_scaled", x.len(), y.len())?;
+        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
+        let g = self.elementwise_grid(x.len());
+        self.launch(
+            &self.k.copy_scaled,
+            g,
+            THREADS,
+            &mut [arg(&n), arg(&a), arg(&px), arg(&py)],
+        )
     }
     fn axpby(&self, a: f64, x: &CudaSlice<f64>, b: f64, y: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("axpby", x.len(), y.len())?;
