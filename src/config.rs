@@ -66,6 +66,7 @@ struct RawSolver {
     iter_lim: Option<i64>,
     col_scale: Option<bool>,
     calc_var: Option<bool>,
+    reorder: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -255,6 +256,13 @@ impl RunConfig {
                 .map_err(|e: String| bad(format!("[backend] allreduce: {e}")))?,
         };
 
+        let reorder = match s.reorder.as_deref() {
+            None => crate::reorder::Reorder::Auto,
+            Some(r) => r
+                .parse()
+                .map_err(|e: String| bad(format!("[solver] reorder: {e}")))?,
+        };
+
         let o = raw.output;
         let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
         let name =
@@ -286,6 +294,8 @@ impl RunConfig {
             threads,
             precision,
             allreduce,
+            reorder,
+            grid: None,
         };
         Ok(RunConfig {
             path: path.to_path_buf(),

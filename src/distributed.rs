@@ -59,6 +59,14 @@ pub fn run_lsqr(
             Some(m)
         }
     };
+    // The grid (when the unknowns are its cells) lets reorder = "auto" renumber the cells.
+    let mut opts = opts.clone();
+    if let Some(m) = &run_model {
+        if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
+            opts.grid = Some(g.n);
+        }
+    }
+    let opts = &opts;
     let timed = TimedComm::new(comm);
     let mut outcome = run::solve_system_checkpointed(
         sys,

@@ -14,6 +14,7 @@ pub mod error;
 pub mod io;
 pub mod model;
 pub mod partition;
+pub mod reorder;
 pub mod run;
 pub mod solver;
 pub mod sparse;

@@ -70,6 +70,11 @@ pub struct SolveOptions {
     pub precision: Precision,
     /// GPU runs on several ranks: how A^T u is summed over ranks.
     pub allreduce: crate::backend::AllreducePath,
+    /// Row/column reordering for locality (src/reorder.rs).
+    pub reorder: crate::reorder::Reorder,
+    /// Cells along x, y, z when the unknowns are a regular grid's cells (set by `invert` from
+    /// the dataset or `[model]`; lets `reorder = "auto"` number the cells in Morton order).
+    pub grid: Option<[usize; 3]>,
 }
 
 /// Output files; `None` skips one.
@@ -178,6 +183,8 @@ pub struct Report {
     /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
     pub backend_reason: String,
     pub transpose: String,
+    /// The row/column reordering applied (src/reorder.rs).
+    pub reorder: String,
     pub ranks: usize,
     pub threads: usize,
     pub m: usize,
@@ -311,7 +318,9 @@ pub fn solve_system_checkpointed(
     ckpt: Option<&crate::model::checkpoint::Checkpointing>,
 ) -> Result<Outcome> {
     let t_setup = Instant::now();
-    let System { mut a, b, .. } = sys;
+    let System { a, b, .. } = sys;
+    let ordering = crate::reorder::Ordering::plan(&a, opts.reorder, opts.grid);
+    let (mut a, b) = ordering.apply(a, b);
     let (m_local, n, nnz_local) = (a.nrows(), a.ncols(), a.nnz());
     let x0 = match &opts.x0 {
         Some(p) => {
@@ -322,7 +331,7 @@ pub fn solve_system_checkpointed(
                     format!("x0 has {} values but the system has {n} columns", x0.len()),
                 ));
             }
-            Some(x0)
+            Some(ordering.to_new(&x0))
         }
         None => None,
     };
@@ -406,6 +415,12 @@ pub fn solve_system_checkpointed(
             var.iter_mut().zip(d).for_each(|(v, d)| *v *= d * d);
         }
     }
+    if ordering.cols.is_some() {
+        solution.x = ordering.to_old(&solution.x);
+        if let Some(var) = solution.var.as_mut() {
+            *var = ordering.to_old(var);
+        }
+    }
     let info: &LsqrInfo = &solution.info;
     let p = &opts.params;
     let report = Report {
@@ -419,6 +434,7 @@ pub fn solve_system_checkpointed(
         backend_detail,
         backend_reason: why,
         transpose,
+        reorder: ordering.what.clone(),
         ranks: comm.size(),
         threads: rayon::current_num_threads(),
         m,

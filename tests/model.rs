@@ -44,6 +44,8 @@ fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
         threads: None,
         precision: Default::default(),
         allreduce: Default::default(),
+        reorder: Default::default(),
+        grid: None,
     };
     let sys = System {
         a,

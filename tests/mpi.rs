@@ -162,8 +162,12 @@ fn iteration_band(serial: u64) -> u64 {
 
 /// Compare `np`-rank runs with the single-process run of the same arguments: one rank under
 /// mpirun must be bit-for-bit the serial run; more ranks must stop for the same reason, within
-/// [`iteration_band`] iterations (4%), with the solution within 1e-10 relative.
+/// [`iteration_band`] iterations (4%), with the solution within `tol` relative.
 fn check_against_serial(args: &[&str], dir: &Path, nps: &[usize]) {
+    check_against_serial_within(args, dir, nps, 1e-10)
+}
+
+fn check_against_serial_within(args: &[&str], dir: &Path, nps: &[usize], tol: f64) {
     let serial = solve(None, args, dir, "serial");
     let iters = serial.report["iterations"].as_u64().unwrap();
     assert!(
@@ -188,7 +192,7 @@ fn check_against_serial(args: &[&str], dir: &Path, nps: &[usize]) {
                 "np {np}: {its} iterations vs {iters} serial"
             );
         }
-        assert!(d <= 1e-10, "np {np}: solution differs by {d:e} (relative)");
+        assert!(d <= tol, "np {np}: solution differs by {d:e} (relative)");
         let t = rep["rank_timing"].as_array().expect("rank_timing");
         assert_eq!(t.len(), np);
         let rows: u64 = t.iter().map(|e| e["rows"].as_u64().unwrap()).sum();
@@ -227,7 +231,14 @@ fn australia_on_1_to_4_ranks_matches_serial() {
         "--btol",
         "1e-10",
     ];
-    check_against_serial(&args, &tmpdir("australia"), &[1, 2, 3, 4]);
+    // The system as given: ranks differ from the serial run only in how sums are split.
+    let mut plain = args.to_vec();
+    plain.extend(["--reorder", "none"]);
+    check_against_serial(&plain, &tmpdir("australia"), &[1, 2, 3, 4]);
+    // The default reordering sorts each rank's rows on their own, which changes the order of
+    // the sums in A^T u a little more; after ~400 iterations LSQR on australia amplifies that to
+    // ~1e-10 (reordering alone moves the serial solution by 8e-11).
+    check_against_serial_within(&args, &tmpdir("australia-reordered"), &[1, 2, 3, 4], 1e-9);
 }
 
 #[test]

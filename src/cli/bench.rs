@@ -156,36 +156,6 @@ pub fn straight_ray_system(
     Csr::try_new(m, ncell, indptr, indices, data).expect("generated system is well formed")
 }
 
-/// new_of_old[c] for the cells c = i + nx (j + ny k) of a grid: their rank in Morton
-/// (bit-interleaved) order.
-pub fn morton_order(nx: usize, ny: usize, nz: usize) -> Vec<u32> {
-    fn spread(mut v: u64) -> u64 {
-        // bits of v at every third position
-        let mut out = 0u64;
-        let mut b = 0;
-        while v > 0 {
-            out |= (v & 1) << (3 * b);
-            v >>= 1;
-            b += 1;
-        }
-        out
-    }
-    let n = nx * ny * nz;
-    let mut keyed: Vec<(u64, u32)> = (0..n)
-        .map(|c| {
-            let (i, j, k) = (c % nx, (c / nx) % ny, c / (nx * ny));
-            let key = spread(i as u64) | (spread(j as u64) << 1) | (spread(k as u64) << 2);
-            (key, c as u32)
-        })
-        .collect();
-    keyed.sort_unstable();
-    let mut new_of_old = vec![0u32; n];
-    for (new, &(_, old)) in keyed.iter().enumerate() {
-        new_of_old[old as usize] = new as u32;
-    }
-    new_of_old
-}
-
 fn write_npy(path: &Path, descr: &str, n: usize, bytes: &[u8]) -> anyhow::Result<()> {
     let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n},), }}");
     let total = 10 + header.len() + 1;
@@ -369,7 +339,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut mat =
                 straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays && !a.morton);
             if a.morton {
-                mat = mat.permute_columns(&morton_order(g.0, g.1, g.2));
+                mat = mat.permute_columns(&crate::reorder::morton_order(g.0, g.1, g.2));
                 if a.sort_rays {
                     // rays by their first cell in the new numbering, damping rows after
                     let mut order: Vec<usize> = (0..rays).collect();

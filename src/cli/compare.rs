@@ -98,6 +98,8 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             threads: a.threads,
             precision: Default::default(),
             allreduce: Default::default(),
+            reorder: Default::default(),
+            grid: None,
         };
         (sys, opts)
     };

@@ -63,6 +63,10 @@ pub struct SolveArgs {
     /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
     #[arg(long, default_value = "auto")]
     allreduce: crate::backend::AllreducePath,
+    /// Reorder for cache locality: none, rows (sorted by first column) or auto (rows; Morton
+    /// cells when the unknowns are a grid). The solution comes back in the original order.
+    #[arg(long, default_value = "auto")]
+    reorder: crate::reorder::Reorder,
     /// Solution file: one value per line.
     #[arg(long)]
     solution: Option<PathBuf>,
@@ -141,6 +145,8 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         threads: a.threads,
         precision: a.precision,
         allreduce: a.allreduce,
+        reorder: a.reorder,
+        grid: None,
     };
     let out = OutputPaths {
         solution: a.solution,
