@@ -140,8 +140,8 @@ fn volumes(a: &Csr, parts: usize) -> Vec<CommVolume> {
 /// The table in docs/gmres.md (`cargo test --test partition communication_volume -- --nocapture`)
 /// and the checks: METIS never receives more values than contiguous or nnz blocks, strictly
 /// fewer for 4 and 8 parts (with 2 parts a slab of a grid is already a minimal cut, and so are
-/// the halves of nnc1374), and less than half on bayer10, whose couplings are not local in the
-/// row order.
+/// the halves of nnc1374), and less than two thirds on bayer10, whose couplings are not local
+/// in the row order.
 #[test]
 fn communication_volume_by_partition_method() {
     let mut systems: Vec<(String, Csr)> = vec![
@@ -177,7 +177,7 @@ fn communication_volume_by_partition_method() {
             }
             if *name == "bayer10" {
                 // couplings far from the diagonal: contiguous rows receive most of x
-                assert!(2 * vm.total_values < vc.total_values, "{tag}");
+                assert!(3 * vm.total_values < 2 * vc.total_values, "{tag}");
             }
         }
     }
