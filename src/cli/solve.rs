@@ -116,6 +116,9 @@ pub struct GmresArgs {
     /// Block ILU(0): Jacobi sweeps per triangular solve instead of exact solves.
     #[arg(long)]
     ilu_sweeps: Option<usize>,
+    /// GMRES on several ranks: rows split by contiguous, nnz or metis (graph partition).
+    #[arg(long, default_value = "nnz")]
+    partition: crate::solver::partition::PartitionMethod,
 }
 
 pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
@@ -190,6 +193,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         precond: g.precond,
         ilu_pivot: g.ilu_pivot,
         ilu_sweeps: g.ilu_sweeps,
+        partition: g.partition,
         backend: a.backend,
         precision: a.precision,
         solution: a.solution,

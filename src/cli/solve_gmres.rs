@@ -14,11 +14,12 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::io::{write_atomic, write_vector_text};
 use crate::run::{choose_backend, write_json, BackendChoice};
-use crate::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
+use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
     PrecondSide,
 };
+use crate::solver::partition::{partition_square_on, PartitionMethod};
 use crate::solver::precond::{PivotPolicy, TriSolve};
 use crate::sparse::mtx;
 
@@ -56,6 +57,8 @@ pub struct GmresCli {
     pub ilu_pivot: PivotPolicy,
     /// None: exact triangular solves.
     pub ilu_sweeps: Option<usize>,
+    /// How rows are split across ranks.
+    pub partition: PartitionMethod,
     pub backend: BackendChoice,
     /// Matrix value precision on the GPU (vectors stay f64).
     pub precision: Precision,
@@ -110,6 +113,9 @@ pub struct GmresReport {
     pub precond_relres: f64,
     pub seconds: GmresSeconds,
     pub ms_per_iter: f64,
+    /// How rows were split across ranks, and the halo exchange of one product.
+    pub partition: PartitionMethod,
+    pub halo: CommVolume,
 }
 
 struct CliMonitor {
@@ -195,16 +201,18 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             },
         },
     };
-    let part = RowPartition::by_nnz(a.indptr(), comm.size());
+    // --partition metis: rows reordered so that each rank's METIS part is a contiguous block;
+    // b and x0 follow, and x is put back in the original order after the gather.
+    let sp = partition_square_on(comm, &a, c.partition)?;
+    let part = sp.part.clone();
     let mine = part.range(comm.rank());
-    let rows: Vec<usize> = mine.clone().collect();
     let a = if comm.size() > 1 {
-        a.select_rows(&rows)
+        sp.rank_rows(&a, comm.rank())?
     } else {
         a
     };
-    let b = b[mine.clone()].to_vec();
-    let x0 = x0.map(|x| x[mine.clone()].to_vec());
+    let b = sp.perm.permute_range(&b, mine.clone());
+    let x0 = x0.map(|x| sp.perm.permute_range(&x, mine.clone()));
     let mut mon = CliMonitor {
         history: GmresHistory(Vec::with_capacity(c.params.max_iter.min(1 << 20) + 1)),
         every: if comm.is_root() { c.progress } else { 0 },
@@ -269,6 +277,7 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
     let Some(x) = x else {
         return Ok(None);
     };
+    let x = sp.perm.unpermute(&x);
     let (zero_diag, replaced, inserted) = (
         sol.jacobi_zero_diagonals,
         sol.ilu_replaced_pivots,
@@ -317,6 +326,8 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             total: load + setup + info.seconds,
         },
         ms_per_iter: info.ms_per_iter,
+        partition: c.partition,
+        halo: sol.halo.clone(),
     };
     for p in [&c.solution, &c.report, &c.history].into_iter().flatten() {
         if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -349,6 +360,13 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         info.seconds,
         info.ms_per_iter
     );
+    if comm.size() > 1 {
+        let h = &sol.halo;
+        eprintln!(
+            "partition {} on {} ranks: {} x values received per product (at most {} by one rank), {} messages; nonzeros per rank {} to {}",
+            c.partition, h.parts, h.total_values, h.max_values, h.messages, h.min_nnz, h.max_nnz
+        );
+    }
     if !info.converged {
         eprintln!(
             "seistomo: warning: GMRES did not converge: {} (report says converged=false; exit status 0)",

@@ -224,7 +224,7 @@ pub fn plan_all(a: &Csr, part: &RowPartition) -> Result<Vec<(LocalRows, HaloPlan
 }
 
 /// Communication of one distributed product for a partition.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CommVolume {
     pub parts: usize,
     /// Values received per product, summed over ranks.
@@ -311,6 +311,22 @@ impl<'c> DistSquareOperator<'c> {
     }
     pub fn plan(&self) -> &HaloPlan {
         &self.plan
+    }
+    /// The communication of one product over all ranks (collective: every rank calls it).
+    pub fn comm_volume(&self) -> Result<CommVolume> {
+        let c = self.comm;
+        let recv = self.plan.recv_volume();
+        let mut sums = [recv as f64, self.plan.recv_messages() as f64];
+        c.allreduce_sum(&mut sums)?;
+        let nnz = self.a.nnz() as f64;
+        Ok(CommVolume {
+            parts: c.size(),
+            total_values: sums[0].round() as usize,
+            max_values: c.allreduce_max(recv as f64)?.round() as usize,
+            messages: sums[1].round() as usize,
+            max_nnz: c.allreduce_max(nnz)?.round() as usize,
+            min_nnz: (-c.allreduce_max(-nnz)?).round() as usize,
+        })
     }
     /// This rank's diagonal entries (0 where absent).
     pub fn diagonal(&self) -> Vec<f64> {
@@ -430,6 +446,8 @@ pub struct SquareSolve {
     pub ilu_inserted_diagonals: Option<usize>,
     /// Seconds to build the halo pattern, the local matrix and the preconditioner.
     pub setup_seconds: f64,
+    /// The halo exchange of one product, over all ranks.
+    pub halo: CommVolume,
 }
 
 /// GMRES on the CPU for one rank of a job: `rows` are this rank's rows of the square matrix
@@ -450,6 +468,7 @@ pub fn gmres_square_cpu(
     let be = CpuBackend::new();
     let op = DistSquareOperator::distributed(rows, part, comm)?;
     let nl = op.plan().n_local;
+    let halo = op.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
     let sum = |v: usize| -> Result<Option<usize>> {
         Ok(Some(comm.allreduce_scalar(v as f64)?.round() as usize))
@@ -487,6 +506,7 @@ pub fn gmres_square_cpu(
         ilu_replaced_pivots: rp,
         ilu_inserted_diagonals: ins,
         setup_seconds,
+        halo,
     })
 }
 

@@ -4,6 +4,7 @@
 pub mod dist_square;
 pub mod gmres;
 pub mod lsqr;
+pub mod partition;
 pub mod precond;
 
 pub use lsqr::{

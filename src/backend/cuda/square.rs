@@ -360,6 +360,7 @@ pub fn gmres_square_cuda(
 ) -> Result<SquareSolve> {
     let t0 = std::time::Instant::now();
     let cpu = DistSquareOperator::distributed(rows, part, comm)?;
+    let halo = cpu.comm_volume()?;
     let nl = cpu.plan().n_local;
     let row0 = part.range(comm.rank()).start;
     let sum = |v: usize| -> Result<Option<usize>> {
@@ -402,5 +403,6 @@ pub fn gmres_square_cuda(
         ilu_replaced_pivots: rp,
         ilu_inserted_diagonals: ins,
         setup_seconds,
+        halo,
     })
 }
