@@ -43,10 +43,11 @@ pub struct BenchArgs {
     /// shows what row order does to the gathers of A^T u.
     #[arg(long)]
     sort_rays: bool,
-    /// Number the synthetic grid's cells (the columns) in Morton (Z-curve) order instead of
-    /// x-fastest: neighbouring cells of a ray then share cache sectors of x and A^T's rows.
-    #[arg(long)]
-    morton: bool,
+    /// Reorder the system as `invert` does (src/reorder.rs): none (as built), rows (sorted by
+    /// first column) or auto (rows, and the synthetic grid's cells in Morton order). Applied
+    /// before --export-npy too, so peers can be run on the same reordered system.
+    #[arg(long, default_value = "none")]
+    reorder: crate::reorder::Reorder,
     /// Benchmark a Matrix Market system instead: A (with --reg/--reg-weight/--rhs as in solve).
     #[arg(long)]
     matrix: Option<PathBuf>,
@@ -313,7 +314,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(p) => {
             let sys =
                 crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
-            (sys.a, sys.b, format!("{}", p.display()))
+            let o = crate::reorder::Ordering::plan(&sys.a, a.reorder, None);
+            if !o.is_identity() {
+                eprintln!("reordered: {}", o.what);
+            }
+            let (mat, b) = o.apply(sys.a, sys.b);
+            (mat, b, format!("{}", p.display()))
         }
         None => {
             let (mut g, mut rays) = match a.size.as_str() {
@@ -336,21 +342,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             if let Some(r) = a.rays {
                 rays = r;
             }
-            let mut mat =
-                straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays && !a.morton);
-            if a.morton {
-                mat = mat.permute_columns(&crate::reorder::morton_order(g.0, g.1, g.2));
-                if a.sort_rays {
-                    // rays by their first cell in the new numbering, damping rows after
-                    let mut order: Vec<usize> = (0..rays).collect();
-                    order.sort_by_key(|&r| mat.row(r).0.first().copied().unwrap_or(0));
-                    order.extend(rays..mat.nrows());
-                    mat = mat.select_rows(&order);
-                }
-            }
+            let mat = straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays);
             let mut rng = Rng::new(a.seed + 1);
             let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
             let b = mat.matvec(&xt);
+            let o = crate::reorder::Ordering::plan(&mat, a.reorder, Some([g.0, g.1, g.2]));
+            if !o.is_identity() {
+                eprintln!("reordered: {}", o.what);
+            }
+            let (mat, b) = o.apply(mat, b);
             (
                 mat,
                 b,
