@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .push((f[1].to_string(), v, f[3].trim() == "1"));
     }
     let out = root.join("docs/images/performance.png");
-    bars_png(&out, &panels, "ms per iteration (LSQR; GMRES: per inner iteration)")?;
+    bars_png(
+        &out,
+        &panels,
+        "ms per iteration (LSQR; GMRES: per inner iteration)",
+    )?;
     eprintln!("wrote {}", out.display());
     Ok(())
 }

@@ -196,6 +196,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         partition: g.partition,
         backend: a.backend,
         precision: a.precision,
+        allreduce: a.allreduce,
         solution: a.solution,
         report: a.report,
         history: a.history,

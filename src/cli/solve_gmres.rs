@@ -62,6 +62,8 @@ pub struct GmresCli {
     pub backend: BackendChoice,
     /// Matrix value precision on the GPU (vectors stay f64).
     pub precision: Precision,
+    /// GPU runs on several ranks: the halo exchange GPU to GPU (NCCL) or through the host.
+    pub allreduce: crate::backend::AllreducePath,
     pub solution: Option<PathBuf>,
     pub report: Option<PathBuf>,
     pub history: Option<PathBuf>,
@@ -227,6 +229,10 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         let be = CudaBackend::new(ordinal)?;
         if comm.size() > 1 {
             eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
+        }
+        let path = be.setup_allreduce(comm, c.allreduce)?;
+        if comm.size() > 1 && comm.is_root() {
+            eprintln!("halo exchange between GPUs: {path}");
         }
         let sol = gmres_square_cuda(
             &be,

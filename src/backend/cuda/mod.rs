@@ -588,6 +588,56 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The point-to-point exchange of a halo GPU to GPU when NCCL is set up
+    /// ([`CudaBackend::setup_allreduce`]): `send` holds the values for each rank in rank order
+    /// (`send_counts`), `recv` receives from each rank in rank order (`recv_counts`). Returns
+    /// false (nothing done) when there is no NCCL communicator.
+    pub(crate) fn nccl_exchange(
+        &self,
+        send: Option<&CudaSlice<f64>>,
+        send_counts: &[usize],
+        recv: &mut CudaSlice<f64>,
+        recv_offset: usize,
+        recv_counts: &[usize],
+    ) -> Result<bool> {
+        let guard = self.nccl.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(nc) = guard.as_ref() else {
+            return Ok(false);
+        };
+        let err = |what: &str, e: cudarc::nccl::result::NcclError| {
+            Error::backend("cuda", format!("NCCL {what} in the halo exchange: {e:?}"))
+        };
+        cudarc::nccl::result::group_start().map_err(|e| err("ncclGroupStart", e))?;
+        // Every send and receive is queued before ncclGroupEnd launches them together; the
+        // group must be closed whatever happens, so errors are collected first.
+        let mut failed = None;
+        if let Some(send) = send {
+            let mut off = 0;
+            for (r, &c) in send_counts.iter().enumerate() {
+                if c > 0 && failed.is_none() {
+                    if let Err(e) = nc.0.send(&send.slice(off..off + c), r as i32) {
+                        failed = Some(err("ncclSend", e));
+                    }
+                }
+                off += c;
+            }
+        }
+        let mut off = recv_offset;
+        for (r, &c) in recv_counts.iter().enumerate() {
+            if c > 0 && failed.is_none() {
+                if let Err(e) = nc.0.recv(&mut recv.slice_mut(off..off + c), r as i32) {
+                    failed = Some(err("ncclRecv", e));
+                }
+            }
+            off += c;
+        }
+        let end = cudarc::nccl::result::group_end().map_err(|e| err("ncclGroupEnd", e));
+        match failed {
+            Some(e) => Err(e),
+            None => end.map(|_| true),
+        }
+    }
+
     /// out[k] = x[idx[k]] on the device.
     pub(crate) fn gather(
         &self,

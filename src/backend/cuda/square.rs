@@ -98,6 +98,21 @@ impl<'c> CudaSquareOperator<'c> {
         let n = self.n_local;
         if let (Some(idx), Some(send)) = (&h.idx, &mut h.send_dev) {
             be.gather(idx, x, send)?;
+        }
+        // GPU to GPU when NCCL is set up: no host copies.
+        be.stream
+            .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
+            .map_err(cuda_err("device copy"))?;
+        if be.nccl_exchange(
+            h.send_dev.as_ref(),
+            &self.send_counts,
+            &mut h.ext,
+            n,
+            &self.recv_counts,
+        )? {
+            return Ok(());
+        }
+        if let Some(send) = &h.send_dev {
             be.stream
                 .memcpy_dtoh(&*send, &mut h.send_host[..])
                 .map_err(cuda_err("copying the halo to the host"))?;
@@ -121,9 +136,6 @@ impl<'c> CudaSquareOperator<'c> {
             h.recv_host[off..off + want].copy_from_slice(got);
             off += want;
         }
-        be.stream
-            .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
-            .map_err(cuda_err("device copy"))?;
         if !h.recv_host.is_empty() {
             be.stream
                 .memcpy_htod(&h.recv_host[..], &mut h.ext.slice_mut(n..n + off))
