@@ -202,6 +202,33 @@ impl Comm for MpiComm {
         let _g = self.lock();
         crate::io::mpiio::MpiFile::open_world(path)?.read_at_all(offset, len)
     }
+    fn read_ranges(
+        &self,
+        path: &std::path::Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        // The lock is held for each MPI call only (open, each read, close), not while `f`
+        // works on the bytes, so other threads' reads interleave with this one's decoding.
+        let file = {
+            let _g = self.lock();
+            LockedFile {
+                file: Some(crate::io::mpiio::MpiFile::open_self(path)?),
+                comm: self,
+            }
+        };
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            let bytes = {
+                let _g = self.lock();
+                file.file.as_ref().expect("open until drop").read_at(off, len)?
+            };
+            f(i, bytes)?;
+        }
+        Ok(())
+    }
     fn abort(&self, code: i32) -> ! {
         self.world().abort(code)
     }
@@ -242,5 +269,19 @@ impl MpiComm {
             .zip(&recv_displs)
             .map(|(&c, &d)| recv[d as usize..d as usize + c as usize].to_vec())
             .collect())
+    }
+}
+
+/// An MPI file that is closed with the communicator's lock held (also on early returns), so
+/// that no two threads are ever inside MPI at once (MPI_THREAD_SERIALIZED).
+struct LockedFile<'a> {
+    file: Option<crate::io::mpiio::MpiFile>,
+    comm: &'a MpiComm,
+}
+
+impl Drop for LockedFile<'_> {
+    fn drop(&mut self) {
+        let _g = self.comm.lock();
+        drop(self.file.take());
     }
 }

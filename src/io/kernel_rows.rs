@@ -510,7 +510,9 @@ pub fn read_kernel_rows_ranges(
             slots.push(Some((e, a, b)));
         }
     }
-    type Job<'s> = (PathBuf, u64, u64, Vec<(&'s MetaEntry, &'s mut [u32], &'s mut [f64])>);
+    // Per file: its spans (offset, length, the rows inside).
+    type Rows<'s> = Vec<(&'s MetaEntry, &'s mut [u32], &'s mut [f64])>;
+    type Job<'s> = (PathBuf, Vec<(u64, u64, Rows<'s>)>);
     let mut jobs: Vec<Job> = Vec::new();
     match meta.layout {
         Layout::PerRow => {
@@ -519,7 +521,7 @@ pub fn read_kernel_rows_ranges(
                 let (e, c, v) = slot.take().expect("each row once");
                 let path = kdir.join(row_file_name(e.row));
                 let len = (ROW_HEADER + record_size(e.nnz as usize, vb)) as u64;
-                jobs.push((path, 0, len, vec![(e, c, v)]));
+                jobs.push((path, vec![(0, len, vec![(e, c, v)])]));
             }
         }
         Layout::Packed => {
@@ -561,56 +563,76 @@ pub fn read_kernel_rows_ranges(
                     })
                     .collect();
                 let path = kdir.join(pack_file_name(p as u64));
-                for s in reader.spans(&pieces) {
-                    let members = rows[s.items.clone()]
-                        .iter()
-                        .map(|&i| slots[i].take().expect("each row once"))
-                        .collect();
-                    jobs.push((path.clone(), s.offset, s.len, members));
-                }
+                let spans = reader
+                    .spans(&pieces)
+                    .into_iter()
+                    .map(|s| {
+                        let members = rows[s.items.clone()]
+                            .iter()
+                            .map(|&i| slots[i].take().expect("each row once"))
+                            .collect();
+                        (s.offset, s.len, members)
+                    })
+                    .collect();
+                jobs.push((path, spans));
             }
         }
     }
+    let what = |e: &MetaEntry| format!("kernel row {} (record at byte {})", e.row, e.offset);
+    // Decode the rows of one span, read from `offset` of `path`.
+    let decode_span = |path: &Path, offset: u64, len: u64, rows: &mut Rows, buf: &[u8]| {
+        let r = Reader::new(path, buf);
+        if meta.layout == Layout::PerRow {
+            let (e, cols, vals) = &mut rows[0];
+            let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
+            if got_vb != vb {
+                return Err(Error::format(
+                    path,
+                    format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
+                ));
+            }
+            decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
+            let flen = file_len(path)?;
+            if flen != len {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "{} trailing bytes after kernel row {} (expected {len} bytes)",
+                        flen.saturating_sub(len),
+                        e.row
+                    ),
+                ));
+            }
+        } else {
+            for (e, cols, vals) in rows.iter_mut() {
+                let at = (e.offset - offset) as usize;
+                decode_record(&r, at, e.row, vb, ncols, cols, vals)
+                    .map_err(|err| in_context(err, &what(e)))?;
+            }
+        }
+        bytes_read.fetch_add(len, Ordering::Relaxed);
+        pb.inc(rows.iter().map(|(e, _, _)| e.nnz).sum());
+        Ok(())
+    };
+    // Files in parallel; each file opened once and its spans read in offset order.
     jobs.par_iter_mut()
         .with_min_len(if meta.layout == Layout::PerRow { 64 } else { 1 })
-        .try_for_each(|(path, offset, len, rows)| {
-            let first = rows[0].0;
-            let what = |e: &MetaEntry| format!("kernel row {} (record at byte {})", e.row, e.offset);
-            let buf = reader
-                .read(path, *offset, *len as usize)
-                .map_err(|err| in_context(err, &what(first)))?;
-            let r = Reader::new(path, &buf);
-            if meta.layout == Layout::PerRow {
-                let (e, cols, vals) = &mut rows[0];
-                let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
-                if got_vb != vb {
-                    return Err(Error::format(
-                        path.as_path(),
-                        format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
-                    ));
-                }
-                decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
-                let flen = file_len(path)?;
-                if flen != *len {
-                    return Err(Error::format(
-                        path.as_path(),
-                        format!(
-                            "{} trailing bytes after kernel row {} (expected {len} bytes)",
-                            flen.saturating_sub(*len),
-                            e.row
-                        ),
-                    ));
-                }
-            } else {
-                for (e, cols, vals) in rows.iter_mut() {
-                    let at = (e.offset - *offset) as usize;
-                    decode_record(&r, at, e.row, vb, ncols, cols, vals)
-                        .map_err(|err| in_context(err, &what(e)))?;
-                }
-            }
-            bytes_read.fetch_add(*len, Ordering::Relaxed);
-            pb.inc(rows.iter().map(|(e, _, _)| e.nnz).sum());
-            Ok(())
+        .try_for_each(|(path, spans)| {
+            let ranges: Vec<(u64, usize)> = spans.iter().map(|s| (s.0, s.1 as usize)).collect();
+            let (mut next, mut decode_failed) = (0, false);
+            reader
+                .read_ranges(path, &ranges, &mut |k, buf| {
+                    next = k + 1;
+                    let (offset, len, rows) = &mut spans[k];
+                    let r = decode_span(path, *offset, *len, rows, &buf);
+                    decode_failed = r.is_err();
+                    r
+                })
+                .map_err(|err| match spans.get(next) {
+                    // A read failed (not a decode): name the first row it was reading.
+                    Some((_, _, rows)) if !decode_failed => in_context(err, &what(rows[0].0)),
+                    _ => err,
+                })
         })?;
     pb.finish_and_clear();
     drop(jobs);

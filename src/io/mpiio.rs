@@ -22,8 +22,29 @@ use crate::error::{Error, Result};
 
 /// Read `len` bytes at `offset` of `path` with std (no MPI). Fails on a short read.
 pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    read_file_at(&mut f, path, offset, len)
+}
+
+/// Read `ranges` (offset, length) of `path` with std, opening it once; `f(i, bytes)` receives
+/// range i's bytes, in order. Fails on a short read.
+pub fn read_ranges_local(
+    path: &Path,
+    ranges: &[(u64, usize)],
+    f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        f(i, read_file_at(&mut file, path, off, len)?)?;
+    }
+    Ok(())
+}
+
+fn read_file_at(f: &mut File, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| Error::io(path, e))?;
     let mut buf = vec![0u8; len];

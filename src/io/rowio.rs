@@ -130,10 +130,16 @@ pub struct RangeReader<'a> {
 }
 
 impl<'a> RangeReader<'a> {
+    /// A reader with the default limits; SEISTOMO_IO_MAX_GAP (bytes) overrides [`MAX_GAP`]
+    /// (0: only touching ranges are merged).
     pub fn new(comm: &'a dyn Comm) -> Self {
+        let max_gap = std::env::var("SEISTOMO_IO_MAX_GAP")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(MAX_GAP);
         RangeReader {
             comm,
-            max_gap: MAX_GAP,
+            max_gap,
             max_span: MAX_SPAN,
             max_chunk: MAX_CHUNK,
             calls: AtomicU64::new(0),
@@ -160,6 +166,44 @@ impl<'a> RangeReader<'a> {
             self.count(n);
         }
         Ok(buf)
+    }
+
+    /// Read `ranges` (offset, length) of `path`, opening it once (see [`Comm::read_ranges`]);
+    /// `f(i, bytes)` receives range i's bytes in order. Ranges longer than `max_chunk` are read
+    /// in chunks and handed over whole.
+    pub fn read_ranges(
+        &self,
+        path: &Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        let mut calls: Vec<(u64, usize)> = Vec::with_capacity(ranges.len());
+        let mut owner: Vec<usize> = Vec::with_capacity(ranges.len());
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            if len == 0 {
+                calls.push((off, 0));
+                owner.push(i);
+            }
+            for c in chunks(off, len, self.max_chunk) {
+                calls.push(c);
+                owner.push(i);
+            }
+        }
+        // Chunks of one range are gathered and the range handed over as soon as it is complete.
+        let mut pending: Vec<u8> = Vec::new();
+        self.comm.read_ranges(path, &calls, &mut |k, bytes| {
+            self.count(bytes.len());
+            let i = owner[k];
+            let last = owner.get(k + 1) != Some(&i);
+            if pending.is_empty() && last {
+                return f(i, bytes);
+            }
+            pending.extend_from_slice(&bytes);
+            if last {
+                f(i, std::mem::take(&mut pending))?;
+            }
+            Ok(())
+        })
     }
 
     fn count(&self, n: usize) {
@@ -277,6 +321,21 @@ mod tests {
         r.max_chunk = 64;
         assert_eq!(r.read(&p, 10, 300).unwrap(), &data[10..310]);
         assert_eq!((r.calls(), r.bytes()), (5, 300));
+        let mut got = Vec::new();
+        r.read_ranges(&p, &[(0, 10), (20, 150), (500, 64), (600, 0)], &mut |i, b| {
+            got.push((i, b));
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<(usize, Vec<u8>)> = vec![
+            (0, data[0..10].to_vec()),
+            (1, data[20..170].to_vec()),
+            (2, data[500..564].to_vec()),
+            (3, Vec::new()),
+        ];
+        assert_eq!(got, want);
+        // 1 + 3 chunks + 1 + 1 (the empty range) more calls.
+        assert_eq!(r.calls(), 5 + 6);
         let e = r.read(&p, 900, 200).unwrap_err().to_string();
         assert!(e.contains("r.bin") && e.contains("offset"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -125,29 +125,39 @@ pub fn read_vector_rows(
     // Rows are distinct (a rank's rows), so the ranges are disjoint.
     let mut out = vec![0.0; rows.len()];
     let mut bytes = head.len() as u64;
-    for s in reader.spans(&pieces) {
-        let buf = reader
-            .read(path, s.offset, s.len as usize)
-            .map_err(|e| crate::io::rowio::in_context(e, kind.name()))?;
-        bytes += s.len;
-        let r = Reader::new(path, &buf);
-        for &i in &order[s.items.clone()] {
-            let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;
-            let mut v = [0.0];
-            let row = rows[i];
-            crate::io::binfmt::decode_values(&r, at, vb, &[], &mut v, &|| {
-                format!("{} row {row}", kind.name())
-            })
-            .map_err(|_| {
-                Error::format(
-                    path,
-                    format!("row {row}: {} value is not finite", kind.name()),
-                )
-            })?;
-            check_value(path, kind, row, v[0])?;
-            out[i] = v[0];
-        }
-    }
+    let spans = reader.spans(&pieces);
+    let ranges: Vec<(u64, usize)> = spans.iter().map(|s| (s.offset, s.len as usize)).collect();
+    let mut failed = false;
+    reader
+        .read_ranges(path, &ranges, &mut |k, buf| {
+            let s = &spans[k];
+            bytes += s.len;
+            let r = Reader::new(path, &buf);
+            for &i in &order[s.items.clone()] {
+                let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;
+                let mut v = [0.0];
+                let row = rows[i];
+                let label = || kind.name().to_string();
+                crate::io::binfmt::decode_values(&r, at, vb, &[], &mut v, &label)
+                    .map_err(|_| {
+                        Error::format(
+                            path,
+                            format!("row {row}: {} value {} is not finite", kind.name(), v[0]),
+                        )
+                    })
+                    .and_then(|()| check_value(path, kind, row, v[0]))
+                    .inspect_err(|_| failed = true)?;
+                out[i] = v[0];
+            }
+            Ok(())
+        })
+        .map_err(|e| {
+            if failed {
+                e
+            } else {
+                crate::io::rowio::in_context(e, kind.name())
+            }
+        })?;
     Ok((out, bytes))
 }
 
