@@ -69,7 +69,7 @@ pub trait Comm: Send + Sync {
         &self,
         path: &std::path::Path,
         ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
         crate::io::mpiio::read_ranges_local(path, ranges, f)
     }

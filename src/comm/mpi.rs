@@ -206,7 +206,7 @@ impl Comm for MpiComm {
         &self,
         path: &std::path::Path,
         ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
         if ranges.is_empty() {
             return Ok(());
@@ -220,12 +220,15 @@ impl Comm for MpiComm {
                 comm: self,
             }
         };
+        // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+        let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
         for (i, &(off, len)) in ranges.iter().enumerate() {
-            let bytes = {
+            {
                 let _g = self.lock();
-                file.file.as_ref().expect("open until drop").read_at(off, len)?
-            };
-            f(i, bytes)?;
+                let fh = file.file.as_ref().expect("open until drop");
+                fh.read_into(off, &mut buf[..len])?;
+            }
+            f(i, &buf[..len])?;
         }
         Ok(())
     }

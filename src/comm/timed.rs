@@ -119,7 +119,7 @@ impl Comm for TimedComm<'_> {
         &self,
         path: &std::path::Path,
         ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
         self.inner.read_ranges(path, ranges, f)
     }

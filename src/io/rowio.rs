@@ -71,8 +71,12 @@ impl std::fmt::Display for IoPath {
 
 /// Largest byte count of one read call (below 2^31: MPI counts are C ints).
 pub const MAX_CHUNK: usize = 1 << 30;
-/// Neighbouring ranges closer than this are read as one (reading the gap is cheaper than a call).
-pub const MAX_GAP: u64 = 64 << 10;
+/// Neighbouring ranges at most this far apart are read as one (the gap is read and discarded).
+/// 0: only touching ranges merge. Measured on a local disk (docs/running-on-clusters.md,
+/// "Loading"), a call with the file open costs ~3 µs, less than reading the gaps between one
+/// rank's records when several ranks interleave; on file systems with a high per-call latency
+/// raise it with SEISTOMO_IO_MAX_GAP.
+pub const MAX_GAP: u64 = 0;
 /// Spans are cut at this size (bounds the buffers in flight; one range longer than this is a
 /// span of its own).
 pub const MAX_SPAN: u64 = 64 << 20;
@@ -175,7 +179,7 @@ impl<'a> RangeReader<'a> {
         &self,
         path: &Path,
         ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, Vec<u8>) -> Result<()>,
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let mut calls: Vec<(u64, usize)> = Vec::with_capacity(ranges.len());
         let mut owner: Vec<usize> = Vec::with_capacity(ranges.len());
@@ -198,9 +202,9 @@ impl<'a> RangeReader<'a> {
             if pending.is_empty() && last {
                 return f(i, bytes);
             }
-            pending.extend_from_slice(&bytes);
+            pending.extend_from_slice(bytes);
             if last {
-                f(i, std::mem::take(&mut pending))?;
+                f(i, &std::mem::take(&mut pending))?;
             }
             Ok(())
         })
@@ -323,7 +327,7 @@ mod tests {
         assert_eq!((r.calls(), r.bytes()), (5, 300));
         let mut got = Vec::new();
         r.read_ranges(&p, &[(0, 10), (20, 150), (500, 64), (600, 0)], &mut |i, b| {
-            got.push((i, b));
+            got.push((i, b.to_vec()));
             Ok(())
         })
         .unwrap();
