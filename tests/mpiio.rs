@@ -119,7 +119,10 @@ fn truncated_per_row(dir: &Path) -> (PathBuf, String) {
 /// Bit-for-bit equality of two loaded systems.
 fn same_system(a: &System, b: &System) -> Result<(), String> {
     if a.kernel_rows != b.kernel_rows {
-        return Err(format!("kernel rows {} vs {}", a.kernel_rows, b.kernel_rows));
+        return Err(format!(
+            "kernel rows {} vs {}",
+            a.kernel_rows, b.kernel_rows
+        ));
     }
     if (a.a.nrows(), a.a.ncols()) != (b.a.nrows(), b.a.ncols()) {
         return Err("shape differs".into());
@@ -320,7 +323,11 @@ fn mpiio_load_rank_child() {
         assert_eq!((sm.io, sr.io), (IoPath::Mmap, IoPath::MpiIo));
         assert_eq!(
             sa.io,
-            if size > 1 { IoPath::MpiIo } else { IoPath::Mmap }
+            if size > 1 {
+                IoPath::MpiIo
+            } else {
+                IoPath::Mmap
+            }
         );
         assert!(sr.read_calls > 0 || r.a.nrows() == 0);
         if let Err(e) = same_system(&m, &r) {
@@ -431,7 +438,10 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
         let out = finish(c);
         let t = text(&out);
         assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-        let lines: Vec<&str> = t.lines().filter(|l| l.contains("seistomo: error")).collect();
+        let lines: Vec<&str> = t
+            .lines()
+            .filter(|l| l.contains("seistomo: error"))
+            .collect();
         assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
         assert!(
             lines[0].contains("pack_00000.bin") && lines[0].contains("truncated"),
@@ -450,7 +460,10 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
         let out = finish(c);
         let t = text(&out);
         assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-        let lines: Vec<&str> = t.lines().filter(|l| l.contains("seistomo: error")).collect();
+        let lines: Vec<&str> = t
+            .lines()
+            .filter(|l| l.contains("seistomo: error"))
+            .collect();
         assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
         assert!(
             lines[0].contains(&name) && lines[0].contains("kernel row 123"),

@@ -188,7 +188,11 @@ impl DampingBlock {
                     .read(&self.path, (cols_at + 4 * s) as u64, 4 * (e - s))
                     .map_err(ctx)?;
                 val_bytes = rd
-                    .read(&self.path, (vals_at + self.vb * s) as u64, self.vb * (e - s))
+                    .read(
+                        &self.path,
+                        (vals_at + self.vb * s) as u64,
+                        self.vb * (e - s),
+                    )
                     .map_err(ctx)?;
                 (
                     &Reader::new(&self.path, &col_bytes),

@@ -470,6 +470,9 @@ pub fn read_kernel_rows(
     Ok((indptr, indices, data, bytes_read.into_inner()))
 }
 
+/// One row's metadata entry and its output columns and values.
+type Slot<'s> = (&'s MetaEntry, &'s mut [u32], &'s mut [f64]);
+
 /// [`read_kernel_rows`] through byte-range reads (MPI-IO under MPI): for each file this rank
 /// needs, its rows' records sorted by offset are coalesced into spans
 /// ([`crate::io::rowio::coalesce`]), each span read with `reader` and decoded in parallel.
@@ -497,8 +500,7 @@ pub fn read_kernel_rows_ranges(
     let bytes_read = AtomicU64::new(0);
     let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
     // One output slot per local row, handed to the span that holds the row.
-    let mut slots: Vec<Option<(&MetaEntry, &mut [u32], &mut [f64])>> =
-        Vec::with_capacity(local.len());
+    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(local.len());
     {
         let (mut ri, mut rv) = (&mut indices[..], &mut data[..]);
         for e in local {
@@ -511,7 +513,7 @@ pub fn read_kernel_rows_ranges(
         }
     }
     // Per file: its spans (offset, length, the rows inside).
-    type Rows<'s> = Vec<(&'s MetaEntry, &'s mut [u32], &'s mut [f64])>;
+    type Rows<'s> = Vec<Slot<'s>>;
     type Job<'s> = (PathBuf, Vec<(u64, u64, Rows<'s>)>);
     let mut jobs: Vec<Job> = Vec::new();
     match meta.layout {
@@ -624,7 +626,7 @@ pub fn read_kernel_rows_ranges(
                 .read_ranges(path, &ranges, &mut |k, buf| {
                     next = k + 1;
                     let (offset, len, rows) = &mut spans[k];
-                    let r = decode_span(path, *offset, *len, rows, &buf);
+                    let r = decode_span(path, *offset, *len, rows, buf);
                     decode_failed = r.is_err();
                     r
                 })

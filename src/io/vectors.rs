@@ -132,7 +132,7 @@ pub fn read_vector_rows(
         .read_ranges(path, &ranges, &mut |k, buf| {
             let s = &spans[k];
             bytes += s.len;
-            let r = Reader::new(path, &buf);
+            let r = Reader::new(path, buf);
             for &i in &order[s.items.clone()] {
                 let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;
                 let mut v = [0.0];
