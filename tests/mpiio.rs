@@ -210,6 +210,35 @@ fn truncated_pack_read_by_byte_ranges_names_the_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn bad_sigma_value_read_by_byte_ranges_names_the_file_and_row() {
+    let dir = common::scratch("mpiio-sigma");
+    let au = australia(&dir);
+    let sigma = au.join("sigma.bin");
+    let mut bytes = std::fs::read(&sigma).unwrap();
+    // Values start after the 32-byte header; row 5 becomes -1.
+    bytes[32 + 8 * 5..32 + 8 * 6].copy_from_slice(&(-1.0f64).to_le_bytes());
+    std::fs::write(&sigma, bytes).unwrap();
+    for io in [IoChoice::MpiIo, IoChoice::Mmap] {
+        // Row 5 is on one of the two ranks; that rank's load fails.
+        let errs: Vec<String> = (0..2)
+            .filter_map(|r| load_dataset_with(&au, r, 2, &opts(io)).err())
+            .map(|e| e.to_string())
+            .collect();
+        // Through byte ranges a rank reads only its rows' values: one rank fails; through the
+        // maps every rank checks the whole file.
+        let want = if io == IoChoice::MpiIo { 1 } else { 2 };
+        assert_eq!(errs.len(), want, "{io:?}: {errs:?}");
+        for e in &errs {
+            assert!(
+                e.contains("sigma.bin") && e.contains("row 5:") && e.contains("not allowed"),
+                "{io:?}: {e}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn have_mpirun() -> bool {
     let ok = Command::new("mpirun")
         .arg("--version")
