@@ -53,6 +53,8 @@ struct RawDataset {
     x0: Option<PathBuf>,
     /// Progress bar while loading.
     progress: Option<bool>,
+    /// How rows are read: "auto" (MPI-IO on several ranks), "mmap" or "mpiio".
+    io: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -357,6 +359,10 @@ fn dataset_source(
         progress: ds.progress.unwrap_or(false),
         damping_weight,
         regularisation: (!reg.is_empty()).then_some(reg),
+        io: match ds.io.as_deref() {
+            None => crate::io::rowio::IoChoice::Auto,
+            Some(s) => s.parse().map_err(|e| bad(format!("[dataset] io: {e}")))?,
+        },
     };
     let x0 = ds
         .x0

@@ -19,6 +19,8 @@ pub enum Loading {
     /// Every rank loads its own rows itself (datasets: the loader's greedy LPT partition, each
     /// rank reading only its row files / pack ranges).
     PerRank,
+    /// [`Loading::PerRank`], the rows read this way (recorded in report.json as `load_io`).
+    PerRankVia(crate::io::rowio::IoPath),
 }
 
 /// Load (on rank 0, or on every rank), distribute, solve and write. Returns the outcome on rank 0 and `None` on the
@@ -37,9 +39,13 @@ pub fn run_lsqr(
     // Problems every rank would hit alike are found before any rank waits for another.
     agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
     let t = Instant::now();
+    let load_io = match &loading {
+        Loading::PerRankVia(io) => io.to_string(),
+        _ => String::new(),
+    };
     let sys = match loading {
         Loading::Root => distribute_system(comm, load, contiguous_nnz_split)?,
-        Loading::PerRank => agree(comm, load())?,
+        Loading::PerRank | Loading::PerRankVia(_) => agree(comm, load())?,
     };
     let load_s = t.elapsed().as_secs_f64();
     let (rows, nnz) = (sys.a.nrows(), sys.a.nnz());
@@ -76,6 +82,7 @@ pub fn run_lsqr(
         progress_every,
         run_model.as_ref().and_then(|m| m.checkpointing()),
     )?;
+    outcome.report.load_io = load_io;
     let red = timed.totals();
     let allreduce_s = red.vector_s + red.scalar_s;
     let mine = RankTiming {

@@ -210,6 +210,9 @@ pub struct Report {
     /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rank_timing: Vec<crate::comm::RankTiming>,
+    /// How dataset rows were read: "mmap" or "mpiio" (empty, and left out, for other inputs).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub load_io: String,
 }
 
 /// Everything a run produced.
@@ -467,6 +470,7 @@ pub fn solve_system_checkpointed(
             0.0
         },
         rank_timing: Vec::new(),
+        load_io: String::new(),
     };
     Ok(Outcome {
         solution,

@@ -224,6 +224,7 @@ fn generated_regularisation_and_weight_override() {
         progress: false,
         damping_weight: Some(2.0),
         regularisation: Some(reg),
+        ..Default::default()
     };
     let (s, _) = load_dataset_with(&p, 0, 1, &opts).unwrap();
     let base = load_dataset(&p, 0, 1).unwrap();

@@ -31,6 +31,10 @@ pub struct InspectArgs {
     flattening: [f64; 3],
     #[arg(long, default_value = "0,0,0", value_parser = super::synth::triple::<f64>)]
     smoothing: [f64; 3],
+    /// With --load: read rows through memory maps (mmap) or as byte ranges (mpiio: positioned
+    /// reads in this single process, the code path MPI ranks use).
+    #[arg(long, default_value = "mmap")]
+    io: crate::io::rowio::IoChoice,
 }
 
 /// println! that stops quietly on a closed pipe (`inspect | head`).
@@ -58,6 +62,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             first: a.flattening,
             second: a.smoothing,
         }),
+        io: a.io,
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
     let m = &ds.manifest.m;
@@ -173,13 +178,16 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         let mut tot_bytes = 0u64;
         let mut tot_s = 0.0;
         let mut loads = Vec::with_capacity(size);
+        let reader = crate::io::rowio::RangeReader::serial();
+        let via = (a.io == crate::io::rowio::IoChoice::MpiIo).then_some(&reader);
         for rank in 0..size {
-            let (sys, st) = ds.load(rank, size, true)?;
+            let (sys, st) = ds.load_via(rank, size, true, via)?;
             loads.push(sys.a.nnz() as u64);
             tot_bytes += st.bytes;
             tot_s += st.seconds;
             say!(
-                "  load rank {rank}/{size}: {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
+                "  load rank {rank}/{size} ({}): {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
+                st.io,
                 sys.a.nrows(),
                 sys.a.nnz(),
                 gib(st.bytes as f64),

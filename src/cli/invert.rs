@@ -32,16 +32,35 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     // Datasets: every rank reads its own rows (greedy LPT over kernel row nnz, damping blocks by
     // rank); Matrix Market: rank 0 reads and sends nonzero-balanced row blocks.
     let (rank, size) = (comm.rank(), comm.size());
-    let (load, loading): (Box<dyn FnOnce() -> crate::Result<crate::run::System>>, _) =
-        match &cfg.system {
-            SystemSource::Dataset { path, options } => (
-                Box::new(move || {
-                    crate::io::load_dataset_with(path, rank, size, options).map(|(s, _)| s)
-                }),
-                distributed::Loading::PerRank,
-            ),
-            other => (Box::new(move || other.load()), distributed::Loading::Root),
-        };
+    let (load, loading): (Box<dyn FnOnce() -> crate::Result<crate::run::System>>, _) = match &cfg
+        .system
+    {
+        SystemSource::Dataset { path, options } => (
+            Box::new(move || {
+                let (sys, st) = crate::io::dataset::load_dataset_comm(path, comm, options)?;
+                if rank == 0 && size > 1 {
+                    eprintln!(
+                            "dataset rows read {} on every rank (rank 0: {} rows, {:.1} MiB in {:.3} s{})",
+                            match st.io {
+                                crate::io::rowio::IoPath::Mmap => "through memory maps",
+                                crate::io::rowio::IoPath::MpiIo => "through MPI-IO",
+                            },
+                            st.rows,
+                            st.bytes as f64 / (1u64 << 20) as f64,
+                            st.seconds,
+                            if st.read_calls > 0 {
+                                format!(", {} read calls", st.read_calls)
+                            } else {
+                                String::new()
+                            }
+                        );
+                }
+                Ok(sys)
+            }),
+            distributed::Loading::PerRankVia(options.io.resolve(size)),
+        ),
+        other => (Box::new(move || other.load()), distributed::Loading::Root),
+    };
     if let Some(o) = distributed::run_lsqr(
         comm,
         load,

@@ -61,6 +61,18 @@ pub trait Comm: Send + Sync {
     fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         crate::io::mpiio::read_at_local(path, offset, len)
     }
+    /// Read `ranges` (offset, length) of `path`, this rank alone, opening the file once:
+    /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
+    /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
+    /// offset.
+    fn read_ranges(
+        &self,
+        path: &std::path::Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        crate::io::mpiio::read_ranges_local(path, ranges, f)
+    }
     /// Collective: every rank reads its own range (possibly empty) of the same `path`
     /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
     /// that rank's: pass the result through [`agree`].

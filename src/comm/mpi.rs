@@ -202,6 +202,36 @@ impl Comm for MpiComm {
         let _g = self.lock();
         crate::io::mpiio::MpiFile::open_world(path)?.read_at_all(offset, len)
     }
+    fn read_ranges(
+        &self,
+        path: &std::path::Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        // The lock is held for each MPI call only (open, each read, close), not while `f`
+        // works on the bytes, so other threads' reads interleave with this one's decoding.
+        let file = {
+            let _g = self.lock();
+            LockedFile {
+                file: Some(crate::io::mpiio::MpiFile::open_self(path)?),
+                comm: self,
+            }
+        };
+        // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+        let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            {
+                let _g = self.lock();
+                let fh = file.file.as_ref().expect("open until drop");
+                fh.read_into(off, &mut buf[..len])?;
+            }
+            f(i, &buf[..len])?;
+        }
+        Ok(())
+    }
     fn abort(&self, code: i32) -> ! {
         self.world().abort(code)
     }
@@ -242,5 +272,19 @@ impl MpiComm {
             .zip(&recv_displs)
             .map(|(&c, &d)| recv[d as usize..d as usize + c as usize].to_vec())
             .collect())
+    }
+}
+
+/// An MPI file that is closed with the communicator's lock held (also on early returns), so
+/// that no two threads are ever inside MPI at once (MPI_THREAD_SERIALIZED).
+struct LockedFile<'a> {
+    file: Option<crate::io::mpiio::MpiFile>,
+    comm: &'a MpiComm,
+}
+
+impl Drop for LockedFile<'_> {
+    fn drop(&mut self) {
+        let _g = self.comm.lock();
+        drop(self.file.take());
     }
 }

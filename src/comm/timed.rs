@@ -115,6 +115,14 @@ impl Comm for TimedComm<'_> {
     fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         self.inner.read_at_all(path, offset, len)
     }
+    fn read_ranges(
+        &self,
+        path: &std::path::Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.inner.read_ranges(path, ranges, f)
+    }
     fn abort(&self, code: i32) -> ! {
         self.inner.abort(code)
     }

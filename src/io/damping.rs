@@ -140,6 +140,23 @@ impl DampingBlock {
         indices: &mut Vec<u32>,
         data: &mut Vec<f64>,
     ) -> Result<u64> {
+        self.read_rows_via(range, weight, ncols, None, indptr, indices, data)
+    }
+
+    /// [`Self::read_rows`], the columns and values of the range read with `reader` (MPI-IO)
+    /// instead of through the map when one is given (the row offsets come from the map, which
+    /// [`Self::open`] checked).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_rows_via(
+        &self,
+        range: Range<u64>,
+        weight: f64,
+        ncols: usize,
+        reader: Option<&crate::io::rowio::RangeReader>,
+        indptr: &mut Vec<u64>,
+        indices: &mut Vec<u32>,
+        data: &mut Vec<f64>,
+    ) -> Result<u64> {
         let r = Reader::new(&self.path, self.map.bytes());
         let rows = self.rows as usize;
         let nnz = self.nnz as usize;
@@ -159,9 +176,35 @@ impl DampingBlock {
         indices.resize(base + e - s, 0);
         data.resize(base + e - s, 0.0);
         let label_all = || format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
+        // The columns and values of the range: from the map, or read (the file's length was
+        // checked at open, so a short read means it changed since).
+        let (col_bytes, val_bytes);
+        let (rc, c_off, rv, v_off) = match reader {
+            None => (&r, cols_at + 4 * s, &r, vals_at + self.vb * s),
+            Some(rd) => {
+                let what = format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
+                let ctx = |e| crate::io::rowio::in_context(e, &what);
+                col_bytes = rd
+                    .read(&self.path, (cols_at + 4 * s) as u64, 4 * (e - s))
+                    .map_err(ctx)?;
+                val_bytes = rd
+                    .read(
+                        &self.path,
+                        (vals_at + self.vb * s) as u64,
+                        self.vb * (e - s),
+                    )
+                    .map_err(ctx)?;
+                (
+                    &Reader::new(&self.path, &col_bytes),
+                    0,
+                    &Reader::new(&self.path, &val_bytes),
+                    0,
+                )
+            }
+        };
         // Range check of every column (strict increase is checked per row below).
         let cols = &mut indices[base..];
-        if let Err(err) = decode_columns_unordered(&r, cols_at + 4 * s, ncols, cols) {
+        if let Err(err) = decode_columns_unordered(rc, c_off, ncols, cols) {
             return Err(match err {
                 Some(k) => Error::format(
                     &self.path,
@@ -188,7 +231,7 @@ impl DampingBlock {
             }
         }
         let vals = &mut data[base..];
-        decode_values(&r, vals_at + self.vb * s, self.vb, &[], vals, &label_all).map_err(|_| {
+        decode_values(rv, v_off, self.vb, &[], vals, &label_all).map_err(|_| {
             let k = vals.iter().position(|v| !v.is_finite()).unwrap_or(0);
             Error::format(
                 &self.path,

@@ -8,9 +8,12 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::io::binfmt::Precision;
 use crate::io::damping::{write_damping, DampingBlock};
-use crate::io::kernel_rows::{read_kernel_rows, read_metadata, write_kernel, MetaEntry, Metadata};
+use crate::io::kernel_rows::{
+    read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel, MetaEntry, Metadata,
+};
 use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
-use crate::io::vectors::{read_vector, write_vector, VectorKind};
+use crate::io::rowio::{IoChoice, IoPath, RangeReader};
+use crate::io::vectors::{read_vector, read_vector_rows, write_vector, VectorKind};
 use crate::model::Grid;
 use crate::partition::{partition, Partition};
 use crate::run::System;
@@ -41,6 +44,8 @@ pub struct LoadOptions {
     pub damping_weight: Option<f64>,
     /// Damping rows generated from the grid, appended after the stored damping blocks.
     pub regularisation: Option<Regularisation>,
+    /// How rows are read: memory maps or MPI-IO byte ranges (`Auto`: MPI-IO on several ranks).
+    pub io: IoChoice,
 }
 
 /// What a load read and how fast.
@@ -53,6 +58,10 @@ pub struct LoadStats {
     /// The kernel rows alone (row files / packs decoded into the CSR).
     pub kernel_bytes: u64,
     pub kernel_seconds: f64,
+    /// How the rows were read.
+    pub io: IoPath,
+    /// Read calls of the MPI-IO path (0 for memory maps).
+    pub read_calls: u64,
 }
 
 impl LoadStats {
@@ -191,8 +200,22 @@ impl OpenDataset {
         order
     }
 
-    /// Load rank `rank`'s rows.
+    /// Load rank `rank`'s rows through memory maps.
     pub fn load(&self, rank: usize, size: usize, progress: bool) -> Result<(System, LoadStats)> {
+        self.load_via(rank, size, progress, None)
+    }
+
+    /// Load rank `rank`'s rows: through memory maps when `reader` is `None`, else as byte
+    /// ranges read with `reader` (MPI-IO): kernel rows, b and weights/sigma of those rows, and
+    /// the columns and values of this rank's damping rows. The metadata and the damping blocks'
+    /// headers and row offsets (needed by every rank for the partition) are mapped either way.
+    pub fn load_via(
+        &self,
+        rank: usize,
+        size: usize,
+        progress: bool,
+        reader: Option<&RangeReader>,
+    ) -> Result<(System, LoadStats)> {
         if size == 0 || rank >= size {
             return Err(Error::Invalid(format!(
                 "rank {rank} of {size}: rank must be < size"
@@ -212,37 +235,37 @@ impl OpenDataset {
             .collect();
         drop(where_);
         let t_k = Instant::now();
-        let (mut indptr, mut indices, mut data, mut bytes) =
-            read_kernel_rows(dm, &self.meta, &local, progress)?;
+        let (mut indptr, mut indices, mut data, mut bytes) = match reader {
+            None => read_kernel_rows(dm, &self.meta, &local, progress)?,
+            Some(rd) => read_kernel_rows_ranges(dm, &self.meta, &local, rd, progress)?,
+        };
         let kernel_seconds = t_k.elapsed().as_secs_f64();
         let kernel_bytes = bytes;
         // b and weights follow their rows.
-        let rhs_path = dm.resolve(&dm.m.rhs);
-        let (b_all, nb) = read_vector(&rhs_path, VectorKind::Rhs, Some(self.meta.rows))?;
+        let local_rows: Vec<u64> = local.iter().map(|e| e.row).collect();
+        let m = Some(self.meta.rows);
+        // This rank's values of a vector file, in local row order.
+        let values = |path: &Path, kind: VectorKind| -> Result<(Vec<f64>, u64)> {
+            match reader {
+                None => {
+                    let (all, n) = read_vector(path, kind, m)?;
+                    Ok((local_rows.iter().map(|&r| all[r as usize]).collect(), n))
+                }
+                Some(rd) => read_vector_rows(path, kind, m, &local_rows, rd),
+            }
+        };
+        let (mut b, nb) = values(&dm.resolve(&dm.m.rhs), VectorKind::Rhs)?;
         bytes += nb;
-        let mut b: Vec<f64> = local.iter().map(|e| b_all[e.row as usize]).collect();
-        drop(b_all);
         let scale = match (&dm.m.weights, &dm.m.sigma) {
             (Some(w), _) => {
-                let (w, n) =
-                    read_vector(&dm.resolve(w), VectorKind::Weights, Some(self.meta.rows))?;
+                let (w, n) = values(&dm.resolve(w), VectorKind::Weights)?;
                 bytes += n;
-                Some(
-                    local
-                        .iter()
-                        .map(|e| (w[e.row as usize], false))
-                        .collect::<Vec<_>>(),
-                )
+                Some(w.into_iter().map(|w| (w, false)).collect::<Vec<_>>())
             }
             (None, Some(s)) => {
-                let (s, n) = read_vector(&dm.resolve(s), VectorKind::Sigma, Some(self.meta.rows))?;
+                let (s, n) = values(&dm.resolve(s), VectorKind::Sigma)?;
                 bytes += n;
-                Some(
-                    local
-                        .iter()
-                        .map(|e| (s[e.row as usize], true))
-                        .collect::<Vec<_>>(),
-                )
+                Some(s.into_iter().map(|s| (s, true)).collect::<Vec<_>>())
             }
             (None, None) => None,
         };
@@ -267,10 +290,11 @@ impl OpenDataset {
             let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
             let (s, e) = (range.start.max(b0), range.end.min(b1));
             if s < e {
-                bytes += blk.read_rows(
+                bytes += blk.read_rows_via(
                     (s - b0)..(e - b0),
                     self.damping_weight,
                     ncols,
+                    reader,
                     &mut indptr,
                     &mut indices,
                     &mut data,
@@ -296,6 +320,12 @@ impl OpenDataset {
             seconds: t.elapsed().as_secs_f64(),
             kernel_bytes,
             kernel_seconds,
+            io: if reader.is_some() {
+                IoPath::MpiIo
+            } else {
+                IoPath::Mmap
+            },
+            read_calls: reader.map_or(0, |r| r.calls()),
         };
         Ok((System { a, b, kernel_rows }, stats))
     }
@@ -316,7 +346,29 @@ pub fn load_dataset_with(
 ) -> Result<(System, LoadStats)> {
     let t = Instant::now();
     let ds = OpenDataset::open(path, opts)?;
-    let (sys, mut stats) = ds.load(rank, size, opts.progress)?;
+    let reader = RangeReader::serial();
+    let via = (opts.io == IoChoice::MpiIo).then_some(&reader);
+    let (sys, mut stats) = ds.load_via(rank, size, opts.progress, via)?;
+    stats.seconds = t.elapsed().as_secs_f64();
+    Ok((sys, stats))
+}
+
+/// Load this rank's rows of the dataset at `path` in a job described by `comm`: through memory
+/// maps or through `comm`'s MPI-IO reads, as `opts.io` says (`Auto`: MPI-IO on several ranks,
+/// memory maps in one). The statistics say which path was taken.
+pub fn load_dataset_comm(
+    path: &Path,
+    comm: &dyn crate::comm::Comm,
+    opts: &LoadOptions,
+) -> Result<(System, LoadStats)> {
+    let t = Instant::now();
+    let ds = OpenDataset::open(path, opts)?;
+    let reader = RangeReader::new(comm);
+    let via = match opts.io.resolve(comm.size()) {
+        IoPath::Mmap => None,
+        IoPath::MpiIo => Some(&reader),
+    };
+    let (sys, mut stats) = ds.load_via(comm.rank(), comm.size(), opts.progress, via)?;
     stats.seconds = t.elapsed().as_secs_f64();
     Ok((sys, stats))
 }

@@ -308,6 +308,12 @@ where
 
 /// Check a pack file's header and row table; returns its value size.
 fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize) -> Result<()> {
+    check_pack_table(path, bytes, bytes.len() as u64, pack, vb)
+}
+
+/// [`check_pack`] on the file's first bytes (at least the header and the row table) and its
+/// length.
+fn check_pack_table(path: &Path, bytes: &[u8], file_len: u64, pack: u64, vb: usize) -> Result<()> {
     let r = Reader::new(path, bytes);
     let got_vb = r.prefix(&MAGIC_PACK, "kernel pack")? as usize;
     if got_vb != vb {
@@ -338,7 +344,23 @@ fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize) -> Result<()> {
         }
         off += record_size(nnz, vb);
     }
-    r.exact_len(off, &format!("{nr} row records"))
+    let what = format!("{nr} row records");
+    if file_len < off as u64 {
+        return Err(Error::format(
+            path,
+            format!("truncated: {what} needs {off} bytes but the file has {file_len}"),
+        ));
+    }
+    if file_len > off as u64 {
+        return Err(Error::format(
+            path,
+            format!(
+                "{} trailing bytes after {what} (expected {off} bytes)",
+                file_len - off as u64
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// CSR arrays of some rows (indptr, indices, data) and the bytes read.
@@ -442,6 +464,177 @@ pub fn read_kernel_rows(
             }
             pb.inc(e.nnz);
             Ok(())
+        })?;
+    pb.finish_and_clear();
+    drop(jobs);
+    Ok((indptr, indices, data, bytes_read.into_inner()))
+}
+
+/// One row's metadata entry and its output columns and values.
+type Slot<'s> = (&'s MetaEntry, &'s mut [u32], &'s mut [f64]);
+
+/// [`read_kernel_rows`] through byte-range reads (MPI-IO under MPI): for each file this rank
+/// needs, its rows' records sorted by offset are coalesced into spans
+/// ([`crate::io::rowio::coalesce`]), each span read with `reader` and decoded in parallel.
+/// Pack headers and row tables are read and checked first (the file length from a `stat`).
+/// Errors name the file and the row (and the byte offset of its record).
+pub fn read_kernel_rows_ranges(
+    dm: &DatasetManifest,
+    meta: &Metadata,
+    local: &[MetaEntry],
+    reader: &crate::io::rowio::RangeReader,
+    progress: bool,
+) -> Result<RowsRead> {
+    use crate::io::rowio::{file_len, in_context};
+    let vb = dm.m.precision.bytes();
+    let ncols = meta.cols as usize;
+    let kdir = dm.resolve(&dm.m.kernel_dir);
+    let mut indptr = Vec::with_capacity(local.len() + 1);
+    indptr.push(0u64);
+    for e in local {
+        indptr.push(indptr.last().unwrap() + e.nnz);
+    }
+    let nnz = *indptr.last().unwrap() as usize;
+    let mut indices = vec![0u32; nnz];
+    let mut data = vec![0f64; nnz];
+    let bytes_read = AtomicU64::new(0);
+    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
+    // One output slot per local row, handed to the span that holds the row.
+    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(local.len());
+    {
+        let (mut ri, mut rv) = (&mut indices[..], &mut data[..]);
+        for e in local {
+            let k = e.nnz as usize;
+            let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
+            let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
+            ri = rest_i;
+            rv = rest_v;
+            slots.push(Some((e, a, b)));
+        }
+    }
+    // Per file: its spans (offset, length, the rows inside).
+    type Rows<'s> = Vec<Slot<'s>>;
+    type Job<'s> = (PathBuf, Vec<(u64, u64, Rows<'s>)>);
+    let mut jobs: Vec<Job> = Vec::new();
+    match meta.layout {
+        Layout::PerRow => {
+            // One file per row: the whole file is one read.
+            for slot in slots.iter_mut() {
+                let (e, c, v) = slot.take().expect("each row once");
+                let path = kdir.join(row_file_name(e.row));
+                let len = (ROW_HEADER + record_size(e.nnz as usize, vb)) as u64;
+                jobs.push((path, vec![(0, len, vec![(e, c, v)])]));
+            }
+        }
+        Layout::Packed => {
+            // Local rows by pack, each pack's rows by offset.
+            let mut by_file: Vec<Vec<usize>> = vec![Vec::new(); meta.files as usize];
+            for (i, e) in local.iter().enumerate() {
+                by_file[e.file as usize].push(i);
+            }
+            let checked: Vec<Result<()>> = by_file
+                .par_iter()
+                .enumerate()
+                .filter(|(_, rows)| !rows.is_empty())
+                .map(|(p, _)| {
+                    let path = kdir.join(pack_file_name(p as u64));
+                    let len = file_len(&path)?;
+                    let head = reader.read(&path, 0, PACK_HEADER.min(len as usize))?;
+                    let nr = Reader::new(&path, &head).count(24, "rows in pack")?;
+                    let table_end = (PACK_HEADER + PACK_ENTRY * nr).min(len as usize);
+                    let mut table = head;
+                    table.extend(reader.read(
+                        &path,
+                        PACK_HEADER as u64,
+                        table_end.saturating_sub(PACK_HEADER),
+                    )?);
+                    check_pack_table(&path, &table, len, p as u64, vb)
+                })
+                .collect();
+            checked.into_iter().collect::<Result<()>>()?;
+            for (p, mut rows) in by_file.into_iter().enumerate() {
+                if rows.is_empty() {
+                    continue;
+                }
+                rows.sort_unstable_by_key(|&i| local[i].offset);
+                let pieces: Vec<(u64, u64)> = rows
+                    .iter()
+                    .map(|&i| {
+                        let e = &local[i];
+                        (e.offset, record_size(e.nnz as usize, vb) as u64)
+                    })
+                    .collect();
+                let path = kdir.join(pack_file_name(p as u64));
+                let spans = reader
+                    .spans(&pieces)
+                    .into_iter()
+                    .map(|s| {
+                        let members = rows[s.items.clone()]
+                            .iter()
+                            .map(|&i| slots[i].take().expect("each row once"))
+                            .collect();
+                        (s.offset, s.len, members)
+                    })
+                    .collect();
+                jobs.push((path, spans));
+            }
+        }
+    }
+    let what = |e: &MetaEntry| format!("kernel row {} (record at byte {})", e.row, e.offset);
+    // Decode the rows of one span, read from `offset` of `path`.
+    let decode_span = |path: &Path, offset: u64, len: u64, rows: &mut Rows, buf: &[u8]| {
+        let r = Reader::new(path, buf);
+        if meta.layout == Layout::PerRow {
+            let (e, cols, vals) = &mut rows[0];
+            let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
+            if got_vb != vb {
+                return Err(Error::format(
+                    path,
+                    format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
+                ));
+            }
+            decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
+            let flen = file_len(path)?;
+            if flen != len {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "{} trailing bytes after kernel row {} (expected {len} bytes)",
+                        flen.saturating_sub(len),
+                        e.row
+                    ),
+                ));
+            }
+        } else {
+            for (e, cols, vals) in rows.iter_mut() {
+                let at = (e.offset - offset) as usize;
+                decode_record(&r, at, e.row, vb, ncols, cols, vals)
+                    .map_err(|err| in_context(err, &what(e)))?;
+            }
+        }
+        bytes_read.fetch_add(len, Ordering::Relaxed);
+        pb.inc(rows.iter().map(|(e, _, _)| e.nnz).sum());
+        Ok(())
+    };
+    // Files in parallel; each file opened once and its spans read in offset order.
+    jobs.par_iter_mut()
+        .with_min_len(if meta.layout == Layout::PerRow { 64 } else { 1 })
+        .try_for_each(|(path, spans)| {
+            let ranges: Vec<(u64, usize)> = spans.iter().map(|s| (s.0, s.1 as usize)).collect();
+            let (mut next, mut decode_failed) = (0, false);
+            reader
+                .read_ranges(path, &ranges, &mut |k, buf| {
+                    next = k + 1;
+                    let (offset, len, rows) = &mut spans[k];
+                    let r = decode_span(path, *offset, *len, rows, buf);
+                    decode_failed = r.is_err();
+                    r
+                })
+                .map_err(|err| match spans.get(next) {
+                    // A read failed (not a decode): name the first row it was reading.
+                    Some((_, _, rows)) if !decode_failed => in_context(err, &what(rows[0].0)),
+                    _ => err,
+                })
         })?;
     pb.finish_and_clear();
     drop(jobs);

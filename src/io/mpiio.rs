@@ -22,11 +22,41 @@ use crate::error::{Error, Result};
 
 /// Read `len` bytes at `offset` of `path` with std (no MPI). Fails on a short read.
 pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    read_file_at(&mut f, path, offset, len)
+}
+
+/// Read `ranges` (offset, length) of `path` with std, opening it once; `f(i, bytes)` receives
+/// range i's bytes, in order. Fails on a short read.
+pub fn read_ranges_local(
+    path: &Path,
+    ranges: &[(u64, usize)],
+    f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+    let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        read_file_into(&mut file, path, off, &mut buf[..len])?;
+        f(i, &buf[..len])?;
+    }
+    Ok(())
+}
+
+fn read_file_at(f: &mut File, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    read_file_into(f, path, offset, &mut buf)?;
+    Ok(buf)
+}
+
+fn read_file_into(f: &mut File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| Error::io(path, e))?;
-    let mut buf = vec![0u8; len];
+    let len = buf.len();
     let mut got = 0;
     while got < len {
         match f.read(&mut buf[got..]) {
@@ -36,7 +66,7 @@ pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
             Err(e) => return Err(Error::io(path, e)),
         }
     }
-    Ok(buf)
+    Ok(())
 }
 
 fn short_read(path: &Path, offset: u64, len: usize, got: usize) -> Error {
@@ -213,6 +243,14 @@ mod with_mpi {
         /// Independent read of `len` bytes at `offset`. Fails (naming the file) on a short read.
         pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
             let mut buf = vec![0u8; len];
+            self.read_into(offset, &mut buf)?;
+            Ok(buf)
+        }
+
+        /// Independent read of `buf.len()` bytes at `offset` into `buf`. Fails (naming the
+        /// file) on a short read.
+        pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            let len = buf.len();
             let mut done = 0;
             while done < len {
                 let end = (done + CHUNK).min(len);
@@ -222,7 +260,7 @@ mod with_mpi {
                 }
                 done += got;
             }
-            Ok(buf)
+            Ok(())
         }
 
         /// Collective read: every rank of the file's communicator calls this (each with its own

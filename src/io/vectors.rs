@@ -51,6 +51,124 @@ pub fn read_vector(
 ) -> Result<(Vec<f64>, u64)> {
     let map = MappedFile::open(path)?;
     let r = Reader::new(path, map.bytes());
+    let (prec, n) = check_header(&r, kind, expected_len)?;
+    let body = crate::io::binfmt::pad8(prec.bytes() * n);
+    r.exact_len(VECT_HEADER + body, &format!("{n} values"))?;
+    let mut x = vec![0.0; n];
+    crate::io::binfmt::decode_values(&r, VECT_HEADER, prec.bytes(), &[], &mut x, &|| {
+        kind.name().to_string()
+    })?;
+    // Name the row of the first bad value.
+    for (i, &v) in x.iter().enumerate() {
+        check_value(path, kind, i as u64, v)?;
+    }
+    Ok((x, (VECT_HEADER + body) as u64))
+}
+
+/// An error for a value not allowed in a vector of `kind` (sigma <= 0, weight < 0).
+fn check_value(path: &Path, kind: VectorKind, row: u64, v: f64) -> Result<()> {
+    let bad = match kind {
+        VectorKind::Sigma => v <= 0.0,
+        VectorKind::Weights => v < 0.0,
+        _ => false,
+    };
+    if bad {
+        return Err(Error::format(
+            path,
+            format!("row {row}: {} value {v} is not allowed", kind.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// The values at `rows` (in that order) of a vector file of `kind`, read as byte ranges with
+/// `reader` (MPI-IO): the header, then the rows' values coalesced into spans. The header and
+/// the file length are checked as [`read_vector`] does; the values read are checked for
+/// finiteness and sign. Returns the values and the bytes read.
+pub fn read_vector_rows(
+    path: &Path,
+    kind: VectorKind,
+    expected_len: Option<u64>,
+    rows: &[u64],
+    reader: &crate::io::rowio::RangeReader,
+) -> Result<(Vec<f64>, u64)> {
+    let len = crate::io::rowio::file_len(path)?;
+    let head = reader.read(path, 0, VECT_HEADER.min(len as usize))?;
+    let (prec, n) = check_header(&Reader::new(path, &head), kind, expected_len)?;
+    let vb = prec.bytes();
+    let end = (VECT_HEADER + crate::io::binfmt::pad8(vb * n)) as u64;
+    if len != end {
+        return Err(Error::format(
+            path,
+            if len < end {
+                format!("truncated: {n} values need {end} bytes but the file has {len}")
+            } else {
+                format!(
+                    "{} trailing bytes after {n} values (expected {end} bytes)",
+                    len - end
+                )
+            },
+        ));
+    }
+    if let Some(&r) = rows.iter().find(|&&r| r >= n as u64) {
+        return Err(Error::format(
+            path,
+            format!("row {r} asked for but the {} has {n} values", kind.name()),
+        ));
+    }
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_unstable_by_key(|&i| rows[i]);
+    let pieces: Vec<(u64, u64)> = order
+        .iter()
+        .map(|&i| ((VECT_HEADER as u64) + vb as u64 * rows[i], vb as u64))
+        .collect();
+    // Rows are distinct (a rank's rows), so the ranges are disjoint.
+    let mut out = vec![0.0; rows.len()];
+    let mut bytes = head.len() as u64;
+    let spans = reader.spans(&pieces);
+    let ranges: Vec<(u64, usize)> = spans.iter().map(|s| (s.offset, s.len as usize)).collect();
+    let mut failed = false;
+    reader
+        .read_ranges(path, &ranges, &mut |k, buf| {
+            let s = &spans[k];
+            bytes += s.len;
+            let r = Reader::new(path, buf);
+            for &i in &order[s.items.clone()] {
+                let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;
+                let mut v = [0.0];
+                let row = rows[i];
+                let label = || kind.name().to_string();
+                crate::io::binfmt::decode_values(&r, at, vb, &[], &mut v, &label)
+                    .map_err(|_| {
+                        Error::format(
+                            path,
+                            format!("row {row}: {} value {} is not finite", kind.name(), v[0]),
+                        )
+                    })
+                    .and_then(|()| check_value(path, kind, row, v[0]))
+                    .inspect_err(|_| failed = true)?;
+                out[i] = v[0];
+            }
+            Ok(())
+        })
+        .map_err(|e| {
+            if failed {
+                e
+            } else {
+                crate::io::rowio::in_context(e, kind.name())
+            }
+        })?;
+    Ok((out, bytes))
+}
+
+/// Check a vector file's header (magic, version, precision, kind, length); returns the
+/// precision and the length.
+fn check_header(
+    r: &Reader,
+    kind: VectorKind,
+    expected_len: Option<u64>,
+) -> Result<(Precision, usize)> {
+    let path = r.path;
     let vb = r.prefix(&MAGIC_VECT, "vector")?;
     let prec = Precision::from_bytes(path, vb)?;
     let n = r.count(16, "vector length")?;
@@ -81,25 +199,5 @@ pub fn read_vector(
             ));
         }
     }
-    let body = crate::io::binfmt::pad8(prec.bytes() * n);
-    r.exact_len(VECT_HEADER + body, &format!("{n} values"))?;
-    let mut x = vec![0.0; n];
-    crate::io::binfmt::decode_values(&r, VECT_HEADER, prec.bytes(), &[], &mut x, &|| {
-        kind.name().to_string()
-    })?;
-    // Name the row of the first bad value.
-    for (i, &v) in x.iter().enumerate() {
-        let bad = match kind {
-            VectorKind::Sigma => v <= 0.0,
-            VectorKind::Weights => v < 0.0,
-            _ => false,
-        };
-        if bad {
-            return Err(Error::format(
-                path,
-                format!("row {i}: {} value {v} is not allowed", kind.name()),
-            ));
-        }
-    }
-    Ok((x, (VECT_HEADER + body) as u64))
+    Ok((prec, n))
 }

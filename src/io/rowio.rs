@@ -1,0 +1,369 @@
+//! How a rank reads its rows of a dataset: memory maps (one process) or byte-range reads through
+//! the communicator's MPI-IO (`MPI_File_read_at` on MPI_COMM_SELF, one file per rank at a time;
+//! a positioned std read without MPI). See docs/running-on-clusters.md, "Loading".
+//!
+//! The MPI-IO path turns a rank's rows into byte ranges per file, sorts them by offset and
+//! [`coalesce`]s neighbours (touching, or separated by a gap of at most `max_gap` bytes) into
+//! spans of at most `max_span` bytes; each span is one buffer, read in chunks of at most
+//! `max_chunk` bytes (MPI counts are C ints, so a chunk stays below 2 GiB).
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::comm::{Comm, SerialComm};
+use crate::error::{Error, Result};
+
+/// Which way rows are read (`[dataset] io` in a run config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoChoice {
+    /// Memory maps in a single process, MPI-IO when there are several ranks.
+    #[default]
+    Auto,
+    /// Memory maps on every rank.
+    Mmap,
+    /// Byte-range reads through the communicator (MPI-IO under MPI, positioned reads without).
+    MpiIo,
+}
+
+impl std::str::FromStr for IoChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(IoChoice::Auto),
+            "mmap" => Ok(IoChoice::Mmap),
+            "mpiio" | "mpi-io" => Ok(IoChoice::MpiIo),
+            _ => Err(format!("unknown io '{s}' (auto, mmap, mpiio)")),
+        }
+    }
+}
+
+impl IoChoice {
+    /// The path used on a job of `size` ranks: `Auto` is `Mmap` for one rank, else `MpiIo`.
+    pub fn resolve(self, size: usize) -> IoPath {
+        match self {
+            IoChoice::Mmap => IoPath::Mmap,
+            IoChoice::MpiIo => IoPath::MpiIo,
+            IoChoice::Auto if size > 1 => IoPath::MpiIo,
+            IoChoice::Auto => IoPath::Mmap,
+        }
+    }
+}
+
+/// The path a load took (in [`crate::io::dataset::LoadStats`] and the logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoPath {
+    #[default]
+    Mmap,
+    MpiIo,
+}
+
+impl std::fmt::Display for IoPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoPath::Mmap => "mmap",
+            IoPath::MpiIo => "mpiio",
+        })
+    }
+}
+
+/// Largest byte count of one read call (below 2^31: MPI counts are C ints).
+pub const MAX_CHUNK: usize = 1 << 30;
+/// Neighbouring ranges at most this far apart are read as one (the gap is read and discarded;
+/// SEISTOMO_IO_MAX_GAP overrides it, 0 merges touching ranges only). Measured on a local disk
+/// (docs/running-on-clusters.md, "Loading"): with the page cache warm, 0 was ~15% faster (a call
+/// costs ~3 µs with the file open); with it cold, 64 KiB was ~10% faster (fewer, larger reads).
+/// Clusters read cold data, often from file systems with a higher per-call latency.
+pub const MAX_GAP: u64 = 64 << 10;
+/// Spans are cut at this size (bounds the buffers in flight; one range longer than this is a
+/// span of its own).
+pub const MAX_SPAN: u64 = 64 << 20;
+
+/// One read of a file: bytes `offset..offset + len`, holding pieces `items` of the sorted input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub offset: u64,
+    pub len: u64,
+    pub items: Range<usize>,
+}
+
+/// Merge byte ranges `(offset, len)`, sorted by offset and not overlapping, into spans: a range
+/// joins the current span when it starts at most `max_gap` bytes after the span's end and the
+/// span stays within `max_span` bytes.
+pub fn coalesce(pieces: &[(u64, u64)], max_gap: u64, max_span: u64) -> Vec<Span> {
+    let mut out: Vec<Span> = Vec::new();
+    for (i, &(off, len)) in pieces.iter().enumerate() {
+        if let Some(s) = out.last_mut() {
+            let end = s.offset + s.len;
+            debug_assert!(off >= end, "ranges must be sorted and disjoint");
+            let new_len = off + len - s.offset;
+            if off.saturating_sub(end) <= max_gap && new_len <= max_span {
+                s.len = new_len;
+                s.items.end = i + 1;
+                continue;
+            }
+        }
+        out.push(Span {
+            offset: off,
+            len,
+            items: i..i + 1,
+        });
+    }
+    out
+}
+
+/// Split `len` bytes at `offset` into read calls of at most `max_chunk` bytes.
+pub fn chunks(offset: u64, len: usize, max_chunk: usize) -> impl Iterator<Item = (u64, usize)> {
+    let max_chunk = max_chunk.max(1);
+    (0..len.div_ceil(max_chunk)).map(move |k| {
+        let start = k * max_chunk;
+        (offset + start as u64, max_chunk.min(len - start))
+    })
+}
+
+/// Reads byte ranges through a communicator, counting calls and bytes.
+pub struct RangeReader<'a> {
+    comm: &'a dyn Comm,
+    pub max_gap: u64,
+    pub max_span: u64,
+    pub max_chunk: usize,
+    calls: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl<'a> RangeReader<'a> {
+    /// A reader with the default limits; SEISTOMO_IO_MAX_GAP (bytes) overrides [`MAX_GAP`]
+    /// (0: only touching ranges are merged).
+    pub fn new(comm: &'a dyn Comm) -> Self {
+        let max_gap = std::env::var("SEISTOMO_IO_MAX_GAP")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(MAX_GAP);
+        RangeReader {
+            comm,
+            max_gap,
+            max_span: MAX_SPAN,
+            max_chunk: MAX_CHUNK,
+            calls: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Without MPI: positioned std reads.
+    pub fn serial() -> RangeReader<'static> {
+        RangeReader::new(&SerialComm)
+    }
+
+    /// Read `len` bytes at `offset` of `path` in chunks of at most `max_chunk` bytes. A short
+    /// read is an error naming the file, the offset and the length.
+    pub fn read(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if len <= self.max_chunk {
+            let v = self.comm.read_at(path, offset, len)?;
+            self.count(len);
+            return Ok(v);
+        }
+        let mut buf = Vec::with_capacity(len);
+        for (off, n) in chunks(offset, len, self.max_chunk) {
+            buf.extend_from_slice(&self.comm.read_at(path, off, n)?);
+            self.count(n);
+        }
+        Ok(buf)
+    }
+
+    /// Read `ranges` (offset, length) of `path`, opening it once (see [`Comm::read_ranges`]);
+    /// `f(i, bytes)` receives range i's bytes in order. Ranges longer than `max_chunk` are read
+    /// in chunks and handed over whole.
+    pub fn read_ranges(
+        &self,
+        path: &Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut calls: Vec<(u64, usize)> = Vec::with_capacity(ranges.len());
+        let mut owner: Vec<usize> = Vec::with_capacity(ranges.len());
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            if len == 0 {
+                calls.push((off, 0));
+                owner.push(i);
+            }
+            for c in chunks(off, len, self.max_chunk) {
+                calls.push(c);
+                owner.push(i);
+            }
+        }
+        // Chunks of one range are gathered and the range handed over as soon as it is complete.
+        let mut pending: Vec<u8> = Vec::new();
+        self.comm.read_ranges(path, &calls, &mut |k, bytes| {
+            self.count(bytes.len());
+            let i = owner[k];
+            let last = owner.get(k + 1) != Some(&i);
+            if pending.is_empty() && last {
+                return f(i, bytes);
+            }
+            pending.extend_from_slice(bytes);
+            if last {
+                f(i, &std::mem::take(&mut pending))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn count(&self, n: usize) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Read calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read so far (gaps between coalesced ranges included).
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Spans for sorted ranges with this reader's limits.
+    pub fn spans(&self, pieces: &[(u64, u64)]) -> Vec<Span> {
+        coalesce(pieces, self.max_gap, self.max_span)
+    }
+}
+
+/// The length of `path` in bytes (a `stat`; errors name the file).
+pub fn file_len(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len())
+}
+
+/// Put `what` (row, offset) in front of a file error's message, keeping the file name first.
+pub fn in_context(e: Error, what: &str) -> Error {
+    match e {
+        Error::Io { path, err } => Error::Format {
+            path,
+            msg: format!("{what}: {err}"),
+        },
+        Error::Format { path, msg } => Error::Format {
+            path,
+            msg: format!("{what}: {msg}"),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesces_touching_and_close_ranges_within_the_span_limit() {
+        // Touching, a gap of 4, a gap of 100, then a range that would exceed the span limit.
+        let p = [(0, 10), (10, 5), (19, 1), (120, 30), (150, 60)];
+        let s = coalesce(&p, 4, 200);
+        assert_eq!(
+            s,
+            vec![
+                Span {
+                    offset: 0,
+                    len: 20,
+                    items: 0..3
+                },
+                Span {
+                    offset: 120,
+                    len: 90,
+                    items: 3..5
+                },
+            ]
+        );
+        // No gap allowed: only touching ranges merge; the span limit cuts 120..210.
+        let s = coalesce(&p, 0, 50);
+        let got: Vec<_> = s
+            .iter()
+            .map(|s| (s.offset, s.len, s.items.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 15, 0..2),
+                (19, 1, 2..3),
+                (120, 30, 3..4),
+                (150, 60, 4..5)
+            ]
+        );
+        // One range longer than the span limit is a span of its own.
+        assert_eq!(coalesce(&[(5, 1000)], 0, 10).len(), 1);
+        assert!(coalesce(&[], 8, 8).is_empty());
+        // Every item lands in exactly one span, in order.
+        let p: Vec<(u64, u64)> = (0..1000u64).map(|i| (i * 10 + i % 3, 7)).collect();
+        let s = coalesce(&p, 3, 333);
+        let mut next = 0;
+        for sp in &s {
+            assert_eq!(sp.items.start, next);
+            next = sp.items.end;
+            assert!(sp.len <= 333);
+            let (o, l) = p[sp.items.end - 1];
+            assert_eq!(sp.offset + sp.len, o + l);
+        }
+        assert_eq!(next, p.len());
+    }
+
+    #[test]
+    fn chunks_stay_below_the_limit_and_cover_the_range() {
+        let c: Vec<_> = chunks(100, 25, 10).collect();
+        assert_eq!(c, vec![(100, 10), (110, 10), (120, 5)]);
+        assert_eq!(chunks(0, 0, 10).count(), 0);
+        assert_eq!(chunks(7, 10, 10).collect::<Vec<_>>(), vec![(7, 10)]);
+        // A 5 GiB range in MPI-sized chunks: each below 2^31 bytes.
+        let big: Vec<_> = chunks(3, 5 << 30, MAX_CHUNK).collect();
+        assert_eq!(big.len(), 5);
+        assert!(big.iter().all(|&(_, n)| n < i32::MAX as usize));
+        assert_eq!(big.iter().map(|&(_, n)| n).sum::<usize>(), 5 << 30);
+    }
+
+    #[test]
+    fn reader_reads_in_chunks_and_names_the_file_on_a_short_read() {
+        let dir = std::env::temp_dir().join(format!("seistomo-rowio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.bin");
+        let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let mut r = RangeReader::serial();
+        r.max_chunk = 64;
+        assert_eq!(r.read(&p, 10, 300).unwrap(), &data[10..310]);
+        assert_eq!((r.calls(), r.bytes()), (5, 300));
+        let mut got = Vec::new();
+        r.read_ranges(
+            &p,
+            &[(0, 10), (20, 150), (500, 64), (600, 0)],
+            &mut |i, b| {
+                got.push((i, b.to_vec()));
+                Ok(())
+            },
+        )
+        .unwrap();
+        let want: Vec<(usize, Vec<u8>)> = vec![
+            (0, data[0..10].to_vec()),
+            (1, data[20..170].to_vec()),
+            (2, data[500..564].to_vec()),
+            (3, Vec::new()),
+        ];
+        assert_eq!(got, want);
+        // 1 + 3 chunks + 1 + 1 (the empty range) more calls.
+        assert_eq!(r.calls(), 5 + 6);
+        let e = r.read(&p, 900, 200).unwrap_err().to_string();
+        assert!(e.contains("r.bin") && e.contains("offset"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn io_choice_parses_and_resolves() {
+        assert_eq!("mpiio".parse::<IoChoice>().unwrap(), IoChoice::MpiIo);
+        assert!("posix".parse::<IoChoice>().unwrap_err().contains("auto"));
+        assert_eq!(IoChoice::Auto.resolve(1), IoPath::Mmap);
+        assert_eq!(IoChoice::Auto.resolve(2), IoPath::MpiIo);
+        assert_eq!(IoChoice::MpiIo.resolve(1), IoPath::MpiIo);
+        assert_eq!(IoChoice::Mmap.resolve(4), IoPath::Mmap);
+    }
+}
