@@ -114,7 +114,7 @@ impl<'c> CudaSquareOperator<'c> {
         }
         if let Some(send) = &h.send_dev {
             be.stream
-                .memcpy_dtoh(&*send, &mut h.send_host[..])
+                .memcpy_dtoh(send, &mut h.send_host[..])
                 .map_err(cuda_err("copying the halo to the host"))?;
             be.synchronize()?;
         }
