@@ -230,9 +230,21 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         if comm.size() > 1 {
             eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
         }
-        let path = be.setup_allreduce(comm, c.allreduce)?;
+        // The halo of a square system is small: measured on 2 x H200 (docs/gmres.md), NCCL's
+        // grouped send/recv costs more per product than page-locked copies + MPI, so `auto`
+        // takes the host path here; `--allreduce nccl` asks for NCCL.
+        let halo_path = match c.allreduce {
+            crate::backend::AllreducePath::Auto => crate::backend::AllreducePath::Host,
+            p => p,
+        };
+        let path = be.setup_allreduce(comm, halo_path)?;
         if comm.size() > 1 && comm.is_root() {
-            eprintln!("halo exchange between GPUs: {path}");
+            let how = if path.starts_with("nccl") {
+                "nccl (GPU to GPU send/recv)"
+            } else {
+                "host (device gather, copy to host, MPI all-to-all, copy back)"
+            };
+            eprintln!("halo exchange between GPUs: {how}; reductions over MPI");
         }
         let sol = gmres_square_cuda(
             &be,
