@@ -372,16 +372,7 @@ pub fn solve_system_checkpointed(
             (s, h, be.describe(), op.strategy().to_string(), setup)
         }
         BackendChoice::Cuda => {
-            // One GPU per rank: GPU = local rank on the node (device 0 alone).
-            let ordinal = if comm.size() > 1 {
-                comm.local_rank()
-            } else {
-                0
-            };
-            let be = CudaBackend::new(ordinal)?;
-            if comm.size() > 1 {
-                eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
-            }
+            let be = CudaBackend::for_rank(comm)?;
             let path = be.setup_allreduce(comm, opts.allreduce)?;
             if comm.size() > 1 && comm.is_root() {
                 eprintln!("allreduce of A^T u over ranks: {path}");

@@ -1,51 +1,19 @@
 //! CUDA backend against the CPU backend (the reference). Every test prints
 //! "skipped: no CUDA GPU (reason)" and passes when no usable GPU is present (CI).
 
+mod common;
+
+use common::gpu::{down, gpu, rand_vec, rel};
 use std::path::Path;
 
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
-use seistomo::backend::cuda::{probe, segments, CudaBackend, CudaCsrOperator};
+use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
 use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::run::{choose_backend, load_mtx_system, BackendChoice};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::sparse::Csr;
 use seistomo::testing::{awkward_csr, Rng};
-
-fn gpu() -> Option<CudaBackend> {
-    match probe() {
-        Err(why) => {
-            println!("skipped: no CUDA GPU ({why})");
-            None
-        }
-        Ok(dev) => {
-            println!("running on {dev}");
-            Some(CudaBackend::new(0).expect("probe succeeded, so the backend must start"))
-        }
-    }
-}
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
-    let mut r = Rng::new(seed);
-    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
-}
-
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> {
-    let mut h = vec![0.0; be.len(x)];
-    be.download(x, &mut h).unwrap();
-    h
-}
 
 /// The matrix with values rounded to f32 (what the GPU stores with f32 precision).
 fn rounded(a: &Csr) -> Csr {

@@ -3,10 +3,13 @@
 //! ranks (threads sharing the GPU), and the CLI. Every test prints "skipped: no CUDA GPU
 //! (reason)" and passes when no usable GPU is present (CI).
 
+mod common;
+
+use common::gpu::{down, gpu, rand_vec, rel};
 use std::path::PathBuf;
 
 use seistomo::backend::cpu::CpuBackend;
-use seistomo::backend::cuda::{gmres_square_cuda, probe, CudaBackend, CudaIluSweeps};
+use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaIluSweeps};
 use seistomo::backend::{Backend, Precision};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::solver::dist_square::{
@@ -16,20 +19,6 @@ use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orth
 use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::sparse::{mtx, Csr};
 use seistomo::squaregen::{cube, SquareKind};
-use seistomo::testing::Rng;
-
-fn gpu() -> Option<CudaBackend> {
-    match probe() {
-        Err(why) => {
-            println!("skipped: no CUDA GPU ({why})");
-            None
-        }
-        Ok(dev) => {
-            println!("running on {dev}");
-            Some(CudaBackend::new(0).expect("probe succeeded, so the backend must start"))
-        }
-    }
-}
 
 /// The repository (SEISTOMO_ROOT lets a copied test binary find it on the GPU machine).
 fn root() -> PathBuf {
@@ -43,28 +32,6 @@ fn bin() -> PathBuf {
     std::env::var_os("SEISTOMO_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_seistomo")))
-}
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
-    let mut r = Rng::new(seed);
-    (0..n).map(|_| r.uniform() * 2.0 - 1.0).collect()
-}
-
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    }
-}
-
-fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> {
-    let mut h = vec![0.0; be.len(x)];
-    be.download(x, &mut h).unwrap();
-    h
 }
 
 /// |got - want| small against the sum of the magnitudes of the summed products.

@@ -220,16 +220,7 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         every: if comm.is_root() { c.progress } else { 0 },
     };
     let (sol, backend_name, backend_describe) = if backend == BackendChoice::Cuda {
-        // One GPU per rank: GPU = local rank on the node (device 0 alone).
-        let ordinal = if comm.size() > 1 {
-            comm.local_rank()
-        } else {
-            0
-        };
-        let be = CudaBackend::new(ordinal)?;
-        if comm.size() > 1 {
-            eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
-        }
+        let be = CudaBackend::for_rank(comm)?;
         // The halo of a square system is small: measured on 2 x H200 (docs/gmres.md), NCCL's
         // grouped send/recv costs more per product than page-locked copies + MPI, so `auto`
         // takes the host path here; `--allreduce nccl` asks for NCCL.

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use std::io::BufRead;
 use std::path::PathBuf;
 

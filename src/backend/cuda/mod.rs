@@ -409,6 +409,21 @@ impl CudaBackend {
         })
     }
 
+    /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node
+    /// (device 0 alone); says which GPU each rank took when there are several ranks.
+    pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
+        let ordinal = if comm.size() > 1 {
+            comm.local_rank()
+        } else {
+            0
+        };
+        let be = CudaBackend::new(ordinal)?;
+        if comm.size() > 1 {
+            eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
+        }
+        Ok(be)
+    }
+
     pub fn device(&self) -> &DeviceInfo {
         &self.info
     }
