@@ -10,7 +10,7 @@ for n in "${@:-32 64 96}"; do
   for kind in convdiff; do
     m="$OUT/${kind}${n}.mtx"
     [ -f "$m" ] || "$BIN" square --kind $kind --n "$n" -o "$m" 2>/dev/null
-    for orth in mgs cgs2; do
+    for orth in mgs cgs cgs2; do
       "$BIN" solve --method gmres --matrix "$m" --restart 16 --rtol 1e-10 --precond jacobi \
         --orthog $orth --stop scipy --threads 1 --max-cycles 300 --report "$OUT/r.json" 2>/dev/null
       python3 -c "import json;r=json.load(open('$OUT/r.json'));print('seistomo-$orth-1t',r['n'],r['nnz'],r['iterations'],r['converged'],'%.3e'%r['relres'],'%.4f'%r['ms_per_iter'])"
