@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Operator;
+use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::solver::gmres::{gmres, GmresInfo, GmresMonitor, GmresParams};
@@ -467,47 +467,77 @@ pub fn gmres_square_cpu(
     let t0 = std::time::Instant::now();
     let be = CpuBackend::new();
     let op = DistSquareOperator::distributed(rows, part, comm)?;
-    let nl = op.plan().n_local;
     let halo = op.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
-    let sum = |v: usize| -> Result<Option<usize>> {
-        Ok(Some(comm.allreduce_scalar(v as f64)?.round() as usize))
-    };
-    let (mut zd, mut rp, mut ins) = (None, None, None);
-    let mut pc: Box<dyn Preconditioner<CpuBackend>> = match precond {
-        SquarePrecond::None => Box::new(Identity),
-        SquarePrecond::Jacobi => {
-            let j = Jacobi::new(&be, &op.diagonal())?;
-            zd = sum(j.zero_diagonals)?;
-            Box::new(j)
-        }
-        SquarePrecond::BlockIlu0 { pivot, tri } => {
-            // every rank takes part in the reductions below, even when its factorisation fails
-            let f = BlockIlu0::new(op.local_matrix(), nl, row0, pivot, tri);
-            let failed = comm.allreduce_scalar(if f.is_err() { 1.0 } else { 0.0 })?;
-            let p = f?;
-            if failed > 0.0 {
-                return Err(Error::Invalid(
-                    "block ILU(0) failed on another rank (see its message)".into(),
-                ));
-            }
-            rp = sum(p.replaced_pivots)?;
-            ins = sum(p.inserted_diagonals)?;
-            Box::new(p)
-        }
-    };
+    let (mut pc, counts) = square_precond(&be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
     let setup_seconds = t0.elapsed().as_secs_f64();
     let sol = gmres(&be, &op, pc.as_mut(), comm, b, x0, params, monitor)?;
     Ok(SquareSolve {
         x_local: sol.x,
         info: sol.info,
         precond: pc.name(),
-        jacobi_zero_diagonals: zd,
-        ilu_replaced_pivots: rp,
-        ilu_inserted_diagonals: ins,
+        jacobi_zero_diagonals: counts.zero_diagonals,
+        ilu_replaced_pivots: counts.replaced_pivots,
+        ilu_inserted_diagonals: counts.inserted_diagonals,
         setup_seconds,
         halo,
     })
+}
+
+/// What a preconditioner's set-up fixed up, summed over ranks (None: not this preconditioner).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrecondCounts {
+    pub zero_diagonals: Option<usize>,
+    pub replaced_pivots: Option<usize>,
+    pub inserted_diagonals: Option<usize>,
+}
+
+/// Set up one rank's preconditioner on backend `be` (collective: every rank calls it, and a
+/// failed ILU(0) on any rank ends every rank with an error). `ilu` turns the host ILU(0)
+/// factors into the backend's preconditioner (the factors themselves on the CPU; Jacobi sweeps
+/// on the device for CUDA). `row0` is the global index of this rank's first row (messages).
+pub fn square_precond<B: Backend + 'static>(
+    be: &B,
+    comm: &dyn Comm,
+    op: &DistSquareOperator<'_>,
+    row0: usize,
+    precond: SquarePrecond,
+    ilu: impl FnOnce(BlockIlu0) -> Result<Box<dyn Preconditioner<B>>>,
+) -> Result<(Box<dyn Preconditioner<B>>, PrecondCounts)>
+where
+    B::Vector: 'static,
+{
+    let sum = |v: usize| -> Result<Option<usize>> {
+        Ok(Some(comm.allreduce_scalar(v as f64)?.round() as usize))
+    };
+    let mut counts = PrecondCounts::default();
+    let pc: Box<dyn Preconditioner<B>> = match precond {
+        SquarePrecond::None => Box::new(Identity),
+        SquarePrecond::Jacobi => {
+            let j = Jacobi::new(be, &op.diagonal())?;
+            counts.zero_diagonals = sum(j.zero_diagonals)?;
+            Box::new(j)
+        }
+        SquarePrecond::BlockIlu0 { pivot, tri } => {
+            let nl = op.plan().n_local;
+            // every rank takes part in the reductions below, even when its set-up fails
+            let f = BlockIlu0::new(op.local_matrix(), nl, row0, pivot, tri).and_then(|f| {
+                let (r, i) = (f.replaced_pivots, f.inserted_diagonals);
+                ilu(f).map(|p| (p, r, i))
+            });
+            let failed = comm.allreduce_scalar(if f.is_err() { 1.0 } else { 0.0 })?;
+            let (p, r, i) = f?;
+            if failed > 0.0 {
+                return Err(Error::Invalid(
+                    "block ILU(0) failed on another rank (see its message)".into(),
+                ));
+            }
+            counts.replaced_pivots = sum(r)?;
+            counts.inserted_diagonals = sum(i)?;
+            p
+        }
+    };
+    Ok((pc, counts))
 }
 
 /// P ranks as threads of one process: a [`Comm`] for tests of distributed code without MPI.

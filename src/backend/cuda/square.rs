@@ -21,9 +21,11 @@ use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, THREADS};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::solver::dist_square::{DistSquareOperator, RowPartition, SquarePrecond, SquareSolve};
+use crate::solver::dist_square::{
+    square_precond, DistSquareOperator, RowPartition, SquarePrecond, SquareSolve,
+};
 use crate::solver::gmres::{gmres, GmresMonitor, GmresParams};
-use crate::solver::precond::{BlockIlu0, Identity, Jacobi, Preconditioner, TriSolve};
+use crate::solver::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::sparse::Csr;
 
 /// Device buffers of the halo exchange.
@@ -373,35 +375,10 @@ pub fn gmres_square_cuda(
     let t0 = std::time::Instant::now();
     let cpu = DistSquareOperator::distributed(rows, part, comm)?;
     let halo = cpu.comm_volume()?;
-    let nl = cpu.plan().n_local;
     let row0 = part.range(comm.rank()).start;
-    let sum = |v: usize| -> Result<Option<usize>> {
-        Ok(Some(comm.allreduce_scalar(v as f64)?.round() as usize))
-    };
-    let (mut zd, mut rp, mut ins) = (None, None, None);
-    let mut pc: Box<dyn Preconditioner<CudaBackend>> = match precond {
-        SquarePrecond::None => Box::new(Identity),
-        SquarePrecond::Jacobi => {
-            let j = Jacobi::new(be, &cpu.diagonal())?;
-            zd = sum(j.zero_diagonals)?;
-            Box::new(j)
-        }
-        SquarePrecond::BlockIlu0 { pivot, tri } => {
-            // every rank takes part in the reductions below, even when its set-up fails
-            let f = BlockIlu0::new(cpu.local_matrix(), nl, row0, pivot, tri)
-                .and_then(|f| CudaIluSweeps::new(be, &f).map(|d| (f, d)));
-            let failed = comm.allreduce_scalar(if f.is_err() { 1.0 } else { 0.0 })?;
-            let (f, d) = f?;
-            if failed > 0.0 {
-                return Err(Error::Invalid(
-                    "block ILU(0) failed on another rank (see its message)".into(),
-                ));
-            }
-            rp = sum(f.replaced_pivots)?;
-            ins = sum(f.inserted_diagonals)?;
-            Box::new(d)
-        }
-    };
+    let (mut pc, counts) = square_precond(be, comm, &cpu, row0, precond, |f| {
+        Ok(Box::new(CudaIluSweeps::new(be, &f)?))
+    })?;
     let op = CudaSquareOperator::new(be, &cpu, comm, precision)?;
     drop(cpu);
     be.synchronize()?;
@@ -411,9 +388,9 @@ pub fn gmres_square_cuda(
         x_local: sol.x,
         info: sol.info,
         precond: pc.name(),
-        jacobi_zero_diagonals: zd,
-        ilu_replaced_pivots: rp,
-        ilu_inserted_diagonals: ins,
+        jacobi_zero_diagonals: counts.zero_diagonals,
+        ilu_replaced_pivots: counts.replaced_pivots,
+        ilu_inserted_diagonals: counts.inserted_diagonals,
         setup_seconds,
         halo,
     })
