@@ -51,18 +51,34 @@ impl CpuBackend {
     {
         let k = out.len();
         let nchunks = n.div_ceil(CHUNK);
-        let chunk = |c: usize, dst: &mut [f64]| {
-            let r = c * CHUNK..((c + 1) * CHUNK).min(n);
+        // A task takes BLOCK consecutive chunks: the update runs over the whole block, then each
+        // basis vector is streamed over the block (long streams for the prefetcher) while the
+        // partial sums stay per chunk (so every out[j] is still bitwise `dot`'s).
+        const BLOCK: usize = 8;
+        let block = |b: usize, dst: &mut [f64]| {
+            let c0 = b * BLOCK;
+            let c1 = (c0 + BLOCK).min(nchunks);
+            let r = c0 * CHUNK..(c1 * CHUNK).min(n);
             update(r.clone());
-            // SAFETY: `w` points to n live elements for the whole call; this chunk's range was
-            // updated above by this same call, and no other call touches it.
-            let ws: &[f64] = unsafe { w.slice(r.clone()) };
-            if norm {
-                dst[0] = lane_sum(ws.len(), |i| ws[i] * ws[i]);
-            } else {
-                for (d, v) in dst.iter_mut().zip(basis) {
-                    let vs = &v[r.clone()];
-                    *d = lane_sum(ws.len(), |i| vs[i] * ws[i]);
+            for c in c0..c1 {
+                let rc = c * CHUNK..((c + 1) * CHUNK).min(n);
+                // SAFETY: `w` points to n live elements for the whole call; this block's range
+                // was updated above by this same call, and no other call touches it.
+                let ws: &[f64] = unsafe { w.slice(rc.clone()) };
+                let d = &mut dst[(c - c0) * k..(c - c0 + 1) * k];
+                if norm {
+                    d[0] = lane_sum(ws.len(), |i| ws[i] * ws[i]);
+                }
+            }
+            if !norm {
+                for (j, v) in basis.iter().enumerate() {
+                    for c in c0..c1 {
+                        let rc = c * CHUNK..((c + 1) * CHUNK).min(n);
+                        // SAFETY: as above.
+                        let ws: &[f64] = unsafe { w.slice(rc.clone()) };
+                        let vs = &v[rc];
+                        dst[(c - c0) * k + j] = lane_sum(ws.len(), |i| vs[i] * ws[i]);
+                    }
                 }
             }
         };
@@ -71,15 +87,19 @@ impl CpuBackend {
             p.resize(nchunks * k, 0.0);
         }
         let parts = &mut p[..nchunks * k];
-        if nchunks <= 2 || k == 0 {
-            for (c, dst) in parts.chunks_mut(k.max(1)).enumerate().take(nchunks) {
-                chunk(c, dst);
+        let nblocks = nchunks.div_ceil(BLOCK);
+        if k == 0 {
+            // nothing to sum; the update still runs
+            for b in 0..nblocks {
+                block(b, &mut []);
             }
+        } else if nblocks <= 1 {
+            block(0, parts);
         } else {
             parts
-                .par_chunks_mut(k)
+                .par_chunks_mut(BLOCK * k)
                 .enumerate()
-                .for_each(|(c, dst)| chunk(c, dst));
+                .for_each(|(b, dst)| block(b, dst));
         }
         for (j, o) in out.iter_mut().enumerate() {
             *o = (0..nchunks).map(|c| parts[c * k + j]).sum();
