@@ -100,17 +100,25 @@ impl Ordering {
         self.rows.is_none() && self.cols.is_none()
     }
 
-    /// The reordered system: rows first, then columns.
+    /// The reordered system: rows first, then columns. Each step builds the new matrix beside
+    /// the old one and then frees the old one, so the peak is two copies of this rank's matrix.
     pub fn apply(&self, a: Csr, b: Vec<f64>) -> (Csr, Vec<f64>) {
         let (a, b) = match &self.rows {
-            Some(r) => (a.select_rows(r), r.iter().map(|&i| b[i]).collect()),
+            Some(r) => {
+                let a2 = a.select_rows(r);
+                drop(a);
+                (a2, r.iter().map(|&i| b[i]).collect())
+            }
             None => (a, b),
         };
-        let a = match &self.cols {
-            Some(p) => a.permute_columns(p),
-            None => a,
-        };
-        (a, b)
+        match &self.cols {
+            Some(p) => {
+                let a2 = a.permute_columns(p);
+                drop(a);
+                (a2, b)
+            }
+            None => (a, b),
+        }
     }
 
     /// A vector of the original columns in the new numbering (x0).
