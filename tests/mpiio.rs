@@ -500,3 +500,39 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
         );
     }
 }
+
+/// The metadata file (read by rank 0 alone and broadcast) cut short: every rank learns of it and
+/// the job ends with one error line naming the file, on 1 to 3 ranks.
+#[cfg(feature = "mpi")]
+#[test]
+fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpiio-metadata");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // a copy of demo with an intact pack and a metadata file 8 bytes short
+    let ds = truncated_demo(&dir, 0);
+    let meta = ds.join("metadata.bin");
+    let f = std::fs::OpenOptions::new().write(true).open(&meta).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 8).unwrap();
+    for np in [1, 2, 3] {
+        let tag = format!("meta-np{np}");
+        let mut c = mpirun(np);
+        c.arg(BIN)
+            .arg("invert")
+            .arg(invert_cfg(&dir, &tag, &ds, "auto"));
+        let out = finish(c);
+        let t = text(&out);
+        assert!(!out.status.success(), "{tag}: job succeeded: {t}");
+        let lines: Vec<&str> = t
+            .lines()
+            .filter(|l| l.contains("seistomo: error"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
+        assert!(lines[0].contains("metadata.bin"), "{tag}: {t}");
+        assert!(!dir.join(&tag).join("solution.txt").exists());
+    }
+}

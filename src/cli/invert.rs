@@ -40,7 +40,7 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
                 let (sys, st) = crate::io::dataset::load_dataset_comm(path, comm, options)?;
                 if rank == 0 && size > 1 {
                     eprintln!(
-                            "dataset rows read {} on every rank (rank 0: {} rows, {:.1} MiB in {:.3} s{})",
+                            "dataset metadata read on rank 0 and broadcast; rows read {} on every rank (rank 0: {} rows, {:.1} MiB in {:.3} s{})",
                             match st.io {
                                 crate::io::rowio::IoPath::Mmap => "through memory maps",
                                 crate::io::rowio::IoPath::MpiIo => "through MPI-IO",

@@ -152,9 +152,12 @@ impl Comm for MpiComm {
         p.broadcast_into(&mut len);
         let len =
             usize::try_from(len).map_err(|_| Error::Comm(format!("broadcast of {len} bytes")))?;
-        count(len, "broadcast")?;
         buf.resize(len, 0);
-        p.broadcast_into(&mut buf[..]);
+        // MPI counts are i32: large buffers (a big dataset's metadata) go in 1 GiB pieces.
+        for piece in buf.chunks_mut(1 << 30) {
+            count(piece.len(), "broadcast")?;
+            p.broadcast_into(piece);
+        }
         Ok(())
     }
     fn gather_to_root(&self, local: &[f64]) -> Result<Option<Vec<f64>>> {

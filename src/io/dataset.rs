@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::io::binfmt::Precision;
 use crate::io::damping::{write_damping, DampingBlock};
 use crate::io::kernel_rows::{
-    read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel, MetaEntry, Metadata,
+    parse_metadata, read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel,
+    MetaEntry, Metadata,
 };
 use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
@@ -90,6 +91,39 @@ impl OpenDataset {
     pub fn open(path: &Path, opts: &LoadOptions) -> Result<OpenDataset> {
         let manifest = DatasetManifest::load(path)?;
         let meta = read_metadata(&manifest)?;
+        Self::from_parts(manifest, meta, opts)
+    }
+
+    /// Open a dataset in a job of several ranks the way Huang et al. load: rank 0 alone reads
+    /// the metadata file (row nonzero counts and where each row lives) and broadcasts it; every
+    /// rank then computes the same greedy nonzero partition from it. Collective: every rank must
+    /// call it; an error on any rank (manifest or metadata) reaches every rank.
+    pub fn open_comm(
+        path: &Path,
+        opts: &LoadOptions,
+        comm: &dyn crate::comm::Comm,
+    ) -> Result<OpenDataset> {
+        use crate::comm::agree;
+        let manifest = agree(comm, DatasetManifest::load(path))?;
+        let meta_path = manifest.resolve(&manifest.m.metadata);
+        let mine = if comm.rank() == 0 {
+            std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))
+        } else {
+            Ok(Vec::new())
+        };
+        let mut bytes = agree(comm, mine)?;
+        comm.broadcast_bytes(0, &mut bytes)?;
+        let meta = agree(comm, parse_metadata(&manifest, &bytes))?;
+        drop(bytes);
+        Self::from_parts(manifest, meta, opts)
+    }
+
+    /// Check the damping block headers and set up the generated rows.
+    fn from_parts(
+        manifest: DatasetManifest,
+        meta: Metadata,
+        opts: &LoadOptions,
+    ) -> Result<OpenDataset> {
         let mut blocks = Vec::new();
         if let Some(d) = &manifest.m.damping {
             let mut first = 0u64;
@@ -362,7 +396,11 @@ pub fn load_dataset_comm(
     opts: &LoadOptions,
 ) -> Result<(System, LoadStats)> {
     let t = Instant::now();
-    let ds = OpenDataset::open(path, opts)?;
+    let ds = if comm.size() > 1 {
+        OpenDataset::open_comm(path, opts, comm)?
+    } else {
+        OpenDataset::open(path, opts)?
+    };
     let reader = RangeReader::new(comm);
     let via = match opts.io.resolve(comm.size()) {
         IoPath::Mmap => None,

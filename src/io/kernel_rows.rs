@@ -61,7 +61,14 @@ fn layout_code(l: Layout) -> u32 {
 pub fn read_metadata(dm: &DatasetManifest) -> Result<Metadata> {
     let path = dm.resolve(&dm.m.metadata);
     let map = MappedFile::open(&path)?;
-    let r = Reader::new(&path, map.bytes());
+    parse_metadata(dm, map.bytes())
+}
+
+/// Validate the metadata file's bytes (read by one rank and broadcast) against the manifest;
+/// errors name the metadata file.
+pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
+    let path = dm.resolve(&dm.m.metadata);
+    let r = Reader::new(&path, bytes);
     let code = r.prefix(&MAGIC_META, "metadata")?;
     let layout = match code {
         0 => Layout::PerRow,
