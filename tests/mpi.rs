@@ -4,28 +4,14 @@
 //! ranges read on several ranks. Every test prints why and returns when `mpirun` is absent.
 #![cfg(feature = "mpi")]
 
+mod common;
+
+use common::mpi::{finish, have_mpirun, mpirun};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_seistomo");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-/// A job that has not ended by then counts as hung.
-const HANG: Duration = Duration::from_secs(300);
-
-fn have_mpirun() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: mpirun not found on PATH (install openmpi-bin to run the MPI tests)");
-    }
-    ok
-}
-
 fn data(rel: &str) -> PathBuf {
     Path::new(ROOT).join("datasets").join(rel)
 }
@@ -35,45 +21,6 @@ fn tmpdir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// mpirun with the flags CI uses; one rank per core is not assumed.
-fn mpirun() -> Command {
-    let mut c = Command::new("mpirun");
-    c.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-    ])
-    // Several ranks share 2 cores: one thread each, and yield while waiting.
-    .env("RAYON_NUM_THREADS", "1")
-    .env("OMPI_MCA_mpi_yield_when_idle", "1");
-    c
-}
-
-/// Run to the end or fail the test after HANG.
-fn finish(mut c: Command) -> Output {
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start process");
-    let t = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if t.elapsed() > HANG {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "job hung for {HANG:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn stderr(o: &Output) -> String {

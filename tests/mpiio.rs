@@ -8,9 +8,11 @@
 
 mod common;
 
+#[cfg(feature = "mpi")]
+use common::mpi::{finish, have_mpirun};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 use seistomo::io::binfmt::Precision;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
@@ -20,7 +22,6 @@ use seistomo::run::System;
 use seistomo::sparse::mtx;
 
 const BIN: &str = env!("CARGO_BIN_EXE_seistomo");
-const HANG: Duration = Duration::from_secs(300);
 
 fn data(rel: &str) -> PathBuf {
     common::root().join("datasets").join(rel)
@@ -239,55 +240,10 @@ fn bad_sigma_value_read_by_byte_ranges_names_the_file_and_row() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn have_mpirun() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: mpirun not found on PATH (install openmpi-bin to run the MPI tests)");
-    }
-    ok
-}
-
 fn mpirun(np: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        "-np",
-        &np.to_string(),
-    ])
-    .env("RAYON_NUM_THREADS", "1")
-    .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    let mut c = common::mpi::mpirun();
+    c.args(["-np", &np.to_string()]);
     c
-}
-
-fn finish(mut c: Command) -> Output {
-    let mut child = c
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start process");
-    let t = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if t.elapsed() > HANG {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "job hung for {HANG:?}; stderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn text(o: &Output) -> String {
@@ -460,20 +416,9 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
     let ds = truncated_demo(&dir, 100);
     for np in [1, 2] {
         let tag = format!("np{np}");
-        let mut c = mpirun(np);
-        c.arg(BIN)
-            .arg("invert")
-            .arg(invert_cfg(&dir, &tag, &ds, "mpiio"));
-        let out = finish(c);
-        let t = text(&out);
-        assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-        let lines: Vec<&str> = t
-            .lines()
-            .filter(|l| l.contains("seistomo: error"))
-            .collect();
-        assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
+        let (line, t) = failed_invert(&dir, &tag, &ds, "mpiio", np);
         assert!(
-            lines[0].contains("pack_00000.bin") && lines[0].contains("truncated"),
+            line.contains("pack_00000.bin") && line.contains("truncated"),
             "{tag}: {t}"
         );
         assert!(!dir.join(&tag).join("solution.txt").exists());
@@ -482,23 +427,29 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
     let (pr, name) = truncated_per_row(&dir);
     for np in [1, 2] {
         let tag = format!("row-np{np}");
-        let mut c = mpirun(np);
-        c.arg(BIN)
-            .arg("invert")
-            .arg(invert_cfg(&dir, &tag, &pr, "mpiio"));
-        let out = finish(c);
-        let t = text(&out);
-        assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-        let lines: Vec<&str> = t
-            .lines()
-            .filter(|l| l.contains("seistomo: error"))
-            .collect();
-        assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
+        let (line, t) = failed_invert(&dir, &tag, &pr, "mpiio", np);
         assert!(
-            lines[0].contains(&name) && lines[0].contains("kernel row 123"),
+            line.contains(&name) && line.contains("kernel row 123"),
             "{tag}: {t}"
         );
     }
+}
+
+/// Run `invert` on `np` ranks expecting failure: the exit status is not 0 and exactly one
+/// error line is printed. Returns that line and all the output.
+#[cfg(feature = "mpi")]
+fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize) -> (String, String) {
+    let mut c = mpirun(np);
+    c.arg(BIN).arg("invert").arg(invert_cfg(dir, tag, ds, io));
+    let out = finish(c);
+    let t = text(&out);
+    assert!(!out.status.success(), "{tag}: job succeeded: {t}");
+    let lines: Vec<&str> = t
+        .lines()
+        .filter(|l| l.contains("seistomo: error"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
+    (lines[0].to_string(), t)
 }
 
 /// The metadata file (read by rank 0 alone and broadcast) cut short: every rank learns of it and
@@ -520,19 +471,8 @@ fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
     f.set_len(len - 8).unwrap();
     for np in [1, 2, 3] {
         let tag = format!("meta-np{np}");
-        let mut c = mpirun(np);
-        c.arg(BIN)
-            .arg("invert")
-            .arg(invert_cfg(&dir, &tag, &ds, "auto"));
-        let out = finish(c);
-        let t = text(&out);
-        assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-        let lines: Vec<&str> = t
-            .lines()
-            .filter(|l| l.contains("seistomo: error"))
-            .collect();
-        assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
-        assert!(lines[0].contains("metadata.bin"), "{tag}: {t}");
+        let (line, t) = failed_invert(&dir, &tag, &ds, "auto", np);
+        assert!(line.contains("metadata.bin"), "{tag}: {t}");
         assert!(!dir.join(&tag).join("solution.txt").exists());
     }
 }

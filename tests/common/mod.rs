@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod mpi;
 
 use std::io::BufRead;
 use std::path::PathBuf;
