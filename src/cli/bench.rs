@@ -310,16 +310,11 @@ fn pass_bytes(rows: usize, cols: usize, nnz: usize, precision: Precision) -> f64
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let t = Instant::now();
-    let (mat, b, what) = match &a.matrix {
+    let (mat, b, what, grid) = match &a.matrix {
         Some(p) => {
             let sys =
                 crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
-            let o = crate::reorder::Ordering::plan(&sys.a, a.reorder, None);
-            if !o.is_identity() {
-                eprintln!("reordered: {}", o.what);
-            }
-            let (mat, b) = o.apply(sys.a, sys.b);
-            (mat, b, format!("{}", p.display()))
+            (sys.a, sys.b, format!("{}", p.display()), None)
         }
         None => {
             let (mut g, mut rays) = match a.size.as_str() {
@@ -346,18 +341,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut rng = Rng::new(a.seed + 1);
             let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
             let b = mat.matvec(&xt);
-            let o = crate::reorder::Ordering::plan(&mat, a.reorder, Some([g.0, g.1, g.2]));
-            if !o.is_identity() {
-                eprintln!("reordered: {}", o.what);
-            }
-            let (mat, b) = o.apply(mat, b);
             (
                 mat,
                 b,
                 format!("straight rays {}x{}x{}, {rays} rays", g.0, g.1, g.2),
+                Some([g.0, g.1, g.2]),
             )
         }
     };
+    // The ordering `invert` would apply (before --export-npy, so peers get the same system).
+    let o = crate::reorder::Ordering::plan(&mat, a.reorder, grid);
+    if !o.is_identity() {
+        eprintln!("reordered: {}", o.what);
+    }
+    let (mat, b) = o.apply(mat, b);
     let (m, n, nnz) = (mat.nrows(), mat.ncols(), mat.nnz());
     eprintln!(
         "system: {what}: {m} x {n}, {nnz} nonzeros (built in {:.1} s)",

@@ -527,15 +527,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let k = basis.len();
         debug_assert!(k <= MULTI_MAX && k > 0);
-        let mut ptrs = [0u64; MULTI_MAX];
-        for (p, b) in ptrs.iter_mut().zip(basis) {
-            self.check_len("multi_dot", b.len(), n)?;
-            *p = self.ptr(b);
-        }
-        let mut c = [0f64; MULTI_MAX];
-        if let Some(co) = coeffs {
-            c[..k].copy_from_slice(&co[..k]);
-        }
+        let (ptrs, c) = self.multi_args("multi_dot", basis, coeffs.unwrap_or(&[]), n)?;
         let nout = if mode == 2 { 1 } else { k };
         let (k32, n64) = (k as i32, n as u64);
         let (pp, pc) = (self.ptr(&self.multi_partial), self.ptr(&self.counter));
@@ -575,6 +567,26 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The by-value kernel arguments of at most MULTI_MAX basis vectors of length `n`: their
+    /// device addresses and (zero-padded) coefficients.
+    fn multi_args(
+        &self,
+        what: &str,
+        basis: &[CudaSlice<f64>],
+        coeffs: &[f64],
+        n: usize,
+    ) -> Result<([u64; MULTI_MAX], [f64; MULTI_MAX])> {
+        let mut ptrs = [0u64; MULTI_MAX];
+        for (p, b) in ptrs.iter_mut().zip(basis) {
+            self.check_len(what, b.len(), n)?;
+            *p = self.ptr(b);
+        }
+        let mut c = [0f64; MULTI_MAX];
+        let m = coeffs.len().min(MULTI_MAX);
+        c[..m].copy_from_slice(&coeffs[..m]);
+        Ok((ptrs, c))
+    }
+
     /// w -= sum_j coeffs[j] basis[j] in launches of at most MULTI_MAX vectors (in j order).
     fn multi_axpy_chunks(
         &self,
@@ -584,13 +596,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = w.len();
         for (bs, cs) in basis.chunks(MULTI_MAX).zip(coeffs.chunks(MULTI_MAX)) {
-            let mut ptrs = [0u64; MULTI_MAX];
-            for (p, b) in ptrs.iter_mut().zip(bs) {
-                self.check_len("multi_axpy", b.len(), n)?;
-                *p = self.ptr(b);
-            }
-            let mut c = [0f64; MULTI_MAX];
-            c[..cs.len()].copy_from_slice(cs);
+            let (ptrs, c) = self.multi_args("multi_axpy", bs, cs, n)?;
             let (k32, n64, pw) = (bs.len().min(cs.len()) as i32, n as u64, self.ptr(w));
             let g = self.elementwise_grid(n);
             self.launch(

@@ -68,7 +68,7 @@ pub(crate) struct DevCsr {
 }
 
 /// Upload a host slice (a one-element dummy for an empty one: no zero-byte allocations).
-fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
+pub(super) fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
     be: &CudaBackend,
     v: &[T],
 ) -> Result<CudaSlice<T>> {

@@ -17,6 +17,7 @@ use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
 
+use super::operator::up;
 use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, THREADS};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
@@ -207,28 +208,13 @@ struct DevTri {
 
 impl DevTri {
     fn upload(be: &CudaBackend, t: &Csr) -> Result<Self> {
-        let up = |what: &str| cuda_err_owned(format!("copying the ILU(0) {what} to the device"));
-        // Zero-length buffers are padded to one element (never read).
-        let col: Vec<u32> = if t.nnz() == 0 {
-            vec![0]
-        } else {
-            t.indices().to_vec()
-        };
-        let val: Vec<f64> = if t.nnz() == 0 {
-            vec![0.0]
-        } else {
-            t.data().to_vec()
-        };
+        // `up` pads an empty array to one element (never read): no zero-byte allocations.
         Ok(DevTri {
-            ptr: be.stream.clone_htod(t.indptr()).map_err(up("offsets"))?,
-            col: be.stream.clone_htod(&col).map_err(up("columns"))?,
-            val: be.stream.clone_htod(&val).map_err(up("values"))?,
+            ptr: up(be, t.indptr())?,
+            col: up(be, t.indices())?,
+            val: up(be, t.data())?,
         })
     }
-}
-
-fn cuda_err_owned(what: String) -> impl Fn(cudarc::driver::DriverError) -> Error {
-    move |e| Error::backend("cuda", format!("{what}: {e:?}"))
 }
 
 /// Block ILU(0) with Jacobi-sweep triangular solves on the device.
