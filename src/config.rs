@@ -79,6 +79,8 @@ struct RawBackend {
     threads: Option<i64>,
     precision: Option<String>,
     allreduce: Option<String>,
+    storage: Option<String>,
+    lsqr_loop: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -251,6 +253,20 @@ impl RunConfig {
                 .map_err(|e: String| bad(format!("[backend] precision: {e}")))?,
         };
 
+        let storage = match b.storage.as_deref() {
+            None => Default::default(),
+            Some(p) => p
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] storage: {e}")))?,
+        };
+
+        let lsqr_loop = match b.lsqr_loop.as_deref() {
+            None => Default::default(),
+            Some(p) => p
+                .parse()
+                .map_err(|e: String| bad(format!("[backend] lsqr_loop: {e}")))?,
+        };
+
         let allreduce = match b.allreduce.as_deref() {
             None => Default::default(),
             Some(p) => p
@@ -297,6 +313,8 @@ impl RunConfig {
             precision,
             allreduce,
             reorder,
+            storage,
+            lsqr_loop,
             grid: None,
         };
         Ok(RunConfig {

@@ -11,6 +11,7 @@ pub mod comm;
 pub mod config;
 pub mod distributed;
 pub mod error;
+pub mod grid;
 pub mod io;
 pub mod model;
 pub mod partition;
@@ -19,6 +20,7 @@ pub mod run;
 pub mod solver;
 pub mod sparse;
 pub mod squaregen;
+pub mod storage;
 pub mod synth;
 pub mod testing;
 

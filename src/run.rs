@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
-use crate::backend::cuda::{CudaBackend, CudaCsrOperator};
+use crate::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -72,6 +72,11 @@ pub struct SolveOptions {
     pub allreduce: crate::backend::AllreducePath,
     /// Row/column reordering for locality (src/reorder.rs).
     pub reorder: crate::reorder::Reorder,
+    /// Matrix storage: CSR, or compact (16-bit column deltas, grid damping rows as stencils;
+    /// src/storage.rs).
+    pub storage: crate::storage::Storage,
+    /// GPU: LSQR's iterations driven from the host or by a CUDA graph on the device.
+    pub lsqr_loop: crate::backend::LsqrLoop,
     /// Cells along x, y, z when the unknowns are a regular grid's cells (set by `invert` from
     /// the dataset or `[model]`; lets `reorder = "auto"` number the cells in Morton order).
     pub grid: Option<[usize; 3]>,
@@ -147,6 +152,17 @@ pub fn load_mtx_system(
     }
 }
 
+impl SolveOptions {
+    /// The value precision a backend uses: CSR on the CPU is always f64.
+    pub fn precision_for(&self, kind: BackendChoice) -> crate::backend::Precision {
+        match kind {
+            BackendChoice::Cuda => self.precision,
+            _ if self.storage == crate::storage::Storage::Csr => crate::backend::Precision::F64,
+            _ => self.precision,
+        }
+    }
+}
+
 impl SystemSource {
     pub fn load(&self) -> Result<System> {
         match self {
@@ -185,6 +201,8 @@ pub struct Report {
     pub transpose: String,
     /// The row/column reordering applied (src/reorder.rs).
     pub reorder: String,
+    /// The matrix storage, with bytes per nonzero (src/storage.rs).
+    pub storage: String,
     pub ranks: usize,
     pub threads: usize,
     pub m: usize,
@@ -321,10 +339,39 @@ pub fn solve_system_checkpointed(
     ckpt: Option<&crate::model::checkpoint::Checkpointing>,
 ) -> Result<Outcome> {
     let t_setup = Instant::now();
-    let System { a, b, .. } = sys;
-    let ordering = crate::reorder::Ordering::plan(&a, opts.reorder, opts.grid);
-    let (mut a, b) = ordering.apply(a, b);
-    let (m_local, n, nnz_local) = (a.nrows(), a.ncols(), a.nnz());
+    let (kind, why) = choose_backend(opts.backend)?;
+    let System { a, b, kernel_rows } = sys;
+    // Storage: compact builds its own explicit transpose (no cuSPARSE, no atomic scatter). On
+    // the GPU `auto` is CSR until compact storage has been measured faster there (docs/gpu.md).
+    let storage = match (kind, opts.storage) {
+        (BackendChoice::Cuda, crate::storage::Storage::Auto) => crate::storage::Storage::Csr,
+        (_, s) => s.resolve(matches!(
+            opts.transpose,
+            TransposeStrategy::Library | TransposeStrategy::Scatter
+        )),
+    };
+    let device_loop = opts.lsqr_loop == crate::backend::LsqrLoop::Device;
+    let prepared = crate::storage::prepare(
+        a,
+        b,
+        kernel_rows,
+        opts.grid,
+        storage,
+        opts.reorder,
+        comm.size() == 1 && !opts.col_scale,
+    );
+    let storage_what = prepared.describe(opts.precision_for(kind));
+    let fp_tag = prepared.stencil_tag();
+    let crate::storage::Prepared {
+        stored: mut a,
+        stencil,
+        b,
+        ordering,
+        storage,
+    } = prepared;
+    let m_local = a.nrows() + stencil.as_ref().map_or(0, |s| s.nrows());
+    let nnz_local = a.nnz() + stencil.as_ref().map_or(0, |s| s.stencil().nnz());
+    let n = a.ncols();
     let x0 = match &opts.x0 {
         Some(p) => {
             let x0 = mtx::read_vector(p)?;
@@ -350,26 +397,43 @@ pub fn solve_system_checkpointed(
     if let Some(d) = &scale {
         a.scale_columns(d);
     }
-    let (kind, why) = choose_backend(opts.backend)?;
     let m = comm.allreduce_scalar(m_local as f64)? as usize;
     let nnz = comm.allreduce_scalar(nnz_local as f64)? as usize;
     let (mut solution, history, backend_detail, transpose, setup) = match kind {
         BackendChoice::Cpu | BackendChoice::Auto => {
             let be = CpuBackend::new();
-            let op = CpuCsrOperator::new(a, opts.transpose);
-            let fp = ckpt.map(|_| crate::model::checkpoint::fingerprint(op.matrix(), &b));
-            let setup = t_setup.elapsed().as_secs_f64();
-            let (s, h) = solve_on(
-                &be,
-                &op,
-                comm,
-                &b,
-                x0.as_deref(),
-                &opts.params,
-                progress_every,
-                ckpt.zip(fp.as_deref()),
-            )?;
-            (s, h, be.describe(), op.strategy().to_string(), setup)
+            let fp =
+                ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
+            if storage == crate::storage::Storage::Compact {
+                let op = CpuCompactOperator::new(&a, stencil, opts.precision);
+                drop(a);
+                let setup = t_setup.elapsed().as_secs_f64();
+                let (s, h) = solve_on(
+                    &be,
+                    &op,
+                    comm,
+                    &b,
+                    x0.as_deref(),
+                    &opts.params,
+                    progress_every,
+                    ckpt.zip(fp.as_deref()),
+                )?;
+                (s, h, be.describe(), "csc (compact transpose)".into(), setup)
+            } else {
+                let op = CpuCsrOperator::new(a, opts.transpose);
+                let setup = t_setup.elapsed().as_secs_f64();
+                let (s, h) = solve_on(
+                    &be,
+                    &op,
+                    comm,
+                    &b,
+                    x0.as_deref(),
+                    &opts.params,
+                    progress_every,
+                    ckpt.zip(fp.as_deref()),
+                )?;
+                (s, h, be.describe(), op.strategy().to_string(), setup)
+            }
         }
         BackendChoice::Cuda => {
             let be = CudaBackend::for_rank(comm)?;
@@ -377,30 +441,78 @@ pub fn solve_system_checkpointed(
             if comm.size() > 1 && comm.is_root() {
                 eprintln!("allreduce of A^T u over ranks: {path}");
             }
-            let op = CudaCsrOperator::new(&be, &a, opts.transpose, opts.precision)?;
-            let fp = ckpt.map(|_| crate::model::checkpoint::fingerprint(&a, &b));
-            drop(a);
-            let setup = t_setup.elapsed().as_secs_f64();
-            let (s, h) = solve_on(
-                &be,
-                &op,
-                comm,
-                &b,
-                x0.as_deref(),
-                &opts.params,
-                progress_every,
-                ckpt.zip(fp.as_deref()),
-            )?;
-            let strategy = if comm.size() > 1 {
-                format!(
-                    "{} ({} values); allreduce: {path}",
-                    op.strategy(),
-                    op.precision()
-                )
+            let fp =
+                ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
+            let compact = if storage == crate::storage::Storage::Compact {
+                match CudaCompactOperator::new(&be, &a, stencil.as_ref(), opts.precision) {
+                    Ok(op) => {
+                        op.set_device_loop(device_loop);
+                        Some(op)
+                    }
+                    Err(e) if comm.is_root() => {
+                        eprintln!("compact storage: {e}; using csr");
+                        None
+                    }
+                    Err(_) => None,
+                }
             } else {
-                format!("{} ({} values)", op.strategy(), op.precision())
+                None
             };
-            (s, h, be.describe(), strategy, setup)
+            let setup_of = |t: &Instant| t.elapsed().as_secs_f64();
+            if let Some(op) = compact {
+                drop(a);
+                let setup = setup_of(&t_setup);
+                let (s, h) = solve_on(
+                    &be,
+                    &op,
+                    comm,
+                    &b,
+                    x0.as_deref(),
+                    &opts.params,
+                    progress_every,
+                    ckpt.zip(fp.as_deref()),
+                )?;
+                let strategy = format!("csc (compact transpose, {} values)", op.precision());
+                (s, h, be.describe(), strategy, setup)
+            } else {
+                // CSR: the stencil rows (if any were split off) go back into the matrix.
+                let a = match &stencil {
+                    Some(st) => {
+                        let d = st.stencil().to_csr();
+                        let d = match st.new_of_old() {
+                            Some(p) => d.permute_columns(p),
+                            None => d,
+                        };
+                        a.vstack_scaled(&d, 1.0)
+                            .map_err(|e| Error::Invalid(e.to_string()))?
+                    }
+                    None => a,
+                };
+                let op = CudaCsrOperator::new(&be, &a, opts.transpose, opts.precision)?;
+                op.set_device_loop(device_loop);
+                drop(a);
+                let setup = setup_of(&t_setup);
+                let (s, h) = solve_on(
+                    &be,
+                    &op,
+                    comm,
+                    &b,
+                    x0.as_deref(),
+                    &opts.params,
+                    progress_every,
+                    ckpt.zip(fp.as_deref()),
+                )?;
+                let strategy = if comm.size() > 1 {
+                    format!(
+                        "{} ({} values); allreduce: {path}",
+                        op.strategy(),
+                        op.precision()
+                    )
+                } else {
+                    format!("{} ({} values)", op.strategy(), op.precision())
+                };
+                (s, h, be.describe(), strategy, setup)
+            }
         }
     };
     if let Some(d) = &scale {
@@ -429,6 +541,7 @@ pub fn solve_system_checkpointed(
         backend_reason: why,
         transpose,
         reorder: ordering.what.clone(),
+        storage: storage_what,
         ranks: comm.size(),
         threads: rayon::current_num_threads(),
         m,

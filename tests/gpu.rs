@@ -362,6 +362,9 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
                     continue;
                 }
                 let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
+                // The host loop: this test checks the kernels' summation order against a CPU
+                // run in that order (the device loop is checked in tests/gpu_compact.rs).
+                gop.set_device_loop(false);
                 let gs = lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
                 if s == TransposeStrategy::Csc {
                     let again =

@@ -26,6 +26,8 @@ fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
         precision: Default::default(),
         allreduce: Default::default(),
         reorder: Default::default(),
+        storage: Default::default(),
+        lsqr_loop: Default::default(),
         grid: None,
     }
 }

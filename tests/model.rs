@@ -45,6 +45,8 @@ fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
         precision: Default::default(),
         allreduce: Default::default(),
         reorder: Default::default(),
+        storage: Default::default(),
+        lsqr_loop: Default::default(),
         grid: None,
     };
     let sys = System {

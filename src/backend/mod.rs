@@ -4,9 +4,11 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod lsqr;
 
 use crate::comm::Comm;
 use crate::error::Result;
+pub use crate::sparse::Precision;
 
 /// Vector storage and the vector kernels the Krylov solvers use. Reductions (`dot`, `norm_sq`)
 /// are local to this rank; the solver sums them over ranks through [`Comm`] where a vector is
@@ -132,6 +134,11 @@ pub trait Operator<B: Backend> {
         beta: f64,
         x: &mut B::Vector,
     ) -> Result<()>;
+    /// A device-resident LSQR loop for this operator, if its backend has one (None: the
+    /// solver's host loop runs).
+    fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {
+        None
+    }
 }
 
 /// How x += A^T y is computed.
@@ -175,6 +182,29 @@ impl std::fmt::Display for TransposeStrategy {
     }
 }
 
+/// Where LSQR's iterations are driven on a GPU (`[backend] lsqr_loop`, `--lsqr-loop`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LsqrLoop {
+    /// The host runs the scalar recurrences: three synchronisations per iteration.
+    #[default]
+    Host,
+    /// Blocks of iterations as one CUDA graph with the scalars on the GPU (one
+    /// synchronisation per block; one rank, explicit transpose). See docs/gpu.md.
+    Device,
+}
+
+impl std::str::FromStr for LsqrLoop {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(Self::Host),
+            "device" | "graph" => Ok(Self::Device),
+            _ => Err(format!("unknown LSQR loop '{s}' (host, device)")),
+        }
+    }
+}
+
 /// How a multi-rank run sums A^T u over ranks (the one vector reduction per LSQR iteration).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -197,46 +227,5 @@ impl std::str::FromStr for AllreducePath {
             "nccl" => Ok(Self::Nccl),
             _ => Err(format!("unknown allreduce path '{s}' (auto, host, nccl)")),
         }
-    }
-}
-
-/// Storage precision of matrix values. Vectors, scalars and sums are always f64.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    F64,
-    /// Values rounded to f32 (8 bytes per nonzero with the column index instead of 12); A and
-    /// A^T share the rounded values, accumulation stays f64. Used by the CUDA backend.
-    F32,
-}
-
-impl Precision {
-    /// Bytes of one stored value.
-    pub fn bytes(self) -> usize {
-        match self {
-            Self::F64 => 8,
-            Self::F32 => 4,
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f64" | "double" => Ok(Self::F64),
-            "f32" | "single" => Ok(Self::F32),
-            _ => Err(format!("unknown precision '{s}' (f64, f32)")),
-        }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::F64 => "f64",
-            Self::F32 => "f32",
-        })
     }
 }

@@ -15,13 +15,16 @@ use anyhow::{bail, Context};
 use clap::Args;
 use rayon::prelude::*;
 
+use crate::backend::cpu::CpuCompactOperator;
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
-use crate::backend::cuda::{CudaBackend, CudaCsrOperator};
+use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::SerialComm;
 use crate::io::write_atomic;
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::Csr;
+use crate::sparse::{CompactCsr, GapHistogram};
+use crate::storage::{Prepared, Storage};
 use crate::testing::Rng;
 
 #[derive(Debug, Args)]
@@ -69,6 +72,14 @@ pub struct BenchArgs {
     /// Value precisions (comma-separated): f64, f32.
     #[arg(long, default_value = "f64,f32")]
     precision: String,
+    /// Matrix storages (comma-separated): csr, compact (16-bit column deltas, grid damping
+    /// rows as stencils).
+    #[arg(long, default_value = "csr,compact")]
+    storage: String,
+    /// LSQR loops on the GPU (comma-separated): device (scalars on the GPU, one CUDA graph per
+    /// block of iterations), host (three host synchronisations per iteration).
+    #[arg(long, default_value = "device")]
+    loops: String,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
     #[arg(long)]
     export_npy: Option<PathBuf>,
@@ -244,11 +255,29 @@ fn time_ms(
 /// One configuration's timings.
 struct Row {
     backend: String,
+    storage: String,
+    /// The transpose strategy (csr) or the device layout (compact: rows or tiles).
     transpose: String,
     precision: String,
+    lsqr_loop: String,
     ms_iter: f64,
     ax_ms: f64,
     aty_ms: f64,
+    /// Bytes of one LSQR iteration at the floor of this storage, and of f64 CSR.
+    floor_bytes: f64,
+    bytes_per_nnz: f64,
+    first_block_ms: f64,
+    r1norm: f64,
+    x: Vec<f64>,
+}
+
+/// Timings of one operator: the products alone, a short warm-up solve (which captures the
+/// device loop's graph), then `iters` more iterations continuing the same solve.
+struct Timing {
+    ms_iter: f64,
+    ax_ms: f64,
+    aty_ms: f64,
+    first_block_ms: f64,
     r1norm: f64,
     x: Vec<f64>,
 }
@@ -259,7 +288,7 @@ fn run_config<B: Backend, O: Operator<B>>(
     b: &[f64],
     iters: usize,
     sync: &dyn Fn() -> crate::Result<()>,
-) -> crate::Result<(f64, f64, f64, f64, Vec<f64>)> {
+) -> crate::Result<Timing> {
     let (m, n) = (op.nrows(), op.ncols());
     let comm = SerialComm;
     let bd = be.upload(b)?;
@@ -270,29 +299,40 @@ fn run_config<B: Backend, O: Operator<B>>(
     let ax = time_ms(20, sync, || op.apply(be, 1.0, &x, 0.0, &mut y))?;
     let aty = time_ms(20, sync, || op.apply_t(be, 1.0, &y, 0.0, &mut x))?;
     drop((x, y));
+    let warm = 3;
     let params = LsqrParams {
         atol: 0.0,
         btol: 0.0,
         conlim: 0.0,
-        iter_lim: Some(3),
+        iter_lim: Some(warm),
         ..Default::default()
-    };
-    // Warm-up, then the timed run from a fresh start.
-    let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
-    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    let params = LsqrParams {
-        iter_lim: Some(iters),
-        ..params
     };
     let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
     sync()?;
     let t = Instant::now();
+    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
+    sync()?;
+    let first_block_ms = t.elapsed().as_secs_f64() * 1e3;
+    let params = LsqrParams {
+        iter_lim: Some(warm + iters),
+        ..params
+    };
+    s.istop = 0;
+    sync()?;
+    let t = Instant::now();
     let info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
     sync()?;
-    let ms = t.elapsed().as_secs_f64() * 1e3 / info.itn.max(1) as f64;
+    let ms = t.elapsed().as_secs_f64() * 1e3 / (info.itn - warm).max(1) as f64;
     let mut xh = vec![0.0; n];
     be.download(&v.x, &mut xh)?;
-    Ok((ms, ax, aty, info.r1norm, xh))
+    Ok(Timing {
+        ms_iter: ms,
+        ax_ms: ax,
+        aty_ms: aty,
+        first_block_ms,
+        r1norm: info.r1norm,
+        x: xh,
+    })
 }
 
 fn list<T: std::str::FromStr<Err = String>>(s: &str) -> anyhow::Result<Vec<T>> {
@@ -308,13 +348,37 @@ fn pass_bytes(rows: usize, cols: usize, nnz: usize, precision: Precision) -> f64
     (nnz * (4 + precision.bytes()) + (rows + 1) * 4 + cols * 8 + rows * 8) as f64
 }
 
+/// The general-format floor: one A and one A^T pass of CSR plus 10 vector passes over m + n.
+fn csr_floor_bytes(m: usize, n: usize, nnz: usize, p: Precision) -> f64 {
+    pass_bytes(m, n, nnz, p) + pass_bytes(n, m, nnz, p) + 10.0 * 8.0 * (m + n) as f64
+}
+
+/// The vector traffic of the fused LSQR loop: u read + written by A v and read by A^T u; v read
+/// by A v, read + written by A^T u; x, w, v read and x, w written by the update: 3 m + 8 n.
+fn vector_bytes(p: &Prepared) -> f64 {
+    (3 * p.nrows() as u64 + 8 * p.ncols() as u64) as f64 * 8.0
+}
+
+/// The floor of the compact loop with rows in 16-bit-delta form (both copies once).
+fn compact_floor_bytes(p: &Prepared, entries: (u64, u64), prec: Precision) -> f64 {
+    let (ms, n) = (p.stored.nrows(), p.ncols());
+    (CompactCsr::bytes_for(ms, entries.0, prec) + CompactCsr::bytes_for(n, entries.1, prec)) as f64
+        + vector_bytes(p)
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let t = Instant::now();
-    let (mat, b, what, grid) = match &a.matrix {
+    let (mat, b, what, grid, kernel_rows) = match &a.matrix {
         Some(p) => {
             let sys =
                 crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
-            (sys.a, sys.b, format!("{}", p.display()), None)
+            (
+                sys.a,
+                sys.b,
+                format!("{}", p.display()),
+                None,
+                sys.kernel_rows,
+            )
         }
         None => {
             let (mut g, mut rays) = match a.size.as_str() {
@@ -346,22 +410,23 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 b,
                 format!("straight rays {}x{}x{}, {rays} rays", g.0, g.1, g.2),
                 Some([g.0, g.1, g.2]),
+                rays,
             )
         }
     };
-    // The ordering `invert` would apply (before --export-npy, so peers get the same system).
-    let o = crate::reorder::Ordering::plan(&mat, a.reorder, grid);
-    if !o.is_identity() {
-        eprintln!("reordered: {}", o.what);
-    }
-    let (mat, b) = o.apply(mat, b);
     let (m, n, nnz) = (mat.nrows(), mat.ncols(), mat.nnz());
     eprintln!(
         "system: {what}: {m} x {n}, {nnz} nonzeros (built in {:.1} s)",
         t.elapsed().as_secs_f64()
     );
     if let Some(dir) = &a.export_npy {
-        export_npy(dir, &mat, &b)?;
+        // The system as CSR storage holds it (every row stored, reordered as `invert` would):
+        // what peers are run on.
+        let p = crate::storage::prepare(mat, b, kernel_rows, grid, Storage::Csr, a.reorder, true);
+        if !p.ordering.is_identity() {
+            eprintln!("reordered: {}", p.ordering.what);
+        }
+        export_npy(dir, &p.stored, &p.b)?;
         eprintln!(
             "wrote {}/{{indptr,indices,data,b,shape}}.npy",
             dir.display()
@@ -370,6 +435,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let strategies: Vec<TransposeStrategy> = list(&a.transpose)?;
     let precisions: Vec<Precision> = list(&a.precision)?;
+    let storages: Vec<Storage> = list(&a.storage)?;
+    let loops: Vec<String> = a.loops.split(',').map(|s| s.trim().to_string()).collect();
+    if let Some(l) = loops.iter().find(|l| *l != "device" && *l != "host") {
+        bail!("--loops {l}: expected device or host");
+    }
     let backends: Vec<&str> = match a.backend.as_str() {
         "all" => vec!["cuda", "cpu"],
         "cuda" | "gpu" => vec!["cuda"],
@@ -379,99 +449,208 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut copy_gbps = f64::NAN;
     let mut device = String::from("-");
-    for &bk in &backends {
-        if bk == "cuda" {
-            let be = CudaBackend::new(0)?;
-            device = be.describe();
-            eprintln!("device: {device}");
-            // Device copy bandwidth (read + write), 256 MiB each way.
-            let len = 32usize << 20;
-            let src = be.zeros(len)?;
-            let mut dst = be.zeros(len)?;
-            let sync = || be.synchronize();
-            let ms = time_ms(10, &sync, || be.copy(&src, &mut dst))?;
-            copy_gbps = 2.0 * (len * 8) as f64 / (ms * 1e-3) / 1e9;
-            drop((src, dst));
-            for &p in &precisions {
-                for &s in &strategies {
-                    if s == TransposeStrategy::Library && p != Precision::F64 {
-                        continue;
+    let cuda = if backends.contains(&"cuda") {
+        let be = CudaBackend::new(0)?;
+        device = be.describe();
+        eprintln!("device: {device}");
+        // Device copy bandwidth (read + write), 256 MiB each way.
+        let len = 32usize << 20;
+        let src = be.zeros(len)?;
+        let mut dst = be.zeros(len)?;
+        let sync = || be.synchronize();
+        let ms = time_ms(10, &sync, || be.copy(&src, &mut dst))?;
+        copy_gbps = 2.0 * (len * 8) as f64 / (ms * 1e-3) / 1e9;
+        Some(be)
+    } else {
+        None
+    };
+    let csr_floor = |p: Precision| csr_floor_bytes(m, n, nnz, p);
+    for &storage in &storages {
+        let p = crate::storage::prepare(
+            mat.clone(),
+            b.clone(),
+            kernel_rows,
+            grid,
+            storage,
+            a.reorder,
+            true,
+        );
+        eprintln!("{storage}: {}", p.describe(Precision::F32));
+        if storage == Storage::Compact {
+            let h = GapHistogram::of(&p.stored);
+            eprintln!(
+                "column steps of the stored rows ({} steps, {:.4} % escape, {} fillers):\n{}",
+                h.steps,
+                100.0 * h.escape_fraction(),
+                h.fillers,
+                h.table()
+            );
+            let ht = GapHistogram::of(&p.stored.transpose());
+            eprintln!(
+                "row steps of the transpose ({} steps, {:.4} % escape, {} fillers):\n{}",
+                ht.steps,
+                100.0 * ht.escape_fraction(),
+                ht.fillers,
+                ht.table()
+            );
+        }
+        for &bk in &backends {
+            let mut push = |t: Timing, tr: String, prec: Precision, lp: &str, fb: f64, bpn: f64| {
+                rows.push(Row {
+                    backend: bk.into(),
+                    storage: storage.to_string(),
+                    transpose: tr,
+                    precision: prec.to_string(),
+                    lsqr_loop: lp.into(),
+                    ms_iter: t.ms_iter,
+                    ax_ms: t.ax_ms,
+                    aty_ms: t.aty_ms,
+                    floor_bytes: fb,
+                    bytes_per_nnz: bpn,
+                    first_block_ms: t.first_block_ms,
+                    r1norm: t.r1norm,
+                    x: p.ordering.to_old(&t.x),
+                })
+            };
+            if bk == "cuda" {
+                let be = cuda.as_ref().expect("set up above");
+                let sync = || be.synchronize();
+                for &prec in &precisions {
+                    if storage == Storage::Compact {
+                        let op =
+                            match CudaCompactOperator::new(be, &p.stored, p.stencil.as_ref(), prec)
+                            {
+                                Ok(op) => op,
+                                Err(e) => {
+                                    eprintln!("cuda compact {prec}: skipped: {e}");
+                                    continue;
+                                }
+                            };
+                        let (pa, pt) = op.pass_bytes();
+                        let fb = (pa + pt) as f64 + vector_bytes(&p);
+                        let bpn = pa as f64 / p.stored.nnz().max(1) as f64;
+                        eprintln!("cuda compact {prec}: layout {}", op.layout());
+                        for lp in &loops {
+                            op.set_device_loop(lp == "device");
+                            let tm = run_config(be, &op, &p.b, a.iters, &sync)?;
+                            eprintln!(
+                                "cuda compact {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
+                                tm.ms_iter, tm.ax_ms, tm.aty_ms
+                            );
+                            let lay = op.layout().split(' ').next().unwrap_or("").to_string();
+                            push(tm, lay, prec, lp, fb, bpn);
+                        }
+                    } else {
+                        for &s in &strategies {
+                            if s == TransposeStrategy::Library && prec != Precision::F64 {
+                                continue;
+                            }
+                            let op = match CudaCsrOperator::new(be, &p.stored, s, prec) {
+                                Ok(op) => op,
+                                Err(e) => {
+                                    eprintln!("cuda {s} {prec}: skipped: {e}");
+                                    continue;
+                                }
+                            };
+                            for lp in &loops {
+                                if lp == "device" && s != TransposeStrategy::Csc && loops.len() > 1
+                                {
+                                    continue; // only the explicit transpose has a device loop
+                                }
+                                op.set_device_loop(lp == "device");
+                                let lp = if s == TransposeStrategy::Csc {
+                                    lp.as_str()
+                                } else {
+                                    "host"
+                                };
+                                let tm = run_config(be, &op, &p.b, a.iters, &sync)?;
+                                eprintln!(
+                                    "cuda csr {s} {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
+                                    tm.ms_iter, tm.ax_ms, tm.aty_ms
+                                );
+                                push(
+                                    tm,
+                                    s.to_string(),
+                                    prec,
+                                    lp,
+                                    csr_floor(prec),
+                                    (prec.bytes() + 4) as f64,
+                                );
+                            }
+                        }
                     }
-                    let op = match CudaCsrOperator::new(&be, &mat, s, p) {
-                        Ok(op) => op,
-                        Err(e) => {
-                            eprintln!("cuda {s} {p}: skipped: {e}");
+                }
+            } else {
+                let be = CpuBackend::new();
+                let sync = || Ok(());
+                if storage == Storage::Compact {
+                    for &prec in &precisions {
+                        let op = CpuCompactOperator::new(&p.stored, p.stencil.clone(), prec);
+                        let fb = compact_floor_bytes(
+                            &p,
+                            (
+                                op.stored().entries() as u64,
+                                op.transposed().entries() as u64,
+                            ),
+                            prec,
+                        );
+                        let bpn = op.stored().bytes() as f64 / p.stored.nnz().max(1) as f64;
+                        let tm = run_config(&be, &op, &p.b, a.iters, &sync)?;
+                        eprintln!("cpu compact {prec}: {:.4} ms/iter", tm.ms_iter);
+                        push(tm, "rows".into(), prec, "host", fb, bpn);
+                    }
+                } else {
+                    for &s in &strategies {
+                        if s == TransposeStrategy::Library {
                             continue;
                         }
-                    };
-                    let (ms, ax, aty, r1, x) = run_config(&be, &op, &b, a.iters, &sync)?;
-                    eprintln!("cuda {s} {p}: {ms:.4} ms/iter (A x {ax:.4} ms, A^T y {aty:.4} ms)");
-                    rows.push(Row {
-                        backend: "cuda".into(),
-                        transpose: s.to_string(),
-                        precision: p.to_string(),
-                        ms_iter: ms,
-                        ax_ms: ax,
-                        aty_ms: aty,
-                        r1norm: r1,
-                        x,
-                    });
+                        let op = CpuCsrOperator::new(p.stored.clone(), s);
+                        let tm = run_config(&be, &op, &p.b, a.iters, &sync)?;
+                        eprintln!("cpu csr {s} f64: {:.4} ms/iter", tm.ms_iter);
+                        push(
+                            tm,
+                            s.to_string(),
+                            Precision::F64,
+                            "host",
+                            csr_floor(Precision::F64),
+                            12.0,
+                        );
+                    }
                 }
-            }
-        } else {
-            let be = CpuBackend::new();
-            let sync = || Ok(());
-            for &s in &strategies {
-                if s == TransposeStrategy::Library {
-                    continue;
-                }
-                let op = CpuCsrOperator::new(mat.clone(), s);
-                let (ms, ax, aty, r1, x) = run_config(&be, &op, &b, a.iters, &sync)?;
-                eprintln!("cpu {s} f64: {ms:.4} ms/iter");
-                rows.push(Row {
-                    backend: "cpu".into(),
-                    transpose: s.to_string(),
-                    precision: "f64".into(),
-                    ms_iter: ms,
-                    ax_ms: ax,
-                    aty_ms: aty,
-                    r1norm: r1,
-                    x,
-                });
             }
         }
     }
-    // Floors: one A pass + one A^T pass + 10 vector passes, over the copy bandwidth.
-    let floor_bytes = |p: Precision| {
-        pass_bytes(m, n, nnz, p) + pass_bytes(n, m, nnz, p) + 10.0 * 8.0 * (m + n) as f64
-    };
+    let ms_of = |bytes: f64| bytes / (copy_gbps * 1e9) * 1e3;
     let reference = rows.first().map(|r| r.x.clone());
     let mut out = String::new();
     out.push_str(&format!(
-        "# seistomo bench: {what}: {m} x {n}, {nnz} nnz; {} LSQR iterations\n# device: {device}\n# copy bandwidth {copy_gbps:.0} GB/s; floor f64 {:.4} ms, f32 {:.4} ms\n",
+        "# seistomo bench: {what}: {m} x {n}, {nnz} nnz; {} LSQR iterations\n# device: {device}\n# copy bandwidth {copy_gbps:.0} GB/s; general f64-CSR floor {:.4} ms (f32 values {:.4} ms)\n",
         a.iters,
-        floor_bytes(Precision::F64) / (copy_gbps * 1e9) * 1e3,
-        floor_bytes(Precision::F32) / (copy_gbps * 1e9) * 1e3,
+        ms_of(csr_floor(Precision::F64)),
+        ms_of(csr_floor(Precision::F32)),
     ));
     out.push_str(&format!(
-        "{:<6} {:<8} {:<5} {:>10} {:>9} {:>9} {:>8} {:>11} {:>14} {:>10}\n",
+        "{:<6} {:<8} {:<8} {:<5} {:<6} {:>9} {:>8} {:>8} {:>6} {:>9} {:>8} {:>9} {:>10} {:>14} {:>9}\n",
         "backend",
-        "transp",
+        "storage",
+        "layout",
         "prec",
+        "loop",
         "ms/iter",
         "Ax ms",
         "ATy ms",
-        "GB/s",
-        "floor/time",
+        "B/nnz",
+        "floor ms",
+        "fl/time",
+        "csr/time",
+        "1st blk ms",
         "r1norm",
         "dx/x"
     ));
     let mut json = String::new();
     for r in &rows {
-        let p: Precision = r.precision.parse().unwrap_or_default();
-        let fb = floor_bytes(p);
-        let gbps = fb / (r.ms_iter * 1e-3) / 1e9;
-        let frac = gbps / copy_gbps;
+        let floor_ms = ms_of(r.floor_bytes);
+        let csr_ms = ms_of(csr_floor(Precision::F64));
         let dx = match &reference {
             Some(x0) => {
                 let num: f64 = r.x.iter().zip(x0).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -481,22 +660,27 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             None => 0.0,
         };
         out.push_str(&format!(
-            "{:<7} {:<8} {:<5} {:>10.4} {:>9.4} {:>9.4} {:>8.0} {:>11.3} {:>14.8e} {:>10.2e}\n",
+            "{:<7} {:<8} {:<8} {:<5} {:<6} {:>9.4} {:>8.4} {:>8.4} {:>6.2} {:>9.4} {:>8.3} {:>9.3} {:>10.2} {:>14.8e} {:>9.2e}\n",
             r.backend,
+            r.storage,
             r.transpose,
             r.precision,
+            r.lsqr_loop,
             r.ms_iter,
             r.ax_ms,
             r.aty_ms,
-            gbps,
-            frac,
+            r.bytes_per_nnz,
+            floor_ms,
+            floor_ms / r.ms_iter,
+            csr_ms / r.ms_iter,
+            r.first_block_ms,
             r.r1norm,
             dx
         ));
         json.push_str(&format!(
-            "{{\"system\":\"{what}\",\"m\":{m},\"n\":{n},\"nnz\":{nnz},\"backend\":\"{}\",\"transpose\":\"{}\",\"precision\":\"{}\",\"ms_per_iter\":{},\"ax_ms\":{},\"aty_ms\":{},\"copy_GBps\":{},\"floor_ms\":{},\"r1norm\":{},\"dx_rel\":{}}}\n",
-            r.backend, r.transpose, r.precision, r.ms_iter, r.ax_ms, r.aty_ms, copy_gbps,
-            fb / (copy_gbps * 1e9) * 1e3, r.r1norm, dx
+            "{{\"system\":\"{what}\",\"m\":{m},\"n\":{n},\"nnz\":{nnz},\"backend\":\"{}\",\"storage\":\"{}\",\"transpose\":\"{}\",\"precision\":\"{}\",\"loop\":\"{}\",\"ms_per_iter\":{},\"ax_ms\":{},\"aty_ms\":{},\"bytes_per_nnz\":{},\"copy_GBps\":{},\"floor_ms\":{},\"csr_f64_floor_ms\":{},\"first_block_ms\":{},\"r1norm\":{},\"dx_rel\":{}}}\n",
+            r.backend, r.storage, r.transpose, r.precision, r.lsqr_loop, r.ms_iter, r.ax_ms, r.aty_ms,
+            r.bytes_per_nnz, copy_gbps, floor_ms, csr_ms, r.first_block_ms, r.r1norm, dx
         ));
     }
     print!("{out}");

@@ -99,6 +99,8 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             precision: Default::default(),
             allreduce: Default::default(),
             reorder: Default::default(),
+            storage: Default::default(),
+            lsqr_loop: Default::default(),
             grid: None,
         };
         (sys, opts)

@@ -67,6 +67,14 @@ pub struct SolveArgs {
     /// cells when the unknowns are a grid). The solution comes back in the original order.
     #[arg(long, default_value = "auto")]
     reorder: crate::reorder::Reorder,
+    /// Matrix storage: auto (compact where possible), csr, or compact (16-bit column deltas;
+    /// damping rows generated from a grid applied as stencils).
+    #[arg(long, default_value = "auto")]
+    storage: crate::storage::Storage,
+    /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
+    /// CUDA graphs with the scalars on the device (one per block of iterations).
+    #[arg(long, default_value = "host")]
+    lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.
     #[arg(long)]
     solution: Option<PathBuf>,
@@ -149,6 +157,8 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         precision: a.precision,
         allreduce: a.allreduce,
         reorder: a.reorder,
+        storage: a.storage,
+        lsqr_loop: a.lsqr_loop,
         grid: None,
     };
     let out = OutputPaths {

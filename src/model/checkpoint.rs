@@ -283,6 +283,9 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
         self.history.push(r);
         self.inner.record(&r)
     }
+    fn checkpoint_every(&self) -> usize {
+        self.every
+    }
     fn state(&mut self, be: &B, s: &LsqrScalars, v: &LsqrVectors<B::Vector>) -> Result<()> {
         self.inner.state(be, s, v)?;
         if self.every == 0 || s.istop != 0 || s.itn % self.every != 0 {

@@ -11,36 +11,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-
-/// LSQR parameters, with SciPy's meanings and defaults.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LsqrParams {
-    pub damp: f64,
-    pub atol: f64,
-    pub btol: f64,
-    /// Stop when the condition estimate exceeds this (0 disables the test).
-    pub conlim: f64,
-    /// Default: 2 n (SciPy's).
-    pub iter_lim: Option<usize>,
-    /// Accumulate the `var` estimate of diag((A^T A + damp^2 I)^-1).
-    pub calc_var: bool,
-}
-
-impl Default for LsqrParams {
-    fn default() -> Self {
-        LsqrParams {
-            damp: 0.0,
-            atol: 1e-6,
-            btol: 1e-6,
-            conlim: 1e8,
-            iter_lim: None,
-            calc_var: false,
-        }
-    }
-}
 
 /// SciPy's istop words.
 pub fn stop_reason(istop: u32) -> &'static str {
@@ -55,55 +29,6 @@ pub fn stop_reason(istop: u32) -> &'static str {
         7 => "the iteration limit has been reached",
         _ => "unknown stop code",
     }
-}
-
-/// The scalar state of LSQR: everything besides the vectors u, v, w, x (and var) that an
-/// iteration needs, so that a run can be checkpointed and resumed exactly.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct LsqrScalars {
-    pub itn: usize,
-    pub istop: u32,
-    pub alpha: f64,
-    pub beta: f64,
-    pub rhobar: f64,
-    pub phibar: f64,
-    pub bnorm: f64,
-    pub anorm: f64,
-    pub acond: f64,
-    pub ddnorm: f64,
-    pub res2: f64,
-    pub xnorm: f64,
-    pub xxnorm: f64,
-    pub z: f64,
-    pub cs2: f64,
-    pub sn2: f64,
-    pub rnorm: f64,
-    pub r1norm: f64,
-    pub r2norm: f64,
-    pub arnorm: f64,
-}
-
-/// The vectors of LSQR on a backend. `u` has this rank's rows; the others have all columns.
-pub struct LsqrVectors<V> {
-    pub u: V,
-    pub v: V,
-    pub w: V,
-    pub x: V,
-    pub var: Option<V>,
-}
-
-/// One line of the convergence history (iteration 0 is the start).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-pub struct IterRecord {
-    pub itn: usize,
-    pub r1norm: f64,
-    pub r2norm: f64,
-    pub arnorm: f64,
-    pub anorm: f64,
-    pub acond: f64,
-    pub xnorm: f64,
-    /// Seconds since the solve started.
-    pub seconds: f64,
 }
 
 /// What LSQR reports, as SciPy's `lsqr` returns it (x and var are downloaded separately).
@@ -129,6 +54,11 @@ pub trait LsqrMonitor<B: Backend> {
     }
     fn state(&mut self, _backend: &B, _s: &LsqrScalars, _v: &LsqrVectors<B::Vector>) -> Result<()> {
         Ok(())
+    }
+    /// Iterations at which `state` must see the vectors (checkpoints; 0: none). A device loop
+    /// ends its blocks there.
+    fn checkpoint_every(&self) -> usize {
+        0
     }
 }
 
@@ -360,6 +290,22 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     };
     if s.arnorm == 0.0 || s.istop != 0 {
         return Ok(finish(s, 0.0));
+    }
+    if comm.size() == 1 {
+        if let Some(dev) = op.lsqr_device() {
+            let every = monitor.checkpoint_every();
+            dev.iterate(be, params, s, vecs, every, &mut |recs, st, v| {
+                let t = start.elapsed().as_secs_f64();
+                for r in recs {
+                    monitor.record(&IterRecord { seconds: t, ..*r })?;
+                }
+                monitor.state(be, st, v)
+            })?;
+            if s.istop == 0 && s.itn >= iter_lim {
+                s.istop = 7;
+            }
+            return Ok(finish(s, start.elapsed().as_secs_f64()));
+        }
     }
     while s.itn < iter_lim {
         s.itn += 1;

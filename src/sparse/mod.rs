@@ -1,6 +1,51 @@
-//! Sparse matrix storage (CSR/CSC) and Matrix Market input/output.
+//! Sparse matrix storage (CSR/CSC, the compact 16-bit-delta format) and Matrix Market
+//! input/output.
 
+pub mod compact;
 mod csr;
 pub mod mtx;
+pub mod tiled;
 
+pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
 pub use csr::{Csc, Csr};
+
+/// Storage precision of matrix values. Vectors, scalars and sums are always f64.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F64,
+    /// Values rounded to f32 (8 bytes per nonzero with the column index instead of 12); A and
+    /// A^T share the rounded values, accumulation stays f64. Used by the CUDA backend.
+    F32,
+}
+
+impl Precision {
+    /// Bytes of one stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F64 => 8,
+            Self::F32 => 4,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f64" | "double" => Ok(Self::F64),
+            "f32" | "single" => Ok(Self::F32),
+            _ => Err(format!("unknown precision '{s}' (f64, f32)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F64 => "f64",
+            Self::F32 => "f32",
+        })
+    }
+}

@@ -3,6 +3,10 @@
 //! Reductions sum fixed-size chunks and then the chunk sums in order, so every result is the
 //! same whatever the thread count or scheduling (bitwise reproducible runs and resumes).
 
+mod compact;
+
+pub use compact::CpuCompactOperator;
+
 use std::sync::Mutex;
 
 use rayon::prelude::*;

@@ -11,10 +11,14 @@
 //! - [`CudaCsrOperator`] (operator.rs) holds the matrix (f64 or f32 values) and applies A^T by an
 //!   explicit transposed copy, by f64 atomics, or through cuSPARSE.
 
+mod compact;
 mod cusparse;
+mod lsqr_loop;
 mod operator;
 mod square;
+mod tiled;
 
+pub use compact::{CompactGpuOptions, CudaCompactOperator};
 pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
 pub use square::{gmres_square_cuda, CudaIluSweeps, CudaSquareOperator};
 
@@ -31,9 +35,12 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// The kernel sources, compiled together as one NVRTC program.
-const KERNEL_SOURCES: [&str; 2] = [
+const KERNEL_SOURCES: [&str; 5] = [
     include_str!("../../../kernels/spmv.cu"),
     include_str!("../../../kernels/vector.cu"),
+    include_str!("../../../kernels/compact.cu"),
+    include_str!("../../../kernels/tiled.cu"),
+    include_str!("../../../kernels/lsqr.cu"),
 ];
 
 /// Threads per block of the element-wise and reduction kernels.
@@ -168,6 +175,22 @@ pub(crate) struct Kernels {
     pub multi_axpy: CudaFunction,
     pub tri_sweep: CudaFunction,
     pub gather: CudaFunction,
+    /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
+    pub compact: [[[CudaFunction; 4]; 2]; 2],
+    pub stencil_av: CudaFunction,
+    /// tiled_ax / tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
+    pub tiled_ax: [[CudaFunction; 4]; 2],
+    pub tiled_atu: [[CudaFunction; 4]; 2],
+    pub tiled_rows: CudaFunction,
+    pub tiled_cols: CudaFunction,
+    pub csr_fused_f64: CudaFunction,
+    pub csr_fused_f32: CudaFunction,
+    pub lsqr_step1: CudaFunction,
+    pub lsqr_step2: CudaFunction,
+    pub lsqr_step3: CudaFunction,
+    pub lsqr_update_dev: CudaFunction,
+    pub lsqr_normalize: CudaFunction,
+    pub lsqr_rescaled: CudaFunction,
 }
 
 type ModuleCache = Mutex<Vec<(usize, Arc<Kernels>)>>;
@@ -181,14 +204,24 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         return Ok(k.clone());
     }
     let src = KERNEL_SOURCES.join("\n");
+    let mut options = vec![
+        format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+        "--std=c++17".into(),
+        // No fused multiply-add contraction: element-wise kernels then round exactly as
+        // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
+        "--fmad=false".into(),
+    ];
+    // Kernel tuning constants for experiments: SEISTOMO_NVRTC_DEFINES="CUNROLL=2,CMINB=8".
+    if let Ok(d) = std::env::var("SEISTOMO_NVRTC_DEFINES") {
+        options.extend(
+            d.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(|t| format!("-D{t}")),
+        );
+    }
     let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![
-            format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
-            "--std=c++17".into(),
-            // No fused multiply-add contraction: element-wise kernels then round exactly as
-            // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
-            "--fmad=false".into(),
-        ],
+        options,
         name: Some("seistomo_kernels.cu".into()),
         ..Default::default()
     };
@@ -228,6 +261,41 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         multi_axpy: f("multi_axpy")?,
         tri_sweep: f("tri_sweep")?,
         gather: f("gather")?,
+        compact: {
+            let g = |st: &str, p: &str, w: u32| f(&format!("compact_{st}s{w}_{p}"));
+            let row = |st: &str, p: &str| -> Result<[CudaFunction; 4]> {
+                Ok([g(st, p, 32)?, g(st, p, 16)?, g(st, p, 8)?, g(st, p, 4)?])
+            };
+            [
+                [row("", "f64")?, row("", "f32")?],
+                [row("st_", "f64")?, row("st_", "f32")?],
+            ]
+        },
+        stencil_av: f("stencil_av")?,
+        tiled_ax: {
+            let g = |p: &str, w: u32| f(&format!("tiled_ax_s{w}_{p}"));
+            [
+                [g("f64", 32)?, g("f64", 16)?, g("f64", 8)?, g("f64", 4)?],
+                [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
+            ]
+        },
+        tiled_atu: {
+            let g = |p: &str, w: u32| f(&format!("tiled_atu_s{w}_{p}"));
+            [
+                [g("f64", 32)?, g("f64", 16)?, g("f64", 8)?, g("f64", 4)?],
+                [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
+            ]
+        },
+        tiled_rows: f("tiled_rows")?,
+        tiled_cols: f("tiled_cols")?,
+        csr_fused_f64: f("csr_fused_f64")?,
+        csr_fused_f32: f("csr_fused_f32")?,
+        lsqr_step1: f("lsqr_step1")?,
+        lsqr_step2: f("lsqr_step2")?,
+        lsqr_step3: f("lsqr_step3")?,
+        lsqr_update_dev: f("lsqr_update_dev")?,
+        lsqr_normalize: f("lsqr_normalize")?,
+        lsqr_rescaled: f("lsqr_rescaled")?,
         _module: module.clone(),
     });
     cache.push((ctx.ordinal(), k.clone()));
@@ -473,6 +541,36 @@ impl CudaBackend {
                 (grid, 1, 1),
                 (block, 1, 1),
                 0,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(cuda_err("kernel launch"))
+    }
+
+    /// [`CudaBackend::launch`] with `smem` bytes of dynamic shared memory.
+    pub(crate) fn launch_smem(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
+        // SAFETY: as in `launch`; the kernels launched here declare `extern __shared__` arrays
+        // of at most `smem` bytes, which the caller sizes.
+        unsafe {
+            dres::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                smem,
                 self.stream.cu_stream(),
                 args,
             )

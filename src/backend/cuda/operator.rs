@@ -3,7 +3,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::cusparse::CuSparse;
+use super::lsqr_loop::{DeviceLoop, FusedLsqr};
 use super::{arg, CudaBackend};
+use crate::backend::lsqr::{LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Operator, Precision, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
@@ -147,6 +149,63 @@ impl DevCsr {
                 arg(&beta),
             ],
         )
+    }
+
+    /// Segments per warp of the fused kernel (a block covers about 16384 nonzeros).
+    fn segs_per_warp(&self) -> u32 {
+        let per_seg = self.nnz as f64 / self.nseg.max(1) as f64;
+        (16384.0 / (8.0 * per_seg.max(1.0)))
+            .round()
+            .clamp(1.0, 64.0) as u32
+    }
+
+    /// Blocks (= partial sums) of the fused kernel.
+    pub(crate) fn fused_blocks(&self) -> u32 {
+        self.nseg.div_ceil(8 * self.segs_per_warp())
+    }
+
+    /// y = c[0] A x + c[1] y with c at `coef`, skipped while *skip != 0, block partials of y^2.
+    pub(crate) fn fused(
+        &self,
+        be: &CudaBackend,
+        x: u64,
+        y: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        let (ps, pi, pc) = (
+            be.ptr(&self.seg),
+            be.ptr(&self.indptr),
+            be.ptr(&self.indices),
+        );
+        let (f, pv) = match &self.values {
+            DevValues::F64(v) => (&be.k.csr_fused_f64, be.ptr(v)),
+            DevValues::F32(v) => (&be.k.csr_fused_f32, be.ptr(v)),
+        };
+        let (nseg, spw, one, zero) = (self.nseg, self.segs_per_warp(), 1.0f64, 0.0f64);
+        let blocks = self.fused_blocks();
+        be.launch(
+            f,
+            blocks,
+            WARPS_PER_BLOCK * 32,
+            &mut [
+                arg(&nseg),
+                arg(&spw),
+                arg(&ps),
+                arg(&pi),
+                arg(&pc),
+                arg(&pv),
+                arg(&x),
+                arg(&y),
+                arg(&one),
+                arg(&zero),
+                arg(&coef),
+                arg(&skip),
+                arg(&partial),
+            ],
+        )?;
+        Ok(blocks)
     }
 
     /// x += alpha A^T y by atomics.
@@ -327,6 +386,8 @@ pub struct CudaCsrOperator {
     a: DevCsr,
     t: Transpose,
     plan: MemoryPlan,
+    device_loop: std::sync::Mutex<Option<DeviceLoop>>,
+    use_device_loop: std::sync::atomic::AtomicBool,
 }
 
 impl CudaCsrOperator {
@@ -371,11 +432,23 @@ impl CudaCsrOperator {
             TransposeStrategy::Library => Transpose::Library(CuSparse::new(be, a, &dev)?),
         };
         be.synchronize()?;
-        Ok(CudaCsrOperator { a: dev, t, plan })
+        Ok(CudaCsrOperator {
+            a: dev,
+            t,
+            plan,
+            device_loop: std::sync::Mutex::new(None),
+            use_device_loop: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     pub fn strategy(&self) -> TransposeStrategy {
         self.plan.strategy
+    }
+    /// Use the device-resident LSQR loop (off by default: `[backend] lsqr_loop`; only the
+    /// explicit transpose has one, the host loop runs otherwise).
+    pub fn set_device_loop(&self, on: bool) {
+        self.use_device_loop
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
     pub fn precision(&self) -> Precision {
         self.plan.precision
@@ -452,6 +525,73 @@ impl Operator<CudaBackend> for CudaCsrOperator {
                 self.a.scatter(be, alpha, y, x)
             }
         }
+    }
+    fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
+        let on = self
+            .use_device_loop
+            .load(std::sync::atomic::Ordering::Relaxed);
+        match &self.t {
+            Transpose::Csc(_) if on => Some(self),
+            _ => None,
+        }
+    }
+}
+
+impl FusedLsqr for CudaCsrOperator {
+    fn fused_rows(&self) -> usize {
+        self.a.nrows
+    }
+    fn fused_cols(&self) -> usize {
+        self.a.ncols
+    }
+    fn max_partials(&self) -> usize {
+        match &self.t {
+            Transpose::Csc(t) => self.a.fused_blocks().max(t.fused_blocks()) as usize,
+            _ => self.a.fused_blocks() as usize,
+        }
+    }
+    fn av_fused(
+        &self,
+        be: &CudaBackend,
+        v: u64,
+        u: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        self.a.fused(be, v, u, coef, skip, partial)
+    }
+    fn atu_fused(
+        &self,
+        be: &CudaBackend,
+        u: u64,
+        v: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        match &self.t {
+            Transpose::Csc(t) => t.fused(be, u, v, coef, skip, partial),
+            _ => Err(Error::backend(
+                "cuda",
+                "the device LSQR loop needs the explicit transpose",
+            )),
+        }
+    }
+}
+
+impl LsqrDevice<CudaBackend> for CudaCsrOperator {
+    fn iterate(
+        &self,
+        be: &CudaBackend,
+        params: &LsqrParams,
+        s: &mut LsqrScalars,
+        v: &mut LsqrVectors<CudaSlice<f64>>,
+        boundary: usize,
+        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
+    ) -> Result<()> {
+        let mut guard = self.device_loop.lock().unwrap_or_else(|e| e.into_inner());
+        DeviceLoop::run(&mut guard, be, self, params, s, v, boundary, on_block)
     }
 }
 

@@ -1,0 +1,295 @@
+// A device-resident LSQR iteration (src/backend/cuda/lsqr_loop.rs): the scalars live in device
+// memory (LsqrState), so a block of iterations runs as one CUDA graph with no host round trip.
+//
+// One iteration is: products A v (compact.cu, partial sums of u^2) -> lsqr_step1 -> A^T u
+// (partials of v^2) -> lsqr_step2 -> lsqr_update_dev (partials of ||w/rho||^2) -> lsqr_step3.
+// The step kernels follow src/solver/lsqr.rs `lsqr_iterate` line by line (SciPy's lsqr),
+// compiled without FMA contraction, so the scalar recurrences round as the host's do.
+//
+// u and v are kept unnormalised: u_true = su * u, v_true = sv * v (su = 1/beta, sv = 1/alpha).
+// The scale factors enter the next kernel's coefficients instead of costing a pass over the
+// vector; lsqr_normalize makes them true unit vectors at the end of every graph replay (so a
+// checkpoint, written between replays, holds what the host loop would hold).
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define LSQR_REC 8          // doubles per history record
+#define LSQR_RECMAX 256     // records kept (index itn % LSQR_RECMAX)
+
+// Layout shared with src/backend/cuda/lsqr_loop.rs DevState.
+struct LsqrState {
+    double alpha, beta, rhobar, phibar, bnorm, anorm, acond, ddnorm, res2, xnorm, xxnorm, z, cs2,
+        sn2, rnorm, r1norm, r2norm, arnorm;
+    double su, sv;
+    double c_av[2], c_atu[2], c_upd[4];
+    double phi, rho, theta, tau, psi;
+    double damp, atol, btol, ctol;
+    double pad[3];
+    long long itn, istop, iter_lim, stop_at;
+    int done;      // nonzero: kernels do nothing (1 stopped, 2 paused at stop_at, 3 error)
+    int skip_atu;  // nonzero: A^T u and its scalar step are skipped (done, or beta == 0)
+    int error;     // 1: beta, 2: alpha, 3: a norm estimate not finite
+    int pad2;
+};
+static_assert(sizeof(LsqrState) == 368, "LsqrState must match src/backend/cuda/lsqr_loop.rs");
+
+#define STEP_THREADS 1024
+
+// Sum of p[0..np) in a fixed order by one block of STEP_THREADS threads (result in thread 0):
+// each thread keeps four independent partial sums (so its loads overlap), then a fixed tree.
+__device__ double ordered_sum(const double* __restrict__ p, u32 np) {
+    __shared__ double sh[STEP_THREADS / 32];
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    u32 i = threadIdx.x;
+    for (; i + 3 * STEP_THREADS < np; i += 4 * STEP_THREADS) {
+        a0 += p[i];
+        a1 += p[i + STEP_THREADS];
+        a2 += p[i + 2 * STEP_THREADS];
+        a3 += p[i + 3 * STEP_THREADS];
+    }
+    for (; i < np; i += STEP_THREADS) a0 += p[i];
+    double s = (a0 + a1) + (a2 + a3);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    double t = 0.0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < STEP_THREADS / 32; ++w) t += sh[w];
+    return t;
+}
+
+__device__ __forceinline__ double sgn(double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : 0.0); }
+
+__device__ void sym_ortho(double a, double b, double* c, double* s, double* r) {
+    if (b == 0.0) {
+        *c = sgn(a);
+        *s = 0.0;
+        *r = fabs(a);
+    } else if (a == 0.0) {
+        *c = 0.0;
+        *s = sgn(b);
+        *r = fabs(b);
+    } else if (fabs(b) > fabs(a)) {
+        const double tau = a / b;
+        *s = sgn(b) / sqrt(1.0 + tau * tau);
+        *c = *s * tau;
+        *r = b / *s;
+    } else {
+        const double tau = b / a;
+        *c = sgn(a) / sqrt(1.0 + tau * tau);
+        *s = *c * tau;
+        *r = a / *c;
+    }
+}
+
+__device__ __forceinline__ void stop_all(LsqrState* st, int how) {
+    st->done = how;
+    st->skip_atu = 1;
+}
+
+// After A v: beta = ||u||; the coefficients of A^T u.
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
+    const double ss = ordered_sum(partial, np);
+    if (threadIdx.x != 0 || gst->done) return;
+    // Work on a register copy (one wide load, one wide store): the scalar chain would otherwise
+    // wait on a global load per field.
+    LsqrState cp = *gst;
+    LsqrState* st = &cp;
+    st->itn += 1;
+    const double beta = sqrt(ss);
+    if (!isfinite(beta)) {
+        st->error = 1;
+        stop_all(st, 3);
+        *gst = cp;
+        return;
+    }
+    st->beta = beta;
+    if (beta > 0.0) {
+        st->su = 1.0 / beta;
+        const double dampsq = st->damp * st->damp;
+        st->anorm = sqrt(st->anorm * st->anorm + st->alpha * st->alpha + beta * beta + dampsq);
+        // v = A^T u_true - beta v_true = su (A^T u) - beta sv v
+        st->c_atu[0] = st->su;
+        st->c_atu[1] = -(beta * st->sv);
+        st->skip_atu = 0;
+    } else {
+        st->su = 1.0;
+        st->skip_atu = 1;
+    }
+    *gst = cp;
+}
+
+// After A^T u: alpha = ||v||; the two plane rotations; the coefficients of the x/w update.
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step2(LsqrState* gst, const double* partial, u32 np) {
+    const double ss = ordered_sum(partial, np);
+    if (threadIdx.x != 0 || gst->done) return;
+    LsqrState cp = *gst;
+    LsqrState* st = &cp;
+    if (!st->skip_atu) {
+        const double alpha = sqrt(ss);
+        if (!isfinite(alpha)) {
+            st->error = 2;
+            stop_all(st, 3);
+            *gst = cp;
+            return;
+        }
+        st->alpha = alpha;
+        st->sv = alpha > 0.0 ? 1.0 / alpha : 1.0;
+    }
+    const double damp = st->damp, dampsq = damp * damp;
+    double rhobar1, psi;
+    if (damp > 0.0) {
+        rhobar1 = sqrt(st->rhobar * st->rhobar + dampsq);
+        const double cs1 = st->rhobar / rhobar1;
+        const double sn1 = damp / rhobar1;
+        psi = sn1 * st->phibar;
+        st->phibar *= cs1;
+    } else {
+        rhobar1 = st->rhobar;
+        psi = 0.0;
+    }
+    double cs, sn, rho;
+    sym_ortho(rhobar1, st->beta, &cs, &sn, &rho);
+    const double theta = sn * st->alpha;
+    st->rhobar = -cs * st->alpha;
+    const double phi = cs * st->phibar;
+    st->phibar *= sn;
+    const double tau = sn * phi;
+    st->phi = phi;
+    st->rho = rho;
+    st->theta = theta;
+    st->tau = tau;
+    st->psi = psi;
+    st->c_upd[0] = phi / rho;      // t1
+    st->c_upd[1] = -theta / rho;   // t2
+    st->c_upd[2] = 1.0 / rho;      // inv_rho
+    st->c_upd[3] = st->sv;         // v_true = sv v
+    *gst = cp;
+}
+
+// s = ||w / rho||^2 (partials per block); x += t1 w; var += (w / rho)^2; w = sv v + t2 w.
+extern "C" __global__ void __launch_bounds__(256)
+lsqr_update_dev(double* __restrict__ x, double* __restrict__ w, const double* __restrict__ v,
+                double* __restrict__ var, u64 n, const LsqrState* __restrict__ st,
+                double* __restrict__ partial) {
+    __shared__ double sh[8];
+    if (st->done) return;
+    const double t1 = st->c_upd[0], t2 = st->c_upd[1], inv_rho = st->c_upd[2], sv = st->c_upd[3];
+    double s = 0.0;
+    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
+        const double wi = w[i];
+        const double dk = inv_rho * wi;
+        s += dk * dk;
+        x[i] += t1 * wi;
+        if (var) var[i] += dk * dk;
+        w[i] = sv * v[i] + t2 * wi;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < 8; ++i) t += sh[i];
+        partial[blockIdx.x] = t;
+    }
+}
+
+// After the update: the norm and condition estimates, the stopping tests, the history record,
+// and the coefficients of the next A v.
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
+    const double dk2 = ordered_sum(partial, np);
+    if (threadIdx.x != 0 || gst->done) return;
+    LsqrState cp = *gst;
+    LsqrState* st = &cp;
+    const double eps = 2.220446049250313e-16;
+    const double damp = st->damp, dampsq = damp * damp;
+    const double rho = st->rho, phi = st->phi, theta = st->theta, psi = st->psi;
+    st->ddnorm += dk2;
+    const double delta = st->sn2 * rho;
+    const double gambar = -st->cs2 * rho;
+    const double rhs = phi - delta * st->z;
+    const double zbar = rhs / gambar;
+    st->xnorm = sqrt(st->xxnorm + zbar * zbar);
+    const double gamma = sqrt(gambar * gambar + theta * theta);
+    st->cs2 = gambar / gamma;
+    st->sn2 = theta / gamma;
+    st->z = rhs / gamma;
+    st->xxnorm += st->z * st->z;
+    st->acond = st->anorm * sqrt(st->ddnorm);
+    const double res1 = st->phibar * st->phibar;
+    st->res2 += psi * psi;
+    st->rnorm = sqrt(res1 + st->res2);
+    st->arnorm = st->alpha * fabs(st->tau);
+    if (damp > 0.0) {
+        const double r1sq = st->rnorm * st->rnorm - dampsq * st->xxnorm;
+        st->r1norm = sqrt(fabs(r1sq));
+        if (r1sq < 0.0) st->r1norm = -st->r1norm;
+    } else {
+        st->r1norm = st->rnorm;
+    }
+    st->r2norm = st->rnorm;
+    const double test1 = st->rnorm / st->bnorm;
+    const double test2 = st->arnorm / (st->anorm * st->rnorm + eps);
+    const double test3 = 1.0 / (st->acond + eps);
+    const double t1n = test1 / (1.0 + st->anorm * st->xnorm / st->bnorm);
+    const double rtol = st->btol + st->atol * st->anorm * st->xnorm / st->bnorm;
+    long long istop = 0;
+    if (st->itn >= st->iter_lim) istop = 7;
+    if (1.0 + test3 <= 1.0) istop = 6;
+    if (1.0 + test2 <= 1.0) istop = 5;
+    if (1.0 + t1n <= 1.0) istop = 4;
+    if (test3 <= st->ctol) istop = 3;
+    if (test2 <= st->atol) istop = 2;
+    if (test1 <= rtol) istop = 1;
+    st->istop = istop;
+    double* r = rec + (st->itn % LSQR_RECMAX) * LSQR_REC;
+    r[0] = (double)st->itn;
+    r[1] = st->r1norm;
+    r[2] = st->r2norm;
+    r[3] = st->arnorm;
+    r[4] = st->anorm;
+    r[5] = st->acond;
+    r[6] = st->xnorm;
+    r[7] = 0.0;
+    if (!isfinite(st->r1norm) || !isfinite(st->arnorm) || !isfinite(st->xnorm) ||
+        !isfinite(st->acond)) {
+        st->error = 3;
+        stop_all(st, 3);
+        *gst = cp;
+        return;
+    }
+    // u = A v_true - alpha u_true = sv (A v) - alpha su u
+    st->c_av[0] = st->sv;
+    st->c_av[1] = -(st->alpha * st->su);
+    if (istop != 0)
+        stop_all(st, 1);
+    else if (st->itn >= st->stop_at)
+        stop_all(st, 2);
+    *gst = cp;
+}
+
+// u *= su, v *= sv (true unit vectors again); lsqr_rescaled then resets the scales.
+extern "C" __global__ void __launch_bounds__(256)
+lsqr_normalize(double* __restrict__ u, u64 m, double* __restrict__ v, u64 n,
+               const LsqrState* __restrict__ st) {
+    const double su = st->su, sv = st->sv;
+    const u64 stride = (u64)gridDim.x * 256ull;
+    if (su != 1.0)
+        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < m; i += stride) u[i] *= su;
+    if (sv != 1.0)
+        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += stride) v[i] *= sv;
+}
+
+extern "C" __global__ void lsqr_rescaled(LsqrState* st) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    st->su = 1.0;
+    st->sv = 1.0;
+    st->c_av[0] = 1.0;
+    st->c_av[1] = -st->alpha;
+}

@@ -1,0 +1,238 @@
+//! LSQR's operator on the CPU with compact storage: the stored rows (kernel rows and any stored
+//! damping rows) in 16-bit-delta form with their explicit transpose in the same form, and the
+//! grid-generated damping rows applied as stencils after them.
+//!
+//! Sums run in the order of the CSR operator with a CSC transpose on the same rows (stored rows
+//! first, then the stencil rows in canonical order), so with f64 values the products equal
+//! [`super::CpuCsrOperator`]'s bit for bit; with f32 values they equal its products on the
+//! f32-rounded matrix.
+
+use super::CpuBackend;
+use crate::backend::{Operator, Precision};
+use crate::error::Result;
+use crate::grid::StencilOp;
+use crate::sparse::{CompactCsr, CompactValues, Csr};
+
+/// Entries below which a product is not split further across threads.
+const GRAIN: u64 = 32 * 1024;
+
+/// Compact rows + compact transpose + optional stencil rows.
+pub struct CpuCompactOperator {
+    a: CompactCsr,
+    at: CompactCsr,
+    stencil: Option<StencilOp>,
+}
+
+impl CpuCompactOperator {
+    /// `stored`: the stored rows; `stencil`: rows generated from the grid, appended after them
+    /// (their columns in the same numbering as `stored`'s).
+    pub fn new(stored: &Csr, stencil: Option<StencilOp>, precision: Precision) -> Self {
+        if let Some(s) = &stencil {
+            assert_eq!(
+                s.ncols(),
+                stored.ncols(),
+                "stencil and rows disagree on columns"
+            );
+        }
+        let a = CompactCsr::from_csr(stored, precision);
+        let at = CompactCsr::from_csr(&stored.transpose(), precision);
+        CpuCompactOperator { a, at, stencil }
+    }
+
+    pub fn stored(&self) -> &CompactCsr {
+        &self.a
+    }
+    pub fn transposed(&self) -> &CompactCsr {
+        &self.at
+    }
+    pub fn stencil(&self) -> Option<&StencilOp> {
+        self.stencil.as_ref()
+    }
+    /// Bytes of matrix storage (both compact copies; a stencil stores nothing but its
+    /// renumbering tables).
+    pub fn bytes(&self) -> u64 {
+        self.a.bytes()
+            + self.at.bytes()
+            + self
+                .stencil
+                .as_ref()
+                .and_then(|s| s.new_of_old())
+                .map(|p| 8 * p.len() as u64)
+                .unwrap_or(0)
+    }
+}
+
+/// Row sum in entry order without bounds checks on x.
+#[inline]
+fn row_dot(m: &CompactCsr, r: usize, x: &[f64]) -> f64 {
+    let (p, d) = (m.ptr(), m.delta());
+    let (s, e) = (p[r] as usize, p[r + 1] as usize);
+    let mut c = m.base()[r] as usize;
+    let d = &d[s..e];
+    let mut sum = 0.0;
+    match m.values() {
+        CompactValues::F64(v) => {
+            for (&dk, &vk) in d.iter().zip(&v[s..e]) {
+                c += dk as usize;
+                debug_assert!(c < x.len());
+                // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column
+                // (fillers included: they lie between two real columns of the row) is < ncols,
+                // and the callers assert x.len() == ncols.
+                sum += vk * unsafe { *x.get_unchecked(c) };
+            }
+        }
+        CompactValues::F32(v) => {
+            for (&dk, &vk) in d.iter().zip(&v[s..e]) {
+                c += dk as usize;
+                debug_assert!(c < x.len());
+                // SAFETY: as above.
+                sum += vk as f64 * unsafe { *x.get_unchecked(c) };
+            }
+        }
+    }
+    sum
+}
+
+/// out[k] = alpha * f(row0 + k) + beta * out[k] for the rows of `out`, split by entries.
+fn rows_par(
+    ptr: &[u64],
+    row0: usize,
+    out: &mut [f64],
+    alpha: f64,
+    beta: f64,
+    f: &(dyn Fn(usize) -> f64 + Sync),
+) {
+    let nrows = out.len();
+    let work = ptr[row0 + nrows] - ptr[row0] + nrows as u64;
+    if work <= GRAIN || nrows < 2 {
+        for (k, o) in out.iter_mut().enumerate() {
+            let s = f(row0 + k);
+            *o = if beta == 0.0 {
+                alpha * s
+            } else {
+                alpha * s + beta * *o
+            };
+        }
+        return;
+    }
+    let target = ptr[row0] + (ptr[row0 + nrows] - ptr[row0]) / 2;
+    let mid = ptr[row0..=row0 + nrows]
+        .partition_point(|&p| p <= target)
+        .clamp(1, nrows - 1);
+    let (lo, hi) = out.split_at_mut(mid);
+    rayon::join(
+        || rows_par(ptr, row0, lo, alpha, beta, f),
+        || rows_par(ptr, row0 + mid, hi, alpha, beta, f),
+    );
+}
+
+impl Operator<CpuBackend> for CpuCompactOperator {
+    fn nrows(&self) -> usize {
+        self.a.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
+    }
+    fn ncols(&self) -> usize {
+        self.a.ncols()
+    }
+    fn apply(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        x: &Vec<f64>,
+        beta: f64,
+        y: &mut Vec<f64>,
+    ) -> Result<()> {
+        assert_eq!(x.len(), self.ncols());
+        assert_eq!(y.len(), self.nrows());
+        let (ys, yd) = y.split_at_mut(self.a.nrows());
+        let a = &self.a;
+        rows_par(a.ptr(), 0, ys, alpha, beta, &|r| row_dot(a, r, x));
+        if let Some(st) = &self.stencil {
+            st.apply(alpha, x, beta, yd);
+        }
+        Ok(())
+    }
+    fn apply_t(
+        &self,
+        _b: &CpuBackend,
+        alpha: f64,
+        y: &Vec<f64>,
+        beta: f64,
+        x: &mut Vec<f64>,
+    ) -> Result<()> {
+        assert_eq!(y.len(), self.nrows());
+        assert_eq!(x.len(), self.ncols());
+        let (ys, yd) = y.split_at(self.a.nrows());
+        let at = &self.at;
+        match &self.stencil {
+            None => rows_par(at.ptr(), 0, x, alpha, beta, &|j| row_dot(at, j, ys)),
+            Some(st) => rows_par(at.ptr(), 0, x, alpha, beta, &|j| {
+                st.add_transposed(row_dot(at, j, ys), j, yd)
+            }),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuCsrOperator;
+    use crate::backend::TransposeStrategy;
+    use crate::grid::Stencil;
+
+    #[test]
+    fn equals_the_csr_operator_bitwise_with_and_without_stencil() {
+        let be = CpuBackend::new();
+        let st = Stencil {
+            n: [9, 7, 5],
+            norm: 0.1,
+            first: [0.5, 0.5, 0.0],
+            second: [0.0, 0.0, 0.3],
+        };
+        let nc = st.ncells();
+        let mut rng = crate::testing::Rng::new(3);
+        let perm = {
+            let mut p: Vec<u32> = (0..nc as u32).collect();
+            for i in (1..nc).rev() {
+                p.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            p
+        };
+        for &(m, seed) in &[(700usize, 1u64), (3, 2), (5000, 3)] {
+            let k = crate::testing::awkward_csr(m, nc, seed);
+            for p in [None, Some(perm.clone())] {
+                let d = match &p {
+                    Some(p) => st.to_csr().permute_columns(p),
+                    None => st.to_csr(),
+                };
+                let full = k.vstack_scaled(&d, 1.0).unwrap();
+                let reference = CpuCsrOperator::new(full.clone(), TransposeStrategy::Csc);
+                let ops = [
+                    CpuCompactOperator::new(
+                        &k,
+                        Some(StencilOp::new(st, p.clone())),
+                        Precision::F64,
+                    ),
+                    CpuCompactOperator::new(&full, None, Precision::F64),
+                ];
+                let x: Vec<f64> = (0..nc).map(|_| rng.uniform() - 0.5).collect();
+                let y0: Vec<f64> = (0..full.nrows()).map(|_| rng.uniform() - 0.5).collect();
+                let mut want_y = y0.clone();
+                reference.apply(&be, 1.25, &x, -0.5, &mut want_y).unwrap();
+                let mut want_x = x.clone();
+                reference
+                    .apply_t(&be, -0.75, &y0, 2.0, &mut want_x)
+                    .unwrap();
+                for op in &ops {
+                    assert_eq!(op.nrows(), full.nrows());
+                    let mut y = y0.clone();
+                    op.apply(&be, 1.25, &x, -0.5, &mut y).unwrap();
+                    assert_eq!(y, want_y);
+                    let mut xx = x.clone();
+                    op.apply_t(&be, -0.75, &y0, 2.0, &mut xx).unwrap();
+                    assert_eq!(xx, want_x);
+                }
+            }
+        }
+    }
+}

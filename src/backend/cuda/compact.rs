@@ -1,0 +1,687 @@
+//! Compact storage on the GPU (kernels/compact.cu): stored rows with 16-bit column deltas and
+//! their explicit transpose in the same form, grid damping rows as stencils, and the fused
+//! products the device-resident LSQR loop (lsqr_loop.rs) runs.
+
+use std::sync::Mutex;
+
+use cudarc::driver::CudaSlice;
+
+use super::lsqr_loop::{DeviceLoop, FusedLsqr};
+use super::operator::{up, DevValues, MemoryPlan};
+use super::tiled::DevTiled;
+use super::{arg, CudaBackend};
+use crate::backend::lsqr::{LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::backend::{Operator, Precision, TransposeStrategy};
+use crate::error::{Error, Result};
+use crate::grid::stencil::BlockKind;
+use crate::grid::StencilOp;
+use crate::sparse::tiled::Tiled;
+use crate::sparse::{CompactCsr, CompactValues, Csr};
+
+/// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
+const CWARPS: u32 = 8;
+/// Threads per block and rows per thread of the stencil kernels.
+const STENCIL_THREADS: u32 = 256;
+const STENCIL_ROWS_PER_THREAD: u64 = 16;
+/// Entries a block of the compact kernels aims at.
+const ENTRIES_PER_BLOCK: f64 = 16384.0;
+/// Device memory left free besides the plan: this much plus 3% of what is free.
+const HEADROOM_BYTES: u64 = 256 << 20;
+
+/// A block of stencil rows as kernels/compact.cu's `StencilBlock`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StencilBlockArg {
+    w: f64,
+    row0: u64,
+    lo: [u32; 3],
+    dims: [u32; 3],
+    kind: i32,
+    axis: i32,
+}
+
+/// kernels/compact.cu's `StencilArgs`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StencilArgs {
+    b: [StencilBlockArg; 7],
+    new_of_old: u64,
+    old_of_new: u64,
+    n: [u32; 3],
+    nblocks: i32,
+}
+
+/// The sub-warp width and rows per sub-warp for rows of `mean` entries on average
+/// (SEISTOMO_COMPACT_S / SEISTOMO_COMPACT_R override them, for tuning).
+fn launch_shape(mean: f64) -> (u32, u32) {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let s = env("SEISTOMO_COMPACT_S")
+        .filter(|s| [4, 8, 16, 32].contains(s))
+        .unwrap_or_else(|| {
+            let target = (mean / 4.0).max(1.0);
+            let mut s = 4u32;
+            while s < 32 && (2 * s) as f64 <= target {
+                s *= 2;
+            }
+            s
+        });
+    let g = 32 / s;
+    let r = env("SEISTOMO_COMPACT_R").unwrap_or_else(|| {
+        (ENTRIES_PER_BLOCK / (mean.max(1.0) * (CWARPS * g) as f64))
+            .round()
+            .clamp(1.0, 64.0) as u32
+    });
+    (s, r.max(1))
+}
+
+/// Compact rows on the device.
+pub(crate) struct DevCompact {
+    nrows: usize,
+    entries: usize,
+    ptr: CudaSlice<u64>,
+    base: CudaSlice<u32>,
+    delta: CudaSlice<u16>,
+    values: DevValues,
+    s: u32,
+    rows_per_sub: u32,
+    blocks: u32,
+}
+
+impl DevCompact {
+    fn upload(be: &CudaBackend, c: &CompactCsr, shape: Option<(u32, u32)>) -> Result<Self> {
+        if c.nrows() >= u32::MAX as usize {
+            return Err(Error::Invalid(format!(
+                "cuda: {} rows on one rank do not fit 32-bit row numbers; use more ranks",
+                c.nrows()
+            )));
+        }
+        let mean = c.entries() as f64 / c.nrows().max(1) as f64;
+        let (s, rows_per_sub) = shape.unwrap_or_else(|| launch_shape(mean));
+        if ![4, 8, 16, 32].contains(&s) || rows_per_sub == 0 {
+            return Err(Error::Invalid(format!(
+                "cuda compact: sub-warp width {s} (4, 8, 16 or 32) and {rows_per_sub} rows per sub-warp (>= 1)"
+            )));
+        }
+        let rows_per_block = (CWARPS * (32 / s) * rows_per_sub) as usize;
+        let values = match c.values() {
+            CompactValues::F64(v) => DevValues::F64(up(be, v)?),
+            CompactValues::F32(v) => DevValues::F32(up(be, v)?),
+        };
+        Ok(DevCompact {
+            nrows: c.nrows(),
+            entries: c.entries(),
+            ptr: up(be, c.ptr())?,
+            base: up(be, c.base())?,
+            delta: up(be, c.delta())?,
+            values,
+            s,
+            rows_per_sub,
+            blocks: c.nrows().div_ceil(rows_per_block) as u32,
+        })
+    }
+
+    /// y = a A x + b y (coefficients from `coef` when not 0), block partials of y^2 into
+    /// `partial` (when not 0); with `st`, the stencil's transposed terms from `yd` are added.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        be: &CudaBackend,
+        x: u64,
+        y: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+        st: Option<(&StencilArgs, u64)>,
+    ) -> Result<()> {
+        let si = match self.s {
+            32 => 0,
+            16 => 1,
+            8 => 2,
+            _ => 3,
+        };
+        let (pi, pv) = match &self.values {
+            DevValues::F64(v) => (0, be.ptr(v)),
+            DevValues::F32(v) => (1, be.ptr(v)),
+        };
+        let (stt, sargs, yd) = match st {
+            Some((s, yd)) => (1, *s, yd),
+            None => (0, StencilArgs::default(), 0u64),
+        };
+        let f = &be.k.compact[stt][pi][si];
+        let nrows = self.nrows as u32;
+        let (pp, pb, pd) = (be.ptr(&self.ptr), be.ptr(&self.base), be.ptr(&self.delta));
+        be.launch(
+            f,
+            self.blocks,
+            CWARPS * 32,
+            &mut [
+                arg(&nrows),
+                arg(&self.rows_per_sub),
+                arg(&pp),
+                arg(&pb),
+                arg(&pd),
+                arg(&pv),
+                arg(&x),
+                arg(&y),
+                arg(&a),
+                arg(&b),
+                arg(&coef),
+                arg(&skip),
+                arg(&partial),
+                arg(&sargs),
+                arg(&yd),
+            ],
+        )
+    }
+}
+
+/// Stencil rows on the device: the block descriptions and the renumbering tables.
+pub(crate) struct DevStencil {
+    args: StencilArgs,
+    nrows: u64,
+    _tables: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
+}
+
+impl DevStencil {
+    fn upload(be: &CudaBackend, op: &StencilOp) -> Result<Self> {
+        let st = op.stencil();
+        if op.blocks().len() > 7 || st.ncells() >= u32::MAX as usize {
+            return Err(Error::Invalid("cuda: stencil too large".into()));
+        }
+        let mut args = StencilArgs {
+            n: [st.n[0] as u32, st.n[1] as u32, st.n[2] as u32],
+            nblocks: op.blocks().len() as i32,
+            ..Default::default()
+        };
+        for (d, b) in args.b.iter_mut().zip(op.blocks()) {
+            let (kind, axis) = match b.kind {
+                BlockKind::Norm => (0, 0),
+                BlockKind::First(a) => (1, a as i32),
+                BlockKind::Second(a) => (2, a as i32),
+            };
+            *d = StencilBlockArg {
+                w: b.weight,
+                row0: b.row0 as u64,
+                lo: b.lo.map(|v| v as u32),
+                dims: b.dims.map(|v| v as u32),
+                kind,
+                axis,
+            };
+        }
+        let tables = match (op.new_of_old(), op.old_of_new()) {
+            (Some(p), Some(q)) => {
+                let (p, q) = (up(be, p)?, up(be, q)?);
+                args.new_of_old = be.ptr(&p);
+                args.old_of_new = be.ptr(&q);
+                Some((p, q))
+            }
+            _ => None,
+        };
+        Ok(DevStencil {
+            args,
+            nrows: op.nrows() as u64,
+            _tables: tables,
+        })
+    }
+
+    fn blocks(&self, rows: u64) -> u32 {
+        rows.div_ceil(STENCIL_THREADS as u64 * STENCIL_ROWS_PER_THREAD) as u32
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn av(
+        &self,
+        be: &CudaBackend,
+        x: u64,
+        y: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<()> {
+        be.launch(
+            &be.k.stencil_av,
+            self.blocks(self.nrows),
+            STENCIL_THREADS,
+            &mut [
+                arg(&self.args),
+                arg(&self.nrows),
+                arg(&x),
+                arg(&y),
+                arg(&a),
+                arg(&b),
+                arg(&coef),
+                arg(&skip),
+                arg(&partial),
+            ],
+        )
+    }
+}
+
+/// Device bytes of compact storage: both compact copies, the stencil tables, LSQR's vectors.
+fn compact_plan(
+    stored: &Csr,
+    matrix_bytes: u64,
+    precision: Precision,
+    stencil: Option<&StencilOp>,
+    free_bytes: u64,
+) -> MemoryPlan {
+    let (m, n) = (
+        (stored.nrows() + stencil.map_or(0, |s| s.nrows())) as u64,
+        stored.ncols() as u64,
+    );
+    MemoryPlan {
+        strategy: TransposeStrategy::Csc,
+        precision,
+        matrix_bytes: matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64),
+        vector_bytes: (3 * m + 6 * n) * 8,
+        free_bytes,
+        headroom_bytes: HEADROOM_BYTES + free_bytes / 33,
+    }
+}
+
+/// How compact storage is laid out on the device.
+enum Layout {
+    /// Rows with 16-bit deltas and their transpose in the same form (a gather per nonzero).
+    Rows {
+        a: Box<DevCompact>,
+        at: Box<DevCompact>,
+    },
+    /// Column tiles (x or y staged in shared memory per tile; src/sparse/tiled.rs).
+    Tiles(Box<DevTiled>),
+}
+
+/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles overrides it): tiles
+/// when the matrix is large enough to be bound by its gathers (>= 1M nonzeros) and its rows
+/// have on average at least 4 nonzeros per tile they touch; else rows.
+fn choose_layout(stored: &Csr, tile_bits: u32) -> &'static str {
+    match std::env::var("SEISTOMO_COMPACT_LAYOUT").as_deref() {
+        Ok("rows") => return "rows",
+        Ok("tiles") => return "tiles",
+        _ => {}
+    }
+    if stored.nnz() < 1_000_000 {
+        return "rows";
+    }
+    let (ip, ci) = (stored.indptr(), stored.indices());
+    let mut segs = 0u64;
+    for r in 0..stored.nrows() {
+        let (a, b) = (ip[r] as usize, ip[r + 1] as usize);
+        for j in a..b {
+            if j == a || ci[j] >> tile_bits != ci[j - 1] >> tile_bits {
+                segs += 1;
+            }
+        }
+    }
+    if stored.nnz() as u64 >= 4 * segs {
+        "tiles"
+    } else {
+        "rows"
+    }
+}
+
+/// Tile size: 2^SEISTOMO_TILE_BITS columns (4..=12; default 9 = 512 cells, an 8x8x8 brick in
+/// Morton order).
+fn tile_bits() -> u32 {
+    std::env::var("SEISTOMO_TILE_BITS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|b| (4..=12).contains(b))
+        .unwrap_or(9)
+}
+
+/// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CompactGpuOptions {
+    /// Column tiles (true) or delta rows (false).
+    pub tiles: Option<bool>,
+    /// Tile size 2^bits (4..=12).
+    pub tile_bits: Option<u32>,
+    /// Rows layout: sub-warp width (4, 8, 16, 32) and rows per sub-warp.
+    pub shape: Option<(u32, u32)>,
+}
+
+/// LSQR's operator on one GPU with compact storage: [stored rows; stencil rows].
+pub struct CudaCompactOperator {
+    layout: Layout,
+    stencil: Option<DevStencil>,
+    m_stored: usize,
+    ncols: usize,
+    nnz: usize,
+    plan: MemoryPlan,
+    device_loop: Mutex<Option<DeviceLoop>>,
+    use_device_loop: std::sync::atomic::AtomicBool,
+}
+
+impl CudaCompactOperator {
+    /// Encode `stored` (values rounded to `precision`) and its transpose, upload both and the
+    /// stencil. Fails with the numbers when they do not fit in free device memory.
+    pub fn new(
+        be: &CudaBackend,
+        stored: &Csr,
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+    ) -> Result<Self> {
+        Self::with_options(
+            be,
+            stored,
+            stencil,
+            precision,
+            &CompactGpuOptions::default(),
+        )
+    }
+
+    /// [`CudaCompactOperator::new`] with the layout and launch shape fixed (tests, tuning).
+    pub fn with_options(
+        be: &CudaBackend,
+        stored: &Csr,
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+        o: &CompactGpuOptions,
+    ) -> Result<Self> {
+        let shape = o.shape;
+        let bits = o.tile_bits.unwrap_or_else(tile_bits);
+        let layout_name = match o.tiles {
+            Some(true) => "tiles",
+            Some(false) => "rows",
+            None => choose_layout(stored, bits),
+        };
+        let (free, _) = be.mem_info()?;
+        let too_big = |plan: &MemoryPlan| {
+            Error::backend(
+                "cuda",
+                format!(
+                    "the system ({} x {}, {} nonzeros) does not fit on the GPU with compact storage: {plan}; try --storage csr --transpose scatter, or more MPI ranks",
+                    stored.nrows(),
+                    stored.ncols(),
+                    stored.nnz()
+                ),
+            )
+        };
+        let (layout, plan) = if layout_name == "tiles" {
+            let t = Tiled::from_csr(stored, precision, bits);
+            let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
+            let plan = compact_plan(stored, t.bytes() + scratch, precision, stencil, free as u64);
+            if !plan.fits() {
+                return Err(too_big(&plan));
+            }
+            (Layout::Tiles(Box::new(DevTiled::upload(be, &t)?)), plan)
+        } else {
+            let ca = CompactCsr::from_csr(stored, precision);
+            let cat = CompactCsr::from_csr(&stored.transpose(), precision);
+            let plan = compact_plan(
+                stored,
+                ca.bytes() + cat.bytes(),
+                precision,
+                stencil,
+                free as u64,
+            );
+            if !plan.fits() {
+                return Err(too_big(&plan));
+            }
+            let a = DevCompact::upload(be, &ca, shape)?;
+            drop(ca);
+            let at = DevCompact::upload(be, &cat, shape)?;
+            (
+                Layout::Rows {
+                    a: Box::new(a),
+                    at: Box::new(at),
+                },
+                plan,
+            )
+        };
+        let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
+        be.synchronize()?;
+        Ok(CudaCompactOperator {
+            m_stored: stored.nrows(),
+            ncols: stored.ncols(),
+            nnz: stored.nnz(),
+            layout,
+            stencil,
+            plan,
+            device_loop: Mutex::new(None),
+            use_device_loop: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+    pub fn precision(&self) -> Precision {
+        self.plan.precision
+    }
+    /// Stored nonzeros (the stencil's not counted).
+    pub fn stored_nnz(&self) -> usize {
+        self.nnz
+    }
+    /// Stored entries of A and A^T (fillers included; tiles store every nonzero twice).
+    pub fn entries(&self) -> (usize, usize) {
+        match &self.layout {
+            Layout::Rows { a, at } => (a.entries, at.entries),
+            Layout::Tiles(_) => (self.nnz, self.nnz),
+        }
+    }
+    /// Bytes each product must move besides LSQR's vectors: (A x, A^T y). Rows: entries and
+    /// 12 bytes a row. Tiles: entries; per segment its entry offset, slot and partial (written
+    /// and read) in A x, its row and staged y value in A^T; per row its segment offset; per
+    /// chunk column its entry offset and partial (written and read).
+    pub fn pass_bytes(&self) -> (u64, u64) {
+        let vb = 2 + self.precision().bytes() as u64;
+        match &self.layout {
+            Layout::Rows { a, at } => (
+                a.entries as u64 * vb + a.nrows as u64 * 12,
+                at.entries as u64 * vb + at.nrows as u64 * 12,
+            ),
+            Layout::Tiles(t) => {
+                let (nnz, nseg, cols) = (self.nnz as u64, t.nseg as u64, t.chunk_cols as u64);
+                (
+                    nnz * vb + nseg * (8 + 4 + 16) + (t.nrows as u64 + 1) * 8,
+                    nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
+                )
+            }
+        }
+    }
+
+    /// The device layout and its launch shape, in words.
+    pub fn layout(&self) -> String {
+        match &self.layout {
+            Layout::Rows { a, at } => format!(
+                "rows (sub-warp {} x {} rows, transpose {} x {})",
+                a.s, a.rows_per_sub, at.s, at.rows_per_sub
+            ),
+            Layout::Tiles(t) => format!(
+                "tiles of {} columns (sub-warps {} per segment, {} per column)",
+                t.tile(),
+                t.s_rows,
+                t.s_cols
+            ),
+        }
+    }
+    /// Use the device-resident LSQR loop (off by default: `[backend] lsqr_loop`).
+    pub fn set_device_loop(&self, on: bool) {
+        self.use_device_loop
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn check(&self, what: &str, x: usize, want_x: usize, y: usize, want_y: usize) -> Result<()> {
+        if x != want_x || y != want_y {
+            return Err(Error::Invalid(format!(
+                "cuda {what}: vectors of {x} and {y} for a {} x {} matrix",
+                self.rows(),
+                self.ncols
+            )));
+        }
+        Ok(())
+    }
+
+    fn rows(&self) -> usize {
+        self.m_stored + self.stencil.as_ref().map_or(0, |s| s.nrows as usize)
+    }
+
+    /// y = a A x + b y over all rows; partials of y^2: stored rows' blocks, then the stencil's.
+    #[allow(clippy::too_many_arguments)]
+    fn av_launch(
+        &self,
+        be: &CudaBackend,
+        x: u64,
+        y: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        let mut np = match &self.layout {
+            Layout::Rows { a: ra, .. } => {
+                ra.launch(be, x, y, a, b, coef, skip, partial, None)?;
+                ra.blocks
+            }
+            Layout::Tiles(t) => {
+                t.av(be, x, y, a, b, coef, skip, partial)?;
+                t.row_blocks()
+            }
+        };
+        if let Some(st) = &self.stencil {
+            let yd = y + 8 * self.m_stored as u64;
+            let pd = if partial == 0 {
+                0
+            } else {
+                partial + 8 * np as u64
+            };
+            st.av(be, x, yd, a, b, coef, skip, pd)?;
+            np += st.blocks(st.nrows);
+        }
+        Ok(np)
+    }
+
+    /// x = a A^T y + b x; partials of x^2.
+    #[allow(clippy::too_many_arguments)]
+    fn atu_launch(
+        &self,
+        be: &CudaBackend,
+        y: u64,
+        x: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        let st = self
+            .stencil
+            .as_ref()
+            .map(|s| (&s.args, y + 8 * self.m_stored as u64));
+        match &self.layout {
+            Layout::Rows { at, .. } => {
+                at.launch(be, y, x, a, b, coef, skip, partial, st)?;
+                Ok(at.blocks)
+            }
+            Layout::Tiles(t) => {
+                t.atu(be, y, x, a, b, coef, skip, partial, st)?;
+                Ok(t.col_blocks())
+            }
+        }
+    }
+}
+
+impl Operator<CudaBackend> for CudaCompactOperator {
+    fn nrows(&self) -> usize {
+        self.rows()
+    }
+    fn ncols(&self) -> usize {
+        self.ncols
+    }
+    fn apply(
+        &self,
+        be: &CudaBackend,
+        alpha: f64,
+        x: &CudaSlice<f64>,
+        beta: f64,
+        y: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check("apply", x.len(), self.ncols, y.len(), self.rows())?;
+        self.av_launch(be, be.ptr(x), be.ptr(y), alpha, beta, 0, 0, 0)
+            .map(|_| ())
+    }
+    fn apply_t(
+        &self,
+        be: &CudaBackend,
+        alpha: f64,
+        y: &CudaSlice<f64>,
+        beta: f64,
+        x: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check("apply_t", y.len(), self.rows(), x.len(), self.ncols)?;
+        self.atu_launch(be, be.ptr(y), be.ptr(x), alpha, beta, 0, 0, 0)
+            .map(|_| ())
+    }
+    fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
+        if self
+            .use_device_loop
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl FusedLsqr for CudaCompactOperator {
+    fn fused_rows(&self) -> usize {
+        self.rows()
+    }
+    fn fused_cols(&self) -> usize {
+        self.ncols
+    }
+    fn max_partials(&self) -> usize {
+        let st = self
+            .stencil
+            .as_ref()
+            .map_or(0, |s| s.blocks(s.nrows) as usize);
+        match &self.layout {
+            Layout::Rows { a, at } => (a.blocks as usize + st).max(at.blocks as usize + st),
+            Layout::Tiles(t) => (t.row_blocks() as usize + st).max(t.col_blocks() as usize),
+        }
+    }
+    fn av_fused(
+        &self,
+        be: &CudaBackend,
+        v: u64,
+        u: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        self.av_launch(be, v, u, 1.0, 0.0, coef, skip, partial)
+    }
+    fn atu_fused(
+        &self,
+        be: &CudaBackend,
+        u: u64,
+        v: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32> {
+        self.atu_launch(be, u, v, 1.0, 0.0, coef, skip, partial)
+    }
+}
+
+impl LsqrDevice<CudaBackend> for CudaCompactOperator {
+    fn iterate(
+        &self,
+        be: &CudaBackend,
+        params: &LsqrParams,
+        s: &mut LsqrScalars,
+        v: &mut LsqrVectors<CudaSlice<f64>>,
+        boundary: usize,
+        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
+    ) -> Result<()> {
+        let mut guard = self.device_loop.lock().unwrap_or_else(|e| e.into_inner());
+        DeviceLoop::run(&mut guard, be, self, params, s, v, boundary, on_block)
+    }
+}

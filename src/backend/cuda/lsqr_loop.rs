@@ -1,0 +1,448 @@
+//! LSQR with its scalars on the GPU: blocks of iterations captured once as a CUDA graph and
+//! replayed, one host synchronisation per block instead of three per iteration.
+//!
+//! A replay copies the state in (page-locked host -> device), runs up to `k` iterations
+//! (products with fused norms from the operator, the step kernels of kernels/lsqr.cu, the fused
+//! x/w update), normalises u and v, and copies the state and the history records out. Each
+//! kernel does nothing once the state says stop, so an iteration that stops early inside a
+//! block leaves exactly the state the host loop would have left: the result is the same as
+//! checking every iteration. Blocks end at multiples of the checkpoint interval, so checkpoints
+//! and resumes see what the host loop would (resumes are bit-identical to uninterrupted runs).
+
+use std::mem::offset_of;
+
+use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, PinnedHostSlice};
+
+use super::{arg, cuda_err, CudaBackend, THREADS};
+use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::error::{Error, Result};
+
+/// Doubles per history record and records kept on the device (kernels/lsqr.cu).
+const REC: usize = 8;
+const RECMAX: usize = 256;
+/// Iterations per graph replay (SEISTOMO_LSQR_BLOCK overrides it, 1..=RECMAX).
+const BLOCK: usize = 32;
+/// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
+const STEP_THREADS: u32 = 1024;
+
+/// kernels/lsqr.cu's `LsqrState`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DevState {
+    alpha: f64,
+    beta: f64,
+    rhobar: f64,
+    phibar: f64,
+    bnorm: f64,
+    anorm: f64,
+    acond: f64,
+    ddnorm: f64,
+    res2: f64,
+    xnorm: f64,
+    xxnorm: f64,
+    z: f64,
+    cs2: f64,
+    sn2: f64,
+    rnorm: f64,
+    r1norm: f64,
+    r2norm: f64,
+    arnorm: f64,
+    su: f64,
+    sv: f64,
+    c_av: [f64; 2],
+    c_atu: [f64; 2],
+    c_upd: [f64; 4],
+    phi: f64,
+    rho: f64,
+    theta: f64,
+    tau: f64,
+    psi: f64,
+    damp: f64,
+    atol: f64,
+    btol: f64,
+    ctol: f64,
+    pad: [f64; 3],
+    itn: i64,
+    istop: i64,
+    iter_lim: i64,
+    stop_at: i64,
+    done: i32,
+    skip_atu: i32,
+    error: i32,
+    pad2: i32,
+}
+const _: () = assert!(std::mem::size_of::<DevState>() == 368);
+
+// SAFETY: DevState is plain old data (f64, i64 and i32 fields, repr(C), no padding: 368 bytes as
+// asserted above), valid for any bit pattern the device writes.
+unsafe impl cudarc::driver::DeviceRepr for DevState {}
+// SAFETY: all-zero bits are a valid DevState (zeros and null-free integers).
+unsafe impl cudarc::driver::ValidAsZeroBits for DevState {}
+
+impl DevState {
+    fn from_scalars(s: &LsqrScalars, p: &LsqrParams, iter_lim: usize) -> DevState {
+        DevState {
+            alpha: s.alpha,
+            beta: s.beta,
+            rhobar: s.rhobar,
+            phibar: s.phibar,
+            bnorm: s.bnorm,
+            anorm: s.anorm,
+            acond: s.acond,
+            ddnorm: s.ddnorm,
+            res2: s.res2,
+            xnorm: s.xnorm,
+            xxnorm: s.xxnorm,
+            z: s.z,
+            cs2: s.cs2,
+            sn2: s.sn2,
+            rnorm: s.rnorm,
+            r1norm: s.r1norm,
+            r2norm: s.r2norm,
+            arnorm: s.arnorm,
+            su: 1.0,
+            sv: 1.0,
+            c_av: [1.0, -s.alpha],
+            damp: p.damp,
+            atol: p.atol,
+            btol: p.btol,
+            ctol: if p.conlim > 0.0 { 1.0 / p.conlim } else { 0.0 },
+            itn: s.itn as i64,
+            istop: s.istop as i64,
+            iter_lim: iter_lim as i64,
+            stop_at: s.itn as i64,
+            ..Default::default()
+        }
+    }
+
+    fn to_scalars(self, s: &mut LsqrScalars) {
+        s.itn = self.itn as usize;
+        s.istop = self.istop as u32;
+        s.alpha = self.alpha;
+        s.beta = self.beta;
+        s.rhobar = self.rhobar;
+        s.phibar = self.phibar;
+        s.bnorm = self.bnorm;
+        s.anorm = self.anorm;
+        s.acond = self.acond;
+        s.ddnorm = self.ddnorm;
+        s.res2 = self.res2;
+        s.xnorm = self.xnorm;
+        s.xxnorm = self.xxnorm;
+        s.z = self.z;
+        s.cs2 = self.cs2;
+        s.sn2 = self.sn2;
+        s.rnorm = self.rnorm;
+        s.r1norm = self.r1norm;
+        s.r2norm = self.r2norm;
+        s.arnorm = self.arnorm;
+    }
+}
+
+/// An operator's products with LSQR's vector work fused in: `u = c[0] A v + c[1] u` and
+/// `v = c[0] A^T u + c[1] v` with the coefficients `c` read from device memory at launch time,
+/// nothing done while the int at `skip` is nonzero, and the new vector's block partial sums of
+/// squares written to `partial` (their count returned, in the order they must be added).
+pub(crate) trait FusedLsqr {
+    fn fused_rows(&self) -> usize;
+    fn fused_cols(&self) -> usize;
+    /// The most partials either product writes.
+    fn max_partials(&self) -> usize;
+    fn av_fused(
+        &self,
+        be: &CudaBackend,
+        v: u64,
+        u: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32>;
+    fn atu_fused(
+        &self,
+        be: &CudaBackend,
+        u: u64,
+        v: u64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<u32>;
+}
+
+/// The device buffers and the captured graph of one operator's loop.
+pub(crate) struct DeviceLoop {
+    state: CudaSlice<DevState>,
+    partial: CudaSlice<f64>,
+    rec: CudaSlice<f64>,
+    host_state: PinnedHostSlice<DevState>,
+    host_rec: PinnedHostSlice<f64>,
+    /// Their addresses, taken once (reading them waits on an event, which a capture forbids).
+    host_state_ptr: usize,
+    host_rec_ptr: usize,
+    /// The vectors and block size the graph was captured for.
+    key: [u64; 6],
+    graph: Option<CudaGraph>,
+}
+
+/// Block partials the fused x/w update writes (its grid, as the backend's reductions).
+fn update_blocks(n: usize) -> u32 {
+    n.div_ceil(THREADS as usize * 4).clamp(1, 1024) as u32
+}
+
+impl DeviceLoop {
+    fn new(be: &CudaBackend, partials: usize) -> Result<DeviceLoop> {
+        let st = &be.stream;
+        // SAFETY: the page-locked buffers are fully written (host_state below, host_rec by the
+        // graph's copy) before they are read.
+        // Flags 0: ordinary (not write-combined) page-locked memory, which the host reads fast.
+        let host_state = unsafe { be.ctx.alloc_pinned_with_flags::<DevState>(1, 0) }
+            .map_err(cuda_err("page-locked memory for the LSQR state"))?;
+        // SAFETY: as above.
+        let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
+            .map_err(cuda_err("page-locked memory for the LSQR history"))?;
+        let mut host_state = host_state;
+        let host_state_ptr = host_state
+            .as_mut_ptr()
+            .map_err(cuda_err("page-locked state"))? as usize;
+        let host_rec_ptr = host_rec
+            .as_mut_ptr()
+            .map_err(cuda_err("page-locked history"))? as usize;
+        Ok(DeviceLoop {
+            host_state_ptr,
+            host_rec_ptr,
+            state: st
+                .alloc_zeros::<DevState>(1)
+                .map_err(cuda_err("device memory for the LSQR state"))?,
+            partial: st
+                .alloc_zeros::<f64>(partials.max(1))
+                .map_err(cuda_err("device memory for partial sums"))?,
+            rec: st
+                .alloc_zeros::<f64>(REC * RECMAX)
+                .map_err(cuda_err("device memory for the LSQR history"))?,
+            host_state,
+            host_rec,
+            key: [0; 6],
+            graph: None,
+        })
+    }
+
+    /// Record one replay on the stream (captured into a graph by the caller).
+    fn record_replay(
+        &mut self,
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        v: &LsqrVectors<CudaSlice<f64>>,
+        k: usize,
+    ) -> Result<()> {
+        let (m, n) = (op.fused_rows(), op.fused_cols());
+        let ps = be.ptr(&self.state);
+        let pp = be.ptr(&self.partial);
+        let prec = be.ptr(&self.rec);
+        let at = |off: usize| ps + off as u64;
+        let (pu, pv, pw, px) = (be.ptr(&v.u), be.ptr(&v.v), be.ptr(&v.w), be.ptr(&v.x));
+        let pvar = v.var.as_ref().map_or(0u64, |d| be.ptr(d));
+        let hs = self.host_state_ptr as *const DevState;
+        let cs = be.stream.cu_stream();
+        // SAFETY: `hs` is a live page-locked DevState owned by self (it outlives the graph,
+        // which self also owns); the device buffer holds one DevState.
+        unsafe {
+            dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<DevState>(), cs)
+                .result()
+                .map_err(cuda_err("copying the LSQR state in"))?;
+        }
+        let one = 1u32;
+        let n64 = n as u64;
+        let gu = update_blocks(n);
+        for _ in 0..k {
+            let np1 = op.av_fused(
+                be,
+                pv,
+                pu,
+                at(offset_of!(DevState, c_av)),
+                at(offset_of!(DevState, done)),
+                pp,
+            )?;
+            be.launch(
+                &be.k.lsqr_step1,
+                one,
+                STEP_THREADS,
+                &mut [arg(&ps), arg(&pp), arg(&np1)],
+            )?;
+            let np2 = op.atu_fused(
+                be,
+                pu,
+                pv,
+                at(offset_of!(DevState, c_atu)),
+                at(offset_of!(DevState, skip_atu)),
+                pp,
+            )?;
+            be.launch(
+                &be.k.lsqr_step2,
+                one,
+                STEP_THREADS,
+                &mut [arg(&ps), arg(&pp), arg(&np2)],
+            )?;
+            be.launch(
+                &be.k.lsqr_update_dev,
+                gu,
+                THREADS,
+                &mut [
+                    arg(&px),
+                    arg(&pw),
+                    arg(&pv),
+                    arg(&pvar),
+                    arg(&n64),
+                    arg(&ps),
+                    arg(&pp),
+                ],
+            )?;
+            be.launch(
+                &be.k.lsqr_step3,
+                one,
+                STEP_THREADS,
+                &mut [arg(&ps), arg(&pp), arg(&gu), arg(&prec)],
+            )?;
+        }
+        let (m64, g) = (m as u64, be.elementwise_grid(m.max(n)));
+        be.launch(
+            &be.k.lsqr_normalize,
+            g,
+            THREADS,
+            &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
+        )?;
+        be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
+        let hs = self.host_state_ptr as *mut DevState;
+        let hr = self.host_rec_ptr as *mut f64;
+        // SAFETY: both host buffers are live page-locked allocations of the copied sizes,
+        // owned by self; the device buffers hold one DevState and REC * RECMAX f64.
+        unsafe {
+            dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<DevState>(), cs)
+                .result()
+                .map_err(cuda_err("copying the LSQR state out"))?;
+            dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
+                .result()
+                .map_err(cuda_err("copying the LSQR history out"))?;
+        }
+        Ok(())
+    }
+
+    /// Run LSQR from `s`, `v` to a stop (see [`crate::backend::lsqr::LsqrDevice::iterate`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        slot: &mut Option<DeviceLoop>,
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        params: &LsqrParams,
+        s: &mut LsqrScalars,
+        v: &mut LsqrVectors<CudaSlice<f64>>,
+        boundary: usize,
+        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
+    ) -> Result<()> {
+        let n = op.fused_cols();
+        let iter_lim = params.iter_lim.unwrap_or(2 * n);
+        if s.itn >= iter_lim || s.istop != 0 || s.arnorm == 0.0 {
+            return Ok(());
+        }
+        let k = std::env::var("SEISTOMO_LSQR_BLOCK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(BLOCK)
+            .clamp(1, RECMAX);
+        let partials = op.max_partials().max(update_blocks(n) as usize);
+        if slot.as_ref().is_none_or(|l| l.partial.len() < partials) {
+            *slot = Some(DeviceLoop::new(be, partials)?);
+        }
+        let lp = slot.as_mut().expect("set above");
+        let key = [
+            be.ptr(&v.u),
+            be.ptr(&v.v),
+            be.ptr(&v.w),
+            be.ptr(&v.x),
+            v.var.as_ref().map_or(0, |d| be.ptr(d)),
+            k as u64,
+        ];
+        if lp.graph.is_none() || lp.key != key {
+            lp.graph = None;
+            be.synchronize()?;
+            be.stream
+                .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(cuda_err("starting a graph capture"))?;
+            let recorded = lp.record_replay(be, op, v, k);
+            let graph = be
+                .stream
+                .end_capture(dsys::CUgraphInstantiate_flags(0))
+                .map_err(cuda_err("capturing the LSQR graph"));
+            recorded?;
+            lp.graph =
+                Some(graph?.ok_or_else(|| {
+                    Error::backend("cuda", "capturing the LSQR graph gave no graph")
+                })?);
+            lp.key = key;
+        }
+        let mut st = DevState::from_scalars(s, params, iter_lim);
+        let mut recs = Vec::with_capacity(k);
+        loop {
+            let mut next = (s.itn + k).min(iter_lim);
+            if let Some(blocks) = s.itn.checked_div(boundary) {
+                next = next.min((blocks + 1) * boundary);
+            }
+            st.done = 0;
+            st.skip_atu = 0;
+            st.error = 0;
+            st.stop_at = next as i64;
+            lp.host_state
+                .as_mut_slice()
+                .map_err(cuda_err("page-locked state"))?[0] = st;
+            lp.graph
+                .as_ref()
+                .expect("captured above")
+                .launch()
+                .map_err(cuda_err("launching the LSQR graph"))?;
+            be.synchronize()?;
+            let before = s.itn;
+            st = lp
+                .host_state
+                .as_slice()
+                .map_err(cuda_err("page-locked state"))?[0];
+            st.to_scalars(s);
+            let h = lp
+                .host_rec
+                .as_slice()
+                .map_err(cuda_err("page-locked history"))?;
+            recs.clear();
+            for itn in before + 1..=s.itn {
+                let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];
+                recs.push(IterRecord {
+                    itn,
+                    r1norm: r[1],
+                    r2norm: r[2],
+                    arnorm: r[3],
+                    anorm: r[4],
+                    acond: r[5],
+                    xnorm: r[6],
+                    seconds: 0.0,
+                });
+            }
+            if st.error != 0 {
+                let what = match st.error {
+                    1 => "||u|| (beta)",
+                    2 => "||v|| (alpha)",
+                    _ => "a norm estimate",
+                };
+                return Err(Error::Invalid(format!(
+                    "LSQR: {what} is not finite at iteration {} (values overflow f64: check the matrix, the right-hand side and damp)",
+                    s.itn
+                )));
+            }
+            on_block(&recs, s, v)?;
+            if s.istop != 0 || s.itn >= iter_lim {
+                return Ok(());
+            }
+            if s.itn == before {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("the LSQR graph made no progress at iteration {}", s.itn),
+                ));
+            }
+        }
+    }
+}

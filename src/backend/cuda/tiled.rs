@@ -1,0 +1,263 @@
+//! Column tiles on the GPU (src/sparse/tiled.rs, kernels/tiled.cu): the products of compact
+//! storage that gather from shared memory instead of L2.
+
+use cudarc::driver::CudaSlice;
+
+use super::compact::StencilArgs;
+use super::operator::{up, DevValues};
+use super::{arg, CudaBackend};
+use crate::error::{Error, Result};
+use crate::sparse::tiled::{Tiled, TiledValues};
+
+const THREADS: u32 = 256;
+const ROWS_PER_THREAD: u64 = 16;
+
+fn width_for(mean: f64) -> u32 {
+    let mut s = 4u32;
+    while s < 32 && (2 * s) as f64 <= mean / 2.0 {
+        s *= 2;
+    }
+    s
+}
+
+fn width_index(s: u32) -> usize {
+    match s {
+        32 => 0,
+        16 => 1,
+        8 => 2,
+        _ => 3,
+    }
+}
+
+fn values(be: &CudaBackend, v: &TiledValues) -> Result<DevValues> {
+    Ok(match v {
+        TiledValues::F64(v) => DevValues::F64(up(be, v)?),
+        TiledValues::F32(v) => DevValues::F32(up(be, v)?),
+    })
+}
+
+/// A tiled matrix on the device, with its scratch (segment partials, chunk column sums).
+pub(crate) struct DevTiled {
+    pub nrows: usize,
+    pub ncols: usize,
+    pub nseg: usize,
+    /// Columns over all chunks (nchunks x tile).
+    pub chunk_cols: usize,
+    tile_bits: u32,
+    nchunks: u32,
+    chunk_tile: CudaSlice<u32>,
+    chunk_seg: CudaSlice<u32>,
+    tile_chunk: CudaSlice<u32>,
+    seg_row: CudaSlice<u32>,
+    seg_slot: CudaSlice<u32>,
+    seg_ent: CudaSlice<u64>,
+    row_seg: CudaSlice<u64>,
+    a_lcol: CudaSlice<u16>,
+    a_val: DevValues,
+    b_colptr: CudaSlice<u64>,
+    b_lseg: CudaSlice<u16>,
+    b_val: DevValues,
+    seg_partial: CudaSlice<f64>,
+    cpart: CudaSlice<f64>,
+    /// Sub-warp widths of the row (segment) and column passes.
+    pub s_rows: u32,
+    pub s_cols: u32,
+}
+
+impl DevTiled {
+    pub fn upload(be: &CudaBackend, t: &Tiled) -> Result<Self> {
+        if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
+            return Err(Error::Invalid(
+                "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
+            ));
+        }
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+        let mean_seg = t.nnz as f64 / t.nseg().max(1) as f64;
+        let mean_col = t.nnz as f64 / (t.nchunks() * t.tile()).max(1) as f64;
+        let s_rows = env("SEISTOMO_TILED_S_ROWS")
+            .filter(|s| [4, 8, 16, 32].contains(s))
+            .unwrap_or_else(|| width_for(mean_seg));
+        let s_cols = env("SEISTOMO_TILED_S_COLS")
+            .filter(|s| [4, 8, 16, 32].contains(s))
+            .unwrap_or_else(|| width_for(mean_col));
+        let stream = &be.stream;
+        let zeros = |n: usize| {
+            stream
+                .alloc_zeros::<f64>(n.max(1))
+                .map_err(|e| Error::backend("cuda", format!("allocating tile scratch: {e:?}")))
+        };
+        Ok(DevTiled {
+            nrows: t.nrows,
+            ncols: t.ncols,
+            nseg: t.nseg(),
+            chunk_cols: t.nchunks() * t.tile(),
+            tile_bits: t.tile_bits,
+            nchunks: t.nchunks() as u32,
+            chunk_tile: up(be, &t.chunk_tile)?,
+            chunk_seg: up(be, &t.chunk_seg)?,
+            tile_chunk: up(be, &t.tile_chunk)?,
+            seg_row: up(be, &t.seg_row)?,
+            seg_slot: up(be, &t.seg_slot)?,
+            seg_ent: up(be, &t.seg_ent)?,
+            row_seg: up(be, &t.row_seg)?,
+            a_lcol: up(be, &t.a_lcol)?,
+            a_val: values(be, &t.a_val)?,
+            b_colptr: up(be, &t.b_colptr)?,
+            b_lseg: up(be, &t.b_lseg)?,
+            b_val: values(be, &t.b_val)?,
+            seg_partial: zeros(t.nseg())?,
+            cpart: zeros(t.nchunks() * t.tile())?,
+            s_rows,
+            s_cols,
+        })
+    }
+
+    pub fn tile(&self) -> usize {
+        1 << self.tile_bits
+    }
+
+    /// Blocks (= norm partials) of the row pass.
+    pub fn row_blocks(&self) -> u32 {
+        (self.nrows as u64).div_ceil(THREADS as u64 * ROWS_PER_THREAD) as u32
+    }
+    /// Blocks (= norm partials) of the column pass.
+    pub fn col_blocks(&self) -> u32 {
+        (self.ncols as u64).div_ceil(THREADS as u64 * ROWS_PER_THREAD) as u32
+    }
+
+    /// y = a A x + b y; block partials of y^2 into `partial` (when not 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn av(
+        &self,
+        be: &CudaBackend,
+        x: u64,
+        y: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+    ) -> Result<()> {
+        let (pi, pv) = match &self.a_val {
+            DevValues::F64(v) => (0, be.ptr(v)),
+            DevValues::F32(v) => (1, be.ptr(v)),
+        };
+        let f = &be.k.tiled_ax[pi][width_index(self.s_rows)];
+        let ncols = self.ncols as u64;
+        let (pct, pcs, pse, pss, plc, psp) = (
+            be.ptr(&self.chunk_tile),
+            be.ptr(&self.chunk_seg),
+            be.ptr(&self.seg_ent),
+            be.ptr(&self.seg_slot),
+            be.ptr(&self.a_lcol),
+            be.ptr(&self.seg_partial),
+        );
+        be.launch_smem(
+            f,
+            self.nchunks,
+            THREADS,
+            (8u32) << self.tile_bits,
+            &mut [
+                arg(&self.tile_bits),
+                arg(&ncols),
+                arg(&pct),
+                arg(&pcs),
+                arg(&pse),
+                arg(&pss),
+                arg(&plc),
+                arg(&pv),
+                arg(&x),
+                arg(&psp),
+                arg(&skip),
+            ],
+        )?;
+        let nrows = self.nrows as u32;
+        let prs = be.ptr(&self.row_seg);
+        be.launch(
+            &be.k.tiled_rows,
+            self.row_blocks(),
+            THREADS,
+            &mut [
+                arg(&nrows),
+                arg(&prs),
+                arg(&psp),
+                arg(&y),
+                arg(&a),
+                arg(&b),
+                arg(&coef),
+                arg(&skip),
+                arg(&partial),
+            ],
+        )
+    }
+
+    /// x = a A^T y + b x (+ the stencil rows' terms from `st`); block partials of x^2.
+    #[allow(clippy::too_many_arguments)]
+    pub fn atu(
+        &self,
+        be: &CudaBackend,
+        y: u64,
+        x: u64,
+        a: f64,
+        b: f64,
+        coef: u64,
+        skip: u64,
+        partial: u64,
+        st: Option<(&StencilArgs, u64)>,
+    ) -> Result<()> {
+        let (pi, pv) = match &self.b_val {
+            DevValues::F64(v) => (0, be.ptr(v)),
+            DevValues::F32(v) => (1, be.ptr(v)),
+        };
+        let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
+        let (pcs, psr, pcp, pls, pcpart) = (
+            be.ptr(&self.chunk_seg),
+            be.ptr(&self.seg_row),
+            be.ptr(&self.b_colptr),
+            be.ptr(&self.b_lseg),
+            be.ptr(&self.cpart),
+        );
+        be.launch(
+            f,
+            self.nchunks,
+            THREADS,
+            &mut [
+                arg(&self.tile_bits),
+                arg(&pcs),
+                arg(&psr),
+                arg(&pcp),
+                arg(&pls),
+                arg(&pv),
+                arg(&y),
+                arg(&pcpart),
+                arg(&skip),
+            ],
+        )?;
+        let (has, sargs, yd) = match st {
+            Some((s, yd)) => (1i32, *s, yd),
+            None => (0i32, StencilArgs::default(), 0u64),
+        };
+        let ncols = self.ncols as u32;
+        let ptc = be.ptr(&self.tile_chunk);
+        be.launch(
+            &be.k.tiled_cols,
+            self.col_blocks(),
+            THREADS,
+            &mut [
+                arg(&ncols),
+                arg(&self.tile_bits),
+                arg(&ptc),
+                arg(&pcpart),
+                arg(&x),
+                arg(&a),
+                arg(&b),
+                arg(&coef),
+                arg(&skip),
+                arg(&partial),
+                arg(&sargs),
+                arg(&yd),
+                arg(&has),
+            ],
+        )
+    }
+}

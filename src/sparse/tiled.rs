@@ -1,0 +1,414 @@
+//! Column tiles: the GPU's layout of compact storage (src/backend/cuda/compact.rs).
+//!
+//! On a GPU a sparse product is bound by its gathers: every nonzero fetches a 32-byte sector of
+//! x from L2 for one 8-byte value, whatever the matrix storage costs (measured on an H100: CSR
+//! f64, CSR f32 and 16-bit deltas all run A x at ~185 G gathers/s, the L2's sector rate). Once
+//! the columns are numbered along a space-filling curve (src/reorder.rs), a block of 2^k
+//! consecutive columns is a compact brick of cells, and a ray crosses only a dozen of them. So:
+//!
+//! - the columns are cut into **tiles** of `1 << tile_bits` columns;
+//! - every row is cut into **segments**, one per tile it touches;
+//! - segments are grouped by tile (rows in order within a tile) and tiles into **chunks** of at
+//!   most [`CHUNK_SEGS`] segments.
+//!
+//! A x: a GPU block stages its chunk's tile of x in shared memory (one coalesced load); each
+//! segment sums its entries against shared memory (no L2 gather) into a partial; a second pass
+//! adds the partials of each row in tile order. A^T y: a block stages y of its chunk's segments
+//! in shared memory (one gather per segment instead of one per nonzero) and sums the tile's
+//! columns from it (entries in column order within the chunk); a second pass adds the chunks of
+//! each column. Every sum has a fixed order. Entries hold a 16-bit column (or segment) index
+//! local to the tile (or chunk) and an f32 or f64 value: 6 or 10 bytes, for any matrix (no
+//! escapes: a local index always fits).
+
+use rayon::prelude::*;
+
+use crate::sparse::{Csr, Precision};
+
+/// Segments per chunk at most (the shared-memory stage of y in A^T: 2048 f64 = 16 KiB).
+pub const CHUNK_SEGS: usize = 2048;
+
+/// Values of a tiled matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TiledValues {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+impl TiledValues {
+    fn get(&self, k: usize) -> f64 {
+        match self {
+            Self::F64(v) => v[k],
+            Self::F32(v) => v[k] as f64,
+        }
+    }
+}
+
+/// A matrix in column tiles (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Tiled {
+    pub nrows: usize,
+    pub ncols: usize,
+    pub nnz: usize,
+    pub tile_bits: u32,
+    /// Tile of each chunk.
+    pub chunk_tile: Vec<u32>,
+    /// First segment (in tile order) of each chunk; nchunks + 1 entries.
+    pub chunk_seg: Vec<u32>,
+    /// First chunk of each tile; ntiles + 1 entries.
+    pub tile_chunk: Vec<u32>,
+    /// Row of each segment (tile order).
+    pub seg_row: Vec<u32>,
+    /// Position of each segment (tile order) in row order: where A x puts its partial.
+    pub seg_slot: Vec<u32>,
+    /// First entry of each segment (tile order) in the row-entry arrays; nseg + 1 entries.
+    pub seg_ent: Vec<u64>,
+    /// First segment of each row in row order; nrows + 1 entries.
+    pub row_seg: Vec<u64>,
+    /// Row entries (segment by segment, in tile order): column within the tile, value.
+    pub a_lcol: Vec<u16>,
+    pub a_val: TiledValues,
+    /// Column entries: for chunk q and column c of its tile, entries
+    /// `b_colptr[q * T + c]..b_colptr[q * T + c + 1]` (a chunk's entries sit where its row
+    /// entries do); each holds the segment index within the chunk and the value.
+    pub b_colptr: Vec<u64>,
+    pub b_lseg: Vec<u16>,
+    pub b_val: TiledValues,
+}
+
+impl Tiled {
+    pub fn tile(&self) -> usize {
+        1 << self.tile_bits
+    }
+    pub fn ntiles(&self) -> usize {
+        self.tile_chunk.len() - 1
+    }
+    pub fn nchunks(&self) -> usize {
+        self.chunk_tile.len()
+    }
+    pub fn nseg(&self) -> usize {
+        self.seg_row.len()
+    }
+    pub fn precision(&self) -> Precision {
+        match self.a_val {
+            TiledValues::F64(_) => Precision::F64,
+            TiledValues::F32(_) => Precision::F32,
+        }
+    }
+
+    /// Device bytes: both entry copies, the per-segment, per-row and per-chunk tables.
+    pub fn bytes(&self) -> u64 {
+        let vb = self.precision().bytes() as u64 + 2;
+        2 * self.nnz as u64 * vb
+            + self.nseg() as u64 * (4 + 4 + 8)
+            + (self.nrows as u64 + 1) * 8
+            + self.b_colptr.len() as u64 * 8
+            + self.nchunks() as u64 * 8
+    }
+
+    /// Cut `a` into tiles of `1 << tile_bits` columns.
+    pub fn from_csr(a: &Csr, precision: Precision, tile_bits: u32) -> Tiled {
+        assert!((1..=16).contains(&tile_bits), "tile_bits in 1..=16");
+        let (m, n) = (a.nrows(), a.ncols());
+        let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
+        let t_of = |c: u32| c >> tile_bits;
+        let ntiles = n.div_ceil(1 << tile_bits).max(1);
+        // Segments per row.
+        let per_row: Vec<u64> = (0..m)
+            .into_par_iter()
+            .map(|r| {
+                let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+                let mut k = 0u64;
+                for j in s..e {
+                    if j == s || t_of(ci[j]) != t_of(ci[j - 1]) {
+                        k += 1;
+                    }
+                }
+                k
+            })
+            .collect();
+        let mut row_seg = Vec::with_capacity(m + 1);
+        row_seg.push(0u64);
+        for &k in &per_row {
+            row_seg.push(row_seg.last().unwrap() + k);
+        }
+        let nseg = *row_seg.last().unwrap() as usize;
+        assert!(
+            nseg < u32::MAX as usize,
+            "too many segments for 32-bit indices"
+        );
+        // Segments per tile, then each segment's place in tile order (rows ascending).
+        let mut tile_count = vec![0u64; ntiles + 1];
+        for r in 0..m {
+            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+            for j in s..e {
+                if j == s || t_of(ci[j]) != t_of(ci[j - 1]) {
+                    tile_count[t_of(ci[j]) as usize + 1] += 1;
+                }
+            }
+        }
+        for t in 0..ntiles {
+            tile_count[t + 1] += tile_count[t];
+        }
+        let tile_seg = tile_count.clone();
+        let mut cursor = tile_count;
+        let mut seg_row = vec![0u32; nseg];
+        let mut seg_slot = vec![0u32; nseg];
+        let mut seg_csr = vec![(0u64, 0u32); nseg]; // (CSR start, length)
+        for r in 0..m {
+            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+            let mut k = row_seg[r];
+            let mut j = s;
+            while j < e {
+                let t = t_of(ci[j]);
+                let mut j1 = j + 1;
+                while j1 < e && t_of(ci[j1]) == t {
+                    j1 += 1;
+                }
+                let pos = cursor[t as usize] as usize;
+                cursor[t as usize] += 1;
+                seg_row[pos] = r as u32;
+                seg_slot[pos] = k as u32;
+                seg_csr[pos] = (j as u64, (j1 - j) as u32);
+                k += 1;
+                j = j1;
+            }
+        }
+        // Chunks: each tile's segments in runs of at most CHUNK_SEGS.
+        let mut chunk_tile = Vec::new();
+        let mut chunk_seg = Vec::new();
+        let mut tile_chunk = Vec::with_capacity(ntiles + 1);
+        for t in 0..ntiles {
+            tile_chunk.push(chunk_tile.len() as u32);
+            let (s0, s1) = (tile_seg[t] as usize, tile_seg[t + 1] as usize);
+            let mut s = s0;
+            loop {
+                chunk_tile.push(t as u32);
+                chunk_seg.push(s as u32);
+                s = (s + CHUNK_SEGS).min(s1);
+                if s >= s1 {
+                    break;
+                }
+            }
+        }
+        tile_chunk.push(chunk_tile.len() as u32);
+        chunk_seg.push(nseg as u32);
+        let nchunks = chunk_tile.len();
+        // Row entries in tile order.
+        let mut seg_ent = Vec::with_capacity(nseg + 1);
+        seg_ent.push(0u64);
+        for &(_, len) in &seg_csr {
+            seg_ent.push(seg_ent.last().unwrap() + len as u64);
+        }
+        let nnz = a.nnz();
+        let mask = (1u32 << tile_bits) - 1;
+        let mut a_lcol = vec![0u16; nnz];
+        let mut vals = vec![0f64; nnz];
+        {
+            // Fill per chunk in parallel (chunks own disjoint entry ranges).
+            let mut lc_rest: &mut [u16] = &mut a_lcol;
+            let mut va_rest: &mut [f64] = &mut vals;
+            let mut parts = Vec::with_capacity(nchunks);
+            for q in 0..nchunks {
+                let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
+                let len = (seg_ent[s1] - seg_ent[s0]) as usize;
+                let (l, lr) = lc_rest.split_at_mut(len);
+                let (v, vr) = va_rest.split_at_mut(len);
+                lc_rest = lr;
+                va_rest = vr;
+                parts.push((s0, s1, l, v));
+            }
+            parts.into_par_iter().for_each(|(s0, s1, l, v)| {
+                let mut k = 0;
+                for &(st, len) in &seg_csr[s0..s1] {
+                    for j in st as usize..st as usize + len as usize {
+                        l[k] = (ci[j] & mask) as u16;
+                        v[k] = va[j];
+                        k += 1;
+                    }
+                }
+            });
+        }
+        // Column entries: within each chunk, entries sorted by local column (stable: segment
+        // order within a column).
+        let tsz = 1usize << tile_bits;
+        let mut b_colptr = vec![0u64; nchunks * tsz + 1];
+        let mut b_lseg = vec![0u16; nnz];
+        let mut b_vals = vec![0f64; nnz];
+        {
+            let mut cp_rest: &mut [u64] = &mut b_colptr[..nchunks * tsz];
+            let mut ls_rest: &mut [u16] = &mut b_lseg;
+            let mut bv_rest: &mut [f64] = &mut b_vals;
+            let mut parts = Vec::with_capacity(nchunks);
+            for q in 0..nchunks {
+                let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
+                let (e0, e1) = (seg_ent[s0], seg_ent[s1]);
+                let len = (e1 - e0) as usize;
+                let (cp, cr) = cp_rest.split_at_mut(tsz);
+                let (ls, lr) = ls_rest.split_at_mut(len);
+                let (bv, br) = bv_rest.split_at_mut(len);
+                cp_rest = cr;
+                ls_rest = lr;
+                bv_rest = br;
+                parts.push((s0, s1, e0, cp, ls, bv));
+            }
+            let (a_lcol, vals, seg_ent) = (&a_lcol, &vals, &seg_ent);
+            parts.into_par_iter().for_each(|(s0, s1, e0, cp, ls, bv)| {
+                let mut count = vec![0u64; tsz + 1];
+                let (a0, a1) = (seg_ent[s0] as usize, seg_ent[s1] as usize);
+                for &c in &a_lcol[a0..a1] {
+                    count[c as usize + 1] += 1;
+                }
+                for c in 0..tsz {
+                    count[c + 1] += count[c];
+                }
+                for c in 0..tsz {
+                    cp[c] = e0 + count[c];
+                }
+                for s in s0..s1 {
+                    for k in seg_ent[s] as usize..seg_ent[s + 1] as usize {
+                        let c = a_lcol[k] as usize;
+                        let pos = count[c] as usize;
+                        count[c] += 1;
+                        ls[pos] = (s - s0) as u16;
+                        bv[pos] = vals[k];
+                    }
+                }
+            });
+        }
+        b_colptr[nchunks * tsz] = nnz as u64;
+        let (a_val, b_val) = match precision {
+            Precision::F64 => (TiledValues::F64(vals), TiledValues::F64(b_vals)),
+            Precision::F32 => (
+                TiledValues::F32(vals.iter().map(|&v| v as f32).collect()),
+                TiledValues::F32(b_vals.iter().map(|&v| v as f32).collect()),
+            ),
+        };
+        Tiled {
+            nrows: m,
+            ncols: n,
+            nnz,
+            tile_bits,
+            chunk_tile,
+            chunk_seg,
+            tile_chunk,
+            seg_row,
+            seg_slot,
+            seg_ent,
+            row_seg,
+            a_lcol,
+            a_val,
+            b_colptr,
+            b_lseg,
+            b_val,
+        }
+    }
+
+    /// y = A x in the GPU's order (segment partials from the row entries, added per row in
+    /// tile order): the reference of the GPU kernels.
+    pub fn matvec(&self, x: &[f64]) -> Vec<f64> {
+        assert_eq!(x.len(), self.ncols);
+        let tsz = self.tile();
+        let mut partial = vec![0.0; self.nseg()];
+        for q in 0..self.nchunks() {
+            let t = self.chunk_tile[q] as usize;
+            for s in self.chunk_seg[q] as usize..self.chunk_seg[q + 1] as usize {
+                let mut sum = 0.0;
+                for k in self.seg_ent[s] as usize..self.seg_ent[s + 1] as usize {
+                    sum += self.a_val.get(k) * x[t * tsz + self.a_lcol[k] as usize];
+                }
+                partial[self.seg_slot[s] as usize] = sum;
+            }
+        }
+        (0..self.nrows)
+            .map(|r| {
+                partial[self.row_seg[r] as usize..self.row_seg[r + 1] as usize]
+                    .iter()
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// x = A^T y from the column entries (chunk sums per column, added in chunk order).
+    pub fn matvec_t(&self, y: &[f64]) -> Vec<f64> {
+        assert_eq!(y.len(), self.nrows);
+        let tsz = self.tile();
+        let mut x = vec![0.0; self.ncols];
+        for q in 0..self.nchunks() {
+            let t = self.chunk_tile[q] as usize;
+            let s0 = self.chunk_seg[q] as usize;
+            for c in 0..tsz {
+                let j = t * tsz + c;
+                let (e0, e1) = (
+                    self.b_colptr[q * tsz + c] as usize,
+                    self.b_colptr[q * tsz + c + 1] as usize,
+                );
+                let mut sum = 0.0;
+                for k in e0..e1 {
+                    sum +=
+                        self.b_val.get(k) * y[self.seg_row[s0 + self.b_lseg[k] as usize] as usize];
+                }
+                if j < self.ncols {
+                    x[j] += sum;
+                }
+            }
+        }
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiled_products_equal_csr_on_awkward_shapes() {
+        for &(m, n, seed, bits) in &[
+            (2000usize, 700usize, 1u64, 6u32),
+            (300, 200_000, 2, 9),
+            (50_000, 64, 3, 4),
+            (7, 3, 4, 1),
+            (3000, 5000, 5, 9),
+        ] {
+            let a = crate::testing::awkward_csr(m, n, seed);
+            let x: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
+            let y: Vec<f64> = (0..m)
+                .map(|i| ((i * 13) % 17) as f64 * 0.25 - 2.0)
+                .collect();
+            let t = Tiled::from_csr(&a, Precision::F64, bits);
+            assert_eq!(t.nnz, a.nnz());
+            assert!(t
+                .chunk_seg
+                .windows(2)
+                .all(|w| w[1] - w[0] <= CHUNK_SEGS as u32));
+            let ax = a.matvec(&x);
+            for (p, q) in t.matvec(&x).iter().zip(&ax) {
+                assert!(
+                    (p - q).abs() <= 1e-12 * (1.0 + q.abs()),
+                    "{m}x{n}: {p} vs {q}"
+                );
+            }
+            let aty = a.transpose().matvec(&y);
+            for (p, q) in t.matvec_t(&y).iter().zip(&aty) {
+                assert!(
+                    (p - q).abs() <= 1e-12 * (1.0 + q.abs()),
+                    "{m}x{n} T: {p} vs {q}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_tile_hit_by_many_rows_is_cut_into_chunks() {
+        // 5000 rows all in column 3: one tile, three chunks
+        let m = 5000;
+        let r: Vec<u64> = (0..m as u64).collect();
+        let c = vec![3u64; m];
+        let v: Vec<f64> = (0..m).map(|i| 1.0 + i as f64).collect();
+        let a = Csr::from_triplets(m, 10, &r, &c, &v).unwrap();
+        let t = Tiled::from_csr(&a, Precision::F32, 3);
+        assert_eq!(t.nchunks(), 3 + 1); // tile 0: 3 chunks; tile 1 (columns 8, 9): 1 empty
+        let y = vec![1.0; m];
+        let want: f64 = v.iter().map(|&x| x as f32 as f64).sum();
+        assert_eq!(t.matvec_t(&y)[3], want);
+    }
+}

@@ -1,0 +1,220 @@
+//! How a loaded LSQR system is stored for the solve: the storage choice (`[backend] storage`,
+//! `--storage`), the split of grid-generated damping rows off the stored rows (applied as
+//! stencils, src/grid/stencil.rs), and the reordering for locality (src/reorder.rs) of what
+//! stays stored.
+//!
+//! With `compact` storage and a known grid, the damping rows at the end of the system that are
+//! exactly a grid stencil (norm damping, first or second differences: what `synth`, the
+//! dataset's generated regularisation and the benchmark system append) are taken out of the
+//! matrix; the remaining rows are reordered (rows sorted, cells in Morton order) and encoded
+//! with 16-bit column deltas (src/sparse/compact.rs). The stencil rows keep their canonical order
+//! and follow the stored rows in u. With `csr` everything stays stored, as before.
+
+use serde::{Deserialize, Serialize};
+
+use crate::grid::{Stencil, StencilOp};
+use crate::reorder::{Ordering, Reorder};
+use crate::sparse::{CompactCsr, Csr, Precision};
+
+/// Matrix storage of a solve.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Storage {
+    /// Compact where the backend and transpose strategy support it, else CSR.
+    #[default]
+    Auto,
+    /// f64/f32 values with u32 columns and u64 row offsets; every row stored.
+    Csr,
+    /// f32/f64 values with 16-bit column deltas; grid damping rows as stencils.
+    Compact,
+}
+
+impl std::str::FromStr for Storage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "csr" => Ok(Self::Csr),
+            "compact" => Ok(Self::Compact),
+            _ => Err(format!("unknown storage '{s}' (auto, csr, compact)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Csr => "csr",
+            Self::Compact => "compact",
+        })
+    }
+}
+
+impl Storage {
+    /// Resolve `Auto`: compact unless the transpose strategy asked for needs CSR (the vendor
+    /// library, or atomics from the rows).
+    pub fn resolve(self, csr_transpose: bool) -> Storage {
+        match self {
+            Storage::Auto if csr_transpose => Storage::Csr,
+            Storage::Auto => Storage::Compact,
+            s => s,
+        }
+    }
+}
+
+/// A system ready for an operator: its stored rows (reordered), the stencil rows after them,
+/// the right-hand side in that row order, and the ordering to map solutions back.
+pub struct Prepared {
+    pub stored: Csr,
+    pub stencil: Option<StencilOp>,
+    pub b: Vec<f64>,
+    pub ordering: Ordering,
+    /// `Csr` or `Compact` (never `Auto`).
+    pub storage: Storage,
+}
+
+impl Prepared {
+    /// Rows of the whole system (stored + stencil).
+    pub fn nrows(&self) -> usize {
+        self.stored.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
+    }
+    pub fn ncols(&self) -> usize {
+        self.stored.ncols()
+    }
+    /// Nonzeros of the whole system (the stencil's counted as if stored).
+    pub fn nnz(&self) -> usize {
+        self.stored.nnz() + self.stencil.as_ref().map_or(0, |s| s.stencil().nnz())
+    }
+
+    /// The storage in words, with bytes per nonzero, for reports and logs.
+    pub fn describe(&self, precision: Precision) -> String {
+        match self.storage {
+            Storage::Csr => format!(
+                "csr ({precision} values, u32 columns: {} B/nonzero)",
+                precision.bytes() + 4
+            ),
+            _ => {
+                let h = crate::sparse::GapHistogram::of(&self.stored);
+                let entries = self.stored.nnz() as u64 + h.fillers;
+                let bytes = CompactCsr::bytes_for(self.stored.nrows(), entries, precision);
+                let mut s = format!(
+                    "compact ({precision} values, 16-bit column deltas: {:.2} B/stored nonzero, {:.3} % of steps escaped)",
+                    bytes as f64 / self.stored.nnz().max(1) as f64,
+                    100.0 * h.escape_fraction()
+                );
+                if let Some(st) = &self.stencil {
+                    s.push_str(&format!(
+                        " + stencil damping ({} rows, {} blocks on the {}x{}x{} grid)",
+                        st.nrows(),
+                        st.blocks().len(),
+                        st.stencil().n[0],
+                        st.stencil().n[1],
+                        st.stencil().n[2]
+                    ));
+                }
+                s
+            }
+        }
+    }
+
+    /// A short tag of what is not in `stored` (for checkpoint fingerprints).
+    pub fn stencil_tag(&self) -> String {
+        match &self.stencil {
+            None => format!("storage={}", self.storage),
+            Some(st) => format!("storage={};stencil={:?}", self.storage, st.stencil()),
+        }
+    }
+}
+
+/// Split, reorder and choose the storage of one rank's system `a` x = `b`.
+///
+/// `damping_from`: rows from here on are damping rows (the stencil is looked for among them);
+/// `grid`: the cells along x, y, z when the unknowns are a regular grid's cells; `stencils`:
+/// whether this run may take damping rows out as stencils (one rank, no column scaling).
+pub fn prepare(
+    a: Csr,
+    b: Vec<f64>,
+    damping_from: usize,
+    grid: Option<[usize; 3]>,
+    storage: Storage,
+    reorder: Reorder,
+    stencils: bool,
+) -> Prepared {
+    let storage = match storage {
+        Storage::Auto => Storage::Compact,
+        s => s,
+    };
+    let split = match (storage, grid) {
+        (Storage::Compact, Some(n)) if stencils && damping_from < a.nrows() => {
+            let tail = a.select_rows(&(damping_from..a.nrows()).collect::<Vec<_>>());
+            Stencil::detect_suffix(&tail, n).map(|(s, st)| (damping_from + s, st))
+        }
+        _ => None,
+    };
+    let (a, b, stencil, b_tail) = match split {
+        Some((start, st)) => {
+            let head = a.select_rows(&(0..start).collect::<Vec<_>>());
+            drop(a);
+            let mut b = b;
+            let b_tail = b.split_off(start);
+            (head, b, Some(st), b_tail)
+        }
+        None => (a, b, None, Vec::new()),
+    };
+    let ordering = Ordering::plan(&a, reorder, grid);
+    let (a, mut b) = ordering.apply(a, b);
+    let stencil = stencil.map(|st| StencilOp::new(st, ordering.cols.clone()));
+    b.extend(b_tail);
+    Prepared {
+        stored: a,
+        stencil,
+        b,
+        ordering,
+        storage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_the_stencil_and_keeps_the_rest_stored() {
+        let st = Stencil {
+            n: [6, 5, 4],
+            norm: 0.1,
+            first: [0.5; 3],
+            second: [0.0; 3],
+        };
+        let k = crate::testing::awkward_csr(50, st.ncells(), 7);
+        let a = k.vstack_scaled(&st.to_csr(), 1.0).unwrap();
+        let b: Vec<f64> = (0..a.nrows()).map(|i| i as f64).collect();
+        let p = prepare(
+            a.clone(),
+            b.clone(),
+            50,
+            Some(st.n),
+            Storage::Auto,
+            Reorder::Auto,
+            true,
+        );
+        assert_eq!(p.storage, Storage::Compact);
+        assert_eq!(p.stored.nrows(), 50);
+        assert_eq!(p.nrows(), a.nrows());
+        assert_eq!(p.nnz(), a.nnz());
+        assert_eq!(p.stencil.as_ref().unwrap().stencil(), &st);
+        assert_eq!(&p.b[50..], &b[50..]);
+        assert!(p.describe(Precision::F32).contains("stencil damping"));
+        // csr, no grid, or not allowed: nothing split
+        for (s, g, ok) in [
+            (Storage::Csr, Some(st.n), true),
+            (Storage::Compact, None, true),
+            (Storage::Compact, Some(st.n), false),
+        ] {
+            let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok);
+            assert!(p.stencil.is_none());
+            assert_eq!(p.stored, a);
+        }
+    }
+}
