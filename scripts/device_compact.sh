@@ -3,7 +3,8 @@
 # peer in the same call (issue: GPU LSQR past the f64 floor).
 #   bash scripts/device_compact.sh BIN_DIR OUT [parts]
 # BIN_DIR holds: seistomo (release), gpu and gpu_compact (release test binaries),
-# cupy_lsqr.py (the CuPy peer). parts: any of tests,australia,large (default all).
+# cupy_lsqr.py (the CuPy peer). parts: any of tests,australia,large,sweep,prof (default
+# tests,australia,large).
 set -u
 BIN=$1; OUT=$2; PARTS=${3:-tests,australia,large}
 mkdir -p "$OUT"
@@ -37,15 +38,23 @@ if has large; then
   done
 fi
 if has sweep; then
-  # Layouts and tile sizes of compact storage on the large system (device loop, f32 and f64).
-  for cfg in "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=10" \
-             "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=11" "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=12" \
+  # Layouts and tile sizes of compact storage on the large system (device loop, f32 and f64):
+  # tiles of 2^9..2^12 columns measured 2026-11-23 (docs/gpu.md); mixed = rows for A x, tiles for A^T.
+  for cfg in "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=10" \
+             "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=9" \
              "SEISTOMO_COMPACT_LAYOUT=rows"; do
     echo "## $cfg" >> "$OUT/sweep.txt"
     env $cfg timeout 150 "$BIN/seistomo" bench --size large --reorder auto --iters 100 --storage compact \
       --precision f32,f64 --loops device 2>> "$OUT/log.txt" | tail -2 >> "$OUT/sweep.txt"
     grep "layout" "$OUT/log.txt" | tail -1 >> "$OUT/sweep.txt"
   done
+fi
+if has prof; then
+  # Per-kernel durations of the device loop on australia (latency-bound): where the time goes.
+  command -v ncu >/dev/null && timeout 200 ncu --section SpeedOfLight --print-summary per-kernel \
+    "$BIN/seistomo" bench $AU --reorder auto --iters 64 --storage csr,compact --precision f64 \
+    --transpose csc --loops device > "$OUT/ncu_australia.txt" 2>&1
+  grep -E "^  [a-z_0-9]+.*\(|Duration" "$OUT/ncu_australia.txt" | head -60 > "$OUT/ncu_summary.txt"
 fi
 cat "$S"
 [ -f "$OUT/sweep.txt" ] && cat "$OUT/sweep.txt"

@@ -15,6 +15,11 @@ use crate::io::{write_atomic, write_vector_text};
 use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
 use crate::sparse::{mtx, Csr};
 
+/// On the GPU, `storage = "auto"` picks compact storage from this many stored nonzeros on one
+/// rank: below it the products are latency-bound and CSR through cuSPARSE measured faster
+/// (australia, docs/gpu.md).
+const GPU_COMPACT_MIN_NNZ: usize = 1_000_000;
+
 /// Which compute backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -342,15 +347,19 @@ pub fn solve_system_checkpointed(
     let (kind, why) = choose_backend(opts.backend)?;
     let System { a, b, kernel_rows } = sys;
     // Storage: compact builds its own explicit transpose (no cuSPARSE, no atomic scatter). On
-    // the GPU `auto` is CSR until compact storage has been measured faster there (docs/gpu.md).
+    // the GPU `auto` is compact for systems of >= 1M nonzeros on one rank (measured faster
+    // there, docs/gpu.md) and CSR for small, latency-bound ones and under MPI.
     let storage = match (kind, opts.storage) {
-        (BackendChoice::Cuda, crate::storage::Storage::Auto) => crate::storage::Storage::Csr,
+        (BackendChoice::Cuda, crate::storage::Storage::Auto)
+            if comm.size() > 1 || a.nnz() < GPU_COMPACT_MIN_NNZ =>
+        {
+            crate::storage::Storage::Csr
+        }
         (_, s) => s.resolve(matches!(
             opts.transpose,
             TransposeStrategy::Library | TransposeStrategy::Scatter
         )),
     };
-    let device_loop = opts.lsqr_loop == crate::backend::LsqrLoop::Device;
     let prepared = crate::storage::prepare(
         a,
         b,
@@ -369,6 +378,13 @@ pub fn solve_system_checkpointed(
         ordering,
         storage,
     } = prepared;
+    let device_loop = match opts.lsqr_loop {
+        crate::backend::LsqrLoop::Device => true,
+        crate::backend::LsqrLoop::Host => false,
+        crate::backend::LsqrLoop::Auto => {
+            storage == crate::storage::Storage::Compact && comm.size() == 1
+        }
+    };
     let m_local = a.nrows() + stencil.as_ref().map_or(0, |s| s.nrows());
     let nnz_local = a.nnz() + stencil.as_ref().map_or(0, |s| s.stencil().nnz());
     let n = a.ncols();

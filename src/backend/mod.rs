@@ -186,8 +186,11 @@ impl std::fmt::Display for TransposeStrategy {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LsqrLoop {
-    /// The host runs the scalar recurrences: three synchronisations per iteration.
+    /// The device loop with compact storage on one rank (where it measured faster: docs/gpu.md),
+    /// the host loop otherwise.
     #[default]
+    Auto,
+    /// The host runs the scalar recurrences: three synchronisations per iteration.
     Host,
     /// Blocks of iterations as one CUDA graph with the scalars on the GPU (one
     /// synchronisation per block; one rank, explicit transpose). See docs/gpu.md.
@@ -198,9 +201,10 @@ impl std::str::FromStr for LsqrLoop {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Self::Auto),
             "host" => Ok(Self::Host),
             "device" | "graph" => Ok(Self::Device),
-            _ => Err(format!("unknown LSQR loop '{s}' (host, device)")),
+            _ => Err(format!("unknown LSQR loop '{s}' (auto, host, device)")),
         }
     }
 }

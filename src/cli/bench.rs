@@ -537,7 +537,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                                 "cuda compact {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
                                 tm.ms_iter, tm.ax_ms, tm.aty_ms
                             );
-                            let lay = op.layout().split(' ').next().unwrap_or("").to_string();
+                            let lay = op
+                                .layout()
+                                .split([' ', ':'])
+                                .next()
+                                .unwrap_or("")
+                                .to_string();
                             push(tm, lay, prec, lp, fb, bpn);
                         }
                     } else {

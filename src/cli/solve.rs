@@ -72,8 +72,9 @@ pub struct SolveArgs {
     #[arg(long, default_value = "auto")]
     storage: crate::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
-    /// CUDA graphs with the scalars on the device (one per block of iterations).
-    #[arg(long, default_value = "host")]
+    /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
+    /// with compact storage on one rank, host otherwise.
+    #[arg(long, default_value = "auto")]
     lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.
     #[arg(long)]

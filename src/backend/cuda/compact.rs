@@ -292,19 +292,36 @@ enum Layout {
     },
     /// Column tiles (x or y staged in shared memory per tile; src/sparse/tiled.rs).
     Tiles(Box<DevTiled>),
+    /// Delta rows for A x, column tiles for A^T y (each product in the layout that measured
+    /// fastest for it on the 100.8M-nonzero system, docs/gpu.md).
+    Mixed {
+        a: Box<DevCompact>,
+        t: Box<DevTiled>,
+    },
 }
 
-/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles overrides it): tiles
-/// when the matrix is large enough to be bound by its gathers (>= 1M nonzeros) and its rows
-/// have on average at least 4 nonzeros per tile they touch; else rows.
-fn choose_layout(stored: &Csr, tile_bits: u32) -> &'static str {
+/// Which device layout compact storage uses ([`CompactGpuOptions::layout`],
+/// SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayout {
+    Rows,
+    Tiles,
+    Mixed,
+}
+
+/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed overrides
+/// it): mixed (rows for A x, tiles for A^T) when the matrix is large enough to be bound by its
+/// gathers (>= 1M nonzeros) and its rows have on average at least 4 nonzeros per tile they
+/// touch; else rows.
+fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     match std::env::var("SEISTOMO_COMPACT_LAYOUT").as_deref() {
-        Ok("rows") => return "rows",
-        Ok("tiles") => return "tiles",
+        Ok("rows") => return GpuLayout::Rows,
+        Ok("tiles") => return GpuLayout::Tiles,
+        Ok("mixed") => return GpuLayout::Mixed,
         _ => {}
     }
     if stored.nnz() < 1_000_000 {
-        return "rows";
+        return GpuLayout::Rows;
     }
     let (ip, ci) = (stored.indptr(), stored.indices());
     let mut segs = 0u64;
@@ -317,9 +334,9 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> &'static str {
         }
     }
     if stored.nnz() as u64 >= 4 * segs {
-        "tiles"
+        GpuLayout::Mixed
     } else {
-        "rows"
+        GpuLayout::Rows
     }
 }
 
@@ -336,8 +353,8 @@ fn tile_bits() -> u32 {
 /// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CompactGpuOptions {
-    /// Column tiles (true) or delta rows (false).
-    pub tiles: Option<bool>,
+    /// Delta rows, column tiles or both (rows for A x, tiles for A^T).
+    pub layout: Option<GpuLayout>,
     /// Tile size 2^bits (4..=12).
     pub tile_bits: Option<u32>,
     /// Rows layout: sub-warp width (4, 8, 16, 32) and rows per sub-warp.
@@ -384,11 +401,7 @@ impl CudaCompactOperator {
     ) -> Result<Self> {
         let shape = o.shape;
         let bits = o.tile_bits.unwrap_or_else(tile_bits);
-        let layout_name = match o.tiles {
-            Some(true) => "tiles",
-            Some(false) => "rows",
-            None => choose_layout(stored, bits),
-        };
+        let layout_kind = o.layout.unwrap_or_else(|| choose_layout(stored, bits));
         let (free, _) = be.mem_info()?;
         let too_big = |plan: &MemoryPlan| {
             Error::backend(
@@ -401,37 +414,63 @@ impl CudaCompactOperator {
                 ),
             )
         };
-        let (layout, plan) = if layout_name == "tiles" {
-            let t = Tiled::from_csr(stored, precision, bits);
-            let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
-            let plan = compact_plan(stored, t.bytes() + scratch, precision, stencil, free as u64);
-            if !plan.fits() {
-                return Err(too_big(&plan));
+        let (layout, plan) = match layout_kind {
+            GpuLayout::Tiles => {
+                let t = Tiled::from_csr(stored, precision, bits);
+                let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
+                let plan =
+                    compact_plan(stored, t.bytes() + scratch, precision, stencil, free as u64);
+                if !plan.fits() {
+                    return Err(too_big(&plan));
+                }
+                let dt = DevTiled::upload(be, &t, true)?;
+                (Layout::Tiles(Box::new(dt)), plan)
             }
-            (Layout::Tiles(Box::new(DevTiled::upload(be, &t)?)), plan)
-        } else {
-            let ca = CompactCsr::from_csr(stored, precision);
-            let cat = CompactCsr::from_csr(&stored.transpose(), precision);
-            let plan = compact_plan(
-                stored,
-                ca.bytes() + cat.bytes(),
-                precision,
-                stencil,
-                free as u64,
-            );
-            if !plan.fits() {
-                return Err(too_big(&plan));
+            GpuLayout::Mixed => {
+                let ca = CompactCsr::from_csr(stored, precision);
+                let t = Tiled::from_csr(stored, precision, bits);
+                // the tiles' column half only: entries, column offsets, segment rows
+                let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
+                let plan =
+                    compact_plan(stored, ca.bytes() + tbytes, precision, stencil, free as u64);
+                if !plan.fits() {
+                    return Err(too_big(&plan));
+                }
+                let a = DevCompact::upload(be, &ca, shape)?;
+                drop(ca);
+                let dt = DevTiled::upload(be, &t, false)?;
+                (
+                    Layout::Mixed {
+                        a: Box::new(a),
+                        t: Box::new(dt),
+                    },
+                    plan,
+                )
             }
-            let a = DevCompact::upload(be, &ca, shape)?;
-            drop(ca);
-            let at = DevCompact::upload(be, &cat, shape)?;
-            (
-                Layout::Rows {
-                    a: Box::new(a),
-                    at: Box::new(at),
-                },
-                plan,
-            )
+            GpuLayout::Rows => {
+                let ca = CompactCsr::from_csr(stored, precision);
+                let cat = CompactCsr::from_csr(&stored.transpose(), precision);
+                let plan = compact_plan(
+                    stored,
+                    ca.bytes() + cat.bytes(),
+                    precision,
+                    stencil,
+                    free as u64,
+                );
+                if !plan.fits() {
+                    return Err(too_big(&plan));
+                }
+                let a = DevCompact::upload(be, &ca, shape)?;
+                drop(ca);
+                let at = DevCompact::upload(be, &cat, shape)?;
+                (
+                    Layout::Rows {
+                        a: Box::new(a),
+                        at: Box::new(at),
+                    },
+                    plan,
+                )
+            }
         };
         let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
         be.synchronize()?;
@@ -462,6 +501,7 @@ impl CudaCompactOperator {
         match &self.layout {
             Layout::Rows { a, at } => (a.entries, at.entries),
             Layout::Tiles(_) => (self.nnz, self.nnz),
+            Layout::Mixed { a, .. } => (a.entries, self.nnz),
         }
     }
     /// Bytes each product must move besides LSQR's vectors: (A x, A^T y). Rows: entries and
@@ -482,6 +522,13 @@ impl CudaCompactOperator {
                     nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
                 )
             }
+            Layout::Mixed { a, t } => {
+                let (nnz, nseg, cols) = (self.nnz as u64, t.nseg as u64, t.chunk_cols as u64);
+                (
+                    a.entries as u64 * vb + a.nrows as u64 * 12,
+                    nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
+                )
+            }
         }
     }
 
@@ -496,6 +543,13 @@ impl CudaCompactOperator {
                 "tiles of {} columns (sub-warps {} per segment, {} per column)",
                 t.tile(),
                 t.s_rows,
+                t.s_cols
+            ),
+            Layout::Mixed { a, t } => format!(
+                "mixed: rows for A x (sub-warp {} x {} rows), tiles of {} columns for A^T ({} per column)",
+                a.s,
+                a.rows_per_sub,
+                t.tile(),
                 t.s_cols
             ),
         }
@@ -535,7 +589,7 @@ impl CudaCompactOperator {
         partial: u64,
     ) -> Result<u32> {
         let mut np = match &self.layout {
-            Layout::Rows { a: ra, .. } => {
+            Layout::Rows { a: ra, .. } | Layout::Mixed { a: ra, .. } => {
                 ra.launch(be, x, y, a, b, coef, skip, partial, None)?;
                 ra.blocks
             }
@@ -579,7 +633,7 @@ impl CudaCompactOperator {
                 at.launch(be, y, x, a, b, coef, skip, partial, st)?;
                 Ok(at.blocks)
             }
-            Layout::Tiles(t) => {
+            Layout::Tiles(t) | Layout::Mixed { t, .. } => {
                 t.atu(be, y, x, a, b, coef, skip, partial, st)?;
                 Ok(t.col_blocks())
             }
@@ -645,6 +699,7 @@ impl FusedLsqr for CudaCompactOperator {
         match &self.layout {
             Layout::Rows { a, at } => (a.blocks as usize + st).max(at.blocks as usize + st),
             Layout::Tiles(t) => (t.row_blocks() as usize + st).max(t.col_blocks() as usize),
+            Layout::Mixed { a, t } => (a.blocks as usize + st).max(t.col_blocks() as usize),
         }
     }
     fn av_fused(

@@ -18,7 +18,7 @@ mod operator;
 mod square;
 mod tiled;
 
-pub use compact::{CompactGpuOptions, CudaCompactOperator};
+pub use compact::{CompactGpuOptions, CudaCompactOperator, GpuLayout};
 pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
 pub use square::{gmres_square_cuda, CudaIluSweeps, CudaSquareOperator};
 

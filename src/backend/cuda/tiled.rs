@@ -59,13 +59,17 @@ pub(crate) struct DevTiled {
     b_val: DevValues,
     seg_partial: CudaSlice<f64>,
     cpart: CudaSlice<f64>,
+    /// Whether the row pass (A x) was uploaded.
+    rows: bool,
     /// Sub-warp widths of the row (segment) and column passes.
     pub s_rows: u32,
     pub s_cols: u32,
 }
 
 impl DevTiled {
-    pub fn upload(be: &CudaBackend, t: &Tiled) -> Result<Self> {
+    /// Upload `t`; with `rows` false only the column pass (A^T) is uploaded and [`Self::av`]
+    /// must not be called (the mixed layout takes A x from delta rows).
+    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool) -> Result<Self> {
         if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
             return Err(Error::Invalid(
                 "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
@@ -97,16 +101,40 @@ impl DevTiled {
             chunk_seg: up(be, &t.chunk_seg)?,
             tile_chunk: up(be, &t.tile_chunk)?,
             seg_row: up(be, &t.seg_row)?,
-            seg_slot: up(be, &t.seg_slot)?,
-            seg_ent: up(be, &t.seg_ent)?,
-            row_seg: up(be, &t.row_seg)?,
-            a_lcol: up(be, &t.a_lcol)?,
-            a_val: values(be, &t.a_val)?,
+            seg_slot: if rows {
+                up(be, &t.seg_slot)?
+            } else {
+                up(be, &[0u32])?
+            },
+            seg_ent: if rows {
+                up(be, &t.seg_ent)?
+            } else {
+                up(be, &[0u64])?
+            },
+            row_seg: if rows {
+                up(be, &t.row_seg)?
+            } else {
+                up(be, &[0u64])?
+            },
+            a_lcol: if rows {
+                up(be, &t.a_lcol)?
+            } else {
+                up(be, &[0u16])?
+            },
+            a_val: if rows {
+                values(be, &t.a_val)?
+            } else {
+                match &t.a_val {
+                    TiledValues::F64(_) => DevValues::F64(up(be, &[0.0f64])?),
+                    TiledValues::F32(_) => DevValues::F32(up(be, &[0.0f32])?),
+                }
+            },
             b_colptr: up(be, &t.b_colptr)?,
             b_lseg: up(be, &t.b_lseg)?,
             b_val: values(be, &t.b_val)?,
-            seg_partial: zeros(t.nseg())?,
+            seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
             cpart: zeros(t.nchunks() * t.tile())?,
+            rows,
             s_rows,
             s_cols,
         })
@@ -138,6 +166,12 @@ impl DevTiled {
         skip: u64,
         partial: u64,
     ) -> Result<()> {
+        if !self.rows {
+            return Err(Error::backend(
+                "cuda",
+                "tiles uploaded for A^T only were asked for A x",
+            ));
+        }
         let (pi, pv) = match &self.a_val {
             DevValues::F64(v) => (0, be.ptr(v)),
             DevValues::F32(v) => (1, be.ptr(v)),
