@@ -71,7 +71,7 @@ pub struct SolveOptions {
     pub transpose: TransposeStrategy,
     /// CPU threads (default: rayon's, i.e. the cores or RAYON_NUM_THREADS).
     pub threads: Option<usize>,
-    /// Matrix value precision on the GPU (vectors stay f64; the CPU backend uses f64).
+    /// Matrix value precision (GPU; the CPU with compact storage; vectors stay f64).
     pub precision: Precision,
     /// GPU runs on several ranks: how A^T u is summed over ranks.
     pub allreduce: crate::backend::AllreducePath,

@@ -57,7 +57,7 @@ pub struct SolveArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Matrix value precision on the GPU: f64 or f32 (vectors and sums stay f64).
+    /// Matrix value precision: f64 or f32 (GPU; CPU with compact storage). Vectors and sums stay f64.
     #[arg(long, default_value = "f64")]
     precision: Precision,
     /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
