@@ -1,5 +1,5 @@
 //! GMRES against SciPy's gmres (tests/reference/gmres_scipy.json, written by
-//! scripts/gmres_reference.py), distributed GMRES on simulated ranks against one rank,
+//! tests/reference/gmres_reference.py), distributed GMRES on simulated ranks against one rank,
 //! preconditioners, breakdowns and the CLI.
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! LSQR against SciPy's lsqr on the bundled real systems (references made by
-//! scripts/lsqr_reference.py: tests/reference/lsqr_scipy.json and x_<name>.txt.gz).
+//! tests/reference/lsqr_reference.py: tests/reference/lsqr_scipy.json and x_<name>.txt.gz).
 
 mod common;
 

@@ -40,7 +40,7 @@ fn solve(m: usize, n: usize, npower: i32, damp: f64) -> (f64, f64, usize, u32) {
     (rel(&sol.x, &exact), p.cond(), sol.info.itn, sol.info.istop)
 }
 
-/// Every case of scripts/lstp_reference.py: the original driver's shapes (m, n) in
+/// Every case of tests/reference/lstp_reference.py: the original driver's shapes (m, n) in
 /// {(2000,1000), (1000,1000), (1000,2000)}, nduplc 40, npower 2..7 with damp = 10^(-npower-6)
 /// (essentially undamped), plus truly damped cases. seistomo must recover the known solution as
 /// accurately as SciPy's lsqr does (LSQR's own limit on these problems: with 40-fold repeated

@@ -53,7 +53,7 @@ fn petsc_loads_export_and_reaches_same_residual() {
     assert_eq!(petsc::read_mat(&dir.join("A.petsc")).unwrap(), sys.a);
     let tol = 1e-10;
     let out = Command::new(&python)
-        .arg(root.join("scripts/petsc_load_lsqr.py"))
+        .arg(root.join("bench/peers/petsc_load_lsqr.py"))
         .arg(&dir)
         .arg(tol.to_string())
         .output()

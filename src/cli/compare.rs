@@ -15,7 +15,7 @@ use crate::solver::LsqrParams;
 use crate::sparse::{mtx, Csr};
 
 /// The peer script, embedded so that an installed binary needs no checkout.
-const PEER_SCRIPT: &str = include_str!("../../scripts/peer_lsqr.py");
+const PEER_SCRIPT: &str = include_str!("../../bench/peers/peer_lsqr.py");
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {

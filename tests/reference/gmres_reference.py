@@ -5,10 +5,10 @@ x0 = 0, b = ones, at most 300 cycles (SciPy 1.10 counts `maxiter` in cycles; PET
 inner iteration).
 
 Run with Debian's interpreter and one thread, from the repository root:
-  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 scripts/gmres_reference.py \
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tests/reference/gmres_reference.py \
       > tests/reference/gmres_scipy.json
 One system (for benchmarks; prints one JSON line):
-  /usr/bin/python3 scripts/gmres_reference.py --one A.mtx[.gz] [--precond jacobi|none]
+  /usr/bin/python3 tests/reference/gmres_reference.py --one A.mtx[.gz] [--precond jacobi|none]
 Jacobi: M^-1 = diag(1/a_ii), with 1 where a_ii = 0 (seistomo's documented fallback).
 """
 import json, sys, time, platform
@@ -100,7 +100,7 @@ def main():
         pv = petsc4py.__version__
     except ImportError:
         pv = None
-    print(json.dumps(dict(generator="scripts/gmres_reference.py", scipy_version=scipy.__version__,
+    print(json.dumps(dict(generator="tests/reference/gmres_reference.py", scipy_version=scipy.__version__,
                           numpy_version=np.__version__, petsc4py_version=pv,
                           python=platform.python_version(), machine=platform.machine(),
                           restart=RESTART, rtol=TOL, max_cycles=CYCLES, x0="zeros", rhs="ones",

@@ -2,7 +2,7 @@
 """LSQR peers on one Matrix Market system: SciPy's lsqr and PETSc's KSPLSQR (petsc4py), one
 thread each. Prints one JSON line per peer (iterations, stop reason, norms, seconds, ms/iter).
 
-    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 scripts/peer_lsqr.py A.mtx[.gz] [--rhs b] \
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/peers/peer_lsqr.py A.mtx[.gz] [--rhs b] \
         [--reg R.mtx.gz --lam 0.015] [--damp 0] [--tol 1e-8] [--maxit N] [--solution-dir DIR]
 
 The system is [A; lam R] x = [b; 0] (b = A 1 without --rhs). A directory instead of A.mtx holds

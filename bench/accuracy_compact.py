@@ -6,7 +6,7 @@ compact f32 values, all from one binary; the table gives istop, iterations, ||x 
 ||x_f64|| and the true ||b - A x|| computed here with SciPy from the files on disk (not
 seistomo's estimate).
 
-    /usr/bin/python3 scripts/accuracy_compact.py [path/to/seistomo] > table.md
+    /usr/bin/python3 bench/accuracy_compact.py [path/to/seistomo] > table.md
 
 Needs numpy and scipy (Debian: python3-scipy). Runs in about a minute on two cores.
 """

@@ -5,13 +5,13 @@ d_i = (ceil(i/nduplc) nduplc / min(m,n))^npower; x_j = n - j; residual H_Y [s; t
 
 Writes tests/reference/lstp_scipy.json: for every case, SciPy's istop, iterations and relative
 error against the known solution. tests/lstp.rs requires seistomo to be as accurate.
-    /usr/bin/python3 scripts/lstp_reference.py
+    /usr/bin/python3 tests/reference/lstp_reference.py
 """
 import json, os
 import numpy as np, scipy
 from scipy.sparse.linalg import lsqr, LinearOperator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL, CONLIM = 1e-14, 1e15
 
 
@@ -45,7 +45,7 @@ def cases():
 
 
 def main():
-    out = dict(generator="scripts/lstp_reference.py", scipy=scipy.__version__, atol=TOL, btol=TOL, conlim=CONLIM,
+    out = dict(generator="tests/reference/lstp_reference.py", scipy=scipy.__version__, atol=TOL, btol=TOL, conlim=CONLIM,
                nduplc=40, cases=[])
     for m, n, npower, damp in cases():
         op, b, exact = lstp(m, n, 40, npower, damp)

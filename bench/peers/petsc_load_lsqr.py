@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Load a PETSc binary system written by seistomo (A.petsc: Mat, b.petsc: Vec) with MatLoad and
 VecLoad, solve it with KSPLSQR (no preconditioner, rtol = TOL), print one JSON line.
-    /usr/bin/python3 scripts/petsc_load_lsqr.py DIR [TOL]
+    /usr/bin/python3 bench/peers/petsc_load_lsqr.py DIR [TOL]
 """
 import json, os, sys
 import petsc4py

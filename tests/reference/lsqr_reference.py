@@ -6,13 +6,13 @@ system, the SciPy solution and var estimate as tests/reference/{x,var}_<name>.tx
 (tests/lsqr_reference.rs) compare seistomo against these files.
 
 Run with Debian's interpreter (python3-scipy, python3-petsc4py; installed by scripts/bootstrap.sh):
-    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 scripts/lsqr_reference.py
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tests/reference/lsqr_reference.py
 """
 import gzip, io, json, os, sys, time
 import numpy as np, scipy, scipy.io as sio, scipy.sparse as sp
 from scipy.sparse.linalg import lsqr
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DS = os.path.join(ROOT, "datasets")
 OUT = os.path.join(ROOT, "tests", "reference")
 TOL = 1e-10
@@ -58,7 +58,7 @@ def petsc_lsqr(A, b):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    res = dict(generator="scripts/lsqr_reference.py", scipy=scipy.__version__, numpy=np.__version__,
+    res = dict(generator="tests/reference/lsqr_reference.py", scipy=scipy.__version__, numpy=np.__version__,
                atol=TOL, btol=TOL, conlim=CONLIM, damp=0.0, systems={})
     for name, A, b in systems():
         t = time.perf_counter()

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The CPU tables of docs/performance.md and docs/gmres.md: seistomo's CPU backend against SciPy and
+# PETSc (petsc4py) in the same run on this machine. From the repository root:
+#
+#   bash bench/cpu.sh [BIN] [parts]      BIN default target/release/seistomo (make build)
+#
+# parts (comma-separated, default lsqr): lsqr  LSQR on australia ([G; 0.015 R], tol 1e-8),
+#   seistomo median of REPS runs (default 5) with THREADS threads (default all), SciPy and PETSc
+#   one thread; compare  `seistomo compare` like with like (1 thread vs 1 rank, 2 vs 2);
+#   gmres  GMRES(16) Jacobi on generated convection-diffusion systems (SIZES, default 32 64 96);
+#   accuracy  compact storage against f64 CSR (bench/accuracy_compact.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-target/release/seistomo}; PARTS=${2:-lsqr}
+reps=${REPS:-5}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)"
+if has lsqr; then
+tmp=$OUT
+D=datasets/australia
+best=""
+for i in $(seq "$reps"); do
+  $BIN solve --matrix $D/G.mtx.gz --rhs $D/d.txt --reg $D/R.mtx.gz --reg-weight 0.015 \
+    --atol 1e-8 --btol 1e-8 --conlim 1e14 --backend cpu ${THREADS:+--threads $THREADS} --report "$tmp/r$i.json" 2>/dev/null
+done
+python3 - "$tmp" "$reps" <<'PY' > "$tmp/ours.txt"
+import json, sys, statistics
+d, n = sys.argv[1], int(sys.argv[2])
+rs = [json.load(open(f"{d}/r{i}.json")) for i in range(1, n + 1)]
+ms = statistics.median(r["ms_per_iter"] for r in rs)
+r = rs[0]
+print(f"seistomo-cpu-{r['threads']}-threads {r['iterations']} {ms:.4f} {r['r1norm']:.8e} {r['xnorm']:.8e}")
+PY
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/peers/peer_lsqr.py $D/G.mtx.gz --rhs $D/d.txt \
+  --reg $D/R.mtx.gz --lam 0.015 --tol 1e-8 > "$tmp/peers.json"
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+name, its, ms, r1, xn = open(f"{d}/ours.txt").read().split()
+peers = [json.loads(l) for l in open(f"{d}/peers.json")]
+print(f"| solver | iterations | ms/iter | ||r|| | ||x|| | speed-up of seistomo |")
+print(f"|---|---|---|---|---|---|")
+print(f"| {name} | {its} | {float(ms):.3f} | {float(r1):.8e} | {float(xn):.8e} | 1.00 |")
+for p in peers:
+    if "skipped" in p:
+        print(f"| {p['peer']} | skipped: {p['skipped']} | | | | |"); continue
+    print(f"| {p['peer']} {p['version']} (1 thread) | {p['iterations']} | {p['ms_per_iter']:.3f} | {p['rnorm']:.8e} | {p['xnorm']:.8e} | {p['ms_per_iter']/float(ms):.2f} |")
+PY
+fi
+if has compare; then
+  for t in 1 2; do "$BIN" compare configs/australia.toml --backend cpu --threads $t; done
+fi
+if has accuracy; then
+  /usr/bin/python3 bench/accuracy_compact.py "$BIN"
+fi
+if has gmres; then
+for n in ${SIZES:-32 64 96}; do
+  for kind in convdiff; do
+    m="$OUT/${kind}${n}.mtx"
+    [ -f "$m" ] || "$BIN" square --kind $kind --n "$n" -o "$m" 2>/dev/null
+    for orth in mgs cgs cgs2; do
+      "$BIN" solve --method gmres --matrix "$m" --restart 16 --rtol 1e-10 --precond jacobi \
+        --orthog $orth --stop scipy --threads 1 --max-cycles 300 --report "$OUT/r.json" 2>/dev/null
+      python3 -c "import json;r=json.load(open('$OUT/r.json'));print('seistomo-$orth-1t',r['n'],r['nnz'],r['iterations'],r['converged'],'%.3e'%r['relres'],'%.4f'%r['ms_per_iter'])"
+    done
+    "$BIN" solve --method gmres --matrix "$m" --restart 16 --rtol 1e-10 --precond jacobi \
+      --orthog cgs2 --stop scipy --max-cycles 300 --report "$OUT/r.json" 2>/dev/null
+    python3 -c "import json;r=json.load(open('$OUT/r.json'));print('seistomo-cgs2-%dt'%r['threads'],r['n'],r['nnz'],r['iterations'],r['converged'],'%.3e'%r['relres'],'%.4f'%r['ms_per_iter'])"
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tests/reference/gmres_reference.py --one "$m" --precond jacobi \
+      | python3 -c "import json,sys;c=json.loads(sys.stdin.read());[print(k,c['n'],c['nnz'],c[k]['iterations'],c[k]['converged'],'%.3e'%c[k]['relres'],'%.4f'%c[k]['ms_per_iter']) for k in ('scipy','petsc') if k in c]"
+  done
+done
+fi

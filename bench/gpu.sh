@@ -1,0 +1,162 @@
+#!/bin/bash
+# Every GPU table of docs/performance.md, docs/gpu.md and docs/gmres.md, with the peers (CuPy) in
+# the same call. Run from the repository root on the GPU machine:
+#
+#   bash bench/gpu.sh BIN_DIR OUT [parts]
+#
+# BIN_DIR: a folder with `seistomo` (release build) and, for the `tests` part, the release test
+#          binaries `gpu`, `gpu_compact`, `gpu_gmres` (cargo test --release --no-run --test NAME;
+#          cargo prints their paths). OUT: a folder for the logs and tables (created).
+# parts (comma-separated, default lsqr,gmres):
+#   tests     the GPU test binaries (every CUDA kernel against the CPU backend)
+#   lsqr      LSQR on australia and on the 100.7M-nonzero straight-ray system, CSR and compact
+#             storage, f64/f32, device/host loop, beside CuPy's LSQR loop on the identical
+#             systems (as built and reordered)                      -> performance.md, gpu.md
+#   layouts   compact storage layouts and tile sizes on the large system          -> gpu.md
+#   orders    CSR transpose strategies (csc, scatter, cuSPARSE) and orderings     -> gpu.md
+#   gmres     GMRES(16) on the 2.1M-row convection-diffusion system, every orthogonalisation,
+#             beside CuPy's gmres                                     -> performance.md, gmres.md
+#   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU), host and NCCL allreduce, a 100M and a
+#             4x larger synthetic dataset (nvidia-h200-x2)                  -> performance.md
+#   gmres2    GMRES on 1 and 2 GPUs, host/NCCL halo, nnz/METIS partitions (nvidia-h200-x2)
+#                                                                                 -> gmres.md
+# The one-off scripts of earlier sessions (scripts/device_*.sh) map onto these parts:
+# device_gpu/device_reorder/device_compact -> lsqr, layouts; device_followup -> gmres, orders;
+# device_gmres -> gmres, lsqr; device_check/device_multigpu -> multigpu; device_gmres_2gpu -> gmres2.
+set -u
+BIN=$(cd "${1:?BIN_DIR}" && pwd); OUT=${2:?OUT}; PARTS=${3:-lsqr,gmres}
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+PEERS=$PWD/bench/peers
+export PYTHONUNBUFFERED=1 SEISTOMO_ROOT=$PWD NCCL_NVLS_ENABLE=0
+S=$OUT/summary.txt
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; date -u
+  echo "binary: $("$BIN/seistomo" --version 2>/dev/null)"; } > "$S"
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+AU="--matrix datasets/australia/G.mtx.gz --rhs datasets/australia/d.txt --reg datasets/australia/R.mtx.gz --reg-weight 0.015"
+cupy_lsqr() { ( cd /tmp && timeout "$3" python3 "$PEERS/cupy_lsqr.py" npy "$1" "$2" ); }
+gmres_table() {
+  python3 - "$@" <<'PY'
+import json, sys, os
+for f in sys.argv[1:]:
+    if not os.path.exists(f): continue
+    r = json.load(open(f))
+    print(f"{os.path.basename(f)}: {r['backend']} {r['precond']} {r['orthog']} n={r['n']} nnz={r['nnz']} "
+          f"its={r['iterations']} conv={r['converged']} relres={r['relres']:.3e} ms/it={r['ms_per_iter']:.4f}")
+PY
+}
+lsqr_table() {
+  python3 - "$@" <<'PY'
+import json, sys, os
+for f in sys.argv[1:]:
+    if not os.path.exists(f): continue
+    r = json.load(open(f)); t = r.get("rank_timing") or []
+    red = " ".join(f"r{x['rank']}: allreduce {1e3*x['allreduce_s']/r['iterations']:.3f} ms/it" for x in t)
+    print(f"{os.path.basename(f)}: {r['transpose']} nnz={r['nnz']} its={r['iterations']} "
+          f"r1={r['r1norm']:.10e} ms/it={r['ms_per_iter']:.4f} {red}")
+PY
+}
+nccl_path() {
+  local l; l=$(find / -name 'libnccl.so*' 2>/dev/null | head -1)
+  [ -n "$l" ] && export LD_LIBRARY_PATH=$(dirname "$l"):${LD_LIBRARY_PATH:-}
+  echo "libnccl: ${l:-not found}" >> "$S"
+}
+MR="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+
+if has tests; then
+  for t in gpu gpu_compact gpu_gmres; do
+    [ -x "$BIN/$t" ] || { echo "test $t: not in $BIN" >> "$S"; continue; }
+    timeout 240 "$BIN/$t" --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
+    echo "test $t: rc $? $(grep -E '^test result' "$OUT/test_$t.txt")" >> "$S"
+  done
+fi
+
+if has lsqr; then
+  timeout 150 "$BIN/seistomo" bench $AU --reorder auto --iters 300 --storage csr,compact \
+    --precision f64,f32 --transpose csc --loops device,host > "$OUT/bench_australia.txt" 2>> "$OUT/log.txt"
+  "$BIN/seistomo" bench $AU --reorder auto --export-npy /tmp/npy_au 2>> "$OUT/log.txt"
+  cupy_lsqr /tmp/npy_au 300 120 > "$OUT/cupy_australia.txt" 2>&1; rm -rf /tmp/npy_au
+  timeout 300 "$BIN/seistomo" bench --size large --reorder auto --iters 100 --storage csr,compact \
+    --precision f64,f32 --transpose csc --loops device,host --json "$OUT/bench_large.json" \
+    > "$OUT/bench_large.txt" 2>> "$OUT/log.txt"
+  for r in auto none; do
+    "$BIN/seistomo" bench --size large --reorder $r --export-npy /tmp/npy_$r 2>> "$OUT/log.txt"
+    cupy_lsqr /tmp/npy_$r 100 150 > "$OUT/cupy_large_$r.txt" 2>&1; rm -rf /tmp/npy_$r
+  done
+fi
+
+if has layouts; then
+  for cfg in "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=10" \
+             "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=12" \
+             "SEISTOMO_COMPACT_LAYOUT=rows"; do
+    echo "## $cfg" >> "$OUT/layouts.txt"
+    env $cfg timeout 150 "$BIN/seistomo" bench --size large --reorder auto --iters 100 --storage compact \
+      --precision f32,f64 --loops device 2>> "$OUT/log.txt" | tail -2 >> "$OUT/layouts.txt"
+  done
+fi
+
+if has orders; then
+  for r in none auto; do
+    echo "## reorder $r" >> "$OUT/orders.txt"
+    timeout 200 "$BIN/seistomo" bench --size large --reorder $r --iters 100 --storage csr \
+      --transpose csc,scatter,library --precision f64,f32 --loops host 2>> "$OUT/log.txt" >> "$OUT/orders.txt"
+  done
+fi
+
+if has gmres; then
+  M=/tmp/cd128.mtx
+  "$BIN/seistomo" square --kind convdiff --n 128 -o $M 2>> "$S"
+  "$BIN/seistomo" export $M --format npy -o /tmp/cd128 2>> "$OUT/log.txt"
+  ( cd /tmp && timeout 100 python3 "$PEERS/cupy_gmres.py" /tmp/cd128 16 1e-10 ) > "$OUT/cupy_gmres.json" 2>> "$OUT/log.txt"
+  G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi --backend cuda"
+  for o in ${ORTHOGS:-cgs cgs2 mgs}; do
+    timeout 60 "$BIN/seistomo" $G --orthog $o --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
+  done
+  timeout 60 "$BIN/seistomo" $G --orthog cgs --precision f32 --report "$OUT/gm_cgs_f32.json" 2>> "$OUT/log.txt"
+  timeout 60 "$BIN/seistomo" solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond block-ilu0 \
+    --ilu-sweeps 3 --orthog cgs2 --backend cuda --report "$OUT/gm_ilu3_cgs2.json" 2>> "$OUT/log.txt"
+  rm -rf /tmp/cd128
+fi
+
+if has multigpu; then
+  nccl_path
+  for scale in 1 4; do
+    ds=/tmp/big$scale
+    "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
+      --flattening 0.5,0.5,0.5 --damping-blocks 2 > /dev/null 2>> "$OUT/log.txt"
+    for run in np1 host nccl; do
+      cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}
+      printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \
+        $ds $path $run $scale > $cfg
+      if [ $run = np1 ]; then "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"
+      else $MR "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"; fi
+      cp /tmp/o-$run-$scale/report.json "$OUT/lsqr_x${scale}_$run.json" 2>/dev/null
+    done
+    rm -rf $ds
+  done
+fi
+
+if has gmres2; then
+  nccl_path
+  M=/tmp/cd128.mtx
+  [ -f $M ] || "$BIN/seistomo" square --kind convdiff --n 128 -o $M 2>> "$S"
+  G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --backend cuda"
+  for pc in jacobi "block-ilu0 --ilu-sweeps 3"; do
+    tag=$(echo $pc | cut -c1-6)
+    timeout 60 "$BIN/seistomo" $G --precond $pc --orthog cgs --report "$OUT/g1_$tag.json" 2>> "$OUT/log.txt"
+    for ar in host nccl; do for part in nnz metis; do
+      timeout 90 $MR "$BIN/seistomo" $G --precond $pc --orthog cgs --allreduce $ar --partition $part \
+        --report "$OUT/g2_${tag}_${ar}_$part.json" 2>> "$OUT/log.txt"
+    done; done
+  done
+fi
+
+# One summary: tests, tables, peers.
+cat "$S"
+for f in "$OUT"/bench_australia.txt "$OUT"/bench_large.txt "$OUT"/layouts.txt "$OUT"/orders.txt; do
+  [ -f "$f" ] && { echo "## $(basename "$f")"; grep -v '^$' "$f"; }
+done
+for f in "$OUT"/cupy_*.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "ms|GBps" "$f" | head -12; }; done
+[ -f "$OUT/cupy_gmres.json" ] && { echo "## cupy_gmres"; cat "$OUT/cupy_gmres.json"; }
+gmres_table "$OUT"/gm_*.json "$OUT"/g1_*.json "$OUT"/g2_*.json
+lsqr_table "$OUT"/lsqr_x*.json
+grep -E "escape|layout" "$OUT/log.txt" 2>/dev/null | sort | uniq | head -8
