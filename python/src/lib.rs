@@ -111,12 +111,7 @@ fn finite(v: Vec<f64>, what: &str) -> PyResult<Vec<f64>> {
 }
 
 /// Build the validated CSR matrix (sorted unique columns, finite values, shape).
-fn csr(
-    shape: (usize, usize),
-    indptr: &[u8],
-    indices: &[u8],
-    data: &[u8],
-) -> PyResult<Csr> {
+fn csr(shape: (usize, usize), indptr: &[u8], indices: &[u8], data: &[u8]) -> PyResult<Csr> {
     let (m, n) = shape;
     if m == 0 || n == 0 {
         return Err(PyValueError::new_err(format!(
@@ -508,13 +503,7 @@ fn dataset_create(
     d: &[u8],
     damping: Option<((usize, usize), Vec<u8>, Vec<u8>, Vec<u8>)>,
     lam: f64,
-    grid: Option<(
-        [usize; 3],
-        [f64; 3],
-        [f64; 3],
-        [String; 3],
-        String,
-    )>,
+    grid: Option<([usize; 3], [f64; 3], [f64; 3], [String; 3], String)>,
     weights: Option<&[u8]>,
     sigma: Option<&[u8]>,
     true_model: Option<&[u8]>,
@@ -564,7 +553,8 @@ fn dataset_info(path: PathBuf) -> PyResult<String> {
         let ds = seistomo::io::dataset::OpenDataset::open(&path, &opts).map_err(py_err)?;
         let mut v = serde_json::to_value(&ds.manifest.m)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        v["damping_rows"] = (ds.damping_rows() + ds.generated.as_ref().map_or(0, |g| g.nrows() as u64)).into();
+        v["damping_rows"] =
+            (ds.damping_rows() + ds.generated.as_ref().map_or(0, |g| g.nrows() as u64)).into();
         v["damping_weight"] = ds.damping_weight.into();
         v["dir"] = ds.manifest.dir.display().to_string().into();
         Ok(v.to_string())

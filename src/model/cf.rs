@@ -51,7 +51,11 @@ unsafe impl H5Type for RefEntry {
         TypeDescriptor::Compound(CompoundType {
             fields: vec![
                 CompoundField::typed::<ObjectReference1>("dataset", 0, 0),
-                CompoundField::typed::<i32>("dimension", std::mem::size_of::<ObjectReference1>(), 1),
+                CompoundField::typed::<i32>(
+                    "dimension",
+                    std::mem::size_of::<ObjectReference1>(),
+                    1,
+                ),
             ],
             size: std::mem::size_of::<RefEntry>(),
         })
@@ -69,7 +73,12 @@ impl Cf<'_> {
     }
 
     fn str_attr(&self, loc: &Location, name: &str, value: &str) -> Result<()> {
-        if loc.attr_names().map_err(self.e())?.iter().any(|n| n == name) {
+        if loc
+            .attr_names()
+            .map_err(self.e())?
+            .iter()
+            .any(|n| n == name)
+        {
             loc.delete_attr(name).map_err(self.e())?;
         }
         let v: VarLenUnicode = value
