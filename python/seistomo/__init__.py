@@ -297,11 +297,12 @@ def open_model(path):
     if xr is not None:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: No such file or directory")
-        _native.model_fields(path)  # checks that this is a seistomo model file
+        meta = _native.model_info(path)  # checks that this is a seistomo model file
         ds = xr.open_dataset(path, engine="h5netcdf")
         if not ds.data_vars:
             ds.close()
             ds = xr.open_dataset(path, engine="h5netcdf", group="model")
+        ds.attrs.setdefault("stop_reason", meta["stop_reason"])
         return ds
     r = _native.model_fields(path)
     meta = r.pop("__meta__")
@@ -313,5 +314,5 @@ def open_model(path):
     if "cells" in meta:
         out["cells"] = np.asarray(meta["cells"], dtype=np.float64)
         out["cell_columns"] = list(meta["cell_columns"])
-    out["attrs"] = {k: v for k, v in meta.items() if k not in ("grid", "cells")}
+    out["attrs"] = {k: v for k, v in meta.items() if k not in ("grid", "cells", "cell_columns")}
     return out

@@ -488,6 +488,11 @@ fn gmres<'py>(
     Ok(d)
 }
 
+/// A CSR matrix as it crosses from Python: shape, row offsets, columns, values.
+type CsrBytes = ((usize, usize), Vec<u8>, Vec<u8>, Vec<u8>);
+/// A grid as it crosses from Python: n, origin, spacing, axes, units.
+type GridTuple = ([usize; 3], [f64; 3], [f64; 3], [String; 3], String);
+
 /// Write a dataset directory. The grid, when given, is (n, origin, spacing, axes, units).
 #[pyfunction]
 #[pyo3(signature = (path, shape, indptr, indices, data, d, damping, lam, grid, weights,
@@ -501,9 +506,9 @@ fn dataset_create(
     indices: &[u8],
     data: &[u8],
     d: &[u8],
-    damping: Option<((usize, usize), Vec<u8>, Vec<u8>, Vec<u8>)>,
+    damping: Option<CsrBytes>,
     lam: f64,
-    grid: Option<([usize; 3], [f64; 3], [f64; 3], [String; 3], String)>,
+    grid: Option<GridTuple>,
     weights: Option<&[u8]>,
     sigma: Option<&[u8]>,
     true_model: Option<&[u8]>,
@@ -614,20 +619,16 @@ fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyR
     })
 }
 
-/// Every field of a model file's /model group and the coordinates (for `open_model` without
-/// xarray): {name: (shape, bytes, units)} plus "__grid__"/"__cells__" descriptions.
-#[pyfunction]
-fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let mf = guarded(|| seistomo::model::hdf5::ModelFile::open(&path).map_err(py_err))?;
-    let out = PyDict::new(py);
-    for name in seistomo::model::cf::field_names(&path).map_err(py_err)? {
-        let (v, shape) = mf.field(&name).map_err(py_err)?;
-        out.set_item(name, (shape, f64_bytes(py, &v)))?;
-    }
+fn model_meta<'py>(
+    py: Python<'py>,
+    mf: &seistomo::model::hdf5::ModelFile,
+) -> PyResult<Bound<'py, PyDict>> {
     let meta = PyDict::new(py);
     meta.set_item("parameterisation", &mf.parameterisation)?;
     meta.set_item("unknowns", &mf.unknowns)?;
     meta.set_item("velocity_unit", &mf.velocity_unit)?;
+    meta.set_item("istop", mf.istop)?;
+    meta.set_item("stop_reason", &mf.stop_reason)?;
     if let Some(g) = &mf.grid {
         meta.set_item(
             "grid",
@@ -638,7 +639,27 @@ fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDi
         meta.set_item("cell_columns", mf.cell_columns.clone())?;
         meta.set_item("cells", mf.cells.clone())?;
     }
-    out.set_item("__meta__", meta)?;
+    Ok(meta)
+}
+
+/// A model file's description (checks that it is a seistomo model file).
+#[pyfunction]
+fn model_info<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let mf = guarded(|| seistomo::model::hdf5::ModelFile::open(&path).map_err(py_err))?;
+    model_meta(py, &mf)
+}
+
+/// Every field of a model file's /model group (for `open_model` without xarray):
+/// {name: (shape, bytes)} plus "__meta__" (what [`model_info`] returns).
+#[pyfunction]
+fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let mf = guarded(|| seistomo::model::hdf5::ModelFile::open(&path).map_err(py_err))?;
+    let out = PyDict::new(py);
+    for name in seistomo::model::cf::field_names(&path).map_err(py_err)? {
+        let (v, shape) = mf.field(&name).map_err(py_err)?;
+        out.set_item(name, (shape, f64_bytes(py, &v)))?;
+    }
+    out.set_item("__meta__", model_meta(py, &mf)?)?;
     Ok(out)
 }
 
@@ -661,6 +682,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dataset_system, m)?)?;
     m.add_function(wrap_pyfunction!(invert, m)?)?;
     m.add_function(wrap_pyfunction!(model_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(model_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     Ok(())
 }
