@@ -126,6 +126,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
                      float(conlim), iter_lim, bool(calc_var), x0b, str(backend), str(precision),
                      str(transpose), str(lsqr_loop), callback, int(callback_every))
+    if iter_lim == 0 and r["itn"] == 0:
+        r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
     last_info.clear()

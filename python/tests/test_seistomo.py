@@ -140,6 +140,16 @@ def test_lsqr_var_at_convergence(name):
     assert (ours[9] >= 0).all()
 
 
+def test_lsqr_edge_cases_like_scipy():
+    A = sp.random(30, 10, density=0.5, random_state=1, format="csr")
+    b = np.ones(30)
+    for M, kw in [(A, dict(iter_lim=0)), (A, dict(iter_lim=1)), (sp.csr_matrix((30, 10)), {}),
+                  (A, dict(damp=1e3)), (A, dict(conlim=0.0, atol=0.0, btol=0.0, iter_lim=40))]:
+        ours, ref = seistomo.lsqr(M, b, **kw), scipy_lsqr(M, b, **kw)
+        assert ours[1:3] == ref[1:3], kw
+        assert rel(ours[0], ref[0]) <= 1e-8 or not ref[0].any(), kw
+
+
 def test_lsqr_zero_rhs_and_show(capsys):
     A, _ = system("well1033")
     x, istop, itn, *_ = seistomo.lsqr(A, np.zeros(A.shape[0]), show=True)
@@ -471,3 +481,7 @@ def test_australia_model_has_lat_lon(tmp_path):
     assert int(np.isfinite(v.values).sum()) == 11916
     g = xr.open_dataset(tmp_path / "model.h5", engine="h5netcdf", group="model")
     assert g["velocity"].dims == ("cell",)
+    if shutil.which("ncdump"):
+        head = subprocess.run(["ncdump", "-h", str(tmp_path / "model.h5")], capture_output=True,
+                              text=True, check=True).stdout
+        assert "double velocity(lat, lon)" in head and "velocity:_FillValue = NaN" in head
