@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BOOT = export CMAKE="$$(scripts/bootstrap.sh | tail -n 1)"
 
-.PHONY: bootstrap build demo test test-quick lint clean-out
+.PHONY: bootstrap build demo test test-quick lint clean-out python test-python
 
 bootstrap:
 	@scripts/bootstrap.sh >/dev/null
@@ -27,11 +27,24 @@ demo:
 
 lint:
 	@$(BOOT) && $(CARGO) fmt --all -- --check && $(CARGO) clippy --all-targets -- -D warnings && \
-	$(CARGO) clippy --no-default-features --all-targets -- -D warnings
+	$(CARGO) clippy --no-default-features --all-targets -- -D warnings && \
+	PYO3_PYTHON=$(CURDIR)/$(PYVENV)/bin/python $(CARGO) clippy -p seistomo-py --all-targets -- -D warnings
 
-# Formatting, lints (with and without the default `mpi` feature), then every test.
+# The Python module (python/, docs/python.md): built (dev profile, no MPI) into .venv-py, which
+# bootstrap.sh makes from Debian's python3 (SciPy, xarray, h5netcdf, pytest) plus maturin.
+PYVENV = .venv-py
+python:
+	@$(BOOT) && VIRTUAL_ENV=$(CURDIR)/$(PYVENV) PATH=$(CURDIR)/$(PYVENV)/bin:$$PATH \
+	maturin develop -q -m python/Cargo.toml
+
+test-python: python
+	@$(PYVENV)/bin/python -m pytest -q python/tests
+
+# Formatting, lints (with and without the default `mpi` feature), then every test, then the
+# Python module's tests (pytest).
 test: lint
 	@$(BOOT) && $(CARGO) test --no-fail-fast
+	@$(MAKE) --no-print-directory test-python
 
 clean-out:
 	rm -rf out

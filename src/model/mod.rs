@@ -2,6 +2,7 @@
 //! ([`fields`]), the HDF5 model file and its XDMF sidecar, checkpoints of the LSQR state, PNG
 //! quicklooks and the L-curve.
 
+pub mod cf;
 pub mod checkpoint;
 pub mod fields;
 pub mod grid;

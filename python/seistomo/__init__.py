@@ -1,0 +1,320 @@
+"""seistomo from Python: LSQR and GMRES on the CPU or a CUDA GPU with SciPy's signatures and
+results, the dataset format, config runs, and model files that xarray opens.
+
+    import seistomo
+    x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var = seistomo.lsqr(A, b)
+    x, info = seistomo.gmres(A, b, M="jacobi")
+    ds = seistomo.open_model("out/demo/model.h5")      # xarray.Dataset (dict without xarray)
+
+The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (use the
+`seistomo` CLI under mpirun for that). docs/python.md walks through it.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from . import _native
+
+__version__ = _native.__version__
+__all__ = [
+    "lsqr",
+    "gmres",
+    "Dataset",
+    "invert",
+    "open_model",
+    "cuda_available",
+    "last_info",
+]
+
+#: What the last lsqr/gmres call reported beyond SciPy's tuple (backend used, seconds, ...).
+last_info = {}
+
+
+def cuda_available():
+    """(True, description) when a usable CUDA GPU is present, else (False, why not)."""
+    return _native.cuda_available()
+
+
+def _sparse():
+    import scipy.sparse as sp
+
+    return sp
+
+
+def _check_dtype(dtype, what):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "c":
+        raise TypeError(f"{what}: complex values are not supported (dtype {dtype})")
+    if dtype.kind not in "fiub":
+        raise TypeError(f"{what}: dtype {dtype} is not a real number type")
+
+
+def _csr_parts(A, what="A"):
+    """(shape, indptr bytes u64, indices bytes u32, data bytes f64) of a canonical CSR copy of
+    A (any scipy.sparse matrix or array, or a dense 2-D array)."""
+    sp = _sparse()
+    if sp.issparse(A):
+        _check_dtype(A.dtype, what)
+        A = A.tocsr()
+        if not A.has_canonical_format:
+            A = A.copy()
+            A.sum_duplicates()
+    else:
+        from scipy.sparse.linalg import LinearOperator
+
+        if isinstance(A, LinearOperator):
+            raise TypeError(f"{what}: a LinearOperator is not supported; pass a sparse matrix")
+        arr = np.asarray(A)
+        if arr.dtype == object:
+            raise TypeError(f"{what}: dtype object is not a real number type")
+        _check_dtype(arr.dtype, what)
+        if arr.ndim != 2:
+            raise ValueError(f"{what} must be 2-D (got shape {arr.shape})")
+        A = sp.csr_matrix(arr)
+    m, n = A.shape
+    if m == 0 or n == 0:
+        raise ValueError(f"{what} is empty ({m} x {n})")
+    if n > 2**32:
+        raise ValueError(f"{what} has {n} columns: more than 32-bit column indices hold")
+    indptr = np.ascontiguousarray(A.indptr, dtype=np.uint64)
+    indices = np.ascontiguousarray(A.indices, dtype=np.uint32)
+    data = np.ascontiguousarray(A.data, dtype=np.float64)
+    return (int(m), int(n)), indptr.tobytes(), indices.tobytes(), data.tobytes()
+
+
+def _vec(v, what, n=None):
+    arr = np.asarray(v)
+    if arr.dtype == object:
+        raise TypeError(f"{what}: dtype object is not a real number type")
+    _check_dtype(arr.dtype, what)
+    if arr.ndim == 2 and 1 in arr.shape:
+        arr = arr.reshape(-1)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array (got shape {arr.shape})")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"shape mismatch: {what} has {arr.shape[0]} entries, expected {n}")
+    return np.ascontiguousarray(arr, dtype=np.float64).tobytes()
+
+
+def _array(b):
+    return np.frombuffer(b, dtype=np.float64).copy()
+
+
+def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
+         calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
+         callback_every=1, transpose="auto", lsqr_loop="host"):
+    """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSQR, as
+    scipy.sparse.linalg.lsqr: same parameters, defaults and 10-tuple
+    (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
+
+    A: scipy.sparse matrix/array (csr, csc, coo, ...; int32/int64 indices; float32/float64) or
+    a dense 2-D array; b: 1-D array (any stride). backend: "auto" (CUDA when usable, else the
+    CPU), "cpu" or "cuda"; precision "f32" stores the matrix values in f32 on the GPU.
+    callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
+    iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
+    The backend used and the solve time are in seistomo.last_info.
+    """
+    shape, ip, ix, data = _csr_parts(A)
+    bb = _vec(b, "b")
+    x0b = None if x0 is None else _vec(x0, "x0")
+    if iter_lim is not None:
+        iter_lim = int(iter_lim)
+        if iter_lim < 0:
+            raise ValueError(f"iter_lim must be >= 0 (got {iter_lim})")
+    r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
+                     float(conlim), iter_lim, bool(calc_var), x0b, str(backend), str(precision),
+                     str(transpose), str(lsqr_loop), callback, int(callback_every))
+    if iter_lim == 0 and r["itn"] == 0:
+        r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
+    x = _array(r["x"])
+    var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
+    last_info.clear()
+    last_info.update({k: v for k, v in r.items() if k not in ("x", "var")})
+    if show:
+        print("LSQR            Least-squares solution of  Ax = b")
+        print(f"The matrix A has {shape[0]} rows and {shape[1]} columns")
+        print(f"damp = {damp:20.14e}   calc_var = {int(bool(calc_var)):8d}")
+        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}")
+        print(f"btol = {btol:8.2e}               iter_lim = {iter_lim}")
+        print(f"backend: {r['backend']}")
+        print(f"LSQR finished: {r['stop_reason']}")
+        print(f"istop ={r['istop']:8d}   r1norm ={r['r1norm']:8.1e}   anorm ={r['anorm']:8.1e}"
+              f"   arnorm ={r['arnorm']:8.1e}")
+        print(f"itn   ={r['itn']:8d}   r2norm ={r['r2norm']:8.1e}   acond ={r['acond']:8.1e}"
+              f"   xnorm  ={r['xnorm']:8.1e}")
+    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
+            r["acond"], r["arnorm"], r["xnorm"], var)
+
+
+class GmresResult(tuple):
+    """(x, info) as scipy.sparse.linalg.gmres returns it, with the solve's numbers as
+    attributes: iterations (inner, one operator application each), cycles, relres
+    (||b - A x|| / ||b||), converged, reason, backend, seconds."""
+
+    def __new__(cls, x, info, details):
+        self = super().__new__(cls, (x, info))
+        for k, v in details.items():
+            setattr(self, k, v)
+        return self
+
+
+def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=None,
+          orthog="cgs2", backend="auto", precision="f64", callback=None, callback_every=1):
+    """Restarted GMRES with SciPy's stopping rule: returns (x, info), info = 0 when
+    ||b - A x|| <= max(rtol ||b||, atol), else the number of restart cycles run (> 0).
+    maxiter counts restart cycles (SciPy's meaning; default 10 n). M: None, "jacobi" or
+    "block-ilu0" (left preconditioning). The result also carries .iterations (inner
+    iterations), .cycles, .relres, .converged. callback(iteration, resnorm, relres)."""
+    shape, ip, ix, data = _csr_parts(A)
+    if shape[0] != shape[1]:
+        raise ValueError(f"GMRES needs a square matrix; A is {shape[0]} x {shape[1]}")
+    n = shape[0]
+    bb = _vec(b, "b", n)
+    x0b = None if x0 is None else _vec(x0, "x0", n)
+    if M is None:
+        pc = "none"
+    elif isinstance(M, str):
+        pc = M
+    else:
+        raise TypeError("M must be None, 'jacobi' or 'block-ilu0' (operators are not supported)")
+    if maxiter is None:
+        maxiter = 10 * n
+    if int(maxiter) < 1:
+        raise ValueError(f"maxiter must be >= 1 (got {maxiter})")
+    r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), int(restart),
+                      int(maxiter), pc, str(orthog), str(backend), str(precision), callback,
+                      int(callback_every))
+    x = _array(r.pop("x"))
+    info = 0 if r["converged"] else int(r["cycles"])
+    last_info.clear()
+    last_info.update(r)
+    return GmresResult(x, info, r)
+
+
+class Dataset:
+    """A dataset directory (docs/formats.md): Dataset.create(...) writes one from SciPy/NumPy,
+    Dataset.open(path) reads its manifest; .system() loads [G; lam R], [d; 0]."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._info = json.loads(_native.dataset_info(self.path))
+
+    @classmethod
+    def open(cls, path):
+        return cls(path)
+
+    @classmethod
+    def create(cls, path, G, d, R=None, lam=1.0, grid=None, weights=None, sigma=None,
+               true_model=None, name="", description=""):
+        """Write G (kernel rows), d (data), optional damping rows R with weight lam, a grid
+        (dict n, origin, spacing[, axes, units]), per-row weights or sigma, a true model."""
+        shape, ip, ix, data = _csr_parts(G, "G")
+        m, n = shape
+        damping = None
+        if R is not None:
+            rs, rip, rix, rdata = _csr_parts(R, "R")
+            if rs[1] != n:
+                raise ValueError(f"shape mismatch: R has {rs[1]} columns but G has {n}")
+            damping = (rs, rip, rix, rdata)
+        g = None
+        if grid is not None:
+            g = (
+                [int(v) for v in grid["n"]],
+                [float(v) for v in grid.get("origin", (0.0, 0.0, 0.0))],
+                [float(v) for v in grid["spacing"]],
+                [str(v) for v in grid.get("axes", ("x", "y", "z"))],
+                str(grid.get("units", "km")),
+            )
+        opt = lambda v, what, k: None if v is None else _vec(v, what, k)
+        _native.dataset_create(os.fspath(path), shape, ip, ix, data, _vec(d, "d", m),
+                               damping, float(lam), g, opt(weights, "weights", m),
+                               opt(sigma, "sigma", m), opt(true_model, "true_model", n),
+                               str(name), str(description))
+        return cls(path)
+
+    @property
+    def name(self):
+        return self._info.get("name", "")
+
+    @property
+    def kernel_rows(self):
+        return int(self._info["kernel_rows"])
+
+    @property
+    def damping_rows(self):
+        return int(self._info["damping_rows"])
+
+    @property
+    def shape(self):
+        """Rows (kernel + damping) and columns of the system."""
+        return (self.kernel_rows + self.damping_rows, int(self._info["columns"]))
+
+    @property
+    def nnz(self):
+        """Nonzeros of the kernel rows plus the stored damping rows."""
+        damp = self._info.get("damping") or {}
+        return int(self._info["kernel_nnz"]) + int(damp.get("nnz", 0))
+
+    @property
+    def lam(self):
+        return float(self._info["damping_weight"])
+
+    @property
+    def grid(self):
+        return self._info.get("grid")
+
+    def system(self):
+        """(A, b): A a scipy.sparse.csr_matrix [G; lam R] (weights/sigma applied), b [d; 0]."""
+        sp = _sparse()
+        r = _native.dataset_system(self.path)
+        m, n = r["shape"]
+        indptr = np.frombuffer(r["indptr"], dtype=np.uint64).astype(np.int64)
+        indices = np.frombuffer(r["indices"], dtype=np.uint32).astype(np.int32)
+        A = sp.csr_matrix((_array(r["data"]), indices, indptr), shape=(m, n))
+        return A, _array(r["b"])
+
+    def __repr__(self):
+        return f"Dataset({self.path!r}, shape={self.shape}, nnz={self.nnz})"
+
+
+def invert(config, progress=0, resume=False):
+    """Run a TOML configuration as `seistomo invert CONFIG` does (one process) and return its
+    report (the report.json dict). Outputs go where the config's [output] says."""
+    return json.loads(_native.invert(os.fspath(config), int(progress), bool(resume)))
+
+
+def open_model(path):
+    """A model file as an xarray.Dataset (engine h5netcdf) when xarray and h5netcdf are
+    installed: fields with their coordinates (x, y, z cell centres, or lat/lon for a lattice of
+    cells) and units. Otherwise a dict of NumPy arrays (grid fields shaped (nz, ny, nx)) with
+    the coordinates under "x", "y", "z"."""
+    path = os.fspath(path)
+    try:
+        import xarray as xr
+        import h5netcdf  # noqa: F401
+    except ImportError:
+        xr = None
+    if xr is not None:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: No such file or directory")
+        meta = _native.model_info(path)  # checks that this is a seistomo model file
+        ds = xr.open_dataset(path, engine="h5netcdf")
+        if not ds.data_vars:
+            ds.close()
+            ds = xr.open_dataset(path, engine="h5netcdf", group="model")
+        ds.attrs.setdefault("stop_reason", meta["stop_reason"])
+        return ds
+    r = _native.model_fields(path)
+    meta = r.pop("__meta__")
+    out = {name: _array(data).reshape(shape) for name, (shape, data) in r.items()}
+    if "grid" in meta:
+        n, origin, spacing, axes, units = meta["grid"]
+        for a, key in enumerate(("x", "y", "z")):
+            out[key] = origin[a] + (np.arange(n[a]) + 0.5) * spacing[a]
+    if "cells" in meta:
+        out["cells"] = np.asarray(meta["cells"], dtype=np.float64)
+        out["cell_columns"] = list(meta["cell_columns"])
+    out["attrs"] = {k: v for k, v in meta.items() if k not in ("grid", "cells", "cell_columns")}
+    return out

@@ -1,0 +1,688 @@
+//! `seistomo._native`: the Rust half of the Python module (the Python half, python/seistomo,
+//! turns SciPy/NumPy inputs into plain arrays and shapes the results like SciPy's).
+//!
+//! Arrays cross as `bytes` in native byte order (row offsets u64, column indices u32, values
+//! f64): the abi3 (limited) API has no buffer protocol before CPython 3.11, and the library's
+//! CSR owns u64/u32/f64 vectors anyway, so one copy is made either way. The solve runs with
+//! the GIL released; the monitor takes it back to run the callback and to check for signals
+//! (Ctrl-C raises KeyboardInterrupt between iterations). Library errors become Python
+//! exceptions with the library's one-line message; a panic becomes RuntimeError.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
+use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaCsrOperator};
+use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
+use seistomo::comm::SerialComm;
+use seistomo::run::{choose_backend, BackendChoice};
+use seistomo::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
+use seistomo::solver::gmres::{
+    ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
+};
+use seistomo::solver::precond::{PivotPolicy, TriSolve};
+use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams};
+use seistomo::sparse::Csr;
+use seistomo::Error;
+
+/// The library's error as the Python exception a user expects.
+fn py_err(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::Io { err, .. } if err.kind() == std::io::ErrorKind::NotFound => {
+            PyFileNotFoundError::new_err(msg)
+        }
+        Error::Io { .. } | Error::Parse { .. } | Error::Format { .. } => PyOSError::new_err(msg),
+        Error::Backend { .. } | Error::Comm(_) | Error::Rank { .. } => PyRuntimeError::new_err(msg),
+        Error::Structure(_) | Error::Invalid(_) | Error::Config { .. } => {
+            PyValueError::new_err(msg)
+        }
+    }
+}
+
+/// Run `f`, turning a panic into RuntimeError (never an abort of the interpreter).
+fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown".into());
+            Err(PyRuntimeError::new_err(format!(
+                "seistomo internal error (panic): {what}"
+            )))
+        }
+    }
+}
+
+fn words<'a, const W: usize>(
+    b: &'a [u8],
+    what: &str,
+) -> PyResult<impl Iterator<Item = [u8; W]> + 'a> {
+    if b.len() % W != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{what}: {} bytes is not a whole number of {W}-byte values",
+            b.len()
+        )));
+    }
+    Ok(b.chunks_exact(W).map(|c| {
+        let mut a = [0u8; W];
+        a.copy_from_slice(c);
+        a
+    }))
+}
+
+fn f64s(b: &[u8], what: &str) -> PyResult<Vec<f64>> {
+    Ok(words::<8>(b, what)?.map(f64::from_ne_bytes).collect())
+}
+
+fn u64s(b: &[u8], what: &str) -> PyResult<Vec<u64>> {
+    Ok(words::<8>(b, what)?.map(u64::from_ne_bytes).collect())
+}
+
+fn u32s(b: &[u8], what: &str) -> PyResult<Vec<u32>> {
+    Ok(words::<4>(b, what)?.map(u32::from_ne_bytes).collect())
+}
+
+fn f64_bytes<'py>(py: Python<'py>, v: &[f64]) -> Bound<'py, PyBytes> {
+    let mut out = Vec::with_capacity(v.len() * 8);
+    for x in v {
+        out.extend_from_slice(&x.to_ne_bytes());
+    }
+    PyBytes::new(py, &out)
+}
+
+/// A vector that must be finite, with its name in the error.
+fn finite(v: Vec<f64>, what: &str) -> PyResult<Vec<f64>> {
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(PyValueError::new_err(format!(
+            "{what}[{i}] is not finite ({})",
+            v[i]
+        )));
+    }
+    Ok(v)
+}
+
+/// Build the validated CSR matrix (sorted unique columns, finite values, shape).
+fn csr(shape: (usize, usize), indptr: &[u8], indices: &[u8], data: &[u8]) -> PyResult<Csr> {
+    let (m, n) = shape;
+    if m == 0 || n == 0 {
+        return Err(PyValueError::new_err(format!(
+            "the matrix is empty ({m} x {n})"
+        )));
+    }
+    Csr::try_new(
+        m,
+        n,
+        u64s(indptr, "indptr")?,
+        u32s(indices, "indices")?,
+        f64s(data, "data")?,
+    )
+    .map_err(|e| py_err(Error::Structure(e)))
+}
+
+fn backend_of(s: &str) -> PyResult<BackendChoice> {
+    s.parse::<BackendChoice>().map_err(PyValueError::new_err)
+}
+
+fn precision_of(s: &str) -> PyResult<Precision> {
+    match s {
+        "f64" | "float64" => Ok(Precision::F64),
+        "f32" | "float32" => Ok(Precision::F32),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown precision '{s}' (f64, f32)"
+        ))),
+    }
+}
+
+/// Takes the GIL back every `every` iterations (callback) and at most every 50 ms (signals).
+struct PyMonitor {
+    callback: Option<Py<PyAny>>,
+    every: usize,
+    last_check: Instant,
+    err: Option<PyErr>,
+}
+
+impl PyMonitor {
+    fn new(callback: Option<Py<PyAny>>, every: usize) -> Self {
+        PyMonitor {
+            callback,
+            every: every.max(1),
+            last_check: Instant::now(),
+            err: None,
+        }
+    }
+
+    /// `args` is built only when the callback is due.
+    fn poll<A>(&mut self, itn: usize, args: impl FnOnce() -> A) -> seistomo::Result<()>
+    where
+        A: for<'py> IntoPyObject<'py, Target = pyo3::types::PyTuple>,
+    {
+        let due_cb = self.callback.is_some() && itn % self.every == 0;
+        let due_sig = self.last_check.elapsed() >= Duration::from_millis(50);
+        if !due_cb && !due_sig {
+            return Ok(());
+        }
+        self.last_check = Instant::now();
+        let cb = self.callback.as_ref();
+        let r = Python::with_gil(|py| -> PyResult<()> {
+            py.check_signals()?;
+            if let (true, Some(cb)) = (due_cb, cb) {
+                cb.call1(py, args())?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.err = Some(e);
+                Err(Error::Invalid("stopped from Python".into()))
+            }
+        }
+    }
+
+    /// The Python error that stopped the solve, else the library error.
+    fn error(&mut self, e: Error) -> PyErr {
+        self.err.take().unwrap_or_else(|| py_err(e))
+    }
+}
+
+impl<B: Backend> LsqrMonitor<B> for PyMonitor {
+    fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
+        if r.itn == 0 {
+            return Ok(());
+        }
+        let r = *r;
+        self.poll(r.itn, move || {
+            (
+                r.itn, r.r1norm, r.r2norm, r.anorm, r.acond, r.arnorm, r.xnorm,
+            )
+        })
+    }
+}
+
+impl GmresMonitor for PyMonitor {
+    fn record(&mut self, r: &GmresRecord) -> seistomo::Result<()> {
+        if r.iteration == 0 {
+            return Ok(());
+        }
+        let r = *r;
+        self.poll(r.iteration, move || (r.iteration, r.resnorm, r.relres))
+    }
+}
+
+/// LSQR on one process. Returns a dict: x (bytes), var (bytes or None), istop, itn, r1norm,
+/// r2norm, anorm, acond, arnorm, xnorm, seconds, backend.
+#[pyfunction]
+#[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
+    calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every))]
+#[allow(clippy::too_many_arguments)]
+fn lsqr<'py>(
+    py: Python<'py>,
+    shape: (usize, usize),
+    indptr: &[u8],
+    indices: &[u8],
+    data: &[u8],
+    b: &[u8],
+    damp: f64,
+    atol: f64,
+    btol: f64,
+    conlim: f64,
+    iter_lim: Option<usize>,
+    calc_var: bool,
+    x0: Option<&[u8]>,
+    backend: &str,
+    precision: &str,
+    transpose: &str,
+    lsqr_loop: &str,
+    callback: Option<Py<PyAny>>,
+    callback_every: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let a = csr(shape, indptr, indices, data)?;
+    let b = finite(f64s(b, "b")?, "b")?;
+    if b.len() != a.nrows() {
+        return Err(PyValueError::new_err(format!(
+            "shape mismatch: b has {} entries but A has {} rows",
+            b.len(),
+            a.nrows()
+        )));
+    }
+    let x0 = match x0 {
+        Some(x) => {
+            let x = finite(f64s(x, "x0")?, "x0")?;
+            if x.len() != a.ncols() {
+                return Err(PyValueError::new_err(format!(
+                    "shape mismatch: x0 has {} entries but A has {} columns",
+                    x.len(),
+                    a.ncols()
+                )));
+            }
+            Some(x)
+        }
+        None => None,
+    };
+    let params = LsqrParams {
+        damp,
+        atol,
+        btol,
+        conlim,
+        iter_lim,
+        calc_var,
+    };
+    seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
+    let choice = backend_of(backend)?;
+    let prec = precision_of(precision)?;
+    let strategy = transpose
+        .parse::<TransposeStrategy>()
+        .map_err(PyValueError::new_err)?;
+    let device_loop = lsqr_loop
+        .parse::<LsqrLoop>()
+        .map_err(PyValueError::new_err)?
+        == LsqrLoop::Device;
+    if choice == BackendChoice::Cpu && prec == Precision::F32 {
+        return Err(PyValueError::new_err(
+            "precision f32: the CPU backend stores f64 values only",
+        ));
+    }
+    let mut mon = PyMonitor::new(callback, callback_every);
+    let out = py.allow_threads(|| {
+        guarded(|| {
+            let (kind, why) = choose_backend(choice).map_err(py_err)?;
+            let comm = SerialComm;
+            match kind {
+                BackendChoice::Cuda => {
+                    let be = CudaBackend::new(0).map_err(py_err)?;
+                    let op = CudaCsrOperator::new(&be, &a, strategy, prec).map_err(py_err)?;
+                    op.set_device_loop(device_loop);
+                    drop(a);
+                    let sol = seistomo::solver::lsqr(
+                        &be,
+                        &op,
+                        &comm,
+                        &b,
+                        x0.as_deref(),
+                        &params,
+                        &mut mon,
+                    )
+                    .map_err(|e| mon.error(e))?;
+                    Ok((sol, format!("cuda: {} ({why})", be.describe())))
+                }
+                _ => {
+                    let be = CpuBackend::new();
+                    let op = CpuCsrOperator::new(a, strategy);
+                    let sol = seistomo::solver::lsqr(
+                        &be,
+                        &op,
+                        &comm,
+                        &b,
+                        x0.as_deref(),
+                        &params,
+                        &mut mon,
+                    )
+                    .map_err(|e| mon.error(e))?;
+                    Ok((sol, format!("cpu: {} ({why})", be.describe())))
+                }
+            }
+        })
+    });
+    let (sol, backend_used) = out?;
+    let d = PyDict::new(py);
+    d.set_item("x", f64_bytes(py, &sol.x))?;
+    d.set_item("var", sol.var.as_ref().map(|v| f64_bytes(py, v)))?;
+    let i = &sol.info;
+    d.set_item("istop", i.istop)?;
+    d.set_item("stop_reason", &i.stop_reason)?;
+    d.set_item("itn", i.itn)?;
+    d.set_item("r1norm", i.r1norm)?;
+    d.set_item("r2norm", i.r2norm)?;
+    d.set_item("anorm", i.anorm)?;
+    d.set_item("acond", i.acond)?;
+    d.set_item("arnorm", i.arnorm)?;
+    d.set_item("xnorm", i.xnorm)?;
+    d.set_item("seconds", i.seconds)?;
+    d.set_item("backend", backend_used)?;
+    Ok(d)
+}
+
+/// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process.
+#[pyfunction]
+#[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, maxiter, precond,
+    orthog, backend, precision, callback, callback_every))]
+#[allow(clippy::too_many_arguments)]
+fn gmres<'py>(
+    py: Python<'py>,
+    n: usize,
+    indptr: &[u8],
+    indices: &[u8],
+    data: &[u8],
+    b: &[u8],
+    x0: Option<&[u8]>,
+    rtol: f64,
+    atol: f64,
+    restart: usize,
+    maxiter: usize,
+    precond: &str,
+    orthog: &str,
+    backend: &str,
+    precision: &str,
+    callback: Option<Py<PyAny>>,
+    callback_every: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let a = csr((n, n), indptr, indices, data)?;
+    let b = finite(f64s(b, "b")?, "b")?;
+    if b.len() != n {
+        return Err(PyValueError::new_err(format!(
+            "shape mismatch: b has {} entries but A has {n} rows",
+            b.len()
+        )));
+    }
+    let x0 = match x0 {
+        Some(x) => {
+            let x = finite(f64s(x, "x0")?, "x0")?;
+            if x.len() != n {
+                return Err(PyValueError::new_err(format!(
+                    "shape mismatch: x0 has {} entries but A has {n} columns",
+                    x.len()
+                )));
+            }
+            Some(x)
+        }
+        None => None,
+    };
+    let pc = match precond {
+        "none" => SquarePrecond::None,
+        "jacobi" => SquarePrecond::Jacobi,
+        "block-ilu0" | "ilu0" => SquarePrecond::BlockIlu0 {
+            pivot: PivotPolicy::Error,
+            tri: TriSolve::Exact,
+        },
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "unknown preconditioner M='{precond}' (None, 'jacobi', 'block-ilu0')"
+            )))
+        }
+    };
+    let orthog = orthog.parse::<Orthog>().map_err(PyValueError::new_err)?;
+    let choice = backend_of(backend)?;
+    let prec = precision_of(precision)?;
+    if restart == 0 {
+        return Err(PyValueError::new_err("restart must be at least 1"));
+    }
+    let params = GmresParams {
+        restart,
+        rtol,
+        atol,
+        max_iter: restart.saturating_mul(maxiter),
+        max_cycles: Some(maxiter),
+        orthog,
+        side: PrecondSide::Left,
+        test: ConvergenceTest::Scipy,
+    };
+    let mut mon = PyMonitor::new(callback, callback_every);
+    let out = py.allow_threads(|| {
+        guarded(|| {
+            let (kind, why) = choose_backend(choice).map_err(py_err)?;
+            let comm = SerialComm;
+            let part = RowPartition::contiguous(n, 1);
+            let sol = match kind {
+                BackendChoice::Cuda => {
+                    let be = CudaBackend::new(0).map_err(py_err)?;
+                    let s = gmres_square_cuda(
+                        &be,
+                        &comm,
+                        &a,
+                        &part,
+                        &b,
+                        x0.as_deref(),
+                        pc,
+                        prec,
+                        &params,
+                        &mut mon,
+                    )
+                    .map_err(|e| mon.error(e))?;
+                    (s, format!("cuda: {} ({why})", be.describe()))
+                }
+                _ => {
+                    if prec == Precision::F32 && choice == BackendChoice::Cpu {
+                        return Err(PyValueError::new_err(
+                            "precision f32: the CPU backend stores f64 values only",
+                        ));
+                    }
+                    let s = gmres_square_cpu(
+                        &comm,
+                        &a,
+                        &part,
+                        &b,
+                        x0.as_deref(),
+                        pc,
+                        &params,
+                        &mut mon,
+                    )
+                    .map_err(|e| mon.error(e))?;
+                    (s, format!("cpu ({why})"))
+                }
+            };
+            Ok(sol)
+        })
+    });
+    let (sol, backend_used) = out?;
+    let d = PyDict::new(py);
+    d.set_item("x", f64_bytes(py, &sol.x_local))?;
+    let i = &sol.info;
+    d.set_item("converged", i.converged)?;
+    d.set_item("reason", &i.reason)?;
+    d.set_item("iterations", i.iterations)?;
+    d.set_item("cycles", i.restarts + 1)?;
+    d.set_item("relres", i.relres)?;
+    d.set_item("precond_relres", i.precond_relres)?;
+    d.set_item("seconds", i.seconds)?;
+    d.set_item("backend", backend_used)?;
+    d.set_item("precond", &sol.precond)?;
+    Ok(d)
+}
+
+/// A CSR matrix as it crosses from Python: shape, row offsets, columns, values.
+type CsrBytes = ((usize, usize), Vec<u8>, Vec<u8>, Vec<u8>);
+/// A grid as it crosses from Python: n, origin, spacing, axes, units.
+type GridTuple = ([usize; 3], [f64; 3], [f64; 3], [String; 3], String);
+
+/// Write a dataset directory. The grid, when given, is (n, origin, spacing, axes, units).
+#[pyfunction]
+#[pyo3(signature = (path, shape, indptr, indices, data, d, damping, lam, grid, weights,
+    sigma, true_model, name, description))]
+#[allow(clippy::too_many_arguments)]
+fn dataset_create(
+    py: Python<'_>,
+    path: PathBuf,
+    shape: (usize, usize),
+    indptr: &[u8],
+    indices: &[u8],
+    data: &[u8],
+    d: &[u8],
+    damping: Option<CsrBytes>,
+    lam: f64,
+    grid: Option<GridTuple>,
+    weights: Option<&[u8]>,
+    sigma: Option<&[u8]>,
+    true_model: Option<&[u8]>,
+    name: String,
+    description: String,
+) -> PyResult<String> {
+    let g = csr(shape, indptr, indices, data)?;
+    let d = finite(f64s(d, "d")?, "d")?;
+    let r = match &damping {
+        Some((s, ip, ix, v)) => Some(csr(*s, ip, ix, v)?),
+        None => None,
+    };
+    let vec_opt = |v: Option<&[u8]>, what: &str| -> PyResult<Option<Vec<f64>>> {
+        v.map(|b| f64s(b, what).and_then(|x| finite(x, what)))
+            .transpose()
+    };
+    let weights = vec_opt(weights, "weights")?;
+    let sigma = vec_opt(sigma, "sigma")?;
+    let true_model = vec_opt(true_model, "true_model")?;
+    let grid = grid.map(|(n, origin, spacing, axes, units)| seistomo::model::Grid {
+        n,
+        origin,
+        spacing,
+        axes,
+        units,
+    });
+    let mut spec = seistomo::io::dataset::DatasetSpec::new(&g, &d);
+    spec.name = name;
+    spec.description = description;
+    spec.weights = weights.as_deref();
+    spec.sigma = sigma.as_deref();
+    spec.damping = r.as_ref();
+    spec.damping_weight = lam;
+    spec.grid = grid;
+    spec.true_model = true_model.as_deref();
+    let out = py.allow_threads(|| {
+        guarded(|| seistomo::io::dataset::write_dataset(&path, &spec, false).map_err(py_err))
+    })?;
+    Ok(out.display().to_string())
+}
+
+/// A dataset's manifest as JSON (the Python `Dataset` reads its properties from it).
+#[pyfunction]
+fn dataset_info(path: PathBuf) -> PyResult<String> {
+    guarded(|| {
+        let opts = seistomo::io::LoadOptions::default();
+        let ds = seistomo::io::dataset::OpenDataset::open(&path, &opts).map_err(py_err)?;
+        let mut v = serde_json::to_value(&ds.manifest.m)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        v["damping_rows"] =
+            (ds.damping_rows() + ds.generated.as_ref().map_or(0, |g| g.nrows() as u64)).into();
+        v["damping_weight"] = ds.damping_weight.into();
+        v["dir"] = ds.manifest.dir.display().to_string().into();
+        Ok(v.to_string())
+    })
+}
+
+/// Load a dataset's whole system [G; λ R], [d; 0] (weights and sigma applied).
+#[pyfunction]
+fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let sys = py.allow_threads(|| {
+        guarded(|| {
+            let opts = seistomo::io::LoadOptions::default();
+            let ds = seistomo::io::dataset::OpenDataset::open(&path, &opts).map_err(py_err)?;
+            ds.load(0, 1, false).map(|(s, _)| s).map_err(py_err)
+        })
+    })?;
+    let (m, n, indptr, indices, data) = sys.a.into_parts();
+    let d = PyDict::new(py);
+    d.set_item("shape", (m, n))?;
+    let mut ip = Vec::with_capacity(indptr.len() * 8);
+    indptr
+        .iter()
+        .for_each(|v| ip.extend_from_slice(&v.to_ne_bytes()));
+    let mut ix = Vec::with_capacity(indices.len() * 4);
+    indices
+        .iter()
+        .for_each(|v| ix.extend_from_slice(&v.to_ne_bytes()));
+    d.set_item("indptr", PyBytes::new(py, &ip))?;
+    d.set_item("indices", PyBytes::new(py, &ix))?;
+    d.set_item("data", f64_bytes(py, &data))?;
+    d.set_item("b", f64_bytes(py, &sys.b))?;
+    d.set_item("kernel_rows", sys.kernel_rows)?;
+    Ok(d)
+}
+
+/// Run a TOML configuration as `seistomo invert` does (one process); returns report.json.
+#[pyfunction]
+#[pyo3(signature = (config, progress=0, resume=false))]
+fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyResult<String> {
+    py.allow_threads(|| {
+        guarded(|| {
+            let cfg = seistomo::config::RunConfig::load(&config).map_err(py_err)?;
+            let sys_src = cfg.system.clone();
+            let o = seistomo::distributed::run_lsqr(
+                &SerialComm,
+                move || sys_src.load(),
+                seistomo::distributed::Loading::Root,
+                &cfg.options,
+                &cfg.output,
+                progress,
+                Some((&cfg, resume)),
+            )
+            .map_err(py_err)?;
+            let o = o.ok_or_else(|| PyRuntimeError::new_err("the run produced no outcome"))?;
+            serde_json::to_string(&o.report).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        })
+    })
+}
+
+fn model_meta<'py>(
+    py: Python<'py>,
+    mf: &seistomo::model::hdf5::ModelFile,
+) -> PyResult<Bound<'py, PyDict>> {
+    let meta = PyDict::new(py);
+    meta.set_item("parameterisation", &mf.parameterisation)?;
+    meta.set_item("unknowns", &mf.unknowns)?;
+    meta.set_item("velocity_unit", &mf.velocity_unit)?;
+    meta.set_item("istop", mf.istop)?;
+    meta.set_item("stop_reason", &mf.stop_reason)?;
+    if let Some(g) = &mf.grid {
+        meta.set_item(
+            "grid",
+            (g.n, g.origin, g.spacing, g.axes.clone(), g.units.clone()),
+        )?;
+    }
+    if !mf.cells.is_empty() {
+        meta.set_item("cell_columns", mf.cell_columns.clone())?;
+        meta.set_item("cells", mf.cells.clone())?;
+    }
+    Ok(meta)
+}
+
+/// A model file's description (checks that it is a seistomo model file).
+#[pyfunction]
+fn model_info<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let mf = guarded(|| seistomo::model::hdf5::ModelFile::open(&path).map_err(py_err))?;
+    model_meta(py, &mf)
+}
+
+/// Every field of a model file's /model group (for `open_model` without xarray):
+/// {name: (shape, bytes)} plus "__meta__" (what [`model_info`] returns).
+#[pyfunction]
+fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let mf = guarded(|| seistomo::model::hdf5::ModelFile::open(&path).map_err(py_err))?;
+    let out = PyDict::new(py);
+    for name in seistomo::model::cf::field_names(&path).map_err(py_err)? {
+        let (v, shape) = mf.field(&name).map_err(py_err)?;
+        out.set_item(name, (shape, f64_bytes(py, &v)))?;
+    }
+    out.set_item("__meta__", model_meta(py, &mf)?)?;
+    Ok(out)
+}
+
+/// Whether a usable CUDA GPU is present, and which (or why not).
+#[pyfunction]
+fn cuda_available() -> (bool, String) {
+    match seistomo::backend::cuda::probe() {
+        Ok(d) => (true, d.to_string()),
+        Err(why) => (false, why),
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", seistomo::VERSION)?;
+    m.add_function(wrap_pyfunction!(lsqr, m)?)?;
+    m.add_function(wrap_pyfunction!(gmres, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset_create, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset_info, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset_system, m)?)?;
+    m.add_function(wrap_pyfunction!(invert, m)?)?;
+    m.add_function(wrap_pyfunction!(model_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(model_info, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    Ok(())
+}
