@@ -323,6 +323,43 @@ fn solve_on<B: Backend, O: Operator<B>>(
     Ok((sol, mon.history))
 }
 
+/// The storage a run uses. Compact builds its own explicit transpose (no cuSPARSE, no atomic
+/// scatter), so `auto` is CSR where the transpose is asked for as `library` or `scatter`. On the
+/// GPU `auto` is compact for systems of >= 1M stored nonzeros on one rank (measured faster there,
+/// docs/gpu.md) and CSR for small, latency-bound ones and under MPI.
+pub fn resolve_storage(
+    kind: BackendChoice,
+    storage: crate::storage::Storage,
+    transpose: TransposeStrategy,
+    ranks: usize,
+    nnz: usize,
+) -> crate::storage::Storage {
+    match (kind, storage) {
+        (BackendChoice::Cuda, crate::storage::Storage::Auto)
+            if ranks > 1 || nnz < GPU_COMPACT_MIN_NNZ =>
+        {
+            crate::storage::Storage::Csr
+        }
+        (_, s) => s.resolve(matches!(
+            transpose,
+            TransposeStrategy::Library | TransposeStrategy::Scatter
+        )),
+    }
+}
+
+/// Whether the GPU runs LSQR's device loop: `auto` = with compact storage on one rank.
+pub fn use_device_loop(
+    lsqr_loop: crate::backend::LsqrLoop,
+    storage: crate::storage::Storage,
+    ranks: usize,
+) -> bool {
+    match lsqr_loop {
+        crate::backend::LsqrLoop::Device => true,
+        crate::backend::LsqrLoop::Host => false,
+        crate::backend::LsqrLoop::Auto => storage == crate::storage::Storage::Compact && ranks == 1,
+    }
+}
+
 /// Solve a loaded system with LSQR.
 pub fn solve_system(
     sys: System,
@@ -346,20 +383,7 @@ pub fn solve_system_checkpointed(
     let t_setup = Instant::now();
     let (kind, why) = choose_backend(opts.backend)?;
     let System { a, b, kernel_rows } = sys;
-    // Storage: compact builds its own explicit transpose (no cuSPARSE, no atomic scatter). On
-    // the GPU `auto` is compact for systems of >= 1M nonzeros on one rank (measured faster
-    // there, docs/gpu.md) and CSR for small, latency-bound ones and under MPI.
-    let storage = match (kind, opts.storage) {
-        (BackendChoice::Cuda, crate::storage::Storage::Auto)
-            if comm.size() > 1 || a.nnz() < GPU_COMPACT_MIN_NNZ =>
-        {
-            crate::storage::Storage::Csr
-        }
-        (_, s) => s.resolve(matches!(
-            opts.transpose,
-            TransposeStrategy::Library | TransposeStrategy::Scatter
-        )),
-    };
+    let storage = resolve_storage(kind, opts.storage, opts.transpose, comm.size(), a.nnz());
     let prepared = crate::storage::prepare(
         a,
         b,
@@ -378,13 +402,7 @@ pub fn solve_system_checkpointed(
         ordering,
         storage,
     } = prepared;
-    let device_loop = match opts.lsqr_loop {
-        crate::backend::LsqrLoop::Device => true,
-        crate::backend::LsqrLoop::Host => false,
-        crate::backend::LsqrLoop::Auto => {
-            storage == crate::storage::Storage::Compact && comm.size() == 1
-        }
-    };
+    let device_loop = use_device_loop(opts.lsqr_loop, storage, comm.size());
     let m_local = a.nrows() + stencil.as_ref().map_or(0, |s| s.nrows());
     let nnz_local = a.nnz() + stencil.as_ref().map_or(0, |s| s.stencil().nnz());
     let n = a.ncols();

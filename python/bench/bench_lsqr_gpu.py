@@ -3,7 +3,7 @@
 Run on the GPU machine after `make python` (or `pip install ./python`), with CuPy installed:
 
     .venv-py/bin/python python/bench/bench_lsqr_gpu.py australia --iters 300
-    target/release/seistomo bench --size large --export-npy /tmp/npy --reorder none --iters 1
+    target/release/seistomo bench --size large --export-npy /tmp/npy --reorder none
     .venv-py/bin/python python/bench/bench_lsqr_gpu.py /tmp/npy --iters 100 [--precision f32]
 
 SYSTEM is `australia` ([G; 0.015 R], [d; 0] from datasets/australia) or a directory of
@@ -14,7 +14,7 @@ the CLI's `bench` and report.json use; wall: the whole Python call including the
 CuPy's LSQR loop (SciPy's algorithm on cupyx.scipy.sparse, one host sync per scalar, as CuPy has
 no LSQR of its own). Compare `seistomo_py.ms_per_iter` with the CLI's
 `seistomo bench --matrix ... --backend cuda --iters N` figure on the same system and options
-(transpose, precision, reorder none): they should agree within 5 % (no per-iteration Python
+(storage, transpose, precision, reorder, loop): they should agree within 5 % (no per-iteration Python
 overhead: the loop runs in Rust with the GIL released; callbacks are off).
 """
 import argparse
@@ -45,11 +45,12 @@ def load(system):
     return A, b
 
 
-def bench_seistomo(A, b, iters, precision, transpose, lsqr_loop):
+def bench_seistomo(A, b, iters, precision, transpose, lsqr_loop, storage, reorder):
     import seistomo
 
     kw = dict(atol=0.0, btol=0.0, conlim=0.0, iter_lim=iters, backend="cuda",
-              precision=precision, transpose=transpose, lsqr_loop=lsqr_loop)
+              precision=precision, transpose=transpose, lsqr_loop=lsqr_loop, storage=storage,
+              reorder=reorder)
     seistomo.lsqr(A, b, **dict(kw, iter_lim=min(iters, 10)))  # warm-up: kernels, context
     t = time.perf_counter()
     r = seistomo.lsqr(A, b, **kw)
@@ -58,7 +59,8 @@ def bench_seistomo(A, b, iters, precision, transpose, lsqr_loop):
     return dict(solver="seistomo_py", iterations=r[2], istop=r[1], r1norm=r[3],
                 ms_per_iter=1e3 * info["seconds"] / max(r[2], 1),
                 wall_ms_per_iter=1e3 * wall / max(r[2], 1), backend=info["backend"],
-                precision=precision, transpose=transpose, lsqr_loop=lsqr_loop)
+                precision=precision, transpose=transpose, lsqr_loop=lsqr_loop, storage=storage,
+                reorder=reorder)
 
 
 def cupy_lsqr(A, b, iters):
@@ -113,7 +115,9 @@ def main():
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--precision", default="f64")
     ap.add_argument("--transpose", default="auto")
-    ap.add_argument("--lsqr-loop", default="host")
+    ap.add_argument("--lsqr-loop", default="auto")
+    ap.add_argument("--storage", default="auto")
+    ap.add_argument("--reorder", default="auto")
     ap.add_argument("--no-cupy", action="store_true")
     a = ap.parse_args()
     import seistomo
@@ -125,7 +129,7 @@ def main():
     A, b = load(a.system)
     head = dict(system=a.system, m=A.shape[0], n=A.shape[1], nnz=int(A.nnz), gpu=why)
     print(json.dumps(dict(head, **bench_seistomo(A, b, a.iters, a.precision, a.transpose,
-                                                 a.lsqr_loop))), flush=True)
+                                                 a.lsqr_loop, a.storage, a.reorder))), flush=True)
     if not a.no_cupy:
         print(json.dumps(dict(head, **bench_cupy(A, b, a.iters))), flush=True)
 

@@ -104,14 +104,19 @@ def _array(b):
 
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
          calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
-         callback_every=1, transpose="auto", lsqr_loop="host"):
+         callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none"):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSQR, as
     scipy.sparse.linalg.lsqr: same parameters, defaults and 10-tuple
     (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
 
     A: scipy.sparse matrix/array (csr, csc, coo, ...; int32/int64 indices; float32/float64) or
     a dense 2-D array; b: 1-D array (any stride). backend: "auto" (CUDA when usable, else the
-    CPU), "cpu" or "cuda"; precision "f32" stores the matrix values in f32 on the GPU.
+    CPU), "cpu" or "cuda"; precision "f32" stores the matrix values in f32 (GPU; CPU with
+    compact storage). storage ("auto", "csr", "compact": 16-bit column deltas), reorder ("auto",
+    "rows", "none") and lsqr_loop ("auto", "host", "device") are the CLI's options of the same
+    names (docs/gpu.md). reorder defaults to "none" so that results follow SciPy's summation
+    order (iterations within 2 %); reorder="auto" (the CLI's default) is 1.2-1.5x faster on large
+    GPU systems. x comes back in the original order.
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
     The backend used and the solve time are in seistomo.last_info.
@@ -125,7 +130,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
             raise ValueError(f"iter_lim must be >= 0 (got {iter_lim})")
     r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
                      float(conlim), iter_lim, bool(calc_var), x0b, str(backend), str(precision),
-                     str(transpose), str(lsqr_loop), callback, int(callback_every))
+                     str(transpose), str(lsqr_loop), callback, int(callback_every),
+                     str(storage), str(reorder))
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
     x = _array(r["x"])

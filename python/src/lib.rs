@@ -16,11 +16,14 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
-use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaCsrOperator};
+use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use seistomo::backend::cuda::{
+    gmres_square_cuda, CudaBackend, CudaCompactOperator, CudaCsrOperator,
+};
 use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
-use seistomo::run::{choose_backend, BackendChoice};
+use seistomo::reorder::Reorder;
+use seistomo::run::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
 use seistomo::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
 use seistomo::solver::gmres::{
     ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
@@ -28,6 +31,7 @@ use seistomo::solver::gmres::{
 use seistomo::solver::precond::{PivotPolicy, TriSolve};
 use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams};
 use seistomo::sparse::Csr;
+use seistomo::storage::Storage;
 use seistomo::Error;
 
 /// The library's error as the Python exception a user expects.
@@ -222,7 +226,8 @@ impl GmresMonitor for PyMonitor {
 /// r2norm, anorm, acond, arnorm, xnorm, seconds, backend.
 #[pyfunction]
 #[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
-    calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every))]
+    calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every,
+    storage, reorder))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -244,6 +249,8 @@ fn lsqr<'py>(
     lsqr_loop: &str,
     callback: Option<Py<PyAny>>,
     callback_every: usize,
+    storage: &str,
+    reorder: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let a = csr(shape, indptr, indices, data)?;
     let b = finite(f64s(b, "b")?, "b")?;
@@ -282,13 +289,14 @@ fn lsqr<'py>(
     let strategy = transpose
         .parse::<TransposeStrategy>()
         .map_err(PyValueError::new_err)?;
-    let device_loop = lsqr_loop
+    let lsqr_loop = lsqr_loop
         .parse::<LsqrLoop>()
-        .map_err(PyValueError::new_err)?
-        == LsqrLoop::Device;
-    if choice == BackendChoice::Cpu && prec == Precision::F32 {
+        .map_err(PyValueError::new_err)?;
+    let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
+    let reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
+    if choice == BackendChoice::Cpu && prec == Precision::F32 && storage == Storage::Csr {
         return Err(PyValueError::new_err(
-            "precision f32: the CPU backend stores f64 values only",
+            "precision f32: the CPU backend stores f64 values only with storage=\"csr\" (use storage=\"compact\")",
         ));
     }
     let mut mon = PyMonitor::new(callback, callback_every);
@@ -296,40 +304,91 @@ fn lsqr<'py>(
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
             let comm = SerialComm;
-            match kind {
+            // The CLI's pipeline for one rank: storage, reordering (solution mapped back).
+            let storage = resolve_storage(kind, storage, strategy, 1, a.nnz());
+            let m = a.nrows();
+            let seistomo::storage::Prepared {
+                stored,
+                b,
+                ordering,
+                storage,
+                ..
+            } = seistomo::storage::prepare(a, b, m, None, storage, reorder, false);
+            let x0 = x0.as_deref().map(|x| ordering.to_new(x));
+            let dev_loop = use_device_loop(lsqr_loop, storage, 1);
+            let (res, what) = match kind {
                 BackendChoice::Cuda => {
                     let be = CudaBackend::new(0).map_err(py_err)?;
-                    let op = CudaCsrOperator::new(&be, &a, strategy, prec).map_err(py_err)?;
-                    op.set_device_loop(device_loop);
-                    drop(a);
-                    let sol = seistomo::solver::lsqr(
-                        &be,
-                        &op,
-                        &comm,
-                        &b,
-                        x0.as_deref(),
-                        &params,
-                        &mut mon,
-                    )
-                    .map_err(|e| mon.error(e))?;
-                    Ok((sol, format!("cuda: {} ({why})", be.describe())))
+                    let res = if storage == Storage::Compact {
+                        let op =
+                            CudaCompactOperator::new(&be, &stored, None, prec).map_err(py_err)?;
+                        drop(stored);
+                        op.set_device_loop(dev_loop);
+                        seistomo::solver::lsqr(
+                            &be,
+                            &op,
+                            &comm,
+                            &b,
+                            x0.as_deref(),
+                            &params,
+                            &mut mon,
+                        )
+                    } else {
+                        let op =
+                            CudaCsrOperator::new(&be, &stored, strategy, prec).map_err(py_err)?;
+                        drop(stored);
+                        op.set_device_loop(dev_loop);
+                        seistomo::solver::lsqr(
+                            &be,
+                            &op,
+                            &comm,
+                            &b,
+                            x0.as_deref(),
+                            &params,
+                            &mut mon,
+                        )
+                    };
+                    (res, format!("cuda: {} ({why})", be.describe()))
                 }
                 _ => {
                     let be = CpuBackend::new();
-                    let op = CpuCsrOperator::new(a, strategy);
-                    let sol = seistomo::solver::lsqr(
-                        &be,
-                        &op,
-                        &comm,
-                        &b,
-                        x0.as_deref(),
-                        &params,
-                        &mut mon,
-                    )
-                    .map_err(|e| mon.error(e))?;
-                    Ok((sol, format!("cpu: {} ({why})", be.describe())))
+                    let res = if storage == Storage::Compact {
+                        let op = CpuCompactOperator::new(&stored, None, prec);
+                        drop(stored);
+                        seistomo::solver::lsqr(
+                            &be,
+                            &op,
+                            &comm,
+                            &b,
+                            x0.as_deref(),
+                            &params,
+                            &mut mon,
+                        )
+                    } else {
+                        {
+                            let op = CpuCsrOperator::new(stored, strategy);
+                            seistomo::solver::lsqr(
+                                &be,
+                                &op,
+                                &comm,
+                                &b,
+                                x0.as_deref(),
+                                &params,
+                                &mut mon,
+                            )
+                        }
+                    };
+                    (res, format!("cpu: {} ({why})", be.describe()))
+                }
+            };
+            let mut sol = res.map_err(|e| mon.error(e))?;
+            if ordering.cols.is_some() {
+                sol.x = ordering.to_old(&sol.x);
+                if let Some(v) = sol.var.as_mut() {
+                    *v = ordering.to_old(v);
                 }
             }
+            Ok((sol, what))
         })
     });
     let (sol, backend_used) = out?;
