@@ -122,6 +122,46 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 impl RunConfig {
+    /// Every file and directory this run reads and writes, for the clash check and the output
+    /// lock (src/io/outpaths.rs).
+    pub fn paths(&self) -> crate::io::outpaths::PathCheck {
+        let mut c = crate::io::outpaths::PathCheck::new();
+        c.input("config", &self.path);
+        match &self.system {
+            SystemSource::Mtx {
+                matrix, rhs, reg, ..
+            } => {
+                c.input("[system] matrix", matrix)
+                    .input_opt("[system] rhs", rhs.as_deref())
+                    .input_opt("[system] reg", reg.as_deref());
+            }
+            SystemSource::Dataset { path, .. } => {
+                c.input("[dataset] path", path);
+                if let Some(dir) = path.parent() {
+                    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                    c.input_dir("[dataset] path", dir);
+                }
+            }
+        }
+        c.input_opt("x0", self.options.x0.as_deref());
+        for (what, p) in self.model.input_files() {
+            c.input(what, p);
+        }
+        let o = &self.output;
+        c.output_opt("[output] solution", o.solution.as_deref())
+            .output_opt("[output] report", o.report.as_deref())
+            .output_opt("[output] history", o.history.as_deref())
+            .output_opt("[output] variance", o.variance.as_deref());
+        if let Some(m) = &self.model.path {
+            c.output("[output] model", m)
+                .output("model sidecar", &crate::model::hdf5::xdmf_path(m));
+        }
+        if self.model.checkpoint_every > 0 {
+            c.output("[output] checkpoint", &self.model.checkpoint);
+        }
+        c
+    }
+
     /// Read and validate a config file.
     pub fn load(path: &Path) -> Result<RunConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

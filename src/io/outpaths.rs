@@ -74,6 +74,13 @@ fn entry(what: &str, p: &Path) -> Entry {
     }
 }
 
+/// Check `c`, then lock the directories its output files go to (and recover what a killed run
+/// left there): call before any work.
+pub fn check_and_lock(c: &PathCheck) -> Result<crate::io::publish::OutputLock> {
+    c.check()?;
+    crate::io::publish::OutputLock::acquire(&c.output_parents())
+}
+
 /// The inputs and outputs of one command (module docs).
 #[derive(Default)]
 pub struct PathCheck {
