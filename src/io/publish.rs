@@ -471,30 +471,67 @@ pub fn check_set(dir: &Path) -> Result<Manifest> {
     }
     let m = read_manifest(&dir.join(MANIFEST))?;
     for f in &m.files {
-        let p = dir.join(&f.name);
-        let mut h = Fnv::new();
-        let mut n = 0u64;
-        let mut file = File::open(&p).map_err(|e| Error::io(&p, e))?;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let k = file.read(&mut buf).map_err(|e| Error::io(&p, e))?;
-            if k == 0 {
-                break;
-            }
-            h.update(&buf[..k]);
-            n += k as u64;
-        }
-        if n != f.bytes || format!("{:016x}", h.0) != f.fnv1a64 {
-            return Err(Error::format(
-                &p,
-                format!(
-                    "not the file of run {} named in {MANIFEST} ({} bytes, expected {})",
-                    m.run_id, n, f.bytes
-                ),
-            ));
-        }
+        check_file(&dir.join(&f.name), f, &m.run_id)?;
     }
     Ok(m)
+}
+
+/// A committed set still being moved into `dir` (a run killed between its renames): complete
+/// when every file it names is in the commit directory or already in `dir`, with the recorded
+/// size and hash. `None` when nothing is pending. This is the set [`recover`] completes.
+pub fn check_pending(dir: &Path) -> Result<Option<Manifest>> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if !n.starts_with(COMMIT) {
+            continue;
+        }
+        let c = dir.join(&n);
+        let mp = if c.join(MANIFEST).exists() {
+            c.join(MANIFEST)
+        } else {
+            dir.join(MANIFEST)
+        };
+        let m = read_manifest(&mp)?;
+        for f in &m.files {
+            let staged = c.join(&f.name);
+            let p = if fs::symlink_metadata(&staged).is_ok() {
+                staged
+            } else {
+                dir.join(&f.name)
+            };
+            check_file(&p, f, &m.run_id)?;
+        }
+        return Ok(Some(m));
+    }
+    Ok(None)
+}
+
+fn check_file(p: &Path, f: &ManifestFile, run: &str) -> Result<()> {
+    let mut h = Fnv::new();
+    let mut n = 0u64;
+    let mut file = File::open(p).map_err(|e| Error::io(p, e))?;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let k = file.read(&mut buf).map_err(|e| Error::io(p, e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    if n != f.bytes || format!("{:016x}", h.0) != f.fnv1a64 {
+        return Err(Error::format(
+            p,
+            format!(
+                "not the file of run {run} named in {MANIFEST} ({n} bytes, expected {})",
+                f.bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The output lock of one or more directories (module docs, step 1). Dropping it removes the
