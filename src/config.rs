@@ -159,7 +159,11 @@ impl RunConfig {
             SystemSource::Dataset { path, .. } => {
                 c.input("[dataset] path", path);
                 if let Some(dir) = path.parent() {
-                    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                    let dir = if dir.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        dir
+                    };
                     c.input_dir("[dataset] path", dir);
                 }
             }

@@ -99,7 +99,11 @@ pub fn run_lsqr(
     let written = match all {
         Some(all) => {
             outcome.report.rank_timing = all;
-            publish(out, &mut outcome, run_model.as_ref().zip(model.map(|m| m.0)))
+            publish(
+                out,
+                &mut outcome,
+                run_model.as_ref().zip(model.map(|m| m.0)),
+            )
         }
         None => Ok(()),
     };

@@ -275,7 +275,10 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, vec!["model.h5", "model.xdmf", "seistomo-outputs.json"]);
+    assert_eq!(
+        names,
+        vec!["model.h5", "model.xdmf", "seistomo-outputs.json"]
+    );
 }
 
 fn seistomo(args: &[&str]) -> (bool, String) {

@@ -368,7 +368,12 @@ fn checkpoints_on_3_ranks_are_removed_and_resume_is_announced_once_before_the_so
     let o = invert(true, false);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert_eq!(err.matches("resumed from the checkpoint at iteration").count(), 1, "{err}");
+    assert_eq!(
+        err.matches("resumed from the checkpoint at iteration")
+            .count(),
+        1,
+        "{err}"
+    );
     assert_eq!(err.matches("no checkpoint").count(), 0, "{err}");
     let said = err.find("resumed from the checkpoint").unwrap();
     let first_itn = err.find("  itn ").unwrap_or(usize::MAX);

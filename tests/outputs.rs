@@ -32,8 +32,17 @@ fn setup_every(d: &Path, out: &Path, every: usize) -> PathBuf {
     let ds = d.join("ds");
     let o = run({
         let mut c = bin();
-        c.args(["synth", "--grid", "8,8,4", "--rays", "400", "--smoothing", "0.1,0.1,0.1", "--out"])
-            .arg(&ds);
+        c.args([
+            "synth",
+            "--grid",
+            "8,8,4",
+            "--rays",
+            "400",
+            "--smoothing",
+            "0.1,0.1,0.1",
+            "--out",
+        ])
+        .arg(&ds);
         c
     });
     assert!(o.status.success(), "{}", stderr(&o));
@@ -107,7 +116,11 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
     levels.push(total * 2);
     let (mut ok, mut refused) = (0, 0);
     for &n in &levels {
-        let o = invert(&cfg, &[("SEISTOMO_FAULT_ENOSPC_AFTER", n.to_string())], false);
+        let o = invert(
+            &cfg,
+            &[("SEISTOMO_FAULT_ENOSPC_AFTER", n.to_string())],
+            false,
+        );
         let err = stderr(&o);
         assert!(
             o.status.code().is_some(),
@@ -115,7 +128,11 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
             o.status.signal()
         );
         assert!(!err.contains("panicked"), "fill level {n}: {err}");
-        assert!(dot_files(&out).is_empty(), "fill level {n}: left {:?}", dot_files(&out));
+        assert!(
+            dot_files(&out).is_empty(),
+            "fill level {n}: left {:?}",
+            dot_files(&out)
+        );
         if o.status.success() {
             let m = check_set(&out).unwrap();
             assert_ne!(m.run_id, old.run_id);
@@ -124,13 +141,26 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
         } else {
             assert_eq!(o.status.code(), Some(1));
             assert_eq!(err.trim_end().lines().count(), 1, "fill level {n}: {err}");
-            assert!(err.contains("No space left on device"), "fill level {n}: {err}");
-            assert_eq!(check_set(&out).unwrap().run_id, old.run_id, "fill level {n}");
-            assert!(snapshot(&out) == old_files, "fill level {n}: the old outputs changed");
+            assert!(
+                err.contains("No space left on device"),
+                "fill level {n}: {err}"
+            );
+            assert_eq!(
+                check_set(&out).unwrap().run_id,
+                old.run_id,
+                "fill level {n}"
+            );
+            assert!(
+                snapshot(&out) == old_files,
+                "fill level {n}: the old outputs changed"
+            );
             refused += 1;
         }
     }
-    eprintln!("{} fill levels: {ok} complete new sets, {refused} refused with the old set intact", levels.len());
+    eprintln!(
+        "{} fill levels: {ok} complete new sets, {refused} refused with the old set intact",
+        levels.len()
+    );
     assert!(ok >= 1 && refused >= 20);
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -141,7 +171,11 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
     let out = d.join("out");
     let cfg = setup(&d, &out);
     // The uninterrupted result, and the number of steps of its output phase.
-    let o = invert(&cfg, &[("SEISTOMO_FAULT_KILL_AT", u64::MAX.to_string())], false);
+    let o = invert(
+        &cfg,
+        &[("SEISTOMO_FAULT_KILL_AT", u64::MAX.to_string())],
+        false,
+    );
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     let points: u64 = err
@@ -156,7 +190,9 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
         (1..=points).collect()
     } else {
         let mut rng = Rng::new(18);
-        (0..24).map(|_| 1 + (rng.uniform() * points as f64) as u64 % points).collect()
+        (0..24)
+            .map(|_| 1 + (rng.uniform() * points as f64) as u64 % points)
+            .collect()
     };
     let trials = steps.len();
     assert!(trials >= 20, "only {points} output steps");
@@ -164,7 +200,12 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
     for (t, &k) in steps.iter().enumerate() {
         let before = check_set(&out).unwrap().run_id;
         let o = invert(&cfg, &[("SEISTOMO_FAULT_KILL_AT", k.to_string())], false);
-        assert_eq!(o.status.signal(), Some(9), "trial {t}, step {k}: {}", stderr(&o));
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "trial {t}, step {k}: {}",
+            stderr(&o)
+        );
         // One complete set: the old one, the new one, or a committed new one being moved in.
         match check_set(&out) {
             Ok(_) => {} // the old set, or the new one complete
@@ -176,19 +217,32 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
                 pending += 1;
             }
         }
-        assert!(out.join("checkpoint.bin").is_file(), "trial {t}: no checkpoint to resume from");
+        assert!(
+            out.join("checkpoint.bin").is_file(),
+            "trial {t}: no checkpoint to resume from"
+        );
         let r = invert(&cfg, &[], true);
         let rerr = stderr(&r);
         assert!(r.status.success(), "trial {t}, step {k}: {rerr}");
-        assert_eq!(rerr.matches("resumed from the checkpoint").count(), 1, "{rerr}");
+        assert_eq!(
+            rerr.matches("resumed from the checkpoint").count(),
+            1,
+            "{rerr}"
+        );
         check_set(&out).unwrap();
         assert!(
             std::fs::read(out.join("solution.txt")).unwrap() == want,
             "trial {t}: the resumed solution differs"
         );
-        assert!(dot_files(&out).is_empty(), "trial {t}: left {:?}", dot_files(&out));
+        assert!(
+            dot_files(&out).is_empty(),
+            "trial {t}: left {:?}",
+            dot_files(&out)
+        );
     }
-    eprintln!("{trials} kills over {points} output steps; {pending} left a committed set being moved in");
+    eprintln!(
+        "{trials} kills over {points} output steps; {pending} left a committed set being moved in"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -229,8 +283,9 @@ fn two_inverts_into_one_directory_one_stops_at_once_naming_the_other() {
     assert_eq!(lo.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
-        err.contains(&format!("another seistomo run (pid {winner_pid}) is writing to"))
-            && err.contains(&out.display().to_string()),
+        err.contains(&format!(
+            "another seistomo run (pid {winner_pid}) is writing to"
+        )) && err.contains(&out.display().to_string()),
         "{err}"
     );
     check_set(&out).unwrap();
@@ -294,7 +349,10 @@ fn an_input_is_never_an_output() {
     std::fs::write(&a, "not a matrix\n").unwrap();
     let o = run({
         let mut c = bin();
-        c.args(["solve", "--backend", "cpu", "--matrix"]).arg(&a).arg("--solution").arg(&a);
+        c.args(["solve", "--backend", "cpu", "--matrix"])
+            .arg(&a)
+            .arg("--solution")
+            .arg(&a);
         c
     });
     refused(&o, &["--solution", "is the input --matrix", "A.mtx"]);
@@ -303,7 +361,10 @@ fn an_input_is_never_an_output() {
     std::os::unix::fs::symlink(&a, d.join("s.txt")).unwrap();
     let o = run({
         let mut c = bin();
-        c.args(["solve", "--matrix"]).arg(&a).arg("--solution").arg(d.join("s.txt"));
+        c.args(["solve", "--matrix"])
+            .arg(&a)
+            .arg("--solution")
+            .arg(d.join("s.txt"));
         c
     });
     refused(&o, &["is the input --matrix"]);
@@ -323,16 +384,29 @@ fn an_input_is_never_an_output() {
     let cfg = setup(&d, &out);
     let text = std::fs::read_to_string(&cfg).unwrap();
     let inside = d.join("inside.toml");
-    std::fs::write(&inside, text.replace(&out.display().to_string(), &d.join("ds/out").display().to_string())).unwrap();
+    std::fs::write(
+        &inside,
+        text.replace(
+            &out.display().to_string(),
+            &d.join("ds/out").display().to_string(),
+        ),
+    )
+    .unwrap();
     refused(&invert(&inside, &[], false), &["inside the input dataset"]);
     assert!(!d.join("ds/out").exists());
     std::fs::create_dir_all(out.join("report.json")).unwrap();
-    refused(&invert(&cfg, &[], false), &["report.json", "is an existing directory"]);
+    refused(
+        &invert(&cfg, &[], false),
+        &["report.json", "is an existing directory"],
+    );
     assert!(!out.join("solution.txt").exists());
     // export -o into the dataset, plot over its own model.
     let o = run({
         let mut c = bin();
-        c.arg("export").arg(d.join("ds")).arg("-o").arg(d.join("ds"));
+        c.arg("export")
+            .arg(d.join("ds"))
+            .arg("-o")
+            .arg(d.join("ds"));
         c
     });
     refused(&o, &["inside the input dataset"]);
@@ -351,13 +425,22 @@ fn absurd_settings_and_broken_datasets_are_one_line_errors() {
         std::fs::write(&p, text.replace(from, to)).unwrap();
         p
     };
-    let o = invert(&with("t.toml", "threads = 2", "threads = 100000"), &[], false);
+    let o = invert(
+        &with("t.toml", "threads = 2", "threads = 100000"),
+        &[],
+        false,
+    );
     refused(&o, &["t.toml", "threads must be in 1..=4096", "100000"]);
-    let o = invert(&with("d.toml", "iter_lim = 60", "iter_lim = 60\ndamp = 1e300"), &[], false);
+    let o = invert(
+        &with("d.toml", "iter_lim = 60", "iter_lim = 60\ndamp = 1e300"),
+        &[],
+        false,
+    );
     refused(&o, &["d.toml", "damp must be <= 1e100"]);
     let o = run({
         let mut c = bin();
-        c.args(["solve", "--threads", "100000", "--matrix"]).arg(d.join("none.mtx"));
+        c.args(["solve", "--threads", "100000", "--matrix"])
+            .arg(d.join("none.mtx"));
         c
     });
     refused(&o, &["--threads must be in 1..=4096"]);
@@ -386,9 +469,16 @@ fn absurd_settings_and_broken_datasets_are_one_line_errors() {
         .find(|l| l.starts_with("spacing"))
         .unwrap()
         .to_string();
-    for bad in ["spacing = [0.0, 1.0, 1.0]", "spacing = [nan, 1.0, 1.0]", "spacing = [1.0, -1.0, 1.0]"] {
+    for bad in [
+        "spacing = [0.0, 1.0, 1.0]",
+        "spacing = [nan, 1.0, 1.0]",
+        "spacing = [1.0, -1.0, 1.0]",
+    ] {
         std::fs::write(ds.join("dataset.toml"), manifest.replace(&line, bad)).unwrap();
-        refused(&invert(&cfg, &[], false), &["dataset.toml", "spacing must be finite and > 0"]);
+        refused(
+            &invert(&cfg, &[], false),
+            &["dataset.toml", "spacing must be finite and > 0"],
+        );
     }
     std::fs::write(ds.join("dataset.toml"), &manifest).unwrap();
     // A directory and a FIFO in place of b.bin.
@@ -427,7 +517,10 @@ fn export_on_a_full_disk_leaves_no_directory_and_a_losing_synth_no_partial() {
     let npy = d.join("npy");
     let o = run({
         let mut c = bin();
-        c.arg("export").arg(d.join("ds")).args(["--format", "npy", "-o"]).arg(&npy);
+        c.arg("export")
+            .arg(d.join("ds"))
+            .args(["--format", "npy", "-o"])
+            .arg(&npy);
         c.env("SEISTOMO_FAULT_ENOSPC_AFTER", "5000");
         c
     });
@@ -445,7 +538,12 @@ fn export_on_a_full_disk_leaves_no_directory_and_a_losing_synth_no_partial() {
     };
     let (a, b) = (synth(), synth());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(a.status.success() || b.status.success(), "{} {}", stderr(&a), stderr(&b));
+    assert!(
+        a.status.success() || b.status.success(),
+        "{} {}",
+        stderr(&a),
+        stderr(&b)
+    );
     let left: Vec<_> = std::fs::read_dir(&d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -65,7 +65,13 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     let files: &[&str] = match a.format.as_str() {
         "mtx" => &["A.mtx", "b.mtx"],
         "petsc" => &["A.petsc", "b.petsc"],
-        _ => &["indptr.npy", "indices.npy", "data.npy", "b.npy", "shape.npy"],
+        _ => &[
+            "indptr.npy",
+            "indices.npy",
+            "data.npy",
+            "b.npy",
+            "shape.npy",
+        ],
     };
     let mut paths = match (is_mtx, is_config) {
         (true, _) => {
@@ -120,7 +126,9 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         let io = |e: crate::Error| std::io::Error::other(e.to_string());
         let (ap, bp) = (out.join("A.petsc"), out.join("b.petsc"));
         publ.write(&ap, |w| crate::io::petsc::mat_bytes(&ap, s, w).map_err(io))?;
-        publ.write(&bp, |w| crate::io::petsc::vec_bytes(&bp, &sys.b, w).map_err(io))?;
+        publ.write(&bp, |w| {
+            crate::io::petsc::vec_bytes(&bp, &sys.b, w).map_err(io)
+        })?;
     } else {
         use crate::io::npy::npy_to;
         let ip: Vec<i64> = s.indptr().iter().map(|&p| p as i64).collect();

@@ -57,7 +57,13 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     };
     // Before any work: no output is an input; this run alone writes `out`.
     let mut paths = cfg.input_paths();
-    for f in ["lcurve.csv", "lcurve.png", "model.h5", "model.xdmf", "report.json"] {
+    for f in [
+        "lcurve.csv",
+        "lcurve.png",
+        "model.h5",
+        "model.xdmf",
+        "report.json",
+    ] {
         paths.output("-o", &out.join(f));
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;

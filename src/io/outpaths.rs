@@ -257,19 +257,39 @@ mod tests {
             let e = c.check().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         };
-        bad(&|c| drop(c.output("--solution", &d.join("A.mtx"))), "is the input --matrix");
-        bad(&|c| drop(c.output("--solution", &d.join("link.mtx"))), "is the input");
-        bad(&|c| drop(c.output("--solution", &d.join("hard.mtx"))), "is the input");
+        bad(
+            &|c| drop(c.output("--solution", &d.join("A.mtx"))),
+            "is the input --matrix",
+        );
+        bad(
+            &|c| drop(c.output("--solution", &d.join("link.mtx"))),
+            "is the input",
+        );
+        bad(
+            &|c| drop(c.output("--solution", &d.join("hard.mtx"))),
+            "is the input",
+        );
         bad(
             &|c| drop(c.output("--solution", &d.join("ds/sub/../new/x.txt"))),
             "inside the input dataset",
         );
-        bad(&|c| drop(c.output("--report", &d.join("ds"))), "existing directory");
         bad(
-            &|c| drop(c.output("--solution", &d.join("x")).output("--report", &d.join("./x"))),
+            &|c| drop(c.output("--report", &d.join("ds"))),
+            "existing directory",
+        );
+        bad(
+            &|c| {
+                drop(
+                    c.output("--solution", &d.join("x"))
+                        .output("--report", &d.join("./x")),
+                )
+            },
             "are the same file",
         );
-        bad(&|c| drop(c.output_dir("-o", &d.join("ds/sub"))), "inside the input dataset");
+        bad(
+            &|c| drop(c.output_dir("-o", &d.join("ds/sub"))),
+            "inside the input dataset",
+        );
         bad(
             &|c| drop(c.output("--report", &d.join("seistomo-outputs.json"))),
             "reserved",
@@ -280,7 +300,10 @@ mod tests {
             .output("--report", &d.join("new/dir/r.json"));
         ok.check().unwrap();
         assert_eq!(ok.output_parents(), vec![d.join("new/dir")]);
-        assert_eq!(canonical(&d.join("new/../A.mtx")), d.join("A.mtx").canonicalize().unwrap());
+        assert_eq!(
+            canonical(&d.join("new/../A.mtx")),
+            d.join("A.mtx").canonicalize().unwrap()
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

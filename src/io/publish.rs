@@ -240,7 +240,9 @@ impl Publication {
         let name = dest
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .ok_or_else(|| Error::Invalid(format!("output '{}' has no file name", dest.display())))?;
+            .ok_or_else(|| {
+                Error::Invalid(format!("output '{}' has no file name", dest.display()))
+            })?;
         if is_reserved_name(&name) {
             return Err(Error::Invalid(format!(
                 "output '{}': the name {name} is reserved for seistomo's own files",
@@ -446,7 +448,8 @@ pub fn recover(dir: &Path) -> Result<Vec<String>> {
             roll_forward(&dir.join(&n), dir)?;
             done.push(run.to_string());
         } else if let Some(run) = n.strip_prefix(STAGE) {
-            let dead = Path::new("/proc/self").exists() && pid_of_run(run).is_some_and(|p| !alive(p));
+            let dead =
+                Path::new("/proc/self").exists() && pid_of_run(run).is_some_and(|p| !alive(p));
             if dead {
                 let _ = fs::remove_dir_all(dir.join(&n));
             }
@@ -684,7 +687,8 @@ mod tests {
         let d = scratch("set");
         let mut p = Publication::new("test");
         p.write_bytes(&d.join("a.txt"), b"alpha").unwrap();
-        p.write(&d.join("b.txt.gz"), |w| w.write_all(b"beta")).unwrap();
+        p.write(&d.join("b.txt.gz"), |w| w.write_all(b"beta"))
+            .unwrap();
         let run = p.run_id().to_string();
         p.commit().unwrap();
         assert_eq!(names(&d), ["a.txt", "b.txt.gz", MANIFEST]);
@@ -790,6 +794,9 @@ mod tests {
     fn run_ids_name_the_time_and_pid() {
         let r = new_run_id();
         assert_eq!(pid_of_run(&r), Some(std::process::id()));
-        assert_eq!(r.len(), "20261123T141502Z".len() + 1 + std::process::id().to_string().len() + 5);
+        assert_eq!(
+            r.len(),
+            "20261123T141502Z".len() + 1 + std::process::id().to_string().len() + 5
+        );
     }
 }

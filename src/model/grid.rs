@@ -48,7 +48,10 @@ impl Grid {
                 .and_then(|v| v.checked_mul(self.n[2]))
                 .is_none()
         {
-            return Err(format!("grid cells {:?} must be > 0 along each axis (and their product fit)", self.n));
+            return Err(format!(
+                "grid cells {:?} must be > 0 along each axis (and their product fit)",
+                self.n
+            ));
         }
         if let Some(h) = self.spacing.iter().find(|h| !(h.is_finite() && **h > 0.0)) {
             return Err(format!("grid spacing must be finite and > 0 (got {h})"));
