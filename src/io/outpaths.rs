@@ -258,40 +258,52 @@ mod tests {
             assert!(e.contains(want), "{e}");
         };
         bad(
-            &|c| drop(c.output("--solution", &d.join("A.mtx"))),
+            &|c| {
+                c.output("--solution", &d.join("A.mtx"));
+            },
             "is the input --matrix",
         );
         bad(
-            &|c| drop(c.output("--solution", &d.join("link.mtx"))),
+            &|c| {
+                c.output("--solution", &d.join("link.mtx"));
+            },
             "is the input",
         );
         bad(
-            &|c| drop(c.output("--solution", &d.join("hard.mtx"))),
+            &|c| {
+                c.output("--solution", &d.join("hard.mtx"));
+            },
             "is the input",
         );
         bad(
-            &|c| drop(c.output("--solution", &d.join("ds/sub/../new/x.txt"))),
+            &|c| {
+                c.output("--solution", &d.join("ds/sub/../new/x.txt"));
+            },
             "inside the input dataset",
         );
         bad(
-            &|c| drop(c.output("--report", &d.join("ds"))),
+            &|c| {
+                c.output("--report", &d.join("ds"));
+            },
             "existing directory",
         );
         bad(
             &|c| {
-                drop(
-                    c.output("--solution", &d.join("x"))
-                        .output("--report", &d.join("./x")),
-                )
+                c.output("--solution", &d.join("x"))
+                    .output("--report", &d.join("./x"));
             },
             "are the same file",
         );
         bad(
-            &|c| drop(c.output_dir("-o", &d.join("ds/sub"))),
+            &|c| {
+                c.output_dir("-o", &d.join("ds/sub"));
+            },
             "inside the input dataset",
         );
         bad(
-            &|c| drop(c.output("--report", &d.join("seistomo-outputs.json"))),
+            &|c| {
+                c.output("--report", &d.join("seistomo-outputs.json"));
+            },
             "reserved",
         );
         let mut ok = PathCheck::new();
