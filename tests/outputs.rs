@@ -552,3 +552,93 @@ fn export_on_a_full_disk_leaves_no_directory_and_a_losing_synth_no_partial() {
     assert!(left.is_empty(), "{left:?}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Unmounts on drop (also when an assertion fails).
+struct Mounted(PathBuf);
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The same on a real 400 KiB tmpfs, where the test may mount one (root with CAP_SYS_ADMIN);
+/// elsewhere it says so and returns (CI relies on the injected writer above).
+#[test]
+fn a_real_tiny_tmpfs_at_many_fill_levels() {
+    let d = scratch("tmpfs");
+    let fs = d.join("fs");
+    std::fs::create_dir_all(&fs).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=400k", "tmpfs"])
+        .arg(&fs)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping: cannot mount a tmpfs here (the injected-writer test covers this)");
+        return;
+    }
+    let _guard = Mounted(fs.clone());
+    let out = fs.join("out");
+    let cfg = setup_every(&d, &out, 0);
+    let first = invert(&cfg, &[], false);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let mut old = (check_set(&out).unwrap().run_id, snapshot(&out));
+    let filler = fs.join("filler");
+    let (mut ok, mut refused) = (0, 0);
+    for left_kib in (0..=120).step_by(4) {
+        let _ = std::fs::remove_file(&filler);
+        let avail = {
+            let o = Command::new("df")
+                .args(["-k", "--output=avail"])
+                .arg(&fs)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .last()
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        };
+        let fill = avail.saturating_sub(left_kib) * 1024;
+        let _ = std::fs::write(&filler, vec![0u8; fill as usize]);
+        let o = invert(&cfg, &[], false);
+        let err = stderr(&o);
+        assert!(
+            o.status.code().is_some(),
+            "{left_kib} KiB free: signal {:?}",
+            o.status.signal()
+        );
+        assert!(
+            dot_files(&out).is_empty(),
+            "{left_kib} KiB free: left {:?}",
+            dot_files(&out)
+        );
+        if o.status.success() {
+            let m = check_set(&out).unwrap();
+            assert_ne!(m.run_id, old.0);
+            old = (m.run_id, snapshot(&out));
+            ok += 1;
+        } else {
+            assert_eq!(
+                err.trim_end().lines().count(),
+                1,
+                "{left_kib} KiB free: {err}"
+            );
+            assert!(
+                err.contains("No space left on device"),
+                "{left_kib} KiB free: {err}"
+            );
+            assert_eq!(check_set(&out).unwrap().run_id, old.0);
+            assert!(
+                snapshot(&out) == old.1,
+                "{left_kib} KiB free: the old outputs changed"
+            );
+            refused += 1;
+        }
+    }
+    eprintln!("tmpfs: {ok} complete new sets, {refused} refused with the old set intact");
+    assert!(ok >= 1 && refused >= 1);
+}

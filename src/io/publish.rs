@@ -641,10 +641,12 @@ fn lock_one(dir: &Path) -> Result<Option<File>> {
         if !same {
             continue;
         }
+        // The pid is for the other run's message only: on a full disk it is left out (that run
+        // then says "pid unknown"), the lock itself holds.
         let mut f = f;
-        f.set_len(0)
-            .and_then(|()| writeln!(f, "{}", std::process::id()))
-            .map_err(|e| Error::io(&p, e))?;
+        let _ = f
+            .set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()));
         return Ok(Some(f));
     }
 }
