@@ -99,6 +99,9 @@ struct RawOutput {
     checkpoint: Option<String>,
 }
 
+/// The most CPU threads a run may ask for.
+pub const MAX_THREADS: usize = 4096;
+
 /// A validated run.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -122,6 +125,56 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 impl RunConfig {
+    /// Every file and directory this run reads and writes, for the clash check and the output
+    /// lock (src/io/outpaths.rs).
+    pub fn paths(&self) -> crate::io::outpaths::PathCheck {
+        let mut c = self.input_paths();
+        let o = &self.output;
+        c.output_opt("[output] solution", o.solution.as_deref())
+            .output_opt("[output] report", o.report.as_deref())
+            .output_opt("[output] history", o.history.as_deref())
+            .output_opt("[output] variance", o.variance.as_deref());
+        if let Some(m) = &self.model.path {
+            c.output("[output] model", m)
+                .output("model sidecar", &crate::model::hdf5::xdmf_path(m));
+        }
+        if self.model.checkpoint_every > 0 {
+            c.output("[output] checkpoint", &self.model.checkpoint);
+        }
+        c
+    }
+
+    /// The files and dataset directory this run reads.
+    pub fn input_paths(&self) -> crate::io::outpaths::PathCheck {
+        let mut c = crate::io::outpaths::PathCheck::new();
+        c.input("config", &self.path);
+        match &self.system {
+            SystemSource::Mtx {
+                matrix, rhs, reg, ..
+            } => {
+                c.input("[system] matrix", matrix)
+                    .input_opt("[system] rhs", rhs.as_deref())
+                    .input_opt("[system] reg", reg.as_deref());
+            }
+            SystemSource::Dataset { path, .. } => {
+                c.input("[dataset] path", path);
+                if let Some(dir) = path.parent() {
+                    let dir = if dir.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        dir
+                    };
+                    c.input_dir("[dataset] path", dir);
+                }
+            }
+        }
+        c.input_opt("x0", self.options.x0.as_deref());
+        for (what, p) in self.model.input_files() {
+            c.input(what, p);
+        }
+        c
+    }
+
     /// Read and validate a config file.
     pub fn load(path: &Path) -> Result<RunConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
@@ -218,8 +271,15 @@ impl RunConfig {
             Some(k) if k > 0 => Some(k as usize),
             Some(k) => return Err(bad(format!("[solver] iter_lim must be > 0 (got {k})"))),
         };
+        let damp = nonneg("damp", s.damp, d.damp)?;
+        if damp > crate::solver::lsqr::MAX_DAMP {
+            return Err(bad(format!(
+                "[solver] damp must be <= {:e} (got {damp:e})",
+                crate::solver::lsqr::MAX_DAMP
+            )));
+        }
         let params = LsqrParams {
-            damp: nonneg("damp", s.damp, d.damp)?,
+            damp,
             atol: nonneg("atol", s.atol, d.atol)?,
             btol: nonneg("btol", s.btol, d.btol)?,
             conlim: nonneg("conlim", s.conlim, d.conlim)?,
@@ -242,8 +302,12 @@ impl RunConfig {
         };
         let threads = match b.threads {
             None => None,
-            Some(t) if t > 0 => Some(t as usize),
-            Some(t) => return Err(bad(format!("[backend] threads must be > 0 (got {t})"))),
+            Some(t) if t > 0 && t as u64 <= MAX_THREADS as u64 => Some(t as usize),
+            Some(t) => {
+                return Err(bad(format!(
+                    "[backend] threads must be in 1..={MAX_THREADS} (got {t})"
+                )))
+            }
         };
 
         let precision = match b.precision.as_deref() {

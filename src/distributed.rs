@@ -99,13 +99,41 @@ pub fn run_lsqr(
     let written = match all {
         Some(all) => {
             outcome.report.rank_timing = all;
-            run::write_outputs(out, &outcome).and_then(|()| match (&run_model, model) {
-                (Some(m), Some((cfg, _))) => m.finish(cfg, &outcome),
-                _ => Ok(()),
-            })
+            publish(
+                out,
+                &mut outcome,
+                run_model.as_ref().zip(model.map(|m| m.0)),
+            )
         }
         None => Ok(()),
     };
     agree(comm, written)?;
+    // Each rank removes the checkpoint it wrote, once the outputs are published.
+    if let Some(m) = &run_model {
+        agree(comm, m.remove_checkpoint(comm))?;
+    }
     Ok(comm.is_root().then_some(outcome))
+}
+
+/// Rank 0: the solution, variance, history, report and model of one run, published as one set
+/// (src/io/publish.rs) that carries the run id (report.json `run_id`, model.h5 /solver).
+fn publish(
+    out: &OutputPaths,
+    outcome: &mut Outcome,
+    model: Option<(&RunModel, &RunConfig)>,
+) -> Result<()> {
+    let mut publ =
+        crate::io::publish::Publication::new(if model.is_some() { "invert" } else { "solve" });
+    outcome.report.run_id = publ.run_id().to_string();
+    run::stage_outputs(&mut publ, out, outcome)?;
+    if let Some((m, cfg)) = model {
+        m.stage(&mut publ, cfg, outcome)?;
+    }
+    publ.commit()?;
+    if let Some((_, cfg)) = model {
+        if let Some(p) = &cfg.model.path {
+            eprintln!("model file written to {}", p.display());
+        }
+    }
+    Ok(())
 }

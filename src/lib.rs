@@ -5,6 +5,11 @@
 //! [`backend`] (CPU and CUDA kernels), [`solver`] (LSQR, GMRES), [`config`] (TOML runs),
 //! [`run`] (the pipeline shared by the CLI commands), [`cli`] (subcommands).
 
+// First: shadows println!/eprintln! for every module below with versions that never panic on a
+// closed pipe (src/console.rs).
+#[macro_use]
+pub mod console;
+
 pub mod backend;
 pub mod cli;
 pub mod comm;

@@ -11,7 +11,8 @@ use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::io::{write_atomic, write_vector_text};
+use crate::io::publish::Publication;
+use crate::io::{vector_text, write_atomic};
 use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
 use crate::sparse::{mtx, Csr};
 
@@ -236,6 +237,9 @@ pub struct Report {
     /// How dataset rows were read: "mmap" or "mpiio" (empty, and left out, for other inputs).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub load_io: String,
+    /// The run id of the output set this report belongs to (src/io/publish.rs).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
 }
 
 /// Everything a run produced.
@@ -311,12 +315,10 @@ fn solve_on<B: Backend, O: Operator<B>>(
         every: if comm.is_root() { progress_every } else { 0 },
     };
     if let Some((ck, fp)) = ckpt {
+        // The resume message is printed there, once, before the solve.
         let (sol, h) = crate::model::checkpoint::lsqr_checkpointed(
             be, op, comm, b, x0, params, ck, fp, &mut mon,
         )?;
-        if let (Some(k), true) = (h.resumed_from, comm.is_root()) {
-            eprintln!("resumed from the checkpoint at iteration {k}");
-        }
         return Ok((sol, h.history));
     }
     let sol = solver::lsqr(be, op, comm, b, x0, params, &mut mon)?;
@@ -609,6 +611,7 @@ pub fn solve_system_checkpointed(
         },
         rank_timing: Vec::new(),
         load_io: String::new(),
+        run_id: String::new(),
     };
     Ok(Outcome {
         solution,
@@ -617,50 +620,57 @@ pub fn solve_system_checkpointed(
     })
 }
 
-/// Write the history as CSV.
-pub fn write_history(path: &Path, h: &[IterRecord]) -> Result<()> {
-    write_atomic(path, |w| {
-        writeln!(w, "itn,r1norm,r2norm,arnorm,anorm,acond,xnorm,seconds")?;
-        for r in h {
-            writeln!(
-                w,
-                "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e}",
-                r.itn, r.r1norm, r.r2norm, r.arnorm, r.anorm, r.acond, r.xnorm, r.seconds
-            )?;
-        }
-        Ok(())
-    })
-}
-
-/// Write any serialisable value as pretty JSON.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    write_atomic(path, |w| {
-        serde_json::to_writer_pretty(&mut *w, value).map_err(std::io::Error::other)?;
-        writeln!(w)
-    })
-}
-
-/// Write the outputs that are asked for (call on rank 0 only). Directories are created.
-pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
-    for p in [&out.solution, &out.report, &out.history, &out.variance]
-        .into_iter()
-        .flatten()
-    {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-    }
-    if let Some(p) = &out.solution {
-        write_vector_text(p, &o.solution.x)?;
-    }
-    if let (Some(p), Some(var)) = (&out.variance, &o.solution.var) {
-        write_vector_text(p, var)?;
-    }
-    if let Some(p) = &out.history {
-        write_history(p, &o.history)?;
-    }
-    if let Some(p) = &out.report {
-        write_json(p, &o.report)?;
+/// The history as CSV.
+pub fn history_csv(w: &mut dyn std::io::Write, h: &[IterRecord]) -> std::io::Result<()> {
+    writeln!(w, "itn,r1norm,r2norm,arnorm,anorm,acond,xnorm,seconds")?;
+    for r in h {
+        writeln!(
+            w,
+            "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e}",
+            r.itn, r.r1norm, r.r2norm, r.arnorm, r.anorm, r.acond, r.xnorm, r.seconds
+        )?;
     }
     Ok(())
+}
+
+/// Any serialisable value as pretty JSON.
+pub fn json_text<T: Serialize>(w: &mut dyn std::io::Write, value: &T) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *w, value).map_err(std::io::Error::other)?;
+    writeln!(w)
+}
+
+/// Write the history as CSV (atomically, on its own).
+pub fn write_history(path: &Path, h: &[IterRecord]) -> Result<()> {
+    write_atomic(path, |w| history_csv(w, h))
+}
+
+/// Write any serialisable value as pretty JSON (atomically, on its own).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    write_atomic(path, |w| json_text(w, value))
+}
+
+/// Stage the outputs that are asked for into a run's output set (rank 0 only), in a fixed
+/// order: solution, variance, history, report.
+pub fn stage_outputs(publ: &mut Publication, out: &OutputPaths, o: &Outcome) -> Result<()> {
+    if let Some(p) = &out.solution {
+        publ.write(p, |w| vector_text(w, &o.solution.x))?;
+    }
+    if let (Some(p), Some(var)) = (&out.variance, &o.solution.var) {
+        publ.write(p, |w| vector_text(w, var))?;
+    }
+    if let Some(p) = &out.history {
+        publ.write(p, |w| history_csv(w, &o.history))?;
+    }
+    if let Some(p) = &out.report {
+        publ.write(p, |w| json_text(w, &o.report))?;
+    }
+    Ok(())
+}
+
+/// Write the outputs that are asked for as one set (call on rank 0 only). Directories are
+/// created.
+pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
+    let mut publ = Publication::new("solve");
+    stage_outputs(&mut publ, out, o)?;
+    publ.commit()
 }

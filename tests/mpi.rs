@@ -305,9 +305,81 @@ fn invert_on_2_ranks_writes_the_outputs_once() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    // solution, report, history and the model file (written by rank 0 alone).
-    assert_eq!(names.len(), 4, "{names:?}");
+    // solution, report, history, the model file and the output manifest (rank 0 alone).
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(dir.join("out/seistomo-outputs.json").is_file());
     assert!(dir.join("out/model.h5").is_file());
+}
+
+#[test]
+fn checkpoints_on_3_ranks_are_removed_and_resume_is_announced_once_before_the_solve() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = tmpdir("ckpt3");
+    let (a, b) = (
+        data("lsq/well1033.mtx.gz"),
+        data("lsq/well1033_rhs1.mtx.gz"),
+    );
+    let cfg = format!(
+        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
+         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\ncheckpoint_every = 10\n",
+        a.display(),
+        b.display()
+    );
+    std::fs::write(dir.join("run.toml"), cfg).unwrap();
+    let out = dir.join("out");
+    let ckpts = || -> Vec<String> {
+        std::fs::read_dir(&out)
+            .map(|r| {
+                r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains("checkpoint"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let invert = |resume: bool, kill: bool| {
+        let mut c = mpirun();
+        c.args(["-np", "3", BIN, "invert", "--progress", "1"])
+            .arg(dir.join("run.toml"));
+        if resume {
+            c.arg("--resume");
+        }
+        if kill {
+            // Rank 0 kills itself at the first step of publishing: the solve is done and every
+            // rank's checkpoint is on disk.
+            c.env("SEISTOMO_FAULT_KILL_AT", "1");
+        }
+        finish(c)
+    };
+    // A run that finishes: no checkpoint of any rank is left.
+    let o = invert(false, false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(ckpts().is_empty(), "{:?}", ckpts());
+    // --resume without checkpoints: said once.
+    let o = invert(true, false);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("no checkpoint at").count(), 1, "{err}");
+    // Killed after the solve, then resumed: said once, before the first iteration line.
+    let o = invert(false, true);
+    assert!(!o.status.success());
+    assert_eq!(ckpts().len(), 3, "{:?}", ckpts());
+    let o = invert(true, false);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(
+        err.matches("resumed from the checkpoint at iteration")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(err.matches("no checkpoint").count(), 0, "{err}");
+    let said = err.find("resumed from the checkpoint").unwrap();
+    let first_itn = err.find("  itn ").unwrap_or(usize::MAX);
+    assert!(said < first_itn, "{err}");
+    assert!(ckpts().is_empty(), "{:?}", ckpts());
+    seistomo::io::publish::check_set(&out).unwrap();
 }
 
 /// MPMD launch: ranks 0, 1 and 3 work in `good`, rank 2 in `bad` (as when a path exists on one

@@ -367,6 +367,16 @@ fn compact_floor_bytes(p: &Prepared, entries: (u64, u64), prec: Precision) -> f6
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths
+        .input_opt("--matrix", a.matrix.as_deref())
+        .input_opt("--rhs", a.rhs.as_deref())
+        .input_opt("--reg", a.reg.as_deref())
+        .output_opt("--json", a.json.as_deref());
+    if let Some(d) = &a.export_npy {
+        paths.output_dir("--export-npy", d);
+    }
+    paths.check()?;
     let t = Instant::now();
     let (mat, b, what, grid, kernel_rows) = match &a.matrix {
         Some(p) => {

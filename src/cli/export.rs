@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::io::npy::write_npy;
 use crate::io::{load_dataset_with, LoadOptions};
 use crate::sparse::mtx;
 
@@ -60,9 +59,52 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         anyhow::bail!("--format '{}': expected mtx, npy or petsc", a.format);
     }
     let name = a.dataset.to_string_lossy();
-    let sys = if name.ends_with(".mtx") || name.ends_with(".mtx.gz") {
+    let is_mtx = name.ends_with(".mtx") || name.ends_with(".mtx.gz");
+    let is_config = name.ends_with(".toml") && !name.ends_with("dataset.toml");
+    // Before any work: the files written must not be inputs, nor lie inside the input dataset.
+    let files: &[&str] = match a.format.as_str() {
+        "mtx" => &["A.mtx", "b.mtx"],
+        "petsc" => &["A.petsc", "b.petsc"],
+        _ => &[
+            "indptr.npy",
+            "indices.npy",
+            "data.npy",
+            "b.npy",
+            "shape.npy",
+        ],
+    };
+    let mut paths = match (is_mtx, is_config) {
+        (true, _) => {
+            let mut c = crate::io::outpaths::PathCheck::new();
+            c.input("matrix", &a.dataset);
+            c
+        }
+        (_, true) => crate::config::RunConfig::load(&a.dataset)?.input_paths(),
+        _ => {
+            let mut c = crate::io::outpaths::PathCheck::new();
+            let dir = if a.dataset.is_dir() {
+                a.dataset.clone()
+            } else {
+                a.dataset
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .map_or_else(|| PathBuf::from("."), PathBuf::from)
+            };
+            c.input_dir("dataset", &dir);
+            c
+        }
+    };
+    paths
+        .input_opt("--rhs", a.rhs.as_deref())
+        .input_opt("--reg", a.reg.as_deref())
+        .output_dir("-o", &a.out);
+    for f in files {
+        paths.output("-o", &a.out.join(f));
+    }
+    let _lock = crate::io::outpaths::check_and_lock(&paths)?;
+    let sys = if is_mtx {
         crate::run::load_mtx_system(&a.dataset, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?
-    } else if name.ends_with(".toml") && !name.ends_with("dataset.toml") {
+    } else if is_config {
         config_system(&a.dataset)?
     } else {
         let opts = LoadOptions {
@@ -71,31 +113,40 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         };
         load_dataset_with(&a.dataset, 0, 1, &opts)?.0
     };
-    std::fs::create_dir_all(&a.out).map_err(|e| crate::Error::io(&a.out, e))?;
+    // One output set (src/io/publish.rs): on a full disk nothing is left but what was there.
+    let mut publ = crate::io::publish::Publication::new("export");
     let s = &sys.a;
+    let out = &a.out;
     if a.format == "mtx" {
-        mtx::write_matrix(a.out.join("A.mtx"), s, "exported by seistomo")?;
-        mtx::write_vector_mtx(a.out.join("b.mtx"), &sys.b)?;
+        publ.write(&out.join("A.mtx"), |w| {
+            mtx::write_matrix_to(w, s, "exported by seistomo")
+        })?;
+        publ.write(&out.join("b.mtx"), |w| mtx::write_vector_mtx_to(w, &sys.b))?;
     } else if a.format == "petsc" {
-        crate::io::petsc::write_mat(&a.out.join("A.petsc"), s)?;
-        crate::io::petsc::write_vec(&a.out.join("b.petsc"), &sys.b)?;
+        let io = |e: crate::Error| std::io::Error::other(e.to_string());
+        let (ap, bp) = (out.join("A.petsc"), out.join("b.petsc"));
+        publ.write(&ap, |w| crate::io::petsc::mat_bytes(&ap, s, w).map_err(io))?;
+        publ.write(&bp, |w| {
+            crate::io::petsc::vec_bytes(&bp, &sys.b, w).map_err(io)
+        })?;
     } else {
+        use crate::io::npy::npy_to;
         let ip: Vec<i64> = s.indptr().iter().map(|&p| p as i64).collect();
-        write_npy(&a.out.join("indptr.npy"), &ip)?;
+        publ.write(&out.join("indptr.npy"), |w| npy_to(w, &ip))?;
+        drop(ip);
         if s.ncols() <= i32::MAX as usize {
             let ix: Vec<i32> = s.indices().iter().map(|&c| c as i32).collect();
-            write_npy(&a.out.join("indices.npy"), &ix)?;
+            publ.write(&out.join("indices.npy"), |w| npy_to(w, &ix))?;
         } else {
             let ix: Vec<i64> = s.indices().iter().map(|&c| c as i64).collect();
-            write_npy(&a.out.join("indices.npy"), &ix)?;
+            publ.write(&out.join("indices.npy"), |w| npy_to(w, &ix))?;
         }
-        write_npy(&a.out.join("data.npy"), s.data())?;
-        write_npy(&a.out.join("b.npy"), &sys.b)?;
-        write_npy(
-            &a.out.join("shape.npy"),
-            &[s.nrows() as i64, s.ncols() as i64],
-        )?;
+        publ.write(&out.join("data.npy"), |w| npy_to(w, s.data()))?;
+        publ.write(&out.join("b.npy"), |w| npy_to(w, &sys.b))?;
+        let shape = [s.nrows() as i64, s.ncols() as i64];
+        publ.write(&out.join("shape.npy"), |w| npy_to(w, &shape))?;
     }
+    publ.commit()?;
     eprintln!(
         "export: {} x {} system ({} kernel rows), {} nonzeros -> {} ({})",
         s.nrows(),

@@ -61,6 +61,16 @@ pub fn run(a: ImportArgs) -> anyhow::Result<()> {
     if !(a.lambda.is_finite() && a.lambda >= 0.0) {
         anyhow::bail!("--lambda must be finite and >= 0 (got {})", a.lambda);
     }
+    // Before any work: the dataset directory is none of the inputs.
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths
+        .input("--matrix", &a.matrix)
+        .input_opt("--rhs", a.rhs.as_deref())
+        .input_opt("--reg", a.reg.as_deref())
+        .input_opt("--weights", a.weights.as_deref())
+        .input_opt("--sigma", a.sigma.as_deref())
+        .output_dir("--out", &a.out);
+    paths.check()?;
     let g = mtx::read_matrix(&a.matrix)?;
     let b = match &a.rhs {
         Some(p) => {

@@ -23,6 +23,16 @@ pub struct InvertArgs {
 pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     // Every rank reads and checks the config; an error on any rank ends the job on every rank.
     let cfg = agree(comm, RunConfig::load(&a.config))?;
+    // Before any work: no output is an input, and this run alone writes its output directory
+    // (rank 0 holds the lock until the end).
+    let _lock = agree(
+        comm,
+        if comm.is_root() {
+            crate::io::outpaths::check_and_lock(&cfg.paths()).map(Some)
+        } else {
+            Ok(None)
+        },
+    )?;
     super::init_threads(
         cfg.options
             .threads

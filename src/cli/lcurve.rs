@@ -4,15 +4,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 
 use crate::comm::SerialComm;
 use crate::config::RunConfig;
 use crate::model::fields::Coverage;
-use crate::model::hdf5::{write_model, ModelInputs};
+use crate::model::hdf5::{stage_model, ModelInputs};
 use crate::model::lcurve::{corner, parse_list, parse_log_range, Sweep};
-use crate::run::{write_json, SystemSource};
+use crate::run::SystemSource;
 use crate::sparse::mtx;
 
 #[derive(Debug, Args)]
@@ -55,7 +55,18 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             .map(|d| d.join("lcurve"))
             .unwrap_or_else(|| PathBuf::from("lcurve")),
     };
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // Before any work: no output is an input; this run alone writes `out`.
+    let mut paths = cfg.input_paths();
+    for f in [
+        "lcurve.csv",
+        "lcurve.png",
+        "model.h5",
+        "model.xdmf",
+        "report.json",
+    ] {
+        paths.output("-o", &out.join(f));
+    }
+    let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     #[allow(unreachable_patterns)] // other system sources are added by the dataset work
     let sweep = match &cfg.system {
         SystemSource::Mtx {
@@ -115,8 +126,10 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
         .map(|p| (p.weight, p.residual_norm, p.model_norm))
         .collect();
     let (c, _) = corner(&triples);
+    // lcurve.csv and the corner's model.h5 + report.json are published as one set.
+    let mut publ = crate::io::publish::Publication::new("lcurve");
     let csv = out.join("lcurve.csv");
-    crate::io::write_atomic(&csv, |w| {
+    publ.write(&csv, |w| {
         writeln!(
             w,
             "{what},residual_norm,model_norm,curvature,iterations,istop,corner"
@@ -147,7 +160,8 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             let spec = cfg.model.spec(n)?;
             let cov = Coverage::from_kernel_rows(&sweep.g, sweep.g.nrows());
             let model = out.join("model.h5");
-            write_model(
+            stage_model(
+                &mut publ,
                 &model,
                 &ModelInputs {
                     spec: &spec,
@@ -157,10 +171,18 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
                     config_text: &cfg.text,
                 },
             )?;
-            write_json(&out.join("report.json"), &p.outcome.report)?;
+            let mut report = p.outcome.report.clone();
+            report.run_id = publ.run_id().to_string();
+            publ.write(&out.join("report.json"), |w| {
+                crate::run::json_text(w, &report)
+            })?;
+            publ.commit()?;
             eprintln!("corner model written to {}", model.display());
         }
-        None => eprintln!("no corner found (the curve has no left turn): widen the range"),
+        None => {
+            publ.commit()?;
+            eprintln!("no corner found (the curve has no left turn): widen the range")
+        }
     }
     Ok(())
 }

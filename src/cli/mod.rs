@@ -111,6 +111,12 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(t) = threads {
+        if !(1..=crate::config::MAX_THREADS).contains(&t) {
+            anyhow::bail!(
+                "--threads must be in 1..={} (got {t})",
+                crate::config::MAX_THREADS
+            );
+        }
         b = b.num_threads(t);
     }
     // A second call in one process (tests) finds the pool built: not an error.

@@ -34,6 +34,9 @@ pub struct PlotArgs {
 }
 
 pub fn run(a: PlotArgs) -> anyhow::Result<()> {
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths.input("model", &a.model).output("-o", &a.output);
+    paths.check()?;
     let mf = ModelFile::open(&a.model)?;
     let view = if a.convergence {
         View::Convergence

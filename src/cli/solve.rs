@@ -131,6 +131,26 @@ pub struct GmresArgs {
 }
 
 pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
+    // Before any work: no output is an input (nor two outputs one file), and this run alone
+    // writes its output directories (rank 0 holds the lock until the end).
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths
+        .input("--matrix", &a.matrix)
+        .input_opt("--rhs", a.rhs.as_deref())
+        .input_opt("--reg", a.reg.as_deref())
+        .input_opt("--x0", a.x0.as_deref())
+        .output_opt("--solution", a.solution.as_deref())
+        .output_opt("--report", a.report.as_deref())
+        .output_opt("--history", a.history.as_deref())
+        .output_opt("--variance", a.variance.as_deref());
+    let _lock = crate::comm::agree(
+        comm,
+        if comm.is_root() {
+            crate::io::outpaths::check_and_lock(&paths).map(Some)
+        } else {
+            Ok(None)
+        },
+    )?;
     if a.method == "gmres" {
         return run_gmres(a, comm);
     }

@@ -12,8 +12,7 @@ use crate::backend::cuda::{gmres_square_cuda, CudaBackend};
 use crate::backend::{Backend, Precision};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::io::{write_atomic, write_vector_text};
-use crate::run::{choose_backend, write_json, BackendChoice};
+use crate::run::{choose_backend, BackendChoice};
 use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
@@ -137,18 +136,16 @@ impl GmresMonitor for CliMonitor {
     }
 }
 
-fn write_history(path: &Path, h: &[GmresRecord]) -> Result<()> {
-    write_atomic(path, |w| {
-        writeln!(w, "iteration,cycle,resnorm,relres,seconds")?;
-        for r in h {
-            writeln!(
-                w,
-                "{},{},{:e},{:e},{:e}",
-                r.iteration, r.cycle, r.resnorm, r.relres, r.seconds
-            )?;
-        }
-        Ok(())
-    })
+fn history_csv(w: &mut dyn std::io::Write, h: &[GmresRecord]) -> std::io::Result<()> {
+    writeln!(w, "iteration,cycle,resnorm,relres,seconds")?;
+    for r in h {
+        writeln!(
+            w,
+            "{},{},{:e},{:e},{:e}",
+            r.iteration, r.cycle, r.resnorm, r.relres, r.seconds
+        )?;
+    }
+    Ok(())
 }
 
 /// Solve and write the outputs; returns the report.
@@ -338,20 +335,18 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         partition: c.partition,
         halo: sol.halo.clone(),
     };
-    for p in [&c.solution, &c.report, &c.history].into_iter().flatten() {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-        }
-    }
+    // One output set (src/io/publish.rs): solution, history, report.
+    let mut publ = crate::io::publish::Publication::new("solve");
     if let Some(p) = &c.solution {
-        write_vector_text(p, &x)?;
+        publ.write(p, |w| crate::io::vector_text(w, &x))?;
     }
     if let Some(p) = &c.history {
-        write_history(p, &mon.history.0)?;
+        publ.write(p, |w| history_csv(w, &mon.history.0))?;
     }
     if let Some(p) = &c.report {
-        write_json(p, &report)?;
+        publ.write(p, |w| crate::run::json_text(w, &report))?;
     }
+    publ.commit()?;
     eprintln!(
         "gmres({}) {} {} on {}: {} after {} iterations ({} restarts); relres {:.3e} (stopping residual {:.3e}); solve {:.3} s ({:.4} ms/iter)",
         p.restart,

@@ -29,6 +29,9 @@ pub struct SquareArgs {
 }
 
 pub fn run(a: SquareArgs) -> anyhow::Result<()> {
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths.output("--output", &a.output);
+    paths.check()?;
     let (nx, ny, nz) = (
         a.nx.unwrap_or(a.n),
         a.ny.unwrap_or(a.n),

@@ -609,10 +609,18 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
-    if out.exists() {
-        std::fs::remove_dir(out).map_err(|e| Error::io(out, e))?;
+    // A concurrent writer of `out` may have won the race: then this one's partial directory
+    // goes, and the error says why.
+    let placed = (|| -> std::io::Result<()> {
+        if out.exists() {
+            std::fs::remove_dir(out)?;
+        }
+        std::fs::rename(&tmp, out)
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(Error::io(out, e));
     }
-    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
     Ok(out.join("dataset.toml"))
 }
 

@@ -105,6 +105,17 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
         }
     }
     r.exact_len(META_HEADER + META_ENTRY * rows, &format!("{rows} entries"))?;
+    // The file count sizes per-file tables while loading: it must fit the rows (one file per
+    // row, or packs of at least one row each).
+    let files_fit = match layout {
+        Layout::PerRow => files == rows as u64,
+        Layout::Packed => files <= rows as u64,
+    };
+    if !files_fit {
+        return Err(bad(format!(
+            "file count {files} does not fit {rows} kernel rows ({layout:?} layout)"
+        )));
+    }
     let mut entries = Vec::with_capacity(rows);
     let mut seen = vec![false; rows];
     let mut total = 0u64;

@@ -139,6 +139,7 @@ impl DatasetManifest {
             }
         }
         if let Some(g) = &m.grid {
+            g.check().map_err(|e| bad(format!("[grid] {e}")))?;
             if g.ncells() as u64 != m.columns {
                 return Err(bad(format!(
                     "[grid] has {} cells but columns = {}",

@@ -16,13 +16,29 @@ pub struct MappedFile {
     owned: Vec<u8>,
 }
 
+/// Open a data file for reading: a directory, FIFO, socket or device in its place is a one-line
+/// error naming it (a FIFO would block forever; a directory fails with a confusing OS error).
+pub fn open_regular(path: &Path) -> Result<File> {
+    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if m.is_dir() {
+        return Err(Error::format(path, "is a directory, not a data file"));
+    }
+    if !m.is_file() {
+        return Err(Error::format(
+            path,
+            "is not a regular file (a FIFO, socket or device)",
+        ));
+    }
+    File::open(path).map_err(|e| Error::io(path, e))
+}
+
 /// Files below this size are read, not mapped.
 const SMALL: u64 = 64 << 10;
 
 impl MappedFile {
     /// Map `path` read-only. Errors name the file.
     pub fn open(path: &Path) -> Result<MappedFile> {
-        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let f = open_regular(path)?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         if len == 0 {
             return Ok(MappedFile {
@@ -47,7 +63,7 @@ impl MappedFile {
     /// Read `path` into memory when it is small (per-row kernel files), else map it.
     pub fn open_small(path: &Path) -> Result<MappedFile> {
         use std::io::Read;
-        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut f = open_regular(path)?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         if len >= SMALL {
             return Self::open(path);
@@ -60,7 +76,7 @@ impl MappedFile {
     /// Map `path` read-only and populate the page tables up front (one system call instead of
     /// a page fault per 4 KiB page; for files that will be read in full).
     pub fn open_populated(path: &Path) -> Result<MappedFile> {
-        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let f = open_regular(path)?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         if len == 0 {
             return Ok(MappedFile {

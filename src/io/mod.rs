@@ -18,7 +18,9 @@ pub mod kernel_rows;
 pub mod manifest;
 pub mod mmap;
 pub mod npy;
+pub mod outpaths;
 pub mod petsc;
+pub mod publish;
 pub mod vectors;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
@@ -116,12 +118,15 @@ where
 
 /// Write a vector as text, one value per line in shortest round-trip form (`{:e}`).
 pub fn write_vector_text(path: &Path, x: &[f64]) -> Result<()> {
-    write_atomic(path, |w| {
-        for v in x {
-            writeln!(w, "{v:e}")?;
-        }
-        Ok(())
-    })
+    write_atomic(path, |w| vector_text(w, x))
+}
+
+/// A vector as text, one value per line in shortest round-trip form (`{:e}`).
+pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
+    for v in x {
+        writeln!(w, "{v:e}")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

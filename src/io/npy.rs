@@ -46,16 +46,19 @@ pub fn header(descr: &str, len: usize) -> Vec<u8> {
 
 /// Write `x` as a 1-D .npy file (atomically).
 pub fn write_npy<T: NpyElem>(path: &Path, x: &[T]) -> Result<()> {
-    write_atomic(path, |w| {
-        w.write_all(&header(T::DESCR, x.len()))?;
-        let mut buf = Vec::with_capacity(1 << 20);
-        for chunk in x.chunks(1 << 17) {
-            buf.clear();
-            chunk.iter().for_each(|v| v.put(&mut buf));
-            w.write_all(&buf)?;
-        }
-        Ok(())
-    })
+    write_atomic(path, |w| npy_to(w, x))
+}
+
+/// `x` as a 1-D .npy file, into `w`.
+pub fn npy_to<T: NpyElem>(w: &mut dyn std::io::Write, x: &[T]) -> std::io::Result<()> {
+    w.write_all(&header(T::DESCR, x.len()))?;
+    let mut buf = Vec::with_capacity(1 << 20);
+    for chunk in x.chunks(1 << 17) {
+        buf.clear();
+        chunk.iter().for_each(|v| v.put(&mut buf));
+        w.write_all(&buf)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ fn i32_of(path: &Path, v: usize, what: &str) -> Result<i32> {
     })
 }
 
-fn mat_bytes(path: &Path, a: &Csr, w: &mut dyn Write) -> Result<()> {
+pub(crate) fn mat_bytes(path: &Path, a: &Csr, w: &mut dyn Write) -> Result<()> {
     let (m, n, nnz) = (
         i32_of(path, a.nrows(), "rows")?,
         i32_of(path, a.ncols(), "columns")?,
@@ -49,7 +49,7 @@ fn mat_bytes(path: &Path, a: &Csr, w: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-fn vec_bytes(path: &Path, x: &[f64], w: &mut dyn Write) -> Result<()> {
+pub(crate) fn vec_bytes(path: &Path, x: &[f64], w: &mut dyn Write) -> Result<()> {
     let n = i32_of(path, x.len(), "vector length")?;
     let io = |e| Error::io(path, e);
     w.write_all(&VEC_FILE_CLASSID.to_be_bytes()).map_err(io)?;

@@ -333,7 +333,10 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
 ) -> Result<(LsqrSolution, RunHistory)> {
     let path = ck.path_for(comm);
     let (m, n) = (op.nrows(), op.ncols());
-    let resume_from = if ck.resume && path.is_file() {
+    let local = || -> Result<Option<Loaded>> {
+        if !(ck.resume && path.is_file()) {
+            return Ok(None);
+        }
         let (l, lfp, lparams, rank, ranks) = read_checkpoint(&path)?;
         let mismatch = |what: &str| {
             Error::format(
@@ -351,10 +354,39 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         if !same {
             return Err(mismatch("set of solver parameters"));
         }
-        Some(l)
-    } else {
-        None
+        Ok(Some(l))
     };
+    let resume_from = crate::comm::agree(comm, local())?;
+    // Every rank resumes from the same iteration, or none does; rank 0 says which, once,
+    // before the solve.
+    let itn = resume_from.as_ref().map_or(0, |l| l.scalars.itn);
+    let mut seen = vec![f64::from(u8::from(resume_from.is_some())), itn as f64];
+    comm.allreduce_sum(&mut seen)?;
+    let have = seen[0] as usize;
+    let consistent = have == 0 || (have == comm.size() && itn * comm.size() == seen[1] as usize);
+    crate::comm::agree(
+        comm,
+        if consistent {
+            Ok(())
+        } else {
+            Err(Error::format(
+                &path,
+                format!(
+                    "the checkpoints of the {} ranks are not from one iteration ({have} found); delete them to start over",
+                    comm.size()
+                ),
+            ))
+        },
+    )?;
+    if ck.resume && comm.is_root() {
+        match &resume_from {
+            Some(l) => eprintln!("resumed from the checkpoint at iteration {}", l.scalars.itn),
+            None => eprintln!(
+                "no checkpoint at {}: starting from the beginning",
+                ck.path.display()
+            ),
+        }
+    }
     let (mut s, mut vecs, prefix, resumed_from) = match resume_from {
         Some(l) => {
             let vecs = LsqrVectors {

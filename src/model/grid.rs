@@ -39,6 +39,28 @@ impl Grid {
             units: default_units(),
         }
     }
+    /// Cells > 0 along each axis (product without overflow), finite origin, spacing finite
+    /// and > 0: what the XDMF sidecar, plots and damping stencils rely on.
+    pub fn check(&self) -> Result<(), String> {
+        if self.n.contains(&0)
+            || self.n[0]
+                .checked_mul(self.n[1])
+                .and_then(|v| v.checked_mul(self.n[2]))
+                .is_none()
+        {
+            return Err(format!(
+                "grid cells {:?} must be > 0 along each axis (and their product fit)",
+                self.n
+            ));
+        }
+        if let Some(h) = self.spacing.iter().find(|h| !(h.is_finite() && **h > 0.0)) {
+            return Err(format!("grid spacing must be finite and > 0 (got {h})"));
+        }
+        if let Some(o) = self.origin.iter().find(|o| !o.is_finite()) {
+            return Err(format!("grid origin must be finite (got {o})"));
+        }
+        Ok(())
+    }
     /// Number of cells.
     pub fn ncells(&self) -> usize {
         self.n[0] * self.n[1] * self.n[2]

@@ -13,7 +13,8 @@
 //!
 //! Grid fields are C-ordered datasets of shape [nz][ny][nx]: cell (i, j, k) is element
 //! [k][j][i], which is exactly the linear index i + nx (j + ny k) of the solution vector.
-//! The file is written under a temporary name in the same directory and renamed into place.
+//! The file is built in memory and published with the run's other outputs as one set
+//! (src/io/publish.rs).
 
 use std::path::{Path, PathBuf};
 
@@ -122,33 +123,31 @@ pub fn xdmf_path(path: &Path) -> PathBuf {
     path.with_extension("xdmf")
 }
 
-/// Write the model file atomically (and, for grids, its XDMF sidecar).
+/// Write the model file (and, for grids, its XDMF sidecar) as an output set of its own
+/// (src/io/publish.rs): nothing is visible unless every byte was written and synced.
 pub fn write_model(path: &Path, inp: &ModelInputs) -> Result<()> {
-    let x = &inp.outcome.solution.x;
-    inp.spec.check(x.len())?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
-    crate::io::remove_stale_temps(path);
-    let tmp = crate::io::temp_path(path);
-    let r = write_model_to(&tmp, path, inp);
-    match r {
-        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::io(path, e)
-        })?,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    }
+    let mut publ = crate::io::publish::Publication::new("model");
+    stage_model(&mut publ, path, inp)?;
+    publ.commit()
+}
+
+/// Stage the model file and (grids) its XDMF sidecar into a run's output set. The HDF5 file is
+/// built in memory ([`model_image`]) and its bytes written with checked I/O, so a full disk is
+/// an error naming the file, never a crash inside HDF5 or a truncated file.
+pub fn stage_model(
+    publ: &mut crate::io::publish::Publication,
+    path: &Path,
+    inp: &ModelInputs,
+) -> Result<()> {
+    let image = model_image(path, inp)?;
+    publ.write_bytes(path, &image)?;
+    drop(image);
     if let Parameterisation::Grid(g) = &inp.spec.param {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        crate::model::xdmf::write_xdmf(
-            &xdmf_path(path),
+        let text = crate::model::xdmf::xdmf_text(
             &name,
             g,
             &crate::model::xdmf::grid_fields(
@@ -156,9 +155,58 @@ pub fn write_model(path: &Path, inp: &ModelInputs) -> Result<()> {
                 inp.coverage.is_some(),
                 inp.outcome.solution.var.is_some(),
             ),
-        )?;
+        );
+        publ.write_bytes(&xdmf_path(path), text.as_bytes())?;
     }
     Ok(())
+}
+
+extern "C" {
+    // hdf5-sys declares it too; the crate does not re-export it.
+    fn H5Fget_file_image(file_id: i64, buf_ptr: *mut std::ffi::c_void, buf_len: usize) -> isize;
+}
+
+/// The complete model file as bytes: HDF5's core driver without a backing store, every HDF5
+/// call's error checked, the file flushed, its image copied out, every handle closed and the
+/// file closed explicitly (a close error is an error).
+pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<Vec<u8>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    inp.spec.check(inp.outcome.solution.x.len())?;
+    // Grow the in-memory file in one step: about 16 fields of n values, the history, the text.
+    let n = inp.outcome.solution.x.len();
+    let guess = 16 * 8 * n + 8 * 8 * inp.outcome.history.len() + 4 * inp.config_text.len();
+    let increment = guess.clamp(1 << 20, 1 << 30);
+    // A name that no file system has: the core driver never opens it (no backing store).
+    let name = format!(
+        "/nonexistent-seistomo-in-memory/{}-{}.h5",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    let f = ::hdf5::File::with_options()
+        .with_fapl(|p| p.core_options(increment, false))
+        .create(&name)
+        .map_err(|e| h5err(path, e))?;
+    write_model_to(&f, path, inp)?;
+    f.flush().map_err(|e| h5err(path, e))?;
+    let id = f.id();
+    let image = ::hdf5::sync::sync(|| -> Result<Vec<u8>> {
+        // SAFETY: `id` is the open file `f` (alive for this call); a null buffer with length 0
+        // asks for the size only.
+        let size = unsafe { H5Fget_file_image(id, std::ptr::null_mut(), 0) };
+        if size <= 0 {
+            return Err(Error::format(path, "HDF5: could not get the file image"));
+        }
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: `buf` is a live, writable allocation of exactly `buf.len()` bytes.
+        let got = unsafe { H5Fget_file_image(id, buf.as_mut_ptr().cast(), buf.len()) };
+        if got != size {
+            return Err(Error::format(path, "HDF5: could not copy the file image"));
+        }
+        Ok(buf)
+    })?;
+    f.close().map_err(|e| h5err(path, e))?;
+    Ok(image)
 }
 
 fn reference_words(r: &Reference) -> String {
@@ -175,14 +223,14 @@ fn reference_words(r: &Reference) -> String {
     }
 }
 
-fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
+/// Everything in the model file; every group and dataset handle is closed on return.
+fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()> {
     let w = W { path };
     let spec = inp.spec;
     let o = inp.outcome;
     let x = &o.solution.x;
     let n = x.len();
-    let f = ::hdf5::File::create(tmp).map_err(|e| h5err(path, e))?;
-    let f_loc: &Location = &f;
+    let f_loc: &Location = f;
     w.str_attr(f_loc, "format", FORMAT)?;
     w.num_attr(f_loc, "format_version", FORMAT_VERSION)?;
     w.str_attr(f_loc, "program", "seistomo")?;
@@ -374,12 +422,7 @@ fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
     let rj = serde_json::to_string_pretty(&o.report)
         .map_err(|e| Error::format(path, format!("report: {e}")))?;
     w.str_dataset(&rg, "report_json", &rj)?;
-    crate::model::cf::annotate(&f, spec, n, path)?; // netCDF-4 / CF view (src/model/cf.rs)
-    f.close().map_err(|e| h5err(path, e))?;
-    // Make the data durable before the rename.
-    std::fs::File::open(tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(tmp, e))
+    crate::model::cf::annotate(f, spec, n, path) // netCDF-4 / CF view (src/model/cf.rs)
 }
 
 fn write_grid_attrs(w: &W, g: &Group, grid: &Grid) -> Result<()> {
@@ -572,21 +615,5 @@ impl ModelFile {
         let shape = ds.shape();
         let v: Vec<f64> = ds.read_raw().map_err(e)?;
         Ok((v, shape))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn temp_name_is_hidden_in_the_same_dir() {
-        let t = crate::io::temp_path(Path::new("/a/b/model.h5"));
-        assert_eq!(t.parent(), Some(Path::new("/a/b")));
-        assert!(t
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with(".model.h5.tmp"));
     }
 }

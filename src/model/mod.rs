@@ -54,12 +54,6 @@ impl RunModel {
             every: cfg.model.checkpoint_every,
             resume,
         });
-        if resume && !cfg.model.checkpoint.is_file() {
-            eprintln!(
-                "no checkpoint at {}: starting from the beginning",
-                cfg.model.checkpoint.display()
-            );
-        }
         Ok(RunModel {
             spec,
             coverage,
@@ -77,10 +71,16 @@ impl RunModel {
         self.ckpt.as_ref()
     }
 
-    /// Write the model file (when configured) and remove the checkpoint of the finished run.
-    pub fn finish(&self, cfg: &RunConfig, o: &Outcome) -> Result<()> {
+    /// Stage the model file (when configured) into the run's output set.
+    pub fn stage(
+        &self,
+        publ: &mut crate::io::publish::Publication,
+        cfg: &RunConfig,
+        o: &Outcome,
+    ) -> Result<()> {
         if let Some(p) = &cfg.model.path {
-            hdf5::write_model(
+            hdf5::stage_model(
+                publ,
                 p,
                 &hdf5::ModelInputs {
                     spec: &self.spec,
@@ -90,14 +90,19 @@ impl RunModel {
                     config_text: &cfg.text,
                 },
             )?;
-            eprintln!("model file written to {}", p.display());
         }
+        Ok(())
+    }
+
+    /// Remove this rank's checkpoint of the finished run (every rank, after the outputs were
+    /// published), and the temporary file of a checkpoint write that was killed.
+    pub fn remove_checkpoint(&self, comm: &dyn crate::comm::Comm) -> Result<()> {
         if let Some(ck) = &self.ckpt {
-            if ck.path.is_file() {
-                std::fs::remove_file(&ck.path).map_err(|e| Error::io(&ck.path, e))?;
+            let p = ck.path_for(comm);
+            if p.is_file() {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
             }
-            // A run killed while writing a checkpoint leaves its temporary file behind.
-            crate::io::remove_stale_temps(&ck.path);
+            crate::io::remove_stale_temps(&p);
         }
         Ok(())
     }

@@ -111,6 +111,9 @@ impl ModelSpec {
     }
     /// Check the spec against the number of unknowns.
     pub fn check(&self, n: usize) -> Result<()> {
+        if let Parameterisation::Grid(g) = &self.param {
+            g.check().map_err(Error::Invalid)?;
+        }
         let count = match &self.param {
             Parameterisation::Grid(g) => Some(g.ncells()),
             Parameterisation::Cells(c) => Some(c.rows.len()),
@@ -324,6 +327,19 @@ impl ModelOutput {
             cells,
             true_model,
         })
+    }
+
+    /// The files the `[model]` table reads (cell table, true model), for the input/output
+    /// clash check (src/io/outpaths.rs).
+    pub fn input_files(&self) -> Vec<(&'static str, &Path)> {
+        let mut v = Vec::new();
+        if let Some((p, ..)) = &self.cells {
+            v.push(("[model] cells", p.as_path()));
+        }
+        if let Some(p) = &self.true_model {
+            v.push(("[model] true_model", p.as_path()));
+        }
+        v
     }
 
     /// Read the files the `[model]` table names and build the spec for `n` unknowns.

@@ -215,6 +215,9 @@ pub fn lsqr_start<B: Backend, O: Operator<B>>(
 }
 
 /// The parameter checks LSQR makes (the MPI pipeline runs them up front on every rank).
+/// The largest damping LSQR accepts: damp^2 times any norm of a sane system stays finite.
+pub const MAX_DAMP: f64 = 1e100;
+
 pub fn check_params(p: &LsqrParams) -> Result<()> {
     for (name, v) in [
         ("damp", p.damp),
@@ -227,6 +230,12 @@ pub fn check_params(p: &LsqrParams) -> Result<()> {
                 "LSQR parameter {name} must be finite and >= 0 (got {v})"
             )));
         }
+    }
+    if p.damp > MAX_DAMP {
+        return Err(Error::Invalid(format!(
+            "LSQR parameter damp must be <= {MAX_DAMP:e} (got {:e}): its square would overflow",
+            p.damp
+        )));
     }
     Ok(())
 }
@@ -405,6 +414,16 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         }
         if test1 <= rtol {
             s.istop = 1;
+        }
+        // A norm that overflowed (or a NaN) ends the solve: never a result.
+        if ![s.rnorm, s.arnorm, s.xnorm, s.anorm]
+            .iter()
+            .all(|v| v.is_finite())
+        {
+            return Err(Error::Invalid(format!(
+                "LSQR iteration {}: a norm is not finite (||r|| {:e}, ||A^T r|| {:e}, ||x|| {:e}, ||A|| {:e}); the system or damp exceeds double precision",
+                s.itn, s.rnorm, s.arnorm, s.xnorm, s.anorm
+            )));
         }
         let t = start.elapsed().as_secs_f64();
         monitor.record(&rec(s, t))?;

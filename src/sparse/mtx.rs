@@ -428,32 +428,38 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
 /// Write a CSR matrix as `coordinate real general` (values in shortest round-trip form).
 /// `.gz` paths are compressed. The file appears only when complete.
 pub fn write_matrix(path: impl AsRef<Path>, a: &Csr, comment: &str) -> Result<()> {
-    write_atomic(path.as_ref(), |w| {
-        writeln!(w, "%%MatrixMarket matrix coordinate real general")?;
-        for line in comment.lines() {
-            writeln!(w, "%{line}")?;
+    write_atomic(path.as_ref(), |w| write_matrix_to(w, a, comment))
+}
+
+/// [`write_matrix`] into `w`.
+pub fn write_matrix_to(w: &mut dyn std::io::Write, a: &Csr, comment: &str) -> std::io::Result<()> {
+    writeln!(w, "%%MatrixMarket matrix coordinate real general")?;
+    for line in comment.lines() {
+        writeln!(w, "%{line}")?;
+    }
+    writeln!(w, "{} {} {}", a.nrows(), a.ncols(), a.nnz())?;
+    for i in 0..a.nrows() {
+        let (c, v) = a.row(i);
+        for (&j, &x) in c.iter().zip(v) {
+            writeln!(w, "{} {} {:e}", i + 1, j + 1, x)?;
         }
-        writeln!(w, "{} {} {}", a.nrows(), a.ncols(), a.nnz())?;
-        for i in 0..a.nrows() {
-            let (c, v) = a.row(i);
-            for (&j, &x) in c.iter().zip(v) {
-                writeln!(w, "{} {} {:e}", i + 1, j + 1, x)?;
-            }
-        }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// Write a dense vector as a Matrix Market `array real general` (n x 1).
 pub fn write_vector_mtx(path: impl AsRef<Path>, x: &[f64]) -> Result<()> {
-    write_atomic(path.as_ref(), |w| {
-        writeln!(w, "%%MatrixMarket matrix array real general")?;
-        writeln!(w, "{} 1", x.len())?;
-        for v in x {
-            writeln!(w, "{v:e}")?;
-        }
-        Ok(())
-    })
+    write_atomic(path.as_ref(), |w| write_vector_mtx_to(w, x))
+}
+
+/// [`write_vector_mtx`] into `w`.
+pub fn write_vector_mtx_to(w: &mut dyn std::io::Write, x: &[f64]) -> std::io::Result<()> {
+    writeln!(w, "%%MatrixMarket matrix array real general")?;
+    writeln!(w, "{} 1", x.len())?;
+    for v in x {
+        writeln!(w, "{v:e}")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,804 @@
+//! Publishing a run's outputs as one set, and one writer per output directory.
+//!
+//! A run never writes an output file in place. Per output directory DIR:
+//!
+//! 1. **Lock** ([`OutputLock`]): `flock` on `DIR/.seistomo.lock` (holding the pid), taken before
+//!    any work; the kernel drops it when the process dies, so `kill -9` never leaves it stale.
+//!    A second run into DIR stops at once: "another seistomo run (pid N) is writing to DIR".
+//!    With the lock held, [`recover`] completes or removes what a killed run left (below).
+//! 2. **Stage** ([`Publication::write`]): every file is written into `DIR/.seistomo-stage-RUN/`
+//!    (same file system) through checked, buffered I/O, then `fsync`ed. A failed write (a full
+//!    disk) removes the staging directory: the previous outputs are untouched.
+//! 3. **Commit** ([`Publication::commit`]): the manifest `seistomo-outputs.json` (run id, command,
+//!    every file with its size and FNV-1a 64 hash) is staged and synced too, then the staging
+//!    directory is renamed to `DIR/.seistomo-commit-RUN/`: that one atomic rename is the commit
+//!    point. Before it the old set is the set; after it the new one is.
+//! 4. **Roll forward**: the files are renamed into DIR in the order they were written, the
+//!    manifest last, DIR is synced and the empty commit directory removed. A run killed here
+//!    leaves the commit directory, which the next run into DIR (any command, `--resume` included)
+//!    rolls forward before it does anything else.
+//!
+//! A reader ([`check_set`]) finds one complete set when the manifest is there, no commit
+//! directory is pending, and every file it names has the recorded size and hash. Files that the
+//! manifest does not name are not part of the set.
+//!
+//! Fault injection for tests (environment variables, read once per process):
+//! `SEISTOMO_FAULT_ENOSPC_AFTER=N`: staged writes fail with ENOSPC ("No space left on device")
+//! once N bytes in all have been written; `SEISTOMO_FAULT_KILL_AT=K`: the process sends itself
+//! SIGKILL at the K-th step of staging/committing (each write call, fsync and rename counts; the
+//! number of steps is printed at the end of a run that got past them all);
+//! `SEISTOMO_FAULT_HOLD_LOCK=FILE`: after taking the output lock, wait until FILE exists.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The manifest of an output set, in each output directory.
+pub const MANIFEST: &str = "seistomo-outputs.json";
+/// The lock file of an output directory (removed when the run ends).
+pub const LOCK_FILE: &str = ".seistomo.lock";
+const STAGE: &str = ".seistomo-stage-";
+const COMMIT: &str = ".seistomo-commit-";
+/// Manifest format name and version.
+pub const MANIFEST_FORMAT: &str = "seistomo-outputs";
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// 64-bit FNV-1a.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Test hooks (see the module docs).
+mod fault {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    fn env_u64(name: &str) -> Option<u64> {
+        std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    }
+    fn enospc_after() -> Option<u64> {
+        static V: OnceLock<Option<u64>> = OnceLock::new();
+        *V.get_or_init(|| env_u64("SEISTOMO_FAULT_ENOSPC_AFTER"))
+    }
+    pub(super) fn kill_at() -> Option<u64> {
+        static V: OnceLock<Option<u64>> = OnceLock::new();
+        *V.get_or_init(|| env_u64("SEISTOMO_FAULT_KILL_AT"))
+    }
+    static WRITTEN: AtomicU64 = AtomicU64::new(0);
+    static POINTS: AtomicU64 = AtomicU64::new(0);
+
+    /// How many of `len` bytes may be written now (ENOSPC when none).
+    pub(super) fn room(len: usize) -> std::io::Result<usize> {
+        let Some(limit) = enospc_after() else {
+            return Ok(len);
+        };
+        let done = WRITTEN.load(Ordering::Relaxed);
+        let k = limit.saturating_sub(done).min(len as u64) as usize;
+        if k == 0 && len > 0 {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        WRITTEN.fetch_add(k as u64, Ordering::Relaxed);
+        Ok(k)
+    }
+
+    /// One step of staging or committing; SIGKILL at the chosen one.
+    pub(super) fn point() {
+        let k = POINTS.fetch_add(1, Ordering::Relaxed) + 1;
+        if kill_at() == Some(k) {
+            // SAFETY: kill(2) with this process's own pid and a valid signal number.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+    }
+
+    pub(super) fn points() -> u64 {
+        POINTS.load(Ordering::Relaxed)
+    }
+}
+
+/// A run id: UTC time, pid and a few random bits, e.g. `20261123T141502Z-4711-9f3a`.
+pub fn new_run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, sod) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let mut h = Fnv::new();
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z-{}-{:04x}",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60,
+        std::process::id(),
+        h.0 & 0xffff
+    )
+}
+
+/// One file of a set, as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestFile {
+    pub name: String,
+    pub bytes: u64,
+    pub fnv1a64: String,
+}
+
+/// `seistomo-outputs.json`: which files form the set of one run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub format_version: u32,
+    pub program: String,
+    pub version: String,
+    pub run_id: String,
+    pub command: String,
+    /// In the order they were renamed into place.
+    pub files: Vec<ManifestFile>,
+}
+
+/// Writes through to a staged file: counts and hashes the bytes; fault hooks.
+struct Staged {
+    f: File,
+    bytes: u64,
+    h: Fnv,
+}
+
+impl Write for Staged {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let room = fault::room(buf.len())?;
+        let k = self.f.write(&buf[..room])?;
+        self.h.update(&buf[..k]);
+        self.bytes += k as u64;
+        fault::point();
+        Ok(k)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.f.flush()
+    }
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    fault::point();
+    File::open(dir)?.sync_all()
+}
+
+fn dir_of(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Is `name` one of the names this module manages in an output directory?
+pub fn is_reserved_name(name: &str) -> bool {
+    name == MANIFEST || name.starts_with(".seistomo")
+}
+
+#[derive(PartialEq)]
+enum State {
+    Staging,
+    Committed,
+}
+
+struct DirSet {
+    dir: PathBuf,
+    stage: PathBuf,
+    files: Vec<ManifestFile>,
+    state: State,
+}
+
+/// The outputs of one run, staged and then published as one set (module docs).
+pub struct Publication {
+    run_id: String,
+    command: String,
+    dirs: Vec<DirSet>,
+}
+
+impl Publication {
+    /// A new set for `command` (e.g. "invert"), with a fresh run id.
+    pub fn new(command: &str) -> Publication {
+        Publication {
+            run_id: new_run_id(),
+            command: command.to_string(),
+            dirs: Vec::new(),
+        }
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn slot(&mut self, dest: &Path) -> Result<(usize, String)> {
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| {
+                Error::Invalid(format!("output '{}' has no file name", dest.display()))
+            })?;
+        if is_reserved_name(&name) {
+            return Err(Error::Invalid(format!(
+                "output '{}': the name {name} is reserved for seistomo's own files",
+                dest.display()
+            )));
+        }
+        let dir = dir_of(dest);
+        let i = match self.dirs.iter().position(|d| d.dir == dir) {
+            Some(i) => i,
+            None => {
+                fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                let stage = dir.join(format!("{STAGE}{}", self.run_id));
+                fault::point();
+                fs::create_dir(&stage).map_err(|e| Error::io(&stage, e))?;
+                self.dirs.push(DirSet {
+                    dir,
+                    stage,
+                    files: Vec::new(),
+                    state: State::Staging,
+                });
+                self.dirs.len() - 1
+            }
+        };
+        if self.dirs[i].files.iter().any(|f| f.name == name) {
+            return Err(Error::Invalid(format!(
+                "two outputs of this run are the same file '{}'",
+                dest.display()
+            )));
+        }
+        Ok((i, name))
+    }
+
+    /// Stage `dest`: `body` writes its content (`.gz` names are gzip-compressed). Every write,
+    /// the flush and the fsync are checked; on error the staged file is removed and `dest`'s
+    /// name is in the error.
+    pub fn write<F>(&mut self, dest: &Path, body: F) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> io::Result<()>,
+    {
+        let (i, name) = self.slot(dest)?;
+        let tmp = self.dirs[i].stage.join(&name);
+        let gz = name.ends_with(".gz");
+        let r = (|| -> io::Result<ManifestFile> {
+            fault::point();
+            let f = File::create(&tmp)?;
+            let mut w = BufWriter::with_capacity(
+                1 << 20,
+                Staged {
+                    f,
+                    bytes: 0,
+                    h: Fnv::new(),
+                },
+            );
+            if gz {
+                let mut z = flate2::write::GzEncoder::new(&mut w, flate2::Compression::fast());
+                body(&mut z)?;
+                z.finish()?;
+            } else {
+                body(&mut w)?;
+            }
+            let s = w.into_inner().map_err(|e| e.into_error())?;
+            fault::point();
+            s.f.sync_all()?;
+            Ok(ManifestFile {
+                name: name.clone(),
+                bytes: s.bytes,
+                fnv1a64: format!("{:016x}", s.h.0),
+            })
+        })();
+        match r {
+            Ok(m) => {
+                self.dirs[i].files.push(m);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(Error::io(dest, e))
+            }
+        }
+    }
+
+    /// Stage `dest` with these bytes.
+    pub fn write_bytes(&mut self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        self.write(dest, |w| w.write_all(bytes))
+    }
+
+    /// Publish every staged file (module docs, steps 3 and 4).
+    pub fn commit(mut self) -> Result<()> {
+        // All I/O that can run out of space first: the manifests, synced with their directory.
+        for d in &mut self.dirs {
+            let m = Manifest {
+                format: MANIFEST_FORMAT.into(),
+                format_version: MANIFEST_VERSION,
+                program: "seistomo".into(),
+                version: crate::VERSION.into(),
+                run_id: self.run_id.clone(),
+                command: self.command.clone(),
+                files: d.files.clone(),
+            };
+            let text = serde_json::to_vec_pretty(&m).map_err(|e| Error::Invalid(e.to_string()))?;
+            let p = d.stage.join(MANIFEST);
+            let r = (|| -> io::Result<()> {
+                fault::point();
+                let mut s = Staged {
+                    f: File::create(&p)?,
+                    bytes: 0,
+                    h: Fnv::new(),
+                };
+                s.write_all(&text)?;
+                s.write_all(b"\n")?;
+                fault::point();
+                s.f.sync_all()?;
+                sync_dir(&d.stage)
+            })();
+            r.map_err(|e| Error::io(d.dir.join(MANIFEST), e))?;
+        }
+        // The commit points.
+        for d in &mut self.dirs {
+            let c = d.dir.join(format!("{COMMIT}{}", self.run_id));
+            fault::point();
+            fs::rename(&d.stage, &c).map_err(|e| Error::io(&c, e))?;
+            d.stage = c;
+            d.state = State::Committed;
+            sync_dir(&d.dir).map_err(|e| Error::io(&d.dir, e))?;
+        }
+        for d in &self.dirs {
+            roll_forward(&d.stage, &d.dir)?;
+        }
+        if fault::kill_at().is_some() {
+            eprintln!("publish: {} fault points", fault::points());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Publication {
+    fn drop(&mut self) {
+        // A set that was not committed is thrown away; a committed one is left for the next
+        // run's [`recover`] (its roll-forward failed half-way).
+        for d in &self.dirs {
+            if d.state == State::Staging {
+                let _ = fs::remove_dir_all(&d.stage);
+            }
+        }
+    }
+}
+
+fn read_manifest(p: &Path) -> Result<Manifest> {
+    let text = fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+    let m: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Error::format(p, format!("output manifest: {e}")))?;
+    if m.format != MANIFEST_FORMAT {
+        return Err(Error::format(p, "not a seistomo output manifest"));
+    }
+    Ok(m)
+}
+
+/// Step 4: move a committed set into `dir` (idempotent: files already moved are skipped).
+fn roll_forward(commit: &Path, dir: &Path) -> Result<()> {
+    let mp = commit.join(MANIFEST);
+    if mp.exists() {
+        let m = read_manifest(&mp)?;
+        for f in &m.files {
+            let src = commit.join(&f.name);
+            if fs::symlink_metadata(&src).is_ok() {
+                fault::point();
+                let dst = dir.join(&f.name);
+                fs::rename(&src, &dst).map_err(|e| Error::io(&dst, e))?;
+            }
+        }
+        fault::point();
+        let dst = dir.join(MANIFEST);
+        fs::rename(&mp, &dst).map_err(|e| Error::io(&dst, e))?;
+    }
+    sync_dir(dir).map_err(|e| Error::io(dir, e))?;
+    fault::point();
+    fs::remove_dir_all(commit).map_err(|e| Error::io(commit, e))
+}
+
+fn pid_of_run(run: &str) -> Option<u32> {
+    run.split('-').nth(1).and_then(|p| p.parse().ok())
+}
+
+fn alive(pid: u32) -> bool {
+    pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// What a killed run left in `dir`: a committed set is rolled forward, a staging directory of
+/// a process that no longer exists removed. Call with `dir`'s [`OutputLock`] held. Returns the
+/// run ids that were completed.
+pub fn recover(dir: &Path) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(done);
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for n in names {
+        if let Some(run) = n.strip_prefix(COMMIT) {
+            roll_forward(&dir.join(&n), dir)?;
+            done.push(run.to_string());
+        } else if let Some(run) = n.strip_prefix(STAGE) {
+            let dead =
+                Path::new("/proc/self").exists() && pid_of_run(run).is_some_and(|p| !alive(p));
+            if dead {
+                let _ = fs::remove_dir_all(dir.join(&n));
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// A reader's check of the set in `dir`: the manifest, no publication pending, every file with
+/// its recorded size and hash. Returns the manifest.
+pub fn check_set(dir: &Path) -> Result<Manifest> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(COMMIT) {
+                return Err(Error::format(
+                    dir.join(&n),
+                    "a committed output set is still being moved into place (the next seistomo run into this directory completes it)",
+                ));
+            }
+        }
+    }
+    let m = read_manifest(&dir.join(MANIFEST))?;
+    for f in &m.files {
+        check_file(&dir.join(&f.name), f, &m.run_id)?;
+    }
+    Ok(m)
+}
+
+/// A committed set still being moved into `dir` (a run killed between its renames): complete
+/// when every file it names is in the commit directory or already in `dir`, with the recorded
+/// size and hash. `None` when nothing is pending. This is the set [`recover`] completes.
+pub fn check_pending(dir: &Path) -> Result<Option<Manifest>> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(None);
+    };
+    for e in entries.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if !n.starts_with(COMMIT) {
+            continue;
+        }
+        let c = dir.join(&n);
+        let mp = if c.join(MANIFEST).exists() {
+            c.join(MANIFEST)
+        } else {
+            dir.join(MANIFEST)
+        };
+        let m = read_manifest(&mp)?;
+        for f in &m.files {
+            let staged = c.join(&f.name);
+            let p = if fs::symlink_metadata(&staged).is_ok() {
+                staged
+            } else {
+                dir.join(&f.name)
+            };
+            check_file(&p, f, &m.run_id)?;
+        }
+        return Ok(Some(m));
+    }
+    Ok(None)
+}
+
+fn check_file(p: &Path, f: &ManifestFile, run: &str) -> Result<()> {
+    let mut h = Fnv::new();
+    let mut n = 0u64;
+    let mut file = File::open(p).map_err(|e| Error::io(p, e))?;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let k = file.read(&mut buf).map_err(|e| Error::io(p, e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    if n != f.bytes || format!("{:016x}", h.0) != f.fnv1a64 {
+        return Err(Error::format(
+            p,
+            format!(
+                "not the file of run {run} named in {MANIFEST} ({n} bytes, expected {})",
+                f.bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The output lock of one or more directories (module docs, step 1). Dropping it removes the
+/// lock files and the output directories it created that stayed empty.
+pub struct OutputLock {
+    held: Vec<(PathBuf, File)>,
+    created: Vec<PathBuf>,
+}
+
+fn read_pid(p: &Path) -> Option<u32> {
+    // The holder writes its pid right after locking; give it a moment.
+    for _ in 0..50 {
+        if let Ok(s) = fs::read_to_string(p) {
+            if let Ok(pid) = s.trim().parse() {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    None
+}
+
+impl OutputLock {
+    /// Lock every directory of `dirs` (created when missing), then [`recover`] each.
+    pub fn acquire(dirs: &[PathBuf]) -> Result<OutputLock> {
+        let mut lock = OutputLock {
+            held: Vec::new(),
+            created: Vec::new(),
+        };
+        let mut dirs: Vec<PathBuf> = dirs.to_vec();
+        dirs.sort();
+        dirs.dedup();
+        for d in &dirs {
+            // Create missing levels one by one, remembering them.
+            let mut missing = Vec::new();
+            let mut p = d.as_path();
+            while !p.as_os_str().is_empty() && !p.exists() {
+                missing.push(p.to_path_buf());
+                match p.parent() {
+                    Some(q) => p = q,
+                    None => break,
+                }
+            }
+            for m in missing.iter().rev() {
+                match fs::create_dir(m) {
+                    Ok(()) => lock.created.push(m.clone()),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Error::io(m, e)),
+                }
+            }
+            if let Some(f) = lock_one(d)? {
+                lock.held.push((d.join(LOCK_FILE), f));
+            }
+            if let Some(hold) = std::env::var_os("SEISTOMO_FAULT_HOLD_LOCK") {
+                while !Path::new(&hold).exists() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            for run in recover(d)? {
+                eprintln!(
+                    "completed the outputs of run {run} in {} (that run was stopped while publishing them)",
+                    d.display()
+                );
+            }
+        }
+        Ok(lock)
+    }
+}
+
+fn lock_one(dir: &Path) -> Result<Option<File>> {
+    let p = dir.join(LOCK_FILE);
+    loop {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| Error::io(&p, e))?;
+        // SAFETY: flock(2) on a descriptor that `f` owns and keeps open during the call.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let who = read_pid(&p).map_or("pid unknown".to_string(), |n| format!("pid {n}"));
+                return Err(Error::Invalid(format!(
+                    "another seistomo run ({who}) is writing to {}",
+                    dir.display()
+                )));
+            }
+            // A file system without flock (some network mounts): run unprotected, and say so.
+            eprintln!(
+                "seistomo: warning: {}: cannot lock ({e}); a concurrent run into this directory would not be noticed",
+                p.display()
+            );
+            return Ok(None);
+        }
+        // The previous holder may have removed the file between our open and our lock: the
+        // lock only counts if the name still refers to the file we locked.
+        let same = match (fs::metadata(&p), f.metadata()) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if !same {
+            continue;
+        }
+        // The pid is for the other run's message only: on a full disk it is left out (that run
+        // then says "pid unknown"), the lock itself holds.
+        let mut f = f;
+        let _ = f
+            .set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()));
+        return Ok(Some(f));
+    }
+}
+
+impl Drop for OutputLock {
+    fn drop(&mut self) {
+        for (p, f) in self.held.drain(..) {
+            // Removed while still locked; closing `f` then releases the lock.
+            let _ = fs::remove_file(&p);
+            drop(f);
+        }
+        for d in self.created.iter().rev() {
+            let _ = fs::remove_dir(d); // only when empty
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("seistomo-pub-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn names(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_set_is_published_with_its_manifest_and_nothing_else() {
+        let d = scratch("set");
+        let mut p = Publication::new("test");
+        p.write_bytes(&d.join("a.txt"), b"alpha").unwrap();
+        p.write(&d.join("b.txt.gz"), |w| w.write_all(b"beta"))
+            .unwrap();
+        let run = p.run_id().to_string();
+        p.commit().unwrap();
+        assert_eq!(names(&d), ["a.txt", "b.txt.gz", MANIFEST]);
+        let m = check_set(&d).unwrap();
+        assert_eq!(m.run_id, run);
+        assert_eq!(m.files.len(), 2);
+        // A file changed after publication is caught.
+        fs::write(d.join("a.txt"), b"alpha!").unwrap();
+        let e = check_set(&d).unwrap_err().to_string();
+        assert!(e.contains("a.txt") && e.contains(&run), "{e}");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_failed_or_dropped_set_leaves_the_old_one() {
+        let d = scratch("fail");
+        let mut p = Publication::new("test");
+        p.write_bytes(&d.join("a.txt"), b"old").unwrap();
+        p.commit().unwrap();
+        let mut p = Publication::new("test");
+        p.write_bytes(&d.join("a.txt"), b"new").unwrap();
+        let e = p.write(&d.join("b.txt"), |_| Err(io::Error::other("disk full")));
+        assert!(e.unwrap_err().to_string().contains("b.txt"));
+        drop(p);
+        assert_eq!(names(&d), ["a.txt", MANIFEST]);
+        assert_eq!(fs::read(d.join("a.txt")).unwrap(), b"old");
+        check_set(&d).unwrap();
+        // Same name twice and reserved names are refused.
+        let mut p = Publication::new("test");
+        p.write_bytes(&d.join("x"), b"1").unwrap();
+        assert!(p.write_bytes(&d.join("x"), b"2").is_err());
+        assert!(p.write_bytes(&d.join(MANIFEST), b"2").is_err());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_committed_set_is_rolled_forward_by_recover() {
+        let d = scratch("roll");
+        let mut p = Publication::new("test");
+        p.write_bytes(&d.join("a.txt"), b"old a").unwrap();
+        p.write_bytes(&d.join("b.txt"), b"old b").unwrap();
+        p.commit().unwrap();
+        // A committed set whose first file was already moved (a kill between renames).
+        let run = "20261123T000000Z-1-abcd";
+        let c = d.join(format!("{COMMIT}{run}"));
+        fs::create_dir(&c).unwrap();
+        fs::write(d.join("a.txt"), b"new a").unwrap();
+        fs::write(c.join("b.txt"), b"new b").unwrap();
+        let file = |n: &str, t: &[u8]| {
+            let mut h = Fnv::new();
+            h.update(t);
+            ManifestFile {
+                name: n.into(),
+                bytes: t.len() as u64,
+                fnv1a64: format!("{:016x}", h.0),
+            }
+        };
+        let m = Manifest {
+            format: MANIFEST_FORMAT.into(),
+            format_version: 1,
+            program: "seistomo".into(),
+            version: "x".into(),
+            run_id: run.into(),
+            command: "test".into(),
+            files: vec![file("a.txt", b"new a"), file("b.txt", b"new b")],
+        };
+        fs::write(c.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        // A dead writer's staging directory.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        fs::create_dir(d.join(format!("{STAGE}20261123T000000Z-{dead}-0000"))).unwrap();
+        assert!(check_set(&d).is_err());
+        let lock = OutputLock::acquire(std::slice::from_ref(&d)).unwrap();
+        assert!(d.join(LOCK_FILE).exists());
+        drop(lock);
+        assert_eq!(names(&d), ["a.txt", "b.txt", MANIFEST]);
+        assert_eq!(check_set(&d).unwrap().run_id, run);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_second_lock_on_a_directory_is_refused_naming_the_pid() {
+        let d = scratch("lock");
+        let sub = d.join("new/out");
+        let a = OutputLock::acquire(std::slice::from_ref(&sub)).unwrap();
+        // flock locks belong to the open file: a second open in this process conflicts too.
+        let e = match OutputLock::acquire(std::slice::from_ref(&sub)) {
+            Ok(_) => panic!("locked twice"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains(&format!("pid {}", std::process::id())) && e.contains("new/out"),
+            "{e}"
+        );
+        drop(a);
+        // The directories it created were empty: removed.
+        assert!(!d.join("new").exists());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn run_ids_name_the_time_and_pid() {
+        let r = new_run_id();
+        assert_eq!(pid_of_run(&r), Some(std::process::id()));
+        assert_eq!(
+            r.len(),
+            "20261123T141502Z".len() + 1 + std::process::id().to_string().len() + 5
+        );
+    }
+}
