@@ -139,7 +139,7 @@ impl RunConfig {
             if p.is_absolute() {
                 p.to_path_buf()
             } else {
-                base.join(p)
+                crate::io::tidy(base.join(p))
             }
         };
         let bad = |msg: String| Error::config(path, msg);

@@ -309,9 +309,6 @@ fn solve_on<B: Backend, O: Operator<B>>(
         let (sol, h) = crate::model::checkpoint::lsqr_checkpointed(
             be, op, comm, b, x0, params, ck, fp, &mut mon,
         )?;
-        if let (Some(k), true) = (h.resumed_from, comm.is_root()) {
-            eprintln!("resumed from the checkpoint at iteration {k}");
-        }
         return Ok((sol, h.history));
     }
     let sol = solver::lsqr(be, op, comm, b, x0, params, &mut mon)?;
@@ -568,8 +565,9 @@ pub fn solve_system_checkpointed(
             solve: info.seconds,
             total: load_seconds + setup + info.seconds,
         },
-        ms_per_iter: if info.itn > 0 {
-            1e3 * info.seconds / info.itn as f64
+        // Over the iterations run in this process (a resumed run started at start_itn).
+        ms_per_iter: if info.itn > info.start_itn {
+            1e3 * info.seconds / (info.itn - info.start_itn) as f64
         } else {
             0.0
         },

@@ -27,16 +27,17 @@ pub struct CompareArgs {
     /// With a matrix: regularisation rows [A; w R].
     #[arg(long)]
     reg: Option<PathBuf>,
-    #[arg(long, default_value_t = 1.0)]
+    /// With a matrix and --reg: the weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
     reg_weight: f64,
     /// With a matrix: atol = btol = tol (PETSc's rtol). A config's atol is used otherwise.
     #[arg(long, default_value_t = 1e-8)]
     tol: f64,
-    /// Peers to run.
-    #[arg(long, default_value = "scipy,petsc", value_delimiter = ',')]
+    /// Peers to run (comma-separated).
+    #[arg(long, default_value = "scipy,petsc", value_delimiter = ',', value_parser = super::args::words(&["scipy", "petsc"]))]
     peers: Vec<String>,
     /// seistomo's backend.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::backend())]
     backend: BackendChoice,
     /// CPU threads for seistomo.
     #[arg(long)]

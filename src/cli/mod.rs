@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+mod args;
 pub mod bench;
 mod compare;
 mod export;

@@ -19,9 +19,11 @@ pub mod manifest;
 pub mod mmap;
 pub mod npy;
 pub mod petsc;
+mod tidy;
 pub mod vectors;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
+pub use tidy::tidy;
 
 /// Open a text file for buffered reading; `.gz` files are decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {

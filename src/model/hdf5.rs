@@ -374,6 +374,7 @@ fn write_model_to(tmp: &Path, path: &Path, inp: &ModelInputs) -> Result<()> {
     let rj = serde_json::to_string_pretty(&o.report)
         .map_err(|e| Error::format(path, format!("report: {e}")))?;
     w.str_dataset(&rg, "report_json", &rj)?;
+    crate::model::provenance::annotate(&f, path, &o.report)?;
     f.close().map_err(|e| h5err(path, e))?;
     // Make the data durable before the rename.
     std::fs::File::open(tmp)

@@ -8,6 +8,7 @@ pub mod grid;
 pub mod hdf5;
 pub mod lcurve;
 pub mod plot;
+pub mod provenance;
 pub mod spec;
 pub mod xdmf;
 
