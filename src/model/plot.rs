@@ -865,6 +865,21 @@ mod tests {
     }
 
     #[test]
+    fn ranges_are_widened_to_equal_distance_per_pixel() {
+        // 24 x 8 km in a 600 x 600 px area: y widened to 24 km, centred.
+        let ((x0, x1), (y0, y1)) = fit_ranges((0.0, 24.0), (0.0, 8.0), (600.0, 600.0), 1.0);
+        assert_eq!((x0, x1), (0.0, 24.0));
+        assert!((y0 + 8.0).abs() < 1e-12 && (y1 - 16.0).abs() < 1e-12);
+        // Pixels per unit x = aspect * pixels per unit y.
+        for aspect in [0.5, 0.8, 2.0] {
+            let ((x0, x1), (y0, y1)) = fit_ranges((0.0, 10.0), (0.0, 10.0), (400.0, 300.0), aspect);
+            let (px, py) = (400.0 / (x1 - x0), 300.0 / (y1 - y0));
+            assert!((px / py - aspect).abs() < 1e-12, "{aspect}");
+            assert!(x1 - x0 >= 10.0 && y1 - y0 >= 10.0);
+        }
+    }
+
+    #[test]
     fn tick_labels_fit_the_range() {
         assert_eq!(tick(3300.0, 450.0), "3300");
         assert_eq!(tick(5.0, 10.0), "5.0");
