@@ -374,7 +374,7 @@ fn dataset_source(
         second,
     };
     let options = crate::io::LoadOptions {
-        progress: ds.progress.unwrap_or(false),
+        progress: ds.progress.unwrap_or(true),
         damping_weight,
         regularisation: (!reg.is_empty()).then_some(reg),
         io: match ds.io.as_deref() {

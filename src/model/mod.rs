@@ -80,7 +80,9 @@ impl RunModel {
     /// Write the model file (when configured) and remove the checkpoint of the finished run.
     pub fn finish(&self, cfg: &RunConfig, o: &Outcome) -> Result<()> {
         if let Some(p) = &cfg.model.path {
-            hdf5::write_model(
+            let pb = crate::progress::open_ended("writing");
+            pb.set_message(crate::io::tidy(p).display().to_string());
+            let written = hdf5::write_model(
                 p,
                 &hdf5::ModelInputs {
                     spec: &self.spec,
@@ -89,7 +91,9 @@ impl RunModel {
                     kernel_rows: self.kernel_rows,
                     config_text: &cfg.text,
                 },
-            )?;
+            );
+            pb.finish_and_clear();
+            written?;
             eprintln!("model file written to {}", p.display());
         }
         if let Some(ck) = &self.ckpt {
