@@ -148,7 +148,8 @@ pub fn eta_from_trend(
     iters_left: usize,
 ) -> Option<Duration> {
     const WINDOW: usize = 20;
-    if test.len() < WINDOW || !(tol > 0.0) || !(secs_per_iter > 0.0) {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if test.len() < WINDOW || !positive(tol) || !positive(secs_per_iter) {
         return None;
     }
     let w = &test[test.len() - WINDOW..];
@@ -159,7 +160,7 @@ pub fn eta_from_trend(
     let slope = (last - first) / (WINDOW - 1) as f64;
     // Steady: falling on average and in at least 3/4 of the steps.
     let falling = w.windows(2).filter(|p| p[1] < p[0]).count();
-    if !(slope < 0.0) || falling * 4 < (WINDOW - 1) * 3 {
+    if !slope.is_finite() || slope >= 0.0 || falling * 4 < (WINDOW - 1) * 3 {
         return None;
     }
     let need = ((tol.ln() - last) / slope).max(0.0);
