@@ -192,7 +192,7 @@ impl RunConfig {
             if p.is_absolute() {
                 p.to_path_buf()
             } else {
-                base.join(p)
+                crate::io::tidy(base.join(p))
             }
         };
         let bad = |msg: String| Error::config(path, msg);
@@ -438,7 +438,7 @@ fn dataset_source(
         second,
     };
     let options = crate::io::LoadOptions {
-        progress: ds.progress.unwrap_or(false),
+        progress: ds.progress.unwrap_or(true),
         damping_weight,
         regularisation: (!reg.is_empty()).then_some(reg),
         io: match ds.io.as_deref() {

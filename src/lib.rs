@@ -20,6 +20,7 @@ pub mod grid;
 pub mod io;
 pub mod model;
 pub mod partition;
+pub mod progress;
 pub mod reorder;
 pub mod run;
 pub mod solver;

@@ -15,7 +15,7 @@
 //! The regularisation ([`regularisation`]) and true models ([`checkerboard`], [`spike`]) use the
 //! same column order as the grid (`i + nx * (j + ny * k)`).
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 
 use crate::model::Grid;
@@ -178,19 +178,13 @@ fn ray_row(grid: &Grid, seed: u64, ray: u64, cells: &mut Vec<u32>, lens: &mut Ve
     }
 }
 
-/// A progress bar on stderr (hidden when stderr is not a terminal or `show` is false).
+/// Progress of `len` units of work on stderr (src/progress.rs: a bar on a terminal, a line
+/// every 10 s otherwise, nothing with --quiet, on ranks other than 0 or when `show` is false).
 pub fn progress_bar(len: u64, what: &str, show: bool) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
-    let pb = ProgressBar::new(len);
-    let style = ProgressStyle::with_template(
-        "{msg:>10} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    pb.set_style(style);
-    pb.set_message(what.to_string());
-    pb
+    crate::progress::counted(len, what)
 }
 
 /// The straight-ray kernel of `nrays` rays (rows) on `grid` (columns), deterministic for `seed`.

@@ -139,6 +139,19 @@ fn kill_9_then_resume_reproduces_the_uninterrupted_model_bitwise() {
         err.contains(&format!("resumed from the checkpoint at iteration {k}")),
         "{err}"
     );
+    // Said before the solve's summary, not after it.
+    let said = err.find("resumed from the checkpoint").unwrap();
+    assert!(err.find("lsqr on ").is_some_and(|s| said < s), "{err}");
+    // ms/iteration over the iterations run in this process (k+1..=2500), not all 2500.
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_b.join("report.json")).unwrap()).unwrap();
+    let its = rep["iterations"].as_u64().unwrap() as f64;
+    let want = 1e3 * rep["seconds"]["solve"].as_f64().unwrap() / (its - k as f64);
+    let got = rep["ms_per_iter"].as_f64().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-9 * want,
+        "ms/iter {got}, want {want}"
+    );
     assert!(
         !ck.exists(),
         "the checkpoint of a finished run was not removed"

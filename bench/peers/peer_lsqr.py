@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """LSQR peers on one Matrix Market system: SciPy's lsqr and PETSc's KSPLSQR (petsc4py), one
 thread each. Prints one JSON line per peer (iterations, stop reason, norms, seconds, ms/iter).
+Under `mpirun -np N ... --peers petsc`, PETSc runs on N ranks (rows split evenly; rank 0 prints).
 
     OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/peers/peer_lsqr.py A.mtx[.gz] [--rhs b] \
         [--reg R.mtx.gz --lam 0.015] [--damp 0] [--tol 1e-8] [--maxit N] [--solution-dir DIR]
@@ -61,15 +62,28 @@ def main():
         return
     K = A if a.damp == 0 else sp.vstack([A, a.damp * sp.identity(A.shape[1])]).tocsr()
     rhs = b if K is A else np.concatenate([b, np.zeros(A.shape[1])])
-    M = PETSc.Mat().createAIJ(size=K.shape, csr=(K.indptr.astype(PETSc.IntType), K.indices.astype(PETSc.IntType), K.data))
+    comm = PETSc.COMM_WORLD
+    size, rank = comm.getSize(), comm.getRank()
+    (m, n) = K.shape
+    r0, r1 = rank * m // size, (rank + 1) * m // size
+    c0, c1 = rank * n // size, (rank + 1) * n // size
+    Kl = K[r0:r1]
+    M = PETSc.Mat().createAIJ(size=((r1 - r0, m), (c1 - c0, n)), comm=comm,
+                              csr=(Kl.indptr.astype(PETSc.IntType), Kl.indices.astype(PETSc.IntType), Kl.data))
     M.assemble()
-    bv = PETSc.Vec().createWithArray(rhs.copy()); xv = M.createVecRight()
-    ksp = PETSc.KSP().create(); ksp.setOperators(M); ksp.setType("lsqr"); ksp.getPC().setType("none")
+    bv = PETSc.Vec().createMPI((r1 - r0, m), comm=comm); bv.setArray(rhs[r0:r1].copy()); xv = M.createVecRight()
+    ksp = PETSc.KSP().create(comm=comm); ksp.setOperators(M); ksp.setType("lsqr"); ksp.getPC().setType("none")
     ksp.setTolerances(rtol=a.tol, atol=0.0, max_it=a.maxit)
-    t = time.perf_counter(); ksp.solve(bv, xv); dt = time.perf_counter() - t
-    its = ksp.getIterationNumber(); x = xv.getArray().copy()
+    comm.barrier()
+    t = time.perf_counter(); ksp.solve(bv, xv); comm.barrier(); dt = time.perf_counter() - t
+    its = ksp.getIterationNumber()
+    sc, x0 = PETSc.Scatter.toZero(xv)
+    sc.scatter(xv, x0, addv=PETSc.InsertMode.INSERT, mode=PETSc.ScatterMode.FORWARD)
+    if rank != 0:
+        return
+    x = x0.getArray().copy()
     print(json.dumps(dict(peer="petsc", version=".".join(map(str, PETSc.Sys.getVersion())), reason=int(ksp.getConvergedReason()),
-                          iterations=its, rnorm=float(np.linalg.norm(b - A @ x)), xnorm=float(np.linalg.norm(x)),
+                          ranks=size, iterations=its, rnorm=float(np.linalg.norm(b - A @ x)), xnorm=float(np.linalg.norm(x)),
                           seconds=dt, ms_per_iter=1e3 * dt / max(its, 1))), flush=True)
     if a.solution_dir:
         np.savetxt(os.path.join(a.solution_dir, "x_petsc.txt"), x, fmt="%.17e")

@@ -49,36 +49,39 @@ pub struct BenchArgs {
     /// Reorder the system as `invert` does (src/reorder.rs): none (as built), rows (sorted by
     /// first column) or auto (rows, and the synthetic grid's cells in Morton order). Applied
     /// before --export-npy too, so peers can be run on the same reordered system.
-    #[arg(long, default_value = "none")]
+    #[arg(long, default_value = "none", value_parser = super::args::pick::reorder())]
     reorder: crate::reorder::Reorder,
     /// Benchmark a Matrix Market system instead: A (with --reg/--reg-weight/--rhs as in solve).
     #[arg(long)]
     matrix: Option<PathBuf>,
-    #[arg(long)]
+    /// With --matrix: right-hand side b (default b = A x for a random x).
+    #[arg(long, requires = "matrix")]
     rhs: Option<PathBuf>,
-    #[arg(long)]
+    /// With --matrix: regularisation rows R, the system becomes [A; w R].
+    #[arg(long, requires = "matrix")]
     reg: Option<PathBuf>,
-    #[arg(long, default_value_t = 1.0)]
+    /// With --matrix and --reg: the weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
     reg_weight: f64,
     /// LSQR iterations per configuration (timed after 3 warm-up iterations).
     #[arg(long, default_value_t = 100)]
     iters: usize,
-    /// Backends: cuda, cpu, or all.
-    #[arg(long, default_value = "cuda")]
+    /// Backends: auto (cuda when a usable GPU is present, else cpu), cuda, cpu, or all.
+    #[arg(long, default_value = "auto", value_parser = super::args::words(&["auto", "cuda", "cpu", "all"]))]
     backend: String,
-    /// Transpose strategies (comma-separated): csc, scatter, library.
-    #[arg(long, default_value = "csc,scatter,library")]
+    /// Transpose strategies (comma-separated).
+    #[arg(long, default_value = "csc,scatter,library", value_parser = super::args::ListOf(&["auto", "csc", "scatter", "library"]))]
     transpose: String,
-    /// Value precisions (comma-separated): f64, f32.
-    #[arg(long, default_value = "f64,f32")]
+    /// Value precisions (comma-separated).
+    #[arg(long, default_value = "f64,f32", value_parser = super::args::ListOf(&["f64", "f32"]))]
     precision: String,
     /// Matrix storages (comma-separated): csr, compact (16-bit column deltas, grid damping
     /// rows as stencils).
-    #[arg(long, default_value = "csr,compact")]
+    #[arg(long, default_value = "csr,compact", value_parser = super::args::ListOf(&["csr", "compact"]))]
     storage: String,
     /// LSQR loops on the GPU (comma-separated): device (scalars on the GPU, one CUDA graph per
     /// block of iterations), host (three host synchronisations per iteration).
-    #[arg(long, default_value = "device")]
+    #[arg(long, default_value = "device", value_parser = super::args::ListOf(&["device", "host"]))]
     loops: String,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
     #[arg(long)]
@@ -227,6 +230,63 @@ pub fn export_npy(dir: &Path, a: &Csr, b: &[f64]) -> anyhow::Result<()> {
         &le_bytes(&shape, i64::to_le_bytes),
     )?;
     Ok(())
+}
+
+/// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
+/// (GB/s, read + write, all threads copying 64 MiB arrays; median of 5).
+fn host_copy_bandwidth() -> (String, f64) {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let threads = rayon::current_num_threads();
+    let len = 8usize << 20;
+    let src = vec![1.0f64; len];
+    let mut dst = vec![0.0f64; len];
+    let chunk = len.div_ceil(threads.max(1) * 4).max(1 << 14);
+    let mut ts = Vec::new();
+    for _ in 0..6 {
+        let t = Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    ts.remove(0); // first touch of dst
+    let s = median(ts).max(1e-9);
+    (
+        format!("CPU {model}, {threads} thread(s)"),
+        2.0 * (len * 8) as f64 / s / 1e9,
+    )
+}
+
+/// The largest CPU cache of cpu0 (Linux sysfs), in bytes.
+fn last_level_cache_bytes() -> Option<u64> {
+    let mut best = None;
+    for i in 0..8 {
+        let p = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
+        let Ok(t) = std::fs::read_to_string(p) else {
+            break;
+        };
+        let t = t.trim();
+        let (num, mul) = match t.strip_suffix('K') {
+            Some(n) => (n, 1u64 << 10),
+            None => match t.strip_suffix('M') {
+                Some(n) => (n, 1u64 << 20),
+                None => (t, 1),
+            },
+        };
+        if let Ok(v) = num.parse::<u64>() {
+            best = best.max(Some(v * mul));
+        }
+    }
+    best
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -454,15 +514,34 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         "all" => vec!["cuda", "cpu"],
         "cuda" | "gpu" => vec!["cuda"],
         "cpu" => vec!["cpu"],
-        s => bail!("--backend {s}: expected cuda, cpu or all"),
+        "auto" => match crate::backend::cuda::probe() {
+            Ok(_) => vec!["cuda"],
+            Err(why) => {
+                eprintln!("backend auto: no usable CUDA GPU ({why}); timing the CPU");
+                vec!["cpu"]
+            }
+        },
+        s => bail!("--backend {s}: expected auto, cuda, cpu or all"),
     };
     let mut rows: Vec<Row> = Vec::new();
     let mut copy_gbps = f64::NAN;
-    let mut device = String::from("-");
+    let mut host_gbps = f64::NAN;
+    let mut device = String::new();
+    if backends.contains(&"cpu") {
+        let (desc, gbps) = host_copy_bandwidth();
+        eprintln!("host: {desc}");
+        device = desc;
+        host_gbps = gbps;
+    }
     let cuda = if backends.contains(&"cuda") {
         let be = CudaBackend::new(0)?;
-        device = be.describe();
-        eprintln!("device: {device}");
+        let d = be.describe();
+        eprintln!("device: {d}");
+        device = if device.is_empty() {
+            d
+        } else {
+            format!("{d}; {device}")
+        };
         // Device copy bandwidth (read + write), 256 MiB each way.
         let len = 32usize << 20;
         let src = be.zeros(len)?;
@@ -635,15 +714,43 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let ms_of = |bytes: f64| bytes / (copy_gbps * 1e9) * 1e3;
+    // Floors at the measured copy bandwidth of the memory each backend reads: the GPU's, or
+    // the host's (all threads copying) for the CPU.
+    let gbps_of = |backend: &str| {
+        if backend == "cpu" {
+            host_gbps
+        } else {
+            copy_gbps
+        }
+    };
+    let ms_at = |bytes: f64, gbps: f64| bytes / (gbps * 1e9) * 1e3;
     let reference = rows.first().map(|r| r.x.clone());
     let mut out = String::new();
     out.push_str(&format!(
-        "# seistomo bench: {what}: {m} x {n}, {nnz} nnz; {} LSQR iterations\n# device: {device}\n# copy bandwidth {copy_gbps:.0} GB/s; general f64-CSR floor {:.4} ms (f32 values {:.4} ms)\n",
+        "# seistomo bench: {what}: {m} x {n}, {nnz} nnz; {} LSQR iterations\n# device: {device}\n",
         a.iters,
-        ms_of(csr_floor(Precision::F64)),
-        ms_of(csr_floor(Precision::F32)),
     ));
+    for (name, gbps) in [("GPU", copy_gbps), ("host", host_gbps)] {
+        if gbps.is_finite() {
+            out.push_str(&format!(
+                "# {name} copy bandwidth {gbps:.1} GB/s; general f64-CSR floor {:.4} ms (f32 values {:.4} ms)\n",
+                ms_at(csr_floor(Precision::F64), gbps),
+                ms_at(csr_floor(Precision::F32), gbps),
+            ));
+        }
+    }
+    if host_gbps.is_finite() {
+        if let Some(llc) = last_level_cache_bytes() {
+            let matrix = (nnz * 12 + (m + 1) * 4) as f64;
+            if matrix < llc as f64 {
+                out.push_str(&format!(
+                    "# the f64 CSR matrix ({:.1} MB) fits the host's {:.0} MiB last-level cache: the host floor assumes main memory, so CPU times below it are expected\n",
+                    matrix / 1e6,
+                    llc as f64 / (1u64 << 20) as f64
+                ));
+            }
+        }
+    }
     out.push_str(&format!(
         "{:<6} {:<8} {:<8} {:<5} {:<6} {:>9} {:>8} {:>8} {:>6} {:>9} {:>8} {:>9} {:>10} {:>14} {:>9}\n",
         "backend",
@@ -664,8 +771,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     ));
     let mut json = String::new();
     for r in &rows {
-        let floor_ms = ms_of(r.floor_bytes);
-        let csr_ms = ms_of(csr_floor(Precision::F64));
+        let gbps = gbps_of(&r.backend);
+        let floor_ms = ms_at(r.floor_bytes, gbps);
+        let csr_ms = ms_at(csr_floor(Precision::F64), gbps);
         let dx = match &reference {
             Some(x0) => {
                 let num: f64 = r.x.iter().zip(x0).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -695,7 +803,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         json.push_str(&format!(
             "{{\"system\":\"{what}\",\"m\":{m},\"n\":{n},\"nnz\":{nnz},\"backend\":\"{}\",\"storage\":\"{}\",\"transpose\":\"{}\",\"precision\":\"{}\",\"loop\":\"{}\",\"ms_per_iter\":{},\"ax_ms\":{},\"aty_ms\":{},\"bytes_per_nnz\":{},\"copy_GBps\":{},\"floor_ms\":{},\"csr_f64_floor_ms\":{},\"first_block_ms\":{},\"r1norm\":{},\"dx_rel\":{}}}\n",
             r.backend, r.storage, r.transpose, r.precision, r.lsqr_loop, r.ms_iter, r.ax_ms, r.aty_ms,
-            r.bytes_per_nnz, copy_gbps, floor_ms, csr_ms, r.first_block_ms, r.r1norm, dx
+            r.bytes_per_nnz, gbps, floor_ms, csr_ms, r.first_block_ms, r.r1norm, dx
         ));
     }
     print!("{out}");

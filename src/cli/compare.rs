@@ -27,20 +27,22 @@ pub struct CompareArgs {
     /// With a matrix: regularisation rows [A; w R].
     #[arg(long)]
     reg: Option<PathBuf>,
-    #[arg(long, default_value_t = 1.0)]
+    /// With a matrix and --reg: the weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
     reg_weight: f64,
     /// With a matrix: atol = btol = tol (PETSc's rtol). A config's atol is used otherwise.
     #[arg(long, default_value_t = 1e-8)]
     tol: f64,
-    /// Peers to run.
-    #[arg(long, default_value = "scipy,petsc", value_delimiter = ',')]
+    /// Peers to run (comma-separated).
+    #[arg(long, default_value = "scipy,petsc", value_delimiter = ',', value_parser = super::args::words(&["scipy", "petsc"]))]
     peers: Vec<String>,
     /// seistomo's backend.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::backend())]
     backend: BackendChoice,
-    /// CPU threads for seistomo.
-    #[arg(long)]
-    threads: Option<usize>,
+    /// Cores per solver, like with like: seistomo uses this many threads and PETSc runs on this
+    /// many MPI ranks (`mpirun -np N`); SciPy's lsqr has no parallel mode and runs on one.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
     /// Python interpreter with SciPy and petsc4py (default /usr/bin/python3, else python3).
     #[arg(long)]
     python: Option<PathBuf>,
@@ -72,7 +74,10 @@ fn residuals(a: &Csr, at: &Csr, b: &[f64], x: &[f64], damp: f64) -> (f64, f64) {
 }
 
 pub fn run(a: CompareArgs) -> anyhow::Result<()> {
-    super::init_threads(a.threads)?;
+    if a.threads == 0 {
+        anyhow::bail!("--threads must be >= 1");
+    }
+    super::init_threads(Some(a.threads))?;
     let is_config = a.target.extension().is_some_and(|e| e == "toml");
     let (sys, opts): (System, SolveOptions) = if is_config {
         let cfg = RunConfig::load(&a.target)?;
@@ -95,7 +100,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             x0: None,
             backend: a.backend,
             transpose: TransposeStrategy::Auto,
-            threads: a.threads,
+            threads: Some(a.threads),
             precision: Default::default(),
             allreduce: Default::default(),
             reorder: Default::default(),
@@ -163,31 +168,74 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             PathBuf::from("python3")
         }
     });
-    let out = Command::new(&python)
-        .arg(dir.join("peer_lsqr.py"))
-        .arg(dir.join("A.mtx"))
-        .arg("--rhs")
-        .arg(dir.join("b.mtx"))
-        .args([
-            "--tol",
-            &tol.to_string(),
-            "--damp",
-            &damp.to_string(),
-            "--conlim",
-            &opts.params.conlim.to_string(),
-        ])
-        .args([
-            "--maxit",
-            &opts.params.iter_lim.unwrap_or(100_000).to_string(),
-        ])
-        .args(["--peers", &a.peers.join(",")])
-        .arg("--solution-dir")
-        .arg(&dir)
-        .env("OPENBLAS_NUM_THREADS", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .output();
+    // SciPy in one process; PETSc on --threads ranks (under mpirun when more than one).
+    let peer_cmd = |peers: &[String], ranks: usize| {
+        let mut c = if ranks > 1 {
+            let mut c = Command::new("mpirun");
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ])
+            .args(["-np", &ranks.to_string()])
+            .arg(&python);
+            c
+        } else {
+            Command::new(&python)
+        };
+        c.arg(dir.join("peer_lsqr.py"))
+            .arg(dir.join("A.mtx"))
+            .arg("--rhs")
+            .arg(dir.join("b.mtx"))
+            .args([
+                "--tol",
+                &tol.to_string(),
+                "--damp",
+                &damp.to_string(),
+                "--conlim",
+                &opts.params.conlim.to_string(),
+            ])
+            .args([
+                "--maxit",
+                &opts.params.iter_lim.unwrap_or(100_000).to_string(),
+            ])
+            .args(["--peers", &peers.join(",")])
+            .arg("--solution-dir")
+            .arg(&dir)
+            .env("OPENBLAS_NUM_THREADS", "1")
+            .env("OMP_NUM_THREADS", "1");
+        c
+    };
+    let (petsc, others): (Vec<String>, Vec<String>) =
+        a.peers.iter().cloned().partition(|p| p == "petsc");
+    let mut runs = Vec::new();
+    if !others.is_empty() {
+        runs.push(peer_cmd(&others, 1));
+    }
+    if !petsc.is_empty() {
+        runs.push(peer_cmd(&petsc, a.threads));
+    }
+    for mut cmd in runs {
+        let out = cmd.output();
+        peer_rows(out, &python, &dir, scale.as_deref(), a.threads, &mut rows)?;
+    }
+    drop(cleanup);
+    print_table(&rows, &a_orig, &at, &b, damp, &a.target);
+    Ok(())
+}
+
+/// The rows of one peer run's JSON lines (a failed run is reported and skipped).
+fn peer_rows(
+    out: std::io::Result<std::process::Output>,
+    python: &Path,
+    dir: &Path,
+    scale: Option<&[f64]>,
+    threads: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
     match out {
-        Err(e) => eprintln!("peers skipped: cannot run {}: {e}", python.display()),
+        Err(e) => eprintln!("peers skipped: cannot run the peer script: {e}"),
         Ok(out) if !out.status.success() => {
             let err = String::from_utf8_lossy(&out.stderr);
             eprintln!(
@@ -206,7 +254,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
                     continue;
                 }
                 let mut x = mtx::read_vector(dir.join(format!("x_{peer}.txt")))?;
-                if let Some(d) = &scale {
+                if let Some(d) = scale {
                     x.iter_mut().zip(d).for_each(|(x, d)| *x *= d);
                 }
                 let stop = match (j.get("istop"), j.get("reason")) {
@@ -214,8 +262,14 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
                     (_, Some(r)) => format!("reason {r}"),
                     _ => "?".into(),
                 };
+                let cores = match j["ranks"].as_u64() {
+                    Some(1) => "1 rank".to_string(),
+                    Some(r) => format!("{r} ranks"),
+                    None if threads > 1 => "1 thread: no parallel mode".to_string(),
+                    None => "1 thread".to_string(),
+                };
                 rows.push(Row {
-                    name: format!("{peer} {} (1 thread)", j["version"].as_str().unwrap_or("")),
+                    name: format!("{peer} {} ({cores})", j["version"].as_str().unwrap_or("")),
                     iterations: j["iterations"].as_u64().unwrap_or(0) as usize,
                     stop,
                     x,
@@ -225,8 +279,6 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
             }
         }
     }
-    drop(cleanup);
-    print_table(&rows, &a_orig, &at, &b, damp, &a.target);
     Ok(())
 }
 
@@ -267,6 +319,15 @@ fn print_table(rows: &[Row], a: &Csr, at: &Csr, b: &[f64], damp: f64, target: &P
             r.ms_per_iter,
             speed
         );
+    }
+    for r in &rows[1..] {
+        if r.ms_per_iter < ours.ms_per_iter {
+            println!(
+                "seistomo is slower than {} here: {:.2}x its time per iteration",
+                r.name,
+                ours.ms_per_iter / r.ms_per_iter
+            );
+        }
     }
 }
 

@@ -16,10 +16,10 @@ pub struct ExportArgs {
     dataset: PathBuf,
     /// mtx (A.mtx + b.mtx), npy (indptr, indices, data, b, shape .npy) or petsc (A.petsc +
     /// b.petsc: PETSc binary Mat/Vec, read by MatLoad/VecLoad).
-    #[arg(long, default_value = "mtx")]
+    #[arg(long, default_value = "mtx", value_parser = super::args::words(&["mtx", "npy", "petsc"]))]
     format: String,
-    /// Output directory (created).
-    #[arg(long, short = 'o')]
+    /// Output directory (created; must not exist or be empty).
+    #[arg(short = 'o', long)]
     out: PathBuf,
     /// With a matrix: right-hand side (default b = A 1).
     #[arg(long)]
@@ -27,7 +27,8 @@ pub struct ExportArgs {
     /// With a matrix: regularisation rows [A; w R].
     #[arg(long)]
     reg: Option<PathBuf>,
-    #[arg(long, default_value_t = 1.0)]
+    /// With a matrix and --reg: the weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
     reg_weight: f64,
 }
 
@@ -57,6 +58,15 @@ fn config_system(path: &std::path::Path) -> anyhow::Result<crate::run::System> {
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     if !matches!(a.format.as_str(), "mtx" | "npy" | "petsc") {
         anyhow::bail!("--format '{}': expected mtx, npy or petsc", a.format);
+    }
+    // Like synth and import: never write into a directory that holds something already.
+    let occupied = std::fs::read_dir(&a.out).is_ok_and(|mut d| d.next().is_some());
+    if occupied || a.out.is_file() {
+        return Err(crate::Error::format(
+            crate::io::tidy(&a.out),
+            "exists and is not empty (remove it or choose another output directory)",
+        )
+        .into());
     }
     let name = a.dataset.to_string_lossy();
     let is_mtx = name.ends_with(".mtx") || name.ends_with(".mtx.gz");
@@ -153,7 +163,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         s.ncols(),
         sys.kernel_rows,
         s.nnz(),
-        a.out.display(),
+        crate::io::tidy(&a.out).display(),
         a.format
     );
     Ok(())

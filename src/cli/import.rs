@@ -31,20 +31,22 @@ pub struct ImportArgs {
     #[arg(long)]
     sigma: Option<PathBuf>,
     /// Model grid cells along x,y,z (optional; must match the columns).
-    #[arg(long, value_parser = super::synth::triple::<usize>)]
+    #[arg(long, value_parser = super::args::triple::<usize>)]
     grid: Option<[usize; 3]>,
-    #[arg(long, default_value = "1,1,1", value_parser = super::synth::triple::<f64>)]
+    /// With --grid: cell size along x,y,z (km).
+    #[arg(long, default_value = "1,1,1", value_parser = super::args::triple::<f64>)]
     spacing: [f64; 3],
-    #[arg(long, default_value = "0,0,0", value_parser = super::synth::triple::<f64>)]
+    /// With --grid: corner of cell (0,0,0) along x,y,z (km).
+    #[arg(long, default_value = "0,0,0", value_parser = super::args::triple::<f64>)]
     origin: [f64; 3],
     /// Output dataset directory (must not exist or be empty).
-    #[arg(long)]
+    #[arg(short = 'o', long)]
     out: PathBuf,
-    /// Kernel layout: packed or per-row.
-    #[arg(long, default_value = "packed")]
+    /// Kernel layout: many rows per pack file, or one file per row.
+    #[arg(long, default_value = "packed", value_parser = super::args::pick::layout())]
     layout: Layout,
-    /// Value precision of the kernel and damping files: f64 or f32.
-    #[arg(long, default_value = "f64")]
+    /// Value precision of the kernel and damping files.
+    #[arg(long, default_value = "f64", value_parser = super::args::pick::file_precision())]
     precision: Precision,
     /// Number of damping block files.
     #[arg(long, default_value_t = 4)]

@@ -27,13 +27,15 @@ pub struct InspectArgs {
     /// Norm damping generated from the grid (as a run config's [dataset] would add).
     #[arg(long, default_value_t = 0.0)]
     norm_damping: f64,
-    #[arg(long, default_value = "0,0,0", value_parser = super::synth::triple::<f64>)]
+    /// First-difference (flattening) weights along x,y,z generated from the grid.
+    #[arg(long, default_value = "0,0,0", value_parser = super::args::triple::<f64>)]
     flattening: [f64; 3],
-    #[arg(long, default_value = "0,0,0", value_parser = super::synth::triple::<f64>)]
+    /// Second-difference (smoothing) weights along x,y,z generated from the grid.
+    #[arg(long, default_value = "0,0,0", value_parser = super::args::triple::<f64>)]
     smoothing: [f64; 3],
     /// With --load: read rows through memory maps (mmap) or as byte ranges (mpiio: positioned
     /// reads in this single process, the code path MPI ranks use).
-    #[arg(long, default_value = "mmap")]
+    #[arg(long, default_value = "mmap", value_parser = super::args::pick::io())]
     io: crate::io::rowio::IoChoice,
 }
 

@@ -39,6 +39,9 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
             .or_else(crate::comm::default_threads_per_rank),
     )?;
     super::log_job(comm);
+    if comm.is_root() {
+        crate::model::provenance::note_config(&cfg);
+    }
     // Datasets: every rank reads its own rows (greedy LPT over kernel row nnz, damping blocks by
     // rank); Matrix Market: rank 0 reads and sends nonzero-balanced row blocks.
     let (rank, size) = (comm.rank(), comm.size());

@@ -27,12 +27,13 @@ pub struct LcurveArgs {
     #[arg(long)]
     log_range: Option<String>,
     /// Output directory (default: the config's output dir + /lcurve).
-    #[arg(short = 'o', long)]
-    output: Option<PathBuf>,
+    #[arg(short = 'o', long, alias = "output")]
+    out: Option<PathBuf>,
 }
 
 pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::load(&a.config)?;
+    crate::model::provenance::note_config(&cfg);
     super::init_threads(cfg.options.threads)?;
     let weights = match (&a.damping, &a.log_range) {
         (Some(d), None) => parse_list(d)?,
@@ -45,7 +46,7 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             weights.len()
         );
     }
-    let out = match &a.output {
+    let out = match &a.out {
         Some(o) => o.clone(),
         None => cfg
             .output
@@ -119,8 +120,21 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             p.model_norm,
             p.outcome.report.iterations,
             p.outcome.report.istop
-        )
+        );
+        if p.outcome.report.istop == 7 {
+            eprintln!(
+                "  warning: {what} {:.4e} stopped at the iteration limit ({} iterations, istop 7): this point is not converged; raise [solver] iter_lim",
+                weights[i], p.outcome.report.iterations
+            );
+        }
     })?;
+    let unconverged = pts.iter().filter(|p| p.outcome.report.istop == 7).count();
+    if unconverged > 0 {
+        eprintln!(
+            "warning: {unconverged} of {} weights stopped at the iteration limit (istop 7); the curve and its corner may be off",
+            pts.len()
+        );
+    }
     let triples: Vec<(f64, f64, f64)> = pts
         .iter()
         .map(|p| (p.weight, p.residual_norm, p.model_norm))
@@ -151,7 +165,11 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     })?;
     let png = out.join("lcurve.png");
     crate::model::plot::lcurve_png(&png, &triples, c, l_label)?;
-    eprintln!("wrote {} and {}", csv.display(), png.display());
+    eprintln!(
+        "wrote {} and {}",
+        crate::io::tidy(&csv).display(),
+        crate::io::tidy(&png).display()
+    );
     match c {
         Some(i) => {
             let p = &pts[i];
@@ -177,7 +195,10 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
                 crate::run::json_text(w, &report)
             })?;
             publ.commit()?;
-            eprintln!("corner model written to {}", model.display());
+            eprintln!(
+                "corner model written to {}",
+                crate::io::tidy(&model).display()
+            );
         }
         None => {
             publ.commit()?;

@@ -1,6 +1,7 @@
 //! Command-line interface: one file per subcommand. `main.rs` turns any error into one line
 //! on stderr and a non-zero exit.
 
+mod args;
 pub mod bench;
 mod compare;
 mod export;
@@ -20,6 +21,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "seistomo", version, about, long_about = None)]
 pub struct Cli {
+    /// No progress (by default: bars on a terminal, one line every 10 s otherwise; rank 0).
+    #[arg(long, short = 'q', global = true)]
+    pub quiet: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -54,6 +58,7 @@ pub enum Command {
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let comm = crate::comm::init()?;
+    crate::progress::configure(cli.quiet, comm.is_root());
     let result = match cli.command {
         Command::Solve(a) => solve::run(a, &*comm),
         Command::Invert(a) => invert::run(a, &*comm),

@@ -1,4 +1,4 @@
-//! `seistomo plot MODEL.h5`: PNG quicklooks of a model file.
+//! `seistomo plot MODEL.h5`: PNG quicklooks of a model file, drawn to scale.
 
 use std::path::PathBuf;
 
@@ -6,37 +6,54 @@ use anyhow::{bail, Context};
 use clap::Args;
 
 use crate::model::hdf5::ModelFile;
-use crate::model::plot::{plot_model, View};
+use crate::model::plot::{plot_model_with, PlotStyle, View};
 
 #[derive(Debug, Args)]
 pub struct PlotArgs {
     /// Model file written by `invert` (model.h5).
     model: PathBuf,
     /// Map at this depth (grid models: the layer containing it).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, conflicts_with_all = ["section", "convergence"])]
     depth: Option<f64>,
     /// Vertical section: x=VALUE or y=VALUE (grid models).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "convergence")]
     section: Option<String>,
     /// Convergence plot (r1norm and arnorm against iteration).
     #[arg(long)]
     convergence: bool,
     /// Field of /model to draw (velocity, perturbation, slowness, hit_count, dws, ...).
-    /// Default: perturbation.
     #[arg(long, default_value = "perturbation")]
     field: String,
-    /// Put the true model beside the recovered one (synthetic runs).
+    /// Put the true model beside the recovered one (synthetic runs; fields with a true_ twin:
+    /// velocity, perturbation, solution).
     #[arg(long)]
     compare_true: bool,
-    /// Output PNG.
-    #[arg(short = 'o', long, default_value = "model.png")]
-    output: PathBuf,
+    /// Sections: vertical exaggeration (1: to scale, 2: depth drawn twice as tall as
+    /// horizontal distance). Stated in the title when not 1.
+    #[arg(long, default_value_t = 1.0)]
+    exaggeration: f64,
+    /// Output PNG (the name must end in .png).
+    #[arg(short = 'o', long, alias = "output", default_value = "model.png")]
+    out: PathBuf,
 }
 
 pub fn run(a: PlotArgs) -> anyhow::Result<()> {
     let mut paths = crate::io::outpaths::PathCheck::new();
-    paths.input("model", &a.model).output("-o", &a.output);
+    paths.input("model", &a.model).output("-o", &a.out);
     paths.check()?;
+    let is_png = a
+        .out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !is_png {
+        bail!(
+            "-o {}: plot writes PNG files only; give a name ending in .png",
+            a.out.display()
+        );
+    }
+    if !(a.exaggeration.is_finite() && a.exaggeration > 0.0) {
+        bail!("--exaggeration must be > 0 (got {})", a.exaggeration);
+    }
     let mf = ModelFile::open(&a.model)?;
     let view = if a.convergence {
         View::Convergence
@@ -55,9 +72,22 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--section '{s}': '{v}' is not a number"))?;
         View::Section { axis, at }
     } else {
+        if a.depth.is_some() && mf.grid.is_none() {
+            bail!(
+                "{}: --depth: this is a {} model (one layer, no depths); leave --depth out",
+                crate::io::tidy(&a.model).display(),
+                mf.parameterisation
+            );
+        }
         View::Map { depth: a.depth }
     };
-    plot_model(&mf, &view, &a.field, a.compare_true, &a.output)?;
-    eprintln!("wrote {}", a.output.display());
+    if a.exaggeration != 1.0 && !matches!(view, View::Section { .. }) {
+        bail!("--exaggeration applies to sections (--section) only");
+    }
+    let style = PlotStyle {
+        exaggeration: a.exaggeration,
+    };
+    plot_model_with(&mf, &view, &a.field, a.compare_true, &a.out, &style)?;
+    eprintln!("wrote {}", crate::io::tidy(&a.out).display());
     Ok(())
 }

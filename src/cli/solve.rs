@@ -11,8 +11,8 @@ use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
 pub struct SolveArgs {
-    /// Solver: lsqr, or gmres (square systems).
-    #[arg(long, default_value = "lsqr")]
+    /// Solver: lsqr (any shape, least squares), or gmres (square systems).
+    #[arg(long, default_value = "lsqr", value_parser = super::args::words(&["lsqr", "gmres"]))]
     method: String,
     /// System matrix A (Matrix Market, .gz allowed).
     #[arg(long)]
@@ -33,10 +33,15 @@ pub struct SolveArgs {
     /// LSQR damping (Tikhonov weight on ||x - x0||).
     #[arg(long, default_value_t = 0.0)]
     damp: f64,
+    /// LSQR stopping tolerance on the relative error in A (stop when ||A^T r|| / (||A|| ||r||)
+    /// <= atol).
     #[arg(long, default_value_t = 1e-6)]
     atol: f64,
+    /// LSQR stopping tolerance on the relative error in b (stop when ||r|| <= btol ||b|| + atol
+    /// ||A|| ||x||).
     #[arg(long, default_value_t = 1e-6)]
     btol: f64,
+    /// LSQR stops when its estimate of cond(A) exceeds this (istop 3).
     #[arg(long, default_value_t = 1e8)]
     conlim: f64,
     /// Iteration limit (default 2 n).
@@ -48,33 +53,34 @@ pub struct SolveArgs {
     /// Compute the var estimate (a lower bound on diag((A^T A + damp^2 I)^-1)) into this file.
     #[arg(long)]
     variance: Option<PathBuf>,
-    /// Compute backend.
-    #[arg(long, default_value = "auto")]
+    /// Compute backend (auto: CUDA when a usable GPU is present, else the CPU).
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::backend())]
     backend: BackendChoice,
-    /// How A^T y is computed: auto, csc, scatter, library.
-    #[arg(long, default_value = "auto")]
+    /// How A^T y is computed: an explicit transpose (csc), a scatter from the rows, or the
+    /// vendor library's transposed SpMV.
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::transpose())]
     transpose: TransposeStrategy,
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Matrix value precision: f64 or f32 (GPU; CPU with compact storage). Vectors and sums stay f64.
-    #[arg(long, default_value = "f64")]
+    #[arg(long, default_value = "f64", value_parser = super::args::pick::precision())]
     precision: Precision,
     /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::allreduce())]
     allreduce: crate::backend::AllreducePath,
     /// Reorder for cache locality: none, rows (sorted by first column) or auto (rows; Morton
     /// cells when the unknowns are a grid). The solution comes back in the original order.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::reorder())]
     reorder: crate::reorder::Reorder,
     /// Matrix storage: auto (compact where possible), csr, or compact (16-bit column deltas;
     /// damping rows generated from a grid applied as stencils).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::storage())]
     storage: crate::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
     /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
     /// with compact storage on one rank, host otherwise.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::lsqr_loop())]
     lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.
     #[arg(long)]
@@ -107,26 +113,28 @@ pub struct GmresArgs {
     /// GMRES: limit on cycles (SciPy 1.10's maxiter counts cycles).
     #[arg(long)]
     max_cycles: Option<usize>,
-    /// GMRES preconditioner: none, jacobi, block-ilu0.
-    #[arg(long, default_value = "jacobi")]
+    /// GMRES preconditioner: none, jacobi (diagonal) or block-ilu0 (ILU(0) of each rank's
+    /// diagonal block).
+    #[arg(long, default_value = "jacobi", value_parser = super::args::pick::precond())]
     precond: super::solve_gmres::PrecondChoice,
     /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice) or cgs (classical once).
-    #[arg(long, default_value = "mgs")]
+    #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
     orthog: crate::solver::gmres::Orthog,
-    /// GMRES preconditioning side: left or right.
-    #[arg(long, default_value = "left")]
+    /// GMRES preconditioning side.
+    #[arg(long, default_value = "left", value_parser = super::args::pick::side())]
     side: crate::solver::gmres::PrecondSide,
     /// GMRES stopping rule: preconditioned (PETSc's) or scipy (SciPy 1.10's true-residual rule).
-    #[arg(long, default_value = "preconditioned")]
+    #[arg(long, default_value = "preconditioned", value_parser = super::args::pick::stop())]
     stop: crate::solver::gmres::ConvergenceTest,
-    /// Block ILU(0): on a missing diagonal or zero pivot, error or shift.
-    #[arg(long, default_value = "error")]
+    /// Block ILU(0): on a missing diagonal or zero pivot, stop with an error or shift the
+    /// pivot.
+    #[arg(long, default_value = "error", value_parser = super::args::pick::pivot())]
     ilu_pivot: crate::solver::precond::PivotPolicy,
     /// Block ILU(0): Jacobi sweeps per triangular solve instead of exact solves.
     #[arg(long)]
     ilu_sweeps: Option<usize>,
     /// GMRES on several ranks: rows split by contiguous, nnz or metis (graph partition).
-    #[arg(long, default_value = "nnz")]
+    #[arg(long, default_value = "nnz", value_parser = super::args::pick::partition())]
     partition: crate::solver::partition::PartitionMethod,
 }
 
@@ -153,12 +161,6 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     )?;
     if a.method == "gmres" {
         return run_gmres(a, comm);
-    }
-    if a.method != "lsqr" {
-        anyhow::bail!(
-            "--method {}: only lsqr is available in this build",
-            a.method
-        );
     }
     super::init_threads(a.threads.or_else(crate::comm::default_threads_per_rank))?;
     let opts = SolveOptions {

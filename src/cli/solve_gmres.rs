@@ -122,6 +122,62 @@ pub struct GmresReport {
 struct CliMonitor {
     history: GmresHistory,
     every: usize,
+    /// Progress by default (src/progress.rs) when no --progress N lines were asked for.
+    bar: Option<GmresBar>,
+}
+
+/// GMRES's progress: iteration, cycle, the relative residual against rtol, the rate, and an
+/// ETA only from a steady fall of the relative residual.
+struct GmresBar {
+    pb: indicatif::ProgressBar,
+    rtol: f64,
+    max_iter: usize,
+    relres: Vec<f64>,
+    shown: Option<Instant>,
+}
+
+impl GmresBar {
+    fn record(&mut self, r: &GmresRecord) {
+        self.relres.push(r.relres);
+        if self
+            .shown
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(100))
+        {
+            return;
+        }
+        self.shown = Some(Instant::now());
+        let per_iter = if r.iteration > 0 {
+            r.seconds / r.iteration as f64
+        } else {
+            0.0
+        };
+        let eta = crate::progress::eta_from_trend(
+            &self.relres,
+            self.rtol,
+            per_iter,
+            self.max_iter.saturating_sub(r.iteration),
+        );
+        let eta = match eta {
+            Some(d) if d.as_secs_f64() < 1.0 => "eta <1 s".to_string(),
+            Some(d) => format!("eta {:.0} s", d.as_secs_f64()),
+            None => "no eta yet".into(),
+        };
+        self.pb.set_position(r.iteration as u64);
+        self.pb.set_message(format!(
+            "it {}  cycle {}  relres {:.2e}/{:.0e}  {:.0} it/s  {eta}",
+            r.iteration,
+            r.cycle,
+            r.relres,
+            self.rtol,
+            if per_iter > 0.0 { 1.0 / per_iter } else { 0.0 },
+        ));
+    }
+}
+
+impl Drop for GmresBar {
+    fn drop(&mut self) {
+        self.pb.finish_and_clear();
+    }
 }
 
 impl GmresMonitor for CliMonitor {
@@ -131,6 +187,9 @@ impl GmresMonitor for CliMonitor {
                 "  it {:>7}  cycle {:>5}  resnorm {:.6e}  relres {:.3e}",
                 rec.iteration, rec.cycle, rec.resnorm, rec.relres
             );
+        }
+        if let Some(b) = &mut self.bar {
+            b.record(rec);
         }
         self.history.record(rec)
     }
@@ -215,6 +274,16 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
     let mut mon = CliMonitor {
         history: GmresHistory(Vec::with_capacity(c.params.max_iter.min(1 << 20) + 1)),
         every: if comm.is_root() { c.progress } else { 0 },
+        bar: (comm.is_root()
+            && c.progress == 0
+            && crate::progress::mode() != crate::progress::Mode::Quiet)
+            .then(|| GmresBar {
+                pb: crate::progress::open_ended("gmres"),
+                rtol: c.params.rtol,
+                max_iter: c.params.max_iter,
+                relres: Vec::new(),
+                shown: None,
+            }),
     };
     let (sol, backend_name, backend_describe) = if backend == BackendChoice::Cuda {
         let be = CudaBackend::for_rank(comm)?;
@@ -263,6 +332,7 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         .with_context(|| format!("GMRES on {}", c.matrix.display()))?;
         (sol, be.name(), be.describe())
     };
+    mon.bar = None; // clears the bar before anything else is printed
     if let Some(z) = sol
         .jacobi_zero_diagonals
         .filter(|&z| z > 0 && comm.is_root())

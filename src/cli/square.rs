@@ -8,40 +8,40 @@ use crate::squaregen::{stencil7, SquareKind, DEFAULT_PECLET};
 
 #[derive(Debug, Args)]
 pub struct SquareArgs {
-    /// poisson or convdiff (7-point stencil, central differences).
-    #[arg(long, default_value = "convdiff")]
+    /// Which system: 3-D Poisson or convection-diffusion (7-point stencil, central
+    /// differences).
+    #[arg(long, default_value = "convdiff", value_parser = super::args::pick::square_kind())]
     kind: SquareKind,
     /// Grid points per side (n^3 rows), unless --nx/--ny/--nz are given.
     #[arg(long, default_value_t = 32)]
     n: usize,
+    /// Grid points along x (default: --n).
     #[arg(long)]
     nx: Option<usize>,
+    /// Grid points along y (default: --n).
     #[arg(long)]
     ny: Option<usize>,
+    /// Grid points along z (default: --n).
     #[arg(long)]
     nz: Option<usize>,
-    /// Cell Peclet numbers in x, y, z (convdiff), comma-separated.
-    #[arg(long, value_delimiter = ',', num_args = 3)]
-    peclet: Option<Vec<f64>>,
+    /// Cell Peclet numbers along x,y,z (convdiff), comma-separated: e.g. --peclet 1,2,3.
+    #[arg(long, value_parser = super::args::triple::<f64>, allow_negative_numbers = true)]
+    peclet: Option<[f64; 3]>,
     /// Output Matrix Market file (.gz compresses).
-    #[arg(short, long)]
-    output: PathBuf,
+    #[arg(short = 'o', long, alias = "output")]
+    out: PathBuf,
 }
 
 pub fn run(a: SquareArgs) -> anyhow::Result<()> {
     let mut paths = crate::io::outpaths::PathCheck::new();
-    paths.output("--output", &a.output);
+    paths.output("-o", &a.out);
     paths.check()?;
     let (nx, ny, nz) = (
         a.nx.unwrap_or(a.n),
         a.ny.unwrap_or(a.n),
         a.nz.unwrap_or(a.n),
     );
-    let p = match a.peclet.as_deref() {
-        Some([x, y, z]) => [*x, *y, *z],
-        Some(_) => anyhow::bail!("--peclet takes three values"),
-        None => DEFAULT_PECLET,
-    };
+    let p = a.peclet.unwrap_or(DEFAULT_PECLET);
     let t = std::time::Instant::now();
     let m = stencil7(a.kind, nx, ny, nz, p)?;
     let gen = t.elapsed().as_secs_f64();
@@ -51,10 +51,10 @@ pub fn run(a: SquareArgs) -> anyhow::Result<()> {
     )
     .to_lowercase();
     let t = std::time::Instant::now();
-    crate::sparse::mtx::write_matrix(&a.output, &m, &comment)?;
+    crate::sparse::mtx::write_matrix(&a.out, &m, &comment)?;
     eprintln!(
         "wrote {}: {} x {}, {} nonzeros (generated in {gen:.3} s, written in {:.3} s)",
-        a.output.display(),
+        a.out.display(),
         m.nrows(),
         m.ncols(),
         m.nnz(),

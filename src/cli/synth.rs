@@ -11,23 +11,12 @@ use crate::io::manifest::Layout;
 use crate::model::Grid;
 use crate::synth;
 
-/// Parse "a,b,c" into three values.
-pub(crate) fn triple<T: std::str::FromStr>(s: &str) -> Result<[T; 3], String> {
-    let v: Vec<&str> = s.split(',').map(str::trim).collect();
-    if v.len() != 3 {
-        return Err(format!("'{s}': expected three comma-separated values"));
-    }
-    let p = |x: &str| {
-        x.parse::<T>()
-            .map_err(|_| format!("'{x}' is not a valid number"))
-    };
-    Ok([p(v[0])?, p(v[1])?, p(v[2])?])
-}
+use super::args::{pick, triple};
 
 #[derive(Debug, Args)]
 pub struct SynthArgs {
     /// Output dataset directory (must not exist or be empty).
-    #[arg(long)]
+    #[arg(short = 'o', long)]
     out: PathBuf,
     /// Cells along x,y,z.
     #[arg(long, default_value = "16,16,8", value_parser = triple::<usize>)]
@@ -35,7 +24,7 @@ pub struct SynthArgs {
     /// Cell size along x,y,z (km).
     #[arg(long, default_value = "1,1,1", value_parser = triple::<f64>)]
     spacing: [f64; 3],
-    /// Corner of cell (0,0,0).
+    /// Corner of cell (0,0,0) along x,y,z (km).
     #[arg(long, default_value = "0,0,0", value_parser = triple::<f64>)]
     origin: [f64; 3],
     /// Number of rays (kernel rows).
@@ -44,8 +33,8 @@ pub struct SynthArgs {
     /// Seed of the ray geometry and the noise.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// True model: checkerboard or spike.
-    #[arg(long, default_value = "checkerboard")]
+    /// True model: a checkerboard of +-amplitude, or one spike (a box of +amplitude).
+    #[arg(long, default_value = "checkerboard", value_parser = super::args::words(&["checkerboard", "spike"]))]
     model: String,
     /// Checker size in cells along x,y,z.
     #[arg(long, default_value = "4,4,2", value_parser = triple::<usize>)]
@@ -74,11 +63,11 @@ pub struct SynthArgs {
     /// Number of damping block files.
     #[arg(long, default_value_t = 4)]
     damping_blocks: usize,
-    /// Kernel layout: packed or per-row.
-    #[arg(long, default_value = "packed")]
+    /// Kernel layout: many rows per pack file, or one file per row.
+    #[arg(long, default_value = "packed", value_parser = pick::layout())]
     layout: Layout,
-    /// Value precision of the kernel and damping files: f64 or f32.
-    #[arg(long, default_value = "f64")]
+    /// Value precision of the kernel and damping files.
+    #[arg(long, default_value = "f64", value_parser = pick::file_precision())]
     precision: Precision,
     /// Target pack file size (MiB).
     #[arg(long, default_value_t = 64)]
@@ -151,8 +140,51 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         kernel.nnz(),
         t_rays,
         reg.nrows(),
-        manifest.display(),
+        crate::io::tidy(&manifest).display(),
         t.elapsed().as_secs_f64()
     );
+    let cfg = a.out.join("invert.toml");
+    let out_name = format!(
+        "{}-inversion",
+        a.out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "synth".into())
+    );
+    crate::io::write_atomic(&cfg, |w| {
+        w.write_all(run_config_text(&out_name, reg.nrows() > 0).as_bytes())
+    })?;
+    let cfg = crate::io::tidy(&cfg);
+    eprintln!("run config written to {}", cfg.display());
+    eprintln!("next: seistomo invert {}", cfg.display());
     Ok(())
+}
+
+/// The run config `synth` leaves beside the dataset: the demo's settings, outputs in a
+/// sibling directory (never inside the dataset).
+fn run_config_text(out_name: &str, has_damping: bool) -> String {
+    let reg = if has_damping {
+        "# The dataset stores its regularisation rows as damping blocks; more can be generated\n# from the grid here, e.g.\n# norm_damping = 0.01\n# smoothing = [0.1, 0.1, 0.1]\n"
+    } else {
+        "# The dataset has no regularisation rows: noise-free checkerboards need none, noisy data\n# do (or use `seistomo lcurve`); generated from the grid, e.g.\n# norm_damping = 0.01\n# smoothing = [0.1, 0.1, 0.1]\n"
+    };
+    format!(
+        "# Written by seistomo synth. Run from anywhere:  seistomo invert THIS_FILE\n\
+         [dataset]\n\
+         path = \"dataset.toml\"          # relative to this file\n\
+         {reg}\n\
+         [solver]\n\
+         method = \"lsqr\"\n\
+         atol = 1e-8\n\
+         btol = 1e-8\n\
+         iter_lim = 1000\n\n\
+         [output]\n\
+         dir = \"../{out_name}\"   # relative to this file: beside the dataset directory\n\n\
+         [model]\n\
+         # synth's true model is a slowness perturbation (s/km) around a background that the\n\
+         # travel times do not depend on: 2 km/s is assumed for velocities in model.h5.\n\
+         unknowns = \"slowness_perturbation\"\n\
+         slowness_unit = \"s/km\"\n\
+         reference = 2.0\n"
+    )
 }

@@ -21,9 +21,11 @@ pub mod npy;
 pub mod outpaths;
 pub mod petsc;
 pub mod publish;
+mod tidy;
 pub mod vectors;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
+pub use tidy::tidy;
 
 /// Open a text file for buffered reading; `.gz` files are decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {

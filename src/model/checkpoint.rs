@@ -397,6 +397,13 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
                 var: l.var.as_deref().map(|v| be.upload(v)).transpose()?,
             };
             let itn = l.scalars.itn;
+            // Said before the solve goes on, not after it.
+            if comm.is_root() {
+                eprintln!(
+                    "resumed from the checkpoint at iteration {itn} ({})",
+                    crate::io::tidy(&path).display()
+                );
+            }
             (l.scalars, vecs, l.history, Some(itn))
         }
         None => {

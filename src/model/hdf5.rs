@@ -422,6 +422,7 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
     let rj = serde_json::to_string_pretty(&o.report)
         .map_err(|e| Error::format(path, format!("report: {e}")))?;
     w.str_dataset(&rg, "report_json", &rj)?;
+    crate::model::provenance::annotate(f, path, &o.report)?;
     crate::model::cf::annotate(f, spec, n, path) // netCDF-4 / CF view (src/model/cf.rs)
 }
 

@@ -9,6 +9,7 @@ pub mod grid;
 pub mod hdf5;
 pub mod lcurve;
 pub mod plot;
+pub mod provenance;
 pub mod spec;
 pub mod xdmf;
 
@@ -79,7 +80,9 @@ impl RunModel {
         o: &Outcome,
     ) -> Result<()> {
         if let Some(p) = &cfg.model.path {
-            hdf5::stage_model(
+            let pb = crate::progress::open_ended("writing");
+            pb.set_message(crate::io::tidy(p).display().to_string());
+            let staged = hdf5::stage_model(
                 publ,
                 p,
                 &hdf5::ModelInputs {
@@ -89,7 +92,9 @@ impl RunModel {
                     kernel_rows: self.kernel_rows,
                     config_text: &cfg.text,
                 },
-            )?;
+            );
+            pb.finish_and_clear();
+            staged?;
         }
         Ok(())
     }

@@ -160,6 +160,63 @@ pub struct Panel<'a> {
     pub cells: &'a [Cell],
     /// Plot y downwards (depth sections).
     pub y_down: bool,
+    /// Pixels per unit of x over pixels per unit of y: 1 draws to scale, cos(latitude) for
+    /// longitude against latitude, 1/E for a section with vertical exaggeration E.
+    pub aspect: f64,
+}
+
+/// Largest plotting area of one panel (pixels) and the room around it (axis labels, margins,
+/// title), used to size a panel to its data.
+const PANEL_MAX: (f64, f64) = (560.0, 500.0);
+const PANEL_PAD: (u32, u32) = (84, 100);
+
+/// The data extent of a panel: (x0, x1, y0, y1).
+fn extent(cells: &[Cell]) -> (f64, f64, f64, f64) {
+    let lo = |f: fn(&Cell) -> f64| cells.iter().map(f).fold(f64::NAN, f64::min);
+    let hi = |f: fn(&Cell) -> f64| cells.iter().map(f).fold(f64::NAN, f64::max);
+    (lo(|c| c.x0), hi(|c| c.x1), lo(|c| c.y0), hi(|c| c.y1))
+}
+
+/// Pixel size of a panel drawing `p` to scale within `PANEL_MAX` (at least 120 px a side).
+fn panel_pixels(p: &Panel) -> (u32, u32) {
+    let (xa, xb, ya, yb) = extent(p.cells);
+    let (dx, dy) = (xb - xa, yb - ya);
+    if !(dx > 0.0 && dy > 0.0 && p.aspect > 0.0) {
+        return (
+            PANEL_MAX.0 as u32 + PANEL_PAD.0,
+            PANEL_MAX.1 as u32 + PANEL_PAD.1,
+        );
+    }
+    let py = (PANEL_MAX.1 / dy).min(PANEL_MAX.0 / (p.aspect * dx));
+    let (w, h) = (p.aspect * py * dx, py * dy);
+    (
+        w.max(120.0).round() as u32 + PANEL_PAD.0,
+        h.max(120.0).round() as u32 + PANEL_PAD.1,
+    )
+}
+
+/// Widen the x or the y range about its centre so that the plotting area of `pw` x `ph`
+/// pixels shows both axes at the panel's scale.
+pub fn fit_ranges(
+    (xa, xb): (f64, f64),
+    (ya, yb): (f64, f64),
+    (pw, ph): (f64, f64),
+    aspect: f64,
+) -> ((f64, f64), (f64, f64)) {
+    let (dx, dy) = (xb - xa, yb - ya);
+    if !(dx > 0.0 && dy > 0.0 && pw > 0.0 && ph > 0.0 && aspect > 0.0) {
+        return ((xa, xb), (ya, yb));
+    }
+    // x pixels per unit must be `aspect` times y pixels per unit.
+    let want_dx = pw * dy / (aspect * ph);
+    if want_dx > dx {
+        let pad = 0.5 * (want_dx - dx);
+        ((xa - pad, xb + pad), (ya, yb))
+    } else {
+        let want_dy = aspect * ph * dx / pw;
+        let pad = 0.5 * (want_dy - dy);
+        ((xa, xb), (ya - pad, yb + pad))
+    }
 }
 
 fn draw_panel(
@@ -169,19 +226,28 @@ fn draw_panel(
     scale: &Scale,
 ) -> Result<()> {
     let e = |x: &dyn std::fmt::Display| perr(path, x);
-    let fin = |f: fn(&Cell) -> f64| p.cells.iter().map(f).fold(f64::NAN, f64::min);
-    let fax = |f: fn(&Cell) -> f64| p.cells.iter().map(f).fold(f64::NAN, f64::max);
-    let (xa, xb, ya, yb) = (fin(|c| c.x0), fax(|c| c.x1), fin(|c| c.y0), fax(|c| c.y1));
+    let (xa, xb, ya, yb) = extent(p.cells);
     if !(xa < xb && ya < yb) {
         return Err(perr(path, "nothing to draw (empty slice)"));
     }
     let sgn = if p.y_down { -1.0 } else { 1.0 };
     let (yl, yh) = if p.y_down { (-yb, -ya) } else { (ya, yb) };
-    let mut chart = ChartBuilder::on(area)
-        .caption(&p.title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
+    let builder = || {
+        let mut b = ChartBuilder::on(area);
+        b.caption(&p.title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60);
+        b
+    };
+    // Build once to learn the plotting area's pixels, then again with the ranges widened so
+    // that both axes are drawn at the panel's scale (the caption is drawn the same twice).
+    let probe = builder()
+        .build_cartesian_2d(xa..xb, yl..yh)
+        .map_err(|x| e(&x))?;
+    let (pw, ph) = probe.plotting_area().dim_in_pixel();
+    let ((xa, xb), (yl, yh)) = fit_ranges((xa, xb), (yl, yh), (pw as f64, ph as f64), p.aspect);
+    let mut chart = builder()
         .build_cartesian_2d(xa..xb, yl..yh)
         .map_err(|x| e(&x))?;
     let yfmt = move |v: &f64| {
@@ -256,12 +322,20 @@ pub fn tick(v: f64, span: f64) -> String {
     format!("{v:.decimals$}")
 }
 
-/// Heat-map panels side by side sharing one colour scale, with a colour bar.
+/// Heat-map panels side by side sharing one colour scale, with a colour bar. Each panel is
+/// sized to its data (equal distance per pixel on both axes, or the panel's `aspect`).
 pub fn heatmap_png(path: &Path, panels: &[Panel], scale: &Scale, bar_label: &str) -> Result<()> {
-    let w = 80 + 620 * panels.len() as u32 + 110;
-    with_png(path, (w, 600), |root| {
+    let (pw, ph) = panels
+        .iter()
+        .map(panel_pixels)
+        .fold((0, 0), |(w, h), (a, b)| (w.max(a), h.max(b)));
+    let n = panels.len().max(1) as u32;
+    let w = pw * n + 110;
+    let h = ph.max(340);
+    with_png(path, (w, h), |root| {
         let (left, bar) = root.split_horizontally(w - 110);
-        let areas = left.split_evenly((1, panels.len().max(1)));
+        let (top, _) = left.split_vertically(ph);
+        let areas = top.split_evenly((1, n as usize));
         for (a, p) in areas.iter().zip(panels) {
             draw_panel(a, path, p, scale)?;
         }
@@ -435,14 +509,39 @@ fn field_label(mf: &ModelFile, field: &str) -> String {
     }
 }
 
-/// Draw a view of a model file. `compare_true` puts the true model beside the recovered one
-/// (synthetic runs).
+/// How `seistomo plot` draws beyond the view.
+#[derive(Debug, Clone)]
+pub struct PlotStyle {
+    /// Vertical exaggeration of sections (1: to scale).
+    pub exaggeration: f64,
+}
+
+impl Default for PlotStyle {
+    fn default() -> Self {
+        PlotStyle { exaggeration: 1.0 }
+    }
+}
+
+/// Draw a view of a model file to scale. `compare_true` puts the true model beside the
+/// recovered one (synthetic runs).
 pub fn plot_model(
     mf: &ModelFile,
     view: &View,
     field: &str,
     compare_true: bool,
     out: &Path,
+) -> Result<()> {
+    plot_model_with(mf, view, field, compare_true, out, &PlotStyle::default())
+}
+
+/// `plot_model` with a style (section exaggeration).
+pub fn plot_model_with(
+    mf: &ModelFile,
+    view: &View,
+    field: &str,
+    compare_true: bool,
+    out: &Path,
+    style: &PlotStyle,
 ) -> Result<()> {
     if let View::Convergence = view {
         let title = format!(
@@ -460,10 +559,15 @@ pub fn plot_model(
             format!("true_{field}")
         };
         if !mf.has_field(&t) {
-            return Err(Error::format(
-                &mf.path,
-                format!("no /model/{t}: not a synthetic run (or no true {field})"),
-            ));
+            let synthetic = mf.has_field("true_solution") || mf.has_field("true_velocity");
+            let msg = if synthetic {
+                format!(
+                    "--compare-true: a synthetic run, but there is no /model/{t} (the true model has velocity, perturbation and solution only)"
+                )
+            } else {
+                format!("--compare-true: no /model/{t}: not a synthetic run")
+            };
+            return Err(Error::format(&mf.path, msg));
         }
         names.insert(0, t);
     }
@@ -482,17 +586,69 @@ pub fn plot_model(
         .collect();
     let scale = Scale::for_values(&all, is_diverging(field));
     let (xl, yl, down) = axis_labels(mf, view);
+    let aspect = panel_aspect(
+        mf,
+        view,
+        layers.first().map(|l| &l.1[..]).unwrap_or(&[]),
+        style,
+    );
+    let ve = match view {
+        View::Section { .. } if style.exaggeration != 1.0 => {
+            format!(" (vertical exaggeration {}x)", style.exaggeration)
+        }
+        _ => String::new(),
+    };
     let panels: Vec<Panel> = layers
         .iter()
         .map(|(t, c)| Panel {
-            title: t.clone(),
+            title: format!("{t}{ve}"),
             x_label: xl.clone(),
             y_label: yl.clone(),
             cells: c,
             y_down: down,
+            aspect,
         })
         .collect();
     heatmap_png(out, &panels, &scale, &field_label(mf, field))
+}
+
+/// Whether a grid's axes are in degrees (longitude, latitude).
+fn degrees(units: &str) -> bool {
+    let u = units.trim().to_ascii_lowercase();
+    u.starts_with("deg") || u == "°"
+}
+
+/// Pixels per unit of x over pixels per unit of y for a view: maps in degrees of longitude
+/// and latitude are narrowed by cos(mid latitude) (equal distance per pixel at the middle of
+/// the map); sections are stretched vertically by the exaggeration.
+fn panel_aspect(mf: &ModelFile, view: &View, cells: &[Cell], style: &PlotStyle) -> f64 {
+    let geographic = match &mf.grid {
+        Some(g) => degrees(&g.units),
+        None => mf.cell_columns.iter().any(|c| c.starts_with("lon")),
+    };
+    match view {
+        View::Section { axis, .. } => {
+            // A section along longitude (x = const cuts along y = latitude) keeps latitude
+            // degrees; one along latitude has longitude degrees, narrowed by cos(latitude).
+            let k = if geographic && *axis == 1 {
+                mf.grid
+                    .as_ref()
+                    .map(|g| {
+                        let mid = g.origin[1] + 0.5 * g.n[1] as f64 * g.spacing[1];
+                        mid.to_radians().cos().abs().max(0.05)
+                    })
+                    .unwrap_or(1.0)
+            } else {
+                1.0
+            };
+            k / style.exaggeration
+        }
+        _ if geographic && !cells.is_empty() => {
+            let (_, _, ya, yb) = extent(cells);
+            (0.5 * (ya + yb)).to_radians().cos().abs().max(0.05)
+        }
+        _ => 1.0,
+    }
 }
 
 fn axis_labels(mf: &ModelFile, view: &View) -> (String, String, bool) {
@@ -706,6 +862,21 @@ mod tests {
         let pos = s.color(s.hi);
         assert!(neg.0 > neg.2 && pos.2 > pos.0);
         assert_eq!(s.color(f64::NAN), RGBColor(160, 160, 160));
+    }
+
+    #[test]
+    fn ranges_are_widened_to_equal_distance_per_pixel() {
+        // 24 x 8 km in a 600 x 600 px area: y widened to 24 km, centred.
+        let ((x0, x1), (y0, y1)) = fit_ranges((0.0, 24.0), (0.0, 8.0), (600.0, 600.0), 1.0);
+        assert_eq!((x0, x1), (0.0, 24.0));
+        assert!((y0 + 8.0).abs() < 1e-12 && (y1 - 16.0).abs() < 1e-12);
+        // Pixels per unit x = aspect * pixels per unit y.
+        for aspect in [0.5, 0.8, 2.0] {
+            let ((x0, x1), (y0, y1)) = fit_ranges((0.0, 10.0), (0.0, 10.0), (400.0, 300.0), aspect);
+            let (px, py) = (400.0 / (x1 - x0), 300.0 / (y1 - y0));
+            assert!((px / py - aspect).abs() < 1e-12, "{aspect}");
+            assert!(x1 - x0 >= 10.0 && y1 - y0 >= 10.0);
+        }
     }
 
     #[test]

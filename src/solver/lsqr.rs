@@ -43,7 +43,12 @@ pub struct LsqrInfo {
     pub acond: f64,
     pub arnorm: f64,
     pub xnorm: f64,
+    /// Seconds of the iterations run in this call.
     pub seconds: f64,
+    /// The iteration this call started from (0, or where a resumed run picked up): `itn -
+    /// start_itn` iterations took `seconds`.
+    #[serde(default)]
+    pub start_itn: usize,
 }
 
 /// Called with every iteration's record (from iteration 0) and, after each iteration, with the
@@ -285,7 +290,9 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     if s.itn == 0 {
         monitor.record(&rec(s, 0.0))?;
     }
+    let start_itn = s.itn;
     let finish = |s: &LsqrScalars, t: f64| LsqrInfo {
+        start_itn,
         istop: s.istop,
         stop_reason: stop_reason(s.istop).to_string(),
         itn: s.itn,
