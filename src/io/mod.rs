@@ -15,6 +15,7 @@ pub mod binfmt;
 pub mod damping;
 pub mod dataset;
 pub mod kernel_rows;
+pub mod limits;
 pub mod manifest;
 pub mod mmap;
 pub mod npy;
