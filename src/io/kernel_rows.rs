@@ -371,6 +371,19 @@ fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize, version: u32) -> 
     check_pack_table(path, bytes, bytes.len() as u64, pack, vb, version)
 }
 
+/// Open pack `pack` of the dataset at `path` and check its header and row table (checksums in
+/// version 2) and its length.
+pub fn check_pack_file(dm: &DatasetManifest, path: &Path, pack: u64) -> Result<()> {
+    let map = MappedFile::open(path)?;
+    check_pack(
+        path,
+        map.bytes(),
+        pack,
+        dm.m.precision.bytes(),
+        dm.m.version,
+    )
+}
+
 /// [`check_pack`] on the file's first bytes (at least the header and the row table) and its
 /// length.
 fn check_pack_table(

@@ -33,7 +33,7 @@ pub fn check_alloc(path: &Path, what: &str, bytes: u128) -> Result<()> {
         Some(limit) if bytes > limit as u128 => Err(Error::format(
             path,
             format!(
-                "{what} need {bytes} bytes ({:.1} GiB) but this machine has {limit} bytes ({:.1} GiB) of memory",
+                "{what} would take {bytes} bytes ({:.1} GiB) but this machine has {limit} bytes ({:.1} GiB) of memory",
                 bytes as f64 / (1u64 << 30) as f64,
                 limit as f64 / (1u64 << 30) as f64
             ),

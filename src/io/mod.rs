@@ -21,6 +21,7 @@ pub mod mmap;
 pub mod npy;
 pub mod petsc;
 pub mod vectors;
+pub mod verify;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
 
