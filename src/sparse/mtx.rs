@@ -205,7 +205,7 @@ fn check_declared<R>(
                 path,
                 line,
                 format!(
-                    "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it",
+                    "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
                     count * min_bytes
                 ),
             ));
