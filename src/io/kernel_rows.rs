@@ -115,6 +115,11 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             )));
         }
     }
+    if layout == Layout::PerRow && files != rows as u64 {
+        return Err(bad(format!(
+            "file count {files} but a per-row dataset has one file per row ({rows})"
+        )));
+    }
     let nblocks = if version >= 2 { rows.div_ceil(META_BLOCK) } else { 0 };
     let sums = head + META_ENTRY * rows;
     r.exact_len(sums + pad8(4 * nblocks), &format!("{rows} entries"))?;
@@ -185,6 +190,14 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
         return Err(bad(format!(
             "the entries hold {total} nonzeros but the header says {nnz}"
         )));
+    }
+    if layout == Layout::Packed {
+        let used = entries.iter().map(|e| e.file + 1).max().unwrap_or(0);
+        if used != files {
+            return Err(bad(format!(
+                "file count {files} but the entries use packs 0..{used}"
+            )));
+        }
     }
     Ok(Metadata {
         path,
@@ -413,14 +426,20 @@ fn check_pack_table(
         ));
     }
     let nr = r.count(24, "rows in pack")?;
+    let pack_nnz = r.u64(32, "nonzeros in pack")?;
+    if version < 2 {
+        r.zeros(40, 8, "reserved field")?;
+    }
     r.need(PACK_HEADER, PACK_ENTRY * nr, "the row table")?;
     if version >= 2 {
         r.check_crc(PACK_HEADER..PACK_HEADER + PACK_ENTRY * nr, 40, "the row table")?;
     }
     let mut off = PACK_HEADER + PACK_ENTRY * nr;
+    let mut total = 0u64;
     for k in 0..nr {
         let o = PACK_HEADER + PACK_ENTRY * k;
         let nnz = r.count(o + 8, "row table entry")?;
+        total = total.saturating_add(nnz as u64);
         let at = r.u64(o + 16, "row table entry")?;
         if at != off as u64 {
             return Err(Error::format(
@@ -429,6 +448,12 @@ fn check_pack_table(
             ));
         }
         off = off.saturating_add(record_size_v(nnz, vb, version));
+    }
+    if total != pack_nnz {
+        return Err(Error::format(
+            path,
+            format!("the row table holds {total} nonzeros but the header says {pack_nnz}"),
+        ));
     }
     let what = format!("{nr} row records");
     if file_len < off as u64 {

@@ -181,7 +181,15 @@ pub fn read_vector_rows(
     let sums_at = VECT_HEADER + pad8(vb * n);
     // Version 2: the checksums of the chunks, read once.
     let sums: Vec<u8> = if version >= 2 {
-        reader.read(path, sums_at as u64, 4 * n.div_ceil(VECT_CHUNK))?
+        let k = n.div_ceil(VECT_CHUNK);
+        let sums = reader.read(path, sums_at as u64, pad8(4 * k))?;
+        if sums[4 * k..].iter().any(|&b| b != 0) {
+            return Err(Error::format(
+                path,
+                format!("padding at byte {} is not zero (corrupted file)", sums_at + 4 * k),
+            ));
+        }
+        sums
     } else {
         Vec::new()
     };
@@ -269,7 +277,7 @@ fn check_header(
     if version >= 2 {
         r.check_crc(0..28, 28, "vector header")?;
     } else {
-        r.need(0, VECT_HEADER, "the vector header")?;
+        r.zeros(28, 4, "reserved field")?;
     }
     let prec = Precision::from_bytes(path, vb)?;
     let n = r.count(16, "vector length")?;
