@@ -637,7 +637,7 @@ fn open_row_file(kdir: &Path, e: &MetaEntry, vb: usize, version: u32) -> Result<
     }
     r.exact_len(
         ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version)),
-        &format!("kernel row {}", e.row),
+        &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
     )?;
     Ok(map)
 }
@@ -650,22 +650,25 @@ fn check_records_fit<'p>(
     version: u32,
     pack: impl Fn(usize) -> (&'p Path, u64),
 ) -> Result<()> {
-    let mut per_pack: Vec<u64> = Vec::new();
+    // Per pack: bytes of records, rows, nonzeros.
+    let mut per_pack: Vec<(u64, u64, u64)> = Vec::new();
     for e in local {
         let p = e.file as usize;
         if per_pack.len() <= p {
-            per_pack.resize(p + 1, 0);
+            per_pack.resize(p + 1, (0, 0, 0));
         }
-        per_pack[p] =
-            per_pack[p].saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
+        let t = &mut per_pack[p];
+        t.0 = t.0.saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
+        t.1 += 1;
+        t.2 = t.2.saturating_add(e.nnz);
     }
-    for (p, &need) in per_pack.iter().enumerate() {
+    for (p, &(need, rows, nnz)) in per_pack.iter().enumerate() {
         let (path, len) = pack(p);
         if need > len {
             return Err(Error::format(
                 path,
                 format!(
-                    "the metadata puts {need} bytes of row records in this pack but it has {len} bytes"
+                    "the metadata puts {rows} rows with {nnz} nonzeros ({need} bytes of records) in this pack but it has {len} bytes"
                 ),
             ));
         }
@@ -716,7 +719,11 @@ pub fn read_kernel_rows_ranges(
                 })?;
                 let want = ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version));
                 Reader::new(&path, &[])
-                    .exact_len_of(len, want as u64, &format!("kernel row {}", e.row))
+                    .exact_len_of(
+                        len,
+                        want as u64,
+                        &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
+                    )
             })?;
         }
         Layout::Packed => {
