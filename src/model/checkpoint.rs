@@ -205,14 +205,22 @@ fn f64s(b: &[u8]) -> Vec<f64> {
 /// against the file's length before anything is allocated from it.
 pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_checkpoint(path, &bytes)
+}
+
+/// [`read_checkpoint`] on the file's bytes (errors name `path`).
+fn parse_checkpoint(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
     let bad = |msg: &str| Error::format(path, format!("checkpoint: {msg}"));
     if bytes.len() < 12 || &bytes[..8] != MAGIC {
         return Err(bad("not a seistomo checkpoint (bad magic)"));
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let (header, (u, v, w, x, var)) = match version {
-        1 => read_v1(&bytes, &bad)?,
-        2 => read_v2(path, &bytes, &bad)?,
+        1 => read_v1(bytes, &bad)?,
+        2 => read_v2(path, bytes, &bad)?,
         _ => {
             return Err(bad(&format!(
                 "version {version}, this program reads 1 and {VERSION}"
@@ -288,7 +296,7 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     }
     let hend = 24 + hlen as usize;
     let (stored, computed) = (word(hend), crc(&bytes[..hend]));
-    if stored != computed {
+    if stored != computed || word(hend + 4) != 0 {
         return Err(checksum_error(path, "checkpoint header", stored, computed));
     }
     let header: Header = serde_json::from_slice(&bytes[24..hend])
@@ -491,6 +499,142 @@ mod tests {
     use crate::comm::SerialComm;
     use crate::solver::NoMonitor;
     use crate::testing::Lstp;
+
+    /// A checkpoint file of a small run (version 2).
+    fn small_checkpoint(dir: &Path) -> PathBuf {
+        let p = Lstp::new(30, 20, 2, 2, 0.0);
+        let a = p.to_csr();
+        let b = p.apply_dense(&vec![1.0; 20]);
+        let be = CpuBackend::new();
+        let op = CpuCsrOperator::new(a.clone(), TransposeStrategy::Auto);
+        let params = LsqrParams {
+            iter_lim: Some(6),
+            calc_var: true,
+            ..Default::default()
+        };
+        let ck = Checkpointing {
+            path: dir.join("ck.bin"),
+            every: 2,
+            resume: false,
+        };
+        let fp = fingerprint(&a, &b);
+        lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &ck,
+            &fp,
+            &mut NoMonitor,
+        )
+        .unwrap();
+        ck.path
+    }
+
+    /// The same checkpoint in version 1 (FNV-1a trailer, no per-section checksums).
+    fn to_v1(v2: &[u8]) -> Vec<u8> {
+        let hlen = u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        let hend = 24 + hlen;
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&(hlen as u64).to_le_bytes());
+        out.extend_from_slice(&v2[24..hend]);
+        let mut off = hend + 8;
+        while off < v2.len() {
+            // Each vector: its values up to the 8-byte trailer (a CRC and a zero u32).
+            let mut k = off;
+            loop {
+                let c = u32::from_le_bytes(v2[k..k + 4].try_into().unwrap());
+                if crate::io::binfmt::crc(&v2[off..k]) == c && v2[k + 4..k + 8] == [0; 4] {
+                    break;
+                }
+                k += 8;
+            }
+            out.extend_from_slice(&v2[off..k]);
+            off = k + 8;
+        }
+        let mut h = Fnv::default();
+        h.update(&out);
+        let sum = h.finish();
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn version_1_reads_lying_sizes_refused_and_corruption_sweep() {
+        let dir = std::env::temp_dir().join(format!("seistomo-ckv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = small_checkpoint(&dir);
+        let v2 = std::fs::read(&path).unwrap();
+        let (l2, fp2, ..) = read_checkpoint(&path).unwrap();
+        // Version 1 still reads, to the same state.
+        let v1 = to_v1(&v2);
+        let p1 = dir.join("ck1.bin");
+        std::fs::write(&p1, &v1).unwrap();
+        let (l1, fp1, ..) = read_checkpoint(&p1).unwrap();
+        assert_eq!((l1.x, l1.u, l1.var, fp1), (l2.x, l2.u, l2.var, fp2));
+        // A header whose sizes lie (checksum rewritten): refused before allocating.
+        let hlen = u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        let json = String::from_utf8(v2[24..24 + hlen].to_vec()).unwrap();
+        let m = json.split("\"m_local\":").nth(1).unwrap();
+        let m: String = m.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let lying = json.replacen(
+            &format!("\"m_local\":{m}"),
+            "\"m_local\":1000000000000000",
+            1,
+        );
+        let mut b = v2[..16].to_vec();
+        b.extend_from_slice(&(lying.len() as u64).to_le_bytes());
+        b.extend_from_slice(lying.as_bytes());
+        let c = crate::io::binfmt::crc(&b);
+        b.extend_from_slice(&c.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&v2[24 + hlen + 8..]);
+        std::fs::write(&path, &b).unwrap();
+        let e = read_checkpoint(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("ck.bin") && e.contains("1000000000000000") && !e.contains('\n'),
+            "{e}"
+        );
+        // Sweep: every truncation, every byte flip in the header, random flips in the body;
+        // each must be an error, never a panic.
+        let mut cases = 0;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for (name, pristine) in [("v2", &v2), ("v1", &v1)] {
+            let header = 24 + hlen + 8;
+            let mut variants: Vec<Vec<u8>> = (0..pristine.len())
+                .map(|cut| pristine[..cut].to_vec())
+                .collect();
+            for at in 0..header {
+                let mut b = pristine.clone();
+                b[at] ^= 0xff;
+                variants.push(b);
+            }
+            for _ in 0..300 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = header + (seed as usize) % (pristine.len() - header);
+                let mut b = pristine.to_vec();
+                b[at] ^= 1 << (seed % 8);
+                variants.push(b);
+            }
+            for (k, b) in variants.iter().enumerate() {
+                let r = std::panic::catch_unwind(|| parse_checkpoint(&path, b).map(|_| ()));
+                match r {
+                    Ok(Err(e)) => assert!(!e.to_string().contains('\n')),
+                    Ok(Ok(())) => panic!("{name} case {k}: a corrupted checkpoint was accepted"),
+                    Err(_) => panic!("{name} case {k}: panic"),
+                }
+                cases += 1;
+            }
+        }
+        println!("checkpoint corruption sweep: {cases} cases, all refused");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn resume_from_every_checkpoint_is_bitwise_identical() {
