@@ -167,12 +167,12 @@ fn read_all(ds: &Path, verify_only: bool) -> Vec<Outcome> {
         }));
     }
     let p = ds.to_path_buf();
-    out.push(guarded(move || {
-        match seistomo::io::verify::verify_dataset(&p, false) {
+    out.push(guarded(
+        move || match seistomo::io::verify::verify_dataset(&p, false) {
             Err(e) => Outcome::Err(e.to_string()),
             Ok(_) => Outcome::Finite,
-        }
-    }));
+        },
+    ));
     out
 }
 
@@ -289,7 +289,8 @@ fn sweep_other_readers(t: &mut Tally) {
     )
     .unwrap();
     corpus.push((v, vector));
-    let a = Csr::from_triplets(3, 4, &[0, 2, 2, 1], &[1, 0, 3, 2], &[1.5, -2.0, 1e-3, 4.0]).unwrap();
+    let a =
+        Csr::from_triplets(3, 4, &[0, 2, 2, 1], &[1, 0, 3, 2], &[1.5, -2.0, 1e-3, 4.0]).unwrap();
     let p = dir.join("A.petsc");
     seistomo::io::petsc::write_mat(&p, &a).unwrap();
     corpus.push((p, |p| match seistomo::io::petsc::read_mat(p) {

@@ -36,13 +36,14 @@ fn fails_in_one_line(args: &[&str], want: &[&str]) -> Option<u64> {
         bin().args(args).output().unwrap()
     };
     let err = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("seistomo:"))
-        .collect();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("seistomo:")).collect();
     assert_eq!(lines.len(), 1, "{args:?}: {err}");
     for w in want {
-        assert!(lines[0].contains(w), "{args:?}: missing '{w}' in {}", lines[0]);
+        assert!(
+            lines[0].contains(w),
+            "{args:?}: missing '{w}' in {}",
+            lines[0]
+        );
     }
     if timed {
         assert!(
@@ -50,7 +51,10 @@ fn fails_in_one_line(args: &[&str], want: &[&str]) -> Option<u64> {
             "{args:?}: not exit status 1: {err}"
         );
         err.lines()
-            .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes): "))
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("Maximum resident set size (kbytes): ")
+            })
             .and_then(|v| v.trim().parse().ok())
     } else {
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -139,7 +143,10 @@ fn npy_and_petsc_lying_headers_are_refused() {
     b.extend_from_slice(&[0u8; 12]);
     std::fs::write(&p, &b).unwrap();
     let e = seistomo::io::petsc::read_mat(&p).unwrap_err().to_string();
-    assert!(e.contains("A.petsc") && e.contains(&i32::MAX.to_string()), "{e}");
+    assert!(
+        e.contains("A.petsc") && e.contains(&i32::MAX.to_string()),
+        "{e}"
+    );
     // PETSc Vec.
     let p = dir.join("b.petsc");
     let mut b = Vec::new();
@@ -255,7 +262,10 @@ fn dataset_files_with_lying_sizes_are_refused_before_allocating() {
             }
             std::fs::write(&p, &bytes).unwrap();
             let e = load_dataset(&ds, 0, 1).unwrap_err().to_string();
-            assert!(e.contains(what) && !e.contains('\n'), "v{version} {file}: {e}");
+            assert!(
+                e.contains(what) && !e.contains('\n'),
+                "v{version} {file}: {e}"
+            );
             std::fs::write(&p, &pristine).unwrap();
         }
     }
@@ -302,12 +312,19 @@ fn a_flipped_value_bit_is_a_checksum_mismatch_in_version_2_only() {
         let v2 = small(&dir.join(format!("v2-{layout:?}")), layout, 2);
         let v1 = small(&dir.join(format!("v1-{layout:?}")), layout, 1);
         // Both versions hold the same system, and both verify.
-        let (s2, s1) = (load_dataset(&v2, 0, 1).unwrap(), load_dataset(&v1, 0, 1).unwrap());
+        let (s2, s1) = (
+            load_dataset(&v2, 0, 1).unwrap(),
+            load_dataset(&v1, 0, 1).unwrap(),
+        );
         assert_eq!(s2.a, s1.a);
         assert_eq!(s2.b, s1.b);
         for (ds, says) in [(&v2, "every checksum matches"), (&v1, "no checksums")] {
             let out = bin().arg("verify").arg(ds).output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             assert!(String::from_utf8_lossy(&out.stdout).contains(says));
         }
         // The lowest mantissa bit of the row's first value: still finite.

@@ -339,7 +339,11 @@ pub fn decode_record(
         ));
     }
     let rs = record_size(nnz, vb);
-    r.need(off, record_size_v(nnz, vb, version), &format!("kernel row {row}"))?;
+    r.need(
+        off,
+        record_size_v(nnz, vb, version),
+        &format!("kernel row {row}"),
+    )?;
     if version >= 2 {
         let stored = u32::from_le_bytes(r.data[off + rs..off + rs + 4].try_into().unwrap());
         let computed = crc(&r.data[off..off + rs]);
@@ -351,7 +355,11 @@ pub fn decode_record(
                 computed,
             ));
         }
-        r.zeros(off + rs + 4, 4, &format!("kernel row {row}: reserved field"))?;
+        r.zeros(
+            off + rs + 4,
+            4,
+            &format!("kernel row {row}: reserved field"),
+        )?;
     }
     // Padding is covered by the checksum in version 2 (ignored in version 1).
     decode_columns(r, off + 16, ncols, cols, &label)?;

@@ -150,7 +150,11 @@ impl DampingBlock {
         if nc != ncols {
             return Err(bad(format!("{nc} columns but the dataset has {ncols}")));
         }
-        let chunks = if version >= 2 { nnz.div_ceil(DAMP_CHUNK) } else { 0 };
+        let chunks = if version >= 2 {
+            nnz.div_ceil(DAMP_CHUNK)
+        } else {
+            0
+        };
         let cols_at = head + 8 * (rows + 1);
         let vals_at = cols_at + pad8(4 * nnz);
         let sums_at = vals_at + pad8(vb * nnz);
@@ -160,7 +164,11 @@ impl DampingBlock {
             r.check_crc(head..cols_at, DAMP_HEADER + 4, "damping row offsets")?;
             r.zeros(cols_at + 4 * nnz, pad8(4 * nnz) - 4 * nnz, "padding")?;
             r.zeros(vals_at + vb * nnz, pad8(vb * nnz) - vb * nnz, "padding")?;
-            r.zeros(sums_at + 4 * chunks, pad8(4 * chunks) - 4 * chunks, "padding")?;
+            r.zeros(
+                sums_at + 4 * chunks,
+                pad8(4 * chunks) - 4 * chunks,
+                "padding",
+            )?;
         }
         let mut prev = 0u64;
         for i in 0..=rows {

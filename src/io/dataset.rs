@@ -569,17 +569,27 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
                 &tmp.join("weights.bin"),
                 VectorKind::Weights,
                 w,
-                Precision::F64, version)?;
+                Precision::F64,
+                version,
+            )?;
         }
         if let Some(s) = spec.sigma {
-            write_vector(&tmp.join("sigma.bin"), VectorKind::Sigma, s, Precision::F64, version)?;
+            write_vector(
+                &tmp.join("sigma.bin"),
+                VectorKind::Sigma,
+                s,
+                Precision::F64,
+                version,
+            )?;
         }
         if let Some(m) = spec.true_model {
             write_vector(
                 &tmp.join("true_model.bin"),
                 VectorKind::Model,
                 m,
-                Precision::F64, version)?;
+                Precision::F64,
+                version,
+            )?;
         }
         let damping = match spec.damping {
             Some(d) => Some(DampingManifest {

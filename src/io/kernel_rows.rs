@@ -9,8 +9,8 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::io::binfmt::{
-    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64,
-    record_size_v, CrcWriter, Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
+    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64, record_size_v, CrcWriter,
+    Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
 };
 use crate::io::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
@@ -120,7 +120,11 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             "file count {files} but a per-row dataset has one file per row ({rows})"
         )));
     }
-    let nblocks = if version >= 2 { rows.div_ceil(META_BLOCK) } else { 0 };
+    let nblocks = if version >= 2 {
+        rows.div_ceil(META_BLOCK)
+    } else {
+        0
+    };
     let sums = head + META_ENTRY * rows;
     r.exact_len(sums + pad8(4 * nblocks), &format!("{rows} entries"))?;
     for b in 0..nblocks {
@@ -132,7 +136,11 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
         )?;
     }
     if version >= 2 {
-        r.zeros(sums + 4 * nblocks, pad8(4 * nblocks) - 4 * nblocks, "padding")?;
+        r.zeros(
+            sums + 4 * nblocks,
+            pad8(4 * nblocks) - 4 * nblocks,
+            "padding",
+        )?;
     }
     let mut entries = Vec::with_capacity(rows);
     let mut seen = vec![false; rows];
@@ -432,7 +440,11 @@ fn check_pack_table(
     }
     r.need(PACK_HEADER, PACK_ENTRY * nr, "the row table")?;
     if version >= 2 {
-        r.check_crc(PACK_HEADER..PACK_HEADER + PACK_ENTRY * nr, 40, "the row table")?;
+        r.check_crc(
+            PACK_HEADER..PACK_HEADER + PACK_ENTRY * nr,
+            40,
+            "the row table",
+        )?;
     }
     let mut off = PACK_HEADER + PACK_ENTRY * nr;
     let mut total = 0u64;
@@ -658,7 +670,8 @@ fn check_records_fit<'p>(
             per_pack.resize(p + 1, (0, 0, 0));
         }
         let t = &mut per_pack[p];
-        t.0 = t.0.saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
+        t.0 =
+            t.0.saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
         t.1 += 1;
         t.2 = t.2.saturating_add(e.nnz);
     }
@@ -718,12 +731,11 @@ pub fn read_kernel_rows_ranges(
                     other => other,
                 })?;
                 let want = ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version));
-                Reader::new(&path, &[])
-                    .exact_len_of(
-                        len,
-                        want as u64,
-                        &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
-                    )
+                Reader::new(&path, &[]).exact_len_of(
+                    len,
+                    want as u64,
+                    &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
+                )
             })?;
         }
         Layout::Packed => {

@@ -104,9 +104,7 @@ pub fn read_npy<T: NpyElem>(path: &Path) -> Result<Vec<T>> {
         .filter(|s| !s.is_empty())
         .collect();
     let n: u64 = match dims.as_slice() {
-        [d] => d
-            .parse()
-            .map_err(|_| bad(format!("bad shape {shape}")))?,
+        [d] => d.parse().map_err(|_| bad(format!("bad shape {shape}")))?,
         _ => return Err(bad(format!("shape {shape} is not one-dimensional"))),
     };
     let body = (bytes.len() - start - hl) as u128;

@@ -161,11 +161,17 @@ pub fn read_mat(path: &Path) -> Result<Csr> {
 pub fn read_vec(path: &Path) -> Result<Vec<f64>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     if bytes.len() < 8 {
-        return Err(Error::format(path, "file ends inside the header (truncated?)"));
+        return Err(Error::format(
+            path,
+            "file ends inside the header (truncated?)",
+        ));
     }
     let int = |pos: usize| i32::from_be_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes"));
     if int(0) != VEC_FILE_CLASSID {
-        return Err(Error::format(path, "not a PETSc binary Vec (wrong class id)"));
+        return Err(Error::format(
+            path,
+            "not a PETSc binary Vec (wrong class id)",
+        ));
     }
     let n = int(4);
     if n < 0 || bytes.len() as u64 != 8 + 8 * n as u64 {

@@ -83,7 +83,14 @@ fn vector_len(n: usize, vb: usize, version: u32) -> usize {
 
 /// Verify the CRC32C of value chunk `k` (version 2): `bytes` are the chunk's bytes as stored
 /// (the last chunk with the section's padding), `stored` its checksum.
-fn check_chunk(path: &Path, kind: VectorKind, n: usize, k: usize, bytes: &[u8], stored: u32) -> Result<()> {
+fn check_chunk(
+    path: &Path,
+    kind: VectorKind,
+    n: usize,
+    k: usize,
+    bytes: &[u8],
+    stored: u32,
+) -> Result<()> {
     let computed = crc(bytes);
     if stored != computed {
         let (a, z) = (k * VECT_CHUNK, ((k + 1) * VECT_CHUNK).min(n));
@@ -186,7 +193,10 @@ pub fn read_vector_rows(
         if sums[4 * k..].iter().any(|&b| b != 0) {
             return Err(Error::format(
                 path,
-                format!("padding at byte {} is not zero (corrupted file)", sums_at + 4 * k),
+                format!(
+                    "padding at byte {} is not zero (corrupted file)",
+                    sums_at + 4 * k
+                ),
             ));
         }
         sums
@@ -231,9 +241,17 @@ pub fn read_vector_rows(
                 if version >= 2 {
                     let (a, l) = (pieces[p].0 - s.offset, pieces[p].1);
                     let chunk = ((pieces[p].0 as usize - VECT_HEADER) / vb) / VECT_CHUNK;
-                    let stored = u32::from_le_bytes(sums[4 * chunk..4 * chunk + 4].try_into().unwrap());
-                    check_chunk(path, kind, n, chunk, &buf[a as usize..(a + l) as usize], stored)
-                        .inspect_err(|_| failed = true)?;
+                    let stored =
+                        u32::from_le_bytes(sums[4 * chunk..4 * chunk + 4].try_into().unwrap());
+                    check_chunk(
+                        path,
+                        kind,
+                        n,
+                        chunk,
+                        &buf[a as usize..(a + l) as usize],
+                        stored,
+                    )
+                    .inspect_err(|_| failed = true)?;
                 }
                 for &i in &order[serves[p].clone()] {
                     let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;

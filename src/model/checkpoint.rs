@@ -277,7 +277,13 @@ fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors
         v
     };
     let (m, n) = (header.m_local, header.n);
-    let vecs = (take(m), take(n), take(n), take(n), header.has_var.then(|| take(n)));
+    let vecs = (
+        take(m),
+        take(n),
+        take(n),
+        take(n),
+        header.has_var.then(|| take(n)),
+    );
     Ok((header, vecs))
 }
 
@@ -299,8 +305,8 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     if stored != computed || word(hend + 4) != 0 {
         return Err(checksum_error(path, "checkpoint header", stored, computed));
     }
-    let header: Header = serde_json::from_slice(&bytes[24..hend])
-        .map_err(|e| bad(&format!("header: {e}")))?;
+    let header: Header =
+        serde_json::from_slice(&bytes[24..hend]).map_err(|e| bad(&format!("header: {e}")))?;
     let have = (bytes.len() - hend - 8) as u128;
     let want = vectors_len(&header, 8);
     if have != want {
@@ -504,7 +510,7 @@ mod tests {
     fn small_checkpoint(dir: &Path) -> PathBuf {
         let p = Lstp::new(30, 20, 2, 2, 0.0);
         let a = p.to_csr();
-        let b = p.apply_dense(&vec![1.0; 20]);
+        let b = p.apply_dense(&[1.0; 20]);
         let be = CpuBackend::new();
         let op = CpuCsrOperator::new(a.clone(), TransposeStrategy::Auto);
         let params = LsqrParams {

@@ -277,7 +277,9 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
                 return Err(Error::parse(
                     path,
                     size_line,
-                    format!("{nnz} entries declared but a {nrows} x {ncols} matrix has {cells} cells"),
+                    format!(
+                        "{nnz} entries declared but a {nrows} x {ncols} matrix has {cells} cells"
+                    ),
                 ));
             }
             // An entry line is at least "i j\n" (pattern) or "i j v\n".
