@@ -339,11 +339,11 @@ pub fn decode_record(
         ));
     }
     let rs = record_size(nnz, vb);
-    r.need(
-        off,
-        record_size_v(nnz, vb, version),
-        &format!("kernel row {row}"),
-    )?;
+    // (The labels are formatted only on the error paths: this runs once per row.)
+    let size = record_size_v(nnz, vb, version);
+    if off.checked_add(size).is_none_or(|end| end > r.data.len()) {
+        r.need(off, size, &label())?;
+    }
     if version >= 2 {
         let stored = u32::from_le_bytes(r.data[off + rs..off + rs + 4].try_into().unwrap());
         let computed = crc(&r.data[off..off + rs]);
@@ -355,11 +355,13 @@ pub fn decode_record(
                 computed,
             ));
         }
-        r.zeros(
-            off + rs + 4,
-            4,
-            &format!("kernel row {row}: reserved field"),
-        )?;
+        if r.data[off + rs + 4..off + rs + 8] != [0; 4] {
+            r.zeros(
+                off + rs + 4,
+                4,
+                &format!("kernel row {row}: reserved field"),
+            )?;
+        }
     }
     // Padding is covered by the checksum in version 2 (ignored in version 1).
     decode_columns(r, off + 16, ncols, cols, &label)?;
