@@ -32,6 +32,11 @@ fn same_system(a: &System, b: &System) {
 
 /// A small synthetic dataset with damping blocks and weights, in `layout`.
 fn small_dataset(dir: &Path, layout: Layout, prec: Precision) -> (Csr, Vec<f64>) {
+    small_dataset_v(dir, layout, prec, seistomo::io::binfmt::VERSION)
+}
+
+/// [`small_dataset`] in format `version`.
+fn small_dataset_v(dir: &Path, layout: Layout, prec: Precision, version: u32) -> (Csr, Vec<f64>) {
     let g = Grid::new([6, 5, 4], [0.0; 3], [1.0, 1.5, 2.0]);
     let k = synth::straight_ray_kernel(&g, 300, 5);
     let m = synth::checkerboard(&g, [2, 2, 2], 0.1);
@@ -50,6 +55,7 @@ fn small_dataset(dir: &Path, layout: Layout, prec: Precision) -> (Csr, Vec<f64>)
     spec.layout = layout;
     spec.precision = prec;
     spec.pack_bytes = 4096; // several packs
+    spec.version = version;
     write_dataset(dir, &spec, false).unwrap();
     (k, b)
 }
@@ -327,8 +333,10 @@ fn corruptions_give_one_clear_error_naming_the_file() {
     let dir = tmp("corrupt");
     let per_row = dir.join("per-row");
     let packed = dir.join("packed");
-    small_dataset(&per_row, Layout::PerRow, Precision::F64);
-    small_dataset(&packed, Layout::Packed, Precision::F64);
+    // Version 1 (no checksums): each structural check is reached; version 2 files are swept in
+    // tests/corruption_sweep.rs.
+    small_dataset_v(&per_row, Layout::PerRow, Precision::F64, 1);
+    small_dataset_v(&packed, Layout::Packed, Precision::F64, 1);
     let row5 = |d: &Path| d.join("kernel/row_0000000005.bin");
     let nnz5 = {
         let p = row5(&per_row);
@@ -692,6 +700,8 @@ fn sigma_divides_rows_and_data() {
     let mut spec = DatasetSpec::new(&k, &b);
     spec.sigma = Some(&sigma);
     spec.layout = Layout::PerRow;
+    // Version 1: the patch below must reach the value check (version 2 stops at the checksum).
+    spec.version = 1;
     write_dataset(&dir.join("s"), &spec, false).unwrap();
     let s = load_dataset(&dir.join("s"), 0, 1).unwrap();
     for i in 0..40 {

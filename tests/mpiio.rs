@@ -42,6 +42,11 @@ fn datasets(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn australia(dir: &Path) -> PathBuf {
+    australia_v(dir, seistomo::io::binfmt::VERSION)
+}
+
+/// [`australia`] in dataset format `version`.
+fn australia_v(dir: &Path, version: u32) -> PathBuf {
     let au = dir.join("australia");
     if !au.join("dataset.toml").is_file() {
         let _ = std::fs::remove_dir_all(&au);
@@ -56,6 +61,7 @@ fn australia(dir: &Path) -> PathBuf {
         spec.damping_weight = 0.015;
         spec.damping_blocks = 3;
         spec.pack_bytes = 64 << 10;
+        spec.version = version;
         write_dataset(&au, &spec, false).unwrap();
     }
     au
@@ -214,7 +220,8 @@ fn truncated_pack_read_by_byte_ranges_names_the_file() {
 #[test]
 fn bad_sigma_value_read_by_byte_ranges_names_the_file_and_row() {
     let dir = common::scratch("mpiio-sigma");
-    let au = australia(&dir);
+    // Version 1: the patched value reaches the sign check (version 2 stops at the checksum).
+    let au = australia_v(&dir, 1);
     let sigma = au.join("sigma.bin");
     let mut bytes = std::fs::read(&sigma).unwrap();
     // Values start after the 32-byte header; row 5 becomes -1.

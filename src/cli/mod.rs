@@ -14,6 +14,7 @@ mod solve;
 mod solve_gmres;
 mod square;
 mod synth;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -53,6 +54,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Write a generated square system (3-D Poisson or convection-diffusion) as Matrix Market.
     Square(square::SquareArgs),
+    /// Check a whole dataset (structure, values, checksums) without solving.
+    Verify(verify::VerifyArgs),
 }
 
 /// Run the parsed command line (on every rank of an MPI job).
@@ -71,6 +74,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Square(a) => square::run(a),
+        Command::Verify(a) => verify::run(a),
     };
     end_job(comm, result)
 }

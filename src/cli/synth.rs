@@ -72,6 +72,9 @@ pub struct SynthArgs {
     /// Target pack file size (MiB).
     #[arg(long, default_value_t = 64)]
     pack_mib: u64,
+    /// Dataset format version: 2 (CRC32C checksums) or 1 (no checksums; for older readers).
+    #[arg(long, default_value_t = crate::io::binfmt::VERSION)]
+    format_version: u32,
     /// Dataset name (default: the directory name).
     #[arg(long)]
     name: Option<String>,
@@ -131,6 +134,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     spec.layout = a.layout;
     spec.precision = a.precision;
     spec.pack_bytes = a.pack_mib.max(1) << 20;
+    spec.version = a.format_version;
     let t = Instant::now();
     let manifest = write_dataset(&a.out, &spec, true)?;
     eprintln!(

@@ -6,8 +6,24 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Format version written and accepted.
-pub const VERSION: u32 = 1;
+/// Format version written: 2 (CRC32C checksums per section). Version 1 (no checksums) is read.
+pub const VERSION: u32 = 2;
+/// The first version, still read.
+pub const VERSION_1: u32 = 1;
+
+/// CRC32C (Castagnoli) of `data`: hardware instructions where the CPU has them (SSE 4.2 on
+/// x86_64, the CRC extension on aarch64), else a table.
+pub fn crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+/// CRC32C of `data` continued from `crc` (the CRC of the bytes before it).
+pub fn crc_append(crc: u32, data: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, data)
+}
+
+/// Bytes after a row record in version 2: u32 CRC32C of the record, u32 zero.
+pub const RECORD_TRAILER: usize = 8;
 
 pub const MAGIC_ROW: [u8; 8] = *b"SEISKROW";
 pub const MAGIC_PACK: [u8; 8] = *b"SEISPACK";
@@ -64,6 +80,19 @@ pub fn record_size(nnz: usize, vb: usize) -> usize {
     16 + pad8(4 * nnz) + pad8(vb * nnz)
 }
 
+/// [`record_size`] in format `version` (version 2 adds the 8-byte checksum trailer).
+pub fn record_size_v(nnz: usize, vb: usize, version: u32) -> usize {
+    record_size(nnz, vb) + if version >= 2 { RECORD_TRAILER } else { 0 }
+}
+
+/// The one-line error for a checksum that does not match.
+pub fn checksum_error(path: &Path, what: &str, stored: u32, computed: u32) -> Error {
+    Error::format(
+        path,
+        format!("{what}: checksum mismatch (stored {stored:08x}, computed {computed:08x}): the file is corrupted"),
+    )
+}
+
 /// A file's bytes with checked little-endian reads.
 pub struct Reader<'a> {
     pub path: &'a Path,
@@ -108,7 +137,42 @@ impl<'a> Reader<'a> {
             .filter(|&v| v <= (1usize << 48))
             .ok_or_else(|| Error::format(self.path, format!("{what} = {v} is absurd")))
     }
-    /// Check the 16-byte prefix: magic, version; returns the third u32 (value size or layout).
+    /// Check the 16-byte prefix: magic and a version of 1 or 2 equal to `want` (the manifest's);
+    /// returns the third u32 (value size or layout).
+    pub fn prefix_v(&self, magic: &[u8; 8], kind: &str, want: u32) -> Result<u32> {
+        let third = self.prefix(magic, kind)?;
+        let v = self.u32(8, "version")?;
+        if v != want {
+            return Err(Error::format(
+                self.path,
+                format!("format version {v} but the dataset's manifest says version {want}"),
+            ));
+        }
+        Ok(third)
+    }
+    /// The u32 at `off` must equal the CRC32C of bytes `range` (checked readable first).
+    pub fn check_crc(&self, range: std::ops::Range<usize>, off: usize, what: &str) -> Result<()> {
+        self.need(range.start, range.len(), what)?;
+        let stored = self.u32(off, what)?;
+        let computed = crc(&self.data[range]);
+        if stored != computed {
+            return Err(checksum_error(self.path, what, stored, computed));
+        }
+        Ok(())
+    }
+    /// Bytes `off..off + len` must be zero (padding and reserved fields in version 2).
+    pub fn zeros(&self, off: usize, len: usize, what: &str) -> Result<()> {
+        self.need(off, len, what)?;
+        if self.data[off..off + len].iter().any(|&b| b != 0) {
+            return Err(Error::format(
+                self.path,
+                format!("{what} at byte {off} is not zero (corrupted file)"),
+            ));
+        }
+        Ok(())
+    }
+    /// Check the 16-byte prefix: magic, a known version; returns the third u32 (value size or
+    /// layout).
     pub fn prefix(&self, magic: &[u8; 8], kind: &str) -> Result<u32> {
         self.need(0, 16, &format!("the {kind} header"))?;
         if &self.data[0..8] != magic {
@@ -122,31 +186,32 @@ impl<'a> Reader<'a> {
             ));
         }
         let v = self.u32(8, "version")?;
-        if v != VERSION {
+        if v != VERSION && v != VERSION_1 {
             return Err(Error::format(
                 self.path,
-                format!("format version {v} is not supported (this build reads version {VERSION})"),
+                format!("format version {v} is not supported (this build reads versions {VERSION_1} and {VERSION})"),
             ));
         }
         self.u32(12, "header")
     }
     /// The file must end exactly at `end`.
     pub fn exact_len(&self, end: usize, what: &str) -> Result<()> {
-        if self.data.len() < end {
+        self.exact_len_of(self.data.len() as u64, end as u64, what)
+    }
+    /// A file of `len` bytes must end exactly at `end`.
+    pub fn exact_len_of(&self, len: u64, end: u64, what: &str) -> Result<()> {
+        if len < end {
             return Err(Error::format(
                 self.path,
-                format!(
-                    "truncated: {what} needs {end} bytes but the file has {}",
-                    self.data.len()
-                ),
+                format!("truncated: {what} needs {end} bytes but the file has {len}"),
             ));
         }
-        if self.data.len() > end {
+        if len > end {
             return Err(Error::format(
                 self.path,
                 format!(
                     "{} trailing bytes after {what} (expected {end} bytes)",
-                    self.data.len() - end
+                    len - end
                 ),
             ));
         }
@@ -245,12 +310,14 @@ pub fn decode_columns(
 }
 
 /// Decode a row record at `off` whose header must say (`row`, `nnz`); fills `cols`/`vals`
-/// (both of length `nnz`).
+/// (both of length `nnz`). In version 2 the record's checksum is verified first.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_record(
     r: &Reader,
     off: usize,
     row: u64,
     vb: usize,
+    version: u32,
     ncols: usize,
     cols: &mut [u32],
     vals: &mut [f64],
@@ -271,7 +338,32 @@ pub fn decode_record(
             format!("kernel row {row}: {got_nnz} nonzeros in the file but {nnz} in the metadata"),
         ));
     }
-    r.need(off, record_size(nnz, vb), &format!("kernel row {row}"))?;
+    let rs = record_size(nnz, vb);
+    // (The labels are formatted only on the error paths: this runs once per row.)
+    let size = record_size_v(nnz, vb, version);
+    if off.checked_add(size).is_none_or(|end| end > r.data.len()) {
+        r.need(off, size, &label())?;
+    }
+    if version >= 2 {
+        let stored = u32::from_le_bytes(r.data[off + rs..off + rs + 4].try_into().unwrap());
+        let computed = crc(&r.data[off..off + rs]);
+        if stored != computed {
+            return Err(checksum_error(
+                r.path,
+                &format!("kernel row {row} (record at byte {off})"),
+                stored,
+                computed,
+            ));
+        }
+        if r.data[off + rs + 4..off + rs + 8] != [0; 4] {
+            r.zeros(
+                off + rs + 4,
+                4,
+                &format!("kernel row {row}: reserved field"),
+            )?;
+        }
+    }
+    // Padding is covered by the checksum in version 2 (ignored in version 1).
     decode_columns(r, off + 16, ncols, cols, &label)?;
     decode_values(r, off + 16 + pad8(4 * nnz), vb, cols, vals, &label)
 }
@@ -283,11 +375,43 @@ pub fn put_u32(w: &mut dyn Write, v: u32) -> std::io::Result<()> {
 pub fn put_u64(w: &mut dyn Write, v: u64) -> std::io::Result<()> {
     w.write_all(&v.to_le_bytes())
 }
-/// The 16-byte prefix.
-pub fn put_prefix(w: &mut dyn Write, magic: &[u8; 8], third: u32) -> std::io::Result<()> {
+/// The 16-byte prefix of format `version`.
+pub fn put_prefix(
+    w: &mut dyn Write,
+    magic: &[u8; 8],
+    version: u32,
+    third: u32,
+) -> std::io::Result<()> {
     w.write_all(magic)?;
-    put_u32(w, VERSION)?;
+    put_u32(w, version)?;
     put_u32(w, third)
+}
+
+/// A writer that keeps the CRC32C of what went through it since the last [`CrcWriter::take`].
+pub struct CrcWriter<'a> {
+    pub inner: &'a mut dyn Write,
+    crc: u32,
+}
+
+impl<'a> CrcWriter<'a> {
+    pub fn new(inner: &'a mut dyn Write) -> Self {
+        CrcWriter { inner, crc: 0 }
+    }
+    /// The CRC32C of the bytes written since the last call; starts a new one.
+    pub fn take(&mut self) -> u32 {
+        std::mem::take(&mut self.crc)
+    }
+}
+
+impl Write for CrcWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.inner.write(buf)?;
+        self.crc = crc_append(self.crc, &buf[..k]);
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 /// Zero bytes up to the next multiple of 8 after `written` bytes.
 pub fn put_pad(w: &mut dyn Write, written: usize) -> std::io::Result<()> {
@@ -317,16 +441,24 @@ pub fn put_values(w: &mut dyn Write, vals: &[f64], prec: Precision) -> std::io::
     w.write_all(&buf)?;
     put_pad(w, buf.len())
 }
-/// One row record.
+/// One row record of format `version` (version 2: followed by its CRC32C and a zero u32).
 pub fn put_record(
     w: &mut dyn Write,
     row: u64,
     cols: &[u32],
     vals: &[f64],
     prec: Precision,
+    version: u32,
 ) -> std::io::Result<()> {
-    put_u64(w, row)?;
-    put_u64(w, cols.len() as u64)?;
-    put_columns(w, cols)?;
-    put_values(w, vals, prec)
+    let mut cw = CrcWriter::new(w);
+    put_u64(&mut cw, row)?;
+    put_u64(&mut cw, cols.len() as u64)?;
+    put_columns(&mut cw, cols)?;
+    put_values(&mut cw, vals, prec)?;
+    if version >= 2 {
+        let c = cw.take();
+        put_u32(cw.inner, c)?;
+        put_u32(cw.inner, 0)?;
+    }
+    Ok(())
 }

@@ -5,19 +5,37 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::binfmt::{
-    decode_values, pad8, put_columns, put_prefix, put_u64, put_values, Precision, Reader,
-    MAGIC_DAMP,
+    checksum_error, crc, crc_append, decode_values, pad8, put_columns, put_prefix, put_u32,
+    put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
 use crate::io::kernel_rows::write_plain;
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
 
-/// Bytes before the row offsets.
+/// Bytes before the row offsets (version 1; version 2 adds 8: the header's and the row
+/// offsets' CRC32C).
 pub const DAMP_HEADER: usize = 56;
+/// Nonzeros per checksum chunk (version 2).
+pub const DAMP_CHUNK: usize = 65536;
+
+/// Bytes before the row offsets in format `version`.
+fn damp_header(version: u32) -> usize {
+    if version >= 2 {
+        DAMP_HEADER + 8
+    } else {
+        DAMP_HEADER
+    }
+}
 
 /// Write the damping matrix `d` as `nblocks` block files `dir/damping/block_NNNN.bin` with about
 /// equal row counts. Returns the paths relative to `dir`.
-pub fn write_damping(dir: &Path, d: &Csr, nblocks: usize, prec: Precision) -> Result<Vec<PathBuf>> {
+pub fn write_damping(
+    dir: &Path,
+    d: &Csr,
+    nblocks: usize,
+    prec: Precision,
+    version: u32,
+) -> Result<Vec<PathBuf>> {
     let sub = dir.join("damping");
     std::fs::create_dir_all(&sub).map_err(|e| Error::io(&sub, e))?;
     let nblocks = nblocks.clamp(1, d.nrows().max(1));
@@ -29,19 +47,47 @@ pub fn write_damping(dir: &Path, d: &Csr, nblocks: usize, prec: Precision) -> Re
         let ip = d.indptr();
         let (s, e) = (ip[r0] as usize, ip[r1] as usize);
         write_plain(&dir.join(&rel), |w| {
-            put_prefix(w, &MAGIC_DAMP, prec.bytes() as u32)?;
-            put_u64(w, b as u64)?;
-            put_u64(w, r0 as u64)?;
-            put_u64(w, (r1 - r0) as u64)?;
-            put_u64(w, (e - s) as u64)?;
-            put_u64(w, d.ncols() as u64)?;
+            let mut cw = CrcWriter::new(w);
+            put_prefix(&mut cw, &MAGIC_DAMP, version, prec.bytes() as u32)?;
+            put_u64(&mut cw, b as u64)?;
+            put_u64(&mut cw, r0 as u64)?;
+            put_u64(&mut cw, (r1 - r0) as u64)?;
+            put_u64(&mut cw, (e - s) as u64)?;
+            put_u64(&mut cw, d.ncols() as u64)?;
+            let head = cw.take();
+            let w = cw.inner;
             let mut buf = Vec::with_capacity(8 * (r1 - r0 + 1));
             for &p in &ip[r0..=r1] {
                 buf.extend_from_slice(&(p - s as u64).to_le_bytes());
             }
+            if version >= 2 {
+                put_u32(w, head)?;
+                put_u32(w, crc(&buf))?;
+            }
             w.write_all(&buf)?;
             put_columns(w, &d.indices()[s..e])?;
-            put_values(w, &d.data()[s..e], prec)
+            put_values(w, &d.data()[s..e], prec)?;
+            if version >= 2 {
+                // One CRC32C per DAMP_CHUNK nonzeros: its columns, then its values.
+                let (cols, vals) = (&d.indices()[s..e], &d.data()[s..e]);
+                let mut sums = Vec::new();
+                for k in 0..cols.len().div_ceil(DAMP_CHUNK) {
+                    let (a, z) = (k * DAMP_CHUNK, ((k + 1) * DAMP_CHUNK).min(cols.len()));
+                    let mut cb = Vec::with_capacity(4 * (z - a));
+                    cols[a..z]
+                        .iter()
+                        .for_each(|c| cb.extend_from_slice(&c.to_le_bytes()));
+                    let mut vbuf = Vec::with_capacity(prec.bytes() * (z - a));
+                    put_values(&mut vbuf, &vals[a..z], prec)?;
+                    vbuf.truncate(prec.bytes() * (z - a));
+                    sums.push(crc_append(crc(&cb), &vbuf));
+                }
+                for c in &sums {
+                    put_u32(w, *c)?;
+                }
+                crate::io::binfmt::put_pad(w, 4 * sums.len())?;
+            }
+            Ok(())
         })?;
         names.push(rel);
     }
@@ -56,21 +102,29 @@ pub struct DampingBlock {
     pub rows: u64,
     pub nnz: u64,
     vb: usize,
+    /// Format version (2: chunk checksums verified as rows are read).
+    pub version: u32,
 }
 
 impl DampingBlock {
-    /// Open block number `index`, check its header against the expected first row, columns
-    /// and precision, and its length.
+    /// Open block number `index`, check its header against the expected first row, columns,
+    /// precision and format version, and its length (version 2: the header's and the row
+    /// offsets' checksums too).
     pub fn open(
         path: &Path,
         index: u64,
         first_row: u64,
         ncols: u64,
         prec: Precision,
+        version: u32,
     ) -> Result<DampingBlock> {
         let map = MappedFile::open(path)?;
         let r = Reader::new(path, map.bytes());
-        let vb = r.prefix(&MAGIC_DAMP, "damping block")? as usize;
+        let vb = r.prefix_v(&MAGIC_DAMP, "damping block", version)? as usize;
+        let head = damp_header(version);
+        if version >= 2 {
+            r.check_crc(0..DAMP_HEADER, DAMP_HEADER, "damping block header")?;
+        }
         let bad = |msg: String| Error::format(path, msg);
         if vb != prec.bytes() {
             return Err(bad(format!(
@@ -96,11 +150,29 @@ impl DampingBlock {
         if nc != ncols {
             return Err(bad(format!("{nc} columns but the dataset has {ncols}")));
         }
-        let end = DAMP_HEADER + 8 * (rows + 1) + pad8(4 * nnz) + pad8(vb * nnz);
+        let chunks = if version >= 2 {
+            nnz.div_ceil(DAMP_CHUNK)
+        } else {
+            0
+        };
+        let cols_at = head + 8 * (rows + 1);
+        let vals_at = cols_at + pad8(4 * nnz);
+        let sums_at = vals_at + pad8(vb * nnz);
+        let end = sums_at + pad8(4 * chunks);
         r.exact_len(end, &format!("{rows} rows and {nnz} nonzeros"))?;
+        if version >= 2 {
+            r.check_crc(head..cols_at, DAMP_HEADER + 4, "damping row offsets")?;
+            r.zeros(cols_at + 4 * nnz, pad8(4 * nnz) - 4 * nnz, "padding")?;
+            r.zeros(vals_at + vb * nnz, pad8(vb * nnz) - vb * nnz, "padding")?;
+            r.zeros(
+                sums_at + 4 * chunks,
+                pad8(4 * chunks) - 4 * chunks,
+                "padding",
+            )?;
+        }
         let mut prev = 0u64;
         for i in 0..=rows {
-            let p = r.u64(DAMP_HEADER + 8 * i, "row offsets")?;
+            let p = r.u64(head + 8 * i, "row offsets")?;
             if (i == 0 && p != 0) || p < prev || p > nnz as u64 || (i == rows && p != nnz as u64) {
                 return Err(bad(format!(
                     "damping row {}: bad row offset {p} (offsets must start at 0, not decrease and end at {nnz})",
@@ -116,14 +188,69 @@ impl DampingBlock {
             rows: rows as u64,
             nnz: nnz as u64,
             vb,
+            version,
         })
+    }
+
+    /// Bytes before the row offsets.
+    fn head(&self) -> usize {
+        damp_header(self.version)
+    }
+
+    /// Verify the checksums of the chunks holding block nonzeros `s..e` (version 2), reading
+    /// the chunks' columns and values with `reader` when one is given (else from the map).
+    /// `row_of(k)` names the damping row of block nonzero k.
+    fn verify_chunks(
+        &self,
+        s: usize,
+        e: usize,
+        reader: Option<&crate::io::rowio::RangeReader>,
+        row_of: &dyn Fn(usize) -> u64,
+    ) -> Result<()> {
+        if self.version < 2 || s >= e {
+            return Ok(());
+        }
+        let nnz = self.nnz as usize;
+        let cols_at = self.head() + 8 * (self.rows as usize + 1);
+        let vals_at = cols_at + pad8(4 * nnz);
+        let sums_at = vals_at + pad8(self.vb * nnz);
+        let map = self.map.bytes();
+        for k in s / DAMP_CHUNK..e.div_ceil(DAMP_CHUNK) {
+            let (a, z) = (k * DAMP_CHUNK, ((k + 1) * DAMP_CHUNK).min(nnz));
+            let (c0, c1) = (cols_at + 4 * a, cols_at + 4 * z);
+            let (v0, v1) = (vals_at + self.vb * a, vals_at + self.vb * z);
+            let computed = match reader {
+                None => crc_append(crc(&map[c0..c1]), &map[v0..v1]),
+                Some(rd) => {
+                    let cb = rd.read(&self.path, c0 as u64, c1 - c0)?;
+                    let vb = rd.read(&self.path, v0 as u64, v1 - v0)?;
+                    crc_append(crc(&cb), &vb)
+                }
+            };
+            let o = sums_at + 4 * k;
+            let stored = u32::from_le_bytes(map[o..o + 4].try_into().unwrap());
+            if stored != computed {
+                return Err(checksum_error(
+                    &self.path,
+                    &format!(
+                        "damping rows {}..={} (nonzeros {a}..{z} of the block)",
+                        row_of(a),
+                        row_of(z - 1)
+                    ),
+                    stored,
+                    computed,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Nonzeros of block-local rows `range` (offsets were checked at open).
     pub fn range_nnz(&self, range: Range<u64>) -> u64 {
         let b = self.map.bytes();
+        let head = self.head();
         let at = |i: u64| {
-            let o = DAMP_HEADER + 8 * i as usize;
+            let o = head + 8 * i as usize;
             u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
         };
         at(range.end) - at(range.start)
@@ -161,10 +288,11 @@ impl DampingBlock {
         let rows = self.rows as usize;
         let nnz = self.nnz as usize;
         let (r0, r1) = (range.start as usize, range.end as usize);
-        let cols_at = DAMP_HEADER + 8 * (rows + 1);
+        let head = self.head();
+        let cols_at = head + 8 * (rows + 1);
         let vals_at = cols_at + pad8(4 * nnz);
         // Offsets were checked at open (monotone, 0..=nnz).
-        let offs: Vec<usize> = r.data[DAMP_HEADER + 8 * r0..DAMP_HEADER + 8 * (r1 + 1)]
+        let offs: Vec<usize> = r.data[head + 8 * r0..head + 8 * (r1 + 1)]
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
             .collect();
@@ -173,6 +301,27 @@ impl DampingBlock {
         let first_row = self.first_row + r0 as u64;
         // The damping row holding local nonzero k of this range.
         let row_of = |k: usize| first_row + (offs.partition_point(|&o| o <= s + k) - 1) as u64;
+        // Checksums of the chunks the range touches (version 2), before anything is decoded.
+        {
+            let at = |i: usize| {
+                u64::from_le_bytes(r.data[head + 8 * i..head + 8 * i + 8].try_into().unwrap())
+                    as usize
+            };
+            // The last row of the block starting at or before nonzero k.
+            let block_row = |k: usize| {
+                let (mut lo, mut hi) = (0usize, rows);
+                while lo + 1 < hi {
+                    let mid = (lo + hi) / 2;
+                    if at(mid) <= k {
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                self.first_row + lo as u64
+            };
+            self.verify_chunks(s, e, reader, &block_row)?;
+        }
         indices.resize(base + e - s, 0);
         data.resize(base + e - s, 0.0);
         let label_all = || format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);

@@ -135,6 +135,7 @@ impl OpenDataset {
                     first,
                     manifest.m.columns,
                     manifest.m.precision,
+                    manifest.m.version,
                 )?;
                 first += blk.rows;
                 nnz += blk.nnz;
@@ -278,14 +279,15 @@ impl OpenDataset {
         // b and weights follow their rows.
         let local_rows: Vec<u64> = local.iter().map(|e| e.row).collect();
         let m = Some(self.meta.rows);
+        let version = dm.m.version;
         // This rank's values of a vector file, in local row order.
         let values = |path: &Path, kind: VectorKind| -> Result<(Vec<f64>, u64)> {
             match reader {
                 None => {
-                    let (all, n) = read_vector(path, kind, m)?;
+                    let (all, n) = read_vector(path, kind, m, version)?;
                     Ok((local_rows.iter().map(|&r| all[r as usize]).collect(), n))
                 }
-                Some(rd) => read_vector_rows(path, kind, m, &local_rows, rd),
+                Some(rd) => read_vector_rows(path, kind, m, &local_rows, rd, version),
             }
         };
         let (mut b, nb) = values(&dm.resolve(&dm.m.rhs), VectorKind::Rhs)?;
@@ -440,6 +442,8 @@ pub struct DatasetSpec<'a> {
     pub precision: Precision,
     /// Target size of a pack file (packed layout).
     pub pack_bytes: u64,
+    /// Format version to write: 2 (checksums, the default) or 1.
+    pub version: u32,
 }
 
 impl<'a> DatasetSpec<'a> {
@@ -460,6 +464,7 @@ impl<'a> DatasetSpec<'a> {
             layout: Layout::Packed,
             precision: Precision::F64,
             pack_bytes: 64 << 20,
+            version: crate::io::binfmt::VERSION,
         }
     }
 }
@@ -470,6 +475,10 @@ impl<'a> DatasetSpec<'a> {
 pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<PathBuf> {
     let k = spec.kernel;
     let bad = |msg: String| Error::Invalid(msg);
+    let version = spec.version;
+    if !(crate::io::binfmt::VERSION_1..=crate::io::binfmt::VERSION).contains(&version) {
+        return Err(bad(format!("dataset format version {version} (1 or 2)")));
+    }
     if spec.rhs.len() != k.nrows() {
         return Err(bad(format!(
             "b has {} values but the kernel has {} rows",
@@ -545,6 +554,7 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
             spec.layout,
             spec.precision,
             spec.pack_bytes,
+            version,
             progress,
         )?;
         write_vector(
@@ -552,6 +562,7 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
             VectorKind::Rhs,
             spec.rhs,
             Precision::F64,
+            version,
         )?;
         if let Some(w) = spec.weights {
             write_vector(
@@ -559,10 +570,17 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
                 VectorKind::Weights,
                 w,
                 Precision::F64,
+                version,
             )?;
         }
         if let Some(s) = spec.sigma {
-            write_vector(&tmp.join("sigma.bin"), VectorKind::Sigma, s, Precision::F64)?;
+            write_vector(
+                &tmp.join("sigma.bin"),
+                VectorKind::Sigma,
+                s,
+                Precision::F64,
+                version,
+            )?;
         }
         if let Some(m) = spec.true_model {
             write_vector(
@@ -570,11 +588,12 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
                 VectorKind::Model,
                 m,
                 Precision::F64,
+                version,
             )?;
         }
         let damping = match spec.damping {
             Some(d) => Some(DampingManifest {
-                blocks: write_damping(&tmp, d, spec.damping_blocks, spec.precision)?,
+                blocks: write_damping(&tmp, d, spec.damping_blocks, spec.precision, version)?,
                 rows: d.nrows() as u64,
                 nnz: d.nnz() as u64,
                 weight: spec.damping_weight,
@@ -583,7 +602,7 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
         };
         let m = Manifest {
             format: FORMAT_NAME.into(),
-            version: crate::io::binfmt::VERSION,
+            version,
             name: spec.name.clone(),
             description: spec.description.clone(),
             columns: k.ncols() as u64,
@@ -630,7 +649,13 @@ pub fn read_true_model(path: &Path) -> Result<Option<Vec<f64>>> {
     match &dm.m.true_model {
         None => Ok(None),
         Some(p) => Ok(Some(
-            read_vector(&dm.resolve(p), VectorKind::Model, Some(dm.m.columns))?.0,
+            read_vector(
+                &dm.resolve(p),
+                VectorKind::Model,
+                Some(dm.m.columns),
+                dm.m.version,
+            )?
+            .0,
         )),
     }
 }

@@ -9,16 +9,19 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::io::binfmt::{
-    decode_record, put_prefix, put_record, put_u64, record_size, Precision, Reader, MAGIC_META,
-    MAGIC_PACK, MAGIC_ROW,
+    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64, record_size_v, CrcWriter,
+    Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
 };
 use crate::io::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
 use crate::partition::descending_order;
 use crate::sparse::Csr;
 
-/// Bytes of the metadata header and of one entry.
+/// Bytes of the metadata header (version 1; version 2 adds 8: header CRC32C and a zero u32)
+/// and of one entry.
 pub const META_HEADER: usize = 48;
+/// Metadata entries per checksum block (version 2).
+pub const META_BLOCK: usize = 4096;
 pub const META_ENTRY: usize = 32;
 /// Bytes of the pack header and of one row-table entry.
 pub const PACK_HEADER: usize = 48;
@@ -69,7 +72,16 @@ pub fn read_metadata(dm: &DatasetManifest) -> Result<Metadata> {
 pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
     let path = dm.resolve(&dm.m.metadata);
     let r = Reader::new(&path, bytes);
-    let code = r.prefix(&MAGIC_META, "metadata")?;
+    let code = r.prefix_v(&MAGIC_META, "metadata", dm.m.version)?;
+    let bad = |msg: String| Error::format(&path, msg);
+    let version = dm.m.version;
+    let head = if version >= 2 {
+        r.check_crc(0..META_HEADER, META_HEADER, "metadata header")?;
+        r.zeros(META_HEADER + 4, 4, "reserved field")?;
+        META_HEADER + 8
+    } else {
+        META_HEADER
+    };
     let layout = match code {
         0 => Layout::PerRow,
         1 => Layout::Packed,
@@ -80,7 +92,6 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             ))
         }
     };
-    let bad = |msg: String| Error::format(&path, msg);
     if layout != dm.m.layout {
         return Err(bad(format!(
             "layout {layout:?} but {} says {:?}",
@@ -104,7 +115,6 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             )));
         }
     }
-    r.exact_len(META_HEADER + META_ENTRY * rows, &format!("{rows} entries"))?;
     // The file count sizes per-file tables while loading: it must fit the rows (one file per
     // row, or packs of at least one row each).
     let files_fit = match layout {
@@ -116,12 +126,34 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             "file count {files} does not fit {rows} kernel rows ({layout:?} layout)"
         )));
     }
+    let nblocks = if version >= 2 {
+        rows.div_ceil(META_BLOCK)
+    } else {
+        0
+    };
+    let sums = head + META_ENTRY * rows;
+    r.exact_len(sums + pad8(4 * nblocks), &format!("{rows} entries"))?;
+    for b in 0..nblocks {
+        let (k0, k1) = (b * META_BLOCK, ((b + 1) * META_BLOCK).min(rows));
+        r.check_crc(
+            head + META_ENTRY * k0..head + META_ENTRY * k1,
+            sums + 4 * b,
+            &format!("metadata entries {k0}..{k1}"),
+        )?;
+    }
+    if version >= 2 {
+        r.zeros(
+            sums + 4 * nblocks,
+            pad8(4 * nblocks) - 4 * nblocks,
+            "padding",
+        )?;
+    }
     let mut entries = Vec::with_capacity(rows);
     let mut seen = vec![false; rows];
     let mut total = 0u64;
     let mut prev_nnz = u64::MAX;
     for k in 0..rows {
-        let o = META_HEADER + META_ENTRY * k;
+        let o = head + META_ENTRY * k;
         let e = MetaEntry {
             row: r.u64(o, "entry")?,
             nnz: r.u64(o + 8, "entry")?,
@@ -173,6 +205,14 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             "the entries hold {total} nonzeros but the header says {nnz}"
         )));
     }
+    if layout == Layout::Packed {
+        let used = entries.iter().map(|e| e.file + 1).max().unwrap_or(0);
+        if used != files {
+            return Err(bad(format!(
+                "file count {files} but the entries use packs 0..{used}"
+            )));
+        }
+    }
     Ok(Metadata {
         path,
         layout,
@@ -194,6 +234,7 @@ pub fn write_kernel(
     layout: Layout,
     prec: Precision,
     pack_bytes: u64,
+    version: u32,
     progress: bool,
 ) -> Result<Vec<MetaEntry>> {
     let kdir = dir.join(kernel_dir);
@@ -220,8 +261,8 @@ pub fn write_kernel(
                 let p = kdir.join(row_file_name(e.row));
                 let (c, v) = a.row(e.row as usize);
                 write_plain(&p, |w| {
-                    put_prefix(w, &MAGIC_ROW, vb as u32)?;
-                    put_record(w, e.row, c, v, prec)
+                    put_prefix(w, &MAGIC_ROW, version, vb as u32)?;
+                    put_record(w, e.row, c, v, prec, version)
                 })?;
                 pb.inc(e.nnz);
                 Ok::<(), Error>(())
@@ -232,7 +273,7 @@ pub fn write_kernel(
             let mut packs: Vec<Vec<usize>> = vec![Vec::new()];
             let mut bytes = 0u64;
             for &i in &order {
-                let s = record_size(nnz[i] as usize, vb) as u64;
+                let s = record_size_v(nnz[i] as usize, vb, version) as u64;
                 if bytes > 0 && bytes + s > pack_bytes {
                     packs.push(Vec::new());
                     bytes = 0;
@@ -257,25 +298,37 @@ pub fn write_kernel(
                                 file: p as u64,
                                 offset: off,
                             };
-                            off += record_size(nnz[i] as usize, vb) as u64;
+                            off += record_size_v(nnz[i] as usize, vb, version) as u64;
                             e
                         })
                         .collect();
                     let path = kdir.join(pack_file_name(p as u64));
-                    write_plain(&path, |w| {
-                        put_prefix(w, &MAGIC_PACK, vb as u32)?;
-                        put_u64(w, p as u64)?;
-                        put_u64(w, rows.len() as u64)?;
-                        put_u64(w, es.iter().map(|e| e.nnz).sum())?;
-                        put_u64(w, 0)?;
-                        for e in &es {
-                            put_u64(w, e.row)?;
-                            put_u64(w, e.nnz)?;
-                            put_u64(w, e.offset)?;
+                    // Version 2: bytes 40..44 hold the row table's CRC32C, 44..48 the
+                    // header's (bytes 0..44).
+                    let mut table = Vec::with_capacity(PACK_ENTRY * es.len());
+                    for e in &es {
+                        for v in [e.row, e.nnz, e.offset] {
+                            table.extend_from_slice(&v.to_le_bytes());
                         }
+                    }
+                    write_plain(&path, |w| {
+                        let mut cw = CrcWriter::new(w);
+                        put_prefix(&mut cw, &MAGIC_PACK, version, vb as u32)?;
+                        put_u64(&mut cw, p as u64)?;
+                        put_u64(&mut cw, rows.len() as u64)?;
+                        put_u64(&mut cw, es.iter().map(|e| e.nnz).sum())?;
+                        if version >= 2 {
+                            put_u32(&mut cw, crc(&table))?;
+                            let h = cw.take();
+                            put_u32(cw.inner, h)?;
+                        } else {
+                            put_u64(cw.inner, 0)?;
+                        }
+                        let w = cw.inner;
+                        w.write_all(&table)?;
                         for e in &es {
                             let (c, v) = a.row(e.row as usize);
-                            put_record(w, e.row, c, v, prec)?;
+                            put_record(w, e.row, c, v, prec, version)?;
                             pb.inc(e.nnz);
                         }
                         Ok(())
@@ -293,16 +346,32 @@ pub fn write_kernel(
     };
     let mpath = dir.join(metadata);
     write_plain(&mpath, |w| {
-        put_prefix(w, &MAGIC_META, layout_code(layout))?;
-        put_u64(w, a.nrows() as u64)?;
-        put_u64(w, a.ncols() as u64)?;
-        put_u64(w, a.nnz() as u64)?;
-        put_u64(w, nfiles)?;
-        for e in &entries {
-            put_u64(w, e.row)?;
-            put_u64(w, e.nnz)?;
-            put_u64(w, e.file)?;
-            put_u64(w, e.offset)?;
+        let mut cw = CrcWriter::new(w);
+        put_prefix(&mut cw, &MAGIC_META, version, layout_code(layout))?;
+        put_u64(&mut cw, a.nrows() as u64)?;
+        put_u64(&mut cw, a.ncols() as u64)?;
+        put_u64(&mut cw, a.nnz() as u64)?;
+        put_u64(&mut cw, nfiles)?;
+        if version >= 2 {
+            // Header CRC32C, a zero u32, the entries, then one CRC32C per META_BLOCK entries.
+            let h = cw.take();
+            put_u32(cw.inner, h)?;
+            put_u32(cw.inner, 0)?;
+        }
+        let mut sums = Vec::new();
+        for block in entries.chunks(META_BLOCK) {
+            for e in block {
+                for v in [e.row, e.nnz, e.file, e.offset] {
+                    put_u64(&mut cw, v)?;
+                }
+            }
+            sums.push(cw.take());
+        }
+        if version >= 2 {
+            for c in &sums {
+                put_u32(cw.inner, *c)?;
+            }
+            crate::io::binfmt::put_pad(cw.inner, 4 * sums.len())?;
         }
         Ok(())
     })?;
@@ -325,15 +394,38 @@ where
 }
 
 /// Check a pack file's header and row table; returns its value size.
-fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize) -> Result<()> {
-    check_pack_table(path, bytes, bytes.len() as u64, pack, vb)
+fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize, version: u32) -> Result<()> {
+    check_pack_table(path, bytes, bytes.len() as u64, pack, vb, version)
+}
+
+/// Open pack `pack` of the dataset at `path` and check its header and row table (checksums in
+/// version 2) and its length.
+pub fn check_pack_file(dm: &DatasetManifest, path: &Path, pack: u64) -> Result<()> {
+    let map = MappedFile::open(path)?;
+    check_pack(
+        path,
+        map.bytes(),
+        pack,
+        dm.m.precision.bytes(),
+        dm.m.version,
+    )
 }
 
 /// [`check_pack`] on the file's first bytes (at least the header and the row table) and its
 /// length.
-fn check_pack_table(path: &Path, bytes: &[u8], file_len: u64, pack: u64, vb: usize) -> Result<()> {
+fn check_pack_table(
+    path: &Path,
+    bytes: &[u8],
+    file_len: u64,
+    pack: u64,
+    vb: usize,
+    version: u32,
+) -> Result<()> {
     let r = Reader::new(path, bytes);
-    let got_vb = r.prefix(&MAGIC_PACK, "kernel pack")? as usize;
+    let got_vb = r.prefix_v(&MAGIC_PACK, "kernel pack", version)? as usize;
+    if version >= 2 {
+        r.check_crc(0..PACK_HEADER - 4, PACK_HEADER - 4, "pack header")?;
+    }
     if got_vb != vb {
         return Err(Error::format(
             path,
@@ -348,11 +440,24 @@ fn check_pack_table(path: &Path, bytes: &[u8], file_len: u64, pack: u64, vb: usi
         ));
     }
     let nr = r.count(24, "rows in pack")?;
+    let pack_nnz = r.u64(32, "nonzeros in pack")?;
+    if version < 2 {
+        r.zeros(40, 8, "reserved field")?;
+    }
     r.need(PACK_HEADER, PACK_ENTRY * nr, "the row table")?;
+    if version >= 2 {
+        r.check_crc(
+            PACK_HEADER..PACK_HEADER + PACK_ENTRY * nr,
+            40,
+            "the row table",
+        )?;
+    }
     let mut off = PACK_HEADER + PACK_ENTRY * nr;
+    let mut total = 0u64;
     for k in 0..nr {
         let o = PACK_HEADER + PACK_ENTRY * k;
         let nnz = r.count(o + 8, "row table entry")?;
+        total = total.saturating_add(nnz as u64);
         let at = r.u64(o + 16, "row table entry")?;
         if at != off as u64 {
             return Err(Error::format(
@@ -360,7 +465,13 @@ fn check_pack_table(path: &Path, bytes: &[u8], file_len: u64, pack: u64, vb: usi
                 format!("row table entry {k}: offset {at}, expected {off}"),
             ));
         }
-        off += record_size(nnz, vb);
+        off = off.saturating_add(record_size_v(nnz, vb, version));
+    }
+    if total != pack_nnz {
+        return Err(Error::format(
+            path,
+            format!("the row table holds {total} nonzeros but the header says {pack_nnz}"),
+        ));
     }
     let what = format!("{nr} row records");
     if file_len < off as u64 {
@@ -393,6 +504,7 @@ pub fn read_kernel_rows(
     progress: bool,
 ) -> Result<RowsRead> {
     let vb = dm.m.precision.bytes();
+    let version = dm.m.version;
     let ncols = meta.cols as usize;
     let kdir = dm.resolve(&dm.m.kernel_dir);
     let mut indptr = Vec::with_capacity(local.len() + 1);
@@ -401,10 +513,7 @@ pub fn read_kernel_rows(
         indptr.push(indptr.last().unwrap() + e.nnz);
     }
     let nnz = *indptr.last().unwrap() as usize;
-    let mut indices = vec![0u32; nnz];
-    let mut data = vec![0f64; nnz];
     let bytes_read = AtomicU64::new(0);
-    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
     // Packs this rank touches, opened and checked once.
     let packs: Vec<Option<MappedFile>> = if meta.layout == Layout::Packed {
         let mut need = vec![false; meta.files as usize];
@@ -419,7 +528,7 @@ pub fn read_kernel_rows(
                 }
                 let path = kdir.join(pack_file_name(p as u64));
                 let map = MappedFile::open_populated(&path)?;
-                check_pack(&path, map.bytes(), p as u64, vb)?;
+                check_pack(&path, map.bytes(), p as u64, vb, version)?;
                 Ok(Some(map))
             })
             .collect::<Result<_>>()?
@@ -429,63 +538,161 @@ pub fn read_kernel_rows(
     let pack_paths: Vec<PathBuf> = (0..packs.len() as u64)
         .map(|p| kdir.join(pack_file_name(p)))
         .collect();
-    // Disjoint output slices, one per row.
-    let mut jobs: Vec<(&MetaEntry, &mut [u32], &mut [f64])> = Vec::with_capacity(local.len());
-    {
-        let (mut ri, mut rv) = (&mut indices[..], &mut data[..]);
-        for e in local {
-            let k = e.nnz as usize;
-            let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
-            let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
-            ri = rest_i;
-            rv = rest_v;
-            jobs.push((e, a, b));
+    if meta.layout == Layout::Packed {
+        // The records the metadata puts in each pack must fit in it before anything is
+        // allocated for them.
+        check_records_fit(local, vb, version, |p| {
+            (
+                pack_paths[p].as_path(),
+                packs[p].as_ref().map_or(0, |m| m.bytes().len() as u64),
+            )
+        })?;
+    }
+    crate::io::limits::check_alloc(
+        &meta.path,
+        &format!("{nnz} kernel nonzeros in {} rows", local.len()),
+        12 * nnz as u128,
+    )?;
+    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
+    let (mut indices, mut data) = (Vec::new(), Vec::new());
+    // Rows in batches: per-row files are opened (and their lengths checked) a batch at a time
+    // before the batch's output grows, so a lying metadata entry allocates nothing.
+    let mut start = 0;
+    while start < local.len() {
+        let (mut end, mut bnnz) = (start, 0usize);
+        while end < local.len()
+            && (end == start
+                || meta.layout == Layout::Packed
+                || (bnnz + local[end].nnz as usize <= 1 << 24 && end - start < 1 << 16))
+        {
+            bnnz += local[end].nnz as usize;
+            end += 1;
+        }
+        let batch = &local[start..end];
+        let files: Vec<MappedFile> = if meta.layout == Layout::PerRow {
+            batch
+                .par_iter()
+                .with_min_len(64)
+                .map(|e| open_row_file(&kdir, e, vb, version))
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
+        let base = indices.len();
+        indices.resize(base + bnnz, 0u32);
+        data.resize(base + bnnz, 0f64);
+        // Disjoint output slices, one per row.
+        let mut jobs: Vec<(usize, &MetaEntry, &mut [u32], &mut [f64])> =
+            Vec::with_capacity(batch.len());
+        {
+            let (mut ri, mut rv) = (&mut indices[base..], &mut data[base..]);
+            for (i, e) in batch.iter().enumerate() {
+                let k = e.nnz as usize;
+                let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
+                let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
+                ri = rest_i;
+                rv = rest_v;
+                jobs.push((i, e, a, b));
+            }
+        }
+        jobs.par_iter_mut()
+            .with_min_len(64)
+            .try_for_each(|(i, e, cols, vals)| {
+                match meta.layout {
+                    Layout::PerRow => {
+                        let path = kdir.join(row_file_name(e.row));
+                        let map = &files[*i];
+                        let r = Reader::new(&path, map.bytes());
+                        decode_record(&r, ROW_HEADER, e.row, vb, version, ncols, cols, vals)?;
+                        bytes_read.fetch_add(map.bytes().len() as u64, Ordering::Relaxed);
+                    }
+                    Layout::Packed => {
+                        let p = e.file as usize;
+                        let map = packs[p].as_ref().expect("pack opened above");
+                        let r = Reader::new(&pack_paths[p], map.bytes());
+                        decode_record(
+                            &r,
+                            e.offset as usize,
+                            e.row,
+                            vb,
+                            version,
+                            ncols,
+                            cols,
+                            vals,
+                        )?;
+                        bytes_read.fetch_add(
+                            record_size_v(e.nnz as usize, vb, version) as u64,
+                            Ordering::Relaxed,
+                        );
+                    }
+                }
+                pb.inc(e.nnz);
+                Ok::<(), Error>(())
+            })?;
+        start = end;
+    }
+    pb.finish_and_clear();
+    Ok((indptr, indices, data, bytes_read.into_inner()))
+}
+
+/// Open kernel row `e`'s file (read when small, else mapped) and check its prefix and length.
+fn open_row_file(kdir: &Path, e: &MetaEntry, vb: usize, version: u32) -> Result<MappedFile> {
+    let path = kdir.join(row_file_name(e.row));
+    let map = MappedFile::open_small(&path).map_err(|err| match err {
+        Error::Io { err: source, .. } => Error::format(
+            &path,
+            format!("kernel row {} listed in the metadata: {source}", e.row),
+        ),
+        other => other,
+    })?;
+    let r = Reader::new(&path, map.bytes());
+    let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", version)? as usize;
+    if got_vb != vb {
+        return Err(Error::format(
+            &path,
+            format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
+        ));
+    }
+    r.exact_len(
+        ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version)),
+        &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
+    )?;
+    Ok(map)
+}
+
+/// Error unless the records that `local` puts in each pack fit in that pack's length
+/// (`pack(p)` gives the path and length of pack p).
+fn check_records_fit<'p>(
+    local: &[MetaEntry],
+    vb: usize,
+    version: u32,
+    pack: impl Fn(usize) -> (&'p Path, u64),
+) -> Result<()> {
+    // Per pack: bytes of records, rows, nonzeros.
+    let mut per_pack: Vec<(u64, u64, u64)> = Vec::new();
+    for e in local {
+        let p = e.file as usize;
+        if per_pack.len() <= p {
+            per_pack.resize(p + 1, (0, 0, 0));
+        }
+        let t = &mut per_pack[p];
+        t.0 =
+            t.0.saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
+        t.1 += 1;
+        t.2 = t.2.saturating_add(e.nnz);
+    }
+    for (p, &(need, rows, nnz)) in per_pack.iter().enumerate() {
+        let (path, len) = pack(p);
+        if need > len {
+            return Err(Error::format(
+                path,
+                format!(
+                    "the metadata puts {rows} rows with {nnz} nonzeros ({need} bytes of records) in this pack but it has {len} bytes"
+                ),
+            ));
         }
     }
-    jobs.par_iter_mut()
-        .with_min_len(64)
-        .try_for_each(|(e, cols, vals)| {
-            match meta.layout {
-                Layout::PerRow => {
-                    let path = kdir.join(row_file_name(e.row));
-                    let map = MappedFile::open_small(&path).map_err(|err| match err {
-                        Error::Io { err: source, .. } => Error::format(
-                            &path,
-                            format!("kernel row {} listed in the metadata: {source}", e.row),
-                        ),
-                        other => other,
-                    })?;
-                    let r = Reader::new(&path, map.bytes());
-                    let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
-                    if got_vb != vb {
-                        return Err(Error::format(
-                            &path,
-                            format!(
-                                "values of {got_vb} bytes but the dataset's precision has {vb}"
-                            ),
-                        ));
-                    }
-                    decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
-                    r.exact_len(
-                        ROW_HEADER + record_size(e.nnz as usize, vb),
-                        &format!("kernel row {}", e.row),
-                    )?;
-                    bytes_read.fetch_add(map.bytes().len() as u64, Ordering::Relaxed);
-                }
-                Layout::Packed => {
-                    let p = e.file as usize;
-                    let map = packs[p].as_ref().expect("pack opened above");
-                    let r = Reader::new(&pack_paths[p], map.bytes());
-                    decode_record(&r, e.offset as usize, e.row, vb, ncols, cols, vals)?;
-                    bytes_read.fetch_add(record_size(e.nnz as usize, vb) as u64, Ordering::Relaxed);
-                }
-            }
-            pb.inc(e.nnz);
-            Ok(())
-        })?;
-    pb.finish_and_clear();
-    drop(jobs);
-    Ok((indptr, indices, data, bytes_read.into_inner()))
+    Ok(())
 }
 
 /// One row's metadata entry and its output columns and values.
@@ -505,6 +712,7 @@ pub fn read_kernel_rows_ranges(
 ) -> Result<RowsRead> {
     use crate::io::rowio::{file_len, in_context};
     let vb = dm.m.precision.bytes();
+    let version = dm.m.version;
     let ncols = meta.cols as usize;
     let kdir = dm.resolve(&dm.m.kernel_dir);
     let mut indptr = Vec::with_capacity(local.len() + 1);
@@ -513,6 +721,71 @@ pub fn read_kernel_rows_ranges(
         indptr.push(indptr.last().unwrap() + e.nnz);
     }
     let nnz = *indptr.last().unwrap() as usize;
+    // Every file's length is checked (and pack tables verified) before anything is allocated
+    // for the rows: a lying metadata entry cannot make this rank allocate more than the files
+    // hold.
+    let mut by_file: Vec<Vec<usize>> = Vec::new();
+    match meta.layout {
+        Layout::PerRow => {
+            local.par_iter().with_min_len(64).try_for_each(|e| {
+                let path = kdir.join(row_file_name(e.row));
+                let len = file_len(&path).map_err(|err| match err {
+                    Error::Io { err: source, .. } => Error::format(
+                        &path,
+                        format!("kernel row {} listed in the metadata: {source}", e.row),
+                    ),
+                    other => other,
+                })?;
+                let want = ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version));
+                Reader::new(&path, &[]).exact_len_of(
+                    len,
+                    want as u64,
+                    &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
+                )
+            })?;
+        }
+        Layout::Packed => {
+            // Local rows by pack.
+            by_file = vec![Vec::new(); meta.files as usize];
+            for (i, e) in local.iter().enumerate() {
+                by_file[e.file as usize].push(i);
+            }
+            let lens: Vec<Result<u64>> = by_file
+                .par_iter()
+                .enumerate()
+                .map(|(p, rows)| {
+                    if rows.is_empty() {
+                        return Ok(0);
+                    }
+                    let path = kdir.join(pack_file_name(p as u64));
+                    let len = file_len(&path)?;
+                    let head = reader.read(&path, 0, PACK_HEADER.min(len as usize))?;
+                    let nr = Reader::new(&path, &head).count(24, "rows in pack")?;
+                    let table_end = PACK_HEADER
+                        .saturating_add(PACK_ENTRY.saturating_mul(nr))
+                        .min(len as usize);
+                    let mut table = head;
+                    table.extend(reader.read(
+                        &path,
+                        PACK_HEADER as u64,
+                        table_end.saturating_sub(PACK_HEADER),
+                    )?);
+                    check_pack_table(&path, &table, len, p as u64, vb, version)?;
+                    Ok(len)
+                })
+                .collect();
+            let lens = lens.into_iter().collect::<Result<Vec<u64>>>()?;
+            let paths: Vec<PathBuf> = (0..lens.len() as u64)
+                .map(|p| kdir.join(pack_file_name(p)))
+                .collect();
+            check_records_fit(local, vb, version, |p| (paths[p].as_path(), lens[p]))?;
+        }
+    }
+    crate::io::limits::check_alloc(
+        &meta.path,
+        &format!("{nnz} kernel nonzeros in {} rows", local.len()),
+        12 * nnz as u128,
+    )?;
     let mut indices = vec![0u32; nnz];
     let mut data = vec![0f64; nnz];
     let bytes_read = AtomicU64::new(0);
@@ -540,36 +813,12 @@ pub fn read_kernel_rows_ranges(
             for slot in slots.iter_mut() {
                 let (e, c, v) = slot.take().expect("each row once");
                 let path = kdir.join(row_file_name(e.row));
-                let len = (ROW_HEADER + record_size(e.nnz as usize, vb)) as u64;
+                let len = (ROW_HEADER + record_size_v(e.nnz as usize, vb, version)) as u64;
                 jobs.push((path, vec![(0, len, vec![(e, c, v)])]));
             }
         }
         Layout::Packed => {
-            // Local rows by pack, each pack's rows by offset.
-            let mut by_file: Vec<Vec<usize>> = vec![Vec::new(); meta.files as usize];
-            for (i, e) in local.iter().enumerate() {
-                by_file[e.file as usize].push(i);
-            }
-            let checked: Vec<Result<()>> = by_file
-                .par_iter()
-                .enumerate()
-                .filter(|(_, rows)| !rows.is_empty())
-                .map(|(p, _)| {
-                    let path = kdir.join(pack_file_name(p as u64));
-                    let len = file_len(&path)?;
-                    let head = reader.read(&path, 0, PACK_HEADER.min(len as usize))?;
-                    let nr = Reader::new(&path, &head).count(24, "rows in pack")?;
-                    let table_end = (PACK_HEADER + PACK_ENTRY * nr).min(len as usize);
-                    let mut table = head;
-                    table.extend(reader.read(
-                        &path,
-                        PACK_HEADER as u64,
-                        table_end.saturating_sub(PACK_HEADER),
-                    )?);
-                    check_pack_table(&path, &table, len, p as u64, vb)
-                })
-                .collect();
-            checked.into_iter().collect::<Result<()>>()?;
+            // Each pack's rows by offset.
             for (p, mut rows) in by_file.into_iter().enumerate() {
                 if rows.is_empty() {
                     continue;
@@ -579,7 +828,7 @@ pub fn read_kernel_rows_ranges(
                     .iter()
                     .map(|&i| {
                         let e = &local[i];
-                        (e.offset, record_size(e.nnz as usize, vb) as u64)
+                        (e.offset, record_size_v(e.nnz as usize, vb, version) as u64)
                     })
                     .collect();
                 let path = kdir.join(pack_file_name(p as u64));
@@ -604,29 +853,19 @@ pub fn read_kernel_rows_ranges(
         let r = Reader::new(path, buf);
         if meta.layout == Layout::PerRow {
             let (e, cols, vals) = &mut rows[0];
-            let got_vb = r.prefix(&MAGIC_ROW, "kernel row")? as usize;
+            let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", version)? as usize;
             if got_vb != vb {
                 return Err(Error::format(
                     path,
                     format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
                 ));
             }
-            decode_record(&r, ROW_HEADER, e.row, vb, ncols, cols, vals)?;
-            let flen = file_len(path)?;
-            if flen != len {
-                return Err(Error::format(
-                    path,
-                    format!(
-                        "{} trailing bytes after kernel row {} (expected {len} bytes)",
-                        flen.saturating_sub(len),
-                        e.row
-                    ),
-                ));
-            }
+            // The file's length was checked before the read.
+            decode_record(&r, ROW_HEADER, e.row, vb, version, ncols, cols, vals)?;
         } else {
             for (e, cols, vals) in rows.iter_mut() {
                 let at = (e.offset - offset) as usize;
-                decode_record(&r, at, e.row, vb, ncols, cols, vals)
+                decode_record(&r, at, e.row, vb, version, ncols, cols, vals)
                     .map_err(|err| in_context(err, &what(e)))?;
             }
         }

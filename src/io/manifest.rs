@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::io::binfmt::{Precision, VERSION};
+use crate::io::binfmt::{Precision, VERSION, VERSION_1};
 use crate::model::Grid;
 
 /// The `format` value of every manifest.
@@ -118,9 +118,9 @@ impl DatasetManifest {
                 m.format
             )));
         }
-        if m.version != VERSION {
+        if m.version != VERSION && m.version != VERSION_1 {
             return Err(bad(format!(
-                "dataset version {} is not supported (this build reads version {VERSION})",
+                "dataset version {} is not supported (this build reads versions {VERSION_1} and {VERSION})",
                 m.version
             )));
         }

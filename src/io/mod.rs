@@ -15,6 +15,7 @@ pub mod binfmt;
 pub mod damping;
 pub mod dataset;
 pub mod kernel_rows;
+pub mod limits;
 pub mod manifest;
 pub mod mmap;
 pub mod npy;
@@ -23,6 +24,7 @@ pub mod petsc;
 pub mod publish;
 mod tidy;
 pub mod vectors;
+pub mod verify;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
 pub use tidy::tidy;

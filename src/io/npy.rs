@@ -1,32 +1,123 @@
-//! A minimal NumPy .npy (format 1.0) writer for 1-D arrays: little-endian f8, i8, i4.
+//! A minimal NumPy .npy (format 1.0) writer and reader for 1-D arrays: little-endian f8, i8,
+//! i4.
 
 use std::path::Path;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::write_atomic;
 
-/// Element types this writer knows.
+/// Element types this writer and reader know.
 pub trait NpyElem: Copy {
     const DESCR: &'static str;
+    const SIZE: usize;
     fn put(self, out: &mut Vec<u8>);
+    /// The element from its `SIZE` little-endian bytes.
+    fn get(bytes: &[u8]) -> Self;
 }
 impl NpyElem for f64 {
     const DESCR: &'static str = "<f8";
+    const SIZE: usize = 8;
     fn put(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        f64::from_le_bytes(bytes.try_into().expect("8 bytes"))
     }
 }
 impl NpyElem for i64 {
     const DESCR: &'static str = "<i8";
+    const SIZE: usize = 8;
     fn put(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        i64::from_le_bytes(bytes.try_into().expect("8 bytes"))
     }
 }
 impl NpyElem for i32 {
     const DESCR: &'static str = "<i4";
+    const SIZE: usize = 4;
     fn put(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
     }
+    fn get(bytes: &[u8]) -> Self {
+        i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+}
+
+/// Read a 1-D .npy file (format 1.0 or 2.0) of element type `T`: the header's dtype must be
+/// `T`'s, `fortran_order` False and the shape one dimension whose length times the element
+/// size is exactly the bytes after the header (checked before anything is allocated).
+pub fn read_npy<T: NpyElem>(path: &Path) -> Result<Vec<T>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bad = |msg: String| Error::format(path, msg);
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(bad("not a .npy file (bad magic)".into()));
+    }
+    let (hl, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize,
+            12,
+        ),
+        v => return Err(bad(format!(".npy format version {v} is not supported"))),
+    };
+    if hl > bytes.len() - start {
+        return Err(bad(format!(
+            "header length {hl} past the end of the file ({} bytes)",
+            bytes.len()
+        )));
+    }
+    let dict = std::str::from_utf8(&bytes[start..start + hl])
+        .map_err(|_| bad("the header is not text".into()))?;
+    // The value of `key` in the header dict, up to the next ',' outside parentheses.
+    let field = |key: &str| -> Option<&str> {
+        let at = dict.find(&format!("'{key}':"))? + key.len() + 3;
+        let rest = dict[at..].trim_start();
+        let mut depth = 0;
+        for (i, c) in rest.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' | '}' if depth <= 0 => return Some(rest[..i].trim()),
+                _ => {}
+            }
+        }
+        None
+    };
+    let descr = field("descr").map(|d| d.trim_matches(['\'', '"']));
+    if descr != Some(T::DESCR) {
+        return Err(bad(format!(
+            "dtype {} but {} was expected",
+            descr.unwrap_or("(none)"),
+            T::DESCR
+        )));
+    }
+    if field("fortran_order") != Some("False") {
+        return Err(bad("fortran_order must be False".into()));
+    }
+    let shape = field("shape").unwrap_or("");
+    let dims: Vec<&str> = shape
+        .trim_matches(['(', ')'])
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let n: u64 = match dims.as_slice() {
+        [d] => d.parse().map_err(|_| bad(format!("bad shape {shape}")))?,
+        _ => return Err(bad(format!("shape {shape} is not one-dimensional"))),
+    };
+    let body = (bytes.len() - start - hl) as u128;
+    if n as u128 * T::SIZE as u128 != body {
+        return Err(bad(format!(
+            "the header declares {n} elements of {} bytes but {body} bytes follow it",
+            T::SIZE
+        )));
+    }
+    Ok(bytes[start + hl..]
+        .chunks_exact(T::SIZE)
+        .map(T::get)
+        .collect())
 }
 
 /// The .npy header for a 1-D array of `len` elements: magic, version 1.0, header length, and a

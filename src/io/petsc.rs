@@ -90,48 +90,111 @@ pub fn write_vec(path: &Path, x: &[f64]) -> Result<()> {
     }
 }
 
-/// Read a PETSc binary Mat file back (for tests and round trips).
+/// Read a PETSc binary Mat file. The header's sizes are checked against the file's length
+/// (16 + 4·rows + 4·nnz + 8·nnz bytes exactly) before anything is allocated from them.
 pub fn read_mat(path: &Path) -> Result<Csr> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let mut pos = 0usize;
-    let mut int = |what: &str| -> Result<i32> {
+    let int = |pos: usize, what: &str| -> Result<i32> {
         let b = bytes
             .get(pos..pos + 4)
             .ok_or_else(|| Error::format(path, format!("file ends before {what} (truncated?)")))?;
-        pos += 4;
         Ok(i32::from_be_bytes(b.try_into().expect("4 bytes")))
     };
-    if int("the class id")? != MAT_FILE_CLASSID {
+    if int(0, "the class id")? != MAT_FILE_CLASSID {
         return Err(Error::format(
             path,
             "not a PETSc binary Mat (wrong class id)",
         ));
     }
-    let (m, n, nnz) = (int("rows")?, int("columns")?, int("nonzeros")?);
+    let (m, n, nnz) = (int(4, "rows")?, int(8, "columns")?, int(12, "nonzeros")?);
     if m < 0 || n < 0 || nnz < 0 {
-        return Err(Error::format(path, "negative sizes in the header"));
+        return Err(Error::format(
+            path,
+            format!("negative sizes in the header (rows {m}, columns {n}, nonzeros {nnz})"),
+        ));
     }
-    let mut indptr = vec![0u64];
-    for i in 0..m {
-        let l = int(&format!("the length of row {i}"))?;
-        indptr.push(indptr[i as usize] + l.max(0) as u64);
+    let (m, n, nnz) = (m as usize, n as usize, nnz as usize);
+    let want = 16 + 4 * m as u64 + 12 * nnz as u64;
+    if bytes.len() as u64 != want {
+        return Err(Error::format(
+            path,
+            format!(
+                "the header declares {m} rows and {nnz} nonzeros, which take {want} bytes, but the file has {}{}",
+                bytes.len(),
+                if (bytes.len() as u64) < want { " (truncated?)" } else { "" }
+            ),
+        ));
     }
-    let mut indices = Vec::with_capacity(nnz as usize);
-    for _ in 0..nnz {
-        indices.push(int("column indices")? as u32);
+    let words = |at: usize, k: usize| {
+        bytes[at..at + 4 * k]
+            .chunks_exact(4)
+            .map(|c| i32::from_be_bytes(c.try_into().expect("4 bytes")))
+    };
+    let mut indptr = Vec::with_capacity(m + 1);
+    indptr.push(0u64);
+    for (i, l) in words(16, m).enumerate() {
+        if l < 0 {
+            return Err(Error::format(path, format!("row {i} has length {l}")));
+        }
+        indptr.push(indptr[i] + l as u64);
     }
-    let mut data = Vec::with_capacity(nnz as usize);
-    for k in 0..nnz as usize {
-        let b = bytes.get(pos..pos + 8).ok_or_else(|| {
-            Error::format(
+    let mut indices = Vec::with_capacity(nnz);
+    for (k, c) in words(16 + 4 * m, nnz).enumerate() {
+        if c < 0 || c as usize >= n {
+            return Err(Error::format(
                 path,
-                format!("file ends at value {k} of {nnz} (truncated?)"),
-            )
-        })?;
-        pos += 8;
-        data.push(f64::from_be_bytes(b.try_into().expect("8 bytes")));
+                format!("column index {c} at nonzero {k} is out of range (columns = {n})"),
+            ));
+        }
+        indices.push(c as u32);
     }
-    Csr::try_new(m as usize, n as usize, indptr, indices, data).map_err(|e| Error::in_file(path, e))
+    let at = 16 + 4 * m + 4 * nnz;
+    let data: Vec<f64> = bytes[at..at + 8 * nnz]
+        .chunks_exact(8)
+        .map(|c| f64::from_be_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    Csr::try_new(m, n, indptr, indices, data).map_err(|e| Error::in_file(path, e))
+}
+
+/// Read a PETSc binary Vec file (class id, length, values; the length is checked against the
+/// file's size before the values are allocated). Values must be finite.
+pub fn read_vec(path: &Path) -> Result<Vec<f64>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    if bytes.len() < 8 {
+        return Err(Error::format(
+            path,
+            "file ends inside the header (truncated?)",
+        ));
+    }
+    let int = |pos: usize| i32::from_be_bytes(bytes[pos..pos + 4].try_into().expect("4 bytes"));
+    if int(0) != VEC_FILE_CLASSID {
+        return Err(Error::format(
+            path,
+            "not a PETSc binary Vec (wrong class id)",
+        ));
+    }
+    let n = int(4);
+    if n < 0 || bytes.len() as u64 != 8 + 8 * n as u64 {
+        return Err(Error::format(
+            path,
+            format!(
+                "the header declares {n} values but the file has {} bytes (expected {})",
+                bytes.len(),
+                8 + 8 * n.max(0) as u64
+            ),
+        ));
+    }
+    let x: Vec<f64> = bytes[8..]
+        .chunks_exact(8)
+        .map(|c| f64::from_be_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    if let Some(k) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::format(
+            path,
+            format!("value {k} is not finite ({})", x[k]),
+        ));
+    }
+    Ok(x)
 }
 
 #[cfg(test)]

@@ -3,11 +3,15 @@
 //! CPU backend, produces bit-for-bit the model of an uninterrupted run (the state is complete
 //! and the CPU reductions are deterministic).
 //!
-//! File layout (little-endian):
+//! File layout, version 2 (little-endian; docs/formats.md, "Checkpoint file"):
 //! ```text
-//! magic "SEISCKPT" (8 bytes) | version u32 | header length u64 | header (JSON) |
-//! u (m_local f64) | v (n f64) | w (n f64) | x (n f64) | [var (n f64)] | FNV-1a 64 of all before
+//! magic "SEISCKPT" (8 bytes) | version u32 = 2 | u32 0 | header length H u64 | header (JSON) |
+//! u32 CRC32C of bytes 0..24+H | u32 0 |
+//! then u (m_local f64), v, w, x (n f64 each), [var (n f64)], each followed by u32 CRC32C of
+//! its bytes and u32 0
 //! ```
+//! Version 1 (still read): magic | version u32 = 1 | H u64 | header | u | v | w | x | [var] |
+//! FNV-1a 64 of all bytes before it.
 //! The JSON header holds the scalars, the LSQR parameters, the history so far, the sizes and a
 //! fingerprint of the system, all of which must match on resume (serde_json is built with
 //! `float_roundtrip`, so the f64 scalars read back bit for bit). With several ranks each rank
@@ -21,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::io::binfmt::CrcWriter;
 use crate::io::write_atomic;
 use crate::solver::{
     lsqr_iterate, lsqr_start, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars, LsqrSolution,
@@ -28,7 +33,7 @@ use crate::solver::{
 };
 
 pub const MAGIC: &[u8; 8] = b"SEISCKPT";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Checkpoint settings of a run.
 #[derive(Debug, Clone)]
@@ -108,21 +113,6 @@ pub fn fingerprint(a: &crate::sparse::Csr, b: &[f64]) -> String {
     format!("{:016x}", h.finish())
 }
 
-struct HashWriter<'a> {
-    inner: &'a mut dyn Write,
-    h: Fnv,
-}
-impl Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let k = self.inner.write(buf)?;
-        self.h.update(&buf[..k]);
-        Ok(k)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 fn write_f64s(w: &mut dyn Write, v: &[f64]) -> std::io::Result<()> {
     let mut buf = [0u8; 8 * 1024];
     for chunk in v.chunks(1024) {
@@ -182,69 +172,61 @@ fn write_checkpoint(
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
     write_atomic(path, |w| {
-        let mut hw = HashWriter {
-            inner: w,
-            h: Fnv::default(),
-        };
-        hw.write_all(MAGIC)?;
-        hw.write_all(&VERSION.to_le_bytes())?;
-        hw.write_all(&(json.len() as u64).to_le_bytes())?;
-        hw.write_all(&json)?;
-        for v in [&h.u, &h.v, &h.w, &h.x] {
-            write_f64s(&mut hw, v)?;
+        let mut cw = CrcWriter::new(w);
+        cw.write_all(MAGIC)?;
+        cw.write_all(&VERSION.to_le_bytes())?;
+        cw.write_all(&0u32.to_le_bytes())?;
+        cw.write_all(&(json.len() as u64).to_le_bytes())?;
+        cw.write_all(&json)?;
+        let c = cw.take();
+        cw.inner.write_all(&c.to_le_bytes())?;
+        cw.inner.write_all(&0u32.to_le_bytes())?;
+        let vars = h.var.iter();
+        for v in [&h.u, &h.v, &h.w, &h.x].into_iter().chain(vars) {
+            write_f64s(&mut cw, v)?;
+            let c = cw.take();
+            cw.inner.write_all(&c.to_le_bytes())?;
+            cw.inner.write_all(&0u32.to_le_bytes())?;
         }
-        if let Some(var) = &h.var {
-            write_f64s(&mut hw, var)?;
-        }
-        let sum = hw.h.finish();
-        hw.inner.write_all(&sum.to_le_bytes())
+        Ok(())
     })
 }
 
-/// Read and check a checkpoint file.
+/// The vectors of a checkpoint: u (m values), v, w, x and var when present (n values each).
+type Vectors = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Option<Vec<f64>>);
+
+fn f64s(b: &[u8]) -> Vec<f64> {
+    b.chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Read and check a checkpoint file (version 2, or version 1). Every size in it is checked
+/// against the file's length before anything is allocated from it.
 pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse_checkpoint(path, &bytes)
+}
+
+/// [`read_checkpoint`] on the file's bytes (errors name `path`).
+fn parse_checkpoint(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
     let bad = |msg: &str| Error::format(path, format!("checkpoint: {msg}"));
-    if bytes.len() < 28 || &bytes[..8] != MAGIC {
+    if bytes.len() < 12 || &bytes[..8] != MAGIC {
         return Err(bad("not a seistomo checkpoint (bad magic)"));
     }
-    let (body, tail) = bytes.split_at(bytes.len() - 8);
-    let mut h = Fnv::default();
-    h.update(body);
-    if h.finish() != u64::from_le_bytes(tail.try_into().expect("8 bytes")) {
-        return Err(bad("checksum mismatch (truncated or corrupted file)"));
-    }
-    let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(bad(&format!(
-            "version {version}, this program reads {VERSION}"
-        )));
-    }
-    let hlen = u64::from_le_bytes(body[12..20].try_into().expect("8 bytes")) as usize;
-    if 20 + hlen > body.len() {
-        return Err(bad("header length past the end of the file"));
-    }
-    let header: Header =
-        serde_json::from_slice(&body[20..20 + hlen]).map_err(|e| bad(&format!("header: {e}")))?;
-    let (m, n) = (header.m_local, header.n);
-    let nvec = 3 + usize::from(header.has_var);
-    if body.len() != 20 + hlen + 8 * (m + nvec * n) {
-        return Err(bad("vector section has the wrong length"));
-    }
-    let mut off = 20 + hlen;
-    let mut take = |k: usize| {
-        let v: Vec<f64> = body[off..off + 8 * k]
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        off += 8 * k;
-        v
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let (header, (u, v, w, x, var)) = match version {
+        1 => read_v1(bytes, &bad)?,
+        2 => read_v2(path, bytes, &bad)?,
+        _ => {
+            return Err(bad(&format!(
+                "version {version}, this program reads 1 and {VERSION}"
+            )))
+        }
     };
-    let u = take(m);
-    let v = take(n);
-    let w = take(n);
-    let x = take(n);
-    let var = if header.has_var { Some(take(n)) } else { None };
     Ok((
         Loaded {
             scalars: header.scalars,
@@ -260,6 +242,105 @@ pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize
         header.rank,
         header.ranks,
     ))
+}
+
+/// The vector section's bytes for `header`'s sizes: `per` extra bytes after each vector.
+fn vectors_len(header: &Header, per: u128) -> u128 {
+    let nvec = 3 + u128::from(header.has_var);
+    8 * header.m_local as u128 + per + nvec * (8 * header.n as u128 + per)
+}
+
+fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors)> {
+    if bytes.len() < 28 {
+        return Err(bad("truncated (shorter than its header)"));
+    }
+    let (body, tail) = bytes.split_at(bytes.len() - 8);
+    let mut h = Fnv::default();
+    h.update(body);
+    if h.finish() != u64::from_le_bytes(tail.try_into().expect("8 bytes")) {
+        return Err(bad("checksum mismatch (truncated or corrupted file)"));
+    }
+    let hlen = u64::from_le_bytes(body[12..20].try_into().expect("8 bytes"));
+    if hlen > (body.len() - 20) as u64 {
+        return Err(bad("header length past the end of the file"));
+    }
+    let hlen = hlen as usize;
+    let header: Header =
+        serde_json::from_slice(&body[20..20 + hlen]).map_err(|e| bad(&format!("header: {e}")))?;
+    if (body.len() - 20 - hlen) as u128 != vectors_len(&header, 0) {
+        return Err(bad("vector section has the wrong length"));
+    }
+    let mut off = 20 + hlen;
+    let mut take = |k: usize| {
+        let v = f64s(&body[off..off + 8 * k]);
+        off += 8 * k;
+        v
+    };
+    let (m, n) = (header.m_local, header.n);
+    let vecs = (
+        take(m),
+        take(n),
+        take(n),
+        take(n),
+        header.has_var.then(|| take(n)),
+    );
+    Ok((header, vecs))
+}
+
+fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors)> {
+    use crate::io::binfmt::{checksum_error, crc};
+    if bytes.len() < 24 {
+        return Err(bad("truncated (shorter than its header)"));
+    }
+    let word = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    let hlen = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+    if word(12) != 0 || hlen > (bytes.len() - 24).saturating_sub(8) as u64 {
+        return Err(bad(&format!(
+            "header length {hlen} past the end of the file ({} bytes)",
+            bytes.len()
+        )));
+    }
+    let hend = 24 + hlen as usize;
+    let (stored, computed) = (word(hend), crc(&bytes[..hend]));
+    if stored != computed || word(hend + 4) != 0 {
+        return Err(checksum_error(path, "checkpoint header", stored, computed));
+    }
+    let header: Header =
+        serde_json::from_slice(&bytes[24..hend]).map_err(|e| bad(&format!("header: {e}")))?;
+    let have = (bytes.len() - hend - 8) as u128;
+    let want = vectors_len(&header, 8);
+    if have != want {
+        return Err(bad(&format!(
+            "the header's sizes (m = {}, n = {}) need {want} bytes of vectors but the file has {have}",
+            header.m_local, header.n
+        )));
+    }
+    let mut off = hend + 8;
+    let mut take = |k: usize, name: &str| -> Result<Vec<f64>> {
+        let body = &bytes[off..off + 8 * k];
+        let (stored, computed) = (word(off + 8 * k), crc(body));
+        if stored != computed || word(off + 8 * k + 4) != 0 {
+            return Err(checksum_error(
+                path,
+                &format!("checkpoint vector {name}"),
+                stored,
+                computed,
+            ));
+        }
+        off += 8 * k + 8;
+        Ok(f64s(body))
+    };
+    let (m, n) = (header.m_local, header.n);
+    let u = take(m, "u")?;
+    let v = take(n, "v")?;
+    let w = take(n, "w")?;
+    let x = take(n, "x")?;
+    let var = if header.has_var {
+        Some(take(n, "var")?)
+    } else {
+        None
+    };
+    Ok((header, (u, v, w, x, var)))
 }
 
 /// Wraps the caller's monitor: shifts times after a resume, keeps the history and writes
@@ -463,6 +544,142 @@ mod tests {
     use crate::comm::SerialComm;
     use crate::solver::NoMonitor;
     use crate::testing::Lstp;
+
+    /// A checkpoint file of a small run (version 2).
+    fn small_checkpoint(dir: &Path) -> PathBuf {
+        let p = Lstp::new(30, 20, 2, 2, 0.0);
+        let a = p.to_csr();
+        let b = p.apply_dense(&[1.0; 20]);
+        let be = CpuBackend::new();
+        let op = CpuCsrOperator::new(a.clone(), TransposeStrategy::Auto);
+        let params = LsqrParams {
+            iter_lim: Some(6),
+            calc_var: true,
+            ..Default::default()
+        };
+        let ck = Checkpointing {
+            path: dir.join("ck.bin"),
+            every: 2,
+            resume: false,
+        };
+        let fp = fingerprint(&a, &b);
+        lsqr_checkpointed(
+            &be,
+            &op,
+            &SerialComm,
+            &b,
+            None,
+            &params,
+            &ck,
+            &fp,
+            &mut NoMonitor,
+        )
+        .unwrap();
+        ck.path
+    }
+
+    /// The same checkpoint in version 1 (FNV-1a trailer, no per-section checksums).
+    fn to_v1(v2: &[u8]) -> Vec<u8> {
+        let hlen = u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        let hend = 24 + hlen;
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&(hlen as u64).to_le_bytes());
+        out.extend_from_slice(&v2[24..hend]);
+        let mut off = hend + 8;
+        while off < v2.len() {
+            // Each vector: its values up to the 8-byte trailer (a CRC and a zero u32).
+            let mut k = off;
+            loop {
+                let c = u32::from_le_bytes(v2[k..k + 4].try_into().unwrap());
+                if crate::io::binfmt::crc(&v2[off..k]) == c && v2[k + 4..k + 8] == [0; 4] {
+                    break;
+                }
+                k += 8;
+            }
+            out.extend_from_slice(&v2[off..k]);
+            off = k + 8;
+        }
+        let mut h = Fnv::default();
+        h.update(&out);
+        let sum = h.finish();
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn version_1_reads_lying_sizes_refused_and_corruption_sweep() {
+        let dir = std::env::temp_dir().join(format!("seistomo-ckv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = small_checkpoint(&dir);
+        let v2 = std::fs::read(&path).unwrap();
+        let (l2, fp2, ..) = read_checkpoint(&path).unwrap();
+        // Version 1 still reads, to the same state.
+        let v1 = to_v1(&v2);
+        let p1 = dir.join("ck1.bin");
+        std::fs::write(&p1, &v1).unwrap();
+        let (l1, fp1, ..) = read_checkpoint(&p1).unwrap();
+        assert_eq!((l1.x, l1.u, l1.var, fp1), (l2.x, l2.u, l2.var, fp2));
+        // A header whose sizes lie (checksum rewritten): refused before allocating.
+        let hlen = u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        let json = String::from_utf8(v2[24..24 + hlen].to_vec()).unwrap();
+        let m = json.split("\"m_local\":").nth(1).unwrap();
+        let m: String = m.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let lying = json.replacen(
+            &format!("\"m_local\":{m}"),
+            "\"m_local\":1000000000000000",
+            1,
+        );
+        let mut b = v2[..16].to_vec();
+        b.extend_from_slice(&(lying.len() as u64).to_le_bytes());
+        b.extend_from_slice(lying.as_bytes());
+        let c = crate::io::binfmt::crc(&b);
+        b.extend_from_slice(&c.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&v2[24 + hlen + 8..]);
+        std::fs::write(&path, &b).unwrap();
+        let e = read_checkpoint(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("ck.bin") && e.contains("1000000000000000") && !e.contains('\n'),
+            "{e}"
+        );
+        // Sweep: every truncation, every byte flip in the header, random flips in the body;
+        // each must be an error, never a panic.
+        let mut cases = 0;
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for (name, pristine) in [("v2", &v2), ("v1", &v1)] {
+            let header = 24 + hlen + 8;
+            let mut variants: Vec<Vec<u8>> = (0..pristine.len())
+                .map(|cut| pristine[..cut].to_vec())
+                .collect();
+            for at in 0..header {
+                let mut b = pristine.clone();
+                b[at] ^= 0xff;
+                variants.push(b);
+            }
+            for _ in 0..300 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = header + (seed as usize) % (pristine.len() - header);
+                let mut b = pristine.to_vec();
+                b[at] ^= 1 << (seed % 8);
+                variants.push(b);
+            }
+            for (k, b) in variants.iter().enumerate() {
+                let r = std::panic::catch_unwind(|| parse_checkpoint(&path, b).map(|_| ()));
+                match r {
+                    Ok(Err(e)) => assert!(!e.to_string().contains('\n')),
+                    Ok(Ok(())) => panic!("{name} case {k}: a corrupted checkpoint was accepted"),
+                    Err(_) => panic!("{name} case {k}: panic"),
+                }
+                cases += 1;
+            }
+        }
+        println!("checkpoint corruption sweep: {cases} cases, all refused");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn resume_from_every_checkpoint_is_bitwise_identical() {

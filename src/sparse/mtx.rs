@@ -112,6 +112,8 @@ struct DataLines<R> {
     path: std::path::PathBuf,
     lineno: usize,
     buf: String,
+    /// Bytes read so far.
+    consumed: u64,
 }
 
 impl<R: BufRead> DataLines<R> {
@@ -125,6 +127,7 @@ impl<R: BufRead> DataLines<R> {
             if n == 0 {
                 return Ok(None);
             }
+            self.consumed += n as u64;
             self.lineno += 1;
             let t = self.buf.trim();
             if t.is_empty() || t.starts_with('%') {
@@ -176,7 +179,54 @@ fn parse_value(path: &Path, line: usize, tok: Option<&str>, field: Field) -> Res
     Ok(v)
 }
 
+/// The bytes of `path` when they are what is read (not `.gz`): an upper bound on what its
+/// header may declare. `None` for compressed files (their readers grow as they read).
+fn plain_len(path: &Path) -> Option<u64> {
+    if path.extension().is_some_and(|e| e == "gz") {
+        return None;
+    }
+    std::fs::metadata(path).ok().map(|m| m.len())
+}
+
+/// Error unless `count` declared items of at least `min_bytes` bytes each fit in the bytes of
+/// `path` left after what `lines` read (uncompressed files only).
+fn check_declared<R>(
+    path: &Path,
+    lines: &DataLines<R>,
+    line: usize,
+    count: u128,
+    min_bytes: u128,
+    what: &str,
+) -> Result<()> {
+    if let Some(total) = plain_len(path) {
+        let left = total.saturating_sub(lines.consumed) as u128;
+        if count * min_bytes > left {
+            return Err(Error::parse(
+                path,
+                line,
+                format!(
+                    "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
+                    count * min_bytes
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Capacity to reserve for `n` declared items: all of them where the file's length was checked,
+/// else (compressed) at most 2^20, growing as the file is read.
+fn reserve(path: &Path, n: usize) -> usize {
+    if plain_len(path).is_some() {
+        n
+    } else {
+        n.min(1 << 20)
+    }
+}
+
 /// Read a sparse matrix from a Matrix Market file (`coordinate` or `array`; `.gz` allowed).
+/// Sizes on the size line are checked against the file's length (uncompressed files), against
+/// rows x columns and against the machine's memory before anything is allocated from them.
 pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
     let path = path.as_ref();
     let mut lines = DataLines {
@@ -184,13 +234,15 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
         path: path.to_path_buf(),
         lineno: 0,
         buf: String::new(),
+        consumed: 0,
     };
     let header = {
         let mut first = String::new();
-        lines
+        let n = lines
             .inner
             .read_line(&mut first)
             .map_err(|e| Error::io(path, e))?;
+        lines.consumed = n as u64;
         lines.lineno = 1;
         parse_header(path, first.trim())?
     };
@@ -220,11 +272,31 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
                     "a symmetric matrix must be square",
                 ));
             }
+            let cells = nrows as u128 * ncols as u128;
+            if nnz as u128 > cells {
+                return Err(Error::parse(
+                    path,
+                    size_line,
+                    format!(
+                        "{nnz} entries declared but a {nrows} x {ncols} matrix has {cells} cells"
+                    ),
+                ));
+            }
+            // An entry line is at least "i j\n" (pattern) or "i j v\n".
+            let min_line = if header.field == Field::Pattern { 4 } else { 6 };
+            check_declared(path, &lines, size_line, nnz as u128, min_line, "entries")?;
             let cap = if header.symmetry == Symmetry::General {
                 nnz
             } else {
                 2 * nnz
             };
+            crate::io::limits::check_alloc(
+                path,
+                &format!("a {nrows} x {ncols} matrix with {nnz} entries"),
+                16 * (nrows as u128 + 1) + 36 * cap as u128,
+            )
+            .map_err(|e| at_line(e, size_line))?;
+            let cap = reserve(path, cap);
             let (mut rows, mut cols, mut vals) = (
                 Vec::with_capacity(cap),
                 Vec::with_capacity(cap),
@@ -287,6 +359,7 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
             if it.next().is_some() {
                 return Err(Error::parse(path, size_line, "size line has extra fields"));
             }
+            check_array(path, &lines, size_line, nrows, ncols, &header)?;
             let dense = read_array_body(path, &mut lines, nrows, ncols, &header)?;
             let (mut rows, mut cols, mut vals) = (Vec::new(), Vec::new(), Vec::new());
             for j in 0..ncols {
@@ -305,7 +378,53 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
     }
 }
 
-/// Column-major values of an `array` body (symmetric arrays store the lower triangle).
+/// A parse error at `line` for a file error (the memory plan's), keeping its message.
+fn at_line(e: Error, line: usize) -> Error {
+    match e {
+        Error::Format { path, msg } => Error::Parse { path, line, msg },
+        other => other,
+    }
+}
+
+/// Values an `array` body holds (symmetric arrays store the lower triangle).
+fn array_values(nrows: usize, ncols: usize, header: &Header) -> u128 {
+    let (r, c) = (nrows as u128, ncols as u128);
+    match header.symmetry {
+        Symmetry::General => r * c,
+        Symmetry::Symmetric => r * (r + 1) / 2,
+        Symmetry::Skew => r * r.saturating_sub(1) / 2,
+    }
+}
+
+/// Check an `array`'s declared size against the file and the machine's memory.
+fn check_array<R>(
+    path: &Path,
+    lines: &DataLines<R>,
+    size_line: usize,
+    nrows: usize,
+    ncols: usize,
+    header: &Header,
+) -> Result<()> {
+    if header.symmetry != Symmetry::General && nrows != ncols {
+        return Err(Error::parse(
+            path,
+            size_line,
+            "a symmetric array must be square",
+        ));
+    }
+    // A value line is at least "v\n".
+    let total = array_values(nrows, ncols, header);
+    check_declared(path, lines, size_line, total, 2, "values")?;
+    crate::io::limits::check_alloc(
+        path,
+        &format!("a {nrows} x {ncols} array"),
+        16 * nrows as u128 * ncols as u128,
+    )
+    .map_err(|e| at_line(e, size_line))
+}
+
+/// Column-major values of an `array` body (symmetric arrays store the lower triangle). The
+/// values are collected as they are read and placed when all are there.
 fn read_array_body<R: BufRead>(
     path: &Path,
     lines: &mut DataLines<R>,
@@ -313,20 +432,9 @@ fn read_array_body<R: BufRead>(
     ncols: usize,
     header: &Header,
 ) -> Result<Vec<f64>> {
-    let mut dense = vec![0.0; nrows * ncols];
-    let mut positions: Vec<(usize, usize)> = Vec::new();
-    for j in 0..ncols {
-        let start = match header.symmetry {
-            Symmetry::General => 0,
-            Symmetry::Symmetric => j,
-            Symmetry::Skew => j + 1,
-        };
-        for i in start..nrows {
-            positions.push((i, j));
-        }
-    }
-    let total = positions.len();
-    for (k, &(i, j)) in positions.iter().enumerate() {
+    let total = array_values(nrows, ncols, header) as usize;
+    let mut vals: Vec<f64> = Vec::with_capacity(reserve(path, total));
+    for k in 0..total {
         let Some((ln, l)) = lines.next_line()? else {
             return Err(Error::parse(
                 path,
@@ -339,12 +447,7 @@ fn read_array_body<R: BufRead>(
         if t.next().is_some() {
             return Err(Error::parse(path, ln, "line has extra fields"));
         }
-        dense[j * nrows + i] = v;
-        match header.symmetry {
-            Symmetry::Symmetric => dense[i * nrows + j] = v,
-            Symmetry::Skew => dense[i * nrows + j] = -v,
-            Symmetry::General => {}
-        }
+        vals.push(v);
     }
     if let Some((ln, _)) = lines.next_line()? {
         return Err(Error::parse(
@@ -352,6 +455,27 @@ fn read_array_body<R: BufRead>(
             ln,
             format!("more values than the {total} the size line declares"),
         ));
+    }
+    if header.symmetry == Symmetry::General {
+        return Ok(vals);
+    }
+    let mut dense = vec![0.0; nrows * ncols];
+    let mut it = vals.into_iter();
+    for j in 0..ncols {
+        let start = if header.symmetry == Symmetry::Symmetric {
+            j
+        } else {
+            j + 1
+        };
+        for i in start..nrows {
+            let v = it.next().expect("counted above");
+            dense[j * nrows + i] = v;
+            dense[i * nrows + j] = if header.symmetry == Symmetry::Skew {
+                -v
+            } else {
+                v
+            };
+        }
     }
     Ok(dense)
 }
@@ -366,13 +490,14 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
     if is_mtx {
         let mut r = open_text(path)?;
         let mut first = String::new();
-        r.read_line(&mut first).map_err(|e| Error::io(path, e))?;
+        let n = r.read_line(&mut first).map_err(|e| Error::io(path, e))?;
         let header = parse_header(path, first.trim())?;
         let mut lines = DataLines {
             inner: r,
             path: path.to_path_buf(),
             lineno: 1,
             buf: String::new(),
+            consumed: n as u64,
         };
         let Some((size_line, size)) = lines.next_line()? else {
             return Err(Error::parse(path, lines.lineno, "missing size line"));
@@ -392,12 +517,18 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
                 if it.next().is_some() {
                     return Err(Error::parse(path, size_line, "size line has extra fields"));
                 }
+                check_array(path, &lines, size_line, nrows, ncols, &header)?;
                 read_array_body(path, &mut lines, nrows, ncols, &header)
             }
             Layout::Coordinate => {
                 drop(lines);
                 let a = read_matrix(path)?;
                 let v = if a.ncols() == 1 { a.transpose() } else { a };
+                crate::io::limits::check_alloc(
+                    path,
+                    &format!("a vector of {} values", v.ncols()),
+                    8 * v.ncols() as u128,
+                )?;
                 let mut out = vec![0.0; v.ncols()];
                 let (c, x) = v.row(0);
                 for (&j, &val) in c.iter().zip(x) {
