@@ -251,7 +251,7 @@ fn rel_diff(x: &[f64], y: &[f64]) -> f64 {
 #[test]
 fn distributed_ranks_match_one_rank() {
     let a = cube(SquareKind::Convdiff, 12).unwrap();
-    for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs] {
+    for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs, Orthog::Dcgs2] {
         for side in [PrecondSide::Left, PrecondSide::Right] {
             let params = GmresParams {
                 orthog,
@@ -548,4 +548,51 @@ fn cli_square_and_solve_gmres() {
     }
     let _ = std::fs::remove_dir_all(&d);
     let _ = Path::new("");
+}
+
+/// DCGS2 (one reduction per inner step) against CGS2 on the bundled square systems and the
+/// generated ones: the same verdict, iterations equal or one apart, and for converged solves the
+/// same solution within what the tolerance allows.
+#[test]
+fn dcgs2_matches_cgs2() {
+    let mut cases: Vec<(String, Csr)> = ["convdiff16", "convdiff24", "poisson16"]
+        .iter()
+        .map(|n| {
+            let f = root().join(format!("datasets/square_gen/{n}.mtx.gz"));
+            (n.to_string(), mtx::read_matrix(&f).unwrap())
+        })
+        .collect();
+    for n in ["west0479", "nnc1374", "bayer10"] {
+        let f = root().join(format!("datasets/square/{n}.mtx.gz"));
+        cases.push((n.to_string(), mtx::read_matrix(&f).unwrap()));
+    }
+    for (name, a) in &cases {
+        for pc in ["none", "jacobi"] {
+            for side in [PrecondSide::Left, PrecondSide::Right] {
+                let p = |orthog| GmresParams {
+                    orthog,
+                    side,
+                    test: ConvergenceTest::Preconditioned,
+                    max_iter: 1000,
+                    max_cycles: None,
+                    ..scipy_params(orthog)
+                };
+                let c = solve_serial(a, pc, &p(Orthog::Cgs2));
+                let d = solve_serial(a, pc, &p(Orthog::Dcgs2));
+                let tag = format!("{name} {pc} {side:?}");
+                assert_eq!(c.info.converged, d.info.converged, "{tag}: verdict");
+                if c.info.converged {
+                    assert!(
+                        c.info.iterations.abs_diff(d.info.iterations) <= 1,
+                        "{tag}: cgs2 {} vs dcgs2 {} iterations",
+                        c.info.iterations,
+                        d.info.iterations
+                    );
+                    let diff = rel_diff(&d.x, &c.x);
+                    assert!(diff <= 1e-6, "{tag}: rel diff {diff:e}");
+                    assert!(d.info.precond_relres <= 1e-10, "{tag}");
+                }
+            }
+        }
+    }
 }
