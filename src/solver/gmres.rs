@@ -495,18 +495,25 @@ where
         let mut est = beta;
         while k < m && its < params.max_iter {
             let j = k;
-            // w = M^-1 A v_j (left) or A M^-1 v_j (right)
-            if left {
-                op.apply(be, 1.0, &v[j], 0.0, t)?;
-                pc.apply(be, t, w)?;
-            } else {
-                pc.apply(be, &v[j], t)?;
-                op.apply(be, 1.0, t, 0.0, w)?;
+            // w = M^-1 A v_j (left) or A M^-1 v_j (right); DCGS2 writes it into v_{j+1}
+            // (orthogonalised and normalised in place), so that one batched pass over
+            // v_0..v_{j+1} gives V^T w and ||w||^2 together.
+            let dc = params.orthog == Orthog::Dcgs2;
+            {
+                let (vl, vr) = v.split_at_mut(j + 1);
+                let dst = if dc { &mut vr[0] } else { &mut *w };
+                if left {
+                    op.apply(be, 1.0, &vl[j], 0.0, t)?;
+                    pc.apply(be, t, dst)?;
+                } else {
+                    pc.apply(be, &vl[j], t)?;
+                    op.apply(be, 1.0, t, 0.0, dst)?;
+                }
             }
             its += 1;
             let (hprev, hcur) = h.split_at_mut(j * ld);
             let col = &mut hcur[..ld];
-            // w is scaled by 1 / (hn * wfac) into v_{j+1}
+            // the new vector is scaled by 1 / (hn * wfac) into v_{j+1}
             let mut wfac = 1.0;
             let hn = match params.orthog {
                 Orthog::Mgs => {
@@ -544,13 +551,12 @@ where
                         .sqrt()
                 }
                 Orthog::Dcgs2 => {
-                    // w = z = Op(p) with p = v_j provisional (once orthogonalised, normalised
-                    // by a Pythagorean norm) for j >= 1; v_0 is final. One reduction of
-                    // [V_0..j^T z, z.z, V_0..j-1^T p, p.p].
+                    // v_{j+1} = z = Op(p) with p = v_j provisional (once orthogonalised,
+                    // normalised by a Pythagorean norm) for j >= 1; v_0 is final. One
+                    // reduction of [V_0..j^T z, z.z, V_0..j-1^T p, p.p].
                     let nr = if j == 0 { 2 } else { 2 * j + 3 };
                     let red = &mut red[..nr];
-                    be.multi_dot(&v[..=j], w, &mut red[..=j])?;
-                    red[j + 1] = be.norm_sq(w)?;
+                    be.multi_dot(&v[..=j + 1], &v[j + 1], &mut red[..=j + 1])?;
                     if j > 0 {
                         be.multi_dot(&v[..=j], &v[j], &mut red[j + 2..])?;
                     }
@@ -609,17 +615,18 @@ where
                     let ww = (zz - 2.0 * (ae + vjz * e[j]) + ee) / (s * s);
                     let eta2 = ww - c.iter().map(|x| x * x).sum::<f64>();
                     col[..=j].copy_from_slice(c);
-                    // w = z - V (e + s c) = s (Op(v_j) - V c)
+                    // v_{j+1} = z - V (e + s c) = s (Op(v_j) - V c)
                     for (ei, ci) in e.iter_mut().zip(c.iter()) {
                         *ei += s * *ci;
                     }
-                    be.multi_axpy(e, &v[..=j], w)?;
+                    let (vl, vr) = v.split_at_mut(j + 1);
+                    be.multi_axpy(e, vl, &mut vr[0])?;
                     wfac = s;
                     let eta = if eta2 > 1e-10 * ww {
                         eta2.sqrt()
                     } else {
                         // cancellation in the Pythagorean norm: one extra reduction
-                        gnorm(be, comm, w)? / s
+                        gnorm(be, comm, &vr[0])? / s
                     };
                     let hc = &mut hraw[j * ld..(j + 1) * ld];
                     hc[..=j].copy_from_slice(c);
@@ -634,7 +641,11 @@ where
                 )));
             }
             if hn > f64::EPSILON * colnorm {
-                be.copy_scaled(1.0 / (hn * wfac), w, &mut v[j + 1])?;
+                if dc {
+                    be.scale(&mut v[j + 1], 1.0 / (hn * wfac))?;
+                } else {
+                    be.copy_scaled(1.0 / hn, w, &mut v[j + 1])?;
+                }
                 col[j + 1] = hn;
             } else {
                 col[j + 1] = 0.0;
