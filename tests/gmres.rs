@@ -596,3 +596,50 @@ fn dcgs2_matches_cgs2() {
         }
     }
 }
+
+/// The point of DCGS2: one reduction per inner step (CGS2: three), plus the residual norms of
+/// each restart and the two norms of b.
+#[test]
+fn dcgs2_reduces_once_per_inner_step() {
+    let a = mtx::read_matrix(&root().join("datasets/square_gen/convdiff16.mtx.gz")).unwrap();
+    let be = CpuBackend::new();
+    let b = vec![1.0; a.nrows()];
+    let count = |orthog| {
+        let serial = SerialComm;
+        let comm = seistomo::comm::TimedComm::new(&serial);
+        let op = DistSquareOperator::serial(a.clone(), &comm).unwrap();
+        let mut pc = Jacobi::new(&be, &op.diagonal()).unwrap();
+        let params = GmresParams {
+            test: ConvergenceTest::Preconditioned,
+            ..scipy_params(orthog)
+        };
+        let sol = gmres(
+            &be,
+            &op,
+            &mut pc,
+            &comm,
+            &b,
+            None,
+            &params,
+            &mut NoGmresMonitor,
+        )
+        .unwrap();
+        assert!(sol.info.converged);
+        let t = comm.totals();
+        (sol.info, t.vector_calls + t.scalar_calls)
+    };
+    let (di, dcalls) = count(Orthog::Dcgs2);
+    let (ci, ccalls) = count(Orthog::Cgs2);
+    let cycles = di.restarts as u64 + 1;
+    eprintln!(
+        "dcgs2: {} its, {cycles} cycles, {dcalls} reductions; cgs2: {} its, {ccalls} reductions",
+        di.iterations, ci.iterations
+    );
+    // b, M^-1 b, and ||r||, ||M^-1 r|| once before the first cycle and after each one
+    let overhead = 2 + 2 * (cycles + 1);
+    assert!(
+        dcalls <= di.iterations as u64 + overhead,
+        "{dcalls} reductions"
+    );
+    assert!(ccalls >= 3 * ci.iterations as u64);
+}
