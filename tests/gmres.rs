@@ -601,7 +601,7 @@ fn dcgs2_matches_cgs2() {
 /// each restart and the two norms of b.
 #[test]
 fn dcgs2_reduces_once_per_inner_step() {
-    let a = mtx::read_matrix(&root().join("datasets/square_gen/convdiff16.mtx.gz")).unwrap();
+    let a = mtx::read_matrix(root().join("datasets/square_gen/convdiff16.mtx.gz")).unwrap();
     let be = CpuBackend::new();
     let b = vec![1.0; a.nrows()];
     let count = |orthog| {

@@ -110,7 +110,8 @@ pub struct GmresArgs {
     /// GMRES preconditioner: none, jacobi, block-ilu0.
     #[arg(long, default_value = "jacobi")]
     precond: super::solve_gmres::PrecondChoice,
-    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice) or cgs (classical once).
+    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice), cgs (classical once) or
+    /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
     #[arg(long, default_value = "mgs")]
     orthog: crate::solver::gmres::Orthog,
     /// GMRES preconditioning side: left or right.
