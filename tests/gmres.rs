@@ -92,7 +92,15 @@ fn matches_scipy_verdict_and_iterations() {
         let mgs = solve_serial(&a, pc, &scipy_params(Orthog::Mgs)).info;
         let cgs = solve_serial(&a, pc, &scipy_params(Orthog::Cgs2)).info;
         let cgs1 = solve_serial(&a, pc, &scipy_params(Orthog::Cgs)).info;
+        let dcgs2 = solve_serial(&a, pc, &scipy_params(Orthog::Dcgs2)).info;
         assert_eq!(cgs1.converged, want_conv, "{name} {pc}: verdict (cgs)");
+        assert_eq!(dcgs2.converged, want_conv, "{name} {pc}: verdict (dcgs2)");
+        assert!(
+            within_2pct(dcgs2.iterations, want_its),
+            "{name} {pc}: dcgs2 {} iterations, scipy {want_its}",
+            dcgs2.iterations
+        );
+        assert!(!want_conv || dcgs2.relres <= 1e-10, "{name}: {dcgs2:?}");
         assert!(
             within_2pct(cgs1.iterations, mgs.iterations),
             "{name} {pc}: cgs {} vs mgs {}",
