@@ -20,6 +20,8 @@
 #             4x larger synthetic dataset (nvidia-h200-x2)                  -> performance.md
 #   gmres2    GMRES on 1 and 2 GPUs, host/NCCL halo, nnz/METIS partitions (nvidia-h200-x2)
 #                                                                                 -> gmres.md
+#   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
+#             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 # The one-off scripts of earlier sessions (scripts/device_*.sh) map onto these parts:
 # device_gpu/device_reorder/device_compact -> lsqr, layouts; device_followup -> gmres, orders;
 # device_gmres -> gmres, lsqr; device_check/device_multigpu -> multigpu; device_gmres_2gpu -> gmres2.
@@ -108,10 +110,19 @@ if has gmres; then
   "$BIN/seistomo" export $M --format npy -o /tmp/cd128 2>> "$OUT/log.txt"
   ( cd /tmp && timeout 100 python3 "$PEERS/cupy_gmres.py" /tmp/cd128 16 1e-10 ) > "$OUT/cupy_gmres.json" 2>> "$OUT/log.txt"
   G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi --backend cuda"
-  for o in ${ORTHOGS:-cgs cgs2 mgs}; do
-    timeout 60 "$BIN/seistomo" $G --orthog $o --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
+  for o in ${ORTHOGS:-cgs dcgs2 cgs2 mgs}; do
+    timeout 60 "$BIN/seistomo" $G --orthog $o --solution /tmp/x_$o.txt --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
   done
   timeout 60 "$BIN/seistomo" $G --orthog cgs --precision f32 --report "$OUT/gm_cgs_f32.json" 2>> "$OUT/log.txt"
+  timeout 60 "$BIN/seistomo" $G --orthog dcgs2 --precision f32 --report "$OUT/gm_dcgs2_f32.json" 2>> "$OUT/log.txt"
+  python3 - > "$OUT/gmres_xdiff.txt" 2>&1 <<'PY'
+import numpy as np, os
+ref = np.loadtxt("/tmp/x_cgs2.txt")
+for t in ("cgs", "dcgs2", "mgs"):
+    if os.path.exists(f"/tmp/x_{t}.txt"):
+        x = np.loadtxt(f"/tmp/x_{t}.txt")
+        print(f"x_{t} vs GPU cgs2: rel diff {np.linalg.norm(x - ref) / np.linalg.norm(ref):.2e}")
+PY
   timeout 60 "$BIN/seistomo" solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond block-ilu0 \
     --ilu-sweeps 3 --orthog cgs2 --backend cuda --report "$OUT/gm_ilu3_cgs2.json" 2>> "$OUT/log.txt"
   rm -rf /tmp/cd128
@@ -150,6 +161,21 @@ if has gmres2; then
   done
 fi
 
+if has weak; then
+  nccl_path
+  P=${GPUS:-2}; N=${WEAK_N:-128}
+  for p in 1 $P; do
+    M=/tmp/cd_weak$p.mtx
+    "$BIN/seistomo" square --kind convdiff --nx $N --ny $N --nz $((N * p)) -o $M 2>> "$OUT/log.txt"
+    for o in cgs dcgs2; do
+      timeout 240 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np $p \
+        "$BIN/seistomo" solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi \
+        --backend cuda --partition contiguous --orthog $o --report "$OUT/gw${p}_$o.json" 2>> "$OUT/log.txt"
+    done
+    rm -f $M
+  done
+fi
+
 # One summary: tests, tables, peers.
 cat "$S"
 for f in "$OUT"/bench_australia.txt "$OUT"/bench_large.txt "$OUT"/layouts.txt "$OUT"/orders.txt; do
@@ -157,6 +183,7 @@ for f in "$OUT"/bench_australia.txt "$OUT"/bench_large.txt "$OUT"/layouts.txt "$
 done
 for f in "$OUT"/cupy_*.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; grep -E "ms|GBps" "$f" | head -12; }; done
 [ -f "$OUT/cupy_gmres.json" ] && { echo "## cupy_gmres"; cat "$OUT/cupy_gmres.json"; }
-gmres_table "$OUT"/gm_*.json "$OUT"/g1_*.json "$OUT"/g2_*.json
+gmres_table "$OUT"/gm_*.json "$OUT"/g1_*.json "$OUT"/g2_*.json "$OUT"/gw*_*.json
+[ -f "$OUT/gmres_xdiff.txt" ] && cat "$OUT/gmres_xdiff.txt"
 lsqr_table "$OUT"/lsqr_x*.json
 grep -E "escape|layout" "$OUT/log.txt" 2>/dev/null | sort | uniq | head -8

@@ -245,7 +245,7 @@ fn gmres_on_the_gpu_matches_the_cpu() {
     for (name, a) in systems() {
         let part = RowPartition::contiguous(a.nrows(), 1);
         for pc in ["none", "jacobi", "block-ilu0"] {
-            for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs] {
+            for orthog in [Orthog::Mgs, Orthog::Cgs2, Orthog::Cgs, Orthog::Dcgs2] {
                 for side in [PrecondSide::Left, PrecondSide::Right] {
                     let p = params(orthog, side);
                     let c = solve_cpu(&a, pc, &p);
@@ -289,8 +289,12 @@ fn gmres_on_several_gpu_ranks_matches_one() {
     let Some(be) = gpu() else { return };
     drop(be);
     let a = cube(SquareKind::Convdiff, 16).unwrap();
-    for pc in ["jacobi", "block-ilu0"] {
-        let p = params(Orthog::Cgs2, PrecondSide::Left);
+    for (pc, orthog) in [
+        ("jacobi", Orthog::Cgs2),
+        ("block-ilu0", Orthog::Cgs2),
+        ("jacobi", Orthog::Dcgs2),
+    ] {
+        let p = params(orthog, PrecondSide::Left);
         let one = {
             let be = CudaBackend::new(0).unwrap();
             solve_gpu(

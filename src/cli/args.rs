@@ -122,7 +122,7 @@ pub(crate) mod pick {
         choice(&["none", "jacobi", "block-ilu0"], &["ilu0", "bjacobi-ilu0"])
     }
     pub fn orthog() -> impl TypedValueParser<Value = crate::solver::gmres::Orthog> {
-        choice(&["mgs", "cgs2", "cgs"], &[])
+        choice(&["mgs", "cgs2", "cgs", "dcgs2"], &[])
     }
     pub fn side() -> impl TypedValueParser<Value = crate::solver::gmres::PrecondSide> {
         choice(&["left", "right"], &[])

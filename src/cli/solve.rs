@@ -117,7 +117,8 @@ pub struct GmresArgs {
     /// diagonal block).
     #[arg(long, default_value = "jacobi", value_parser = super::args::pick::precond())]
     precond: super::solve_gmres::PrecondChoice,
-    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice) or cgs (classical once).
+    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice), cgs (classical once) or
+    /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
     #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
     orthog: crate::solver::gmres::Orthog,
     /// GMRES preconditioning side.

@@ -38,6 +38,12 @@ pub enum Orthog {
     /// batched pass of inner products and the update fused with the norm. Cheapest, but the
     /// basis loses orthogonality sooner on ill-conditioned systems.
     Cgs,
+    /// CGS2 with delayed reorthogonalisation and lagged normalisation (DCGS2, Swirydowicz et
+    /// al. 2020, Bielich et al. 2022): ONE reduction per inner step. Step j sends A M^-1 (or
+    /// M^-1 A) of the provisional v_j and reduces, in one [`Comm::allreduce_sum`], the first
+    /// CGS pass of the new vector together with the second (re-orthogonalising) pass and the
+    /// norm of v_j; v_j and column j-1 of the Hessenberg matrix are corrected afterwards.
+    Dcgs2,
 }
 
 /// Which side the preconditioner is applied on.
@@ -76,7 +82,7 @@ macro_rules! impl_from_str {
         }
     };
 }
-impl_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs);
+impl_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs, "dcgs2" => Orthog::Dcgs2);
 impl_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
 impl_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
 
@@ -212,6 +218,12 @@ pub struct GmresWorkspace<B: Backend> {
     y: Vec<f64>,
     /// 2 (m+1) coefficients.
     coef: Vec<f64>,
+    /// DCGS2: the Hessenberg matrix before the rotations (column j-1 is corrected at step j).
+    hraw: Vec<f64>,
+    /// DCGS2: g[j] before rotation j (rotation j is redone at step j+1).
+    gsave: Vec<f64>,
+    /// DCGS2: the 2 (m+1) + 1 numbers of a step's single reduction.
+    red: Vec<f64>,
 }
 
 impl<B: Backend> GmresWorkspace<B> {
@@ -233,6 +245,9 @@ impl<B: Backend> GmresWorkspace<B> {
             y: vec![0.0; m],
             // two columns of coefficients: CGS2's two passes
             coef: vec![0.0; 2 * (m + 1)],
+            hraw: vec![0.0; (m + 1) * m],
+            gsave: vec![0.0; m + 1],
+            red: vec![0.0; 2 * (m + 1) + 1],
         })
     }
 }
@@ -255,6 +270,23 @@ fn givens(a: f64, b: f64) -> (f64, f64) {
         let c = 1.0 / (1.0 + t * t).sqrt();
         (c, c * t)
     }
+}
+
+/// Apply rotations 0..j to column `col` (entries 0..=j+1), compute rotation j from it and
+/// apply it to g[j], g[j+1].
+fn rotate_column(col: &mut [f64], cs: &mut [f64], sn: &mut [f64], g: &mut [f64], j: usize) {
+    for i in 0..j {
+        let (a, bb) = (col[i], col[i + 1]);
+        col[i] = cs[i] * a + sn[i] * bb;
+        col[i + 1] = -sn[i] * a + cs[i] * bb;
+    }
+    let (c, s) = givens(col[j], col[j + 1]);
+    cs[j] = c;
+    sn[j] = s;
+    col[j] = c * col[j] + s * col[j + 1];
+    col[j + 1] = 0.0;
+    g[j + 1] = -s * g[j];
+    g[j] *= c;
 }
 
 /// Solve the leading k x k upper-triangular part of H y = g; trailing zero diagonals (from a
@@ -333,6 +365,9 @@ where
         g,
         y,
         coef,
+        hraw,
+        gsave,
+        red,
         ..
     } = ws;
 
@@ -460,16 +495,26 @@ where
         let mut est = beta;
         while k < m && its < params.max_iter {
             let j = k;
-            // w = M^-1 A v_j (left) or A M^-1 v_j (right)
-            if left {
-                op.apply(be, 1.0, &v[j], 0.0, t)?;
-                pc.apply(be, t, w)?;
-            } else {
-                pc.apply(be, &v[j], t)?;
-                op.apply(be, 1.0, t, 0.0, w)?;
+            // w = M^-1 A v_j (left) or A M^-1 v_j (right); DCGS2 writes it into v_{j+1}
+            // (orthogonalised and normalised in place), so that one batched pass over
+            // v_0..v_{j+1} gives V^T w and ||w||^2 together.
+            let dc = params.orthog == Orthog::Dcgs2;
+            {
+                let (vl, vr) = v.split_at_mut(j + 1);
+                let dst = if dc { &mut vr[0] } else { &mut *w };
+                if left {
+                    op.apply(be, 1.0, &vl[j], 0.0, t)?;
+                    pc.apply(be, t, dst)?;
+                } else {
+                    pc.apply(be, &vl[j], t)?;
+                    op.apply(be, 1.0, t, 0.0, dst)?;
+                }
             }
             its += 1;
-            let col = &mut h[j * ld..(j + 1) * ld];
+            let (hprev, hcur) = h.split_at_mut(j * ld);
+            let col = &mut hcur[..ld];
+            // the new vector is scaled by 1 / (hn * wfac) into v_{j+1}
+            let mut wfac = 1.0;
             let hn = match params.orthog {
                 Orthog::Mgs => {
                     for i in 0..=j {
@@ -505,6 +550,89 @@ where
                         .max(0.0)
                         .sqrt()
                 }
+                Orthog::Dcgs2 => {
+                    // v_{j+1} = z = Op(p) with p = v_j provisional (once orthogonalised,
+                    // normalised by a Pythagorean norm) for j >= 1; v_0 is final. One
+                    // reduction of [V_0..j^T z, z.z, V_0..j-1^T p, p.p].
+                    let nr = if j == 0 { 2 } else { 2 * j + 3 };
+                    let red = &mut red[..nr];
+                    be.multi_dot(&v[..=j + 1], &v[j + 1], &mut red[..=j + 1])?;
+                    if j > 0 {
+                        be.multi_dot(&v[..=j], &v[j], &mut red[j + 2..])?;
+                    }
+                    comm.allreduce_sum(red)?;
+                    let (a, rest) = red.split_at(j + 1);
+                    let zz = rest[0];
+                    let d = if j > 0 { &rest[1..=j] } else { &rest[..0] };
+                    let mut s = 1.0;
+                    if j > 0 {
+                        // Re-orthogonalise and normalise v_j: v_j = (p - V d) / s.
+                        let pp = rest[j + 1];
+                        let s2 = pp - d.iter().map(|x| x * x).sum::<f64>();
+                        let (vl, vr) = v.split_at_mut(j);
+                        be.multi_axpy(d, vl, &mut vr[0])?;
+                        s = if s2 >= 0.25 * pp && s2 > 0.0 {
+                            s2.sqrt()
+                        } else {
+                            // p was mostly inside span(V): the Pythagorean norm cancelled;
+                            // one extra reduction (near breakdown only).
+                            gnorm(be, comm, &vr[0])?
+                        };
+                        if !(s.is_finite() && s > 0.0) {
+                            return Err(Error::Invalid(format!(
+                                "GMRES: Arnoldi vector became non-finite or zero at iteration {its} (operator or preconditioner produces NaN/Inf)"
+                            )));
+                        }
+                        be.scale(&mut vr[0], 1.0 / s)?;
+                        // Column j-1: Op(v_{j-1}) = V c + eta p = V (c + eta d) + eta s v_j.
+                        let hc = &mut hraw[(j - 1) * ld..j * ld];
+                        let eta = hc[j];
+                        for i in 0..j {
+                            hc[i] += eta * d[i];
+                        }
+                        hc[j] = eta * s;
+                        let pcol = &mut hprev[(j - 1) * ld..j * ld];
+                        pcol[..=j].copy_from_slice(&hc[..=j]);
+                        g[j - 1] = gsave[j - 1];
+                        rotate_column(pcol, cs, sn, g, j - 1);
+                    }
+                    // Op(v_j) = (z - Op(V d)) / s = (z - V e) / s with e = H[0..=j, 0..j] d.
+                    let (e, c) = coef.split_at_mut(ld);
+                    let (e, c) = (&mut e[..=j], &mut c[..=j]);
+                    for (i, ei) in e.iter_mut().enumerate() {
+                        *ei = (i.saturating_sub(1)..j)
+                            .map(|k| hraw[k * ld + i] * d[k])
+                            .sum();
+                    }
+                    let ad: f64 = a[..j].iter().zip(d).map(|(x, y)| x * y).sum();
+                    let vjz = (a[j] - ad) / s;
+                    for i in 0..j {
+                        c[i] = (a[i] - e[i]) / s;
+                    }
+                    c[j] = (vjz - e[j]) / s;
+                    let ae: f64 = a[..j].iter().zip(&e[..j]).map(|(x, y)| x * y).sum();
+                    let ee: f64 = e.iter().map(|x| x * x).sum();
+                    let ww = (zz - 2.0 * (ae + vjz * e[j]) + ee) / (s * s);
+                    let eta2 = ww - c.iter().map(|x| x * x).sum::<f64>();
+                    col[..=j].copy_from_slice(c);
+                    // v_{j+1} = z - V (e + s c) = s (Op(v_j) - V c)
+                    for (ei, ci) in e.iter_mut().zip(c.iter()) {
+                        *ei += s * *ci;
+                    }
+                    let (vl, vr) = v.split_at_mut(j + 1);
+                    be.multi_axpy(e, vl, &mut vr[0])?;
+                    wfac = s;
+                    let eta = if eta2 > 1e-10 * ww {
+                        eta2.sqrt()
+                    } else {
+                        // cancellation in the Pythagorean norm: one extra reduction
+                        gnorm(be, comm, &vr[0])? / s
+                    };
+                    let hc = &mut hraw[j * ld..(j + 1) * ld];
+                    hc[..=j].copy_from_slice(c);
+                    hc[j + 1] = eta;
+                    eta
+                }
             };
             let colnorm = (col[..=j].iter().map(|a| a * a).sum::<f64>() + hn * hn).sqrt();
             if !hn.is_finite() || !colnorm.is_finite() {
@@ -513,24 +641,19 @@ where
                 )));
             }
             if hn > f64::EPSILON * colnorm {
-                be.copy_scaled(1.0 / hn, w, &mut v[j + 1])?;
+                if dc {
+                    be.scale(&mut v[j + 1], 1.0 / (hn * wfac))?;
+                } else {
+                    be.copy_scaled(1.0 / hn, w, &mut v[j + 1])?;
+                }
                 col[j + 1] = hn;
             } else {
                 col[j + 1] = 0.0;
+                hraw[j * ld + j + 1] = 0.0;
                 breakdown = true;
             }
-            for i in 0..j {
-                let (a, bb) = (col[i], col[i + 1]);
-                col[i] = cs[i] * a + sn[i] * bb;
-                col[i + 1] = -sn[i] * a + cs[i] * bb;
-            }
-            let (c, s) = givens(col[j], col[j + 1]);
-            cs[j] = c;
-            sn[j] = s;
-            col[j] = c * col[j] + s * col[j + 1];
-            col[j + 1] = 0.0;
-            g[j + 1] = -s * g[j];
-            g[j] *= c;
+            gsave[j] = g[j];
+            rotate_column(col, cs, sn, g, j);
             est = g[j + 1].abs();
             k = j + 1;
             monitor.record(&GmresRecord {
