@@ -29,7 +29,7 @@ set -u
 BIN=$(cd "${1:?BIN_DIR}" && pwd); OUT=${2:?OUT}; PARTS=${3:-lsqr,gmres}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 PEERS=$PWD/bench/peers
-export PYTHONUNBUFFERED=1 SEISTOMO_ROOT=$PWD NCCL_NVLS_ENABLE=0
+export PYTHONUNBUFFERED=1 SEISTOMO_ROOT=$PWD SEISTOMO_BIN=$BIN/seistomo NCCL_NVLS_ENABLE=0
 S=$OUT/summary.txt
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; date -u
   echo "binary: $("$BIN/seistomo" --version 2>/dev/null)"; } > "$S"

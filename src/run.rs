@@ -419,10 +419,11 @@ fn solve_on<B: Backend, O: Operator<B>>(
     Ok((sol, mon.history))
 }
 
-/// The storage a run uses. Compact builds its own explicit transpose (no cuSPARSE, no atomic
-/// scatter), so `auto` is CSR where the transpose is asked for as `library` or `scatter`. On the
-/// GPU `auto` is compact for systems of >= 1M stored nonzeros on one rank (measured faster there,
-/// docs/gpu.md) and CSR for small, latency-bound ones and under MPI.
+/// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
+/// one rank (measured faster there, docs/gpu.md) and CSR for small, latency-bound ones and under
+/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured 5-10 % slower than CSR on
+/// australia (docs/performance.md). `auto` with `transpose = "library"` or `"scatter"` is CSR
+/// (compact builds its own explicit transpose).
 pub fn resolve_storage(
     kind: BackendChoice,
     storage: crate::storage::Storage,
@@ -434,6 +435,9 @@ pub fn resolve_storage(
         (BackendChoice::Cuda, crate::storage::Storage::Auto)
             if ranks > 1 || nnz < GPU_COMPACT_MIN_NNZ =>
         {
+            crate::storage::Storage::Csr
+        }
+        (BackendChoice::Cpu | BackendChoice::Auto, crate::storage::Storage::Auto) => {
             crate::storage::Storage::Csr
         }
         (_, s) => s.resolve(matches!(

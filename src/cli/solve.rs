@@ -73,8 +73,8 @@ pub struct SolveArgs {
     /// cells when the unknowns are a grid). The solution comes back in the original order.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::reorder())]
     reorder: crate::reorder::Reorder,
-    /// Matrix storage: auto (compact where possible), csr, or compact (16-bit column deltas;
-    /// damping rows generated from a grid applied as stencils).
+    /// Matrix storage: auto (compact on the GPU from 1M nonzeros on one rank, else csr), csr, or
+    /// compact (16-bit column deltas; damping rows generated from a grid applied as stencils).
     #[arg(long, default_value = "auto", value_parser = super::args::pick::storage())]
     storage: crate::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
