@@ -26,7 +26,7 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A small synthetic dataset (grid 8 x 8 x 4, 400 rays) and an invert config writing to `out`
+/// A small synthetic dataset (grid 8 x 8 x 4, 400 rays, format version 1) and an invert config writing to `out`
 /// with a checkpoint every `every` iterations.
 fn setup_every(d: &Path, out: &Path, every: usize) -> PathBuf {
     let ds = d.join("ds");
@@ -40,6 +40,10 @@ fn setup_every(d: &Path, out: &Path, every: usize) -> PathBuf {
             "400",
             "--smoothing",
             "0.1,0.1,0.1",
+            // version 1 (no checksums): the tests below patch header fields and expect the
+            // field checks, not the checksum, to refuse them
+            "--format-version",
+            "1",
             "--out",
         ])
         .arg(&ds);

@@ -59,15 +59,6 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     if !matches!(a.format.as_str(), "mtx" | "npy" | "petsc") {
         anyhow::bail!("--format '{}': expected mtx, npy or petsc", a.format);
     }
-    // Like synth and import: never write into a directory that holds something already.
-    let occupied = std::fs::read_dir(&a.out).is_ok_and(|mut d| d.next().is_some());
-    if occupied || a.out.is_file() {
-        return Err(crate::Error::format(
-            crate::io::tidy(&a.out),
-            "exists and is not empty (remove it or choose another output directory)",
-        )
-        .into());
-    }
     let name = a.dataset.to_string_lossy();
     let is_mtx = name.ends_with(".mtx") || name.ends_with(".mtx.gz");
     let is_config = name.ends_with(".toml") && !name.ends_with("dataset.toml");
@@ -110,6 +101,18 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         .output_dir("-o", &a.out);
     for f in files {
         paths.output("-o", &a.out.join(f));
+    }
+    // Inputs first (a clash is the clearer error), then: like synth and import, never write
+    // into a directory that holds something already.
+    paths.check()?;
+    // Like synth and import: never write into a directory that holds something already.
+    let occupied = std::fs::read_dir(&a.out).is_ok_and(|mut d| d.next().is_some());
+    if occupied || a.out.is_file() {
+        return Err(crate::Error::format(
+            crate::io::tidy(&a.out),
+            "exists and is not empty (remove it or choose another output directory)",
+        )
+        .into());
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sys = if is_mtx {

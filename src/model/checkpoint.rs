@@ -459,14 +459,12 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
             ))
         },
     )?;
-    if ck.resume && comm.is_root() {
-        match &resume_from {
-            Some(l) => eprintln!("resumed from the checkpoint at iteration {}", l.scalars.itn),
-            None => eprintln!(
-                "no checkpoint at {}: starting from the beginning",
-                ck.path.display()
-            ),
-        }
+    // (a resume is announced below, once, before the solve goes on)
+    if ck.resume && comm.is_root() && resume_from.is_none() {
+        eprintln!(
+            "no checkpoint at {}: starting from the beginning",
+            crate::io::tidy(&ck.path).display()
+        );
     }
     let (mut s, mut vecs, prefix, resumed_from) = match resume_from {
         Some(l) => {
