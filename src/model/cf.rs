@@ -105,35 +105,40 @@ impl Cf<'_> {
         const VALUE: &[u8] = b"DIMENSION_SCALE\0";
         let name = CString::new("CLASS").expect("no NUL in a literal");
         let fail = || Error::format(self.path, "HDF5: cannot write a dimension scale's CLASS");
-        // SAFETY: plain HDF5 C calls on a valid, open dataset id; every id created here is
-        // closed on every path, and the buffer holds exactly the type's 16 bytes. Model files
-        // are written by one thread at a time.
-        unsafe {
-            let tid = h5t::H5Tcopy(*h5t::H5T_C_S1);
-            if tid < 0 {
-                return Err(fail());
+        // HDF5 is built without thread safety: raw calls take the crate's global lock, as its
+        // own calls do (two threads writing models at once crashed without it).
+        let ok = ::hdf5::sync::sync(|| {
+            // SAFETY: plain HDF5 C calls on a valid, open dataset id; every id created here is
+            // closed on every path, and the buffer holds exactly the type's 16 bytes.
+            unsafe {
+                let tid = h5t::H5Tcopy(*h5t::H5T_C_S1);
+                if tid < 0 {
+                    return false;
+                }
+                let sid = h5s::H5Screate(h5s::H5S_class_t::H5S_SCALAR);
+                let ok = sid >= 0
+                    && h5t::H5Tset_size(tid, VALUE.len()) >= 0
+                    && h5t::H5Tset_strpad(tid, h5t::H5T_str_t::H5T_STR_NULLTERM) >= 0;
+                let mut aid = -1;
+                if ok {
+                    aid =
+                        h5a::H5Acreate2(ds.id(), name.as_ptr(), tid, sid, H5P_DEFAULT, H5P_DEFAULT);
+                }
+                let written = aid >= 0 && h5a::H5Awrite(aid, tid, VALUE.as_ptr().cast()) >= 0;
+                if aid >= 0 {
+                    h5a::H5Aclose(aid);
+                }
+                if sid >= 0 {
+                    h5s::H5Sclose(sid);
+                }
+                h5t::H5Tclose(tid);
+                written
             }
-            let sid = h5s::H5Screate(h5s::H5S_class_t::H5S_SCALAR);
-            let ok = sid >= 0
-                && h5t::H5Tset_size(tid, VALUE.len()) >= 0
-                && h5t::H5Tset_strpad(tid, h5t::H5T_str_t::H5T_STR_NULLTERM) >= 0;
-            let mut aid = -1;
-            if ok {
-                aid = h5a::H5Acreate2(ds.id(), name.as_ptr(), tid, sid, H5P_DEFAULT, H5P_DEFAULT);
-            }
-            let written = aid >= 0 && h5a::H5Awrite(aid, tid, VALUE.as_ptr().cast()) >= 0;
-            if aid >= 0 {
-                h5a::H5Aclose(aid);
-            }
-            if sid >= 0 {
-                h5s::H5Sclose(sid);
-            }
-            h5t::H5Tclose(tid);
-            if written {
-                Ok(())
-            } else {
-                Err(fail())
-            }
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(fail())
         }
     }
 
