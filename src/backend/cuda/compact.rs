@@ -2,11 +2,9 @@
 //! their explicit transpose in the same form, grid damping rows as stencils, and the fused
 //! products the device-resident LSQR loop (lsqr_loop.rs) runs.
 
-use std::sync::Mutex;
-
 use cudarc::driver::CudaSlice;
 
-use super::lsqr_loop::{DeviceLoop, FusedLsqr};
+use super::lsqr_loop::{FusedLsqr, LoopSlot};
 use super::operator::{up, DevValues, MemoryPlan};
 use super::tiled::DevTiled;
 use super::{arg, CudaBackend};
@@ -369,8 +367,7 @@ pub struct CudaCompactOperator {
     ncols: usize,
     nnz: usize,
     plan: MemoryPlan,
-    device_loop: Mutex<Option<DeviceLoop>>,
-    use_device_loop: std::sync::atomic::AtomicBool,
+    device_loop: LoopSlot,
 }
 
 impl CudaCompactOperator {
@@ -481,8 +478,7 @@ impl CudaCompactOperator {
             layout,
             stencil,
             plan,
-            device_loop: Mutex::new(None),
-            use_device_loop: std::sync::atomic::AtomicBool::new(false),
+            device_loop: LoopSlot::default(),
         })
     }
 
@@ -556,8 +552,7 @@ impl CudaCompactOperator {
     }
     /// Use the device-resident LSQR loop (off by default: `[backend] lsqr_loop`).
     pub fn set_device_loop(&self, on: bool) {
-        self.use_device_loop
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.device_loop.set(on);
     }
 
     fn check(&self, what: &str, x: usize, want_x: usize, y: usize, want_y: usize) -> Result<()> {
@@ -673,10 +668,7 @@ impl Operator<CudaBackend> for CudaCompactOperator {
             .map(|_| ())
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
-        if self
-            .use_device_loop
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.device_loop.is_on() {
             Some(self)
         } else {
             None
@@ -736,7 +728,7 @@ impl LsqrDevice<CudaBackend> for CudaCompactOperator {
         boundary: usize,
         on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
     ) -> Result<()> {
-        let mut guard = self.device_loop.lock().unwrap_or_else(|e| e.into_inner());
-        DeviceLoop::run(&mut guard, be, self, params, s, v, boundary, on_block)
+        self.device_loop
+            .run(be, self, params, s, v, boundary, on_block)
     }
 }

@@ -168,6 +168,38 @@ pub(crate) trait FusedLsqr {
     ) -> Result<u32>;
 }
 
+/// A GPU operator's device-loop switch (`[backend] lsqr_loop`) and its captured loop, shared by
+/// the CSR and compact operators.
+#[derive(Default)]
+pub(crate) struct LoopSlot {
+    on: std::sync::atomic::AtomicBool,
+    lp: std::sync::Mutex<Option<DeviceLoop>>,
+}
+
+impl LoopSlot {
+    pub fn set(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn is_on(&self) -> bool {
+        self.on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// [`DeviceLoop::run`] on this operator's loop (captured on first use).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        params: &LsqrParams,
+        s: &mut LsqrScalars,
+        v: &mut LsqrVectors<CudaSlice<f64>>,
+        boundary: usize,
+        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
+    ) -> Result<()> {
+        let mut guard = self.lp.lock().unwrap_or_else(|e| e.into_inner());
+        DeviceLoop::run(&mut guard, be, op, params, s, v, boundary, on_block)
+    }
+}
+
 /// The device buffers and the captured graph of one operator's loop.
 pub(crate) struct DeviceLoop {
     state: CudaSlice<DevState>,

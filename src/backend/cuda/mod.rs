@@ -525,30 +525,10 @@ impl CudaBackend {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        if grid == 0 {
-            return Ok(());
-        }
-        self.ctx
-            .bind_to_thread()
-            .map_err(cuda_err("binding the context"))?;
-        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
-        // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
-        // values of the matching types that outlive this call; buffer lengths are checked by
-        // the wrapper before the launch.
-        unsafe {
-            dres::launch_kernel(
-                f.cu_function(),
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                args,
-            )
-        }
-        .map_err(cuda_err("kernel launch"))
+        self.launch_smem(f, grid, block, 0, args)
     }
 
-    /// [`CudaBackend::launch`] with `smem` bytes of dynamic shared memory.
+    /// Launch `f` with `smem` bytes of dynamic shared memory (0 for the kernels without).
     pub(crate) fn launch_smem(
         &self,
         f: &CudaFunction,
@@ -563,8 +543,11 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the context"))?;
-        // SAFETY: as in `launch`; the kernels launched here declare `extern __shared__` arrays
-        // of at most `smem` bytes, which the caller sizes.
+        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
+        // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
+        // values of the matching types that outlive this call; buffer lengths are checked by
+        // the wrapper before the launch. Kernels with `extern __shared__` arrays use at most
+        // `smem` bytes, which the caller sizes.
         unsafe {
             dres::launch_kernel(
                 f.cu_function(),

@@ -3,7 +3,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::cusparse::CuSparse;
-use super::lsqr_loop::{DeviceLoop, FusedLsqr};
+use super::lsqr_loop::{FusedLsqr, LoopSlot};
 use super::{arg, CudaBackend};
 use crate::backend::lsqr::{LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Operator, Precision, TransposeStrategy};
@@ -386,8 +386,7 @@ pub struct CudaCsrOperator {
     a: DevCsr,
     t: Transpose,
     plan: MemoryPlan,
-    device_loop: std::sync::Mutex<Option<DeviceLoop>>,
-    use_device_loop: std::sync::atomic::AtomicBool,
+    device_loop: LoopSlot,
 }
 
 impl CudaCsrOperator {
@@ -436,8 +435,7 @@ impl CudaCsrOperator {
             a: dev,
             t,
             plan,
-            device_loop: std::sync::Mutex::new(None),
-            use_device_loop: std::sync::atomic::AtomicBool::new(false),
+            device_loop: LoopSlot::default(),
         })
     }
 
@@ -447,8 +445,7 @@ impl CudaCsrOperator {
     /// Use the device-resident LSQR loop (off by default: `[backend] lsqr_loop`; only the
     /// explicit transpose has one, the host loop runs otherwise).
     pub fn set_device_loop(&self, on: bool) {
-        self.use_device_loop
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.device_loop.set(on);
     }
     pub fn precision(&self) -> Precision {
         self.plan.precision
@@ -527,9 +524,7 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         }
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
-        let on = self
-            .use_device_loop
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let on = self.device_loop.is_on();
         match &self.t {
             Transpose::Csc(_) if on => Some(self),
             _ => None,
@@ -590,8 +585,8 @@ impl LsqrDevice<CudaBackend> for CudaCsrOperator {
         boundary: usize,
         on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
     ) -> Result<()> {
-        let mut guard = self.device_loop.lock().unwrap_or_else(|e| e.into_inner());
-        DeviceLoop::run(&mut guard, be, self, params, s, v, boundary, on_block)
+        self.device_loop
+            .run(be, self, params, s, v, boundary, on_block)
     }
 }
 
