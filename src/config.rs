@@ -339,7 +339,7 @@ impl RunConfig {
         };
 
         let reorder = match s.reorder.as_deref() {
-            None => crate::reorder::Reorder::Auto,
+            None => crate::grid::reorder::Reorder::Auto,
             Some(r) => r
                 .parse()
                 .map_err(|e: String| bad(format!("[solver] reorder: {e}")))?,

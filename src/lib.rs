@@ -21,14 +21,11 @@ pub mod io;
 pub mod model;
 pub mod partition;
 pub mod progress;
-pub mod reorder;
 pub mod run;
 pub mod solver;
 pub mod sparse;
-pub mod squaregen;
 pub mod storage;
-pub mod synth;
-pub mod testing;
+pub mod testproblems;
 
 pub use error::{Error, Result};
 

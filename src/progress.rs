@@ -170,6 +170,15 @@ pub fn eta_from_trend(
     Some(Duration::from_secs_f64(need * secs_per_iter))
 }
 
+/// Progress of `len` units of work on stderr (src/progress.rs: a bar on a terminal, a line
+/// every 10 s otherwise, nothing with --quiet, on ranks other than 0 or when `show` is false).
+pub fn bar(len: u64, what: &str, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    counted(len, what)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

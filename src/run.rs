@@ -77,7 +77,7 @@ pub struct SolveOptions {
     /// GPU runs on several ranks: how A^T u is summed over ranks.
     pub allreduce: crate::backend::AllreducePath,
     /// Row/column reordering for locality (src/reorder.rs).
-    pub reorder: crate::reorder::Reorder,
+    pub reorder: crate::grid::reorder::Reorder,
     /// Matrix storage: CSR, or compact (16-bit column deltas, grid damping rows as stencils;
     /// src/storage.rs).
     pub storage: crate::storage::Storage,

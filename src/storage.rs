@@ -12,8 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::grid::reorder::{Ordering, Reorder};
 use crate::grid::{Stencil, StencilOp};
-use crate::reorder::{Ordering, Reorder};
 use crate::sparse::{CompactCsr, Csr, Precision};
 
 /// Matrix storage of a solve.
@@ -187,7 +187,7 @@ mod tests {
             first: [0.5; 3],
             second: [0.0; 3],
         };
-        let k = crate::testing::awkward_csr(50, st.ncells(), 7);
+        let k = crate::testproblems::awkward_csr(50, st.ncells(), 7);
         let a = k.vstack_scaled(&st.to_csr(), 1.0).unwrap();
         let b: Vec<f64> = (0..a.nrows()).map(|i| i as f64).collect();
         let p = prepare(

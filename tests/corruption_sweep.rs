@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use seistomo::grid::synthetic as synth;
+use seistomo::grid::Grid;
 use seistomo::io::binfmt::Precision;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
 use seistomo::io::manifest::Layout;
 use seistomo::io::rowio::IoChoice;
-use seistomo::model::Grid;
 use seistomo::sparse::{mtx, Csr};
-use seistomo::synth;
 
 /// How one case ended (the strings are shown in failure reports).
 #[derive(Debug)]
@@ -99,7 +99,7 @@ fn tiny(dir: &Path, layout: Layout, prec: Precision, version: u32) -> PathBuf {
     let m = synth::checkerboard(&g, [2, 2, 1], 0.1);
     let b = synth::travel_times(&k, &m, 0.001, 3);
     let w: Vec<f64> = (0..k.nrows()).map(|i| 1.0 + (i % 3) as f64).collect();
-    let reg = synth::regularisation(&g, 0.1, [0.5, 0.0, 0.0], [0.0; 3]);
+    let reg = seistomo::grid::regularisation(&g, 0.1, [0.5, 0.0, 0.0], [0.0; 3]);
     let mut spec = DatasetSpec::new(&k, &b);
     spec.weights = Some(&w);
     spec.damping = Some(&reg);

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use seistomo::comm::SerialComm;
+use seistomo::grid::synthetic as synth;
+use seistomo::grid::Grid;
 use seistomo::io::binfmt::{pad8, Precision};
 use seistomo::io::dataset::{
     load_dataset, load_dataset_with, read_true_model, write_dataset, DatasetSpec, LoadOptions,
@@ -15,10 +17,8 @@ use seistomo::io::dataset::{
 };
 use seistomo::io::global_row_order;
 use seistomo::io::manifest::Layout;
-use seistomo::model::Grid;
 use seistomo::run::{self, System};
 use seistomo::sparse::Csr;
-use seistomo::synth;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))
@@ -44,7 +44,7 @@ fn small_dataset_v(dir: &Path, layout: Layout, prec: Precision, version: u32) ->
     let w: Vec<f64> = (0..k.nrows())
         .map(|i| 1.0 + (i % 7) as f64 / 10.0)
         .collect();
-    let reg = synth::regularisation(&g, 0.1, [0.5, 0.0, 0.5], [0.0, 0.2, 0.0]);
+    let reg = seistomo::grid::regularisation(&g, 0.1, [0.5, 0.0, 0.5], [0.0, 0.2, 0.0]);
     let mut spec = DatasetSpec::new(&k, &b);
     spec.weights = Some(&w);
     spec.damping = Some(&reg);
@@ -235,7 +235,7 @@ fn generated_regularisation_and_weight_override() {
     let (s, _) = load_dataset_with(&p, 0, 1, &opts).unwrap();
     let base = load_dataset(&p, 0, 1).unwrap();
     let g = Grid::new([6, 5, 4], [0.0; 3], [1.0, 1.5, 2.0]);
-    let gen = synth::regularisation(&g, 0.3, [0.0; 3], [1.0; 3]);
+    let gen = seistomo::grid::regularisation(&g, 0.3, [0.0; 3], [1.0; 3]);
     assert_eq!(s.a.nrows(), base.a.nrows() + gen.nrows());
     // Stored damping rows scaled by 2.0 instead of 0.7.
     let r = base.kernel_rows;
@@ -277,8 +277,8 @@ fn demo_checkerboard_is_recovered() {
     // Hit counts: every cell of the demo is crossed.
     let ds = OpenDataset::open(&demo, &LoadOptions::default()).unwrap();
     let (k, _) = ds.load(0, 1, false).unwrap();
-    let kernel = k.a.select_rows(&(0..k.kernel_rows).collect::<Vec<_>>());
-    assert!(synth::hit_count(&kernel).iter().all(|&h| h > 0));
+    let cov = seistomo::grid::Coverage::from_kernel_rows(&k.a, k.kernel_rows);
+    assert!(cov.hit_count.iter().all(|&h| h > 0));
 }
 
 #[test]

@@ -17,7 +17,7 @@ use seistomo::solver::precond::{
     BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
 };
 use seistomo::sparse::{mtx, Csr};
-use seistomo::squaregen::{cube, SquareKind};
+use seistomo::testproblems::square::{cube, SquareKind};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

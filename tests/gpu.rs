@@ -10,10 +10,11 @@ use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
 use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
+use seistomo::grid::Rng;
 use seistomo::run::{choose_backend, load_mtx_system, BackendChoice};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::sparse::Csr;
-use seistomo::testing::{awkward_csr, Rng};
+use seistomo::testproblems::awkward_csr;
 
 /// The matrix with values rounded to f32 (what the GPU stores with f32 precision).
 fn rounded(a: &Csr) -> Csr {

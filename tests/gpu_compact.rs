@@ -12,6 +12,7 @@ use seistomo::backend::cuda::{
 };
 use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
+use seistomo::grid::Rng;
 use seistomo::grid::{Stencil, StencilOp};
 use seistomo::run::load_mtx_system;
 use seistomo::solver::{
@@ -19,7 +20,7 @@ use seistomo::solver::{
     LsqrVectors, NoMonitor,
 };
 use seistomo::sparse::Csr;
-use seistomo::testing::{awkward_csr, Rng};
+use seistomo::testproblems::awkward_csr;
 
 /// Matrices with the awkward shapes of the issue: column steps >= 65536 (escapes), empty rows,
 /// one huge row, columns never touched, m < n, and a tiny one.

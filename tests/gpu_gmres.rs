@@ -18,7 +18,7 @@ use seistomo::solver::dist_square::{
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::sparse::{mtx, Csr};
-use seistomo::squaregen::{cube, SquareKind};
+use seistomo::testproblems::square::{cube, SquareKind};
 
 /// The repository (SEISTOMO_ROOT lets a copied test binary find it on the GPU machine).
 fn root() -> PathBuf {

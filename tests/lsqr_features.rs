@@ -9,7 +9,7 @@ use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::run::{solve_system, BackendChoice, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
-use seistomo::testing::Lstp;
+use seistomo::testproblems::Lstp;
 
 fn well(name: &str) -> seistomo::run::System {
     common::system(name)
@@ -194,7 +194,7 @@ fn zero_rhs_and_iteration_limit() {
 /// solution and var in the original order, with the same stopping rule firing.
 #[test]
 fn reordered_systems_give_the_same_solution() {
-    use seistomo::reorder::Reorder;
+    use seistomo::grid::reorder::Reorder;
     let params = LsqrParams {
         atol: 1e-10,
         btol: 1e-10,

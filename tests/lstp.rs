@@ -9,7 +9,7 @@ use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
-use seistomo::testing::Lstp;
+use seistomo::testproblems::Lstp;
 
 /// Run one LSTP problem; returns (relative error, condition, iterations, istop).
 fn solve(m: usize, n: usize, npower: i32, damp: f64) -> (f64, f64, usize, u32) {

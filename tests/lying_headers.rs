@@ -9,12 +9,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use seistomo::grid::synthetic as synth;
+use seistomo::grid::Grid;
 use seistomo::io::binfmt::{crc, Precision};
 use seistomo::io::dataset::{load_dataset, write_dataset, DatasetSpec};
 use seistomo::io::manifest::Layout;
-use seistomo::model::Grid;
 use seistomo::sparse::Csr;
-use seistomo::synth;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))
@@ -235,7 +235,7 @@ fn dataset_files_with_lying_sizes_are_refused_before_allocating() {
     let g = Grid::new([3, 3, 2], [0.0; 3], [1.0; 3]);
     let k = synth::straight_ray_kernel(&g, 10, 1);
     let b = vec![0.5; 10];
-    let reg = synth::regularisation(&g, 0.1, [0.0; 3], [0.0; 3]);
+    let reg = seistomo::grid::regularisation(&g, 0.1, [0.0; 3], [0.0; 3]);
     for version in [2u32, 1] {
         let ds = dir.join(format!("small-v{version}"));
         let mut spec = DatasetSpec::new(&k, &b);
@@ -278,7 +278,7 @@ fn small(dir: &Path, layout: Layout, version: u32) -> PathBuf {
     let k = synth::straight_ray_kernel(&g, 200, 2);
     let m = synth::checkerboard(&g, [2, 2, 2], 0.1);
     let b = synth::travel_times(&k, &m, 0.001, 2);
-    let reg = synth::regularisation(&g, 0.1, [0.5, 0.0, 0.5], [0.0; 3]);
+    let reg = seistomo::grid::regularisation(&g, 0.1, [0.5, 0.0, 0.5], [0.0; 3]);
     let mut spec = DatasetSpec::new(&k, &b);
     spec.damping = Some(&reg);
     spec.damping_blocks = 2;

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use seistomo::comm::SerialComm;
-use seistomo::model::fields::Coverage;
+use seistomo::grid::Coverage;
+use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
 use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::model::Grid;
 use seistomo::run::{solve_system, BackendChoice, Outcome, SolveOptions, System};
 use seistomo::solver::LsqrParams;
 use seistomo::sparse::Csr;

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::scratch;
+use seistomo::grid::Rng;
 use seistomo::io::publish::{check_pending, check_set, MANIFEST};
-use seistomo::testing::Rng;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))

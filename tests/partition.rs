@@ -7,15 +7,15 @@ mod common;
 use std::path::PathBuf;
 
 use seistomo::comm::{Comm, SerialComm};
+use seistomo::partition::graph::{
+    metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
+};
 use seistomo::solver::dist_square::{
     comm_volume, gmres_square_cpu, CommVolume, RowPartition, SquarePrecond, ThreadComm,
 };
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
-use seistomo::solver::partition::{
-    metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
-};
 use seistomo::sparse::{mtx, Csr};
-use seistomo::squaregen::{cube, SquareKind};
+use seistomo::testproblems::square::{cube, SquareKind};
 
 const METHODS: [PartitionMethod; 3] = [
     PartitionMethod::Contiguous,

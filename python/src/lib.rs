@@ -22,7 +22,7 @@ use seistomo::backend::cuda::{
 };
 use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
-use seistomo::reorder::Reorder;
+use seistomo::grid::reorder::Reorder;
 use seistomo::run::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
 use seistomo::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
 use seistomo::solver::gmres::{
@@ -587,7 +587,7 @@ fn dataset_create(
     let weights = vec_opt(weights, "weights")?;
     let sigma = vec_opt(sigma, "sigma")?;
     let true_model = vec_opt(true_model, "true_model")?;
-    let grid = grid.map(|(n, origin, spacing, axes, units)| seistomo::model::Grid {
+    let grid = grid.map(|(n, origin, spacing, axes, units)| seistomo::grid::Grid {
         n,
         origin,
         spacing,

@@ -103,7 +103,7 @@ pub(crate) mod pick {
     pub fn allreduce() -> impl TypedValueParser<Value = crate::backend::AllreducePath> {
         choice(&["auto", "host", "nccl"], &["mpi"])
     }
-    pub fn reorder() -> impl TypedValueParser<Value = crate::reorder::Reorder> {
+    pub fn reorder() -> impl TypedValueParser<Value = crate::grid::reorder::Reorder> {
         choice(&["none", "rows", "auto"], &[])
     }
     pub fn storage() -> impl TypedValueParser<Value = crate::storage::Storage> {
@@ -133,10 +133,10 @@ pub(crate) mod pick {
     pub fn pivot() -> impl TypedValueParser<Value = crate::solver::precond::PivotPolicy> {
         choice(&["error", "shift"], &[])
     }
-    pub fn partition() -> impl TypedValueParser<Value = crate::solver::partition::PartitionMethod> {
+    pub fn partition() -> impl TypedValueParser<Value = crate::partition::graph::PartitionMethod> {
         choice(&["contiguous", "nnz", "metis"], &["rows"])
     }
-    pub fn square_kind() -> impl TypedValueParser<Value = crate::squaregen::SquareKind> {
+    pub fn square_kind() -> impl TypedValueParser<Value = crate::testproblems::square::SquareKind> {
         choice(&["poisson", "convdiff"], &["convection-diffusion"])
     }
 }

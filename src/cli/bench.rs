@@ -20,12 +20,12 @@ use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
 use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::SerialComm;
+use crate::grid::Rng;
 use crate::io::write_atomic;
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::Csr;
 use crate::sparse::{CompactCsr, GapHistogram};
 use crate::storage::{Prepared, Storage};
-use crate::testing::Rng;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// first column) or auto (rows, and the synthetic grid's cells in Morton order). Applied
     /// before --export-npy too, so peers can be run on the same reordered system.
     #[arg(long, default_value = "none", value_parser = super::args::pick::reorder())]
-    reorder: crate::reorder::Reorder,
+    reorder: crate::grid::reorder::Reorder,
     /// Benchmark a Matrix Market system instead: A (with --reg/--reg-weight/--rhs as in solve).
     #[arg(long)]
     matrix: Option<PathBuf>,

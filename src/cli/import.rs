@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::grid::Grid;
 use crate::io::binfmt::Precision;
 use crate::io::dataset::{write_dataset, DatasetSpec};
 use crate::io::manifest::Layout;
-use crate::model::Grid;
 use crate::sparse::mtx;
 
 #[derive(Debug, Args)]

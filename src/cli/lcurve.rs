@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::comm::SerialComm;
 use crate::config::RunConfig;
-use crate::model::fields::Coverage;
+use crate::grid::Coverage;
 use crate::model::hdf5::{stage_model, ModelInputs};
 use crate::model::lcurve::{corner, parse_list, parse_log_range, Sweep};
 use crate::run::SystemSource;

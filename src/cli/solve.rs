@@ -72,7 +72,7 @@ pub struct SolveArgs {
     /// Reorder for cache locality: none, rows (sorted by first column) or auto (rows; Morton
     /// cells when the unknowns are a grid). The solution comes back in the original order.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::reorder())]
-    reorder: crate::reorder::Reorder,
+    reorder: crate::grid::reorder::Reorder,
     /// Matrix storage: auto (compact on the GPU from 1M nonzeros on one rank, else csr), csr, or
     /// compact (16-bit column deltas; damping rows generated from a grid applied as stencils).
     #[arg(long, default_value = "auto", value_parser = super::args::pick::storage())]
@@ -136,7 +136,7 @@ pub struct GmresArgs {
     ilu_sweeps: Option<usize>,
     /// GMRES on several ranks: rows split by contiguous, nnz or metis (graph partition).
     #[arg(long, default_value = "nnz", value_parser = super::args::pick::partition())]
-    partition: crate::solver::partition::PartitionMethod,
+    partition: crate::partition::graph::PartitionMethod,
 }
 
 pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {

@@ -12,13 +12,13 @@ use crate::backend::cuda::{gmres_square_cuda, CudaBackend};
 use crate::backend::{Backend, Precision};
 use crate::comm::Comm;
 use crate::error::Result;
+use crate::partition::graph::{partition_square_on, PartitionMethod};
 use crate::run::{choose_backend, BackendChoice};
 use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
     PrecondSide,
 };
-use crate::solver::partition::{partition_square_on, PartitionMethod};
 use crate::solver::precond::{PivotPolicy, TriSolve};
 use crate::sparse::mtx;
 

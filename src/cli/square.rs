@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::squaregen::{stencil7, SquareKind, DEFAULT_PECLET};
+use crate::testproblems::square::{stencil7, SquareKind, DEFAULT_PECLET};
 
 #[derive(Debug, Args)]
 pub struct SquareArgs {

@@ -5,11 +5,11 @@ use std::time::Instant;
 
 use clap::Args;
 
+use crate::grid::synthetic as synth;
+use crate::grid::Grid;
 use crate::io::binfmt::Precision;
 use crate::io::dataset::{write_dataset, DatasetSpec};
 use crate::io::manifest::Layout;
-use crate::model::Grid;
-use crate::synth;
 
 use super::args::{pick, triple};
 
@@ -112,7 +112,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         m => anyhow::bail!("--model '{m}': expected checkerboard or spike"),
     };
     let b = synth::travel_times(&kernel, &model, a.noise, a.seed);
-    let reg = synth::regularisation(&grid, a.norm_damping, a.flattening, a.smoothing);
+    let reg = crate::grid::regularisation(&grid, a.norm_damping, a.flattening, a.smoothing);
     let name = a.name.clone().unwrap_or_else(|| {
         a.out
             .file_name()

@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn contiguous_split_covers_rows_and_balances_nnz() {
-        let mut rng = crate::testing::Rng::new(7);
+        let mut rng = crate::grid::Rng::new(7);
         for &(rows, ranks) in &[
             (1000usize, 1usize),
             (1000, 3),

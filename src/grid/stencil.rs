@@ -489,8 +489,8 @@ mod tests {
     #[test]
     fn rows_are_synths_regularisation() {
         for st in stencils() {
-            let g = crate::model::Grid::new(st.n, [0.0; 3], [1.0; 3]);
-            let want = crate::synth::regularisation(&g, st.norm, st.first, st.second);
+            let g = crate::grid::Grid::new(st.n, [0.0; 3], [1.0; 3]);
+            let want = crate::grid::regularisation(&g, st.norm, st.first, st.second);
             assert_eq!(st.to_csr(), want, "{st:?}");
             assert_eq!(st.nrows(), want.nrows());
             assert_eq!(st.nnz(), want.nnz());
@@ -499,7 +499,7 @@ mod tests {
 
     #[test]
     fn products_equal_stored_rows_bitwise_also_renumbered() {
-        let mut rng = crate::testing::Rng::new(5);
+        let mut rng = crate::grid::Rng::new(5);
         for st in stencils() {
             let d = st.to_csr();
             let nc = st.ncells();
@@ -557,7 +557,7 @@ mod tests {
         // alone
         assert_eq!(Stencil::detect_suffix(&d, st.n), Some((0, st)));
         // after other rows (kernel rows, arbitrary damping)
-        let k = crate::testing::awkward_csr(40, st.ncells(), 3);
+        let k = crate::testproblems::awkward_csr(40, st.ncells(), 3);
         let both = k.vstack_scaled(&d, 1.0).unwrap();
         assert_eq!(Stencil::detect_suffix(&both, st.n), Some((40, st)));
         // a changed value anywhere in the stencil shrinks or kills the match

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::io::binfmt::Precision;
 use crate::io::damping::{write_damping, DampingBlock};
 use crate::io::kernel_rows::{
@@ -15,12 +16,11 @@ use crate::io::kernel_rows::{
 use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
 use crate::io::vectors::{read_vector, read_vector_rows, write_vector, VectorKind};
-use crate::model::Grid;
 use crate::partition::{partition, Partition};
 use crate::run::System;
 use crate::sparse::Csr;
 
-/// Regularisation generated from the dataset's grid at load (see [`crate::synth::regularisation`]):
+/// Regularisation generated from the dataset's grid at load (see [`crate::grid::regularisation`]):
 /// FMTOMO's damping ε / tomoDD's DAMP is `norm`; first-derivative (flattening) and
 /// second-derivative (smoothing, FMTOMO's η, tomoDD's SMOOTH) weights per axis x, y, z.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -163,7 +163,7 @@ impl OpenDataset {
                         "regularisation from the grid was asked for but the dataset has no [grid]",
                     )
                 })?;
-                Some(crate::synth::regularisation(g, r.norm, r.first, r.second))
+                Some(crate::grid::regularisation(g, r.norm, r.first, r.second))
             }
         };
         Ok(OpenDataset {

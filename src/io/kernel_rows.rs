@@ -14,7 +14,6 @@ use crate::io::binfmt::{
 };
 use crate::io::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
-use crate::partition::descending_order;
 use crate::sparse::Csr;
 
 /// Bytes of the metadata header (version 1; version 2 adds 8: header CRC32C and a zero u32)
@@ -244,7 +243,7 @@ pub fn write_kernel(
         .collect();
     let order = descending_order(&nnz);
     let vb = prec.bytes();
-    let pb = crate::synth::progress_bar(a.nnz() as u64, "writing", progress);
+    let pb = crate::progress::bar(a.nnz() as u64, "writing", progress);
     let mut entries: Vec<MetaEntry> = Vec::with_capacity(a.nrows());
     match layout {
         Layout::PerRow => {
@@ -553,7 +552,7 @@ pub fn read_kernel_rows(
         &format!("{nnz} kernel nonzeros in {} rows", local.len()),
         12 * nnz as u128,
     )?;
-    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
+    let pb = crate::progress::bar(nnz as u64, "loading", progress);
     let (mut indices, mut data) = (Vec::new(), Vec::new());
     // Rows in batches: per-row files are opened (and their lengths checked) a batch at a time
     // before the batch's output grows, so a lying metadata entry allocates nothing.
@@ -789,7 +788,7 @@ pub fn read_kernel_rows_ranges(
     let mut indices = vec![0u32; nnz];
     let mut data = vec![0f64; nnz];
     let bytes_read = AtomicU64::new(0);
-    let pb = crate::synth::progress_bar(nnz as u64, "loading", progress);
+    let pb = crate::progress::bar(nnz as u64, "loading", progress);
     // One output slot per local row, handed to the span that holds the row.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(local.len());
     {
@@ -896,4 +895,10 @@ pub fn read_kernel_rows_ranges(
     pb.finish_and_clear();
     drop(jobs);
     Ok((indptr, indices, data, bytes_read.into_inner()))
+}
+/// The metadata order: indices of `nnz` sorted by descending nnz, ties by ascending index.
+pub fn descending_order(nnz: &[u64]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..nnz.len()).collect();
+    idx.sort_by_key(|&i| (std::cmp::Reverse(nnz[i]), i));
+    idx
 }

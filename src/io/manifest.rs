@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::io::binfmt::{Precision, VERSION, VERSION_1};
-use crate::model::Grid;
 
 /// The `format` value of every manifest.
 pub const FORMAT_NAME: &str = "seistomo-dataset";

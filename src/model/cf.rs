@@ -29,8 +29,8 @@ use ::hdf5::types::{
 use ::hdf5::{Dataset, File, Group, Location, ObjectReference1};
 
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::model::spec::{CellTable, ModelSpec, Parameterisation};
-use crate::model::Grid;
 
 fn h5err(path: &Path, e: ::hdf5::Error) -> Error {
     Error::format(path, format!("HDF5 (netCDF conventions): {e}"))

@@ -541,7 +541,7 @@ mod tests {
     use crate::backend::TransposeStrategy;
     use crate::comm::SerialComm;
     use crate::solver::NoMonitor;
-    use crate::testing::Lstp;
+    use crate::testproblems::Lstp;
 
     /// A checkpoint file of a small run (version 2).
     fn small_checkpoint(dir: &Path) -> PathBuf {

@@ -22,9 +22,10 @@ use ::hdf5::types::VarLenUnicode;
 use ::hdf5::{Group, H5Type, Location};
 
 use crate::error::{Error, Result};
-use crate::model::fields::{Coverage, Fields};
+use crate::grid::Coverage;
+use crate::grid::Grid;
+use crate::model::fields::Fields;
 use crate::model::spec::{ModelSpec, Parameterisation, Reference};
-use crate::model::Grid;
 use crate::run::Outcome;
 use crate::solver::IterRecord;
 

@@ -5,15 +5,12 @@
 pub mod cf;
 pub mod checkpoint;
 pub mod fields;
-pub mod grid;
 pub mod hdf5;
 pub mod lcurve;
 pub mod plot;
 pub mod provenance;
 pub mod spec;
 pub mod xdmf;
-
-pub use grid::Grid;
 
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
@@ -25,7 +22,7 @@ use crate::run::{Outcome, System};
 /// [`RunModel::prepare`]; with several ranks, sum `coverage` over ranks (`Coverage::merge`).
 pub struct RunModel {
     pub spec: spec::ModelSpec,
-    pub coverage: fields::Coverage,
+    pub coverage: crate::grid::Coverage,
     pub kernel_rows: usize,
     pub ckpt: Option<checkpoint::Checkpointing>,
 }
@@ -49,7 +46,7 @@ impl RunModel {
             }
             spec.check(n)?;
         }
-        let coverage = fields::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
+        let coverage = crate::grid::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
         let ckpt = (cfg.model.checkpoint_every > 0 || resume).then(|| checkpoint::Checkpointing {
             path: cfg.model.checkpoint.clone(),
             every: cfg.model.checkpoint_every,
@@ -64,7 +61,7 @@ impl RunModel {
     }
 
     /// The coverage, to be summed over ranks.
-    pub fn coverage_mut(&mut self) -> &mut fields::Coverage {
+    pub fn coverage_mut(&mut self) -> &mut crate::grid::Coverage {
         &mut self.coverage
     }
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::io::open_text;
-use crate::model::Grid;
 
 /// What the solution vector x holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,9 @@
 use std::path::Path;
 
 use crate::error::Result;
+use crate::grid::Grid;
 use crate::io::write_atomic;
 use crate::model::spec::ModelSpec;
-use crate::model::Grid;
 
 /// The /model fields of a grid model file that the XDMF lists.
 pub fn grid_fields(

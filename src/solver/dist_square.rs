@@ -665,7 +665,7 @@ impl Comm for ThreadComm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Rng;
+    use crate::grid::Rng;
 
     fn random_square(n: usize, seed: u64) -> Csr {
         let mut rng = Rng::new(seed);

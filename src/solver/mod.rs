@@ -4,7 +4,6 @@
 pub mod dist_square;
 pub mod gmres;
 pub mod lsqr;
-pub mod partition;
 pub mod precond;
 
 pub use lsqr::{

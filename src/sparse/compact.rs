@@ -412,7 +412,7 @@ mod tests {
             (7, 3, 3),
             (50_000, 64, 4),
         ] {
-            let a = crate::testing::awkward_csr(m, n, seed);
+            let a = crate::testproblems::awkward_csr(m, n, seed);
             let x: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
             let y0: Vec<f64> = (0..m).map(|i| ((i * 13) % 17) as f64 * 0.25).collect();
             let c = CompactCsr::from_csr(&a, Precision::F64);
@@ -447,7 +447,7 @@ mod tests {
 
     #[test]
     fn bytes_count_values_deltas_and_rows() {
-        let a = crate::testing::awkward_csr(100, 50, 9);
+        let a = crate::testproblems::awkward_csr(100, 50, 9);
         let c = CompactCsr::from_csr(&a, Precision::F32);
         assert_eq!(c.bytes(), c.entries() as u64 * 6 + 100 * 12 + 8);
         let c = CompactCsr::from_csr(&a, Precision::F64);

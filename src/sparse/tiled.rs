@@ -369,7 +369,7 @@ mod tests {
             (7, 3, 4, 1),
             (3000, 5000, 5, 9),
         ] {
-            let a = crate::testing::awkward_csr(m, n, seed);
+            let a = crate::testproblems::awkward_csr(m, n, seed);
             let x: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
             let y: Vec<f64> = (0..m)
                 .map(|i| ((i * 13) % 17) as f64 * 0.25 - 2.0)

@@ -2,7 +2,7 @@
 
 use seistomo::backend::cuda::{probe, CudaBackend};
 use seistomo::backend::Backend;
-use seistomo::testing::Rng;
+use seistomo::grid::Rng;
 
 /// The CUDA backend on device 0, or None after printing why the test is skipped.
 pub fn gpu() -> Option<CudaBackend> {

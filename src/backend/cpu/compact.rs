@@ -190,7 +190,7 @@ mod tests {
             second: [0.0, 0.0, 0.3],
         };
         let nc = st.ncells();
-        let mut rng = crate::testing::Rng::new(3);
+        let mut rng = crate::grid::Rng::new(3);
         let perm = {
             let mut p: Vec<u32> = (0..nc as u32).collect();
             for i in (1..nc).rev() {
@@ -199,7 +199,7 @@ mod tests {
             p
         };
         for &(m, seed) in &[(700usize, 1u64), (3, 2), (5000, 3)] {
-            let k = crate::testing::awkward_csr(m, nc, seed);
+            let k = crate::testproblems::awkward_csr(m, nc, seed);
             for p in [None, Some(perm.clone())] {
                 let d = match &p {
                     Some(p) => st.to_csr().permute_columns(p),

@@ -564,7 +564,7 @@ mod tests {
     #[test]
     fn fused_gram_schmidt_kernels_equal_the_unfused_calls_bitwise() {
         let be = CpuBackend::new();
-        let mut rng = crate::testing::Rng::new(11);
+        let mut rng = crate::grid::Rng::new(11);
         for &n in &[5usize, 2 * CHUNK + 3, 5 * CHUNK + 7] {
             for &k in &[0usize, 1, 7] {
                 let basis: Vec<Vec<f64>> = (0..k)
@@ -607,7 +607,7 @@ mod tests {
     fn products_match_reference_both_transposes() {
         let be = CpuBackend::new();
         for &(m, n) in &[(2000usize, 700usize), (300, 9000), (100_000, 50)] {
-            let a = crate::testing::awkward_csr(m, n, (m * n) as u64 + 1);
+            let a = crate::testproblems::awkward_csr(m, n, (m * n) as u64 + 1);
             let x: Vec<f64> = (0..n).map(|i| (i as f64).sin()).collect();
             let y0: Vec<f64> = (0..m).map(|i| (i as f64).cos()).collect();
             let at = a.transpose();

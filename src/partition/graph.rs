@@ -418,7 +418,7 @@ pub fn partition_square_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Rng;
+    use crate::grid::Rng;
 
     fn random_nonsym(n: usize, seed: u64) -> Csr {
         let mut rng = Rng::new(seed);

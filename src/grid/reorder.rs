@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn reordered_system_maps_back() {
-        let a = crate::testing::awkward_csr(300, 4 * 3 * 5, 9);
+        let a = crate::testproblems::awkward_csr(300, 4 * 3 * 5, 9);
         let b: Vec<f64> = (0..300).map(|i| i as f64).collect();
         let x: Vec<f64> = (0..60).map(|j| (j as f64).sin()).collect();
         let o = Ordering::plan(&a, Reorder::Auto, Some([4, 3, 5]));

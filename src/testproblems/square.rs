@@ -1,7 +1,7 @@
 //! Convergent square test systems at any scale: 3-D Poisson and 3-D convection-diffusion on a
 //! 7-point stencil (nonsymmetric, like SuiteSparse's atmosmodd/atmosmodl), on an nx x ny x nz
 //! grid with Dirichlet boundaries. Cell (i, j, k) is row i + nx (j + ny k), as in
-//! [`crate::model::grid`].
+//! [`crate::grid::cells`].
 //!
 //! Poisson: `6 u_c - sum of the 6 neighbours` (scaled by h^2).
 //!

@@ -122,17 +122,11 @@ pub fn partition(
     }
 }
 
-/// The metadata order: indices of `nnz` sorted by descending nnz, ties by ascending index.
-pub fn descending_order(nnz: &[u64]) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..nnz.len()).collect();
-    idx.sort_by_key(|&i| (Reverse(nnz[i]), i));
-    idx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Rng;
+    use crate::grid::Rng;
+    use crate::io::kernel_rows::descending_order;
 
     #[test]
     fn every_row_exactly_once_for_1_to_8_ranks() {

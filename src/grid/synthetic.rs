@@ -15,12 +15,10 @@
 //! The regularisation ([`regularisation`]) and true models ([`checkerboard`], [`spike`]) use the
 //! same column order as the grid (`i + nx * (j + ny * k)`).
 
-use indicatif::ProgressBar;
 use rayon::prelude::*;
 
-use crate::model::Grid;
+use crate::grid::{gaussian, Grid, Rng};
 use crate::sparse::Csr;
-use crate::testing::Rng;
 
 /// Rays per parallel work item.
 const CHUNK: usize = 2048;
@@ -178,15 +176,6 @@ fn ray_row(grid: &Grid, seed: u64, ray: u64, cells: &mut Vec<u32>, lens: &mut Ve
     }
 }
 
-/// Progress of `len` units of work on stderr (src/progress.rs: a bar on a terminal, a line
-/// every 10 s otherwise, nothing with --quiet, on ranks other than 0 or when `show` is false).
-pub fn progress_bar(len: u64, what: &str, show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    crate::progress::counted(len, what)
-}
-
 /// The straight-ray kernel of `nrays` rays (rows) on `grid` (columns), deterministic for `seed`.
 pub fn straight_ray_kernel(grid: &Grid, nrays: usize, seed: u64) -> Csr {
     straight_ray_kernel_with(grid, nrays, seed, false)
@@ -200,7 +189,7 @@ pub fn straight_ray_kernel_with(grid: &Grid, nrays: usize, seed: u64, progress: 
         "grid has too many cells for 32-bit columns"
     );
     let nchunks = nrays.div_ceil(CHUNK);
-    let pb = progress_bar(nrays as u64, "rays", progress);
+    let pb = crate::progress::bar(nrays as u64, "rays", progress);
     // Each chunk traces its rays into its own arrays; chunks are then concatenated in order.
     let chunks: Vec<(Vec<u64>, Vec<u32>, Vec<f64>)> = (0..nchunks)
         .into_par_iter()
@@ -251,63 +240,6 @@ pub fn ray_lengths(grid: &Grid, nrays: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-/// Hit count: the number of rays crossing each cell.
-pub fn hit_count(a: &Csr) -> Vec<u64> {
-    let mut h = vec![0u64; a.ncols()];
-    for &c in a.indices() {
-        h[c as usize] += 1;
-    }
-    h
-}
-
-/// Regularisation (damping) rows on `grid`: `norm` * I (norm damping, λ0; skipped when 0), then
-/// for each axis x, y, z with a nonzero weight the first differences `w (m[c+e] - m[c])`
-/// (flattening, 2 nonzeros) and the second differences `w (m[c-e] - 2 m[c] + m[c+e])`
-/// (smoothing / roughness, 3 nonzeros) over every cell where the stencil fits.
-pub fn regularisation(grid: &Grid, norm: f64, first: [f64; 3], second: [f64; 3]) -> Csr {
-    let n = grid.n;
-    let ncells = grid.ncells();
-    let stride = [1usize, n[0], n[0] * n[1]];
-    let mut indptr = vec![0u64];
-    let mut indices: Vec<u32> = Vec::new();
-    let mut data: Vec<f64> = Vec::new();
-    let mut push_row = |cols: &[usize], vals: &[f64]| {
-        for (&c, &v) in cols.iter().zip(vals) {
-            indices.push(c as u32);
-            data.push(v);
-        }
-        indptr.push(indices.len() as u64);
-    };
-    if norm != 0.0 {
-        for c in 0..ncells {
-            push_row(&[c], &[norm]);
-        }
-    }
-    for a in 0..3 {
-        let w = first[a];
-        if w != 0.0 && n[a] >= 2 {
-            for c in 0..ncells {
-                if grid.ijk(c)[a] + 1 < n[a] {
-                    push_row(&[c, c + stride[a]], &[-w, w]);
-                }
-            }
-        }
-    }
-    for a in 0..3 {
-        let w = second[a];
-        if w != 0.0 && n[a] >= 3 {
-            for c in 0..ncells {
-                let i = grid.ijk(c)[a];
-                if i >= 1 && i + 1 < n[a] {
-                    push_row(&[c - stride[a], c, c + stride[a]], &[w, -2.0 * w, w]);
-                }
-            }
-        }
-    }
-    let nrows = indptr.len() - 1;
-    Csr::from_trusted(nrows, ncells, indptr, indices, data)
-}
-
 /// Checkerboard model: `amplitude * (-1)^(i/s0 + j/s1 + k/s2)` with `cell` = (s0, s1, s2) grid
 /// cells per checker along x, y, z.
 pub fn checkerboard(grid: &Grid, cell: [usize; 3], amplitude: f64) -> Vec<f64> {
@@ -355,13 +287,6 @@ pub fn travel_times(a: &Csr, m: &[f64], noise_sd: f64, seed: u64) -> Vec<f64> {
             }
         })
         .collect()
-}
-
-/// A standard normal deviate (Box-Muller).
-pub fn gaussian(rng: &mut Rng) -> f64 {
-    let u1 = (1.0 - rng.uniform()).max(f64::MIN_POSITIVE);
-    let u2 = rng.uniform();
-    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 /// Pearson correlation of two vectors (0 when either is constant).
@@ -464,33 +389,6 @@ mod tests {
         assert_eq!(a, b);
         let c = straight_ray_kernel(&g, 5000, 8);
         assert_ne!(a, c);
-    }
-
-    #[test]
-    fn regularisation_rows() {
-        let g = Grid::new([4, 3, 2], [0.0; 3], [1.0; 3]);
-        let r = regularisation(&g, 0.5, [1.0, 2.0, 3.0], [1.0, 1.0, 0.0]);
-        // norm 24; first: x 3*3*2=18, y 4*2*2=16, z 4*3*1=12; second: x 2*3*2=12, y 4*1*2=8.
-        assert_eq!(r.nrows(), 24 + 18 + 16 + 12 + 12 + 8);
-        // Difference rows annihilate constants; the norm rows do not.
-        let y = r.matvec(&[1.0; 24]);
-        assert!(y[..24].iter().all(|&v| v == 0.5));
-        assert!(y[24..].iter().all(|&v| v == 0.0));
-        // Second differences annihilate linear functions of x.
-        let lin: Vec<f64> = (0..24).map(|c| g.ijk(c)[0] as f64).collect();
-        let y = r.matvec(&lin);
-        assert!(y[24 + 18 + 16 + 12..24 + 18 + 16 + 12 + 12]
-            .iter()
-            .all(|&v| v.abs() < 1e-15));
-        assert!(y[24..24 + 18].iter().all(|&v| v == 1.0));
-        let ok = Csr::try_new(
-            r.nrows(),
-            r.ncols(),
-            r.indptr().to_vec(),
-            r.indices().to_vec(),
-            r.data().to_vec(),
-        );
-        assert!(ok.is_ok());
     }
 
     #[test]
