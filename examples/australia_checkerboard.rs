@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
+use seistomo::io::mtx;
 use seistomo::io::write_vector_text;
 use seistomo::model::spec::read_cell_table;
-use seistomo::sparse::mtx;
 
 fn main() -> anyhow::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -9,7 +9,8 @@ use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTimi
 use crate::config::RunConfig;
 use crate::error::Result;
 use crate::model::RunModel;
-use crate::run::{self, Outcome, OutputPaths, SolveOptions, System};
+use crate::run::{self, Outcome, OutputPaths, SolveOptions};
+use crate::sparse::System;
 
 /// Where each rank's rows come from.
 pub enum Loading {

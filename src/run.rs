@@ -11,10 +11,11 @@ use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::io::mtx;
 use crate::io::publish::Publication;
 use crate::io::{vector_text, write_atomic};
 use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
-use crate::sparse::{mtx, Csr};
+use crate::sparse::{Csr, System};
 
 /// On the GPU, `storage = "auto"` picks compact storage from this many stored nonzeros on one
 /// rank: below it the products are latency-bound and CSR through cuSPARSE measured faster
@@ -97,67 +98,6 @@ pub struct OutputPaths {
     pub variance: Option<PathBuf>,
 }
 
-/// A loaded least-squares system (this rank's rows).
-#[derive(Debug, Clone)]
-pub struct System {
-    pub a: Csr,
-    pub b: Vec<f64>,
-    /// Rows of the kernel (data) part; the remaining rows are damping/regularisation.
-    pub kernel_rows: usize,
-}
-
-/// Load [A; w R], [b; 0] from Matrix Market / text files.
-pub fn load_mtx_system(
-    matrix: &Path,
-    rhs: Option<&Path>,
-    reg: Option<&Path>,
-    reg_weight: f64,
-) -> Result<System> {
-    let a = mtx::read_matrix(matrix)?;
-    let b = match rhs {
-        Some(p) => {
-            let b = mtx::read_vector(p)?;
-            if b.len() != a.nrows() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} values but the matrix {} has {} rows",
-                        b.len(),
-                        matrix.display(),
-                        a.nrows()
-                    ),
-                ));
-            }
-            b
-        }
-        None => a.matvec(&vec![1.0; a.ncols()]),
-    };
-    let kernel_rows = a.nrows();
-    match reg {
-        None => Ok(System { a, b, kernel_rows }),
-        Some(p) => {
-            let r = mtx::read_matrix(p)?;
-            if r.ncols() != a.ncols() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} columns but the matrix {} has {}",
-                        r.ncols(),
-                        matrix.display(),
-                        a.ncols()
-                    ),
-                ));
-            }
-            let mut b = b;
-            b.resize(a.nrows() + r.nrows(), 0.0);
-            let a = a
-                .vstack_scaled(&r, reg_weight)
-                .map_err(|e| Error::in_file(p, e))?;
-            Ok(System { a, b, kernel_rows })
-        }
-    }
-}
-
 impl SolveOptions {
     /// The value precision a backend uses: CSR on the CPU is always f64.
     pub fn precision_for(&self, kind: BackendChoice) -> crate::backend::Precision {
@@ -177,7 +117,7 @@ impl SystemSource {
                 rhs,
                 reg,
                 reg_weight,
-            } => load_mtx_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+            } => crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
             SystemSource::Dataset { path, options } => {
                 crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
             }

@@ -17,8 +17,9 @@ use seistomo::grid::Grid;
 use seistomo::io::binfmt::Precision;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
 use seistomo::io::manifest::Layout;
+use seistomo::io::mtx;
 use seistomo::io::rowio::IoChoice;
-use seistomo::sparse::{mtx, Csr};
+use seistomo::sparse::Csr;
 
 /// How one case ended (the strings are shown in failure reports).
 #[derive(Debug)]

@@ -17,8 +17,9 @@ use seistomo::io::dataset::{
 };
 use seistomo::io::global_row_order;
 use seistomo::io::manifest::Layout;
-use seistomo::run::{self, System};
+use seistomo::run;
 use seistomo::sparse::Csr;
+use seistomo::sparse::System;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_seistomo"))
@@ -83,7 +84,7 @@ fn australia_import_invert_matches_solve_on_mtx() {
     );
     // Loaded system == the Matrix Market system, bit for bit.
     let from_ds = load_dataset(&ds, 0, 1).unwrap();
-    let from_mtx = run::load_mtx_system(
+    let from_mtx = seistomo::io::mtx::load_system(
         &au.join("G.mtx.gz"),
         Some(&au.join("d.txt")),
         Some(&au.join("R.mtx.gz")),
@@ -163,7 +164,7 @@ fn australia_import_invert_matches_solve_on_mtx() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let back = run::load_mtx_system(
+    let back = seistomo::io::mtx::load_system(
         &dir.join("exp/A.mtx"),
         Some(&dir.join("exp/b.mtx")),
         None,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::comm::{Comm, SerialComm};
+use seistomo::io::mtx;
 use seistomo::solver::dist_square::{
     comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond, ThreadComm,
 };
@@ -16,7 +17,7 @@ use seistomo::solver::gmres::{
 use seistomo::solver::precond::{
     BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
 };
-use seistomo::sparse::{mtx, Csr};
+use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 
 fn root() -> PathBuf {

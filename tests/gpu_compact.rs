@@ -14,7 +14,7 @@ use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::grid::{Stencil, StencilOp};
-use seistomo::run::load_mtx_system;
+use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::solver::{
     lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
     LsqrVectors, NoMonitor,

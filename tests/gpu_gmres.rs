@@ -12,12 +12,13 @@ use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaIluSweeps};
 use seistomo::backend::{Backend, Precision};
 use seistomo::comm::{Comm, SerialComm};
+use seistomo::io::mtx;
 use seistomo::solver::dist_square::{
     gmres_square_cpu, RowPartition, SquarePrecond, SquareSolve, ThreadComm,
 };
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
-use seistomo::sparse::{mtx, Csr};
+use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 
 /// The repository (SEISTOMO_ROOT lets a copied test binary find it on the GPU machine).

@@ -11,7 +11,7 @@ use seistomo::run::{solve_system, BackendChoice, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testproblems::Lstp;
 
-fn well(name: &str) -> seistomo::run::System {
+fn well(name: &str) -> seistomo::sparse::System {
     common::system(name)
 }
 
@@ -210,7 +210,7 @@ fn reordered_systems_give_the_same_solution() {
         .map(|j| 1.0 + (j as f64 * 0.37).sin())
         .collect();
     let b = a.matvec(&xt);
-    let rays = seistomo::run::System {
+    let rays = seistomo::sparse::System {
         kernel_rows: 3000,
         a,
         b,

@@ -7,8 +7,8 @@ use common::{reference_json as refjson, reference_vector, rel as rel_diff, syste
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::run::System;
 use seistomo::solver::{lsqr, History, LsqrParams};
+use seistomo::sparse::System;
 
 fn check(name: &str, well_conditioned: bool) {
     let refj = refjson("lsqr_scipy.json");

@@ -9,9 +9,10 @@ use seistomo::grid::Coverage;
 use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
 use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::run::{solve_system, BackendChoice, Outcome, SolveOptions, System};
+use seistomo::run::{solve_system, BackendChoice, Outcome, SolveOptions};
 use seistomo::solver::LsqrParams;
 use seistomo::sparse::Csr;
+use seistomo::sparse::System;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("seistomo-model-{name}-{}", std::process::id()));

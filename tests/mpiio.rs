@@ -17,9 +17,9 @@ use std::process::{Command, Output};
 use seistomo::io::binfmt::Precision;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
 use seistomo::io::manifest::Layout;
+use seistomo::io::mtx;
 use seistomo::io::rowio::{IoChoice, IoPath};
-use seistomo::run::System;
-use seistomo::sparse::mtx;
+use seistomo::sparse::System;
 
 const BIN: &str = env!("CARGO_BIN_EXE_seistomo");
 

@@ -7,6 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use seistomo::comm::{Comm, SerialComm};
+use seistomo::io::mtx;
 use seistomo::partition::graph::{
     metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
 };
@@ -14,7 +15,7 @@ use seistomo::solver::dist_square::{
     comm_volume, gmres_square_cpu, CommVolume, RowPartition, SquarePrecond, ThreadComm,
 };
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
-use seistomo::sparse::{mtx, Csr};
+use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 
 const METHODS: [PartitionMethod; 3] = [

@@ -8,8 +8,8 @@ use std::process::Command;
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
+use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::io::petsc;
-use seistomo::run::load_mtx_system;
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 
 #[test]

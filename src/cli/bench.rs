@@ -441,7 +441,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (mat, b, what, grid, kernel_rows) = match &a.matrix {
         Some(p) => {
             let sys =
-                crate::run::load_mtx_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+                crate::io::mtx::load_system(p, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
             (
                 sys.a,
                 sys.b,

@@ -10,9 +10,11 @@ use clap::Args;
 use crate::backend::TransposeStrategy;
 use crate::comm::SerialComm;
 use crate::config::RunConfig;
-use crate::run::{self, BackendChoice, SolveOptions, System};
+use crate::io::mtx;
+use crate::run::{self, BackendChoice, SolveOptions};
 use crate::solver::LsqrParams;
-use crate::sparse::{mtx, Csr};
+use crate::sparse::Csr;
+use crate::sparse::System;
 
 /// The peer script, embedded so that an installed binary needs no checkout.
 const PEER_SCRIPT: &str = include_str!("../../bench/peers/peer_lsqr.py");
@@ -85,8 +87,12 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
         opts.backend = a.backend;
         (cfg.system.load()?, opts)
     } else {
-        let sys =
-            run::load_mtx_system(&a.target, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?;
+        let sys = crate::io::mtx::load_system(
+            &a.target,
+            a.rhs.as_deref(),
+            a.reg.as_deref(),
+            a.reg_weight,
+        )?;
         let params = LsqrParams {
             atol: a.tol,
             btol: a.tol,

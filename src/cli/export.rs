@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::io::mtx;
 use crate::io::{load_dataset_with, LoadOptions};
-use crate::sparse::mtx;
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
@@ -34,7 +34,7 @@ pub struct ExportArgs {
 
 /// The system a config solves, as one matrix: column scaling applied and damp*I rows appended
 /// (so a peer without a damping option, PETSc's KSPLSQR, solves the same problem).
-fn config_system(path: &std::path::Path) -> anyhow::Result<crate::run::System> {
+fn config_system(path: &std::path::Path) -> anyhow::Result<crate::sparse::System> {
     let cfg = crate::config::RunConfig::load(path)?;
     let mut sys = cfg.system.load()?;
     if cfg.options.col_scale {
@@ -116,7 +116,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sys = if is_mtx {
-        crate::run::load_mtx_system(&a.dataset, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?
+        crate::io::mtx::load_system(&a.dataset, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?
     } else if is_config {
         config_system(&a.dataset)?
     } else {

@@ -8,7 +8,7 @@ use crate::grid::Grid;
 use crate::io::binfmt::Precision;
 use crate::io::dataset::{write_dataset, DatasetSpec};
 use crate::io::manifest::Layout;
-use crate::sparse::mtx;
+use crate::io::mtx;
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {

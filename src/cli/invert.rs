@@ -45,7 +45,7 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     // Datasets: every rank reads its own rows (greedy LPT over kernel row nnz, damping blocks by
     // rank); Matrix Market: rank 0 reads and sends nonzero-balanced row blocks.
     let (rank, size) = (comm.rank(), comm.size());
-    let (load, loading): (Box<dyn FnOnce() -> crate::Result<crate::run::System>>, _) = match &cfg
+    let (load, loading): (Box<dyn FnOnce() -> crate::Result<crate::sparse::System>>, _) = match &cfg
         .system
     {
         SystemSource::Dataset { path, options } => (

@@ -10,10 +10,10 @@ use clap::Args;
 use crate::comm::SerialComm;
 use crate::config::RunConfig;
 use crate::grid::Coverage;
+use crate::io::mtx;
 use crate::model::hdf5::{stage_model, ModelInputs};
 use crate::model::lcurve::{corner, parse_list, parse_log_range, Sweep};
 use crate::run::SystemSource;
-use crate::sparse::mtx;
 
 #[derive(Debug, Args)]
 pub struct LcurveArgs {

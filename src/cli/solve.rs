@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::distributed;
-use crate::run::{self, BackendChoice, OutputPaths, SolveOptions};
+use crate::run::{BackendChoice, OutputPaths, SolveOptions};
 use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
@@ -192,7 +192,8 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         variance: a.variance,
     };
     super::log_job(comm);
-    let load = || run::load_mtx_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight);
+    let load =
+        || crate::io::mtx::load_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight);
     if let Some(o) = distributed::run_lsqr(
         comm,
         load,

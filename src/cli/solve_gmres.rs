@@ -12,6 +12,7 @@ use crate::backend::cuda::{gmres_square_cuda, CudaBackend};
 use crate::backend::{Backend, Precision};
 use crate::comm::Comm;
 use crate::error::Result;
+use crate::io::mtx;
 use crate::partition::graph::{partition_square_on, PartitionMethod};
 use crate::run::{choose_backend, BackendChoice};
 use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
@@ -20,7 +21,6 @@ use crate::solver::gmres::{
     PrecondSide,
 };
 use crate::solver::precond::{PivotPolicy, TriSolve};
-use crate::sparse::mtx;
 
 /// Which preconditioner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

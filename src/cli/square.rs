@@ -51,7 +51,7 @@ pub fn run(a: SquareArgs) -> anyhow::Result<()> {
     )
     .to_lowercase();
     let t = std::time::Instant::now();
-    crate::sparse::mtx::write_matrix(&a.out, &m, &comment)?;
+    crate::io::mtx::write_matrix(&a.out, &m, &comment)?;
     eprintln!(
         "wrote {}: {} x {}, {} nonzeros (generated in {gen:.3} s, written in {:.3} s)",
         a.out.display(),

@@ -9,8 +9,8 @@ use std::ops::Range;
 
 use super::Comm;
 use crate::error::{Error, Result};
-use crate::run::System;
 use crate::sparse::Csr;
+use crate::sparse::System;
 
 /// For each rank, the global row ranges it owns, in increasing order. Together the ranges of all
 /// ranks cover every row exactly once. A rank may own nothing.

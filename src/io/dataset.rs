@@ -17,8 +17,8 @@ use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FO
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
 use crate::io::vectors::{read_vector, read_vector_rows, write_vector, VectorKind};
 use crate::partition::{partition, Partition};
-use crate::run::System;
 use crate::sparse::Csr;
+use crate::sparse::System;
 
 /// Regularisation generated from the dataset's grid at load (see [`crate::grid::regularisation`]):
 /// FMTOMO's damping ε / tomoDD's DAMP is `norm`; first-derivative (flattening) and

@@ -3,6 +3,7 @@
 //! truncated output that looks complete.
 
 pub mod mpiio;
+pub mod mtx;
 pub mod rowio;
 
 use std::fs::File;

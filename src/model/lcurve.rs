@@ -6,8 +6,9 @@
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::run::{solve_system, Outcome, SolveOptions, System};
+use crate::run::{solve_system, Outcome, SolveOptions};
 use crate::sparse::Csr;
+use crate::sparse::System;
 
 /// One point of the L-curve.
 pub struct LPoint {

@@ -14,7 +14,8 @@ pub mod xdmf;
 
 use crate::config::RunConfig;
 use crate::error::{Error, Result};
-use crate::run::{Outcome, System};
+use crate::run::Outcome;
+use crate::sparse::System;
 
 /// The model side of an `invert` run: validated before the solve (so a bad `[model]` table fails
 /// fast), written after it.

@@ -352,7 +352,7 @@ impl ModelOutput {
             Parameterisation::Vector
         };
         let true_model = match &self.true_model {
-            Some(p) => Some(crate::sparse::mtx::read_vector(p)?),
+            Some(p) => Some(crate::io::mtx::read_vector(p)?),
             None => None,
         };
         let spec = ModelSpec {

@@ -1,13 +1,21 @@
-//! Sparse matrix storage (CSR/CSC, the compact 16-bit-delta format) and Matrix Market
-//! input/output.
+//! Sparse matrix storage in memory: CSR/CSC, the compact 16-bit-delta format, column tiles,
+//! and [`System`] (a rank's rows of [A; b]). Files live in `io` (Matrix Market: `io::mtx`).
 
 pub mod compact;
 mod csr;
-pub mod mtx;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
 pub use csr::{Csc, Csr};
+
+/// A loaded least-squares system (this rank's rows).
+#[derive(Debug, Clone)]
+pub struct System {
+    pub a: Csr,
+    pub b: Vec<f64>,
+    /// Rows of the kernel (data) part; the remaining rows are damping/regularisation.
+    pub kernel_rows: usize,
+}
 
 /// Storage precision of matrix values. Vectors, scalars and sums are always f64.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -7,7 +7,8 @@ pub mod mpi;
 use std::io::BufRead;
 use std::path::PathBuf;
 
-use seistomo::run::{load_mtx_system, System};
+use seistomo::io::mtx::load_system as load_mtx_system;
+use seistomo::sparse::System;
 
 /// The repository root.
 pub fn root() -> PathBuf {

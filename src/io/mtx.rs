@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::io::{open_text, write_atomic};
-use crate::sparse::Csr;
+use crate::sparse::{Csr, System};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Field {
@@ -591,6 +591,58 @@ pub fn write_vector_mtx_to(w: &mut dyn std::io::Write, x: &[f64]) -> std::io::Re
         writeln!(w, "{v:e}")?;
     }
     Ok(())
+}
+
+/// Load [A; w R], [b; 0] from Matrix Market / text files.
+pub fn load_system(
+    matrix: &Path,
+    rhs: Option<&Path>,
+    reg: Option<&Path>,
+    reg_weight: f64,
+) -> Result<System> {
+    let a = read_matrix(matrix)?;
+    let b = match rhs {
+        Some(p) => {
+            let b = read_vector(p)?;
+            if b.len() != a.nrows() {
+                return Err(Error::format(
+                    p,
+                    format!(
+                        "{} values but the matrix {} has {} rows",
+                        b.len(),
+                        matrix.display(),
+                        a.nrows()
+                    ),
+                ));
+            }
+            b
+        }
+        None => a.matvec(&vec![1.0; a.ncols()]),
+    };
+    let kernel_rows = a.nrows();
+    match reg {
+        None => Ok(System { a, b, kernel_rows }),
+        Some(p) => {
+            let r = read_matrix(p)?;
+            if r.ncols() != a.ncols() {
+                return Err(Error::format(
+                    p,
+                    format!(
+                        "{} columns but the matrix {} has {}",
+                        r.ncols(),
+                        matrix.display(),
+                        a.ncols()
+                    ),
+                ));
+            }
+            let mut b = b;
+            b.resize(a.nrows() + r.nrows(), 0.0);
+            let a = a
+                .vstack_scaled(&r, reg_weight)
+                .map_err(|e| Error::in_file(p, e))?;
+            Ok(System { a, b, kernel_rows })
+        }
+    }
 }
 
 #[cfg(test)]
