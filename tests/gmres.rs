@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use seistomo::backend::cpu::CpuBackend;
-use seistomo::comm::{Comm, SerialComm};
+use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
 use seistomo::solver::dist_square::{
-    comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond, ThreadComm,
+    comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond,
 };
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,

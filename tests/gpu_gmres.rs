@@ -11,11 +11,9 @@ use std::path::PathBuf;
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaIluSweeps};
 use seistomo::backend::{Backend, Precision};
-use seistomo::comm::{Comm, SerialComm};
+use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
-use seistomo::solver::dist_square::{
-    gmres_square_cpu, RowPartition, SquarePrecond, SquareSolve, ThreadComm,
-};
+use seistomo::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::sparse::Csr;

@@ -492,7 +492,7 @@ fn pattern(n: usize) -> Vec<u8> {
 /// Run by `mpiio_reads_byte_ranges_on_three_ranks` on each rank (does nothing on its own).
 #[test]
 fn mpiio_rank_child() {
-    use seistomo::comm::{Comm, MpiComm};
+    use seistomo::comm::{Comm, MpiComm, RangeSource};
     use seistomo::io::mpiio::{read_at, MpiFile};
     let Some(f) = std::env::var_os("SEISTOMO_MPIIO_FILE") else {
         eprintln!("mpiio_rank_child: only runs under mpirun, started by mpiio_reads_byte_ranges_on_three_ranks");

@@ -6,13 +6,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use seistomo::comm::{Comm, SerialComm};
+use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::{
     metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
 };
 use seistomo::solver::dist_square::{
-    comm_volume, gmres_square_cpu, CommVolume, RowPartition, SquarePrecond, ThreadComm,
+    comm_volume, gmres_square_cpu, CommVolume, RowPartition, SquarePrecond,
 };
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;

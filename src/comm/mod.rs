@@ -6,18 +6,21 @@ pub mod distribute;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod serial;
+mod thread;
 mod timed;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiComm;
 pub use distribute::{agree, contiguous_nnz_split, distribute_system, Assignment};
 pub use serial::SerialComm;
+pub use thread::ThreadComm;
 pub use timed::{RankTiming, TimedComm};
 
 use crate::error::{Error, Result};
+pub use crate::io::rowio::RangeSource;
 
 /// What a solver or loader needs from the ranks of a job.
-pub trait Comm: Send + Sync {
+pub trait Comm: RangeSource + Send + Sync {
     /// This process's rank, 0-based.
     fn rank(&self) -> usize;
     /// Number of ranks.
@@ -55,29 +58,6 @@ pub trait Comm: Send + Sync {
     /// One line for logs and reports: which communicator, how many ranks.
     fn describe(&self) -> String {
         format!("{} rank(s)", self.size())
-    }
-    /// Read `len` bytes at `offset` of `path`, this rank alone: MPI-IO (MPI_File_read_at on
-    /// MPI_COMM_SELF) under MPI, a positioned std read otherwise. Loaders read their rows with it.
-    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        crate::io::mpiio::read_at_local(path, offset, len)
-    }
-    /// Read `ranges` (offset, length) of `path`, this rank alone, opening the file once:
-    /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
-    /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
-    /// offset.
-    fn read_ranges(
-        &self,
-        path: &std::path::Path,
-        ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        crate::io::mpiio::read_ranges_local(path, ranges, f)
-    }
-    /// Collective: every rank reads its own range (possibly empty) of the same `path`
-    /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
-    /// that rank's: pass the result through [`agree`].
-    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.read_at(path, offset, len)
     }
     /// End the whole job now with exit code `code` (MPI_Abort under MPI). For errors that only
     /// this rank has seen while the others may be waiting in a collective.

@@ -7,6 +7,7 @@
 //! being inside MPI at once. Message counts are C ints: one collective moves at most 2^31 - 1
 //! values per rank (an error says so, never a silent truncation).
 
+use crate::io::rowio::RangeSource;
 use std::sync::Mutex;
 
 use mpi::collective::SystemOperation;
@@ -197,6 +198,12 @@ impl Comm for MpiComm {
             self.size, self.local_size, self.library
         )
     }
+    fn abort(&self, code: i32) -> ! {
+        self.world().abort(code)
+    }
+}
+
+impl RangeSource for MpiComm {
     fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         let _g = self.lock();
         crate::io::mpiio::read_at(path, offset, len)
@@ -234,9 +241,6 @@ impl Comm for MpiComm {
             f(i, &buf[..len])?;
         }
         Ok(())
-    }
-    fn abort(&self, code: i32) -> ! {
-        self.world().abort(code)
     }
 }
 

@@ -1,11 +1,13 @@
 //! The one-process communicator: every collective is the identity.
 
-use super::Comm;
+use super::{Comm, RangeSource};
 use crate::error::Result;
 
 /// A job of one rank.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SerialComm;
+
+impl RangeSource for SerialComm {}
 
 impl Comm for SerialComm {
     fn rank(&self) -> usize {

@@ -1,6 +1,7 @@
 //! A [`Comm`] wrapper that measures the time spent in reductions, for the per-rank timing
 //! breakdown of report.json (load, compute, allreduce).
 
+use crate::io::rowio::RangeSource;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -109,6 +110,12 @@ impl Comm for TimedComm<'_> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn abort(&self, code: i32) -> ! {
+        self.inner.abort(code)
+    }
+}
+
+impl RangeSource for TimedComm<'_> {
     fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         self.inner.read_at(path, offset, len)
     }
@@ -122,9 +129,6 @@ impl Comm for TimedComm<'_> {
         f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<()> {
         self.inner.read_ranges(path, ranges, f)
-    }
-    fn abort(&self, code: i32) -> ! {
-        self.inner.abort(code)
     }
 }
 

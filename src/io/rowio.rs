@@ -11,7 +11,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::comm::{Comm, SerialComm};
 use crate::error::{Error, Result};
 
 /// Which way rows are read (`[dataset] io` in a run config).
@@ -123,9 +122,44 @@ pub fn chunks(offset: u64, len: usize, max_chunk: usize) -> impl Iterator<Item =
     })
 }
 
-/// Reads byte ranges through a communicator, counting calls and bytes.
+/// Where a rank's byte ranges come from. The default methods are positioned std reads; the
+/// communicator (`comm::Comm` extends this trait) reads through MPI-IO under MPI, so that
+/// readers here never name a communicator.
+pub trait RangeSource: Sync {
+    /// Read `len` bytes at `offset` of `path`, this rank alone: MPI-IO (MPI_File_read_at on
+    /// MPI_COMM_SELF) under MPI, a positioned std read otherwise. Loaders read their rows with it.
+    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        crate::io::mpiio::read_at_local(path, offset, len)
+    }
+    /// Read `ranges` (offset, length) of `path`, this rank alone, opening the file once:
+    /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
+    /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
+    /// offset.
+    fn read_ranges(
+        &self,
+        path: &std::path::Path,
+        ranges: &[(u64, usize)],
+        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        crate::io::mpiio::read_ranges_local(path, ranges, f)
+    }
+    /// Collective: every rank reads its own range (possibly empty) of the same `path`
+    /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
+    /// that rank's: pass the result through [`agree`].
+    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.read_at(path, offset, len)
+    }
+}
+
+/// Positioned std reads: the source without MPI.
+pub struct LocalReads;
+
+impl RangeSource for LocalReads {}
+
+/// Reads byte ranges through a [`RangeSource`] (a communicator, or [`LocalReads`]), counting
+/// calls and bytes.
 pub struct RangeReader<'a> {
-    comm: &'a dyn Comm,
+    comm: &'a dyn RangeSource,
     pub max_gap: u64,
     pub max_span: u64,
     pub max_chunk: usize,
@@ -136,7 +170,7 @@ pub struct RangeReader<'a> {
 impl<'a> RangeReader<'a> {
     /// A reader with the default limits; SEISTOMO_IO_MAX_GAP (bytes) overrides [`MAX_GAP`]
     /// (0: only touching ranges are merged).
-    pub fn new(comm: &'a dyn Comm) -> Self {
+    pub fn new(comm: &'a dyn RangeSource) -> Self {
         let max_gap = std::env::var("SEISTOMO_IO_MAX_GAP")
             .ok()
             .and_then(|v| v.trim().parse().ok())
@@ -153,7 +187,7 @@ impl<'a> RangeReader<'a> {
 
     /// Without MPI: positioned std reads.
     pub fn serial() -> RangeReader<'static> {
-        RangeReader::new(&SerialComm)
+        RangeReader::new(&LocalReads)
     }
 
     /// Read `len` bytes at `offset` of `path` in chunks of at most `max_chunk` bytes. A short
@@ -172,7 +206,7 @@ impl<'a> RangeReader<'a> {
         Ok(buf)
     }
 
-    /// Read `ranges` (offset, length) of `path`, opening it once (see [`Comm::read_ranges`]);
+    /// Read `ranges` (offset, length) of `path`, opening it once (see [`RangeSource::read_ranges`]);
     /// `f(i, bytes)` receives range i's bytes in order. Ranges longer than `max_chunk` are read
     /// in chunks and handed over whole.
     pub fn read_ranges(
