@@ -17,7 +17,7 @@ use seistomo::io::dataset::{
 };
 use seistomo::io::global_row_order;
 use seistomo::io::manifest::Layout;
-use seistomo::run;
+use seistomo::pipeline;
 use seistomo::sparse::Csr;
 use seistomo::sparse::System;
 
@@ -266,12 +266,12 @@ fn demo_checkerboard_is_recovered() {
     let truth = read_true_model(&demo)
         .unwrap()
         .expect("the demo has a true model");
-    let cfg = seistomo::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
+    let cfg = seistomo::pipeline::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
     let sys = cfg.system.load().unwrap();
     assert_eq!(sys.a.ncols(), truth.len());
     let mut opts = cfg.options.clone();
-    opts.backend = run::BackendChoice::Cpu;
-    let o = run::solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap();
+    opts.backend = pipeline::BackendChoice::Cpu;
+    let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap();
     let c = synth::correlation(&o.solution.x, &truth);
     println!("demo checkerboard: correlation with the true model {c:.6}");
     assert!(c >= 0.8, "{c}");
@@ -725,13 +725,13 @@ fn sigma_divides_rows_and_data() {
 #[test]
 fn solution_is_independent_of_the_partition() {
     let demo = root().join("datasets/demo");
-    let cfg = seistomo::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
+    let cfg = seistomo::pipeline::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
     let mut opts = cfg.options.clone();
-    opts.backend = run::BackendChoice::Cpu;
+    opts.backend = pipeline::BackendChoice::Cpu;
     opts.params.atol = 1e-14;
     opts.params.btol = 1e-14;
     let whole = load_dataset(&demo, 0, 1).unwrap();
-    let x1 = run::solve_system(whole, &opts, &SerialComm, 0.0, 0)
+    let x1 = pipeline::solve_system(whole, &opts, &SerialComm, 0.0, 0)
         .unwrap()
         .solution
         .x;
@@ -748,7 +748,7 @@ fn solution_is_independent_of_the_partition() {
         b,
         kernel_rows: parts.iter().map(|p| p.kernel_rows).sum(),
     };
-    let x2 = run::solve_system(permuted, &opts, &SerialComm, 0.0, 0)
+    let x2 = pipeline::solve_system(permuted, &opts, &SerialComm, 0.0, 0)
         .unwrap()
         .solution
         .x;

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
+use seistomo::partition::graph::RowPartition;
 use seistomo::solver::dist_square::{
-    comm_volume, gmres_square_cpu, DistSquareOperator, RowPartition, SquarePrecond,
+    comm_volume, gmres_square_cpu, DistSquareOperator, SquarePrecond,
 };
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,

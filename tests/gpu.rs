@@ -12,7 +12,7 @@ use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::io::mtx::load_system as load_mtx_system;
-use seistomo::run::{choose_backend, BackendChoice};
+use seistomo::pipeline::{choose_backend, BackendChoice};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::awkward_csr;

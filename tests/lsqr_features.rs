@@ -7,7 +7,7 @@ use common::{reference_json, reference_vector as read_gz, rel};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::run::{solve_system, BackendChoice, SolveOptions};
+use seistomo::pipeline::{solve_system, BackendChoice, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testproblems::Lstp;
 

@@ -8,8 +8,9 @@ use seistomo::comm::SerialComm;
 use seistomo::grid::Coverage;
 use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
+use seistomo::model::report::Outcome;
 use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::run::{solve_system, BackendChoice, Outcome, SolveOptions};
+use seistomo::pipeline::{solve_system, BackendChoice, SolveOptions};
 use seistomo::solver::LsqrParams;
 use seistomo::sparse::Csr;
 use seistomo::sparse::System;
@@ -496,7 +497,8 @@ fn lcurve_on_australia_finds_a_corner() {
 #[test]
 fn bundled_model_configs_load_with_their_cell_tables() {
     for name in ["australia-model.toml", "australia-checkerboard.toml"] {
-        let cfg = seistomo::config::RunConfig::load(&root().join("configs").join(name)).unwrap();
+        let cfg = seistomo::pipeline::config::RunConfig::load(&root().join("configs").join(name))
+            .unwrap();
         let spec = cfg.model.spec(11916).unwrap();
         match &spec.param {
             Parameterisation::Cells(c) => assert_eq!(c.rows.len(), 11916),

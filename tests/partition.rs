@@ -8,12 +8,11 @@ use std::path::PathBuf;
 
 use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
+use seistomo::partition::graph::RowPartition;
 use seistomo::partition::graph::{
     metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
 };
-use seistomo::solver::dist_square::{
-    comm_volume, gmres_square_cpu, CommVolume, RowPartition, SquarePrecond,
-};
+use seistomo::solver::dist_square::{comm_volume, gmres_square_cpu, CommVolume, SquarePrecond};
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};

@@ -20,18 +20,19 @@ use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use seistomo::backend::cuda::{
     gmres_square_cuda, CudaBackend, CudaCompactOperator, CudaCsrOperator,
 };
+use seistomo::backend::storage::Storage;
 use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
-use seistomo::run::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
-use seistomo::solver::dist_square::{gmres_square_cpu, RowPartition, SquarePrecond};
+use seistomo::partition::graph::RowPartition;
+use seistomo::pipeline::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
+use seistomo::solver::dist_square::{gmres_square_cpu, SquarePrecond};
 use seistomo::solver::gmres::{
     ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
 };
 use seistomo::solver::precond::{PivotPolicy, TriSolve};
 use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams};
 use seistomo::sparse::Csr;
-use seistomo::storage::Storage;
 use seistomo::Error;
 
 /// The library's error as the Python exception a user expects.
@@ -307,13 +308,13 @@ fn lsqr<'py>(
             // The CLI's pipeline for one rank: storage, reordering (solution mapped back).
             let storage = resolve_storage(kind, storage, strategy, 1, a.nnz());
             let m = a.nrows();
-            let seistomo::storage::Prepared {
+            let seistomo::backend::storage::Prepared {
                 stored,
                 b,
                 ordering,
                 storage,
                 ..
-            } = seistomo::storage::prepare(a, b, m, None, storage, reorder, false);
+            } = seistomo::backend::storage::prepare(a, b, m, None, storage, reorder, false);
             let x0 = x0.as_deref().map(|x| ordering.to_new(x));
             let dev_loop = use_device_loop(lsqr_loop, storage, 1);
             let (res, what) = match kind {
@@ -660,12 +661,12 @@ fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, Py
 fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyResult<String> {
     py.allow_threads(|| {
         guarded(|| {
-            let cfg = seistomo::config::RunConfig::load(&config).map_err(py_err)?;
+            let cfg = seistomo::pipeline::config::RunConfig::load(&config).map_err(py_err)?;
             let sys_src = cfg.system.clone();
-            let o = seistomo::distributed::run_lsqr(
+            let o = seistomo::pipeline::distributed::run_lsqr(
                 &SerialComm,
                 move || sys_src.load(),
-                seistomo::distributed::Loading::Root,
+                seistomo::pipeline::distributed::Loading::Root,
                 &cfg.options,
                 &cfg.output,
                 progress,

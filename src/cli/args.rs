@@ -85,7 +85,7 @@ pub(crate) mod pick {
     use super::choice;
     use clap::builder::TypedValueParser;
 
-    pub fn backend() -> impl TypedValueParser<Value = crate::run::BackendChoice> {
+    pub fn backend() -> impl TypedValueParser<Value = crate::pipeline::BackendChoice> {
         choice(&["auto", "cpu", "cuda"], &["gpu"])
     }
     pub fn transpose() -> impl TypedValueParser<Value = crate::backend::TransposeStrategy> {
@@ -106,7 +106,7 @@ pub(crate) mod pick {
     pub fn reorder() -> impl TypedValueParser<Value = crate::grid::reorder::Reorder> {
         choice(&["none", "rows", "auto"], &[])
     }
-    pub fn storage() -> impl TypedValueParser<Value = crate::storage::Storage> {
+    pub fn storage() -> impl TypedValueParser<Value = crate::backend::storage::Storage> {
         choice(&["auto", "csr", "compact"], &[])
     }
     pub fn lsqr_loop() -> impl TypedValueParser<Value = crate::backend::LsqrLoop> {

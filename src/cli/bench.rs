@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use crate::backend::cpu::CpuCompactOperator;
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
 use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
+use crate::backend::storage::{Prepared, Storage};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::SerialComm;
 use crate::grid::Rng;
@@ -25,7 +26,6 @@ use crate::io::write_atomic;
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::Csr;
 use crate::sparse::{CompactCsr, GapHistogram};
-use crate::storage::{Prepared, Storage};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -492,7 +492,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(dir) = &a.export_npy {
         // The system as CSR storage holds it (every row stored, reordered as `invert` would):
         // what peers are run on.
-        let p = crate::storage::prepare(mat, b, kernel_rows, grid, Storage::Csr, a.reorder, true);
+        let p = crate::backend::storage::prepare(
+            mat,
+            b,
+            kernel_rows,
+            grid,
+            Storage::Csr,
+            a.reorder,
+            true,
+        );
         if !p.ordering.is_identity() {
             eprintln!("reordered: {}", p.ordering.what);
         }
@@ -555,7 +563,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let csr_floor = |p: Precision| csr_floor_bytes(m, n, nnz, p);
     for &storage in &storages {
-        let p = crate::storage::prepare(
+        let p = crate::backend::storage::prepare(
             mat.clone(),
             b.clone(),
             kernel_rows,

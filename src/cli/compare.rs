@@ -9,9 +9,9 @@ use clap::Args;
 
 use crate::backend::TransposeStrategy;
 use crate::comm::SerialComm;
-use crate::config::RunConfig;
 use crate::io::mtx;
-use crate::run::{self, BackendChoice, SolveOptions};
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::{self, BackendChoice, SolveOptions};
 use crate::solver::LsqrParams;
 use crate::sparse::Csr;
 use crate::sparse::System;
@@ -132,7 +132,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
     let b = sys.b.clone();
     // The exact system seistomo iterates on (scaled columns when asked), for the peers.
     let scale = if opts.col_scale {
-        Some(run::column_scaling(&sys.a, &SerialComm)?)
+        Some(pipeline::column_scaling(&sys.a, &SerialComm)?)
     } else {
         None
     };
@@ -153,7 +153,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", dir.display()))?;
 
     let mut rows = Vec::new();
-    let o = run::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
+    let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
     rows.push(Row {
         name: format!(
             "seistomo {} ({})",

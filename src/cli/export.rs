@@ -35,10 +35,10 @@ pub struct ExportArgs {
 /// The system a config solves, as one matrix: column scaling applied and damp*I rows appended
 /// (so a peer without a damping option, PETSc's KSPLSQR, solves the same problem).
 fn config_system(path: &std::path::Path) -> anyhow::Result<crate::sparse::System> {
-    let cfg = crate::config::RunConfig::load(path)?;
+    let cfg = crate::pipeline::config::RunConfig::load(path)?;
     let mut sys = cfg.system.load()?;
     if cfg.options.col_scale {
-        let d = crate::run::column_scaling(&sys.a, &crate::comm::SerialComm)?;
+        let d = crate::pipeline::column_scaling(&sys.a, &crate::comm::SerialComm)?;
         sys.a.scale_columns(&d);
         eprintln!(
             "export: columns scaled to unit norm (the exported system's unknowns are D^-1 x)"
@@ -80,7 +80,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
             c.input("matrix", &a.dataset);
             c
         }
-        (_, true) => crate::config::RunConfig::load(&a.dataset)?.input_paths(),
+        (_, true) => crate::pipeline::config::RunConfig::load(&a.dataset)?.input_paths(),
         _ => {
             let mut c = crate::io::outpaths::PathCheck::new();
             let dir = if a.dataset.is_dir() {

@@ -4,9 +4,9 @@ use clap::Args;
 use std::path::PathBuf;
 
 use crate::comm::{agree, Comm};
-use crate::config::RunConfig;
-use crate::distributed;
-use crate::run::SystemSource;
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::distributed;
+use crate::pipeline::SystemSource;
 
 #[derive(Debug, Args)]
 pub struct InvertArgs {
@@ -40,7 +40,7 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     )?;
     super::log_job(comm);
     if comm.is_root() {
-        crate::model::provenance::note_config(&cfg);
+        crate::pipeline::config::note_config(&cfg);
     }
     // Datasets: every rank reads its own rows (greedy LPT over kernel row nnz, damping blocks by
     // rank); Matrix Market: rank 0 reads and sends nonzero-balanced row blocks.

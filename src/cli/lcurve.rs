@@ -8,12 +8,13 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::comm::SerialComm;
-use crate::config::RunConfig;
 use crate::grid::Coverage;
 use crate::io::mtx;
 use crate::model::hdf5::{stage_model, ModelInputs};
-use crate::model::lcurve::{corner, parse_list, parse_log_range, Sweep};
-use crate::run::SystemSource;
+use crate::model::lcurve::{corner, parse_list, parse_log_range};
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::lcurve::Sweep;
+use crate::pipeline::SystemSource;
 
 #[derive(Debug, Args)]
 pub struct LcurveArgs {
@@ -33,7 +34,7 @@ pub struct LcurveArgs {
 
 pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::load(&a.config)?;
-    crate::model::provenance::note_config(&cfg);
+    crate::pipeline::config::note_config(&cfg);
     super::init_threads(cfg.options.threads)?;
     let weights = match (&a.damping, &a.log_range) {
         (Some(d), None) => parse_list(d)?,
@@ -192,7 +193,7 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             let mut report = p.outcome.report.clone();
             report.run_id = publ.run_id().to_string();
             publ.write(&out.join("report.json"), |w| {
-                crate::run::json_text(w, &report)
+                crate::pipeline::json_text(w, &report)
             })?;
             publ.commit()?;
             eprintln!(

@@ -120,10 +120,10 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(t) = threads {
-        if !(1..=crate::config::MAX_THREADS).contains(&t) {
+        if !(1..=crate::pipeline::config::MAX_THREADS).contains(&t) {
             anyhow::bail!(
                 "--threads must be in 1..={} (got {t})",
-                crate::config::MAX_THREADS
+                crate::pipeline::config::MAX_THREADS
             );
         }
         b = b.num_threads(t);
@@ -145,7 +145,7 @@ pub(crate) fn log_job(comm: &dyn crate::comm::Comm) {
 }
 
 /// One line summarising an outcome, for stderr.
-pub(crate) fn summary(o: &crate::run::Outcome) -> String {
+pub(crate) fn summary(o: &crate::model::report::Outcome) -> String {
     let r = &o.report;
     format!(
         "lsqr on {} ({}): istop {} ({}) after {} iterations; r1norm {:.8e}, arnorm {:.3e}, xnorm {:.8e}; solve {:.3} s ({:.4} ms/iter)",

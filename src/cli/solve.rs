@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
-use crate::distributed;
-use crate::run::{BackendChoice, OutputPaths, SolveOptions};
+use crate::pipeline::distributed;
+use crate::pipeline::{BackendChoice, OutputPaths, SolveOptions};
 use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
@@ -76,7 +76,7 @@ pub struct SolveArgs {
     /// Matrix storage: auto (compact on the GPU from 1M nonzeros on one rank, else csr), csr, or
     /// compact (16-bit column deltas; damping rows generated from a grid applied as stencils).
     #[arg(long, default_value = "auto", value_parser = super::args::pick::storage())]
-    storage: crate::storage::Storage,
+    storage: crate::backend::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
     /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
     /// with compact storage on one rank, host otherwise.

@@ -14,7 +14,7 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::io::mtx;
 use crate::partition::graph::{partition_square_on, PartitionMethod};
-use crate::run::{choose_backend, BackendChoice};
+use crate::pipeline::{choose_backend, BackendChoice};
 use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
@@ -414,7 +414,7 @@ pub fn run(c: GmresCli, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
         publ.write(p, |w| history_csv(w, &mon.history.0))?;
     }
     if let Some(p) = &c.report {
-        publ.write(p, |w| crate::run::json_text(w, &report))?;
+        publ.write(p, |w| crate::pipeline::json_text(w, &report))?;
     }
     publ.commit()?;
     eprintln!(

@@ -22,15 +22,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::binfmt::CrcWriter;
 use crate::io::write_atomic;
-use crate::solver::{
-    lsqr_iterate, lsqr_start, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars, LsqrSolution,
-    LsqrVectors,
-};
+use crate::solver::{IterRecord, LsqrParams, LsqrScalars};
 
 pub const MAGIC: &[u8; 8] = b"SEISCKPT";
 pub const VERSION: u32 = 2;
@@ -125,27 +121,28 @@ fn write_f64s(w: &mut dyn Write, v: &[f64]) -> std::io::Result<()> {
 }
 
 /// Host copies of the state vectors (sized once).
-struct HostState {
-    u: Vec<f64>,
-    v: Vec<f64>,
-    w: Vec<f64>,
-    x: Vec<f64>,
-    var: Option<Vec<f64>>,
+pub struct HostState {
+    pub u: Vec<f64>,
+    pub v: Vec<f64>,
+    pub w: Vec<f64>,
+    pub x: Vec<f64>,
+    pub var: Option<Vec<f64>>,
 }
 
 /// The state read back from a checkpoint file.
 pub struct Loaded {
     pub scalars: LsqrScalars,
     pub history: Vec<IterRecord>,
-    u: Vec<f64>,
-    v: Vec<f64>,
-    w: Vec<f64>,
-    x: Vec<f64>,
-    var: Option<Vec<f64>>,
+    pub u: Vec<f64>,
+    pub v: Vec<f64>,
+    pub w: Vec<f64>,
+    pub x: Vec<f64>,
+    pub var: Option<Vec<f64>>,
 }
 
+/// Write the state as a checkpoint file (atomically; `comm` gives rank and size for the header).
 #[allow(clippy::too_many_arguments)]
-fn write_checkpoint(
+pub fn write_checkpoint(
     path: &Path,
     comm: &dyn Comm,
     fp: &str,
@@ -343,203 +340,15 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     Ok((header, (u, v, w, x, var)))
 }
 
-/// Wraps the caller's monitor: shifts times after a resume, keeps the history and writes
-/// checkpoints.
-struct CkMonitor<'a, B: Backend> {
-    inner: &'a mut dyn LsqrMonitor<B>,
-    path: PathBuf,
-    every: usize,
-    comm: &'a dyn Comm,
-    fp: String,
-    params: LsqrParams,
-    history: Vec<IterRecord>,
-    offset: f64,
-    host: HostState,
-}
-
-impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
-    fn record(&mut self, rec: &IterRecord) -> Result<()> {
-        let mut r = *rec;
-        r.seconds += self.offset;
-        self.history.push(r);
-        self.inner.record(&r)
-    }
-    fn checkpoint_every(&self) -> usize {
-        self.every
-    }
-    fn state(&mut self, be: &B, s: &LsqrScalars, v: &LsqrVectors<B::Vector>) -> Result<()> {
-        self.inner.state(be, s, v)?;
-        if self.every == 0 || s.istop != 0 || s.itn % self.every != 0 {
-            return Ok(());
-        }
-        be.download(&v.u, &mut self.host.u)?;
-        be.download(&v.v, &mut self.host.v)?;
-        be.download(&v.w, &mut self.host.w)?;
-        be.download(&v.x, &mut self.host.x)?;
-        if let (Some(d), Some(h)) = (&v.var, self.host.var.as_mut()) {
-            be.download(d, h)?;
-        }
-        write_checkpoint(
-            &self.path,
-            self.comm,
-            &self.fp,
-            &self.params,
-            s,
-            &self.history,
-            &self.host,
-        )
-    }
-}
-
-/// What [`lsqr_checkpointed`] returns besides the solution.
-pub struct RunHistory {
-    /// The history from iteration 0, including what came before a resume.
-    pub history: Vec<IterRecord>,
-    /// The iteration the run resumed from (None: started from the beginning).
-    pub resumed_from: Option<usize>,
-}
-
-/// LSQR with checkpoints (and resume). `fp` fingerprints the system (see [`fingerprint`]).
-#[allow(clippy::too_many_arguments)]
-pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    comm: &dyn Comm,
-    b: &[f64],
-    x0: Option<&[f64]>,
-    params: &LsqrParams,
-    ck: &Checkpointing,
-    fp: &str,
-    monitor: &mut dyn LsqrMonitor<B>,
-) -> Result<(LsqrSolution, RunHistory)> {
-    let path = ck.path_for(comm);
-    let (m, n) = (op.nrows(), op.ncols());
-    let local = || -> Result<Option<Loaded>> {
-        if !(ck.resume && path.is_file()) {
-            return Ok(None);
-        }
-        let (l, lfp, lparams, rank, ranks) = read_checkpoint(&path)?;
-        let mismatch = |what: &str| {
-            Error::format(
-                &path,
-                format!("checkpoint was written for a different {what}; delete it to start over"),
-            )
-        };
-        if rank != comm.rank() || ranks != comm.size() {
-            return Err(mismatch("number of ranks"));
-        }
-        if l.u.len() != m || l.x.len() != n || lfp != fp {
-            return Err(mismatch("system"));
-        }
-        let same = serde_json::to_string(&lparams).ok() == serde_json::to_string(params).ok();
-        if !same {
-            return Err(mismatch("set of solver parameters"));
-        }
-        Ok(Some(l))
-    };
-    let resume_from = crate::comm::agree(comm, local())?;
-    // Every rank resumes from the same iteration, or none does; rank 0 says which, once,
-    // before the solve.
-    let itn = resume_from.as_ref().map_or(0, |l| l.scalars.itn);
-    let mut seen = vec![f64::from(u8::from(resume_from.is_some())), itn as f64];
-    comm.allreduce_sum(&mut seen)?;
-    let have = seen[0] as usize;
-    let consistent = have == 0 || (have == comm.size() && itn * comm.size() == seen[1] as usize);
-    crate::comm::agree(
-        comm,
-        if consistent {
-            Ok(())
-        } else {
-            Err(Error::format(
-                &path,
-                format!(
-                    "the checkpoints of the {} ranks are not from one iteration ({have} found); delete them to start over",
-                    comm.size()
-                ),
-            ))
-        },
-    )?;
-    // (a resume is announced below, once, before the solve goes on)
-    if ck.resume && comm.is_root() && resume_from.is_none() {
-        eprintln!(
-            "no checkpoint at {}: starting from the beginning",
-            crate::io::tidy(&ck.path).display()
-        );
-    }
-    let (mut s, mut vecs, prefix, resumed_from) = match resume_from {
-        Some(l) => {
-            let vecs = LsqrVectors {
-                u: be.upload(&l.u)?,
-                v: be.upload(&l.v)?,
-                w: be.upload(&l.w)?,
-                x: be.upload(&l.x)?,
-                var: l.var.as_deref().map(|v| be.upload(v)).transpose()?,
-            };
-            let itn = l.scalars.itn;
-            // Said before the solve goes on, not after it.
-            if comm.is_root() {
-                eprintln!(
-                    "resumed from the checkpoint at iteration {itn} ({})",
-                    crate::io::tidy(&path).display()
-                );
-            }
-            (l.scalars, vecs, l.history, Some(itn))
-        }
-        None => {
-            let bd = be.upload(b)?;
-            let x0d = x0.map(|x| be.upload(x)).transpose()?;
-            let (s, v) = lsqr_start(be, op, comm, &bd, x0d.as_ref(), params)?;
-            (s, v, Vec::new(), None)
-        }
-    };
-    let offset = prefix.last().map(|r| r.seconds).unwrap_or(0.0);
-    let mut mon = CkMonitor {
-        inner: monitor,
-        path,
-        every: ck.every,
-        comm,
-        fp: fp.to_string(),
-        params: params.clone(),
-        history: prefix,
-        offset,
-        host: HostState {
-            u: vec![0.0; m],
-            v: vec![0.0; n],
-            w: vec![0.0; n],
-            x: vec![0.0; n],
-            var: if params.calc_var {
-                Some(vec![0.0; n])
-            } else {
-                None
-            },
-        },
-    };
-    let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
-    let mut x = vec![0.0; n];
-    be.download(&vecs.x, &mut x)?;
-    let var = match &vecs.var {
-        Some(d) => {
-            let mut h = vec![0.0; n];
-            be.download(d, &mut h)?;
-            Some(h)
-        }
-        None => None,
-    };
-    Ok((
-        LsqrSolution { x, var, info },
-        RunHistory {
-            history: mon.history,
-            resumed_from,
-        },
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
+    use crate::backend::Backend;
     use crate::backend::TransposeStrategy;
     use crate::comm::SerialComm;
+    use crate::pipeline::checkpoint::lsqr_checkpointed;
+    use crate::solver::LsqrMonitor;
     use crate::solver::NoMonitor;
     use crate::testproblems::Lstp;
 

@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::grid::Coverage;
 use crate::grid::Grid;
 use crate::model::fields::Fields;
+use crate::model::report::Outcome;
 use crate::model::spec::{ModelSpec, Parameterisation, Reference};
-use crate::run::Outcome;
 use crate::solver::IterRecord;
 
 /// Format name and version written to the root attributes.

@@ -19,7 +19,7 @@
 //! ```
 //!
 //! and gives every `/history` dataset its units. The inputs are noted by the command
-//! ([`note_config`], [`note_inputs`]) before the solve; a file written without notes (tests,
+//! (`pipeline::config::note_config`, [`note_inputs`]) before the solve; a file written without notes (tests,
 //! library use) has empty input lists.
 
 use std::io::Read;
@@ -29,9 +29,8 @@ use std::sync::Mutex;
 use ::hdf5::types::VarLenUnicode;
 use ::hdf5::{H5Type, Location};
 
-use crate::config::RunConfig;
 use crate::error::{Error, Result};
-use crate::run::{Report, SystemSource};
+use crate::model::report::Report;
 
 /// The commit this binary was built from (set by build.rs).
 pub const GIT_COMMIT: &str = match option_env!("SEISTOMO_GIT_COMMIT") {
@@ -69,26 +68,9 @@ pub fn note_inputs<P: AsRef<Path>>(paths: impl IntoIterator<Item = P>) {
     }
 }
 
-/// Note a run config and everything it reads: the config file, the Matrix Market files or
-/// every file of the dataset directory (and its manifest), a starting model.
-pub fn note_config(cfg: &RunConfig) {
-    let mut files = vec![cfg.path.clone()];
-    match &cfg.system {
-        SystemSource::Mtx {
-            matrix, rhs, reg, ..
-        } => {
-            files.push(matrix.clone());
-            files.extend(rhs.iter().cloned());
-            files.extend(reg.iter().cloned());
-        }
-        SystemSource::Dataset { path, .. } => {
-            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-            files.push(dir.map(Path::to_path_buf).unwrap_or_else(|| path.clone()));
-            notes().manifest = Some(crate::io::tidy(path));
-        }
-    }
-    files.extend(cfg.options.x0.iter().cloned());
-    note_inputs(files);
+/// Note the manifest of the dataset a run reads (its dataset id goes into the provenance).
+pub fn note_manifest(path: &Path) {
+    notes().manifest = Some(crate::io::tidy(path));
 }
 
 /// Regular files under `dir`, sorted (symbolic links followed, hidden temp files skipped).

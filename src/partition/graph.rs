@@ -24,7 +24,6 @@ use serde::Serialize;
 
 use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
-use crate::solver::dist_square::{comm_volume, CommVolume, RowPartition};
 use crate::sparse::Csr;
 
 /// How rows are assigned to ranks (`--partition`).
@@ -322,6 +321,46 @@ pub fn permutation_from_parts(
     ))
 }
 
+/// Contiguous row blocks: rank r owns rows `bounds[r]..bounds[r + 1]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowPartition {
+    pub bounds: Vec<usize>,
+}
+
+impl RowPartition {
+    /// Equal row counts.
+    pub fn contiguous(n: usize, parts: usize) -> Self {
+        let p = parts.max(1);
+        RowPartition {
+            bounds: (0..=p).map(|r| n * r / p).collect(),
+        }
+    }
+    /// About equal nonzero counts (row offsets `indptr` of the whole matrix).
+    pub fn by_nnz(indptr: &[u64], parts: usize) -> Self {
+        let p = parts.max(1);
+        let n = indptr.len() - 1;
+        let nnz = indptr[n];
+        let mut bounds = vec![0usize];
+        for r in 1..p {
+            let target = nnz * r as u64 / p as u64;
+            let b = indptr.partition_point(|&x| x < target).min(n);
+            bounds.push(b.max(*bounds.last().unwrap_or(&0)));
+        }
+        bounds.push(n);
+        RowPartition { bounds }
+    }
+    pub fn parts(&self) -> usize {
+        self.bounds.len() - 1
+    }
+    pub fn range(&self, r: usize) -> std::ops::Range<usize> {
+        self.bounds[r]..self.bounds[r + 1]
+    }
+    /// The rank owning global row/column g.
+    pub fn owner(&self, g: usize) -> usize {
+        self.bounds.partition_point(|&b| b <= g) - 1
+    }
+}
+
 /// A partition of a square system for `parts()` ranks: solve P A P^T x' = P b with rank r owning
 /// rows `part.range(r)` of the permuted system; x = P^T x'.
 #[derive(Debug, Clone)]
@@ -343,14 +382,6 @@ impl SquarePartition {
     /// The original row index of every row rank `r` owns, in the rank's order.
     pub fn original_rows(&self, r: usize) -> &[u32] {
         &self.perm.new_to_old()[self.part.range(r)]
-    }
-    /// Communication of one distributed product under this partition.
-    pub fn comm_volume(&self, a: &Csr) -> Result<CommVolume> {
-        if self.perm.is_identity() {
-            comm_volume(a, &self.part)
-        } else {
-            comm_volume(&self.perm.apply_symmetric(a)?, &self.part)
-        }
     }
 }
 

@@ -18,49 +18,10 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::partition::graph::{RowPartition, SquarePartition};
 use crate::solver::gmres::{gmres, GmresInfo, GmresMonitor, GmresParams};
 use crate::solver::precond::{BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve};
 use crate::sparse::Csr;
-
-/// Contiguous row blocks: rank r owns rows `bounds[r]..bounds[r + 1]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowPartition {
-    pub bounds: Vec<usize>,
-}
-
-impl RowPartition {
-    /// Equal row counts.
-    pub fn contiguous(n: usize, parts: usize) -> Self {
-        let p = parts.max(1);
-        RowPartition {
-            bounds: (0..=p).map(|r| n * r / p).collect(),
-        }
-    }
-    /// About equal nonzero counts (row offsets `indptr` of the whole matrix).
-    pub fn by_nnz(indptr: &[u64], parts: usize) -> Self {
-        let p = parts.max(1);
-        let n = indptr.len() - 1;
-        let nnz = indptr[n];
-        let mut bounds = vec![0usize];
-        for r in 1..p {
-            let target = nnz * r as u64 / p as u64;
-            let b = indptr.partition_point(|&x| x < target).min(n);
-            bounds.push(b.max(*bounds.last().unwrap_or(&0)));
-        }
-        bounds.push(n);
-        RowPartition { bounds }
-    }
-    pub fn parts(&self) -> usize {
-        self.bounds.len() - 1
-    }
-    pub fn range(&self, r: usize) -> std::ops::Range<usize> {
-        self.bounds[r]..self.bounds[r + 1]
-    }
-    /// The rank owning global row/column g.
-    pub fn owner(&self, g: usize) -> usize {
-        self.bounds.partition_point(|&b| b <= g) - 1
-    }
-}
 
 /// A rank's rows with renumbered columns and what it receives.
 #[derive(Debug, Clone)]
@@ -254,6 +215,17 @@ pub fn comm_volume(a: &Csr, part: &RowPartition) -> Result<CommVolume> {
         max_nnz: nnz.iter().copied().max().unwrap_or(0),
         min_nnz: nnz.iter().copied().min().unwrap_or(0),
     })
+}
+
+impl SquarePartition {
+    /// Communication of one distributed product under this partition.
+    pub fn comm_volume(&self, a: &Csr) -> Result<CommVolume> {
+        if self.perm.is_identity() {
+            comm_volume(a, &self.part)
+        } else {
+            comm_volume(&self.perm.apply_symmetric(a)?, &self.part)
+        }
+    }
 }
 
 /// This rank's rows of a square matrix on the CPU, with the halo exchange built in: `apply` takes

@@ -22,9 +22,8 @@ use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, THREADS};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::solver::dist_square::{
-    square_precond, DistSquareOperator, RowPartition, SquarePrecond, SquareSolve,
-};
+use crate::partition::graph::RowPartition;
+use crate::solver::dist_square::{square_precond, DistSquareOperator, SquarePrecond, SquareSolve};
 use crate::solver::gmres::{gmres, GmresMonitor, GmresParams};
 use crate::solver::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::sparse::Csr;

@@ -1,7 +1,7 @@
-//! The pipeline shared by `solve` and `invert`: load a system, pick a backend, run LSQR, write
-//! the solution, report and history (rank 0 only, atomically, after the solve succeeded).
+//! One LSQR solve of a loaded system: options, backend choice, storage, column scaling, the
+//! host or device loop, checkpoints; the outcome goes to [`super::outputs`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -12,8 +12,7 @@ use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::mtx;
-use crate::io::publish::Publication;
-use crate::io::{vector_text, write_atomic};
+use crate::model::report::{Outcome, Report, Seconds};
 use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
 use crate::sparse::{Csr, System};
 
@@ -81,7 +80,7 @@ pub struct SolveOptions {
     pub reorder: crate::grid::reorder::Reorder,
     /// Matrix storage: CSR, or compact (16-bit column deltas, grid damping rows as stencils;
     /// src/storage.rs).
-    pub storage: crate::storage::Storage,
+    pub storage: crate::backend::storage::Storage,
     /// GPU: LSQR's iterations driven from the host or by a CUDA graph on the device.
     pub lsqr_loop: crate::backend::LsqrLoop,
     /// Cells along x, y, z when the unknowns are a regular grid's cells (set by `invert` from
@@ -103,7 +102,9 @@ impl SolveOptions {
     pub fn precision_for(&self, kind: BackendChoice) -> crate::backend::Precision {
         match kind {
             BackendChoice::Cuda => self.precision,
-            _ if self.storage == crate::storage::Storage::Csr => crate::backend::Precision::F64,
+            _ if self.storage == crate::backend::storage::Storage::Csr => {
+                crate::backend::Precision::F64
+            }
             _ => self.precision,
         }
     }
@@ -123,70 +124,6 @@ impl SystemSource {
             }
         }
     }
-}
-
-/// Wall-clock seconds of each phase.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct Seconds {
-    pub load: f64,
-    pub setup: f64,
-    pub solve: f64,
-    pub total: f64,
-}
-
-/// report.json: what was solved, how, and the outcome.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub program: &'static str,
-    pub version: &'static str,
-    pub method: &'static str,
-    pub backend: String,
-    pub backend_detail: String,
-    /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
-    pub backend_reason: String,
-    pub transpose: String,
-    /// The row/column reordering applied (src/reorder.rs).
-    pub reorder: String,
-    /// The matrix storage, with bytes per nonzero (src/storage.rs).
-    pub storage: String,
-    pub ranks: usize,
-    pub threads: usize,
-    pub m: usize,
-    pub n: usize,
-    pub nnz: usize,
-    pub damp: f64,
-    pub atol: f64,
-    pub btol: f64,
-    pub conlim: f64,
-    pub iter_lim: usize,
-    pub col_scale: bool,
-    pub istop: u32,
-    pub stop_reason: String,
-    pub iterations: usize,
-    pub r1norm: f64,
-    pub r2norm: f64,
-    pub anorm: f64,
-    pub acond: f64,
-    pub arnorm: f64,
-    pub xnorm: f64,
-    pub seconds: Seconds,
-    pub ms_per_iter: f64,
-    /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub rank_timing: Vec<crate::comm::RankTiming>,
-    /// How dataset rows were read: "mmap" or "mpiio" (empty, and left out, for other inputs).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub load_io: String,
-    /// The run id of the output set this report belongs to (src/io/publish.rs).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub run_id: String,
-}
-
-/// Everything a run produced.
-pub struct Outcome {
-    pub solution: LsqrSolution,
-    pub history: Vec<IterRecord>,
-    pub report: Report,
 }
 
 /// Resolve `Auto` and check that the chosen backend can run here; the string says why.
@@ -350,7 +287,7 @@ fn solve_on<B: Backend, O: Operator<B>>(
     };
     if let Some((ck, fp)) = ckpt {
         // The resume message is printed there, once, before the solve.
-        let (sol, h) = crate::model::checkpoint::lsqr_checkpointed(
+        let (sol, h) = crate::pipeline::checkpoint::lsqr_checkpointed(
             be, op, comm, b, x0, params, ck, fp, &mut mon,
         )?;
         return Ok((sol, h.history));
@@ -366,19 +303,19 @@ fn solve_on<B: Backend, O: Operator<B>>(
 /// (compact builds its own explicit transpose).
 pub fn resolve_storage(
     kind: BackendChoice,
-    storage: crate::storage::Storage,
+    storage: crate::backend::storage::Storage,
     transpose: TransposeStrategy,
     ranks: usize,
     nnz: usize,
-) -> crate::storage::Storage {
+) -> crate::backend::storage::Storage {
     match (kind, storage) {
-        (BackendChoice::Cuda, crate::storage::Storage::Auto)
+        (BackendChoice::Cuda, crate::backend::storage::Storage::Auto)
             if ranks > 1 || nnz < GPU_COMPACT_MIN_NNZ =>
         {
-            crate::storage::Storage::Csr
+            crate::backend::storage::Storage::Csr
         }
-        (BackendChoice::Cpu | BackendChoice::Auto, crate::storage::Storage::Auto) => {
-            crate::storage::Storage::Csr
+        (BackendChoice::Cpu | BackendChoice::Auto, crate::backend::storage::Storage::Auto) => {
+            crate::backend::storage::Storage::Csr
         }
         (_, s) => s.resolve(matches!(
             transpose,
@@ -390,13 +327,15 @@ pub fn resolve_storage(
 /// Whether the GPU runs LSQR's device loop: `auto` = with compact storage on one rank.
 pub fn use_device_loop(
     lsqr_loop: crate::backend::LsqrLoop,
-    storage: crate::storage::Storage,
+    storage: crate::backend::storage::Storage,
     ranks: usize,
 ) -> bool {
     match lsqr_loop {
         crate::backend::LsqrLoop::Device => true,
         crate::backend::LsqrLoop::Host => false,
-        crate::backend::LsqrLoop::Auto => storage == crate::storage::Storage::Compact && ranks == 1,
+        crate::backend::LsqrLoop::Auto => {
+            storage == crate::backend::storage::Storage::Compact && ranks == 1
+        }
     }
 }
 
@@ -424,7 +363,7 @@ pub fn solve_system_checkpointed(
     let (kind, why) = choose_backend(opts.backend)?;
     let System { a, b, kernel_rows } = sys;
     let storage = resolve_storage(kind, opts.storage, opts.transpose, comm.size(), a.nnz());
-    let prepared = crate::storage::prepare(
+    let prepared = crate::backend::storage::prepare(
         a,
         b,
         kernel_rows,
@@ -435,7 +374,7 @@ pub fn solve_system_checkpointed(
     );
     let storage_what = prepared.describe(opts.precision_for(kind));
     let fp_tag = prepared.stencil_tag();
-    let crate::storage::Prepared {
+    let crate::backend::storage::Prepared {
         stored: mut a,
         stencil,
         b,
@@ -478,7 +417,7 @@ pub fn solve_system_checkpointed(
             let be = CpuBackend::new();
             let fp =
                 ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
-            if storage == crate::storage::Storage::Compact {
+            if storage == crate::backend::storage::Storage::Compact {
                 let op = CpuCompactOperator::new(&a, stencil, opts.precision);
                 drop(a);
                 let setup = t_setup.elapsed().as_secs_f64();
@@ -517,7 +456,7 @@ pub fn solve_system_checkpointed(
             }
             let fp =
                 ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
-            let compact = if storage == crate::storage::Storage::Compact {
+            let compact = if storage == crate::backend::storage::Storage::Compact {
                 match CudaCompactOperator::new(&be, &a, stencil.as_ref(), opts.precision) {
                     Ok(op) => {
                         op.set_device_loop(device_loop);
@@ -657,59 +596,4 @@ pub fn solve_system_checkpointed(
         history,
         report,
     })
-}
-
-/// The history as CSV.
-pub fn history_csv(w: &mut dyn std::io::Write, h: &[IterRecord]) -> std::io::Result<()> {
-    writeln!(w, "itn,r1norm,r2norm,arnorm,anorm,acond,xnorm,seconds")?;
-    for r in h {
-        writeln!(
-            w,
-            "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e}",
-            r.itn, r.r1norm, r.r2norm, r.arnorm, r.anorm, r.acond, r.xnorm, r.seconds
-        )?;
-    }
-    Ok(())
-}
-
-/// Any serialisable value as pretty JSON.
-pub fn json_text<T: Serialize>(w: &mut dyn std::io::Write, value: &T) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *w, value).map_err(std::io::Error::other)?;
-    writeln!(w)
-}
-
-/// Write the history as CSV (atomically, on its own).
-pub fn write_history(path: &Path, h: &[IterRecord]) -> Result<()> {
-    write_atomic(path, |w| history_csv(w, h))
-}
-
-/// Write any serialisable value as pretty JSON (atomically, on its own).
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    write_atomic(path, |w| json_text(w, value))
-}
-
-/// Stage the outputs that are asked for into a run's output set (rank 0 only), in a fixed
-/// order: solution, variance, history, report.
-pub fn stage_outputs(publ: &mut Publication, out: &OutputPaths, o: &Outcome) -> Result<()> {
-    if let Some(p) = &out.solution {
-        publ.write(p, |w| vector_text(w, &o.solution.x))?;
-    }
-    if let (Some(p), Some(var)) = (&out.variance, &o.solution.var) {
-        publ.write(p, |w| vector_text(w, var))?;
-    }
-    if let Some(p) = &out.history {
-        publ.write(p, |w| history_csv(w, &o.history))?;
-    }
-    if let Some(p) = &out.report {
-        publ.write(p, |w| json_text(w, &o.report))?;
-    }
-    Ok(())
-}
-
-/// Write the outputs that are asked for as one set (call on rank 0 only). Directories are
-/// created.
-pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
-    let mut publ = Publication::new("solve");
-    stage_outputs(&mut publ, out, o)?;
-    publ.commit()
 }

@@ -1,15 +1,16 @@
 //! The `solve` / `invert` pipeline over ranks: rank 0 loads the system and sends each rank its
 //! rows (nonzero-balanced), every rank runs LSQR on its rows (one vector reduction per
 //! iteration), rank 0 collects the per-rank timing and alone writes the outputs. With one rank
-//! this is exactly the single-process pipeline of [`crate::run`].
+//! this is exactly the single-process pipeline of [`crate::pipeline`].
 
 use std::time::Instant;
 
 use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
-use crate::config::RunConfig;
 use crate::error::Result;
-use crate::model::RunModel;
-use crate::run::{self, Outcome, OutputPaths, SolveOptions};
+use crate::model::report::Outcome;
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::model::RunModel;
+use crate::pipeline::{self, OutputPaths, SolveOptions};
 use crate::sparse::System;
 
 /// Where each rank's rows come from.
@@ -75,7 +76,7 @@ pub fn run_lsqr(
     }
     let opts = &opts;
     let timed = TimedComm::new(comm);
-    let mut outcome = run::solve_system_checkpointed(
+    let mut outcome = pipeline::solve_system_checkpointed(
         sys,
         opts,
         &timed,
@@ -126,7 +127,7 @@ fn publish(
     let mut publ =
         crate::io::publish::Publication::new(if model.is_some() { "invert" } else { "solve" });
     outcome.report.run_id = publ.run_id().to_string();
-    run::stage_outputs(&mut publ, out, outcome)?;
+    pipeline::stage_outputs(&mut publ, out, outcome)?;
     if let Some((m, cfg)) = model {
         m.stage(&mut publ, cfg, outcome)?;
     }

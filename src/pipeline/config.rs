@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::backend::TransposeStrategy;
 use crate::error::{Error, Result};
-use crate::run::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use crate::pipeline::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::solver::LsqrParams;
 
 #[derive(Debug, Deserialize)]
@@ -458,6 +458,31 @@ fn dataset_source(
         },
         x0,
     ))
+}
+
+/// Note a run config and everything it reads: the config file, the Matrix Market files or
+/// every file of the dataset directory (and its manifest), a starting model.
+pub fn note_config(cfg: &RunConfig) {
+    let mut files = vec![cfg.path.clone()];
+    match &cfg.system {
+        SystemSource::Mtx {
+            matrix, rhs, reg, ..
+        } => {
+            files.push(matrix.clone());
+            files.extend(rhs.iter().cloned());
+            files.extend(reg.iter().cloned());
+        }
+        SystemSource::Dataset { path, .. } => {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            files.push(
+                dir.map(std::path::Path::to_path_buf)
+                    .unwrap_or_else(|| path.clone()),
+            );
+            crate::model::provenance::note_manifest(path);
+        }
+    }
+    files.extend(cfg.options.x0.iter().cloned());
+    crate::model::provenance::note_inputs(files);
 }
 
 #[cfg(test)]

@@ -1,0 +1,69 @@
+//! report.json: what was solved, how, and the outcome; [`Outcome`] is everything a run produced.
+
+use serde::Serialize;
+
+use crate::solver::{IterRecord, LsqrSolution};
+
+/// Wall-clock seconds of each phase.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Seconds {
+    pub load: f64,
+    pub setup: f64,
+    pub solve: f64,
+    pub total: f64,
+}
+
+/// report.json: what was solved, how, and the outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub program: &'static str,
+    pub version: &'static str,
+    pub method: &'static str,
+    pub backend: String,
+    pub backend_detail: String,
+    /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
+    pub backend_reason: String,
+    pub transpose: String,
+    /// The row/column reordering applied (src/reorder.rs).
+    pub reorder: String,
+    /// The matrix storage, with bytes per nonzero (src/storage.rs).
+    pub storage: String,
+    pub ranks: usize,
+    pub threads: usize,
+    pub m: usize,
+    pub n: usize,
+    pub nnz: usize,
+    pub damp: f64,
+    pub atol: f64,
+    pub btol: f64,
+    pub conlim: f64,
+    pub iter_lim: usize,
+    pub col_scale: bool,
+    pub istop: u32,
+    pub stop_reason: String,
+    pub iterations: usize,
+    pub r1norm: f64,
+    pub r2norm: f64,
+    pub anorm: f64,
+    pub acond: f64,
+    pub arnorm: f64,
+    pub xnorm: f64,
+    pub seconds: Seconds,
+    pub ms_per_iter: f64,
+    /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rank_timing: Vec<crate::comm::RankTiming>,
+    /// How dataset rows were read: "mmap" or "mpiio" (empty, and left out, for other inputs).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub load_io: String,
+    /// The run id of the output set this report belongs to (src/io/publish.rs).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
+}
+
+/// Everything a run produced.
+pub struct Outcome {
+    pub solution: LsqrSolution,
+    pub history: Vec<IterRecord>,
+    pub report: Report,
+}
