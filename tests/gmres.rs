@@ -4,19 +4,20 @@
 
 use std::path::{Path, PathBuf};
 
+use seistomo::backend::cpu::square::DistSquareOperator;
 use seistomo::backend::cpu::CpuBackend;
+use seistomo::backend::precond::{
+    BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
+};
+use seistomo::comm::halo::comm_volume;
 use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::solver::dist_square::{
-    comm_volume, gmres_square_cpu, DistSquareOperator, SquarePrecond,
-};
+use seistomo::pipeline::gmres::gmres_square_cpu;
+use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,
     PrecondSide,
-};
-use seistomo::solver::precond::{
-    BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
 };
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};

@@ -9,14 +9,16 @@ use common::gpu::{down, gpu, rand_vec, rel};
 use std::path::PathBuf;
 
 use seistomo::backend::cpu::CpuBackend;
-use seistomo::backend::cuda::{gmres_square_cuda, CudaBackend, CudaIluSweeps};
+use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps};
+use seistomo::backend::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::backend::{Backend, Precision};
 use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::solver::dist_square::{gmres_square_cpu, SquarePrecond, SquareSolve};
+use seistomo::pipeline::gmres::gmres_square_cpu;
+use seistomo::pipeline::gmres::gmres_square_cuda;
+use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
-use seistomo::solver::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 

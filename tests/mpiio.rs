@@ -299,7 +299,8 @@ fn mpiio_loads_equal_mmap_loads_on_1_to_4_ranks() {
 #[test]
 fn mpiio_load_rank_child() {
     use seistomo::comm::{Comm, MpiComm};
-    use seistomo::io::dataset::{global_row_order, load_dataset_comm};
+    use seistomo::io::dataset::global_row_order;
+    use seistomo::pipeline::load::load_dataset_comm;
     let Some(list) = std::env::var_os("SEISTOMO_MPIIO_DATASETS") else {
         eprintln!("mpiio_load_rank_child: only runs under mpirun, started by mpiio_loads_equal_mmap_loads_on_1_to_4_ranks");
         return;

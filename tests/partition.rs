@@ -6,13 +6,15 @@ mod common;
 
 use std::path::PathBuf;
 
+use seistomo::comm::halo::comm_volume;
+use seistomo::comm::halo::CommVolume;
 use seistomo::comm::{Comm, SerialComm, ThreadComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::partition::graph::{
-    metis_parts, partition_square, partition_square_on, PartitionMethod, SquarePartition,
-};
-use seistomo::solver::dist_square::{comm_volume, gmres_square_cpu, CommVolume, SquarePrecond};
+use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
+use seistomo::pipeline::gmres::gmres_square_cpu;
+use seistomo::pipeline::gmres::partition_square_on;
+use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};

@@ -5,6 +5,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod lsqr;
+pub mod precond;
 pub mod storage;
 
 use crate::comm::Comm;

@@ -130,7 +130,7 @@ pub(crate) mod pick {
     pub fn stop() -> impl TypedValueParser<Value = crate::solver::gmres::ConvergenceTest> {
         choice(&["preconditioned", "scipy"], &[])
     }
-    pub fn pivot() -> impl TypedValueParser<Value = crate::solver::precond::PivotPolicy> {
+    pub fn pivot() -> impl TypedValueParser<Value = crate::backend::precond::PivotPolicy> {
         choice(&["error", "shift"], &[])
     }
     pub fn partition() -> impl TypedValueParser<Value = crate::partition::graph::PartitionMethod> {

@@ -50,7 +50,7 @@ pub fn run(a: InvertArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     {
         SystemSource::Dataset { path, options } => (
             Box::new(move || {
-                let (sys, st) = crate::io::dataset::load_dataset_comm(path, comm, options)?;
+                let (sys, st) = crate::pipeline::load::load_dataset_comm(path, comm, options)?;
                 if rank == 0 && size > 1 {
                     eprintln!(
                             "dataset metadata read on rank 0 and broadcast; rows read {} on every rank (rank 0: {} rows, {:.1} MiB in {:.3} s{})",

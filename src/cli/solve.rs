@@ -130,7 +130,7 @@ pub struct GmresArgs {
     /// Block ILU(0): on a missing diagonal or zero pivot, stop with an error or shift the
     /// pivot.
     #[arg(long, default_value = "error", value_parser = super::args::pick::pivot())]
-    ilu_pivot: crate::solver::precond::PivotPolicy,
+    ilu_pivot: crate::backend::precond::PivotPolicy,
     /// Block ILU(0): Jacobi sweeps per triangular solve instead of exact solves.
     #[arg(long)]
     ilu_sweeps: Option<usize>,

@@ -8,19 +8,23 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{gmres_square_cuda, CudaBackend};
+use crate::backend::cuda::CudaBackend;
+use crate::backend::precond::{PivotPolicy, TriSolve};
 use crate::backend::{Backend, Precision};
+use crate::comm::halo::CommVolume;
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::io::mtx;
-use crate::partition::graph::{partition_square_on, PartitionMethod};
+use crate::partition::graph::PartitionMethod;
+use crate::pipeline::gmres::gmres_square_cpu;
+use crate::pipeline::gmres::gmres_square_cuda;
+use crate::pipeline::gmres::partition_square_on;
 use crate::pipeline::{choose_backend, BackendChoice};
-use crate::solver::dist_square::{gmres_square_cpu, CommVolume, SquarePrecond};
+use crate::solver::dist_square::SquarePrecond;
 use crate::solver::gmres::{
     ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog,
     PrecondSide,
 };
-use crate::solver::precond::{PivotPolicy, TriSolve};
 
 /// Which preconditioner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -3,6 +3,7 @@
 //! GMRES are written once for one process or many.
 
 pub mod distribute;
+pub mod halo;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod serial;

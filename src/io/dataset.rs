@@ -10,8 +10,7 @@ use crate::grid::Grid;
 use crate::io::binfmt::Precision;
 use crate::io::damping::{write_damping, DampingBlock};
 use crate::io::kernel_rows::{
-    parse_metadata, read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel,
-    MetaEntry, Metadata,
+    read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel, MetaEntry, Metadata,
 };
 use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
@@ -94,32 +93,8 @@ impl OpenDataset {
         Self::from_parts(manifest, meta, opts)
     }
 
-    /// Open a dataset in a job of several ranks the way Huang et al. load: rank 0 alone reads
-    /// the metadata file (row nonzero counts and where each row lives) and broadcasts it; every
-    /// rank then computes the same greedy nonzero partition from it. Collective: every rank must
-    /// call it; an error on any rank (manifest or metadata) reaches every rank.
-    pub fn open_comm(
-        path: &Path,
-        opts: &LoadOptions,
-        comm: &dyn crate::comm::Comm,
-    ) -> Result<OpenDataset> {
-        use crate::comm::agree;
-        let manifest = agree(comm, DatasetManifest::load(path))?;
-        let meta_path = manifest.resolve(&manifest.m.metadata);
-        let mine = if comm.rank() == 0 {
-            std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))
-        } else {
-            Ok(Vec::new())
-        };
-        let mut bytes = agree(comm, mine)?;
-        comm.broadcast_bytes(0, &mut bytes)?;
-        let meta = agree(comm, parse_metadata(&manifest, &bytes))?;
-        drop(bytes);
-        Self::from_parts(manifest, meta, opts)
-    }
-
     /// Check the damping block headers and set up the generated rows.
-    fn from_parts(
+    pub fn from_parts(
         manifest: DatasetManifest,
         meta: Metadata,
         opts: &LoadOptions,
@@ -385,30 +360,6 @@ pub fn load_dataset_with(
     let reader = RangeReader::serial();
     let via = (opts.io == IoChoice::MpiIo).then_some(&reader);
     let (sys, mut stats) = ds.load_via(rank, size, opts.progress, via)?;
-    stats.seconds = t.elapsed().as_secs_f64();
-    Ok((sys, stats))
-}
-
-/// Load this rank's rows of the dataset at `path` in a job described by `comm`: through memory
-/// maps or through `comm`'s MPI-IO reads, as `opts.io` says (`Auto`: MPI-IO on several ranks,
-/// memory maps in one). The statistics say which path was taken.
-pub fn load_dataset_comm(
-    path: &Path,
-    comm: &dyn crate::comm::Comm,
-    opts: &LoadOptions,
-) -> Result<(System, LoadStats)> {
-    let t = Instant::now();
-    let ds = if comm.size() > 1 {
-        OpenDataset::open_comm(path, opts, comm)?
-    } else {
-        OpenDataset::open(path, opts)?
-    };
-    let reader = RangeReader::new(comm);
-    let via = match opts.io.resolve(comm.size()) {
-        IoPath::Mmap => None,
-        IoPath::MpiIo => Some(&reader),
-    };
-    let (sys, mut stats) = ds.load_via(comm.rank(), comm.size(), opts.progress, via)?;
     stats.seconds = t.elapsed().as_secs_f64();
     Ok((sys, stats))
 }

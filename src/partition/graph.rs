@@ -22,7 +22,6 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
@@ -375,7 +374,7 @@ impl SquarePartition {
         self.part.parts()
     }
     /// Rows of rank `r` (global permuted column indices), ready for
-    /// [`crate::solver::dist_square::gmres_square_cpu`].
+    /// [`crate::pipeline::gmres::gmres_square_cpu`].
     pub fn rank_rows(&self, a: &Csr, r: usize) -> Result<Csr> {
         self.perm.rows(a, self.part.range(r))
     }
@@ -409,41 +408,6 @@ pub fn partition_square(a: &Csr, method: PartitionMethod, parts: usize) -> Resul
             SquarePartition { method, perm, part }
         }
     })
-}
-
-/// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs
-/// on rank 0 alone and its parts are broadcast, so that all ranks use the same partition; an
-/// error on rank 0 becomes an error on every rank. Collective.
-pub fn partition_square_on(
-    comm: &dyn Comm,
-    a: &Csr,
-    method: PartitionMethod,
-) -> Result<SquarePartition> {
-    let p = comm.size();
-    if method != PartitionMethod::Metis || p == 1 {
-        return partition_square(a, method, p);
-    }
-    let mine = if comm.is_root() {
-        metis_parts(a, p)
-    } else {
-        Ok(Vec::new())
-    };
-    let parts = agree(comm, mine)?;
-    let mut bytes: Vec<u8> = parts.iter().flat_map(|v| v.to_le_bytes()).collect();
-    comm.broadcast_bytes(0, &mut bytes)?;
-    if bytes.len() != 4 * a.nrows() {
-        return Err(Error::Comm(format!(
-            "METIS partition broadcast: {} bytes for {} rows",
-            bytes.len(),
-            a.nrows()
-        )));
-    }
-    let parts: Vec<u32> = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let (perm, part) = permutation_from_parts(&parts, p)?;
-    Ok(SquarePartition { method, perm, part })
 }
 
 #[cfg(test)]

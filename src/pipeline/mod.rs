@@ -10,7 +10,9 @@
 pub mod checkpoint;
 pub mod config;
 pub mod distributed;
+pub mod gmres;
 pub mod lcurve;
+pub mod load;
 pub mod model;
 pub mod outputs;
 pub mod solve;

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::precond::Preconditioner;
+use crate::backend::precond::Preconditioner;
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};

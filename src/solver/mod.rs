@@ -4,7 +4,6 @@
 pub mod dist_square;
 pub mod gmres;
 pub mod lsqr;
-pub mod precond;
 
 pub use lsqr::{
     lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrScalars,

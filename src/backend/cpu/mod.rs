@@ -7,6 +7,8 @@ mod compact;
 
 pub use compact::CpuCompactOperator;
 
+pub mod square;
+
 use std::sync::Mutex;
 
 use rayon::prelude::*;

@@ -20,7 +20,7 @@ mod tiled;
 
 pub use compact::{CompactGpuOptions, CudaCompactOperator, GpuLayout};
 pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
-pub use square::{gmres_square_cuda, CudaIluSweeps, CudaSquareOperator};
+pub use square::{CudaIluSweeps, CudaSquareOperator};
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -5,13 +5,11 @@
 //!   the x entries other ranks need are gathered on the device, copied to the host, exchanged
 //!   with one all-to-all over [`Comm`], and copied behind the local entries of an extended
 //!   vector [x_local, ghosts] that the local CSR product reads (columns renumbered as in
-//!   [`crate::solver::dist_square::localize`]).
+//!   [`crate::comm::halo::localize`]).
 //! - [`CudaIluSweeps`]: the ILU(0) factors of this rank's block (factorised on the host by
 //!   [`BlockIlu0`]) on the device; each application runs a fixed number of Jacobi sweeps on
 //!   L y = r and U z = y, a thread per row, in the same arithmetic order as the CPU's
 //!   [`BlockIlu0::solve`] (bitwise equal without FMA contraction).
-//! - [`gmres_square_cuda`]: the GPU counterpart of
-//!   [`crate::solver::dist_square::gmres_square_cpu`].
 
 use std::sync::Mutex;
 
@@ -19,13 +17,11 @@ use cudarc::driver::CudaSlice;
 
 use super::operator::up;
 use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, THREADS};
+use crate::backend::cpu::square::DistSquareOperator;
+use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::partition::graph::RowPartition;
-use crate::solver::dist_square::{square_precond, DistSquareOperator, SquarePrecond, SquareSolve};
-use crate::solver::gmres::{gmres, GmresMonitor, GmresParams};
-use crate::solver::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::sparse::Csr;
 
 /// Device buffers of the halo exchange.
@@ -339,44 +335,4 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         debug_assert_eq!(a, pz);
         Ok(())
     }
-}
-
-/// GMRES on the GPU for one rank of a job: `rows` are this rank's rows of the square matrix
-/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
-/// Every rank calls it. Matrix values are stored in `precision`; vectors are f64.
-#[allow(clippy::too_many_arguments)]
-pub fn gmres_square_cuda(
-    be: &CudaBackend,
-    comm: &dyn Comm,
-    rows: &Csr,
-    part: &RowPartition,
-    b: &[f64],
-    x0: Option<&[f64]>,
-    precond: SquarePrecond,
-    precision: Precision,
-    params: &GmresParams,
-    monitor: &mut dyn GmresMonitor,
-) -> Result<SquareSolve> {
-    let t0 = std::time::Instant::now();
-    let cpu = DistSquareOperator::distributed(rows, part, comm)?;
-    let halo = cpu.comm_volume()?;
-    let row0 = part.range(comm.rank()).start;
-    let (mut pc, counts) = square_precond(be, comm, &cpu, row0, precond, |f| {
-        Ok(Box::new(CudaIluSweeps::new(be, &f)?))
-    })?;
-    let op = CudaSquareOperator::new(be, &cpu, comm, precision)?;
-    drop(cpu);
-    be.synchronize()?;
-    let setup_seconds = t0.elapsed().as_secs_f64();
-    let sol = gmres(be, &op, pc.as_mut(), comm, b, x0, params, monitor)?;
-    Ok(SquareSolve {
-        x_local: sol.x,
-        info: sol.info,
-        precond: pc.name(),
-        jacobi_zero_diagonals: counts.zero_diagonals,
-        ilu_replaced_pivots: counts.replaced_pivots,
-        ilu_inserted_diagonals: counts.inserted_diagonals,
-        setup_seconds,
-        halo,
-    })
 }

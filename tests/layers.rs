@@ -1,0 +1,188 @@
+//! The rooms of src/ only import downwards (docs/developers.md, "Layout"):
+//!
+//! cli -> pipeline -> model -> solver -> backend -> comm -> io -> partition -> grid -> sparse
+//! -> error/console/progress; `testproblems` sits beside solver and only cli (and tests) may
+//! use it.
+//!
+//! Every `crate::room` path in a library file (comments and the trailing `#[cfg(test)]` module
+//! left out) is checked against that order, which also rules out import cycles between rooms.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Rank of each room: a room may name rooms of a lower rank (and itself).
+const RANKS: &[(&str, u32)] = &[
+    ("error", 0),
+    ("console", 0),
+    ("progress", 0),
+    ("sparse", 1),
+    ("grid", 2),
+    ("partition", 3),
+    ("io", 4),
+    ("comm", 5),
+    ("backend", 6),
+    ("solver", 7),
+    ("testproblems", 7),
+    ("model", 8),
+    ("pipeline", 9),
+    ("cli", 10),
+];
+
+/// Items of the crate root every room may use (console.rs: the println!/eprintln! macros).
+const ROOT_ITEMS: &[&str] = &[
+    "Error",
+    "Result",
+    "VERSION",
+    "__seistomo_println",
+    "__seistomo_eprintln",
+];
+
+/// Rooms that may not use `testproblems` even though it ranks below them.
+const NO_TESTPROBLEMS: &[&str] = &["model", "pipeline"];
+
+fn rank(room: &str) -> Option<u32> {
+    RANKS.iter().find(|(r, _)| *r == room).map(|(_, k)| *k)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The room of a file under src/: its first folder, or its stem for a top-level file.
+fn room_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The library code of a file: without its unit-test module and without comments.
+fn code_of(text: &str) -> String {
+    let body = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    body.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Rooms named by `crate::room` paths, including the items of grouped imports
+/// (`use crate::{a::x, b}`).
+fn named_rooms(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let after = &rest[i + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let name: String = item
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        } else {
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            out.push(name);
+        }
+        rest = after;
+    }
+    out
+}
+
+#[test]
+fn rooms_only_import_downwards() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut bad = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &files {
+        let room = room_of(&src, f);
+        if room == "lib" || room == "main" {
+            continue;
+        }
+        let Some(mine) = rank(&room) else {
+            bad.push(format!(
+                "{}: room '{room}' is not in the layer order (tests/layers.rs)",
+                f.display()
+            ));
+            continue;
+        };
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        for target in named_rooms(&code) {
+            if target == room || ROOT_ITEMS.contains(&target.as_str()) {
+                continue;
+            }
+            *seen.entry(format!("{room} -> {target}")).or_default() += 1;
+            match rank(&target) {
+                None => bad.push(format!(
+                    "{}: names crate::{target}, which is not a room",
+                    f.display()
+                )),
+                Some(t) if t >= mine => bad.push(format!(
+                    "{}: {room} (rank {mine}) imports {target} (rank {t})",
+                    f.display()
+                )),
+                Some(_) if target == "testproblems" && NO_TESTPROBLEMS.contains(&room.as_str()) => {
+                    bad.push(format!(
+                        "{}: {room} imports testproblems (test problems are for cli and tests)",
+                        f.display()
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    println!("import arrows between rooms (files):");
+    for (edge, n) in &seen {
+        println!("  {edge} ({n})");
+    }
+    assert!(
+        bad.is_empty(),
+        "imports against the layer order:\n{}",
+        bad.join("\n")
+    );
+    // The check must have seen the rooms it is about.
+    for room in [
+        "cli", "pipeline", "model", "solver", "backend", "io", "grid",
+    ] {
+        assert!(
+            seen.keys().any(|e| e.starts_with(&format!("{room} -> "))),
+            "no imports seen from {room}: is the scan broken?"
+        );
+    }
+}
+
+#[test]
+fn the_scan_sees_grouped_and_plain_paths() {
+    let code = code_of(
+        "use crate::{grid::Grid, io};\nlet x = crate::model::f(); // crate::cli\n\
+         #[cfg(test)]\nmod tests { use crate::pipeline; }",
+    );
+    assert_eq!(named_rooms(&code), vec!["grid", "io", "model"]);
+}
