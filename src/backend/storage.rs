@@ -1,6 +1,6 @@
 //! How a loaded LSQR system is stored for the solve: the storage choice (`[backend] storage`,
 //! `--storage`), the split of grid-generated damping rows off the stored rows (applied as
-//! stencils, src/grid/stencil.rs), and the reordering for locality (src/reorder.rs) of what
+//! stencils, src/grid/stencil.rs), and the reordering for locality (src/grid/reorder.rs) of what
 //! stays stored.
 //!
 //! With `compact` storage and a known grid, the damping rows at the end of the system that are

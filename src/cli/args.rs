@@ -118,7 +118,7 @@ pub(crate) mod pick {
     pub fn io() -> impl TypedValueParser<Value = crate::io::rowio::IoChoice> {
         choice(&["auto", "mmap", "mpiio"], &["mpi-io"])
     }
-    pub fn precond() -> impl TypedValueParser<Value = crate::cli::solve_gmres::PrecondChoice> {
+    pub fn precond() -> impl TypedValueParser<Value = crate::pipeline::gmres::PrecondChoice> {
         choice(&["none", "jacobi", "block-ilu0"], &["ilu0", "bjacobi-ilu0"])
     }
     pub fn orthog() -> impl TypedValueParser<Value = crate::solver::gmres::Orthog> {

@@ -46,7 +46,7 @@ pub struct BenchArgs {
     /// shows what row order does to the gathers of A^T u.
     #[arg(long)]
     sort_rays: bool,
-    /// Reorder the system as `invert` does (src/reorder.rs): none (as built), rows (sorted by
+    /// Reorder the system as `invert` does (src/grid/reorder.rs): none (as built), rows (sorted by
     /// first column) or auto (rows, and the synthetic grid's cells in Morton order). Applied
     /// before --export-npy too, so peers can be run on the same reordered system.
     #[arg(long, default_value = "none", value_parser = super::args::pick::reorder())]

@@ -116,7 +116,7 @@ pub struct GmresArgs {
     /// GMRES preconditioner: none, jacobi (diagonal) or block-ilu0 (ILU(0) of each rank's
     /// diagonal block).
     #[arg(long, default_value = "jacobi", value_parser = super::args::pick::precond())]
-    precond: super::solve_gmres::PrecondChoice,
+    precond: crate::pipeline::gmres::PrecondChoice,
     /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice), cgs (classical once) or
     /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
     #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
@@ -211,7 +211,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
 fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     super::init_threads(a.threads)?;
     let g = a.gmres;
-    let c = super::solve_gmres::GmresCli {
+    let c = crate::pipeline::gmres::GmresJob {
         matrix: a.matrix,
         rhs: a.rhs,
         x0: a.x0,

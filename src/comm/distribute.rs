@@ -1,7 +1,7 @@
 //! Spreading a least-squares system over ranks by rows, and agreeing on errors.
 //!
 //! The row assignment is a plain function `(row nnz, ranks) -> Assignment`, so the paper's
-//! greedy LPT over kernel row files (src/partition.rs) can replace the contiguous split here
+//! greedy LPT over kernel row files (src/partition/rows.rs) can replace the contiguous split here
 //! without touching the transport: [`distribute_system`] takes the assignment rule as an
 //! argument.
 

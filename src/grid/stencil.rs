@@ -7,7 +7,7 @@
 //! that; [`StencilOp`] computes its products in A x and A^T y without reading a row offset, a
 //! column index or a value.
 //!
-//! **Row order** is the one `synth::regularisation` writes (the canonical order): the norm rows
+//! **Row order** is the one `grid::regularisation` writes (the canonical order): the norm rows
 //! (one per cell), then for each axis x, y, z with a weight the first-difference rows, then for
 //! each axis the second-difference rows; within a block, cells in grid order (x fastest) where
 //! the stencil fits. [`Stencil::detect_suffix`] recognises such rows at the end of a stored
@@ -17,7 +17,7 @@
 //! **Sums** are taken in the order a CSR product of the same rows takes them (entries in
 //! increasing column order, the transposed rows in increasing row order), so the stencil's
 //! products equal the stored rows' products bit for bit, also after the columns were renumbered
-//! (Morton order, src/reorder.rs: `new_of_old`).
+//! (Morton order, src/grid/reorder.rs: `new_of_old`).
 
 use rayon::prelude::*;
 

@@ -24,9 +24,9 @@ pub struct Report {
     /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
     pub backend_reason: String,
     pub transpose: String,
-    /// The row/column reordering applied (src/reorder.rs).
+    /// The row/column reordering applied (src/grid/reorder.rs).
     pub reorder: String,
-    /// The matrix storage, with bytes per nonzero (src/storage.rs).
+    /// The matrix storage, with bytes per nonzero (src/backend/storage.rs).
     pub storage: String,
     pub ranks: usize,
     pub threads: usize,

@@ -76,10 +76,10 @@ pub struct SolveOptions {
     pub precision: Precision,
     /// GPU runs on several ranks: how A^T u is summed over ranks.
     pub allreduce: crate::backend::AllreducePath,
-    /// Row/column reordering for locality (src/reorder.rs).
+    /// Row/column reordering for locality (src/grid/reorder.rs).
     pub reorder: crate::grid::reorder::Reorder,
     /// Matrix storage: CSR, or compact (16-bit column deltas, grid damping rows as stencils;
-    /// src/storage.rs).
+    /// src/backend/storage.rs).
     pub storage: crate::backend::storage::Storage,
     /// GPU: LSQR's iterations driven from the host or by a CUDA graph on the device.
     pub lsqr_loop: crate::backend::LsqrLoop,

@@ -2,7 +2,7 @@
 //!
 //! A general CSR library moves at least 12 bytes per nonzero (an f64 value and a u32 column)
 //! plus the row offsets. Tomography kernel rows have structure such a library cannot use: once
-//! rays and cells are reordered for locality (src/reorder.rs), the columns of a row are close
+//! rays and cells are reordered for locality (src/grid/reorder.rs), the columns of a row are close
 //! to each other, so the step from one column to the next fits in 16 bits almost always. This
 //! format stores, per row,
 //!

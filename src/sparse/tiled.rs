@@ -3,7 +3,7 @@
 //! On a GPU a sparse product is bound by its gathers: every nonzero fetches a 32-byte sector of
 //! x from L2 for one 8-byte value, whatever the matrix storage costs (measured on an H100: CSR
 //! f64, CSR f32 and 16-bit deltas all run A x at ~185 G gathers/s, the L2's sector rate). Once
-//! the columns are numbered along a space-filling curve (src/reorder.rs), a block of 2^k
+//! the columns are numbered along a space-filling curve (src/grid/reorder.rs), a block of 2^k
 //! consecutive columns is a compact brick of cells, and a ray crosses only a dozen of them. So:
 //!
 //! - the columns are cut into **tiles** of `1 << tile_bits` columns;

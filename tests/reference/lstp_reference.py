@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """SciPy's lsqr on Paige & Saunders' LSTP test problems (the same generator as
-src/testing.rs: A = H_Y D H_Z, hy_i = sin(4 pi i/m), hz_i = cos(4 pi i/n), unit norm, negated;
+src/testproblems/lstp.rs: A = H_Y D H_Z, hy_i = sin(4 pi i/m), hz_i = cos(4 pi i/n), unit norm, negated;
 d_i = (ceil(i/nduplc) nduplc / min(m,n))^npower; x_j = n - j; residual H_Y [s; t]).
 
 Writes tests/reference/lstp_scipy.json: for every case, SciPy's istop, iterations and relative
