@@ -17,21 +17,21 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
-use seistomo::backend::cuda::{
-    gmres_square_cuda, CudaBackend, CudaCompactOperator, CudaCsrOperator,
-};
+use seistomo::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
+use seistomo::backend::precond::{PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
-use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
+use seistomo::backend::{Backend, LsqrLoop, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
+use seistomo::pipeline::gmres::gmres_square_cpu;
+use seistomo::pipeline::gmres::gmres_square_cuda;
 use seistomo::pipeline::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
-use seistomo::solver::dist_square::{gmres_square_cpu, SquarePrecond};
+use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
 };
-use seistomo::solver::precond::{PivotPolicy, TriSolve};
-use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams};
+use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams, LsqrSolution};
 use seistomo::sparse::Csr;
 use seistomo::Error;
 
@@ -304,7 +304,6 @@ fn lsqr<'py>(
     let out = py.allow_threads(|| {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
-            let comm = SerialComm;
             // The CLI's pipeline for one rank: storage, reordering (solution mapped back).
             let storage = resolve_storage(kind, storage, strategy, 1, a.nnz());
             let m = a.nrows();
@@ -325,29 +324,13 @@ fn lsqr<'py>(
                             CudaCompactOperator::new(&be, &stored, None, prec).map_err(py_err)?;
                         drop(stored);
                         op.set_device_loop(dev_loop);
-                        seistomo::solver::lsqr(
-                            &be,
-                            &op,
-                            &comm,
-                            &b,
-                            x0.as_deref(),
-                            &params,
-                            &mut mon,
-                        )
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     } else {
                         let op =
                             CudaCsrOperator::new(&be, &stored, strategy, prec).map_err(py_err)?;
                         drop(stored);
                         op.set_device_loop(dev_loop);
-                        seistomo::solver::lsqr(
-                            &be,
-                            &op,
-                            &comm,
-                            &b,
-                            x0.as_deref(),
-                            &params,
-                            &mut mon,
-                        )
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     };
                     (res, format!("cuda: {} ({why})", be.describe()))
                 }
@@ -356,28 +339,10 @@ fn lsqr<'py>(
                     let res = if storage == Storage::Compact {
                         let op = CpuCompactOperator::new(&stored, None, prec);
                         drop(stored);
-                        seistomo::solver::lsqr(
-                            &be,
-                            &op,
-                            &comm,
-                            &b,
-                            x0.as_deref(),
-                            &params,
-                            &mut mon,
-                        )
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     } else {
-                        {
-                            let op = CpuCsrOperator::new(stored, strategy);
-                            seistomo::solver::lsqr(
-                                &be,
-                                &op,
-                                &comm,
-                                &b,
-                                x0.as_deref(),
-                                &params,
-                                &mut mon,
-                            )
-                        }
+                        let op = CpuCsrOperator::new(stored, strategy);
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     };
                     (res, format!("cpu: {} ({why})", be.describe()))
                 }
@@ -409,6 +374,18 @@ fn lsqr<'py>(
     d.set_item("seconds", i.seconds)?;
     d.set_item("backend", backend_used)?;
     Ok(d)
+}
+
+/// LSQR of one process on any backend and operator, reporting to the Python callback.
+fn lsqr_on<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    params: &LsqrParams,
+    mon: &mut PyMonitor,
+) -> seistomo::Result<LsqrSolution> {
+    seistomo::solver::lsqr(be, op, &SerialComm, b, x0, params, mon)
 }
 
 /// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process.

@@ -11,8 +11,9 @@ use serde::Serialize;
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
+use crate::backend::precond::Preconditioner;
 use crate::backend::precond::{PivotPolicy, TriSolve};
-use crate::backend::{Backend, Precision};
+use crate::backend::{Backend, Operator, Precision};
 use crate::comm::halo::CommVolume;
 use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
@@ -22,7 +23,7 @@ use crate::partition::graph::{
     SquarePartition,
 };
 use crate::pipeline::{choose_backend, BackendChoice};
-use crate::solver::dist_square::{square_precond, SquarePrecond, SquareSolve};
+use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond, SquareSolve};
 use crate::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord,
     Orthog, PrecondSide,
@@ -426,28 +427,26 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
     Ok(Some(report))
 }
 
-/// GMRES on the CPU for one rank of a job: `rows` are this rank's rows of the square matrix
-/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
-/// Every rank calls it; the same code runs on one rank with [`crate::comm::SerialComm`].
+/// The part of a square solve every backend shares: GMRES with the preconditioner set up on
+/// `be`, and the report of the set-up (started at `t0`).
 #[allow(clippy::too_many_arguments)]
-pub fn gmres_square_cpu(
+fn solve_prepared<B: Backend + 'static, O: Operator<B>>(
+    be: &B,
+    op: &O,
     comm: &dyn Comm,
-    rows: &Csr,
-    part: &RowPartition,
-    b: &[f64],
-    x0: Option<&[f64]>,
-    precond: SquarePrecond,
+    prepared: (Box<dyn Preconditioner<B>>, PrecondCounts),
+    halo: CommVolume,
+    t0: Instant,
+    (b, x0): (&[f64], Option<&[f64]>),
     params: &GmresParams,
     monitor: &mut dyn GmresMonitor,
-) -> Result<SquareSolve> {
-    let t0 = std::time::Instant::now();
-    let be = CpuBackend::new();
-    let op = DistSquareOperator::distributed(rows, part, comm)?;
-    let halo = op.comm_volume()?;
-    let row0 = part.range(comm.rank()).start;
-    let (mut pc, counts) = square_precond(&be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
+) -> Result<SquareSolve>
+where
+    B::Vector: 'static,
+{
+    let (mut pc, counts) = prepared;
     let setup_seconds = t0.elapsed().as_secs_f64();
-    let sol = gmres(&be, &op, pc.as_mut(), comm, b, x0, params, monitor)?;
+    let sol = gmres(be, op, pc.as_mut(), comm, b, x0, params, monitor)?;
     Ok(SquareSolve {
         x_local: sol.x,
         info: sol.info,
@@ -460,9 +459,32 @@ pub fn gmres_square_cpu(
     })
 }
 
-/// GMRES on the GPU for one rank of a job: `rows` are this rank's rows of the square matrix
-/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
-/// Every rank calls it. Matrix values are stored in `precision`; vectors are f64.
+/// GMRES on the CPU for one rank of a job: `rows` are this rank's rows of the square matrix
+/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's
+/// entries. Every rank calls it; the same code runs on one rank with
+/// [`crate::comm::SerialComm`].
+#[allow(clippy::too_many_arguments)]
+pub fn gmres_square_cpu(
+    comm: &dyn Comm,
+    rows: &Csr,
+    part: &RowPartition,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    precond: SquarePrecond,
+    params: &GmresParams,
+    monitor: &mut dyn GmresMonitor,
+) -> Result<SquareSolve> {
+    let t0 = Instant::now();
+    let be = CpuBackend::new();
+    let op = DistSquareOperator::distributed(rows, part, comm)?;
+    let halo = op.comm_volume()?;
+    let row0 = part.range(comm.rank()).start;
+    let prepared = square_precond(&be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
+    solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
+}
+
+/// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]). Matrix values are stored
+/// in `precision`; vectors are f64.
 #[allow(clippy::too_many_arguments)]
 pub fn gmres_square_cuda(
     be: &CudaBackend,
@@ -476,28 +498,17 @@ pub fn gmres_square_cuda(
     params: &GmresParams,
     monitor: &mut dyn GmresMonitor,
 ) -> Result<SquareSolve> {
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let cpu = DistSquareOperator::distributed(rows, part, comm)?;
     let halo = cpu.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
-    let (mut pc, counts) = square_precond(be, comm, &cpu, row0, precond, |f| {
+    let prepared = square_precond(be, comm, &cpu, row0, precond, |f| {
         Ok(Box::new(CudaIluSweeps::new(be, &f)?))
     })?;
     let op = CudaSquareOperator::new(be, &cpu, comm, precision)?;
     drop(cpu);
     be.synchronize()?;
-    let setup_seconds = t0.elapsed().as_secs_f64();
-    let sol = gmres(be, &op, pc.as_mut(), comm, b, x0, params, monitor)?;
-    Ok(SquareSolve {
-        x_local: sol.x,
-        info: sol.info,
-        precond: pc.name(),
-        jacobi_zero_diagonals: counts.zero_diagonals,
-        ilu_replaced_pivots: counts.replaced_pivots,
-        ilu_inserted_diagonals: counts.inserted_diagonals,
-        setup_seconds,
-        halo,
-    })
+    solve_prepared(be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
 }
 
 /// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs

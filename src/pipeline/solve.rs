@@ -266,34 +266,46 @@ impl Drop for IterBar {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn solve_on<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    comm: &dyn Comm,
-    b: &[f64],
-    x0: Option<&[f64]>,
-    params: &LsqrParams,
+/// One rank's LSQR solve on any backend and operator: the system's right-hand side, start and
+/// settings, progress (lines every `progress_every` iterations or a bar) and checkpoints.
+struct Run<'a> {
+    comm: &'a dyn Comm,
+    b: &'a [f64],
+    x0: Option<&'a [f64]>,
+    params: &'a LsqrParams,
     progress_every: usize,
-    ckpt: Option<(&crate::model::checkpoint::Checkpointing, &str)>,
-) -> Result<(LsqrSolution, Vec<IterRecord>)> {
-    let mut mon = CliMonitor {
-        history: Vec::new(),
-        every: if comm.is_root() { progress_every } else { 0 },
-        bar: (comm.is_root()
-            && progress_every == 0
-            && crate::progress::mode() != crate::progress::Mode::Quiet)
-            .then(|| IterBar::new(params, op.ncols())),
-    };
-    if let Some((ck, fp)) = ckpt {
-        // The resume message is printed there, once, before the solve.
-        let (sol, h) = crate::pipeline::checkpoint::lsqr_checkpointed(
-            be, op, comm, b, x0, params, ck, fp, &mut mon,
-        )?;
-        return Ok((sol, h.history));
+    ckpt: Option<(&'a crate::model::checkpoint::Checkpointing, &'a str)>,
+}
+
+impl Run<'_> {
+    fn solve<B: Backend, O: Operator<B>>(
+        &self,
+        be: &B,
+        op: &O,
+    ) -> Result<(LsqrSolution, Vec<IterRecord>)> {
+        let (comm, params) = (self.comm, self.params);
+        let mut mon = CliMonitor {
+            history: Vec::new(),
+            every: if comm.is_root() {
+                self.progress_every
+            } else {
+                0
+            },
+            bar: (comm.is_root()
+                && self.progress_every == 0
+                && crate::progress::mode() != crate::progress::Mode::Quiet)
+                .then(|| IterBar::new(params, op.ncols())),
+        };
+        if let Some((ck, fp)) = self.ckpt {
+            // The resume message is printed there, once, before the solve.
+            let (sol, h) = crate::pipeline::checkpoint::lsqr_checkpointed(
+                be, op, comm, self.b, self.x0, params, ck, fp, &mut mon,
+            )?;
+            return Ok((sol, h.history));
+        }
+        let sol = solver::lsqr(be, op, comm, self.b, self.x0, params, &mut mon)?;
+        Ok((sol, mon.history))
     }
-    let sol = solver::lsqr(be, op, comm, b, x0, params, &mut mon)?;
-    Ok((sol, mon.history))
 }
 
 /// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
@@ -412,39 +424,28 @@ pub fn solve_system_checkpointed(
     }
     let m = comm.allreduce_scalar(m_local as f64)? as usize;
     let nnz = comm.allreduce_scalar(nnz_local as f64)? as usize;
+    let fp = ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
+    let run = Run {
+        comm,
+        b: &b,
+        x0: x0.as_deref(),
+        params: &opts.params,
+        progress_every,
+        ckpt: ckpt.zip(fp.as_deref()),
+    };
     let (mut solution, history, backend_detail, transpose, setup) = match kind {
         BackendChoice::Cpu | BackendChoice::Auto => {
             let be = CpuBackend::new();
-            let fp =
-                ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
             if storage == crate::backend::storage::Storage::Compact {
                 let op = CpuCompactOperator::new(&a, stencil, opts.precision);
                 drop(a);
                 let setup = t_setup.elapsed().as_secs_f64();
-                let (s, h) = solve_on(
-                    &be,
-                    &op,
-                    comm,
-                    &b,
-                    x0.as_deref(),
-                    &opts.params,
-                    progress_every,
-                    ckpt.zip(fp.as_deref()),
-                )?;
+                let (s, h) = run.solve(&be, &op)?;
                 (s, h, be.describe(), "csc (compact transpose)".into(), setup)
             } else {
                 let op = CpuCsrOperator::new(a, opts.transpose);
                 let setup = t_setup.elapsed().as_secs_f64();
-                let (s, h) = solve_on(
-                    &be,
-                    &op,
-                    comm,
-                    &b,
-                    x0.as_deref(),
-                    &opts.params,
-                    progress_every,
-                    ckpt.zip(fp.as_deref()),
-                )?;
+                let (s, h) = run.solve(&be, &op)?;
                 (s, h, be.describe(), op.strategy().to_string(), setup)
             }
         }
@@ -454,8 +455,6 @@ pub fn solve_system_checkpointed(
             if comm.size() > 1 && comm.is_root() {
                 eprintln!("allreduce of A^T u over ranks: {path}");
             }
-            let fp =
-                ckpt.map(|_| format!("{}:{fp_tag}", crate::model::checkpoint::fingerprint(&a, &b)));
             let compact = if storage == crate::backend::storage::Storage::Compact {
                 match CudaCompactOperator::new(&be, &a, stencil.as_ref(), opts.precision) {
                     Ok(op) => {
@@ -475,16 +474,7 @@ pub fn solve_system_checkpointed(
             if let Some(op) = compact {
                 drop(a);
                 let setup = setup_of(&t_setup);
-                let (s, h) = solve_on(
-                    &be,
-                    &op,
-                    comm,
-                    &b,
-                    x0.as_deref(),
-                    &opts.params,
-                    progress_every,
-                    ckpt.zip(fp.as_deref()),
-                )?;
+                let (s, h) = run.solve(&be, &op)?;
                 let strategy = format!("csc (compact transpose, {} values)", op.precision());
                 (s, h, be.describe(), strategy, setup)
             } else {
@@ -505,16 +495,7 @@ pub fn solve_system_checkpointed(
                 op.set_device_loop(device_loop);
                 drop(a);
                 let setup = setup_of(&t_setup);
-                let (s, h) = solve_on(
-                    &be,
-                    &op,
-                    comm,
-                    &b,
-                    x0.as_deref(),
-                    &opts.params,
-                    progress_every,
-                    ckpt.zip(fp.as_deref()),
-                )?;
+                let (s, h) = run.solve(&be, &op)?;
                 let strategy = if comm.size() > 1 {
                     format!(
                         "{} ({} values); allreduce: {path}",

@@ -1,6 +1,6 @@
 //! A CSR matrix on the GPU, with A^T applied three ways, and the memory plan that picks one.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::cusparse::CuSparse;
 use super::lsqr_loop::{FusedLsqr, LoopSlot};
@@ -113,6 +113,27 @@ impl DevCsr {
         })
     }
 
+    /// The kernel for the values' precision and the device pointers of the row segments, row
+    /// offsets, columns and values (the arguments every CSR kernel starts with).
+    fn kernel_and_ptrs<'k>(
+        &self,
+        be: &CudaBackend,
+        f64_kernel: &'k CudaFunction,
+        f32_kernel: &'k CudaFunction,
+    ) -> (&'k CudaFunction, [u64; 4]) {
+        let (f, pv) = match &self.values {
+            DevValues::F64(v) => (f64_kernel, be.ptr(v)),
+            DevValues::F32(v) => (f32_kernel, be.ptr(v)),
+        };
+        let ptrs = [
+            be.ptr(&self.seg),
+            be.ptr(&self.indptr),
+            be.ptr(&self.indices),
+            pv,
+        ];
+        (f, ptrs)
+    }
+
     /// y = alpha A x + beta y
     pub fn spmv(
         &self,
@@ -122,15 +143,7 @@ impl DevCsr {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (ps, pi, pc) = (
-            be.ptr(&self.seg),
-            be.ptr(&self.indptr),
-            be.ptr(&self.indices),
-        );
-        let (f, pv) = match &self.values {
-            DevValues::F64(v) => (&be.k.spmv_f64, be.ptr(v)),
-            DevValues::F32(v) => (&be.k.spmv_f32, be.ptr(v)),
-        };
+        let (f, [ps, pi, pc, pv]) = self.kernel_and_ptrs(be, &be.k.spmv_f64, &be.k.spmv_f32);
         let (px, py, nseg) = (be.ptr(x), be.ptr(y), self.nseg);
         let grid = nseg.div_ceil(WARPS_PER_BLOCK);
         be.launch(
@@ -174,15 +187,8 @@ impl DevCsr {
         skip: u64,
         partial: u64,
     ) -> Result<u32> {
-        let (ps, pi, pc) = (
-            be.ptr(&self.seg),
-            be.ptr(&self.indptr),
-            be.ptr(&self.indices),
-        );
-        let (f, pv) = match &self.values {
-            DevValues::F64(v) => (&be.k.csr_fused_f64, be.ptr(v)),
-            DevValues::F32(v) => (&be.k.csr_fused_f32, be.ptr(v)),
-        };
+        let (f, [ps, pi, pc, pv]) =
+            self.kernel_and_ptrs(be, &be.k.csr_fused_f64, &be.k.csr_fused_f32);
         let (nseg, spw, one, zero) = (self.nseg, self.segs_per_warp(), 1.0f64, 0.0f64);
         let blocks = self.fused_blocks();
         be.launch(
@@ -216,15 +222,7 @@ impl DevCsr {
         y: &CudaSlice<f64>,
         x: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (ps, pi, pc) = (
-            be.ptr(&self.seg),
-            be.ptr(&self.indptr),
-            be.ptr(&self.indices),
-        );
-        let (f, pv) = match &self.values {
-            DevValues::F64(v) => (&be.k.scatter_f64, be.ptr(v)),
-            DevValues::F32(v) => (&be.k.scatter_f32, be.ptr(v)),
-        };
+        let (f, [ps, pi, pc, pv]) = self.kernel_and_ptrs(be, &be.k.scatter_f64, &be.k.scatter_f32);
         let (py, px, nseg) = (be.ptr(y), be.ptr(x), self.nseg);
         let grid = nseg.div_ceil(WARPS_PER_BLOCK);
         be.launch(
