@@ -140,3 +140,30 @@ pub(crate) mod pick {
         choice(&["poisson", "convdiff"], &["convection-diffusion"])
     }
 }
+
+/// The right-hand side and regularisation rows of a Matrix Market system: [A; w R] x = [b; 0].
+#[derive(Debug, clap::Args)]
+pub struct MtxSystemArgs {
+    /// Right-hand side b (Matrix Market array or text, one value per line). Default: b = A 1
+    /// (LSQR), b = ones (GMRES).
+    #[arg(long)]
+    pub rhs: Option<std::path::PathBuf>,
+    /// Regularisation matrix R: the system becomes [A; w R] x = [b; 0].
+    #[arg(long)]
+    pub reg: Option<std::path::PathBuf>,
+    /// Weight w of the regularisation rows.
+    #[arg(long, default_value_t = 1.0, requires = "reg")]
+    pub reg_weight: f64,
+}
+
+impl MtxSystemArgs {
+    /// Load [A; w R], [b; 0] with A from `matrix`.
+    pub fn load(&self, matrix: &std::path::Path) -> crate::Result<crate::sparse::System> {
+        crate::io::mtx::load_system(
+            matrix,
+            self.rhs.as_deref(),
+            self.reg.as_deref(),
+            self.reg_weight,
+        )
+    }
+}

@@ -23,15 +23,8 @@ const PEER_SCRIPT: &str = include_str!("../../bench/peers/peer_lsqr.py");
 pub struct CompareArgs {
     /// A run config (.toml) or a matrix (.mtx / .mtx.gz).
     target: PathBuf,
-    /// With a matrix: right-hand side (default b = A 1).
-    #[arg(long)]
-    rhs: Option<PathBuf>,
-    /// With a matrix: regularisation rows [A; w R].
-    #[arg(long)]
-    reg: Option<PathBuf>,
-    /// With a matrix and --reg: the weight w of the regularisation rows.
-    #[arg(long, default_value_t = 1.0, requires = "reg")]
-    reg_weight: f64,
+    #[command(flatten)]
+    system: super::args::MtxSystemArgs,
     /// With a matrix: atol = btol = tol (PETSc's rtol). A config's atol is used otherwise.
     #[arg(long, default_value_t = 1e-8)]
     tol: f64,
@@ -87,12 +80,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
         opts.backend = a.backend;
         (cfg.system.load()?, opts)
     } else {
-        let sys = crate::io::mtx::load_system(
-            &a.target,
-            a.rhs.as_deref(),
-            a.reg.as_deref(),
-            a.reg_weight,
-        )?;
+        let sys = a.system.load(&a.target)?;
         let params = LsqrParams {
             atol: a.tol,
             btol: a.tol,

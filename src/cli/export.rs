@@ -21,15 +21,8 @@ pub struct ExportArgs {
     /// Output directory (created; must not exist or be empty).
     #[arg(short = 'o', long)]
     out: PathBuf,
-    /// With a matrix: right-hand side (default b = A 1).
-    #[arg(long)]
-    rhs: Option<PathBuf>,
-    /// With a matrix: regularisation rows [A; w R].
-    #[arg(long)]
-    reg: Option<PathBuf>,
-    /// With a matrix and --reg: the weight w of the regularisation rows.
-    #[arg(long, default_value_t = 1.0, requires = "reg")]
-    reg_weight: f64,
+    #[command(flatten)]
+    system: super::args::MtxSystemArgs,
 }
 
 /// The system a config solves, as one matrix: column scaling applied and damp*I rows appended
@@ -96,8 +89,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         }
     };
     paths
-        .input_opt("--rhs", a.rhs.as_deref())
-        .input_opt("--reg", a.reg.as_deref())
+        .input_opt("--rhs", a.system.rhs.as_deref())
+        .input_opt("--reg", a.system.reg.as_deref())
         .output_dir("-o", &a.out);
     for f in files {
         paths.output("-o", &a.out.join(f));
@@ -116,7 +109,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sys = if is_mtx {
-        crate::io::mtx::load_system(&a.dataset, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight)?
+        a.system.load(&a.dataset)?
     } else if is_config {
         config_system(&a.dataset)?
     } else {

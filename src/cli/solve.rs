@@ -17,16 +17,8 @@ pub struct SolveArgs {
     /// System matrix A (Matrix Market, .gz allowed).
     #[arg(long)]
     matrix: PathBuf,
-    /// Right-hand side b (Matrix Market array or text, one value per line). Default: b = A 1
-    /// (lsqr), b = ones (gmres).
-    #[arg(long)]
-    rhs: Option<PathBuf>,
-    /// Regularisation matrix R: the system becomes [A; w R] x = [b; 0].
-    #[arg(long)]
-    reg: Option<PathBuf>,
-    /// Weight w of the regularisation rows.
-    #[arg(long, default_value_t = 1.0, requires = "reg")]
-    reg_weight: f64,
+    #[command(flatten)]
+    system: super::args::MtxSystemArgs,
     /// Starting guess x0 (damping then applies to x - x0).
     #[arg(long)]
     x0: Option<PathBuf>,
@@ -145,8 +137,8 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     let mut paths = crate::io::outpaths::PathCheck::new();
     paths
         .input("--matrix", &a.matrix)
-        .input_opt("--rhs", a.rhs.as_deref())
-        .input_opt("--reg", a.reg.as_deref())
+        .input_opt("--rhs", a.system.rhs.as_deref())
+        .input_opt("--reg", a.system.reg.as_deref())
         .input_opt("--x0", a.x0.as_deref())
         .output_opt("--solution", a.solution.as_deref())
         .output_opt("--report", a.report.as_deref())
@@ -192,8 +184,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         variance: a.variance,
     };
     super::log_job(comm);
-    let load =
-        || crate::io::mtx::load_system(&a.matrix, a.rhs.as_deref(), a.reg.as_deref(), a.reg_weight);
+    let load = || a.system.load(&a.matrix);
     if let Some(o) = distributed::run_lsqr(
         comm,
         load,
@@ -213,7 +204,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     let g = a.gmres;
     let c = crate::pipeline::gmres::GmresJob {
         matrix: a.matrix,
-        rhs: a.rhs,
+        rhs: a.system.rhs,
         x0: a.x0,
         params: crate::solver::gmres::GmresParams {
             restart: g.restart,

@@ -494,6 +494,30 @@ fn check_pack_table(
 /// CSR arrays of some rows (indptr, indices, data) and the bytes read.
 pub type RowsRead = (Vec<u64>, Vec<u32>, Vec<f64>, u64);
 
+/// What both kernel-row readers start from: value width, format version, columns, the kernel
+/// folder, the row offsets of the local rows (from their metadata nonzero counts), nonzeros.
+struct Plan(usize, u32, usize, std::path::PathBuf, Vec<u64>, usize);
+
+impl Plan {
+    fn new(dm: &DatasetManifest, meta: &Metadata, local: &[MetaEntry]) -> Plan {
+        let mut indptr = Vec::with_capacity(local.len() + 1);
+        indptr.push(0u64);
+        for e in local {
+            indptr.push(indptr.last().unwrap() + e.nnz);
+        }
+        let nnz = *indptr.last().unwrap() as usize;
+        let kdir = dm.resolve(&dm.m.kernel_dir);
+        Plan(
+            dm.m.precision.bytes(),
+            dm.m.version,
+            meta.cols as usize,
+            kdir,
+            indptr,
+            nnz,
+        )
+    }
+}
+
 /// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays.
 /// Returns (indptr, indices, data, bytes read).
 pub fn read_kernel_rows(
@@ -502,16 +526,7 @@ pub fn read_kernel_rows(
     local: &[MetaEntry],
     progress: bool,
 ) -> Result<RowsRead> {
-    let vb = dm.m.precision.bytes();
-    let version = dm.m.version;
-    let ncols = meta.cols as usize;
-    let kdir = dm.resolve(&dm.m.kernel_dir);
-    let mut indptr = Vec::with_capacity(local.len() + 1);
-    indptr.push(0u64);
-    for e in local {
-        indptr.push(indptr.last().unwrap() + e.nnz);
-    }
-    let nnz = *indptr.last().unwrap() as usize;
+    let Plan(vb, version, ncols, kdir, indptr, nnz) = Plan::new(dm, meta, local);
     let bytes_read = AtomicU64::new(0);
     // Packs this rank touches, opened and checked once.
     let packs: Vec<Option<MappedFile>> = if meta.layout == Layout::Packed {
@@ -710,16 +725,7 @@ pub fn read_kernel_rows_ranges(
     progress: bool,
 ) -> Result<RowsRead> {
     use crate::io::rowio::{file_len, in_context};
-    let vb = dm.m.precision.bytes();
-    let version = dm.m.version;
-    let ncols = meta.cols as usize;
-    let kdir = dm.resolve(&dm.m.kernel_dir);
-    let mut indptr = Vec::with_capacity(local.len() + 1);
-    indptr.push(0u64);
-    for e in local {
-        indptr.push(indptr.last().unwrap() + e.nnz);
-    }
-    let nnz = *indptr.last().unwrap() as usize;
+    let Plan(vb, version, ncols, kdir, indptr, nnz) = Plan::new(dm, meta, local);
     // Every file's length is checked (and pack tables verified) before anything is allocated
     // for the rows: a lying metadata entry cannot make this rank allocate more than the files
     // hold.

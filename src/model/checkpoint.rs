@@ -503,23 +503,15 @@ mod tests {
         };
         let dir = std::env::temp_dir().join(format!("seistomo-ckpt-{}", std::process::id()));
         let fp = fingerprint(&a, &b);
+        let run = |p: &LsqrParams, ck: &Checkpointing, mon: &mut dyn LsqrMonitor<CpuBackend>| {
+            lsqr_checkpointed(&be, &op, &SerialComm, &b, None, p, ck, &fp, mon)
+        };
         let full = Checkpointing {
             path: dir.join("ck.bin"),
             every: 0,
             resume: false,
         };
-        let (want, wh) = lsqr_checkpointed(
-            &be,
-            &op,
-            &SerialComm,
-            &b,
-            None,
-            &params,
-            &full,
-            &fp,
-            &mut NoMonitor,
-        )
-        .unwrap();
+        let (want, wh) = run(&params, &full, &mut NoMonitor).unwrap();
         assert!(want.info.itn > 6);
         // Stop after 5 iterations with a checkpoint every 5, then resume.
         let short = LsqrParams {
@@ -536,34 +528,13 @@ mod tests {
             every: 2,
             ..ck.clone()
         };
-        lsqr_checkpointed(
-            &be,
-            &op,
-            &SerialComm,
-            &b,
-            None,
-            &short,
-            &ck2,
-            &fp,
-            &mut NoMonitor,
-        )
-        .unwrap();
+        run(&short, &ck2, &mut NoMonitor).unwrap();
         assert!(dir.join("ck.bin").is_file());
         let res = Checkpointing {
             resume: true,
             ..ck.clone()
         };
-        let e = lsqr_checkpointed(
-            &be,
-            &op,
-            &SerialComm,
-            &b,
-            None,
-            &params,
-            &res,
-            &fp,
-            &mut NoMonitor,
-        );
+        let e = run(&params, &res, &mut NoMonitor);
         assert!(
             e.is_err(),
             "a checkpoint with other parameters was accepted"
@@ -580,30 +551,9 @@ mod tests {
             }
         }
         let _ = std::fs::remove_file(dir.join("ck.bin"));
-        let e = lsqr_checkpointed(
-            &be,
-            &op,
-            &SerialComm,
-            &b,
-            None,
-            &params,
-            &ck,
-            &fp,
-            &mut StopAt(7),
-        );
+        let e = run(&params, &ck, &mut StopAt(7));
         assert!(e.is_err());
-        let (got, gh) = lsqr_checkpointed(
-            &be,
-            &op,
-            &SerialComm,
-            &b,
-            None,
-            &params,
-            &res,
-            &fp,
-            &mut NoMonitor,
-        )
-        .unwrap();
+        let (got, gh) = run(&params, &res, &mut NoMonitor).unwrap();
         assert_eq!(gh.resumed_from, Some(5));
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got.x), bits(&want.x));
