@@ -179,6 +179,15 @@ pub fn bar(len: u64, what: &str, show: bool) -> ProgressBar {
     counted(len, what)
 }
 
+/// An ETA as a bar shows it: "eta 12 s", "eta <1 s" or "no eta yet".
+pub fn eta_text(eta: Option<Duration>) -> String {
+    match eta {
+        Some(d) if d.as_secs_f64() < 1.0 => "eta <1 s".to_string(),
+        Some(d) => format!("eta {:.0} s", d.as_secs_f64()),
+        None => "no eta yet".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

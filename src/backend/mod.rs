@@ -28,6 +28,12 @@ pub trait Backend: Send + Sync {
     fn upload(&self, x: &[f64]) -> Result<Self::Vector>;
     fn download(&self, x: &Self::Vector, out: &mut [f64]) -> Result<()>;
     fn len(&self, x: &Self::Vector) -> usize;
+    /// A host copy of `x`.
+    fn to_host(&self, x: &Self::Vector) -> Result<Vec<f64>> {
+        let mut h = vec![0.0; self.len(x)];
+        self.download(x, &mut h)?;
+        Ok(h)
+    }
 
     /// dst = src
     fn copy(&self, src: &Self::Vector, dst: &mut Self::Vector) -> Result<()>;

@@ -160,12 +160,7 @@ impl BlockIlu0 {
                 }
                 if !have_diag && j as usize > i {
                     // missing diagonal: insert before the first upper entry
-                    if policy == PivotPolicy::Error {
-                        return Err(Error::Invalid(format!(
-                            "block ILU(0): row {} has no diagonal entry (use --ilu-pivot shift, or the jacobi preconditioner)",
-                            row0 + i
-                        )));
-                    }
+                    no_diagonal(policy, row0 + i)?;
                     *d = indices.len();
                     indices.push(i as u32);
                     lu.push(0.0);
@@ -181,12 +176,7 @@ impl BlockIlu0 {
                 lu.push(x);
             }
             if !have_diag {
-                if policy == PivotPolicy::Error {
-                    return Err(Error::Invalid(format!(
-                        "block ILU(0): row {} has no diagonal entry (use --ilu-pivot shift, or the jacobi preconditioner)",
-                        row0 + i
-                    )));
-                }
+                no_diagonal(policy, row0 + i)?;
                 *d = indices.len();
                 indices.push(i as u32);
                 lu.push(0.0);
@@ -344,6 +334,17 @@ impl Preconditioner<CpuBackend> for BlockIlu0 {
         self.solve(r, z);
         Ok(())
     }
+}
+
+/// A row without a diagonal entry: an error under [`PivotPolicy::Error`], else a zero diagonal
+/// is inserted (and shifted like any zero pivot).
+fn no_diagonal(policy: PivotPolicy, row: usize) -> Result<()> {
+    if policy == PivotPolicy::Error {
+        return Err(Error::Invalid(format!(
+            "block ILU(0): row {row} has no diagonal entry (use --ilu-pivot shift, or the jacobi preconditioner)"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -38,6 +38,12 @@ const SMALL: u64 = 64 << 10;
 impl MappedFile {
     /// Map `path` read-only. Errors name the file.
     pub fn open(path: &Path) -> Result<MappedFile> {
+        Self::map(path, false)
+    }
+
+    /// Map `path`, populating the page tables up front when `populate` (one system call
+    /// instead of a page fault per 4 KiB page, for files read in full).
+    fn map(path: &Path, populate: bool) -> Result<MappedFile> {
         let f = open_regular(path)?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         if len == 0 {
@@ -46,6 +52,10 @@ impl MappedFile {
                 owned: Vec::new(),
             });
         }
+        let mut opts = memmap2::MmapOptions::new();
+        if populate {
+            opts.populate();
+        }
         // SAFETY: the map is read-only and private to this process. Dataset files are written
         // atomically (temporary file + rename) and never modified in place by seistomo; if
         // another program truncates or rewrites a file while it is mapped, reads may see the
@@ -53,7 +63,7 @@ impl MappedFile {
         // Every byte read through the map is validated (magic, counts, ranges, finiteness)
         // before it is trusted, so changed contents cannot cause undefined behaviour in Rust
         // code, only wrong values or a load error.
-        let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+        let map = unsafe { opts.map(&f) }.map_err(|e| Error::io(path, e))?;
         Ok(MappedFile {
             map: Some(map),
             owned: Vec::new(),
@@ -76,23 +86,7 @@ impl MappedFile {
     /// Map `path` read-only and populate the page tables up front (one system call instead of
     /// a page fault per 4 KiB page; for files that will be read in full).
     pub fn open_populated(path: &Path) -> Result<MappedFile> {
-        let f = open_regular(path)?;
-        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        if len == 0 {
-            return Ok(MappedFile {
-                map: None,
-                owned: Vec::new(),
-            });
-        }
-        // SAFETY: as in `open`: a read-only private map of a file written atomically by
-        // seistomo, every byte validated before use; external modification while mapped is
-        // the caller's responsibility (memmap2's documented contract).
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&f) }
-            .map_err(|e| Error::io(path, e))?;
-        Ok(MappedFile {
-            map: Some(map),
-            owned: Vec::new(),
-        })
+        Self::map(path, true)
     }
 
     /// The file's bytes.

@@ -113,15 +113,9 @@ mod fault {
     }
 }
 
-/// A run id: UTC time, pid and a few random bits, e.g. `20261123T141502Z-4711-9f3a`.
-pub fn new_run_id() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs();
-    let (days, sod) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
+/// (year, month, day) of the day `days` after 1970-01-01 (H. Hinnant's civil-from-days).
+pub fn civil_date(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
@@ -129,7 +123,17 @@ pub fn new_run_id() -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// A run id: UTC time, pid and a few random bits, e.g. `20261123T141502Z-4711-9f3a`.
+pub fn new_run_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, sod) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_date(days as i64);
     let mut h = Fnv::new();
     h.update(&now.as_nanos().to_le_bytes());
     h.update(&std::process::id().to_le_bytes());

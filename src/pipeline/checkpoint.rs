@@ -8,8 +8,8 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::checkpoint::*;
 use crate::solver::{
-    lsqr_iterate, lsqr_start, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars, LsqrSolution,
-    LsqrVectors,
+    download_solution, lsqr_iterate, lsqr_start, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
+    LsqrSolution, LsqrVectors,
 };
 
 /// Wraps the caller's monitor: shifts times after a resume, keeps the history and writes
@@ -184,18 +184,8 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         },
     };
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
-    let mut x = vec![0.0; n];
-    be.download(&vecs.x, &mut x)?;
-    let var = match &vecs.var {
-        Some(d) => {
-            let mut h = vec![0.0; n];
-            be.download(d, &mut h)?;
-            Some(h)
-        }
-        None => None,
-    };
     Ok((
-        LsqrSolution { x, var, info },
+        download_solution(be, &vecs, info)?,
         RunHistory {
             history: mon.history,
             resumed_from,

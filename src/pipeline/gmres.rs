@@ -165,11 +165,7 @@ impl GmresBar {
             per_iter,
             self.max_iter.saturating_sub(r.iteration),
         );
-        let eta = match eta {
-            Some(d) if d.as_secs_f64() < 1.0 => "eta <1 s".to_string(),
-            Some(d) => format!("eta {:.0} s", d.as_secs_f64()),
-            None => "no eta yet".into(),
-        };
+        let eta = crate::progress::eta_text(eta);
         self.pb.set_position(r.iteration as u64);
         self.pb.set_message(format!(
             "it {}  cycle {}  relres {:.2e}/{:.0e}  {:.0} it/s  {eta}",

@@ -237,11 +237,7 @@ impl IterBar {
         .into_iter()
         .flatten()
         .min();
-        let eta = match eta {
-            Some(d) if d.as_secs_f64() < 1.0 => "eta <1 s".to_string(),
-            Some(d) => format!("eta {:.0} s", d.as_secs_f64()),
-            None => "no eta yet".into(),
-        };
+        let eta = crate::progress::eta_text(eta);
         let t2 = match self.test2.last() {
             Some(t) if r.anorm > 0.0 => format!("{t:.1e}"),
             _ => "-".into(),

@@ -38,16 +38,16 @@ pub fn lsqr<B: Backend, O: Operator<B>>(
     let (mut s, mut v) = lsqr_start(be, op, comm, &bd, x0d.as_ref(), params)?;
     drop(bd);
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut v, monitor)?;
-    let n = op.ncols();
-    let mut x = vec![0.0; n];
-    be.download(&v.x, &mut x)?;
-    let var = match &v.var {
-        Some(d) => {
-            let mut h = vec![0.0; n];
-            be.download(d, &mut h)?;
-            Some(h)
-        }
-        None => None,
-    };
+    download_solution(be, &v, info)
+}
+
+/// x (and var) of a finished LSQR, downloaded from the backend.
+pub fn download_solution<B: Backend>(
+    be: &B,
+    v: &LsqrVectors<B::Vector>,
+    info: LsqrInfo,
+) -> Result<LsqrSolution> {
+    let x = be.to_host(&v.x)?;
+    let var = v.var.as_ref().map(|d| be.to_host(d)).transpose()?;
     Ok(LsqrSolution { x, var, info })
 }
