@@ -105,3 +105,24 @@ impl Error {
         Error::format(path, e.to_string())
     }
 }
+
+/// `FromStr` for a choice enum (config values, CLI options) from its names and aliases:
+/// `choice_from_str!(Storage, "storage", "auto" => Self::Auto, "csr" | "plain" => Self::Csr)`.
+/// An unknown name is the error "unknown storage 'x' (auto, csr)": the first name of each arm.
+macro_rules! choice_from_str {
+    ($t:ty, $what:literal, $($s:literal $(| $alias:literal)* => $v:expr),+ $(,)?) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($s $(| $alias)* => Ok($v),)+
+                    _ => Err(format!(
+                        concat!("unknown ", $what, " '{}' ({})"),
+                        s,
+                        [$($s),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}

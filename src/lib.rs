@@ -9,11 +9,13 @@
 // closed pipe (src/console.rs).
 #[macro_use]
 pub mod console;
+// Second: choice_from_str! for every module below (src/error.rs).
+#[macro_use]
+pub mod error;
 
 pub mod backend;
 pub mod cli;
 pub mod comm;
-pub mod error;
 pub mod grid;
 pub mod io;
 pub mod model;

@@ -164,20 +164,7 @@ pub enum TransposeStrategy {
     Library,
 }
 
-impl std::str::FromStr for TransposeStrategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "csc" => Ok(Self::Csc),
-            "scatter" | "atomic" => Ok(Self::Scatter),
-            "library" | "cusparse" => Ok(Self::Library),
-            _ => Err(format!(
-                "unknown transpose strategy '{s}' (auto, csc, scatter, library)"
-            )),
-        }
-    }
-}
+choice_from_str!(TransposeStrategy, "transpose strategy", "auto" => Self::Auto, "csc" => Self::Csc, "scatter" | "atomic" => Self::Scatter, "library" | "cusparse" => Self::Library);
 
 impl std::fmt::Display for TransposeStrategy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -205,17 +192,7 @@ pub enum LsqrLoop {
     Device,
 }
 
-impl std::str::FromStr for LsqrLoop {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "host" => Ok(Self::Host),
-            "device" | "graph" => Ok(Self::Device),
-            _ => Err(format!("unknown LSQR loop '{s}' (auto, host, device)")),
-        }
-    }
-}
+choice_from_str!(LsqrLoop, "LSQR loop", "auto" => Self::Auto, "host" => Self::Host, "device" | "graph" => Self::Device);
 
 /// How a multi-rank run sums A^T u over ranks (the one vector reduction per LSQR iteration).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -230,14 +207,4 @@ pub enum AllreducePath {
     Nccl,
 }
 
-impl std::str::FromStr for AllreducePath {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "host" | "mpi" => Ok(Self::Host),
-            "nccl" => Ok(Self::Nccl),
-            _ => Err(format!("unknown allreduce path '{s}' (auto, host, nccl)")),
-        }
-    }
-}
+choice_from_str!(AllreducePath, "allreduce path", "auto" => Self::Auto, "host" | "mpi" => Self::Host, "nccl" => Self::Nccl);

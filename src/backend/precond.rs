@@ -87,16 +87,7 @@ pub enum PivotPolicy {
     Shift,
 }
 
-impl std::str::FromStr for PivotPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "error" => Ok(Self::Error),
-            "shift" => Ok(Self::Shift),
-            _ => Err(format!("unknown pivot policy '{s}' (error, shift)")),
-        }
-    }
-}
+choice_from_str!(PivotPolicy, "pivot policy", "error" => Self::Error, "shift" => Self::Shift);
 
 /// How the triangular systems of ILU(0) are solved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

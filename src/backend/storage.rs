@@ -29,17 +29,7 @@ pub enum Storage {
     Compact,
 }
 
-impl std::str::FromStr for Storage {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "csr" => Ok(Self::Csr),
-            "compact" => Ok(Self::Compact),
-            _ => Err(format!("unknown storage '{s}' (auto, csr, compact)")),
-        }
-    }
-}
+choice_from_str!(Storage, "storage", "auto" => Self::Auto, "csr" => Self::Csr, "compact" => Self::Compact);
 
 impl std::fmt::Display for Storage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -35,17 +35,7 @@ pub enum Reorder {
     Auto,
 }
 
-impl std::str::FromStr for Reorder {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(Self::None),
-            "rows" => Ok(Self::Rows),
-            "auto" => Ok(Self::Auto),
-            _ => Err(format!("unknown reorder '{s}' (none, rows, auto)")),
-        }
-    }
-}
+choice_from_str!(Reorder, "reorder", "none" => Self::None, "rows" => Self::Rows, "auto" => Self::Auto);
 
 /// A row and column permutation of one rank's system.
 #[derive(Debug, Clone, Default)]

@@ -58,16 +58,7 @@ impl Precision {
     }
 }
 
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "f32" => Ok(Precision::F32),
-            "f64" => Ok(Precision::F64),
-            _ => Err(format!("unknown precision '{s}' (f32, f64)")),
-        }
-    }
-}
+choice_from_str!(Precision, "precision", "f32" => Precision::F32, "f64" => Precision::F64);
 
 /// `n` rounded up to a multiple of 8.
 pub fn pad8(n: usize) -> usize {

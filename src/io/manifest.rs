@@ -21,16 +21,7 @@ pub enum Layout {
     Packed,
 }
 
-impl std::str::FromStr for Layout {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "per-row" => Ok(Layout::PerRow),
-            "packed" => Ok(Layout::Packed),
-            _ => Err(format!("unknown layout '{s}' (per-row, packed)")),
-        }
-    }
-}
+choice_from_str!(Layout, "layout", "per-row" => Layout::PerRow, "packed" => Layout::Packed);
 
 /// The `[damping]` table: stored damping blocks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -26,17 +26,7 @@ pub enum IoChoice {
     MpiIo,
 }
 
-impl std::str::FromStr for IoChoice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(IoChoice::Auto),
-            "mmap" => Ok(IoChoice::Mmap),
-            "mpiio" | "mpi-io" => Ok(IoChoice::MpiIo),
-            _ => Err(format!("unknown io '{s}' (auto, mmap, mpiio)")),
-        }
-    }
-}
+choice_from_str!(IoChoice, "io", "auto" => IoChoice::Auto, "mmap" => IoChoice::Mmap, "mpiio" | "mpi-io" => IoChoice::MpiIo);
 
 impl IoChoice {
     /// The path used on a job of `size` ranks: `Auto` is `Mmap` for one rank, else `MpiIo`.

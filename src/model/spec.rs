@@ -33,18 +33,7 @@ impl Unknowns {
     }
 }
 
-impl std::str::FromStr for Unknowns {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "slowness" => Ok(Unknowns::Slowness),
-            "slowness_perturbation" | "perturbation" => Ok(Unknowns::SlownessPerturbation),
-            _ => Err(format!(
-                "unknown value '{s}' (slowness, slowness_perturbation)"
-            )),
-        }
-    }
-}
+choice_from_str!(Unknowns, "value", "slowness" => Unknowns::Slowness, "slowness_perturbation" | "perturbation" => Unknowns::SlownessPerturbation);
 
 /// The reference velocity model.
 #[derive(Debug, Clone, PartialEq)]

@@ -54,17 +54,7 @@ impl std::fmt::Display for PartitionMethod {
     }
 }
 
-impl std::str::FromStr for PartitionMethod {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "contiguous" | "rows" => Ok(Self::Contiguous),
-            "nnz" => Ok(Self::Nnz),
-            "metis" => Ok(Self::Metis),
-            _ => Err(format!("unknown partition '{s}' (contiguous, nnz, metis)")),
-        }
-    }
-}
+choice_from_str!(PartitionMethod, "partition", "contiguous" | "rows" => Self::Contiguous, "nnz" => Self::Nnz, "metis" => Self::Metis);
 
 /// A symmetric permutation of 0..n: position i of the permuted system holds original index
 /// `new_to_old[i]`.

@@ -39,19 +39,7 @@ pub enum PrecondChoice {
     BlockIlu0,
 }
 
-impl std::str::FromStr for PrecondChoice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "none" => Ok(Self::None),
-            "jacobi" => Ok(Self::Jacobi),
-            "block-ilu0" | "ilu0" | "bjacobi-ilu0" => Ok(Self::BlockIlu0),
-            _ => Err(format!(
-                "unknown preconditioner '{s}' (none, jacobi, block-ilu0)"
-            )),
-        }
-    }
-}
+choice_from_str!(PrecondChoice, "preconditioner", "none" => Self::None, "jacobi" => Self::Jacobi, "block-ilu0" | "ilu0" | "bjacobi-ilu0" => Self::BlockIlu0);
 
 /// A GMRES run of `solve --method gmres`: the system's files, solver settings, outputs.
 #[derive(Debug, Clone)]

@@ -31,17 +31,7 @@ pub enum BackendChoice {
     Cuda,
 }
 
-impl std::str::FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "cpu" => Ok(Self::Cpu),
-            "cuda" | "gpu" => Ok(Self::Cuda),
-            _ => Err(format!("unknown backend '{s}' (auto, cpu, cuda)")),
-        }
-    }
-}
+choice_from_str!(BackendChoice, "backend", "auto" => Self::Auto, "cpu" => Self::Cpu, "cuda" | "gpu" => Self::Cuda);
 
 /// Where the system comes from.
 #[derive(Debug, Clone)]

@@ -68,23 +68,9 @@ pub enum ConvergenceTest {
     Scipy,
 }
 
-macro_rules! impl_from_str {
-    ($t:ty, $what:literal, $($s:literal => $v:expr),+) => {
-        impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> std::result::Result<Self, String> {
-                match s {
-                    $($s => Ok($v),)+
-                    _ => Err(format!(concat!("unknown ", $what, " '{}' ({})"), s,
-                        [$($s),+].join(", "))),
-                }
-            }
-        }
-    };
-}
-impl_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs, "dcgs2" => Orthog::Dcgs2);
-impl_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
-impl_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
+choice_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs, "dcgs2" => Orthog::Dcgs2);
+choice_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
+choice_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
 
 /// GMRES settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -38,16 +38,7 @@ impl Precision {
     }
 }
 
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f64" | "double" => Ok(Self::F64),
-            "f32" | "single" => Ok(Self::F32),
-            _ => Err(format!("unknown precision '{s}' (f64, f32)")),
-        }
-    }
-}
+choice_from_str!(Precision, "precision", "f64" | "double" => Self::F64, "f32" | "single" => Self::F32);
 
 impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

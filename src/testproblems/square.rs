@@ -26,16 +26,7 @@ pub enum SquareKind {
     Convdiff,
 }
 
-impl std::str::FromStr for SquareKind {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "poisson" => Ok(Self::Poisson),
-            "convdiff" | "convection-diffusion" => Ok(Self::Convdiff),
-            _ => Err(format!("unknown square system '{s}' (poisson, convdiff)")),
-        }
-    }
-}
+choice_from_str!(SquareKind, "square system", "poisson" => Self::Poisson, "convdiff" | "convection-diffusion" => Self::Convdiff);
 
 /// Diffusivity of cell c: 10^t, t in [0, 1) from a fixed integer hash (splitmix64) of c.
 pub fn diffusivity(c: usize) -> f64 {
