@@ -254,28 +254,7 @@ fn lsqr<'py>(
     reorder: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let a = csr(shape, indptr, indices, data)?;
-    let b = finite(f64s(b, "b")?, "b")?;
-    if b.len() != a.nrows() {
-        return Err(PyValueError::new_err(format!(
-            "shape mismatch: b has {} entries but A has {} rows",
-            b.len(),
-            a.nrows()
-        )));
-    }
-    let x0 = match x0 {
-        Some(x) => {
-            let x = finite(f64s(x, "x0")?, "x0")?;
-            if x.len() != a.ncols() {
-                return Err(PyValueError::new_err(format!(
-                    "shape mismatch: x0 has {} entries but A has {} columns",
-                    x.len(),
-                    a.ncols()
-                )));
-            }
-            Some(x)
-        }
-        None => None,
-    };
+    let (b, x0) = rhs_and_start(&a, b, x0)?;
     let params = LsqrParams {
         damp,
         atol,
@@ -376,6 +355,25 @@ fn lsqr<'py>(
     Ok(d)
 }
 
+/// b and x0 as f64 vectors, finite and of A's row and column counts.
+fn rhs_and_start(a: &Csr, b: &[u8], x0: Option<&[u8]>) -> PyResult<(Vec<f64>, Option<Vec<f64>>)> {
+    let vector = |v: &[u8], what: &str, len: usize, dim: &str| -> PyResult<Vec<f64>> {
+        let v = finite(f64s(v, what)?, what)?;
+        if v.len() != len {
+            return Err(PyValueError::new_err(format!(
+                "shape mismatch: {what} has {} entries but A has {len} {dim}",
+                v.len()
+            )));
+        }
+        Ok(v)
+    };
+    let b = vector(b, "b", a.nrows(), "rows")?;
+    let x0 = x0
+        .map(|x| vector(x, "x0", a.ncols(), "columns"))
+        .transpose()?;
+    Ok((b, x0))
+}
+
 /// LSQR of one process on any backend and operator, reporting to the Python callback.
 fn lsqr_on<B: Backend, O: Operator<B>>(
     be: &B,
@@ -413,26 +411,7 @@ fn gmres<'py>(
     callback_every: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let a = csr((n, n), indptr, indices, data)?;
-    let b = finite(f64s(b, "b")?, "b")?;
-    if b.len() != n {
-        return Err(PyValueError::new_err(format!(
-            "shape mismatch: b has {} entries but A has {n} rows",
-            b.len()
-        )));
-    }
-    let x0 = match x0 {
-        Some(x) => {
-            let x = finite(f64s(x, "x0")?, "x0")?;
-            if x.len() != n {
-                return Err(PyValueError::new_err(format!(
-                    "shape mismatch: x0 has {} entries but A has {n} columns",
-                    x.len()
-                )));
-            }
-            Some(x)
-        }
-        None => None,
-    };
+    let (b, x0) = rhs_and_start(&a, b, x0)?;
     let pc = match precond {
         "none" => SquarePrecond::None,
         "jacobi" => SquarePrecond::Jacobi,
