@@ -15,6 +15,12 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The stopping tolerances of the runs compared with the serial one.
 const TOL_1E10: [&str; 4] = ["--atol", "1e-10", "--btol", "1e-10"];
 
+/// `--matrix A --rhs B` with [`TOL_1E10`].
+fn lsq_args<'a>(a: &'a Path, b: &'a Path) -> Vec<&'a str> {
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    [&["--matrix", a, "--rhs", b][..], &TOL_1E10].concat()
+}
+
 fn data(rel: &str) -> PathBuf {
     Path::new(ROOT).join("datasets").join(rel)
 }
@@ -219,13 +225,7 @@ fn lsq_set_on_1_to_4_ranks_matches_serial() {
     for (name, nps) in [("well1033", &[1usize, 2, 3, 4][..]), ("well1850", &[3][..])] {
         let a = data(&format!("lsq/{name}.mtx.gz"));
         let b = data(&format!("lsq/{name}_rhs1.mtx.gz"));
-        let mut args = vec![
-            "--matrix",
-            a.to_str().unwrap(),
-            "--rhs",
-            b.to_str().unwrap(),
-        ];
-        args.extend(TOL_1E10);
+        let mut args = lsq_args(&a, &b);
         args.extend(["--conlim", "1e12"]);
         check_against_serial(&args, &tmpdir(name), nps);
     }
@@ -265,14 +265,7 @@ fn invert_on_2_ranks_writes_the_outputs_once() {
         &dir,
         "solution = \"x.txt\"\nreport = \"report.json\"\nhistory = \"history.csv\"\n",
     );
-    let mut args = vec![
-        "--matrix",
-        a.to_str().unwrap(),
-        "--rhs",
-        b.to_str().unwrap(),
-    ];
-    args.extend(TOL_1E10);
-    let serial = solve(None, &args, &dir, "serial");
+    let serial = solve(None, &lsq_args(&a, &b), &dir, "serial");
     let mut c = mpirun();
     c.args(["-np", "2", BIN, "invert"])
         .arg(dir.join("run.toml"));
