@@ -3,20 +3,25 @@
 
 mod common;
 
-use common::{root, scratch};
+use common::{read_json, root, run_ok, scratch, seistomo as bin, stderr, LSQR_SUMMARY};
 
 use std::path::Path;
-use std::process::Command;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_seistomo"))
+/// `solve --matrix M [--rhs B] --solution X`.
+fn solve_args<'a>(m: &'a Path, rhs: Option<&'a Path>, x: &'a Path) -> Vec<&'a str> {
+    let mut a = vec!["solve", "--matrix", m.to_str().unwrap()];
+    if let Some(b) = rhs {
+        a.extend(["--rhs", b.to_str().unwrap()]);
+    }
+    a.extend(["--solution", x.to_str().unwrap()]);
+    a
 }
 
 /// Run and expect failure: exactly one stderr line, containing every `want`; nothing in `dir`
 /// but the inputs.
 fn fails(args: &[&str], wants: &[&str], dir: &Path, inputs: usize) {
-    let out = bin().args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = common::run_seistomo(args);
+    let err = stderr(&out);
     assert!(!out.status.success(), "{args:?} succeeded");
     assert_eq!(
         err.trim_end().lines().count(),
@@ -45,8 +50,8 @@ fn solve_writes_solution_report_history() {
     let d = scratch("solve");
     let l = root().join("datasets/lsq");
     let (x, r, h) = (d.join("x.txt"), d.join("report.json"), d.join("h.csv"));
-    let out = bin()
-        .args(["solve", "--method", "lsqr", "--matrix"])
+    let mut c = bin();
+    c.args(["solve", "--method", "lsqr", "--matrix"])
         .arg(l.join("well1850.mtx.gz"))
         .arg("--rhs")
         .arg(l.join("well1850_rhs1.mtx.gz"))
@@ -65,34 +70,11 @@ fn solve_writes_solution_report_history() {
         .arg("--report")
         .arg(&r)
         .arg("--history")
-        .arg(&h)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
-    for k in [
-        "method",
-        "backend",
-        "ranks",
-        "m",
-        "n",
-        "nnz",
-        "istop",
-        "stop_reason",
-        "iterations",
-        "r1norm",
-        "r2norm",
-        "anorm",
-        "acond",
-        "arnorm",
-        "xnorm",
-        "ms_per_iter",
-    ] {
+        .arg(&h);
+    run_ok(&mut c);
+    let rep = read_json(&r);
+    let keys = ["method", "backend", "ranks", "m", "n", "nnz"];
+    for k in keys.into_iter().chain(LSQR_SUMMARY).chain(["ms_per_iter"]) {
         assert!(rep.get(k).is_some(), "report lacks {k}");
     }
     for k in ["load", "setup", "solve"] {
@@ -164,14 +146,8 @@ fn every_config_in_configs_runs() {
         std::fs::write(&cfg, text).unwrap();
         let out = bin().arg("invert").arg(&cfg).output().unwrap();
         std::fs::remove_file(&cfg).unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            p.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rep: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("report.json")).unwrap()).unwrap();
+        assert!(out.status.success(), "{}: {}", p.display(), stderr(&out));
+        let rep = read_json(&d.join("report.json"));
         assert!(
             matches!(rep["istop"].as_u64(), Some(1..=2)),
             "{}: istop {}",
@@ -219,41 +195,18 @@ fn bad_matrix_files_fail_cleanly() {
     for (name, text, wants) in cases {
         let p = d.join(name);
         std::fs::write(&p, text).unwrap();
-        let out = d.join("x.txt");
-        fails(
-            &[
-                "solve",
-                "--matrix",
-                p.to_str().unwrap(),
-                "--rhs",
-                good_rhs.to_str().unwrap(),
-                "--solution",
-                out.to_str().unwrap(),
-                "--report",
-                d.join("r.json").to_str().unwrap(),
-            ],
-            wants,
-            &d,
-            2,
-        );
+        let (out, r) = (d.join("x.txt"), d.join("r.json"));
+        let mut args = solve_args(&p, Some(&good_rhs), &out);
+        args.extend(["--report", r.to_str().unwrap()]);
+        fails(&args, wants, &d, 2);
         std::fs::remove_file(&p).unwrap();
     }
     // Gzip truncated mid-stream.
     let gz = std::fs::read(root().join("datasets/lsq/well1033.mtx.gz")).unwrap();
     let p = d.join("cut.mtx.gz");
     std::fs::write(&p, &gz[..gz.len() / 2]).unwrap();
-    fails(
-        &[
-            "solve",
-            "--matrix",
-            p.to_str().unwrap(),
-            "--solution",
-            d.join("x.txt").to_str().unwrap(),
-        ],
-        &["cut.mtx.gz"],
-        &d,
-        2,
-    );
+    let x = d.join("x.txt");
+    fails(&solve_args(&p, None, &x), &["cut.mtx.gz"], &d, 2);
 }
 
 #[test]
@@ -263,48 +216,13 @@ fn rhs_length_mismatch_and_missing_files() {
     std::fs::write(&rhs, "1\n2\n3\n").unwrap();
     let m = root().join("datasets/lsq/well1033.mtx.gz");
     let x = d.join("x.txt");
-    fails(
-        &[
-            "solve",
-            "--matrix",
-            m.to_str().unwrap(),
-            "--rhs",
-            rhs.to_str().unwrap(),
-            "--solution",
-            x.to_str().unwrap(),
-        ],
-        &["short.txt", "3 values", "1033 rows"],
-        &d,
-        1,
-    );
+    let wants = ["short.txt", "3 values", "1033 rows"];
+    fails(&solve_args(&m, Some(&rhs), &x), &wants, &d, 1);
     let bad = d.join("bad.txt");
     std::fs::write(&bad, "1\n2\nfoo\n").unwrap();
-    fails(
-        &[
-            "solve",
-            "--matrix",
-            m.to_str().unwrap(),
-            "--rhs",
-            bad.to_str().unwrap(),
-            "--solution",
-            x.to_str().unwrap(),
-        ],
-        &["bad.txt:3:"],
-        &d,
-        2,
-    );
-    fails(
-        &[
-            "solve",
-            "--matrix",
-            d.join("nope.mtx").to_str().unwrap(),
-            "--solution",
-            x.to_str().unwrap(),
-        ],
-        &["nope.mtx"],
-        &d,
-        2,
-    );
+    fails(&solve_args(&m, Some(&bad), &x), &["bad.txt:3:"], &d, 2);
+    let nope = d.join("nope.mtx");
+    fails(&solve_args(&nope, None, &x), &["nope.mtx"], &d, 2);
 }
 
 #[test]

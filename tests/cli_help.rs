@@ -2,8 +2,10 @@
 //! text, lists the possible values of every option with a fixed set of values, and spells the
 //! output flag one way (`-o, --out`; older spellings are hidden aliases).
 
+mod common;
+
 use clap::CommandFactory;
-use std::process::Command;
+use common::{run_ok, run_seistomo, seistomo};
 
 /// Options whose values come from a fixed set, wherever they appear.
 const CHOICES: &[&str] = &[
@@ -75,11 +77,10 @@ fn every_option_has_help_and_choices_list_their_values() {
 
 #[test]
 fn every_help_page_spells_the_output_flag_one_way() {
-    let bin = env!("CARGO_BIN_EXE_seistomo");
     let mut with_out = 0;
     for sub in subcommands() {
         let name = sub.get_name().to_string();
-        let out = Command::new(bin).args([&name, "--help"]).output().unwrap();
+        let out = run_seistomo(&[&name, "--help"]);
         assert!(out.status.success(), "{name} --help failed");
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Usage: seistomo"), "{name}: {text}");
@@ -108,30 +109,19 @@ fn every_help_page_spells_the_output_flag_one_way() {
 
 #[test]
 fn old_output_spellings_still_work() {
-    let d = std::env::temp_dir().join(format!("seistomo-help-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let bin = env!("CARGO_BIN_EXE_seistomo");
+    let d = common::scratch("help");
     for (flag, name) in [("--output", "a.mtx"), ("-o", "b.mtx"), ("--out", "c.mtx")] {
         let p = d.join(name);
-        let out = Command::new(bin)
-            .args(["square", "--n", "3", "--peclet", "1,2,3", flag])
-            .arg(&p)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            seistomo()
+                .args(["square", "--n", "3", "--peclet", "1,2,3", flag])
+                .arg(&p),
         );
         assert!(p.is_file());
     }
     // A wrong word names the possible values.
-    let out = Command::new(bin)
-        .args(["solve", "--method", "cg", "--matrix", "x.mtx"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = run_seistomo(&["solve", "--method", "cg", "--matrix", "x.mtx"]);
+    let err = common::stderr(&out);
     assert!(!out.status.success());
     assert!(err.contains("[possible values: lsqr, gmres]"), "{err}");
     let _ = std::fs::remove_dir_all(&d);

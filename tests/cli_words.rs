@@ -6,31 +6,22 @@
 mod common;
 
 use common::{root, scratch};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn run(args: &[&str], cwd: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_seistomo"))
+    common::seistomo()
         .args(args)
         .current_dir(cwd)
         .output()
         .unwrap()
 }
 
-fn err(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::stderr as err;
 
 #[test]
 fn plot_refuses_conflicts_and_other_formats() {
     let d = scratch("words-plot");
-    let cfg = std::fs::read_to_string(root().join("datasets/demo/invert.toml"))
-        .unwrap()
-        .replace(
-            "\"../../out/demo\"",
-            &format!("{:?}", d.display().to_string()),
-        );
-    let cfg_path = root().join("datasets/demo/.test-words.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
+    let cfg_path = common::demo_config("words", &d);
     let o = run(&["invert", cfg_path.to_str().unwrap()], &d);
     let _ = std::fs::remove_file(&cfg_path);
     assert!(o.status.success(), "{}", err(&o));

@@ -2,10 +2,9 @@
 
 mod common;
 
-use common::{root, scratch as tmp};
+use common::{root, run_ok, scratch as tmp, seistomo as bin};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use seistomo::comm::SerialComm;
 use seistomo::grid::synthetic as synth;
@@ -20,10 +19,6 @@ use seistomo::io::manifest::Layout;
 use seistomo::pipeline;
 use seistomo::sparse::Csr;
 use seistomo::sparse::System;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_seistomo"))
-}
 
 fn same_system(a: &System, b: &System) {
     assert_eq!(a.a, b.a);
@@ -66,21 +61,16 @@ fn australia_import_invert_matches_solve_on_mtx() {
     let au = root().join("datasets/australia");
     let dir = tmp("australia");
     let ds = dir.join("au");
-    let out = bin()
-        .args(["import", "--matrix"])
-        .arg(au.join("G.mtx.gz"))
-        .arg("--rhs")
-        .arg(au.join("d.txt"))
-        .arg("--reg")
-        .arg(au.join("R.mtx.gz"))
-        .args(["--lambda", "0.015", "--out"])
-        .arg(&ds)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        bin()
+            .args(["import", "--matrix"])
+            .arg(au.join("G.mtx.gz"))
+            .arg("--rhs")
+            .arg(au.join("d.txt"))
+            .arg("--reg")
+            .arg(au.join("R.mtx.gz"))
+            .args(["--lambda", "0.015", "--out"])
+            .arg(&ds),
     );
     // Loaded system == the Matrix Market system, bit for bit.
     let from_ds = load_dataset(&ds, 0, 1).unwrap();
@@ -98,40 +88,26 @@ fn australia_import_invert_matches_solve_on_mtx() {
         "[dataset]\npath = \"au\"\n[solver]\natol = 1e-8\nbtol = 1e-8\n[backend]\nkind = \"cpu\"\n[output]\ndir = \"inv\"\n",
     )
     .unwrap();
-    let out = bin()
-        .arg("invert")
-        .arg(dir.join("run.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = bin()
-        .args([
-            "solve",
-            "--backend",
-            "cpu",
-            "--atol",
-            "1e-8",
-            "--btol",
-            "1e-8",
-            "--matrix",
-        ])
-        .arg(au.join("G.mtx.gz"))
-        .arg("--rhs")
-        .arg(au.join("d.txt"))
-        .arg("--reg")
-        .arg(au.join("R.mtx.gz"))
-        .args(["--reg-weight", "0.015", "--solution"])
-        .arg(dir.join("solve.txt"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(bin().arg("invert").arg(dir.join("run.toml")));
+    run_ok(
+        bin()
+            .args([
+                "solve",
+                "--backend",
+                "cpu",
+                "--atol",
+                "1e-8",
+                "--btol",
+                "1e-8",
+                "--matrix",
+            ])
+            .arg(au.join("G.mtx.gz"))
+            .arg("--rhs")
+            .arg(au.join("d.txt"))
+            .arg("--reg")
+            .arg(au.join("R.mtx.gz"))
+            .args(["--reg-weight", "0.015", "--solution"])
+            .arg(dir.join("solve.txt")),
     );
     let read = |p: PathBuf| -> Vec<f64> {
         std::fs::read_to_string(p)
@@ -152,17 +128,12 @@ fn australia_import_invert_matches_solve_on_mtx() {
     let xn = den.sqrt();
     assert!((xn - 3.48643854e-2).abs() < 1e-8, "{xn}");
     // Export round trip: A.mtx + b.mtx == the loaded system.
-    let out = bin()
-        .arg("export")
-        .arg(&ds)
-        .args(["--format", "mtx", "--out"])
-        .arg(dir.join("exp"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        bin()
+            .arg("export")
+            .arg(&ds)
+            .args(["--format", "mtx", "--out"])
+            .arg(dir.join("exp")),
     );
     let back = seistomo::io::mtx::load_system(
         &dir.join("exp/A.mtx"),
@@ -611,30 +582,25 @@ fn corruptions_give_one_clear_error_naming_the_file() {
 fn cli_synth_inspect_export_npy() {
     let dir = tmp("cli");
     let d = dir.join("syn");
-    let out = bin()
-        .args([
-            "synth",
-            "--grid",
-            "5,4,3",
-            "--rays",
-            "50",
-            "--model",
-            "spike",
-            "--noise",
-            "0.01",
-            "--norm-damping",
-            "0.1",
-            "--layout",
-            "per-row",
-            "--out",
-        ])
-        .arg(&d)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        bin()
+            .args([
+                "synth",
+                "--grid",
+                "5,4,3",
+                "--rays",
+                "50",
+                "--model",
+                "spike",
+                "--noise",
+                "0.01",
+                "--norm-damping",
+                "0.1",
+                "--layout",
+                "per-row",
+                "--out",
+            ])
+            .arg(&d),
     );
     // A second synth into the same place refuses (no overwrite).
     let again = bin().args(["synth", "--out"]).arg(&d).output().unwrap();
@@ -651,17 +617,12 @@ fn cli_synth_inspect_export_npy() {
         text.contains("kernel       50 rows") && text.contains("3 ranks  imbalance"),
         "{text}"
     );
-    let out = bin()
-        .arg("export")
-        .arg(&d)
-        .args(["--format", "npy", "--out"])
-        .arg(dir.join("npy"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        bin()
+            .arg("export")
+            .arg(&d)
+            .args(["--format", "npy", "--out"])
+            .arg(dir.join("npy")),
     );
     let sys = load_dataset(&d, 0, 1).unwrap();
     let data = std::fs::read(dir.join("npy/data.npy")).unwrap();

@@ -2,7 +2,13 @@
 //! tests/reference/gmres_reference.py), distributed GMRES on simulated ranks against one rank,
 //! preconditioners, breakdowns and the CLI.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{
+    agreed, iterations_within, on_thread_ranks, read_json, rel as rel_diff, root,
+    run_seistomo as run_cli, stderr, GMRES_JACOBI_CLI,
+};
+use std::path::Path;
 
 use seistomo::backend::cpu::square::DistSquareOperator;
 use seistomo::backend::cpu::CpuBackend;
@@ -10,21 +16,17 @@ use seistomo::backend::precond::{
     BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve,
 };
 use seistomo::comm::halo::comm_volume;
-use seistomo::comm::{Comm, SerialComm, ThreadComm};
+use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
 use seistomo::pipeline::gmres::gmres_square_cpu;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
-    gmres, ConvergenceTest, GmresHistory, GmresParams, GmresSolution, NoGmresMonitor, Orthog,
-    PrecondSide,
+    gmres, ConvergenceTest, GmresHistory, GmresMonitor, GmresParams, GmresSolution, NoGmresMonitor,
+    Orthog, PrecondSide,
 };
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn scipy_params(orthog: Orthog) -> GmresParams {
     GmresParams {
@@ -96,37 +98,26 @@ fn matches_scipy_verdict_and_iterations() {
         let cgs = solve_serial(&a, pc, &scipy_params(Orthog::Cgs2)).info;
         let cgs1 = solve_serial(&a, pc, &scipy_params(Orthog::Cgs)).info;
         let dcgs2 = solve_serial(&a, pc, &scipy_params(Orthog::Dcgs2)).info;
+        // iteration counts within 2 %
+        let close = |got: usize, want: usize, what: &str| {
+            assert!(
+                within_2pct(got, want),
+                "{name} {pc}: {what}: {got} vs {want} iterations"
+            );
+        };
         assert_eq!(cgs1.converged, want_conv, "{name} {pc}: verdict (cgs)");
         assert_eq!(dcgs2.converged, want_conv, "{name} {pc}: verdict (dcgs2)");
-        assert!(
-            within_2pct(dcgs2.iterations, want_its),
-            "{name} {pc}: dcgs2 {} iterations, scipy {want_its}",
-            dcgs2.iterations
-        );
+        close(dcgs2.iterations, want_its, "dcgs2 vs scipy");
         assert!(!want_conv || dcgs2.relres <= 1e-10, "{name}: {dcgs2:?}");
-        assert!(
-            within_2pct(cgs1.iterations, mgs.iterations),
-            "{name} {pc}: cgs {} vs mgs {}",
-            cgs1.iterations,
-            mgs.iterations
-        );
+        close(cgs1.iterations, mgs.iterations, "cgs vs mgs");
         eprintln!(
             "{name} {pc}: scipy {want_its} its conv {want_conv}; mgs {} its conv {} relres {:.3e}; cgs2 {} its conv {}",
             mgs.iterations, mgs.converged, mgs.relres, cgs.iterations, cgs.converged
         );
         assert_eq!(mgs.converged, want_conv, "{name} {pc}: verdict (mgs)");
         assert_eq!(cgs.converged, want_conv, "{name} {pc}: verdict (cgs2)");
-        assert!(
-            within_2pct(mgs.iterations, want_its),
-            "{name} {pc}: {} iterations, scipy {want_its}",
-            mgs.iterations
-        );
-        assert!(
-            within_2pct(cgs.iterations, mgs.iterations),
-            "{name} {pc}: cgs2 {} vs mgs {}",
-            cgs.iterations,
-            mgs.iterations
-        );
+        close(mgs.iterations, want_its, "mgs vs scipy");
+        close(cgs.iterations, mgs.iterations, "cgs2 vs mgs");
         if want_conv {
             assert!(
                 mgs.relres <= 1e-10 && cgs.relres <= 1e-10,
@@ -206,57 +197,33 @@ fn solve_threads(
     precond: &str,
     params: &GmresParams,
 ) -> (Vec<f64>, usize, bool) {
-    let p = part.parts();
-    let comms = ThreadComm::create(p);
-    let out: Vec<(Vec<f64>, usize, bool)> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let rows: Vec<usize> = part.range(c.rank()).collect();
-                    let nl = rows.len();
-                    let pc = match precond {
-                        "jacobi" => SquarePrecond::Jacobi,
-                        "block-ilu0" => SquarePrecond::BlockIlu0 {
-                            pivot: PivotPolicy::Error,
-                            tri: TriSolve::Exact,
-                        },
-                        _ => SquarePrecond::None,
-                    };
-                    let sol = gmres_square_cpu(
-                        c,
-                        &a.select_rows(&rows),
-                        part,
-                        &vec![1.0; nl],
-                        None,
-                        pc,
-                        params,
-                        &mut NoGmresMonitor,
-                    )
-                    .unwrap();
-                    (sol.x_local, sol.info.iterations, sol.info.converged)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let out = on_thread_ranks(part.parts(), |c| {
+        let rows: Vec<usize> = part.range(c.rank()).collect();
+        let nl = rows.len();
+        let pc = match precond {
+            "jacobi" => SquarePrecond::Jacobi,
+            "block-ilu0" => SquarePrecond::BlockIlu0 {
+                pivot: PivotPolicy::Error,
+                tri: TriSolve::Exact,
+            },
+            _ => SquarePrecond::None,
+        };
+        let sol = gmres_square_cpu(
+            c,
+            &a.select_rows(&rows),
+            part,
+            &vec![1.0; nl],
+            None,
+            pc,
+            params,
+            &mut NoGmresMonitor,
+        )
+        .unwrap();
+        (sol.x_local, sol.info.iterations, sol.info.converged)
     });
-    let its = out[0].1;
-    assert!(
-        out.iter().all(|o| o.1 == its),
-        "ranks disagree on iterations"
-    );
+    let its = agreed(out.iter().map(|o| o.1), "iterations");
     let conv = out[0].2;
     (out.into_iter().flat_map(|o| o.0).collect(), its, conv)
-}
-
-fn rel_diff(x: &[f64], y: &[f64]) -> f64 {
-    let d: f64 = x
-        .iter()
-        .zip(y)
-        .map(|(a, b)| (a - b) * (a - b))
-        .sum::<f64>()
-        .sqrt();
-    d / y.iter().map(|a| a * a).sum::<f64>().sqrt()
 }
 
 #[test]
@@ -381,36 +348,31 @@ fn breakdowns_limits_and_trivial_cases() {
     let be = CpuBackend::new();
     let comm = SerialComm;
     let op = DistSquareOperator::serial(a.clone(), &comm).unwrap();
+    // GMRES on `op` with default parameters, b = `b_value` everywhere.
+    let run = |pc: &mut dyn Preconditioner<CpuBackend>,
+               b_value: f64,
+               x0: Option<&[f64]>,
+               monitor: &mut dyn GmresMonitor| {
+        let b = vec![b_value; a.nrows()];
+        gmres(
+            &be,
+            &op,
+            pc,
+            &comm,
+            &b,
+            x0,
+            &GmresParams::default(),
+            monitor,
+        )
+        .unwrap()
+    };
     let mut hist = GmresHistory::default();
-    let s = gmres(
-        &be,
-        &op,
-        &mut Identity,
-        &comm,
-        &vec![0.0; a.nrows()],
-        Some(&vec![3.0; a.nrows()]),
-        &GmresParams::default(),
-        &mut hist,
-    )
-    .unwrap();
+    let x0 = vec![3.0; a.nrows()];
+    let s = run(&mut Identity, 0.0, Some(&x0), &mut hist);
     assert!(s.info.converged && s.x.iter().all(|&v| v == 0.0));
     // monitor from iteration 0, one record per iteration
     let mut hist = GmresHistory::default();
-    let s = gmres(
-        &be,
-        &op,
-        &mut Identity,
-        &comm,
-        &vec![1.0; a.nrows()],
-        None,
-        &GmresParams::default(),
-        &mut hist,
-    )
-    .unwrap();
-    assert_eq!(hist.0[0].iteration, 0);
-    assert_eq!(hist.0[0].relres, 1.0);
-    assert_eq!(hist.0.len(), s.info.iterations + 1);
-    assert!(s.info.converged && s.info.relres <= 1e-10);
+    let s = run(&mut Identity, 1.0, None, &mut hist);
     // Right preconditioning and the inexact (Jacobi-sweep) ILU solves reach the same x.
     let right = solve_serial(
         &a,
@@ -430,41 +392,14 @@ fn breakdowns_limits_and_trivial_cases() {
         TriSolve::Jacobi(3),
     )
     .unwrap();
-    let si = gmres(
-        &be,
-        &op,
-        &mut ilu,
-        &comm,
-        &vec![1.0; a.nrows()],
-        None,
-        &GmresParams::default(),
-        &mut NoGmresMonitor,
-    )
-    .unwrap();
+    let si = run(&mut ilu, 1.0, None, &mut NoGmresMonitor);
     assert!(si.info.converged);
     assert!(rel_diff(&si.x, &s.x) < 1e-8);
 }
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_seistomo")
-}
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("seistomo-gmres-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn run_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin())
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn cli_square_and_solve_gmres() {
-    let d = tmpdir("cli");
+    let d = common::scratch("gmres-cli");
     let m = d.join("cd.mtx");
     let o = run_cli(&[
         "square",
@@ -475,38 +410,24 @@ fn cli_square_and_solve_gmres() {
         "-o",
         m.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         mtx::read_matrix(&m).unwrap(),
         cube(SquareKind::Convdiff, 8).unwrap()
     );
     let (x, r, h) = (d.join("x.txt"), d.join("r.json"), d.join("h.csv"));
-    let o = run_cli(&[
-        "solve",
-        "--method",
-        "gmres",
-        "--matrix",
-        m.to_str().unwrap(),
-        "--restart",
-        "16",
-        "--rtol",
-        "1e-10",
-        "--precond",
-        "jacobi",
-        "--orthog",
-        "cgs2",
-        "--backend",
-        "cpu",
-        "--solution",
-        x.to_str().unwrap(),
+    let mut args = GMRES_JACOBI_CLI.to_vec();
+    args.extend(["--matrix", m.to_str().unwrap(), "--orthog", "cgs2"]);
+    args.extend(["--backend", "cpu", "--solution", x.to_str().unwrap()]);
+    args.extend([
         "--report",
         r.to_str().unwrap(),
         "--history",
         h.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+    let o = run_cli(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rep = read_json(&r);
     assert_eq!(rep["method"], "gmres");
     assert_eq!(rep["converged"], true);
     assert!(rep["relres"].as_f64().unwrap() <= 1e-9);
@@ -524,36 +445,30 @@ fn cli_square_and_solve_gmres() {
     assert!(res / (a.nrows() as f64).sqrt() < 1e-8);
     // Non-convergence: plain report, warning, exit status 0.
     let w = root().join("datasets/square/west0479.mtx.gz");
-    let o = run_cli(&[
+    let west = [
         "solve",
         "--method",
         "gmres",
         "--matrix",
         w.to_str().unwrap(),
-        "--max-iter",
-        "320",
-        "--report",
-        r.to_str().unwrap(),
-    ]);
+    ];
+    let o = run_cli(
+        &[
+            &west[..],
+            &["--max-iter", "320", "--report", r.to_str().unwrap()],
+        ]
+        .concat(),
+    );
     assert!(o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = stderr(&o);
     assert!(err.contains("did not converge"), "{err}");
-    let rep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+    let rep = read_json(&r);
     assert_eq!(rep["converged"], false);
     assert_eq!(rep["iterations"], 320);
     // ILU(0) on a matrix with missing diagonal entries: one clear error line, exit status 1.
-    let o = run_cli(&[
-        "solve",
-        "--method",
-        "gmres",
-        "--matrix",
-        w.to_str().unwrap(),
-        "--precond",
-        "block-ilu0",
-    ]);
+    let o = run_cli(&[&west[..], &["--precond", "block-ilu0"]].concat());
     if !o.status.success() {
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = stderr(&o);
         assert!(err.contains("diagonal") || err.contains("pivot"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
@@ -593,12 +508,8 @@ fn dcgs2_matches_cgs2() {
                 let tag = format!("{name} {pc} {side:?}");
                 assert_eq!(c.info.converged, d.info.converged, "{tag}: verdict");
                 if c.info.converged {
-                    assert!(
-                        c.info.iterations.abs_diff(d.info.iterations) <= 1,
-                        "{tag}: cgs2 {} vs dcgs2 {} iterations",
-                        c.info.iterations,
-                        d.info.iterations
-                    );
+                    let what = format!("{tag}: cgs2 vs dcgs2");
+                    iterations_within(c.info.iterations, d.info.iterations, 1, &what);
                     let diff = rel_diff(&d.x, &c.x);
                     assert!(diff <= 1e-6, "{tag}: rel diff {diff:e}");
                     assert!(d.info.precond_relres <= 1e-10, "{tag}");

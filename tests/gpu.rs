@@ -3,15 +3,13 @@
 
 mod common;
 
-use common::gpu::{down, gpu, rand_vec, rel};
-use std::path::Path;
+use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
 use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
-use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::pipeline::{choose_backend, BackendChoice};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::sparse::Csr;
@@ -183,42 +181,24 @@ fn sparse_products_match_cpu_all_strategies_and_precisions() {
                 }
                 let gop = CudaCsrOperator::new(&g, &a, s, p).unwrap();
                 assert_eq!(gop.strategy(), s);
-                let (gx, gy0) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+                let gx = g.upload(&x).unwrap();
                 for (alpha, beta) in [(1.0, 0.0), (-0.5, 2.0), (2.0, 1.0)] {
-                    let mut cy = y.clone();
-                    cop.apply(&c, alpha, &x, beta, &mut cy).unwrap();
-                    let mut gy = g.upload(&y).unwrap();
-                    gop.apply(&g, alpha, &gx, beta, &mut gy).unwrap();
-                    let gyh = down(&g, &gy);
-                    let e = rel(&gyh, &cy);
-                    let worst = gyh
-                        .iter()
-                        .zip(&cy)
-                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-300))
-                        .fold(0.0f64, f64::max);
-                    if alpha == -0.5 && s == TransposeStrategy::Csc {
-                        println!(
-                            "A x {m}x{n} {s} {p}: norm-wise {e:.2e}, worst element {worst:.2e}"
-                        );
+                    for (t, what) in [(false, "A x"), (true, "A^T y")] {
+                        let (inp, out) = if t { (&y, &x) } else { (&x, &y) };
+                        let (gh, ch) = products((&c, &cop), (&g, &gop), t, alpha, inp, beta, out);
+                        let e = rel(&gh, &ch);
+                        let worst = gh
+                            .iter()
+                            .zip(&ch)
+                            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-300))
+                            .fold(0.0f64, f64::max);
+                        if alpha == -0.5 && (t || s == TransposeStrategy::Csc) {
+                            println!(
+                                "{what} {m}x{n} {s} {p}: norm-wise {e:.2e}, worst element {worst:.2e}"
+                            );
+                        }
+                        assert!(e <= 1e-13, "{what} {m}x{n} {s} {p} ({alpha},{beta}): {e}");
                     }
-                    assert!(e <= 1e-13, "A x {m}x{n} {s} {p} ({alpha},{beta}): {e}");
-                    let mut cx = x.clone();
-                    cop.apply_t(&c, alpha, &y, beta, &mut cx).unwrap();
-                    let mut gxx = g.upload(&x).unwrap();
-                    gop.apply_t(&g, alpha, &gy0, beta, &mut gxx).unwrap();
-                    let gxh = down(&g, &gxx);
-                    let e = rel(&gxh, &cx);
-                    let worst = gxh
-                        .iter()
-                        .zip(&cx)
-                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-300))
-                        .fold(0.0f64, f64::max);
-                    if alpha == -0.5 {
-                        println!(
-                            "A^T y {m}x{n} {s} {p}: norm-wise {e:.2e}, worst element {worst:.2e}"
-                        );
-                    }
-                    assert!(e <= 1e-13, "A^T y {m}x{n} {s} {p} ({alpha},{beta}): {e}");
                 }
                 // Wrong vector lengths are errors.
                 let mut bad = g.zeros(m + 1).unwrap();
@@ -232,7 +212,6 @@ fn sparse_products_match_cpu_all_strategies_and_precisions() {
 /// its rows and columns permuted (a different summation order everywhere, the same problem in
 /// exact arithmetic): how much this problem itself amplifies rounding.
 fn order_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> (f64, f64) {
-    let c = CpuBackend::new();
     let (m, n) = a.shape();
     let mut r = Rng::new(5);
     let mut rp: Vec<usize> = (0..m).collect();
@@ -259,26 +238,8 @@ fn order_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> (f64, f64) {
     }
     let ap = Csr::from_triplets(m, n, &ri, &ci, &vi).unwrap();
     let bp: Vec<f64> = rp.iter().map(|&i| b[i]).collect();
-    let s0 = lsqr(
-        &c,
-        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
-        &SerialComm,
-        b,
-        None,
-        params,
-        &mut NoMonitor,
-    )
-    .unwrap();
-    let s1 = lsqr(
-        &c,
-        &CpuCsrOperator::new(ap, TransposeStrategy::Csc),
-        &SerialComm,
-        &bp,
-        None,
-        params,
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let s0 = cpu_csr_lsqr(a, TransposeStrategy::Csc, b, params);
+    let s1 = cpu_csr_lsqr(&ap, TransposeStrategy::Csc, &bp, params);
     let x1: Vec<f64> = (0..n).map(|j| s1.x[cinv[j]]).collect();
     let (v0, v1) = (s0.var.unwrap_or_default(), s1.var.unwrap_or_default());
     let v1: Vec<f64> = (0..v1.len()).map(|j| v1[cinv[j]]).collect();
@@ -286,6 +247,38 @@ fn order_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> (f64, f64) {
         rel(&x1, &s0.x),
         if v0.is_empty() { 0.0 } else { rel(&v1, &v0) },
     )
+}
+
+/// LSQR on the CPU through the CSR kernels with transpose strategy `s`.
+fn cpu_csr_lsqr(
+    a: &Csr,
+    s: TransposeStrategy,
+    b: &[f64],
+    params: &LsqrParams,
+) -> seistomo::solver::LsqrSolution {
+    common::cpu_lsqr(&CpuCsrOperator::new(a.clone(), s), b, None, params)
+}
+
+/// The awkward shapes as LSQR problems: (m, n, A, b, params), params 50 iterations of damped
+/// LSQR with var and no stopping test.
+fn awkward_lsqr_problems() -> impl Iterator<Item = (usize, usize, Csr, Vec<f64>, LsqrParams)> {
+    SHAPES.iter().enumerate().map(|(si, &(m, n))| {
+        let params = LsqrParams {
+            damp: 0.5,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: Some(50),
+            calc_var: true,
+        };
+        (
+            m,
+            n,
+            awkward_csr(m, n, 200 + si as u64),
+            rand_vec(m, 9),
+            params,
+        )
+    })
 }
 
 /// LSQR on the CPU in the GPU's summation and reduction orders.
@@ -307,32 +300,12 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
     // vs the GPU order). Some awkward shapes amplify the order of the norms by 1e5 in 50
     // iterations (one dominant row: loss of orthogonality), hence the yardstick.
     let Some(g) = gpu() else { return };
-    let c = CpuBackend::new();
     let mut bad = Vec::new();
-    for (si, &(m, n)) in SHAPES.iter().enumerate() {
-        let a = awkward_csr(m, n, 200 + si as u64);
-        let b = rand_vec(m, 9);
-        let params = LsqrParams {
-            damp: 0.5,
-            atol: 0.0,
-            btol: 0.0,
-            conlim: 0.0,
-            iter_lim: Some(50),
-            calc_var: true,
-        };
+    for (m, n, a, b, params) in awkward_lsqr_problems() {
         // The order spread of this shape: the larger of the two precisions' (it is itself a
         // chaotic quantity on the sensitive shapes).
         let spread = |ar: &Csr| {
-            let plain = lsqr(
-                &c,
-                &CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc),
-                &SerialComm,
-                &b,
-                None,
-                &params,
-                &mut NoMonitor,
-            )
-            .unwrap();
+            let plain = cpu_csr_lsqr(ar, TransposeStrategy::Csc, &b, &params);
             let r = gpu_order_lsqr(ar, &b, &params);
             (
                 rel(&plain.x, &r.x),
@@ -347,16 +320,7 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
             } else {
                 a.clone()
             };
-            let plain = lsqr(
-                &c,
-                &CpuCsrOperator::new(ar.clone(), TransposeStrategy::Csc),
-                &SerialComm,
-                &b,
-                None,
-                &params,
-                &mut NoMonitor,
-            )
-            .unwrap();
+            let plain = cpu_csr_lsqr(&ar, TransposeStrategy::Csc, &b, &params);
             let reference = gpu_order_lsqr(&ar, &b, &params);
             let (rx, rv) = (reference.x, reference.var.unwrap());
             for s in STRATEGIES {
@@ -400,53 +364,13 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
     assert!(bad.is_empty(), "{bad:?}");
 }
 
-fn dataset(p: &str) -> Option<std::path::PathBuf> {
-    // SEISTOMO_ROOT lets a copied test binary find the datasets on another machine.
-    let root = std::env::var_os("SEISTOMO_ROOT")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
-    let path = root.join(p);
-    if path.exists() {
-        Some(path)
-    } else {
-        println!("skipped: {} missing", path.display());
-        None
-    }
-}
-
 #[test]
 fn lsqr_on_australia_and_well1850_matches_cpu() {
-    let Some(g) = gpu() else { return };
-    let c = CpuBackend::new();
-    let (Some(gm), Some(rm), Some(dm), Some(wm), Some(wr)) = (
-        dataset("datasets/australia/G.mtx.gz"),
-        dataset("datasets/australia/R.mtx.gz"),
-        dataset("datasets/australia/d.txt"),
-        dataset("datasets/lsq/well1850.mtx.gz"),
-        dataset("datasets/lsq/well1850_rhs1.mtx.gz"),
-    ) else {
+    let Some((g, systems)) = gpu().and_then(|g| real_systems().map(|s| (g, s))) else {
         return;
     };
-    let systems = [
-        (
-            "australia",
-            load_mtx_system(&gm, Some(&dm), Some(&rm), 0.015).unwrap(),
-            1e-8,
-        ),
-        (
-            "well1850",
-            load_mtx_system(&wm, Some(&wr), None, 1.0).unwrap(),
-            1e-10,
-        ),
-    ];
-    for (name, sys, tol) in systems {
-        let params = LsqrParams {
-            atol: tol,
-            btol: tol,
-            ..Default::default()
-        };
-        let cop = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
-        let cs = lsqr(&c, &cop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+    for (name, sys, params) in systems {
+        let cs = cpu_csr_lsqr(&sys.a, TransposeStrategy::Csc, &sys.b, &params);
         for s in STRATEGIES {
             let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
             let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
@@ -482,29 +406,8 @@ fn lsqr_on_australia_and_well1850_matches_cpu() {
 /// How far two CPU orderings (CSC gather vs per-thread scatter) drift apart after 50 LSQR
 /// iterations on the awkward matrices: the scale against which the GPU is judged.
 fn cpu_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> f64 {
-    let c = CpuBackend::new();
-    let x1 = lsqr(
-        &c,
-        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
-        &SerialComm,
-        b,
-        None,
-        params,
-        &mut NoMonitor,
-    )
-    .unwrap()
-    .x;
-    let x2 = lsqr(
-        &c,
-        &CpuCsrOperator::new(a.clone(), TransposeStrategy::Scatter),
-        &SerialComm,
-        b,
-        None,
-        params,
-        &mut NoMonitor,
-    )
-    .unwrap()
-    .x;
+    let x1 = cpu_csr_lsqr(a, TransposeStrategy::Csc, b, params).x;
+    let x2 = cpu_csr_lsqr(a, TransposeStrategy::Scatter, b, params).x;
     rel(&x2, &x1)
 }
 
@@ -512,17 +415,7 @@ fn cpu_spread(a: &Csr, b: &[f64], params: &LsqrParams) -> f64 {
 fn cpu_summation_order_spread() {
     // Not a GPU test: shows how much each awkward problem amplifies a change of summation order
     // (the yardstick of the LSQR comparison above). Well-conditioned shapes must agree to 1e-10.
-    for (si, &(m, n)) in SHAPES.iter().enumerate() {
-        let a = awkward_csr(m, n, 200 + si as u64);
-        let b = rand_vec(m, 9);
-        let params = LsqrParams {
-            damp: 0.5,
-            atol: 0.0,
-            btol: 0.0,
-            conlim: 0.0,
-            iter_lim: Some(50),
-            calc_var: true,
-        };
+    for (m, n, a, b, params) in awkward_lsqr_problems() {
         let (sx, sv) = order_spread(&a, &b, &params);
         let e = cpu_spread(&a, &b, &params);
         println!("{m}x{n}: reordered x rel diff {sx:.2e}, var {sv:.2e}; csc vs scatter {e:.2e}");
@@ -570,7 +463,8 @@ fn warp_order_spmv(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
     }
 }
 
-impl Operator<CpuBackend> for WarpOrderOp {
+/// The same host kernels for the plain CPU backend and for [`GpuOrderCpu`].
+impl<B: Backend<Vector = Vec<f64>>> Operator<B> for WarpOrderOp {
     fn nrows(&self) -> usize {
         self.a.nrows()
     }
@@ -579,7 +473,7 @@ impl Operator<CpuBackend> for WarpOrderOp {
     }
     fn apply(
         &self,
-        _: &CpuBackend,
+        _: &B,
         alpha: f64,
         x: &Vec<f64>,
         beta: f64,
@@ -590,7 +484,7 @@ impl Operator<CpuBackend> for WarpOrderOp {
     }
     fn apply_t(
         &self,
-        _: &CpuBackend,
+        _: &B,
         alpha: f64,
         y: &Vec<f64>,
         beta: f64,
@@ -711,61 +605,10 @@ impl Backend for GpuOrderCpu {
     }
 }
 
-impl Operator<GpuOrderCpu> for WarpOrderOp {
-    fn nrows(&self) -> usize {
-        self.a.nrows()
-    }
-    fn ncols(&self) -> usize {
-        self.a.ncols()
-    }
-    fn apply(
-        &self,
-        _: &GpuOrderCpu,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> seistomo::Result<()> {
-        warp_order_spmv(&self.a, alpha, x, beta, y);
-        Ok(())
-    }
-    fn apply_t(
-        &self,
-        _: &GpuOrderCpu,
-        alpha: f64,
-        y: &Vec<f64>,
-        beta: f64,
-        x: &mut Vec<f64>,
-    ) -> seistomo::Result<()> {
-        warp_order_spmv(&self.at, alpha, y, beta, x);
-        Ok(())
-    }
-}
-
 #[test]
 fn cpu_with_gpu_summation_and_reduction_order() {
-    for (si, &(m, n)) in SHAPES.iter().enumerate() {
-        let a = awkward_csr(m, n, 200 + si as u64);
-        let b = rand_vec(m, 9);
-        let params = LsqrParams {
-            damp: 0.5,
-            atol: 0.0,
-            btol: 0.0,
-            conlim: 0.0,
-            iter_lim: Some(50),
-            calc_var: true,
-        };
-        let c = CpuBackend::new();
-        let s0 = lsqr(
-            &c,
-            &CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc),
-            &SerialComm,
-            &b,
-            None,
-            &params,
-            &mut NoMonitor,
-        )
-        .unwrap();
+    for (m, n, a, b, params) in awkward_lsqr_problems() {
+        let s0 = cpu_csr_lsqr(&a, TransposeStrategy::Csc, &b, &params);
         let g = GpuOrderCpu(CpuBackend::new());
         let op = WarpOrderOp {
             at: a.transpose(),

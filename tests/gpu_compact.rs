@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::gpu::{down, gpu, rand_vec, rel};
+use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator};
 use seistomo::backend::cuda::{
@@ -14,7 +14,6 @@ use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::grid::{Stencil, StencilOp};
-use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::solver::{
     lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
     LsqrVectors, NoMonitor,
@@ -103,24 +102,18 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 let shape = (o.layout, o.tile_bits, o.shape);
                 let gop = CudaCompactOperator::with_options(&g, a, st.as_ref(), p, &o).unwrap();
                 assert_eq!(gop.nrows(), mrows);
-                let (gx, gy0) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+                let gx = g.upload(&x).unwrap();
                 for (alpha, beta) in [(1.0, 0.0), (-0.5, 2.0), (2.0, 1.0)] {
-                    let mut cy = y.clone();
-                    cop.apply(&c, alpha, &x, beta, &mut cy).unwrap();
-                    let mut gy = g.upload(&y).unwrap();
-                    gop.apply(&g, alpha, &gx, beta, &mut gy).unwrap();
-                    let gyh = down(&g, &gy);
+                    let ops = ((&c, &cop), (&g, &gop));
+                    let (gyh, cy) = products(ops.0, ops.1, false, alpha, &x, beta, &y);
                     let e = rel(&gyh, &cy);
                     assert!(e <= 1e-13, "A x #{mi} {m}x{n} {p} {shape:?}: {e:.2e}");
                     // the stencil rows sum in the CPU's order: bitwise equal
                     for (r, (gv, cv)) in gyh.iter().zip(&cy).enumerate().skip(m) {
                         assert_eq!(gv.to_bits(), cv.to_bits(), "stencil row {r}");
                     }
-                    let mut cx = x.clone();
-                    cop.apply_t(&c, alpha, &y, beta, &mut cx).unwrap();
-                    let mut gxx = g.upload(&x).unwrap();
-                    gop.apply_t(&g, alpha, &gy0, beta, &mut gxx).unwrap();
-                    let e = rel(&down(&g, &gxx), &cx);
+                    let (gxh, cx) = products(ops.0, ops.1, true, alpha, &y, beta, &x);
+                    let e = rel(&gxh, &cx);
                     assert!(e <= 1e-13, "A^T y #{mi} {m}x{n} {p} {shape:?}: {e:.2e}");
                 }
                 let mut bad = g.zeros(mrows + 1).unwrap();
@@ -168,6 +161,26 @@ impl LsqrMonitor<CudaBackend> for Keep {
     }
 }
 
+/// The precisions and layouts the device loop is checked in.
+fn layouts() -> Vec<(Precision, GpuLayout, CompactGpuOptions)> {
+    [
+        (Precision::F64, GpuLayout::Rows),
+        (Precision::F32, GpuLayout::Rows),
+        (Precision::F64, GpuLayout::Tiles),
+        (Precision::F64, GpuLayout::Mixed),
+        (Precision::F32, GpuLayout::Mixed),
+    ]
+    .into_iter()
+    .map(|(p, tiles)| {
+        let o = CompactGpuOptions {
+            layout: Some(tiles),
+            ..Default::default()
+        };
+        (p, tiles, o)
+    })
+    .collect()
+}
+
 /// A well-conditioned tall system [K; stencil] (rows of 8 random entries, no dominant row, and
 /// norm damping): LSQR converges in a few dozen iterations and rounding is not amplified.
 fn tall_system(seed: u64) -> (Csr, Stencil, Vec<f64>) {
@@ -196,17 +209,7 @@ fn device_loop_matches_host_loop_and_stops_exactly() {
     let Some(g) = gpu() else { return };
     let (k, st, b) = tall_system(40);
     let sop = StencilOp::new(st, Some(random_perm(st.ncells(), 41)));
-    for (p, tiles) in [
-        (Precision::F64, GpuLayout::Rows),
-        (Precision::F32, GpuLayout::Rows),
-        (Precision::F64, GpuLayout::Tiles),
-        (Precision::F64, GpuLayout::Mixed),
-        (Precision::F32, GpuLayout::Mixed),
-    ] {
-        let o = CompactGpuOptions {
-            layout: Some(tiles),
-            ..Default::default()
-        };
+    for (p, tiles, o) in layouts() {
         let op = CudaCompactOperator::with_options(&g, &k, Some(&sop), p, &o).unwrap();
         // the system converges (istop 5) at about iteration 42: 20 stops on the limit
         for (iter_lim, tol) in [(Some(20usize), 0.0), (None, 1e-10)] {
@@ -317,62 +320,16 @@ fn device_loop_resume_from_a_checkpoint_is_bitwise_identical() {
 
 #[test]
 fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
-    let Some(g) = gpu() else { return };
-    let root = std::env::var_os("SEISTOMO_ROOT")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
-    let f = |p: &str| root.join(p);
-    if !f("datasets/australia/G.mtx.gz").exists() {
-        println!("skipped: datasets missing");
+    let Some((g, systems)) = gpu().and_then(|g| real_systems().map(|s| (g, s))) else {
         return;
-    }
-    let c = CpuBackend::new();
-    let systems = [
-        (
-            "australia",
-            load_mtx_system(
-                &f("datasets/australia/G.mtx.gz"),
-                Some(&f("datasets/australia/d.txt")),
-                Some(&f("datasets/australia/R.mtx.gz")),
-                0.015,
-            )
-            .unwrap(),
-            1e-8,
-        ),
-        (
-            "well1850",
-            load_mtx_system(
-                &f("datasets/lsq/well1850.mtx.gz"),
-                Some(&f("datasets/lsq/well1850_rhs1.mtx.gz")),
-                None,
-                1.0,
-            )
-            .unwrap(),
-            1e-10,
-        ),
-    ];
-    for (name, sys, tol) in systems {
-        let params = LsqrParams {
-            atol: tol,
-            btol: tol,
-            ..Default::default()
-        };
+    };
+    for (name, sys, params) in systems {
         let cop = CpuCompactOperator::new(&sys.a, None, Precision::F64);
-        let cs = lsqr(&c, &cop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+        let cs = common::cpu_lsqr(&cop, &sys.b, None, &params);
         let csr = CudaCsrOperator::new(&g, &sys.a, TransposeStrategy::Csc, Precision::F64).unwrap();
         csr.set_device_loop(true);
         let gs = lsqr(&g, &csr, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
-        for (p, tiles) in [
-            (Precision::F64, GpuLayout::Rows),
-            (Precision::F32, GpuLayout::Rows),
-            (Precision::F64, GpuLayout::Tiles),
-            (Precision::F64, GpuLayout::Mixed),
-            (Precision::F32, GpuLayout::Mixed),
-        ] {
-            let o = CompactGpuOptions {
-                layout: Some(tiles),
-                ..Default::default()
-            };
+        for (p, tiles, o) in layouts() {
             let op = CudaCompactOperator::with_options(&g, &sys.a, None, p, &o).unwrap();
             op.set_device_loop(true);
             let ds = lsqr(&g, &op, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();

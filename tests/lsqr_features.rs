@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::{reference_json, reference_vector as read_gz, rel};
+use common::{cpu_lsqr, reference_json, reference_vector as read_gz, rel};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::pipeline::{solve_system, BackendChoice, SolveOptions};
+use seistomo::pipeline::{solve_system, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testproblems::Lstp;
 
@@ -17,18 +17,8 @@ fn well(name: &str) -> seistomo::sparse::System {
 
 fn opts(params: LsqrParams, col_scale: bool) -> SolveOptions {
     SolveOptions {
-        params,
         col_scale,
-        x0: None,
-        backend: BackendChoice::Cpu,
-        transpose: TransposeStrategy::Csc,
-        threads: None,
-        precision: Default::default(),
-        allreduce: Default::default(),
-        reorder: Default::default(),
-        storage: Default::default(),
-        lsqr_loop: Default::default(),
-        grid: None,
+        ..common::cpu_opts(params, TransposeStrategy::Csc)
     }
 }
 
@@ -116,32 +106,14 @@ fn damping_applies_to_x_minus_x0() {
         conlim: 1e15,
         ..Default::default()
     };
-    let sol = lsqr(
-        &CpuBackend::new(),
-        &p,
-        &SerialComm,
-        &p.b,
-        Some(&x0),
-        &params,
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let sol = cpu_lsqr(&p, &p.b, Some(&x0), &params);
     let d = rel(&sol.x, &want);
     assert!(
         d <= 1e-9,
         "x0 run differs from x0 + damped correction by {d:e}"
     );
     // Without x0 the damped solution is a different one.
-    let plain = lsqr(
-        &CpuBackend::new(),
-        &p,
-        &SerialComm,
-        &p.b,
-        None,
-        &params,
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let plain = cpu_lsqr(&p, &p.b, None, &params);
     assert!(rel(&plain.x, &want) > 1e-6);
     assert!(rel(&plain.x, &p.exact_solution(&p.b)) <= 1e-9);
 }
@@ -152,16 +124,7 @@ fn zero_rhs_and_iteration_limit() {
     let be = CpuBackend::new();
     let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
     let zero = vec![0.0; sys.a.nrows()];
-    let s = lsqr(
-        &be,
-        &op,
-        &SerialComm,
-        &zero,
-        None,
-        &LsqrParams::default(),
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let s = cpu_lsqr(&op, &zero, None, &LsqrParams::default());
     assert_eq!((s.info.istop, s.info.itn), (0, 0));
     assert!(s.x.iter().all(|v| *v == 0.0));
     let params = LsqrParams {
@@ -170,7 +133,7 @@ fn zero_rhs_and_iteration_limit() {
         iter_lim: Some(7),
         ..Default::default()
     };
-    let s = lsqr(&be, &op, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+    let s = cpu_lsqr(&op, &sys.b, None, &params);
     assert_eq!((s.info.istop, s.info.itn), (7, 7));
     assert!(s.info.stop_reason.contains("iteration limit"));
     let bad = LsqrParams {

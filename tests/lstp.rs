@@ -4,11 +4,10 @@
 
 mod common;
 
-use common::rel;
-use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
+use common::{cpu_lsqr, rel};
+use seistomo::backend::cpu::CpuCsrOperator;
 use seistomo::backend::TransposeStrategy;
-use seistomo::comm::SerialComm;
-use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::solver::LsqrParams;
 use seistomo::testproblems::Lstp;
 
 /// Run one LSTP problem; returns (relative error, condition, iterations, istop).
@@ -22,16 +21,7 @@ fn solve(m: usize, n: usize, npower: i32, damp: f64) -> (f64, f64, usize, u32) {
         iter_lim: Some(20 * n),
         ..Default::default()
     };
-    let sol = lsqr(
-        &CpuBackend::new(),
-        &p,
-        &SerialComm,
-        &p.b,
-        None,
-        &params,
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let sol = cpu_lsqr(&p, &p.b, None, &params);
     let exact = p.exact_solution(&p.b);
     if m >= n {
         // The generator's x is the exact solution when m >= n.
@@ -48,12 +38,7 @@ fn solve(m: usize, n: usize, npower: i32, damp: f64) -> (f64, f64, usize, u32) {
 /// residual costs cond^2 eps), and to O(cond eps) where the condition number is moderate.
 #[test]
 fn lstp_cases_match_known_solutions_as_well_as_scipy() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/reference/lstp_scipy.json"
-    );
-    let refj: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let refj = common::reference_json("lstp_scipy.json");
     let cases = refj["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 24);
     for c in cases {
@@ -96,10 +81,9 @@ fn explicit_csr_matches_operator() {
         conlim: 1e15,
         ..Default::default()
     };
-    let be = CpuBackend::new();
     for s in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
         let op = CpuCsrOperator::new(a.clone(), s);
-        let sol = lsqr(&be, &op, &SerialComm, &p.b, None, &params, &mut NoMonitor).unwrap();
+        let sol = cpu_lsqr(&op, &p.b, None, &params);
         let err = rel(&sol.x, &p.exact_solution(&p.b));
         assert!(err <= 1e-10, "{s}: {err:e}");
     }

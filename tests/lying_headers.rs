@@ -98,24 +98,19 @@ fn matrix_market_bomb_is_one_line_and_small() {
         assert!(kib < 100 << 10, "peak memory {kib} KiB");
     }
     // More entries than cells, and an array larger than its file.
-    let cells = dir.join("cells.mtx");
-    std::fs::write(
-        &cells,
+    let solve_refuses = |name: &str, text: &str, want: &[&str]| {
+        let m = dir.join(name);
+        std::fs::write(&m, text).unwrap();
+        fails_in_one_line(&["solve", "--matrix", m.to_str().unwrap()], want);
+    };
+    solve_refuses(
+        "cells.mtx",
         "%%MatrixMarket matrix coordinate real general\n2 2 5\n1 1 1\n",
-    )
-    .unwrap();
-    fails_in_one_line(
-        &["solve", "--matrix", cells.to_str().unwrap()],
         &["cells.mtx:2:", "5 entries", "4 cells"],
     );
-    let arr = dir.join("arr.mtx");
-    std::fs::write(
-        &arr,
+    solve_refuses(
+        "arr.mtx",
         "%%MatrixMarket matrix array real general\n100000 100000\n1\n",
-    )
-    .unwrap();
-    fails_in_one_line(
-        &["solve", "--matrix", arr.to_str().unwrap()],
         &["arr.mtx:2:", "10000000000 values"],
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,61 +1,32 @@
 //! Model files: the XDMF/HDF5 axis order, the datasets and attributes, australia's cell model,
 //! PNG quicklooks and the L-curve through the CLI.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
+use common::{cpu_opts, identity_system, root, scratch as tmp, LSQR_SUMMARY};
+use std::path::{Path, PathBuf};
+
+use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::grid::Coverage;
 use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
 use seistomo::model::report::Outcome;
 use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::pipeline::{solve_system, BackendChoice, SolveOptions};
+use seistomo::pipeline::solve_system;
 use seistomo::solver::LsqrParams;
-use seistomo::sparse::Csr;
-use seistomo::sparse::System;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("seistomo-model-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Solve I x = b (with var): x = b up to rounding.
 fn identity_outcome(b: &[f64]) -> (Outcome, Coverage) {
-    let n = b.len();
-    let idx: Vec<u64> = (0..n as u64).collect();
-    let a = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
-    let cov = Coverage::from_kernel_rows(&a, n);
-    let opts = SolveOptions {
-        params: LsqrParams {
-            atol: 1e-12,
-            btol: 1e-12,
-            calc_var: true,
-            ..Default::default()
-        },
-        col_scale: false,
-        x0: None,
-        backend: BackendChoice::Cpu,
-        transpose: seistomo::backend::TransposeStrategy::Auto,
-        threads: None,
-        precision: Default::default(),
-        allreduce: Default::default(),
-        reorder: Default::default(),
-        storage: Default::default(),
-        lsqr_loop: Default::default(),
-        grid: None,
+    let sys = identity_system(b);
+    let cov = Coverage::from_kernel_rows(&sys.a, b.len());
+    let params = LsqrParams {
+        atol: 1e-12,
+        btol: 1e-12,
+        calc_var: true,
+        ..Default::default()
     };
-    let sys = System {
-        a,
-        b: b.to_vec(),
-        kernel_rows: n,
-    };
+    let opts = cpu_opts(params, TransposeStrategy::Auto);
     (solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap(), cov)
 }
 
@@ -63,6 +34,34 @@ fn grid() -> Grid {
     let mut g = Grid::new([4, 3, 2], [-10.0, 20.0, 0.0], [2.0, 5.0, 7.5]);
     g.axes = ["x".into(), "y".into(), "depth".into()];
     g
+}
+
+/// Solve I x = `x` on [`grid`] and write its model (slowness in s/km, with the coverage) to `p`;
+/// `true_model`: `x` is also the true model of a synthetic run.
+fn write_grid_model(
+    p: &Path,
+    x: &[f64],
+    reference: Reference,
+    true_model: bool,
+    config_text: &str,
+) -> Outcome {
+    let (o, cov) = identity_outcome(x);
+    let spec = ModelSpec {
+        param: Parameterisation::Grid(grid()),
+        unknowns: Unknowns::Slowness,
+        slowness_unit: "s/km".into(),
+        reference,
+        true_model: true_model.then(|| x.to_vec()),
+    };
+    let inputs = ModelInputs {
+        spec: &spec,
+        outcome: &o,
+        coverage: Some(&cov),
+        kernel_rows: x.len(),
+        config_text,
+    };
+    write_model(p, &inputs).unwrap();
+    o
 }
 
 fn encode(i: usize, j: usize, k: usize) -> f64 {
@@ -90,27 +89,9 @@ fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
             }
         }
     }
-    let (o, cov) = identity_outcome(&x);
-    let spec = ModelSpec {
-        param: Parameterisation::Grid(g.clone()),
-        unknowns: Unknowns::Slowness,
-        slowness_unit: "s/km".into(),
-        reference: Reference::Constant(1.0),
-        true_model: Some(x.clone()),
-    };
     let dir = tmp("axes");
     let p = dir.join("model.h5");
-    write_model(
-        &p,
-        &ModelInputs {
-            spec: &spec,
-            outcome: &o,
-            coverage: Some(&cov),
-            kernel_rows: x.len(),
-            config_text: "# test",
-        },
-    )
-    .unwrap();
+    write_grid_model(&p, &x, Reference::Constant(1.0), true, "# test");
 
     // HDF5: shape [nz][ny][nx]; element [k][j][i] encodes (i, j, k).
     let f = hdf5::File::open(&p).unwrap();
@@ -138,22 +119,23 @@ fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
     let xdmf = std::fs::read_to_string(xdmf_path(&p)).unwrap();
     let topo = attr_between(&xdmf, "TopologyType=\"3DCoRectMesh\" Dimensions=\"", "\"");
     assert_eq!(topo, format!("{} {} {}", nz + 1, ny + 1, nx + 1));
-    let origin: Vec<f64> = attr_between(&xdmf, "Name=\"Origin\"", "</DataItem>")
-        .rsplit('>')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .map(|v| v.parse().unwrap())
-        .collect();
-    assert_eq!(origin, vec![g.origin[2], g.origin[1], g.origin[0]]);
-    let spacing: Vec<f64> = attr_between(&xdmf, "Name=\"Spacing\"", "</DataItem>")
-        .rsplit('>')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .map(|v| v.parse().unwrap())
-        .collect();
-    assert_eq!(spacing, vec![g.spacing[2], g.spacing[1], g.spacing[0]]);
+    let floats = |name: &str| -> Vec<f64> {
+        attr_between(&xdmf, &format!("Name=\"{name}\""), "</DataItem>")
+            .rsplit('>')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        floats("Origin"),
+        vec![g.origin[2], g.origin[1], g.origin[0]]
+    );
+    assert_eq!(
+        floats("Spacing"),
+        vec![g.spacing[2], g.spacing[1], g.spacing[0]]
+    );
     // Every attribute's DataItem names an existing dataset with the same dims.
     let mut count = 0;
     for part in xdmf.split("<Attribute ").skip(1) {
@@ -177,27 +159,15 @@ fn xdmf_dimensions_and_hdf5_layout_agree_on_axis_order() {
 fn model_file_holds_diagnostics_history_config_and_coverage() {
     let g = grid();
     let x: Vec<f64> = (0..g.ncells()).map(|i| 0.2 + 0.001 * i as f64).collect();
-    let (o, cov) = identity_outcome(&x);
-    let spec = ModelSpec {
-        param: Parameterisation::Grid(g.clone()),
-        unknowns: Unknowns::Slowness,
-        slowness_unit: "s/km".into(),
-        reference: Reference::Profile(vec![(0.0, 4.0), (15.0, 5.0)]),
-        true_model: None,
-    };
     let dir = tmp("diag");
     let p = dir.join("sub/model.h5");
-    write_model(
+    let o = write_grid_model(
         &p,
-        &ModelInputs {
-            spec: &spec,
-            outcome: &o,
-            coverage: Some(&cov),
-            kernel_rows: x.len(),
-            config_text: "[solver]\natol = 1e-12\n",
-        },
-    )
-    .unwrap();
+        &x,
+        Reference::Profile(vec![(0.0, 4.0), (15.0, 5.0)]),
+        false,
+        "[solver]\natol = 1e-12\n",
+    );
     let f = hdf5::File::open(&p).unwrap();
     for ds in [
         "model/velocity",
@@ -253,19 +223,7 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
     assert_eq!(mf.istop, u64::from(o.report.istop));
     let solver = f.group("solver").unwrap();
     let names = solver.attr_names().unwrap();
-    for k in [
-        "istop",
-        "stop_reason",
-        "iterations",
-        "r1norm",
-        "r2norm",
-        "anorm",
-        "acond",
-        "arnorm",
-        "xnorm",
-        "version",
-        "seconds_solve",
-    ] {
+    for k in LSQR_SUMMARY.into_iter().chain(["version", "seconds_solve"]) {
         assert!(names.iter().any(|n| n == k), "no /solver@{k} in {names:?}");
     }
     let cfg: hdf5::types::VarLenUnicode =
@@ -284,14 +242,16 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
 }
 
 fn seistomo(args: &[&str]) -> (bool, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_seistomo"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let o = common::run_seistomo(args);
+    (o.status.success(), common::stderr(&o))
+}
+
+/// `seistomo plot MODEL ARGS -o PNG`.
+fn plot(model: &Path, args: &[&str], png: &Path) -> (bool, String) {
+    let mut a = vec!["plot", model.to_str().unwrap()];
+    a.extend(args);
+    a.extend(["-o", png.to_str().unwrap()]);
+    seistomo(&a)
 }
 
 fn is_png(p: &Path) -> bool {
@@ -356,40 +316,14 @@ fn australia_invert_writes_a_cell_model_and_plots() {
     assert_eq!(x, txt);
 
     let map = dir.join("map.png");
-    let (ok, err) = seistomo(&[
-        "plot",
-        p.to_str().unwrap(),
-        "--field",
-        "velocity",
-        "-o",
-        map.to_str().unwrap(),
-    ]);
+    let (ok, err) = plot(&p, &["--field", "velocity"], &map);
     assert!(ok && is_png(&map), "{err}");
     let conv = dir.join("conv.png");
-    let (ok, err) = seistomo(&[
-        "plot",
-        p.to_str().unwrap(),
-        "--convergence",
-        "-o",
-        conv.to_str().unwrap(),
-    ]);
+    let (ok, err) = plot(&p, &["--convergence"], &conv);
     assert!(ok && is_png(&conv), "{err}");
-    let (ok, err) = seistomo(&[
-        "plot",
-        p.to_str().unwrap(),
-        "--section",
-        "x=140",
-        "-o",
-        map.to_str().unwrap(),
-    ]);
+    let (ok, err) = plot(&p, &["--section", "x=140"], &map);
     assert!(!ok && err.contains("no vertical sections"), "{err}");
-    let (ok, err) = seistomo(&[
-        "plot",
-        p.to_str().unwrap(),
-        "--compare-true",
-        "-o",
-        map.to_str().unwrap(),
-    ]);
+    let (ok, err) = plot(&p, &["--compare-true"], &map);
     assert!(!ok && err.contains("not a synthetic run"), "{err}");
 }
 
@@ -402,28 +336,9 @@ fn grid_slices_sections_and_bad_depths() {
             0.25 * (1.0 + 0.05 * if (a + b + c) % 2 == 0 { 1.0 } else { -1.0 })
         })
         .collect();
-    let (o, cov) = identity_outcome(&x);
-    let spec = ModelSpec {
-        param: Parameterisation::Grid(g.clone()),
-        unknowns: Unknowns::Slowness,
-        slowness_unit: "s/km".into(),
-        reference: Reference::Constant(4.0),
-        true_model: Some(x.clone()),
-    };
     let dir = tmp("grid");
     let p = dir.join("model.h5");
-    write_model(
-        &p,
-        &ModelInputs {
-            spec: &spec,
-            outcome: &o,
-            coverage: Some(&cov),
-            kernel_rows: x.len(),
-            config_text: "",
-        },
-    )
-    .unwrap();
-    let ps = p.to_str().unwrap();
+    write_grid_model(&p, &x, Reference::Constant(4.0), true, "");
     for (args, name) in [
         (vec!["--depth", "10"], "slice.png"),
         (vec!["--depth", "3", "--compare-true"], "compare.png"),
@@ -435,26 +350,35 @@ fn grid_slices_sections_and_bad_depths() {
         (vec!["--convergence"], "conv.png"),
     ] {
         let out = dir.join(name);
-        let mut a = vec!["plot", ps, "-o", out.to_str().unwrap()];
-        a.extend(args);
-        let (ok, err) = seistomo(&a);
-        assert!(ok && is_png(&out), "{a:?}: {err}");
+        let (ok, err) = plot(&p, &args, &out);
+        assert!(ok && is_png(&out), "{args:?}: {err}");
     }
-    let (ok, err) = seistomo(&[
-        "plot",
-        ps,
-        "--depth",
-        "16",
-        "-o",
-        dir.join("x.png").to_str().unwrap(),
-    ]);
+    let (ok, err) = plot(&p, &["--depth", "16"], &dir.join("x.png"));
     assert!(
         !ok && err.contains("depth = 16 is outside the grid"),
         "{err}"
     );
-    let (ok, err) = seistomo(&["plot", ps, "-o", dir.join("x.png").to_str().unwrap()]);
+    let (ok, err) = plot(&p, &[], &dir.join("x.png"));
     assert!(!ok && err.contains("--depth"), "{err}");
     assert!(!dir.join("x.png").exists());
+}
+
+/// The `n` rows of an lcurve.csv, checked to trade residual (column 1, growing) for model norm
+/// (column 2, falling) from one row to the next.
+fn lcurve_rows(csv: &str, n: usize) -> Vec<Vec<f64>> {
+    let rows: Vec<Vec<f64>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), n);
+    for w in rows.windows(2) {
+        assert!(
+            w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001,
+            "{csv}"
+        );
+    }
+    rows
 }
 
 #[test]
@@ -472,20 +396,9 @@ fn lcurve_on_australia_finds_a_corner() {
     ]);
     assert!(ok, "{err}");
     let csv = std::fs::read_to_string(out.join("lcurve.csv")).unwrap();
-    let rows: Vec<Vec<f64>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(rows.len(), 5);
     assert!(csv.starts_with("reg_weight,residual_norm,model_norm"));
     // Residual grows and roughness falls with the weight.
-    for w in rows.windows(2) {
-        assert!(
-            w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001,
-            "{csv}"
-        );
-    }
+    let rows = lcurve_rows(&csv, 5);
     let corners: Vec<usize> = (0..5).filter(|&i| rows[i][6] == 1.0).collect();
     assert_eq!(corners.len(), 1, "{csv}");
     let c = corners[0];
@@ -538,19 +451,8 @@ fn lcurve_without_reg_sweeps_lsqr_damping() {
     let out = dir.join("out/lcurve");
     let csv = std::fs::read_to_string(out.join("lcurve.csv")).unwrap();
     assert!(csv.starts_with("damp,residual_norm,model_norm"), "{csv}");
-    let rows: Vec<Vec<f64>> = csv
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(rows.len(), 5);
     // More damping: larger residual, smaller ||m||.
-    for w in rows.windows(2) {
-        assert!(
-            w[1][1] >= w[0][1] * 0.999 && w[1][2] <= w[0][2] * 1.001,
-            "{csv}"
-        );
-    }
+    lcurve_rows(&csv, 5);
     assert!(is_png(&out.join("lcurve.png")));
     let (ok, err) = seistomo(&["lcurve", cfg.to_str().unwrap(), "--damping", "1,2"]);
     assert!(!ok && err.contains("at least 3"), "{err}");

@@ -2,56 +2,31 @@
 //! scales attached to every field, fields at the root, lat/lon lattices of cell tables.
 //! (python/tests opens the same files with xarray/h5netcdf and ncdump.)
 
+mod common;
+
+use common::{cpu_opts, identity_system, scratch as tmp, str_attr};
 use std::path::PathBuf;
 
-use hdf5::types::{VarLenArray, VarLenUnicode};
+use hdf5::types::VarLenArray;
 use hdf5::{ObjectReference1, ReferencedObject};
+use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, ModelInputs};
 use seistomo::model::report::Outcome;
 use seistomo::model::spec::{CellTable, ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::pipeline::{solve_system, BackendChoice, SolveOptions};
+use seistomo::pipeline::solve_system;
 use seistomo::solver::LsqrParams;
-use seistomo::sparse::Csr;
-use seistomo::sparse::System;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("seistomo-cf-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Solve I x = b: x = b.
 fn identity_outcome(b: &[f64]) -> Outcome {
-    let n = b.len();
-    let idx: Vec<u64> = (0..n as u64).collect();
-    let a = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
-    let opts = SolveOptions {
-        params: LsqrParams {
-            atol: 1e-12,
-            btol: 1e-12,
-            ..Default::default()
-        },
-        col_scale: false,
-        x0: None,
-        backend: BackendChoice::Cpu,
-        transpose: seistomo::backend::TransposeStrategy::Auto,
-        threads: None,
-        precision: Default::default(),
-        allreduce: Default::default(),
-        reorder: Default::default(),
-        storage: Default::default(),
-        lsqr_loop: Default::default(),
-        grid: None,
+    let params = LsqrParams {
+        atol: 1e-12,
+        btol: 1e-12,
+        ..Default::default()
     };
-    let sys = System {
-        a,
-        b: b.to_vec(),
-        kernel_rows: n,
-    };
-    solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap()
+    let opts = cpu_opts(params, TransposeStrategy::Auto);
+    solve_system(identity_system(b), &opts, &SerialComm, 0.0, 0).unwrap()
 }
 
 fn write(dir: &std::path::Path, spec: &ModelSpec, o: &Outcome) -> PathBuf {
@@ -68,15 +43,6 @@ fn write(dir: &std::path::Path, spec: &ModelSpec, o: &Outcome) -> PathBuf {
     )
     .unwrap();
     p
-}
-
-fn str_attr(loc: &hdf5::Location, name: &str) -> String {
-    loc.attr(name)
-        .unwrap()
-        .read_scalar::<VarLenUnicode>()
-        .unwrap()
-        .as_str()
-        .to_string()
 }
 
 /// The names of the scales in a dataset's DIMENSION_LIST, slowest axis first.

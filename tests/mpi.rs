@@ -6,21 +6,27 @@
 
 mod common;
 
-use common::mpi::{finish, have_mpirun, mpirun};
+use common::mpi::{child_test, finish, fresh_dir, have_mpirun, mpi_dir, mpirun, the_error_line};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_seistomo");
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The stopping tolerances of the runs compared with the serial one.
+const TOL_1E10: [&str; 4] = ["--atol", "1e-10", "--btol", "1e-10"];
+
+/// `--matrix A --rhs B` with [`TOL_1E10`].
+fn lsq_args<'a>(a: &'a Path, b: &'a Path) -> Vec<&'a str> {
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    [&["--matrix", a, "--rhs", b][..], &TOL_1E10].concat()
+}
+
 fn data(rel: &str) -> PathBuf {
     Path::new(ROOT).join("datasets").join(rel)
 }
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-{name}"));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    fresh_dir(&format!("mpi-{name}"))
 }
 
 fn stderr(o: &Output) -> String {
@@ -44,22 +50,26 @@ struct Run {
     report: serde_json::Value,
 }
 
-/// `seistomo solve ARGS` on `np` ranks (None: no mpirun at all), outputs in `dir/tag.*`.
-fn solve(np: Option<usize>, args: &[&str], dir: &Path, tag: &str) -> Run {
-    let sol = dir.join(format!("{tag}.x.txt"));
-    let rep = dir.join(format!("{tag}.report.json"));
-    let mut c = match np {
-        None => {
-            let mut c = Command::new(BIN);
-            c.env("RAYON_NUM_THREADS", "1");
-            c
-        }
+/// The binary on `np` ranks under mpirun, or alone (None).
+fn launch(np: Option<usize>) -> Command {
+    match np {
+        None => Command::new(BIN),
         Some(np) => {
             let mut c = mpirun();
             c.args(["-np", &np.to_string(), BIN]);
             c
         }
-    };
+    }
+}
+
+/// `seistomo solve ARGS` on `np` ranks (None: no mpirun at all), outputs in `dir/tag.*`.
+fn solve(np: Option<usize>, args: &[&str], dir: &Path, tag: &str) -> Run {
+    let sol = dir.join(format!("{tag}.x.txt"));
+    let rep = dir.join(format!("{tag}.report.json"));
+    let mut c = launch(np);
+    if np.is_none() {
+        c.env("RAYON_NUM_THREADS", "1");
+    }
     c.arg("solve")
         .args(args)
         .args(["--backend", "cpu", "--solution"])
@@ -86,6 +96,23 @@ fn solve(np: Option<usize>, args: &[&str], dir: &Path, tag: &str) -> Run {
         x: read_vec(&sol),
         report: report(&rep),
     }
+}
+
+/// dir/run.toml: well1033 to 1e-10 on the CPU, outputs in dir/out with `output` added to the
+/// [output] table; returns the paths of the matrix and the right-hand side.
+fn well1033_run_toml(dir: &Path, output: &str) -> (PathBuf, PathBuf) {
+    let (a, b) = (
+        data("lsq/well1033.mtx.gz"),
+        data("lsq/well1033_rhs1.mtx.gz"),
+    );
+    let cfg = format!(
+        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
+         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\n{output}",
+        a.display(),
+        b.display()
+    );
+    std::fs::write(dir.join("run.toml"), cfg).unwrap();
+    (a, b)
 }
 
 fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -164,20 +191,22 @@ fn australia_on_1_to_4_ranks_matches_serial() {
         data("australia/d.txt"),
         data("australia/R.mtx.gz"),
     );
-    let args = [
-        "--matrix",
+    let (g, d, r) = (
         g.to_str().unwrap(),
-        "--rhs",
         d.to_str().unwrap(),
-        "--reg",
         r.to_str().unwrap(),
+    );
+    let mut args = vec![
+        "--matrix",
+        g,
+        "--rhs",
+        d,
+        "--reg",
+        r,
         "--reg-weight",
         "0.015",
-        "--atol",
-        "1e-10",
-        "--btol",
-        "1e-10",
     ];
+    args.extend(TOL_1E10);
     // The system as given: ranks differ from the serial run only in how sums are split.
     let mut plain = args.to_vec();
     plain.extend(["--reorder", "none"]);
@@ -196,28 +225,17 @@ fn lsq_set_on_1_to_4_ranks_matches_serial() {
     for (name, nps) in [("well1033", &[1usize, 2, 3, 4][..]), ("well1850", &[3][..])] {
         let a = data(&format!("lsq/{name}.mtx.gz"));
         let b = data(&format!("lsq/{name}_rhs1.mtx.gz"));
-        let args = [
-            "--matrix",
-            a.to_str().unwrap(),
-            "--rhs",
-            b.to_str().unwrap(),
-            "--atol",
-            "1e-10",
-            "--btol",
-            "1e-10",
-            "--conlim",
-            "1e12",
-        ];
+        let mut args = lsq_args(&a, &b);
+        args.extend(["--conlim", "1e12"]);
         check_against_serial(&args, &tmpdir(name), nps);
     }
 }
 
 #[test]
 fn more_ranks_than_rows_leaves_a_rank_without_rows() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-tiny") else {
         return;
-    }
-    let dir = tmpdir("tiny");
+    };
     let a = dir.join("A.mtx");
     std::fs::write(
         &a,
@@ -240,37 +258,14 @@ fn more_ranks_than_rows_leaves_a_rank_without_rows() {
 
 #[test]
 fn invert_on_2_ranks_writes_the_outputs_once() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-invert") else {
         return;
-    }
-    let dir = tmpdir("invert");
-    let (a, b) = (
-        data("lsq/well1033.mtx.gz"),
-        data("lsq/well1033_rhs1.mtx.gz"),
-    );
-    let cfg = format!(
-        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
-         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\nsolution = \"x.txt\"\n\
-         report = \"report.json\"\nhistory = \"history.csv\"\n",
-        a.display(),
-        b.display()
-    );
-    std::fs::write(dir.join("run.toml"), cfg).unwrap();
-    let serial = solve(
-        None,
-        &[
-            "--matrix",
-            a.to_str().unwrap(),
-            "--rhs",
-            b.to_str().unwrap(),
-            "--atol",
-            "1e-10",
-            "--btol",
-            "1e-10",
-        ],
+    };
+    let (a, b) = well1033_run_toml(
         &dir,
-        "serial",
+        "solution = \"x.txt\"\nreport = \"report.json\"\nhistory = \"history.csv\"\n",
     );
+    let serial = solve(None, &lsq_args(&a, &b), &dir, "serial");
     let mut c = mpirun();
     c.args(["-np", "2", BIN, "invert"])
         .arg(dir.join("run.toml"));
@@ -313,21 +308,10 @@ fn invert_on_2_ranks_writes_the_outputs_once() {
 
 #[test]
 fn checkpoints_on_3_ranks_are_removed_and_resume_is_announced_once_before_the_solve() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-ckpt3") else {
         return;
-    }
-    let dir = tmpdir("ckpt3");
-    let (a, b) = (
-        data("lsq/well1033.mtx.gz"),
-        data("lsq/well1033_rhs1.mtx.gz"),
-    );
-    let cfg = format!(
-        "[system]\nmatrix = \"{}\"\nrhs = \"{}\"\n[solver]\natol = 1e-10\nbtol = 1e-10\n\
-         [backend]\nkind = \"cpu\"\n[output]\ndir = \"out\"\ncheckpoint_every = 10\n",
-        a.display(),
-        b.display()
-    );
-    std::fs::write(dir.join("run.toml"), cfg).unwrap();
+    };
+    well1033_run_toml(&dir, "checkpoint_every = 10\n");
     let out = dir.join("out");
     let ckpts = || -> Vec<String> {
         std::fs::read_dir(&out)
@@ -401,10 +385,9 @@ fn rank2_elsewhere(good: &Path, bad: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn config_file_missing_on_rank_2_ends_the_job_with_its_name() {
-    if !have_mpirun() {
+    let Some(good) = mpi_dir("mpi-fail-good") else {
         return;
-    }
-    let good = tmpdir("fail-good");
+    };
     let bad = tmpdir("fail-bad");
     std::fs::copy(data("lsq/well1033.mtx.gz"), good.join("A.mtx.gz")).unwrap();
     let cfg = "[system]\nmatrix = \"A.mtx.gz\"\n[backend]\nkind = \"cpu\"\n[output]\nsolution = \"x.txt\"\n";
@@ -413,15 +396,9 @@ fn config_file_missing_on_rank_2_ends_the_job_with_its_name() {
     let out = rank2_elsewhere(&good, &bad, &["invert", "run.toml"]);
     let err = stderr(&out);
     assert!(!out.status.success(), "job succeeded: {err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("seistomo: error"))
-        .collect();
-    assert_eq!(lines.len(), 1, "one error line expected:\n{err}");
+    let line = the_error_line(&err, "config missing on rank 2");
     assert!(
-        lines[0].contains("rank 2")
-            && lines[0].contains("A.mtx.gz")
-            && lines[0].contains("not found"),
+        line.contains("rank 2") && line.contains("A.mtx.gz") && line.contains("not found"),
         "{err}"
     );
     assert!(!good.join("out").exists(), "no output after a failed job");
@@ -429,10 +406,9 @@ fn config_file_missing_on_rank_2_ends_the_job_with_its_name() {
 
 #[test]
 fn x0_unreadable_on_rank_2_aborts_the_job_with_its_name() {
-    if !have_mpirun() {
+    let Some(good) = mpi_dir("mpi-abort-good") else {
         return;
-    }
-    let good = tmpdir("abort-good");
+    };
     let bad = tmpdir("abort-bad");
     std::fs::write(good.join("x0.txt"), "0\n".repeat(320)).unwrap();
     let a = data("lsq/well1033.mtx.gz");
@@ -461,23 +437,12 @@ fn x0_unreadable_on_rank_2_aborts_the_job_with_its_name() {
 
 #[test]
 fn mpiio_reads_byte_ranges_on_three_ranks() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-mpiio") else {
         return;
-    }
-    let dir = tmpdir("mpiio");
+    };
     let f = dir.join("bytes.bin");
     std::fs::write(&f, pattern(100_000)).unwrap();
-    let mut c = mpirun();
-    c.args(["-np", "3"])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "mpiio_rank_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SEISTOMO_MPIIO_FILE", &f);
-    let out = finish(c);
+    let out = child_test(3, "mpiio_rank_child", "SEISTOMO_MPIIO_FILE", &f);
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
     assert!(out.status.success(), "{text}");
     for r in 0..3 {
@@ -538,10 +503,9 @@ fn mpiio_rank_child() {
 /// depend on the partition: 1-4 ranks agree with the single-process run to 1e-10.
 #[test]
 fn dataset_read_per_rank_on_1_to_4_ranks_matches_serial() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-dataset") else {
         return;
-    }
-    let dir = tmpdir("dataset");
+    };
     let ds = data("demo/dataset.toml");
     let cfg = |tag: &str| {
         let p = dir.join(format!("{tag}.toml"));
@@ -592,6 +556,33 @@ fn dataset_read_per_rank_on_1_to_4_ranks_matches_serial() {
     }
 }
 
+/// `seistomo solve --method gmres OPTS` on convdiff24 on `np` ranks (None: no mpirun), outputs
+/// in `dir/tag.*`; returns the solution and the report.
+fn gmres_run(
+    dir: &Path,
+    np: Option<usize>,
+    tag: &str,
+    opts: &[&str],
+) -> (Vec<f64>, serde_json::Value) {
+    let m = data("square_gen/convdiff24.mtx.gz");
+    let (x, r) = (
+        dir.join(format!("{tag}.x")),
+        dir.join(format!("{tag}.json")),
+    );
+    let mut c = launch(np);
+    c.args(["solve", "--method", "gmres"])
+        .args(opts)
+        .arg("--matrix")
+        .arg(&m)
+        .arg("--solution")
+        .arg(&x)
+        .arg("--report")
+        .arg(&r);
+    let out = finish(c);
+    assert!(out.status.success(), "{tag}: {}", stderr(&out));
+    (read_vec(&x), report(&r))
+}
+
 /// GMRES on a generated convection-diffusion system across ranks (rows split by nonzeros, halo
 /// exchange by all-to-all): the same iterations and the same solution as one process.
 #[test]
@@ -606,34 +597,10 @@ fn gmres_dcgs2_on_1_to_4_ranks_matches_serial() {
 }
 
 fn gmres_ranks_match_serial(orthog: &str, its_band: u64) {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir(&format!("mpi-gmres-{orthog}")) else {
         return;
-    }
-    let dir = tmpdir(&format!("gmres-{orthog}"));
-    let m = data("square_gen/convdiff24.mtx.gz");
-    let run = |np: Option<usize>, tag: &str| {
-        let (x, r) = (
-            dir.join(format!("{tag}.x")),
-            dir.join(format!("{tag}.json")),
-        );
-        let mut c = match np {
-            None => Command::new(BIN),
-            Some(np) => {
-                let mut c = mpirun();
-                c.args(["-np", &np.to_string(), BIN]);
-                c
-            }
-        };
-        c.args(["solve", "--method", "gmres", "--orthog", orthog, "--matrix"])
-            .arg(&m)
-            .arg("--solution")
-            .arg(&x)
-            .arg("--report")
-            .arg(&r);
-        let out = finish(c);
-        assert!(out.status.success(), "{tag}: {}", stderr(&out));
-        (read_vec(&x), report(&r))
     };
+    let run = |np: Option<usize>, tag: &str| gmres_run(&dir, np, tag, &["--orthog", orthog]);
     let (xs, rs) = run(None, "serial");
     assert_eq!(rs["converged"], true);
     for np in 1..=4 {
@@ -657,34 +624,16 @@ fn gmres_ranks_match_serial(orthog: &str, its_band: u64) {
 /// rows on 4 ranks.
 #[test]
 fn gmres_metis_on_1_to_4_ranks_matches_serial() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpi-gmres-metis") else {
         return;
-    }
-    let dir = tmpdir("gmres-metis");
-    let m = data("square_gen/convdiff24.mtx.gz");
+    };
     let run = |np: Option<usize>, partition: &str, tag: &str| {
-        let (x, r) = (
-            dir.join(format!("{tag}.x")),
-            dir.join(format!("{tag}.json")),
-        );
-        let mut c = match np {
-            None => Command::new(BIN),
-            Some(np) => {
-                let mut c = mpirun();
-                c.args(["-np", &np.to_string(), BIN]);
-                c
-            }
-        };
-        c.args(["solve", "--method", "gmres", "--orthog", "cgs2"])
-            .args(["--partition", partition, "--matrix"])
-            .arg(&m)
-            .arg("--solution")
-            .arg(&x)
-            .arg("--report")
-            .arg(&r);
-        let out = finish(c);
-        assert!(out.status.success(), "{tag}: {}", stderr(&out));
-        (read_vec(&x), report(&r))
+        gmres_run(
+            &dir,
+            np,
+            tag,
+            &["--orthog", "cgs2", "--partition", partition],
+        )
     };
     let (xs, rs) = run(None, "metis", "serial");
     assert_eq!(rs["converged"], true);

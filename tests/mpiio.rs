@@ -9,7 +9,7 @@
 mod common;
 
 #[cfg(feature = "mpi")]
-use common::mpi::{finish, have_mpirun};
+use common::mpi::{child_test, finish, have_mpirun, mpi_dir, the_error_line};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -271,16 +271,12 @@ fn mpiio_loads_equal_mmap_loads_on_1_to_4_ranks() {
         .collect::<Vec<_>>()
         .join("\n");
     for np in 1..=4 {
-        let mut c = mpirun(np);
-        c.arg(std::env::current_exe().unwrap())
-            .args([
-                "mpiio_load_rank_child",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("SEISTOMO_MPIIO_DATASETS", &list);
-        let out = finish(c);
+        let out = child_test(
+            np,
+            "mpiio_load_rank_child",
+            "SEISTOMO_MPIIO_DATASETS",
+            &list,
+        );
         let t = text(&out);
         assert!(out.status.success(), "np {np}: {t}");
         for r in 0..np {
@@ -366,12 +362,9 @@ fn invert_cfg(dir: &Path, tag: &str, ds: &Path, io: &str) -> PathBuf {
 #[cfg(feature = "mpi")]
 #[test]
 fn invert_solution_is_the_same_through_mpiio_and_mmap() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpiio-invert") else {
         return;
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpiio-invert");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    };
     let ds = data("demo");
     for np in 1..=4 {
         let mut xs = Vec::new();
@@ -415,19 +408,19 @@ fn invert_solution_is_the_same_through_mpiio_and_mmap() {
 #[cfg(feature = "mpi")]
 #[test]
 fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpiio-truncated") else {
         return;
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpiio-truncated");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    };
     let ds = truncated_demo(&dir, 100);
     for np in [1, 2] {
         let tag = format!("np{np}");
-        let (line, t) = failed_invert(&dir, &tag, &ds, "mpiio", np);
-        assert!(
-            line.contains("pack_00000.bin") && line.contains("truncated"),
-            "{tag}: {t}"
+        failed_invert(
+            &dir,
+            &tag,
+            &ds,
+            "mpiio",
+            np,
+            &["pack_00000.bin", "truncated"],
         );
         assert!(!dir.join(&tag).join("solution.txt").exists());
     }
@@ -435,29 +428,21 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
     let (pr, name) = truncated_per_row(&dir);
     for np in [1, 2] {
         let tag = format!("row-np{np}");
-        let (line, t) = failed_invert(&dir, &tag, &pr, "mpiio", np);
-        assert!(
-            line.contains(&name) && line.contains("kernel row 123"),
-            "{tag}: {t}"
-        );
+        failed_invert(&dir, &tag, &pr, "mpiio", np, &[&name, "kernel row 123"]);
     }
 }
 
 /// Run `invert` on `np` ranks expecting failure: the exit status is not 0 and exactly one
-/// error line is printed. Returns that line and all the output.
+/// error line is printed, which holds every one of `names`.
 #[cfg(feature = "mpi")]
-fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize) -> (String, String) {
+fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize, names: &[&str]) {
     let mut c = mpirun(np);
     c.arg(BIN).arg("invert").arg(invert_cfg(dir, tag, ds, io));
     let out = finish(c);
     let t = text(&out);
     assert!(!out.status.success(), "{tag}: job succeeded: {t}");
-    let lines: Vec<&str> = t
-        .lines()
-        .filter(|l| l.contains("seistomo: error"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{tag}: one error line expected:\n{t}");
-    (lines[0].to_string(), t)
+    let line = the_error_line(&t, tag);
+    assert!(names.iter().all(|n| line.contains(n)), "{tag}: {t}");
 }
 
 /// The metadata file (read by rank 0 alone and broadcast) cut short: every rank learns of it and
@@ -465,12 +450,9 @@ fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize) -> (Stri
 #[cfg(feature = "mpi")]
 #[test]
 fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
-    if !have_mpirun() {
+    let Some(dir) = mpi_dir("mpiio-metadata") else {
         return;
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpiio-metadata");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    };
     // a copy of demo with an intact pack and a metadata file 8 bytes short
     let ds = truncated_demo(&dir, 0);
     let meta = ds.join("metadata.bin");
@@ -479,8 +461,7 @@ fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
     f.set_len(len - 8).unwrap();
     for np in [1, 2, 3] {
         let tag = format!("meta-np{np}");
-        let (line, t) = failed_invert(&dir, &tag, &ds, "auto", np);
-        assert!(line.contains("metadata.bin"), "{tag}: {t}");
+        failed_invert(&dir, &tag, &ds, "auto", np, &["metadata.bin"]);
         assert!(!dir.join(&tag).join("solution.txt").exists());
     }
 }

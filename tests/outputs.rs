@@ -14,16 +14,10 @@ use common::scratch;
 use seistomo::grid::Rng;
 use seistomo::io::publish::{check_pending, check_set, MANIFEST};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_seistomo"))
-}
+use common::{seistomo as bin, stderr};
 
 fn run(mut c: Command) -> Output {
     c.stdin(Stdio::null()).output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A small synthetic dataset (grid 8 x 8 x 4, 400 rays, format version 1) and an invert config writing to `out`
@@ -70,6 +64,15 @@ fn setup(d: &Path, out: &Path) -> PathBuf {
     setup_every(d, out, 5)
 }
 
+/// A scratch directory NAME holding [`setup_every`]'s dataset and config, which writes to
+/// NAME/out: (the directory, out, the config).
+fn fresh(name: &str, every: usize) -> (PathBuf, PathBuf, PathBuf) {
+    let d = scratch(name);
+    let out = d.join("out");
+    let cfg = setup_every(&d, &out, every);
+    (d, out, cfg)
+}
+
 fn invert(cfg: &Path, env: &[(&str, String)], resume: bool) -> Output {
     let mut c = bin();
     c.arg("invert").arg(cfg);
@@ -80,6 +83,21 @@ fn invert(cfg: &Path, env: &[(&str, String)], resume: bool) -> Output {
         c.env(k, v);
     }
     run(c)
+}
+
+/// The run ended by exiting (not by a signal) and left no dot file in `out`.
+fn exited_leaving_no_dot_files(o: &Output, out: &Path, what: &str) {
+    assert!(
+        o.status.code().is_some(),
+        "{what}: killed by signal {:?}: {}",
+        o.status.signal(),
+        stderr(o)
+    );
+    assert!(
+        dot_files(out).is_empty(),
+        "{what}: left {:?}",
+        dot_files(out)
+    );
 }
 
 fn dot_files(dir: &Path) -> Vec<String> {
@@ -107,9 +125,7 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
-    let d = scratch("enospc");
-    let out = d.join("out");
-    let cfg = setup_every(&d, &out, 0);
+    let (d, out, cfg) = fresh("enospc", 0);
     let first = invert(&cfg, &[], false);
     assert!(first.status.success(), "{}", stderr(&first));
     let old = check_set(&out).unwrap();
@@ -126,17 +142,8 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
             false,
         );
         let err = stderr(&o);
-        assert!(
-            o.status.code().is_some(),
-            "fill level {n}: killed by signal {:?}: {err}",
-            o.status.signal()
-        );
+        exited_leaving_no_dot_files(&o, &out, &format!("fill level {n}"));
         assert!(!err.contains("panicked"), "fill level {n}: {err}");
-        assert!(
-            dot_files(&out).is_empty(),
-            "fill level {n}: left {:?}",
-            dot_files(&out)
-        );
         if o.status.success() {
             let m = check_set(&out).unwrap();
             assert_ne!(m.run_id, old.run_id);
@@ -171,9 +178,7 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
 
 #[test]
 fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
-    let d = scratch("kill9");
-    let out = d.join("out");
-    let cfg = setup(&d, &out);
+    let (d, out, cfg) = fresh("kill9", 5);
     // The uninterrupted result, and the number of steps of its output phase.
     let o = invert(
         &cfg,
@@ -252,9 +257,7 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
 
 #[test]
 fn two_inverts_into_one_directory_one_stops_at_once_naming_the_other() {
-    let d = scratch("lock");
-    let out = d.join("out");
-    let cfg = setup(&d, &out);
+    let (d, out, cfg) = fresh("lock", 5);
     let go = d.join("go");
     let spawn = || {
         let mut c = bin();
@@ -299,9 +302,7 @@ fn two_inverts_into_one_directory_one_stops_at_once_naming_the_other() {
 
 #[test]
 fn a_closed_pipe_is_a_quiet_exit() {
-    let d = scratch("epipe");
-    let out = d.join("out");
-    let cfg = setup(&d, &out);
+    let (d, out, cfg) = fresh("epipe", 5);
     // stdout and stderr are a pipe whose reader is gone before the run starts.
     let mut fds = [0; 2];
     // SAFETY: pipe(2) fills two descriptors; the read end is closed at once, the write end is
@@ -419,9 +420,7 @@ fn an_input_is_never_an_output() {
 
 #[test]
 fn absurd_settings_and_broken_datasets_are_one_line_errors() {
-    let d = scratch("absurd");
-    let out = d.join("out");
-    let cfg = setup(&d, &out);
+    let (d, out, cfg) = fresh("absurd", 5);
     let text = std::fs::read_to_string(&cfg).unwrap();
     let with = |name: &str, from: &str, to: &str| {
         let p = d.join(name);
@@ -515,9 +514,7 @@ fn absurd_settings_and_broken_datasets_are_one_line_errors() {
 
 #[test]
 fn export_on_a_full_disk_leaves_no_directory_and_a_losing_synth_no_partial() {
-    let d = scratch("export");
-    let out = d.join("out");
-    setup(&d, &out);
+    let (d, _, _) = fresh("export", 5);
     let npy = d.join("npy");
     let o = run({
         let mut c = bin();
@@ -610,16 +607,7 @@ fn a_real_tiny_tmpfs_at_many_fill_levels() {
         let _ = std::fs::write(&filler, vec![0u8; fill as usize]);
         let o = invert(&cfg, &[], false);
         let err = stderr(&o);
-        assert!(
-            o.status.code().is_some(),
-            "{left_kib} KiB free: signal {:?}",
-            o.status.signal()
-        );
-        assert!(
-            dot_files(&out).is_empty(),
-            "{left_kib} KiB free: left {:?}",
-            dot_files(&out)
-        );
+        exited_leaving_no_dot_files(&o, &out, &format!("{left_kib} KiB free"));
         if o.status.success() {
             let m = check_set(&out).unwrap();
             assert_ne!(m.run_id, old.0);

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::{agreed, on_thread_ranks, read_json, root, seistomo};
 
 use seistomo::comm::halo::comm_volume;
 use seistomo::comm::halo::CommVolume;
-use seistomo::comm::{Comm, SerialComm, ThreadComm};
+use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
@@ -24,10 +24,6 @@ const METHODS: [PartitionMethod; 3] = [
     PartitionMethod::Nnz,
     PartitionMethod::Metis,
 ];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn real(name: &str) -> Csr {
     mtx::read_matrix(root().join(format!("datasets/square/{name}.mtx.gz"))).unwrap()
@@ -207,50 +203,34 @@ fn params() -> GmresParams {
 /// P thread ranks, the whole matrix on each, partitioned by `partition_square_on` (METIS on rank
 /// 0, broadcast), b = ones; returns x in the original order, the iterations, and the halo.
 fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usize, CommVolume) {
-    let comms = ThreadComm::create(parts);
     let n = a.nrows();
-    let out: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|c| {
-                s.spawn(move || {
-                    let sp = partition_square_on(c, a, method).unwrap();
-                    let rows = sp.rank_rows(a, c.rank()).unwrap();
-                    let b = sp
-                        .perm
-                        .permute_range(&vec![1.0; n], sp.part.range(c.rank()));
-                    let sol = gmres_square_cpu(
-                        c,
-                        &rows,
-                        &sp.part,
-                        &b,
-                        None,
-                        SquarePrecond::Jacobi,
-                        &params(),
-                        &mut NoGmresMonitor,
-                    )
-                    .unwrap();
-                    assert!(sol.info.converged);
-                    let x = c.gather_to_root(&sol.x_local).unwrap();
-                    (
-                        x.map(|x| sp.perm.unpermute(&x)),
-                        sol.info.iterations,
-                        sol.halo,
-                    )
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let out = on_thread_ranks(parts, |c| {
+        let sp = partition_square_on(c, a, method).unwrap();
+        let rows = sp.rank_rows(a, c.rank()).unwrap();
+        let b = sp
+            .perm
+            .permute_range(&vec![1.0; n], sp.part.range(c.rank()));
+        let sol = gmres_square_cpu(
+            c,
+            &rows,
+            &sp.part,
+            &b,
+            None,
+            SquarePrecond::Jacobi,
+            &params(),
+            &mut NoGmresMonitor,
+        )
+        .unwrap();
+        assert!(sol.info.converged);
+        let x = c.gather_to_root(&sol.x_local).unwrap();
+        (
+            x.map(|x| sp.perm.unpermute(&x)),
+            sol.info.iterations,
+            sol.halo,
+        )
     });
-    let its = out[0].1;
-    assert!(
-        out.iter().all(|o| o.1 == its),
-        "ranks disagree on iterations"
-    );
-    assert!(
-        out.iter().all(|o| o.2 == out[0].2),
-        "ranks disagree on the halo"
-    );
+    let its = agreed(out.iter().map(|o| o.1), "iterations");
+    agreed(out.iter().map(|o| o.2.clone()), "the halo");
     let (x, _, halo) = out.into_iter().next().unwrap();
     (x.unwrap(), its, halo)
 }
@@ -333,7 +313,7 @@ fn cli_partition_flag() {
     let mut xs = Vec::new();
     for p in ["contiguous", "nnz", "metis"] {
         let (x, r) = (d.join(format!("{p}.x")), d.join(format!("{p}.json")));
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_seistomo"))
+        let o = seistomo()
             .args(["solve", "--method", "gmres", "--partition", p, "--matrix"])
             .arg(&m)
             .arg("--solution")
@@ -342,13 +322,8 @@ fn cli_partition_flag() {
             .arg(&r)
             .output()
             .unwrap();
-        assert!(
-            o.status.success(),
-            "{p}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let rep: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&r).unwrap()).unwrap();
+        assert!(o.status.success(), "{p}: {}", common::stderr(&o));
+        let rep = read_json(&r);
         assert_eq!(rep["partition"], p);
         assert_eq!(rep["converged"], true);
         assert_eq!(rep["halo"]["parts"], 1);
@@ -359,7 +334,7 @@ fn cli_partition_flag() {
         xs[0] == xs[1] && xs[1] == xs[2],
         "one process: the same solve"
     );
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_seistomo"))
+    let o = seistomo()
         .args([
             "solve",
             "--method",
@@ -372,7 +347,7 @@ fn cli_partition_flag() {
         .output()
         .unwrap();
     assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
+    let e = common::stderr(&o);
     // clap names the word and lists the possible values (src/cli/args.rs).
     assert!(
         e.contains("invalid value 'scotch'") && e.contains("contiguous, nnz, metis"),

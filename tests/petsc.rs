@@ -2,66 +2,55 @@
 //! reaches the same ||r|| as seistomo on australia. Needs Debian's python3-petsc4py (installed
 //! by scripts/bootstrap.sh); skips with a message where it is missing.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
-use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
+use common::{run_ok, seistomo};
+use seistomo::backend::cpu::CpuCsrOperator;
 use seistomo::backend::TransposeStrategy;
-use seistomo::comm::SerialComm;
-use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::io::petsc;
-use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::solver::LsqrParams;
+
+/// /usr/bin/python3 when it can import `modules`; None (saying that `what` is missing) when the
+/// test is skipped.
+fn python_with(modules: &str, what: &str) -> Option<PathBuf> {
+    let python = PathBuf::from("/usr/bin/python3");
+    let have = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        eprintln!("skipped: {what} not importable by /usr/bin/python3 (run scripts/bootstrap.sh)");
+    }
+    have.then_some(python)
+}
 
 #[test]
 fn petsc_loads_export_and_reaches_same_residual() {
-    let python = PathBuf::from("/usr/bin/python3");
-    let have = Command::new(&python)
-        .args(["-c", "import petsc4py"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have {
-        eprintln!(
-            "skipped: petsc4py is not importable by /usr/bin/python3 (run scripts/bootstrap.sh)"
-        );
+    let Some(python) = python_with("petsc4py", "petsc4py is") else {
         return;
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let d = root.join("datasets/australia");
-    let sys = load_mtx_system(
-        &d.join("G.mtx.gz"),
-        Some(&d.join("d.txt")),
-        Some(&d.join("R.mtx.gz")),
-        0.015,
-    )
-    .unwrap();
+    };
+    let root = common::root();
+    let sys = common::system("australia");
     let dir = std::env::temp_dir().join(format!("seistomo-petsc-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // The CLI exports the exact system of the config ([G; 0.015 R], [d; 0]).
-    let out = Command::new(env!("CARGO_BIN_EXE_seistomo"))
-        .args(["export", "--format", "petsc"])
-        .arg(root.join("configs/australia.toml"))
-        .arg("-o")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        seistomo()
+            .args(["export", "--format", "petsc"])
+            .arg(root.join("configs/australia.toml"))
+            .arg("-o")
+            .arg(&dir),
     );
     assert_eq!(petsc::read_mat(&dir.join("A.petsc")).unwrap(), sys.a);
     let tol = 1e-10;
-    let out = Command::new(&python)
-        .arg(root.join("bench/peers/petsc_load_lsqr.py"))
-        .arg(&dir)
-        .arg(tol.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(&python)
+            .arg(root.join("bench/peers/petsc_load_lsqr.py"))
+            .arg(&dir)
+            .arg(tol.to_string()),
     );
     let j: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
@@ -80,16 +69,7 @@ fn petsc_loads_export_and_reaches_same_residual() {
         ..Default::default()
     };
     let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
-    let sol = lsqr(
-        &CpuBackend::new(),
-        &op,
-        &SerialComm,
-        &sys.b,
-        None,
-        &params,
-        &mut NoMonitor,
-    )
-    .unwrap();
+    let sol = common::cpu_lsqr(&op, &sys.b, None, &params);
     let r: Vec<f64> = sys
         .a
         .matvec(&sol.x)
@@ -110,31 +90,17 @@ fn petsc_loads_export_and_reaches_same_residual() {
 
 #[test]
 fn compare_prints_one_table_with_all_peers() {
-    let python = PathBuf::from("/usr/bin/python3");
-    let have = Command::new(&python)
-        .args(["-c", "import scipy, petsc4py"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have {
-        eprintln!(
-            "skipped: SciPy/petsc4py not importable by /usr/bin/python3 (run scripts/bootstrap.sh)"
-        );
+    if python_with("scipy, petsc4py", "SciPy/petsc4py").is_none() {
         return;
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(env!("CARGO_BIN_EXE_seistomo"))
-        .arg("compare")
-        .arg(root.join("configs/australia.toml"))
-        .args(["--backend", "cpu"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let root = common::root();
+    let out = run_ok(
+        seistomo()
+            .arg("compare")
+            .arg(root.join("configs/australia.toml"))
+            .args(["--backend", "cpu"]),
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| solver"))

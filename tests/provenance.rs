@@ -3,40 +3,16 @@
 
 mod common;
 
-use common::{root, scratch};
+use common::{demo_config, scratch, seistomo, stderr, str_attr as s_attr};
 use hdf5::types::VarLenUnicode;
-use std::process::Command;
-
-fn s_attr(g: &hdf5::Group, name: &str) -> String {
-    g.attr(name)
-        .unwrap()
-        .read_scalar::<VarLenUnicode>()
-        .unwrap()
-        .to_string()
-}
 
 #[test]
 fn demo_model_records_its_provenance() {
     let d = scratch("provenance");
-    let text = std::fs::read_to_string(root().join("datasets/demo/invert.toml"))
-        .unwrap()
-        .replace(
-            "\"../../out/demo\"",
-            &format!("{:?}", d.display().to_string()),
-        );
-    let cfg = root().join("datasets/demo/.test-provenance.toml");
-    std::fs::write(&cfg, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_seistomo"))
-        .arg("invert")
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let cfg = demo_config("provenance", &d);
+    let out = seistomo().arg("invert").arg(&cfg).output().unwrap();
     let _ = std::fs::remove_file(&cfg);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let f = hdf5::File::open(d.join("model.h5")).unwrap();
     let p = f.group("provenance").unwrap();
     let created = s_attr(&p, "created_utc");

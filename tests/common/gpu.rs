@@ -1,8 +1,13 @@
-//! Helpers of the GPU tests (tests/gpu.rs, tests/gpu_gmres.rs).
+//! Helpers of the GPU tests (tests/gpu.rs, tests/gpu_compact.rs, tests/gpu_gmres.rs).
 
+use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{probe, CudaBackend};
-use seistomo::backend::Backend;
+use seistomo::backend::{Backend, Operator};
 use seistomo::grid::Rng;
+use seistomo::io::mtx::load_system as load_mtx_system;
+use seistomo::solver::LsqrParams;
+use seistomo::sparse::System;
+use std::path::PathBuf;
 
 /// The CUDA backend on device 0, or None after printing why the test is skipped.
 pub fn gpu() -> Option<CudaBackend> {
@@ -41,4 +46,79 @@ pub fn down(be: &CudaBackend, x: &<CudaBackend as Backend>::Vector) -> Vec<f64> 
     let mut h = vec![0.0; be.len(x)];
     be.download(x, &mut h).unwrap();
     h
+}
+
+/// The same product through a CPU and a GPU operator from the same start: y = alpha A x + beta y,
+/// or with `transpose` x = alpha A^T y + beta x (`inp` the vector multiplied, `out` the start of
+/// the result). Returns (the GPU's result on the host, the CPU's).
+#[allow(clippy::too_many_arguments)]
+pub fn products<C: Operator<CpuBackend>, G: Operator<CudaBackend>>(
+    (c, cop): (&CpuBackend, &C),
+    (g, gop): (&CudaBackend, &G),
+    transpose: bool,
+    alpha: f64,
+    inp: &[f64],
+    beta: f64,
+    out: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let (ci, mut co) = (inp.to_vec(), out.to_vec());
+    let gi = g.upload(inp).unwrap();
+    let mut go = g.upload(out).unwrap();
+    if transpose {
+        cop.apply_t(c, alpha, &ci, beta, &mut co).unwrap();
+        gop.apply_t(g, alpha, &gi, beta, &mut go).unwrap();
+    } else {
+        cop.apply(c, alpha, &ci, beta, &mut co).unwrap();
+        gop.apply(g, alpha, &gi, beta, &mut go).unwrap();
+    }
+    (down(g, &go), co)
+}
+
+/// The repository (SEISTOMO_ROOT overrides, so that a copied test binary finds the datasets on
+/// another machine).
+pub fn data_root() -> PathBuf {
+    std::env::var_os("SEISTOMO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The real systems the GPU solves are checked on, as (name, system, LSQR parameters):
+/// australia ([G; 0.015 R], [d; 0]) to atol = btol = 1e-8 and well1850 to 1e-10. None (after
+/// printing why the test is skipped) when a file is missing.
+pub fn real_systems() -> Option<Vec<(&'static str, System, LsqrParams)>> {
+    let mut paths = Vec::new();
+    for p in [
+        "datasets/australia/G.mtx.gz",
+        "datasets/australia/d.txt",
+        "datasets/australia/R.mtx.gz",
+        "datasets/lsq/well1850.mtx.gz",
+        "datasets/lsq/well1850_rhs1.mtx.gz",
+    ] {
+        let path = data_root().join(p);
+        if !path.exists() {
+            println!("skipped: {} missing", path.display());
+            return None;
+        }
+        paths.push(path);
+    }
+    let [g, d, r, w, wr] = &paths[..] else {
+        unreachable!()
+    };
+    let tol = |t: f64| LsqrParams {
+        atol: t,
+        btol: t,
+        ..Default::default()
+    };
+    Some(vec![
+        (
+            "australia",
+            load_mtx_system(g, Some(d), Some(r), 0.015).unwrap(),
+            tol(1e-8),
+        ),
+        (
+            "well1850",
+            load_mtx_system(w, Some(wr), None, 1.0).unwrap(),
+            tol(1e-10),
+        ),
+    ])
 }

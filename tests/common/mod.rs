@@ -6,7 +6,16 @@ pub mod mpi;
 
 use std::io::BufRead;
 use std::path::PathBuf;
+use std::process::{Command, Output};
 
+use seistomo::backend::cpu::CpuBackend;
+use seistomo::backend::{Operator, TransposeStrategy};
+use seistomo::comm::SerialComm;
+use seistomo::pipeline::{BackendChoice, SolveOptions};
+use seistomo::solver::{lsqr, LsqrParams, LsqrSolution, NoMonitor};
+use seistomo::sparse::Csr;
+
+use seistomo::comm::ThreadComm;
 use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::sparse::System;
 
@@ -71,4 +80,158 @@ pub fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// `f` on each of `p` simulated ranks (one thread a rank, joined by a ThreadComm); the results
+/// in rank order.
+pub fn on_thread_ranks<T: Send>(p: usize, f: impl Fn(&ThreadComm) -> T + Sync) -> Vec<T> {
+    let comms = ThreadComm::create(p);
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The value every rank reports (fails the test when two ranks disagree on `what`).
+pub fn agreed<T: PartialEq + Clone>(per_rank: impl IntoIterator<Item = T>, what: &str) -> T {
+    let v: Vec<T> = per_rank.into_iter().collect();
+    assert!(v.iter().all(|x| *x == v[0]), "ranks disagree on {what}");
+    v[0].clone()
+}
+
+/// The seistomo binary, as a command to add arguments to.
+pub fn seistomo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_seistomo"))
+}
+
+/// `seistomo ARGS` run to the end.
+pub fn run_seistomo(args: &[&str]) -> Output {
+    seistomo().args(args).output().unwrap()
+}
+
+/// A process's stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Run `c` to the end; fails the test, showing stderr, unless it exits 0.
+pub fn run_ok(c: &mut Command) -> Output {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
+/// A JSON file (a report.json) parsed.
+pub fn read_json(p: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// The fields of an LSQR run's summary, in report.json and as /solver attributes of a model.
+pub const LSQR_SUMMARY: [&str; 9] = [
+    "istop",
+    "stop_reason",
+    "iterations",
+    "r1norm",
+    "r2norm",
+    "anorm",
+    "acond",
+    "arnorm",
+    "xnorm",
+];
+
+/// LSQR with `params` on the CPU backend, one process, no monitor.
+pub fn cpu_lsqr<O: Operator<CpuBackend>>(
+    op: &O,
+    b: &[f64],
+    x0: Option<&[f64]>,
+    params: &LsqrParams,
+) -> LsqrSolution {
+    lsqr(
+        &CpuBackend::new(),
+        op,
+        &SerialComm,
+        b,
+        x0,
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap()
+}
+
+/// The options of a plain solve on the CPU backend: `params`, `transpose`, no column scaling,
+/// no x0 and every other choice at its default.
+pub fn cpu_opts(params: LsqrParams, transpose: TransposeStrategy) -> SolveOptions {
+    SolveOptions {
+        params,
+        transpose,
+        col_scale: false,
+        x0: None,
+        backend: BackendChoice::Cpu,
+        threads: None,
+        grid: None,
+        precision: Default::default(),
+        allreduce: Default::default(),
+        reorder: Default::default(),
+        storage: Default::default(),
+        lsqr_loop: Default::default(),
+    }
+}
+
+/// I x = b as a system: n x n identity, every row a kernel row.
+pub fn identity_system(b: &[f64]) -> System {
+    let n = b.len();
+    let idx: Vec<u64> = (0..n as u64).collect();
+    let a = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
+    System {
+        a,
+        b: b.to_vec(),
+        kernel_rows: n,
+    }
+}
+
+/// datasets/demo/invert.toml with its outputs sent to `out`, written beside it as
+/// datasets/demo/.test-TAG.toml (relative paths in it still resolve); the caller removes it.
+pub fn demo_config(tag: &str, out: &std::path::Path) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("datasets/demo/invert.toml"))
+        .unwrap()
+        .replace(
+            "\"../../out/demo\"",
+            &format!("{:?}", out.display().to_string()),
+        );
+    let cfg = root().join(format!("datasets/demo/.test-{tag}.toml"));
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// A string attribute of an HDF5 object.
+pub fn str_attr(loc: &hdf5::Location, name: &str) -> String {
+    loc.attr(name)
+        .unwrap()
+        .read_scalar::<hdf5::types::VarLenUnicode>()
+        .unwrap()
+        .as_str()
+        .to_string()
+}
+
+/// `seistomo solve` with GMRES(16) to 1e-10 and Jacobi preconditioning (add the matrix and the
+/// rest).
+pub const GMRES_JACOBI_CLI: [&str; 9] = [
+    "solve",
+    "--method",
+    "gmres",
+    "--restart",
+    "16",
+    "--rtol",
+    "1e-10",
+    "--precond",
+    "jacobi",
+];
+
+/// Two iteration counts at most `band` apart (`what` names the comparison in the message).
+pub fn iterations_within(got: usize, want: usize, band: usize, what: &str) {
+    assert!(
+        got.abs_diff(want) <= band,
+        "{what}: {got} vs {want} iterations"
+    );
 }
