@@ -373,6 +373,10 @@ fn breakdowns_limits_and_trivial_cases() {
     // monitor from iteration 0, one record per iteration
     let mut hist = GmresHistory::default();
     let s = run(&mut Identity, 1.0, None, &mut hist);
+    assert_eq!(hist.0[0].iteration, 0);
+    assert_eq!(hist.0[0].relres, 1.0);
+    assert_eq!(hist.0.len(), s.info.iterations + 1);
+    assert!(s.info.converged && s.info.relres <= 1e-10);
     // Right preconditioning and the inexact (Jacobi-sweep) ILU solves reach the same x.
     let right = solve_serial(
         &a,
