@@ -7,7 +7,8 @@
 //! being inside MPI at once. Message counts are C ints: one collective moves at most 2^31 - 1
 //! values per rank (an error says so, never a silent truncation).
 
-use crate::io::rowio::RangeSource;
+use crate::io::rowio::{RangeSink, RangeSource};
+use std::path::Path;
 use std::sync::Mutex;
 
 use mpi::collective::SystemOperation;
@@ -212,12 +213,7 @@ impl RangeSource for MpiComm {
         let _g = self.lock();
         crate::io::mpiio::MpiFile::open_world(path)?.read_at_all(offset, len)
     }
-    fn read_ranges(
-        &self,
-        path: &std::path::Path,
-        ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
         if ranges.is_empty() {
             return Ok(());
         }

@@ -1,7 +1,8 @@
 //! A [`Comm`] wrapper that measures the time spent in reductions, for the per-rank timing
 //! breakdown of report.json (load, compute, allreduce).
 
-use crate::io::rowio::RangeSource;
+use crate::io::rowio::{RangeSink, RangeSource};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -122,12 +123,7 @@ impl RangeSource for TimedComm<'_> {
     fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         self.inner.read_at_all(path, offset, len)
     }
-    fn read_ranges(
-        &self,
-        path: &std::path::Path,
-        ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
         self.inner.read_ranges(path, ranges, f)
     }
 }

@@ -134,6 +134,15 @@ pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `path` when it is a regular file (following links), else "file '...' not found".
+pub fn existing_file(path: PathBuf) -> std::result::Result<PathBuf, String> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("file '{}' not found", path.display()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::io::rowio::RangeSink;
 
 /// Read `len` bytes at `offset` of `path` with std (no MPI). Fails on a short read.
 pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
@@ -28,11 +29,7 @@ pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
 
 /// Read `ranges` (offset, length) of `path` with std, opening it once; `f(i, bytes)` receives
 /// range i's bytes, in order. Fails on a short read.
-pub fn read_ranges_local(
-    path: &Path,
-    ranges: &[(u64, usize)],
-    f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-) -> Result<()> {
+pub fn read_ranges_local(path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
     if ranges.is_empty() {
         return Ok(());
     }
@@ -202,30 +199,24 @@ mod with_mpi {
             // MPI overwrites it.
             let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
             let count = buf.len() as c_int;
+            let read = if collective {
+                ffi::MPI_File_read_at_all
+            } else {
+                ffi::MPI_File_read_at
+            };
             // SAFETY: self.fh is open; buf is valid for writes of buf.len() bytes (= count
             // elements of MPI_UINT8_T) and stays borrowed for the whole (blocking) call; status
             // is a valid out-pointer. The collective form is only called when every rank of the
             // file's communicator makes the same number of calls (see read_at_all).
             let rc = unsafe {
-                if collective {
-                    ffi::MPI_File_read_at_all(
-                        self.fh,
-                        off,
-                        buf.as_mut_ptr().cast(),
-                        count,
-                        ffi::RSMPI_UINT8_T,
-                        &mut status,
-                    )
-                } else {
-                    ffi::MPI_File_read_at(
-                        self.fh,
-                        off,
-                        buf.as_mut_ptr().cast(),
-                        count,
-                        ffi::RSMPI_UINT8_T,
-                        &mut status,
-                    )
-                }
+                read(
+                    self.fh,
+                    off,
+                    buf.as_mut_ptr().cast(),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    &mut status,
+                )
             };
             let call = if collective {
                 "MPI_File_read_at_all"

@@ -112,6 +112,9 @@ pub fn chunks(offset: u64, len: usize, max_chunk: usize) -> impl Iterator<Item =
     })
 }
 
+/// Receives range i's bytes, in order (see [`RangeSource::read_ranges`]).
+pub type RangeSink<'a> = &'a mut dyn FnMut(usize, &[u8]) -> Result<()>;
+
 /// Where a rank's byte ranges come from. The default methods are positioned std reads; the
 /// communicator (`comm::Comm` extends this trait) reads through MPI-IO under MPI, so that
 /// readers here never name a communicator.
@@ -125,12 +128,7 @@ pub trait RangeSource: Sync {
     /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
     /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
     /// offset.
-    fn read_ranges(
-        &self,
-        path: &std::path::Path,
-        ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
         crate::io::mpiio::read_ranges_local(path, ranges, f)
     }
     /// Collective: every rank reads its own range (possibly empty) of the same `path`
@@ -199,12 +197,7 @@ impl<'a> RangeReader<'a> {
     /// Read `ranges` (offset, length) of `path`, opening it once (see [`RangeSource::read_ranges`]);
     /// `f(i, bytes)` receives range i's bytes in order. Ranges longer than `max_chunk` are read
     /// in chunks and handed over whole.
-    pub fn read_ranges(
-        &self,
-        path: &Path,
-        ranges: &[(u64, usize)],
-        f: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
-    ) -> Result<()> {
+    pub fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
         let mut calls: Vec<(u64, usize)> = Vec::with_capacity(ranges.len());
         let mut owner: Vec<usize> = Vec::with_capacity(ranges.len());
         for (i, &(off, len)) in ranges.iter().enumerate() {

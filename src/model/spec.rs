@@ -201,12 +201,7 @@ impl ModelOutput {
             }
         };
         let existing = |key: &str, p: &Path| -> Result<PathBuf> {
-            let full = resolve(p);
-            if full.is_file() {
-                Ok(full)
-            } else {
-                Err(bad(format!("{key}: file '{}' not found", full.display())))
-            }
+            crate::io::existing_file(resolve(p)).map_err(|e| bad(format!("{key}: {e}")))
         };
         let path = match model.as_deref() {
             Some("") => None,

@@ -197,12 +197,7 @@ impl RunConfig {
         };
         let bad = |msg: String| Error::config(path, msg);
         let existing = |key: &str, p: &Path| -> Result<PathBuf> {
-            let full = resolve(p);
-            if full.is_file() {
-                Ok(full)
-            } else {
-                Err(bad(format!("{key}: file '{}' not found", full.display())))
-            }
+            crate::io::existing_file(resolve(p)).map_err(|e| bad(format!("{key}: {e}")))
         };
 
         if raw.system.is_some() && raw.dataset.is_some() {
