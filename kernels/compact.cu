@@ -12,6 +12,8 @@
 // delta and a value per chunk of S entries, one shuffle scan turns deltas into columns, the last
 // lane's column carries into the next chunk. UNROLL chunks are loaded before the scans and the
 // gathers, so a row costs few memory latencies.
+//
+// Needs spmv.cu (warp_sum, the warp-segment helpers) before it in the same program.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -91,8 +93,7 @@ __device__ double stencil_t_add(const StencilArgs& st, double s, u32 jn,
 // Block sum of v written to partial[blockIdx.x] (fixed tree: deterministic).
 __device__ __forceinline__ void block_partial(double v, double* partial) {
     __shared__ double sh[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
+    v = warp_sum(v);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) sh[w] = v;
     __syncthreads();
@@ -101,6 +102,34 @@ __device__ __forceinline__ void block_partial(double v, double* partial) {
         for (int i = 0; i < (int)(blockDim.x >> 5); ++i) t += sh[i];
         partial[blockIdx.x] = t;
     }
+}
+
+// The fused products' prologue: false (the kernel does nothing) while *skip != 0; (a, b) from
+// `coef` when it is not null.
+__device__ __forceinline__ bool fused_begin(const int* __restrict__ skip,
+                                            const double* __restrict__ coef, double* a, double* b) {
+    if (skip && *skip) return false;
+    if (coef) {
+        *a = coef[0];
+        *b = coef[1];
+    }
+    return true;
+}
+
+// The fused epilogue of one output: *y = a * s + b * *y (b == 0: *y is not read); the new
+// value's square is added to *acc.
+__device__ __forceinline__ void fused_store(double s, double a, double b, double* y, double* acc) {
+    const double out = (b == 0.0) ? a * s : a * s + b * *y;
+    *y = out;
+    *acc += out * out;
+}
+
+// Sum over the S lanes of a sub-warp by a shuffle tree (valid in its first lane).
+template <int S>
+__device__ __forceinline__ double subwarp_sum(double sum) {
+#pragma unroll
+    for (int o = S / 2; o > 0; o >>= 1) sum += __shfl_down_sync(FULL_MASK, sum, o, S);
+    return sum;
 }
 
 // Rows of a compact matrix, S lanes per row; a block owns CWARPS * (32 / S) * rows_per_sub
@@ -118,11 +147,7 @@ __device__ __forceinline__ void compact_impl(u32 nrows, u32 rows_per_sub,
                                              double* __restrict__ partial,
                                              const StencilArgs& st,
                                              const double* __restrict__ yd) {
-    if (skip && *skip) return;
-    if (coef) {
-        a = coef[0];
-        b = coef[1];
-    }
+    if (!fused_begin(skip, coef, &a, &b)) return;
     constexpr int G = 32 / S;
     const int lane = threadIdx.x & 31;
     const int sl = lane & (S - 1);
@@ -169,13 +194,10 @@ __device__ __forceinline__ void compact_impl(u32 nrows, u32 rows_per_sub,
             for (int q = 0; q < CUNROLL; ++q)
                 if (kb + (u32)(q * S) < len) sum += (double)v[q] * __ldg(&x[c[q]]);
         }
-#pragma unroll
-        for (int o = S / 2; o > 0; o >>= 1) sum += __shfl_down_sync(FULL_MASK, sum, o, S);
+        sum = subwarp_sum<S>(sum);
         if (valid && sl == 0) {
             if (STT) sum = stencil_t_add(st, sum, row, yd);
-            const double r = (b == 0.0) ? a * sum : a * sum + b * y[row];
-            y[row] = r;
-            acc += r * r;
+            fused_store(sum, a, b, &y[row], &acc);
         }
     }
     if (partial) block_partial(acc, partial);
@@ -214,11 +236,7 @@ extern "C" __global__ void __launch_bounds__(256)
 stencil_av(StencilArgs st, u64 nrows, const double* __restrict__ x, double* __restrict__ y,
            double a, double b, const double* __restrict__ coef, const int* __restrict__ skip,
            double* __restrict__ partial) {
-    if (skip && *skip) return;
-    if (coef) {
-        a = coef[0];
-        b = coef[1];
-    }
+    if (!fused_begin(skip, coef, &a, &b)) return;
     double acc = 0.0;
     for (int t = 0; t < STENCIL_ROWS_PER_THREAD; ++t) {
         const u64 r = ((u64)blockIdx.x * STENCIL_ROWS_PER_THREAD + t) * blockDim.x + threadIdx.x;
@@ -274,9 +292,7 @@ stencil_av(StencilArgs st, u64 nrows, const double* __restrict__ x, double* __re
         }
         double s = 0.0;
         for (int e = 0; e < ne; ++e) s += v[e] * x[col[e]];
-        const double out = (b == 0.0) ? a * s : a * s + b * y[r];
-        y[r] = out;
-        acc += out * out;
+        fused_store(s, a, b, &y[r], &acc);
     }
     if (partial) block_partial(acc, partial);
 }
@@ -284,66 +300,28 @@ stencil_av(StencilArgs st, u64 nrows, const double* __restrict__ x, double* __re
 // CSR rows in warp segments (as spmv_impl of spmv.cu) with the same fused epilogue: each warp
 // takes `segs_per_warp` consecutive segments, a block 8 warps' worth.
 template <typename V>
-__device__ __forceinline__ void csr_fused_impl(u32 nseg, u32 segs_per_warp,
-                                               const u32* __restrict__ seg,
-                                               const u64* __restrict__ ip,
-                                               const u32* __restrict__ ci,
-                                               const V* __restrict__ val,
-                                               const double* __restrict__ x,
-                                               double* __restrict__ y, double a, double b,
-                                               const double* __restrict__ coef,
-                                               const int* __restrict__ skip,
-                                               double* __restrict__ partial) {
+__device__ __forceinline__ void csr_fused_impl(
+    u32 nseg, u32 segs_per_warp, const u32* __restrict__ seg, const u64* __restrict__ ip,
+    const u32* __restrict__ ci, const V* __restrict__ val, const double* __restrict__ x,
+    double* __restrict__ y, double a, double b, const double* __restrict__ coef,
+    const int* __restrict__ skip, double* __restrict__ partial) {
     __shared__ double prod[8][256];
-    if (skip && *skip) return;
-    if (coef) {
-        a = coef[0];
-        b = coef[1];
-    }
+    if (!fused_begin(skip, coef, &a, &b)) return;
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     double acc = 0.0;
     for (u32 t = 0; t < segs_per_warp; ++t) {
         const u64 s64 = ((u64)blockIdx.x * segs_per_warp + t) * 8 + wib;
         if (s64 >= nseg) break;
-        const u32 s = (u32)s64;
-        const u32 r0 = seg[s], r1 = seg[s + 1];
-        const u64 bb = ip[r0], e = ip[r1];
-        if (r1 - r0 == 1) {
-            double sum = 0.0;
-            for (u64 k0 = bb + lane; k0 < e; k0 += 4 * 32) {
-                u32 c[4];
-                double v[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const u64 k = k0 + (u64)j * 32;
-                    c[j] = k < e ? __ldg(&ci[k]) : 0u;
-                    v[j] = k < e ? (double)__ldg(&val[k]) : 0.0;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (k0 + (u64)j * 32 < e) sum += v[j] * __ldg(&x[c[j]]);
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(FULL_MASK, sum, o);
-            if (lane == 0) {
-                const double r = (b == 0.0) ? a * sum : a * sum + b * y[r0];
-                y[r0] = r;
-                acc += r * r;
-            }
+        const WarpSeg g = seg_bounds((u32)s64, seg, ip);
+        if (g.r1 - g.r0 == 1) {
+            const double sum = warp_row_sum(g.b, g.e, lane, ci, val, x);
+            if (lane == 0) fused_store(sum, a, b, &y[g.r0], &acc);
         } else {
-            const u32 cnt = (u32)(e - bb);
-            for (u32 k = lane; k < cnt; k += 32) prod[wib][k] = (double)val[bb + k] * __ldg(&x[ci[bb + k]]);
-            __syncwarp();
-            const u32 r = r0 + lane;
-            if (r < r1) {
-                const u32 ks = (u32)(ip[r] - bb), ke = (u32)(ip[r + 1] - bb);
-                double sum = 0.0;
-                for (u32 k = ks; k < ke; ++k) sum += prod[wib][k];
-                const double o = (b == 0.0) ? a * sum : a * sum + b * y[r];
-                y[r] = o;
-                acc += o * o;
-            }
+            u32 r;
+            double sum;
+            if (lane_row_sum(g, lane, prod[wib], ip, ci, val, x, &r, &sum))
+                fused_store(sum, a, b, &y[r], &acc);
             __syncwarp();
         }
     }

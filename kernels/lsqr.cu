@@ -50,8 +50,7 @@ __device__ double ordered_sum(const double* __restrict__ p, u32 np) {
     }
     for (; i < np; i += STEP_THREADS) a0 += p[i];
     double s = (a0 + a1) + (a2 + a3);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
     __syncthreads();
     double t = 0.0;
@@ -89,21 +88,29 @@ __device__ __forceinline__ void stop_all(LsqrState* st, int how) {
     st->skip_atu = 1;
 }
 
+// Stop with error `what` (1: beta, 2: alpha, 3: a norm estimate not finite).
+__device__ __forceinline__ void stop_error(LsqrState* st, int what) {
+    st->error = what;
+    stop_all(st, 3);
+}
+
+// The frame of a step kernel: every thread takes part in the ordered sum of the partials (SUM);
+// then thread 0, unless the loop is done, runs BODY on a register copy `cp` of the state (one
+// wide load, one wide store: the scalar chain would otherwise wait on a global load per field)
+// and stores it back.
+#define LSQR_STEP(SUM, BODY)                         \
+    const double SUM = ordered_sum(partial, np);     \
+    if (threadIdx.x != 0 || gst->done) return;       \
+    LsqrState cp = *gst;                             \
+    BODY;                                            \
+    *gst = cp;
+
 // After A v: beta = ||u||; the coefficients of A^T u.
-extern "C" __global__ void __launch_bounds__(STEP_THREADS)
-lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
-    const double ss = ordered_sum(partial, np);
-    if (threadIdx.x != 0 || gst->done) return;
-    // Work on a register copy (one wide load, one wide store): the scalar chain would otherwise
-    // wait on a global load per field.
-    LsqrState cp = *gst;
-    LsqrState* st = &cp;
+__device__ __forceinline__ void step1(LsqrState* st, double ss) {
     st->itn += 1;
     const double beta = sqrt(ss);
     if (!isfinite(beta)) {
-        st->error = 1;
-        stop_all(st, 3);
-        *gst = cp;
+        stop_error(st, 1);
         return;
     }
     st->beta = beta;
@@ -119,22 +126,18 @@ lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
         st->su = 1.0;
         st->skip_atu = 1;
     }
-    *gst = cp;
+}
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
+    LSQR_STEP(ss, step1(&cp, ss))
 }
 
 // After A^T u: alpha = ||v||; the two plane rotations; the coefficients of the x/w update.
-extern "C" __global__ void __launch_bounds__(STEP_THREADS)
-lsqr_step2(LsqrState* gst, const double* partial, u32 np) {
-    const double ss = ordered_sum(partial, np);
-    if (threadIdx.x != 0 || gst->done) return;
-    LsqrState cp = *gst;
-    LsqrState* st = &cp;
+__device__ __forceinline__ void step2(LsqrState* st, double ss) {
     if (!st->skip_atu) {
         const double alpha = sqrt(ss);
         if (!isfinite(alpha)) {
-            st->error = 2;
-            stop_all(st, 3);
-            *gst = cp;
+            stop_error(st, 2);
             return;
         }
         st->alpha = alpha;
@@ -168,7 +171,10 @@ lsqr_step2(LsqrState* gst, const double* partial, u32 np) {
     st->c_upd[1] = -theta / rho;   // t2
     st->c_upd[2] = 1.0 / rho;      // inv_rho
     st->c_upd[3] = st->sv;         // v_true = sv v
-    *gst = cp;
+}
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step2(LsqrState* gst, const double* partial, u32 np) {
+    LSQR_STEP(ss, step2(&cp, ss))
 }
 
 // s = ||w / rho||^2 (partials per block); x += t1 w; var += (w / rho)^2; w = sv v + t2 w.
@@ -176,7 +182,6 @@ extern "C" __global__ void __launch_bounds__(256)
 lsqr_update_dev(double* __restrict__ x, double* __restrict__ w, const double* __restrict__ v,
                 double* __restrict__ var, u64 n, const LsqrState* __restrict__ st,
                 double* __restrict__ partial) {
-    __shared__ double sh[8];
     if (st->done) return;
     const double t1 = st->c_upd[0], t2 = st->c_upd[1], inv_rho = st->c_upd[2], sv = st->c_upd[3];
     double s = 0.0;
@@ -188,25 +193,12 @@ lsqr_update_dev(double* __restrict__ x, double* __restrict__ w, const double* __
         if (var) var[i] += dk * dk;
         w[i] = sv * v[i] + t2 * wi;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int i = 0; i < 8; ++i) t += sh[i];
-        partial[blockIdx.x] = t;
-    }
+    block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
 }
 
 // After the update: the norm and condition estimates, the stopping tests, the history record,
 // and the coefficients of the next A v.
-extern "C" __global__ void __launch_bounds__(STEP_THREADS)
-lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
-    const double dk2 = ordered_sum(partial, np);
-    if (threadIdx.x != 0 || gst->done) return;
-    LsqrState cp = *gst;
-    LsqrState* st = &cp;
+__device__ __forceinline__ void step3(LsqrState* st, double dk2, double* rec) {
     const double eps = 2.220446049250313e-16;
     const double damp = st->damp, dampsq = damp * damp;
     const double rho = st->rho, phi = st->phi, theta = st->theta, psi = st->psi;
@@ -259,9 +251,7 @@ lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
     r[7] = 0.0;
     if (!isfinite(st->r1norm) || !isfinite(st->arnorm) || !isfinite(st->xnorm) ||
         !isfinite(st->acond)) {
-        st->error = 3;
-        stop_all(st, 3);
-        *gst = cp;
+        stop_error(st, 3);
         return;
     }
     // u = A v_true - alpha u_true = sv (A v) - alpha su u
@@ -271,7 +261,10 @@ lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
         stop_all(st, 1);
     else if (st->itn >= st->stop_at)
         stop_all(st, 2);
-    *gst = cp;
+}
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
+    LSQR_STEP(dk2, step3(&cp, dk2, rec))
 }
 
 // u *= su, v *= sv (true unit vectors again); lsqr_rescaled then resets the scales.

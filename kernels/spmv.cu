@@ -24,6 +24,79 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+// The rows r0..r1 and nonzeros b..e of warp segment s (as cut in src/backend/cuda/operator.rs).
+struct WarpSeg {
+    u32 r0, r1;
+    u64 b, e;
+};
+__device__ __forceinline__ WarpSeg seg_bounds(u32 s, const u32* __restrict__ seg,
+                                              const u64* __restrict__ ip) {
+    WarpSeg g;
+    g.r0 = seg[s];
+    g.r1 = seg[s + 1];
+    g.b = ip[g.r0];
+    g.e = ip[g.r1];
+    return g;
+}
+
+// One segment per warp of WARPS_PER_BLOCK: this thread's lane, its warp in the block and the
+// warp's segment; false for a warp past the last segment.
+__device__ __forceinline__ bool warp_seg(u32 nseg, const u32* __restrict__ seg,
+                                         const u64* __restrict__ ip, int* lane, int* wib,
+                                         WarpSeg* g) {
+    *lane = threadIdx.x & (WARP - 1);
+    *wib = threadIdx.x / WARP;
+    const u32 s = blockIdx.x * WARPS_PER_BLOCK + *wib;
+    if (s >= nseg) return false;
+    *g = seg_bounds(s, seg, ip);
+    return true;
+}
+
+// "Vector" mode: the sum of row nonzeros b..e times x by a whole warp, in batches of UNROLL
+// nonzeros per lane (all index/value loads of a batch are issued before the gathers, so a row of
+// ~150 nonzeros costs about two memory latencies), then a shuffle tree; valid in lane 0.
+template <typename V>
+__device__ __forceinline__ double warp_row_sum(u64 b, u64 e, int lane, const u32* __restrict__ ci,
+                                               const V* __restrict__ val,
+                                               const double* __restrict__ x) {
+    double sum = 0.0;
+    for (u64 k0 = b + lane; k0 < e; k0 += UNROLL * WARP) {
+        u32 c[UNROLL];
+        double v[UNROLL];
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const u64 k = k0 + (u64)j * WARP;
+            c[j] = k < e ? __ldg(&ci[k]) : 0u;
+            v[j] = k < e ? (double)__ldg(&val[k]) : 0.0;
+        }
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j)
+            if (k0 + (u64)j * WARP < e) sum += v[j] * __ldg(&x[c[j]]);
+    }
+    return warp_sum(sum);
+}
+
+// "Stream" mode: the warp stores the products of nonzeros b..e (at most SEG_NNZ) coalesced in
+// its shared row `prod`; then the lane of row r = r0 + lane (< r1) sums its own products in
+// order. Returns whether this lane has a row (its row in *r, its sum in *sum).
+template <typename V>
+__device__ __forceinline__ bool lane_row_sum(const WarpSeg& g, int lane, double* prod,
+                                             const u64* __restrict__ ip,
+                                             const u32* __restrict__ ci,
+                                             const V* __restrict__ val,
+                                             const double* __restrict__ x, u32* r, double* sum) {
+    const u32 cnt = (u32)(g.e - g.b);
+    for (u32 k = lane; k < cnt; k += WARP) prod[k] = (double)val[g.b + k] * __ldg(&x[ci[g.b + k]]);
+    __syncwarp();
+    *r = g.r0 + lane;
+    if (*r >= g.r1) return false;
+    const u32 ks = (u32)(ip[*r] - g.b), ke = (u32)(ip[*r + 1] - g.b);
+    double s = 0.0;
+    for (u32 k = ks; k < ke; ++k) s += prod[k];
+    *sum = s;
+    return true;
+}
+
 // y = alpha A x + beta y (beta == 0: y is not read).
 template <typename V>
 __device__ __forceinline__ void spmv_impl(u32 nseg, const u32* __restrict__ seg,
@@ -31,43 +104,17 @@ __device__ __forceinline__ void spmv_impl(u32 nseg, const u32* __restrict__ seg,
                                           const V* __restrict__ val, const double* __restrict__ x,
                                           double* __restrict__ y, double alpha, double beta) {
     __shared__ double prod[WARPS_PER_BLOCK][SEG_NNZ];
-    const int lane = threadIdx.x & (WARP - 1);
-    const int wib = threadIdx.x / WARP;
-    const u32 s = blockIdx.x * WARPS_PER_BLOCK + wib;
-    if (s >= nseg) return;
-    const u32 r0 = seg[s], r1 = seg[s + 1];
-    const u64 b = ip[r0], e = ip[r1];
-    if (r1 - r0 == 1) {
-        // Batches of UNROLL nonzeros per lane: all index/value loads of a batch are issued
-        // before the gathers, so a row of ~150 nonzeros costs about two memory latencies.
-        double sum = 0.0;
-        for (u64 k0 = b + lane; k0 < e; k0 += UNROLL * WARP) {
-            u32 c[UNROLL];
-            double v[UNROLL];
-#pragma unroll
-            for (int j = 0; j < UNROLL; ++j) {
-                const u64 k = k0 + (u64)j * WARP;
-                c[j] = k < e ? __ldg(&ci[k]) : 0u;
-                v[j] = k < e ? (double)__ldg(&val[k]) : 0.0;
-            }
-#pragma unroll
-            for (int j = 0; j < UNROLL; ++j)
-                if (k0 + (u64)j * WARP < e) sum += v[j] * __ldg(&x[c[j]]);
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) y[r0] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r0];
+    int lane, wib;
+    WarpSeg g;
+    if (!warp_seg(nseg, seg, ip, &lane, &wib, &g)) return;
+    if (g.r1 - g.r0 == 1) {
+        const double sum = warp_row_sum(g.b, g.e, lane, ci, val, x);
+        if (lane == 0) y[g.r0] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[g.r0];
     } else {
-        const u32 cnt = (u32)(e - b);
-        for (u32 k = lane; k < cnt; k += WARP)
-            prod[wib][k] = (double)val[b + k] * __ldg(&x[ci[b + k]]);
-        __syncwarp();
-        const u32 r = r0 + lane;
-        if (r < r1) {
-            const u32 ks = (u32)(ip[r] - b), ke = (u32)(ip[r + 1] - b);
-            double sum = 0.0;
-            for (u32 k = ks; k < ke; ++k) sum += prod[wib][k];
+        u32 r;
+        double sum;
+        if (lane_row_sum(g, lane, prod[wib], ip, ci, val, x, &r, &sum))
             y[r] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r];
-        }
     }
 }
 
@@ -81,12 +128,11 @@ __device__ __forceinline__ void scatter_impl(u32 nseg, const u32* __restrict__ s
                                              const double* __restrict__ y, double* x,
                                              double alpha) {
     __shared__ u32 offs[WARPS_PER_BLOCK][WARP + 1];
-    const int lane = threadIdx.x & (WARP - 1);
-    const int wib = threadIdx.x / WARP;
-    const u32 s = blockIdx.x * WARPS_PER_BLOCK + wib;
-    if (s >= nseg) return;
-    const u32 r0 = seg[s], r1 = seg[s + 1];
-    const u64 b = ip[r0], e = ip[r1];
+    int lane, wib;
+    WarpSeg g;
+    if (!warp_seg(nseg, seg, ip, &lane, &wib, &g)) return;
+    const u32 r0 = g.r0, r1 = g.r1;
+    const u64 b = g.b, e = g.e;
     if (r1 - r0 == 1) {
         const double yr = alpha * y[r0];
         if (yr == 0.0) return;

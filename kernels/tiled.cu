@@ -1,6 +1,7 @@
 // Products on column tiles (src/sparse/tiled.rs): x or y staged in shared memory per tile
 // chunk, so the nonzeros gather from shared memory instead of L2. Needs compact.cu (StencilArgs,
-// stencil_t_add, block_partial) before it in the same program.
+// stencil_t_add, block_partial, fused_begin, fused_store, subwarp_sum) before it in the same
+// program.
 //
 //   y = a A x + b y:  tiled_ax   (block per chunk: x of its tile in shared memory; a sub-warp
 //                                 per segment; segment sums to seg_partial in row order)
@@ -17,17 +18,22 @@
 #define TILED_ROWS_PER_THREAD 16
 #define TILED_CHUNK_SEGS 2048   // src/sparse/tiled.rs CHUNK_SEGS
 
+// Sum of val[k] * staged[idx[k]] over entries e0..e1 by the S lanes of a sub-warp (lane sl takes
+// every S-th entry from e0 + sl), then a shuffle tree; valid in the sub-warp's first lane.
 template <typename V, int S>
-__device__ __forceinline__ void tiled_ax_impl(u32 tile_bits, u64 ncols,
-                                              const u32* __restrict__ chunk_tile,
-                                              const u32* __restrict__ chunk_seg,
-                                              const u64* __restrict__ seg_ent,
-                                              const u32* __restrict__ seg_slot,
-                                              const u16* __restrict__ lcol,
-                                              const V* __restrict__ val,
-                                              const double* __restrict__ x,
-                                              double* __restrict__ seg_partial,
-                                              const int* __restrict__ skip) {
+__device__ __forceinline__ double subwarp_dot(u64 e0, u64 e1, int sl, const V* __restrict__ val,
+                                              const u16* __restrict__ idx, const double* staged) {
+    double sum = 0.0;
+    for (u64 k = e0 + sl; k < e1; k += S) sum += (double)__ldg(&val[k]) * staged[__ldg(&idx[k])];
+    return subwarp_sum<S>(sum);
+}
+
+template <typename V, int S>
+__device__ __forceinline__ void tiled_ax_impl(
+    u32 tile_bits, u64 ncols, const u32* __restrict__ chunk_tile, const u32* __restrict__ chunk_seg,
+    const u64* __restrict__ seg_ent, const u32* __restrict__ seg_slot, const u16* __restrict__ lcol,
+    const V* __restrict__ val, const double* __restrict__ x, double* __restrict__ seg_partial,
+    const int* __restrict__ skip) {
     extern __shared__ double xs[];
     if (skip && *skip) return;
     const u32 q = blockIdx.x;
@@ -45,23 +51,16 @@ __device__ __forceinline__ void tiled_ax_impl(u32 tile_bits, u64 ncols,
         const u32 s = base + sub;
         const bool valid = s < s1;
         const u64 e0 = valid ? seg_ent[s] : 0ull, e1 = valid ? seg_ent[s + 1] : 0ull;
-        double sum = 0.0;
-        for (u64 k = e0 + sl; k < e1; k += S) sum += (double)__ldg(&val[k]) * xs[__ldg(&lcol[k])];
-#pragma unroll
-        for (int o = S / 2; o > 0; o >>= 1) sum += __shfl_down_sync(FULL_MASK, sum, o, S);
+        const double sum = subwarp_dot<V, S>(e0, e1, sl, val, lcol, xs);
         if (valid && sl == 0) seg_partial[seg_slot[s]] = sum;
     }
 }
 
 template <typename V, int S>
-__device__ __forceinline__ void tiled_atu_impl(u32 tile_bits, const u32* __restrict__ chunk_seg,
-                                               const u32* __restrict__ seg_row,
-                                               const u64* __restrict__ colptr,
-                                               const u16* __restrict__ lseg,
-                                               const V* __restrict__ val,
-                                               const double* __restrict__ y,
-                                               double* __restrict__ cpart,
-                                               const int* __restrict__ skip) {
+__device__ __forceinline__ void tiled_atu_impl(
+    u32 tile_bits, const u32* __restrict__ chunk_seg, const u32* __restrict__ seg_row,
+    const u64* __restrict__ colptr, const u16* __restrict__ lseg, const V* __restrict__ val,
+    const double* __restrict__ y, double* __restrict__ cpart, const int* __restrict__ skip) {
     __shared__ double ys[TILED_CHUNK_SEGS];
     if (skip && *skip) return;
     const u32 q = blockIdx.x;
@@ -76,10 +75,7 @@ __device__ __forceinline__ void tiled_atu_impl(u32 tile_bits, const u32* __restr
         const u32 c = base + sub;
         const bool valid = c < T;
         const u64 e0 = valid ? colptr[cb + c] : 0ull, e1 = valid ? colptr[cb + c + 1] : 0ull;
-        double sum = 0.0;
-        for (u64 k = e0 + sl; k < e1; k += S) sum += (double)__ldg(&val[k]) * ys[__ldg(&lseg[k])];
-#pragma unroll
-        for (int o = S / 2; o > 0; o >>= 1) sum += __shfl_down_sync(FULL_MASK, sum, o, S);
+        const double sum = subwarp_dot<V, S>(e0, e1, sl, val, lseg, ys);
         if (valid && sl == 0) cpart[cb + c] = sum;
     }
 }
@@ -113,20 +109,14 @@ extern "C" __global__ void __launch_bounds__(TILED_THREADS)
 tiled_rows(u32 nrows, const u64* __restrict__ row_seg, const double* __restrict__ seg_partial,
            double* __restrict__ y, double a, double b, const double* __restrict__ coef,
            const int* __restrict__ skip, double* __restrict__ partial) {
-    if (skip && *skip) return;
-    if (coef) {
-        a = coef[0];
-        b = coef[1];
-    }
+    if (!fused_begin(skip, coef, &a, &b)) return;
     double acc = 0.0;
     for (int t = 0; t < TILED_ROWS_PER_THREAD; ++t) {
         const u64 r = ((u64)blockIdx.x * TILED_ROWS_PER_THREAD + t) * TILED_THREADS + threadIdx.x;
         if (r >= nrows) break;
         double s = 0.0;
         for (u64 k = row_seg[r]; k < row_seg[r + 1]; ++k) s += seg_partial[k];
-        const double out = (b == 0.0) ? a * s : a * s + b * y[r];
-        y[r] = out;
-        acc += out * out;
+        fused_store(s, a, b, &y[r], &acc);
     }
     if (partial) block_partial(acc, partial);
 }
@@ -139,11 +129,7 @@ tiled_cols(u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
            const double* __restrict__ coef, const int* __restrict__ skip,
            double* __restrict__ partial, StencilArgs st, const double* __restrict__ yd,
            int has_stencil) {
-    if (skip && *skip) return;
-    if (coef) {
-        a = coef[0];
-        b = coef[1];
-    }
+    if (!fused_begin(skip, coef, &a, &b)) return;
     const u32 mask = (1u << tile_bits) - 1;
     double acc = 0.0;
     for (int t = 0; t < TILED_ROWS_PER_THREAD; ++t) {
@@ -154,9 +140,7 @@ tiled_cols(u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
         for (u32 q = tile_chunk[tile]; q < tile_chunk[tile + 1]; ++q)
             s += cpart[((u64)q << tile_bits) + c];
         if (has_stencil) s = stencil_t_add(st, s, (u32)j, yd);
-        const double out = (b == 0.0) ? a * s : a * s + b * x[j];
-        x[j] = out;
-        acc += out * out;
+        fused_store(s, a, b, &x[j], &acc);
     }
     if (partial) block_partial(acc, partial);
 }

@@ -5,9 +5,13 @@
 
 #define RED_THREADS 256
 
+// The grid-stride loop of the reductions (blocks of RED_THREADS threads).
+#define RED_STRIDE(n)                                                                           \
+    for (unsigned long long i = blockIdx.x * (unsigned long long)RED_THREADS + threadIdx.x;   \
+         i < (n); i += (unsigned long long)gridDim.x * RED_THREADS)
+
 __device__ __forceinline__ double block_sum(double v, double* sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) sh[w] = v;
     __syncthreads();
@@ -18,21 +22,28 @@ __device__ __forceinline__ double block_sum(double v, double* sh) {
     return t;  // valid in thread 0
 }
 
-// Sum of the blocks' partials into *out; resets *counter for the next launch.
-__device__ __forceinline__ void finish_reduction(double v, double* partial, unsigned* counter,
-                                                 double* out) {
-    __shared__ double sh[RED_THREADS / 32];
+// Whether this block is the last of the grid to get here (ticket counter), called by every
+// thread after thread 0 wrote the block's partials; the last block then sees every partial.
+__device__ __forceinline__ bool last_block(unsigned* counter) {
     __shared__ bool last;
-    const double t = block_sum(v, sh);
     if (threadIdx.x == 0) {
-        partial[blockIdx.x] = t;
         __threadfence();
         const unsigned ticket = atomicAdd(counter, 1u);
         last = (ticket == gridDim.x - 1);
     }
     __syncthreads();
-    if (!last) return;
+    if (!last) return false;
     __threadfence();
+    return true;
+}
+
+// Sum of the blocks' partials into *out; resets *counter for the next launch.
+__device__ __forceinline__ void finish_reduction(double v, double* partial, unsigned* counter,
+                                                 double* out) {
+    __shared__ double sh[RED_THREADS / 32];
+    const double t = block_sum(v, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = t;
+    if (!last_block(counter)) return;
     double s = 0.0;
     for (unsigned i = threadIdx.x; i < gridDim.x; i += RED_THREADS) s += __ldcg(&partial[i]);
     const double total = block_sum(s, sh);
@@ -46,9 +57,7 @@ extern "C" __global__ void __launch_bounds__(RED_THREADS)
 dot(const double* __restrict__ x, const double* __restrict__ y, unsigned long long n,
     double* partial, unsigned* counter, double* out) {
     double s = 0.0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)RED_THREADS + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * RED_THREADS)
-        s += x[i] * y[i];
+    RED_STRIDE(n) s += x[i] * y[i];
     finish_reduction(s, partial, counter, out);
 }
 
@@ -59,8 +68,7 @@ lsqr_update(double* __restrict__ x, double* __restrict__ w, const double* __rest
             double t1, double t2, double inv_rho, double* __restrict__ var,
             unsigned long long n, double* partial, unsigned* counter, double* out) {
     double s = 0.0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)RED_THREADS + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * RED_THREADS) {
+    RED_STRIDE(n) {
         const double wi = w[i];
         const double dk = inv_rho * wi;
         s += dk * dk;
@@ -122,8 +130,7 @@ multi_dot(VecPtrs V, int k, Coefs c, int mode, double* __restrict__ w, unsigned 
     double s[MULTI_MAX];
 #pragma unroll
     for (int j = 0; j < MULTI_MAX; ++j) s[j] = 0.0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)RED_THREADS + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * RED_THREADS) {
+    RED_STRIDE(n) {
         double v[MULTI_MAX];
 #pragma unroll
         for (int j = 0; j < MULTI_MAX; ++j)
@@ -145,7 +152,6 @@ multi_dot(VecPtrs V, int k, Coefs c, int mode, double* __restrict__ w, unsigned 
     }
     const int nout = (mode == 2) ? 1 : k;
     __shared__ double sh[RED_THREADS / 32];
-    __shared__ bool last;
 #pragma unroll
     for (int j = 0; j < MULTI_MAX; ++j) {
         if (j < nout) {
@@ -153,14 +159,7 @@ multi_dot(VecPtrs V, int k, Coefs c, int mode, double* __restrict__ w, unsigned 
             if (threadIdx.x == 0) partial[(unsigned long long)j * gridDim.x + blockIdx.x] = t;
         }
     }
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned ticket = atomicAdd(counter, 1u);
-        last = (ticket == gridDim.x - 1);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(counter)) return;
     for (int j = 0; j < nout; ++j) {
         double t = 0.0;
         for (unsigned b = threadIdx.x; b < gridDim.x; b += RED_THREADS)

@@ -4,11 +4,11 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::lsqr_loop::{FusedLsqr, LoopSlot};
-use super::operator::{up, DevValues, MemoryPlan};
+use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
+use super::operator::{check_vectors, up, width_index, DevValues, MemoryPlan};
 use super::tiled::DevTiled;
 use super::{arg, CudaBackend};
-use crate::backend::lsqr::{LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::stencil::BlockKind;
@@ -47,6 +47,15 @@ pub(crate) struct StencilArgs {
     old_of_new: u64,
     n: [u32; 3],
     nblocks: i32,
+}
+
+/// The stencil arguments of a kernel that may add the stencil rows' transposed terms: whether
+/// it does, the stencil, and the address of the stencil rows' part of y (zeros without).
+pub(crate) fn stencil_parts(st: Option<(&StencilArgs, u64)>) -> (bool, StencilArgs, u64) {
+    match st {
+        Some((s, yd)) => (true, *s, yd),
+        None => (false, StencilArgs::default(), 0u64),
+    }
 }
 
 /// The sub-warp width and rows per sub-warp for rows of `mean` entries on average
@@ -118,60 +127,33 @@ impl DevCompact {
         })
     }
 
-    /// y = a A x + b y (coefficients from `coef` when not 0), block partials of y^2 into
-    /// `partial` (when not 0); with `st`, the stencil's transposed terms from `yd` are added.
-    #[allow(clippy::too_many_arguments)]
+    /// y = a A x + b y with the epilogue `e`; with `st`, the stencil's transposed terms from
+    /// `yd` are added.
     fn launch(
         &self,
         be: &CudaBackend,
         x: u64,
         y: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
+        e: &Epilogue,
         st: Option<(&StencilArgs, u64)>,
     ) -> Result<()> {
-        let si = match self.s {
-            32 => 0,
-            16 => 1,
-            8 => 2,
-            _ => 3,
-        };
-        let (pi, pv) = match &self.values {
-            DevValues::F64(v) => (0, be.ptr(v)),
-            DevValues::F32(v) => (1, be.ptr(v)),
-        };
-        let (stt, sargs, yd) = match st {
-            Some((s, yd)) => (1, *s, yd),
-            None => (0, StencilArgs::default(), 0u64),
-        };
-        let f = &be.k.compact[stt][pi][si];
+        let (pi, pv) = self.values.index_and_ptr(be);
+        let (stt, sargs, yd) = stencil_parts(st);
+        let f = &be.k.compact[stt as usize][pi][width_index(self.s)];
         let nrows = self.nrows as u32;
         let (pp, pb, pd) = (be.ptr(&self.ptr), be.ptr(&self.base), be.ptr(&self.delta));
-        be.launch(
-            f,
-            self.blocks,
-            CWARPS * 32,
-            &mut [
-                arg(&nrows),
-                arg(&self.rows_per_sub),
-                arg(&pp),
-                arg(&pb),
-                arg(&pd),
-                arg(&pv),
-                arg(&x),
-                arg(&y),
-                arg(&a),
-                arg(&b),
-                arg(&coef),
-                arg(&skip),
-                arg(&partial),
-                arg(&sargs),
-                arg(&yd),
-            ],
-        )
+        let lead = [
+            arg(&nrows),
+            arg(&self.rows_per_sub),
+            arg(&pp),
+            arg(&pb),
+            arg(&pd),
+            arg(&pv),
+            arg(&x),
+            arg(&y),
+        ];
+        let mut args = [&lead[..], &e.args(), &[arg(&sargs), arg(&yd)]].concat();
+        be.launch(f, self.blocks, CWARPS * 32, &mut args)
     }
 }
 
@@ -228,33 +210,13 @@ impl DevStencil {
         rows.div_ceil(STENCIL_THREADS as u64 * STENCIL_ROWS_PER_THREAD) as u32
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn av(
-        &self,
-        be: &CudaBackend,
-        x: u64,
-        y: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<()> {
+    fn av(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<()> {
+        let lead = [arg(&self.args), arg(&self.nrows), arg(&x), arg(&y)];
         be.launch(
             &be.k.stencil_av,
             self.blocks(self.nrows),
             STENCIL_THREADS,
-            &mut [
-                arg(&self.args),
-                arg(&self.nrows),
-                arg(&x),
-                arg(&y),
-                arg(&a),
-                arg(&b),
-                arg(&coef),
-                arg(&skip),
-                arg(&partial),
-            ],
+            &mut [&lead[..], &e.args()].concat(),
         )
     }
 }
@@ -411,15 +373,21 @@ impl CudaCompactOperator {
                 ),
             )
         };
+        // The plan for `bytes` of matrix storage, or why it does not fit.
+        let planned = |bytes: u64| {
+            let plan = compact_plan(stored, bytes, precision, stencil, free as u64);
+            if plan.fits() {
+                Ok(plan)
+            } else {
+                Err(too_big(&plan))
+            }
+        };
+        let rows = |c: CompactCsr| DevCompact::upload(be, &c, shape).map(Box::new);
         let (layout, plan) = match layout_kind {
             GpuLayout::Tiles => {
                 let t = Tiled::from_csr(stored, precision, bits);
                 let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
-                let plan =
-                    compact_plan(stored, t.bytes() + scratch, precision, stencil, free as u64);
-                if !plan.fits() {
-                    return Err(too_big(&plan));
-                }
+                let plan = planned(t.bytes() + scratch)?;
                 let dt = DevTiled::upload(be, &t, true)?;
                 (Layout::Tiles(Box::new(dt)), plan)
             }
@@ -428,45 +396,17 @@ impl CudaCompactOperator {
                 let t = Tiled::from_csr(stored, precision, bits);
                 // the tiles' column half only: entries, column offsets, segment rows
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
-                let plan =
-                    compact_plan(stored, ca.bytes() + tbytes, precision, stencil, free as u64);
-                if !plan.fits() {
-                    return Err(too_big(&plan));
-                }
-                let a = DevCompact::upload(be, &ca, shape)?;
-                drop(ca);
-                let dt = DevTiled::upload(be, &t, false)?;
-                (
-                    Layout::Mixed {
-                        a: Box::new(a),
-                        t: Box::new(dt),
-                    },
-                    plan,
-                )
+                let plan = planned(ca.bytes() + tbytes)?;
+                let a = rows(ca)?;
+                let t = Box::new(DevTiled::upload(be, &t, false)?);
+                (Layout::Mixed { a, t }, plan)
             }
             GpuLayout::Rows => {
                 let ca = CompactCsr::from_csr(stored, precision);
                 let cat = CompactCsr::from_csr(&stored.transpose(), precision);
-                let plan = compact_plan(
-                    stored,
-                    ca.bytes() + cat.bytes(),
-                    precision,
-                    stencil,
-                    free as u64,
-                );
-                if !plan.fits() {
-                    return Err(too_big(&plan));
-                }
-                let a = DevCompact::upload(be, &ca, shape)?;
-                drop(ca);
-                let at = DevCompact::upload(be, &cat, shape)?;
-                (
-                    Layout::Rows {
-                        a: Box::new(a),
-                        at: Box::new(at),
-                    },
-                    plan,
-                )
+                let plan = planned(ca.bytes() + cat.bytes())?;
+                let a = rows(ca)?;
+                (Layout::Rows { a, at: rows(cat)? }, plan)
             }
         };
         let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
@@ -555,15 +495,8 @@ impl CudaCompactOperator {
         self.device_loop.set(on);
     }
 
-    fn check(&self, what: &str, x: usize, want_x: usize, y: usize, want_y: usize) -> Result<()> {
-        if x != want_x || y != want_y {
-            return Err(Error::Invalid(format!(
-                "cuda {what}: vectors of {x} and {y} for a {} x {} matrix",
-                self.rows(),
-                self.ncols
-            )));
-        }
-        Ok(())
+    fn check(&self, what: &str, got: (usize, usize), want: (usize, usize)) -> Result<()> {
+        check_vectors(what, got, want, (self.rows(), self.ncols))
     }
 
     fn rows(&self) -> usize {
@@ -571,65 +504,43 @@ impl CudaCompactOperator {
     }
 
     /// y = a A x + b y over all rows; partials of y^2: stored rows' blocks, then the stencil's.
-    #[allow(clippy::too_many_arguments)]
-    fn av_launch(
-        &self,
-        be: &CudaBackend,
-        x: u64,
-        y: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
+    fn av_launch(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<u32> {
         let mut np = match &self.layout {
             Layout::Rows { a: ra, .. } | Layout::Mixed { a: ra, .. } => {
-                ra.launch(be, x, y, a, b, coef, skip, partial, None)?;
+                ra.launch(be, x, y, e, None)?;
                 ra.blocks
             }
             Layout::Tiles(t) => {
-                t.av(be, x, y, a, b, coef, skip, partial)?;
+                t.av(be, x, y, e)?;
                 t.row_blocks()
             }
         };
         if let Some(st) = &self.stencil {
             let yd = y + 8 * self.m_stored as u64;
-            let pd = if partial == 0 {
+            let partial = if e.partial == 0 {
                 0
             } else {
-                partial + 8 * np as u64
+                e.partial + 8 * np as u64
             };
-            st.av(be, x, yd, a, b, coef, skip, pd)?;
+            st.av(be, x, yd, &Epilogue { partial, ..*e })?;
             np += st.blocks(st.nrows);
         }
         Ok(np)
     }
 
     /// x = a A^T y + b x; partials of x^2.
-    #[allow(clippy::too_many_arguments)]
-    fn atu_launch(
-        &self,
-        be: &CudaBackend,
-        y: u64,
-        x: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
+    fn atu_launch(&self, be: &CudaBackend, y: u64, x: u64, e: &Epilogue) -> Result<u32> {
         let st = self
             .stencil
             .as_ref()
             .map(|s| (&s.args, y + 8 * self.m_stored as u64));
         match &self.layout {
             Layout::Rows { at, .. } => {
-                at.launch(be, y, x, a, b, coef, skip, partial, st)?;
+                at.launch(be, y, x, e, st)?;
                 Ok(at.blocks)
             }
             Layout::Tiles(t) | Layout::Mixed { t, .. } => {
-                t.atu(be, y, x, a, b, coef, skip, partial, st)?;
+                t.atu(be, y, x, e, st)?;
                 Ok(t.col_blocks())
             }
         }
@@ -651,9 +562,9 @@ impl Operator<CudaBackend> for CudaCompactOperator {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        self.check("apply", x.len(), self.ncols, y.len(), self.rows())?;
-        self.av_launch(be, be.ptr(x), be.ptr(y), alpha, beta, 0, 0, 0)
-            .map(|_| ())
+        self.check("apply", (x.len(), y.len()), (self.ncols, self.rows()))?;
+        let e = Epilogue::plain(alpha, beta);
+        self.av_launch(be, be.ptr(x), be.ptr(y), &e).map(|_| ())
     }
     fn apply_t(
         &self,
@@ -663,9 +574,9 @@ impl Operator<CudaBackend> for CudaCompactOperator {
         beta: f64,
         x: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        self.check("apply_t", y.len(), self.rows(), x.len(), self.ncols)?;
-        self.atu_launch(be, be.ptr(y), be.ptr(x), alpha, beta, 0, 0, 0)
-            .map(|_| ())
+        self.check("apply_t", (y.len(), x.len()), (self.rows(), self.ncols))?;
+        let e = Epilogue::plain(alpha, beta);
+        self.atu_launch(be, be.ptr(y), be.ptr(x), &e).map(|_| ())
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
         if self.device_loop.is_on() {
@@ -694,41 +605,13 @@ impl FusedLsqr for CudaCompactOperator {
             Layout::Mixed { a, t } => (a.blocks as usize + st).max(t.col_blocks() as usize),
         }
     }
-    fn av_fused(
-        &self,
-        be: &CudaBackend,
-        v: u64,
-        u: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
-        self.av_launch(be, v, u, 1.0, 0.0, coef, skip, partial)
+    fn av_fused(&self, be: &CudaBackend, v: u64, u: u64, e: &Epilogue) -> Result<u32> {
+        self.av_launch(be, v, u, e)
     }
-    fn atu_fused(
-        &self,
-        be: &CudaBackend,
-        u: u64,
-        v: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
-        self.atu_launch(be, u, v, 1.0, 0.0, coef, skip, partial)
+    fn atu_fused(&self, be: &CudaBackend, u: u64, v: u64, e: &Epilogue) -> Result<u32> {
+        self.atu_launch(be, u, v, e)
     }
-}
-
-impl LsqrDevice<CudaBackend> for CudaCompactOperator {
-    fn iterate(
-        &self,
-        be: &CudaBackend,
-        params: &LsqrParams,
-        s: &mut LsqrScalars,
-        v: &mut LsqrVectors<CudaSlice<f64>>,
-        boundary: usize,
-        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
-    ) -> Result<()> {
-        self.device_loop
-            .run(be, self, params, s, v, boundary, on_block)
+    fn loop_slot(&self) -> &LoopSlot {
+        &self.device_loop
     }
 }

@@ -9,6 +9,38 @@ use super::operator::DevCsr;
 use super::{CudaBackend, Error, Result};
 use crate::sparse::Csr;
 
+/// The arguments cusparseSpMV and cusparseSpMV_bufferSize share: handle, operation, host
+/// scalars alpha and beta (host pointer mode), the matrix and the two vector descriptors.
+struct SpMvArgs {
+    h: cs::cusparseHandle_t,
+    op: cs::cusparseOperation_t,
+    alpha: *const c_void,
+    mat: cs::cusparseConstSpMatDescr_t,
+    x: cs::cusparseConstDnVecDescr_t,
+    beta: *const c_void,
+    y: cs::cusparseDnVecDescr_t,
+}
+
+/// `cs::$f(the SpMvArgs $c, f64 data, the default algorithm, $last)`: cusparseSpMV (last: the
+/// work buffer) or cusparseSpMV_bufferSize (last: where the size goes). Unsafe: calls cuSPARSE.
+macro_rules! spmv_call {
+    ($f:ident, $c:expr, $last:expr) => {{
+        let c: &SpMvArgs = $c;
+        cs::$f(
+            c.h,
+            c.op,
+            c.alpha,
+            c.mat,
+            c.x,
+            c.beta,
+            c.y,
+            cs::cudaDataType::CUDA_R_64F,
+            cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
+            $last,
+        )
+    }};
+}
+
 fn check(what: &str, st: cs::cusparseStatus_t) -> Result<()> {
     if st == cs::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS {
         Ok(())
@@ -85,32 +117,14 @@ impl CuSparse {
         let mut size = 0usize;
         for trans in [false, true] {
             let (xin, yout) = if trans { (&y, &x) } else { (&x, &y) };
-            let s = me.with_vectors(
-                be,
-                xin,
-                yout,
-                |h, op, mat, vx, vy| {
-                    let (one, zero) = (1.0f64, 0.0f64);
-                    let mut s = 0usize;
-                    // SAFETY: valid handle and descriptors; host scalars live across the call.
-                    check("SpMV buffer size", unsafe {
-                        cs::cusparseSpMV_bufferSize(
-                            h,
-                            op,
-                            &one as *const f64 as *const c_void,
-                            mat,
-                            vx,
-                            &zero as *const f64 as *const c_void,
-                            vy,
-                            cs::cudaDataType::CUDA_R_64F,
-                            cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
-                            &mut s,
-                        )
-                    })?;
-                    Ok(s)
-                },
-                trans,
-            )?;
+            let s = me.with_vectors(be, trans, (1.0, xin), (0.0, yout), |c| {
+                let mut s = 0usize;
+                // SAFETY: valid handle and descriptors; host scalars live across the call.
+                check("SpMV buffer size", unsafe {
+                    spmv_call!(cusparseSpMV_bufferSize, c, &mut s)
+                })?;
+                Ok(s)
+            })?;
             size = size.max(s);
         }
         me.buf = be.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
@@ -119,20 +133,15 @@ impl CuSparse {
         Ok(me)
     }
 
-    /// Run `f` with dense-vector descriptors for x (input) and y (output).
+    /// Run `f` with the arguments of y = alpha op(A) x + beta y: dense-vector descriptors for x
+    /// (input) and y (output), op(A) = A^T when `trans`.
     fn with_vectors<T>(
         &self,
         be: &CudaBackend,
-        x: &CudaSlice<f64>,
-        y: &CudaSlice<f64>,
-        f: impl FnOnce(
-            cs::cusparseHandle_t,
-            cs::cusparseOperation_t,
-            cs::cusparseConstSpMatDescr_t,
-            cs::cusparseConstDnVecDescr_t,
-            cs::cusparseDnVecDescr_t,
-        ) -> Result<T>,
         trans: bool,
+        (alpha, x): (f64, &CudaSlice<f64>),
+        (beta, y): (f64, &CudaSlice<f64>),
+        f: impl FnOnce(&SpMvArgs) -> Result<T>,
     ) -> Result<T> {
         let (mut vx, mut vy): (cs::cusparseDnVecDescr_t, cs::cusparseDnVecDescr_t) =
             (std::ptr::null_mut(), std::ptr::null_mut());
@@ -164,7 +173,15 @@ impl CuSparse {
         } else {
             cs::cusparseOperation_t::CUSPARSE_OPERATION_NON_TRANSPOSE
         };
-        let r = f(self.handle, op, self.mat, vx, vy);
+        let r = f(&SpMvArgs {
+            h: self.handle,
+            op,
+            alpha: &alpha as *const f64 as *const c_void,
+            mat: self.mat,
+            x: vx,
+            beta: &beta as *const f64 as *const c_void,
+            y: vy,
+        });
         // SAFETY: created above, not used after this.
         unsafe {
             cs::cusparseDestroyDnVec(vx);
@@ -187,30 +204,13 @@ impl CuSparse {
         be.ctx
             .bind_to_thread()
             .map_err(|e| Error::backend("cuda", format!("{e:?}")))?;
-        self.with_vectors(
-            be,
-            x,
-            y,
-            |h, op, mat, vx, vy| {
-                // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
-                // host scalars live across the call (host pointer mode).
-                check("SpMV", unsafe {
-                    cs::cusparseSpMV(
-                        h,
-                        op,
-                        &alpha as *const f64 as *const c_void,
-                        mat,
-                        vx,
-                        &beta as *const f64 as *const c_void,
-                        vy,
-                        cs::cudaDataType::CUDA_R_64F,
-                        cs::cusparseSpMVAlg_t::CUSPARSE_SPMV_ALG_DEFAULT,
-                        buf as *mut c_void,
-                    )
-                })
-            },
-            trans,
-        )
+        self.with_vectors(be, trans, (alpha, x), (beta, y), |c| {
+            // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
+            // host scalars live across the call (host pointer mode).
+            check("SpMV", unsafe {
+                spmv_call!(cusparseSpMV, c, buf as *mut c_void)
+            })
+        })
     }
 }
 

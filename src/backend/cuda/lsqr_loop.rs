@@ -9,12 +9,15 @@
 //! checking every iteration. Blocks end at multiples of the checkpoint interval, so checkpoints
 //! and resumes see what the host loop would (resumes are bit-identical to uninterrupted runs).
 
+use std::ffi::c_void;
 use std::mem::offset_of;
 
-use cudarc::driver::{sys as dsys, CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
 
 use super::{arg, cuda_err, CudaBackend, THREADS};
-use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::backend::lsqr::{
+    BlockCallback, IterRecord, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors,
+};
 use crate::error::{Error, Result};
 
 /// Doubles per history record and records kept on the device (kernels/lsqr.cu).
@@ -139,33 +142,66 @@ impl DevState {
     }
 }
 
-/// An operator's products with LSQR's vector work fused in: `u = c[0] A v + c[1] u` and
-/// `v = c[0] A^T u + c[1] v` with the coefficients `c` read from device memory at launch time,
-/// nothing done while the int at `skip` is nonzero, and the new vector's block partial sums of
-/// squares written to `partial` (their count returned, in the order they must be added).
+/// The epilogue arguments of the fused product kernels (kernels/compact.cu, tiled.cu), in their
+/// order: y = a (A x) + b y (b == 0: y is not read), with (a, b) read from device memory at
+/// `coef` instead when it is not 0, nothing done while the int at `skip` is nonzero (when not
+/// 0), and the block partial sums of the new y^2 written to `partial` (when not 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Epilogue {
+    pub a: f64,
+    pub b: f64,
+    pub coef: u64,
+    pub skip: u64,
+    pub partial: u64,
+}
+
+impl Epilogue {
+    /// y = alpha A x + beta y, nothing fused.
+    pub fn plain(alpha: f64, beta: f64) -> Self {
+        Epilogue {
+            a: alpha,
+            b: beta,
+            coef: 0,
+            skip: 0,
+            partial: 0,
+        }
+    }
+    /// The device loop's products: coefficients at `coef`, guarded by `skip`, partials.
+    pub fn fused(coef: u64, skip: u64, partial: u64) -> Self {
+        Epilogue {
+            a: 1.0,
+            b: 0.0,
+            coef,
+            skip,
+            partial,
+        }
+    }
+    /// The kernel arguments a, b, coef, skip, partial (addresses into `self`).
+    pub fn args(&self) -> [*mut c_void; 5] {
+        [
+            arg(&self.a),
+            arg(&self.b),
+            arg(&self.coef),
+            arg(&self.skip),
+            arg(&self.partial),
+        ]
+    }
+}
+
+/// An operator's products with LSQR's vector work fused in ([`Epilogue::fused`]): `u = c[0] A v
+/// + c[1] u` and `v = c[0] A^T u + c[1] v` with the coefficients `c` read from device memory at
+/// launch time, nothing done while the int at `skip` is nonzero, and the new vector's block
+/// partial sums of squares written to `partial` (their count returned, in the order they must be
+/// added). Every such operator is an [`LsqrDevice`] through its [`LoopSlot`].
 pub(crate) trait FusedLsqr {
     fn fused_rows(&self) -> usize;
     fn fused_cols(&self) -> usize;
     /// The most partials either product writes.
     fn max_partials(&self) -> usize;
-    fn av_fused(
-        &self,
-        be: &CudaBackend,
-        v: u64,
-        u: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32>;
-    fn atu_fused(
-        &self,
-        be: &CudaBackend,
-        u: u64,
-        v: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32>;
+    fn av_fused(&self, be: &CudaBackend, v: u64, u: u64, e: &Epilogue) -> Result<u32>;
+    fn atu_fused(&self, be: &CudaBackend, u: u64, v: u64, e: &Epilogue) -> Result<u32>;
+    /// The operator's device-loop switch and captured loop.
+    fn loop_slot(&self) -> &LoopSlot;
 }
 
 /// A GPU operator's device-loop switch (`[backend] lsqr_loop`) and its captured loop, shared by
@@ -182,21 +218,6 @@ impl LoopSlot {
     }
     pub fn is_on(&self) -> bool {
         self.on.load(std::sync::atomic::Ordering::Relaxed)
-    }
-    /// [`DeviceLoop::run`] on this operator's loop (captured on first use).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        be: &CudaBackend,
-        op: &dyn FusedLsqr,
-        params: &LsqrParams,
-        s: &mut LsqrScalars,
-        v: &mut LsqrVectors<CudaSlice<f64>>,
-        boundary: usize,
-        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
-    ) -> Result<()> {
-        let mut guard = self.lp.lock().unwrap_or_else(|e| e.into_inner());
-        DeviceLoop::run(&mut guard, be, op, params, s, v, boundary, on_block)
     }
 }
 
@@ -284,35 +305,20 @@ impl DeviceLoop {
         let one = 1u32;
         let n64 = n as u64;
         let gu = update_blocks(n);
+        // A product's epilogue (coefficients at `coef`, skipped while `skip`) and the step
+        // kernel that adds its `np` partials.
+        let fused = |coef: usize, skip: usize| Epilogue::fused(at(coef), at(skip), pp);
+        let step = |f: &CudaFunction, np: u32, more: &[*mut c_void]| {
+            let mut args = [&[arg(&ps), arg(&pp), arg(&np)][..], more].concat();
+            be.launch(f, one, STEP_THREADS, &mut args)
+        };
+        let (av, atu) = (
+            fused(offset_of!(DevState, c_av), offset_of!(DevState, done)),
+            fused(offset_of!(DevState, c_atu), offset_of!(DevState, skip_atu)),
+        );
         for _ in 0..k {
-            let np1 = op.av_fused(
-                be,
-                pv,
-                pu,
-                at(offset_of!(DevState, c_av)),
-                at(offset_of!(DevState, done)),
-                pp,
-            )?;
-            be.launch(
-                &be.k.lsqr_step1,
-                one,
-                STEP_THREADS,
-                &mut [arg(&ps), arg(&pp), arg(&np1)],
-            )?;
-            let np2 = op.atu_fused(
-                be,
-                pu,
-                pv,
-                at(offset_of!(DevState, c_atu)),
-                at(offset_of!(DevState, skip_atu)),
-                pp,
-            )?;
-            be.launch(
-                &be.k.lsqr_step2,
-                one,
-                STEP_THREADS,
-                &mut [arg(&ps), arg(&pp), arg(&np2)],
-            )?;
+            step(&be.k.lsqr_step1, op.av_fused(be, pv, pu, &av)?, &[])?;
+            step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
             be.launch(
                 &be.k.lsqr_update_dev,
                 gu,
@@ -327,18 +333,12 @@ impl DeviceLoop {
                     arg(&pp),
                 ],
             )?;
-            be.launch(
-                &be.k.lsqr_step3,
-                one,
-                STEP_THREADS,
-                &mut [arg(&ps), arg(&pp), arg(&gu), arg(&prec)],
-            )?;
+            step(&be.k.lsqr_step3, gu, &[arg(&prec)])?;
         }
-        let (m64, g) = (m as u64, be.elementwise_grid(m.max(n)));
-        be.launch(
+        let m64 = m as u64;
+        be.launch_elementwise(
             &be.k.lsqr_normalize,
-            g,
-            THREADS,
+            m.max(n),
             &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
         )?;
         be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
@@ -356,19 +356,27 @@ impl DeviceLoop {
         }
         Ok(())
     }
+}
 
-    /// Run LSQR from `s`, `v` to a stop (see [`crate::backend::lsqr::LsqrDevice::iterate`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run(
-        slot: &mut Option<DeviceLoop>,
+/// Every fused operator runs LSQR on the device through its [`LoopSlot`]'s loop (captured on
+/// first use).
+impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
+    /// Run LSQR from `s`, `v` to a stop (see [`LsqrDevice::iterate`]).
+    fn iterate(
+        &self,
         be: &CudaBackend,
-        op: &dyn FusedLsqr,
         params: &LsqrParams,
         s: &mut LsqrScalars,
         v: &mut LsqrVectors<CudaSlice<f64>>,
         boundary: usize,
-        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
+        on_block: &mut BlockCallback<'_, CudaSlice<f64>>,
     ) -> Result<()> {
+        let op: &dyn FusedLsqr = self;
+        let slot: &mut Option<DeviceLoop> = &mut self
+            .loop_slot()
+            .lp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let n = op.fused_cols();
         let iter_lim = params.iter_lim.unwrap_or(2 * n);
         if s.itn >= iter_lim || s.istop != 0 || s.arnorm == 0.0 {

@@ -566,6 +566,29 @@ impl CudaBackend {
         n.div_ceil(THREADS as usize).clamp(1, max) as u32
     }
 
+    /// Launch a grid-stride element-wise kernel over `n` entries (THREADS per block).
+    pub(crate) fn launch_elementwise(
+        &self,
+        f: &CudaFunction,
+        n: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.launch(f, self.elementwise_grid(n), THREADS, args)
+    }
+
+    /// Launch a single-launch reduction over `n` entries (kernels/vector.cu): `args`, then the
+    /// partial-sum buffer, the ticket counter and where the result goes; returns the result.
+    fn reduce(&self, f: &CudaFunction, n: usize, args: &[*mut c_void]) -> Result<f64> {
+        let (pp, pc, pr) = (
+            self.ptr(&self.partial),
+            self.ptr(&self.counter),
+            self.result_ptr(),
+        );
+        let mut all = [args, &[arg(&pp), arg(&pc), arg(&pr)]].concat();
+        self.launch(f, Self::reduction_grid(n), THREADS, &mut all)?;
+        self.read_result()
+    }
+
     fn reduction_grid(n: usize) -> u32 {
         n.div_ceil(THREADS as usize * RED_PER_THREAD)
             .clamp(1, RED_MAX_BLOCKS) as u32
@@ -679,11 +702,9 @@ impl CudaBackend {
         for (bs, cs) in basis.chunks(MULTI_MAX).zip(coeffs.chunks(MULTI_MAX)) {
             let (ptrs, c) = self.multi_args("multi_axpy", bs, cs, n)?;
             let (k32, n64, pw) = (bs.len().min(cs.len()) as i32, n as u64, self.ptr(w));
-            let g = self.elementwise_grid(n);
-            self.launch(
+            self.launch_elementwise(
                 &self.k.multi_axpy,
-                g,
-                THREADS,
+                n,
                 &mut [arg(&ptrs), arg(&k32), arg(&c), arg(&pw), arg(&n64)],
             )?;
         }
@@ -749,11 +770,9 @@ impl CudaBackend {
     ) -> Result<()> {
         self.check_len("gather", idx.len(), out.len())?;
         let (n, pi, px, po) = (idx.len() as u64, self.ptr(idx), self.ptr(x), self.ptr(out));
-        let g = self.elementwise_grid(idx.len());
-        self.launch(
+        self.launch_elementwise(
             &self.k.gather,
-            g,
-            THREADS,
+            idx.len(),
             &mut [arg(&n), arg(&pi), arg(&px), arg(&po)],
         )
     }
@@ -805,38 +824,27 @@ impl Backend for CudaBackend {
     }
     fn fill(&self, x: &mut CudaSlice<f64>, value: f64) -> Result<()> {
         let (n, px) = (x.len() as u64, self.ptr(x));
-        let g = self.elementwise_grid(x.len());
-        self.launch(
-            &self.k.fill,
-            g,
-            THREADS,
-            &mut [arg(&n), arg(&value), arg(&px)],
-        )
+        self.launch_elementwise(&self.k.fill, x.len(), &mut [arg(&n), arg(&value), arg(&px)])
     }
     fn scale(&self, x: &mut CudaSlice<f64>, a: f64) -> Result<()> {
         let (n, px) = (x.len() as u64, self.ptr(x));
-        let g = self.elementwise_grid(x.len());
-        self.launch(&self.k.scale, g, THREADS, &mut [arg(&n), arg(&a), arg(&px)])
+        self.launch_elementwise(&self.k.scale, x.len(), &mut [arg(&n), arg(&a), arg(&px)])
     }
     fn copy_scaled(&self, a: f64, x: &CudaSlice<f64>, y: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("copy_scaled", x.len(), y.len())?;
         let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        let g = self.elementwise_grid(x.len());
-        self.launch(
+        self.launch_elementwise(
             &self.k.copy_scaled,
-            g,
-            THREADS,
+            x.len(),
             &mut [arg(&n), arg(&a), arg(&px), arg(&py)],
         )
     }
     fn axpby(&self, a: f64, x: &CudaSlice<f64>, b: f64, y: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("axpby", x.len(), y.len())?;
         let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        let g = self.elementwise_grid(x.len());
-        self.launch(
+        self.launch_elementwise(
             &self.k.axpby,
-            g,
-            THREADS,
+            x.len(),
             &mut [arg(&n), arg(&a), arg(&px), arg(&b), arg(&py)],
         )
     }
@@ -849,30 +857,16 @@ impl Backend for CudaBackend {
         self.check_len("pointwise_mul", x.len(), y.len())?;
         self.check_len("pointwise_mul", x.len(), z.len())?;
         let (n, px, py, pz) = (x.len() as u64, self.ptr(x), self.ptr(y), self.ptr(z));
-        let g = self.elementwise_grid(x.len());
-        self.launch(
+        self.launch_elementwise(
             &self.k.pmul,
-            g,
-            THREADS,
+            x.len(),
             &mut [arg(&n), arg(&px), arg(&py), arg(&pz)],
         )
     }
     fn dot(&self, x: &CudaSlice<f64>, y: &CudaSlice<f64>) -> Result<f64> {
         self.check_len("dot", x.len(), y.len())?;
         let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        let (pp, pc, pr) = (
-            self.ptr(&self.partial),
-            self.ptr(&self.counter),
-            self.result_ptr(),
-        );
-        let g = Self::reduction_grid(x.len());
-        self.launch(
-            &self.k.dot,
-            g,
-            THREADS,
-            &mut [arg(&px), arg(&py), arg(&n), arg(&pp), arg(&pc), arg(&pr)],
-        )?;
-        self.read_result()
+        self.reduce(&self.k.dot, x.len(), &[arg(&px), arg(&py), arg(&n)])
     }
     fn norm_sq(&self, x: &CudaSlice<f64>) -> Result<f64> {
         self.dot(x, x)
@@ -898,17 +892,10 @@ impl Backend for CudaBackend {
             None => 0u64,
         };
         let (px, pw, pv, n64) = (self.ptr(x), self.ptr(w), self.ptr(v), n as u64);
-        let (pp, pc, pr) = (
-            self.ptr(&self.partial),
-            self.ptr(&self.counter),
-            self.result_ptr(),
-        );
-        let g = Self::reduction_grid(n);
-        self.launch(
+        self.reduce(
             &self.k.lsqr_update,
-            g,
-            THREADS,
-            &mut [
+            n,
+            &[
                 arg(&px),
                 arg(&pw),
                 arg(&pv),
@@ -917,12 +904,8 @@ impl Backend for CudaBackend {
                 arg(&inv_rho),
                 arg(&pvar),
                 arg(&n64),
-                arg(&pp),
-                arg(&pc),
-                arg(&pr),
             ],
-        )?;
-        self.read_result()
+        )
     }
     fn multi_dot(
         &self,

@@ -1,11 +1,13 @@
 //! A CSR matrix on the GPU, with A^T applied three ways, and the memory plan that picks one.
 
+use std::ffi::c_void;
+
 use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::cusparse::CuSparse;
-use super::lsqr_loop::{FusedLsqr, LoopSlot};
+use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::{arg, CudaBackend};
-use crate::backend::lsqr::{LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
@@ -57,6 +59,43 @@ pub(crate) enum DevValues {
     F32(CudaSlice<f32>),
 }
 
+impl DevValues {
+    /// The kernel index of the values' precision (f64 = 0, f32 = 1) and their device address.
+    pub fn index_and_ptr(&self, be: &CudaBackend) -> (usize, u64) {
+        match self {
+            DevValues::F64(v) => (0, be.ptr(v)),
+            DevValues::F32(v) => (1, be.ptr(v)),
+        }
+    }
+}
+
+/// The kernel index of a sub-warp width (32, 16, 8, 4 -> 0..3; kernels/compact.cu, tiled.cu).
+pub(super) fn width_index(s: u32) -> usize {
+    match s {
+        32 => 0,
+        16 => 1,
+        8 => 2,
+        _ => 3,
+    }
+}
+
+/// The length check of a product with a `shape` = (rows, columns) matrix: the input has `got.0`
+/// entries and must have `want.0`, the output `got.1` and `want.1`.
+pub(super) fn check_vectors(
+    what: &str,
+    got: (usize, usize),
+    want: (usize, usize),
+    shape: (usize, usize),
+) -> Result<()> {
+    if got != want {
+        return Err(Error::Invalid(format!(
+            "cuda {what}: vectors of {} and {} for a {} x {} matrix",
+            got.0, got.1, shape.0, shape.1
+        )));
+    }
+    Ok(())
+}
+
 /// CSR arrays on the device plus the warp segments.
 pub(crate) struct DevCsr {
     pub nrows: usize,
@@ -82,6 +121,15 @@ pub(super) fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
             format!("uploading {} bytes: {e:?}", std::mem::size_of_val(src)),
         )
     })
+}
+
+/// [`up`] of `v` when `on`, else of the one-element dummy (a part of a layout not used).
+pub(super) fn up_if<T: cudarc::driver::DeviceRepr + Default + Copy>(
+    be: &CudaBackend,
+    on: bool,
+    v: &[T],
+) -> Result<CudaSlice<T>> {
+    up(be, if on { v } else { &[] })
 }
 
 impl DevCsr {
@@ -113,25 +161,39 @@ impl DevCsr {
         })
     }
 
-    /// The kernel for the values' precision and the device pointers of the row segments, row
-    /// offsets, columns and values (the arguments every CSR kernel starts with).
-    fn kernel_and_ptrs<'k>(
+    /// Launch the CSR kernel for the values' precision (`kernels` = [f64, f32]) on `grid` blocks
+    /// of warp segments: its arguments are nseg, `lead`, the device addresses of the row
+    /// segments, row offsets, columns and values, then `tail`.
+    fn launch_segments(
         &self,
         be: &CudaBackend,
-        f64_kernel: &'k CudaFunction,
-        f32_kernel: &'k CudaFunction,
-    ) -> (&'k CudaFunction, [u64; 4]) {
-        let (f, pv) = match &self.values {
-            DevValues::F64(v) => (f64_kernel, be.ptr(v)),
-            DevValues::F32(v) => (f32_kernel, be.ptr(v)),
-        };
+        kernels: [&CudaFunction; 2],
+        grid: u32,
+        lead: &[*mut c_void],
+        tail: &[*mut c_void],
+    ) -> Result<()> {
+        let (pi, pv) = self.values.index_and_ptr(be);
+        let nseg = self.nseg;
         let ptrs = [
             be.ptr(&self.seg),
             be.ptr(&self.indptr),
             be.ptr(&self.indices),
             pv,
         ];
-        (f, ptrs)
+        let ptr_args: Vec<*mut c_void> = ptrs.iter().map(arg).collect();
+        let mut args = [&[arg(&nseg)][..], lead, &ptr_args, tail].concat();
+        be.launch(kernels[pi], grid, WARPS_PER_BLOCK * 32, &mut args)
+    }
+
+    /// [`Self::launch_segments`] with a warp per segment and no `lead` (kernels/spmv.cu).
+    fn launch_per_segment(
+        &self,
+        be: &CudaBackend,
+        kernels: [&CudaFunction; 2],
+        tail: &[*mut c_void],
+    ) -> Result<()> {
+        let grid = self.nseg.div_ceil(WARPS_PER_BLOCK);
+        self.launch_segments(be, kernels, grid, &[], tail)
     }
 
     /// y = alpha A x + beta y
@@ -143,25 +205,9 @@ impl DevCsr {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (f, [ps, pi, pc, pv]) = self.kernel_and_ptrs(be, &be.k.spmv_f64, &be.k.spmv_f32);
-        let (px, py, nseg) = (be.ptr(x), be.ptr(y), self.nseg);
-        let grid = nseg.div_ceil(WARPS_PER_BLOCK);
-        be.launch(
-            f,
-            grid,
-            WARPS_PER_BLOCK * 32,
-            &mut [
-                arg(&nseg),
-                arg(&ps),
-                arg(&pi),
-                arg(&pc),
-                arg(&pv),
-                arg(&px),
-                arg(&py),
-                arg(&alpha),
-                arg(&beta),
-            ],
-        )
+        let (px, py) = (be.ptr(x), be.ptr(y));
+        let tail = [arg(&px), arg(&py), arg(&alpha), arg(&beta)];
+        self.launch_per_segment(be, [&be.k.spmv_f64, &be.k.spmv_f32], &tail)
     }
 
     /// Segments per warp of the fused kernel (a block covers about 16384 nonzeros).
@@ -177,39 +223,16 @@ impl DevCsr {
         self.nseg.div_ceil(8 * self.segs_per_warp())
     }
 
-    /// y = c[0] A x + c[1] y with c at `coef`, skipped while *skip != 0, block partials of y^2.
-    pub(crate) fn fused(
-        &self,
-        be: &CudaBackend,
-        x: u64,
-        y: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
-        let (f, [ps, pi, pc, pv]) =
-            self.kernel_and_ptrs(be, &be.k.csr_fused_f64, &be.k.csr_fused_f32);
-        let (nseg, spw, one, zero) = (self.nseg, self.segs_per_warp(), 1.0f64, 0.0f64);
-        let blocks = self.fused_blocks();
-        be.launch(
-            f,
+    /// y = a A x + b y with the fused epilogue `e` (kernels/compact.cu csr_fused); returns the
+    /// number of block partials.
+    pub(crate) fn fused(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<u32> {
+        let (spw, blocks) = (self.segs_per_warp(), self.fused_blocks());
+        self.launch_segments(
+            be,
+            [&be.k.csr_fused_f64, &be.k.csr_fused_f32],
             blocks,
-            WARPS_PER_BLOCK * 32,
-            &mut [
-                arg(&nseg),
-                arg(&spw),
-                arg(&ps),
-                arg(&pi),
-                arg(&pc),
-                arg(&pv),
-                arg(&x),
-                arg(&y),
-                arg(&one),
-                arg(&zero),
-                arg(&coef),
-                arg(&skip),
-                arg(&partial),
-            ],
+            &[arg(&spw)],
+            &[&[arg(&x), arg(&y)][..], &e.args()].concat(),
         )?;
         Ok(blocks)
     }
@@ -222,24 +245,9 @@ impl DevCsr {
         y: &CudaSlice<f64>,
         x: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let (f, [ps, pi, pc, pv]) = self.kernel_and_ptrs(be, &be.k.scatter_f64, &be.k.scatter_f32);
-        let (py, px, nseg) = (be.ptr(y), be.ptr(x), self.nseg);
-        let grid = nseg.div_ceil(WARPS_PER_BLOCK);
-        be.launch(
-            f,
-            grid,
-            WARPS_PER_BLOCK * 32,
-            &mut [
-                arg(&nseg),
-                arg(&ps),
-                arg(&pi),
-                arg(&pc),
-                arg(&pv),
-                arg(&py),
-                arg(&px),
-                arg(&alpha),
-            ],
-        )
+        let (py, px) = (be.ptr(y), be.ptr(x));
+        let tail = [arg(&py), arg(&px), arg(&alpha)];
+        self.launch_per_segment(be, [&be.k.scatter_f64, &be.k.scatter_f32], &tail)
     }
 }
 
@@ -465,14 +473,8 @@ impl CudaCsrOperator {
         )
     }
 
-    fn check(&self, what: &str, x: usize, want_x: usize, y: usize, want_y: usize) -> Result<()> {
-        if x != want_x || y != want_y {
-            return Err(Error::Invalid(format!(
-                "cuda {what}: vectors of {x} and {y} for a {} x {} matrix",
-                self.a.nrows, self.a.ncols
-            )));
-        }
-        Ok(())
+    fn check(&self, what: &str, got: (usize, usize), want: (usize, usize)) -> Result<()> {
+        check_vectors(what, got, want, (self.a.nrows, self.a.ncols))
     }
 }
 
@@ -491,7 +493,7 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        self.check("apply", x.len(), self.a.ncols, y.len(), self.a.nrows)?;
+        self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
         match &self.t {
             Transpose::Library(cs) => cs.spmv(be, false, alpha, x, beta, y),
             _ => self.a.spmv(be, alpha, x, beta, y),
@@ -505,7 +507,7 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         beta: f64,
         x: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        self.check("apply_t", y.len(), self.a.nrows, x.len(), self.a.ncols)?;
+        self.check("apply_t", (y.len(), x.len()), (self.a.nrows, self.a.ncols))?;
         match &self.t {
             Transpose::Csc(t) => t.spmv(be, alpha, y, beta, x),
             Transpose::Library(cs) => cs.spmv(be, true, alpha, y, beta, x),
@@ -543,48 +545,20 @@ impl FusedLsqr for CudaCsrOperator {
             _ => self.a.fused_blocks() as usize,
         }
     }
-    fn av_fused(
-        &self,
-        be: &CudaBackend,
-        v: u64,
-        u: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
-        self.a.fused(be, v, u, coef, skip, partial)
+    fn av_fused(&self, be: &CudaBackend, v: u64, u: u64, e: &Epilogue) -> Result<u32> {
+        self.a.fused(be, v, u, e)
     }
-    fn atu_fused(
-        &self,
-        be: &CudaBackend,
-        u: u64,
-        v: u64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<u32> {
+    fn atu_fused(&self, be: &CudaBackend, u: u64, v: u64, e: &Epilogue) -> Result<u32> {
         match &self.t {
-            Transpose::Csc(t) => t.fused(be, u, v, coef, skip, partial),
+            Transpose::Csc(t) => t.fused(be, u, v, e),
             _ => Err(Error::backend(
                 "cuda",
                 "the device LSQR loop needs the explicit transpose",
             )),
         }
     }
-}
-
-impl LsqrDevice<CudaBackend> for CudaCsrOperator {
-    fn iterate(
-        &self,
-        be: &CudaBackend,
-        params: &LsqrParams,
-        s: &mut LsqrScalars,
-        v: &mut LsqrVectors<CudaSlice<f64>>,
-        boundary: usize,
-        on_block: &mut crate::backend::lsqr::BlockCallback<'_, CudaSlice<f64>>,
-    ) -> Result<()> {
-        self.device_loop
-            .run(be, self, params, s, v, boundary, on_block)
+    fn loop_slot(&self) -> &LoopSlot {
+        &self.device_loop
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use cudarc::driver::CudaSlice;
 
 use super::operator::up;
-use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, THREADS};
+use super::{arg, cuda_err, CudaBackend, CudaCsrOperator};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
@@ -259,10 +259,9 @@ impl CudaIluSweeps {
         out: u64,
     ) -> Result<()> {
         let (n64, pp, pc, pv) = (n as u64, be.ptr(&t.ptr), be.ptr(&t.col), be.ptr(&t.val));
-        be.launch(
+        be.launch_elementwise(
             &be.k.tri_sweep,
-            be.elementwise_grid(n),
-            THREADS,
+            n,
             &mut [
                 arg(&n64),
                 arg(&pp),
@@ -322,12 +321,7 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         };
         let (pd, n64) = (be.ptr(&self.inv_diag), n as u64);
         // a = inv_diag .* y (the CPU's y[i] * inv_diag[i]; multiplication commutes exactly)
-        be.launch(
-            &be.k.pmul,
-            be.elementwise_grid(n),
-            THREADS,
-            &mut [arg(&n64), arg(&pd), arg(&py), arg(&a)],
-        )?;
+        be.launch_elementwise(&be.k.pmul, n, &mut [arg(&n64), arg(&pd), arg(&py), arg(&a)])?;
         for _ in 0..self.sweeps {
             Self::sweep(be, n, &self.u, py, a, pd, b)?;
             std::mem::swap(&mut a, &mut b);

@@ -3,8 +3,9 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::compact::StencilArgs;
-use super::operator::{up, DevValues};
+use super::compact::{stencil_parts, StencilArgs};
+use super::lsqr_loop::Epilogue;
+use super::operator::{up, up_if, width_index, DevValues};
 use super::{arg, CudaBackend};
 use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledValues};
@@ -20,19 +21,11 @@ fn width_for(mean: f64) -> u32 {
     s
 }
 
-fn width_index(s: u32) -> usize {
-    match s {
-        32 => 0,
-        16 => 1,
-        8 => 2,
-        _ => 3,
-    }
-}
-
-fn values(be: &CudaBackend, v: &TiledValues) -> Result<DevValues> {
+/// The values `v` on the device when `on`, else a one-element dummy of their precision.
+fn values(be: &CudaBackend, on: bool, v: &TiledValues) -> Result<DevValues> {
     Ok(match v {
-        TiledValues::F64(v) => DevValues::F64(up(be, v)?),
-        TiledValues::F32(v) => DevValues::F32(up(be, v)?),
+        TiledValues::F64(v) => DevValues::F64(up_if(be, on, v)?),
+        TiledValues::F32(v) => DevValues::F32(up_if(be, on, v)?),
     })
 }
 
@@ -101,37 +94,15 @@ impl DevTiled {
             chunk_seg: up(be, &t.chunk_seg)?,
             tile_chunk: up(be, &t.tile_chunk)?,
             seg_row: up(be, &t.seg_row)?,
-            seg_slot: if rows {
-                up(be, &t.seg_slot)?
-            } else {
-                up(be, &[0u32])?
-            },
-            seg_ent: if rows {
-                up(be, &t.seg_ent)?
-            } else {
-                up(be, &[0u64])?
-            },
-            row_seg: if rows {
-                up(be, &t.row_seg)?
-            } else {
-                up(be, &[0u64])?
-            },
-            a_lcol: if rows {
-                up(be, &t.a_lcol)?
-            } else {
-                up(be, &[0u16])?
-            },
-            a_val: if rows {
-                values(be, &t.a_val)?
-            } else {
-                match &t.a_val {
-                    TiledValues::F64(_) => DevValues::F64(up(be, &[0.0f64])?),
-                    TiledValues::F32(_) => DevValues::F32(up(be, &[0.0f32])?),
-                }
-            },
+            // The row pass's arrays (one-element dummies when it is not uploaded).
+            seg_slot: up_if(be, rows, &t.seg_slot)?,
+            seg_ent: up_if(be, rows, &t.seg_ent)?,
+            row_seg: up_if(be, rows, &t.row_seg)?,
+            a_lcol: up_if(be, rows, &t.a_lcol)?,
+            a_val: values(be, rows, &t.a_val)?,
             b_colptr: up(be, &t.b_colptr)?,
             b_lseg: up(be, &t.b_lseg)?,
-            b_val: values(be, &t.b_val)?,
+            b_val: values(be, true, &t.b_val)?,
             seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
             cpart: zeros(t.nchunks() * t.tile())?,
             rows,
@@ -153,29 +124,15 @@ impl DevTiled {
         (self.ncols as u64).div_ceil(THREADS as u64 * ROWS_PER_THREAD) as u32
     }
 
-    /// y = a A x + b y; block partials of y^2 into `partial` (when not 0).
-    #[allow(clippy::too_many_arguments)]
-    pub fn av(
-        &self,
-        be: &CudaBackend,
-        x: u64,
-        y: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
-    ) -> Result<()> {
+    /// y = a A x + b y with the epilogue `e`.
+    pub fn av(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<()> {
         if !self.rows {
             return Err(Error::backend(
                 "cuda",
                 "tiles uploaded for A^T only were asked for A x",
             ));
         }
-        let (pi, pv) = match &self.a_val {
-            DevValues::F64(v) => (0, be.ptr(v)),
-            DevValues::F32(v) => (1, be.ptr(v)),
-        };
+        let (pi, pv) = self.a_val.index_and_ptr(be);
         let f = &be.k.tiled_ax[pi][width_index(self.s_rows)];
         let ncols = self.ncols as u64;
         let (pct, pcs, pse, pss, plc, psp) = (
@@ -202,47 +159,30 @@ impl DevTiled {
                 arg(&pv),
                 arg(&x),
                 arg(&psp),
-                arg(&skip),
+                arg(&e.skip),
             ],
         )?;
         let nrows = self.nrows as u32;
         let prs = be.ptr(&self.row_seg);
+        let lead = [arg(&nrows), arg(&prs), arg(&psp), arg(&y)];
         be.launch(
             &be.k.tiled_rows,
             self.row_blocks(),
             THREADS,
-            &mut [
-                arg(&nrows),
-                arg(&prs),
-                arg(&psp),
-                arg(&y),
-                arg(&a),
-                arg(&b),
-                arg(&coef),
-                arg(&skip),
-                arg(&partial),
-            ],
+            &mut [&lead[..], &e.args()].concat(),
         )
     }
 
-    /// x = a A^T y + b x (+ the stencil rows' terms from `st`); block partials of x^2.
-    #[allow(clippy::too_many_arguments)]
+    /// x = a A^T y + b x (+ the stencil rows' terms from `st`) with the epilogue `e`.
     pub fn atu(
         &self,
         be: &CudaBackend,
         y: u64,
         x: u64,
-        a: f64,
-        b: f64,
-        coef: u64,
-        skip: u64,
-        partial: u64,
+        e: &Epilogue,
         st: Option<(&StencilArgs, u64)>,
     ) -> Result<()> {
-        let (pi, pv) = match &self.b_val {
-            DevValues::F64(v) => (0, be.ptr(v)),
-            DevValues::F32(v) => (1, be.ptr(v)),
-        };
+        let (pi, pv) = self.b_val.index_and_ptr(be);
         let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
         let (pcs, psr, pcp, pls, pcpart) = (
             be.ptr(&self.chunk_seg),
@@ -264,34 +204,26 @@ impl DevTiled {
                 arg(&pv),
                 arg(&y),
                 arg(&pcpart),
-                arg(&skip),
+                arg(&e.skip),
             ],
         )?;
-        let (has, sargs, yd) = match st {
-            Some((s, yd)) => (1i32, *s, yd),
-            None => (0i32, StencilArgs::default(), 0u64),
-        };
+        let (has, sargs, yd) = stencil_parts(st);
+        let has = i32::from(has);
         let ncols = self.ncols as u32;
         let ptc = be.ptr(&self.tile_chunk);
+        let lead = [
+            arg(&ncols),
+            arg(&self.tile_bits),
+            arg(&ptc),
+            arg(&pcpart),
+            arg(&x),
+        ];
+        let tail = [arg(&sargs), arg(&yd), arg(&has)];
         be.launch(
             &be.k.tiled_cols,
             self.col_blocks(),
             THREADS,
-            &mut [
-                arg(&ncols),
-                arg(&self.tile_bits),
-                arg(&ptc),
-                arg(&pcpart),
-                arg(&x),
-                arg(&a),
-                arg(&b),
-                arg(&coef),
-                arg(&skip),
-                arg(&partial),
-                arg(&sargs),
-                arg(&yd),
-                arg(&has),
-            ],
+            &mut [&lead[..], &e.args(), &tail].concat(),
         )
     }
 }
