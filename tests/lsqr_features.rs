@@ -168,7 +168,7 @@ fn reordered_systems_give_the_same_solution() {
     };
     // a straight-ray system on a 16 x 12 x 10 grid, and australia (no grid)
     let g = [16usize, 12, 10];
-    let a = seistomo::cli::bench::straight_ray_system(g[0], g[1], g[2], 3000, 5, false);
+    let a = seistomo::grid::synthetic::peer_system(g[0], g[1], g[2], 3000, 5, false);
     let xt: Vec<f64> = (0..a.ncols())
         .map(|j| 1.0 + (j as f64 * 0.37).sin())
         .collect();

@@ -2,13 +2,11 @@
 //! synthetic straight-ray system built in memory (or a system from Matrix Market files), with
 //! ms/iteration, effective bandwidth and the ratio to the bandwidth floor.
 //!
-//! The synthetic system follows `straight_ray_system` of the CuPy peer
-//! (/work/shared/peers/cupy_lsqr.py): rays from random points on the top face to random points
-//! on the bottom face of an NX x NY x NZ grid, K = 2 (NX+NY+NZ) samples per ray with duplicates
-//! summed per cell, then 0.1 I norm damping and first-difference smoothing rows (-0.5, +0.5)
-//! along x, y and z. `--export-npy DIR` writes it for `cupy_lsqr.py npy DIR ITERS`.
+//! The synthetic system is [`crate::grid::synthetic::peer_system`], the one the CuPy peer
+//! (bench/peers/cupy_lsqr.py) builds. `--export-npy DIR` writes it for
+//! `cupy_lsqr.py npy DIR ITERS`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -24,7 +22,6 @@ use crate::comm::SerialComm;
 use crate::grid::Rng;
 use crate::io::write_atomic;
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
-use crate::sparse::Csr;
 use crate::sparse::{CompactCsr, GapHistogram};
 
 #[derive(Debug, Args)]
@@ -89,147 +86,6 @@ pub struct BenchArgs {
     /// Also write the table as JSON lines to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// Build the straight-ray system of the CuPy peer on an nx x ny x nz grid.
-pub fn straight_ray_system(
-    nx: usize,
-    ny: usize,
-    nz: usize,
-    nrays: usize,
-    seed: u64,
-    sort_rays: bool,
-) -> Csr {
-    let ncell = nx * ny * nz;
-    let k = 2 * (nx + ny + nz);
-    let rows: Vec<Vec<(u32, f64)>> = (0..nrays)
-        .into_par_iter()
-        .map(|r| {
-            let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
-            let src = [rng.uniform() * nx as f64, rng.uniform() * ny as f64, 0.0];
-            let rcv = [
-                rng.uniform() * nx as f64,
-                rng.uniform() * ny as f64,
-                nz as f64 - 1e-6,
-            ];
-            let d = [rcv[0] - src[0], rcv[1] - src[1], rcv[2] - src[2]];
-            let seg = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt() / k as f64;
-            let mut cols: Vec<u32> = (0..k)
-                .map(|s| {
-                    let t = (s as f64 + 0.5) / k as f64;
-                    let c = |a: usize, n: usize| ((src[a] + t * d[a]).max(0.0) as usize).min(n - 1);
-                    ((c(2, nz) * ny + c(1, ny)) * nx + c(0, nx)) as u32
-                })
-                .collect();
-            cols.sort_unstable();
-            let mut row: Vec<(u32, f64)> = Vec::with_capacity(cols.len());
-            for c in cols {
-                match row.last_mut() {
-                    Some((lc, v)) if *lc == c => *v += seg,
-                    _ => row.push((c, seg)),
-                }
-            }
-            row
-        })
-        .collect();
-    let mut rows = rows;
-    if sort_rays {
-        rows.par_sort_by_key(|r| r.first().map(|e| e.0).unwrap_or(0));
-    }
-    let mut indptr = Vec::with_capacity(nrays + 4 * ncell + 1);
-    indptr.push(0u64);
-    let nnz_est: usize = rows.iter().map(|r| r.len()).sum::<usize>() + 7 * ncell;
-    let mut indices = Vec::with_capacity(nnz_est);
-    let mut data = Vec::with_capacity(nnz_est);
-    for row in rows {
-        for (c, v) in row {
-            indices.push(c);
-            data.push(v);
-        }
-        indptr.push(indices.len() as u64);
-    }
-    for c in 0..ncell {
-        indices.push(c as u32);
-        data.push(0.1);
-        indptr.push(indices.len() as u64);
-    }
-    for (stride, dimlen, axis) in [(1, nx, 0), (nx, ny, 1), (nx * ny, nz, 2)] {
-        for c in 0..ncell {
-            let coord = match axis {
-                0 => c % nx,
-                1 => (c / nx) % ny,
-                _ => c / (nx * ny),
-            };
-            if coord + 1 < dimlen {
-                indices.extend([c as u32, (c + stride) as u32]);
-                data.extend([-0.5, 0.5]);
-                indptr.push(indices.len() as u64);
-            }
-        }
-    }
-    let m = indptr.len() - 1;
-    Csr::try_new(m, ncell, indptr, indices, data).expect("generated system is well formed")
-}
-
-fn write_npy(path: &Path, descr: &str, n: usize, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n},), }}");
-    let total = 10 + header.len() + 1;
-    header.push_str(&" ".repeat((64 - total % 64) % 64));
-    header.push('\n');
-    write_atomic(path, |w| {
-        w.write_all(b"\x93NUMPY\x01\x00")?;
-        w.write_all(&(header.len() as u16).to_le_bytes())?;
-        w.write_all(header.as_bytes())?;
-        w.write_all(bytes)
-    })?;
-    Ok(())
-}
-
-fn le_bytes<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * N);
-    for &x in v {
-        out.extend_from_slice(&f(x));
-    }
-    out
-}
-
-/// Write A and b as .npy files readable by numpy / cupy_lsqr.py.
-pub fn export_npy(dir: &Path, a: &Csr, b: &[f64]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let ip: Vec<i64> = a.indptr().iter().map(|&p| p as i64).collect();
-    let ci: Vec<i32> = a.indices().iter().map(|&c| c as i32).collect();
-    write_npy(
-        &dir.join("indptr.npy"),
-        "<i8",
-        ip.len(),
-        &le_bytes(&ip, i64::to_le_bytes),
-    )?;
-    write_npy(
-        &dir.join("indices.npy"),
-        "<i4",
-        ci.len(),
-        &le_bytes(&ci, i32::to_le_bytes),
-    )?;
-    write_npy(
-        &dir.join("data.npy"),
-        "<f8",
-        a.nnz(),
-        &le_bytes(a.data(), f64::to_le_bytes),
-    )?;
-    write_npy(
-        &dir.join("b.npy"),
-        "<f8",
-        b.len(),
-        &le_bytes(b, f64::to_le_bytes),
-    )?;
-    let shape = [a.nrows() as i64, a.ncols() as i64];
-    write_npy(
-        &dir.join("shape.npy"),
-        "<i8",
-        2,
-        &le_bytes(&shape, i64::to_le_bytes),
-    )?;
-    Ok(())
 }
 
 /// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
@@ -471,7 +327,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             if let Some(r) = a.rays {
                 rays = r;
             }
-            let mat = straight_ray_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays);
+            let mat = crate::grid::synthetic::peer_system(g.0, g.1, g.2, rays, a.seed, a.sort_rays);
             let mut rng = Rng::new(a.seed + 1);
             let xt: Vec<f64> = (0..mat.ncols()).map(|_| rng.uniform()).collect();
             let b = mat.matvec(&xt);
@@ -504,7 +360,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         if !p.ordering.is_identity() {
             eprintln!("reordered: {}", p.ordering.what);
         }
-        export_npy(dir, &p.stored, &p.b)?;
+        crate::io::npy::export_system(dir, &p.stored, &p.b)?;
         eprintln!(
             "wrote {}/{{indptr,indices,data,b,shape}}.npy",
             dir.display()

@@ -310,6 +310,90 @@ pub fn correlation(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
+/// The straight-ray system of the CuPy peer (`straight_ray_system` in bench/peers/cupy_lsqr.py,
+/// used by `seistomo bench`) on an nx x ny x nz grid: rays from random points on the top face to
+/// random points on the bottom face, K = 2 (nx+ny+nz) samples per ray with duplicates summed per
+/// cell, then 0.1 I norm damping and first-difference smoothing rows (-0.5, +0.5) along x, y and
+/// z. `sort_rays` orders the rays by their first cell.
+pub fn peer_system(
+    nx: usize,
+    ny: usize,
+    nz: usize,
+    nrays: usize,
+    seed: u64,
+    sort_rays: bool,
+) -> Csr {
+    let ncell = nx * ny * nz;
+    let k = 2 * (nx + ny + nz);
+    let rows: Vec<Vec<(u32, f64)>> = (0..nrays)
+        .into_par_iter()
+        .map(|r| {
+            let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
+            let src = [rng.uniform() * nx as f64, rng.uniform() * ny as f64, 0.0];
+            let rcv = [
+                rng.uniform() * nx as f64,
+                rng.uniform() * ny as f64,
+                nz as f64 - 1e-6,
+            ];
+            let d = [rcv[0] - src[0], rcv[1] - src[1], rcv[2] - src[2]];
+            let seg = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt() / k as f64;
+            let mut cols: Vec<u32> = (0..k)
+                .map(|s| {
+                    let t = (s as f64 + 0.5) / k as f64;
+                    let c = |a: usize, n: usize| ((src[a] + t * d[a]).max(0.0) as usize).min(n - 1);
+                    ((c(2, nz) * ny + c(1, ny)) * nx + c(0, nx)) as u32
+                })
+                .collect();
+            cols.sort_unstable();
+            let mut row: Vec<(u32, f64)> = Vec::with_capacity(cols.len());
+            for c in cols {
+                match row.last_mut() {
+                    Some((lc, v)) if *lc == c => *v += seg,
+                    _ => row.push((c, seg)),
+                }
+            }
+            row
+        })
+        .collect();
+    let mut rows = rows;
+    if sort_rays {
+        rows.par_sort_by_key(|r| r.first().map(|e| e.0).unwrap_or(0));
+    }
+    let mut indptr = Vec::with_capacity(nrays + 4 * ncell + 1);
+    indptr.push(0u64);
+    let nnz_est: usize = rows.iter().map(|r| r.len()).sum::<usize>() + 7 * ncell;
+    let mut indices = Vec::with_capacity(nnz_est);
+    let mut data = Vec::with_capacity(nnz_est);
+    for row in rows {
+        for (c, v) in row {
+            indices.push(c);
+            data.push(v);
+        }
+        indptr.push(indices.len() as u64);
+    }
+    for c in 0..ncell {
+        indices.push(c as u32);
+        data.push(0.1);
+        indptr.push(indices.len() as u64);
+    }
+    for (stride, dimlen, axis) in [(1, nx, 0), (nx, ny, 1), (nx * ny, nz, 2)] {
+        for c in 0..ncell {
+            let coord = match axis {
+                0 => c % nx,
+                1 => (c / nx) % ny,
+                _ => c / (nx * ny),
+            };
+            if coord + 1 < dimlen {
+                indices.extend([c as u32, (c + stride) as u32]);
+                data.extend([-0.5, 0.5]);
+                indptr.push(indices.len() as u64);
+            }
+        }
+    }
+    let m = indptr.len() - 1;
+    Csr::try_new(m, ncell, indptr, indices, data).expect("generated system is well formed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,6 +152,22 @@ pub fn npy_to<T: NpyElem>(w: &mut dyn std::io::Write, x: &[T]) -> std::io::Resul
     Ok(())
 }
 
+/// Write A (indptr.npy as i64, indices.npy as i32, data.npy, shape.npy) and b.npy into `dir`
+/// (created), as numpy and the CuPy peer (bench/peers/cupy_lsqr.py `npy DIR`) read them.
+pub fn export_system(dir: &Path, a: &crate::sparse::Csr, b: &[f64]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let ip: Vec<i64> = a.indptr().iter().map(|&p| p as i64).collect();
+    let ci: Vec<i32> = a.indices().iter().map(|&c| c as i32).collect();
+    write_npy(&dir.join("indptr.npy"), &ip)?;
+    write_npy(&dir.join("indices.npy"), &ci)?;
+    write_npy(&dir.join("data.npy"), a.data())?;
+    write_npy(&dir.join("b.npy"), b)?;
+    write_npy(
+        &dir.join("shape.npy"),
+        &[a.nrows() as i64, a.ncols() as i64],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
