@@ -54,6 +54,14 @@ fn displacements(counts: &[Count]) -> Result<Vec<Count>> {
 }
 
 impl MpiComm {
+    /// One scalar reduced over all ranks with `op`.
+    fn reduce_scalar(&self, x: f64, op: SystemOperation) -> f64 {
+        let _g = self.lock();
+        let mut y = 0.0f64;
+        self.world().all_reduce_into(&x, &mut y, op);
+        y
+    }
+
     /// Initialise MPI (once per process) and describe MPI_COMM_WORLD.
     pub fn init() -> Result<MpiComm> {
         let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
@@ -127,18 +135,10 @@ impl Comm for MpiComm {
         Ok(())
     }
     fn allreduce_scalar(&self, x: f64) -> Result<f64> {
-        let _g = self.lock();
-        let mut y = 0.0f64;
-        self.world()
-            .all_reduce_into(&x, &mut y, SystemOperation::sum());
-        Ok(y)
+        Ok(self.reduce_scalar(x, SystemOperation::sum()))
     }
     fn allreduce_max(&self, x: f64) -> Result<f64> {
-        let _g = self.lock();
-        let mut y = 0.0f64;
-        self.world()
-            .all_reduce_into(&x, &mut y, SystemOperation::max());
-        Ok(y)
+        Ok(self.reduce_scalar(x, SystemOperation::max()))
     }
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<()> {
         if root >= self.size {

@@ -47,6 +47,16 @@ impl ThreadComm {
         sh.barrier.wait();
         out
     }
+    /// One send list per rank, or an error naming the collective.
+    fn check_lists(&self, what: &str, lists: usize) -> Result<()> {
+        if lists != self.shared.size {
+            return Err(Error::Comm(format!(
+                "{what}: {lists} send lists for {} ranks",
+                self.shared.size
+            )));
+        }
+        Ok(())
+    }
     fn to_bits(x: &[f64]) -> Vec<u64> {
         x.iter().map(|v| v.to_bits()).collect()
     }
@@ -105,24 +115,12 @@ impl Comm for ThreadComm {
         })
     }
     fn alltoallv(&self, send: &[Vec<f64>]) -> Result<Vec<Vec<f64>>> {
-        if send.len() != self.shared.size {
-            return Err(Error::Comm(format!(
-                "alltoallv: {} send lists for {} ranks",
-                send.len(),
-                self.shared.size
-            )));
-        }
+        self.check_lists("alltoallv", send.len())?;
         let all = self.exchange(send.iter().map(|v| Self::to_bits(v)).collect());
         Ok(all.iter().map(|v| Self::from_bits(v)).collect())
     }
     fn alltoallv_u64(&self, send: &[Vec<u64>]) -> Result<Vec<Vec<u64>>> {
-        if send.len() != self.shared.size {
-            return Err(Error::Comm(format!(
-                "alltoallv_u64: {} send lists for {} ranks",
-                send.len(),
-                self.shared.size
-            )));
-        }
+        self.check_lists("alltoallv_u64", send.len())?;
         Ok(self.exchange(send.to_vec()))
     }
 }

@@ -14,36 +14,21 @@ pub trait NpyElem: Copy {
     /// The element from its `SIZE` little-endian bytes.
     fn get(bytes: &[u8]) -> Self;
 }
-impl NpyElem for f64 {
-    const DESCR: &'static str = "<f8";
-    const SIZE: usize = 8;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(bytes: &[u8]) -> Self {
-        f64::from_le_bytes(bytes.try_into().expect("8 bytes"))
-    }
+macro_rules! npy_elem {
+    ($($t:ty => $descr:literal),+) => {$(
+        impl NpyElem for $t {
+            const DESCR: &'static str = $descr;
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("SIZE bytes"))
+            }
+        }
+    )+};
 }
-impl NpyElem for i64 {
-    const DESCR: &'static str = "<i8";
-    const SIZE: usize = 8;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(bytes: &[u8]) -> Self {
-        i64::from_le_bytes(bytes.try_into().expect("8 bytes"))
-    }
-}
-impl NpyElem for i32 {
-    const DESCR: &'static str = "<i4";
-    const SIZE: usize = 4;
-    fn put(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    fn get(bytes: &[u8]) -> Self {
-        i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
-    }
-}
+npy_elem!(f64 => "<f8", i64 => "<i8", i32 => "<i4");
 
 /// Read a 1-D .npy file (format 1.0 or 2.0) of element type `T`: the header's dtype must be
 /// `T`'s, `fortran_order` False and the shape one dimension whose length times the element

@@ -62,24 +62,19 @@ pub(crate) fn vec_bytes(path: &Path, x: &[f64], w: &mut dyn Write) -> Result<()>
 
 /// Write a matrix as a PETSc binary Mat file.
 pub fn write_mat(path: &Path, a: &Csr) -> Result<()> {
-    let mut err = None;
-    let r = write_atomic(path, |w| {
-        mat_bytes(path, a, w).map_err(|e| {
-            err = Some(e);
-            std::io::Error::other("petsc write failed")
-        })
-    });
-    match err {
-        Some(e) => Err(e),
-        None => r,
-    }
+    write_with(path, |w| mat_bytes(path, a, w))
 }
 
 /// Write a vector as a PETSc binary Vec file.
 pub fn write_vec(path: &Path, x: &[f64]) -> Result<()> {
+    write_with(path, |w| vec_bytes(path, x, w))
+}
+
+/// Write `path` atomically with `f`, whose own error (not an I/O error) is the one returned.
+fn write_with(path: &Path, mut f: impl FnMut(&mut dyn std::io::Write) -> Result<()>) -> Result<()> {
     let mut err = None;
     let r = write_atomic(path, |w| {
-        vec_bytes(path, x, w).map_err(|e| {
+        f(w).map_err(|e| {
             err = Some(e);
             std::io::Error::other("petsc write failed")
         })

@@ -283,18 +283,10 @@ impl RunConfig {
         };
 
         let b = raw.backend;
-        let backend = match b.kind.as_deref() {
-            None => BackendChoice::Auto,
-            Some(k) => k
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] kind: {e}")))?,
-        };
-        let transpose = match b.transpose.as_deref() {
-            None => TransposeStrategy::Auto,
-            Some(t) => t
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] transpose: {e}")))?,
-        };
+        let backend =
+            choice(b.kind.as_deref(), "[backend] kind", &bad)?.unwrap_or(BackendChoice::Auto);
+        let transpose = choice(b.transpose.as_deref(), "[backend] transpose", &bad)?
+            .unwrap_or(TransposeStrategy::Auto);
         let threads = match b.threads {
             None => None,
             Some(t) if t > 0 && t as u64 <= MAX_THREADS as u64 => Some(t as usize),
@@ -305,40 +297,19 @@ impl RunConfig {
             }
         };
 
-        let precision = match b.precision.as_deref() {
-            None => crate::backend::Precision::F64,
-            Some(p) => p
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] precision: {e}")))?,
-        };
+        let precision = choice(b.precision.as_deref(), "[backend] precision", &bad)?
+            .unwrap_or(crate::backend::Precision::F64);
 
-        let storage = match b.storage.as_deref() {
-            None => Default::default(),
-            Some(p) => p
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] storage: {e}")))?,
-        };
+        let storage = choice(b.storage.as_deref(), "[backend] storage", &bad)?.unwrap_or_default();
 
-        let lsqr_loop = match b.lsqr_loop.as_deref() {
-            None => Default::default(),
-            Some(p) => p
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] lsqr_loop: {e}")))?,
-        };
+        let lsqr_loop =
+            choice(b.lsqr_loop.as_deref(), "[backend] lsqr_loop", &bad)?.unwrap_or_default();
 
-        let allreduce = match b.allreduce.as_deref() {
-            None => Default::default(),
-            Some(p) => p
-                .parse()
-                .map_err(|e: String| bad(format!("[backend] allreduce: {e}")))?,
-        };
+        let allreduce =
+            choice(b.allreduce.as_deref(), "[backend] allreduce", &bad)?.unwrap_or_default();
 
-        let reorder = match s.reorder.as_deref() {
-            None => crate::grid::reorder::Reorder::Auto,
-            Some(r) => r
-                .parse()
-                .map_err(|e: String| bad(format!("[solver] reorder: {e}")))?,
-        };
+        let reorder = choice(s.reorder.as_deref(), "[solver] reorder", &bad)?
+            .unwrap_or(crate::grid::reorder::Reorder::Auto);
 
         let o = raw.output;
         let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
@@ -478,6 +449,18 @@ pub fn note_config(cfg: &RunConfig) {
     }
     files.extend(cfg.options.x0.iter().cloned());
     crate::model::provenance::note_inputs(files);
+}
+
+/// A choice-valued key (`kind = "cuda"`): None when absent, else parsed or an error naming the
+/// key.
+fn choice<T: std::str::FromStr<Err = String>>(
+    value: Option<&str>,
+    key: &str,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<Option<T>> {
+    value
+        .map(|v| v.parse().map_err(|e: String| bad(format!("{key}: {e}"))))
+        .transpose()
 }
 
 #[cfg(test)]
