@@ -321,76 +321,89 @@ fn corruptions_give_one_clear_error_naming_the_file() {
         &'static str,
         &'static str,
     );
+    // One corruption: its name, whether it applies to the packed copy, the file and the words
+    // the error must name, and what it does to a copy of the dataset.
+    fn case(
+        what: &'static str,
+        packed: bool,
+        file: &'static str,
+        msg: &'static str,
+        corrupt: impl Fn(&Path) + 'static,
+    ) -> Case {
+        (what, packed, Box::new(corrupt), file, msg)
+    }
     let cases: Vec<Case> = vec![
-        (
+        case(
             "truncated row file",
             false,
-            Box::new(move |d| truncate(&row5(d), 8)),
             "row_0000000005.bin",
             "truncated",
+            move |d| truncate(&row5(d), 8),
         ),
-        (
+        case(
             "row file trailing bytes",
             false,
-            Box::new(move |d| {
+            "row_0000000005.bin",
+            "trailing bytes",
+            move |d| {
                 let p = row5(d);
                 let mut v = std::fs::read(&p).unwrap();
                 v.extend_from_slice(&[0; 8]);
                 std::fs::write(&p, v).unwrap();
-            }),
-            "row_0000000005.bin",
-            "trailing bytes",
+            },
         ),
-        (
+        case(
             "wrong magic",
             false,
-            Box::new(move |d| patch(&row5(d), 0, b"NOTMAGIC")),
             "row_0000000005.bin",
             "bad magic",
+            move |d| patch(&row5(d), 0, b"NOTMAGIC"),
         ),
-        (
+        case(
             "wrong version",
             false,
-            Box::new(move |d| patch(&row5(d), 8, &7u32.to_le_bytes())),
             "row_0000000005.bin",
             "version 7",
+            move |d| patch(&row5(d), 8, &7u32.to_le_bytes()),
         ),
-        (
+        case(
             "nnz in metadata != file",
             false,
-            Box::new(move |d| patch(&row5(d), 24, &((nnz5 + 1) as u64).to_le_bytes())),
             "row_0000000005.bin",
             "kernel row 5: ",
+            move |d| patch(&row5(d), 24, &((nnz5 + 1) as u64).to_le_bytes()),
         ),
-        (
+        case(
             "column >= ncols",
             false,
-            Box::new(move |d| patch(&row5(d), 32, &1000u32.to_le_bytes())),
             "row_0000000005.bin",
             "kernel row 5: column 1000 out of range",
+            move |d| patch(&row5(d), 32, &1000u32.to_le_bytes()),
         ),
-        (
+        case(
             "unsorted columns",
             false,
-            Box::new(move |d| {
+            "row_0000000005.bin",
+            "not strictly increasing",
+            move |d| {
                 let p = row5(d);
                 let c0 = std::fs::read(&p).unwrap()[36..40].to_vec();
                 patch(&p, 32, &c0);
-            }),
-            "row_0000000005.bin",
-            "not strictly increasing",
+            },
         ),
-        (
+        case(
             "NaN value",
             false,
-            Box::new(move |d| patch(&row5(d), 32 + pad8(4 * nnz5), &f64::NAN.to_le_bytes())),
             "row_0000000005.bin",
             "kernel row 5, column",
+            move |d| patch(&row5(d), 32 + pad8(4 * nnz5), &f64::NAN.to_le_bytes()),
         ),
-        (
+        case(
             "Inf value (packed)",
             true,
-            Box::new(|d| {
+            "pack_00000.bin",
+            "value is not finite (inf)",
+            |d| {
                 let meta = d.join("metadata.bin");
                 let (row, file, off) = (
                     read_u64(&meta, meta_entry(0)),
@@ -404,150 +417,136 @@ fn corruptions_give_one_clear_error_naming_the_file() {
                     off + 16 + pad8(4 * nnz),
                     &f64::INFINITY.to_le_bytes(),
                 );
-            }),
-            "pack_00000.bin",
-            "value is not finite (inf)",
+            },
         ),
-        (
-            "truncated pack",
-            true,
-            Box::new(|d| truncate(&d.join("kernel/pack_00000.bin"), 3)),
-            "pack_00000.bin",
-            "truncated",
-        ),
-        (
+        case("truncated pack", true, "pack_00000.bin", "truncated", |d| {
+            truncate(&d.join("kernel/pack_00000.bin"), 3)
+        }),
+        case(
             "b shorter than rows",
             false,
-            Box::new(|d| {
+            "b.bin",
+            "299 values but the dataset needs 300",
+            |d| {
                 let p = d.join("b.bin");
                 let mut v = std::fs::read(&p).unwrap();
                 let n = u64::from_le_bytes(v[16..24].try_into().unwrap()) - 1;
                 v[16..24].copy_from_slice(&n.to_le_bytes());
                 v.truncate(v.len() - 8);
                 std::fs::write(&p, v).unwrap();
-            }),
-            "b.bin",
-            "299 values but the dataset needs 300",
+            },
         ),
-        (
-            "NaN in b",
-            false,
-            Box::new(|d| patch(&d.join("b.bin"), 32 + 8 * 17, &f64::NAN.to_le_bytes())),
-            "b.bin",
-            "row 17",
-        ),
-        (
-            "negative weight",
-            false,
-            Box::new(|d| patch(&d.join("weights.bin"), 32 + 8 * 4, &(-1.0f64).to_le_bytes())),
-            "weights.bin",
-            "row 4",
-        ),
-        (
+        case("NaN in b", false, "b.bin", "row 17", |d| {
+            patch(&d.join("b.bin"), 32 + 8 * 17, &f64::NAN.to_le_bytes())
+        }),
+        case("negative weight", false, "weights.bin", "row 4", |d| {
+            patch(&d.join("weights.bin"), 32 + 8 * 4, &(-1.0f64).to_le_bytes())
+        }),
+        case(
             "duplicate row index",
             false,
-            Box::new(|d| {
+            "metadata.bin",
+            "duplicate row index",
+            |d| {
                 let meta = d.join("metadata.bin");
                 let r0 = read_u64(&meta, meta_entry(0));
                 patch(&meta, meta_entry(1), &r0.to_le_bytes());
-            }),
-            "metadata.bin",
-            "duplicate row index",
+            },
         ),
-        (
+        case(
             "metadata row out of range",
             true,
-            Box::new(|d| {
+            "metadata.bin",
+            "row 999 out of range",
+            |d| {
                 patch(
                     &d.join("metadata.bin"),
                     meta_entry(2),
                     &999u64.to_le_bytes(),
                 )
-            }),
-            "metadata.bin",
-            "row 999 out of range",
+            },
         ),
-        (
+        case(
             "metadata truncated",
             true,
-            Box::new(|d| truncate(&d.join("metadata.bin"), 32)),
             "metadata.bin",
             "truncated",
+            |d| truncate(&d.join("metadata.bin"), 32),
         ),
-        (
+        case(
             "metadata nnz total",
             true,
-            Box::new(|d| patch(&d.join("metadata.bin"), 32, &1u64.to_le_bytes())),
             "metadata.bin",
             "nonzeros",
+            |d| patch(&d.join("metadata.bin"), 32, &1u64.to_le_bytes()),
         ),
-        (
+        case(
             "missing row file",
             false,
-            Box::new(move |d| std::fs::remove_file(row5(d)).unwrap()),
             "row_0000000005.bin",
             "kernel row 5 listed in the metadata",
+            move |d| std::fs::remove_file(row5(d)).unwrap(),
         ),
-        (
+        case(
             "missing pack file",
             true,
-            Box::new(|d| std::fs::remove_file(d.join("kernel/pack_00001.bin")).unwrap()),
             "pack_00001.bin",
             "No such file",
+            |d| std::fs::remove_file(d.join("kernel/pack_00001.bin")).unwrap(),
         ),
-        (
+        case(
             "damping block truncated",
             true,
-            Box::new(|d| truncate(&d.join("damping/block_0001.bin"), 8)),
             "block_0001.bin",
             "truncated",
+            |d| truncate(&d.join("damping/block_0001.bin"), 8),
         ),
-        (
+        case(
             "damping block wrong first row",
             true,
-            Box::new(|d| patch(&d.join("damping/block_0002.bin"), 24, &3u64.to_le_bytes())),
             "block_0002.bin",
             "first row 3",
+            |d| patch(&d.join("damping/block_0002.bin"), 24, &3u64.to_le_bytes()),
         ),
-        (
+        case(
             "damping NaN",
             true,
-            Box::new(|d| {
+            "block_0000.bin",
+            "damping row 0",
+            |d| {
                 let p = d.join("damping/block_0000.bin");
                 let v = std::fs::read(&p).unwrap();
                 let (rows, nnz) = (read_u64(&p, 32) as usize, read_u64(&p, 40) as usize);
                 let at = 56 + 8 * (rows + 1) + pad8(4 * nnz);
                 assert!(at + 8 <= v.len());
                 patch(&p, at, &f64::NAN.to_le_bytes());
-            }),
-            "block_0000.bin",
-            "damping row 0",
+            },
         ),
-        (
+        case(
             "manifest wrong format",
             true,
-            Box::new(|d| {
+            "dataset.toml",
+            "not a seistomo dataset",
+            |d| {
                 let p = d.join("dataset.toml");
                 let t = std::fs::read_to_string(&p)
                     .unwrap()
                     .replace("seistomo-dataset", "other");
                 std::fs::write(p, t).unwrap();
-            }),
-            "dataset.toml",
-            "not a seistomo dataset",
+            },
         ),
-        (
+        case(
             "manifest count mismatch",
             true,
-            Box::new(|d| {
+            "metadata.bin",
+            "300 kernel rows",
+            |d| {
                 let p = d.join("dataset.toml");
                 let t = std::fs::read_to_string(&p)
                     .unwrap()
                     .replace("kernel_rows = 300", "kernel_rows = 301");
                 std::fs::write(p, t).unwrap();
-            }),
-            "metadata.bin",
-            "300 kernel rows",
+            },
         ),
     ];
     for (i, (what, is_packed, corrupt, file, msg)) in cases.iter().enumerate() {
