@@ -11,18 +11,16 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use rayon::prelude::*;
 
 use crate::backend::cpu::CpuCompactOperator;
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
 use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
-use crate::backend::storage::{Prepared, Storage};
-use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
-use crate::comm::SerialComm;
+use crate::backend::storage::Storage;
+use crate::backend::{Backend, Precision, TransposeStrategy};
 use crate::grid::Rng;
 use crate::io::write_atomic;
-use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
-use crate::sparse::{CompactCsr, GapHistogram};
+use crate::pipeline::bench::{time_ms, Timing};
+use crate::sparse::GapHistogram;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -88,86 +86,6 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
 }
 
-/// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
-/// (GB/s, read + write, all threads copying 64 MiB arrays; median of 5).
-fn host_copy_bandwidth() -> (String, f64) {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let threads = rayon::current_num_threads();
-    let len = 8usize << 20;
-    let src = vec![1.0f64; len];
-    let mut dst = vec![0.0f64; len];
-    let chunk = len.div_ceil(threads.max(1) * 4).max(1 << 14);
-    let mut ts = Vec::new();
-    for _ in 0..6 {
-        let t = Instant::now();
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        ts.push(t.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(&dst);
-    ts.remove(0); // first touch of dst
-    let s = median(ts).max(1e-9);
-    (
-        format!("CPU {model}, {threads} thread(s)"),
-        2.0 * (len * 8) as f64 / s / 1e9,
-    )
-}
-
-/// The largest CPU cache of cpu0 (Linux sysfs), in bytes.
-fn last_level_cache_bytes() -> Option<u64> {
-    let mut best = None;
-    for i in 0..8 {
-        let p = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
-        let Ok(t) = std::fs::read_to_string(p) else {
-            break;
-        };
-        let t = t.trim();
-        let (num, mul) = match t.strip_suffix('K') {
-            Some(n) => (n, 1u64 << 10),
-            None => match t.strip_suffix('M') {
-                Some(n) => (n, 1u64 << 20),
-                None => (t, 1),
-            },
-        };
-        if let Ok(v) = num.parse::<u64>() {
-            best = best.max(Some(v * mul));
-        }
-    }
-    best
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Median wall time (ms) of `f` followed by `sync`.
-fn time_ms(
-    reps: usize,
-    sync: &dyn Fn() -> crate::Result<()>,
-    mut f: impl FnMut() -> crate::Result<()>,
-) -> crate::Result<f64> {
-    f()?;
-    sync()?;
-    let mut ts = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        sync()?;
-        ts.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok(median(ts))
-}
-
 /// One configuration's timings.
 struct Row {
     backend: String,
@@ -187,99 +105,11 @@ struct Row {
     x: Vec<f64>,
 }
 
-/// Timings of one operator: the products alone, a short warm-up solve (which captures the
-/// device loop's graph), then `iters` more iterations continuing the same solve.
-struct Timing {
-    ms_iter: f64,
-    ax_ms: f64,
-    aty_ms: f64,
-    first_block_ms: f64,
-    r1norm: f64,
-    x: Vec<f64>,
-}
-
-fn run_config<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    b: &[f64],
-    iters: usize,
-    sync: &dyn Fn() -> crate::Result<()>,
-) -> crate::Result<Timing> {
-    let (m, n) = (op.nrows(), op.ncols());
-    let comm = SerialComm;
-    let bd = be.upload(b)?;
-    // Products alone.
-    let mut y = be.zeros(m)?;
-    let mut x = be.zeros(n)?;
-    be.fill(&mut x, 0.5)?;
-    let ax = time_ms(20, sync, || op.apply(be, 1.0, &x, 0.0, &mut y))?;
-    let aty = time_ms(20, sync, || op.apply_t(be, 1.0, &y, 0.0, &mut x))?;
-    drop((x, y));
-    let warm = 3;
-    let params = LsqrParams {
-        atol: 0.0,
-        btol: 0.0,
-        conlim: 0.0,
-        iter_lim: Some(warm),
-        ..Default::default()
-    };
-    let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
-    sync()?;
-    let t = Instant::now();
-    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    sync()?;
-    let first_block_ms = t.elapsed().as_secs_f64() * 1e3;
-    let params = LsqrParams {
-        iter_lim: Some(warm + iters),
-        ..params
-    };
-    s.istop = 0;
-    sync()?;
-    let t = Instant::now();
-    let info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    sync()?;
-    let ms = t.elapsed().as_secs_f64() * 1e3 / (info.itn - warm).max(1) as f64;
-    let mut xh = vec![0.0; n];
-    be.download(&v.x, &mut xh)?;
-    Ok(Timing {
-        ms_iter: ms,
-        ax_ms: ax,
-        aty_ms: aty,
-        first_block_ms,
-        r1norm: info.r1norm,
-        x: xh,
-    })
-}
-
 fn list<T: std::str::FromStr<Err = String>>(s: &str) -> anyhow::Result<Vec<T>> {
     s.split(',')
         .filter(|t| !t.trim().is_empty())
         .map(|t| t.trim().parse::<T>().map_err(anyhow::Error::msg))
         .collect()
-}
-
-/// Bytes of one SpMV pass over `rows` x `cols` with `nnz` nonzeros, counted as the CuPy peer
-/// does (values + 4-byte column indices + 4-byte row offsets + read x + write y).
-fn pass_bytes(rows: usize, cols: usize, nnz: usize, precision: Precision) -> f64 {
-    (nnz * (4 + precision.bytes()) + (rows + 1) * 4 + cols * 8 + rows * 8) as f64
-}
-
-/// The general-format floor: one A and one A^T pass of CSR plus 10 vector passes over m + n.
-fn csr_floor_bytes(m: usize, n: usize, nnz: usize, p: Precision) -> f64 {
-    pass_bytes(m, n, nnz, p) + pass_bytes(n, m, nnz, p) + 10.0 * 8.0 * (m + n) as f64
-}
-
-/// The vector traffic of the fused LSQR loop: u read + written by A v and read by A^T u; v read
-/// by A v, read + written by A^T u; x, w, v read and x, w written by the update: 3 m + 8 n.
-fn vector_bytes(p: &Prepared) -> f64 {
-    (3 * p.nrows() as u64 + 8 * p.ncols() as u64) as f64 * 8.0
-}
-
-/// The floor of the compact loop with rows in 16-bit-delta form (both copies once).
-fn compact_floor_bytes(p: &Prepared, entries: (u64, u64), prec: Precision) -> f64 {
-    let (ms, n) = (p.stored.nrows(), p.ncols());
-    (CompactCsr::bytes_for(ms, entries.0, prec) + CompactCsr::bytes_for(n, entries.1, prec)) as f64
-        + vector_bytes(p)
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -392,7 +222,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut host_gbps = f64::NAN;
     let mut device = String::new();
     if backends.contains(&"cpu") {
-        let (desc, gbps) = host_copy_bandwidth();
+        let (desc, gbps) = crate::pipeline::bench::host_copy_bandwidth();
         eprintln!("host: {desc}");
         device = desc;
         host_gbps = gbps;
@@ -417,7 +247,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let csr_floor = |p: Precision| csr_floor_bytes(m, n, nnz, p);
+    let csr_floor = |p: Precision| crate::pipeline::bench::csr_floor_bytes(m, n, nnz, p);
     for &storage in &storages {
         let p = crate::backend::storage::prepare(
             mat.clone(),
@@ -480,12 +310,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                                 }
                             };
                         let (pa, pt) = op.pass_bytes();
-                        let fb = (pa + pt) as f64 + vector_bytes(&p);
+                        let fb = (pa + pt) as f64 + crate::pipeline::bench::vector_bytes(&p);
                         let bpn = pa as f64 / p.stored.nnz().max(1) as f64;
                         eprintln!("cuda compact {prec}: layout {}", op.layout());
                         for lp in &loops {
                             op.set_device_loop(lp == "device");
-                            let tm = run_config(be, &op, &p.b, a.iters, &sync)?;
+                            let tm =
+                                crate::pipeline::bench::time_lsqr(be, &op, &p.b, a.iters, &sync)?;
                             eprintln!(
                                 "cuda compact {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
                                 tm.ms_iter, tm.ax_ms, tm.aty_ms
@@ -521,7 +352,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                                 } else {
                                     "host"
                                 };
-                                let tm = run_config(be, &op, &p.b, a.iters, &sync)?;
+                                let tm = crate::pipeline::bench::time_lsqr(
+                                    be, &op, &p.b, a.iters, &sync,
+                                )?;
                                 eprintln!(
                                     "cuda csr {s} {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
                                     tm.ms_iter, tm.ax_ms, tm.aty_ms
@@ -544,7 +377,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 if storage == Storage::Compact {
                     for &prec in &precisions {
                         let op = CpuCompactOperator::new(&p.stored, p.stencil.clone(), prec);
-                        let fb = compact_floor_bytes(
+                        let fb = crate::pipeline::bench::compact_floor_bytes(
                             &p,
                             (
                                 op.stored().entries() as u64,
@@ -553,7 +386,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                             prec,
                         );
                         let bpn = op.stored().bytes() as f64 / p.stored.nnz().max(1) as f64;
-                        let tm = run_config(&be, &op, &p.b, a.iters, &sync)?;
+                        let tm = crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)?;
                         eprintln!("cpu compact {prec}: {:.4} ms/iter", tm.ms_iter);
                         push(tm, "rows".into(), prec, "host", fb, bpn);
                     }
@@ -563,7 +396,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                             continue;
                         }
                         let op = CpuCsrOperator::new(p.stored.clone(), s);
-                        let tm = run_config(&be, &op, &p.b, a.iters, &sync)?;
+                        let tm = crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)?;
                         eprintln!("cpu csr {s} f64: {:.4} ms/iter", tm.ms_iter);
                         push(
                             tm,
@@ -604,7 +437,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     if host_gbps.is_finite() {
-        if let Some(llc) = last_level_cache_bytes() {
+        if let Some(llc) = crate::pipeline::bench::last_level_cache_bytes() {
             let matrix = (nnz * 12 + (m + 1) * 4) as f64;
             if matrix < llc as f64 {
                 out.push_str(&format!(

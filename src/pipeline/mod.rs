@@ -7,6 +7,7 @@
 //! - [`distributed`]: the per-rank LSQR job of `invert` (load, model, solve, gather, write)
 //! - [`outputs`]: solution, report.json, history.csv as one publication
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod distributed;
