@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::checkpoint::*;
+use crate::model::checkpoint::{
+    read_checkpoint, write_checkpoint, Checkpointing, HostState, Loaded,
+};
 use crate::solver::{
     download_solution, lsqr_iterate, lsqr_start, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
     LsqrSolution, LsqrVectors,

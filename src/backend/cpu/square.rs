@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Operator;
-use crate::comm::halo::*;
+use crate::comm::halo::{build_halo, localize, CommVolume, HaloPlan, LocalRows};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::partition::graph::RowPartition;
