@@ -19,7 +19,7 @@ use seistomo::comm::halo::comm_volume;
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::gmres_square_cpu;
+use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresMonitor, GmresParams, GmresSolution, NoGmresMonitor,
@@ -105,27 +105,33 @@ fn matches_scipy_verdict_and_iterations() {
                 "{name} {pc}: {what}: {got} vs {want} iterations"
             );
         };
-        assert_eq!(cgs1.converged, want_conv, "{name} {pc}: verdict (cgs)");
-        assert_eq!(dcgs2.converged, want_conv, "{name} {pc}: verdict (dcgs2)");
-        close(dcgs2.iterations, want_its, "dcgs2 vs scipy");
-        assert!(!want_conv || dcgs2.relres <= 1e-10, "{name}: {dcgs2:?}");
-        close(cgs1.iterations, mgs.iterations, "cgs vs mgs");
+        assert_eq!(cgs1.stop.converged, want_conv, "{name} {pc}: verdict (cgs)");
+        assert_eq!(
+            dcgs2.stop.converged, want_conv,
+            "{name} {pc}: verdict (dcgs2)"
+        );
+        close(dcgs2.stop.iterations, want_its, "dcgs2 vs scipy");
+        assert!(
+            !want_conv || dcgs2.stop.relres <= 1e-10,
+            "{name}: {dcgs2:?}"
+        );
+        close(cgs1.stop.iterations, mgs.stop.iterations, "cgs vs mgs");
         eprintln!(
             "{name} {pc}: scipy {want_its} its conv {want_conv}; mgs {} its conv {} relres {:.3e}; cgs2 {} its conv {}",
-            mgs.iterations, mgs.converged, mgs.relres, cgs.iterations, cgs.converged
+            mgs.stop.iterations, mgs.stop.converged, mgs.stop.relres, cgs.stop.iterations, cgs.stop.converged
         );
-        assert_eq!(mgs.converged, want_conv, "{name} {pc}: verdict (mgs)");
-        assert_eq!(cgs.converged, want_conv, "{name} {pc}: verdict (cgs2)");
-        close(mgs.iterations, want_its, "mgs vs scipy");
-        close(cgs.iterations, mgs.iterations, "cgs2 vs mgs");
+        assert_eq!(mgs.stop.converged, want_conv, "{name} {pc}: verdict (mgs)");
+        assert_eq!(cgs.stop.converged, want_conv, "{name} {pc}: verdict (cgs2)");
+        close(mgs.stop.iterations, want_its, "mgs vs scipy");
+        close(cgs.stop.iterations, mgs.stop.iterations, "cgs2 vs mgs");
         if want_conv {
             assert!(
-                mgs.relres <= 1e-10 && cgs.relres <= 1e-10,
+                mgs.stop.relres <= 1e-10 && cgs.stop.relres <= 1e-10,
                 "{name}: {mgs:?}"
             );
         } else {
-            assert!(mgs.relres > 1e-10 && mgs.relres.is_finite());
-            assert!(mgs.reason.contains("limit"), "{}", mgs.reason);
+            assert!(mgs.stop.relres > 1e-10 && mgs.stop.relres.is_finite());
+            assert!(mgs.stop.reason.contains("limit"), "{}", mgs.stop.reason);
         }
     }
     for must in ["convdiff16", "poisson16", "west0479", "nnc1374", "bayer10"] {
@@ -183,9 +189,9 @@ fn block_ilu0_on_the_suitesparse_systems() {
         .unwrap();
         eprintln!(
             "{name}: block-ilu0 (shift: {} inserted, {} replaced): converged {} after {} its, relres {:.3e}, precond relres {:.3e}: {}",
-            p.inserted_diagonals, p.replaced_pivots, s.info.converged, s.info.iterations, s.info.relres, s.info.precond_relres, s.info.reason
+            p.inserted_diagonals, p.replaced_pivots, s.info.stop.converged, s.info.stop.iterations, s.info.stop.relres, s.info.stop.precond_relres, s.info.stop.reason
         );
-        assert!(s.info.relres.is_finite() && s.x.iter().all(|v| v.is_finite()));
+        assert!(s.info.stop.relres.is_finite() && s.x.iter().all(|v| v.is_finite()));
     }
 }
 
@@ -210,16 +216,22 @@ fn solve_threads(
         };
         let sol = gmres_square_cpu(
             c,
-            &a.select_rows(&rows),
-            part,
-            &vec![1.0; nl],
-            None,
+            SquareSystem {
+                rows: &a.select_rows(&rows),
+                part: part,
+                b: &vec![1.0; nl],
+                x0: None,
+            },
             pc,
             params,
             &mut NoGmresMonitor,
         )
         .unwrap();
-        (sol.x_local, sol.info.iterations, sol.info.converged)
+        (
+            sol.x_local,
+            sol.info.stop.iterations,
+            sol.info.stop.converged,
+        )
     });
     let its = agreed(out.iter().map(|o| o.1), "iterations");
     let conv = out[0].2;
@@ -238,7 +250,7 @@ fn distributed_ranks_match_one_rank() {
                 ..scipy_params(orthog)
             };
             let serial = solve_serial(&a, "jacobi", &params);
-            assert!(serial.info.converged);
+            assert!(serial.info.stop.converged);
             for p in 1..=4 {
                 for part in [
                     RowPartition::contiguous(a.nrows(), p),
@@ -246,7 +258,10 @@ fn distributed_ranks_match_one_rank() {
                 ] {
                     let (x, its, conv) = solve_threads(&a, &part, "jacobi", &params);
                     assert!(conv);
-                    assert_eq!(its, serial.info.iterations, "{orthog:?} {side:?} P={p}");
+                    assert_eq!(
+                        its, serial.info.stop.iterations,
+                        "{orthog:?} {side:?} P={p}"
+                    );
                     let d = rel_diff(&x, &serial.x);
                     assert!(d <= 1e-10, "{orthog:?} {side:?} P={p}: rel diff {d:e}");
                 }
@@ -261,8 +276,8 @@ fn distributed_ranks_match_one_rank() {
     };
     let serial = solve_serial(&a, "block-ilu0", &params);
     let serial_j = solve_serial(&a, "jacobi", &params);
-    assert!(serial.info.converged);
-    assert!(serial.info.iterations < serial_j.info.iterations);
+    assert!(serial.info.stop.converged);
+    assert!(serial.info.stop.iterations < serial_j.info.stop.iterations);
     for p in 1..=4 {
         let (x, its, conv) = solve_threads(
             &a,
@@ -272,7 +287,7 @@ fn distributed_ranks_match_one_rank() {
         );
         assert!(conv, "P={p}");
         if p == 1 {
-            assert_eq!(its, serial.info.iterations);
+            assert_eq!(its, serial.info.stop.iterations);
         }
         assert!(rel_diff(&x, &serial.x) < 1e-8, "P={p}");
     }
@@ -323,16 +338,20 @@ fn breakdowns_limits_and_trivial_cases() {
     let idx: Vec<u64> = (0..n as u64).collect();
     let eye = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
     let s = solve_serial(&eye, "none", &GmresParams::default());
-    assert!(s.info.converged, "{:?}", s.info);
-    assert_eq!(s.info.iterations, 1);
-    assert!(s.info.reason.contains("breakdown"), "{:?}", s.info);
+    assert!(s.info.stop.converged, "{:?}", s.info);
+    assert_eq!(s.info.stop.iterations, 1);
+    assert!(s.info.stop.reason.contains("breakdown"), "{:?}", s.info);
     assert!(s.x.iter().all(|&v| (v - 1.0).abs() < 1e-15));
     // Singular: a zero matrix breaks down without converging, and says so (no NaN).
     let n = 50;
     let zero = Csr::zeros(n, n);
     let s = solve_serial(&zero, "jacobi", &GmresParams::default());
-    assert!(!s.info.converged);
-    assert!(s.info.reason.contains("breakdown"), "{}", s.info.reason);
+    assert!(!s.info.stop.converged);
+    assert!(
+        s.info.stop.reason.contains("breakdown"),
+        "{}",
+        s.info.stop.reason
+    );
     assert!(s.x.iter().all(|v| v.is_finite()));
     // Iteration limit.
     let a = cube(SquareKind::Convdiff, 10).unwrap();
@@ -341,9 +360,9 @@ fn breakdowns_limits_and_trivial_cases() {
         ..GmresParams::default()
     };
     let s = solve_serial(&a, "jacobi", &p);
-    assert!(!s.info.converged);
-    assert_eq!(s.info.iterations, 7);
-    assert!(s.info.reason.contains("iteration limit"));
+    assert!(!s.info.stop.converged);
+    assert_eq!(s.info.stop.iterations, 7);
+    assert!(s.info.stop.reason.contains("iteration limit"));
     // b = 0
     let be = CpuBackend::new();
     let comm = SerialComm;
@@ -369,14 +388,14 @@ fn breakdowns_limits_and_trivial_cases() {
     let mut hist = GmresHistory::default();
     let x0 = vec![3.0; a.nrows()];
     let s = run(&mut Identity, 0.0, Some(&x0), &mut hist);
-    assert!(s.info.converged && s.x.iter().all(|&v| v == 0.0));
+    assert!(s.info.stop.converged && s.x.iter().all(|&v| v == 0.0));
     // monitor from iteration 0, one record per iteration
     let mut hist = GmresHistory::default();
     let s = run(&mut Identity, 1.0, None, &mut hist);
     assert_eq!(hist.0[0].iteration, 0);
     assert_eq!(hist.0[0].relres, 1.0);
-    assert_eq!(hist.0.len(), s.info.iterations + 1);
-    assert!(s.info.converged && s.info.relres <= 1e-10);
+    assert_eq!(hist.0.len(), s.info.stop.iterations + 1);
+    assert!(s.info.stop.converged && s.info.stop.relres <= 1e-10);
     // Right preconditioning and the inexact (Jacobi-sweep) ILU solves reach the same x.
     let right = solve_serial(
         &a,
@@ -386,7 +405,7 @@ fn breakdowns_limits_and_trivial_cases() {
             ..GmresParams::default()
         },
     );
-    assert!(right.info.converged);
+    assert!(right.info.stop.converged);
     assert!(rel_diff(&right.x, &s.x) < 1e-8);
     let mut ilu = BlockIlu0::new(
         op.local_matrix(),
@@ -397,7 +416,7 @@ fn breakdowns_limits_and_trivial_cases() {
     )
     .unwrap();
     let si = run(&mut ilu, 1.0, None, &mut NoGmresMonitor);
-    assert!(si.info.converged);
+    assert!(si.info.stop.converged);
     assert!(rel_diff(&si.x, &s.x) < 1e-8);
 }
 
@@ -510,13 +529,16 @@ fn dcgs2_matches_cgs2() {
                 let c = solve_serial(a, pc, &p(Orthog::Cgs2));
                 let d = solve_serial(a, pc, &p(Orthog::Dcgs2));
                 let tag = format!("{name} {pc} {side:?}");
-                assert_eq!(c.info.converged, d.info.converged, "{tag}: verdict");
-                if c.info.converged {
+                assert_eq!(
+                    c.info.stop.converged, d.info.stop.converged,
+                    "{tag}: verdict"
+                );
+                if c.info.stop.converged {
                     let what = format!("{tag}: cgs2 vs dcgs2");
-                    iterations_within(c.info.iterations, d.info.iterations, 1, &what);
+                    iterations_within(c.info.stop.iterations, d.info.stop.iterations, 1, &what);
                     let diff = rel_diff(&d.x, &c.x);
                     assert!(diff <= 1e-6, "{tag}: rel diff {diff:e}");
-                    assert!(d.info.precond_relres <= 1e-10, "{tag}");
+                    assert!(d.info.stop.precond_relres <= 1e-10, "{tag}");
                 }
             }
         }
@@ -550,24 +572,24 @@ fn dcgs2_reduces_once_per_inner_step() {
             &mut NoGmresMonitor,
         )
         .unwrap();
-        assert!(sol.info.converged);
+        assert!(sol.info.stop.converged);
         let t = comm.totals();
         (sol.info, t.vector_calls + t.scalar_calls)
     };
     let (di, dcalls) = count(Orthog::Dcgs2);
     let (ci, ccalls) = count(Orthog::Cgs2);
-    let cycles = di.restarts as u64 + 1;
+    let cycles = di.stop.restarts as u64 + 1;
     eprintln!(
         "dcgs2: {} its, {cycles} cycles, {dcalls} reductions; cgs2: {} its, {ccalls} reductions",
-        di.iterations, ci.iterations
+        di.stop.iterations, ci.stop.iterations
     );
     // b, M^-1 b, and ||r||, ||M^-1 r|| once before the first cycle and after each one
     let overhead = 2 + 2 * (cycles + 1);
     assert!(
-        dcalls <= di.iterations as u64 + overhead,
+        dcalls <= di.stop.iterations as u64 + overhead,
         "{dcalls} reductions"
     );
-    assert!(ccalls >= 3 * ci.iterations as u64);
+    assert!(ccalls >= 3 * ci.stop.iterations as u64);
 }
 
 /// DCGS2's breakdowns: the Pythagorean norm cancels to zero at an invariant subspace, the
@@ -582,10 +604,14 @@ fn dcgs2_breakdowns() {
     let idx: Vec<u64> = (0..n as u64).collect();
     let eye = Csr::from_triplets(n, n, &idx, &idx, &vec![1.0; n]).unwrap();
     let s = solve_serial(&eye, "none", &p);
-    assert!(s.info.converged && s.info.iterations == 1, "{:?}", s.info);
-    assert!(s.info.reason.contains("breakdown"), "{:?}", s.info);
+    assert!(
+        s.info.stop.converged && s.info.stop.iterations == 1,
+        "{:?}",
+        s.info
+    );
+    assert!(s.info.stop.reason.contains("breakdown"), "{:?}", s.info);
     let s = solve_serial(&Csr::zeros(50, 50), "jacobi", &p);
-    assert!(!s.info.converged && s.info.reason.contains("breakdown"));
+    assert!(!s.info.stop.converged && s.info.stop.reason.contains("breakdown"));
     assert!(s.x.iter().all(|v| v.is_finite()));
     // three distinct eigenvalues: the Krylov space is invariant after three steps
     let n = 30;
@@ -601,12 +627,12 @@ fn dcgs2_breakdowns() {
                 ..p.clone()
             },
         );
-        assert!(s.info.converged, "{orthog:?} {:?}", s.info);
-        assert_eq!(s.info.iterations, 3, "{orthog:?} {:?}", s.info);
+        assert!(s.info.stop.converged, "{orthog:?} {:?}", s.info);
+        assert_eq!(s.info.stop.iterations, 3, "{orthog:?} {:?}", s.info);
         // CGS2's second pass leaves ~1e-17 (a breakdown); DCGS2's single pass leaves ~1e-15,
         // above the breakdown test, and the residual estimate stops it instead
         if orthog == Orthog::Cgs2 {
-            assert!(s.info.reason.contains("breakdown"), "{:?}", s.info);
+            assert!(s.info.stop.reason.contains("breakdown"), "{:?}", s.info);
         }
         for (x, v) in s.x.iter().zip(&vals) {
             assert!((x - 1.0 / v).abs() < 1e-12, "{orthog:?}");

@@ -7,7 +7,7 @@ use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
-use seistomo::backend::{Backend, Operator, Precision, TransposeStrategy};
+use seistomo::backend::{Backend, Operator, Precision, Scale, TransposeStrategy, XwState, XwStep};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::pipeline::{choose_backend, BackendChoice};
@@ -105,6 +105,11 @@ fn vector_kernels_match_cpu() {
                 .push(format!("norm_sq n={n}: {cn} vs {gn}"));
         }
         // fused LSQR step, with and without var
+        let step = XwStep {
+            t1: 0.7,
+            t2: -0.3,
+            inv_rho: 1.9,
+        };
         for with_var in [false, true] {
             let (mut cx, mut cw) = (x.clone(), y.clone());
             let mut cvar = vec![0.5; n];
@@ -112,24 +117,24 @@ fn vector_kernels_match_cpu() {
             let mut gvar = g.upload(&vec![0.5; n]).unwrap();
             let cs = c
                 .lsqr_update(
-                    &mut cx,
-                    &mut cw,
+                    step,
                     &v,
-                    0.7,
-                    -0.3,
-                    1.9,
-                    with_var.then_some(&mut cvar),
+                    XwState {
+                        x: &mut cx,
+                        w: &mut cw,
+                        var: with_var.then_some(&mut cvar),
+                    },
                 )
                 .unwrap();
             let gs = g
                 .lsqr_update(
-                    &mut gx2,
-                    &mut gw,
+                    step,
                     &gv,
-                    0.7,
-                    -0.3,
-                    1.9,
-                    with_var.then_some(&mut gvar),
+                    XwState {
+                        x: &mut gx2,
+                        w: &mut gw,
+                        var: with_var.then_some(&mut gvar),
+                    },
                 )
                 .unwrap();
             if (cs - gs).abs() > 1e-12 * cs {
@@ -202,7 +207,7 @@ fn sparse_products_match_cpu_all_strategies_and_precisions() {
                 }
                 // Wrong vector lengths are errors.
                 let mut bad = g.zeros(m + 1).unwrap();
-                assert!(gop.apply(&g, 1.0, &gx, 0.0, &mut bad).is_err());
+                assert!(gop.apply(&g, Scale::SET, &gx, &mut bad).is_err());
             }
         }
     }
@@ -377,11 +382,13 @@ fn lsqr_on_australia_and_well1850_matches_cpu() {
             let e = rel(&gs.x, &cs.x);
             println!(
                 "{name} {s} f64: istop {} itn {} (cpu {} {}), r1norm {:.10e} (cpu {:.10e}), x rel diff {e:.2e}",
-                gs.info.istop, gs.info.itn, cs.info.istop, cs.info.itn, gs.info.r1norm, cs.info.r1norm
+                gs.info.istop, gs.info.itn, cs.info.istop, cs.info.itn, gs.info.norms.r1norm, cs.info.norms.r1norm
             );
             assert_eq!(gs.info.istop, cs.info.istop);
             assert!((gs.info.itn as f64 - cs.info.itn as f64).abs() <= 0.02 * cs.info.itn as f64);
-            assert!((gs.info.r1norm - cs.info.r1norm).abs() <= 1e-8 * cs.info.r1norm);
+            assert!(
+                (gs.info.norms.r1norm - cs.info.norms.r1norm).abs() <= 1e-8 * cs.info.norms.r1norm
+            );
             assert!(e <= 1e-6, "{name} {s}: {e}");
         }
         // The accuracy cost of f32 values (reported; LSQR must still converge).
@@ -391,7 +398,7 @@ fn lsqr_on_australia_and_well1850_matches_cpu() {
             let e = rel(&gs.x, &cs.x);
             println!(
                 "{name} {s} f32: istop {} itn {}, r1norm {:.10e}, x rel diff to f64 CPU {e:.2e}",
-                gs.info.istop, gs.info.itn, gs.info.r1norm
+                gs.info.istop, gs.info.itn, gs.info.norms.r1norm
             );
             assert!(
                 gs.info.istop == 1 || gs.info.istop == 2,
@@ -471,26 +478,12 @@ impl<B: Backend<Vector = Vec<f64>>> Operator<B> for WarpOrderOp {
     fn ncols(&self) -> usize {
         self.a.ncols()
     }
-    fn apply(
-        &self,
-        _: &B,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> seistomo::Result<()> {
-        warp_order_spmv(&self.a, alpha, x, beta, y);
+    fn apply(&self, _: &B, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> seistomo::Result<()> {
+        warp_order_spmv(&self.a, s.alpha, x, s.beta, y);
         Ok(())
     }
-    fn apply_t(
-        &self,
-        _: &B,
-        alpha: f64,
-        y: &Vec<f64>,
-        beta: f64,
-        x: &mut Vec<f64>,
-    ) -> seistomo::Result<()> {
-        warp_order_spmv(&self.at, alpha, y, beta, x);
+    fn apply_t(&self, _: &B, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> seistomo::Result<()> {
+        warp_order_spmv(&self.at, s.alpha, y, s.beta, x);
         Ok(())
     }
 }
@@ -581,20 +574,11 @@ impl Backend for GpuOrderCpu {
     fn norm_sq(&self, x: &Vec<f64>) -> seistomo::Result<f64> {
         Ok(gpu_order_dot(x, x))
     }
-    fn lsqr_update(
-        &self,
-        x: &mut Vec<f64>,
-        w: &mut Vec<f64>,
-        v: &Vec<f64>,
-        t1: f64,
-        t2: f64,
-        inv_rho: f64,
-        var: Option<&mut Vec<f64>>,
-    ) -> seistomo::Result<f64> {
-        let wd: Vec<f64> = w.iter().map(|a| a * inv_rho).collect();
-        let s = gpu_order_dot(&wd, &wd);
-        self.0.lsqr_update(x, w, v, t1, t2, inv_rho, var)?;
-        Ok(s)
+    fn lsqr_update(&self, k: XwStep, v: &Vec<f64>, s: XwState<Vec<f64>>) -> seistomo::Result<f64> {
+        let wd: Vec<f64> = s.w.iter().map(|a| a * k.inv_rho).collect();
+        let dk2 = gpu_order_dot(&wd, &wd);
+        self.0.lsqr_update(k, v, s)?;
+        Ok(dk2)
     }
     fn allreduce_sum(
         &self,

@@ -16,8 +16,8 @@ use seistomo::backend::{Backend, Precision};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::gmres_square_cpu;
 use seistomo::pipeline::gmres::gmres_square_cuda;
+use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
@@ -206,10 +206,12 @@ fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
     let b = vec![1.0; a.nrows()];
     gmres_square_cpu(
         &SerialComm,
-        a,
-        &part,
-        &b,
-        None,
+        SquareSystem {
+            rows: a,
+            part: &part,
+            b: &b,
+            x0: None,
+        },
         precond(pc),
         p,
         &mut NoGmresMonitor,
@@ -230,10 +232,12 @@ fn solve_gpu(
     gmres_square_cuda(
         be,
         comm,
-        &a.select_rows(&rows),
-        part,
-        &b,
-        None,
+        SquareSystem {
+            rows: &a.select_rows(&rows),
+            part: part,
+            b: &b,
+            x0: None,
+        },
         precond(pc),
         Precision::F64,
         p,
@@ -256,26 +260,30 @@ fn gmres_on_the_gpu_matches_the_cpu() {
                     let d = rel(&g.x_local, &c.x_local);
                     println!(
                         "{name} {pc} {orthog:?} {side:?}: cpu {} its conv {} relres {:.2e}; gpu {} its conv {} relres {:.2e}; rel diff {d:.2e}",
-                        c.info.iterations, c.info.converged, c.info.relres,
-                        g.info.iterations, g.info.converged, g.info.relres
+                        c.info.stop.iterations, c.info.stop.converged, c.info.stop.relres,
+                        g.info.stop.iterations, g.info.stop.converged, g.info.stop.relres
                     );
                     assert_eq!(
-                        g.info.converged, c.info.converged,
+                        g.info.stop.converged, c.info.stop.converged,
                         "{name} {pc} {orthog:?} {side:?}"
                     );
                     assert_eq!(g.precond, c.precond);
-                    if c.info.converged {
+                    if c.info.stop.converged {
                         // SpMV and reductions sum in another order: at most one iteration apart
                         // where the last residual sits at the tolerance.
                         let what = format!("{name} {pc} {orthog:?} {side:?}");
-                        iterations_within(g.info.iterations, c.info.iterations, 1, &what);
-                        if g.info.iterations == c.info.iterations {
+                        iterations_within(g.info.stop.iterations, c.info.stop.iterations, 1, &what);
+                        if g.info.stop.iterations == c.info.stop.iterations {
                             assert!(d <= 1e-9, "{name} {pc} {orthog:?} {side:?}: rel diff {d:e}");
                         }
-                        assert!(g.info.relres <= 1e-9, "{name}: relres {:e}", g.info.relres);
+                        assert!(
+                            g.info.stop.relres <= 1e-9,
+                            "{name}: relres {:e}",
+                            g.info.stop.relres
+                        );
                     } else {
-                        assert_eq!(g.info.iterations, c.info.iterations);
-                        assert!(g.info.relres.is_finite());
+                        assert_eq!(g.info.stop.iterations, c.info.stop.iterations);
+                        assert!(g.info.stop.relres.is_finite());
                     }
                 }
             }
@@ -305,7 +313,7 @@ fn gmres_on_several_gpu_ranks_matches_one() {
                 &p,
             )
         };
-        assert!(one.info.converged);
+        assert!(one.info.stop.converged);
         for ranks in [2usize, 3] {
             for part in [
                 RowPartition::contiguous(a.nrows(), ranks),
@@ -316,20 +324,20 @@ fn gmres_on_several_gpu_ranks_matches_one() {
                     solve_gpu(&be, c, &a, &part, pc, &p)
                 });
                 let x: Vec<f64> = out.iter().flat_map(|s| s.x_local.clone()).collect();
-                let its = out[0].info.iterations;
-                assert!(out.iter().all(|s| s.info.iterations == its));
+                let its = out[0].info.stop.iterations;
+                assert!(out.iter().all(|s| s.info.stop.iterations == its));
                 let d = rel(&x, &one.x_local);
                 println!(
                     "{pc} on {ranks} GPU ranks: {its} its (one rank {}), rel diff {d:e}",
-                    one.info.iterations
+                    one.info.stop.iterations
                 );
-                assert!(out[0].info.converged);
+                assert!(out[0].info.stop.converged);
                 if pc == "jacobi" {
                     // the same preconditioner on any rank count
                     assert!(
-                        its.abs_diff(one.info.iterations) <= 1,
+                        its.abs_diff(one.info.stop.iterations) <= 1,
                         "{its} vs {}",
-                        one.info.iterations
+                        one.info.stop.iterations
                     );
                     assert!(d <= 1e-9, "rel diff {d:e}");
                 } else {

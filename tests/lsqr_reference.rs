@@ -51,15 +51,15 @@ fn check(name: &str, well_conditioned: bool) {
     assert_eq!(hist.0[0].itn, 0);
     let r1 = r["r1norm"].as_f64().unwrap();
     assert!(
-        (sol.info.r1norm - r1).abs() <= 1e-8 * r1,
+        (sol.info.norms.r1norm - r1).abs() <= 1e-8 * r1,
         "{name}: r1norm {} vs {r1}",
-        sol.info.r1norm
+        sol.info.norms.r1norm
     );
     let xn = r["xnorm"].as_f64().unwrap();
     let d = rel_diff(&sol.x, &reference_vector(&format!("x_{name}.txt.gz")));
     if well_conditioned {
         assert!(d <= 1e-8, "{name}: ||x - x_scipy|| / ||x_scipy|| = {d:e}");
-        assert!((sol.info.xnorm - xn).abs() <= 1e-8 * xn);
+        assert!((sol.info.norms.xnorm - xn).abs() <= 1e-8 * xn);
     } else {
         // Ill-conditioned: the solutions agree as far as the conditioning allows.
         let acond = r["acond"].as_f64().unwrap();

@@ -12,8 +12,8 @@ use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
-use seistomo::pipeline::gmres::gmres_square_cpu;
 use seistomo::pipeline::gmres::partition_square_on;
+use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
@@ -212,20 +212,22 @@ fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usi
             .permute_range(&vec![1.0; n], sp.part.range(c.rank()));
         let sol = gmres_square_cpu(
             c,
-            &rows,
-            &sp.part,
-            &b,
-            None,
+            SquareSystem {
+                rows: &rows,
+                part: &sp.part,
+                b: &b,
+                x0: None,
+            },
             SquarePrecond::Jacobi,
             &params(),
             &mut NoGmresMonitor,
         )
         .unwrap();
-        assert!(sol.info.converged);
+        assert!(sol.info.stop.converged);
         let x = c.gather_to_root(&sol.x_local).unwrap();
         (
             x.map(|x| sp.perm.unpermute(&x)),
-            sol.info.iterations,
+            sol.info.stop.iterations,
             sol.halo,
         )
     });
@@ -247,24 +249,26 @@ fn permuted_solves_equal_the_unpermuted_solve() {
     let one = SerialComm;
     let serial = gmres_square_cpu(
         &one,
-        &a,
-        &RowPartition::contiguous(n, 1),
-        &vec![1.0; n],
-        None,
+        SquareSystem {
+            rows: &a,
+            part: &RowPartition::contiguous(n, 1),
+            b: &vec![1.0; n],
+            x0: None,
+        },
         SquarePrecond::Jacobi,
         &params(),
         &mut NoGmresMonitor,
     )
     .unwrap();
-    assert!(serial.info.converged);
-    assert!(serial.info.iterations > 20);
+    assert!(serial.info.stop.converged);
+    assert!(serial.info.stop.iterations > 20);
     for parts in 1..=4 {
         for m in METHODS {
             let (x, its, halo) = solve_ranks(&a, parts, m);
             let sp = partition_square(&a, m, parts).unwrap();
             // the halo each run measured is the one `comm_volume` predicts
             assert_eq!(halo, sp.comm_volume(&a).unwrap(), "{m} P={parts}");
-            assert_eq!(its, serial.info.iterations, "{m} P={parts}");
+            assert_eq!(its, serial.info.stop.iterations, "{m} P={parts}");
             let d = rel_diff(&x, &serial.x_local);
             assert!(d <= 1e-10, "{m} P={parts}: {d:e}");
             if parts == 1 {
@@ -283,16 +287,18 @@ fn permuted_solves_equal_the_unpermuted_solve() {
     );
     let sol = gmres_square_cpu(
         &one,
-        &pa,
-        &RowPartition::contiguous(n, 1),
-        &sp.perm.permute(&vec![1.0; n]),
-        None,
+        SquareSystem {
+            rows: &pa,
+            part: &RowPartition::contiguous(n, 1),
+            b: &sp.perm.permute(&vec![1.0; n]),
+            x0: None,
+        },
         SquarePrecond::Jacobi,
         &params(),
         &mut NoGmresMonitor,
     )
     .unwrap();
-    assert_eq!(sol.info.iterations, serial.info.iterations);
+    assert_eq!(sol.info.stop.iterations, serial.info.stop.iterations);
     assert!(rel_diff(&sp.perm.unpermute(&sol.x_local), &serial.x_local) <= 1e-10);
 }
 

@@ -24,8 +24,8 @@ use seistomo::backend::{Backend, LsqrLoop, Operator, Precision, TransposeStrateg
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::gmres_square_cpu;
 use seistomo::pipeline::gmres::gmres_square_cuda;
+use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::pipeline::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
@@ -344,12 +344,12 @@ fn lsqr<'py>(
     d.set_item("istop", i.istop)?;
     d.set_item("stop_reason", &i.stop_reason)?;
     d.set_item("itn", i.itn)?;
-    d.set_item("r1norm", i.r1norm)?;
-    d.set_item("r2norm", i.r2norm)?;
-    d.set_item("anorm", i.anorm)?;
-    d.set_item("acond", i.acond)?;
-    d.set_item("arnorm", i.arnorm)?;
-    d.set_item("xnorm", i.xnorm)?;
+    d.set_item("r1norm", i.norms.r1norm)?;
+    d.set_item("r2norm", i.norms.r2norm)?;
+    d.set_item("anorm", i.norms.anorm)?;
+    d.set_item("acond", i.norms.acond)?;
+    d.set_item("arnorm", i.norms.arnorm)?;
+    d.set_item("xnorm", i.norms.xnorm)?;
     d.set_item("seconds", i.seconds)?;
     d.set_item("backend", backend_used)?;
     Ok(d)
@@ -447,22 +447,17 @@ fn gmres<'py>(
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
             let comm = SerialComm;
             let part = RowPartition::contiguous(n, 1);
+            let sys = SquareSystem {
+                rows: &a,
+                part: &part,
+                b: &b,
+                x0: x0.as_deref(),
+            };
             let sol = match kind {
                 BackendChoice::Cuda => {
                     let be = CudaBackend::new(0).map_err(py_err)?;
-                    let s = gmres_square_cuda(
-                        &be,
-                        &comm,
-                        &a,
-                        &part,
-                        &b,
-                        x0.as_deref(),
-                        pc,
-                        prec,
-                        &params,
-                        &mut mon,
-                    )
-                    .map_err(|e| mon.error(e))?;
+                    let s = gmres_square_cuda(&be, &comm, sys, pc, prec, &params, &mut mon)
+                        .map_err(|e| mon.error(e))?;
                     (s, format!("cuda: {} ({why})", be.describe()))
                 }
                 _ => {
@@ -471,17 +466,8 @@ fn gmres<'py>(
                             "precision f32: the CPU backend stores f64 values only",
                         ));
                     }
-                    let s = gmres_square_cpu(
-                        &comm,
-                        &a,
-                        &part,
-                        &b,
-                        x0.as_deref(),
-                        pc,
-                        &params,
-                        &mut mon,
-                    )
-                    .map_err(|e| mon.error(e))?;
+                    let s = gmres_square_cpu(&comm, sys, pc, &params, &mut mon)
+                        .map_err(|e| mon.error(e))?;
                     (s, format!("cpu ({why})"))
                 }
             };
@@ -492,12 +478,12 @@ fn gmres<'py>(
     let d = PyDict::new(py);
     d.set_item("x", f64_bytes(py, &sol.x_local))?;
     let i = &sol.info;
-    d.set_item("converged", i.converged)?;
-    d.set_item("reason", &i.reason)?;
-    d.set_item("iterations", i.iterations)?;
-    d.set_item("cycles", i.restarts + 1)?;
-    d.set_item("relres", i.relres)?;
-    d.set_item("precond_relres", i.precond_relres)?;
+    d.set_item("converged", i.stop.converged)?;
+    d.set_item("reason", &i.stop.reason)?;
+    d.set_item("iterations", i.stop.iterations)?;
+    d.set_item("cycles", i.stop.restarts + 1)?;
+    d.set_item("relres", i.stop.relres)?;
+    d.set_item("precond_relres", i.stop.precond_relres)?;
     d.set_item("seconds", i.seconds)?;
     d.set_item("backend", backend_used)?;
     d.set_item("precond", &sol.precond)?;

@@ -56,20 +56,10 @@ pub trait Backend: Send + Sync {
     /// Local sum of squares of x.
     fn norm_sq(&self, x: &Self::Vector) -> Result<f64>;
 
-    /// LSQR's fused step (Paige & Saunders' update of x and w), in one pass:
-    /// `s = ||w||^2` (before the update); `x += t1 w`; `var += (w * inv_rho)^2` when given;
-    /// `w = v + t2 w`. Returns `s`.
-    #[allow(clippy::too_many_arguments)]
-    fn lsqr_update(
-        &self,
-        x: &mut Self::Vector,
-        w: &mut Self::Vector,
-        v: &Self::Vector,
-        t1: f64,
-        t2: f64,
-        inv_rho: f64,
-        var: Option<&mut Self::Vector>,
-    ) -> Result<f64>;
+    /// LSQR's fused step (Paige & Saunders' update of x and w), in one pass: returns
+    /// `||w inv_rho||^2` of the old w (= ||d_k||^2); `var += (w inv_rho)^2` when given;
+    /// `x += t1 w`; `w = v + t2 w`.
+    fn lsqr_update(&self, k: XwStep, v: &Self::Vector, s: XwState<Self::Vector>) -> Result<f64>;
 
     /// out[j] = basis[j] . w for every j (classical Gram-Schmidt's batched inner products).
     fn multi_dot(&self, basis: &[Self::Vector], w: &Self::Vector, out: &mut [f64]) -> Result<()> {
@@ -120,28 +110,46 @@ pub trait Backend: Send + Sync {
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Vector) -> Result<()>;
 }
 
+/// The scalars of one LSQR update of x and w (see [`Backend::lsqr_update`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct XwStep {
+    pub t1: f64,
+    pub t2: f64,
+    pub inv_rho: f64,
+}
+
+/// The vectors one LSQR update writes: x, w and, when the variance is estimated, var.
+pub struct XwState<'a, V> {
+    pub x: &'a mut V,
+    pub w: &'a mut V,
+    pub var: Option<&'a mut V>,
+}
+
+/// The two scalars of a product `y = alpha A x + beta y` (BLAS's alpha and beta).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scale {
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+impl Scale {
+    /// y = A x
+    pub const SET: Scale = Scale::new(1.0, 0.0);
+    /// y += A x
+    pub const ADD: Scale = Scale::new(1.0, 1.0);
+    pub const fn new(alpha: f64, beta: f64) -> Self {
+        Self { alpha, beta }
+    }
+}
+
 /// A matrix applied on a backend. `nrows` is this rank's share of the rows.
 pub trait Operator<B: Backend> {
     fn nrows(&self) -> usize;
     fn ncols(&self) -> usize;
-    /// y = alpha A x + beta y
-    fn apply(
-        &self,
-        backend: &B,
-        alpha: f64,
-        x: &B::Vector,
-        beta: f64,
-        y: &mut B::Vector,
-    ) -> Result<()>;
-    /// x = alpha A^T y + beta x, with this rank's rows only (no reduction over ranks).
-    fn apply_t(
-        &self,
-        backend: &B,
-        alpha: f64,
-        y: &B::Vector,
-        beta: f64,
-        x: &mut B::Vector,
-    ) -> Result<()>;
+    /// y = s.alpha A x + s.beta y
+    fn apply(&self, backend: &B, s: Scale, x: &B::Vector, y: &mut B::Vector) -> Result<()>;
+    /// x = s.alpha A^T y + s.beta x, with this rank's rows only (no reduction over ranks).
+    fn apply_t(&self, backend: &B, s: Scale, y: &B::Vector, x: &mut B::Vector) -> Result<()>;
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
     fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {

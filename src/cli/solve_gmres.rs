@@ -24,11 +24,11 @@ pub fn run(c: GmresJob, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             PrecondSide::Right => "right",
         },
         r.backend,
-        if r.converged { "converged" } else { "NOT converged" },
-        r.iterations,
-        r.restarts,
-        r.relres,
-        r.precond_relres,
+        if r.stop.converged { "converged" } else { "NOT converged" },
+        r.stop.iterations,
+        r.stop.restarts,
+        r.stop.relres,
+        r.stop.precond_relres,
         r.seconds.solve,
         r.ms_per_iter
     );
@@ -39,10 +39,10 @@ pub fn run(c: GmresJob, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             r.partition, h.parts, h.total_values, h.max_values, h.messages, h.min_nnz, h.max_nnz
         );
     }
-    if !r.converged {
+    if !r.stop.converged {
         eprintln!(
             "seistomo: warning: GMRES did not converge: {} (report says converged=false; exit status 0)",
-            r.reason
+            r.stop.reason
         );
     }
     Ok(Some(report))

@@ -374,11 +374,10 @@ mod tests {
             &be,
             &op,
             &SerialComm,
+            (&ck, &fp),
             &b,
             None,
             &params,
-            &ck,
-            &fp,
             &mut NoMonitor,
         )
         .unwrap();
@@ -504,7 +503,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("seistomo-ckpt-{}", std::process::id()));
         let fp = fingerprint(&a, &b);
         let run = |p: &LsqrParams, ck: &Checkpointing, mon: &mut dyn LsqrMonitor<CpuBackend>| {
-            lsqr_checkpointed(&be, &op, &SerialComm, &b, None, p, ck, &fp, mon)
+            lsqr_checkpointed(&be, &op, &SerialComm, (ck, &fp), &b, None, p, mon)
         };
         let full = Checkpointing {
             path: dir.join("ck.bin"),

@@ -318,7 +318,7 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
         let r = &o.report;
         let dof = r.m.saturating_sub(r.n);
         let s2 = if dof > 0 {
-            r.r1norm * r.r1norm / dof as f64
+            r.norms.r1norm * r.norms.r1norm / dof as f64
         } else {
             1.0
         };

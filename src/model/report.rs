@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::solver::{IterRecord, LsqrSolution};
 
-/// Wall-clock seconds of each phase.
+/// Wall-clock seconds of each phase (LSQR and GMRES reports).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Seconds {
     pub load: f64,
@@ -13,12 +13,29 @@ pub struct Seconds {
     pub total: f64,
 }
 
-/// report.json: what was solved, how, and the outcome.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
+/// The first keys of every report.json: the program, its version and the method that ran.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ReportHeader {
     pub program: &'static str,
     pub version: &'static str,
     pub method: &'static str,
+}
+
+impl ReportHeader {
+    pub fn new(method: &'static str) -> Self {
+        Self {
+            program: "seistomo",
+            version: crate::VERSION,
+            method,
+        }
+    }
+}
+
+/// report.json: what was solved, how, and the outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub backend: String,
     pub backend_detail: String,
     /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
@@ -42,12 +59,8 @@ pub struct Report {
     pub istop: u32,
     pub stop_reason: String,
     pub iterations: usize,
-    pub r1norm: f64,
-    pub r2norm: f64,
-    pub anorm: f64,
-    pub acond: f64,
-    pub arnorm: f64,
-    pub xnorm: f64,
+    #[serde(flatten)]
+    pub norms: crate::solver::LsqrNorms,
     pub seconds: Seconds,
     pub ms_per_iter: f64,
     /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).

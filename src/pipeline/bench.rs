@@ -7,7 +7,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::backend::storage::Prepared;
-use crate::backend::{Backend, Operator, Precision};
+use crate::backend::{Backend, Operator, Precision, Scale};
 use crate::comm::SerialComm;
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::CompactCsr;
@@ -119,8 +119,8 @@ pub fn time_lsqr<B: Backend, O: Operator<B>>(
     let mut y = be.zeros(m)?;
     let mut x = be.zeros(n)?;
     be.fill(&mut x, 0.5)?;
-    let ax = time_ms(20, sync, || op.apply(be, 1.0, &x, 0.0, &mut y))?;
-    let aty = time_ms(20, sync, || op.apply_t(be, 1.0, &y, 0.0, &mut x))?;
+    let ax = time_ms(20, sync, || op.apply(be, Scale::SET, &x, &mut y))?;
+    let aty = time_ms(20, sync, || op.apply_t(be, Scale::SET, &y, &mut x))?;
     drop((x, y));
     let warm = 3;
     let params = LsqrParams {
@@ -152,7 +152,7 @@ pub fn time_lsqr<B: Backend, O: Operator<B>>(
         ax_ms: ax,
         aty_ms: aty,
         first_block_ms,
-        r1norm: info.r1norm,
+        r1norm: info.norms.r1norm,
         x: xh,
     })
 }

@@ -70,17 +70,16 @@ pub struct RunHistory {
     pub resumed_from: Option<usize>,
 }
 
-/// LSQR with checkpoints (and resume). `fp` fingerprints the system (see [`fingerprint`]).
-#[allow(clippy::too_many_arguments)]
+/// LSQR with checkpoints (and resume): [`crate::solver::lsqr`] with `(ck, fp)`, where to
+/// checkpoint and the fingerprint of the system (see [`fingerprint`]).
 pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     be: &B,
     op: &O,
     comm: &dyn Comm,
+    (ck, fp): (&Checkpointing, &str),
     b: &[f64],
     x0: Option<&[f64]>,
     params: &LsqrParams,
-    ck: &Checkpointing,
-    fp: &str,
     monitor: &mut dyn LsqrMonitor<B>,
 ) -> Result<(LsqrSolution, RunHistory)> {
     let path = ck.path_for(comm);

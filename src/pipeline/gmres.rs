@@ -18,6 +18,7 @@ use crate::comm::halo::CommVolume;
 use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
 use crate::io::mtx;
+use crate::model::report::{ReportHeader, Seconds};
 use crate::partition::graph::{
     metis_parts, partition_square, permutation_from_parts, PartitionMethod, RowPartition,
     SquarePartition,
@@ -26,7 +27,7 @@ use crate::pipeline::{choose_backend, BackendChoice};
 use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond, SquareSolve};
 use crate::solver::gmres::{
     gmres, ConvergenceTest, GmresHistory, GmresInfo, GmresMonitor, GmresParams, GmresRecord,
-    Orthog, PrecondSide,
+    GmresStop, Orthog, PrecondSide,
 };
 use crate::sparse::Csr;
 
@@ -65,21 +66,11 @@ pub struct GmresJob {
     pub progress: usize,
 }
 
-/// seconds of each phase
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct GmresSeconds {
-    pub load: f64,
-    pub setup: f64,
-    pub solve: f64,
-    pub total: f64,
-}
-
 /// report.json of a GMRES solve.
 #[derive(Debug, Clone, Serialize)]
 pub struct GmresReport {
-    pub program: &'static str,
-    pub version: &'static str,
-    pub method: &'static str,
+    #[serde(flatten)]
+    pub header: ReportHeader,
     pub matrix: String,
     pub rhs: String,
     pub backend: String,
@@ -100,15 +91,9 @@ pub struct GmresReport {
     pub jacobi_zero_diagonals: Option<usize>,
     pub ilu_replaced_pivots: Option<usize>,
     pub ilu_inserted_diagonals: Option<usize>,
-    pub converged: bool,
-    pub reason: String,
-    pub iterations: usize,
-    pub restarts: usize,
-    /// ||b - A x|| / ||b||
-    pub relres: f64,
-    /// The residual the stopping rule used, relative.
-    pub precond_relres: f64,
-    pub seconds: GmresSeconds,
+    #[serde(flatten)]
+    pub stop: GmresStop,
+    pub seconds: Seconds,
     pub ms_per_iter: f64,
     /// How rows were split across ranks, and the halo exchange of one product.
     pub partition: PartitionMethod,
@@ -278,6 +263,12 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
                 shown: None,
             }),
     };
+    let sys = SquareSystem {
+        rows: &a,
+        part: &part,
+        b: &b,
+        x0: x0.as_deref(),
+    };
     let (sol, backend_name, backend_describe) = if backend == BackendChoice::Cuda {
         let be = CudaBackend::for_rank(comm)?;
         // The halo of a square system is small: measured on 2 x H200 (docs/gmres.md), NCCL's
@@ -296,31 +287,11 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
             };
             eprintln!("halo exchange between GPUs: {how}; reductions over MPI");
         }
-        let sol = gmres_square_cuda(
-            &be,
-            comm,
-            &a,
-            &part,
-            &b,
-            x0.as_deref(),
-            precond,
-            c.precision,
-            &c.params,
-            &mut mon,
-        )?;
+        let sol = gmres_square_cuda(&be, comm, sys, precond, c.precision, &c.params, &mut mon)?;
         (sol, be.name(), be.describe())
     } else {
         let be = CpuBackend::new();
-        let sol = gmres_square_cpu(
-            comm,
-            &a,
-            &part,
-            &b,
-            x0.as_deref(),
-            precond,
-            &c.params,
-            &mut mon,
-        )?;
+        let sol = gmres_square_cpu(comm, sys, precond, &c.params, &mut mon)?;
         (sol, be.name(), be.describe())
     };
     mon.bar = None; // clears the bar before anything else is printed
@@ -353,9 +324,7 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
     let info: &GmresInfo = &sol.info;
     let p = &c.params;
     let report = GmresReport {
-        program: "seistomo",
-        version: crate::VERSION,
-        method: "gmres",
+        header: ReportHeader::new("gmres"),
         matrix: c.matrix.display().to_string(),
         rhs: c
             .rhs
@@ -380,13 +349,8 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
         jacobi_zero_diagonals: zero_diag,
         ilu_replaced_pivots: replaced,
         ilu_inserted_diagonals: inserted,
-        converged: info.converged,
-        reason: info.reason.clone(),
-        iterations: info.iterations,
-        restarts: info.restarts,
-        relres: info.relres,
-        precond_relres: info.precond_relres,
-        seconds: GmresSeconds {
+        stop: info.stop.clone(),
+        seconds: Seconds {
             load,
             setup,
             solve: info.seconds,
@@ -443,23 +407,28 @@ where
     })
 }
 
-/// GMRES on the CPU for one rank of a job: `rows` are this rank's rows of the square matrix
-/// (global column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's
-/// entries. Every rank calls it; the same code runs on one rank with
+/// One rank's share of a square system: `rows` are this rank's rows of the matrix (global
+/// column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
+#[derive(Clone, Copy)]
+pub struct SquareSystem<'a> {
+    pub rows: &'a Csr,
+    pub part: &'a RowPartition,
+    pub b: &'a [f64],
+    pub x0: Option<&'a [f64]>,
+}
+
+/// GMRES on the CPU for one rank of a job. Every rank calls it; the same code runs on one rank with
 /// [`crate::comm::SerialComm`].
-#[allow(clippy::too_many_arguments)]
 pub fn gmres_square_cpu(
     comm: &dyn Comm,
-    rows: &Csr,
-    part: &RowPartition,
-    b: &[f64],
-    x0: Option<&[f64]>,
+    sys: SquareSystem,
     precond: SquarePrecond,
     params: &GmresParams,
     monitor: &mut dyn GmresMonitor,
 ) -> Result<SquareSolve> {
     let t0 = Instant::now();
     let be = CpuBackend::new();
+    let SquareSystem { rows, part, b, x0 } = sys;
     let op = DistSquareOperator::distributed(rows, part, comm)?;
     let halo = op.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
@@ -469,20 +438,17 @@ pub fn gmres_square_cpu(
 
 /// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]). Matrix values are stored
 /// in `precision`; vectors are f64.
-#[allow(clippy::too_many_arguments)]
 pub fn gmres_square_cuda(
     be: &CudaBackend,
     comm: &dyn Comm,
-    rows: &Csr,
-    part: &RowPartition,
-    b: &[f64],
-    x0: Option<&[f64]>,
+    sys: SquareSystem,
     precond: SquarePrecond,
     precision: Precision,
     params: &GmresParams,
     monitor: &mut dyn GmresMonitor,
 ) -> Result<SquareSolve> {
     let t0 = Instant::now();
+    let SquareSystem { rows, part, b, x0 } = sys;
     let cpu = DistSquareOperator::distributed(rows, part, comm)?;
     let halo = cpu.comm_volume()?;
     let row0 = part.range(comm.rank()).start;

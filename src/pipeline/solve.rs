@@ -12,7 +12,7 @@ use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::mtx;
-use crate::model::report::{Outcome, Report, Seconds};
+use crate::model::report::{Outcome, Report, ReportHeader, Seconds};
 use crate::solver::{self, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrSolution};
 use crate::sparse::{Csr, System};
 
@@ -101,6 +101,10 @@ impl SolveOptions {
 }
 
 impl SystemSource {
+    /// A Matrix Market system with regularisation rows.
+    pub fn has_reg(&self) -> bool {
+        matches!(self, SystemSource::Mtx { reg: Some(_), .. })
+    }
     pub fn load(&self) -> Result<System> {
         match self {
             SystemSource::Mtx {
@@ -282,10 +286,10 @@ impl Run<'_> {
                 && crate::progress::mode() != crate::progress::Mode::Quiet)
                 .then(|| IterBar::new(params, op.ncols())),
         };
-        if let Some((ck, fp)) = self.ckpt {
+        if let Some(ckpt) = self.ckpt {
             // The resume message is printed there, once, before the solve.
             let (sol, h) = crate::pipeline::checkpoint::lsqr_checkpointed(
-                be, op, comm, self.b, self.x0, params, ck, fp, &mut mon,
+                be, op, comm, ckpt, self.b, self.x0, params, &mut mon,
             )?;
             return Ok((sol, h.history));
         }
@@ -510,9 +514,7 @@ pub fn solve_system_checkpointed(
     let info: &LsqrInfo = &solution.info;
     let p = &opts.params;
     let report = Report {
-        program: "seistomo",
-        version: crate::VERSION,
-        method: "lsqr",
+        header: ReportHeader::new("lsqr"),
         backend: match kind {
             BackendChoice::Cuda => "cuda".into(),
             _ => "cpu".into(),
@@ -536,12 +538,7 @@ pub fn solve_system_checkpointed(
         istop: info.istop,
         stop_reason: info.stop_reason.clone(),
         iterations: info.itn,
-        r1norm: info.r1norm,
-        r2norm: info.r2norm,
-        anorm: info.anorm,
-        acond: info.acond,
-        arnorm: info.arnorm,
-        xnorm: info.xnorm,
+        norms: info.norms,
         seconds: Seconds {
             load: load_seconds,
             setup,

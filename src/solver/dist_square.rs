@@ -191,7 +191,8 @@ mod tests {
                                     .unwrap();
                             let xl = x[part.range(c.rank())].to_vec();
                             let mut y = vec![0.0; xl.len()];
-                            op.apply(&CpuBackend::new(), 1.0, &xl, 0.0, &mut y).unwrap();
+                            op.apply(&CpuBackend::new(), crate::backend::Scale::SET, &xl, &mut y)
+                                .unwrap();
                             y
                         })
                     })

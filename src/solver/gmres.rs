@@ -22,7 +22,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::precond::Preconditioner;
-use crate::backend::{Backend, Operator};
+use crate::backend::{Backend, Operator, Scale};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -165,9 +165,9 @@ impl GmresMonitor for GmresHistory {
     }
 }
 
-/// The outcome of a GMRES solve.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GmresInfo {
+/// How a GMRES solve stopped (also the outcome keys of its report.json).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GmresStop {
     pub converged: bool,
     /// Why the solve stopped, in words.
     pub reason: String,
@@ -179,6 +179,13 @@ pub struct GmresInfo {
     pub relres: f64,
     /// The residual the stopping rule used, relative (preconditioned with left preconditioning).
     pub precond_relres: f64,
+}
+
+/// The outcome of a GMRES solve.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GmresInfo {
+    #[serde(flatten)]
+    pub stop: GmresStop,
     pub bnorm: f64,
     pub seconds: f64,
     pub ms_per_iter: f64,
@@ -367,12 +374,14 @@ where
      -> GmresInfo {
         let seconds = t0.elapsed().as_secs_f64();
         GmresInfo {
-            converged,
-            reason,
-            iterations: its,
-            restarts: cycles.saturating_sub(1),
-            relres: if bnorm > 0.0 { rnorm / bnorm } else { 0.0 },
-            precond_relres: prel,
+            stop: GmresStop {
+                converged,
+                reason,
+                iterations: its,
+                restarts: cycles.saturating_sub(1),
+                relres: if bnorm > 0.0 { rnorm / bnorm } else { 0.0 },
+                precond_relres: prel,
+            },
             bnorm,
             seconds,
             ms_per_iter: if its > 0 {
@@ -423,7 +432,7 @@ where
                     v0: &mut B::Vector|
      -> Result<(f64, f64)> {
         be.copy(b, r)?;
-        op.apply(be, -1.0, x, 1.0, r)?;
+        op.apply(be, Scale::new(-1.0, 1.0), x, r)?;
         let rn = gnorm(be, comm, r)?;
         if left {
             pc.apply(be, r, v0)?;
@@ -489,11 +498,11 @@ where
                 let (vl, vr) = v.split_at_mut(j + 1);
                 let dst = if dc { &mut vr[0] } else { &mut *w };
                 if left {
-                    op.apply(be, 1.0, &vl[j], 0.0, t)?;
+                    op.apply(be, Scale::SET, &vl[j], t)?;
                     pc.apply(be, t, dst)?;
                 } else {
                     pc.apply(be, &vl[j], t)?;
-                    op.apply(be, 1.0, t, 0.0, dst)?;
+                    op.apply(be, Scale::SET, t, dst)?;
                 }
             }
             its += 1;

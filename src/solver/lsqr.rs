@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 pub use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
-use crate::backend::{Backend, Operator};
+use crate::backend::{Backend, Operator, Scale, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -31,18 +31,26 @@ pub fn stop_reason(istop: u32) -> &'static str {
     }
 }
 
-/// What LSQR reports, as SciPy's `lsqr` returns it (x and var are downloaded separately).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LsqrInfo {
-    pub istop: u32,
-    pub stop_reason: String,
-    pub itn: usize,
+/// LSQR's estimates at its stop, with SciPy's names: ||b - A x|| (r1norm), the damped
+/// residual (r2norm), ||A|| (Frobenius, anorm), cond(A) (acond), ||A^T r|| (arnorm), ||x||.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LsqrNorms {
     pub r1norm: f64,
     pub r2norm: f64,
     pub anorm: f64,
     pub acond: f64,
     pub arnorm: f64,
     pub xnorm: f64,
+}
+
+/// What LSQR reports, as SciPy's `lsqr` returns it (x and var are downloaded separately).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LsqrInfo {
+    pub istop: u32,
+    pub stop_reason: String,
+    pub itn: usize,
+    #[serde(flatten)]
+    pub norms: LsqrNorms,
     /// Seconds of the iterations run in this call.
     pub seconds: f64,
     /// The iteration this call started from (0, or where a resumed run picked up): `itn -
@@ -102,9 +110,9 @@ impl<B: Backend, O: Operator<B>> Dist<'_, B, O> {
     /// x = A^T u + beta x, A^T u summed over ranks.
     fn apply_t(&mut self, u: &B::Vector, beta: f64, x: &mut B::Vector) -> Result<()> {
         match self.tmp.as_mut() {
-            None => self.op.apply_t(self.be, 1.0, u, beta, x),
+            None => self.op.apply_t(self.be, Scale::new(1.0, beta), u, x),
             Some(t) => {
-                self.op.apply_t(self.be, 1.0, u, 0.0, t)?;
+                self.op.apply_t(self.be, Scale::SET, u, t)?;
                 self.be.allreduce_sum(self.comm, t)?;
                 self.be.axpby(1.0, t, beta, x)
             }
@@ -177,7 +185,7 @@ pub fn lsqr_start<B: Backend, O: Operator<B>>(
                 )));
             }
             be.copy(x0, &mut x)?;
-            op.apply(be, -1.0, &x, 1.0, &mut u)?;
+            op.apply(be, Scale::new(-1.0, 1.0), &x, &mut u)?;
             d.row_norm(&u)?
         }
     };
@@ -296,12 +304,14 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         istop: s.istop,
         stop_reason: stop_reason(s.istop).to_string(),
         itn: s.itn,
-        r1norm: s.r1norm,
-        r2norm: s.r2norm,
-        anorm: s.anorm,
-        acond: s.acond,
-        arnorm: s.arnorm,
-        xnorm: s.xnorm,
+        norms: LsqrNorms {
+            r1norm: s.r1norm,
+            r2norm: s.r2norm,
+            anorm: s.anorm,
+            acond: s.acond,
+            arnorm: s.arnorm,
+            xnorm: s.xnorm,
+        },
         seconds: t,
     };
     if s.arnorm == 0.0 || s.istop != 0 {
@@ -326,7 +336,7 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     while s.itn < iter_lim {
         s.itn += 1;
         // beta u = A v - alpha u ; alpha v = A^T u - beta v
-        op.apply(be, 1.0, &vecs.v, -s.alpha, &mut vecs.u)?;
+        op.apply(be, Scale::new(1.0, -s.alpha), &vecs.v, &mut vecs.u)?;
         s.beta = d.row_norm(&vecs.u)?;
         if s.beta > 0.0 {
             be.scale(&mut vecs.u, 1.0 / s.beta)?;
@@ -358,15 +368,17 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
         let t1 = phi / rho;
         let t2 = -theta / rho;
-        let dk2 = be.lsqr_update(
-            &mut vecs.x,
-            &mut vecs.w,
-            &vecs.v,
+        let k = XwStep {
             t1,
             t2,
-            1.0 / rho,
-            vecs.var.as_mut(),
-        )?;
+            inv_rho: 1.0 / rho,
+        };
+        let xw = XwState {
+            x: &mut vecs.x,
+            w: &mut vecs.w,
+            var: vecs.var.as_mut(),
+        };
+        let dk2 = be.lsqr_update(k, &vecs.v, xw)?;
         s.ddnorm += dk2;
         // Estimate ||x|| with a rotation on the right.
         let delta = s.sn2 * rho;

@@ -6,8 +6,8 @@ pub mod gmres;
 pub mod lsqr;
 
 pub use lsqr::{
-    lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrParams, LsqrScalars,
-    LsqrVectors, NoMonitor,
+    lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrNorms, LsqrParams,
+    LsqrScalars, LsqrVectors, NoMonitor,
 };
 
 use crate::backend::{Backend, Operator};

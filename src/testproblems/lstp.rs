@@ -7,7 +7,7 @@
 //! damped least-squares solution can be written down exactly for any b.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Operator;
+use crate::backend::{Operator, Scale};
 use crate::error::Result;
 use crate::sparse::Csr;
 
@@ -177,31 +177,17 @@ impl Operator<CpuBackend> for Lstp {
     fn ncols(&self) -> usize {
         self.n
     }
-    fn apply(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply(&self, _b: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         let ax = self.apply_dense(x);
         for (yi, a) in y.iter_mut().zip(ax) {
-            *yi = alpha * a + beta * *yi;
+            *yi = s.alpha * a + s.beta * *yi;
         }
         Ok(())
     }
-    fn apply_t(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        y: &Vec<f64>,
-        beta: f64,
-        x: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         let aty = self.apply_t_dense(y);
         for (xi, a) in x.iter_mut().zip(aty) {
-            *xi = alpha * a + beta * *xi;
+            *xi = s.alpha * a + s.beta * *xi;
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{probe, CudaBackend};
-use seistomo::backend::{Backend, Operator};
+use seistomo::backend::{Backend, Operator, Scale};
 use seistomo::grid::Rng;
 use seistomo::io::mtx::load_system as load_mtx_system;
 use seistomo::solver::LsqrParams;
@@ -65,11 +65,13 @@ pub fn products<C: Operator<CpuBackend>, G: Operator<CudaBackend>>(
     let gi = g.upload(inp).unwrap();
     let mut go = g.upload(out).unwrap();
     if transpose {
-        cop.apply_t(c, alpha, &ci, beta, &mut co).unwrap();
-        gop.apply_t(g, alpha, &gi, beta, &mut go).unwrap();
+        cop.apply_t(c, Scale::new(alpha, beta), &ci, &mut co)
+            .unwrap();
+        gop.apply_t(g, Scale::new(alpha, beta), &gi, &mut go)
+            .unwrap();
     } else {
-        cop.apply(c, alpha, &ci, beta, &mut co).unwrap();
-        gop.apply(g, alpha, &gi, beta, &mut go).unwrap();
+        cop.apply(c, Scale::new(alpha, beta), &ci, &mut co).unwrap();
+        gop.apply(g, Scale::new(alpha, beta), &gi, &mut go).unwrap();
     }
     (down(g, &go), co)
 }

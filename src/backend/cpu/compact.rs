@@ -8,7 +8,7 @@
 //! f32-rounded matrix.
 
 use super::CpuBackend;
-use crate::backend::{Operator, Precision};
+use crate::backend::{Operator, Precision, Scale};
 use crate::error::Result;
 use crate::grid::StencilOp;
 use crate::sparse::{CompactCsr, CompactValues, Csr};
@@ -133,39 +133,25 @@ impl Operator<CpuBackend> for CpuCompactOperator {
     fn ncols(&self) -> usize {
         self.a.ncols()
     }
-    fn apply(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply(&self, _b: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         assert_eq!(x.len(), self.ncols());
         assert_eq!(y.len(), self.nrows());
         let (ys, yd) = y.split_at_mut(self.a.nrows());
         let a = &self.a;
-        rows_par(a.ptr(), 0, ys, alpha, beta, &|r| row_dot(a, r, x));
+        rows_par(a.ptr(), 0, ys, s.alpha, s.beta, &|r| row_dot(a, r, x));
         if let Some(st) = &self.stencil {
-            st.apply(alpha, x, beta, yd);
+            st.apply(s.alpha, x, s.beta, yd);
         }
         Ok(())
     }
-    fn apply_t(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        y: &Vec<f64>,
-        beta: f64,
-        x: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         assert_eq!(y.len(), self.nrows());
         assert_eq!(x.len(), self.ncols());
         let (ys, yd) = y.split_at(self.a.nrows());
         let at = &self.at;
         match &self.stencil {
-            None => rows_par(at.ptr(), 0, x, alpha, beta, &|j| row_dot(at, j, ys)),
-            Some(st) => rows_par(at.ptr(), 0, x, alpha, beta, &|j| {
+            None => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| row_dot(at, j, ys)),
+            Some(st) => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| {
                 st.add_transposed(row_dot(at, j, ys), j, yd)
             }),
         }
@@ -218,18 +204,21 @@ mod tests {
                 let x: Vec<f64> = (0..nc).map(|_| rng.uniform() - 0.5).collect();
                 let y0: Vec<f64> = (0..full.nrows()).map(|_| rng.uniform() - 0.5).collect();
                 let mut want_y = y0.clone();
-                reference.apply(&be, 1.25, &x, -0.5, &mut want_y).unwrap();
+                reference
+                    .apply(&be, Scale::new(1.25, -0.5), &x, &mut want_y)
+                    .unwrap();
                 let mut want_x = x.clone();
                 reference
-                    .apply_t(&be, -0.75, &y0, 2.0, &mut want_x)
+                    .apply_t(&be, Scale::new(-0.75, 2.0), &y0, &mut want_x)
                     .unwrap();
                 for op in &ops {
                     assert_eq!(op.nrows(), full.nrows());
                     let mut y = y0.clone();
-                    op.apply(&be, 1.25, &x, -0.5, &mut y).unwrap();
+                    op.apply(&be, Scale::new(1.25, -0.5), &x, &mut y).unwrap();
                     assert_eq!(y, want_y);
                     let mut xx = x.clone();
-                    op.apply_t(&be, -0.75, &y0, 2.0, &mut xx).unwrap();
+                    op.apply_t(&be, Scale::new(-0.75, 2.0), &y0, &mut xx)
+                        .unwrap();
                     assert_eq!(xx, want_x);
                 }
             }

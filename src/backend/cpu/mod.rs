@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::{Backend, Operator, TransposeStrategy};
+use super::{Backend, Operator, Scale, TransposeStrategy, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::sparse::{Csc, Csr};
@@ -341,16 +341,8 @@ impl Backend for CpuBackend {
             lane_sum(xs.len(), |i| xs[i] * xs[i])
         }))
     }
-    fn lsqr_update(
-        &self,
-        x: &mut Vec<f64>,
-        w: &mut Vec<f64>,
-        v: &Vec<f64>,
-        t1: f64,
-        t2: f64,
-        inv_rho: f64,
-        var: Option<&mut Vec<f64>>,
-    ) -> Result<f64> {
+    fn lsqr_update(&self, k: XwStep, v: &Vec<f64>, s: XwState<Vec<f64>>) -> Result<f64> {
+        let (XwStep { t1, t2, inv_rho }, XwState { x, w, var }) = (k, s);
         let n = x.len();
         assert!(w.len() == n && v.len() == n);
         let (px, pw) = (SharedMut(x.as_mut_ptr()), SharedMut(w.as_mut_ptr()));
@@ -500,31 +492,17 @@ impl Operator<CpuBackend> for CpuCsrOperator {
     fn ncols(&self) -> usize {
         self.a.ncols()
     }
-    fn apply(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply(&self, _b: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         assert_eq!(x.len(), self.a.ncols());
         assert_eq!(y.len(), self.a.nrows());
-        spmv_rows(&self.a, alpha, x, beta, y, 0);
+        spmv_rows(&self.a, s.alpha, x, s.beta, y, 0);
         Ok(())
     }
-    fn apply_t(
-        &self,
-        _b: &CpuBackend,
-        alpha: f64,
-        y: &Vec<f64>,
-        beta: f64,
-        x: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         assert_eq!(y.len(), self.a.nrows());
         assert_eq!(x.len(), self.a.ncols());
         match &self.t {
-            TransposeImpl::Csc(c) => spmv_rows(c.transpose_csr(), alpha, y, beta, x, 0),
+            TransposeImpl::Csc(c) => spmv_rows(c.transpose_csr(), s.alpha, y, s.beta, x, 0),
             TransposeImpl::Scatter { bounds, bufs } => {
                 let mut bufs = bufs.lock().unwrap_or_else(|e| e.into_inner());
                 let a = &self.a;
@@ -545,11 +523,11 @@ impl Operator<CpuBackend> for CpuCsrOperator {
                     let xs = unsafe { p.slice(r.clone()) };
                     for (k, xi) in xs.iter_mut().enumerate() {
                         let j = r.start + k;
-                        let s: f64 = bufs.iter().map(|b| b[j]).sum();
-                        *xi = if beta == 0.0 {
-                            alpha * s
+                        let acc: f64 = bufs.iter().map(|b| b[j]).sum();
+                        *xi = if s.beta == 0.0 {
+                            s.alpha * acc
                         } else {
-                            alpha * s + beta * *xi
+                            s.alpha * acc + s.beta * *xi
                         };
                     }
                 });
@@ -628,9 +606,10 @@ mod tests {
             for strat in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
                 let op = CpuCsrOperator::new(a.clone(), strat);
                 let mut y = y0.clone();
-                op.apply(&be, 2.0, &x, -0.5, &mut y).unwrap();
+                op.apply(&be, Scale::new(2.0, -0.5), &x, &mut y).unwrap();
                 let mut xx = x.clone();
-                op.apply_t(&be, -1.0, &y0, 3.0, &mut xx).unwrap();
+                op.apply_t(&be, Scale::new(-1.0, 3.0), &y0, &mut xx)
+                    .unwrap();
                 for (p, q) in y.iter().zip(&want_y) {
                     assert!((p - q).abs() <= 1e-12 * (1.0 + q.abs()));
                 }
@@ -667,7 +646,19 @@ mod tests {
         let (mut xx, mut w, v) = (x.clone(), y.clone(), x.clone());
         let mut var = vec![0.0; n];
         let s = be
-            .lsqr_update(&mut xx, &mut w, &v, 0.5, -0.25, 2.0, Some(&mut var))
+            .lsqr_update(
+                XwStep {
+                    t1: 0.5,
+                    t2: -0.25,
+                    inv_rho: 2.0,
+                },
+                &v,
+                XwState {
+                    x: &mut xx,
+                    w: &mut w,
+                    var: Some(&mut var),
+                },
+            )
             .unwrap();
         let want: f64 = y.iter().map(|a| 4.0 * a * a).sum();
         assert!((s - want).abs() < 1e-9 * want);

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Operator;
+use crate::backend::{Operator, Scale};
 use crate::comm::halo::{build_halo, localize, CommVolume, HaloPlan, LocalRows};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -104,14 +104,7 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
     fn ncols(&self) -> usize {
         self.plan.n_local
     }
-    fn apply(
-        &self,
-        _be: &CpuBackend,
-        alpha: f64,
-        x: &Vec<f64>,
-        beta: f64,
-        y: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply(&self, _be: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         let n = self.plan.n_local;
         assert!(x.len() == n && y.len() == n);
         let mut guard = self.ext.lock().unwrap_or_else(|e| e.into_inner());
@@ -143,14 +136,14 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
         let ext: &[f64] = if a.ncols() == n { x } else { &ext[..] };
         let body = |(i, yi): (usize, &mut f64)| {
             let (c, v) = a.row(i);
-            let mut s = 0.0;
+            let mut acc = 0.0;
             for (&j, &aij) in c.iter().zip(v) {
-                s += aij * ext[j as usize];
+                acc += aij * ext[j as usize];
             }
-            *yi = if beta == 0.0 {
-                alpha * s
+            *yi = if s.beta == 0.0 {
+                s.alpha * acc
             } else {
-                alpha * s + beta * *yi
+                s.alpha * acc + s.beta * *yi
             };
         };
         if a.nnz() < 64 * 1024 {
@@ -163,14 +156,7 @@ impl Operator<CpuBackend> for DistSquareOperator<'_> {
         }
         Ok(())
     }
-    fn apply_t(
-        &self,
-        _be: &CpuBackend,
-        _alpha: f64,
-        _y: &Vec<f64>,
-        _beta: f64,
-        _x: &mut Vec<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, _be: &CpuBackend, _s: Scale, _y: &Vec<f64>, _x: &mut Vec<f64>) -> Result<()> {
         Err(Error::Invalid(
             "the distributed square operator has no transpose product (GMRES does not need one)"
                 .into(),

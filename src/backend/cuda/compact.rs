@@ -7,9 +7,9 @@ use cudarc::driver::CudaSlice;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::operator::{check_vectors, up, width_index, DevValues, MemoryPlan};
 use super::tiled::DevTiled;
-use super::{arg, CudaBackend};
+use super::{arg, CudaBackend, DeviceVec};
 use crate::backend::lsqr::LsqrDevice;
-use crate::backend::{Operator, Precision, TransposeStrategy};
+use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::stencil::BlockKind;
 use crate::grid::StencilOp;
@@ -554,28 +554,14 @@ impl Operator<CudaBackend> for CudaCompactOperator {
     fn ncols(&self) -> usize {
         self.ncols
     }
-    fn apply(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        y: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn apply(&self, be: &CudaBackend, s: Scale, x: &DeviceVec, y: &mut DeviceVec) -> Result<()> {
         self.check("apply", (x.len(), y.len()), (self.ncols, self.rows()))?;
-        let e = Epilogue::plain(alpha, beta);
+        let e = Epilogue::plain(s.alpha, s.beta);
         self.av_launch(be, be.ptr(x), be.ptr(y), &e).map(|_| ())
     }
-    fn apply_t(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        y: &CudaSlice<f64>,
-        beta: f64,
-        x: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, be: &CudaBackend, s: Scale, y: &DeviceVec, x: &mut DeviceVec) -> Result<()> {
         self.check("apply_t", (y.len(), x.len()), (self.rows(), self.ncols))?;
-        let e = Epilogue::plain(alpha, beta);
+        let e = Epilogue::plain(s.alpha, s.beta);
         self.atu_launch(be, be.ptr(y), be.ptr(x), &e).map(|_| ())
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {

@@ -30,7 +30,7 @@ use cudarc::driver::{
     DevicePtr,
 };
 
-use super::Backend;
+use super::{Backend, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -344,6 +344,9 @@ impl MappedScalar {
         })
     }
 }
+
+/// A vector on the device: the CUDA backend's `Backend::Vector`.
+pub type DeviceVec = CudaSlice<f64>;
 
 /// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
 /// where a scalar comes back).
@@ -788,7 +791,7 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type Vector = CudaSlice<f64>;
+    type Vector = DeviceVec;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -871,16 +874,8 @@ impl Backend for CudaBackend {
     fn norm_sq(&self, x: &CudaSlice<f64>) -> Result<f64> {
         self.dot(x, x)
     }
-    fn lsqr_update(
-        &self,
-        x: &mut CudaSlice<f64>,
-        w: &mut CudaSlice<f64>,
-        v: &CudaSlice<f64>,
-        t1: f64,
-        t2: f64,
-        inv_rho: f64,
-        var: Option<&mut CudaSlice<f64>>,
-    ) -> Result<f64> {
+    fn lsqr_update(&self, k: XwStep, v: &DeviceVec, s: XwState<DeviceVec>) -> Result<f64> {
+        let (XwStep { t1, t2, inv_rho }, XwState { x, w, var }) = (k, s);
         let n = x.len();
         self.check_len("lsqr_update", w.len(), n)?;
         self.check_len("lsqr_update", v.len(), n)?;

@@ -6,9 +6,9 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::cusparse::CuSparse;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
-use super::{arg, CudaBackend};
+use super::{arg, CudaBackend, DeviceVec};
 use crate::backend::lsqr::LsqrDevice;
-use crate::backend::{Operator, Precision, TransposeStrategy};
+use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
@@ -485,41 +485,27 @@ impl Operator<CudaBackend> for CudaCsrOperator {
     fn ncols(&self) -> usize {
         self.a.ncols
     }
-    fn apply(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        y: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn apply(&self, be: &CudaBackend, s: Scale, x: &DeviceVec, y: &mut DeviceVec) -> Result<()> {
         self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
         match &self.t {
-            Transpose::Library(cs) => cs.spmv(be, false, alpha, x, beta, y),
-            _ => self.a.spmv(be, alpha, x, beta, y),
+            Transpose::Library(cs) => cs.spmv(be, false, s.alpha, x, s.beta, y),
+            _ => self.a.spmv(be, s.alpha, x, s.beta, y),
         }
     }
-    fn apply_t(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        y: &CudaSlice<f64>,
-        beta: f64,
-        x: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn apply_t(&self, be: &CudaBackend, s: Scale, y: &DeviceVec, x: &mut DeviceVec) -> Result<()> {
         self.check("apply_t", (y.len(), x.len()), (self.a.nrows, self.a.ncols))?;
         match &self.t {
-            Transpose::Csc(t) => t.spmv(be, alpha, y, beta, x),
-            Transpose::Library(cs) => cs.spmv(be, true, alpha, y, beta, x),
+            Transpose::Csc(t) => t.spmv(be, s.alpha, y, s.beta, x),
+            Transpose::Library(cs) => cs.spmv(be, true, s.alpha, y, s.beta, x),
             Transpose::Scatter => {
-                if beta == 0.0 {
+                if s.beta == 0.0 {
                     use crate::backend::Backend;
                     be.fill(x, 0.0)?;
-                } else if beta != 1.0 {
+                } else if s.beta != 1.0 {
                     use crate::backend::Backend;
-                    be.scale(x, beta)?;
+                    be.scale(x, s.beta)?;
                 }
-                self.a.scatter(be, alpha, y, x)
+                self.a.scatter(be, s.alpha, y, x)
             }
         }
     }

@@ -16,10 +16,10 @@ use std::sync::Mutex;
 use cudarc::driver::CudaSlice;
 
 use super::operator::up;
-use super::{arg, cuda_err, CudaBackend, CudaCsrOperator};
+use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, DeviceVec};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
-use crate::backend::{Backend, Operator, Precision, TransposeStrategy};
+use crate::backend::{Backend, Operator, Precision, Scale, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
@@ -150,14 +150,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
     fn ncols(&self) -> usize {
         self.n_local
     }
-    fn apply(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        y: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn apply(&self, be: &CudaBackend, s: Scale, x: &DeviceVec, y: &mut DeviceVec) -> Result<()> {
         if x.len() != self.n_local || y.len() != self.n_local {
             return Err(Error::Invalid(format!(
                 "cuda square operator: vectors of {} and {} for {} local rows",
@@ -167,14 +160,14 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
             )));
         }
         match &self.halo {
-            None => self.op.apply(be, alpha, x, beta, y),
+            None => self.op.apply(be, Scale::new(s.alpha, s.beta), x, y),
             Some(h) => {
                 let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
                 self.exchange(be, x, &mut h)?;
                 if self.op.ncols() == self.n_local {
-                    self.op.apply(be, alpha, x, beta, y)
+                    self.op.apply(be, Scale::new(s.alpha, s.beta), x, y)
                 } else {
-                    self.op.apply(be, alpha, &h.ext, beta, y)
+                    self.op.apply(be, Scale::new(s.alpha, s.beta), &h.ext, y)
                 }
             }
         }
@@ -182,10 +175,9 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
     fn apply_t(
         &self,
         _be: &CudaBackend,
-        _alpha: f64,
-        _y: &CudaSlice<f64>,
-        _beta: f64,
-        _x: &mut CudaSlice<f64>,
+        _s: Scale,
+        _y: &DeviceVec,
+        _x: &mut DeviceVec,
     ) -> Result<()> {
         Err(Error::Invalid(
             "the distributed square operator has no transpose product (GMRES does not need one)"
