@@ -218,7 +218,7 @@ fn solve_threads(
             c,
             SquareSystem {
                 rows: &a.select_rows(&rows),
-                part: part,
+                part,
                 b: &vec![1.0; nl],
                 x0: None,
             },

@@ -234,7 +234,7 @@ fn solve_gpu(
         comm,
         SquareSystem {
             rows: &a.select_rows(&rows),
-            part: part,
+            part,
             b: &b,
             x0: None,
         },

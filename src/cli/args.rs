@@ -157,13 +157,11 @@ pub struct MtxSystemArgs {
 }
 
 impl MtxSystemArgs {
-    /// Load [A; w R], [b; 0] with A from `matrix`.
-    pub fn load(&self, matrix: &std::path::Path) -> crate::Result<crate::sparse::System> {
-        crate::io::mtx::load_system(
-            matrix,
-            self.rhs.as_deref(),
-            self.reg.as_deref(),
-            self.reg_weight,
-        )
+    pub fn parts(&self) -> crate::io::mtx::MtxParts<'_> {
+        crate::io::mtx::MtxParts {
+            rhs: self.rhs.as_deref(),
+            reg: self.reg.as_deref(),
+            reg_weight: self.reg_weight,
+        }
     }
 }

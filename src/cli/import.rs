@@ -6,9 +6,8 @@ use clap::Args;
 
 use crate::grid::Grid;
 use crate::io::binfmt::Precision;
-use crate::io::dataset::{write_dataset, DatasetSpec};
 use crate::io::manifest::Layout;
-use crate::io::mtx;
+use crate::pipeline::import::{import, ImportJob};
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
@@ -60,79 +59,31 @@ pub struct ImportArgs {
 }
 
 pub fn run(a: ImportArgs) -> anyhow::Result<()> {
-    if !(a.lambda.is_finite() && a.lambda >= 0.0) {
-        anyhow::bail!("--lambda must be finite and >= 0 (got {})", a.lambda);
-    }
-    // Before any work: the dataset directory is none of the inputs.
-    let mut paths = crate::io::outpaths::PathCheck::new();
-    paths
-        .input("--matrix", &a.matrix)
-        .input_opt("--rhs", a.rhs.as_deref())
-        .input_opt("--reg", a.reg.as_deref())
-        .input_opt("--weights", a.weights.as_deref())
-        .input_opt("--sigma", a.sigma.as_deref())
-        .output_dir("--out", &a.out);
-    paths.check()?;
-    let g = mtx::read_matrix(&a.matrix)?;
-    let b = match &a.rhs {
-        Some(p) => {
-            let b = mtx::read_vector(p)?;
-            if b.len() != g.nrows() {
-                anyhow::bail!(
-                    "{}: {} values but the matrix {} has {} rows",
-                    p.display(),
-                    b.len(),
-                    a.matrix.display(),
-                    g.nrows()
-                );
-            }
-            b
-        }
-        None => g.matvec(&vec![1.0; g.ncols()]),
+    let job = ImportJob {
+        matrix: &a.matrix,
+        rhs: a.rhs.as_deref(),
+        reg: a.reg.as_deref(),
+        lambda: a.lambda,
+        weights: a.weights.as_deref(),
+        sigma: a.sigma.as_deref(),
+        grid: a.grid.map(|n| Grid::new(n, a.origin, a.spacing)),
+        out: &a.out,
+        layout: a.layout,
+        precision: a.precision,
+        damping_blocks: a.damping_blocks,
+        pack_bytes: a.pack_mib.max(1) << 20,
+        name: a.name.clone(),
     };
-    let read_rows = |p: &PathBuf| -> anyhow::Result<Vec<f64>> {
-        let v = mtx::read_vector(p)?;
-        if v.len() != g.nrows() {
-            anyhow::bail!(
-                "{}: {} values but the matrix has {} rows",
-                p.display(),
-                v.len(),
-                g.nrows()
-            );
-        }
-        Ok(v)
-    };
-    let weights = a.weights.as_ref().map(read_rows).transpose()?;
-    let sigma = a.sigma.as_ref().map(read_rows).transpose()?;
-    let reg = a.reg.as_ref().map(mtx::read_matrix).transpose()?;
-    let grid = a.grid.map(|n| Grid::new(n, a.origin, a.spacing));
-    let mut spec = DatasetSpec::new(&g, &b);
-    spec.name = a.name.clone().unwrap_or_else(|| {
-        a.out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    });
-    spec.description = format!("imported from {}", a.matrix.display());
-    spec.weights = weights.as_deref();
-    spec.sigma = sigma.as_deref();
-    spec.damping = reg.as_ref();
-    spec.damping_weight = a.lambda;
-    spec.damping_blocks = a.damping_blocks;
-    spec.grid = grid;
-    spec.layout = a.layout;
-    spec.precision = a.precision;
-    spec.pack_bytes = a.pack_mib.max(1) << 20;
-    let m = write_dataset(&a.out, &spec, true)?;
+    let s = import(&job)?;
     eprintln!(
         "import: {} x {} kernel, {} nonzeros{}; written to {}",
-        g.nrows(),
-        g.ncols(),
-        g.nnz(),
-        reg.as_ref()
-            .map(|r| format!(", {} damping rows (lambda {})", r.nrows(), a.lambda))
+        s.nrows,
+        s.ncols,
+        s.nnz,
+        s.damping_rows
+            .map(|r| format!(", {r} damping rows (lambda {})", a.lambda))
             .unwrap_or_default(),
-        m.display()
+        s.manifest.display()
     );
     Ok(())
 }

@@ -7,14 +7,9 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 
-use crate::comm::SerialComm;
-use crate::grid::Coverage;
-use crate::io::mtx;
-use crate::model::hdf5::{stage_model, ModelInputs};
-use crate::model::lcurve::{corner, parse_list, parse_log_range};
+use crate::model::lcurve::{parse_list, parse_log_range};
 use crate::pipeline::config::RunConfig;
-use crate::pipeline::lcurve::Sweep;
-use crate::pipeline::SystemSource;
+use crate::pipeline::lcurve::lcurve;
 
 #[derive(Debug, Args)]
 pub struct LcurveArgs {
@@ -41,12 +36,6 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
         (None, Some(r)) => parse_log_range(r)?,
         _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT"),
     };
-    if weights.len() < 3 {
-        bail!(
-            "an L-curve needs at least 3 weights (got {})",
-            weights.len()
-        );
-    }
     let out = match &a.out {
         Some(o) => o.clone(),
         None => cfg
@@ -57,67 +46,22 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             .map(|d| d.join("lcurve"))
             .unwrap_or_else(|| PathBuf::from("lcurve")),
     };
-    // Before any work: no output is an input; this run alone writes `out`.
-    let mut paths = cfg.input_paths();
-    for f in [
-        "lcurve.csv",
-        "lcurve.png",
-        "model.h5",
-        "model.xdmf",
-        "report.json",
-    ] {
-        paths.output("-o", &out.join(f));
-    }
-    let _lock = crate::io::outpaths::check_and_lock(&paths)?;
-    #[allow(unreachable_patterns)] // other system sources are added by the dataset work
-    let sweep = match &cfg.system {
-        SystemSource::Mtx {
-            matrix, rhs, reg, ..
-        } => {
-            let g = mtx::read_matrix(matrix)?;
-            let d = match rhs {
-                Some(p) => mtx::read_vector(p)?,
-                None => g.matvec(&vec![1.0; g.ncols()]),
-            };
-            if d.len() != g.nrows() {
-                bail!(
-                    "{}: {} values for {} rows",
-                    matrix.display(),
-                    d.len(),
-                    g.nrows()
-                );
-            }
-            let r = reg.as_deref().map(mtx::read_matrix).transpose()?;
-            if let Some(r) = &r {
-                if r.ncols() != g.ncols() {
-                    bail!(
-                        "reg matrix has {} columns, the kernel {}",
-                        r.ncols(),
-                        g.ncols()
-                    );
-                }
-            }
-            Sweep { g, d, r }
-        }
-        _ => bail!("lcurve supports Matrix Market systems ([system] matrix/rhs/reg)"),
-    };
-    let what = if sweep.r.is_some() {
+    let what = if cfg.system.has_reg() {
         "reg_weight"
     } else {
         "damp"
     };
-    let l_label = if sweep.r.is_some() {
-        "roughness ||R m||"
-    } else {
-        "model norm ||m||"
-    };
     eprintln!("L-curve over {} values of {what}", weights.len());
-    let pts = sweep.run(&weights, &cfg.options, &SerialComm, |i, p| {
+    let (pts, c, files) = lcurve(&cfg, &weights, &out, |i, p| {
         eprintln!(
             "  {what} {:.4e}: ||Gm-d|| {:.6e}  {} {:.6e}  ({} its, istop {})",
             weights[i],
             p.residual_norm,
-            if sweep.r.is_some() { "||Rm||" } else { "||m||" },
+            if what == "reg_weight" {
+                "||Rm||"
+            } else {
+                "||m||"
+            },
             p.model_norm,
             p.outcome.report.iterations,
             p.outcome.report.istop
@@ -136,75 +80,20 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             pts.len()
         );
     }
-    let triples: Vec<(f64, f64, f64)> = pts
-        .iter()
-        .map(|p| (p.weight, p.residual_norm, p.model_norm))
-        .collect();
-    let (c, _) = corner(&triples);
-    // lcurve.csv and the corner's model.h5 + report.json are published as one set.
-    let mut publ = crate::io::publish::Publication::new("lcurve");
-    let csv = out.join("lcurve.csv");
-    publ.write(&csv, |w| {
-        writeln!(
-            w,
-            "{what},residual_norm,model_norm,curvature,iterations,istop,corner"
-        )?;
-        for (i, p) in pts.iter().enumerate() {
-            writeln!(
-                w,
-                "{:e},{:e},{:e},{:e},{},{},{}",
-                p.weight,
-                p.residual_norm,
-                p.model_norm,
-                p.curvature,
-                p.outcome.report.iterations,
-                p.outcome.report.istop,
-                u8::from(c == Some(i))
-            )?;
-        }
-        Ok(())
-    })?;
-    let png = out.join("lcurve.png");
-    crate::model::plot::lcurve_png(&png, &triples, c, l_label)?;
     eprintln!(
         "wrote {} and {}",
-        crate::io::tidy(&csv).display(),
-        crate::io::tidy(&png).display()
+        crate::io::tidy(&files.csv).display(),
+        crate::io::tidy(&files.png).display()
     );
-    match c {
-        Some(i) => {
-            let p = &pts[i];
-            eprintln!("corner: {what} = {:.6e}", p.weight);
-            let n = sweep.g.ncols();
-            let spec = cfg.model.spec(n)?;
-            let cov = Coverage::from_kernel_rows(&sweep.g, sweep.g.nrows());
-            let model = out.join("model.h5");
-            stage_model(
-                &mut publ,
-                &model,
-                &ModelInputs {
-                    spec: &spec,
-                    outcome: &p.outcome,
-                    coverage: Some(&cov),
-                    kernel_rows: sweep.g.nrows(),
-                    config_text: &cfg.text,
-                },
-            )?;
-            let mut report = p.outcome.report.clone();
-            report.run_id = publ.run_id().to_string();
-            publ.write(&out.join("report.json"), |w| {
-                crate::pipeline::json_text(w, &report)
-            })?;
-            publ.commit()?;
+    match (c, &files.model) {
+        (Some(i), Some(model)) => {
+            eprintln!("corner: {what} = {:.6e}", pts[i].weight);
             eprintln!(
                 "corner model written to {}",
-                crate::io::tidy(&model).display()
+                crate::io::tidy(model).display()
             );
         }
-        None => {
-            publ.commit()?;
-            eprintln!("no corner found (the curve has no left turn): widen the range")
-        }
+        _ => eprintln!("no corner found (the curve has no left turn): widen the range"),
     }
     Ok(())
 }

@@ -184,7 +184,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         variance: a.variance,
     };
     super::log_job(comm);
-    let load = || a.system.load(&a.matrix);
+    let load = || a.system.parts().load(&a.matrix);
     if let Some(o) = distributed::run_lsqr(
         comm,
         load,

@@ -593,6 +593,21 @@ pub fn write_vector_mtx_to(w: &mut dyn std::io::Write, x: &[f64]) -> std::io::Re
     Ok(())
 }
 
+/// What a Matrix Market system has besides A: [A; w R] x = [b; 0] (b = A 1 when no rhs).
+#[derive(Debug, Clone, Copy)]
+pub struct MtxParts<'a> {
+    pub rhs: Option<&'a Path>,
+    pub reg: Option<&'a Path>,
+    pub reg_weight: f64,
+}
+
+impl MtxParts<'_> {
+    /// [`load_system`] with A from `matrix`.
+    pub fn load(&self, matrix: &Path) -> Result<System> {
+        load_system(matrix, self.rhs, self.reg, self.reg_weight)
+    }
+}
+
 /// Load [A; w R], [b; 0] from Matrix Market / text files.
 pub fn load_system(
     matrix: &Path,

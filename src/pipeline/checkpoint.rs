@@ -72,6 +72,7 @@ pub struct RunHistory {
 
 /// LSQR with checkpoints (and resume): [`crate::solver::lsqr`] with `(ck, fp)`, where to
 /// checkpoint and the fingerprint of the system (see [`fingerprint`]).
+#[allow(clippy::too_many_arguments)]
 pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     be: &B,
     op: &O,
