@@ -197,6 +197,17 @@ extern "C" __global__ void tri_sweep(unsigned long long n, const unsigned long l
     }
 }
 
+// y[idx[k]] = a t[k] + b y[idx[k]] (b == 0: y is not read): the rows of a split product put
+// back in place, with the same expression as the SpMV kernels' epilogue.
+extern "C" __global__ void scatter_rows(unsigned long long n, const unsigned* __restrict__ idx,
+                                        const double* __restrict__ t, double* __restrict__ y,
+                                        double a, double b) {
+    GRID_STRIDE(n) {
+        const unsigned r = idx[i];
+        y[r] = (b == 0.0) ? a * t[i] : a * t[i] + b * y[r];
+    }
+}
+
 // out[k] = x[idx[k]] (the halo's send buffer).
 extern "C" __global__ void gather(unsigned long long n, const unsigned* __restrict__ idx,
                                   const double* __restrict__ x, double* __restrict__ out) {

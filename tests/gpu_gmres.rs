@@ -9,10 +9,11 @@ use common::gpu::{down, gpu, rand_vec, rel};
 use common::{iterations_within, on_thread_ranks, GMRES_JACOBI_CLI};
 use std::path::PathBuf;
 
+use seistomo::backend::cpu::square::DistSquareOperator;
 use seistomo::backend::cpu::CpuBackend;
-use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps};
+use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
 use seistomo::backend::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
-use seistomo::backend::{Backend, Precision};
+use seistomo::backend::{Backend, Operator, Precision, Scale};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
@@ -286,6 +287,63 @@ fn gmres_on_the_gpu_matches_the_cpu() {
                         assert!(g.info.stop.relres.is_finite());
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The halo overlap: the product split into interior rows (computed while MPI moves the
+/// ghosts) and boundary rows equals the whole product after the exchange and the CPU's, on 2
+/// and 3 ranks (threads sharing the GPU), with a beta that reads y.
+#[test]
+fn split_halo_product_matches_the_whole_one() {
+    let Some(be) = gpu() else { return };
+    drop(be);
+    let a = cube(SquareKind::Convdiff, 14).unwrap();
+    let n = a.nrows();
+    let (x, y0) = (rand_vec(n, 11), rand_vec(n, 12));
+    let s = Scale::new(1.5, -0.25);
+    for ranks in [2usize, 3] {
+        for part in [
+            RowPartition::contiguous(n, ranks),
+            RowPartition::by_nnz(a.indptr(), ranks),
+        ] {
+            let out = on_thread_ranks(ranks, |c| {
+                let range = part.range(c.rank());
+                let rows = a.select_rows(&range.clone().collect::<Vec<_>>());
+                let cpu = DistSquareOperator::distributed(&rows, &part, c).unwrap();
+                let (xl, yl) = (x[range.clone()].to_vec(), y0[range].to_vec());
+                let mut want = yl.clone();
+                cpu.apply(&CpuBackend::new(), s, &xl, &mut want).unwrap();
+                let be = CudaBackend::new(0).unwrap();
+                let got: Vec<Vec<f64>> = [false, true]
+                    .iter()
+                    .map(|&overlap| {
+                        let op =
+                            CudaSquareOperator::with_overlap(&be, &cpu, c, Precision::F64, overlap)
+                                .unwrap();
+                        let xd = be.upload(&xl).unwrap();
+                        let mut yd = be.upload(&yl).unwrap();
+                        // twice: the second product reuses the halo buffers
+                        op.apply(&be, s, &xd, &mut yd).unwrap();
+                        op.apply(&be, Scale::new(1.0, 0.5), &xd, &mut yd).unwrap();
+                        down(&be, &yd)
+                    })
+                    .collect();
+                let mut w2 = want.clone();
+                cpu.apply(&CpuBackend::new(), Scale::new(1.0, 0.5), &xl, &mut w2)
+                    .unwrap();
+                (w2, got)
+            });
+            for (r, (want, got)) in out.iter().enumerate() {
+                let (whole, split) = (&got[0], &got[1]);
+                let d_whole = rel(whole, want);
+                let d_split = rel(split, whole);
+                println!(
+                    "{ranks} ranks, rank {r}: whole vs cpu {d_whole:e}, split vs whole {d_split:e}"
+                );
+                assert!(d_whole <= 1e-14, "whole product vs CPU: {d_whole:e}");
+                assert!(d_split <= 1e-14, "split product vs whole: {d_split:e}");
             }
         }
     }

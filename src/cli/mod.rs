@@ -101,11 +101,11 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
         .chain()
         .any(|c| matches!(c.downcast_ref(), Some(crate::Error::Rank { .. })));
     if !agreed {
-        say(format!("seistomo: error: rank {}: {e}", comm.rank()));
+        say(format!("seistomo: error: rank {}: {e:#}", comm.rank()));
         comm.abort(1);
     }
     if comm.is_root() {
-        say(format!("seistomo: error: {e}"));
+        say(format!("seistomo: error: {e:#}"));
     }
     // Nobody exits before rank 0 has printed (the launcher ends the job at the first non-zero
     // exit).

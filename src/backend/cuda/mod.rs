@@ -175,6 +175,7 @@ pub(crate) struct Kernels {
     pub multi_axpy: CudaFunction,
     pub tri_sweep: CudaFunction,
     pub gather: CudaFunction,
+    pub scatter_rows: CudaFunction,
     /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
     pub compact: [[[CudaFunction; 4]; 2]; 2],
     pub stencil_av: CudaFunction,
@@ -261,6 +262,7 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         multi_axpy: f("multi_axpy")?,
         tri_sweep: f("tri_sweep")?,
         gather: f("gather")?,
+        scatter_rows: f("scatter_rows")?,
         compact: {
             let g = |st: &str, p: &str, w: u32| f(&format!("compact_{st}s{w}_{p}"));
             let row = |st: &str, p: &str| -> Result<[CudaFunction; 4]> {
@@ -483,14 +485,27 @@ impl CudaBackend {
     /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node
     /// (device 0 alone); says which GPU each rank took when there are several ranks.
     pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
+        let count = CudaContext::device_count()
+            .map_err(|e| Error::backend("cuda", format!("cuInit/device count: {e:?}")))?
+            .max(1) as usize;
+        // More ranks on a node than GPUs: ranks share them round-robin (said once per rank).
         let ordinal = if comm.size() > 1 {
-            comm.local_rank()
+            comm.local_rank() % count
         } else {
             0
         };
         let be = CudaBackend::new(ordinal)?;
         if comm.size() > 1 {
-            eprintln!("rank {}: GPU {ordinal} ({})", comm.rank(), be.describe());
+            let shared = if comm.local_rank() >= count {
+                format!(", shared: {count} GPU(s) for more ranks on this node")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "rank {}: GPU {ordinal} ({}){shared}",
+                comm.rank(),
+                be.describe()
+            );
         }
         Ok(be)
     }
@@ -718,6 +733,14 @@ impl CudaBackend {
     /// ([`CudaBackend::setup_allreduce`]): `send` holds the values for each rank in rank order
     /// (`send_counts`), `recv` receives from each rank in rank order (`recv_counts`). Returns
     /// false (nothing done) when there is no NCCL communicator.
+    /// Whether NCCL is set up for this backend's communicator (halo and reductions GPU to GPU).
+    pub(crate) fn nccl_ready(&self) -> bool {
+        self.nccl
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
     pub(crate) fn nccl_exchange(
         &self,
         send: Option<&CudaSlice<f64>>,
@@ -777,6 +800,25 @@ impl CudaBackend {
             &self.k.gather,
             idx.len(),
             &mut [arg(&n), arg(&pi), arg(&px), arg(&po)],
+        )
+    }
+
+    /// y[idx[k]] = s.alpha t[k] + s.beta y[idx[k]] on the device (a split product's rows put
+    /// back; t holds the plain row sums).
+    pub(crate) fn scatter_rows(
+        &self,
+        idx: &CudaSlice<u32>,
+        t: &CudaSlice<f64>,
+        y: &mut CudaSlice<f64>,
+        s: crate::backend::Scale,
+    ) -> Result<()> {
+        self.check_len("scatter_rows", idx.len(), t.len())?;
+        let (n, pi, pt, py) = (idx.len() as u64, self.ptr(idx), self.ptr(t), self.ptr(y));
+        let (a, b) = (s.alpha, s.beta);
+        self.launch_elementwise(
+            &self.k.scatter_rows,
+            idx.len(),
+            &mut [arg(&n), arg(&pi), arg(&pt), arg(&py), arg(&a), arg(&b)],
         )
     }
 

@@ -5,7 +5,9 @@
 //!   the x entries other ranks need are gathered on the device, copied to the host, exchanged
 //!   with one all-to-all over [`Comm`], and copied behind the local entries of an extended
 //!   vector [x_local, ghosts] that the local CSR product reads (columns renumbered as in
-//!   [`crate::comm::halo::localize`]).
+//!   [`crate::comm::halo::localize`]). With the exchange through the host, the rows split in two
+//!   ([`SplitRows`]): rows without ghost columns are multiplied while MPI moves the ghosts, the
+//!   others after they arrive.
 //! - [`CudaIluSweeps`]: the ILU(0) factors of this rank's block (factorised on the host by
 //!   [`BlockIlu0`]) on the device; each application runs a fixed number of Jacobi sweeps on
 //!   L y = r and U z = y, a thread per row, in the same arithmetic order as the CPU's
@@ -33,12 +35,35 @@ struct Halo {
     recv_host: Vec<f64>,
     /// [x_local, ghosts].
     ext: CudaSlice<f64>,
+    /// Row sums of the interior and boundary rows (split products only).
+    t_interior: Option<CudaSlice<f64>>,
+    t_boundary: Option<CudaSlice<f64>>,
+}
+
+/// This rank's rows split for overlapping the halo exchange with the product: interior rows
+/// (no ghost column) are multiplied from x while the ghosts travel, boundary rows from
+/// [x, ghosts] after; each part's row sums are put back in place by one scatter. A row's sum
+/// is the same kernel's over the same nonzeros, so the split changes at most how short rows
+/// share a warp (their rounding within f64 sums, not their terms).
+struct SplitRows {
+    interior: CudaCsrOperator,
+    boundary: CudaCsrOperator,
+    rows_interior: CudaSlice<u32>,
+    rows_boundary: CudaSlice<u32>,
+    n_interior: usize,
+    n_boundary: usize,
+}
+
+/// The product of this rank's rows: one matrix, or split for the overlap.
+enum Product {
+    Whole(Box<CudaCsrOperator>),
+    Split(Box<SplitRows>),
 }
 
 /// This rank's rows of a square matrix on the GPU, with the halo exchange built in: `apply`
 /// takes and returns device vectors of this rank's n_local entries.
 pub struct CudaSquareOperator<'c> {
-    op: CudaCsrOperator,
+    product: Product,
     n_local: usize,
     comm: &'c dyn Comm,
     send_counts: Vec<usize>,
@@ -48,17 +73,52 @@ pub struct CudaSquareOperator<'c> {
 
 impl<'c> CudaSquareOperator<'c> {
     /// Upload the local matrix of `cpu` (owned columns first, then ghosts) and its halo plan.
+    /// With several ranks the rows are split for the overlap ([`SplitRows`]) unless NCCL
+    /// moves the halo (its exchange runs on the product's stream: nothing to overlap).
     pub fn new(
         be: &CudaBackend,
         cpu: &DistSquareOperator<'_>,
         comm: &'c dyn Comm,
         precision: Precision,
     ) -> Result<Self> {
+        Self::with_overlap(
+            be,
+            cpu,
+            comm,
+            precision,
+            comm.size() > 1 && !be.nccl_ready(),
+        )
+    }
+
+    /// [`Self::new`] with the overlap chosen (`overlap` needs several ranks; false: one
+    /// product after the whole exchange).
+    pub fn with_overlap(
+        be: &CudaBackend,
+        cpu: &DistSquareOperator<'_>,
+        comm: &'c dyn Comm,
+        precision: Precision,
+        overlap: bool,
+    ) -> Result<Self> {
         let a = cpu.local_matrix();
         let plan = cpu.plan();
         let n = plan.n_local;
+        let overlap = overlap && comm.size() > 1;
         // GMRES never applies A^T: the scatter strategy keeps no second copy.
-        let op = CudaCsrOperator::new(be, a, TransposeStrategy::Scatter, precision)?;
+        let product = if overlap {
+            Product::Split(Box::new(SplitRows::new(be, a, n, precision)?))
+        } else {
+            Product::Whole(Box::new(CudaCsrOperator::new(
+                be,
+                a,
+                TransposeStrategy::Scatter,
+                precision,
+            )?))
+        };
+        let (n_interior, n_boundary) = match &product {
+            Product::Split(sp) => (sp.n_interior, sp.n_boundary),
+            Product::Whole(_) => (0, 0),
+        };
+        let temp = |len: usize| (len > 0).then(|| be.zeros(len)).transpose();
         let send_counts: Vec<usize> = plan.send_idx.iter().map(|s| s.len()).collect();
         let halo = if comm.size() > 1 {
             let flat: Vec<u32> = plan.send_idx.iter().flatten().copied().collect();
@@ -77,12 +137,14 @@ impl<'c> CudaSquareOperator<'c> {
                 send_host: vec![0.0; flat.len()],
                 recv_host: vec![0.0; plan.recv_volume()],
                 ext: be.zeros(a.ncols().max(1))?,
+                t_interior: temp(n_interior)?,
+                t_boundary: temp(n_boundary)?,
             }))
         } else {
             None
         };
         Ok(CudaSquareOperator {
-            op,
+            product,
             n_local: n,
             comm,
             send_counts,
@@ -91,16 +153,18 @@ impl<'c> CudaSquareOperator<'c> {
         })
     }
 
-    /// The exchange: ext = [x, the ghosts other ranks own].
-    fn exchange(&self, be: &CudaBackend, x: &CudaSlice<f64>, h: &mut Halo) -> Result<()> {
+    /// The first half of the exchange: ext[..n] = x and the entries other ranks need gathered
+    /// and copied to the host (the copy is waited for). Returns true when NCCL did the whole
+    /// exchange on the stream instead.
+    fn send_halo(&self, be: &CudaBackend, x: &CudaSlice<f64>, h: &mut Halo) -> Result<bool> {
         let n = self.n_local;
         if let (Some(idx), Some(send)) = (&h.idx, &mut h.send_dev) {
             be.gather(idx, x, send)?;
         }
-        // GPU to GPU when NCCL is set up: no host copies.
         be.stream
             .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
             .map_err(cuda_err("device copy"))?;
+        // GPU to GPU when NCCL is set up: no host copies.
         if be.nccl_exchange(
             h.send_dev.as_ref(),
             &self.send_counts,
@@ -108,7 +172,7 @@ impl<'c> CudaSquareOperator<'c> {
             n,
             &self.recv_counts,
         )? {
-            return Ok(());
+            return Ok(true);
         }
         if let Some(send) = &h.send_dev {
             be.stream
@@ -116,6 +180,13 @@ impl<'c> CudaSquareOperator<'c> {
                 .map_err(cuda_err("copying the halo to the host"))?;
             be.synchronize()?;
         }
+        Ok(false)
+    }
+
+    /// The second half: the all-to-all over [`Comm`] and the ghosts copied behind x in ext
+    /// (queued on the stream after whatever was launched meanwhile).
+    fn receive_halo(&self, be: &CudaBackend, h: &mut Halo) -> Result<()> {
+        let n = self.n_local;
         let mut sends = Vec::with_capacity(self.send_counts.len());
         let mut off = 0;
         for &c in &self.send_counts {
@@ -141,6 +212,54 @@ impl<'c> CudaSquareOperator<'c> {
         }
         Ok(())
     }
+
+    /// The split product: interior rows while MPI moves the ghosts, boundary rows after.
+    fn apply_split(
+        &self,
+        be: &CudaBackend,
+        sp: &SplitRows,
+        s: Scale,
+        x: &DeviceVec,
+        h: &mut Halo,
+        y: &mut DeviceVec,
+    ) -> Result<()> {
+        let by_nccl = self.send_halo(be, x, h)?;
+        if let Some(t) = h.t_interior.as_mut() {
+            sp.interior.apply(be, Scale::SET, x, t)?;
+            be.scatter_rows(&sp.rows_interior, t, y, s)?;
+        }
+        if !by_nccl {
+            self.receive_halo(be, h)?;
+        }
+        if let Some(t) = h.t_boundary.as_mut() {
+            sp.boundary.apply(be, Scale::SET, &h.ext, t)?;
+            be.scatter_rows(&sp.rows_boundary, t, y, s)?;
+        }
+        Ok(())
+    }
+}
+
+impl SplitRows {
+    /// Split the local matrix `a` (columns: n owned, then ghosts) into interior and boundary
+    /// rows and upload both parts.
+    fn new(be: &CudaBackend, a: &Csr, n: usize, precision: Precision) -> Result<Self> {
+        let (interior, boundary): (Vec<usize>, Vec<usize>) =
+            (0..a.nrows()).partition(|&r| a.row(r).0.iter().all(|&c| (c as usize) < n));
+        // Interior rows read x itself: n columns.
+        let (m, _, ip, ix, v) = a.select_rows(&interior).into_parts();
+        let a_int = Csr::try_new(m, n, ip, ix, v)?;
+        let a_bnd = a.select_rows(&boundary);
+        let op = |m: &Csr| CudaCsrOperator::new(be, m, TransposeStrategy::Scatter, precision);
+        let rows = |r: &[usize]| -> Vec<u32> { r.iter().map(|&i| i as u32).collect() };
+        Ok(SplitRows {
+            interior: op(&a_int)?,
+            boundary: op(&a_bnd)?,
+            rows_interior: up(be, &rows(&interior))?,
+            rows_boundary: up(be, &rows(&boundary))?,
+            n_interior: interior.len(),
+            n_boundary: boundary.len(),
+        })
+    }
 }
 
 impl Operator<CudaBackend> for CudaSquareOperator<'_> {
@@ -159,15 +278,23 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 self.n_local
             )));
         }
-        match &self.halo {
-            None => self.op.apply(be, Scale::new(s.alpha, s.beta), x, y),
-            Some(h) => {
-                let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
-                self.exchange(be, x, &mut h)?;
-                if self.op.ncols() == self.n_local {
-                    self.op.apply(be, Scale::new(s.alpha, s.beta), x, y)
+        let Some(h) = &self.halo else {
+            return match &self.product {
+                Product::Whole(op) => op.apply(be, s, x, y),
+                Product::Split(_) => Err(Error::Invalid("a split product needs a halo".into())),
+            };
+        };
+        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+        match &self.product {
+            Product::Split(sp) => self.apply_split(be, sp, s, x, &mut h, y),
+            Product::Whole(op) => {
+                if !self.send_halo(be, x, &mut h)? {
+                    self.receive_halo(be, &mut h)?;
+                }
+                if op.ncols() == self.n_local {
+                    op.apply(be, s, x, y)
                 } else {
-                    self.op.apply(be, Scale::new(s.alpha, s.beta), &h.ext, y)
+                    op.apply(be, s, &h.ext, y)
                 }
             }
         }
