@@ -301,21 +301,25 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
     // The reference is the CPU run in the GPU's summation and reduction orders (kernels with a
     // fixed order must match it to 1e-10). Atomics (scatter) and cuSPARSE sum in an order of
     // their own: they must match to 1e-10 where a mere change of order moves this problem's
-    // x and var by less than that, else within 10x of that spread (measured: plain CPU order
+    // x and var by less than that, else within 10x of that spread (measured: the CPU's orders
     // vs the GPU order). Some awkward shapes amplify the order of the norms by 1e5 in 50
     // iterations (one dominant row: loss of orthogonality), hence the yardstick.
     let Some(g) = gpu() else { return };
     let mut bad = Vec::new();
     for (m, n, a, b, params) in awkward_lsqr_problems() {
-        // The order spread of this shape: the larger of the two precisions' (it is itself a
-        // chaotic quantity on the sensitive shapes).
+        // The order spread of this shape: how far the CPU's two orders (CSC: a column in four
+        // lanes; scatter: in row order) land from the GPU-order run, the largest over both
+        // orders and both precisions (it is itself a chaotic quantity on the sensitive shapes).
         let spread = |ar: &Csr| {
-            let plain = cpu_csr_lsqr(ar, TransposeStrategy::Csc, &b, &params);
             let r = gpu_order_lsqr(ar, &b, &params);
-            (
-                rel(&plain.x, &r.x),
-                rel(plain.var.as_ref().unwrap(), r.var.as_ref().unwrap()),
-            )
+            let mut s = (0.0f64, 0.0f64);
+            for t in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
+                let plain = cpu_csr_lsqr(ar, t, &b, &params);
+                s.0 = s.0.max(rel(&plain.x, &r.x));
+                s.1 =
+                    s.1.max(rel(plain.var.as_ref().unwrap(), r.var.as_ref().unwrap()));
+            }
+            s
         };
         let (s64, s32) = (spread(&a), spread(&rounded(&a)));
         let (sx, sv) = (s64.0.max(s32.0), s64.1.max(s32.1));
@@ -426,8 +430,13 @@ fn cpu_summation_order_spread() {
         let (sx, sv) = order_spread(&a, &b, &params);
         let e = cpu_spread(&a, &b, &params);
         println!("{m}x{n}: reordered x rel diff {sx:.2e}, var {sv:.2e}; csc vs scatter {e:.2e}");
+        // The CSC product sums a column's terms in four lanes, the scatter in row order: two
+        // orders, so they agree as well as any two orders do on the shape.
         if m > n {
-            assert!(e <= 1e-10, "{m}x{n}: {e}");
+            assert!(
+                e <= 1e-10f64.max(10.0 * sx),
+                "{m}x{n}: {e} (order spread {sx:.2e})"
+            );
         }
     }
 }

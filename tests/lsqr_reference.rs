@@ -158,9 +158,10 @@ fn csc_and_scatter_transposes_agree() {
             run(&sys, TransposeStrategy::Scatter, &fixed),
         );
         assert_eq!((a.info.itn, b.info.itn), (10, 10));
+        // Two summation orders (CSC: a column's terms in four lanes; scatter: in row order).
         let d = rel_diff(&b.x, &a.x);
         assert!(
-            d <= 1e-12,
+            d <= 1e-10,
             "{name}: iterates differ by {d:e} after 10 iterations"
         );
         let (a, b) = (

@@ -20,8 +20,9 @@ use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
 /// z = M^-1 r, both vectors of this rank's rows. `&mut self` lets an implementation keep
-/// preallocated scratch space.
-pub trait Preconditioner<B: Backend> {
+/// preallocated scratch space. `Send`: a one-rank CPU solve runs on a rayon worker
+/// ([`crate::backend::cpu::on_pool`]).
+pub trait Preconditioner<B: Backend>: Send {
     /// Short name for reports.
     fn name(&self) -> String;
     fn apply(&mut self, be: &B, r: &B::Vector, z: &mut B::Vector) -> Result<()>;

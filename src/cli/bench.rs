@@ -386,7 +386,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                             prec,
                         );
                         let bpn = op.stored().bytes() as f64 / p.stored.nnz().max(1) as f64;
-                        let tm = crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)?;
+                        let tm = crate::backend::cpu::on_pool(&crate::comm::SerialComm, || {
+                            crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)
+                        })?;
                         eprintln!("cpu compact {prec}: {:.4} ms/iter", tm.ms_iter);
                         push(tm, "rows".into(), prec, "host", fb, bpn);
                     }
@@ -396,7 +398,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                             continue;
                         }
                         let op = CpuCsrOperator::new(p.stored.clone(), s);
-                        let tm = crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)?;
+                        let tm = crate::backend::cpu::on_pool(&crate::comm::SerialComm, || {
+                            crate::pipeline::bench::time_lsqr(&be, &op, &p.b, a.iters, &sync)
+                        })?;
                         eprintln!("cpu csr {s} f64: {:.4} ms/iter", tm.ms_iter);
                         push(
                             tm,

@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use crate::sparse::Csr;
+use crate::sparse::{Csr, Lanes};
 
 /// A block of stencil rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -392,9 +392,10 @@ impl StencilOp {
     }
 
     /// Continue the transposed row sum `s` of the cell at new position `jn` with this
-    /// stencil's rows (in increasing row order), reading their values from `y`.
+    /// stencil's rows (in increasing row order, the lanes of a CSR row: [`Lanes`]), reading
+    /// their values from `y`.
     #[inline]
-    pub fn add_transposed(&self, mut s: f64, jn: usize, y: &[f64]) -> f64 {
+    pub fn add_transposed(&self, s: &mut Lanes, jn: usize, y: &[f64]) {
         let n = self.stencil.n;
         let c = match &self.old_of_new {
             Some(q) => q[jn] as usize,
@@ -403,17 +404,17 @@ impl StencilOp {
         for b in &self.blocks {
             let w = b.weight;
             match b.kind {
-                BlockKind::Norm => s += w * y[b.row0 + c],
+                BlockKind::Norm => s.add(w * y[b.row0 + c]),
                 BlockKind::First(a) => {
                     let st = STRIDE(n, a);
                     // rows at cell c - e (this cell is its second entry), then at c
                     if c >= st {
                         if let Some(r) = block_row(b, n, c - st) {
-                            s += w * y[b.row0 + r];
+                            s.add(w * y[b.row0 + r]);
                         }
                     }
                     if let Some(r) = block_row(b, n, c) {
-                        s += -w * y[b.row0 + r];
+                        s.add(-w * y[b.row0 + r]);
                     }
                 }
                 BlockKind::Second(a) => {
@@ -421,19 +422,18 @@ impl StencilOp {
                     // rows centred at c - e (this cell is their last entry), c, c + e
                     if c >= st {
                         if let Some(r) = block_row(b, n, c - st) {
-                            s += w * y[b.row0 + r];
+                            s.add(w * y[b.row0 + r]);
                         }
                     }
                     if let Some(r) = block_row(b, n, c) {
-                        s += -2.0 * w * y[b.row0 + r];
+                        s.add(-2.0 * w * y[b.row0 + r]);
                     }
                     if let Some(r) = block_row(b, n, c + st) {
-                        s += w * y[b.row0 + r];
+                        s.add(w * y[b.row0 + r]);
                     }
                 }
             }
         }
-        s
     }
 
     /// x = alpha D^T y + beta x (x in the renumbered order); beta == 0 does not read x.
@@ -442,7 +442,9 @@ impl StencilOp {
         assert_eq!(x.len(), self.ncols());
         x.par_chunks_mut(8192).enumerate().for_each(|(ci, xs)| {
             for (k, xj) in xs.iter_mut().enumerate() {
-                let s = self.add_transposed(0.0, ci * 8192 + k, y);
+                let mut l = Lanes::default();
+                self.add_transposed(&mut l, ci * 8192 + k, y);
+                let s = l.sum();
                 *xj = if beta == 0.0 {
                     alpha * s
                 } else {

@@ -433,7 +433,9 @@ pub fn gmres_square_cpu(
     let halo = op.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
     let prepared = square_precond(&be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
-    solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
+    crate::backend::cpu::on_pool(comm, || {
+        solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
+    })
 }
 
 /// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]). Matrix values are stored

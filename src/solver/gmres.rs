@@ -142,8 +142,9 @@ pub struct GmresRecord {
     pub seconds: f64,
 }
 
-/// Called with every iteration's record, from iteration 0. An error stops the solve.
-pub trait GmresMonitor {
+/// Called with every iteration's record, from iteration 0. An error stops the solve. `Send`: a
+/// one-rank CPU solve runs on a rayon worker (`backend::cpu::on_pool`).
+pub trait GmresMonitor: Send {
     fn record(&mut self, rec: &GmresRecord) -> Result<()>;
 }
 

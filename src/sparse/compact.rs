@@ -22,8 +22,8 @@
 //!
 //! Bytes per stored entry: 6 with f32 values, 10 with f64, against 12 (f64 + u32) for CSR.
 
-use crate::sparse::Csr;
 use crate::sparse::Precision;
+use crate::sparse::{Csr, Lanes};
 
 /// The largest column step one entry can hold; larger steps take fillers.
 pub const MAX_DELTA: u32 = u16::MAX as u32;
@@ -237,29 +237,17 @@ impl CompactCsr {
         }
     }
 
-    /// Sum of `value * x[column]` over row `r` in entry order (the order of a CSR row sum:
-    /// fillers add exact zeros). `x` must hold `ncols` values.
+    /// Sum of `value * x[column]` over the nonzeros of row `r` in the order of a CSR row sum
+    /// ([`Lanes`]; fillers add no term). `x` must hold `ncols` values.
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f64]) -> f64 {
-        let (s, e) = (self.ptr[r] as usize, self.ptr[r + 1] as usize);
-        let mut c = self.base[r] as usize;
-        let d = &self.delta[s..e];
-        let mut sum = 0.0;
-        match &self.values {
-            CompactValues::F64(v) => {
-                for (&dk, &vk) in d.iter().zip(&v[s..e]) {
-                    c += dk as usize;
-                    sum += vk * x[c];
-                }
+        let mut l = Lanes::default();
+        self.for_row(r, |c, v, filler| {
+            if !filler {
+                l.add(v * x[c as usize]);
             }
-            CompactValues::F32(v) => {
-                for (&dk, &vk) in d.iter().zip(&v[s..e]) {
-                    c += dk as usize;
-                    sum += vk as f64 * x[c];
-                }
-            }
-        }
-        sum
+        });
+        l.sum()
     }
 
     /// y = alpha A x + beta y, serially (the reference for tests; beta == 0 does not read y).

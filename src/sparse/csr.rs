@@ -1,6 +1,7 @@
 //! Compressed sparse row storage with u64 row offsets (a matrix may hold more than 2^31
 //! nonzeros) and u32 column indices, and its transpose form CSC (= CSR of A^T).
 
+use super::Lanes;
 use crate::error::{Result, StructureError};
 
 /// A CSR matrix: row `i` holds `indices[indptr[i]..indptr[i+1]]` with matching `data`.
@@ -359,7 +360,7 @@ impl Csr {
         (0..self.nrows)
             .map(|i| {
                 let (c, v) = self.row(i);
-                c.iter().zip(v).map(|(&j, &a)| a * x[j as usize]).sum()
+                Lanes::of(c.len(), |k| v[k] * x[c[k] as usize]).sum()
             })
             .collect()
     }

@@ -3,10 +3,12 @@
 
 pub mod compact;
 mod csr;
+pub mod lanes;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
 pub use csr::{Csc, Csr};
+pub use lanes::Lanes;
 
 /// A loaded least-squares system (this rank's rows).
 #[derive(Debug, Clone)]

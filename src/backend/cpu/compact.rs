@@ -11,7 +11,7 @@ use super::CpuBackend;
 use crate::backend::{Operator, Precision, Scale};
 use crate::error::Result;
 use crate::grid::StencilOp;
-use crate::sparse::{CompactCsr, CompactValues, Csr};
+use crate::sparse::{CompactCsr, CompactValues, Csr, Lanes};
 
 /// Entries below which a product is not split further across threads.
 const GRAIN: u64 = 32 * 1024;
@@ -62,45 +62,54 @@ impl CpuCompactOperator {
     }
 }
 
-/// Row sum in entry order without bounds checks on x.
+/// The lanes of row `r`'s sum ([`Lanes`]: the CSR operator's order) without bounds checks on x.
+/// `fillers`: whether the matrix has filler entries, which add no term (checked per entry only
+/// then).
 #[inline]
-fn row_dot(m: &CompactCsr, r: usize, x: &[f64]) -> f64 {
+fn row_lanes(m: &CompactCsr, r: usize, x: &[f64], fillers: bool) -> Lanes {
     let (p, d) = (m.ptr(), m.delta());
     let (s, e) = (p[r] as usize, p[r + 1] as usize);
-    let mut c = m.base()[r] as usize;
     let d = &d[s..e];
-    let mut sum = 0.0;
+    if fillers {
+        let mut l = Lanes::default();
+        m.for_row(r, |c, v, filler| {
+            if !filler {
+                l.add(v * x[c as usize]);
+            }
+        });
+        return l;
+    }
+    let mut c = m.base()[r] as usize;
+    // SAFETY (both arms): a CompactCsr is built from a valid Csr, so every decoded column is
+    // < ncols, and the callers assert x.len() == ncols; k < d.len() == the value slice's length.
     match m.values() {
         CompactValues::F64(v) => {
-            for (&dk, &vk) in d.iter().zip(&v[s..e]) {
-                c += dk as usize;
+            let v = &v[s..e];
+            Lanes::of(d.len(), |k| unsafe {
+                c += *d.get_unchecked(k) as usize;
                 debug_assert!(c < x.len());
-                // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column
-                // (fillers included: they lie between two real columns of the row) is < ncols,
-                // and the callers assert x.len() == ncols.
-                sum += vk * unsafe { *x.get_unchecked(c) };
-            }
+                v.get_unchecked(k) * x.get_unchecked(c)
+            })
         }
         CompactValues::F32(v) => {
-            for (&dk, &vk) in d.iter().zip(&v[s..e]) {
-                c += dk as usize;
+            let v = &v[s..e];
+            Lanes::of(d.len(), |k| unsafe {
+                c += *d.get_unchecked(k) as usize;
                 debug_assert!(c < x.len());
-                // SAFETY: as above.
-                sum += vk as f64 * unsafe { *x.get_unchecked(c) };
-            }
+                *v.get_unchecked(k) as f64 * x.get_unchecked(c)
+            })
         }
     }
-    sum
 }
 
 /// out[k] = alpha * f(row0 + k) + beta * out[k] for the rows of `out`, split by entries.
-fn rows_par(
+fn rows_par<F: Fn(usize) -> f64 + Sync>(
     ptr: &[u64],
     row0: usize,
     out: &mut [f64],
     alpha: f64,
     beta: f64,
-    f: &(dyn Fn(usize) -> f64 + Sync),
+    f: &F,
 ) {
     let nrows = out.len();
     let work = ptr[row0 + nrows] - ptr[row0] + nrows as u64;
@@ -138,7 +147,10 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(y.len(), self.nrows());
         let (ys, yd) = y.split_at_mut(self.a.nrows());
         let a = &self.a;
-        rows_par(a.ptr(), 0, ys, s.alpha, s.beta, &|r| row_dot(a, r, x));
+        let fill = a.entries() > a.nnz();
+        rows_par(a.ptr(), 0, ys, s.alpha, s.beta, &|r| {
+            row_lanes(a, r, x, fill).sum()
+        });
         if let Some(st) = &self.stencil {
             st.apply(s.alpha, x, s.beta, yd);
         }
@@ -149,10 +161,15 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(x.len(), self.ncols());
         let (ys, yd) = y.split_at(self.a.nrows());
         let at = &self.at;
+        let fill = at.entries() > at.nnz();
         match &self.stencil {
-            None => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| row_dot(at, j, ys)),
+            None => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| {
+                row_lanes(at, j, ys, fill).sum()
+            }),
             Some(st) => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| {
-                st.add_transposed(row_dot(at, j, ys), j, yd)
+                let mut l = row_lanes(at, j, ys, fill);
+                st.add_transposed(&mut l, j, yd);
+                l.sum()
             }),
         }
         Ok(())
