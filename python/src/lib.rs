@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use seistomo::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use seistomo::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use seistomo::backend::precond::{PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
@@ -294,7 +294,7 @@ fn lsqr<'py>(
                 ..
             } = seistomo::backend::storage::prepare(a, b, m, None, storage, reorder, false);
             let x0 = x0.as_deref().map(|x| ordering.to_new(x));
-            let dev_loop = use_device_loop(lsqr_loop, storage, 1);
+            let dev_loop = use_device_loop(lsqr_loop, 1);
             let (res, what) = match kind {
                 BackendChoice::Cuda => {
                     let be = CudaBackend::new(0).map_err(py_err)?;
@@ -318,10 +318,14 @@ fn lsqr<'py>(
                     let res = if storage == Storage::Compact {
                         let op = CpuCompactOperator::new(&stored, None, prec);
                         drop(stored);
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
+                        on_pool(&SerialComm, || {
+                            lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
+                        })
                     } else {
                         let op = CpuCsrOperator::new(stored, strategy);
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
+                        on_pool(&SerialComm, || {
+                            lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
+                        })
                     };
                     (res, format!("cpu: {} ({why})", be.describe()))
                 }

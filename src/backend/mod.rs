@@ -189,8 +189,8 @@ impl std::fmt::Display for TransposeStrategy {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LsqrLoop {
-    /// The device loop with compact storage on one rank (where it measured faster: docs/gpu.md),
-    /// the host loop otherwise.
+    /// The device loop on one rank (CSR with the explicit transpose, or compact storage: it
+    /// measured faster on small and large systems, docs/gpu.md), the host loop under MPI.
     #[default]
     Auto,
     /// The host runs the scalar recurrences: three synchronisations per iteration.

@@ -71,7 +71,7 @@ pub struct SolveArgs {
     storage: crate::backend::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
     /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
-    /// with compact storage on one rank, host otherwise.
+    /// on one rank (CSR with the explicit transpose, or compact storage), host under MPI.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::lsqr_loop())]
     lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.

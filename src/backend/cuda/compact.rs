@@ -21,8 +21,6 @@ const CWARPS: u32 = 8;
 /// Threads per block and rows per thread of the stencil kernels.
 const STENCIL_THREADS: u32 = 256;
 const STENCIL_ROWS_PER_THREAD: u64 = 16;
-/// Entries a block of the compact kernels aims at.
-const ENTRIES_PER_BLOCK: f64 = 16384.0;
 /// Device memory left free besides the plan: this much plus 3% of what is free.
 const HEADROOM_BYTES: u64 = 256 << 20;
 
@@ -60,7 +58,7 @@ pub(crate) fn stencil_parts(st: Option<(&StencilArgs, u64)>) -> (bool, StencilAr
 
 /// The sub-warp width and rows per sub-warp for rows of `mean` entries on average
 /// (SEISTOMO_COMPACT_S / SEISTOMO_COMPACT_R override them, for tuning).
-fn launch_shape(mean: f64) -> (u32, u32) {
+fn launch_shape(mean: f64, entries: usize) -> (u32, u32) {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
     let s = env("SEISTOMO_COMPACT_S")
         .filter(|s| [4, 8, 16, 32].contains(s))
@@ -74,7 +72,7 @@ fn launch_shape(mean: f64) -> (u32, u32) {
         });
     let g = 32 / s;
     let r = env("SEISTOMO_COMPACT_R").unwrap_or_else(|| {
-        (ENTRIES_PER_BLOCK / (mean.max(1.0) * (CWARPS * g) as f64))
+        (super::fused_entries_per_block(entries) / (mean.max(1.0) * (CWARPS * g) as f64))
             .round()
             .clamp(1.0, 64.0) as u32
     });
@@ -103,7 +101,7 @@ impl DevCompact {
             )));
         }
         let mean = c.entries() as f64 / c.nrows().max(1) as f64;
-        let (s, rows_per_sub) = shape.unwrap_or_else(|| launch_shape(mean));
+        let (s, rows_per_sub) = shape.unwrap_or_else(|| launch_shape(mean, c.entries()));
         if ![4, 8, 16, 32].contains(&s) || rows_per_sub == 0 {
             return Err(Error::Invalid(format!(
                 "cuda compact: sub-warp width {s} (4, 8, 16 or 32) and {rows_per_sub} rows per sub-warp (>= 1)"

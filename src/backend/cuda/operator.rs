@@ -210,10 +210,11 @@ impl DevCsr {
         self.launch_per_segment(be, [&be.k.spmv_f64, &be.k.spmv_f32], &tail)
     }
 
-    /// Segments per warp of the fused kernel (a block covers about 16384 nonzeros).
+    /// Segments per warp of the fused kernel (a block covers about
+    /// [`super::fused_entries_per_block`] nonzeros).
     fn segs_per_warp(&self) -> u32 {
         let per_seg = self.nnz as f64 / self.nseg.max(1) as f64;
-        (16384.0 / (8.0 * per_seg.max(1.0)))
+        (super::fused_entries_per_block(self.nnz) / (8.0 * per_seg.max(1.0)))
             .round()
             .clamp(1.0, 64.0) as u32
     }
