@@ -180,7 +180,8 @@ pub(crate) struct Kernels {
     pub scale: CudaFunction,
     pub fill: CudaFunction,
     pub pmul: CudaFunction,
-    pub multi_dot: CudaFunction,
+    /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
+    pub multi_dot: [CudaFunction; 6],
     pub copy_scaled: CudaFunction,
     pub multi_axpy: CudaFunction,
     pub tri_sweep: CudaFunction,
@@ -267,7 +268,14 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         scale: f("scale")?,
         fill: f("fill")?,
         pmul: f("pmul")?,
-        multi_dot: f("multi_dot")?,
+        multi_dot: [
+            f("multi_dot_1")?,
+            f("multi_dot_2")?,
+            f("multi_dot_4")?,
+            f("multi_dot_8")?,
+            f("multi_dot_16")?,
+            f("multi_dot_32")?,
+        ],
         copy_scaled: f("copy_scaled")?,
         multi_axpy: f("multi_axpy")?,
         tri_sweep: f("tri_sweep")?,
@@ -668,7 +676,8 @@ impl CudaBackend {
             None => self.ptr(&self.multi_result),
         };
         self.launch(
-            &self.k.multi_dot,
+            // the kernel with the fewest slots that hold k vectors
+            &self.k.multi_dot[k.next_power_of_two().trailing_zeros() as usize],
             Self::reduction_grid(n),
             THREADS,
             &mut [
