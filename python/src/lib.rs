@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use seistomo::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use seistomo::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use seistomo::backend::precond::{PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
@@ -318,14 +318,12 @@ fn lsqr<'py>(
                     let res = if storage == Storage::Compact {
                         let op = CpuCompactOperator::new(&stored, None, prec);
                         drop(stored);
-                        on_pool(&SerialComm, || {
-                            lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                        })
+                        // on the calling thread: Python sees Ctrl-C on its main thread only
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     } else {
                         let op = CpuCsrOperator::new(stored, strategy);
-                        on_pool(&SerialComm, || {
-                            lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                        })
+                        // on the calling thread: Python sees Ctrl-C on its main thread only
+                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
                     };
                     (res, format!("cpu: {} ({why})", be.describe()))
                 }

@@ -291,7 +291,9 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
         (sol, be.name(), be.describe())
     } else {
         let be = CpuBackend::new();
-        let sol = gmres_square_cpu(comm, sys, precond, &c.params, &mut mon)?;
+        let sol = crate::backend::cpu::on_pool(comm, || {
+            gmres_square_cpu(comm, sys, precond, &c.params, &mut mon)
+        })?;
         (sol, be.name(), be.describe())
     };
     mon.bar = None; // clears the bar before anything else is printed
@@ -433,9 +435,7 @@ pub fn gmres_square_cpu(
     let halo = op.comm_volume()?;
     let row0 = part.range(comm.rank()).start;
     let prepared = square_precond(&be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
-    crate::backend::cpu::on_pool(comm, || {
-        solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
-    })
+    solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
 }
 
 /// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]). Matrix values are stored

@@ -181,7 +181,9 @@ fn lane_sum(n: usize, term: impl Fn(usize) -> f64) -> f64 {
 ///
 /// With several ranks `f` runs where it is called: ranks that are threads of one process
 /// ([`crate::comm::ThreadComm`]) wait for each other in collectives, and a rank holding a worker
-/// while it waits could starve the ranks that need one.
+/// while it waits could starve the ranks that need one. Not for the Python module either:
+/// Python runs signal handlers on its main thread only, so a solve on a worker would never see
+/// Ctrl-C (`PyErr_CheckSignals` does nothing elsewhere).
 pub fn on_pool<R: Send>(comm: &dyn Comm, f: impl FnOnce() -> R + Send) -> R {
     if comm.size() > 1 || rayon::current_thread_index().is_some() {
         return f();
