@@ -97,24 +97,35 @@ __device__ __forceinline__ bool lane_row_sum(const WarpSeg& g, int lane, double*
     return true;
 }
 
-// y = alpha A x + beta y (beta == 0: y is not read).
+// y[r] = alpha sum + beta y[r] (beta == 0: y is not read), then times d[r] when d is not null
+// (a diagonal preconditioner applied to the product's rows: d[r] * t, the same product as
+// vector.cu's pmul of the unscaled result).
+__device__ __forceinline__ void spmv_store(double* __restrict__ y, u32 r, double sum, double alpha,
+                                           double beta, const double* __restrict__ d) {
+    double out = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r];
+    if (d) out = d[r] * out;
+    y[r] = out;
+}
+
+// y = d .* (alpha A x + beta y) (beta == 0: y is not read; d null: no scaling).
 template <typename V>
 __device__ __forceinline__ void spmv_impl(u32 nseg, const u32* __restrict__ seg,
                                           const u64* __restrict__ ip, const u32* __restrict__ ci,
                                           const V* __restrict__ val, const double* __restrict__ x,
-                                          double* __restrict__ y, double alpha, double beta) {
+                                          double* __restrict__ y, double alpha, double beta,
+                                          const double* __restrict__ d) {
     __shared__ double prod[WARPS_PER_BLOCK][SEG_NNZ];
     int lane, wib;
     WarpSeg g;
     if (!warp_seg(nseg, seg, ip, &lane, &wib, &g)) return;
     if (g.r1 - g.r0 == 1) {
         const double sum = warp_row_sum(g.b, g.e, lane, ci, val, x);
-        if (lane == 0) y[g.r0] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[g.r0];
+        if (lane == 0) spmv_store(y, g.r0, sum, alpha, beta, d);
     } else {
         u32 r;
         double sum;
         if (lane_row_sum(g, lane, prod[wib], ip, ci, val, x, &r, &sum))
-            y[r] = (beta == 0.0) ? alpha * sum : alpha * sum + beta * y[r];
+            spmv_store(y, r, sum, alpha, beta, d);
     }
 }
 
@@ -158,13 +169,13 @@ __device__ __forceinline__ void scatter_impl(u32 nseg, const u32* __restrict__ s
 
 extern "C" __global__ void __launch_bounds__(256)
 spmv_f64(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const double* val,
-         const double* x, double* y, double alpha, double beta) {
-    spmv_impl<double>(nseg, seg, ip, ci, val, x, y, alpha, beta);
+         const double* x, double* y, double alpha, double beta, const double* d) {
+    spmv_impl<double>(nseg, seg, ip, ci, val, x, y, alpha, beta, d);
 }
 extern "C" __global__ void __launch_bounds__(256)
 spmv_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float* val,
-         const double* x, double* y, double alpha, double beta) {
-    spmv_impl<float>(nseg, seg, ip, ci, val, x, y, alpha, beta);
+         const double* x, double* y, double alpha, double beta, const double* d) {
+    spmv_impl<float>(nseg, seg, ip, ci, val, x, y, alpha, beta, d);
 }
 extern "C" __global__ void __launch_bounds__(256)
 scatter_f64(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const double* val,

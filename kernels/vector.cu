@@ -118,6 +118,9 @@ struct Coefs {
     double c[MULTI_MAX];
 };
 
+// Coefficients come by value in `c`, or from device memory at `cdev` when it is not null (the
+// scalars of GMRES's device-resident Arnoldi cycle, src/solver/gmres.rs): the same values, so
+// the same arithmetic.
 // mode 0: out[j] = V_j . w                     (k outputs)
 // mode 1: w -= sum_j c_j V_j; out[j] = V_j . w (k outputs; CGS2's update fused with its 2nd pass)
 // mode 2: w -= sum_j c_j V_j; out[0] = w . w   (1 output)
@@ -130,12 +133,16 @@ struct Coefs {
 // (with one 32-wide kernel, 2 vectors over 2.1M rows took 98 us, 0.9 TB/s, on an H100). The
 // arithmetic is the same for every K: results do not depend on which kernel ran.
 template <int K>
-__device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs& c, int mode,
+__device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs& c,
+                                            const double* __restrict__ cdev, int mode,
                                             double* __restrict__ w, unsigned long long n,
                                             double* partial, unsigned* counter, double* out) {
-    double s[K];
+    double s[K], cc[K];
 #pragma unroll
-    for (int j = 0; j < K; ++j) s[j] = 0.0;
+    for (int j = 0; j < K; ++j) {
+        s[j] = 0.0;
+        cc[j] = (mode != 0 && j < k) ? (cdev ? cdev[j] : c.c[j]) : 0.0;
+    }
     RED_STRIDE(n) {
         double v[K];
 #pragma unroll
@@ -145,7 +152,7 @@ __device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs
         if (mode != 0) {
 #pragma unroll
             for (int j = 0; j < K; ++j)
-                if (j < k) wi = wi - c.c[j] * v[j];
+                if (j < k) wi = wi - cc[j] * v[j];
             w[i] = wi;
         }
         if (mode == 2) {
@@ -178,9 +185,10 @@ __device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs
 
 #define MULTI_DOT(K)                                                                          \
     extern "C" __global__ void __launch_bounds__(RED_THREADS)                                 \
-    multi_dot_##K(VecPtrs V, int k, Coefs c, int mode, double* __restrict__ w,                \
-                  unsigned long long n, double* partial, unsigned* counter, double* out) {    \
-        multi_dot_k<K>(V, k, c, mode, w, n, partial, counter, out);                           \
+    multi_dot_##K(VecPtrs V, int k, Coefs c, const double* cdev, int mode,                   \
+                  double* __restrict__ w, unsigned long long n, double* partial,               \
+                  unsigned* counter, double* out) {                                           \
+        multi_dot_k<K>(V, k, c, cdev, mode, w, n, partial, counter, out);                     \
     }
 MULTI_DOT(1)
 MULTI_DOT(2)
@@ -189,16 +197,28 @@ MULTI_DOT(8)
 MULTI_DOT(16)
 MULTI_DOT(32)
 
-// w -= sum_j c_j V_j (in j order), no reduction.
-extern "C" __global__ void multi_axpy(VecPtrs V, int k, Coefs c, double* __restrict__ w,
-                                      unsigned long long n) {
+// w -= sum_j c_j V_j (in j order), no reduction; c from `cdev` when it is not null.
+extern "C" __global__ void multi_axpy(VecPtrs V, int k, Coefs c, const double* __restrict__ cdev,
+                                      double* __restrict__ w, unsigned long long n) {
+    double cc[MULTI_MAX];
+#pragma unroll
+    for (int j = 0; j < MULTI_MAX; ++j) cc[j] = j < k ? (cdev ? cdev[j] : c.c[j]) : 0.0;
     GRID_STRIDE(n) {
         double wi = w[i];
 #pragma unroll
         for (int j = 0; j < MULTI_MAX; ++j)
-            if (j < k) wi = wi - c.c[j] * V.p[j][i];
+            if (j < k) wi = wi - cc[j] * V.p[j][i];
         w[i] = wi;
     }
+}
+
+// y = a x with a = 1 / sqrt(max(*nsq, 0)) computed here from a device scalar (GMRES's new basis
+// vector normalised by the norm its reduction left on the device): IEEE division and square
+// root, so a is the host's 1.0 / nsq.max(0.0).sqrt() bit for bit.
+extern "C" __global__ void copy_inv_sqrt(unsigned long long n, const double* __restrict__ nsq,
+                                         const double* __restrict__ x, double* __restrict__ y) {
+    const double a = 1.0 / sqrt(fmax(*nsq, 0.0));
+    GRID_STRIDE(n) y[i] = a * x[i];
 }
 
 // One Jacobi sweep on a triangular factor stored without its diagonal, a thread per row:

@@ -22,8 +22,8 @@ use seistomo::partition::graph::RowPartition;
 use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
-    gmres, ConvergenceTest, GmresHistory, GmresMonitor, GmresParams, GmresSolution, NoGmresMonitor,
-    Orthog, PrecondSide,
+    gmres, ArnoldiLoop, ConvergenceTest, GmresHistory, GmresMonitor, GmresParams, GmresSolution,
+    NoGmresMonitor, Orthog, PrecondSide,
 };
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
@@ -38,6 +38,7 @@ fn scipy_params(orthog: Orthog) -> GmresParams {
         orthog,
         side: PrecondSide::Left,
         test: ConvergenceTest::Scipy,
+        arnoldi_loop: Default::default(),
     }
 }
 
@@ -638,4 +639,120 @@ fn dcgs2_breakdowns() {
             assert!((x - 1.0 / v).abs() < 1e-12, "{orthog:?}");
         }
     }
+}
+
+/// The device Arnoldi loop (a cycle's scalars kept on the backend, the stopping tests run
+/// afterwards on the same numbers) against the host loop: the same iterations, verdicts,
+/// residuals, history and x, bit for bit, on the CPU backend (which runs both); with limits
+/// that end a run inside a cycle, both stopping rules, both sides, every preconditioner,
+/// breakdowns and several ranks.
+#[test]
+fn device_arnoldi_loop_equals_the_host_loop() {
+    let a = cube(SquareKind::Convdiff, 10).unwrap();
+    let n4: Vec<u64> = (0..4).collect();
+    let eye = Csr::from_triplets(4, 4, &n4, &n4, &[1.0; 4]).unwrap();
+    let zero = Csr::zeros(30, 30);
+    let base = |orthog, loop_| GmresParams {
+        orthog,
+        arnoldi_loop: loop_,
+        test: ConvergenceTest::Preconditioned,
+        ..scipy_params(orthog)
+    };
+    let mut cases = 0;
+    for orthog in [Orthog::Cgs, Orthog::Cgs2] {
+        for (name, m) in [("convdiff", &a), ("identity", &eye), ("zero", &zero)] {
+            for pc in ["none", "jacobi", "block-ilu0"] {
+                if name == "zero" && pc == "block-ilu0" {
+                    continue; // no pivots
+                }
+                for side in [PrecondSide::Left, PrecondSide::Right] {
+                    for test in [ConvergenceTest::Preconditioned, ConvergenceTest::Scipy] {
+                        if test == ConvergenceTest::Scipy && side == PrecondSide::Right {
+                            continue;
+                        }
+                        for (max_iter, restart) in [(4800, 16), (23, 8), (5, 16)] {
+                            let p = |l| GmresParams {
+                                side,
+                                test,
+                                max_iter,
+                                restart,
+                                ..base(orthog, l)
+                            };
+                            let run = |l| {
+                                let mut hist = GmresHistory::default();
+                                let be = CpuBackend::new();
+                                let comm = SerialComm;
+                                let op = DistSquareOperator::serial(m.clone(), &comm).unwrap();
+                                let mut pc: Box<dyn Preconditioner<CpuBackend>> = match pc {
+                                    "jacobi" => Box::new(Jacobi::new(&be, &op.diagonal()).unwrap()),
+                                    "none" => Box::new(Identity),
+                                    _ => Box::new(
+                                        BlockIlu0::new(
+                                            op.local_matrix(),
+                                            m.nrows(),
+                                            0,
+                                            PivotPolicy::Error,
+                                            TriSolve::Exact,
+                                        )
+                                        .unwrap(),
+                                    ),
+                                };
+                                let b = vec![1.0; m.nrows()];
+                                let s =
+                                    gmres(&be, &op, pc.as_mut(), &comm, &b, None, &p(l), &mut hist)
+                                        .unwrap();
+                                (s, hist.0)
+                            };
+                            let (h, hh) = run(ArnoldiLoop::Host);
+                            let (d, hd) = run(ArnoldiLoop::Device);
+                            let what = format!("{name} {pc} {orthog:?} {side:?} {test:?} max_iter {max_iter} m {restart}");
+                            assert_eq!(h.info.arnoldi_loop, ArnoldiLoop::Host, "{what}");
+                            assert_eq!(d.info.arnoldi_loop, ArnoldiLoop::Device, "{what}");
+                            assert_eq!(d.info.stop, h.info.stop, "{what}");
+                            assert_eq!(d.x, h.x, "{what}: x");
+                            assert_eq!(hd.len(), hh.len(), "{what}: history");
+                            for (rd, rh) in hd.iter().zip(&hh) {
+                                assert_eq!(
+                                    (rd.iteration, rd.cycle, rd.resnorm.to_bits()),
+                                    (rh.iteration, rh.cycle, rh.resnorm.to_bits()),
+                                    "{what}: record"
+                                );
+                            }
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 100, "{cases} cases");
+    // Several ranks: the scalars are summed over ranks in the loop.
+    for orthog in [Orthog::Cgs, Orthog::Cgs2] {
+        for p in [2usize, 3] {
+            let part = RowPartition::by_nnz(a.indptr(), p);
+            let (xh, ih, ch) = solve_threads(&a, &part, "jacobi", &base(orthog, ArnoldiLoop::Host));
+            let (xd, id, cd) =
+                solve_threads(&a, &part, "jacobi", &base(orthog, ArnoldiLoop::Device));
+            assert!(ch && cd);
+            assert_eq!(id, ih, "{orthog:?} P={p}");
+            assert_eq!(xd, xh, "{orthog:?} P={p}");
+        }
+    }
+    // Asked for with an orthogonalisation it does not run: one clear error.
+    let e = gmres(
+        &CpuBackend::new(),
+        &DistSquareOperator::serial(a.clone(), &SerialComm).unwrap(),
+        &mut Identity,
+        &SerialComm,
+        &vec![1.0; a.nrows()],
+        None,
+        &base(Orthog::Mgs, ArnoldiLoop::Device),
+        &mut NoGmresMonitor,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cgs"), "{e}");
+    // Auto on the CPU keeps the host loop (scalars are on the host anyway).
+    let s = solve_serial(&a, "jacobi", &base(Orthog::Cgs, ArnoldiLoop::Auto));
+    assert_eq!(s.info.arnoldi_loop, ArnoldiLoop::Host);
 }

@@ -20,7 +20,9 @@ use seistomo::partition::graph::RowPartition;
 use seistomo::pipeline::gmres::gmres_square_cuda;
 use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
-use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
+use seistomo::solver::gmres::{
+    ArnoldiLoop, ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide,
+};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 
@@ -188,6 +190,7 @@ fn params(orthog: Orthog, side: PrecondSide) -> GmresParams {
         orthog,
         side,
         test: ConvergenceTest::Preconditioned,
+        arnoldi_loop: ArnoldiLoop::Auto,
     }
 }
 
@@ -443,4 +446,91 @@ fn cli_gmres_on_cuda() {
     let f = run("cuda", &["--precision", "f32"]);
     assert!(f["converged"].as_bool().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The left Jacobi preconditioner folded into the product's epilogue equals the product
+/// followed by its own pass, bit for bit (f64 and f32 values); and the device Arnoldi loop on
+/// the GPU reproduces the host loop exactly: the same iterations and residuals, x bit for bit,
+/// also when the iteration limit ends a run inside a cycle and on several ranks.
+#[test]
+fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
+    let Some(be) = gpu() else { return };
+    let a = cube(SquareKind::Convdiff, 20).unwrap();
+    let n = a.nrows();
+    let cpu = DistSquareOperator::serial(a.clone(), &SerialComm).unwrap();
+    let dg = be.upload(&rand_vec(n, 7)).unwrap();
+    let x = be.upload(&rand_vec(n, 8)).unwrap();
+    for prec in [Precision::F64, Precision::F32] {
+        let op = CudaSquareOperator::new(&be, &cpu, &SerialComm, prec).unwrap();
+        let (mut t, mut y1, mut y2) = (
+            be.zeros(n).unwrap(),
+            be.zeros(n).unwrap(),
+            be.zeros(n).unwrap(),
+        );
+        op.apply(&be, Scale::SET, &x, &mut t).unwrap();
+        be.pointwise_mul(&dg, &t, &mut y1).unwrap();
+        be.fill(&mut y2, f64::NAN).unwrap();
+        op.apply_scaled_rows(&be, &x, Some(&dg), &mut t, &mut y2)
+            .unwrap();
+        let (h1, h2) = (down(&be, &y1), down(&be, &y2));
+        assert!(
+            h1.iter().zip(&h2).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{prec}: fused row scale"
+        );
+        let mut y3 = be.zeros(n).unwrap();
+        op.apply_scaled_rows(&be, &x, None, &mut t, &mut y3)
+            .unwrap();
+        op.apply(&be, Scale::SET, &x, &mut y1).unwrap();
+        assert_eq!(down(&be, &y3), down(&be, &y1), "{prec}: no scale");
+    }
+    let part = RowPartition::contiguous(n, 1);
+    for orthog in [Orthog::Cgs, Orthog::Cgs2] {
+        for pc in ["none", "jacobi", "block-ilu0"] {
+            for side in [PrecondSide::Left, PrecondSide::Right] {
+                for max_iter in [16 * 60, 37] {
+                    let p = |l| GmresParams {
+                        max_iter,
+                        arnoldi_loop: l,
+                        ..params(orthog, side)
+                    };
+                    let h = solve_gpu(&be, &SerialComm, &a, &part, pc, &p(ArnoldiLoop::Host));
+                    let d = solve_gpu(&be, &SerialComm, &a, &part, pc, &p(ArnoldiLoop::Device));
+                    let auto = solve_gpu(&be, &SerialComm, &a, &part, pc, &p(ArnoldiLoop::Auto));
+                    let what = format!("{pc} {orthog:?} {side:?} max_iter {max_iter}");
+                    println!(
+                        "{what}: host {} its relres {:.3e}; device {} its relres {:.3e}",
+                        h.info.stop.iterations,
+                        h.info.stop.relres,
+                        d.info.stop.iterations,
+                        d.info.stop.relres
+                    );
+                    assert_eq!(d.info.arnoldi_loop, ArnoldiLoop::Device, "{what}");
+                    assert_eq!(auto.info.arnoldi_loop, ArnoldiLoop::Device, "{what}");
+                    assert_eq!(d.info.stop, h.info.stop, "{what}");
+                    assert_eq!(d.x_local, h.x_local, "{what}: x");
+                    assert_eq!(auto.x_local, h.x_local, "{what}: x (auto)");
+                }
+            }
+        }
+    }
+    // two ranks (threads sharing the GPU; the scalars summed through the host)
+    drop(be);
+    let p2 = RowPartition::by_nnz(a.indptr(), 2);
+    for orthog in [Orthog::Cgs, Orthog::Cgs2] {
+        let run = |l| {
+            let p = GmresParams {
+                arnoldi_loop: l,
+                ..params(orthog, PrecondSide::Left)
+            };
+            on_thread_ranks(2, |c| {
+                let be = CudaBackend::new(0).unwrap();
+                solve_gpu(&be, c, &a, &p2, "jacobi", &p)
+            })
+        };
+        let (h, d) = (run(ArnoldiLoop::Host), run(ArnoldiLoop::Device));
+        for (sh, sd) in h.iter().zip(&d) {
+            assert_eq!(sd.info.stop, sh.info.stop, "{orthog:?} 2 ranks");
+            assert_eq!(sd.x_local, sh.x_local, "{orthog:?} 2 ranks: x");
+        }
+    }
 }

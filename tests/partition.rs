@@ -197,6 +197,7 @@ fn params() -> GmresParams {
         orthog: Orthog::Cgs2,
         side: PrecondSide::Left,
         test: ConvergenceTest::Preconditioned,
+        arnoldi_loop: Default::default(),
     }
 }
 

@@ -442,6 +442,7 @@ fn gmres<'py>(
         orthog,
         side: PrecondSide::Left,
         test: ConvergenceTest::Scipy,
+        arnoldi_loop: Default::default(),
     };
     let mut mon = PyMonitor::new(callback, callback_every);
     let out = py.allow_threads(|| {

@@ -104,6 +104,104 @@ pub trait Backend: Send + Sync {
         self.norm_sq(w)
     }
 
+    // ---- Scalars kept on the backend ----
+    // GMRES's device-resident Arnoldi cycle (src/solver/gmres.rs, `ArnoldiLoop::Device`) keeps
+    // its inner products and norms in a vector `sc` of this backend (device memory on a GPU):
+    // kernels read their coefficients from there, nothing waits for the host, and the host
+    // reads the cycle's scalars once. The defaults round-trip through the host (correct for
+    // any backend); the CPU and CUDA backends work in place.
+
+    /// sc[at..at + k] = basis[j] . w (local), k = basis.len(): [`Backend::multi_dot`]'s values.
+    fn multi_dot_to(
+        &self,
+        basis: &[Self::Vector],
+        w: &Self::Vector,
+        sc: &mut Self::Vector,
+        at: usize,
+    ) -> Result<()> {
+        let mut c = vec![0.0; basis.len()];
+        self.multi_dot(basis, w, &mut c)?;
+        self.write_scalars(sc, at, &c)
+    }
+    /// w -= sum_j sc[coef_at + j] basis[j], then sc[out_at..out_at + k] = basis[j] . w
+    /// ([`Backend::multi_axpy_dot`] with its coefficients and results in `sc`).
+    fn multi_axpy_dot_to(
+        &self,
+        basis: &[Self::Vector],
+        w: &mut Self::Vector,
+        sc: &mut Self::Vector,
+        coef_at: usize,
+        out_at: usize,
+    ) -> Result<()> {
+        let k = basis.len();
+        let (mut c, mut out) = (vec![0.0; k], vec![0.0; k]);
+        self.read_scalars(sc, coef_at, &mut c)?;
+        self.multi_axpy_dot(&c, basis, w, &mut out)?;
+        self.write_scalars(sc, out_at, &out)
+    }
+    /// w -= sum_j sc[coef_at + j] basis[j], then sc[out_at] = local sum of squares of w
+    /// ([`Backend::multi_axpy_norm_sq`] with its coefficients and result in `sc`).
+    fn multi_axpy_norm_sq_to(
+        &self,
+        basis: &[Self::Vector],
+        w: &mut Self::Vector,
+        sc: &mut Self::Vector,
+        coef_at: usize,
+        out_at: usize,
+    ) -> Result<()> {
+        let mut c = vec![0.0; basis.len()];
+        self.read_scalars(sc, coef_at, &mut c)?;
+        let nsq = self.multi_axpy_norm_sq(&c, basis, w)?;
+        self.write_scalars(sc, out_at, &[nsq])
+    }
+    /// y = x / sqrt(max(sc[at], 0)), the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.
+    fn copy_inv_sqrt(
+        &self,
+        sc: &Self::Vector,
+        at: usize,
+        x: &Self::Vector,
+        y: &mut Self::Vector,
+    ) -> Result<()> {
+        let mut s = [0.0];
+        self.read_scalars(sc, at, &mut s)?;
+        self.copy_scaled(1.0 / s[0].max(0.0).sqrt(), x, y)
+    }
+    /// Sum sc[at..at + len] over all ranks, in place ([`Comm::allreduce_sum`]'s values).
+    fn allreduce_scalars(
+        &self,
+        comm: &dyn Comm,
+        sc: &mut Self::Vector,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        if comm.size() <= 1 {
+            return Ok(());
+        }
+        let mut h = vec![0.0; len];
+        self.read_scalars(sc, at, &mut h)?;
+        comm.allreduce_sum(&mut h)?;
+        self.write_scalars(sc, at, &h)
+    }
+    /// out = sc[at..at + out.len()] (waits for the work queued before).
+    fn read_scalars(&self, sc: &Self::Vector, at: usize, out: &mut [f64]) -> Result<()> {
+        let h = self.to_host(sc)?;
+        out.copy_from_slice(&h[at..at + out.len()]);
+        Ok(())
+    }
+    /// sc[at..at + vals.len()] = vals.
+    fn write_scalars(&self, sc: &mut Self::Vector, at: usize, vals: &[f64]) -> Result<()> {
+        let mut h = self.to_host(sc)?;
+        h[at..at + vals.len()].copy_from_slice(vals);
+        *sc = self.upload(&h)?;
+        Ok(())
+    }
+    /// Whether solvers should keep their scalars on this backend ([`Backend::multi_dot_to`]
+    /// and friends) rather than read each one as it is computed: true where reading one waits
+    /// for a device (a GPU), false where scalars are computed on the host anyway.
+    fn defers_scalars(&self) -> bool {
+        false
+    }
+
     /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
     /// iteration). The CPU backend hands the slice to `comm`; a GPU backend may stage it through
     /// pinned host memory or reduce GPU to GPU.
@@ -150,6 +248,26 @@ pub trait Operator<B: Backend> {
     fn apply(&self, backend: &B, s: Scale, x: &B::Vector, y: &mut B::Vector) -> Result<()>;
     /// x = s.alpha A^T y + s.beta x, with this rank's rows only (no reduction over ranks).
     fn apply_t(&self, backend: &B, s: Scale, y: &B::Vector, x: &mut B::Vector) -> Result<()>;
+    /// y = d .* (A x), or y = A x without `d`: a diagonal (GMRES's left Jacobi preconditioner)
+    /// applied to the rows of the product. The default multiplies A x (in `t`) by d in a pass
+    /// of its own, [`Backend::pointwise_mul`]`(d, t, y)`; an operator may fold d into its
+    /// product's epilogue instead (the same values, one pass over the vectors fewer).
+    fn apply_scaled_rows(
+        &self,
+        backend: &B,
+        x: &B::Vector,
+        d: Option<&B::Vector>,
+        t: &mut B::Vector,
+        y: &mut B::Vector,
+    ) -> Result<()> {
+        match d {
+            None => self.apply(backend, Scale::SET, x, y),
+            Some(d) => {
+                self.apply(backend, Scale::SET, x, t)?;
+                backend.pointwise_mul(d, t, y)
+            }
+        }
+    }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
     fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {

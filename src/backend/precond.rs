@@ -26,6 +26,29 @@ pub trait Preconditioner<B: Backend>: Send {
     /// Short name for reports.
     fn name(&self) -> String;
     fn apply(&mut self, be: &B, r: &B::Vector, z: &mut B::Vector) -> Result<()>;
+    /// Some when M^-1 is diagonal: the solver may then fold it into the operator's product
+    /// ([`crate::backend::Operator::apply_scaled_rows`]) instead of calling [`Self::apply`].
+    fn diagonal(&self) -> Option<Diagonal<'_, B::Vector>> {
+        None
+    }
+}
+
+/// A diagonal M^-1 ([`Preconditioner::diagonal`]).
+pub enum Diagonal<'a, V> {
+    /// M = I.
+    Identity,
+    /// M^-1 r = d .* r.
+    Scale(&'a V),
+}
+
+impl<'a, V> Diagonal<'a, V> {
+    /// d, or None for the identity.
+    pub fn scale(&self) -> Option<&'a V> {
+        match self {
+            Diagonal::Identity => None,
+            Diagonal::Scale(d) => Some(d),
+        }
+    }
 }
 
 /// M = I.
@@ -37,6 +60,9 @@ impl<B: Backend> Preconditioner<B> for Identity {
     }
     fn apply(&mut self, be: &B, r: &B::Vector, z: &mut B::Vector) -> Result<()> {
         be.copy(r, z)
+    }
+    fn diagonal(&self) -> Option<Diagonal<'_, B::Vector>> {
+        Some(Diagonal::Identity)
     }
 }
 
@@ -75,6 +101,9 @@ impl<B: Backend> Preconditioner<B> for Jacobi<B> {
     }
     fn apply(&mut self, be: &B, r: &B::Vector, z: &mut B::Vector) -> Result<()> {
         be.pointwise_mul(&self.inv_diag, r, z)
+    }
+    fn diagonal(&self) -> Option<Diagonal<'_, B::Vector>> {
+        Some(Diagonal::Scale(&self.inv_diag))
     }
 }
 

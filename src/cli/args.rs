@@ -124,6 +124,9 @@ pub(crate) mod pick {
     pub fn orthog() -> impl TypedValueParser<Value = crate::solver::gmres::Orthog> {
         choice(&["mgs", "cgs2", "cgs", "dcgs2"], &[])
     }
+    pub fn arnoldi_loop() -> impl TypedValueParser<Value = crate::solver::gmres::ArnoldiLoop> {
+        choice(&["auto", "host", "device"], &[])
+    }
     pub fn side() -> impl TypedValueParser<Value = crate::solver::gmres::PrecondSide> {
         choice(&["left", "right"], &[])
     }

@@ -113,6 +113,11 @@ pub struct GmresArgs {
     /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
     #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
     orthog: crate::solver::gmres::Orthog,
+    /// GMRES Arnoldi loop: device (a cycle's inner products and norms stay on the GPU, read
+    /// once per cycle; cgs and cgs2), host (each read as it is computed) or auto (device on a
+    /// GPU with cgs/cgs2). Same iterations and x either way.
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::arnoldi_loop())]
+    arnoldi_loop: crate::solver::gmres::ArnoldiLoop,
     /// GMRES preconditioning side.
     #[arg(long, default_value = "left", value_parser = super::args::pick::side())]
     side: crate::solver::gmres::PrecondSide,
@@ -215,6 +220,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
             orthog: g.orthog,
             side: g.side,
             test: g.stop,
+            arnoldi_loop: g.arnoldi_loop,
         },
         precond: g.precond,
         ilu_pivot: g.ilu_pivot,

@@ -95,6 +95,8 @@ pub struct GmresReport {
     pub stop: GmresStop,
     pub seconds: Seconds,
     pub ms_per_iter: f64,
+    /// Where the Arnoldi cycles kept their scalars: host or device.
+    pub arnoldi_loop: crate::solver::gmres::ArnoldiLoop,
     /// How rows were split across ranks, and the halo exchange of one product.
     pub partition: PartitionMethod,
     pub halo: CommVolume,
@@ -359,6 +361,7 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
             total: load + setup + info.seconds,
         },
         ms_per_iter: info.ms_per_iter,
+        arnoldi_loop: info.arnoldi_loop,
         partition: c.partition,
         halo: sol.halo.clone(),
     };

@@ -68,8 +68,29 @@ pub enum ConvergenceTest {
     Scipy,
 }
 
+/// Where the scalars of an Arnoldi cycle live (`--arnoldi-loop`, `[gmres] arnoldi_loop`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArnoldiLoop {
+    /// Device where the backend computes its scalars away from the host (a GPU) and the
+    /// orthogonalisation is cgs or cgs2; host otherwise.
+    #[default]
+    Auto,
+    /// Every inner product comes back to the host as it is computed; the stopping test runs
+    /// after every step (two or three host synchronisations per step on a GPU).
+    Host,
+    /// The cycle's inner products and norms stay on the backend ([`Backend::multi_dot_to`]):
+    /// kernels read their coefficients there, the host reads a whole cycle's scalars once and
+    /// then runs the rotations and stopping tests step by step, exactly as the host loop
+    /// does. Steps computed after the one where the test fires are discarded, so iterations,
+    /// residuals and x are those of the host loop (bitwise on the same backend); the cost is
+    /// that work, at most restart - 1 steps in the last cycle. cgs and cgs2 only.
+    Device,
+}
+
 choice_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs, "dcgs2" => Orthog::Dcgs2);
 choice_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
+choice_from_str!(ArnoldiLoop, "Arnoldi loop", "auto" => ArnoldiLoop::Auto, "host" => ArnoldiLoop::Host, "device" => ArnoldiLoop::Device);
 choice_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
 
 /// GMRES settings.
@@ -88,6 +109,9 @@ pub struct GmresParams {
     pub orthog: Orthog,
     pub side: PrecondSide,
     pub test: ConvergenceTest,
+    /// Where a cycle's scalars live (results are the same either way).
+    #[serde(default)]
+    pub arnoldi_loop: ArnoldiLoop,
 }
 
 impl Default for GmresParams {
@@ -101,6 +125,7 @@ impl Default for GmresParams {
             orthog: Orthog::Mgs,
             side: PrecondSide::Left,
             test: ConvergenceTest::Preconditioned,
+            arnoldi_loop: ArnoldiLoop::Auto,
         }
     }
 }
@@ -115,6 +140,14 @@ impl GmresParams {
             return Err(Error::Invalid(format!(
                 "GMRES tolerances must be finite and >= 0 (rtol {}, atol {})",
                 self.rtol, self.atol
+            )));
+        }
+        if self.arnoldi_loop == ArnoldiLoop::Device
+            && !matches!(self.orthog, Orthog::Cgs | Orthog::Cgs2)
+        {
+            return Err(Error::Invalid(format!(
+                "the device Arnoldi loop runs classical Gram-Schmidt (--orthog cgs or cgs2), not {}",
+                format!("{:?}", self.orthog).to_lowercase()
             )));
         }
         if self.test == ConvergenceTest::Scipy && self.side == PrecondSide::Right {
@@ -190,6 +223,8 @@ pub struct GmresInfo {
     pub bnorm: f64,
     pub seconds: f64,
     pub ms_per_iter: f64,
+    /// The Arnoldi loop that ran (host or device).
+    pub arnoldi_loop: ArnoldiLoop,
 }
 
 /// The vectors and host arrays of GMRES(m), sized once for n local rows.
@@ -218,6 +253,15 @@ pub struct GmresWorkspace<B: Backend> {
     gsave: Vec<f64>,
     /// DCGS2: the 2 (m+1) + 1 numbers of a step's single reduction.
     red: Vec<f64>,
+    /// Device Arnoldi loop: per step [V^T w (m+1) | CGS2's second pass (m+1) | ||w||^2] on the
+    /// backend, and their host copy.
+    sc: B::Vector,
+    sc_host: Vec<f64>,
+}
+
+/// Entries per step in the device Arnoldi loop's scalars (see [`GmresWorkspace`]).
+fn sc_stride(m: usize) -> usize {
+    2 * (m + 1) + 1
 }
 
 impl<B: Backend> GmresWorkspace<B> {
@@ -242,6 +286,8 @@ impl<B: Backend> GmresWorkspace<B> {
             hraw: vec![0.0; (m + 1) * m],
             gsave: vec![0.0; m + 1],
             red: vec![0.0; 2 * (m + 1) + 1],
+            sc: be.zeros(m * sc_stride(m))?,
+            sc_host: vec![0.0; m * sc_stride(m)],
         })
     }
 }
@@ -299,6 +345,73 @@ fn solve_upper(h: &[f64], ld: usize, g: &[f64], y: &mut [f64], k: usize) {
         let d = h[i * ld + i];
         y[i] = if d != 0.0 { s / d } else { 0.0 };
     }
+}
+
+/// w = M^-1 A x (left) or A M^-1 x (right); a diagonal M^-1 on the left is folded into the
+/// product's rows ([`Operator::apply_scaled_rows`]). `t` is scratch.
+fn precond_product<B, O, P>(
+    be: &B,
+    op: &O,
+    pc: &mut P,
+    left: bool,
+    x: &B::Vector,
+    t: &mut B::Vector,
+    w: &mut B::Vector,
+) -> Result<()>
+where
+    B: Backend,
+    O: Operator<B>,
+    P: Preconditioner<B> + ?Sized,
+{
+    if left {
+        if let Some(d) = pc.diagonal() {
+            return op.apply_scaled_rows(be, x, d.scale(), t, w);
+        }
+        op.apply(be, Scale::SET, x, t)?;
+        pc.apply(be, t, w)
+    } else {
+        pc.apply(be, x, t)?;
+        op.apply(be, Scale::SET, t, w)
+    }
+}
+
+/// The Givens state of a cycle: rotations so far, the rotated right-hand side g, and g[j]
+/// before rotation j (DCGS2 redoes a rotation).
+struct Rotations<'a> {
+    cs: &'a mut [f64],
+    sn: &'a mut [f64],
+    g: &'a mut [f64],
+    gsave: &'a mut [f64],
+}
+
+/// The host's end of Arnoldi step j (both loops), once column j of H (entries 0..=j) and the
+/// new vector's norm `hn` are known: the non-finite check, the breakdown test (H[j+1, j] = hn,
+/// or 0 and `hraw_next` = 0 on breakdown), rotation j. Returns the residual estimate |g[j+1]|
+/// and whether the Krylov space broke down (then the new vector is not used).
+fn end_step(
+    col: &mut [f64],
+    hraw_next: &mut f64,
+    hn: f64,
+    j: usize,
+    its: usize,
+    rot: Rotations<'_>,
+) -> Result<(f64, bool)> {
+    let colnorm = (col[..=j].iter().map(|a| a * a).sum::<f64>() + hn * hn).sqrt();
+    if !hn.is_finite() || !colnorm.is_finite() {
+        return Err(Error::Invalid(format!(
+            "GMRES: Arnoldi vector became non-finite at iteration {its} (operator or preconditioner produces NaN/Inf)"
+        )));
+    }
+    let breakdown = hn <= f64::EPSILON * colnorm;
+    if breakdown {
+        col[j + 1] = 0.0;
+        *hraw_next = 0.0;
+    } else {
+        col[j + 1] = hn;
+    }
+    rot.gsave[j] = rot.g[j];
+    rotate_column(col, rot.cs, rot.sn, rot.g, j);
+    Ok((rot.g[j + 1].abs(), breakdown))
 }
 
 /// Solve A x = b by GMRES(m). `b` and `x` hold this rank's rows; `x` is the starting guess on
@@ -362,8 +475,22 @@ where
         hraw,
         gsave,
         red,
+        sc,
+        sc_host,
         ..
     } = ws;
+    let deferred = match params.arnoldi_loop {
+        ArnoldiLoop::Host => false,
+        ArnoldiLoop::Device => true,
+        ArnoldiLoop::Auto => {
+            be.defers_scalars() && matches!(params.orthog, Orthog::Cgs | Orthog::Cgs2)
+        }
+    };
+    let arnoldi_loop = if deferred {
+        ArnoldiLoop::Device
+    } else {
+        ArnoldiLoop::Host
+    };
 
     let bnorm = gnorm(be, comm, b)?;
     let finish = |converged: bool,
@@ -390,6 +517,7 @@ where
             } else {
                 0.0
             },
+            arnoldi_loop,
         }
     };
     if bnorm == 0.0 {
@@ -489,178 +617,212 @@ where
         let mut k = 0usize; // columns of H built in this cycle
         let mut breakdown = false;
         let mut est = beta;
-        while k < m && its < params.max_iter {
-            let j = k;
-            // w = M^-1 A v_j (left) or A M^-1 v_j (right); DCGS2 writes it into v_{j+1}
-            // (orthogonalised and normalised in place), so that one batched pass over
-            // v_0..v_{j+1} gives V^T w and ||w||^2 together.
-            let dc = params.orthog == Orthog::Dcgs2;
-            {
+        if deferred {
+            // The whole cycle on the backend, then its scalars to the host once.
+            let steps = m.min(params.max_iter - its);
+            let stride = sc_stride(m);
+            for j in 0..steps {
                 let (vl, vr) = v.split_at_mut(j + 1);
-                let dst = if dc { &mut vr[0] } else { &mut *w };
-                if left {
-                    op.apply(be, Scale::SET, &vl[j], t)?;
-                    pc.apply(be, t, dst)?;
+                precond_product(be, op, pc, left, &vl[j], t, w)?;
+                let (c, nsq) = (j * stride, j * stride + 2 * ld);
+                be.multi_dot_to(vl, w, sc, c)?;
+                be.allreduce_scalars(comm, sc, c, j + 1)?;
+                let last = if params.orthog == Orthog::Cgs2 {
+                    be.multi_axpy_dot_to(vl, w, sc, c, c + ld)?;
+                    be.allreduce_scalars(comm, sc, c + ld, j + 1)?;
+                    c + ld
                 } else {
-                    pc.apply(be, &vl[j], t)?;
-                    op.apply(be, Scale::SET, t, dst)?;
+                    c
+                };
+                be.multi_axpy_norm_sq_to(vl, w, sc, last, nsq)?;
+                be.allreduce_scalars(comm, sc, nsq, 1)?;
+                be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
+            }
+            be.read_scalars(sc, 0, &mut sc_host[..steps * stride])?;
+            let seconds = t0.elapsed().as_secs_f64();
+            // The host loop's decisions, step by step, on the same numbers.
+            for j in 0..steps {
+                its += 1;
+                let r = &sc_host[j * stride..(j + 1) * stride];
+                let col = &mut h[j * ld..(j + 1) * ld];
+                if params.orthog == Orthog::Cgs2 {
+                    for i in 0..=j {
+                        col[i] = r[i] + r[ld + i];
+                    }
+                } else {
+                    col[..=j].copy_from_slice(&r[..=j]);
+                }
+                let hn = r[2 * ld].max(0.0).sqrt();
+                let rot = Rotations { cs, sn, g, gsave };
+                (est, breakdown) = end_step(col, &mut hraw[j * ld + j + 1], hn, j, its, rot)?;
+                k = j + 1;
+                monitor.record(&GmresRecord {
+                    iteration: its,
+                    cycle: cycles - 1,
+                    resnorm: est,
+                    relres: est / pbnorm,
+                    seconds,
+                })?;
+                if est <= inner_tol || breakdown {
+                    break;
                 }
             }
-            its += 1;
-            let (hprev, hcur) = h.split_at_mut(j * ld);
-            let col = &mut hcur[..ld];
-            // the new vector is scaled by 1 / (hn * wfac) into v_{j+1}
-            let mut wfac = 1.0;
-            let hn = match params.orthog {
-                Orthog::Mgs => {
-                    for i in 0..=j {
-                        let hij = comm.allreduce_scalar(be.dot(&v[i], w)?)?;
-                        be.axpby(-hij, &v[i], 1.0, w)?;
-                        col[i] = hij;
-                    }
-                    gnorm(be, comm, w)?
+        } else {
+            while k < m && its < params.max_iter {
+                let j = k;
+                // w = M^-1 A v_j (left) or A M^-1 v_j (right); DCGS2 writes it into v_{j+1}
+                // (orthogonalised and normalised in place), so that one batched pass over
+                // v_0..v_{j+1} gives V^T w and ||w||^2 together.
+                let dc = params.orthog == Orthog::Dcgs2;
+                {
+                    let (vl, vr) = v.split_at_mut(j + 1);
+                    let dst = if dc { &mut vr[0] } else { &mut *w };
+                    precond_product(be, op, pc, left, &vl[j], t, dst)?;
                 }
-                Orthog::Cgs => {
-                    // Two passes over the basis: c = V^T w; [w -= V c, ||w||^2].
-                    let c = &mut coef[..=j];
-                    be.multi_dot(&v[..=j], w, c)?;
-                    comm.allreduce_sum(c)?;
-                    col[..=j].copy_from_slice(c);
-                    comm.allreduce_scalar(be.multi_axpy_norm_sq(c, &v[..=j], w)?)?
-                        .max(0.0)
-                        .sqrt()
-                }
-                Orthog::Cgs2 => {
-                    // Three passes over the basis, one reduction each: c = V^T w;
-                    // [w -= V c, c2 = V^T w]; [w -= V c2, ||w||^2].
-                    let (c, c2) = coef.split_at_mut(ld);
-                    let (c, c2) = (&mut c[..=j], &mut c2[..=j]);
-                    be.multi_dot(&v[..=j], w, c)?;
-                    comm.allreduce_sum(c)?;
-                    be.multi_axpy_dot(c, &v[..=j], w, c2)?;
-                    comm.allreduce_sum(c2)?;
-                    for i in 0..=j {
-                        col[i] = c[i] + c2[i];
+                its += 1;
+                let (hprev, hcur) = h.split_at_mut(j * ld);
+                let col = &mut hcur[..ld];
+                // the new vector is scaled by 1 / (hn * wfac) into v_{j+1}
+                let mut wfac = 1.0;
+                let hn = match params.orthog {
+                    Orthog::Mgs => {
+                        for i in 0..=j {
+                            let hij = comm.allreduce_scalar(be.dot(&v[i], w)?)?;
+                            be.axpby(-hij, &v[i], 1.0, w)?;
+                            col[i] = hij;
+                        }
+                        gnorm(be, comm, w)?
                     }
-                    comm.allreduce_scalar(be.multi_axpy_norm_sq(c2, &v[..=j], w)?)?
-                        .max(0.0)
-                        .sqrt()
-                }
-                Orthog::Dcgs2 => {
-                    // v_{j+1} = z = Op(p) with p = v_j provisional (once orthogonalised,
-                    // normalised by a Pythagorean norm) for j >= 1; v_0 is final. One
-                    // reduction of [V_0..j^T z, z.z, V_0..j-1^T p, p.p].
-                    let nr = if j == 0 { 2 } else { 2 * j + 3 };
-                    let red = &mut red[..nr];
-                    be.multi_dot(&v[..=j + 1], &v[j + 1], &mut red[..=j + 1])?;
-                    if j > 0 {
-                        be.multi_dot(&v[..=j], &v[j], &mut red[j + 2..])?;
+                    Orthog::Cgs => {
+                        // Two passes over the basis: c = V^T w; [w -= V c, ||w||^2].
+                        let c = &mut coef[..=j];
+                        be.multi_dot(&v[..=j], w, c)?;
+                        comm.allreduce_sum(c)?;
+                        col[..=j].copy_from_slice(c);
+                        comm.allreduce_scalar(be.multi_axpy_norm_sq(c, &v[..=j], w)?)?
+                            .max(0.0)
+                            .sqrt()
                     }
-                    comm.allreduce_sum(red)?;
-                    let (a, rest) = red.split_at(j + 1);
-                    let zz = rest[0];
-                    let d = if j > 0 { &rest[1..=j] } else { &rest[..0] };
-                    let mut s = 1.0;
-                    if j > 0 {
-                        // Re-orthogonalise and normalise v_j: v_j = (p - V d) / s.
-                        let pp = rest[j + 1];
-                        let s2 = pp - d.iter().map(|x| x * x).sum::<f64>();
-                        let (vl, vr) = v.split_at_mut(j);
-                        be.multi_axpy(d, vl, &mut vr[0])?;
-                        s = if s2 >= 0.25 * pp && s2 > 0.0 {
-                            s2.sqrt()
-                        } else {
-                            // p was mostly inside span(V): the Pythagorean norm cancelled;
-                            // one extra reduction (near breakdown only).
-                            gnorm(be, comm, &vr[0])?
-                        };
-                        if !(s.is_finite() && s > 0.0) {
-                            return Err(Error::Invalid(format!(
+                    Orthog::Cgs2 => {
+                        // Three passes over the basis, one reduction each: c = V^T w;
+                        // [w -= V c, c2 = V^T w]; [w -= V c2, ||w||^2].
+                        let (c, c2) = coef.split_at_mut(ld);
+                        let (c, c2) = (&mut c[..=j], &mut c2[..=j]);
+                        be.multi_dot(&v[..=j], w, c)?;
+                        comm.allreduce_sum(c)?;
+                        be.multi_axpy_dot(c, &v[..=j], w, c2)?;
+                        comm.allreduce_sum(c2)?;
+                        for i in 0..=j {
+                            col[i] = c[i] + c2[i];
+                        }
+                        comm.allreduce_scalar(be.multi_axpy_norm_sq(c2, &v[..=j], w)?)?
+                            .max(0.0)
+                            .sqrt()
+                    }
+                    Orthog::Dcgs2 => {
+                        // v_{j+1} = z = Op(p) with p = v_j provisional (once orthogonalised,
+                        // normalised by a Pythagorean norm) for j >= 1; v_0 is final. One
+                        // reduction of [V_0..j^T z, z.z, V_0..j-1^T p, p.p].
+                        let nr = if j == 0 { 2 } else { 2 * j + 3 };
+                        let red = &mut red[..nr];
+                        be.multi_dot(&v[..=j + 1], &v[j + 1], &mut red[..=j + 1])?;
+                        if j > 0 {
+                            be.multi_dot(&v[..=j], &v[j], &mut red[j + 2..])?;
+                        }
+                        comm.allreduce_sum(red)?;
+                        let (a, rest) = red.split_at(j + 1);
+                        let zz = rest[0];
+                        let d = if j > 0 { &rest[1..=j] } else { &rest[..0] };
+                        let mut s = 1.0;
+                        if j > 0 {
+                            // Re-orthogonalise and normalise v_j: v_j = (p - V d) / s.
+                            let pp = rest[j + 1];
+                            let s2 = pp - d.iter().map(|x| x * x).sum::<f64>();
+                            let (vl, vr) = v.split_at_mut(j);
+                            be.multi_axpy(d, vl, &mut vr[0])?;
+                            s = if s2 >= 0.25 * pp && s2 > 0.0 {
+                                s2.sqrt()
+                            } else {
+                                // p was mostly inside span(V): the Pythagorean norm cancelled;
+                                // one extra reduction (near breakdown only).
+                                gnorm(be, comm, &vr[0])?
+                            };
+                            if !(s.is_finite() && s > 0.0) {
+                                return Err(Error::Invalid(format!(
                                 "GMRES: Arnoldi vector became non-finite or zero at iteration {its} (operator or preconditioner produces NaN/Inf)"
                             )));
+                            }
+                            be.scale(&mut vr[0], 1.0 / s)?;
+                            // Column j-1: Op(v_{j-1}) = V c + eta p = V (c + eta d) + eta s v_j.
+                            let hc = &mut hraw[(j - 1) * ld..j * ld];
+                            let eta = hc[j];
+                            for i in 0..j {
+                                hc[i] += eta * d[i];
+                            }
+                            hc[j] = eta * s;
+                            let pcol = &mut hprev[(j - 1) * ld..j * ld];
+                            pcol[..=j].copy_from_slice(&hc[..=j]);
+                            g[j - 1] = gsave[j - 1];
+                            rotate_column(pcol, cs, sn, g, j - 1);
                         }
-                        be.scale(&mut vr[0], 1.0 / s)?;
-                        // Column j-1: Op(v_{j-1}) = V c + eta p = V (c + eta d) + eta s v_j.
-                        let hc = &mut hraw[(j - 1) * ld..j * ld];
-                        let eta = hc[j];
+                        // Op(v_j) = (z - Op(V d)) / s = (z - V e) / s with e = H[0..=j, 0..j] d.
+                        let (e, c) = coef.split_at_mut(ld);
+                        let (e, c) = (&mut e[..=j], &mut c[..=j]);
+                        for (i, ei) in e.iter_mut().enumerate() {
+                            *ei = (i.saturating_sub(1)..j)
+                                .map(|k| hraw[k * ld + i] * d[k])
+                                .sum();
+                        }
+                        let ad: f64 = a[..j].iter().zip(d).map(|(x, y)| x * y).sum();
+                        let vjz = (a[j] - ad) / s;
                         for i in 0..j {
-                            hc[i] += eta * d[i];
+                            c[i] = (a[i] - e[i]) / s;
                         }
-                        hc[j] = eta * s;
-                        let pcol = &mut hprev[(j - 1) * ld..j * ld];
-                        pcol[..=j].copy_from_slice(&hc[..=j]);
-                        g[j - 1] = gsave[j - 1];
-                        rotate_column(pcol, cs, sn, g, j - 1);
+                        c[j] = (vjz - e[j]) / s;
+                        let ae: f64 = a[..j].iter().zip(&e[..j]).map(|(x, y)| x * y).sum();
+                        let ee: f64 = e.iter().map(|x| x * x).sum();
+                        let ww = (zz - 2.0 * (ae + vjz * e[j]) + ee) / (s * s);
+                        let eta2 = ww - c.iter().map(|x| x * x).sum::<f64>();
+                        col[..=j].copy_from_slice(c);
+                        // v_{j+1} = z - V (e + s c) = s (Op(v_j) - V c)
+                        for (ei, ci) in e.iter_mut().zip(c.iter()) {
+                            *ei += s * *ci;
+                        }
+                        let (vl, vr) = v.split_at_mut(j + 1);
+                        be.multi_axpy(e, vl, &mut vr[0])?;
+                        wfac = s;
+                        let eta = if eta2 > 1e-10 * ww {
+                            eta2.sqrt()
+                        } else {
+                            // cancellation in the Pythagorean norm: one extra reduction
+                            gnorm(be, comm, &vr[0])? / s
+                        };
+                        let hc = &mut hraw[j * ld..(j + 1) * ld];
+                        hc[..=j].copy_from_slice(c);
+                        hc[j + 1] = eta;
+                        eta
                     }
-                    // Op(v_j) = (z - Op(V d)) / s = (z - V e) / s with e = H[0..=j, 0..j] d.
-                    let (e, c) = coef.split_at_mut(ld);
-                    let (e, c) = (&mut e[..=j], &mut c[..=j]);
-                    for (i, ei) in e.iter_mut().enumerate() {
-                        *ei = (i.saturating_sub(1)..j)
-                            .map(|k| hraw[k * ld + i] * d[k])
-                            .sum();
-                    }
-                    let ad: f64 = a[..j].iter().zip(d).map(|(x, y)| x * y).sum();
-                    let vjz = (a[j] - ad) / s;
-                    for i in 0..j {
-                        c[i] = (a[i] - e[i]) / s;
-                    }
-                    c[j] = (vjz - e[j]) / s;
-                    let ae: f64 = a[..j].iter().zip(&e[..j]).map(|(x, y)| x * y).sum();
-                    let ee: f64 = e.iter().map(|x| x * x).sum();
-                    let ww = (zz - 2.0 * (ae + vjz * e[j]) + ee) / (s * s);
-                    let eta2 = ww - c.iter().map(|x| x * x).sum::<f64>();
-                    col[..=j].copy_from_slice(c);
-                    // v_{j+1} = z - V (e + s c) = s (Op(v_j) - V c)
-                    for (ei, ci) in e.iter_mut().zip(c.iter()) {
-                        *ei += s * *ci;
-                    }
-                    let (vl, vr) = v.split_at_mut(j + 1);
-                    be.multi_axpy(e, vl, &mut vr[0])?;
-                    wfac = s;
-                    let eta = if eta2 > 1e-10 * ww {
-                        eta2.sqrt()
+                };
+                let rot = Rotations { cs, sn, g, gsave };
+                (est, breakdown) = end_step(col, &mut hraw[j * ld + j + 1], hn, j, its, rot)?;
+                if !breakdown {
+                    if dc {
+                        be.scale(&mut v[j + 1], 1.0 / (hn * wfac))?;
                     } else {
-                        // cancellation in the Pythagorean norm: one extra reduction
-                        gnorm(be, comm, &vr[0])? / s
-                    };
-                    let hc = &mut hraw[j * ld..(j + 1) * ld];
-                    hc[..=j].copy_from_slice(c);
-                    hc[j + 1] = eta;
-                    eta
+                        be.copy_scaled(1.0 / hn, w, &mut v[j + 1])?;
+                    }
                 }
-            };
-            let colnorm = (col[..=j].iter().map(|a| a * a).sum::<f64>() + hn * hn).sqrt();
-            if !hn.is_finite() || !colnorm.is_finite() {
-                return Err(Error::Invalid(format!(
-                    "GMRES: Arnoldi vector became non-finite at iteration {its} (operator or preconditioner produces NaN/Inf)"
-                )));
-            }
-            if hn > f64::EPSILON * colnorm {
-                if dc {
-                    be.scale(&mut v[j + 1], 1.0 / (hn * wfac))?;
-                } else {
-                    be.copy_scaled(1.0 / hn, w, &mut v[j + 1])?;
+                k = j + 1;
+                monitor.record(&GmresRecord {
+                    iteration: its,
+                    cycle: cycles - 1,
+                    resnorm: est,
+                    relres: est / pbnorm,
+                    seconds: t0.elapsed().as_secs_f64(),
+                })?;
+                if est <= inner_tol || breakdown {
+                    break;
                 }
-                col[j + 1] = hn;
-            } else {
-                col[j + 1] = 0.0;
-                hraw[j * ld + j + 1] = 0.0;
-                breakdown = true;
-            }
-            gsave[j] = g[j];
-            rotate_column(col, cs, sn, g, j);
-            est = g[j + 1].abs();
-            k = j + 1;
-            monitor.record(&GmresRecord {
-                iteration: its,
-                cycle: cycles - 1,
-                resnorm: est,
-                relres: est / pbnorm,
-                seconds: t0.elapsed().as_secs_f64(),
-            })?;
-            if est <= inner_tol || breakdown {
-                break;
             }
         }
         // x += V y (left) or M^-1 V y (right)

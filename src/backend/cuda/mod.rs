@@ -183,6 +183,7 @@ pub(crate) struct Kernels {
     /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
     pub multi_dot: [CudaFunction; 6],
     pub copy_scaled: CudaFunction,
+    pub copy_inv_sqrt: CudaFunction,
     pub multi_axpy: CudaFunction,
     pub tri_sweep: CudaFunction,
     pub gather: CudaFunction,
@@ -277,6 +278,7 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
             f("multi_dot_32")?,
         ],
         copy_scaled: f("copy_scaled")?,
+        copy_inv_sqrt: f("copy_inv_sqrt")?,
         multi_axpy: f("multi_axpy")?,
         tri_sweep: f("tri_sweep")?,
         gather: f("gather")?,
@@ -363,6 +365,14 @@ impl MappedScalar {
             device,
         })
     }
+}
+
+/// Where the coefficients of a batched Gram-Schmidt launch come from: by value from the host,
+/// or from device memory (GMRES's device-resident Arnoldi cycle).
+#[derive(Clone, Copy)]
+enum Coeffs<'a> {
+    Host(&'a [f64]),
+    Device(u64),
 }
 
 /// A vector on the device: the CUDA backend's `Backend::Vector`.
@@ -615,14 +625,15 @@ impl CudaBackend {
     /// Launch a single-launch reduction over `n` entries (kernels/vector.cu): `args`, then the
     /// partial-sum buffer, the ticket counter and where the result goes; returns the result.
     fn reduce(&self, f: &CudaFunction, n: usize, args: &[*mut c_void]) -> Result<f64> {
-        let (pp, pc, pr) = (
-            self.ptr(&self.partial),
-            self.ptr(&self.counter),
-            self.result_ptr(),
-        );
-        let mut all = [args, &[arg(&pp), arg(&pc), arg(&pr)]].concat();
-        self.launch(f, Self::reduction_grid(n), THREADS, &mut all)?;
+        self.reduce_to(f, n, args, self.result_ptr())?;
         self.read_result()
+    }
+
+    /// [`Self::reduce`] without waiting: the result goes to device address `pr`.
+    fn reduce_to(&self, f: &CudaFunction, n: usize, args: &[*mut c_void], pr: u64) -> Result<()> {
+        let (pp, pc) = (self.ptr(&self.partial), self.ptr(&self.counter));
+        let mut all = [args, &[arg(&pp), arg(&pc), arg(&pr)]].concat();
+        self.launch(f, Self::reduction_grid(n), THREADS, &mut all)
     }
 
     fn reduction_grid(n: usize) -> u32 {
@@ -665,33 +676,12 @@ impl CudaBackend {
         n: usize,
         out: &mut [f64],
     ) -> Result<()> {
-        let k = basis.len();
-        debug_assert!(k <= MULTI_MAX && k > 0);
-        let (ptrs, c) = self.multi_args("multi_dot", basis, coeffs.unwrap_or(&[]), n)?;
-        let nout = if mode == 2 { 1 } else { k };
-        let (k32, n64) = (k as i32, n as u64);
-        let (pp, pc) = (self.ptr(&self.multi_partial), self.ptr(&self.counter));
+        let nout = if mode == 2 { 1 } else { basis.len() };
         let pr = match &self.multi_mapped {
             Some(m) => m.device,
             None => self.ptr(&self.multi_result),
         };
-        self.launch(
-            // the kernel with the fewest slots that hold k vectors
-            &self.k.multi_dot[k.next_power_of_two().trailing_zeros() as usize],
-            Self::reduction_grid(n),
-            THREADS,
-            &mut [
-                arg(&ptrs),
-                arg(&k32),
-                arg(&c),
-                arg(&mode),
-                arg(&pw),
-                arg(&n64),
-                arg(&pp),
-                arg(&pc),
-                arg(&pr),
-            ],
-        )?;
+        self.multi_launch_to(basis, Coeffs::Host(coeffs.unwrap_or(&[])), mode, pw, n, pr)?;
         if let Some(m) = &self.multi_mapped {
             self.synchronize()?;
             for (j, o) in out[..nout].iter_mut().enumerate() {
@@ -706,6 +696,46 @@ impl CudaBackend {
             self.synchronize()?;
         }
         Ok(())
+    }
+
+    /// [`Self::multi_launch`] without waiting: the coefficients by value or from device
+    /// memory, the results written to device address `pr`.
+    fn multi_launch_to(
+        &self,
+        basis: &[CudaSlice<f64>],
+        coeffs: Coeffs<'_>,
+        mode: i32,
+        pw: u64,
+        n: usize,
+        pr: u64,
+    ) -> Result<()> {
+        let k = basis.len();
+        debug_assert!(k <= MULTI_MAX && k > 0);
+        let (host, cdev) = match coeffs {
+            Coeffs::Host(c) => (c, 0u64),
+            Coeffs::Device(p) => (&[][..], p),
+        };
+        let (ptrs, c) = self.multi_args("multi_dot", basis, host, n)?;
+        let (k32, n64) = (k as i32, n as u64);
+        let (pp, pc) = (self.ptr(&self.multi_partial), self.ptr(&self.counter));
+        self.launch(
+            // the kernel with the fewest slots that hold k vectors
+            &self.k.multi_dot[k.next_power_of_two().trailing_zeros() as usize],
+            Self::reduction_grid(n),
+            THREADS,
+            &mut [
+                arg(&ptrs),
+                arg(&k32),
+                arg(&c),
+                arg(&cdev),
+                arg(&mode),
+                arg(&pw),
+                arg(&n64),
+                arg(&pp),
+                arg(&pc),
+                arg(&pr),
+            ],
+        )
     }
 
     /// The by-value kernel arguments of at most MULTI_MAX basis vectors of length `n`: their
@@ -735,17 +765,65 @@ impl CudaBackend {
         basis: &[CudaSlice<f64>],
         w: &mut CudaSlice<f64>,
     ) -> Result<()> {
-        let n = w.len();
         for (bs, cs) in basis.chunks(MULTI_MAX).zip(coeffs.chunks(MULTI_MAX)) {
-            let (ptrs, c) = self.multi_args("multi_axpy", bs, cs, n)?;
-            let (k32, n64, pw) = (bs.len().min(cs.len()) as i32, n as u64, self.ptr(w));
-            self.launch_elementwise(
-                &self.k.multi_axpy,
-                n,
-                &mut [arg(&ptrs), arg(&k32), arg(&c), arg(&pw), arg(&n64)],
-            )?;
+            let k = bs.len().min(cs.len());
+            self.multi_axpy_launch(&bs[..k], Coeffs::Host(cs), w)?;
         }
         Ok(())
+    }
+
+    /// [`Self::multi_axpy_chunks`] with the coefficients in device memory at `pc`.
+    fn multi_axpy_chunks_dev(
+        &self,
+        pc: u64,
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        for (i, bs) in basis.chunks(MULTI_MAX).enumerate() {
+            let at = pc + (8 * i * MULTI_MAX) as u64;
+            self.multi_axpy_launch(bs, Coeffs::Device(at), w)?;
+        }
+        Ok(())
+    }
+
+    /// One multi_axpy launch over at most MULTI_MAX vectors.
+    fn multi_axpy_launch(
+        &self,
+        bs: &[CudaSlice<f64>],
+        coeffs: Coeffs<'_>,
+        w: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        let n = w.len();
+        let (host, cdev) = match coeffs {
+            Coeffs::Host(c) => (c, 0u64),
+            Coeffs::Device(p) => (&[][..], p),
+        };
+        let (ptrs, c) = self.multi_args("multi_axpy", bs, host, n)?;
+        let (k32, n64, pw) = (bs.len() as i32, n as u64, self.ptr(w));
+        self.launch_elementwise(
+            &self.k.multi_axpy,
+            n,
+            &mut [
+                arg(&ptrs),
+                arg(&k32),
+                arg(&c),
+                arg(&cdev),
+                arg(&pw),
+                arg(&n64),
+            ],
+        )
+    }
+
+    /// Device address of `sc[at]`, checked against its length (`len` entries from there).
+    fn scalar_ptr(&self, what: &str, sc: &CudaSlice<f64>, at: usize, len: usize) -> Result<u64> {
+        if at + len > sc.len() {
+            return Err(Error::Invalid(format!(
+                "cuda {what}: scalars {at}..{} of a buffer of {}",
+                at + len,
+                sc.len()
+            )));
+        }
+        Ok(self.ptr(sc) + 8 * at as u64)
     }
 
     /// The point-to-point exchange of a halo GPU to GPU when NCCL is set up
@@ -1020,6 +1098,128 @@ impl Backend for CudaBackend {
         let (pw, n) = (self.ptr(w), w.len());
         self.multi_launch(basis, Some(coeffs), 2, pw, n, &mut out)?;
         Ok(out[0])
+    }
+    fn multi_dot_to(
+        &self,
+        basis: &[CudaSlice<f64>],
+        w: &CudaSlice<f64>,
+        sc: &mut CudaSlice<f64>,
+        at: usize,
+    ) -> Result<()> {
+        let pr = self.scalar_ptr("multi_dot_to", sc, at, basis.len())?;
+        let (pw, n) = (self.ptr(w), w.len());
+        for (i, bs) in basis.chunks(MULTI_MAX).enumerate() {
+            let at_i = pr + (8 * i * MULTI_MAX) as u64;
+            self.multi_launch_to(bs, Coeffs::Host(&[]), 0, pw, n, at_i)?;
+        }
+        Ok(())
+    }
+    fn multi_axpy_dot_to(
+        &self,
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+        sc: &mut CudaSlice<f64>,
+        coef_at: usize,
+        out_at: usize,
+    ) -> Result<()> {
+        let k = basis.len();
+        let pc = self.scalar_ptr("multi_axpy_dot_to", sc, coef_at, k)?;
+        let pr = self.scalar_ptr("multi_axpy_dot_to", sc, out_at, k)?;
+        if k == 0 {
+            return Ok(());
+        }
+        if k > MULTI_MAX {
+            // as multi_axpy_dot: the update in chunks, then the inner products
+            self.multi_axpy_chunks_dev(pc, basis, w)?;
+            return self.multi_dot_to(basis, w, sc, out_at);
+        }
+        let (pw, n) = (self.ptr(w), w.len());
+        self.multi_launch_to(basis, Coeffs::Device(pc), 1, pw, n, pr)
+    }
+    fn multi_axpy_norm_sq_to(
+        &self,
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+        sc: &mut CudaSlice<f64>,
+        coef_at: usize,
+        out_at: usize,
+    ) -> Result<()> {
+        let k = basis.len();
+        let pc = self.scalar_ptr("multi_axpy_norm_sq_to", sc, coef_at, k)?;
+        let pr = self.scalar_ptr("multi_axpy_norm_sq_to", sc, out_at, 1)?;
+        let (pw, n) = (self.ptr(w), w.len());
+        if k == 0 || k > MULTI_MAX {
+            // as multi_axpy_norm_sq: the update in chunks, then the dot kernel's norm
+            self.multi_axpy_chunks_dev(pc, basis, w)?;
+            let n64 = n as u64;
+            return self.reduce_to(&self.k.dot, n, &[arg(&pw), arg(&pw), arg(&n64)], pr);
+        }
+        self.multi_launch_to(basis, Coeffs::Device(pc), 2, pw, n, pr)
+    }
+    fn copy_inv_sqrt(
+        &self,
+        sc: &CudaSlice<f64>,
+        at: usize,
+        x: &CudaSlice<f64>,
+        y: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        self.check_len("copy_inv_sqrt", x.len(), y.len())?;
+        let ps = self.scalar_ptr("copy_inv_sqrt", sc, at, 1)?;
+        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
+        self.launch_elementwise(
+            &self.k.copy_inv_sqrt,
+            x.len(),
+            &mut [arg(&n), arg(&ps), arg(&px), arg(&py)],
+        )
+    }
+    fn allreduce_scalars(
+        &self,
+        comm: &dyn Comm,
+        sc: &mut CudaSlice<f64>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.scalar_ptr("allreduce_scalars", sc, at, len)?;
+        if comm.size() <= 1 || len == 0 {
+            return Ok(());
+        }
+        if let Some(nc) = self.nccl.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            // on the stream, GPU to GPU: the cycle goes on without the host
+            nc.0.all_reduce_in_place(
+                &mut sc.slice_mut(at..at + len),
+                &cudarc::nccl::safe::ReduceOp::Sum,
+            )
+            .map_err(|e| Error::backend("cuda", format!("ncclAllReduce: {e:?}")))?;
+            return Ok(());
+        }
+        let mut h = vec![0.0; len];
+        self.read_scalars(sc, at, &mut h)?;
+        comm.allreduce_sum(&mut h)?;
+        self.write_scalars(sc, at, &h)
+    }
+    fn read_scalars(&self, sc: &CudaSlice<f64>, at: usize, out: &mut [f64]) -> Result<()> {
+        self.scalar_ptr("read_scalars", sc, at, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtoh(&sc.slice(at..at + out.len()), out)
+            .map_err(cuda_err("copying scalars to the host"))?;
+        self.synchronize()
+    }
+    fn write_scalars(&self, sc: &mut CudaSlice<f64>, at: usize, vals: &[f64]) -> Result<()> {
+        self.scalar_ptr("write_scalars", sc, at, vals.len())?;
+        if vals.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(vals, &mut sc.slice_mut(at..at + vals.len()))
+            .map_err(cuda_err("copying scalars to the device"))?;
+        // the host slice may go away when this returns
+        self.synchronize()
+    }
+    fn defers_scalars(&self) -> bool {
+        true
     }
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         if comm.size() <= 1 {

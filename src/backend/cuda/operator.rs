@@ -205,8 +205,23 @@ impl DevCsr {
         beta: f64,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
+        self.spmv_scaled(be, alpha, x, beta, None, y)
+    }
+
+    /// y = d .* (alpha A x + beta y): with `d` the rows of the result scaled in the product's
+    /// epilogue (a diagonal preconditioner without a pass of its own).
+    pub fn spmv_scaled(
+        &self,
+        be: &CudaBackend,
+        alpha: f64,
+        x: &CudaSlice<f64>,
+        beta: f64,
+        d: Option<&CudaSlice<f64>>,
+        y: &mut CudaSlice<f64>,
+    ) -> Result<()> {
         let (px, py) = (be.ptr(x), be.ptr(y));
-        let tail = [arg(&px), arg(&py), arg(&alpha), arg(&beta)];
+        let pd = d.map_or(0u64, |d| be.ptr(d));
+        let tail = [arg(&px), arg(&py), arg(&alpha), arg(&beta), arg(&pd)];
         self.launch_per_segment(be, [&be.k.spmv_f64, &be.k.spmv_f32], &tail)
     }
 
@@ -492,6 +507,30 @@ impl Operator<CudaBackend> for CudaCsrOperator {
             Transpose::Library(cs) => cs.spmv(be, false, s.alpha, x, s.beta, y),
             _ => self.a.spmv(be, s.alpha, x, s.beta, y),
         }
+    }
+    fn apply_scaled_rows(
+        &self,
+        be: &CudaBackend,
+        x: &DeviceVec,
+        d: Option<&DeviceVec>,
+        t: &mut DeviceVec,
+        y: &mut DeviceVec,
+    ) -> Result<()> {
+        let Some(d) = d else {
+            return self.apply(be, Scale::SET, x, y);
+        };
+        if let Transpose::Library(_) = &self.t {
+            use crate::backend::Backend;
+            self.apply(be, Scale::SET, x, t)?;
+            return be.pointwise_mul(d, t, y);
+        }
+        self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
+        self.check(
+            "row scale",
+            (d.len(), y.len()),
+            (self.a.nrows, self.a.nrows),
+        )?;
+        self.a.spmv_scaled(be, 1.0, x, 0.0, Some(d), y)
     }
     fn apply_t(&self, be: &CudaBackend, s: Scale, y: &DeviceVec, x: &mut DeviceVec) -> Result<()> {
         self.check("apply_t", (y.len(), x.len()), (self.a.nrows, self.a.ncols))?;

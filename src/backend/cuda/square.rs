@@ -299,6 +299,24 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
             }
         }
     }
+    fn apply_scaled_rows(
+        &self,
+        be: &CudaBackend,
+        x: &DeviceVec,
+        d: Option<&DeviceVec>,
+        t: &mut DeviceVec,
+        y: &mut DeviceVec,
+    ) -> Result<()> {
+        match (&self.halo, &self.product, d) {
+            // one rank: the scale in the product's epilogue
+            (None, Product::Whole(op), _) => op.apply_scaled_rows(be, x, d, t, y),
+            (_, _, None) => self.apply(be, Scale::SET, x, y),
+            (_, _, Some(d)) => {
+                self.apply(be, Scale::SET, x, t)?;
+                be.pointwise_mul(d, t, y)
+            }
+        }
+    }
     fn apply_t(
         &self,
         _be: &CudaBackend,
