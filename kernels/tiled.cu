@@ -144,3 +144,138 @@ tiled_cols(u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
     }
     if (partial) block_partial(acc, partial);
 }
+
+// ---- Staged products (the default kernels of the tiles layout) ----
+// The sub-warp kernels above give each segment (A x) or column (A^T y) a few lanes that walk
+// its entries: with ~10 entries per segment most lanes wait on dependent loads. Here a block
+// works through its chunk's entries in rounds of STAGE: every thread computes products of
+// consecutive entries (coalesced loads, the same count for every thread) into shared memory,
+// then one thread per group (segment or column) adds its products in entry order. A group cut
+// by the end of a round carries its running sum into the next, so every sum is the sequential
+// one of src/sparse/tiled.rs matvec / matvec_t, bit for bit.
+
+#ifndef STAGE
+#define STAGE 2048
+#endif
+
+// Largest g in [0, ng) with off[g] <= p (off non-decreasing, off[0] = 0 <= p).
+__device__ __forceinline__ u32 group_of(const u32* off, u32 ng, u32 p) {
+    u32 lo = 0, hi = ng;  // off[lo] <= p; answer < hi
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) >> 1;
+        if (off[mid] <= p) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// The rounds over entries [0, off[ng]) of groups with relative bounds off[0..=ng] in shared
+// memory: prod_of(i) is entry i's product, put(g, sum) receives each non-empty group's sum.
+template <typename ProdOf, typename Put>
+__device__ __forceinline__ void staged_sums(const u32* off, u32 ng, double* prod, ProdOf prod_of,
+                                            Put put) {
+    __shared__ double carry;
+    const u32 E = off[ng];
+    for (u32 rb = 0; rb < E; rb += STAGE) {
+        const u32 cnt = min((u32)STAGE, E - rb), re = rb + cnt;
+#pragma unroll 4
+        for (u32 i = threadIdx.x; i < cnt; i += blockDim.x) prod[i] = prod_of(rb + i);
+        __syncthreads();
+        const u32 g0 = group_of(off, ng, rb), g1 = group_of(off, ng, re - 1);
+        bool cont = false;
+        double keep = 0.0;
+        for (u32 g = g0 + threadIdx.x; g <= g1; g += blockDim.x) {
+            const u32 lo = max(off[g], rb), hi = min(off[g + 1], re);
+            double s = off[g] < rb ? carry : 0.0;  // only g0 can have started earlier
+            for (u32 k = lo; k < hi; ++k) s += prod[k - rb];
+            if (off[g + 1] > re) {
+                cont = true;
+                keep = s;
+            } else if (hi > lo || off[g] < rb) {
+                put(g, s);
+            }
+        }
+        __syncthreads();  // carry read, prod consumed
+        if (cont) carry = keep;
+        __syncthreads();
+    }
+}
+
+// A x, a block per chunk: x of its tile, its segments' entry offsets and the products in
+// shared memory (dynamic: (1 << tile_bits) doubles, CHUNK_SEGS + 1 u32, STAGE doubles).
+template <typename V>
+__device__ __forceinline__ void tiled_ax_st_impl(
+    u32 tile_bits, u64 ncols, const u32* __restrict__ chunk_tile, const u32* __restrict__ chunk_seg,
+    const u64* __restrict__ seg_ent, const u32* __restrict__ seg_slot, const u16* __restrict__ lcol,
+    const V* __restrict__ val, const double* __restrict__ x, double* __restrict__ seg_partial,
+    const int* __restrict__ skip) {
+    extern __shared__ double dyn[];
+    if (skip && *skip) return;
+    const u32 T = 1u << tile_bits;
+    double* xs = dyn;
+    double* prod = dyn + T;
+    u32* off = (u32*)(prod + STAGE);
+    const u32 q = blockIdx.x;
+    const u64 c0 = (u64)chunk_tile[q] << tile_bits;
+    for (u32 i = threadIdx.x; i < T; i += TILED_THREADS) {
+        const u64 j = c0 + i;
+        xs[i] = j < ncols ? x[j] : 0.0;
+    }
+    const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
+    const u64 e0 = seg_ent[s0];
+    for (u32 i = threadIdx.x; i <= ns; i += TILED_THREADS) off[i] = (u32)(seg_ent[s0 + i] - e0);
+    __syncthreads();
+    const u16* __restrict__ lc = lcol + e0;
+    const V* __restrict__ va = val + e0;
+    staged_sums(
+        off, ns, prod, [&](u32 i) { return (double)__ldg(&va[i]) * xs[__ldg(&lc[i])]; },
+        [&](u32 g, double s) { seg_partial[seg_slot[s0 + g]] = s; });
+}
+
+// A^T y, a block per chunk: y of its segments, its tile's column offsets and the products in
+// shared memory (dynamic: CHUNK_SEGS doubles, STAGE doubles, (1 << tile_bits) + 1 u32).
+template <typename V>
+__device__ __forceinline__ void tiled_atu_st_impl(
+    u32 tile_bits, const u32* __restrict__ chunk_seg, const u32* __restrict__ seg_row,
+    const u64* __restrict__ colptr, const u16* __restrict__ lseg, const V* __restrict__ val,
+    const double* __restrict__ y, double* __restrict__ cpart, const int* __restrict__ skip) {
+    extern __shared__ double dyn[];
+    if (skip && *skip) return;
+    const u32 T = 1u << tile_bits;
+    double* ys = dyn;
+    double* prod = dyn + TILED_CHUNK_SEGS;
+    u32* off = (u32*)(prod + STAGE);
+    const u32 q = blockIdx.x;
+    const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
+    for (u32 i = threadIdx.x; i < ns; i += TILED_THREADS) ys[i] = y[seg_row[s0 + i]];
+    const u64 cb = (u64)q << tile_bits;
+    const u64 e0 = colptr[cb];
+    for (u32 c = threadIdx.x; c <= T; c += TILED_THREADS) off[c] = (u32)(colptr[cb + c] - e0);
+    __syncthreads();
+    // columns without entries in this chunk
+    for (u32 c = threadIdx.x; c < T; c += TILED_THREADS)
+        if (off[c] == off[c + 1]) cpart[cb + c] = 0.0;
+    const u16* __restrict__ ls = lseg + e0;
+    const V* __restrict__ va = val + e0;
+    staged_sums(
+        off, T, prod, [&](u32 i) { return (double)__ldg(&va[i]) * ys[__ldg(&ls[i])]; },
+        [&](u32 c, double s) { cpart[cb + c] = s; });
+}
+
+#define TILED_ST_KERNELS(SUF, V)                                                                \
+    extern "C" __global__ void __launch_bounds__(TILED_THREADS)                                 \
+        tiled_ax_st_##SUF(u32 tile_bits, u64 ncols, const u32* chunk_tile,                      \
+                          const u32* chunk_seg, const u64* seg_ent, const u32* seg_slot,        \
+                          const u16* lcol, const V* val, const double* x, double* seg_partial,  \
+                          const int* skip) {                                                    \
+        tiled_ax_st_impl<V>(tile_bits, ncols, chunk_tile, chunk_seg, seg_ent, seg_slot, lcol,   \
+                            val, x, seg_partial, skip);                                         \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(TILED_THREADS)                                 \
+        tiled_atu_st_##SUF(u32 tile_bits, const u32* chunk_seg, const u32* seg_row,             \
+                           const u64* colptr, const u16* lseg, const V* val, const double* y,   \
+                           double* cpart, const int* skip) {                                    \
+        tiled_atu_st_impl<V>(tile_bits, chunk_seg, seg_row, colptr, lseg, val, y, cpart, skip); \
+    }
+
+TILED_ST_KERNELS(f64, double)
+TILED_ST_KERNELS(f32, float)

@@ -14,7 +14,9 @@ use clap::Args;
 
 use crate::backend::cpu::CpuCompactOperator;
 use crate::backend::cpu::{CpuBackend, CpuCsrOperator};
-use crate::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
+use crate::backend::cuda::{
+    CompactGpuOptions, CudaBackend, CudaCompactOperator, CudaCsrOperator, GpuLayout,
+};
 use crate::backend::storage::Storage;
 use crate::backend::{Backend, Precision, TransposeStrategy};
 use crate::grid::Rng;
@@ -78,6 +80,11 @@ pub struct BenchArgs {
     /// block of iterations), host (three host synchronisations per iteration).
     #[arg(long, default_value = "device", value_parser = super::args::ListOf(&["device", "host"]))]
     loops: String,
+    /// Compact storage on the GPU: device layouts to time (comma-separated): auto (chosen from
+    /// the matrix), rows, mixed[:T] (rows for A x, tiles of 2^T columns for A^T), tiles[:A[/T]]
+    /// (tiles of 2^A columns for A x and 2^T for A^T; T = A when only one is given).
+    #[arg(long, default_value = "auto")]
+    layouts: String,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
     #[arg(long)]
     export_npy: Option<PathBuf>,
@@ -197,6 +204,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    let layouts = a
+        .layouts
+        .split(',')
+        .map(|t| parse_layout(t.trim()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let strategies: Vec<TransposeStrategy> = list(&a.transpose)?;
     let precisions: Vec<Precision> = list(&a.precision)?;
     let storages: Vec<Storage> = list(&a.storage)?;
@@ -300,34 +312,35 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 let sync = || be.synchronize();
                 for &prec in &precisions {
                     if storage == Storage::Compact {
-                        let op =
-                            match CudaCompactOperator::new(be, &p.stored, p.stencil.as_ref(), prec)
-                            {
+                        for lo in &layouts {
+                            let op = match CudaCompactOperator::with_options(
+                                be,
+                                &p.stored,
+                                p.stencil.as_ref(),
+                                prec,
+                                lo,
+                            ) {
                                 Ok(op) => op,
                                 Err(e) => {
                                     eprintln!("cuda compact {prec}: skipped: {e}");
                                     continue;
                                 }
                             };
-                        let (pa, pt) = op.pass_bytes();
-                        let fb = (pa + pt) as f64 + crate::pipeline::bench::vector_bytes(&p);
-                        let bpn = pa as f64 / p.stored.nnz().max(1) as f64;
-                        eprintln!("cuda compact {prec}: layout {}", op.layout());
-                        for lp in &loops {
-                            op.set_device_loop(lp == "device");
-                            let tm =
-                                crate::pipeline::bench::time_lsqr(be, &op, &p.b, a.iters, &sync)?;
-                            eprintln!(
+                            let (pa, pt) = op.pass_bytes();
+                            let fb = (pa + pt) as f64 + crate::pipeline::bench::vector_bytes(&p);
+                            let bpn = pa as f64 / p.stored.nnz().max(1) as f64;
+                            eprintln!("cuda compact {prec}: layout {}", op.layout());
+                            for lp in &loops {
+                                op.set_device_loop(lp == "device");
+                                let tm = crate::pipeline::bench::time_lsqr(
+                                    be, &op, &p.b, a.iters, &sync,
+                                )?;
+                                eprintln!(
                                 "cuda compact {prec} {lp} loop: {:.4} ms/iter (A x {:.4} ms, A^T y {:.4} ms)",
                                 tm.ms_iter, tm.ax_ms, tm.aty_ms
                             );
-                            let lay = op
-                                .layout()
-                                .split([' ', ':'])
-                                .next()
-                                .unwrap_or("")
-                                .to_string();
-                            push(tm, lay, prec, lp, fb, bpn);
+                                push(tm, layout_tag(lo, &op), prec, lp, fb, bpn);
+                            }
                         }
                     } else {
                         for &s in &strategies {
@@ -453,7 +466,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
     }
     out.push_str(&format!(
-        "{:<6} {:<8} {:<8} {:<5} {:<6} {:>9} {:>8} {:>8} {:>6} {:>9} {:>8} {:>9} {:>10} {:>14} {:>9}\n",
+        "{:<6} {:<8} {:<10} {:<5} {:<6} {:>9} {:>8} {:>8} {:>6} {:>9} {:>8} {:>9} {:>10} {:>14} {:>9}\n",
         "backend",
         "storage",
         "layout",
@@ -484,7 +497,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             None => 0.0,
         };
         out.push_str(&format!(
-            "{:<7} {:<8} {:<8} {:<5} {:<6} {:>9.4} {:>8.4} {:>8.4} {:>6.2} {:>9.4} {:>8.3} {:>9.3} {:>10.2} {:>14.8e} {:>9.2e}\n",
+            "{:<7} {:<8} {:<10} {:<5} {:<6} {:>9.4} {:>8.4} {:>8.4} {:>6.2} {:>9.4} {:>8.3} {:>9.3} {:>10.2} {:>14.8e} {:>9.2e}\n",
             r.backend,
             r.storage,
             r.transpose,
@@ -512,4 +525,50 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
     Ok(())
+}
+
+/// One item of `--layouts`: auto | rows | mixed[:T] | tiles[:A[/T]].
+fn parse_layout(t: &str) -> anyhow::Result<CompactGpuOptions> {
+    let (kind, bits) = t.split_once(':').unwrap_or((t, ""));
+    let num = |s: &str| -> anyhow::Result<Option<u32>> {
+        if s.is_empty() {
+            return Ok(None);
+        }
+        match s.parse::<u32>() {
+            Ok(b) if (4..=12).contains(&b) => Ok(Some(b)),
+            _ => bail!("--layouts {t}: tile bits {s} not in 4..=12"),
+        }
+    };
+    let layout = match kind {
+        "auto" if bits.is_empty() => None,
+        "rows" if bits.is_empty() => Some(GpuLayout::Rows),
+        "mixed" => Some(GpuLayout::Mixed),
+        "tiles" => Some(GpuLayout::Tiles),
+        _ => bail!("--layouts {t}: expected auto, rows, mixed[:T] or tiles[:A[/T]]"),
+    };
+    let (ax, at) = match bits.split_once('/') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => (num(bits)?, num(bits)?),
+    };
+    Ok(CompactGpuOptions {
+        layout,
+        tile_bits: at,
+        tile_bits_ax: if layout == Some(GpuLayout::Tiles) {
+            ax
+        } else {
+            None
+        },
+        ..Default::default()
+    })
+}
+
+/// The table's name of a compact layout: rows, mixed:T or tiles:A/T.
+fn layout_tag(o: &CompactGpuOptions, op: &CudaCompactOperator) -> String {
+    let desc = op.layout();
+    let kind = desc.split([' ', ':']).next().unwrap_or("").to_string();
+    match (kind.as_str(), o.tile_bits_ax, o.tile_bits) {
+        ("tiles", Some(a), Some(t)) => format!("tiles:{a}/{t}"),
+        ("mixed", _, Some(t)) | ("tiles", None, Some(t)) => format!("{kind}:{t}"),
+        _ => kind,
+    }
 }

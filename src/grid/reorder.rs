@@ -61,15 +61,27 @@ impl Ordering {
         let rows = match how {
             Reorder::None => None,
             Reorder::Rows | Reorder::Auto => {
-                let first = |i: usize| -> u32 {
+                let ends = std::env::var("SEISTOMO_ROW_KEY").as_deref() == Ok("ends");
+                let key = |i: usize| -> u64 {
                     let (c, _) = a.row(i);
-                    match &cols {
-                        Some(p) => c.iter().map(|&j| p[j as usize]).min(),
-                        None => c.first().copied(),
+                    let (lo, hi) = match &cols {
+                        Some(p) => c
+                            .iter()
+                            .map(|&j| p[j as usize])
+                            .fold((u32::MAX, 0), |(l, h), v| (l.min(v), h.max(v))),
+                        None => (
+                            c.first().copied().unwrap_or(u32::MAX),
+                            c.last().copied().unwrap_or(0),
+                        ),
+                    };
+                    let lo = if c.is_empty() { 0 } else { lo };
+                    if ends {
+                        interleave2(lo, hi)
+                    } else {
+                        lo as u64
                     }
-                    .unwrap_or(0)
                 };
-                let keys: Vec<u32> = (0..a.nrows()).map(first).collect();
+                let keys: Vec<u64> = (0..a.nrows()).map(key).collect();
                 let mut order: Vec<usize> = (0..a.nrows()).collect();
                 order.sort_by_key(|&i| keys[i]);
                 Some(order)
@@ -132,6 +144,20 @@ impl Ordering {
             None => y.to_vec(),
         }
     }
+}
+
+/// The bits of a and b interleaved (a's in the odd places): a key that orders pairs by both.
+fn interleave2(a: u32, b: u32) -> u64 {
+    let spread = |v: u32| -> u64 {
+        let mut x = v as u64;
+        x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+        x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+        x = (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+        x = (x | (x << 2)) & 0x3333_3333_3333_3333;
+        x = (x | (x << 1)) & 0x5555_5555_5555_5555;
+        x
+    };
+    (spread(a) << 1) | spread(b)
 }
 
 /// new_of_old[c] for the cells c = i + nx (j + ny k) of a grid: the rank of c in Morton
