@@ -18,7 +18,6 @@ use seistomo::solver::{
     lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
     LsqrVectors, NoMonitor,
 };
-use seistomo::sparse::tiled::Tiled;
 use seistomo::sparse::Csr;
 use seistomo::testproblems::awkward_csr;
 
@@ -83,12 +82,6 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 tile_bits: Some(bits),
                 ..Default::default()
             };
-            let tiles2 = |ax, at| CompactGpuOptions {
-                layout: Some(GpuLayout::Tiles),
-                tile_bits: Some(at),
-                tile_bits_ax: Some(ax),
-                ..Default::default()
-            };
             let mixed = |bits| CompactGpuOptions {
                 layout: Some(GpuLayout::Mixed),
                 tile_bits: Some(bits),
@@ -103,12 +96,10 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 tiles(4),
                 tiles(9),
                 tiles(12),
-                tiles2(12, 9),
-                tiles2(5, 11),
                 mixed(4),
                 mixed(9),
             ] {
-                let shape = (o.layout, o.tile_bits, o.tile_bits_ax, o.shape);
+                let shape = (o.layout, o.tile_bits, o.shape);
                 let gop = CudaCompactOperator::with_options(&g, a, st.as_ref(), p, &o).unwrap();
                 assert_eq!(gop.nrows(), mrows);
                 let gx = g.upload(&x).unwrap();
@@ -130,52 +121,6 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
             }
             println!("#{mi} {m}x{n} {p}: compact products match the CPU (rows and tiles)");
         }
-    }
-}
-
-/// The tile products sum every segment and column in the order of the CPU's reference
-/// (src/sparse/tiled.rs matvec / matvec_t): bitwise equal, for every tile size, both value
-/// precisions and the awkward shapes (a row of up to 20,000 nonzeros in one tile: segments
-/// longer than a round of staged products).
-#[test]
-fn tile_products_equal_the_tile_reference_bitwise() {
-    let Some(g) = gpu() else { return };
-    for (mi, a) in awkward().iter().enumerate() {
-        let (m, n) = (a.nrows(), a.ncols());
-        let (x, y) = (rand_vec(n, 31), rand_vec(m, 32));
-        for p in [Precision::F64, Precision::F32] {
-            for bits in [4u32, 9, 12] {
-                let t = Tiled::from_csr(a, p, bits);
-                let o = CompactGpuOptions {
-                    layout: Some(GpuLayout::Tiles),
-                    tile_bits: Some(bits),
-                    tile_bits_ax: Some(bits),
-                    ..Default::default()
-                };
-                let gop = CudaCompactOperator::with_options(&g, a, None, p, &o).unwrap();
-                let (gx, gy) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
-                let (mut ax, mut aty) = (
-                    g.upload(&vec![f64::NAN; m]).unwrap(),
-                    g.upload(&vec![f64::NAN; n]).unwrap(),
-                );
-                gop.apply(&g, Scale::SET, &gx, &mut ax).unwrap();
-                gop.apply_t(&g, Scale::SET, &gy, &mut aty).unwrap();
-                let bits_eq = |got: &[f64], want: &[f64]| {
-                    got.iter()
-                        .zip(want)
-                        .all(|(p, q)| p.to_bits() == q.to_bits())
-                };
-                assert!(
-                    bits_eq(&down(&g, &ax), &t.matvec(&x)),
-                    "A x #{mi} {m}x{n} {p} bits {bits}"
-                );
-                assert!(
-                    bits_eq(&down(&g, &aty), &t.matvec_t(&y)),
-                    "A^T y #{mi} {m}x{n} {p} bits {bits}"
-                );
-            }
-        }
-        println!("#{mi} {m}x{n}: tile products bitwise equal to the tile reference");
     }
 }
 

@@ -81,8 +81,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "device", value_parser = super::args::ListOf(&["device", "host"]))]
     loops: String,
     /// Compact storage on the GPU: device layouts to time (comma-separated): auto (chosen from
-    /// the matrix), rows, mixed[:T] (rows for A x, tiles of 2^T columns for A^T), tiles[:A[/T]]
-    /// (tiles of 2^A columns for A x and 2^T for A^T; T = A when only one is given).
+    /// the matrix), rows, mixed[:T] (rows for A x, tiles of 2^T columns for A^T) or tiles[:T]
+    /// (tiles of 2^T columns for both products).
     #[arg(long, default_value = "auto")]
     layouts: String,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
@@ -527,48 +527,36 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One item of `--layouts`: auto | rows | mixed[:T] | tiles[:A[/T]].
+/// One item of `--layouts`: auto | rows | mixed[:T] | tiles[:T].
 fn parse_layout(t: &str) -> anyhow::Result<CompactGpuOptions> {
     let (kind, bits) = t.split_once(':').unwrap_or((t, ""));
-    let num = |s: &str| -> anyhow::Result<Option<u32>> {
-        if s.is_empty() {
-            return Ok(None);
-        }
-        match s.parse::<u32>() {
-            Ok(b) if (4..=12).contains(&b) => Ok(Some(b)),
-            _ => bail!("--layouts {t}: tile bits {s} not in 4..=12"),
-        }
-    };
     let layout = match kind {
         "auto" if bits.is_empty() => None,
         "rows" if bits.is_empty() => Some(GpuLayout::Rows),
         "mixed" => Some(GpuLayout::Mixed),
         "tiles" => Some(GpuLayout::Tiles),
-        _ => bail!("--layouts {t}: expected auto, rows, mixed[:T] or tiles[:A[/T]]"),
+        _ => bail!("--layouts {t}: expected auto, rows, mixed[:T] or tiles[:T]"),
     };
-    let (ax, at) = match bits.split_once('/') {
-        Some((a, b)) => (num(a)?, num(b)?),
-        None => (num(bits)?, num(bits)?),
+    let tile_bits = match bits {
+        "" => None,
+        b => match b.parse::<u32>() {
+            Ok(b) if (4..=12).contains(&b) => Some(b),
+            _ => bail!("--layouts {t}: tile bits {b} not in 4..=12"),
+        },
     };
     Ok(CompactGpuOptions {
         layout,
-        tile_bits: at,
-        tile_bits_ax: if layout == Some(GpuLayout::Tiles) {
-            ax
-        } else {
-            None
-        },
+        tile_bits,
         ..Default::default()
     })
 }
 
-/// The table's name of a compact layout: rows, mixed:T or tiles:A/T.
+/// The table's name of a compact layout: rows, mixed:T or tiles:T.
 fn layout_tag(o: &CompactGpuOptions, op: &CudaCompactOperator) -> String {
     let desc = op.layout();
     let kind = desc.split([' ', ':']).next().unwrap_or("").to_string();
-    match (kind.as_str(), o.tile_bits_ax, o.tile_bits) {
-        ("tiles", Some(a), Some(t)) => format!("tiles:{a}/{t}"),
-        ("mixed", _, Some(t)) | ("tiles", None, Some(t)) => format!("{kind}:{t}"),
+    match o.tile_bits {
+        Some(t) if kind != "rows" => format!("{kind}:{t}"),
         _ => kind,
     }
 }

@@ -248,10 +248,8 @@ enum Layout {
         a: Box<DevCompact>,
         at: Box<DevCompact>,
     },
-    /// Column tiles (x or y staged in shared memory per tile; src/sparse/tiled.rs): the row
-    /// pass of `a` for A x, the column pass of `t` for A^T y (the same tiles, or tiles of
-    /// another size).
-    Tiles { a: Box<DevTiled>, t: Box<DevTiled> },
+    /// Column tiles (x or y staged in shared memory per tile; src/sparse/tiled.rs).
+    Tiles(Box<DevTiled>),
     /// Delta rows for A x, column tiles for A^T y (each product in the layout that measured
     /// fastest for it on the 100.8M-nonzero system, docs/gpu.md).
     Mixed {
@@ -300,19 +298,14 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     }
 }
 
-/// Tile size 2^bits from the environment variable `key` (4..=12), else `default`.
-fn env_bits(key: &str, default: u32) -> u32 {
-    std::env::var(key)
+/// Tile size: 2^SEISTOMO_TILE_BITS columns (4..=12; default 9 = 512 cells, an 8x8x8 brick in
+/// Morton order).
+fn tile_bits() -> u32 {
+    std::env::var("SEISTOMO_TILE_BITS")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|b| (4..=12).contains(b))
-        .unwrap_or(default)
-}
-
-/// Tile size of the A^T pass: 2^SEISTOMO_TILE_BITS columns (default 9 = 512 cells, an 8x8x8
-/// brick in Morton order).
-fn tile_bits() -> u32 {
-    env_bits("SEISTOMO_TILE_BITS", 9)
+        .unwrap_or(9)
 }
 
 /// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
@@ -320,11 +313,8 @@ fn tile_bits() -> u32 {
 pub struct CompactGpuOptions {
     /// Delta rows, column tiles or both (rows for A x, tiles for A^T).
     pub layout: Option<GpuLayout>,
-    /// Tile size 2^bits (4..=12) of A^T y (and of A x in the tiles layout unless
-    /// `tile_bits_ax` is given).
+    /// Tile size 2^bits (4..=12).
     pub tile_bits: Option<u32>,
-    /// Tiles layout: tile size 2^bits of A x (SEISTOMO_TILE_BITS_AX).
-    pub tile_bits_ax: Option<u32>,
     /// Rows layout: sub-warp width (4, 8, 16, 32) and rows per sub-warp.
     pub shape: Option<(u32, u32)>,
 }
@@ -393,21 +383,11 @@ impl CudaCompactOperator {
         let rows = |c: CompactCsr| DevCompact::upload(be, &c, shape).map(Box::new);
         let (layout, plan) = match layout_kind {
             GpuLayout::Tiles => {
-                let bits_ax = o
-                    .tile_bits_ax
-                    .unwrap_or_else(|| env_bits("SEISTOMO_TILE_BITS_AX", bits));
                 let t = Tiled::from_csr(stored, precision, bits);
-                let ta = (bits_ax != bits).then(|| Tiled::from_csr(stored, precision, bits_ax));
-                let ta_ref = ta.as_ref().unwrap_or(&t);
-                // each pass's half of its tiles, with its scratch
-                let bytes = ta_ref.bytes() / 2
-                    + 8 * ta_ref.nseg() as u64
-                    + t.bytes() / 2
-                    + 8 * (t.nchunks() * t.tile()) as u64;
-                let plan = planned(bytes)?;
-                let a = Box::new(DevTiled::upload(be, ta_ref, true, false)?);
-                let t = Box::new(DevTiled::upload(be, &t, false, true)?);
-                (Layout::Tiles { a, t }, plan)
+                let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
+                let plan = planned(t.bytes() + scratch)?;
+                let dt = DevTiled::upload(be, &t, true)?;
+                (Layout::Tiles(Box::new(dt)), plan)
             }
             GpuLayout::Mixed => {
                 let ca = CompactCsr::from_csr(stored, precision);
@@ -416,7 +396,7 @@ impl CudaCompactOperator {
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(ca.bytes() + tbytes)?;
                 let a = rows(ca)?;
-                let t = Box::new(DevTiled::upload(be, &t, false, true)?);
+                let t = Box::new(DevTiled::upload(be, &t, false)?);
                 (Layout::Mixed { a, t }, plan)
             }
             GpuLayout::Rows => {
@@ -454,7 +434,7 @@ impl CudaCompactOperator {
     pub fn entries(&self) -> (usize, usize) {
         match &self.layout {
             Layout::Rows { a, at } => (a.entries, at.entries),
-            Layout::Tiles { .. } => (self.nnz, self.nnz),
+            Layout::Tiles(_) => (self.nnz, self.nnz),
             Layout::Mixed { a, .. } => (a.entries, self.nnz),
         }
     }
@@ -469,11 +449,11 @@ impl CudaCompactOperator {
                 a.entries as u64 * vb + a.nrows as u64 * 12,
                 at.entries as u64 * vb + at.nrows as u64 * 12,
             ),
-            Layout::Tiles { a, t } => {
-                let nnz = self.nnz as u64;
+            Layout::Tiles(t) => {
+                let (nnz, nseg, cols) = (self.nnz as u64, t.nseg as u64, t.chunk_cols as u64);
                 (
-                    nnz * vb + a.nseg as u64 * (8 + 4 + 16) + (a.nrows as u64 + 1) * 8,
-                    nnz * vb + t.nseg as u64 * (4 + 8) + t.chunk_cols as u64 * (8 + 16),
+                    nnz * vb + nseg * (8 + 4 + 16) + (t.nrows as u64 + 1) * 8,
+                    nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
                 )
             }
             Layout::Mixed { a, t } => {
@@ -493,18 +473,18 @@ impl CudaCompactOperator {
                 "rows (sub-warp {} x {} rows, transpose {} x {})",
                 a.s, a.rows_per_sub, at.s, at.rows_per_sub
             ),
-            Layout::Tiles { a, t } => format!(
-                "tiles of {} columns for A x, {} for A^T ({})",
-                a.tile(),
+            Layout::Tiles(t) => format!(
+                "tiles of {} columns (sub-warps {} per segment, {} per column)",
                 t.tile(),
-                a.kernels()
+                t.s_rows,
+                t.s_cols
             ),
             Layout::Mixed { a, t } => format!(
-                "mixed: rows for A x (sub-warp {} x {} rows), tiles of {} columns for A^T ({})",
+                "mixed: rows for A x (sub-warp {} x {} rows), tiles of {} columns for A^T ({} per column)",
                 a.s,
                 a.rows_per_sub,
                 t.tile(),
-                t.kernels()
+                t.s_cols
             ),
         }
     }
@@ -528,9 +508,9 @@ impl CudaCompactOperator {
                 ra.launch(be, x, y, e, None)?;
                 ra.blocks
             }
-            Layout::Tiles { a, .. } => {
-                a.av(be, x, y, e)?;
-                a.row_blocks()
+            Layout::Tiles(t) => {
+                t.av(be, x, y, e)?;
+                t.row_blocks()
             }
         };
         if let Some(st) = &self.stencil {
@@ -557,7 +537,7 @@ impl CudaCompactOperator {
                 at.launch(be, y, x, e, st)?;
                 Ok(at.blocks)
             }
-            Layout::Tiles { t, .. } | Layout::Mixed { t, .. } => {
+            Layout::Tiles(t) | Layout::Mixed { t, .. } => {
                 t.atu(be, y, x, e, st)?;
                 Ok(t.col_blocks())
             }
@@ -605,7 +585,7 @@ impl FusedLsqr for CudaCompactOperator {
             .map_or(0, |s| s.blocks(s.nrows) as usize);
         match &self.layout {
             Layout::Rows { a, at } => (a.blocks as usize + st).max(at.blocks as usize + st),
-            Layout::Tiles { a, t } => (a.row_blocks() as usize + st).max(t.col_blocks() as usize),
+            Layout::Tiles(t) => (t.row_blocks() as usize + st).max(t.col_blocks() as usize),
             Layout::Mixed { a, t } => (a.blocks as usize + st).max(t.col_blocks() as usize),
         }
     }

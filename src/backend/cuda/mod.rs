@@ -194,9 +194,6 @@ pub(crate) struct Kernels {
     /// tiled_ax / tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
     pub tiled_ax: [[CudaFunction; 4]; 2],
     pub tiled_atu: [[CudaFunction; 4]; 2],
-    /// tiled_ax_st / tiled_atu_st [f64 = 0, f32 = 1] (the staged kernels of kernels/tiled.cu)
-    pub tiled_ax_st: [CudaFunction; 2],
-    pub tiled_atu_st: [CudaFunction; 2],
     pub tiled_rows: CudaFunction,
     pub tiled_cols: CudaFunction,
     pub csr_fused_f64: CudaFunction,
@@ -311,8 +308,6 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
                 [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
             ]
         },
-        tiled_ax_st: [f("tiled_ax_st_f64")?, f("tiled_ax_st_f32")?],
-        tiled_atu_st: [f("tiled_atu_st_f64")?, f("tiled_atu_st_f32")?],
         tiled_rows: f("tiled_rows")?,
         tiled_cols: f("tiled_cols")?,
         csr_fused_f64: f("csr_fused_f64")?,
@@ -577,21 +572,6 @@ impl CudaBackend {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         self.launch_smem(f, grid, block, 0, args)
-    }
-
-    /// Let `f` take `bytes` of dynamic shared memory (kernels ask for more than 48 KiB only
-    /// after this; the device's limit is checked here).
-    pub(crate) fn allow_smem(&self, f: &CudaFunction, bytes: u32) -> Result<()> {
-        if bytes <= 48 << 10 {
-            return Ok(());
-        }
-        let attr = dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        f.set_attribute(attr, bytes as i32).map_err(|e| {
-            Error::backend(
-                "cuda",
-                format!("a kernel needs {bytes} bytes of shared memory: {e:?}"),
-            )
-        })
     }
 
     /// Launch `f` with `smem` bytes of dynamic shared memory (0 for the kernels without).

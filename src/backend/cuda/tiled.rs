@@ -8,19 +8,10 @@ use super::lsqr_loop::Epilogue;
 use super::operator::{up, up_if, width_index, DevValues};
 use super::{arg, CudaBackend};
 use crate::error::{Error, Result};
-use crate::sparse::tiled::{Tiled, TiledValues, CHUNK_SEGS};
+use crate::sparse::tiled::{Tiled, TiledValues};
 
 const THREADS: u32 = 256;
 const ROWS_PER_THREAD: u64 = 16;
-/// Products staged per round by the staged kernels (kernels/tiled.cu STAGE).
-const STAGE: u32 = 2048;
-
-/// Which kernels run the tile products: staged (products of a round in shared memory, a
-/// thread per segment or column; the default) or sub-warp (a few lanes per segment or column).
-/// SEISTOMO_TILED_KERNEL=subwarp picks the latter, for comparison.
-fn staged_kernels() -> bool {
-    std::env::var("SEISTOMO_TILED_KERNEL").as_deref() != Ok("subwarp")
-}
 
 fn width_for(mean: f64) -> u32 {
     let mut s = 4u32;
@@ -61,21 +52,17 @@ pub(crate) struct DevTiled {
     b_val: DevValues,
     seg_partial: CudaSlice<f64>,
     cpart: CudaSlice<f64>,
-    /// Whether the row pass (A x) and the column pass (A^T y) were uploaded.
+    /// Whether the row pass (A x) was uploaded.
     rows: bool,
-    cols: bool,
-    /// Staged kernels (else sub-warp ones).
-    pub staged: bool,
     /// Sub-warp widths of the row (segment) and column passes.
     pub s_rows: u32,
     pub s_cols: u32,
 }
 
 impl DevTiled {
-    /// Upload the passes of `t` asked for: `rows` for A x ([`Self::av`]), `cols` for A^T y
-    /// ([`Self::atu`]). (The mixed layout takes A x from delta rows; the tiles layout may cut
-    /// the two passes into tiles of different sizes.)
-    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool, cols: bool) -> Result<Self> {
+    /// Upload `t`; with `rows` false only the column pass (A^T) is uploaded and [`Self::av`]
+    /// must not be called (the mixed layout takes A x from delta rows).
+    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool) -> Result<Self> {
         if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
             return Err(Error::Invalid(
                 "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
@@ -96,16 +83,6 @@ impl DevTiled {
                 .alloc_zeros::<f64>(n.max(1))
                 .map_err(|e| Error::backend("cuda", format!("allocating tile scratch: {e:?}")))
         };
-        let staged = staged_kernels();
-        if staged {
-            let dt = DevTiledShape {
-                tile_bits: t.tile_bits,
-            };
-            for p in 0..2 {
-                be.allow_smem(&be.k.tiled_ax_st[p], dt.ax_smem())?;
-                be.allow_smem(&be.k.tiled_atu_st[p], dt.atu_smem())?;
-            }
-        }
         Ok(DevTiled {
             nrows: t.nrows,
             ncols: t.ncols,
@@ -123,39 +100,19 @@ impl DevTiled {
             row_seg: up_if(be, rows, &t.row_seg)?,
             a_lcol: up_if(be, rows, &t.a_lcol)?,
             a_val: values(be, rows, &t.a_val)?,
-            b_colptr: up_if(be, cols, &t.b_colptr)?,
-            b_lseg: up_if(be, cols, &t.b_lseg)?,
-            b_val: values(be, cols, &t.b_val)?,
+            b_colptr: up(be, &t.b_colptr)?,
+            b_lseg: up(be, &t.b_lseg)?,
+            b_val: values(be, true, &t.b_val)?,
             seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
-            cpart: zeros(if cols { t.nchunks() * t.tile() } else { 1 })?,
+            cpart: zeros(t.nchunks() * t.tile())?,
             rows,
-            cols,
-            staged,
             s_rows,
             s_cols,
         })
     }
 
-    fn shape(&self) -> DevTiledShape {
-        DevTiledShape {
-            tile_bits: self.tile_bits,
-        }
-    }
-
     pub fn tile(&self) -> usize {
         1 << self.tile_bits
-    }
-
-    /// The kernels, in words.
-    pub fn kernels(&self) -> String {
-        if self.staged {
-            "staged".into()
-        } else {
-            format!(
-                "sub-warps {} per segment, {} per column",
-                self.s_rows, self.s_cols
-            )
-        }
     }
 
     /// Blocks (= norm partials) of the row pass.
@@ -176,14 +133,7 @@ impl DevTiled {
             ));
         }
         let (pi, pv) = self.a_val.index_and_ptr(be);
-        let (f, smem) = if self.staged {
-            (&be.k.tiled_ax_st[pi], self.shape().ax_smem())
-        } else {
-            (
-                &be.k.tiled_ax[pi][width_index(self.s_rows)],
-                8u32 << self.tile_bits,
-            )
-        };
+        let f = &be.k.tiled_ax[pi][width_index(self.s_rows)];
         let ncols = self.ncols as u64;
         let (pct, pcs, pse, pss, plc, psp) = (
             be.ptr(&self.chunk_tile),
@@ -197,7 +147,7 @@ impl DevTiled {
             f,
             self.nchunks,
             THREADS,
-            smem,
+            (8u32) << self.tile_bits,
             &mut [
                 arg(&self.tile_bits),
                 arg(&ncols),
@@ -232,18 +182,8 @@ impl DevTiled {
         e: &Epilogue,
         st: Option<(&StencilArgs, u64)>,
     ) -> Result<()> {
-        if !self.cols {
-            return Err(Error::backend(
-                "cuda",
-                "tiles uploaded for A x only were asked for A^T y",
-            ));
-        }
         let (pi, pv) = self.b_val.index_and_ptr(be);
-        let (f, smem) = if self.staged {
-            (&be.k.tiled_atu_st[pi], self.shape().atu_smem())
-        } else {
-            (&be.k.tiled_atu[pi][width_index(self.s_cols)], 0)
-        };
+        let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
         let (pcs, psr, pcp, pls, pcpart) = (
             be.ptr(&self.chunk_seg),
             be.ptr(&self.seg_row),
@@ -251,11 +191,10 @@ impl DevTiled {
             be.ptr(&self.b_lseg),
             be.ptr(&self.cpart),
         );
-        be.launch_smem(
+        be.launch(
             f,
             self.nchunks,
             THREADS,
-            smem,
             &mut [
                 arg(&self.tile_bits),
                 arg(&pcs),
@@ -286,21 +225,5 @@ impl DevTiled {
             THREADS,
             &mut [&lead[..], &e.args(), &tail].concat(),
         )
-    }
-}
-
-/// Shared memory of the staged kernels for tiles of `1 << tile_bits` columns.
-struct DevTiledShape {
-    tile_bits: u32,
-}
-
-impl DevTiledShape {
-    /// A x: x of the tile and the staged products (f64), the segments' offsets (u32).
-    fn ax_smem(&self) -> u32 {
-        ((1u32 << self.tile_bits) + STAGE) * 8 + (CHUNK_SEGS as u32 + 1) * 4
-    }
-    /// A^T y: y of the chunk's segments and the staged products (f64), the columns' offsets.
-    fn atu_smem(&self) -> u32 {
-        (CHUNK_SEGS as u32 + STAGE) * 8 + ((1u32 << self.tile_bits) + 1) * 4
     }
 }
