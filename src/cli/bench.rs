@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long)]
     sort_rays: bool,
     /// Reorder the system as `invert` does (src/grid/reorder.rs): none (as built), rows (sorted by
-    /// first column) or auto (rows, and the synthetic grid's cells in Morton order). Applied
+    /// their end columns) or auto (rows, and the synthetic grid's cells in Morton order). Applied
     /// before --export-npy too, so peers can be run on the same reordered system.
     #[arg(long, default_value = "none", value_parser = super::args::pick::reorder())]
     reorder: crate::grid::reorder::Reorder,

@@ -61,7 +61,7 @@ pub struct SolveArgs {
     /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
     #[arg(long, default_value = "auto", value_parser = super::args::pick::allreduce())]
     allreduce: crate::backend::AllreducePath,
-    /// Reorder for cache locality: none, rows (sorted by first column) or auto (rows; Morton
+    /// Reorder for cache locality: none, rows (sorted by their end columns) or auto (rows; Morton
     /// cells when the unknowns are a grid). The solution comes back in the original order.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::reorder())]
     reorder: crate::grid::reorder::Reorder,

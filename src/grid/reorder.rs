@@ -8,9 +8,12 @@
 //! rays come in acquisition order, so neighbouring gathers rarely share a cache line (on the GPU
 //! each 8-byte gather moves a 32-byte sector from L2).
 //!
-//! - [`Reorder::Rows`]: rows sorted by their first column (stable), so consecutive rows (rays
-//!   that start in nearby cells) share the cache lines of x they gather, and the rays of a
-//!   transposed row are close together in u.
+//! - [`Reorder::Rows`]: rows sorted (stably) by their two end columns, the first and last
+//!   column with their bits interleaved, so consecutive rows are rays that start near each
+//!   other and end near each other: nearly parallel neighbours that cross the same cells. Their
+//!   gathers of x share cache lines (on an H100, compact A x: L1 hit rate 19 % -> 32 % and L2
+//!   sectors -13 % against sorting by the first column alone; 1.01 -> 0.95-0.98 ms per LSQR
+//!   iteration on the 100.7M system), and the rays of a transposed row are close together in u.
 //! - [`Reorder::Auto`]: when the unknowns are the cells of a regular grid, also number the cells
 //!   in Morton (Z-curve) order, so the cells a ray crosses share cache lines; rows are then sorted
 //!   in the new numbering. Without a grid it is [`Reorder::Rows`].
@@ -29,7 +32,7 @@ pub enum Reorder {
     /// The system as given.
     #[default]
     None,
-    /// Rows sorted by their first column.
+    /// Rows sorted by their end columns (first and last, bits interleaved).
     Rows,
     /// Cells in Morton order when the unknowns are a grid's cells, then rows sorted.
     Auto,
@@ -61,7 +64,7 @@ impl Ordering {
         let rows = match how {
             Reorder::None => None,
             Reorder::Rows | Reorder::Auto => {
-                let ends = std::env::var("SEISTOMO_ROW_KEY").as_deref() == Ok("ends");
+                // the row's first and last column in the new numbering, interleaved
                 let key = |i: usize| -> u64 {
                     let (c, _) = a.row(i);
                     let (lo, hi) = match &cols {
@@ -75,11 +78,7 @@ impl Ordering {
                         ),
                     };
                     let lo = if c.is_empty() { 0 } else { lo };
-                    if ends {
-                        interleave2(lo, hi)
-                    } else {
-                        lo as u64
-                    }
+                    interleave2(lo, hi)
                 };
                 let keys: Vec<u64> = (0..a.nrows()).map(key).collect();
                 let mut order: Vec<usize> = (0..a.nrows()).collect();
@@ -90,9 +89,9 @@ impl Ordering {
         let what = match (&rows, &cols, grid) {
             (None, _, _) => "none".to_string(),
             (Some(_), Some(_), Some([nx, ny, nz])) => format!(
-                "rows sorted by first column; columns in Morton order of the {nx}x{ny}x{nz} grid"
+                "rows sorted by their end columns; columns in Morton order of the {nx}x{ny}x{nz} grid"
             ),
-            (Some(_), _, _) => "rows sorted by first column".to_string(),
+            (Some(_), _, _) => "rows sorted by their end columns".to_string(),
         };
         Ordering { rows, cols, what }
     }
@@ -226,11 +225,17 @@ mod tests {
             assert_eq!(b2[i], b[r]);
         }
         assert_eq!(o.to_old(&o.to_new(&x)), x);
-        // rows are sorted by first column
-        let firsts: Vec<u32> = (0..a2.nrows())
-            .filter_map(|i| a2.row(i).0.first().copied())
+        // rows are sorted by their end columns, interleaved
+        let keys: Vec<u64> = (0..a2.nrows())
+            .filter_map(|i| {
+                let c = a2.row(i).0;
+                Some(interleave2(*c.first()?, *c.last()?))
+            })
             .collect();
-        assert!(firsts.windows(2).all(|w| w[0] <= w[1]));
+        assert!(keys.windows(2).all(|w| w[0] <= w[1]));
+        // the key orders by both numbers, the higher bits first
+        assert_eq!(interleave2(0b10, 0b01), 0b1001);
+        assert!(interleave2(1, 0) > interleave2(0, 1) && interleave2(0, 2) > interleave2(1, 1));
         // no grid: rows only; none: identity
         let o = Ordering::plan(&a, Reorder::Auto, None);
         assert!(o.cols.is_none() && o.rows.is_some());
