@@ -43,7 +43,8 @@ for f in sys.argv[1:]:
     if not os.path.exists(f): continue
     r = json.load(open(f))
     print(f"{os.path.basename(f)}: {r['backend']} {r['precond']} {r['orthog']} n={r['n']} nnz={r['nnz']} "
-          f"its={r['iterations']} conv={r['converged']} relres={r['relres']:.3e} ms/it={r['ms_per_iter']:.4f}")
+          f"its={r['iterations']} conv={r['converged']} relres={r['relres']:.3e} ms/it={r['ms_per_iter']:.4f} "
+          f"loop={r.get('arnoldi_loop', '-')}")
 PY
 }
 lsqr_table() {
@@ -114,6 +115,8 @@ if has gmres; then
     timeout 60 "$BIN/seistomo" $G --orthog $o --solution /tmp/x_$o.txt --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
   done
   timeout 60 "$BIN/seistomo" $G --orthog cgs --precision f32 --report "$OUT/gm_cgs_f32.json" 2>> "$OUT/log.txt"
+  # the Arnoldi loop of earlier sessions: each inner product back to the host as it is computed
+  timeout 60 "$BIN/seistomo" $G --orthog cgs --arnoldi-loop host --report "$OUT/gm_cgs_hostloop_f64.json" 2>> "$OUT/log.txt"
   timeout 60 "$BIN/seistomo" $G --orthog dcgs2 --precision f32 --report "$OUT/gm_dcgs2_f32.json" 2>> "$OUT/log.txt"
   python3 - > "$OUT/gmres_xdiff.txt" 2>&1 <<'PY'
 import numpy as np, os

@@ -173,12 +173,23 @@ __device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs
         }
     }
     if (!last_block(counter)) return;
-    for (int j = 0; j < nout; ++j) {
+    if (nout == 1) {
         double t = 0.0;
-        for (unsigned b = threadIdx.x; b < gridDim.x; b += RED_THREADS)
-            t += __ldcg(&partial[(unsigned long long)j * gridDim.x + b]);
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += RED_THREADS) t += __ldcg(&partial[b]);
         const double total = block_sum(t, sh);
-        if (threadIdx.x == 0) out[j] = total;
+        if (threadIdx.x == 0) out[0] = total;
+    } else {
+        // A warp per output (the outputs in parallel, not one after another while the rest of
+        // the GPU waits): lane l adds partials l, l + 32, ... in order, then the warp's tree.
+        const int lane = threadIdx.x & 31;
+        for (int j = threadIdx.x >> 5; j < nout; j += RED_THREADS / 32) {
+            const double* pj = partial + (unsigned long long)j * gridDim.x;
+            double t = 0.0;
+#pragma unroll 8
+            for (unsigned b = lane; b < gridDim.x; b += 32) t += __ldcg(&pj[b]);
+            t = warp_sum(t);
+            if (lane == 0) out[j] = t;
+        }
     }
     if (threadIdx.x == 0) *counter = 0u;
 }
