@@ -19,12 +19,26 @@
 #define TILED_CHUNK_SEGS 2048   // src/sparse/tiled.rs CHUNK_SEGS
 
 // Sum of val[k] * staged[idx[k]] over entries e0..e1 by the S lanes of a sub-warp (lane sl takes
-// every S-th entry from e0 + sl), then a shuffle tree; valid in the sub-warp's first lane.
+// every S-th entry from e0 + sl, in order), then a shuffle tree; valid in the sub-warp's first
+// lane. Four entries' loads per lane are issued before their products.
 template <typename V, int S>
 __device__ __forceinline__ double subwarp_dot(u64 e0, u64 e1, int sl, const V* __restrict__ val,
                                               const u16* __restrict__ idx, const double* staged) {
     double sum = 0.0;
-    for (u64 k = e0 + sl; k < e1; k += S) sum += (double)__ldg(&val[k]) * staged[__ldg(&idx[k])];
+    for (u64 k0 = e0 + sl; k0 < e1; k0 += 4 * S) {
+        V v[4];
+        u32 c[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u64 k = k0 + (u64)(q * S);
+            const bool in = k < e1;
+            v[q] = in ? __ldg(&val[k]) : (V)0;
+            c[q] = in ? (u32)__ldg(&idx[k]) : 0u;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (k0 + (u64)(q * S) < e1) sum += (double)v[q] * staged[c[q]];
+    }
     return subwarp_sum<S>(sum);
 }
 
@@ -62,19 +76,22 @@ __device__ __forceinline__ void tiled_atu_impl(
     const u64* __restrict__ colptr, const u16* __restrict__ lseg, const V* __restrict__ val,
     const double* __restrict__ y, double* __restrict__ cpart, const int* __restrict__ skip) {
     __shared__ double ys[TILED_CHUNK_SEGS];
+    extern __shared__ u32 cps[];  // the tile's column offsets, relative to its first: T + 1
     if (skip && *skip) return;
     const u32 q = blockIdx.x;
+    const u32 T = 1u << tile_bits;
+    const u64 cb = (u64)q << tile_bits;
+    const u64 eb = colptr[cb];
     const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
     for (u32 i = threadIdx.x; i < ns; i += TILED_THREADS) ys[i] = y[seg_row[s0 + i]];
+    for (u32 c = threadIdx.x; c <= T; c += TILED_THREADS) cps[c] = (u32)(colptr[cb + c] - eb);
     __syncthreads();
-    const u32 T = 1u << tile_bits;
     const int sl = threadIdx.x & (S - 1);
     const u32 sub = threadIdx.x / S, nsub = TILED_THREADS / S;
-    const u64 cb = (u64)q << tile_bits;
     for (u32 base = 0; base < T; base += nsub) {
         const u32 c = base + sub;
         const bool valid = c < T;
-        const u64 e0 = valid ? colptr[cb + c] : 0ull, e1 = valid ? colptr[cb + c + 1] : 0ull;
+        const u64 e0 = valid ? eb + cps[c] : 0ull, e1 = valid ? eb + cps[c + 1] : 0ull;
         const double sum = subwarp_dot<V, S>(e0, e1, sl, val, lseg, ys);
         if (valid && sl == 0) cpart[cb + c] = sum;
     }

@@ -191,10 +191,13 @@ impl DevTiled {
             be.ptr(&self.b_lseg),
             be.ptr(&self.cpart),
         );
-        be.launch(
+        // the tile's column offsets in shared memory (u32, relative to the chunk's first entry:
+        // a chunk holds at most CHUNK_SEGS segments of at most one tile each, < 2^32 entries)
+        be.launch_smem(
             f,
             self.nchunks,
             THREADS,
+            4 * ((1u32 << self.tile_bits) + 1),
             &mut [
                 arg(&self.tile_bits),
                 arg(&pcs),
