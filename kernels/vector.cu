@@ -165,13 +165,26 @@ __device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs
     }
     const int nout = (mode == 2) ? 1 : k;
     __shared__ double sh[RED_THREADS / 32];
+    // The block's partial of every output with ONE barrier: each warp reduces its K sums by
+    // shuffle trees and leaves them in shared memory, then thread j adds output j's warp sums
+    // in warp order (the same tree for every output as block_sum's).
+    __shared__ double shk[RED_THREADS / 32][K];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 #pragma unroll
     for (int j = 0; j < K; ++j) {
         if (j < nout) {
-            const double t = block_sum(s[j], sh);
-            if (threadIdx.x == 0) partial[(unsigned long long)j * gridDim.x + blockIdx.x] = t;
+            const double t = warp_sum(s[j]);
+            if (lane == 0) shk[wid][j] = t;
         }
     }
+    __syncthreads();
+    if (threadIdx.x < (unsigned)nout) {
+        double t = 0.0;
+        for (int w = 0; w < RED_THREADS / 32; ++w) t += shk[w][threadIdx.x];
+        partial[(unsigned long long)threadIdx.x * gridDim.x + blockIdx.x] = t;
+        __threadfence();  // visible to the last block before this block takes its ticket
+    }
+    __syncthreads();
     if (!last_block(counter)) return;
     if (nout == 1) {
         double t = 0.0;
@@ -181,8 +194,7 @@ __device__ __forceinline__ void multi_dot_k(const VecPtrs& V, int k, const Coefs
     } else {
         // A warp per output (the outputs in parallel, not one after another while the rest of
         // the GPU waits): lane l adds partials l, l + 32, ... in order, then the warp's tree.
-        const int lane = threadIdx.x & 31;
-        for (int j = threadIdx.x >> 5; j < nout; j += RED_THREADS / 32) {
+        for (int j = wid; j < nout; j += RED_THREADS / 32) {
             const double* pj = partial + (unsigned long long)j * gridDim.x;
             double t = 0.0;
 #pragma unroll 8
