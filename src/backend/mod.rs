@@ -260,18 +260,32 @@ pub trait Operator<B: Backend> {
         t: &mut B::Vector,
         y: &mut B::Vector,
     ) -> Result<()> {
-        match d {
-            None => self.apply(backend, Scale::SET, x, y),
-            Some(d) => {
-                self.apply(backend, Scale::SET, x, t)?;
-                backend.pointwise_mul(d, t, y)
-            }
-        }
+        scaled_rows_by_pass(self, backend, x, d, t, y)
     }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
     fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {
         None
+    }
+}
+
+/// [`Operator::apply_scaled_rows`] in two steps: t = A x, then y = d .* t in a pass of its own
+/// (y = A x directly without d). The default, and the fallback of operators that fold d into
+/// their product where they can.
+pub fn scaled_rows_by_pass<B: Backend, O: Operator<B> + ?Sized>(
+    op: &O,
+    backend: &B,
+    x: &B::Vector,
+    d: Option<&B::Vector>,
+    t: &mut B::Vector,
+    y: &mut B::Vector,
+) -> Result<()> {
+    match d {
+        None => op.apply(backend, Scale::SET, x, y),
+        Some(d) => {
+            op.apply(backend, Scale::SET, x, t)?;
+            backend.pointwise_mul(d, t, y)
+        }
     }
 }
 

@@ -375,6 +375,57 @@ where
     }
 }
 
+/// The vectors a device Arnoldi cycle works on: the basis, w, the preconditioner's scratch, and
+/// the scalars kept on the backend.
+struct CycleWork<'a, V> {
+    v: &'a mut [V],
+    w: &'a mut V,
+    t: &'a mut V,
+    sc: &'a mut V,
+}
+
+/// Launch `steps` Arnoldi steps of classical Gram-Schmidt (once, or twice for `Orthog::Cgs2`)
+/// with every scalar kept on the backend (`ArnoldiLoop::Device`): step j writes V^T w at
+/// sc[j * stride], CGS2's second pass at sc[j * stride + m + 1] and ||w||^2 at
+/// sc[j * stride + 2 (m + 1)], and v_{j+1} = w / ||w||. Nothing here waits for the device
+/// (except a host allreduce on several ranks without NCCL).
+fn device_cycle<B, O, P>(
+    be: &B,
+    (op, pc): (&O, &mut P),
+    comm: &dyn Comm,
+    left: bool,
+    orthog: Orthog,
+    work: CycleWork<'_, B::Vector>,
+    steps: usize,
+) -> Result<()>
+where
+    B: Backend,
+    O: Operator<B>,
+    P: Preconditioner<B> + ?Sized,
+{
+    let CycleWork { v, w, t, sc } = work;
+    let ld = v.len(); // m + 1
+    let stride = sc_stride(ld - 1);
+    for j in 0..steps {
+        let (vl, vr) = v.split_at_mut(j + 1);
+        precond_product(be, op, pc, left, &vl[j], t, w)?;
+        let (c, nsq) = (j * stride, j * stride + 2 * ld);
+        be.multi_dot_to(vl, w, sc, c)?;
+        be.allreduce_scalars(comm, sc, c, j + 1)?;
+        let last = if orthog == Orthog::Cgs2 {
+            be.multi_axpy_dot_to(vl, w, sc, c, c + ld)?;
+            be.allreduce_scalars(comm, sc, c + ld, j + 1)?;
+            c + ld
+        } else {
+            c
+        };
+        be.multi_axpy_norm_sq_to(vl, w, sc, last, nsq)?;
+        be.allreduce_scalars(comm, sc, nsq, 1)?;
+        be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
+    }
+    Ok(())
+}
+
 /// The Givens state of a cycle: rotations so far, the rotated right-hand side g, and g[j]
 /// before rotation j (DCGS2 redoes a rotation).
 struct Rotations<'a> {
@@ -550,6 +601,16 @@ where
             "GMRES: the preconditioned right-hand side has norm {pbnorm} (singular or invalid preconditioner)"
         )));
     }
+    // One line of history inside a cycle (`cycles` counts the current one).
+    let record = |monitor: &mut dyn GmresMonitor, its, cycles: usize, est: f64, seconds| {
+        monitor.record(&GmresRecord {
+            iteration: its,
+            cycle: cycles - 1,
+            resnorm: est,
+            relres: est / pbnorm,
+            seconds,
+        })
+    };
     let true_tol = params.atol.max(params.rtol * bnorm);
     let pc_tol = params.atol.max(params.rtol * pbnorm);
 
@@ -621,23 +682,13 @@ where
             // The whole cycle on the backend, then its scalars to the host once.
             let steps = m.min(params.max_iter - its);
             let stride = sc_stride(m);
-            for j in 0..steps {
-                let (vl, vr) = v.split_at_mut(j + 1);
-                precond_product(be, op, pc, left, &vl[j], t, w)?;
-                let (c, nsq) = (j * stride, j * stride + 2 * ld);
-                be.multi_dot_to(vl, w, sc, c)?;
-                be.allreduce_scalars(comm, sc, c, j + 1)?;
-                let last = if params.orthog == Orthog::Cgs2 {
-                    be.multi_axpy_dot_to(vl, w, sc, c, c + ld)?;
-                    be.allreduce_scalars(comm, sc, c + ld, j + 1)?;
-                    c + ld
-                } else {
-                    c
-                };
-                be.multi_axpy_norm_sq_to(vl, w, sc, last, nsq)?;
-                be.allreduce_scalars(comm, sc, nsq, 1)?;
-                be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
-            }
+            let work = CycleWork {
+                v: &mut v[..],
+                w: &mut *w,
+                t: &mut *t,
+                sc: &mut *sc,
+            };
+            device_cycle(be, (op, &mut *pc), comm, left, params.orthog, work, steps)?;
             be.read_scalars(sc, 0, &mut sc_host[..steps * stride])?;
             let seconds = t0.elapsed().as_secs_f64();
             // The host loop's decisions, step by step, on the same numbers.
@@ -656,13 +707,7 @@ where
                 let rot = Rotations { cs, sn, g, gsave };
                 (est, breakdown) = end_step(col, &mut hraw[j * ld + j + 1], hn, j, its, rot)?;
                 k = j + 1;
-                monitor.record(&GmresRecord {
-                    iteration: its,
-                    cycle: cycles - 1,
-                    resnorm: est,
-                    relres: est / pbnorm,
-                    seconds,
-                })?;
+                record(monitor, its, cycles, est, seconds)?;
                 if est <= inner_tol || breakdown {
                     break;
                 }
@@ -813,13 +858,7 @@ where
                     }
                 }
                 k = j + 1;
-                monitor.record(&GmresRecord {
-                    iteration: its,
-                    cycle: cycles - 1,
-                    resnorm: est,
-                    relres: est / pbnorm,
-                    seconds: t0.elapsed().as_secs_f64(),
-                })?;
+                record(monitor, its, cycles, est, t0.elapsed().as_secs_f64())?;
                 if est <= inner_tol || breakdown {
                     break;
                 }

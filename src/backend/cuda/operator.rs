@@ -516,14 +516,10 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         t: &mut DeviceVec,
         y: &mut DeviceVec,
     ) -> Result<()> {
-        let Some(d) = d else {
-            return self.apply(be, Scale::SET, x, y);
+        let (Some(d), false) = (d, matches!(self.t, Transpose::Library(_))) else {
+            // cuSPARSE has no row-scale epilogue
+            return crate::backend::scaled_rows_by_pass(self, be, x, d, t, y);
         };
-        if let Transpose::Library(_) = &self.t {
-            use crate::backend::Backend;
-            self.apply(be, Scale::SET, x, t)?;
-            return be.pointwise_mul(d, t, y);
-        }
         self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
         self.check(
             "row scale",

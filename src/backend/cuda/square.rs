@@ -307,14 +307,10 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         t: &mut DeviceVec,
         y: &mut DeviceVec,
     ) -> Result<()> {
-        match (&self.halo, &self.product, d) {
+        match (&self.halo, &self.product) {
             // one rank: the scale in the product's epilogue
-            (None, Product::Whole(op), _) => op.apply_scaled_rows(be, x, d, t, y),
-            (_, _, None) => self.apply(be, Scale::SET, x, y),
-            (_, _, Some(d)) => {
-                self.apply(be, Scale::SET, x, t)?;
-                be.pointwise_mul(d, t, y)
-            }
+            (None, Product::Whole(op)) => op.apply_scaled_rows(be, x, d, t, y),
+            _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
         }
     }
     fn apply_t(
