@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BOOT = export CMAKE="$$(scripts/bootstrap.sh | tail -n 1)"
 
-.PHONY: bootstrap build demo test test-quick lint clean-out python test-python
+.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels
 
 bootstrap:
 	@scripts/bootstrap.sh >/dev/null
@@ -45,6 +45,11 @@ test-python: python
 test: lint
 	@$(BOOT) && $(CARGO) test --no-fail-fast
 	@$(MAKE) --no-print-directory test-python
+
+# Compile kernels/*.cu as the CUDA backend does, without a GPU (NVRTC and ptxas from NVIDIA's PyPI
+# wheels, installed once into .venv-nvrtc): compile errors, registers and spills per kernel.
+check-kernels:
+	@python3 scripts/check_kernels.py
 
 clean-out:
 	rm -rf out
