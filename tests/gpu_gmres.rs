@@ -513,6 +513,30 @@ fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
             }
         }
     }
+    // more basis vectors than one launch takes (MULTI_MAX = 32): the chunked device paths
+    for orthog in [Orthog::Cgs, Orthog::Cgs2] {
+        let p = |l| GmresParams {
+            restart: 40,
+            max_iter: 100,
+            arnoldi_loop: l,
+            ..params(orthog, PrecondSide::Left)
+        };
+        let h = solve_gpu(&be, &SerialComm, &a, &part, "jacobi", &p(ArnoldiLoop::Host));
+        let d = solve_gpu(
+            &be,
+            &SerialComm,
+            &a,
+            &part,
+            "jacobi",
+            &p(ArnoldiLoop::Device),
+        );
+        println!(
+            "restart 40 {orthog:?}: host {} its relres {:.3e}; device {} its",
+            h.info.stop.iterations, h.info.stop.relres, d.info.stop.iterations
+        );
+        assert_eq!(d.info.stop, h.info.stop, "{orthog:?} restart 40");
+        assert_eq!(d.x_local, h.x_local, "{orthog:?} restart 40: x");
+    }
     // two ranks (threads sharing the GPU; the scalars summed through the host)
     drop(be);
     let p2 = RowPartition::by_nnz(a.indptr(), 2);

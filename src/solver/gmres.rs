@@ -68,7 +68,7 @@ pub enum ConvergenceTest {
     Scipy,
 }
 
-/// Where the scalars of an Arnoldi cycle live (`--arnoldi-loop`, `[gmres] arnoldi_loop`).
+/// Where the scalars of an Arnoldi cycle live (`solve --method gmres --arnoldi-loop`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ArnoldiLoop {

@@ -375,6 +375,17 @@ enum Coeffs<'a> {
     Device(u64),
 }
 
+impl<'a> Coeffs<'a> {
+    /// The kernel's two coefficient arguments: the by-value ones (empty: zeros) and the device
+    /// address (0: use the by-value ones).
+    fn args(self) -> (&'a [f64], u64) {
+        match self {
+            Coeffs::Host(c) => (c, 0),
+            Coeffs::Device(p) => (&[], p),
+        }
+    }
+}
+
 /// A vector on the device: the CUDA backend's `Backend::Vector`.
 pub type DeviceVec = CudaSlice<f64>;
 
@@ -711,10 +722,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let k = basis.len();
         debug_assert!(k <= MULTI_MAX && k > 0);
-        let (host, cdev) = match coeffs {
-            Coeffs::Host(c) => (c, 0u64),
-            Coeffs::Device(p) => (&[][..], p),
-        };
+        let (host, cdev) = coeffs.args();
         let (ptrs, c) = self.multi_args("multi_dot", basis, host, n)?;
         let (k32, n64) = (k as i32, n as u64);
         let (pp, pc) = (self.ptr(&self.multi_partial), self.ptr(&self.counter));
@@ -794,10 +802,7 @@ impl CudaBackend {
         w: &mut CudaSlice<f64>,
     ) -> Result<()> {
         let n = w.len();
-        let (host, cdev) = match coeffs {
-            Coeffs::Host(c) => (c, 0u64),
-            Coeffs::Device(p) => (&[][..], p),
-        };
+        let (host, cdev) = coeffs.args();
         let (ptrs, c) = self.multi_args("multi_axpy", bs, host, n)?;
         let (k32, n64, pw) = (bs.len() as i32, n as u64, self.ptr(w));
         self.launch_elementwise(
