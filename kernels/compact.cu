@@ -30,7 +30,7 @@ typedef unsigned short u16;
 #define CMINB 5
 #endif
 #define STENCIL_MAX_BLOCKS 7
-#define STENCIL_ROWS_PER_THREAD 16
+#define STENCIL_ROWS_PER_THREAD 4
 
 // A block of stencil rows (layout shared with src/backend/cuda/compact.rs StencilBlockArg).
 struct StencilBlock {

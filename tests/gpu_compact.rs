@@ -87,6 +87,12 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 tile_bits: Some(bits),
                 ..Default::default()
             };
+            let split = |bits, ax| CompactGpuOptions {
+                layout: Some(GpuLayout::Split),
+                tile_bits: Some(bits),
+                ax_tile_bits: Some(ax),
+                ..Default::default()
+            };
             for o in [
                 rows(None),
                 rows(Some((4, 1))),
@@ -98,8 +104,11 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 tiles(12),
                 mixed(4),
                 mixed(9),
+                split(4, 6),
+                split(9, 12),
+                split(12, 4),
             ] {
-                let shape = (o.layout, o.tile_bits, o.shape);
+                let shape = (o.layout, o.tile_bits, o.ax_tile_bits, o.shape);
                 let gop = CudaCompactOperator::with_options(&g, a, st.as_ref(), p, &o).unwrap();
                 assert_eq!(gop.nrows(), mrows);
                 let gx = g.upload(&x).unwrap();
@@ -169,6 +178,7 @@ fn layouts() -> Vec<(Precision, GpuLayout, CompactGpuOptions)> {
         (Precision::F64, GpuLayout::Tiles),
         (Precision::F64, GpuLayout::Mixed),
         (Precision::F32, GpuLayout::Mixed),
+        (Precision::F32, GpuLayout::Split),
     ]
     .into_iter()
     .map(|(p, tiles)| {

@@ -81,8 +81,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "device", value_parser = super::args::ListOf(&["device", "host"]))]
     loops: String,
     /// Compact storage on the GPU: device layouts to time (comma-separated): auto (chosen from
-    /// the matrix), rows, mixed[:T] (rows for A x, tiles of 2^T columns for A^T) or tiles[:T]
-    /// (tiles of 2^T columns for both products).
+    /// the matrix), rows, mixed[:T] (rows for A x, tiles of 2^T columns for A^T), tiles[:T]
+    /// (tiles of 2^T columns for both products) or split[:T[:X]] (tiles of 2^X columns for A x,
+    /// of 2^T for A^T).
     #[arg(long, default_value = "auto")]
     layouts: String,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
@@ -527,26 +528,31 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One item of `--layouts`: auto | rows | mixed[:T] | tiles[:T].
+/// One item of `--layouts`: auto | rows | mixed[:T] | tiles[:T] | split[:T[:X]] (T: tile bits
+/// of A^T, X: of A x).
 fn parse_layout(t: &str) -> anyhow::Result<CompactGpuOptions> {
-    let (kind, bits) = t.split_once(':').unwrap_or((t, ""));
-    let layout = match kind {
-        "auto" if bits.is_empty() => None,
-        "rows" if bits.is_empty() => Some(GpuLayout::Rows),
-        "mixed" => Some(GpuLayout::Mixed),
-        "tiles" => Some(GpuLayout::Tiles),
-        _ => bail!("--layouts {t}: expected auto, rows, mixed[:T] or tiles[:T]"),
+    let mut parts = t.split(':');
+    let kind = parts.next().unwrap_or("");
+    let bits: Vec<&str> = parts.collect();
+    let (layout, most) = match kind {
+        "auto" => (None, 0),
+        "rows" => (Some(GpuLayout::Rows), 0),
+        "mixed" => (Some(GpuLayout::Mixed), 1),
+        "tiles" => (Some(GpuLayout::Tiles), 1),
+        "split" => (Some(GpuLayout::Split), 2),
+        _ => bail!("--layouts {t}: expected auto, rows, mixed[:T], tiles[:T] or split[:T[:X]]"),
     };
-    let tile_bits = match bits {
-        "" => None,
-        b => match b.parse::<u32>() {
-            Ok(b) if (4..=12).contains(&b) => Some(b),
-            _ => bail!("--layouts {t}: tile bits {b} not in 4..=12"),
-        },
+    if bits.len() > most {
+        bail!("--layouts {t}: expected auto, rows, mixed[:T], tiles[:T] or split[:T[:X]]");
+    }
+    let parse = |b: &str| match b.parse::<u32>() {
+        Ok(b) if (4..=12).contains(&b) => Ok(b),
+        _ => bail!("--layouts {t}: tile bits {b} not in 4..=12"),
     };
     Ok(CompactGpuOptions {
         layout,
-        tile_bits,
+        tile_bits: bits.first().map(|b| parse(b)).transpose()?,
+        ax_tile_bits: bits.get(1).map(|b| parse(b)).transpose()?,
         ..Default::default()
     })
 }
@@ -555,8 +561,9 @@ fn parse_layout(t: &str) -> anyhow::Result<CompactGpuOptions> {
 fn layout_tag(o: &CompactGpuOptions, op: &CudaCompactOperator) -> String {
     let desc = op.layout();
     let kind = desc.split([' ', ':']).next().unwrap_or("").to_string();
-    match o.tile_bits {
-        Some(t) if kind != "rows" => format!("{kind}:{t}"),
+    match (o.tile_bits, o.ax_tile_bits) {
+        (Some(t), Some(x)) if kind == "split" => format!("{kind}:{t}:{x}"),
+        (Some(t), _) if kind != "rows" => format!("{kind}:{t}"),
         _ => kind,
     }
 }

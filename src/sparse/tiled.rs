@@ -26,6 +26,10 @@ use crate::sparse::{Csr, Precision};
 
 /// Segments per chunk at most (the shared-memory stage of y in A^T: 2048 f64 = 16 KiB).
 pub const CHUNK_SEGS: usize = 2048;
+/// Bit of an `a_lcol` entry set on the last entry of each segment (the GPU's flat A x kernel
+/// finds segment ends from it); [`LCOL_MASK`] keeps the column within the tile.
+pub const LCOL_END: u16 = 0x8000;
+pub const LCOL_MASK: u16 = 0x7fff;
 
 /// Values of a tiled matrix.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,13 +62,17 @@ pub struct Tiled {
     pub tile_chunk: Vec<u32>,
     /// Row of each segment (tile order).
     pub seg_row: Vec<u32>,
-    /// Position of each segment (tile order) in row order: where A x puts its partial.
+    /// Position of each segment (tile order) in row order.
     pub seg_slot: Vec<u32>,
+    /// The inverse: the tile-order position of each segment in row order (the GPU's A x writes
+    /// its segment sums in tile order and adds them per row through it).
+    pub seg_pos: Vec<u32>,
     /// First entry of each segment (tile order) in the row-entry arrays; nseg + 1 entries.
     pub seg_ent: Vec<u64>,
     /// First segment of each row in row order; nrows + 1 entries.
     pub row_seg: Vec<u64>,
-    /// Row entries (segment by segment, in tile order): column within the tile, value.
+    /// Row entries (segment by segment, in tile order): column within the tile (with
+    /// [`LCOL_END`] set on each segment's last entry), value.
     pub a_lcol: Vec<u16>,
     pub a_val: TiledValues,
     /// Column entries: for chunk q and column c of its tile, entries
@@ -107,7 +115,7 @@ impl Tiled {
 
     /// Cut `a` into tiles of `1 << tile_bits` columns.
     pub fn from_csr(a: &Csr, precision: Precision, tile_bits: u32) -> Tiled {
-        assert!((1..=16).contains(&tile_bits), "tile_bits in 1..=16");
+        assert!((1..=15).contains(&tile_bits), "tile_bits in 1..=15");
         let (m, n) = (a.nrows(), a.ncols());
         let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
         let t_of = |c: u32| c >> tile_bits;
@@ -276,6 +284,13 @@ impl Tiled {
             });
         }
         b_colptr[nchunks * tsz] = nnz as u64;
+        for &e in &seg_ent[1..] {
+            a_lcol[e as usize - 1] |= LCOL_END;
+        }
+        let mut seg_pos = vec![0u32; nseg];
+        for (s, &k) in seg_slot.iter().enumerate() {
+            seg_pos[k as usize] = s as u32;
+        }
         let (a_val, b_val) = match precision {
             Precision::F64 => (TiledValues::F64(vals), TiledValues::F64(b_vals)),
             Precision::F32 => (
@@ -293,6 +308,7 @@ impl Tiled {
             tile_chunk,
             seg_row,
             seg_slot,
+            seg_pos,
             seg_ent,
             row_seg,
             a_lcol,
@@ -314,7 +330,7 @@ impl Tiled {
             for s in self.chunk_seg[q] as usize..self.chunk_seg[q + 1] as usize {
                 let mut sum = 0.0;
                 for k in self.seg_ent[s] as usize..self.seg_ent[s + 1] as usize {
-                    sum += self.a_val.get(k) * x[t * tsz + self.a_lcol[k] as usize];
+                    sum += self.a_val.get(k) * x[t * tsz + (self.a_lcol[k] & LCOL_MASK) as usize];
                 }
                 partial[self.seg_slot[s] as usize] = sum;
             }
@@ -376,6 +392,13 @@ mod tests {
                 .collect();
             let t = Tiled::from_csr(&a, Precision::F64, bits);
             assert_eq!(t.nnz, a.nnz());
+            for s in 0..t.nseg() {
+                let (e0, e1) = (t.seg_ent[s] as usize, t.seg_ent[s + 1] as usize);
+                for k in e0..e1 {
+                    assert_eq!(t.a_lcol[k] & LCOL_END != 0, k + 1 == e1, "end bit of {k}");
+                }
+                assert_eq!(t.seg_pos[t.seg_slot[s] as usize] as usize, s);
+            }
             assert!(t
                 .chunk_seg
                 .windows(2)

@@ -20,7 +20,7 @@ use crate::sparse::{CompactCsr, CompactValues, Csr};
 const CWARPS: u32 = 8;
 /// Threads per block and rows per thread of the stencil kernels.
 const STENCIL_THREADS: u32 = 256;
-const STENCIL_ROWS_PER_THREAD: u64 = 16;
+const STENCIL_ROWS_PER_THREAD: u64 = 4;
 /// Device memory left free besides the plan: this much plus 3% of what is free.
 const HEADROOM_BYTES: u64 = 256 << 20;
 
@@ -256,6 +256,12 @@ enum Layout {
         a: Box<DevCompact>,
         t: Box<DevTiled>,
     },
+    /// Column tiles for both products, each of its own size (A x: large tiles, few segments
+    /// per row; A^T: tiles whose column partials stay few).
+    Split {
+        ax: Box<DevTiled>,
+        at: Box<DevTiled>,
+    },
 }
 
 /// Which device layout compact storage uses ([`CompactGpuOptions::layout`],
@@ -265,6 +271,7 @@ pub enum GpuLayout {
     Rows,
     Tiles,
     Mixed,
+    Split,
 }
 
 /// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed overrides
@@ -276,6 +283,7 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
         Ok("rows") => return GpuLayout::Rows,
         Ok("tiles") => return GpuLayout::Tiles,
         Ok("mixed") => return GpuLayout::Mixed,
+        Ok("split") => return GpuLayout::Split,
         _ => {}
     }
     if stored.nnz() < 1_000_000 {
@@ -292,7 +300,7 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
         }
     }
     if stored.nnz() as u64 >= 4 * segs {
-        GpuLayout::Mixed
+        GpuLayout::Split
     } else {
         GpuLayout::Rows
     }
@@ -308,13 +316,25 @@ fn tile_bits() -> u32 {
         .unwrap_or(9)
 }
 
+/// A x's tile size in the split layout: 2^SEISTOMO_AX_TILE_BITS columns (4..=12; default 12 =
+/// 4096 cells, a 16x16x16 brick in Morton order).
+fn ax_tile_bits() -> u32 {
+    std::env::var("SEISTOMO_AX_TILE_BITS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|b| (4..=12).contains(b))
+        .unwrap_or(12)
+}
+
 /// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CompactGpuOptions {
     /// Delta rows, column tiles or both (rows for A x, tiles for A^T).
     pub layout: Option<GpuLayout>,
-    /// Tile size 2^bits (4..=12).
+    /// Tile size 2^bits (4..=12); in the split layout A^T's.
     pub tile_bits: Option<u32>,
+    /// A x's tile size 2^bits in the split layout (4..=12).
+    pub ax_tile_bits: Option<u32>,
     /// Rows layout: sub-warp width (4, 8, 16, 32) and rows per sub-warp.
     pub shape: Option<(u32, u32)>,
 }
@@ -386,7 +406,7 @@ impl CudaCompactOperator {
                 let t = Tiled::from_csr(stored, precision, bits);
                 let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
                 let plan = planned(t.bytes() + scratch)?;
-                let dt = DevTiled::upload(be, &t, true)?;
+                let dt = DevTiled::upload(be, &t, true, true)?;
                 (Layout::Tiles(Box::new(dt)), plan)
             }
             GpuLayout::Mixed => {
@@ -396,8 +416,24 @@ impl CudaCompactOperator {
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(ca.bytes() + tbytes)?;
                 let a = rows(ca)?;
-                let t = Box::new(DevTiled::upload(be, &t, false)?);
+                let t = Box::new(DevTiled::upload(be, &t, false, true)?);
                 (Layout::Mixed { a, t }, plan)
+            }
+            GpuLayout::Split => {
+                let tx = Tiled::from_csr(
+                    stored,
+                    precision,
+                    o.ax_tile_bits.unwrap_or_else(ax_tile_bits),
+                );
+                let t = Tiled::from_csr(stored, precision, bits);
+                // A x's row half and segment partials; A^T's column half and column partials
+                let xbytes = tx.bytes() / 2 + 8 * tx.nseg() as u64;
+                let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
+                let plan = planned(xbytes + tbytes)?;
+                let ax = Box::new(DevTiled::upload(be, &tx, true, false)?);
+                drop(tx);
+                let at = Box::new(DevTiled::upload(be, &t, false, true)?);
+                (Layout::Split { ax, at }, plan)
             }
             GpuLayout::Rows => {
                 let ca = CompactCsr::from_csr(stored, precision);
@@ -436,6 +472,7 @@ impl CudaCompactOperator {
             Layout::Rows { a, at } => (a.entries, at.entries),
             Layout::Tiles(_) => (self.nnz, self.nnz),
             Layout::Mixed { a, .. } => (a.entries, self.nnz),
+            Layout::Split { .. } => (self.nnz, self.nnz),
         }
     }
     /// Bytes each product must move besides LSQR's vectors: (A x, A^T y). Rows: entries and
@@ -463,6 +500,14 @@ impl CudaCompactOperator {
                     nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
                 )
             }
+            Layout::Split { ax, at } => {
+                let nnz = self.nnz as u64;
+                let (xseg, nseg, cols) = (ax.nseg as u64, at.nseg as u64, at.chunk_cols as u64);
+                (
+                    nnz * vb + xseg * (8 + 4 + 16) + (ax.nrows as u64 + 1) * 8,
+                    nnz * vb + nseg * (4 + 8) + cols * (8 + 16),
+                )
+            }
         }
     }
 
@@ -474,9 +519,8 @@ impl CudaCompactOperator {
                 a.s, a.rows_per_sub, at.s, at.rows_per_sub
             ),
             Layout::Tiles(t) => format!(
-                "tiles of {} columns (sub-warps {} per segment, {} per column)",
+                "tiles of {} columns (A x flat, sub-warps of {} per column for A^T)",
                 t.tile(),
-                t.s_rows,
                 t.s_cols
             ),
             Layout::Mixed { a, t } => format!(
@@ -485,6 +529,12 @@ impl CudaCompactOperator {
                 a.rows_per_sub,
                 t.tile(),
                 t.s_cols
+            ),
+            Layout::Split { ax, at } => format!(
+                "split: tiles of {} columns for A x (flat), of {} for A^T ({} per column)",
+                ax.tile(),
+                at.tile(),
+                at.s_cols
             ),
         }
     }
@@ -508,7 +558,7 @@ impl CudaCompactOperator {
                 ra.launch(be, x, y, e, None)?;
                 ra.blocks
             }
-            Layout::Tiles(t) => {
+            Layout::Tiles(t) | Layout::Split { ax: t, .. } => {
                 t.av(be, x, y, e)?;
                 t.row_blocks()
             }
@@ -537,7 +587,7 @@ impl CudaCompactOperator {
                 at.launch(be, y, x, e, st)?;
                 Ok(at.blocks)
             }
-            Layout::Tiles(t) | Layout::Mixed { t, .. } => {
+            Layout::Tiles(t) | Layout::Mixed { t, .. } | Layout::Split { at: t, .. } => {
                 t.atu(be, y, x, e, st)?;
                 Ok(t.col_blocks())
             }
@@ -587,6 +637,9 @@ impl FusedLsqr for CudaCompactOperator {
             Layout::Rows { a, at } => (a.blocks as usize + st).max(at.blocks as usize + st),
             Layout::Tiles(t) => (t.row_blocks() as usize + st).max(t.col_blocks() as usize),
             Layout::Mixed { a, t } => (a.blocks as usize + st).max(t.col_blocks() as usize),
+            Layout::Split { ax, at } => {
+                (ax.row_blocks() as usize + st).max(at.col_blocks() as usize)
+            }
         }
     }
     fn av_fused(&self, be: &CudaBackend, v: u64, u: u64, e: &Epilogue) -> Result<u32> {

@@ -191,9 +191,10 @@ pub(crate) struct Kernels {
     /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
     pub compact: [[[CudaFunction; 4]; 2]; 2],
     pub stencil_av: CudaFunction,
-    /// tiled_ax / tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
-    pub tiled_ax: [[CudaFunction; 4]; 2],
+    /// tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
     pub tiled_atu: [[CudaFunction; 4]; 2],
+    /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
+    pub tiled_axf: [CudaFunction; 2],
     pub tiled_rows: CudaFunction,
     pub tiled_cols: CudaFunction,
     pub csr_fused_f64: CudaFunction,
@@ -294,13 +295,6 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
             ]
         },
         stencil_av: f("stencil_av")?,
-        tiled_ax: {
-            let g = |p: &str, w: u32| f(&format!("tiled_ax_s{w}_{p}"));
-            [
-                [g("f64", 32)?, g("f64", 16)?, g("f64", 8)?, g("f64", 4)?],
-                [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
-            ]
-        },
         tiled_atu: {
             let g = |p: &str, w: u32| f(&format!("tiled_atu_s{w}_{p}"));
             [
@@ -308,6 +302,7 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
                 [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
             ]
         },
+        tiled_axf: [f("tiled_axf_f64")?, f("tiled_axf_f32")?],
         tiled_rows: f("tiled_rows")?,
         tiled_cols: f("tiled_cols")?,
         csr_fused_f64: f("csr_fused_f64")?,

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledValues};
 
 const THREADS: u32 = 256;
-const ROWS_PER_THREAD: u64 = 16;
+const ROWS_PER_THREAD: u64 = 4;
 
 fn width_for(mean: f64) -> u32 {
     let mut s = 4u32;
@@ -21,11 +21,34 @@ fn width_for(mean: f64) -> u32 {
     s
 }
 
-/// The values `v` on the device when `on`, else a one-element dummy of their precision.
+/// Entries per lane and round of the flat A x kernel (kernels/tiled.cu AXF_P): the row entries
+/// are uploaded padded to a multiple of it.
+const AXF_P: usize = 8;
+/// Rows per thread of the row pass (kernels/tiled.cu TILED_ROWPASS_RPT).
+const ROWPASS_RPT: u64 = 2;
+
+/// `v` padded with zeros to a multiple of [`AXF_P`] on the device when `on`, else a one-element
+/// dummy.
+fn up_padded<T: cudarc::driver::DeviceRepr + Default + Copy>(
+    be: &CudaBackend,
+    on: bool,
+    v: &[T],
+) -> Result<CudaSlice<T>> {
+    if !on || v.len() % AXF_P == 0 {
+        return up_if(be, on, v);
+    }
+    let mut p = Vec::with_capacity(v.len().next_multiple_of(AXF_P));
+    p.extend_from_slice(v);
+    p.resize(v.len().next_multiple_of(AXF_P), T::default());
+    up(be, &p)
+}
+
+/// The values `v` on the device when `on` (padded as [`up_padded`]), else a one-element dummy
+/// of their precision.
 fn values(be: &CudaBackend, on: bool, v: &TiledValues) -> Result<DevValues> {
     Ok(match v {
-        TiledValues::F64(v) => DevValues::F64(up_if(be, on, v)?),
-        TiledValues::F32(v) => DevValues::F32(up_if(be, on, v)?),
+        TiledValues::F64(v) => DevValues::F64(up_padded(be, on, v)?),
+        TiledValues::F32(v) => DevValues::F32(up_padded(be, on, v)?),
     })
 }
 
@@ -42,7 +65,7 @@ pub(crate) struct DevTiled {
     chunk_seg: CudaSlice<u32>,
     tile_chunk: CudaSlice<u32>,
     seg_row: CudaSlice<u32>,
-    seg_slot: CudaSlice<u32>,
+    seg_pos: CudaSlice<u32>,
     seg_ent: CudaSlice<u64>,
     row_seg: CudaSlice<u64>,
     a_lcol: CudaSlice<u16>,
@@ -52,28 +75,25 @@ pub(crate) struct DevTiled {
     b_val: DevValues,
     seg_partial: CudaSlice<f64>,
     cpart: CudaSlice<f64>,
-    /// Whether the row pass (A x) was uploaded.
+    /// Whether the row pass (A x) and the column pass (A^T) were uploaded.
     rows: bool,
-    /// Sub-warp widths of the row (segment) and column passes.
-    pub s_rows: u32,
+    cols: bool,
+    /// Sub-warp width of the column pass.
     pub s_cols: u32,
 }
 
 impl DevTiled {
-    /// Upload `t`; with `rows` false only the column pass (A^T) is uploaded and [`Self::av`]
-    /// must not be called (the mixed layout takes A x from delta rows).
-    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool) -> Result<Self> {
+    /// Upload `t`: the row pass (A x) when `rows`, the column pass (A^T) when `cols`; a pass
+    /// not uploaded must not be called (the mixed layout takes A x from delta rows, the split
+    /// layout each product from tiles of its own size).
+    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool, cols: bool) -> Result<Self> {
         if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
             return Err(Error::Invalid(
                 "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
             ));
         }
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-        let mean_seg = t.nnz as f64 / t.nseg().max(1) as f64;
         let mean_col = t.nnz as f64 / (t.nchunks() * t.tile()).max(1) as f64;
-        let s_rows = env("SEISTOMO_TILED_S_ROWS")
-            .filter(|s| [4, 8, 16, 32].contains(s))
-            .unwrap_or_else(|| width_for(mean_seg));
         let s_cols = env("SEISTOMO_TILED_S_COLS")
             .filter(|s| [4, 8, 16, 32].contains(s))
             .unwrap_or_else(|| width_for(mean_col));
@@ -92,21 +112,22 @@ impl DevTiled {
             nchunks: t.nchunks() as u32,
             chunk_tile: up(be, &t.chunk_tile)?,
             chunk_seg: up(be, &t.chunk_seg)?,
-            tile_chunk: up(be, &t.tile_chunk)?,
-            seg_row: up(be, &t.seg_row)?,
+            seg_row: up_if(be, cols, &t.seg_row)?,
             // The row pass's arrays (one-element dummies when it is not uploaded).
-            seg_slot: up_if(be, rows, &t.seg_slot)?,
+            seg_pos: up_if(be, rows, &t.seg_pos)?,
             seg_ent: up_if(be, rows, &t.seg_ent)?,
             row_seg: up_if(be, rows, &t.row_seg)?,
-            a_lcol: up_if(be, rows, &t.a_lcol)?,
+            a_lcol: up_padded(be, rows, &t.a_lcol)?,
             a_val: values(be, rows, &t.a_val)?,
-            b_colptr: up(be, &t.b_colptr)?,
-            b_lseg: up(be, &t.b_lseg)?,
-            b_val: values(be, true, &t.b_val)?,
+            // The column pass's.
+            b_colptr: up_if(be, cols, &t.b_colptr)?,
+            b_lseg: up_if(be, cols, &t.b_lseg)?,
+            b_val: values(be, cols, &t.b_val)?,
+            tile_chunk: up_if(be, cols, &t.tile_chunk)?,
             seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
-            cpart: zeros(t.nchunks() * t.tile())?,
+            cpart: zeros(if cols { t.nchunks() * t.tile() } else { 1 })?,
             rows,
-            s_rows,
+            cols,
             s_cols,
         })
     }
@@ -117,7 +138,7 @@ impl DevTiled {
 
     /// Blocks (= norm partials) of the row pass.
     pub fn row_blocks(&self) -> u32 {
-        (self.nrows as u64).div_ceil(THREADS as u64 * ROWS_PER_THREAD) as u32
+        (self.nrows as u64).div_ceil(THREADS as u64 * ROWPASS_RPT) as u32
     }
     /// Blocks (= norm partials) of the column pass.
     pub fn col_blocks(&self) -> u32 {
@@ -133,28 +154,26 @@ impl DevTiled {
             ));
         }
         let (pi, pv) = self.a_val.index_and_ptr(be);
-        let f = &be.k.tiled_ax[pi][width_index(self.s_rows)];
         let ncols = self.ncols as u64;
-        let (pct, pcs, pse, pss, plc, psp) = (
+        let (pct, pcs, pse, plc, psp) = (
             be.ptr(&self.chunk_tile),
             be.ptr(&self.chunk_seg),
             be.ptr(&self.seg_ent),
-            be.ptr(&self.seg_slot),
             be.ptr(&self.a_lcol),
             be.ptr(&self.seg_partial),
         );
+        // x of the chunk's tile in shared memory
         be.launch_smem(
-            f,
+            &be.k.tiled_axf[pi],
             self.nchunks,
             THREADS,
-            (8u32) << self.tile_bits,
+            8u32 << self.tile_bits,
             &mut [
                 arg(&self.tile_bits),
                 arg(&ncols),
                 arg(&pct),
                 arg(&pcs),
                 arg(&pse),
-                arg(&pss),
                 arg(&plc),
                 arg(&pv),
                 arg(&x),
@@ -163,8 +182,8 @@ impl DevTiled {
             ],
         )?;
         let nrows = self.nrows as u32;
-        let prs = be.ptr(&self.row_seg);
-        let lead = [arg(&nrows), arg(&prs), arg(&psp), arg(&y)];
+        let (prs, psq) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
+        let lead = [arg(&nrows), arg(&prs), arg(&psq), arg(&psp), arg(&y)];
         be.launch(
             &be.k.tiled_rows,
             self.row_blocks(),
@@ -182,6 +201,12 @@ impl DevTiled {
         e: &Epilogue,
         st: Option<(&StencilArgs, u64)>,
     ) -> Result<()> {
+        if !self.cols {
+            return Err(Error::backend(
+                "cuda",
+                "tiles uploaded for A x only were asked for A^T y",
+            ));
+        }
         let (pi, pv) = self.b_val.index_and_ptr(be);
         let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
         let (pcs, psr, pcp, pls, pcpart) = (
