@@ -265,7 +265,7 @@ enum Layout {
 }
 
 /// Which device layout compact storage uses ([`CompactGpuOptions::layout`],
-/// SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed).
+/// SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed | split).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuLayout {
     Rows,
@@ -274,10 +274,10 @@ pub enum GpuLayout {
     Split,
 }
 
-/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed overrides
-/// it): mixed (rows for A x, tiles for A^T) when the matrix is large enough to be bound by its
-/// gathers (>= 1M nonzeros) and its rows have on average at least 4 nonzeros per tile they
-/// touch; else rows.
+/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed | split
+/// overrides it): split (tiles of 2^12 columns for A x, of 2^tile_bits for A^T) when the
+/// matrix is large enough to be bound by its gathers (>= 1M nonzeros) and its rows have on
+/// average at least 4 nonzeros per tile of 2^tile_bits they touch; else rows.
 fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     match std::env::var("SEISTOMO_COMPACT_LAYOUT").as_deref() {
         Ok("rows") => return GpuLayout::Rows,
@@ -306,24 +306,25 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     }
 }
 
-/// Tile size: 2^SEISTOMO_TILE_BITS columns (4..=12; default 9 = 512 cells, an 8x8x8 brick in
-/// Morton order).
-fn tile_bits() -> u32 {
-    std::env::var("SEISTOMO_TILE_BITS")
+/// Tile bits from the environment variable `var` when it holds 4..=12, else `default`.
+fn env_tile_bits(var: &str, default: u32) -> u32 {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|b| (4..=12).contains(b))
-        .unwrap_or(9)
+        .unwrap_or(default)
 }
 
-/// A x's tile size in the split layout: 2^SEISTOMO_AX_TILE_BITS columns (4..=12; default 12 =
-/// 4096 cells, a 16x16x16 brick in Morton order).
+/// Tile size: 2^SEISTOMO_TILE_BITS columns (default 9 = 512 cells, an 8x8x8 brick in Morton
+/// order).
+fn tile_bits() -> u32 {
+    env_tile_bits("SEISTOMO_TILE_BITS", 9)
+}
+
+/// A x's tile size in the split layout: 2^SEISTOMO_AX_TILE_BITS columns (default 12 = 4096
+/// cells, a 16x16x16 brick in Morton order).
 fn ax_tile_bits() -> u32 {
-    std::env::var("SEISTOMO_AX_TILE_BITS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|b| (4..=12).contains(b))
-        .unwrap_or(12)
+    env_tile_bits("SEISTOMO_AX_TILE_BITS", 12)
 }
 
 /// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
