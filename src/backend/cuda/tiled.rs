@@ -27,14 +27,15 @@ const AXF_P: usize = 8;
 /// Rows per thread of the row pass (kernels/tiled.cu TILED_ROWPASS_RPT).
 const ROWPASS_RPT: u64 = 2;
 
-/// `v` padded with zeros to a multiple of [`AXF_P`] on the device when `on`, else a one-element
-/// dummy.
+/// `v` on the device when `on`, else a one-element dummy; with `pad`, padded with zeros to a
+/// multiple of [`AXF_P`] (the row entries the flat A x kernel reads in vector loads).
 fn up_padded<T: cudarc::driver::DeviceRepr + Default + Copy>(
     be: &CudaBackend,
     on: bool,
     v: &[T],
+    pad: bool,
 ) -> Result<CudaSlice<T>> {
-    if !on || v.len() % AXF_P == 0 {
+    if !on || !pad || v.len() % AXF_P == 0 {
         return up_if(be, on, v);
     }
     let mut p = Vec::with_capacity(v.len().next_multiple_of(AXF_P));
@@ -43,12 +44,11 @@ fn up_padded<T: cudarc::driver::DeviceRepr + Default + Copy>(
     up(be, &p)
 }
 
-/// The values `v` on the device when `on` (padded as [`up_padded`]), else a one-element dummy
-/// of their precision.
-fn values(be: &CudaBackend, on: bool, v: &TiledValues) -> Result<DevValues> {
+/// The values `v` as [`up_padded`] (a dummy of their precision when not `on`).
+fn values(be: &CudaBackend, on: bool, v: &TiledValues, pad: bool) -> Result<DevValues> {
     Ok(match v {
-        TiledValues::F64(v) => DevValues::F64(up_padded(be, on, v)?),
-        TiledValues::F32(v) => DevValues::F32(up_padded(be, on, v)?),
+        TiledValues::F64(v) => DevValues::F64(up_padded(be, on, v, pad)?),
+        TiledValues::F32(v) => DevValues::F32(up_padded(be, on, v, pad)?),
     })
 }
 
@@ -117,12 +117,12 @@ impl DevTiled {
             seg_pos: up_if(be, rows, &t.seg_pos)?,
             seg_ent: up_if(be, rows, &t.seg_ent)?,
             row_seg: up_if(be, rows, &t.row_seg)?,
-            a_lcol: up_padded(be, rows, &t.a_lcol)?,
-            a_val: values(be, rows, &t.a_val)?,
+            a_lcol: up_padded(be, rows, &t.a_lcol, true)?,
+            a_val: values(be, rows, &t.a_val, true)?,
             // The column pass's.
             b_colptr: up_if(be, cols, &t.b_colptr)?,
             b_lseg: up_if(be, cols, &t.b_lseg)?,
-            b_val: values(be, cols, &t.b_val)?,
+            b_val: values(be, cols, &t.b_val, false)?,
             tile_chunk: up_if(be, cols, &t.tile_chunk)?,
             seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
             cpart: zeros(if cols { t.nchunks() * t.tile() } else { 1 })?,
