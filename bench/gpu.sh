@@ -44,7 +44,7 @@ for f in sys.argv[1:]:
     r = json.load(open(f))
     print(f"{os.path.basename(f)}: {r['backend']} {r['precond']} {r['orthog']} n={r['n']} nnz={r['nnz']} "
           f"its={r['iterations']} conv={r['converged']} relres={r['relres']:.3e} ms/it={r['ms_per_iter']:.4f} "
-          f"loop={r.get('arnoldi_loop', '-')}")
+          f"loop={r.get('arnoldi_loop', '-')} storage={r.get('storage', '-')[:16]}")
 PY
 }
 lsqr_table() {
@@ -115,6 +115,10 @@ if has gmres; then
     timeout 60 "$BIN/seistomo" $G --orthog $o --solution /tmp/x_$o.txt --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
   done
   timeout 60 "$BIN/seistomo" $G --orthog cgs --precision f32 --report "$OUT/gm_cgs_f32.json" 2>> "$OUT/log.txt"
+  # CSR storage beside the default row patterns (src/sparse/patterns.rs)
+  for p in f64 f32; do
+    timeout 60 "$BIN/seistomo" $G --orthog cgs --precision $p --storage csr --report "$OUT/gm_cgs_csr_$p.json" 2>> "$OUT/log.txt"
+  done
   # the Arnoldi loop of earlier sessions: each inner product back to the host as it is computed
   timeout 60 "$BIN/seistomo" $G --orthog cgs --arnoldi-loop host --report "$OUT/gm_cgs_hostloop_f64.json" 2>> "$OUT/log.txt"
   timeout 60 "$BIN/seistomo" $G --orthog dcgs2 --precision f32 --report "$OUT/gm_dcgs2_f32.json" 2>> "$OUT/log.txt"

@@ -187,3 +187,58 @@ scatter_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float*
             const double* y, double* x, double alpha) {
     scatter_impl<float>(nseg, seg, ip, ci, val, y, x, alpha);
 }
+
+// Row patterns (src/sparse/patterns.rs): a thread per row. Row r of slice r / PSLICE reads its
+// pattern's column offsets from the table (the same few entries for a whole warp: cached) and
+// its values slot by slot (a warp's loads of one slot are coalesced); PUNROLL values and gathers
+// are issued before they are summed. The sum runs in column order, one product added at a time
+// (no FMA: --fmad=false), as the stream mode of spmv_impl sums a short row.
+#define PSLICE 32
+#define PUNROLL 8
+template <typename V>
+__device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__ sptr,
+                                                  const unsigned short* __restrict__ rpat,
+                                                  const u32* __restrict__ pstart,
+                                                  const int* __restrict__ poff,
+                                                  const V* __restrict__ val,
+                                                  const double* __restrict__ x,
+                                                  double* __restrict__ y, double alpha,
+                                                  double beta, const double* __restrict__ d) {
+    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= m) return;
+    const u32 p = rpat[r];
+    const u32 pb = __ldg(&pstart[p]);
+    const u32 len = __ldg(&pstart[p + 1]) - pb;
+    const V* __restrict__ vr = val + sptr[r / PSLICE] + (r % PSLICE);
+    double sum = 0.0;
+    for (u32 k0 = 0; k0 < len; k0 += PUNROLL) {
+        double v[PUNROLL], xv[PUNROLL];
+#pragma unroll
+        for (int j = 0; j < PUNROLL; ++j) {
+            const u32 k = k0 + j;
+            v[j] = 0.0;
+            xv[j] = 0.0;
+            if (k < len) {
+                v[j] = (double)vr[(u64)k * PSLICE];
+                xv[j] = __ldg(&x[(u64)((long long)r + __ldg(&poff[pb + k]))]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PUNROLL; ++j)
+            if (k0 + j < len) sum += v[j] * xv[j];
+    }
+    spmv_store(y, r, sum, alpha, beta, d);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+pattern_spmv_f64(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
+                 const int* poff, const double* val, const double* x, double* y, double alpha,
+                 double beta, const double* d) {
+    pattern_spmv_impl<double>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d);
+}
+extern "C" __global__ void __launch_bounds__(256)
+pattern_spmv_f32(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
+                 const int* poff, const float* val, const double* x, double* y, double alpha,
+                 double beta, const double* d) {
+    pattern_spmv_impl<float>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d);
+}

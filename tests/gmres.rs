@@ -756,3 +756,41 @@ fn device_arnoldi_loop_equals_the_host_loop() {
     let s = solve_serial(&a, "jacobi", &base(Orthog::Cgs, ArnoldiLoop::Auto));
     assert_eq!(s.info.arnoldi_loop, ArnoldiLoop::Host);
 }
+
+/// Which bundled square systems the GPU stores as row patterns (src/sparse/patterns.rs), and
+/// that their host product is the CSR product: the generated stencils qualify with a few dozen
+/// patterns; a SuiteSparse matrix with irregular rows does not, and says why.
+#[test]
+fn row_patterns_of_the_bundled_square_systems() {
+    use seistomo::sparse::patterns::{NotPatterned, PatternLimits, RowPatterns};
+    use seistomo::sparse::Precision;
+    for (f, patterns) in [
+        ("datasets/square_gen/convdiff16.mtx.gz", 27),
+        ("datasets/square_gen/convdiff24.mtx.gz", 27),
+        ("datasets/square_gen/poisson16.mtx.gz", 27),
+    ] {
+        let a = mtx::read_matrix(root().join(f)).unwrap();
+        let p = RowPatterns::from_csr(&a, Precision::F64, PatternLimits::default()).unwrap();
+        println!("{f}: {}", p.describe());
+        assert_eq!(p.patterns(), patterns, "{f}");
+        assert!(
+            p.bytes() * 4 < (12 * a.nnz() + 8 * a.nrows()) * 3,
+            "{f}: bytes"
+        );
+        let x: Vec<f64> = (0..a.ncols()).map(|i| (i as f64 * 0.61).cos()).collect();
+        let (got, want) = (p.matvec(&x), a.matvec(&x));
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-13 * w.abs().max(1.0), "{f}: {g} vs {w}");
+        }
+    }
+    let a = mtx::read_matrix(root().join("datasets/square/bayer10.mtx.gz")).unwrap();
+    let e = RowPatterns::from_csr(&a, Precision::F64, PatternLimits::default()).unwrap_err();
+    println!("bayer10: {e}");
+    assert!(
+        matches!(
+            e,
+            NotPatterned::TooMuchPadding { .. } | NotPatterned::TooManyPatterns { .. }
+        ),
+        "{e:?}"
+    );
+}

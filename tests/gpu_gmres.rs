@@ -13,16 +13,18 @@ use seistomo::backend::cpu::square::DistSquareOperator;
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
 use seistomo::backend::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
+use seistomo::backend::storage::Storage;
 use seistomo::backend::{Backend, Operator, Precision, Scale};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::gmres_square_cuda;
 use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::gmres::{gmres_square_cuda, SquareStorage};
 use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{
     ArnoldiLoop, ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide,
 };
+use seistomo::sparse::patterns::{PatternLimits, RowPatterns};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
 
@@ -223,13 +225,14 @@ fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
     .unwrap()
 }
 
-fn solve_gpu(
+fn solve_gpu_as(
     be: &CudaBackend,
     comm: &dyn Comm,
     a: &Csr,
     part: &RowPartition,
     pc: &str,
     p: &GmresParams,
+    storage: SquareStorage,
 ) -> SquareSolve {
     let rows: Vec<usize> = part.range(comm.rank()).collect();
     let b = vec![1.0; rows.len()];
@@ -243,11 +246,23 @@ fn solve_gpu(
             x0: None,
         },
         precond(pc),
-        Precision::F64,
+        storage,
         p,
         &mut NoGmresMonitor,
     )
     .unwrap()
+}
+
+/// [`solve_gpu_as`] with the default storage (auto: row patterns where the rows qualify).
+fn solve_gpu(
+    be: &CudaBackend,
+    comm: &dyn Comm,
+    a: &Csr,
+    part: &RowPartition,
+    pc: &str,
+    p: &GmresParams,
+) -> SquareSolve {
+    solve_gpu_as(be, comm, a, part, pc, p, SquareStorage::default())
 }
 
 #[test]
@@ -319,36 +334,176 @@ fn split_halo_product_matches_the_whole_one() {
                 let mut want = yl.clone();
                 cpu.apply(&CpuBackend::new(), s, &xl, &mut want).unwrap();
                 let be = CudaBackend::new(0).unwrap();
-                let got: Vec<Vec<f64>> = [false, true]
-                    .iter()
-                    .map(|&overlap| {
-                        let op =
-                            CudaSquareOperator::with_overlap(&be, &cpu, c, Precision::F64, overlap)
-                                .unwrap();
-                        let xd = be.upload(&xl).unwrap();
-                        let mut yd = be.upload(&yl).unwrap();
-                        // twice: the second product reuses the halo buffers
-                        op.apply(&be, s, &xd, &mut yd).unwrap();
-                        op.apply(&be, Scale::new(1.0, 0.5), &xd, &mut yd).unwrap();
-                        down(&be, &yd)
-                    })
-                    .collect();
+                // whole CSR product, split CSR product, row patterns after the exchange
+                let got: Vec<Vec<f64>> = [
+                    (Storage::Csr, false),
+                    (Storage::Csr, true),
+                    (Storage::Compact, true),
+                ]
+                .iter()
+                .map(|&(storage, overlap)| {
+                    let op = CudaSquareOperator::with_overlap(
+                        &be,
+                        &cpu,
+                        c,
+                        Precision::F64,
+                        storage,
+                        overlap,
+                    )
+                    .unwrap();
+                    if storage == Storage::Compact {
+                        assert!(op.storage().starts_with("row patterns"), "{}", op.storage());
+                    }
+                    let xd = be.upload(&xl).unwrap();
+                    let mut yd = be.upload(&yl).unwrap();
+                    // twice: the second product reuses the halo buffers
+                    op.apply(&be, s, &xd, &mut yd).unwrap();
+                    op.apply(&be, Scale::new(1.0, 0.5), &xd, &mut yd).unwrap();
+                    down(&be, &yd)
+                })
+                .collect();
                 let mut w2 = want.clone();
                 cpu.apply(&CpuBackend::new(), Scale::new(1.0, 0.5), &xl, &mut w2)
                     .unwrap();
                 (w2, got)
             });
             for (r, (want, got)) in out.iter().enumerate() {
-                let (whole, split) = (&got[0], &got[1]);
+                let (whole, split, pats) = (&got[0], &got[1], &got[2]);
                 let d_whole = rel(whole, want);
                 let d_split = rel(split, whole);
+                let d_pats = rel(pats, whole);
                 println!(
-                    "{ranks} ranks, rank {r}: whole vs cpu {d_whole:e}, split vs whole {d_split:e}"
+                    "{ranks} ranks, rank {r}: whole vs cpu {d_whole:e}, split vs whole {d_split:e}, row patterns vs whole {d_pats:e}"
                 );
                 assert!(d_whole <= 1e-14, "whole product vs CPU: {d_whole:e}");
                 assert!(d_split <= 1e-14, "split product vs whole: {d_split:e}");
+                assert!(d_pats <= 1e-14, "row patterns vs whole: {d_pats:e}");
             }
         }
+    }
+}
+
+/// A square matrix of 1001 rows (a partial last slice) with empty rows, far columns and
+/// columns that wrap around: a few row patterns of 2-3 entries.
+fn awkward_patterned() -> Csr {
+    let n = 1001usize;
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        if i % 13 == 5 {
+            continue;
+        }
+        let mut cols = vec![i, (i + 517) % n];
+        if i > 0 {
+            cols.push(i - 1);
+        }
+        for (k, col) in cols.into_iter().enumerate() {
+            r.push(i as u64);
+            c.push(col as u64);
+            v.push(1.0 + ((i * 7 + k * 3) % 11) as f64 * 0.37);
+        }
+    }
+    Csr::from_triplets(n, n, &r, &c, &v).unwrap()
+}
+
+/// Row patterns on the GPU (kernels/spmv.cu pattern_spmv) against their host reference
+/// ([`RowPatterns::matvec`], the same order of sums): bit for bit with alpha, a beta that reads
+/// y, and the fused row scale, f64 and f32 values, on a stencil matrix and on awkward shapes; and
+/// GMRES with row patterns against CSR storage: the same verdict and iterations, x within 1e-9.
+#[test]
+fn row_patterns_match_their_reference_and_csr() {
+    let Some(be) = gpu() else { return };
+    let mats = [
+        (
+            "convdiff 20^3".to_string(),
+            cube(SquareKind::Convdiff, 20).unwrap(),
+        ),
+        ("awkward 1001".to_string(), awkward_patterned()),
+    ];
+    let bits = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+    for (name, a) in &mats {
+        let n = a.nrows();
+        let cpu = DistSquareOperator::serial(a.clone(), &SerialComm).unwrap();
+        let (x, y0, dg) = (rand_vec(n, 3), rand_vec(n, 4), rand_vec(n, 5));
+        let (xd, dd) = (be.upload(&x).unwrap(), be.upload(&dg).unwrap());
+        for prec in [Precision::F64, Precision::F32] {
+            let host = RowPatterns::from_csr(a, prec, PatternLimits::default()).unwrap();
+            let op =
+                CudaSquareOperator::new(&be, &cpu, &SerialComm, prec, Storage::Compact).unwrap();
+            assert_eq!(op.storage(), host.describe());
+            let r = host.matvec(&x);
+            let want: Vec<f64> = r
+                .iter()
+                .zip(&y0)
+                .map(|(r, y)| 1.5 * r + -0.25 * y)
+                .collect();
+            let mut yd = be.upload(&y0).unwrap();
+            op.apply(&be, Scale::new(1.5, -0.25), &xd, &mut yd).unwrap();
+            assert!(
+                bits(&down(&be, &yd), &want),
+                "{name} {prec}: alpha A x + beta y"
+            );
+            let want: Vec<f64> = r.iter().zip(&dg).map(|(r, d)| d * r).collect();
+            let mut t = be.zeros(n).unwrap();
+            be.fill(&mut yd, f64::NAN).unwrap();
+            op.apply_scaled_rows(&be, &xd, Some(&dd), &mut t, &mut yd)
+                .unwrap();
+            assert!(bits(&down(&be, &yd), &want), "{name} {prec}: d .* A x");
+            println!("{name} {prec}: {} (products bit for bit)", host.describe());
+        }
+    }
+    let a = cube(SquareKind::Convdiff, 20).unwrap();
+    let part = RowPartition::contiguous(a.nrows(), 1);
+    for pc in ["none", "jacobi", "block-ilu0"] {
+        for prec in [Precision::F64, Precision::F32] {
+            let p = params(Orthog::Cgs, PrecondSide::Left);
+            let run = |storage| {
+                let st = SquareStorage {
+                    precision: prec,
+                    storage,
+                };
+                solve_gpu_as(&be, &SerialComm, &a, &part, pc, &p, st)
+            };
+            let (c, g, auto) = (run(Storage::Csr), run(Storage::Compact), run(Storage::Auto));
+            let what = format!("{pc} {prec}");
+            println!(
+                "{what}: csr {} its relres {:.3e}; row patterns {} its relres {:.3e}",
+                c.info.stop.iterations,
+                c.info.stop.relres,
+                g.info.stop.iterations,
+                g.info.stop.relres
+            );
+            assert_eq!(c.storage, "csr");
+            assert!(
+                g.storage.starts_with("row patterns"),
+                "{what}: {}",
+                g.storage
+            );
+            assert_eq!(auto.storage, g.storage, "{what}: auto");
+            assert!(c.info.stop.converged && g.info.stop.converged, "{what}");
+            iterations_within(g.info.stop.iterations, c.info.stop.iterations, 1, &what);
+            let d = rel(&g.x_local, &c.x_local);
+            assert!(d <= 1e-9, "{what}: x rel diff {d:e}");
+        }
+    }
+    // a matrix whose rows do not qualify: compact is a clear error, auto keeps CSR
+    let (_, ws) = systems()
+        .into_iter()
+        .find(|(n, _)| n.contains("bayer10"))
+        .unwrap();
+    assert!(RowPatterns::from_csr(&ws, Precision::F64, PatternLimits::default()).is_err());
+    {
+        let cpu = DistSquareOperator::serial(ws.clone(), &SerialComm).unwrap();
+        let e = CudaSquareOperator::new(&be, &cpu, &SerialComm, Precision::F64, Storage::Compact)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("row patterns") && e.contains("--storage csr"),
+            "{e}"
+        );
+        let op =
+            CudaSquareOperator::new(&be, &cpu, &SerialComm, Precision::F64, Storage::Auto).unwrap();
+        assert_eq!(op.storage(), "csr");
     }
 }
 
@@ -460,8 +615,13 @@ fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
     let cpu = DistSquareOperator::serial(a.clone(), &SerialComm).unwrap();
     let dg = be.upload(&rand_vec(n, 7)).unwrap();
     let x = be.upload(&rand_vec(n, 8)).unwrap();
-    for prec in [Precision::F64, Precision::F32] {
-        let op = CudaSquareOperator::new(&be, &cpu, &SerialComm, prec).unwrap();
+    for (prec, storage) in [
+        (Precision::F64, Storage::Csr),
+        (Precision::F32, Storage::Csr),
+        (Precision::F64, Storage::Compact),
+        (Precision::F32, Storage::Compact),
+    ] {
+        let op = CudaSquareOperator::new(&be, &cpu, &SerialComm, prec, storage).unwrap();
         let (mut t, mut y1, mut y2) = (
             be.zeros(n).unwrap(),
             be.zeros(n).unwrap(),
@@ -475,13 +635,13 @@ fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
         let (h1, h2) = (down(&be, &y1), down(&be, &y2));
         assert!(
             h1.iter().zip(&h2).all(|(p, q)| p.to_bits() == q.to_bits()),
-            "{prec}: fused row scale"
+            "{prec} {storage}: fused row scale"
         );
         let mut y3 = be.zeros(n).unwrap();
         op.apply_scaled_rows(&be, &x, None, &mut t, &mut y3)
             .unwrap();
         op.apply(&be, Scale::SET, &x, &mut y1).unwrap();
-        assert_eq!(down(&be, &y3), down(&be, &y1), "{prec}: no scale");
+        assert_eq!(down(&be, &y3), down(&be, &y1), "{prec} {storage}: no scale");
     }
     let part = RowPartition::contiguous(n, 1);
     for orthog in [Orthog::Cgs, Orthog::Cgs2] {

@@ -67,6 +67,8 @@ pub struct SolveArgs {
     reorder: crate::grid::reorder::Reorder,
     /// Matrix storage: auto (compact on the GPU from 1M nonzeros on one rank, else csr), csr, or
     /// compact (16-bit column deltas; damping rows generated from a grid applied as stencils).
+    /// GMRES on the GPU: compact = row patterns (a table of column-offset lists, 16-bit pattern
+    /// numbers; stencil matrices), auto = row patterns where the rows qualify.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::storage())]
     storage: crate::backend::storage::Storage,
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
@@ -228,6 +230,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         partition: g.partition,
         backend: a.backend,
         precision: a.precision,
+        storage: a.storage,
         allreduce: a.allreduce,
         solution: a.solution,
         report: a.report,

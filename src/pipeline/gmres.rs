@@ -13,6 +13,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
 use crate::backend::precond::Preconditioner;
 use crate::backend::precond::{PivotPolicy, TriSolve};
+use crate::backend::storage::Storage;
 use crate::backend::{Backend, Operator, Precision};
 use crate::comm::halo::CommVolume;
 use crate::comm::{agree, Comm};
@@ -58,6 +59,9 @@ pub struct GmresJob {
     pub backend: BackendChoice,
     /// Matrix value precision on the GPU (vectors stay f64).
     pub precision: Precision,
+    /// Matrix storage on the GPU: csr, compact (row patterns) or auto (row patterns where the
+    /// rows qualify). The CPU stores CSR.
+    pub storage: Storage,
     /// GPU runs on several ranks: the halo exchange GPU to GPU (NCCL) or through the host.
     pub allreduce: crate::backend::AllreducePath,
     pub solution: Option<PathBuf>,
@@ -75,6 +79,8 @@ pub struct GmresReport {
     pub rhs: String,
     pub backend: String,
     pub backend_detail: String,
+    /// How the matrix rows were stored: "csr", or the GPU's row patterns described.
+    pub storage: String,
     pub ranks: usize,
     pub threads: usize,
     pub n: usize,
@@ -226,6 +232,11 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
             c.precision
         )));
     }
+    if backend == BackendChoice::Cpu && c.storage == Storage::Compact {
+        return Err(Error::Invalid(
+            "--storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR".into(),
+        ));
+    }
     let t_setup = Instant::now();
     let nnz = a.nnz();
     let precond = match c.precond {
@@ -289,7 +300,18 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
             };
             eprintln!("halo exchange between GPUs: {how}; reductions over MPI");
         }
-        let sol = gmres_square_cuda(&be, comm, sys, precond, c.precision, &c.params, &mut mon)?;
+        let sol = gmres_square_cuda(
+            &be,
+            comm,
+            sys,
+            precond,
+            SquareStorage {
+                precision: c.precision,
+                storage: c.storage,
+            },
+            &c.params,
+            &mut mon,
+        )?;
         (sol, be.name(), be.describe())
     } else {
         let be = CpuBackend::new();
@@ -337,6 +359,7 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
             .unwrap_or_else(|| "ones".into()),
         backend: backend_name.into(),
         backend_detail: format!("{backend_describe} ({backend_note})"),
+        storage: sol.storage.clone(),
         ranks: comm.size(),
         threads: rayon::current_num_threads(),
         n,
@@ -409,6 +432,7 @@ where
         ilu_inserted_diagonals: counts.inserted_diagonals,
         setup_seconds,
         halo,
+        storage: "csr".into(),
     })
 }
 
@@ -441,14 +465,23 @@ pub fn gmres_square_cpu(
     solve_prepared(&be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
 }
 
-/// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]). Matrix values are stored
-/// in `precision`; vectors are f64.
+/// How a square system's rows are stored on the GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SquareStorage {
+    /// Matrix values (vectors are f64).
+    pub precision: Precision,
+    /// csr, compact (row patterns; an error where the rows do not qualify) or auto.
+    pub storage: Storage,
+}
+
+/// GMRES on the GPU for one rank of a job (see [`gmres_square_cpu`]), the rows stored as
+/// `storage` says.
 pub fn gmres_square_cuda(
     be: &CudaBackend,
     comm: &dyn Comm,
     sys: SquareSystem,
     precond: SquarePrecond,
-    precision: Precision,
+    storage: SquareStorage,
     params: &GmresParams,
     monitor: &mut dyn GmresMonitor,
 ) -> Result<SquareSolve> {
@@ -460,10 +493,12 @@ pub fn gmres_square_cuda(
     let prepared = square_precond(be, comm, &cpu, row0, precond, |f| {
         Ok(Box::new(CudaIluSweeps::new(be, &f)?))
     })?;
-    let op = CudaSquareOperator::new(be, &cpu, comm, precision)?;
+    let op = CudaSquareOperator::new(be, &cpu, comm, storage.precision, storage.storage)?;
     drop(cpu);
     be.synchronize()?;
-    solve_prepared(be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)
+    let mut sol = solve_prepared(be, &op, comm, prepared, halo, t0, (b, x0), params, monitor)?;
+    sol.storage = op.storage().to_string();
+    Ok(sol)
 }
 
 /// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs

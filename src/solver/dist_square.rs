@@ -38,6 +38,8 @@ pub struct SquareSolve {
     pub setup_seconds: f64,
     /// The halo exchange of one product, over all ranks.
     pub halo: CommVolume,
+    /// How the matrix rows were stored: "csr", or the GPU's row patterns described.
+    pub storage: String,
 }
 
 /// What a preconditioner's set-up fixed up, summed over ranks (None: not this preconditioner).

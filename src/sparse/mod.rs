@@ -4,6 +4,7 @@
 pub mod compact;
 mod csr;
 pub mod lanes;
+pub mod patterns;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};

@@ -15,6 +15,7 @@ mod compact;
 mod cusparse;
 mod lsqr_loop;
 mod operator;
+mod patterns;
 mod square;
 mod tiled;
 
@@ -174,6 +175,8 @@ pub(crate) struct Kernels {
     pub spmv_f32: CudaFunction,
     pub scatter_f64: CudaFunction,
     pub scatter_f32: CudaFunction,
+    /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
+    pub pattern_spmv: [CudaFunction; 2],
     pub dot: CudaFunction,
     pub lsqr_update: CudaFunction,
     pub axpby: CudaFunction,
@@ -264,6 +267,7 @@ fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         spmv_f32: f("spmv_f32")?,
         scatter_f64: f("scatter_f64")?,
         scatter_f32: f("scatter_f32")?,
+        pattern_spmv: [f("pattern_spmv_f64")?, f("pattern_spmv_f32")?],
         dot: f("dot")?,
         lsqr_update: f("lsqr_update")?,
         axpby: f("axpby")?,

@@ -8,6 +8,9 @@
 //!   [`crate::comm::halo::localize`]). With the exchange through the host, the rows split in two
 //!   ([`SplitRows`]): rows without ghost columns are multiplied while MPI moves the ghosts, the
 //!   others after they arrive.
+//!   On one product per application (no overlap split) the rows may be stored as row patterns
+//!   ([`crate::sparse::patterns`]: a table of column-offset lists, a 16-bit pattern number per
+//!   row and the values in slices of 32 rows) instead of CSR: `storage` compact or auto.
 //! - [`CudaIluSweeps`]: the ILU(0) factors of this rank's block (factorised on the host by
 //!   [`BlockIlu0`]) on the device; each application runs a fixed number of Jacobi sweeps on
 //!   L y = r and U z = y, a thread per row, in the same arithmetic order as the CPU's
@@ -18,12 +21,15 @@ use std::sync::Mutex;
 use cudarc::driver::CudaSlice;
 
 use super::operator::up;
+use super::patterns::DevPatterns;
 use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, DeviceVec};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
+use crate::backend::storage::Storage;
 use crate::backend::{Backend, Operator, Precision, Scale, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::sparse::patterns::{PatternLimits, RowPatterns};
 use crate::sparse::Csr;
 
 /// Device buffers of the halo exchange.
@@ -54,9 +60,11 @@ struct SplitRows {
     n_boundary: usize,
 }
 
-/// The product of this rank's rows: one matrix, or split for the overlap.
+/// The product of this rank's rows: one matrix (CSR or row patterns), or split for the
+/// overlap.
 enum Product {
     Whole(Box<CudaCsrOperator>),
+    Patterns(Box<DevPatterns>),
     Split(Box<SplitRows>),
 }
 
@@ -69,54 +77,74 @@ pub struct CudaSquareOperator<'c> {
     send_counts: Vec<usize>,
     recv_counts: Vec<usize>,
     halo: Option<Mutex<Halo>>,
+    storage: String,
 }
 
 impl<'c> CudaSquareOperator<'c> {
     /// Upload the local matrix of `cpu` (owned columns first, then ghosts) and its halo plan.
-    /// With several ranks the rows are split for the overlap ([`SplitRows`]) unless NCCL
-    /// moves the halo (its exchange runs on the product's stream: nothing to overlap).
+    /// `storage`: csr; compact (row patterns, an error when the rows do not qualify); auto
+    /// (row patterns where they qualify, else CSR). With several ranks and CSR storage the
+    /// rows are split for the overlap ([`SplitRows`]) unless NCCL moves the halo (its exchange
+    /// runs on the product's stream: nothing to overlap).
     pub fn new(
         be: &CudaBackend,
         cpu: &DistSquareOperator<'_>,
         comm: &'c dyn Comm,
         precision: Precision,
+        storage: Storage,
     ) -> Result<Self> {
         Self::with_overlap(
             be,
             cpu,
             comm,
             precision,
+            storage,
             comm.size() > 1 && !be.nccl_ready(),
         )
     }
 
-    /// [`Self::new`] with the overlap chosen (`overlap` needs several ranks; false: one
-    /// product after the whole exchange).
+    /// [`Self::new`] with the overlap chosen (`overlap` needs several ranks and CSR storage;
+    /// false: one product after the whole exchange). Row patterns (compact, or auto where they
+    /// qualify) take one product after the exchange.
     pub fn with_overlap(
         be: &CudaBackend,
         cpu: &DistSquareOperator<'_>,
         comm: &'c dyn Comm,
         precision: Precision,
+        storage: Storage,
         overlap: bool,
     ) -> Result<Self> {
         let a = cpu.local_matrix();
         let plan = cpu.plan();
         let n = plan.n_local;
-        let overlap = overlap && comm.size() > 1;
+        let patterns = match storage {
+            Storage::Csr => None,
+            Storage::Auto if overlap && comm.size() > 1 => None,
+            Storage::Auto => RowPatterns::from_csr(a, precision, PatternLimits::default()).ok(),
+            Storage::Compact => Some(
+                RowPatterns::from_csr(a, precision, PatternLimits::default()).map_err(|e| {
+                    Error::Invalid(format!(
+                        "--storage compact: this matrix cannot be stored as row patterns: {e} (use --storage csr or auto)"
+                    ))
+                })?,
+            ),
+        };
+        let overlap = overlap && comm.size() > 1 && patterns.is_none();
         // GMRES never applies A^T: the scatter strategy keeps no second copy.
-        let product = if overlap {
-            Product::Split(Box::new(SplitRows::new(be, a, n, precision)?))
+        let (product, storage) = if let Some(p) = patterns {
+            let d = DevPatterns::upload(be, &p)?;
+            let what = d.describe().to_string();
+            (Product::Patterns(Box::new(d)), what)
+        } else if overlap {
+            let sp = SplitRows::new(be, a, n, precision)?;
+            (Product::Split(Box::new(sp)), "csr".to_string())
         } else {
-            Product::Whole(Box::new(CudaCsrOperator::new(
-                be,
-                a,
-                TransposeStrategy::Scatter,
-                precision,
-            )?))
+            let op = CudaCsrOperator::new(be, a, TransposeStrategy::Scatter, precision)?;
+            (Product::Whole(Box::new(op)), "csr".to_string())
         };
         let (n_interior, n_boundary) = match &product {
             Product::Split(sp) => (sp.n_interior, sp.n_boundary),
-            Product::Whole(_) => (0, 0),
+            _ => (0, 0),
         };
         let temp = |len: usize| (len > 0).then(|| be.zeros(len)).transpose();
         let send_counts: Vec<usize> = plan.send_idx.iter().map(|s| s.len()).collect();
@@ -150,7 +178,40 @@ impl<'c> CudaSquareOperator<'c> {
             send_counts,
             recv_counts: plan.recv_counts.clone(),
             halo,
+            storage,
         })
+    }
+
+    /// How the rows are stored on the device: "csr", or the row patterns' description.
+    pub fn storage(&self) -> &str {
+        &self.storage
+    }
+
+    /// Call `f` with the columns this rank's rows read: x itself on one rank, or after the
+    /// halo exchange [x, ghosts] (x where no row reads a ghost).
+    fn with_columns<R>(
+        &self,
+        be: &CudaBackend,
+        x: &DeviceVec,
+        f: impl FnOnce(&DeviceVec) -> Result<R>,
+    ) -> Result<R> {
+        let Some(h) = &self.halo else {
+            return f(x);
+        };
+        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.send_halo(be, x, &mut h)? {
+            self.receive_halo(be, &mut h)?;
+        }
+        let cols = match &self.product {
+            Product::Whole(op) => op.ncols(),
+            Product::Patterns(p) => p.ncols,
+            Product::Split(_) => {
+                return Err(Error::Invalid(
+                    "a split product exchanges its halo itself".into(),
+                ))
+            }
+        };
+        f(if cols == self.n_local { x } else { &h.ext })
     }
 
     /// The first half of the exchange: ext[..n] = x and the entries other ranks need gathered
@@ -278,24 +339,17 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 self.n_local
             )));
         }
-        let Some(h) = &self.halo else {
-            return match &self.product {
-                Product::Whole(op) => op.apply(be, s, x, y),
-                Product::Split(_) => Err(Error::Invalid("a split product needs a halo".into())),
-            };
-        };
-        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
         match &self.product {
-            Product::Split(sp) => self.apply_split(be, sp, s, x, &mut h, y),
-            Product::Whole(op) => {
-                if !self.send_halo(be, x, &mut h)? {
-                    self.receive_halo(be, &mut h)?;
-                }
-                if op.ncols() == self.n_local {
-                    op.apply(be, s, x, y)
-                } else {
-                    op.apply(be, s, &h.ext, y)
-                }
+            Product::Split(sp) => {
+                let Some(h) = &self.halo else {
+                    return Err(Error::Invalid("a split product needs a halo".into()));
+                };
+                let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+                self.apply_split(be, sp, s, x, &mut h, y)
+            }
+            Product::Whole(op) => self.with_columns(be, x, |xs| op.apply(be, s, xs, y)),
+            Product::Patterns(p) => {
+                self.with_columns(be, x, |xs| p.spmv_scaled(be, s.alpha, xs, s.beta, None, y))
             }
         }
     }
@@ -308,8 +362,11 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         y: &mut DeviceVec,
     ) -> Result<()> {
         match (&self.halo, &self.product) {
-            // one rank: the scale in the product's epilogue
+            // the scale in the product's epilogue
             (None, Product::Whole(op)) => op.apply_scaled_rows(be, x, d, t, y),
+            (_, Product::Patterns(p)) => {
+                self.with_columns(be, x, |xs| p.spmv_scaled(be, 1.0, xs, 0.0, d, y))
+            }
             _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
         }
     }
