@@ -65,10 +65,14 @@ __device__ __forceinline__ long long stencil_block_row(const StencilBlock& b, lo
 // increasing row order, as src/grid/stencil.rs add_transposed).
 __device__ double stencil_t_add(const StencilArgs& st, double s, u32 jn,
                                 const double* __restrict__ yd) {
-    const u64 c = st.old_of_new ? (u64)st.old_of_new[jn] : (u64)jn;
-    const long long i = (long long)(c % st.n[0]);
-    const long long j = (long long)((c / st.n[0]) % st.n[1]);
-    const long long k = (long long)(c / ((u64)st.n[0] * st.n[1]));
+    // cells are 32-bit numbers: 32-bit divisions
+    const u32 c32 = st.old_of_new ? st.old_of_new[jn] : jn;
+    const u64 c = c32;
+    const u32 q = c32 / st.n[0];
+    const long long i = (long long)(c32 - q * st.n[0]);
+    const u32 q2 = q / st.n[1];
+    const long long j = (long long)(q - q2 * st.n[1]);
+    const long long k = (long long)q2;
     for (int bi = 0; bi < st.nblocks; ++bi) {
         const StencilBlock& b = st.b[bi];
         const double w = b.w;
@@ -246,10 +250,14 @@ stencil_av(StencilArgs st, u64 nrows, const double* __restrict__ x, double* __re
         int bi = 0;
         while (bi + 1 < st.nblocks && r >= st.b[bi + 1].row0) ++bi;
         const StencilBlock& blk = st.b[bi];
-        const u64 rl = r - blk.row0;
-        const u64 i = rl % blk.dims[0] + blk.lo[0];
-        const u64 j = (rl / blk.dims[0]) % blk.dims[1] + blk.lo[1];
-        const u64 k = rl / ((u64)blk.dims[0] * blk.dims[1]) + blk.lo[2];
+        // A block enumerates at most the grid's cells (< 2^32): 32-bit divisions (a 64-bit one
+        // is a long software routine; with three per row the kernel was bound by them).
+        const u32 rl = (u32)(r - blk.row0);
+        const u32 q = rl / blk.dims[0];
+        const u64 i = rl - q * blk.dims[0] + blk.lo[0];
+        const u32 q2 = q / blk.dims[1];
+        const u64 j = q - q2 * blk.dims[1] + blk.lo[1];
+        const u64 k = q2 + blk.lo[2];
         const u64 c = i + (u64)st.n[0] * (j + (u64)st.n[1] * k);
         u64 col[3];
         double v[3];

@@ -194,7 +194,14 @@ scatter_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float*
 // are issued before they are summed. The sum runs in column order, one product added at a time
 // (no FMA: --fmad=false), as the stream mode of spmv_impl sums a short row.
 #define PSLICE 32
+#ifndef PUNROLL
 #define PUNROLL 8
+#endif
+// Blocks per SM the register budget of pattern_spmv aims at (SEISTOMO_NVRTC_DEFINES=PMINB=..):
+// 8 (32 registers, no spills) measured 0.244 against 0.249 ms per GMRES step with 1 (H100).
+#ifndef PMINB
+#define PMINB 8
+#endif
 template <typename V>
 __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__ sptr,
                                                   const unsigned short* __restrict__ rpat,
@@ -230,13 +237,13 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
     spmv_store(y, r, sum, alpha, beta, d);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, PMINB)
 pattern_spmv_f64(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
                  const int* poff, const double* val, const double* x, double* y, double alpha,
                  double beta, const double* d) {
     pattern_spmv_impl<double>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d);
 }
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, PMINB)
 pattern_spmv_f32(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
                  const int* poff, const float* val, const double* x, double* y, double alpha,
                  double beta, const double* d) {
