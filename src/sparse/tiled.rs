@@ -47,6 +47,16 @@ impl TiledValues {
     }
 }
 
+/// Which halves of a [`Tiled`] matrix to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TiledHalf {
+    Both,
+    /// The row entries only (A x).
+    Rows,
+    /// The column entries only (A^T y).
+    Cols,
+}
+
 /// A matrix in column tiles (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct Tiled {
@@ -109,12 +119,19 @@ impl Tiled {
         2 * self.nnz as u64 * vb
             + self.nseg() as u64 * (4 + 4 + 8)
             + (self.nrows as u64 + 1) * 8
-            + self.b_colptr.len() as u64 * 8
+            + (self.nchunks() * self.tile() + 1) as u64 * 8
             + self.nchunks() as u64 * 8
     }
 
-    /// Cut `a` into tiles of `1 << tile_bits` columns.
+    /// Cut `a` into tiles of `1 << tile_bits` columns (both halves).
     pub fn from_csr(a: &Csr, precision: Precision, tile_bits: u32) -> Tiled {
+        Self::from_csr_half(a, precision, tile_bits, TiledHalf::Both)
+    }
+
+    /// [`Self::from_csr`] building only `half`: the row entries (A x) or the column entries
+    /// (A^T y; the row entries they are sorted from are dropped after). The other half's arrays
+    /// are left empty: [`Self::matvec`] needs the rows, [`Self::matvec_t`] the columns.
+    pub fn from_csr_half(a: &Csr, precision: Precision, tile_bits: u32, half: TiledHalf) -> Tiled {
         assert!((1..=15).contains(&tile_bits), "tile_bits in 1..=15");
         let (m, n) = (a.nrows(), a.ncols());
         let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
@@ -239,10 +256,11 @@ impl Tiled {
         // Column entries: within each chunk, entries sorted by local column (stable: segment
         // order within a column).
         let tsz = 1usize << tile_bits;
-        let mut b_colptr = vec![0u64; nchunks * tsz + 1];
-        let mut b_lseg = vec![0u16; nnz];
-        let mut b_vals = vec![0f64; nnz];
-        {
+        let cols = half != TiledHalf::Rows;
+        let mut b_colptr = vec![0u64; if cols { nchunks * tsz + 1 } else { 0 }];
+        let mut b_lseg = vec![0u16; if cols { nnz } else { 0 }];
+        let mut b_vals = vec![0f64; if cols { nnz } else { 0 }];
+        if cols {
             let mut cp_rest: &mut [u64] = &mut b_colptr[..nchunks * tsz];
             let mut ls_rest: &mut [u16] = &mut b_lseg;
             let mut bv_rest: &mut [f64] = &mut b_vals;
@@ -283,9 +301,16 @@ impl Tiled {
                 }
             });
         }
-        b_colptr[nchunks * tsz] = nnz as u64;
-        for &e in &seg_ent[1..] {
-            a_lcol[e as usize - 1] |= LCOL_END;
+        if cols {
+            b_colptr[nchunks * tsz] = nnz as u64;
+        }
+        if half == TiledHalf::Cols {
+            a_lcol = Vec::new();
+            vals = Vec::new();
+        } else {
+            for &e in &seg_ent[1..] {
+                a_lcol[e as usize - 1] |= LCOL_END;
+            }
         }
         let mut seg_pos = vec![0u32; nseg];
         for (s, &k) in seg_slot.iter().enumerate() {
@@ -375,6 +400,33 @@ impl Tiled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_half_is_that_half_of_the_whole() {
+        let a = crate::testproblems::awkward_csr(3000, 5000, 5);
+        for p in [Precision::F64, Precision::F32] {
+            let both = Tiled::from_csr(&a, p, 9);
+            let rows = Tiled::from_csr_half(&a, p, 9, TiledHalf::Rows);
+            let cols = Tiled::from_csr_half(&a, p, 9, TiledHalf::Cols);
+            assert_eq!(
+                (rows.a_lcol.clone(), rows.a_val.clone()),
+                (both.a_lcol.clone(), both.a_val.clone())
+            );
+            assert!(rows.b_colptr.is_empty() && rows.b_lseg.is_empty());
+            assert_eq!(
+                (&cols.b_colptr, &cols.b_lseg, &cols.b_val),
+                (&both.b_colptr, &both.b_lseg, &both.b_val)
+            );
+            assert!(cols.a_lcol.is_empty());
+            for t in [&rows, &cols] {
+                assert_eq!(t.seg_row, both.seg_row);
+                assert_eq!(t.seg_pos, both.seg_pos);
+                assert_eq!(t.chunk_seg, both.chunk_seg);
+                assert_eq!(t.bytes(), both.bytes());
+                assert_eq!(t.precision(), p);
+            }
+        }
+    }
 
     #[test]
     fn tiled_products_equal_csr_on_awkward_shapes() {

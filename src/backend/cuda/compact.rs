@@ -13,7 +13,7 @@ use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::stencil::BlockKind;
 use crate::grid::StencilOp;
-use crate::sparse::tiled::Tiled;
+use crate::sparse::tiled::{Tiled, TiledHalf};
 use crate::sparse::{CompactCsr, CompactValues, Csr};
 
 /// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
@@ -412,7 +412,7 @@ impl CudaCompactOperator {
             }
             GpuLayout::Mixed => {
                 let ca = CompactCsr::from_csr(stored, precision);
-                let t = Tiled::from_csr(stored, precision, bits);
+                let t = Tiled::from_csr_half(stored, precision, bits, TiledHalf::Cols);
                 // the tiles' column half only: entries, column offsets, segment rows
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(ca.bytes() + tbytes)?;
@@ -421,12 +421,9 @@ impl CudaCompactOperator {
                 (Layout::Mixed { a, t }, plan)
             }
             GpuLayout::Split => {
-                let tx = Tiled::from_csr(
-                    stored,
-                    precision,
-                    o.ax_tile_bits.unwrap_or_else(ax_tile_bits),
-                );
-                let t = Tiled::from_csr(stored, precision, bits);
+                let xbits = o.ax_tile_bits.unwrap_or_else(ax_tile_bits);
+                let tx = Tiled::from_csr_half(stored, precision, xbits, TiledHalf::Rows);
+                let t = Tiled::from_csr_half(stored, precision, bits, TiledHalf::Cols);
                 // A x's row half and segment partials; A^T's column half and column partials
                 let xbytes = tx.bytes() / 2 + 8 * tx.nseg() as u64;
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
