@@ -167,12 +167,15 @@ class GmresResult(tuple):
 
 
 def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=None,
-          orthog="cgs2", backend="auto", precision="f64", callback=None, callback_every=1):
+          orthog="cgs2", backend="auto", precision="f64", callback=None, callback_every=1,
+          storage="auto"):
     """Restarted GMRES with SciPy's stopping rule: returns (x, info), info = 0 when
     ||b - A x|| <= max(rtol ||b||, atol), else the number of restart cycles run (> 0).
     maxiter counts restart cycles (SciPy's meaning; default 10 n). M: None, "jacobi" or
     "block-ilu0" (left preconditioning). The result also carries .iterations (inner
-    iterations), .cycles, .relres, .converged. callback(iteration, resnorm, relres)."""
+    iterations), .cycles, .relres, .converged. callback(iteration, resnorm, relres).
+    storage (GPU): "auto" (row patterns where the rows qualify: stencil matrices), "csr",
+    "compact" (row patterns, or an error saying why not)."""
     shape, ip, ix, data = _csr_parts(A)
     if shape[0] != shape[1]:
         raise ValueError(f"GMRES needs a square matrix; A is {shape[0]} x {shape[1]}")
@@ -191,7 +194,7 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
         raise ValueError(f"maxiter must be >= 1 (got {maxiter})")
     r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), int(restart),
                       int(maxiter), pc, str(orthog), str(backend), str(precision), callback,
-                      int(callback_every))
+                      int(callback_every), str(storage))
     x = _array(r.pop("x"))
     info = 0 if r["converged"] else int(r["cycles"])
     last_info.clear()

@@ -24,8 +24,8 @@ use seistomo::backend::{Backend, LsqrLoop, Operator, Precision, TransposeStrateg
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::gmres_square_cuda;
 use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::gmres::{gmres_square_cuda, SquareStorage};
 use seistomo::pipeline::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
@@ -391,7 +391,7 @@ fn lsqr_on<B: Backend, O: Operator<B>>(
 /// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process.
 #[pyfunction]
 #[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, maxiter, precond,
-    orthog, backend, precision, callback, callback_every))]
+    orthog, backend, precision, callback, callback_every, storage="auto"))]
 #[allow(clippy::too_many_arguments)]
 fn gmres<'py>(
     py: Python<'py>,
@@ -411,8 +411,10 @@ fn gmres<'py>(
     precision: &str,
     callback: Option<Py<PyAny>>,
     callback_every: usize,
+    storage: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let a = csr((n, n), indptr, indices, data)?;
+    let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
     let (b, x0) = rhs_and_start(&a, b, x0)?;
     let pc = match precond {
         "none" => SquarePrecond::None,
@@ -459,7 +461,11 @@ fn gmres<'py>(
             let sol = match kind {
                 BackendChoice::Cuda => {
                     let be = CudaBackend::new(0).map_err(py_err)?;
-                    let s = gmres_square_cuda(&be, &comm, sys, pc, prec, &params, &mut mon)
+                    let st = SquareStorage {
+                        precision: prec,
+                        storage,
+                    };
+                    let s = gmres_square_cuda(&be, &comm, sys, pc, st, &params, &mut mon)
                         .map_err(|e| mon.error(e))?;
                     (s, format!("cuda: {} ({why})", be.describe()))
                 }
@@ -467,6 +473,11 @@ fn gmres<'py>(
                     if prec == Precision::F32 && choice == BackendChoice::Cpu {
                         return Err(PyValueError::new_err(
                             "precision f32: the CPU backend stores f64 values only",
+                        ));
+                    }
+                    if storage == Storage::Compact && choice == BackendChoice::Cpu {
+                        return Err(PyValueError::new_err(
+                            "storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR",
                         ));
                     }
                     let s = gmres_square_cpu(&comm, sys, pc, &params, &mut mon)

@@ -246,6 +246,10 @@ def test_bad_inputs_raise_the_right_exception():
         seistomo.gmres(sp.eye(4, format="csr"), np.ones(4), M="amg")
     with pytest.raises(TypeError):
         seistomo.gmres(sp.eye(4, format="csr"), np.ones(4), M=sp.eye(4))
+    with pytest.raises(ValueError, match="storage"):
+        seistomo.gmres(sp.eye(4, format="csr"), np.ones(4), storage="ell")
+    with pytest.raises(ValueError, match="row patterns"):
+        seistomo.gmres(sp.eye(4, format="csr"), np.ones(4), backend="cpu", storage="compact")
     with pytest.raises(FileNotFoundError):
         seistomo.Dataset.open("/nonexistent/dataset.toml")
     with pytest.raises(FileNotFoundError):

@@ -62,43 +62,73 @@ impl CpuCompactOperator {
     }
 }
 
-/// The lanes of row `r`'s sum ([`Lanes`]: the CSR operator's order) without bounds checks on x.
-/// `fillers`: whether the matrix has filler entries, which add no term (checked per entry only
-/// then).
-#[inline]
-fn row_lanes(m: &CompactCsr, r: usize, x: &[f64], fillers: bool) -> Lanes {
-    let (p, d) = (m.ptr(), m.delta());
-    let (s, e) = (p[r] as usize, p[r + 1] as usize);
-    let d = &d[s..e];
-    if fillers {
-        let mut l = Lanes::default();
-        m.for_row(r, |c, v, filler| {
-            if !filler {
-                l.add(v * x[c as usize]);
-            }
+/// The lanes of row `r`'s sum ([`Lanes`]: the CSR operator's order) for a matrix with filler
+/// entries, which add no term (checked per entry).
+fn filler_lanes(m: &CompactCsr, r: usize, x: &[f64]) -> Lanes {
+    let mut l = Lanes::default();
+    m.for_row(r, |c, v, filler| {
+        if !filler {
+            l.add(v * x[c as usize]);
+        }
+    });
+    l
+}
+
+/// The lanes of row `r`'s sum for a matrix without fillers, from its arrays (`ptr`, `base`,
+/// `delta`, values `v`), without bounds checks on x: inlined into the row loop, so that a short
+/// row costs no call and no dispatch on the value type.
+#[inline(always)]
+fn plain_lanes<V: Copy>(
+    (ptr, base, delta): (&[u64], &[u32], &[u16]),
+    v: &[V],
+    r: usize,
+    x: &[f64],
+) -> Lanes
+where
+    f64: From<V>,
+{
+    let (s, e) = (ptr[r] as usize, ptr[r + 1] as usize);
+    let (d, v) = (&delta[s..e], &v[s..e]);
+    let mut c = base[r] as usize;
+    // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column is < ncols, and the
+    // callers assert x.len() == ncols; k < d.len() == v.len().
+    Lanes::of(d.len(), |k| unsafe {
+        c += *d.get_unchecked(k) as usize;
+        debug_assert!(c < x.len());
+        f64::from(*v.get_unchecked(k)) * x.get_unchecked(c)
+    })
+}
+
+/// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
+/// stencil's transposed terms) before they are summed. Whether `m` has fillers and its value
+/// type are decided once per product.
+fn product<E: Fn(&mut Lanes, usize) + Sync>(
+    m: &CompactCsr,
+    x: &[f64],
+    out: &mut [f64],
+    (alpha, beta): (f64, f64),
+    extra: &E,
+) {
+    let arrays = (m.ptr(), m.base(), m.delta());
+    if m.entries() > m.nnz() {
+        rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
+            let mut l = filler_lanes(m, r, x);
+            extra(&mut l, r);
+            l.sum()
         });
-        return l;
+        return;
     }
-    let mut c = m.base()[r] as usize;
-    // SAFETY (both arms): a CompactCsr is built from a valid Csr, so every decoded column is
-    // < ncols, and the callers assert x.len() == ncols; k < d.len() == the value slice's length.
     match m.values() {
-        CompactValues::F64(v) => {
-            let v = &v[s..e];
-            Lanes::of(d.len(), |k| unsafe {
-                c += *d.get_unchecked(k) as usize;
-                debug_assert!(c < x.len());
-                v.get_unchecked(k) * x.get_unchecked(c)
-            })
-        }
-        CompactValues::F32(v) => {
-            let v = &v[s..e];
-            Lanes::of(d.len(), |k| unsafe {
-                c += *d.get_unchecked(k) as usize;
-                debug_assert!(c < x.len());
-                *v.get_unchecked(k) as f64 * x.get_unchecked(c)
-            })
-        }
+        CompactValues::F64(v) => rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
+            let mut l = plain_lanes(arrays, v, r, x);
+            extra(&mut l, r);
+            l.sum()
+        }),
+        CompactValues::F32(v) => rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
+            let mut l = plain_lanes(arrays, v, r, x);
+            extra(&mut l, r);
+            l.sum()
+        }),
     }
 }
 
@@ -146,11 +176,7 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(x.len(), self.ncols());
         assert_eq!(y.len(), self.nrows());
         let (ys, yd) = y.split_at_mut(self.a.nrows());
-        let a = &self.a;
-        let fill = a.entries() > a.nnz();
-        rows_par(a.ptr(), 0, ys, s.alpha, s.beta, &|r| {
-            row_lanes(a, r, x, fill).sum()
-        });
+        product(&self.a, x, ys, (s.alpha, s.beta), &|_, _| {});
         if let Some(st) = &self.stencil {
             st.apply(s.alpha, x, s.beta, yd);
         }
@@ -160,17 +186,10 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(y.len(), self.nrows());
         assert_eq!(x.len(), self.ncols());
         let (ys, yd) = y.split_at(self.a.nrows());
-        let at = &self.at;
-        let fill = at.entries() > at.nnz();
+        let ab = (s.alpha, s.beta);
         match &self.stencil {
-            None => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| {
-                row_lanes(at, j, ys, fill).sum()
-            }),
-            Some(st) => rows_par(at.ptr(), 0, x, s.alpha, s.beta, &|j| {
-                let mut l = row_lanes(at, j, ys, fill);
-                st.add_transposed(&mut l, j, yd);
-                l.sum()
-            }),
+            None => product(&self.at, ys, x, ab, &|_, _| {}),
+            Some(st) => product(&self.at, ys, x, ab, &|l, j| st.add_transposed(l, j, yd)),
         }
         Ok(())
     }
