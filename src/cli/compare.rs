@@ -31,6 +31,10 @@ pub struct CompareArgs {
     /// Python interpreter with SciPy and petsc4py (default /usr/bin/python3, else python3).
     #[arg(long)]
     python: Option<PathBuf>,
+    /// seistomo's matrix storage: auto, csr, or compact (16-bit column deltas; also on the CPU).
+    /// Default: the config's, else auto.
+    #[arg(long, value_parser = super::args::pick::storage())]
+    storage: Option<crate::backend::storage::Storage>,
 }
 
 pub fn run(a: CompareArgs) -> anyhow::Result<()> {
@@ -46,6 +50,7 @@ pub fn run(a: CompareArgs) -> anyhow::Result<()> {
         backend: a.backend,
         threads: a.threads,
         python: a.python.as_deref(),
+        storage: a.storage,
     };
     let c = compare(&job)?;
     print_table(&c, &a.target);

@@ -30,6 +30,8 @@ pub struct CompareJob<'a> {
     pub threads: usize,
     /// Python with SciPy and petsc4py (None: /usr/bin/python3, else python3).
     pub python: Option<&'a Path>,
+    /// seistomo's matrix storage (None: the config's, or auto).
+    pub storage: Option<crate::backend::storage::Storage>,
 }
 
 /// The rows of a comparison and the size of the system.
@@ -107,6 +109,10 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
         };
         (sys, opts)
     };
+    let mut opts = opts;
+    if let Some(st) = job.storage {
+        opts.storage = st;
+    }
     if opts.x0.is_some() {
         return Err(Error::Invalid(
             "compare does not support x0 (the peers start from zero)".into(),
@@ -148,10 +154,16 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
     let mut rows = Vec::new();
     let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
     rows.push(CompareRow {
-        name: format!(
-            "seistomo {} ({})",
-            o.report.backend, o.report.backend_detail
-        ),
+        name: match opts.storage {
+            crate::backend::storage::Storage::Compact => format!(
+                "seistomo {} compact storage ({})",
+                o.report.backend, o.report.backend_detail
+            ),
+            _ => format!(
+                "seistomo {} ({})",
+                o.report.backend, o.report.backend_detail
+            ),
+        },
         iterations: o.report.iterations,
         stop: format!("istop {}", o.report.istop),
         x: o.solution.x.clone(),
