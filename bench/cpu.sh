@@ -51,7 +51,7 @@ for p in peers:
 PY
 fi
 if has compare; then
-  for t in 1 2; do "$BIN" compare configs/australia.toml --backend cpu --threads $t; done
+  for t in 1 2; do for s in compact csr; do "$BIN" compare configs/australia.toml --backend cpu --threads $t --storage $s; done; done
 fi
 if has accuracy; then
   /usr/bin/python3 bench/accuracy_compact.py "$BIN"
