@@ -192,7 +192,10 @@ scatter_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float*
 // pattern's column offsets from the table (the same few entries for a whole warp: cached) and
 // its values slot by slot (a warp's loads of one slot are coalesced); PUNROLL values and gathers
 // are issued before they are summed. The sum runs in column order, one product added at a time
-// (no FMA: --fmad=false), as the stream mode of spmv_impl sums a short row.
+// (no FMA: --fmad=false), as the stream mode of spmv_impl sums a short row. With `nsq` (GMRES's
+// next basis vector still unnormalised in x): every gathered x is scaled by
+// 1 / sqrt(max(*nsq, 0)) as copy_inv_sqrt of vector.cu would store it, and the row writes its own
+// normalised entry to vout: the same numbers as copy_inv_sqrt followed by the product.
 #define PSLICE 32
 #ifndef PUNROLL
 #define PUNROLL 8
@@ -210,9 +213,12 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
                                                   const V* __restrict__ val,
                                                   const double* __restrict__ x,
                                                   double* __restrict__ y, double alpha,
-                                                  double beta, const double* __restrict__ d) {
+                                                  double beta, const double* __restrict__ d,
+                                                  const double* __restrict__ nsq,
+                                                  double* __restrict__ vout) {
     const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= m) return;
+    const double inv = nsq ? 1.0 / sqrt(fmax(*nsq, 0.0)) : 1.0;
     const u32 p = rpat[r];
     const u32 pb = __ldg(&pstart[p]);
     const u32 len = __ldg(&pstart[p + 1]) - pb;
@@ -227,7 +233,8 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
             xv[j] = 0.0;
             if (k < len) {
                 v[j] = (double)vr[(u64)k * PSLICE];
-                xv[j] = __ldg(&x[(u64)((long long)r + __ldg(&poff[pb + k]))]);
+                // inv == 1 without nsq: x * 1 is x exactly
+                xv[j] = inv * __ldg(&x[(u64)((long long)r + __ldg(&poff[pb + k]))]);
             }
         }
 #pragma unroll
@@ -235,17 +242,18 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
             if (k0 + j < len) sum += v[j] * xv[j];
     }
     spmv_store(y, r, sum, alpha, beta, d);
+    if (vout) vout[r] = inv * x[r];
 }
 
 extern "C" __global__ void __launch_bounds__(256, PMINB)
 pattern_spmv_f64(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
                  const int* poff, const double* val, const double* x, double* y, double alpha,
-                 double beta, const double* d) {
-    pattern_spmv_impl<double>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d);
+                 double beta, const double* d, const double* nsq, double* vout) {
+    pattern_spmv_impl<double>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d, nsq, vout);
 }
 extern "C" __global__ void __launch_bounds__(256, PMINB)
 pattern_spmv_f32(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
                  const int* poff, const float* val, const double* x, double* y, double alpha,
-                 double beta, const double* d) {
-    pattern_spmv_impl<float>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d);
+                 double beta, const double* d, const double* nsq, double* vout) {
+    pattern_spmv_impl<float>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d, nsq, vout);
 }

@@ -359,6 +359,34 @@ fn split_halo_product_matches_the_whole_one() {
                     // twice: the second product reuses the halo buffers
                     op.apply(&be, s, &xd, &mut yd).unwrap();
                     op.apply(&be, Scale::new(1.0, 0.5), &xd, &mut yd).unwrap();
+                    if storage == Storage::Compact {
+                        // the normalised product after the exchange equals normalising first
+                        let sc = be.upload(&[2.5]).unwrap();
+                        let n_l = xl.len();
+                        let (mut v1, mut y1) = (be.zeros(n_l).unwrap(), be.zeros(n_l).unwrap());
+                        be.copy_inv_sqrt(&sc, 0, &xd, &mut v1).unwrap();
+                        op.apply(&be, Scale::SET, &v1, &mut y1).unwrap();
+                        let (mut xs, mut v2, mut y2) = (
+                            be.upload(&xl).unwrap(),
+                            be.zeros(n_l).unwrap(),
+                            be.zeros(n_l).unwrap(),
+                        );
+                        op.apply_normalized_scaled_rows(
+                            &be,
+                            (&sc, 0),
+                            &mut xs,
+                            &mut v2,
+                            None,
+                            &mut y2,
+                        )
+                        .unwrap();
+                        assert_eq!(down(&be, &v2), down(&be, &v1), "normalised v on a rank");
+                        assert_eq!(
+                            down(&be, &y2),
+                            down(&be, &y1),
+                            "normalised product on a rank"
+                        );
+                    }
                     down(&be, &yd)
                 })
                 .collect();
@@ -448,6 +476,29 @@ fn row_patterns_match_their_reference_and_csr() {
             op.apply_scaled_rows(&be, &xd, Some(&dd), &mut t, &mut yd)
                 .unwrap();
             assert!(bits(&down(&be, &yd), &want), "{name} {prec}: d .* A x");
+            // GMRES's next basis vector normalised inside the product: the same numbers as
+            // copy_inv_sqrt followed by the product, bit for bit, with and without the scale
+            let sc = be.upload(&[0.0, 3.7, 0.25]).unwrap();
+            for dd in [Some(&dd), None] {
+                let (mut xs, mut v1, mut y1) = (
+                    be.upload(&x).unwrap(),
+                    be.zeros(n).unwrap(),
+                    be.zeros(n).unwrap(),
+                );
+                be.copy_inv_sqrt(&sc, 1, &xs, &mut v1).unwrap();
+                op.apply_scaled_rows(&be, &v1, dd, &mut t, &mut y1).unwrap();
+                let (mut v2, mut y2) = (be.zeros(n).unwrap(), be.zeros(n).unwrap());
+                op.apply_normalized_scaled_rows(&be, (&sc, 1), &mut xs, &mut v2, dd, &mut y2)
+                    .unwrap();
+                assert!(
+                    bits(&down(&be, &v2), &down(&be, &v1)),
+                    "{name} {prec}: normalised v"
+                );
+                assert!(
+                    bits(&down(&be, &y2), &down(&be, &y1)),
+                    "{name} {prec}: normalised product"
+                );
+            }
             println!("{name} {prec}: {} (products bit for bit)", host.describe());
         }
     }

@@ -262,6 +262,23 @@ pub trait Operator<B: Backend> {
     ) -> Result<()> {
         scaled_rows_by_pass(self, backend, x, d, t, y)
     }
+    /// GMRES's next basis vector normalised by the product that reads it: v = x / sqrt(max(
+    /// sc[at], 0)) (the scale as [`Backend::copy_inv_sqrt`] computes it) is written to `v`, and
+    /// y = d .* (A v) as [`Self::apply_scaled_rows`]. `x` is scratch afterwards. The default
+    /// normalises in a pass of its own; an operator may scale x as its product gathers it and
+    /// write v from the same loads (the same numbers bit for bit, one pass fewer).
+    fn apply_normalized_scaled_rows(
+        &self,
+        backend: &B,
+        (sc, at): (&B::Vector, usize),
+        x: &mut B::Vector,
+        v: &mut B::Vector,
+        d: Option<&B::Vector>,
+        y: &mut B::Vector,
+    ) -> Result<()> {
+        backend.copy_inv_sqrt(sc, at, x, v)?;
+        self.apply_scaled_rows(backend, v, d, x, y)
+    }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
     fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {

@@ -403,12 +403,28 @@ where
     O: Operator<B>,
     P: Preconditioner<B> + ?Sized,
 {
-    let CycleWork { v, w, t, sc } = work;
+    let CycleWork {
+        v,
+        mut w,
+        mut t,
+        sc,
+    } = work;
     let ld = v.len(); // m + 1
     let stride = sc_stride(ld - 1);
+    // With a diagonal M^-1 on the left, v_j (j >= 1) is normalised by the product that reads
+    // it (Operator::apply_normalized_scaled_rows): `pending` is the scalar slot of ||w||^2
+    // while w still holds v_j unnormalised. The same numbers as a pass of its own.
+    let fuse = left && pc.diagonal().is_some();
+    let mut pending: Option<usize> = None;
     for j in 0..steps {
         let (vl, vr) = v.split_at_mut(j + 1);
-        precond_product(be, op, pc, left, &vl[j], t, w)?;
+        match (pending.take(), pc.diagonal()) {
+            (Some(at), Some(d)) => {
+                op.apply_normalized_scaled_rows(be, (&*sc, at), w, &mut vl[j], d.scale(), t)?;
+                std::mem::swap(&mut w, &mut t);
+            }
+            _ => precond_product(be, op, pc, left, &vl[j], t, w)?,
+        }
         let (c, nsq) = (j * stride, j * stride + 2 * ld);
         be.multi_dot_to(vl, w, sc, c)?;
         be.allreduce_scalars(comm, sc, c, j + 1)?;
@@ -421,7 +437,11 @@ where
         };
         be.multi_axpy_norm_sq_to(vl, w, sc, last, nsq)?;
         be.allreduce_scalars(comm, sc, nsq, 1)?;
-        be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
+        if fuse && j + 1 < steps {
+            pending = Some(nsq);
+        } else {
+            be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
+        }
     }
     Ok(())
 }

@@ -57,6 +57,39 @@ impl DevPatterns {
         d: Option<&CudaSlice<f64>>,
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
+        self.launch(be, (alpha, beta), x, d, y, None)
+    }
+
+    /// y = d .* (A v) with v = x / sqrt(max(*nsq, 0)) written to `v` (its first nrows entries)
+    /// by the same launch: `nsq` is the device address of the squared norm.
+    pub fn spmv_normalized(
+        &self,
+        be: &CudaBackend,
+        nsq: u64,
+        x: &CudaSlice<f64>,
+        v: &mut CudaSlice<f64>,
+        d: Option<&CudaSlice<f64>>,
+        y: &mut CudaSlice<f64>,
+    ) -> Result<()> {
+        let shape = (self.nrows, self.ncols);
+        check_vectors(
+            "row-pattern normalised vector",
+            (v.len(), y.len()),
+            (self.nrows, self.nrows),
+            shape,
+        )?;
+        self.launch(be, (1.0, 0.0), x, d, y, Some((nsq, be.ptr(v))))
+    }
+
+    fn launch(
+        &self,
+        be: &CudaBackend,
+        (alpha, beta): (f64, f64),
+        x: &CudaSlice<f64>,
+        d: Option<&CudaSlice<f64>>,
+        y: &mut CudaSlice<f64>,
+        norm: Option<(u64, u64)>,
+    ) -> Result<()> {
         let shape = (self.nrows, self.ncols);
         check_vectors(
             "row-pattern product",
@@ -84,9 +117,10 @@ impl DevPatterns {
             be.ptr(y),
         ];
         let pd = d.map_or(0u64, |d| be.ptr(d));
+        let (pn, pvout) = norm.unwrap_or((0, 0));
         let mut args = vec![arg(&m)];
         args.extend(ptrs.iter().map(arg));
-        args.extend([arg(&alpha), arg(&beta), arg(&pd)]);
+        args.extend([arg(&alpha), arg(&beta), arg(&pd), arg(&pn), arg(&pvout)]);
         be.launch(
             &be.k.pattern_spmv[pi],
             m.div_ceil(THREADS),

@@ -370,6 +370,23 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
             _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
         }
     }
+    fn apply_normalized_scaled_rows(
+        &self,
+        be: &CudaBackend,
+        (sc, at): (&DeviceVec, usize),
+        x: &mut DeviceVec,
+        v: &mut DeviceVec,
+        d: Option<&DeviceVec>,
+        y: &mut DeviceVec,
+    ) -> Result<()> {
+        let Product::Patterns(p) = &self.product else {
+            be.copy_inv_sqrt(sc, at, x, v)?;
+            return self.apply_scaled_rows(be, v, d, x, y);
+        };
+        // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
+        let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;
+        self.with_columns(be, x, |xs| p.spmv_normalized(be, nsq, xs, v, d, y))
+    }
     fn apply_t(
         &self,
         _be: &CudaBackend,
