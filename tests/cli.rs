@@ -257,3 +257,26 @@ fn bad_configs_fail_cleanly() {
         fails(&["invert", c.to_str().unwrap()], wants, &d, 1);
     }
 }
+
+/// GMRES's compact storage (row patterns) is the GPU's: asking for it on the CPU is one clear
+/// line and no output.
+#[test]
+fn gmres_compact_storage_on_the_cpu_fails_cleanly() {
+    let d = scratch("gmres_compact_cpu");
+    let m = root().join("datasets/square_gen/convdiff16.mtx.gz");
+    let x = d.join("x.txt");
+    let args = [
+        "solve",
+        "--method",
+        "gmres",
+        "--matrix",
+        m.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "--storage",
+        "compact",
+        "--solution",
+        x.to_str().unwrap(),
+    ];
+    fails(&args, &["--storage compact", "row patterns", "CPU"], &d, 0);
+}
