@@ -216,7 +216,8 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
                                                   double beta, const double* __restrict__ d,
                                                   const double* __restrict__ nsq,
                                                   double* __restrict__ vout) {
-    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+    // 64-bit: blockIdx.x * blockDim.x would wrap for m within a block of 2^32
+    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= m) return;
     const double inv = nsq ? 1.0 / sqrt(fmax(*nsq, 0.0)) : 1.0;
     const u32 p = rpat[r];
@@ -241,7 +242,7 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
         for (int j = 0; j < PUNROLL; ++j)
             if (k0 + j < len) sum += v[j] * xv[j];
     }
-    spmv_store(y, r, sum, alpha, beta, d);
+    spmv_store(y, (u32)r, sum, alpha, beta, d);
     if (vout) vout[r] = inv * x[r];
 }
 

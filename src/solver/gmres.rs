@@ -423,7 +423,11 @@ where
                 op.apply_normalized_scaled_rows(be, (&*sc, at), w, &mut vl[j], d.scale(), t)?;
                 std::mem::swap(&mut w, &mut t);
             }
-            _ => precond_product(be, op, pc, left, &vl[j], t, w)?,
+            (None, _) => precond_product(be, op, pc, left, &vl[j], t, w)?,
+            (Some(_), None) => return Err(Error::Invalid(
+                "GMRES device loop: a vector left unnormalised without a diagonal preconditioner"
+                    .into(),
+            )),
         }
         let (c, nsq) = (j * stride, j * stride + 2 * ld);
         be.multi_dot_to(vl, w, sc, c)?;

@@ -18,7 +18,8 @@
 //! fall into at most [`PatternLimits::max_patterns`] patterns of at most [`MAX_PATTERN_LEN`]
 //! entries and the slices waste few slots; otherwise [`RowPatterns::from_csr`] says why and the
 //! caller keeps CSR. A row's sum is taken in column order, one product added at a time (the
-//! order of the GPU's CSR kernel for short rows).
+//! order of the GPU's CSR kernel for short rows that share a warp segment; a row alone in its
+//! segment is summed there by a shuffle tree).
 
 use std::collections::HashMap;
 
@@ -54,7 +55,7 @@ pub enum NotPatterned {
     TooManyPatterns { limit: usize },
     #[error("row {row} has {len} nonzeros (a pattern holds at most {MAX_PATTERN_LEN})")]
     RowTooLong { row: usize, len: usize },
-    #[error("row {row} has a column more than 2^31 away from its row number")]
+    #[error("row {row} has a column whose distance from the row number does not fit 32 bits")]
     OffsetTooFar { row: usize },
     #[error(
         "the slices would hold {slots} value slots for {nnz} nonzeros (at most {max} per nonzero)"

@@ -109,6 +109,11 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
     (alpha, beta): (f64, f64),
     extra: &E,
 ) {
+    // the bound plain_lanes' unchecked reads rely on
+    assert!(
+        x.len() >= m.ncols(),
+        "compact product: x shorter than the columns"
+    );
     let arrays = (m.ptr(), m.base(), m.delta());
     if m.entries() > m.nnz() {
         rows_par(m.ptr(), 0, out, alpha, beta, &|r| {

@@ -60,8 +60,9 @@ impl DevPatterns {
         self.launch(be, (alpha, beta), x, d, y, None)
     }
 
-    /// y = d .* (A v) with v = x / sqrt(max(*nsq, 0)) written to `v` (its first nrows entries)
-    /// by the same launch: `nsq` is the device address of the squared norm.
+    /// y = d .* (A v) with v = x / sqrt(max(*nsq, 0)) (x's first nrows entries: the rows' own
+    /// columns) written to `v` by the same launch: `nsq` is the device address of the squared
+    /// norm.
     pub fn spmv_normalized(
         &self,
         be: &CudaBackend,
