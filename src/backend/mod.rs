@@ -276,8 +276,7 @@ pub trait Operator<B: Backend> {
         d: Option<&B::Vector>,
         y: &mut B::Vector,
     ) -> Result<()> {
-        backend.copy_inv_sqrt(sc, at, x, v)?;
-        self.apply_scaled_rows(backend, v, d, x, y)
+        normalized_by_pass(self, backend, (sc, at), x, v, d, y)
     }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
@@ -304,6 +303,22 @@ pub fn scaled_rows_by_pass<B: Backend, O: Operator<B> + ?Sized>(
             backend.pointwise_mul(d, t, y)
         }
     }
+}
+
+/// [`Operator::apply_normalized_scaled_rows`] in two steps: v = x / sqrt(max(sc[at], 0)) by
+/// [`Backend::copy_inv_sqrt`], then [`Operator::apply_scaled_rows`] of v (x as its scratch). The
+/// default, and the fallback of operators that fuse the normalisation where they can.
+pub fn normalized_by_pass<B: Backend, O: Operator<B> + ?Sized>(
+    op: &O,
+    backend: &B,
+    (sc, at): (&B::Vector, usize),
+    x: &mut B::Vector,
+    v: &mut B::Vector,
+    d: Option<&B::Vector>,
+    y: &mut B::Vector,
+) -> Result<()> {
+    backend.copy_inv_sqrt(sc, at, x, v)?;
+    op.apply_scaled_rows(backend, v, d, x, y)
 }
 
 /// How x += A^T y is computed.

@@ -154,16 +154,15 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
     let mut rows = Vec::new();
     let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
     rows.push(CompareRow {
-        name: match opts.storage {
-            crate::backend::storage::Storage::Compact => format!(
-                "seistomo {} compact storage ({})",
-                o.report.backend, o.report.backend_detail
-            ),
-            _ => format!(
-                "seistomo {} ({})",
-                o.report.backend, o.report.backend_detail
-            ),
-        },
+        name: format!(
+            "seistomo {}{} ({})",
+            o.report.backend,
+            match opts.storage {
+                crate::backend::storage::Storage::Compact => " compact storage",
+                _ => "",
+            },
+            o.report.backend_detail
+        ),
         iterations: o.report.iterations,
         stop: format!("istop {}", o.report.istop),
         x: o.solution.x.clone(),

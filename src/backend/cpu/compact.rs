@@ -90,8 +90,8 @@ where
     let (s, e) = (ptr[r] as usize, ptr[r + 1] as usize);
     let (d, v) = (&delta[s..e], &v[s..e]);
     let mut c = base[r] as usize;
-    // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column is < ncols, and the
-    // callers assert x.len() == ncols; k < d.len() == v.len().
+    // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column is < ncols, and
+    // `product`, the only caller, asserts x.len() >= ncols; k < d.len() == v.len().
     Lanes::of(d.len(), |k| unsafe {
         c += *d.get_unchecked(k) as usize;
         debug_assert!(c < x.len());

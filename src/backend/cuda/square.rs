@@ -77,7 +77,6 @@ pub struct CudaSquareOperator<'c> {
     send_counts: Vec<usize>,
     recv_counts: Vec<usize>,
     halo: Option<Mutex<Halo>>,
-    storage: String,
 }
 
 impl<'c> CudaSquareOperator<'c> {
@@ -131,16 +130,13 @@ impl<'c> CudaSquareOperator<'c> {
         };
         let overlap = overlap && comm.size() > 1 && patterns.is_none();
         // GMRES never applies A^T: the scatter strategy keeps no second copy.
-        let (product, storage) = if let Some(p) = patterns {
-            let d = DevPatterns::upload(be, &p)?;
-            let what = d.describe().to_string();
-            (Product::Patterns(Box::new(d)), what)
+        let product = if let Some(p) = patterns {
+            Product::Patterns(Box::new(DevPatterns::upload(be, &p)?))
         } else if overlap {
-            let sp = SplitRows::new(be, a, n, precision)?;
-            (Product::Split(Box::new(sp)), "csr".to_string())
+            Product::Split(Box::new(SplitRows::new(be, a, n, precision)?))
         } else {
             let op = CudaCsrOperator::new(be, a, TransposeStrategy::Scatter, precision)?;
-            (Product::Whole(Box::new(op)), "csr".to_string())
+            Product::Whole(Box::new(op))
         };
         let (n_interior, n_boundary) = match &product {
             Product::Split(sp) => (sp.n_interior, sp.n_boundary),
@@ -178,13 +174,15 @@ impl<'c> CudaSquareOperator<'c> {
             send_counts,
             recv_counts: plan.recv_counts.clone(),
             halo,
-            storage,
         })
     }
 
     /// How the rows are stored on the device: "csr", or the row patterns' description.
     pub fn storage(&self) -> &str {
-        &self.storage
+        match &self.product {
+            Product::Patterns(p) => p.describe(),
+            Product::Whole(_) | Product::Split(_) => "csr",
+        }
     }
 
     /// Call `f` with the columns this rank's rows read: x itself on one rank, or after the
@@ -380,8 +378,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         y: &mut DeviceVec,
     ) -> Result<()> {
         let Product::Patterns(p) = &self.product else {
-            be.copy_inv_sqrt(sc, at, x, v)?;
-            return self.apply_scaled_rows(be, v, d, x, y);
+            return crate::backend::normalized_by_pass(self, be, (sc, at), x, v, d, y);
         };
         // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
         let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;
