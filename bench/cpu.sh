@@ -8,7 +8,11 @@
 #   seistomo median of REPS runs (default 5) with THREADS threads (default all), SciPy and PETSc
 #   one thread; compare  `seistomo compare` like with like (1 thread vs 1 rank, 2 vs 2);
 #   gmres  GMRES(16) Jacobi on generated convection-diffusion systems (SIZES, default 32 64 96);
-#   accuracy  compact storage against f64 CSR (bench/accuracy_compact.py).
+#   accuracy  compact storage against f64 CSR (bench/accuracy_compact.py);
+#   pairs  ROUNDS (default 15) rounds of `seistomo compare --threads 1` (then 2) with compact
+#   storage against PETSc only, each round one process of each back to back: every round's ratio
+#   PETSc ms/iter / seistomo ms/iter, and their median, quartiles and range (on a shared VM single
+#   runs vary by 20-30 %, so one round decides nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/seistomo}; PARTS=${2:-lsqr}
@@ -52,6 +56,27 @@ PY
 fi
 if has compare; then
   for t in 1 2; do for s in compact csr; do "$BIN" compare configs/australia.toml --backend cpu --threads $t --storage $s; done; done
+fi
+if has pairs; then
+  for t in 1 2; do
+    for i in $(seq "${ROUNDS:-15}"); do
+      "$BIN" compare configs/australia.toml --backend cpu --threads $t --storage compact --peers petsc -q 2>/dev/null
+    done | python3 -c '
+import sys, statistics as st
+t = sys.argv[1]
+ours, petsc = [], []
+for l in sys.stdin:
+    c = [x.strip() for x in l.split("|")]
+    if len(c) < 10 or not c[1] or c[1] == "solver" or c[1].startswith("-"):
+        continue
+    (ours if c[1].startswith("seistomo") else petsc).append(float(c[9]))
+r = sorted(p / o for o, p in zip(ours, petsc))
+q = st.quantiles(r, n=4)
+print(f"threads {t}: {len(r)} rounds; seistomo ms/iter median {st.median(ours):.4f}, PETSc {st.median(petsc):.4f}")
+print(f"  PETSc / seistomo per round: median {st.median(r):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, range {r[0]:.2f}-{r[-1]:.2f}, rounds >= 1: {sum(x >= 1 for x in r)}/{len(r)}")
+print("  rounds: " + " ".join(f"{x:.2f}" for x in r))
+' $t
+  done
 fi
 if has accuracy; then
   /usr/bin/python3 bench/accuracy_compact.py "$BIN"

@@ -1,0 +1,138 @@
+//! One core's sparse products on a Matrix Market system [A; w R], each timed REPS times with
+//! the minimum reported (the least disturbed run: on a shared VM single runs vary by 20-30 %):
+//!
+//!     RAYON_NUM_THREADS=1 cargo run --release --example cpu_products -- \
+//!         datasets/australia/G.mtx.gz datasets/australia/R.mtx.gz 0.015 [REPS]
+//!
+//! Rows: the CPU backend's compact storage (f64 and f32 values) and CSR operators (A x and
+//! A^T y, the transpose from their explicit transposed copies), and two kernels that are not
+//! seistomo's, as yardsticks: a plain CSR row loop with one running sum (the loop of a general
+//! library such as SciPy's or PETSc's AIJ) and one pass that computes u = A x - u / 2 and
+//! A^T u together (each row gathered once, then scattered), which no operator here uses: its
+//! sums run in another order than the explicit transpose's, so its results would depend on
+//! the row split and differ from the other products in the last bits.
+//! docs/performance.md ("CPU, one thread") records what they measured.
+use std::time::Instant;
+
+use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use seistomo::backend::{Operator, Precision, Scale, TransposeStrategy};
+use seistomo::sparse::Csr;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        return Err("usage: cpu_products A.mtx R.mtx WEIGHT [REPS]".into());
+    }
+    let a = seistomo::io::mtx::read_matrix(&args[0])?;
+    let r = seistomo::io::mtx::read_matrix(&args[1])?;
+    let a = a.vstack_scaled(&r, args[2].parse()?)?;
+    let reps: usize = args.get(3).map_or(Ok(2000), |s| s.parse())?;
+    println!(
+        "{} x {}, {} nonzeros, minimum of {reps} runs, ms",
+        a.nrows(),
+        a.ncols(),
+        a.nnz()
+    );
+    let be = CpuBackend::new();
+    let x: Vec<f64> = (0..a.ncols()).map(|i| (i as f64 * 0.37).sin()).collect();
+    let y: Vec<f64> = (0..a.nrows()).map(|i| (i as f64 * 0.11).cos()).collect();
+    let ops: Vec<(&str, Box<dyn Operator<CpuBackend>>)> = vec![
+        (
+            "compact f64",
+            Box::new(CpuCompactOperator::new(&a, None, Precision::F64)),
+        ),
+        (
+            "compact f32",
+            Box::new(CpuCompactOperator::new(&a, None, Precision::F32)),
+        ),
+        (
+            "csr f64",
+            Box::new(CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc)),
+        ),
+    ];
+    let scale = Scale::new(1.0, -0.5);
+    for (name, op) in &ops {
+        let (mut u, mut v) = (y.clone(), x.clone());
+        let ax = best(reps, || op.apply(&be, scale, &x, &mut u).map(|_| ()))?;
+        let aty = best(reps, || op.apply_t(&be, scale, &y, &mut v).map(|_| ()))?;
+        println!(
+            "{name:24} A x {ax:.4}  A^T y {aty:.4}  both {:.4}",
+            ax + aty
+        );
+    }
+    let mut u = y.clone();
+    let plain = best(reps, || {
+        plain_rows(&a, &x, &mut u);
+        Ok(())
+    })?;
+    let at = a.transpose();
+    let mut v = x.clone();
+    let plain_t = best(reps, || {
+        plain_rows(&at, &y, &mut v);
+        Ok(())
+    })?;
+    println!(
+        "{:24} A x {plain:.4}  A^T y {plain_t:.4}  both {:.4}",
+        "plain row loop",
+        plain + plain_t
+    );
+    let (mut u, mut w) = (y.clone(), vec![0.0; a.ncols()]);
+    let fused = best(reps, || {
+        one_pass(&a, &x, &mut u, &mut w);
+        Ok(())
+    })?;
+    println!("{:24} both {fused:.4}", "one pass A x, A^T u");
+    Ok(())
+}
+
+/// The least time of `reps` calls of `f`, in ms.
+fn best(
+    reps: usize,
+    mut f: impl FnMut() -> seistomo::Result<()>,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut t = f64::MAX;
+    for _ in 0..reps {
+        let s = Instant::now();
+        f()?;
+        t = t.min(s.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(t)
+}
+
+/// u = A x - u / 2 with one running sum per row.
+fn plain_rows(a: &Csr, x: &[f64], u: &mut [f64]) {
+    let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
+    assert!(x.len() >= a.ncols() && u.len() >= a.nrows());
+    for (i, ui) in u.iter_mut().enumerate().take(a.nrows()) {
+        let mut s = 0.0;
+        for k in ip[i] as usize..ip[i + 1] as usize {
+            // SAFETY: k < nnz (a valid Csr's offsets), and every column < ncols <= x.len()
+            // (asserted above).
+            s += unsafe { va.get_unchecked(k) * x.get_unchecked(*ci.get_unchecked(k) as usize) };
+        }
+        *ui = s - 0.5 * *ui;
+    }
+}
+
+/// u = A x - u / 2 and w = A^T u in one pass over the rows.
+fn one_pass(a: &Csr, x: &[f64], u: &mut [f64], w: &mut [f64]) {
+    let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
+    assert!(x.len() >= a.ncols() && w.len() >= a.ncols() && u.len() >= a.nrows());
+    w.iter_mut().for_each(|v| *v = 0.0);
+    for (i, ui) in u.iter_mut().enumerate().take(a.nrows()) {
+        let (s, e) = (ip[i] as usize, ip[i + 1] as usize);
+        let mut t = 0.0;
+        for k in s..e {
+            // SAFETY: as in plain_rows.
+            t += unsafe { va.get_unchecked(k) * x.get_unchecked(*ci.get_unchecked(k) as usize) };
+        }
+        let r = t - 0.5 * *ui;
+        *ui = r;
+        for k in s..e {
+            // SAFETY: as in plain_rows, with w.len() >= ncols (asserted above).
+            unsafe {
+                *w.get_unchecked_mut(*ci.get_unchecked(k) as usize) += va.get_unchecked(k) * r
+            };
+        }
+    }
+}
