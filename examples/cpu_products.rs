@@ -5,9 +5,10 @@
 //!         datasets/australia/G.mtx.gz datasets/australia/R.mtx.gz 0.015 [REPS]
 //!
 //! Rows: the CPU backend's compact storage (f64 and f32 values) and CSR operators (A x and
-//! A^T y, the transpose from their explicit transposed copies), and two kernels that are not
-//! seistomo's, as yardsticks: a plain CSR row loop with one running sum (the loop of a general
-//! library such as SciPy's or PETSc's AIJ) and one pass that computes u = A x - u / 2 and
+//! A^T y, the transpose from their explicit transposed copies), and kernels that are not
+//! seistomo's operators, as yardsticks: a bare CSR row loop in the backend's order (`Lanes`,
+//! without the operator's thread split and scaling), a plain CSR row loop with one running sum
+//! (the loop of a general library such as SciPy's or PETSc's AIJ) and one pass that computes u = A x - u / 2 and
 //! A^T u together (each row gathered once, then scattered), which no operator here uses: its
 //! sums run in another order than the explicit transpose's, so its results would depend on
 //! the row split and differ from the other products in the last bits.
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use seistomo::backend::{Operator, Precision, Scale, TransposeStrategy};
-use seistomo::sparse::Csr;
+use seistomo::sparse::{Csr, Lanes};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -60,28 +61,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ax + aty
         );
     }
-    let mut u = y.clone();
-    let plain = best(reps, || {
-        plain_rows(&a, &x, &mut u);
-        Ok(())
-    })?;
     let at = a.transpose();
-    let mut v = x.clone();
-    let plain_t = best(reps, || {
-        plain_rows(&at, &y, &mut v);
-        Ok(())
-    })?;
-    println!(
-        "{:24} A x {plain:.4}  A^T y {plain_t:.4}  both {:.4}",
-        "plain row loop",
-        plain + plain_t
-    );
+    // each row sum its own function item (not a fn pointer): inlined into the row loop
+    time_rows("bare loop, 4 lanes", (&a, &at), (&x, &y), reps, lanes_sum)?;
+    time_rows("plain row loop", (&a, &at), (&x, &y), reps, running_sum)?;
     let (mut u, mut w) = (y.clone(), vec![0.0; a.ncols()]);
     let fused = best(reps, || {
         one_pass(&a, &x, &mut u, &mut w);
         Ok(())
     })?;
     println!("{:24} both {fused:.4}", "one pass A x, A^T u");
+    Ok(())
+}
+
+/// Prints the least times of A x and A^T y by `rows` with row sums `row` (`at`: A^T as rows).
+fn time_rows(
+    name: &str,
+    (a, at): (&Csr, &Csr),
+    (x, y): (&[f64], &[f64]),
+    reps: usize,
+    row: impl Fn(&Csr, &[f64], usize) -> f64 + Copy,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (mut u, mut v) = (y.to_vec(), x.to_vec());
+    let ax = best(reps, || {
+        rows(a, x, &mut u, row);
+        Ok(())
+    })?;
+    let aty = best(reps, || {
+        rows(at, y, &mut v, row);
+        Ok(())
+    })?;
+    println!(
+        "{name:24} A x {ax:.4}  A^T y {aty:.4}  both {:.4}",
+        ax + aty
+    );
     Ok(())
 }
 
@@ -99,37 +112,50 @@ fn best(
     Ok(t)
 }
 
-/// u = A x - u / 2 with one running sum per row.
-fn plain_rows(a: &Csr, x: &[f64], u: &mut [f64]) {
-    let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
+/// Entry k of A times x at its column.
+#[inline(always)]
+fn term(a: &Csr, x: &[f64], k: usize) -> f64 {
+    let (ci, va) = (a.indices(), a.data());
+    debug_assert!(k < a.nnz() && x.len() >= a.ncols());
+    // SAFETY: callers pass k < nnz (within a valid Csr's row offsets) and assert
+    // x.len() >= ncols, which bounds every column.
+    unsafe { va.get_unchecked(k) * x.get_unchecked(*ci.get_unchecked(k) as usize) }
+}
+
+/// Row i of A x with one running sum.
+#[inline(always)]
+fn running_sum(a: &Csr, x: &[f64], i: usize) -> f64 {
+    let ip = a.indptr();
+    (ip[i] as usize..ip[i + 1] as usize).fold(0.0, |s, k| s + term(a, x, k))
+}
+
+/// Row i of A x in the CPU backend's order (`Lanes`).
+#[inline(always)]
+fn lanes_sum(a: &Csr, x: &[f64], i: usize) -> f64 {
+    let (s, e) = (a.indptr()[i] as usize, a.indptr()[i + 1] as usize);
+    Lanes::of(e - s, |k| term(a, x, s + k)).sum()
+}
+
+/// u = A x - u / 2, row i summed by `row`.
+#[inline(always)]
+fn rows(a: &Csr, x: &[f64], u: &mut [f64], row: impl Fn(&Csr, &[f64], usize) -> f64) {
     assert!(x.len() >= a.ncols() && u.len() >= a.nrows());
     for (i, ui) in u.iter_mut().enumerate().take(a.nrows()) {
-        let mut s = 0.0;
-        for k in ip[i] as usize..ip[i + 1] as usize {
-            // SAFETY: k < nnz (a valid Csr's offsets), and every column < ncols <= x.len()
-            // (asserted above).
-            s += unsafe { va.get_unchecked(k) * x.get_unchecked(*ci.get_unchecked(k) as usize) };
-        }
-        *ui = s - 0.5 * *ui;
+        *ui = row(a, x, i) - 0.5 * *ui;
     }
 }
 
 /// u = A x - u / 2 and w = A^T u in one pass over the rows.
 fn one_pass(a: &Csr, x: &[f64], u: &mut [f64], w: &mut [f64]) {
-    let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
     assert!(x.len() >= a.ncols() && w.len() >= a.ncols() && u.len() >= a.nrows());
+    let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
     w.iter_mut().for_each(|v| *v = 0.0);
     for (i, ui) in u.iter_mut().enumerate().take(a.nrows()) {
-        let (s, e) = (ip[i] as usize, ip[i + 1] as usize);
-        let mut t = 0.0;
-        for k in s..e {
-            // SAFETY: as in plain_rows.
-            t += unsafe { va.get_unchecked(k) * x.get_unchecked(*ci.get_unchecked(k) as usize) };
-        }
-        let r = t - 0.5 * *ui;
+        let r = running_sum(a, x, i) - 0.5 * *ui;
         *ui = r;
-        for k in s..e {
-            // SAFETY: as in plain_rows, with w.len() >= ncols (asserted above).
+        for k in ip[i] as usize..ip[i + 1] as usize {
+            // SAFETY: k < nnz (a valid Csr's offsets) and every column < ncols <= w.len()
+            // (asserted above).
             unsafe {
                 *w.get_unchecked_mut(*ci.get_unchecked(k) as usize) += va.get_unchecked(k) * r
             };
