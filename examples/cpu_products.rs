@@ -4,7 +4,7 @@
 //!     RAYON_NUM_THREADS=1 cargo run --release --example cpu_products -- \
 //!         datasets/australia/G.mtx.gz datasets/australia/R.mtx.gz 0.015 [REPS]
 //!
-//! Rows: the CPU backend's compact storage (f64 and f32 values) and CSR operators (A x and
+//! The products run on a worker of rayon's pool, as in a solve. Rows: the CPU backend's compact storage (f64 and f32 values) and CSR operators (A x and
 //! A^T y, the transpose from their explicit transposed copies), and kernels that are not
 //! seistomo's operators, as yardsticks: a bare CSR row loop in the backend's order (`Lanes`,
 //! without the operator's thread split and scaling), a plain CSR row loop with one running sum
@@ -20,6 +20,13 @@ use seistomo::backend::{Operator, Precision, Scale, TransposeStrategy};
 use seistomo::sparse::{Csr, Lanes};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // On a worker of rayon's pool, as a solve runs (seistomo::backend::cpu::on_pool): called
+    // from outside the pool, every product would wait for a wake-up of a worker.
+    rayon::scope(|_| run().map_err(|e| e.to_string()))?;
+    Ok(())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
         return Err("usage: cpu_products A.mtx R.mtx WEIGHT [REPS]".into());

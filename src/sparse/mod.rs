@@ -5,11 +5,13 @@ pub mod compact;
 mod csr;
 pub mod lanes;
 pub mod patterns;
+pub mod runs;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
 pub use csr::{Csc, Csr};
 pub use lanes::Lanes;
+pub use runs::RowRuns;
 
 /// A loaded least-squares system (this rank's rows).
 #[derive(Debug, Clone)]

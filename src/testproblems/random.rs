@@ -25,3 +25,36 @@ pub fn awkward_csr(m: usize, n: usize, seed: u64) -> Csr {
     }
     Csr::from_triplets(m, n, &r, &c, &v).expect("generated entries are in range")
 }
+
+/// A random sparse matrix in blocks of rows of one length, as damping blocks come: long rows,
+/// blocks of 1-5 entries per row both shorter and longer than a run
+/// ([`crate::sparse::runs::MIN_RUN_ROWS`]), empty rows, and values that are -0 (a row of few
+/// columns may come out shorter: columns are drawn with repeats, then deduplicated).
+pub fn runs_csr(ncols: usize, seed: u64) -> Csr {
+    let mut rng = Rng::new(seed);
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    let mut row = 0u64;
+    let mut push_row = |len: usize, rng: &mut Rng| {
+        let mut cols: Vec<u64> = (0..len).map(|_| rng.below(ncols as u64)).collect();
+        cols.sort_unstable();
+        cols.dedup();
+        for &col in &cols {
+            r.push(row);
+            c.push(col);
+            v.push(if rng.below(9) == 0 {
+                -0.0
+            } else {
+                rng.uniform() - 0.5
+            });
+        }
+        row += 1;
+    };
+    for block in 0..40 {
+        let len = [0usize, 1, 2, 3, 4, 5, 17, 300][block % 8];
+        let rows = [3usize, 31, 32, 33, 100, 700][(block * 7) % 6];
+        for _ in 0..rows {
+            push_row(len, &mut rng);
+        }
+    }
+    Csr::from_triplets(row as usize, ncols, &r, &c, &v).expect("generated entries are in range")
+}

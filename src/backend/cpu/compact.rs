@@ -7,20 +7,20 @@
 //! [`super::CpuCsrOperator`]'s bit for bit; with f32 values they equal its products on the
 //! f32-rounded matrix.
 
+use super::rows::{rows_par, RowSource};
 use super::CpuBackend;
 use crate::backend::{Operator, Precision, Scale};
 use crate::error::Result;
 use crate::grid::StencilOp;
-use crate::sparse::{CompactCsr, CompactValues, Csr, Lanes};
-
-/// Entries below which a product is not split further across threads.
-const GRAIN: u64 = 32 * 1024;
+use crate::sparse::{CompactCsr, CompactValues, Csr, Lanes, RowRuns};
 
 /// Compact rows + compact transpose + optional stencil rows.
 pub struct CpuCompactOperator {
     a: CompactCsr,
     at: CompactCsr,
     stencil: Option<StencilOp>,
+    /// Runs of equal short rows of `a` and `at` (src/backend/cpu/rows.rs).
+    runs: (RowRuns, RowRuns),
 }
 
 impl CpuCompactOperator {
@@ -36,7 +36,13 @@ impl CpuCompactOperator {
         }
         let a = CompactCsr::from_csr(stored, precision);
         let at = CompactCsr::from_csr(&stored.transpose(), precision);
-        CpuCompactOperator { a, at, stencil }
+        let runs = (RowRuns::new(a.ptr()), RowRuns::new(at.ptr()));
+        CpuCompactOperator {
+            a,
+            at,
+            stencil,
+            runs,
+        }
     }
 
     pub fn stored(&self) -> &CompactCsr {
@@ -62,112 +68,152 @@ impl CpuCompactOperator {
     }
 }
 
-/// The lanes of row `r`'s sum ([`Lanes`]: the CSR operator's order) for a matrix with filler
-/// entries, which add no term (checked per entry).
-fn filler_lanes(m: &CompactCsr, r: usize, x: &[f64]) -> Lanes {
-    let mut l = Lanes::default();
-    m.for_row(r, |c, v, filler| {
-        if !filler {
-            l.add(v * x[c as usize]);
-        }
-    });
-    l
+/// The type of a product's absent `extra`.
+type NoExtra = fn(&mut Lanes, usize);
+
+/// Rows of a compact matrix with filler entries times `x`: fillers add no term (checked per
+/// entry), each row's lanes continued by `extra` (the stencil's transposed terms).
+struct FillerRows<'a, E> {
+    m: &'a CompactCsr,
+    x: &'a [f64],
+    extra: Option<&'a E>,
 }
 
-/// The lanes of row `r`'s sum for a matrix without fillers, from its arrays (`ptr`, `base`,
-/// `delta`, values `v`), without bounds checks on x: inlined into the row loop, so that a short
-/// row costs no call and no dispatch on the value type.
-#[inline(always)]
-fn plain_lanes<V: Copy>(
-    (ptr, base, delta): (&[u64], &[u32], &[u16]),
-    v: &[V],
-    r: usize,
-    x: &[f64],
-) -> Lanes
+impl<E: Fn(&mut Lanes, usize) + Sync> RowSource for FillerRows<'_, E> {
+    fn ptr(&self) -> &[u64] {
+        self.m.ptr()
+    }
+    fn row(&self, r: usize) -> f64 {
+        let mut l = Lanes::default();
+        self.m.for_row(r, |c, v, filler| {
+            if !filler {
+                l.add(v * self.x[c as usize]);
+            }
+        });
+        if let Some(extra) = self.extra {
+            extra(&mut l, r);
+        }
+        l.sum()
+    }
+}
+
+/// Rows of a compact matrix without fillers (`ptr`, `base`, `delta`, values `v`) times `x`,
+/// each row's lanes continued by `extra`. Reads x without bounds checks: built only by
+/// [`product`], which asserts the bound.
+struct PlainRows<'a, V, E> {
+    arrays: (&'a [u64], &'a [u32], &'a [u16]),
+    v: &'a [V],
+    x: &'a [f64],
+    extra: Option<&'a E>,
+}
+
+impl<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync> RowSource for PlainRows<'_, V, E>
 where
     f64: From<V>,
 {
-    let (s, e) = (ptr[r] as usize, ptr[r + 1] as usize);
-    let (d, v) = (&delta[s..e], &v[s..e]);
-    let mut c = base[r] as usize;
-    // SAFETY: a CompactCsr is built from a valid Csr, so every decoded column is < ncols, and
-    // `product`, the only caller, asserts x.len() >= ncols; k < d.len() == v.len().
-    Lanes::of(d.len(), |k| unsafe {
-        c += *d.get_unchecked(k) as usize;
-        debug_assert!(c < x.len());
-        f64::from(*v.get_unchecked(k)) * x.get_unchecked(c)
-    })
+    fn ptr(&self) -> &[u64] {
+        self.arrays.0
+    }
+    #[inline(always)]
+    fn row(&self, r: usize) -> f64 {
+        let (ptr, base, delta) = self.arrays;
+        let (v, x) = (self.v, self.x);
+        debug_assert!(r + 1 < ptr.len() && r < base.len());
+        // SAFETY: rows_par asks only for rows < nrows, and a CompactCsr has nrows + 1 offsets
+        // and nrows bases.
+        let (s, e, mut c) = unsafe {
+            let s = *ptr.get_unchecked(r) as usize;
+            (
+                s,
+                *ptr.get_unchecked(r + 1) as usize,
+                *base.get_unchecked(r) as usize,
+            )
+        };
+        debug_assert!(s <= e && e <= delta.len() && e <= v.len());
+        // SAFETY: a CompactCsr is built from a valid Csr, so its offsets lie within delta and
+        // the values and every decoded column is < ncols, and `product` asserts x.len() >=
+        // ncols; s + k < e (of_masked clamps the tail slots to the row, and an invalid slot
+        // adds no step to the running column).
+        let mut l = Lanes::of_masked(e - s, |k, valid| unsafe {
+            c += if valid {
+                *delta.get_unchecked(s + k) as usize
+            } else {
+                0
+            };
+            debug_assert!(c < x.len());
+            f64::from(*v.get_unchecked(s + k)) * x.get_unchecked(c)
+        });
+        if let Some(extra) = self.extra {
+            extra(&mut l, r);
+        }
+        l.sum()
+    }
+    #[inline(always)]
+    fn fixed<const L: usize>(&self, r: usize, s: usize) -> f64 {
+        let (_, base, delta) = self.arrays;
+        let (v, x) = (self.v, self.x);
+        debug_assert!(r < base.len() && s + L <= delta.len() && s + L <= v.len());
+        // SAFETY: as in `row`: row r < nrows has its L entries at s..s + L.
+        let mut c = unsafe { *base.get_unchecked(r) as usize };
+        // SAFETY: as in `row`; s + k < s + L, the row's end.
+        let term = |k: usize| unsafe {
+            c += *delta.get_unchecked(s + k) as usize;
+            debug_assert!(c < x.len());
+            f64::from(*v.get_unchecked(s + k)) * x.get_unchecked(c)
+        };
+        match self.extra {
+            None => Lanes::sum_fixed::<L>(term),
+            Some(extra) => {
+                let mut l = Lanes::of(L, term);
+                extra(&mut l, r);
+                l.sum()
+            }
+        }
+    }
 }
 
 /// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
-/// stencil's transposed terms) before they are summed. Whether `m` has fillers and its value
-/// type are decided once per product.
+/// stencil's transposed terms; none: a fn type stands in for E) before they are summed; `runs`
+/// are `m`'s runs. Whether `m` has
+/// fillers and its value type are decided once per product.
 fn product<E: Fn(&mut Lanes, usize) + Sync>(
     m: &CompactCsr,
+    runs: &RowRuns,
     x: &[f64],
     out: &mut [f64],
-    (alpha, beta): (f64, f64),
-    extra: &E,
+    ab: (f64, f64),
+    extra: Option<&E>,
 ) {
-    // the bound plain_lanes' unchecked reads rely on
+    // the bound PlainRows' unchecked reads rely on
     assert!(
         x.len() >= m.ncols(),
         "compact product: x shorter than the columns"
     );
     let arrays = (m.ptr(), m.base(), m.delta());
     if m.entries() > m.nnz() {
-        rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
-            let mut l = filler_lanes(m, r, x);
-            extra(&mut l, r);
-            l.sum()
-        });
+        rows_par(&FillerRows { m, x, extra }, None, 0, out, ab);
         return;
     }
     match m.values() {
-        CompactValues::F64(v) => rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
-            let mut l = plain_lanes(arrays, v, r, x);
-            extra(&mut l, r);
-            l.sum()
-        }),
-        CompactValues::F32(v) => rows_par(m.ptr(), 0, out, alpha, beta, &|r| {
-            let mut l = plain_lanes(arrays, v, r, x);
-            extra(&mut l, r);
-            l.sum()
-        }),
-    }
-}
-
-/// out[k] = alpha * f(row0 + k) + beta * out[k] for the rows of `out`, split by entries.
-fn rows_par<F: Fn(usize) -> f64 + Sync>(
-    ptr: &[u64],
-    row0: usize,
-    out: &mut [f64],
-    alpha: f64,
-    beta: f64,
-    f: &F,
-) {
-    let nrows = out.len();
-    let work = ptr[row0 + nrows] - ptr[row0] + nrows as u64;
-    if work <= GRAIN || nrows < 2 {
-        for (k, o) in out.iter_mut().enumerate() {
-            let s = f(row0 + k);
-            *o = if beta == 0.0 {
-                alpha * s
-            } else {
-                alpha * s + beta * *o
+        CompactValues::F64(v) => {
+            let src = PlainRows {
+                arrays,
+                v,
+                x,
+                extra,
             };
+            rows_par(&src, Some(runs), 0, out, ab)
         }
-        return;
+        CompactValues::F32(v) => {
+            let src = PlainRows {
+                arrays,
+                v,
+                x,
+                extra,
+            };
+            rows_par(&src, Some(runs), 0, out, ab)
+        }
     }
-    let target = ptr[row0] + (ptr[row0 + nrows] - ptr[row0]) / 2;
-    let mid = ptr[row0..=row0 + nrows]
-        .partition_point(|&p| p <= target)
-        .clamp(1, nrows - 1);
-    let (lo, hi) = out.split_at_mut(mid);
-    rayon::join(
-        || rows_par(ptr, row0, lo, alpha, beta, f),
-        || rows_par(ptr, row0 + mid, hi, alpha, beta, f),
-    );
 }
 
 impl Operator<CpuBackend> for CpuCompactOperator {
@@ -181,7 +227,7 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(x.len(), self.ncols());
         assert_eq!(y.len(), self.nrows());
         let (ys, yd) = y.split_at_mut(self.a.nrows());
-        product(&self.a, x, ys, (s.alpha, s.beta), &|_, _| {});
+        product::<NoExtra>(&self.a, &self.runs.0, x, ys, (s.alpha, s.beta), None);
         if let Some(st) = &self.stencil {
             st.apply(s.alpha, x, s.beta, yd);
         }
@@ -193,8 +239,15 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         let (ys, yd) = y.split_at(self.a.nrows());
         let ab = (s.alpha, s.beta);
         match &self.stencil {
-            None => product(&self.at, ys, x, ab, &|_, _| {}),
-            Some(st) => product(&self.at, ys, x, ab, &|l, j| st.add_transposed(l, j, yd)),
+            None => product::<NoExtra>(&self.at, &self.runs.1, ys, x, ab, None),
+            Some(st) => product(
+                &self.at,
+                &self.runs.1,
+                ys,
+                x,
+                ab,
+                Some(&|l: &mut Lanes, j| st.add_transposed(l, j, yd)),
+            ),
         }
         Ok(())
     }
@@ -206,6 +259,47 @@ mod tests {
     use crate::backend::cpu::CpuCsrOperator;
     use crate::backend::TransposeStrategy;
     use crate::grid::Stencil;
+
+    #[test]
+    fn damping_runs_and_fillers_give_the_reference_sums_bitwise() {
+        let be = CpuBackend::new();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // 5000 columns: no escapes, runs taken; 300,000: gaps >= 65536 need fillers
+        for (ncols, seed, fillers) in [(5000usize, 5u64, false), (300_000, 6, true)] {
+            let a = crate::testproblems::runs_csr(ncols, seed);
+            let mut rng = crate::grid::Rng::new(seed);
+            let x: Vec<f64> = (0..ncols)
+                .map(|i| {
+                    if i % 7 == 0 {
+                        -0.0
+                    } else {
+                        rng.uniform() - 0.5
+                    }
+                })
+                .collect();
+            let y: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform() - 0.5).collect();
+            for precision in [Precision::F64, Precision::F32] {
+                let mut ar = a.clone();
+                if precision == Precision::F32 {
+                    ar.data_mut().iter_mut().for_each(|v| *v = *v as f32 as f64);
+                }
+                let op = CpuCompactOperator::new(&a, None, precision);
+                assert_eq!(op.stored().entries() > op.stored().nnz(), fillers);
+                // (with fillers the product takes no runs, whatever the rows' entries show)
+                assert!(
+                    fillers || op.runs.0.rows_in_runs() > 1000,
+                    "the test needs runs"
+                );
+                let mut got = vec![f64::NAN; a.nrows()];
+                op.apply(&be, Scale::new(1.0, 0.0), &x, &mut got).unwrap();
+                assert_eq!(bits(&got), bits(&ar.matvec(&x)), "{ncols} {precision}");
+                let mut got = vec![f64::NAN; ncols];
+                op.apply_t(&be, Scale::new(1.0, 0.0), &y, &mut got).unwrap();
+                let want = ar.transpose().matvec(&y);
+                assert_eq!(bits(&got), bits(&want), "{ncols} {precision}");
+            }
+        }
+    }
 
     #[test]
     fn equals_the_csr_operator_bitwise_with_and_without_stencil() {

@@ -4,6 +4,7 @@
 //! same whatever the thread count or scheduling (bitwise reproducible runs and resumes).
 
 mod compact;
+mod rows;
 
 pub use compact::CpuCompactOperator;
 
@@ -16,12 +17,10 @@ use rayon::prelude::*;
 use super::{Backend, Operator, Scale, TransposeStrategy, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::sparse::{Csc, Csr, Lanes};
+use crate::sparse::{Csc, Csr, RowRuns};
 
 /// Elements per reduction chunk (and below twice this, vector kernels run on one thread).
 const CHUNK: usize = 16 * 1024;
-/// Nonzeros below which a sparse product is not split further across threads.
-const SPMV_GRAIN: u64 = 32 * 1024;
 
 /// Host vectors and rayon kernels.
 pub struct CpuBackend {
@@ -465,44 +464,6 @@ impl Backend for CpuBackend {
     }
 }
 
-/// y[rows] = alpha * A[rows] x + beta * y[rows], splitting the row range in two by nonzero count
-/// until each piece is small (balanced for a mix of very long and very short rows).
-fn spmv_rows(a: &Csr, alpha: f64, x: &[f64], beta: f64, y: &mut [f64], row0: usize) {
-    let ip = a.indptr();
-    let nrows = y.len();
-    let nnz = ip[row0 + nrows] - ip[row0];
-    if nnz <= SPMV_GRAIN || nrows < 2 {
-        let (idx, val) = (a.indices(), a.data());
-        for (k, yi) in y.iter_mut().enumerate() {
-            let (s, e) = (ip[row0 + k] as usize, ip[row0 + k + 1] as usize);
-            let (v, c) = (&val[s..e], &idx[s..e]);
-            let sum = Lanes::of(v.len(), |k| {
-                debug_assert!((c[k] as usize) < x.len());
-                // SAFETY: every column index of a Csr is < ncols (checked by Csr::try_new or
-                // guaranteed by the constructors that skip the check), and callers assert
-                // x.len() == ncols, so the read is in bounds; k < v.len() == c.len().
-                unsafe { v.get_unchecked(k) * x.get_unchecked(*c.get_unchecked(k) as usize) }
-            })
-            .sum();
-            *yi = if beta == 0.0 {
-                alpha * sum
-            } else {
-                alpha * sum + beta * *yi
-            };
-        }
-        return;
-    }
-    let target = ip[row0] + nnz / 2;
-    let mid = ip[row0..=row0 + nrows]
-        .partition_point(|&p| p <= target)
-        .clamp(1, nrows - 1);
-    let (lo, hi) = y.split_at_mut(mid);
-    rayon::join(
-        || spmv_rows(a, alpha, x, beta, lo, row0),
-        || spmv_rows(a, alpha, x, beta, hi, row0 + mid),
-    );
-}
-
 /// Row ranges of about equal nonzero count (for the per-thread scatter).
 fn nnz_chunks(a: &Csr, parts: usize) -> Vec<usize> {
     let ip = a.indptr();
@@ -532,6 +493,8 @@ enum TransposeImpl {
 pub struct CpuCsrOperator {
     a: Csr,
     t: TransposeImpl,
+    /// Runs of equal short rows of `a` and of the CSC copy's rows (src/backend/cpu/rows.rs).
+    runs: (RowRuns, RowRuns),
 }
 
 impl CpuCsrOperator {
@@ -549,7 +512,14 @@ impl CpuCsrOperator {
             }
             _ => TransposeImpl::Csc(Csc::from_csr(&a)),
         };
-        CpuCsrOperator { a, t }
+        let runs = (
+            RowRuns::new(a.indptr()),
+            match &t {
+                TransposeImpl::Csc(c) => RowRuns::new(c.transpose_csr().indptr()),
+                TransposeImpl::Scatter { .. } => RowRuns::default(),
+            },
+        );
+        CpuCsrOperator { a, t, runs }
     }
     pub fn matrix(&self) -> &Csr {
         &self.a
@@ -583,14 +553,18 @@ impl Operator<CpuBackend> for CpuCsrOperator {
     fn apply(&self, _b: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         assert_eq!(x.len(), self.a.ncols());
         assert_eq!(y.len(), self.a.nrows());
-        spmv_rows(&self.a, s.alpha, x, s.beta, y, 0);
+        let src = rows::CsrRows::new(&self.a, x);
+        rows::rows_par(&src, Some(&self.runs.0), 0, y, (s.alpha, s.beta));
         Ok(())
     }
     fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         assert_eq!(y.len(), self.a.nrows());
         assert_eq!(x.len(), self.a.ncols());
         match &self.t {
-            TransposeImpl::Csc(c) => spmv_rows(c.transpose_csr(), s.alpha, y, s.beta, x, 0),
+            TransposeImpl::Csc(c) => {
+                let src = rows::CsrRows::new(c.transpose_csr(), y);
+                rows::rows_par(&src, Some(&self.runs.1), 0, x, (s.alpha, s.beta))
+            }
             TransposeImpl::Scatter { bounds, bufs } => {
                 let mut bufs = bufs.lock().unwrap_or_else(|e| e.into_inner());
                 let a = &self.a;
