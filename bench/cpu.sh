@@ -14,6 +14,7 @@
 #   PETSc ms/iter / seistomo ms/iter, and their median, quartiles and range (on a shared VM single
 #   runs vary by 20-30 %, so one round decides nothing). PIN=C (a core number) runs the
 #   one-thread rounds, seistomo and PETSc alike, on core C only (taskset): steadier timings.
+#   STORAGE=csr|compact|auto (default compact) picks seistomo's storage for the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/seistomo}; PARTS=${2:-lsqr}
@@ -63,7 +64,7 @@ if has pairs; then
     pin=()
     if [[ -n "${PIN:-}" && $t == 1 ]]; then pin=(taskset -c "$PIN"); fi
     for i in $(seq "${ROUNDS:-15}"); do
-      "${pin[@]}" "$BIN" compare configs/australia.toml --backend cpu --threads $t --storage compact --peers petsc -q 2>/dev/null
+      "${pin[@]}" "$BIN" compare configs/australia.toml --backend cpu --threads $t --storage "${STORAGE:-compact}" --peers petsc -q 2>/dev/null
     done | python3 -c '
 import sys, statistics as st
 t = sys.argv[1]
@@ -75,10 +76,10 @@ for l in sys.stdin:
     (ours if c[1].startswith("seistomo") else petsc).append(float(c[9]))
 r = sorted(p / o for o, p in zip(ours, petsc))
 q = st.quantiles(r, n=4)
-print(f"threads {t}{sys.argv[2]}: {len(r)} rounds; seistomo ms/iter median {st.median(ours):.4f}, PETSc {st.median(petsc):.4f}")
+print(f"threads {t}{sys.argv[2]}, storage {sys.argv[3]}: {len(r)} rounds; seistomo ms/iter median {st.median(ours):.4f}, PETSc {st.median(petsc):.4f}")
 print(f"  PETSc / seistomo per round: median {st.median(r):.2f}, quartiles {q[0]:.2f}-{q[2]:.2f}, range {r[0]:.2f}-{r[-1]:.2f}, rounds >= 1: {sum(x >= 1 for x in r)}/{len(r)}")
 print("  rounds: " + " ".join(f"{x:.2f}" for x in r))
-' $t "${pin[*]:+ (${pin[*]})}"
+' $t "${pin[*]:+ (${pin[*]})}" "${STORAGE:-compact}"
   done
 fi
 if has accuracy; then
