@@ -154,15 +154,7 @@ mod tests {
         }
         // the branch-free row end: same lanes, also for -0 terms and with a running state
         for n in 0..40usize {
-            let t: Vec<f64> = (0..n)
-                .map(|k| {
-                    if k % 3 == 1 {
-                        -0.0
-                    } else {
-                        rng.uniform() - 0.5
-                    }
-                })
-                .collect();
+            let t = crate::testproblems::with_negative_zeros(n, 3, &mut rng);
             let want = Lanes::of(n, |k| t[k]);
             let got = Lanes::of_masked(n, |k, _| t[k]);
             assert_eq!(got.l.map(f64::to_bits), want.l.map(f64::to_bits), "n = {n}");

@@ -10,4 +10,4 @@ pub mod random;
 pub mod square;
 
 pub use lstp::Lstp;
-pub use random::{awkward_csr, runs_csr};
+pub use random::{awkward_csr, runs_csr, with_negative_zeros};

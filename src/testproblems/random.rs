@@ -58,3 +58,17 @@ pub fn runs_csr(ncols: usize, seed: u64) -> Csr {
     }
     Csr::from_triplets(row as usize, ncols, &r, &c, &v).expect("generated entries are in range")
 }
+
+/// n values uniform in [-0.5, 0.5) from `rng`, with -0 at every index divisible by `every`
+/// (signed zeros are where a reordered sum would show).
+pub fn with_negative_zeros(n: usize, every: usize, rng: &mut Rng) -> Vec<f64> {
+    (0..n)
+        .map(|i| {
+            if i % every == 0 {
+                -0.0
+            } else {
+                rng.uniform() - 0.5
+            }
+        })
+        .collect()
+}

@@ -268,15 +268,7 @@ mod tests {
         for (ncols, seed, fillers) in [(5000usize, 5u64, false), (300_000, 6, true)] {
             let a = crate::testproblems::runs_csr(ncols, seed);
             let mut rng = crate::grid::Rng::new(seed);
-            let x: Vec<f64> = (0..ncols)
-                .map(|i| {
-                    if i % 7 == 0 {
-                        -0.0
-                    } else {
-                        rng.uniform() - 0.5
-                    }
-                })
-                .collect();
+            let x = crate::testproblems::with_negative_zeros(ncols, 7, &mut rng);
             let y: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform() - 0.5).collect();
             for precision in [Precision::F64, Precision::F32] {
                 let mut ar = a.clone();

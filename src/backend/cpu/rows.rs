@@ -192,15 +192,7 @@ mod tests {
             let runs = RowRuns::new(a.indptr());
             assert!(runs.rows_in_runs() > 1000, "the test needs runs");
             let mut rng = crate::grid::Rng::new(seed + 10);
-            let x: Vec<f64> = (0..ncols)
-                .map(|i| {
-                    if i % 5 == 0 {
-                        -0.0
-                    } else {
-                        rng.uniform() - 0.5
-                    }
-                })
-                .collect();
+            let x = crate::testproblems::with_negative_zeros(ncols, 5, &mut rng);
             let want = a.matvec(&x);
             let y0: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform()).collect();
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
