@@ -300,8 +300,9 @@ impl Run<'_> {
 
 /// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
 /// one rank (measured faster there, docs/gpu.md) and CSR for small, latency-bound ones and under
-/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured 5-10 % slower than CSR on
-/// australia (docs/performance.md). `auto` with `transpose = "library"` or `"scatter"` is CSR
+/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured about 20 % slower than CSR on
+/// australia's products on one core, 0.484 against 0.394 ms (docs/performance.md, 2026-11-25,
+/// 07:36 UTC); the system is cache-resident there, so compact's fewer bytes buy nothing. `auto` with `transpose = "library"` or `"scatter"` is CSR
 /// (compact builds its own explicit transpose).
 pub fn resolve_storage(
     kind: BackendChoice,
