@@ -237,17 +237,24 @@ impl CompactCsr {
         }
     }
 
-    /// Sum of `value * x[column]` over the nonzeros of row `r` in the order of a CSR row sum
-    /// ([`Lanes`]; fillers add no term). `x` must hold `ncols` values.
+    /// The lanes of `value * x[column]` over the nonzeros of row `r` in the order of a CSR row
+    /// sum ([`Lanes`]; fillers add no term), to be summed or continued. `x` must hold `ncols`
+    /// values.
     #[inline]
-    pub fn row_dot(&self, r: usize, x: &[f64]) -> f64 {
+    pub fn row_lanes(&self, r: usize, x: &[f64]) -> Lanes {
         let mut l = Lanes::default();
         self.for_row(r, |c, v, filler| {
             if !filler {
                 l.add(v * x[c as usize]);
             }
         });
-        l.sum()
+        l
+    }
+
+    /// Sum of `value * x[column]` over the nonzeros of row `r` ([`Self::row_lanes`] summed).
+    #[inline]
+    pub fn row_dot(&self, r: usize, x: &[f64]) -> f64 {
+        self.row_lanes(r, x).sum()
     }
 
     /// y = alpha A x + beta y, serially (the reference for tests; beta == 0 does not read y).

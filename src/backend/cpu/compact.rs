@@ -84,12 +84,7 @@ impl<E: Fn(&mut Lanes, usize) + Sync> RowSource for FillerRows<'_, E> {
         self.m.ptr()
     }
     fn row(&self, r: usize) -> f64 {
-        let mut l = Lanes::default();
-        self.m.for_row(r, |c, v, filler| {
-            if !filler {
-                l.add(v * self.x[c as usize]);
-            }
-        });
+        let mut l = self.m.row_lanes(r, self.x);
         if let Some(extra) = self.extra {
             extra(&mut l, r);
         }
@@ -174,8 +169,7 @@ where
 
 /// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
 /// stencil's transposed terms; none: a fn type stands in for E) before they are summed; `runs`
-/// are `m`'s runs. Whether `m` has
-/// fillers and its value type are decided once per product.
+/// are `m`'s runs. Whether `m` has fillers and its value type are decided once per product.
 fn product<E: Fn(&mut Lanes, usize) + Sync>(
     m: &CompactCsr,
     runs: &RowRuns,

@@ -80,6 +80,8 @@ fn leaf<S: RowSource>(
     });
 }
 
+// `general` and `fixed` write the same store loop out each: one helper taking the row sum as a
+// closure measured 12-15 % slower on australia's products (the row sums no longer inlined).
 fn general<S: RowSource>(src: &S, rows: Range<usize>, out: &mut [f64], (alpha, beta): (f64, f64)) {
     let r0 = rows.start;
     if beta == 0.0 {
@@ -112,30 +114,6 @@ fn fixed<S: RowSource, const L: usize>(
     }
 }
 
-/// Lanes of row `r` of a CSR matrix (`ip`, `ci`, `va`) times `x`, branch-free row end.
-///
-/// # Safety
-/// `r + 1 < ip.len()`, `ip` a valid CSR's offsets into `ci`/`va`, and every column < x.len().
-#[inline(always)]
-pub(super) unsafe fn csr_lanes(
-    (ip, ci, va): (&[u64], &[u32], &[f64]),
-    x: &[f64],
-    r: usize,
-) -> Lanes {
-    // SAFETY: guaranteed by the caller.
-    let (s, e) = unsafe {
-        (
-            *ip.get_unchecked(r) as usize,
-            *ip.get_unchecked(r + 1) as usize,
-        )
-    };
-    Lanes::of_masked(e - s, |k, _| {
-        debug_assert!(s + k < ci.len() && (ci[s + k] as usize) < x.len());
-        // SAFETY: s + k < e <= nnz (k is clamped to the row), columns < x.len() (the caller).
-        unsafe { va.get_unchecked(s + k) * x.get_unchecked(*ci.get_unchecked(s + k) as usize) }
-    })
-}
-
 /// Rows of a CSR matrix times `x` (the CSR operator's A x, and its A^T y through the CSC copy).
 pub(super) struct CsrRows<'a> {
     parts: (&'a [u64], &'a [u32], &'a [f64]),
@@ -163,10 +141,22 @@ impl RowSource for CsrRows<'_> {
     }
     #[inline(always)]
     fn row(&self, r: usize) -> f64 {
-        debug_assert!(r + 1 < self.parts.0.len());
-        // SAFETY: a Csr's offsets are valid and its columns < ncols == x.len() (checked in
-        // `new`); rows_par only asks for rows < nrows.
-        unsafe { csr_lanes(self.parts, self.x, r) }.sum()
+        let ((ip, ci, va), x) = (self.parts, self.x);
+        debug_assert!(r + 1 < ip.len());
+        // SAFETY: rows_par only asks for rows < nrows, and a Csr has nrows + 1 offsets.
+        let (s, e) = unsafe {
+            (
+                *ip.get_unchecked(r) as usize,
+                *ip.get_unchecked(r + 1) as usize,
+            )
+        };
+        Lanes::of_masked(e - s, |k, _| {
+            debug_assert!(s + k < ci.len() && (ci[s + k] as usize) < x.len());
+            // SAFETY: s + k < e <= nnz (of_masked clamps k to the row), and a Csr's columns are
+            // < ncols == x.len() (checked in `new`).
+            unsafe { va.get_unchecked(s + k) * x.get_unchecked(*ci.get_unchecked(s + k) as usize) }
+        })
+        .sum()
     }
     #[inline(always)]
     fn fixed<const L: usize>(&self, _r: usize, s: usize) -> f64 {
