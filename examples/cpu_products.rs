@@ -57,6 +57,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "csr f64",
             Box::new(CpuCsrOperator::new(a.clone(), TransposeStrategy::Csc)),
         ),
+        (
+            "compact f64, rows as read",
+            Box::new(CpuCompactOperator::with_order_window(
+                &a,
+                None,
+                Precision::F64,
+                1,
+            )),
+        ),
+        (
+            "csr f64, rows as read",
+            Box::new(CpuCsrOperator::with_order_window(
+                a.clone(),
+                TransposeStrategy::Csc,
+                1,
+            )),
+        ),
     ];
     let scale = Scale::new(1.0, -0.5);
     for (name, op) in &ops {

@@ -8,6 +8,14 @@
 //! instead of 0.077 this way). [`RowRuns`] finds those runs once, from the row offsets, so that
 //! a product can hand each run to a kernel made for its length and every other row to the
 //! general loop.
+//!
+//! **Rows in order of length.** Where the lengths vary from row to row (kernel rows), a row
+//! loop's exit branch goes another way on almost every row: one mispredicted branch per row, a
+//! large share of a row of ~15 nonzeros. [`RowOrder::by_length`] is the order that sorts the rows
+//! by length within windows of rows; a product that stores its rows in that order and writes each
+//! row's sum to the row's place meets long stretches of equal rows, whose loop the branch
+//! predictor learns (on one core, australia's products took 0.37 ms instead of 0.49 with compact
+//! storage). A row's own sum does not change: the order only decides which row is summed when.
 
 use std::ops::Range;
 
@@ -82,6 +90,65 @@ impl RowRuns {
     }
 }
 
+/// The rows a window of [`RowOrder::by_length`] sorts: large enough that the rows of one length
+/// form stretches the branch predictor learns, small enough that a window's rows stay close in
+/// the matrix (rays and cells reordered for locality keep most of it).
+pub const LENGTH_ORDER_WINDOW: usize = 1024;
+
+/// An order of a matrix's rows: `old_of_new[i]` is the row stored at place `i`. Always a
+/// permutation of `0..len` (products write row sums through it without checks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowOrder {
+    old_of_new: Vec<u32>,
+}
+
+impl RowOrder {
+    /// The rows whose entries lie at `ptr[r]..ptr[r + 1]`, each window of `window` rows sorted
+    /// by length, longest first, ties in their order; None if that is the order they have (or
+    /// there are 2^32 rows or more, which a u32 cannot number).
+    pub fn by_length(ptr: &[u64], window: usize) -> Option<RowOrder> {
+        let nrows = ptr.len().saturating_sub(1);
+        if nrows > u32::MAX as usize {
+            return None;
+        }
+        let len = |r: u32| ptr[r as usize + 1] - ptr[r as usize];
+        let mut old_of_new: Vec<u32> = (0..nrows as u32).collect();
+        for w in old_of_new.chunks_mut(window.max(1)) {
+            w.sort_by_key(|&r| std::cmp::Reverse(len(r)));
+        }
+        let same = old_of_new.iter().enumerate().all(|(i, &r)| r as usize == i);
+        (!same).then_some(RowOrder { old_of_new })
+    }
+
+    /// The row stored at each place.
+    pub fn old_of_new(&self) -> &[u32] {
+        &self.old_of_new
+    }
+
+    /// The same as `usize`s (for [`crate::sparse::Csr::select_rows`]).
+    pub fn rows(&self) -> Vec<usize> {
+        self.old_of_new.iter().map(|&r| r as usize).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.old_of_new.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.old_of_new.is_empty()
+    }
+
+    /// The row stored at place `i`, unchecked: `i < len()`.
+    ///
+    /// # Safety
+    /// `i` must be less than `len()`.
+    #[inline(always)]
+    pub unsafe fn old_unchecked(&self, i: usize) -> usize {
+        debug_assert!(i < self.old_of_new.len());
+        // SAFETY: the caller keeps i < len.
+        unsafe { *self.old_of_new.get_unchecked(i) as usize }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +217,28 @@ mod tests {
         let mut none = Vec::new();
         RowRuns::new(&[0]).split(0..0, |p, l| none.push((p, l)));
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn length_order_sorts_each_window_longest_first_and_keeps_ties_in_order() {
+        let lens = [3usize, 1, 3, 0, 7, 2, 2, 9, 1, 1];
+        let ptr = ptr_of(&lens);
+        let o = RowOrder::by_length(&ptr, 4).expect("not sorted yet");
+        assert_eq!(o.old_of_new(), &[0, 2, 1, 3, 7, 4, 5, 6, 8, 9]);
+        assert_eq!(o.rows(), vec![0, 2, 1, 3, 7, 4, 5, 6, 8, 9]);
+        let global = RowOrder::by_length(&ptr, usize::MAX).unwrap();
+        assert_eq!(global.old_of_new(), &[7, 4, 0, 2, 5, 6, 1, 8, 9, 3]);
+        // a permutation whatever the window
+        for w in [1, 2, 3, 5, 100] {
+            if let Some(o) = RowOrder::by_length(&ptr, w) {
+                let mut seen = o.old_of_new().to_vec();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..10).collect::<Vec<u32>>());
+            }
+        }
+        // already in order (or windows of one row): none
+        assert!(RowOrder::by_length(&ptr_of(&[5, 5, 2, 0]), 4096).is_none());
+        assert!(RowOrder::by_length(&ptr, 1).is_none());
+        assert!(RowOrder::by_length(&[0], 4096).is_none());
     }
 }

@@ -12,7 +12,9 @@ use super::CpuBackend;
 use crate::backend::{Operator, Precision, Scale};
 use crate::error::Result;
 use crate::grid::StencilOp;
-use crate::sparse::{CompactCsr, CompactValues, Csr, Lanes, RowRuns};
+use crate::sparse::{
+    CompactCsr, CompactValues, Csr, Lanes, RowOrder, RowRuns, LENGTH_ORDER_WINDOW,
+};
 
 /// Compact rows + compact transpose + optional stencil rows.
 pub struct CpuCompactOperator {
@@ -21,12 +23,26 @@ pub struct CpuCompactOperator {
     stencil: Option<StencilOp>,
     /// Runs of equal short rows of `a` and `at` (src/backend/cpu/rows.rs).
     runs: (RowRuns, RowRuns),
+    /// The order `a`'s and `at`'s rows are stored in (none: in order), by length
+    /// ([`RowOrder::by_length`]).
+    order: (Option<RowOrder>, Option<RowOrder>),
 }
 
 impl CpuCompactOperator {
     /// `stored`: the stored rows; `stencil`: rows generated from the grid, appended after them
     /// (their columns in the same numbering as `stored`'s).
     pub fn new(stored: &Csr, stencil: Option<StencilOp>, precision: Precision) -> Self {
+        Self::with_order_window(stored, stencil, precision, LENGTH_ORDER_WINDOW)
+    }
+
+    /// [`Self::new`] with the rows of `stored` and of its transpose stored sorted by length in
+    /// windows of `window` rows (1: in their order; benchmarks compare the two).
+    pub fn with_order_window(
+        stored: &Csr,
+        stencil: Option<StencilOp>,
+        precision: Precision,
+        window: usize,
+    ) -> Self {
         if let Some(s) = &stencil {
             assert_eq!(
                 s.ncols(),
@@ -34,22 +50,30 @@ impl CpuCompactOperator {
                 "stencil and rows disagree on columns"
             );
         }
-        let a = CompactCsr::from_csr(stored, precision);
-        let at = CompactCsr::from_csr(&stored.transpose(), precision);
+        let (a, order_a) = ordered(stored, window, precision);
+        let (at, order_t) = ordered(&stored.transpose(), window, precision);
         let runs = (RowRuns::new(a.ptr()), RowRuns::new(at.ptr()));
         CpuCompactOperator {
             a,
             at,
             stencil,
             runs,
+            order: (order_a, order_t),
         }
     }
 
+    /// The stored rows, in the order [`Self::order`] gives.
     pub fn stored(&self) -> &CompactCsr {
         &self.a
     }
+    /// The explicit transpose's rows, in the order [`Self::order`] gives.
     pub fn transposed(&self) -> &CompactCsr {
         &self.at
+    }
+    /// The orders the rows of [`Self::stored`] and of [`Self::transposed`] are kept in (none:
+    /// in order).
+    pub fn order(&self) -> (Option<&RowOrder>, Option<&RowOrder>) {
+        (self.order.0.as_ref(), self.order.1.as_ref())
     }
     pub fn stencil(&self) -> Option<&StencilOp> {
         self.stencil.as_ref()
@@ -57,14 +81,29 @@ impl CpuCompactOperator {
     /// Bytes of matrix storage (both compact copies; a stencil stores nothing but its
     /// renumbering tables).
     pub fn bytes(&self) -> u64 {
+        let order = |o: &Option<RowOrder>| o.as_ref().map_or(0, |o| 4 * o.len() as u64);
         self.a.bytes()
             + self.at.bytes()
+            + order(&self.order.0)
+            + order(&self.order.1)
             + self
                 .stencil
                 .as_ref()
                 .and_then(|s| s.new_of_old())
                 .map(|p| 8 * p.len() as u64)
                 .unwrap_or(0)
+    }
+}
+
+/// `m`'s rows in compact form, sorted by length in windows of `window` rows, and their order
+/// (none: kept in order).
+fn ordered(m: &Csr, window: usize, precision: Precision) -> (CompactCsr, Option<RowOrder>) {
+    match RowOrder::by_length(m.indptr(), window) {
+        Some(o) => (
+            CompactCsr::from_csr(&m.select_rows(&o.rows()), precision),
+            Some(o),
+        ),
+        None => (CompactCsr::from_csr(m, precision), None),
     }
 }
 
@@ -168,11 +207,11 @@ where
 }
 
 /// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
-/// stencil's transposed terms; none: a fn type stands in for E) before they are summed; `runs`
-/// are `m`'s runs. Whether `m` has fillers and its value type are decided once per product.
+/// stencil's transposed terms; none: a fn type stands in for E; it is given the stored row's
+/// place) before they are summed; `runs` are `m`'s runs, `order` the rows `m` stores (none: in
+/// order). Whether `m` has fillers and its value type are decided once per product.
 fn product<E: Fn(&mut Lanes, usize) + Sync>(
-    m: &CompactCsr,
-    runs: &RowRuns,
+    (m, runs, order): (&CompactCsr, &RowRuns, Option<&RowOrder>),
     x: &[f64],
     out: &mut [f64],
     ab: (f64, f64),
@@ -185,7 +224,7 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
     );
     let arrays = (m.ptr(), m.base(), m.delta());
     if m.entries() > m.nnz() {
-        rows_par(&FillerRows { m, x, extra }, None, 0, out, ab);
+        rows_par(&FillerRows { m, x, extra }, None, order, out, ab);
         return;
     }
     match m.values() {
@@ -196,7 +235,7 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
                 x,
                 extra,
             };
-            rows_par(&src, Some(runs), 0, out, ab)
+            rows_par(&src, Some(runs), order, out, ab)
         }
         CompactValues::F32(v) => {
             let src = PlainRows {
@@ -205,7 +244,7 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
                 x,
                 extra,
             };
-            rows_par(&src, Some(runs), 0, out, ab)
+            rows_par(&src, Some(runs), order, out, ab)
         }
     }
 }
@@ -221,7 +260,8 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(x.len(), self.ncols());
         assert_eq!(y.len(), self.nrows());
         let (ys, yd) = y.split_at_mut(self.a.nrows());
-        product::<NoExtra>(&self.a, &self.runs.0, x, ys, (s.alpha, s.beta), None);
+        let a = (&self.a, &self.runs.0, self.order.0.as_ref());
+        product::<NoExtra>(a, x, ys, (s.alpha, s.beta), None);
         if let Some(st) = &self.stencil {
             st.apply(s.alpha, x, s.beta, yd);
         }
@@ -232,16 +272,16 @@ impl Operator<CpuBackend> for CpuCompactOperator {
         assert_eq!(x.len(), self.ncols());
         let (ys, yd) = y.split_at(self.a.nrows());
         let ab = (s.alpha, s.beta);
+        let order = self.order.1.as_ref();
+        let at = (&self.at, &self.runs.1, order);
         match &self.stencil {
-            None => product::<NoExtra>(&self.at, &self.runs.1, ys, x, ab, None),
-            Some(st) => product(
-                &self.at,
-                &self.runs.1,
-                ys,
-                x,
-                ab,
-                Some(&|l: &mut Lanes, j| st.add_transposed(l, j, yd)),
-            ),
+            None => product::<NoExtra>(at, ys, x, ab, None),
+            Some(st) => {
+                // the stored row at place i is cell old_of_new[i]
+                let cell = |i: usize| order.map_or(i, |o| o.old_of_new()[i] as usize);
+                let extra = |l: &mut Lanes, i| st.add_transposed(l, cell(i), yd);
+                product(at, ys, x, ab, Some(&extra))
+            }
         }
         Ok(())
     }
@@ -314,14 +354,20 @@ mod tests {
                 };
                 let full = k.vstack_scaled(&d, 1.0).unwrap();
                 let reference = CpuCsrOperator::new(full.clone(), TransposeStrategy::Csc);
+                // rows sorted by length in the default windows, in one window, and as given
+                let sten = || Some(StencilOp::new(st, p.clone()));
                 let ops = [
-                    CpuCompactOperator::new(
-                        &k,
-                        Some(StencilOp::new(st, p.clone())),
-                        Precision::F64,
-                    ),
+                    CpuCompactOperator::new(&k, sten(), Precision::F64),
                     CpuCompactOperator::new(&full, None, Precision::F64),
+                    CpuCompactOperator::with_order_window(&k, sten(), Precision::F64, usize::MAX),
+                    CpuCompactOperator::with_order_window(&k, sten(), Precision::F64, 1),
                 ];
+                let (oa, ot) = ops[0].order();
+                assert!(
+                    m < 700 || (oa.is_some() && ot.is_some()),
+                    "the test needs orders"
+                );
+                assert_eq!(ops[3].order(), (None, None));
                 let x: Vec<f64> = (0..nc).map(|_| rng.uniform() - 0.5).collect();
                 let y0: Vec<f64> = (0..full.nrows()).map(|_| rng.uniform() - 0.5).collect();
                 let mut want_y = y0.clone();

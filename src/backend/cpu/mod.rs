@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::{Backend, Operator, Scale, TransposeStrategy, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::sparse::{Csc, Csr, RowRuns};
+use crate::sparse::{Csr, RowOrder, RowRuns, LENGTH_ORDER_WINDOW};
 
 /// Elements per reduction chunk (and below twice this, vector kernels run on one thread).
 const CHUNK: usize = 16 * 1024;
@@ -482,7 +482,8 @@ fn nnz_chunks(a: &Csr, parts: usize) -> Vec<usize> {
 }
 
 enum TransposeImpl {
-    Csc(Csc),
+    /// A^T's rows (A's columns) as CSR, in the operator's `order.1`.
+    Csc(Csr),
     Scatter {
         bounds: Vec<usize>,
         bufs: Mutex<Vec<Vec<f64>>>,
@@ -495,34 +496,61 @@ pub struct CpuCsrOperator {
     t: TransposeImpl,
     /// Runs of equal short rows of `a` and of the CSC copy's rows (src/backend/cpu/rows.rs).
     runs: (RowRuns, RowRuns),
+    /// The order the rows of `a` (with the CSC copy) and of the CSC copy are stored in, by
+    /// length ([`RowOrder::by_length`]; none: in order).
+    order: (Option<RowOrder>, Option<RowOrder>),
 }
 
 impl CpuCsrOperator {
     /// `Auto` chooses the CSC copy (fastest here); `Library` means CSC on the CPU.
     pub fn new(a: Csr, strategy: TransposeStrategy) -> Self {
-        let t = match strategy {
+        Self::with_order_window(a, strategy, LENGTH_ORDER_WINDOW)
+    }
+
+    /// [`Self::new`] with the rows of `a` and of its CSC copy stored sorted by length in windows
+    /// of `window` rows (1: in their order; benchmarks compare the two). The scatter transpose
+    /// keeps `a` in order (it walks A's rows with y's entries).
+    pub fn with_order_window(a: Csr, strategy: TransposeStrategy, window: usize) -> Self {
+        // rows kept in `order` (none: as they are)
+        let stored = |m: Csr, order: &Option<RowOrder>| match order {
+            Some(o) => m.select_rows(&o.rows()),
+            None => m,
+        };
+        let (t, order_t) = match strategy {
             TransposeStrategy::Scatter => {
                 let parts = rayon::current_num_threads().max(1);
                 let bounds = nnz_chunks(&a, parts);
                 let bufs = (0..parts).map(|_| vec![0.0; a.ncols()]).collect();
-                TransposeImpl::Scatter {
+                let t = TransposeImpl::Scatter {
                     bounds,
                     bufs: Mutex::new(bufs),
-                }
+                };
+                (t, None)
             }
-            _ => TransposeImpl::Csc(Csc::from_csr(&a)),
+            _ => {
+                let at = a.transpose();
+                let order = RowOrder::by_length(at.indptr(), window);
+                (TransposeImpl::Csc(stored(at, &order)), order)
+            }
         };
+        let order_a = match t {
+            TransposeImpl::Scatter { .. } => None,
+            TransposeImpl::Csc(_) => RowOrder::by_length(a.indptr(), window),
+        };
+        let a = stored(a, &order_a);
         let runs = (
             RowRuns::new(a.indptr()),
             match &t {
-                TransposeImpl::Csc(c) => RowRuns::new(c.transpose_csr().indptr()),
+                TransposeImpl::Csc(t) => RowRuns::new(t.indptr()),
                 TransposeImpl::Scatter { .. } => RowRuns::default(),
             },
         );
-        CpuCsrOperator { a, t, runs }
-    }
-    pub fn matrix(&self) -> &Csr {
-        &self.a
+        CpuCsrOperator {
+            a,
+            t,
+            runs,
+            order: (order_a, order_t),
+        }
     }
     pub fn strategy(&self) -> TransposeStrategy {
         match self.t {
@@ -533,9 +561,12 @@ impl CpuCsrOperator {
     /// Bytes of matrix storage this operator holds.
     pub fn bytes(&self) -> usize {
         let csr = |m: &Csr| m.nnz() * 12 + (m.nrows() + 1) * 8;
+        let order = |o: &Option<RowOrder>| o.as_ref().map_or(0, |o| 4 * o.len());
         csr(&self.a)
+            + order(&self.order.0)
+            + order(&self.order.1)
             + match &self.t {
-                TransposeImpl::Csc(c) => csr(c.transpose_csr()),
+                TransposeImpl::Csc(t) => csr(t),
                 TransposeImpl::Scatter { bufs, .. } => {
                     bufs.lock().map(|b| b.len()).unwrap_or(0) * self.a.ncols() * 8
                 }
@@ -554,16 +585,18 @@ impl Operator<CpuBackend> for CpuCsrOperator {
         assert_eq!(x.len(), self.a.ncols());
         assert_eq!(y.len(), self.a.nrows());
         let src = rows::CsrRows::new(&self.a, x);
-        rows::rows_par(&src, Some(&self.runs.0), 0, y, (s.alpha, s.beta));
+        let order = self.order.0.as_ref();
+        rows::rows_par(&src, Some(&self.runs.0), order, y, (s.alpha, s.beta));
         Ok(())
     }
     fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         assert_eq!(y.len(), self.a.nrows());
         assert_eq!(x.len(), self.a.ncols());
         match &self.t {
-            TransposeImpl::Csc(c) => {
-                let src = rows::CsrRows::new(c.transpose_csr(), y);
-                rows::rows_par(&src, Some(&self.runs.1), 0, x, (s.alpha, s.beta))
+            TransposeImpl::Csc(t) => {
+                let src = rows::CsrRows::new(t, y);
+                let order = self.order.1.as_ref();
+                rows::rows_par(&src, Some(&self.runs.1), order, x, (s.alpha, s.beta))
             }
             TransposeImpl::Scatter { bounds, bufs } => {
                 let mut bufs = bufs.lock().unwrap_or_else(|e| e.into_inner());

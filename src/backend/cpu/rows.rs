@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use crate::sparse::{Lanes, RowRuns};
+use crate::sparse::{Lanes, RowOrder, RowRuns};
 
 /// Entries (plus rows) below which a product is not split further across threads.
 const GRAIN: u64 = 32 * 1024;
@@ -26,90 +26,161 @@ pub(super) trait RowSource: Sync {
     }
 }
 
-/// out[k] = alpha * sum(row0 + k) + beta * out[k] for the rows of `out` (beta == 0 does not read
-/// out), `runs` being the runs of `src`'s rows (or none). The loops below test beta once per
-/// piece, not per row: per row, that test cost the general loop a fifth of its time on
+/// out[row] = alpha * sum(row) + beta * out[row] for every row of `src` (beta == 0 does not
+/// read out). `runs` are the runs of `src`'s rows (or none); `order` says which row each stored
+/// row is (`src`'s rows stored in that order; none: in order). The loops below test beta once
+/// per piece, not per row: per row, that test cost the general loop a fifth of its time on
 /// australia's short rows.
 pub(super) fn rows_par<S: RowSource>(
     src: &S,
     runs: Option<&RowRuns>,
-    row0: usize,
+    order: Option<&RowOrder>,
     out: &mut [f64],
-    (alpha, beta): (f64, f64),
+    ab: (f64, f64),
+) {
+    assert_eq!(
+        src.ptr().len(),
+        out.len() + 1,
+        "row product: rows and out disagree"
+    );
+    let rows = 0..out.len();
+    match order {
+        None => split(src, runs, InOrder(out.as_mut_ptr()), rows, ab),
+        Some(o) => {
+            assert_eq!(o.len(), out.len(), "row product: order and rows disagree");
+            split(src, runs, Ordered(out.as_mut_ptr(), o), rows, ab)
+        }
+    }
+}
+
+/// Where the sum of stored row `i` goes. The places of distinct rows are distinct and lie in
+/// the `out` the sink was made from (`rows_par` checks the lengths; a [`RowOrder`] is a
+/// permutation), so threads given disjoint row ranges write disjoint elements.
+trait Sink: Copy + Send + Sync {
+    /// # Safety
+    /// `i` must be a row of the product (< out.len()), and no other thread may hold row `i`.
+    unsafe fn at(self, i: usize) -> *mut f64;
+}
+
+#[derive(Clone, Copy)]
+struct InOrder(*mut f64);
+#[derive(Clone, Copy)]
+struct Ordered<'a>(*mut f64, &'a RowOrder);
+
+// SAFETY: a sink only writes through its pointer under `at`'s contract (disjoint rows per
+// thread, within the `out` it was made from, which `rows_par` borrows mutably for the whole
+// product).
+unsafe impl Send for InOrder {}
+// SAFETY: as above.
+unsafe impl Sync for InOrder {}
+// SAFETY: as above.
+unsafe impl Send for Ordered<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Ordered<'_> {}
+
+impl Sink for InOrder {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> *mut f64 {
+        // SAFETY: i < out.len() by the contract.
+        unsafe { self.0.add(i) }
+    }
+}
+impl Sink for Ordered<'_> {
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> *mut f64 {
+        // SAFETY: i < out.len() == order.len() by the contract, and an order's rows are < len.
+        unsafe { self.0.add(self.1.old_unchecked(i)) }
+    }
+}
+
+/// Splits `rows` across rayon's threads by entries, down to GRAIN.
+fn split<S: RowSource, K: Sink>(
+    src: &S,
+    runs: Option<&RowRuns>,
+    sink: K,
+    rows: Range<usize>,
+    ab: (f64, f64),
 ) {
     let ptr = src.ptr();
-    let nrows = out.len();
-    let work = ptr[row0 + nrows] - ptr[row0] + nrows as u64;
-    if work <= GRAIN || nrows < 2 {
-        leaf(src, runs, row0, out, (alpha, beta));
+    let (r0, r1) = (rows.start, rows.end);
+    let work = ptr[r1] - ptr[r0] + (r1 - r0) as u64;
+    if work <= GRAIN || r1 - r0 < 2 {
+        leaf(src, runs, sink, rows, ab);
         return;
     }
-    let target = ptr[row0] + (ptr[row0 + nrows] - ptr[row0]) / 2;
-    let mid = ptr[row0..=row0 + nrows]
-        .partition_point(|&p| p <= target)
-        .clamp(1, nrows - 1);
-    let (lo, hi) = out.split_at_mut(mid);
+    let target = ptr[r0] + (ptr[r1] - ptr[r0]) / 2;
+    let mid = r0
+        + ptr[r0..=r1]
+            .partition_point(|&p| p <= target)
+            .clamp(1, r1 - r0 - 1);
     rayon::join(
-        || rows_par(src, runs, row0, lo, (alpha, beta)),
-        || rows_par(src, runs, row0 + mid, hi, (alpha, beta)),
+        || split(src, runs, sink, r0..mid, ab),
+        || split(src, runs, sink, mid..r1, ab),
     );
 }
 
 /// One thread's rows: runs by their kernels, the rest by the general loop.
-fn leaf<S: RowSource>(
+fn leaf<S: RowSource, K: Sink>(
     src: &S,
     runs: Option<&RowRuns>,
-    row0: usize,
-    out: &mut [f64],
+    sink: K,
+    rows: Range<usize>,
     ab: (f64, f64),
 ) {
-    let rows = row0..row0 + out.len();
     let Some(runs) = runs else {
-        general(src, rows, out, ab);
+        general(src, sink, rows, ab);
         return;
     };
-    runs.split(rows, |p, len| {
-        let o = &mut out[p.start - row0..p.end - row0];
-        match len {
-            1 => fixed::<S, 1>(src, p, o, ab),
-            2 => fixed::<S, 2>(src, p, o, ab),
-            3 => fixed::<S, 3>(src, p, o, ab),
-            4 => fixed::<S, 4>(src, p, o, ab),
-            _ => general(src, p, o, ab),
-        }
+    runs.split(rows, |p, len| match len {
+        1 => fixed::<S, K, 1>(src, sink, p, ab),
+        2 => fixed::<S, K, 2>(src, sink, p, ab),
+        3 => fixed::<S, K, 3>(src, sink, p, ab),
+        4 => fixed::<S, K, 4>(src, sink, p, ab),
+        _ => general(src, sink, p, ab),
     });
 }
 
 // `general` and `fixed` write the same store loop out each: one helper taking the row sum as a
 // closure measured 12-15 % slower on australia's products (the row sums no longer inlined).
-fn general<S: RowSource>(src: &S, rows: Range<usize>, out: &mut [f64], (alpha, beta): (f64, f64)) {
-    let r0 = rows.start;
+// SAFETY (every `sink.at` below): the rows come from `split`, which hands each thread its own
+// range of the product's rows.
+fn general<S: RowSource, K: Sink>(src: &S, sink: K, rows: Range<usize>, (alpha, beta): (f64, f64)) {
     if beta == 0.0 {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = alpha * src.row(r0 + i);
+        for r in rows {
+            // SAFETY: see above.
+            unsafe { *sink.at(r) = alpha * src.row(r) };
         }
     } else {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = alpha * src.row(r0 + i) + beta * *o;
+        for r in rows {
+            // SAFETY: see above.
+            unsafe {
+                let o = sink.at(r);
+                *o = alpha * src.row(r) + beta * *o;
+            }
         }
     }
 }
 
 /// A run of rows of `L` entries each: no row offsets read, no branch on the length.
-fn fixed<S: RowSource, const L: usize>(
+fn fixed<S: RowSource, K: Sink, const L: usize>(
     src: &S,
+    sink: K,
     rows: Range<usize>,
-    out: &mut [f64],
     (alpha, beta): (f64, f64),
 ) {
     let (r0, s0) = (rows.start, src.ptr()[rows.start] as usize);
     if beta == 0.0 {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = alpha * src.fixed::<L>(r0 + i, s0 + i * L);
+        for r in rows {
+            // SAFETY: see `general`.
+            unsafe { *sink.at(r) = alpha * src.fixed::<L>(r, s0 + (r - r0) * L) };
         }
     } else {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = alpha * src.fixed::<L>(r0 + i, s0 + i * L) + beta * *o;
+        for r in rows {
+            // SAFETY: see `general`.
+            unsafe {
+                let o = sink.at(r);
+                *o = alpha * src.fixed::<L>(r, s0 + (r - r0) * L) + beta * *o;
+            }
         }
     }
 }
@@ -176,28 +247,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn csr_rows_with_and_without_runs_equal_the_reference_bitwise() {
+    fn csr_rows_in_any_order_with_and_without_runs_equal_the_reference_bitwise() {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for (ncols, seed) in [(50usize, 1u64), (4000, 2), (3, 3)] {
             let a = crate::testproblems::runs_csr(ncols, seed);
-            let runs = RowRuns::new(a.indptr());
-            assert!(runs.rows_in_runs() > 1000, "the test needs runs");
             let mut rng = crate::grid::Rng::new(seed + 10);
             let x = crate::testproblems::with_negative_zeros(ncols, 5, &mut rng);
             let want = a.matvec(&x);
             let y0: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform()).collect();
-            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for r in [None, Some(&runs)] {
-                let mut y = y0.clone();
-                rows_par(&CsrRows::new(&a, &x), r, 0, &mut y, (1.0, 0.0));
-                assert_eq!(bits(&y), bits(&want), "runs {}", r.is_some());
-                let mut y = y0.clone();
-                rows_par(&CsrRows::new(&a, &x), r, 0, &mut y, (-0.5, 2.0));
-                let w: Vec<f64> = want
-                    .iter()
-                    .zip(&y0)
-                    .map(|(s, y)| -0.5 * s + 2.0 * y)
-                    .collect();
-                assert_eq!(bits(&y), bits(&w), "runs {}", r.is_some());
+            let scaled: Vec<f64> = want
+                .iter()
+                .zip(&y0)
+                .map(|(s, y)| -0.5 * s + 2.0 * y)
+                .collect();
+            // stored as given, and sorted by length in windows of 7 rows and of all rows
+            let orders = [7, usize::MAX].map(|w| RowOrder::by_length(a.indptr(), w).unwrap());
+            let stored = [None, Some(&orders[0]), Some(&orders[1])].map(|o| {
+                let m = o.map_or_else(|| a.clone(), |o| a.select_rows(&o.rows()));
+                (m, o)
+            });
+            for (m, order) in &stored {
+                let runs = RowRuns::new(m.indptr());
+                assert!(runs.rows_in_runs() > 1000, "the test needs runs");
+                for r in [None, Some(&runs)] {
+                    let what = format!(
+                        "ncols {ncols}, runs {}, order {}",
+                        r.is_some(),
+                        order.is_some()
+                    );
+                    let mut y = y0.clone();
+                    rows_par(&CsrRows::new(m, &x), r, *order, &mut y, (1.0, 0.0));
+                    assert_eq!(bits(&y), bits(&want), "{what}");
+                    let mut y = y0.clone();
+                    rows_par(&CsrRows::new(m, &x), r, *order, &mut y, (-0.5, 2.0));
+                    assert_eq!(bits(&y), bits(&scaled), "{what}");
+                }
             }
         }
     }
