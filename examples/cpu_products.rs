@@ -3,6 +3,9 @@
 //!
 //!     RAYON_NUM_THREADS=1 cargo run --release --example cpu_products -- \
 //!         datasets/australia/G.mtx.gz datasets/australia/R.mtx.gz 0.015 [REPS]
+//!     RAYON_NUM_THREADS=1 cargo run --release --example cpu_products -- synth 64,64,40 150000 [REPS]
+//!
+//! (the second: `seistomo bench --size medium --reorder auto`'s system, out of cache).
 //!
 //! The products run on a worker of rayon's pool, as in a solve. Rows: the CPU backend's compact storage (f64 and f32 values) and CSR operators (A x and
 //! A^T y, the transpose from their explicit transposed copies), and kernels that are not
@@ -17,7 +20,7 @@ use std::time::Instant;
 
 use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use seistomo::backend::{Operator, Precision, Scale, TransposeStrategy};
-use seistomo::sparse::{Csr, Lanes};
+use seistomo::sparse::{Csr, Lanes, RowSort};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // On a worker of rayon's pool, as a solve runs (seistomo::backend::cpu::on_pool): called
@@ -29,11 +32,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        return Err("usage: cpu_products A.mtx R.mtx WEIGHT [REPS]".into());
+        return Err(
+            "usage: cpu_products A.mtx R.mtx WEIGHT [REPS] | cpu_products synth NX,NY,NZ RAYS [REPS]"
+                .into(),
+        );
     }
-    let a = seistomo::io::mtx::read_matrix(&args[0])?;
-    let r = seistomo::io::mtx::read_matrix(&args[1])?;
-    let a = a.vstack_scaled(&r, args[2].parse()?)?;
+    let a = if args[0] == "synth" {
+        synthetic(&args[1], args[2].parse()?)?
+    } else {
+        let a = seistomo::io::mtx::read_matrix(&args[0])?;
+        let r = seistomo::io::mtx::read_matrix(&args[1])?;
+        a.vstack_scaled(&r, args[2].parse()?)?
+    };
     let reps: usize = args.get(3).map_or(Ok(2000), |s| s.parse())?;
     println!(
         "{} x {}, {} nonzeros, minimum of {reps} runs, ms",
@@ -59,19 +69,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ),
         (
             "compact f64, rows as read",
-            Box::new(CpuCompactOperator::with_order_window(
+            Box::new(CpuCompactOperator::with_row_sort(
                 &a,
                 None,
                 Precision::F64,
-                1,
+                RowSort::Keep,
             )),
         ),
         (
             "csr f64, rows as read",
-            Box::new(CpuCsrOperator::with_order_window(
+            Box::new(CpuCsrOperator::with_row_sort(
                 a.clone(),
                 TransposeStrategy::Csc,
-                1,
+                RowSort::Keep,
             )),
         ),
     ];
@@ -96,6 +106,27 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     println!("{:24} both {fused:.4}", "one pass A x, A^T u");
     Ok(())
+}
+
+/// `seistomo bench`'s straight-ray system on grid `g` ("NX,NY,NZ") with `rays` rays and its
+/// damping rows, reordered as `invert --reorder auto` does (an out-of-cache system when large).
+fn synthetic(g: &str, rays: usize) -> Result<Csr, Box<dyn std::error::Error>> {
+    let n: Vec<usize> = g.split(',').map(|t| t.parse()).collect::<Result<_, _>>()?;
+    let [nx, ny, nz] = n[..] else {
+        return Err(format!("{g}: expected NX,NY,NZ").into());
+    };
+    let a = seistomo::grid::synthetic::peer_system(nx, ny, nz, rays, 7, false);
+    let b = vec![0.0; a.nrows()];
+    let p = seistomo::backend::storage::prepare(
+        a,
+        b,
+        rays,
+        Some([nx, ny, nz]),
+        seistomo::backend::storage::Storage::Csr,
+        seistomo::grid::reorder::Reorder::Auto,
+        true,
+    );
+    Ok(p.stored)
 }
 
 /// Prints the least times of A x and A^T y by `rows` with row sums `row` (`at`: A^T as rows).

@@ -11,7 +11,7 @@ pub mod tiled;
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
 pub use csr::{Csc, Csr};
 pub use lanes::Lanes;
-pub use runs::{RowOrder, RowRuns, LENGTH_ORDER_WINDOW};
+pub use runs::{RowOrder, RowRuns, RowSort, LENGTH_ORDER_WINDOW};
 
 /// A loaded least-squares system (this rank's rows).
 #[derive(Debug, Clone)]

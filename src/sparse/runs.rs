@@ -92,8 +92,40 @@ impl RowRuns {
 
 /// The rows a window of [`RowOrder::by_length`] sorts: large enough that the rows of one length
 /// form stretches the branch predictor learns, small enough that a window's rows stay close in
-/// the matrix (rays and cells reordered for locality keep most of it).
+/// the matrix (rays and cells reordered for locality keep most of it). On australia windows of
+/// 256 to 4096 rows measured the same.
 pub const LENGTH_ORDER_WINDOW: usize = 1024;
+
+/// [`RowOrder::for_products`] sorts the rows of a matrix only if the median length of its rows
+/// longer than [`MAX_RUN_LEN`] is below this: a mispredicted branch costs about as much as a
+/// row of ~15 entries, so longer rows gain little, and out of cache the order could cost
+/// locality (the 12.6M-nonzero `bench --size medium` system, rows of ~80 entries: no gain
+/// measured). The median, not the mean: australia's cells (A^T's rows) have a median of 18
+/// entries but a mean of 37 (a few cells crossed by many rays), and gain 15 %.
+pub const SORT_BELOW_MEDIAN_LEN: u64 = 32;
+
+/// How a row product orders its rows (see [`RowOrder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowSort {
+    /// [`RowOrder::for_products`] with windows of [`LENGTH_ORDER_WINDOW`] rows: sorted if the
+    /// rows are short.
+    Auto,
+    /// Sorted by length in windows of this many rows, whatever the lengths.
+    Windows(usize),
+    /// Kept in order.
+    Keep,
+}
+
+impl RowSort {
+    /// The order for rows at `ptr` (none: in order).
+    pub fn order(self, ptr: &[u64]) -> Option<RowOrder> {
+        match self {
+            RowSort::Auto => RowOrder::for_products(ptr, LENGTH_ORDER_WINDOW),
+            RowSort::Windows(w) => RowOrder::by_length(ptr, w),
+            RowSort::Keep => None,
+        }
+    }
+}
 
 /// An order of a matrix's rows: `old_of_new[i]` is the row stored at place `i`. Always a
 /// permutation of `0..len` (products write row sums through it without checks).
@@ -118,6 +150,26 @@ impl RowOrder {
         }
         let same = old_of_new.iter().enumerate().all(|(i, &r)| r as usize == i);
         (!same).then_some(RowOrder { old_of_new })
+    }
+
+    /// The order a row product keeps the rows in: [`Self::by_length`] in windows of `window`
+    /// rows if the rows longer than [`MAX_RUN_LEN`] (the rows outside runs) have a median
+    /// length below [`SORT_BELOW_MEDIAN_LEN`], else none.
+    pub fn for_products(ptr: &[u64], window: usize) -> Option<RowOrder> {
+        let mut long: Vec<u64> = ptr
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .filter(|&l| l > MAX_RUN_LEN as u64)
+            .collect();
+        if long.is_empty() {
+            return None;
+        }
+        let mid = long.len() / 2;
+        let (_, median, _) = long.select_nth_unstable(mid);
+        if *median >= SORT_BELOW_MEDIAN_LEN {
+            return None;
+        }
+        RowOrder::by_length(ptr, window)
     }
 
     /// The row stored at each place.
@@ -240,5 +292,13 @@ mod tests {
         assert!(RowOrder::by_length(&ptr_of(&[5, 5, 2, 0]), 4096).is_none());
         assert!(RowOrder::by_length(&ptr, 1).is_none());
         assert!(RowOrder::by_length(&[0], 4096).is_none());
+        // for products: short rows sorted, long rows (runs aside) kept in order
+        assert_eq!(RowOrder::for_products(&ptr, 4), Some(o));
+        let mut long = vec![2usize; 100];
+        long.extend([40, 33, 90, 31, 5]);
+        assert!(RowOrder::for_products(&ptr_of(&long), 4096).is_none());
+        long.extend([3, 1, 5, 6]);
+        assert!(RowOrder::for_products(&ptr_of(&long), 4096).is_some());
+        assert!(RowOrder::for_products(&ptr_of(&[3, 1, 4, 4]), 4096).is_none());
     }
 }

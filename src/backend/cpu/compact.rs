@@ -12,36 +12,77 @@ use super::CpuBackend;
 use crate::backend::{Operator, Precision, Scale};
 use crate::error::Result;
 use crate::grid::StencilOp;
-use crate::sparse::{
-    CompactCsr, CompactValues, Csr, Lanes, RowOrder, RowRuns, LENGTH_ORDER_WINDOW,
-};
+use crate::sparse::{CompactCsr, CompactValues, Csr, Lanes, RowOrder, RowRuns, RowSort};
 
 /// Compact rows + compact transpose + optional stencil rows.
 pub struct CpuCompactOperator {
-    a: CompactCsr,
-    at: CompactCsr,
+    a: Rows,
+    at: Rows,
     stencil: Option<StencilOp>,
-    /// Runs of equal short rows of `a` and `at` (src/backend/cpu/rows.rs).
-    runs: (RowRuns, RowRuns),
-    /// The order `a`'s and `at`'s rows are stored in (none: in order), by length
-    /// ([`RowOrder::by_length`]).
-    order: (Option<RowOrder>, Option<RowOrder>),
+}
+
+/// One compact matrix as the row products read it.
+struct Rows {
+    m: CompactCsr,
+    /// Runs of equal short rows of `m` (src/backend/cpu/rows.rs).
+    runs: RowRuns,
+    /// The order `m`'s rows are stored in ([`RowSort`]; none: in order).
+    order: Option<RowOrder>,
+    /// The rows that hold escape fillers (bit r % 64 of word r / 64); none if no row does.
+    fillers: Option<Vec<u64>>,
+}
+
+impl Rows {
+    fn new(csr: &Csr, sort: RowSort, precision: Precision) -> Rows {
+        let order = sort.order(csr.indptr());
+        let selected;
+        let csr = match &order {
+            Some(o) => {
+                selected = csr.select_rows(&o.rows());
+                &selected
+            }
+            None => csr,
+        };
+        let m = CompactCsr::from_csr(csr, precision);
+        let fillers = (m.entries() > m.nnz()).then(|| {
+            let mut bits = vec![0u64; m.nrows().div_ceil(64)];
+            let (p, q) = (m.ptr(), csr.indptr());
+            for r in 0..m.nrows() {
+                if p[r + 1] - p[r] != q[r + 1] - q[r] {
+                    bits[r / 64] |= 1 << (r % 64);
+                }
+            }
+            bits
+        });
+        Rows {
+            runs: RowRuns::new(m.ptr()),
+            m,
+            order,
+            fillers,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.m.bytes()
+            + self.order.as_ref().map_or(0, |o| 4 * o.len() as u64)
+            + self.fillers.as_ref().map_or(0, |f| 8 * f.len() as u64)
+    }
 }
 
 impl CpuCompactOperator {
     /// `stored`: the stored rows; `stencil`: rows generated from the grid, appended after them
     /// (their columns in the same numbering as `stored`'s).
     pub fn new(stored: &Csr, stencil: Option<StencilOp>, precision: Precision) -> Self {
-        Self::with_order_window(stored, stencil, precision, LENGTH_ORDER_WINDOW)
+        Self::with_row_sort(stored, stencil, precision, RowSort::Auto)
     }
 
-    /// [`Self::new`] with the rows of `stored` and of its transpose stored sorted by length in
-    /// windows of `window` rows (1: in their order; benchmarks compare the two).
-    pub fn with_order_window(
+    /// [`Self::new`] with the rows of `stored` and of its transpose kept in the order `sort`
+    /// gives (benchmarks and tests compare the orders).
+    pub fn with_row_sort(
         stored: &Csr,
         stencil: Option<StencilOp>,
         precision: Precision,
-        window: usize,
+        sort: RowSort,
     ) -> Self {
         if let Some(s) = &stencil {
             assert_eq!(
@@ -50,42 +91,34 @@ impl CpuCompactOperator {
                 "stencil and rows disagree on columns"
             );
         }
-        let (a, order_a) = ordered(stored, window, precision);
-        let (at, order_t) = ordered(&stored.transpose(), window, precision);
-        let runs = (RowRuns::new(a.ptr()), RowRuns::new(at.ptr()));
         CpuCompactOperator {
-            a,
-            at,
+            a: Rows::new(stored, sort, precision),
+            at: Rows::new(&stored.transpose(), sort, precision),
             stencil,
-            runs,
-            order: (order_a, order_t),
         }
     }
 
     /// The stored rows, in the order [`Self::order`] gives.
     pub fn stored(&self) -> &CompactCsr {
-        &self.a
+        &self.a.m
     }
     /// The explicit transpose's rows, in the order [`Self::order`] gives.
     pub fn transposed(&self) -> &CompactCsr {
-        &self.at
+        &self.at.m
     }
     /// The orders the rows of [`Self::stored`] and of [`Self::transposed`] are kept in (none:
     /// in order).
     pub fn order(&self) -> (Option<&RowOrder>, Option<&RowOrder>) {
-        (self.order.0.as_ref(), self.order.1.as_ref())
+        (self.a.order.as_ref(), self.at.order.as_ref())
     }
     pub fn stencil(&self) -> Option<&StencilOp> {
         self.stencil.as_ref()
     }
-    /// Bytes of matrix storage (both compact copies; a stencil stores nothing but its
-    /// renumbering tables).
+    /// Bytes of matrix storage (both compact copies with their row orders and filler-row
+    /// marks; a stencil stores nothing but its renumbering tables).
     pub fn bytes(&self) -> u64 {
-        let order = |o: &Option<RowOrder>| o.as_ref().map_or(0, |o| 4 * o.len() as u64);
         self.a.bytes()
             + self.at.bytes()
-            + order(&self.order.0)
-            + order(&self.order.1)
             + self
                 .stencil
                 .as_ref()
@@ -95,50 +128,38 @@ impl CpuCompactOperator {
     }
 }
 
-/// `m`'s rows in compact form, sorted by length in windows of `window` rows, and their order
-/// (none: kept in order).
-fn ordered(m: &Csr, window: usize, precision: Precision) -> (CompactCsr, Option<RowOrder>) {
-    match RowOrder::by_length(m.indptr(), window) {
-        Some(o) => (
-            CompactCsr::from_csr(&m.select_rows(&o.rows()), precision),
-            Some(o),
-        ),
-        None => (CompactCsr::from_csr(m, precision), None),
-    }
-}
-
 /// The type of a product's absent `extra`.
 type NoExtra = fn(&mut Lanes, usize);
 
-/// Rows of a compact matrix with filler entries times `x`: fillers add no term (checked per
-/// entry), each row's lanes continued by `extra` (the stencil's transposed terms).
-struct FillerRows<'a, E> {
-    m: &'a CompactCsr,
+/// Rows of a compact matrix (`ptr`, `base`, `delta`, values `v`) times `x`, each row's lanes
+/// continued by `extra`. A row marked in `fillers` (one that holds escape fillers) is summed by
+/// [`CompactCsr::row_lanes`], which skips them; every other row by a loop that decodes without
+/// looking for fillers. Reads x without bounds checks: built only by [`product`], which asserts
+/// the bound.
+struct PlainRows<'a, V, E> {
+    arrays: (&'a [u64], &'a [u32], &'a [u16]),
+    v: &'a [V],
     x: &'a [f64],
     extra: Option<&'a E>,
+    m: &'a CompactCsr,
+    fillers: Option<&'a [u64]>,
 }
 
-impl<E: Fn(&mut Lanes, usize) + Sync> RowSource for FillerRows<'_, E> {
-    fn ptr(&self) -> &[u64] {
-        self.m.ptr()
+impl<V, E: Fn(&mut Lanes, usize) + Sync> PlainRows<'_, V, E> {
+    #[inline(always)]
+    fn has_fillers(&self, r: usize) -> bool {
+        self.fillers.is_some_and(|f| f[r / 64] >> (r % 64) & 1 != 0)
     }
-    fn row(&self, r: usize) -> f64 {
+    /// Row r, which holds fillers.
+    #[cold]
+    #[inline(never)]
+    fn filler_row(&self, r: usize) -> f64 {
         let mut l = self.m.row_lanes(r, self.x);
         if let Some(extra) = self.extra {
             extra(&mut l, r);
         }
         l.sum()
     }
-}
-
-/// Rows of a compact matrix without fillers (`ptr`, `base`, `delta`, values `v`) times `x`,
-/// each row's lanes continued by `extra`. Reads x without bounds checks: built only by
-/// [`product`], which asserts the bound.
-struct PlainRows<'a, V, E> {
-    arrays: (&'a [u64], &'a [u32], &'a [u16]),
-    v: &'a [V],
-    x: &'a [f64],
-    extra: Option<&'a E>,
 }
 
 impl<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync> RowSource for PlainRows<'_, V, E>
@@ -150,6 +171,9 @@ where
     }
     #[inline(always)]
     fn row(&self, r: usize) -> f64 {
+        if self.has_fillers(r) {
+            return self.filler_row(r);
+        }
         let (ptr, base, delta) = self.arrays;
         let (v, x) = (self.v, self.x);
         debug_assert!(r + 1 < ptr.len() && r < base.len());
@@ -184,6 +208,9 @@ where
     }
     #[inline(always)]
     fn fixed<const L: usize>(&self, r: usize, s: usize) -> f64 {
+        if self.has_fillers(r) {
+            return self.filler_row(r);
+        }
         let (_, base, delta) = self.arrays;
         let (v, x) = (self.v, self.x);
         debug_assert!(r < base.len() && s + L <= delta.len() && s + L <= v.len());
@@ -208,25 +235,23 @@ where
 
 /// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
 /// stencil's transposed terms; none: a fn type stands in for E; it is given the stored row's
-/// place) before they are summed; `runs` are `m`'s runs, `order` the rows `m` stores (none: in
-/// order). Whether `m` has fillers and its value type are decided once per product.
+/// place) before they are summed. The value type is decided once per product.
 fn product<E: Fn(&mut Lanes, usize) + Sync>(
-    (m, runs, order): (&CompactCsr, &RowRuns, Option<&RowOrder>),
+    rows: &Rows,
     x: &[f64],
     out: &mut [f64],
     ab: (f64, f64),
     extra: Option<&E>,
 ) {
+    let m = &rows.m;
     // the bound PlainRows' unchecked reads rely on
     assert!(
         x.len() >= m.ncols(),
         "compact product: x shorter than the columns"
     );
     let arrays = (m.ptr(), m.base(), m.delta());
-    if m.entries() > m.nnz() {
-        rows_par(&FillerRows { m, x, extra }, None, order, out, ab);
-        return;
-    }
+    let fillers = rows.fillers.as_deref();
+    let (runs, order) = (Some(&rows.runs), rows.order.as_ref());
     match m.values() {
         CompactValues::F64(v) => {
             let src = PlainRows {
@@ -234,8 +259,10 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
                 v,
                 x,
                 extra,
+                m,
+                fillers,
             };
-            rows_par(&src, Some(runs), order, out, ab)
+            rows_par(&src, runs, order, out, ab)
         }
         CompactValues::F32(v) => {
             let src = PlainRows {
@@ -243,25 +270,26 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
                 v,
                 x,
                 extra,
+                m,
+                fillers,
             };
-            rows_par(&src, Some(runs), order, out, ab)
+            rows_par(&src, runs, order, out, ab)
         }
     }
 }
 
 impl Operator<CpuBackend> for CpuCompactOperator {
     fn nrows(&self) -> usize {
-        self.a.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
+        self.a.m.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
     }
     fn ncols(&self) -> usize {
-        self.a.ncols()
+        self.a.m.ncols()
     }
     fn apply(&self, _b: &CpuBackend, s: Scale, x: &Vec<f64>, y: &mut Vec<f64>) -> Result<()> {
         assert_eq!(x.len(), self.ncols());
         assert_eq!(y.len(), self.nrows());
-        let (ys, yd) = y.split_at_mut(self.a.nrows());
-        let a = (&self.a, &self.runs.0, self.order.0.as_ref());
-        product::<NoExtra>(a, x, ys, (s.alpha, s.beta), None);
+        let (ys, yd) = y.split_at_mut(self.a.m.nrows());
+        product::<NoExtra>(&self.a, x, ys, (s.alpha, s.beta), None);
         if let Some(st) = &self.stencil {
             st.apply(s.alpha, x, s.beta, yd);
         }
@@ -270,17 +298,16 @@ impl Operator<CpuBackend> for CpuCompactOperator {
     fn apply_t(&self, _b: &CpuBackend, s: Scale, y: &Vec<f64>, x: &mut Vec<f64>) -> Result<()> {
         assert_eq!(y.len(), self.nrows());
         assert_eq!(x.len(), self.ncols());
-        let (ys, yd) = y.split_at(self.a.nrows());
+        let (ys, yd) = y.split_at(self.a.m.nrows());
         let ab = (s.alpha, s.beta);
-        let order = self.order.1.as_ref();
-        let at = (&self.at, &self.runs.1, order);
         match &self.stencil {
-            None => product::<NoExtra>(at, ys, x, ab, None),
+            None => product::<NoExtra>(&self.at, ys, x, ab, None),
             Some(st) => {
                 // the stored row at place i is cell old_of_new[i]
+                let order = self.at.order.as_ref();
                 let cell = |i: usize| order.map_or(i, |o| o.old_of_new()[i] as usize);
                 let extra = |l: &mut Lanes, i| st.add_transposed(l, cell(i), yd);
-                product(at, ys, x, ab, Some(&extra))
+                product(&self.at, ys, x, ab, Some(&extra))
             }
         }
         Ok(())
@@ -300,7 +327,16 @@ mod tests {
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         // 5000 columns: no escapes, runs taken; 300,000: gaps >= 65536 need fillers
         for (ncols, seed, fillers) in [(5000usize, 5u64, false), (300_000, 6, true)] {
-            let a = crate::testproblems::runs_csr(ncols, seed);
+            let mut a = crate::testproblems::runs_csr(ncols, seed);
+            if fillers {
+                // and a run of rows with one filler each: columns i and i + 70,000
+                let (r, c): (Vec<u64>, Vec<u64>) = (0..80u64)
+                    .map(|k| (k / 2, k / 2 + (k % 2) * 70_000))
+                    .unzip();
+                let v: Vec<f64> = (0..80).map(|k| 0.25 + k as f64).collect();
+                let run = Csr::from_triplets(40, ncols, &r, &c, &v).unwrap();
+                a = a.vstack_scaled(&run, 1.0).unwrap();
+            }
             let mut rng = crate::grid::Rng::new(seed);
             let x = crate::testproblems::with_negative_zeros(ncols, 7, &mut rng);
             let y: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform() - 0.5).collect();
@@ -311,11 +347,22 @@ mod tests {
                 }
                 let op = CpuCompactOperator::new(&a, None, precision);
                 assert_eq!(op.stored().entries() > op.stored().nnz(), fillers);
-                // (with fillers the product takes no runs, whatever the rows' entries show)
-                assert!(
-                    fillers || op.runs.0.rows_in_runs() > 1000,
-                    "the test needs runs"
-                );
+                // runs, and with fillers rows marked and unmarked inside runs and outside
+                let rows = &op.a;
+                assert!(rows.runs.rows_in_runs() > 500, "the test needs runs");
+                assert_eq!(rows.fillers.is_some(), fillers);
+                if let Some(f) = &rows.fillers {
+                    let marked = |r: usize| f[r / 64] >> (r % 64) & 1 != 0;
+                    let in_runs = |r: usize| rows.runs.runs().iter().any(|(q, _)| q.contains(&r));
+                    for (inside, mark) in
+                        [(true, true), (true, false), (false, true), (false, false)]
+                    {
+                        assert!(
+                            (0..a.nrows()).any(|r| in_runs(r) == inside && marked(r) == mark),
+                            "the test needs a row in a run {inside}, with fillers {mark}"
+                        );
+                    }
+                }
                 let mut got = vec![f64::NAN; a.nrows()];
                 op.apply(&be, Scale::new(1.0, 0.0), &x, &mut got).unwrap();
                 assert_eq!(bits(&got), bits(&ar.matvec(&x)), "{ncols} {precision}");
@@ -354,20 +401,23 @@ mod tests {
                 };
                 let full = k.vstack_scaled(&d, 1.0).unwrap();
                 let reference = CpuCsrOperator::new(full.clone(), TransposeStrategy::Csc);
-                // rows sorted by length in the default windows, in one window, and as given
+                // rows sorted by length as products choose, in one window, in windows of 5 rows
+                // and kept as given
+                use {Precision::F64, RowSort::Windows};
                 let sten = || Some(StencilOp::new(st, p.clone()));
                 let ops = [
                     CpuCompactOperator::new(&k, sten(), Precision::F64),
                     CpuCompactOperator::new(&full, None, Precision::F64),
-                    CpuCompactOperator::with_order_window(&k, sten(), Precision::F64, usize::MAX),
-                    CpuCompactOperator::with_order_window(&k, sten(), Precision::F64, 1),
+                    CpuCompactOperator::with_row_sort(&k, sten(), F64, Windows(usize::MAX)),
+                    CpuCompactOperator::with_row_sort(&k, sten(), F64, Windows(5)),
+                    CpuCompactOperator::with_row_sort(&k, sten(), F64, RowSort::Keep),
                 ];
-                let (oa, ot) = ops[0].order();
+                let (oa, ot) = ops[2].order();
                 assert!(
                     m < 700 || (oa.is_some() && ot.is_some()),
                     "the test needs orders"
                 );
-                assert_eq!(ops[3].order(), (None, None));
+                assert_eq!(ops[4].order(), (None, None));
                 let x: Vec<f64> = (0..nc).map(|_| rng.uniform() - 0.5).collect();
                 let y0: Vec<f64> = (0..full.nrows()).map(|_| rng.uniform() - 0.5).collect();
                 let mut want_y = y0.clone();

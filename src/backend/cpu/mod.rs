@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::{Backend, Operator, Scale, TransposeStrategy, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::sparse::{Csr, RowOrder, RowRuns, LENGTH_ORDER_WINDOW};
+use crate::sparse::{Csr, RowOrder, RowRuns, RowSort};
 
 /// Elements per reduction chunk (and below twice this, vector kernels run on one thread).
 const CHUNK: usize = 16 * 1024;
@@ -497,20 +497,20 @@ pub struct CpuCsrOperator {
     /// Runs of equal short rows of `a` and of the CSC copy's rows (src/backend/cpu/rows.rs).
     runs: (RowRuns, RowRuns),
     /// The order the rows of `a` (with the CSC copy) and of the CSC copy are stored in, by
-    /// length ([`RowOrder::by_length`]; none: in order).
+    /// length ([`RowSort`]; none: in order).
     order: (Option<RowOrder>, Option<RowOrder>),
 }
 
 impl CpuCsrOperator {
     /// `Auto` chooses the CSC copy (fastest here); `Library` means CSC on the CPU.
     pub fn new(a: Csr, strategy: TransposeStrategy) -> Self {
-        Self::with_order_window(a, strategy, LENGTH_ORDER_WINDOW)
+        Self::with_row_sort(a, strategy, RowSort::Auto)
     }
 
-    /// [`Self::new`] with the rows of `a` and of its CSC copy stored sorted by length in windows
-    /// of `window` rows (1: in their order; benchmarks compare the two). The scatter transpose
-    /// keeps `a` in order (it walks A's rows with y's entries).
-    pub fn with_order_window(a: Csr, strategy: TransposeStrategy, window: usize) -> Self {
+    /// [`Self::new`] with the rows of `a` and of its CSC copy kept in the order `sort` gives
+    /// (benchmarks and tests compare the orders). The scatter transpose keeps `a` in order (it
+    /// walks A's rows with y's entries).
+    pub fn with_row_sort(a: Csr, strategy: TransposeStrategy, sort: RowSort) -> Self {
         // rows kept in `order` (none: as they are)
         let stored = |m: Csr, order: &Option<RowOrder>| match order {
             Some(o) => m.select_rows(&o.rows()),
@@ -529,13 +529,13 @@ impl CpuCsrOperator {
             }
             _ => {
                 let at = a.transpose();
-                let order = RowOrder::by_length(at.indptr(), window);
+                let order = sort.order(at.indptr());
                 (TransposeImpl::Csc(stored(at, &order)), order)
             }
         };
         let order_a = match t {
             TransposeImpl::Scatter { .. } => None,
-            TransposeImpl::Csc(_) => RowOrder::by_length(a.indptr(), window),
+            TransposeImpl::Csc(_) => sort.order(a.indptr()),
         };
         let a = stored(a, &order_a);
         let runs = (
@@ -698,8 +698,21 @@ mod tests {
                 .zip(&x)
                 .map(|(ay, x)| -1.0 * ay + 3.0 * x)
                 .collect();
-            for strat in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
-                let op = CpuCsrOperator::new(a.clone(), strat);
+            // rows as the products choose, sorted by length in windows of 7 rows, kept as given
+            let ops = [
+                (TransposeStrategy::Csc, RowSort::Auto),
+                (TransposeStrategy::Csc, RowSort::Windows(7)),
+                (TransposeStrategy::Csc, RowSort::Keep),
+                (TransposeStrategy::Scatter, RowSort::Auto),
+            ];
+            for (strat, sort) in ops {
+                let op = CpuCsrOperator::with_row_sort(a.clone(), strat, sort);
+                if sort == RowSort::Windows(7) {
+                    assert!(
+                        op.order.0.is_some() && op.order.1.is_some(),
+                        "the test needs orders"
+                    );
+                }
                 let mut y = y0.clone();
                 op.apply(&be, Scale::new(2.0, -0.5), &x, &mut y).unwrap();
                 let mut xx = x.clone();
