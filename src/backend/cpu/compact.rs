@@ -136,7 +136,7 @@ type NoExtra = fn(&mut Lanes, usize);
 /// [`CompactCsr::row_lanes`], which skips them; every other row by a loop that decodes without
 /// looking for fillers. Reads x without bounds checks: built only by [`product`], which asserts
 /// the bound.
-struct PlainRows<'a, V, E> {
+struct PlainRows<'a, V, E, const FILLERS: bool> {
     arrays: (&'a [u64], &'a [u32], &'a [u16]),
     v: &'a [V],
     x: &'a [f64],
@@ -145,10 +145,10 @@ struct PlainRows<'a, V, E> {
     fillers: Option<&'a [u64]>,
 }
 
-impl<V, E: Fn(&mut Lanes, usize) + Sync> PlainRows<'_, V, E> {
+impl<V, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> PlainRows<'_, V, E, FILLERS> {
     #[inline(always)]
     fn has_fillers(&self, r: usize) -> bool {
-        self.fillers.is_some_and(|f| f[r / 64] >> (r % 64) & 1 != 0)
+        FILLERS && self.fillers.is_some_and(|f| f[r / 64] >> (r % 64) & 1 != 0)
     }
     /// Row r, which holds fillers.
     #[cold]
@@ -162,7 +162,8 @@ impl<V, E: Fn(&mut Lanes, usize) + Sync> PlainRows<'_, V, E> {
     }
 }
 
-impl<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync> RowSource for PlainRows<'_, V, E>
+impl<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> RowSource
+    for PlainRows<'_, V, E, FILLERS>
 where
     f64: From<V>,
 {
@@ -235,7 +236,7 @@ where
 
 /// out = alpha * (rows of `m`) x + beta * out, each row's lanes continued by `extra` (the
 /// stencil's transposed terms; none: a fn type stands in for E; it is given the stored row's
-/// place) before they are summed. The value type is decided once per product.
+/// place) before they are summed.
 fn product<E: Fn(&mut Lanes, usize) + Sync>(
     rows: &Rows,
     x: &[f64],
@@ -249,33 +250,36 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
         x.len() >= m.ncols(),
         "compact product: x shorter than the columns"
     );
-    let arrays = (m.ptr(), m.base(), m.delta());
-    let fillers = rows.fillers.as_deref();
-    let (runs, order) = (Some(&rows.runs), rows.order.as_ref());
-    match m.values() {
-        CompactValues::F64(v) => {
-            let src = PlainRows {
-                arrays,
-                v,
-                x,
-                extra,
-                m,
-                fillers,
-            };
-            rows_par(&src, runs, order, out, ab)
-        }
-        CompactValues::F32(v) => {
-            let src = PlainRows {
-                arrays,
-                v,
-                x,
-                extra,
-                m,
-                fillers,
-            };
-            rows_par(&src, runs, order, out, ab)
-        }
+    // whether any row holds fillers, and the value type: decided once per product
+    match (m.values(), rows.fillers.is_some()) {
+        (CompactValues::F64(v), false) => run::<_, E, false>(rows, v, x, out, ab, extra),
+        (CompactValues::F64(v), true) => run::<_, E, true>(rows, v, x, out, ab, extra),
+        (CompactValues::F32(v), false) => run::<_, E, false>(rows, v, x, out, ab, extra),
+        (CompactValues::F32(v), true) => run::<_, E, true>(rows, v, x, out, ab, extra),
     }
+}
+
+/// [`product`] with values `v` (`rows`' own), looking for rows with fillers if FILLERS.
+fn run<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool>(
+    rows: &Rows,
+    v: &[V],
+    x: &[f64],
+    out: &mut [f64],
+    ab: (f64, f64),
+    extra: Option<&E>,
+) where
+    f64: From<V>,
+{
+    let m = &rows.m;
+    let src = PlainRows::<V, E, FILLERS> {
+        arrays: (m.ptr(), m.base(), m.delta()),
+        v,
+        x,
+        extra,
+        m,
+        fillers: rows.fillers.as_deref(),
+    };
+    rows_par(&src, Some(&rows.runs), rows.order.as_ref(), out, ab)
 }
 
 impl Operator<CpuBackend> for CpuCompactOperator {
