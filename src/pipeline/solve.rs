@@ -300,11 +300,11 @@ impl Run<'_> {
 
 /// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
 /// one rank (measured faster there, docs/gpu.md) and CSR for small, latency-bound ones and under
-/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured about 10 % slower than CSR on
-/// australia's products on one core, 0.37 against 0.34 ms, where the system is cache-resident
+/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured 11 % slower than CSR on
+/// australia's products on one core, 0.369 against 0.331 ms, where the system is cache-resident
 /// and compact's fewer bytes buy nothing; out of cache, on `bench --size medium`, compact took
-/// 53 against 31 ms per iteration, its A^T y twice CSR's (the stencil's transposed terms and the
-/// transpose's rows with escape fillers; docs/performance.md, 2026-11-25, 09:25 UTC). `auto`
+/// 50-64 against 31-35 ms per iteration, its A^T y about twice CSR's (the stencil's transposed
+/// terms gather y's damping part in Morton order; docs/performance.md, 2026-11-25, 10:05 UTC). `auto`
 /// with `transpose = "library"` or `"scatter"` is CSR (compact builds its own explicit
 /// transpose).
 pub fn resolve_storage(
