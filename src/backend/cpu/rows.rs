@@ -45,10 +45,22 @@ pub(super) fn rows_par<S: RowSource>(
     );
     let rows = 0..out.len();
     match order {
-        None => split(src, runs, InOrder(out.as_mut_ptr()), rows, ab),
+        None => Job {
+            src,
+            runs,
+            sink: InOrder(out.as_mut_ptr()),
+            ab,
+        }
+        .split(rows),
         Some(o) => {
             assert_eq!(o.len(), out.len(), "row product: order and rows disagree");
-            split(src, runs, Ordered(out.as_mut_ptr(), o), rows, ab)
+            Job {
+                src,
+                runs,
+                sink: Ordered(out.as_mut_ptr(), o),
+                ab,
+            }
+            .split(rows)
         }
     }
 }
@@ -93,51 +105,47 @@ impl Sink for Ordered<'_> {
     }
 }
 
-/// Splits `rows` across rayon's threads by entries, down to GRAIN.
-fn split<S: RowSource, K: Sink>(
-    src: &S,
-    runs: Option<&RowRuns>,
+/// One product: where its row sums come from, their runs, where they go, and (alpha, beta).
+struct Job<'a, S, K> {
+    src: &'a S,
+    runs: Option<&'a RowRuns>,
     sink: K,
-    rows: Range<usize>,
     ab: (f64, f64),
-) {
-    let ptr = src.ptr();
-    let (r0, r1) = (rows.start, rows.end);
-    let work = ptr[r1] - ptr[r0] + (r1 - r0) as u64;
-    if work <= GRAIN || r1 - r0 < 2 {
-        leaf(src, runs, sink, rows, ab);
-        return;
-    }
-    let target = ptr[r0] + (ptr[r1] - ptr[r0]) / 2;
-    let mid = r0
-        + ptr[r0..=r1]
-            .partition_point(|&p| p <= target)
-            .clamp(1, r1 - r0 - 1);
-    rayon::join(
-        || split(src, runs, sink, r0..mid, ab),
-        || split(src, runs, sink, mid..r1, ab),
-    );
 }
 
-/// One thread's rows: runs by their kernels, the rest by the general loop.
-fn leaf<S: RowSource, K: Sink>(
-    src: &S,
-    runs: Option<&RowRuns>,
-    sink: K,
-    rows: Range<usize>,
-    ab: (f64, f64),
-) {
-    let Some(runs) = runs else {
-        general(src, sink, rows, ab);
-        return;
-    };
-    runs.split(rows, |p, len| match len {
-        1 => fixed::<S, K, 1>(src, sink, p, ab),
-        2 => fixed::<S, K, 2>(src, sink, p, ab),
-        3 => fixed::<S, K, 3>(src, sink, p, ab),
-        4 => fixed::<S, K, 4>(src, sink, p, ab),
-        _ => general(src, sink, p, ab),
-    });
+impl<S: RowSource, K: Sink> Job<'_, S, K> {
+    /// Splits `rows` across rayon's threads by entries, down to GRAIN.
+    fn split(&self, rows: Range<usize>) {
+        let ptr = self.src.ptr();
+        let (r0, r1) = (rows.start, rows.end);
+        let work = ptr[r1] - ptr[r0] + (r1 - r0) as u64;
+        if work <= GRAIN || r1 - r0 < 2 {
+            self.leaf(rows);
+            return;
+        }
+        let target = ptr[r0] + (ptr[r1] - ptr[r0]) / 2;
+        let mid = r0
+            + ptr[r0..=r1]
+                .partition_point(|&p| p <= target)
+                .clamp(1, r1 - r0 - 1);
+        rayon::join(|| self.split(r0..mid), || self.split(mid..r1));
+    }
+
+    /// One thread's rows: runs by their kernels, the rest by the general loop.
+    fn leaf(&self, rows: Range<usize>) {
+        let (src, sink, ab) = (self.src, self.sink, self.ab);
+        let Some(runs) = self.runs else {
+            general(src, sink, rows, ab);
+            return;
+        };
+        runs.split(rows, |p, len| match len {
+            1 => fixed::<S, K, 1>(src, sink, p, ab),
+            2 => fixed::<S, K, 2>(src, sink, p, ab),
+            3 => fixed::<S, K, 3>(src, sink, p, ab),
+            4 => fixed::<S, K, 4>(src, sink, p, ab),
+            _ => general(src, sink, p, ab),
+        });
+    }
 }
 
 // `general` and `fixed` write the same store loop out each: one helper taking the row sum as a
