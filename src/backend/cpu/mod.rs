@@ -496,8 +496,8 @@ pub struct CpuCsrOperator {
     t: TransposeImpl,
     /// Runs of equal short rows of `a` and of the CSC copy's rows (src/backend/cpu/rows.rs).
     runs: (RowRuns, RowRuns),
-    /// The order the rows of `a` (with the CSC copy) and of the CSC copy are stored in, by
-    /// length ([`RowSort`]; none: in order).
+    /// The orders the rows of `a` and of the CSC copy are stored in, by length ([`RowSort`];
+    /// none: in order; with the scatter transpose `a` keeps its order).
     order: (Option<RowOrder>, Option<RowOrder>),
 }
 
