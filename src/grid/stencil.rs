@@ -414,8 +414,9 @@ impl StencilOp {
             None => jn,
         };
         // The cell's grid position once: the rows at the neighbours along an axis are found
-        // from it without dividing (block_row divides three times; per cell and block that was
-        // most of an out-of-cache A^T y: `bench --size medium`, 30 -> 15 ms on one core).
+        // from it without dividing (block_row divides three times per call; on `bench --size
+        // medium`, one core, compact A^T y went from 33-37 to 27-30 ms with this and the
+        // per-row filler check, docs/performance.md).
         // At the grid's faces the neighbour's position wraps to another line or plane, which
         // `block_row` on the neighbour's index gets right, as before.
         let ijk = cell_ijk(n, c);

@@ -304,7 +304,7 @@ impl Run<'_> {
 /// australia's products on one core, 0.369 against 0.331 ms, where the system is cache-resident
 /// and compact's fewer bytes buy nothing; out of cache, on `bench --size medium`, compact took
 /// 50-64 against 31-35 ms per iteration, its A^T y about twice CSR's (the stencil's transposed
-/// terms gather y's damping part in Morton order; docs/performance.md, 2026-11-25, 10:05 UTC). `auto`
+/// terms gather y's damping part in Morton order; docs/performance.md, 2026-11-25, 09:53 UTC). `auto`
 /// with `transpose = "library"` or `"scatter"` is CSR (compact builds its own explicit
 /// transpose).
 pub fn resolve_storage(

@@ -132,11 +132,12 @@ impl CpuCompactOperator {
 type NoExtra = fn(&mut Lanes, usize);
 
 /// Rows of a compact matrix (`ptr`, `base`, `delta`, values `v`) times `x`, each row's lanes
-/// continued by `extra`. A row marked in `fillers` (one that holds escape fillers) is summed by
-/// [`CompactCsr::row_lanes`], which skips them; every other row by a loop that decodes without
-/// looking for fillers. Reads x without bounds checks: built only by [`product`], which asserts
+/// continued by `extra`. If FILLERS, a row marked in `fillers` (one that holds escape fillers)
+/// is summed by [`CompactCsr::row_lanes`], which skips them; every other row by a loop that
+/// decodes without looking for fillers. Reads x without bounds checks: built only by [`product`], which asserts
 /// the bound.
-struct PlainRows<'a, V, E, const FILLERS: bool> {
+struct CompactRows<'a, V, E, const FILLERS: bool> {
+    /// `m`'s ptr, base and delta, held here so that the row loop reads them directly.
     arrays: (&'a [u64], &'a [u32], &'a [u16]),
     v: &'a [V],
     x: &'a [f64],
@@ -145,7 +146,7 @@ struct PlainRows<'a, V, E, const FILLERS: bool> {
     fillers: Option<&'a [u64]>,
 }
 
-impl<V, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> PlainRows<'_, V, E, FILLERS> {
+impl<V, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> CompactRows<'_, V, E, FILLERS> {
     #[inline(always)]
     fn has_fillers(&self, r: usize) -> bool {
         FILLERS && self.fillers.is_some_and(|f| f[r / 64] >> (r % 64) & 1 != 0)
@@ -163,7 +164,7 @@ impl<V, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> PlainRows<'_, V, E
 }
 
 impl<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool> RowSource
-    for PlainRows<'_, V, E, FILLERS>
+    for CompactRows<'_, V, E, FILLERS>
 where
     f64: From<V>,
 {
@@ -245,7 +246,7 @@ fn product<E: Fn(&mut Lanes, usize) + Sync>(
     extra: Option<&E>,
 ) {
     let m = &rows.m;
-    // the bound PlainRows' unchecked reads rely on
+    // the bound CompactRows' unchecked reads rely on
     assert!(
         x.len() >= m.ncols(),
         "compact product: x shorter than the columns"
@@ -271,7 +272,7 @@ fn run<V: Copy + Sync, E: Fn(&mut Lanes, usize) + Sync, const FILLERS: bool>(
     f64: From<V>,
 {
     let m = &rows.m;
-    let src = PlainRows::<V, E, FILLERS> {
+    let src = CompactRows::<V, E, FILLERS> {
         arrays: (m.ptr(), m.base(), m.delta()),
         v,
         x,

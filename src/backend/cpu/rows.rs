@@ -1,8 +1,10 @@
 //! The CPU backend's row products, y = alpha (row sums) + beta y, for every storage: the rows are
 //! split across rayon's threads by entries, and within a thread's rows each run of equal short
 //! rows ([`RowRuns`]: damping blocks) goes to a loop made for its length, every other row to
-//! the general loop with a branch-free row end ([`Lanes::of_masked`]). Both compute a row's sum
-//! in [`Lanes`]' order, so the result does not depend on the split, the runs or the storage.
+//! the general loop with a branch-free row end ([`Lanes::of_masked`]). A storage may keep its
+//! rows in another order ([`RowOrder`]: by length); each sum is then written to its row's place.
+//! Every loop computes a row's sum in [`Lanes`]' order, so the result does not depend on the
+//! split, the runs, the order or the storage.
 
 use std::ops::Range;
 
