@@ -26,7 +26,7 @@ demo:
 	echo "demo outputs: out/demo/{model.h5,model.xdmf,slice.png,section.png,report.json}, out/australia-model/{model.h5,velocity.png}"
 
 lint:
-	@$(BOOT) && $(CARGO) fmt --all -- --check && $(CARGO) clippy --all-targets -- -D warnings && \
+	@$(BOOT) && $(CARGO) fmt --all -- --check && $(CARGO) clippy --all-targets --features fault-injection -- -D warnings && \
 	$(CARGO) clippy --no-default-features --all-targets -- -D warnings && \
 	PYO3_PYTHON=$(CURDIR)/$(PYVENV)/bin/python $(CARGO) clippy -p seistomo-py --all-targets -- -D warnings
 
@@ -40,10 +40,11 @@ python:
 test-python: python
 	@$(PYVENV)/bin/python -m pytest -q python/tests
 
-# Formatting, lints (with and without the default `mpi` feature), then every test, then the
-# Python module's tests (pytest).
+# Formatting, lints (with and without the default `mpi` feature), then every test (with the
+# publisher's fault-injection hooks compiled in: tests/outputs.rs kills and fills the disk
+# through them; release builds never have them), then the Python module's tests (pytest).
 test: lint
-	@$(BOOT) && $(CARGO) test --no-fail-fast
+	@$(BOOT) && $(CARGO) test --no-fail-fast --features fault-injection
 	@$(MAKE) --no-print-directory test-python
 
 # Compile kernels/*.cu as the CUDA backend does, without a GPU (NVRTC and ptxas from NVIDIA's PyPI

@@ -6,7 +6,7 @@ fn main() {
         // One line: the error and its causes, joined. A closed stderr is ignored
         // (src/console.rs): the exit status still says what happened.
         let msg = format!("{e:#}").replace('\n', " ");
-        seistomo::console::err(format_args!("seistomo: error: {msg}"));
+        seistomo::ui::console::err(format_args!("seistomo: error: {msg}"));
         std::process::exit(1);
     }
 }

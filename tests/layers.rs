@@ -1,7 +1,7 @@
 //! The rooms of src/ only import downwards (docs/developers.md, "Layout"):
 //!
 //! cli -> pipeline -> model -> solver -> backend -> comm -> io -> partition -> grid -> sparse
-//! -> error/console/progress; `testproblems` sits beside solver and only cli (and tests) may
+//! -> error/ui/settings; `testproblems` sits beside solver and only cli (and tests) may
 //! use it.
 //!
 //! Every `crate::room` path in a library file (comments and the trailing `#[cfg(test)]` module
@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 /// Rank of each room: a room may name rooms of a lower rank (and itself).
 const RANKS: &[(&str, u32)] = &[
     ("error", 0),
-    ("console", 0),
-    ("progress", 0),
+    ("ui", 0),
+    ("settings", 0),
     ("sparse", 1),
     ("grid", 2),
     ("partition", 3),

@@ -307,6 +307,10 @@ fn invert_on_2_ranks_writes_the_outputs_once() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the fault-injection feature (make test turns it on)"
+)]
 fn checkpoints_on_3_ranks_are_removed_and_resume_is_announced_once_before_the_solve() {
     let Some(dir) = mpi_dir("mpi-ckpt3") else {
         return;

@@ -124,6 +124,10 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the fault-injection feature (make test turns it on)"
+)]
 fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
     let (d, out, cfg) = fresh("enospc", 0);
     let first = invert(&cfg, &[], false);
@@ -177,6 +181,10 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the fault-injection feature (make test turns it on)"
+)]
 fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
     let (d, out, cfg) = fresh("kill9", 5);
     // The uninterrupted result, and the number of steps of its output phase.
@@ -256,6 +264,10 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the fault-injection feature (make test turns it on)"
+)]
 fn two_inverts_into_one_directory_one_stops_at_once_naming_the_other() {
     let (d, out, cfg) = fresh("lock", 5);
     let go = d.join("go");
@@ -513,6 +525,10 @@ fn absurd_settings_and_broken_datasets_are_one_line_errors() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "fault-injection"),
+    ignore = "needs the fault-injection feature (make test turns it on)"
+)]
 fn export_on_a_full_disk_leaves_no_directory_and_a_losing_synth_no_partial() {
     let (d, _, _) = fresh("export", 5);
     let npy = d.join("npy");

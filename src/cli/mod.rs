@@ -61,7 +61,7 @@ pub enum Command {
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let comm = crate::comm::init()?;
-    crate::progress::configure(cli.quiet, comm.is_root());
+    crate::ui::progress::configure(cli.quiet, comm.is_root());
     let result = match cli.command {
         Command::Solve(a) => solve::run(a, &*comm),
         Command::Invert(a) => invert::run(a, &*comm),

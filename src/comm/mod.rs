@@ -17,7 +17,7 @@ pub use serial::SerialComm;
 pub use thread::ThreadComm;
 pub use timed::{RankTiming, TimedComm};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 pub use crate::io::rowio::RangeSource;
 
 /// What a solver or loader needs from the ranks of a job.
@@ -67,25 +67,9 @@ pub trait Comm: RangeSource + Send + Sync {
     }
 }
 
-/// Environment variables that MPI launchers set in every rank they start (Open MPI's mpirun,
-/// MPICH/Intel MPI's hydra, PMIx and PMI-2 launchers such as Slurm's srun).
-const LAUNCHER_VARS: [&str; 5] = [
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_RANK",
-    "PMI_SIZE",
-    "PMI_RANK",
-    "MPI_LOCALNRANKS",
-];
-
 /// True when this process was started by an MPI launcher (mpirun, mpiexec, srun).
 pub fn launched_by_mpi() -> bool {
-    LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
-}
-
-fn env_usize(names: &[&str]) -> Option<usize> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().and_then(|v| v.trim().parse().ok()))
+    crate::settings::launch::launched_by_mpi()
 }
 
 /// This process's rank among the ranks on its node, from the launcher's environment
@@ -93,25 +77,12 @@ fn env_usize(names: &[&str]) -> Option<usize> {
 /// launched by MPI. The GPU backend binds rank -> GPU (local rank modulo the GPU count) with it.
 /// [`MpiComm`] computes the same from a shared-memory split of the world instead.
 pub fn local_rank() -> usize {
-    env_usize(&[
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-        "PMI_LOCAL_RANK",
-    ])
-    .unwrap_or(0)
+    crate::settings::launch::local_rank()
 }
 
 /// Ranks on this node according to the launcher (1 when not launched by MPI).
 pub fn local_size() -> usize {
-    env_usize(&[
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "MPI_LOCALNRANKS",
-        "SLURM_NTASKS_PER_NODE",
-        "PMI_LOCAL_SIZE",
-    ])
-    .unwrap_or(1)
-    .max(1)
+    crate::settings::launch::local_size()
 }
 
 /// CPU threads a rank should use when none were asked for: the cores divided among the ranks of
@@ -120,7 +91,7 @@ pub fn local_size() -> usize {
 /// RAYON_NUM_THREADS decides.
 pub fn default_threads_per_rank() -> Option<usize> {
     let per_node = local_size();
-    if per_node <= 1 || std::env::var_os("RAYON_NUM_THREADS").is_some() {
+    if per_node <= 1 || crate::settings::launch::rayon_threads_set() {
         return None;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -132,16 +103,7 @@ pub fn default_threads_per_rank() -> Option<usize> {
 /// init), SEISTOMO_MPI=0 forces one process. Keep the box alive until the program ends:
 /// dropping it finalises MPI.
 pub fn init() -> Result<Box<dyn Comm>> {
-    let want = match std::env::var("SEISTOMO_MPI").ok().as_deref() {
-        Some("1" | "on" | "yes") => true,
-        Some("0" | "off" | "no") => false,
-        Some(v) => {
-            return Err(Error::Invalid(format!(
-                "SEISTOMO_MPI={v}: expected 1 (force MPI) or 0 (one process)"
-            )))
-        }
-        None => launched_by_mpi(),
-    };
+    let want = crate::settings::launch::mpi_override()?.unwrap_or_else(launched_by_mpi);
     if !want {
         return Ok(Box::new(SerialComm));
     }
@@ -151,9 +113,9 @@ pub fn init() -> Result<Box<dyn Comm>> {
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let world = env_usize(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"]);
+        let world = crate::settings::launch::world_size();
         if launched_by_mpi() && world.is_none_or(|n| n > 1) {
-            Err(Error::Comm(
+            Err(crate::error::Error::Comm(
                 "started by an MPI launcher but this build has no MPI support (built without \
                  the `mpi` feature); rebuild with default features or run without mpirun"
                     .into(),

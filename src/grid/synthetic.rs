@@ -189,7 +189,7 @@ pub fn straight_ray_kernel_with(grid: &Grid, nrays: usize, seed: u64, progress: 
         "grid has too many cells for 32-bit columns"
     );
     let nchunks = nrays.div_ceil(CHUNK);
-    let pb = crate::progress::bar(nrays as u64, "rays", progress);
+    let pb = crate::ui::progress::bar(nrays as u64, "rays", progress);
     // Each chunk traces its rays into its own arrays; chunks are then concatenated in order.
     let chunks: Vec<(Vec<u64>, Vec<u32>, Vec<f64>)> = (0..nchunks)
         .into_par_iter()

@@ -243,7 +243,7 @@ pub fn write_kernel(
         .collect();
     let order = descending_order(&nnz);
     let vb = prec.bytes();
-    let pb = crate::progress::bar(a.nnz() as u64, "writing", progress);
+    let pb = crate::ui::progress::bar(a.nnz() as u64, "writing", progress);
     let mut entries: Vec<MetaEntry> = Vec::with_capacity(a.nrows());
     match layout {
         Layout::PerRow => {
@@ -567,7 +567,7 @@ pub fn read_kernel_rows(
         &format!("{nnz} kernel nonzeros in {} rows", local.len()),
         12 * nnz as u128,
     )?;
-    let pb = crate::progress::bar(nnz as u64, "loading", progress);
+    let pb = crate::ui::progress::bar(nnz as u64, "loading", progress);
     let (mut indices, mut data) = (Vec::new(), Vec::new());
     // Rows in batches: per-row files are opened (and their lengths checked) a batch at a time
     // before the batch's output grows, so a lying metadata entry allocates nothing.
@@ -794,7 +794,7 @@ pub fn read_kernel_rows_ranges(
     let mut indices = vec![0u32; nnz];
     let mut data = vec![0f64; nnz];
     let bytes_read = AtomicU64::new(0);
-    let pb = crate::progress::bar(nnz as u64, "loading", progress);
+    let pb = crate::ui::progress::bar(nnz as u64, "loading", progress);
     // One output slot per local row, handed to the span that holds the row.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(local.len());
     {

@@ -13,10 +13,7 @@ use crate::error::{Error, Result};
 pub fn memory_limit() -> Option<u64> {
     static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
     *LIMIT.get_or_init(|| {
-        if let Some(v) = std::env::var("SEISTOMO_MEMORY_LIMIT")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
+        if let Some(v) = crate::settings::launch::memory_limit() {
             return Some(v);
         }
         let text = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -22,7 +22,8 @@
 //! directory is pending, and every file it names has the recorded size and hash. Files that the
 //! manifest does not name are not part of the set.
 //!
-//! Fault injection for tests (environment variables, read once per process):
+//! Fault injection for tests, in builds with the `fault-injection` feature only (environment
+//! variables, read once per process; release builds have no hooks):
 //! `SEISTOMO_FAULT_ENOSPC_AFTER=N`: staged writes fail with ENOSPC ("No space left on device")
 //! once N bytes in all have been written; `SEISTOMO_FAULT_KILL_AT=K`: the process sends itself
 //! SIGKILL at the K-th step of staging/committing (each write call, fsync and rename counts; the
@@ -64,21 +65,22 @@ impl Fnv {
     }
 }
 
-/// Test hooks (see the module docs).
+/// Test hooks (see the module docs), compiled in only with the `fault-injection` feature.
+#[cfg(feature = "fault-injection")]
 mod fault {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    fn env_u64(name: &str) -> Option<u64> {
-        std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+    fn value(name: &str) -> Option<u64> {
+        crate::settings::launch::fault(name).and_then(|v| v.trim().parse().ok())
     }
     fn enospc_after() -> Option<u64> {
         static V: OnceLock<Option<u64>> = OnceLock::new();
-        *V.get_or_init(|| env_u64("SEISTOMO_FAULT_ENOSPC_AFTER"))
+        *V.get_or_init(|| value("ENOSPC_AFTER"))
     }
     pub(super) fn kill_at() -> Option<u64> {
         static V: OnceLock<Option<u64>> = OnceLock::new();
-        *V.get_or_init(|| env_u64("SEISTOMO_FAULT_KILL_AT"))
+        *V.get_or_init(|| value("KILL_AT"))
     }
     static WRITTEN: AtomicU64 = AtomicU64::new(0);
     static POINTS: AtomicU64 = AtomicU64::new(0);
@@ -111,6 +113,31 @@ mod fault {
     pub(super) fn points() -> u64 {
         POINTS.load(Ordering::Relaxed)
     }
+
+    /// After taking an output lock: wait until the file SEISTOMO_FAULT_HOLD_LOCK names exists.
+    pub(super) fn hold_lock() {
+        if let Some(hold) = crate::settings::launch::fault("HOLD_LOCK") {
+            while !std::path::Path::new(&hold).exists() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Release builds: no hooks (every write has room, no step kills, no lock is held).
+#[cfg(not(feature = "fault-injection"))]
+mod fault {
+    pub(super) fn kill_at() -> Option<u64> {
+        None
+    }
+    pub(super) fn room(len: usize) -> std::io::Result<usize> {
+        Ok(len)
+    }
+    pub(super) fn point() {}
+    pub(super) fn points() -> u64 {
+        0
+    }
+    pub(super) fn hold_lock() {}
 }
 
 /// (year, month, day) of the day `days` after 1970-01-01 (H. Hinnant's civil-from-days).
@@ -592,11 +619,7 @@ impl OutputLock {
             if let Some(f) = lock_one(d)? {
                 lock.held.push((d.join(LOCK_FILE), f));
             }
-            if let Some(hold) = std::env::var_os("SEISTOMO_FAULT_HOLD_LOCK") {
-                while !Path::new(&hold).exists() {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
+            fault::hold_lock();
             for run in recover(d)? {
                 eprintln!(
                     "completed the outputs of run {run} in {} (that run was stopped while publishing them)",

@@ -60,7 +60,7 @@ pub fn verify_dataset(path: &Path, progress: bool) -> Result<VerifyReport> {
         rep.files += ds.meta.rows;
     }
     // Kernel rows in batches of about BATCH_NNZ nonzeros, in metadata order.
-    let pb = crate::progress::bar(ds.meta.nnz, "verifying", progress);
+    let pb = crate::ui::progress::bar(ds.meta.nnz, "verifying", progress);
     let entries = &ds.meta.entries;
     let mut start = 0;
     while start < entries.len() {

@@ -149,7 +149,7 @@ pub fn host_name() -> String {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(crate::settings::launch::hostname)
         .unwrap_or_else(|| "unknown".into())
 }
 

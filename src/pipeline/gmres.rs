@@ -140,13 +140,13 @@ impl GmresBar {
         } else {
             0.0
         };
-        let eta = crate::progress::eta_from_trend(
+        let eta = crate::ui::progress::eta_from_trend(
             &self.relres,
             self.rtol,
             per_iter,
             self.max_iter.saturating_sub(r.iteration),
         );
-        let eta = crate::progress::eta_text(eta);
+        let eta = crate::ui::progress::eta_text(eta);
         self.pb.set_position(r.iteration as u64);
         self.pb.set_message(format!(
             "it {}  cycle {}  relres {:.2e}/{:.0e}  {:.0} it/s  {eta}",
@@ -267,9 +267,9 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
         every: if comm.is_root() { c.progress } else { 0 },
         bar: (comm.is_root()
             && c.progress == 0
-            && crate::progress::mode() != crate::progress::Mode::Quiet)
+            && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet)
             .then(|| GmresBar {
-                pb: crate::progress::open_ended("gmres"),
+                pb: crate::ui::progress::open_ended("gmres"),
                 rtol: c.params.rtol,
                 max_iter: c.params.max_iter,
                 relres: Vec::new(),

@@ -68,7 +68,7 @@ impl RunModel {
         o: &Outcome,
     ) -> Result<()> {
         if let Some(p) = &cfg.model.path {
-            let pb = crate::progress::open_ended("writing");
+            let pb = crate::ui::progress::open_ended("writing");
             pb.set_message(crate::io::tidy(p).display().to_string());
             let staged = crate::model::hdf5::stage_model(
                 publ,

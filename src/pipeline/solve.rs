@@ -194,7 +194,7 @@ struct IterBar {
 impl IterBar {
     fn new(params: &LsqrParams, n: usize) -> IterBar {
         IterBar {
-            pb: crate::progress::open_ended("lsqr"),
+            pb: crate::ui::progress::open_ended("lsqr"),
             t0: std::time::Instant::now(),
             first: None,
             test1: Vec::new(),
@@ -225,13 +225,13 @@ impl IterBar {
         let left = self.iter_lim.saturating_sub(r.itn);
         let rtol = self.btol + self.atol * r.anorm * r.xnorm / rn0.max(f64::MIN_POSITIVE);
         let eta = [
-            crate::progress::eta_from_trend(&self.test1, rtol, per_iter, left),
-            crate::progress::eta_from_trend(&self.test2, self.atol, per_iter, left),
+            crate::ui::progress::eta_from_trend(&self.test1, rtol, per_iter, left),
+            crate::ui::progress::eta_from_trend(&self.test2, self.atol, per_iter, left),
         ]
         .into_iter()
         .flatten()
         .min();
-        let eta = crate::progress::eta_text(eta);
+        let eta = crate::ui::progress::eta_text(eta);
         let t2 = match self.test2.last() {
             Some(t) if r.anorm > 0.0 => format!("{t:.1e}"),
             _ => "-".into(),
@@ -283,7 +283,7 @@ impl Run<'_> {
             },
             bar: (comm.is_root()
                 && self.progress_every == 0
-                && crate::progress::mode() != crate::progress::Mode::Quiet)
+                && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet)
                 .then(|| IterBar::new(params, op.ncols())),
         };
         if let Some(ckpt) = self.ckpt {

@@ -16,16 +16,16 @@ static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __seistomo_println {
-    () => { $crate::console::out(format_args!("")) };
-    ($($t:tt)*) => { $crate::console::out(format_args!($($t)*)) };
+    () => { $crate::ui::console::out(format_args!("")) };
+    ($($t:tt)*) => { $crate::ui::console::out(format_args!($($t)*)) };
 }
 
 /// `eprintln!` that ignores write errors (see the module docs).
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __seistomo_eprintln {
-    () => { $crate::console::err(format_args!("")) };
-    ($($t:tt)*) => { $crate::console::err(format_args!($($t)*)) };
+    () => { $crate::ui::console::err(format_args!("")) };
+    ($($t:tt)*) => { $crate::ui::console::err(format_args!($($t)*)) };
 }
 
 // The crate-wide shadows of std's macros (textual scope: every module declared after this one).
@@ -35,7 +35,7 @@ macro_rules! println {
 }
 #[allow(unused_macros)]
 macro_rules! print {
-    ($($t:tt)*) => { $crate::console::out_raw(format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::ui::console::out_raw(format_args!($($t)*)) };
 }
 #[allow(unused_macros)]
 macro_rules! eprintln {
