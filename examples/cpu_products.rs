@@ -126,7 +126,7 @@ fn synthetic(g: &str, rays: usize) -> Result<Csr, Box<dyn std::error::Error>> {
         seistomo::grid::reorder::Reorder::Auto,
         true,
     );
-    Ok(p.stored)
+    Ok(p.matrix.rows)
 }
 
 /// Prints the least times of A x and A^T y by `rows` with row sums `row` (`at`: A^T as rows).

@@ -238,11 +238,11 @@ fn demo_checkerboard_is_recovered() {
         .unwrap()
         .expect("the demo has a true model");
     let cfg = seistomo::pipeline::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
-    let sys = cfg.system.load().unwrap();
+    let sys = seistomo::pipeline::load::load_mtx(&cfg.system).unwrap();
     assert_eq!(sys.a.ncols(), truth.len());
     let mut opts = cfg.options.clone();
-    opts.backend = pipeline::BackendChoice::Cpu;
-    let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap();
+    opts.operator.backend = pipeline::options::BackendChoice::Cpu;
+    let o = pipeline::solve::solve_system(sys, &opts, &SerialComm, 0.0, 0).unwrap();
     let c = synth::correlation(&o.solution.x, &truth);
     println!("demo checkerboard: correlation with the true model {c:.6}");
     assert!(c >= 0.8, "{c}");
@@ -687,11 +687,11 @@ fn solution_is_independent_of_the_partition() {
     let demo = root().join("datasets/demo");
     let cfg = seistomo::pipeline::config::RunConfig::load(&demo.join("invert.toml")).unwrap();
     let mut opts = cfg.options.clone();
-    opts.backend = pipeline::BackendChoice::Cpu;
+    opts.operator.backend = pipeline::options::BackendChoice::Cpu;
     opts.params.atol = 1e-14;
     opts.params.btol = 1e-14;
     let whole = load_dataset(&demo, 0, 1).unwrap();
-    let x1 = pipeline::solve_system(whole, &opts, &SerialComm, 0.0, 0)
+    let x1 = pipeline::solve::solve_system(whole, &opts, &SerialComm, 0.0, 0)
         .unwrap()
         .solution
         .x;
@@ -708,7 +708,7 @@ fn solution_is_independent_of_the_partition() {
         b,
         kernel_rows: parts.iter().map(|p| p.kernel_rows).sum(),
     };
-    let x2 = pipeline::solve_system(permuted, &opts, &SerialComm, 0.0, 0)
+    let x2 = pipeline::solve::solve_system(permuted, &opts, &SerialComm, 0.0, 0)
         .unwrap()
         .solution
         .x;

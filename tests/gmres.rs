@@ -19,7 +19,9 @@ use seistomo::comm::halo::comm_volume;
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::operators::{Engine, SquareSystem};
+use seistomo::pipeline::options::OperatorSpec;
+use seistomo::pipeline::square::gmres_square;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     gmres, ArnoldiLoop, ConvergenceTest, GmresHistory, GmresMonitor, GmresParams, GmresSolution,
@@ -215,7 +217,8 @@ fn solve_threads(
             },
             _ => SquarePrecond::None,
         };
-        let sol = gmres_square_cpu(
+        let sol = gmres_square(
+            &Engine::cpu_on_calling_thread(),
             c,
             SquareSystem {
                 rows: &a.select_rows(&rows),
@@ -224,6 +227,7 @@ fn solve_threads(
                 x0: None,
             },
             pc,
+            &OperatorSpec::default(),
             params,
             &mut NoGmresMonitor,
         )

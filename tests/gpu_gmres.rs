@@ -18,8 +18,9 @@ use seistomo::backend::{Backend, Operator, Precision, Scale};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
-use seistomo::pipeline::gmres::{gmres_square_cuda, SquareStorage};
+use seistomo::pipeline::operators::{Engine, SquareSystem};
+use seistomo::pipeline::options::OperatorSpec;
+use seistomo::pipeline::square::gmres_square;
 use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{
     ArnoldiLoop, ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide,
@@ -210,7 +211,8 @@ fn precond(name: &str) -> SquarePrecond {
 fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
     let part = RowPartition::contiguous(a.nrows(), 1);
     let b = vec![1.0; a.nrows()];
-    gmres_square_cpu(
+    gmres_square(
+        &Engine::cpu_on_calling_thread(),
         &SerialComm,
         SquareSystem {
             rows: a,
@@ -219,6 +221,7 @@ fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
             x0: None,
         },
         precond(pc),
+        &OperatorSpec::default(),
         p,
         &mut NoGmresMonitor,
     )
@@ -226,18 +229,20 @@ fn solve_cpu(a: &Csr, pc: &str, p: &GmresParams) -> SquareSolve {
 }
 
 fn solve_gpu_as(
-    be: &CudaBackend,
+    _be: &CudaBackend,
     comm: &dyn Comm,
     a: &Csr,
     part: &RowPartition,
     pc: &str,
     p: &GmresParams,
-    storage: SquareStorage,
+    storage: OperatorSpec,
 ) -> SquareSolve {
     let rows: Vec<usize> = part.range(comm.rank()).collect();
     let b = vec![1.0; rows.len()];
-    gmres_square_cuda(
-        be,
+    // the factory's engine on the same GPU (each solve builds its operator there)
+    let engine = Engine::gpu(0).unwrap();
+    gmres_square(
+        &engine,
         comm,
         SquareSystem {
             rows: &a.select_rows(&rows),
@@ -246,7 +251,7 @@ fn solve_gpu_as(
             x0: None,
         },
         precond(pc),
-        storage,
+        &storage,
         p,
         &mut NoGmresMonitor,
     )
@@ -262,7 +267,7 @@ fn solve_gpu(
     pc: &str,
     p: &GmresParams,
 ) -> SquareSolve {
-    solve_gpu_as(be, comm, a, part, pc, p, SquareStorage::default())
+    solve_gpu_as(be, comm, a, part, pc, p, OperatorSpec::default())
 }
 
 #[test]
@@ -508,9 +513,10 @@ fn row_patterns_match_their_reference_and_csr() {
         for prec in [Precision::F64, Precision::F32] {
             let p = params(Orthog::Cgs, PrecondSide::Left);
             let run = |storage| {
-                let st = SquareStorage {
+                let st = OperatorSpec {
                     precision: prec,
                     storage,
+                    ..Default::default()
                 };
                 solve_gpu_as(&be, &SerialComm, &a, &part, pc, &p, st)
             };

@@ -1,7 +1,7 @@
 //! The rooms of src/ only import downwards (docs/developers.md, "Layout"):
 //!
 //! cli -> pipeline -> model -> solver -> backend -> comm -> io -> partition -> grid -> sparse
-//! -> error/ui/settings; `testproblems` sits beside solver and only cli (and tests) may
+//! -> settings -> error/ui; `testproblems` sits beside solver and only cli (and tests) may
 //! use it.
 //!
 //! Every `crate::room` path in a library file (comments and the trailing `#[cfg(test)]` module
@@ -14,18 +14,18 @@ use std::path::{Path, PathBuf};
 const RANKS: &[(&str, u32)] = &[
     ("error", 0),
     ("ui", 0),
-    ("settings", 0),
-    ("sparse", 1),
-    ("grid", 2),
-    ("partition", 3),
-    ("io", 4),
-    ("comm", 5),
-    ("backend", 6),
-    ("solver", 7),
-    ("testproblems", 7),
-    ("model", 8),
-    ("pipeline", 9),
-    ("cli", 10),
+    ("settings", 1),
+    ("sparse", 2),
+    ("grid", 3),
+    ("partition", 4),
+    ("io", 5),
+    ("comm", 6),
+    ("backend", 7),
+    ("solver", 8),
+    ("testproblems", 8),
+    ("model", 9),
+    ("pipeline", 10),
+    ("cli", 11),
 ];
 
 /// Items of the crate root every room may use (console.rs: the println!/eprintln! macros).

@@ -7,7 +7,8 @@ use common::{cpu_lsqr, reference_json, reference_vector as read_gz, rel};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::pipeline::{solve_system, SolveOptions};
+use seistomo::pipeline::options::SolveOptions;
+use seistomo::pipeline::solve::solve_system;
 use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
 use seistomo::testproblems::Lstp;
 

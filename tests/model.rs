@@ -13,7 +13,7 @@ use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, xdmf_path, ModelFile, ModelInputs};
 use seistomo::model::report::Outcome;
 use seistomo::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::pipeline::solve_system;
+use seistomo::pipeline::solve::solve_system;
 use seistomo::solver::LsqrParams;
 
 /// Solve I x = b (with var): x = b up to rounding.

@@ -15,7 +15,7 @@ use seistomo::grid::Grid;
 use seistomo::model::hdf5::{write_model, ModelInputs};
 use seistomo::model::report::Outcome;
 use seistomo::model::spec::{CellTable, ModelSpec, Parameterisation, Reference, Unknowns};
-use seistomo::pipeline::solve_system;
+use seistomo::pipeline::solve::solve_system;
 use seistomo::solver::LsqrParams;
 
 /// Solve I x = b: x = b.

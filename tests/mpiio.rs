@@ -306,9 +306,9 @@ fn mpiio_load_rank_child() {
     let list = list.to_string_lossy().into_owned();
     let mut n = 0;
     for ds in list.lines().map(PathBuf::from) {
-        let (m, sm) = load_dataset_comm(&ds, &comm, &opts(IoChoice::Mmap)).unwrap();
-        let (r, sr) = load_dataset_comm(&ds, &comm, &opts(IoChoice::MpiIo)).unwrap();
-        let (_, sa) = load_dataset_comm(&ds, &comm, &opts(IoChoice::Auto)).unwrap();
+        let (m, sm, _) = load_dataset_comm(&ds, &comm, &opts(IoChoice::Mmap)).unwrap();
+        let (r, sr, _) = load_dataset_comm(&ds, &comm, &opts(IoChoice::MpiIo)).unwrap();
+        let (_, sa, _) = load_dataset_comm(&ds, &comm, &opts(IoChoice::Auto)).unwrap();
         assert_eq!((sm.io, sr.io), (IoPath::Mmap, IoPath::MpiIo));
         assert_eq!(
             sa.io,

@@ -12,8 +12,10 @@ use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
-use seistomo::pipeline::gmres::partition_square_on;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::operators::{Engine, SquareSystem};
+use seistomo::pipeline::options::OperatorSpec;
+use seistomo::pipeline::square::gmres_square;
+use seistomo::pipeline::square::partition_square_on;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
@@ -211,7 +213,8 @@ fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usi
         let b = sp
             .perm
             .permute_range(&vec![1.0; n], sp.part.range(c.rank()));
-        let sol = gmres_square_cpu(
+        let sol = gmres_square(
+            &Engine::cpu_on_calling_thread(),
             c,
             SquareSystem {
                 rows: &rows,
@@ -220,6 +223,7 @@ fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usi
                 x0: None,
             },
             SquarePrecond::Jacobi,
+            &OperatorSpec::default(),
             &params(),
             &mut NoGmresMonitor,
         )
@@ -248,7 +252,8 @@ fn permuted_solves_equal_the_unpermuted_solve() {
     let a = cube(SquareKind::Convdiff, 12).unwrap();
     let n = a.nrows();
     let one = SerialComm;
-    let serial = gmres_square_cpu(
+    let serial = gmres_square(
+        &Engine::cpu_on_calling_thread(),
         &one,
         SquareSystem {
             rows: &a,
@@ -257,6 +262,7 @@ fn permuted_solves_equal_the_unpermuted_solve() {
             x0: None,
         },
         SquarePrecond::Jacobi,
+        &OperatorSpec::default(),
         &params(),
         &mut NoGmresMonitor,
     )
@@ -286,7 +292,8 @@ fn permuted_solves_equal_the_unpermuted_solve() {
         comm_volume(&pa, &sp.part).unwrap(),
         sp.comm_volume(&a).unwrap()
     );
-    let sol = gmres_square_cpu(
+    let sol = gmres_square(
+        &Engine::cpu_on_calling_thread(),
         &one,
         SquareSystem {
             rows: &pa,
@@ -295,6 +302,7 @@ fn permuted_solves_equal_the_unpermuted_solve() {
             x0: None,
         },
         SquarePrecond::Jacobi,
+        &OperatorSpec::default(),
         &params(),
         &mut NoGmresMonitor,
     )

@@ -16,23 +16,23 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator, CpuCsrOperator};
-use seistomo::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use seistomo::backend::precond::{PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
-use seistomo::backend::{Backend, LsqrLoop, Operator, Precision, TransposeStrategy};
+use seistomo::backend::{LsqrLoop, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
-use seistomo::pipeline::gmres::{gmres_square_cuda, SquareStorage};
-use seistomo::pipeline::{choose_backend, resolve_storage, use_device_loop, BackendChoice};
+use seistomo::pipeline::operators::{choose_backend, resolve_storage, Engine, SquareSystem};
+use seistomo::pipeline::options::{BackendChoice, OperatorSpec};
+use seistomo::pipeline::prepare::{prepare, Layout};
+use seistomo::pipeline::solve::{solve_recorded, LsqrJob, Recorder};
+use seistomo::pipeline::square::gmres_square;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
 };
-use seistomo::solver::{IterRecord, LsqrMonitor, LsqrParams, LsqrSolution};
-use seistomo::sparse::Csr;
+use seistomo::solver::{IterRecord, LsqrParams};
+use seistomo::sparse::{Csr, System};
 use seistomo::Error;
 
 /// The library's error as the Python exception a user expects.
@@ -199,7 +199,7 @@ impl PyMonitor {
     }
 }
 
-impl<B: Backend> LsqrMonitor<B> for PyMonitor {
+impl Recorder for PyMonitor {
     fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
         if r.itn == 0 {
             return Ok(());
@@ -279,63 +279,41 @@ fn lsqr<'py>(
             "precision f32: the CPU backend stores f64 values only with storage=\"csr\" (use storage=\"compact\")",
         ));
     }
+    let spec = OperatorSpec {
+        backend: choice,
+        storage,
+        precision: prec,
+        transpose: strategy,
+        lsqr_loop,
+        ..Default::default()
+    };
     let mut mon = PyMonitor::new(callback, callback_every);
     let out = py.allow_threads(|| {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
-            // The CLI's pipeline for one rank: storage, reordering (solution mapped back).
-            let storage = resolve_storage(kind, storage, strategy, 1, a.nnz());
-            let m = a.nrows();
-            let seistomo::backend::storage::Prepared {
-                stored,
-                b,
-                ordering,
-                storage,
-                ..
-            } = seistomo::backend::storage::prepare(a, b, m, None, storage, reorder, false);
-            let x0 = x0.as_deref().map(|x| ordering.to_new(x));
-            let dev_loop = use_device_loop(lsqr_loop, 1);
-            let (res, what) = match kind {
-                BackendChoice::Cuda => {
-                    let be = CudaBackend::new(0).map_err(py_err)?;
-                    let res = if storage == Storage::Compact {
-                        let op =
-                            CudaCompactOperator::new(&be, &stored, None, prec).map_err(py_err)?;
-                        drop(stored);
-                        op.set_device_loop(dev_loop);
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                    } else {
-                        let op =
-                            CudaCsrOperator::new(&be, &stored, strategy, prec).map_err(py_err)?;
-                        drop(stored);
-                        op.set_device_loop(dev_loop);
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                    };
-                    (res, format!("cuda: {} ({why})", be.describe()))
-                }
-                _ => {
-                    let be = CpuBackend::new();
-                    let res = if storage == Storage::Compact {
-                        let op = CpuCompactOperator::new(&stored, None, prec);
-                        drop(stored);
-                        // on the calling thread: Python sees Ctrl-C on its main thread only
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                    } else {
-                        let op = CpuCsrOperator::new(stored, strategy);
-                        // on the calling thread: Python sees Ctrl-C on its main thread only
-                        lsqr_on(&be, &op, &b, x0.as_deref(), &params, &mut mon)
-                    };
-                    (res, format!("cpu: {} ({why})", be.describe()))
-                }
+            let engine = engine_for(kind).map_err(py_err)?;
+            // The CLI's stages for one rank: storage, reordering (solution mapped back).
+            let layout = Layout {
+                storage: resolve_storage(kind, storage, strategy, 1, a.nnz()),
+                reorder,
+                grid: None,
+                col_scale: false,
+                x0: None,
             };
-            let mut sol = res.map_err(|e| mon.error(e))?;
-            if ordering.cols.is_some() {
-                sol.x = ordering.to_old(&sol.x);
-                if let Some(v) = sol.var.as_mut() {
-                    *v = ordering.to_old(v);
-                }
-            }
-            Ok((sol, what))
+            let kernel_rows = a.nrows();
+            let sys = System { a, b, kernel_rows };
+            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
+            let job = LsqrJob {
+                params: &params,
+                spec: &spec,
+                progress_every: 0,
+                checkpoint: None,
+            };
+            let o = solve_recorded(&engine, &why, p, &job, &SerialComm, &mut mon)
+                .map_err(|e| mon.error(e))?;
+            let what = format!("{}: {} ({why})", engine.name(), engine.describe());
+            Ok((o.solution, what))
         })
     });
     let (sol, backend_used) = out?;
@@ -376,16 +354,13 @@ fn rhs_and_start(a: &Csr, b: &[u8], x0: Option<&[u8]>) -> PyResult<(Vec<f64>, Op
     Ok((b, x0))
 }
 
-/// LSQR of one process on any backend and operator, reporting to the Python callback.
-fn lsqr_on<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    b: &[f64],
-    x0: Option<&[f64]>,
-    params: &LsqrParams,
-    mon: &mut PyMonitor,
-) -> seistomo::Result<LsqrSolution> {
-    seistomo::solver::lsqr(be, op, &SerialComm, b, x0, params, mon)
+/// The engine of one process: a GPU, or the CPU driven from the calling thread (Python sees
+/// Ctrl-C on its main thread only).
+fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
+    match kind {
+        BackendChoice::Cuda => Engine::gpu(0),
+        _ => Ok(Engine::cpu_on_calling_thread()),
+    }
 }
 
 /// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process.
@@ -446,11 +421,31 @@ fn gmres<'py>(
         test: ConvergenceTest::Scipy,
         arnoldi_loop: Default::default(),
     };
+    if prec == Precision::F32 && choice == BackendChoice::Cpu {
+        return Err(PyValueError::new_err(
+            "precision f32: the CPU backend stores f64 values only",
+        ));
+    }
+    if storage == Storage::Compact && choice == BackendChoice::Cpu {
+        return Err(PyValueError::new_err(
+            "storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR",
+        ));
+    }
     let mut mon = PyMonitor::new(callback, callback_every);
     let out = py.allow_threads(|| {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
-            let comm = SerialComm;
+            let engine = engine_for(kind).map_err(py_err)?;
+            // backend="auto" without a GPU: the CPU's f64 CSR, whatever was asked for the GPU
+            let spec = match kind {
+                BackendChoice::Cuda => OperatorSpec {
+                    backend: kind,
+                    precision: prec,
+                    storage,
+                    ..Default::default()
+                },
+                _ => OperatorSpec::default(),
+            };
             let part = RowPartition::contiguous(n, 1);
             let sys = SquareSystem {
                 rows: &a,
@@ -458,34 +453,13 @@ fn gmres<'py>(
                 b: &b,
                 x0: x0.as_deref(),
             };
-            let sol = match kind {
-                BackendChoice::Cuda => {
-                    let be = CudaBackend::new(0).map_err(py_err)?;
-                    let st = SquareStorage {
-                        precision: prec,
-                        storage,
-                    };
-                    let s = gmres_square_cuda(&be, &comm, sys, pc, st, &params, &mut mon)
-                        .map_err(|e| mon.error(e))?;
-                    (s, format!("cuda: {} ({why})", be.describe()))
-                }
-                _ => {
-                    if prec == Precision::F32 && choice == BackendChoice::Cpu {
-                        return Err(PyValueError::new_err(
-                            "precision f32: the CPU backend stores f64 values only",
-                        ));
-                    }
-                    if storage == Storage::Compact && choice == BackendChoice::Cpu {
-                        return Err(PyValueError::new_err(
-                            "storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR",
-                        ));
-                    }
-                    let s = gmres_square_cpu(&comm, sys, pc, &params, &mut mon)
-                        .map_err(|e| mon.error(e))?;
-                    (s, format!("cpu ({why})"))
-                }
+            let sol = gmres_square(&engine, &SerialComm, sys, pc, &spec, &params, &mut mon)
+                .map_err(|e| mon.error(e))?;
+            let what = match kind {
+                BackendChoice::Cuda => format!("cuda: {} ({why})", engine.describe()),
+                _ => format!("cpu ({why})"),
             };
-            Ok(sol)
+            Ok((sol, what))
         })
     });
     let (sol, backend_used) = out?;
@@ -617,19 +591,11 @@ fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, Py
 fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyResult<String> {
     py.allow_threads(|| {
         guarded(|| {
-            let cfg = seistomo::pipeline::config::RunConfig::load(&config).map_err(py_err)?;
-            let sys_src = cfg.system.clone();
-            let o = seistomo::pipeline::distributed::run_lsqr(
-                &SerialComm,
-                move || sys_src.load(),
-                seistomo::pipeline::distributed::Loading::Root,
-                &cfg.options,
-                &cfg.output,
-                progress,
-                Some((&cfg, resume)),
-            )
-            .map_err(py_err)?;
-            let o = o.ok_or_else(|| PyRuntimeError::new_err("the run produced no outcome"))?;
+            let done =
+                seistomo::pipeline::invert::invert(&config, &[], &SerialComm, progress, resume)
+                    .map_err(py_err)?;
+            let (o, _) =
+                done.ok_or_else(|| PyRuntimeError::new_err("the run produced no outcome"))?;
             serde_json::to_string(&o.report).map_err(|e| PyRuntimeError::new_err(e.to_string()))
         })
     })

@@ -322,10 +322,11 @@ pub fn normalized_by_pass<B: Backend, O: Operator<B> + ?Sized>(
 }
 
 /// How x += A^T y is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TransposeStrategy {
     /// Pick by memory: an explicit transpose copy when it fits, else the scatter.
+    #[default]
     Auto,
     /// An explicit CSC copy of A (= CSR of A^T): a gather per column, no write conflicts.
     Csc,

@@ -53,28 +53,26 @@ impl Storage {
     }
 }
 
-/// A system ready for an operator: its stored rows (reordered), the stencil rows after them,
-/// the right-hand side in that row order, and the ordering to map solutions back.
-pub struct Prepared {
-    pub stored: Csr,
+/// A rank's matrix as an operator will store it: the stored rows (reordered), the stencil rows
+/// after them, and the storage (`Csr` or `Compact`, never `Auto`).
+#[derive(Debug, Clone)]
+pub struct StoredMatrix {
+    pub rows: Csr,
     pub stencil: Option<StencilOp>,
-    pub b: Vec<f64>,
-    pub ordering: Ordering,
-    /// `Csr` or `Compact` (never `Auto`).
     pub storage: Storage,
 }
 
-impl Prepared {
+impl StoredMatrix {
     /// Rows of the whole system (stored + stencil).
     pub fn nrows(&self) -> usize {
-        self.stored.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
+        self.rows.nrows() + self.stencil.as_ref().map_or(0, |s| s.nrows())
     }
     pub fn ncols(&self) -> usize {
-        self.stored.ncols()
+        self.rows.ncols()
     }
     /// Nonzeros of the whole system (the stencil's counted as if stored).
     pub fn nnz(&self) -> usize {
-        self.stored.nnz() + self.stencil.as_ref().map_or(0, |s| s.stencil().nnz())
+        self.rows.nnz() + self.stencil.as_ref().map_or(0, |s| s.stencil().nnz())
     }
 
     /// The storage in words, with bytes per nonzero, for reports and logs.
@@ -85,12 +83,12 @@ impl Prepared {
                 precision.bytes() + 4
             ),
             _ => {
-                let h = crate::sparse::GapHistogram::of(&self.stored);
-                let entries = self.stored.nnz() as u64 + h.fillers;
-                let bytes = CompactCsr::bytes_for(self.stored.nrows(), entries, precision);
+                let h = crate::sparse::GapHistogram::of(&self.rows);
+                let entries = self.rows.nnz() as u64 + h.fillers;
+                let bytes = CompactCsr::bytes_for(self.rows.nrows(), entries, precision);
                 let mut s = format!(
                     "compact ({precision} values, 16-bit column deltas: {:.2} B/stored nonzero, {:.3} % of steps escaped)",
-                    bytes as f64 / self.stored.nnz().max(1) as f64,
+                    bytes as f64 / self.rows.nnz().max(1) as f64,
                     100.0 * h.escape_fraction()
                 );
                 if let Some(st) = &self.stencil {
@@ -108,13 +106,22 @@ impl Prepared {
         }
     }
 
-    /// A short tag of what is not in `stored` (for checkpoint fingerprints).
+    /// A short tag of what is not in `rows` (for checkpoint fingerprints).
     pub fn stencil_tag(&self) -> String {
         match &self.stencil {
             None => format!("storage={}", self.storage),
             Some(st) => format!("storage={};stencil={:?}", self.storage, st.stencil()),
         }
     }
+}
+
+/// A system ready for an operator: its matrix as stored, the right-hand side in that row order,
+/// and the ordering to map solutions back.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub matrix: StoredMatrix,
+    pub b: Vec<f64>,
+    pub ordering: Ordering,
 }
 
 /// Split, reorder and choose the storage of one rank's system `a` x = `b`.
@@ -157,11 +164,13 @@ pub fn prepare(
     let stencil = stencil.map(|st| StencilOp::new(st, ordering.cols.clone()));
     b.extend(b_tail);
     Prepared {
-        stored: a,
-        stencil,
+        matrix: StoredMatrix {
+            rows: a,
+            stencil,
+            storage,
+        },
         b,
         ordering,
-        storage,
     }
 }
 
@@ -189,13 +198,14 @@ mod tests {
             Reorder::Auto,
             true,
         );
-        assert_eq!(p.storage, Storage::Compact);
-        assert_eq!(p.stored.nrows(), 50);
-        assert_eq!(p.nrows(), a.nrows());
-        assert_eq!(p.nnz(), a.nnz());
-        assert_eq!(p.stencil.as_ref().unwrap().stencil(), &st);
+        let m = &p.matrix;
+        assert_eq!(m.storage, Storage::Compact);
+        assert_eq!(m.rows.nrows(), 50);
+        assert_eq!(m.nrows(), a.nrows());
+        assert_eq!(m.nnz(), a.nnz());
+        assert_eq!(m.stencil.as_ref().unwrap().stencil(), &st);
         assert_eq!(&p.b[50..], &b[50..]);
-        assert!(p.describe(Precision::F32).contains("stencil damping"));
+        assert!(m.describe(Precision::F32).contains("stencil damping"));
         // csr, no grid, or not allowed: nothing split
         for (s, g, ok) in [
             (Storage::Csr, Some(st.n), true),
@@ -203,8 +213,8 @@ mod tests {
             (Storage::Compact, Some(st.n), false),
         ] {
             let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok);
-            assert!(p.stencil.is_none());
-            assert_eq!(p.stored, a);
+            assert!(p.matrix.stencil.is_none());
+            assert_eq!(p.matrix.rows, a);
         }
     }
 }

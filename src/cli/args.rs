@@ -85,7 +85,7 @@ pub(crate) mod pick {
     use super::choice;
     use clap::builder::TypedValueParser;
 
-    pub fn backend() -> impl TypedValueParser<Value = crate::pipeline::BackendChoice> {
+    pub fn backend() -> impl TypedValueParser<Value = crate::pipeline::options::BackendChoice> {
         choice(&["auto", "cpu", "cuda"], &["gpu"])
     }
     pub fn transpose() -> impl TypedValueParser<Value = crate::backend::TransposeStrategy> {
@@ -118,7 +118,7 @@ pub(crate) mod pick {
     pub fn io() -> impl TypedValueParser<Value = crate::io::rowio::IoChoice> {
         choice(&["auto", "mmap", "mpiio"], &["mpi-io"])
     }
-    pub fn precond() -> impl TypedValueParser<Value = crate::pipeline::gmres::PrecondChoice> {
+    pub fn precond() -> impl TypedValueParser<Value = crate::pipeline::square::PrecondChoice> {
         choice(&["none", "jacobi", "block-ilu0"], &["ilu0", "bjacobi-ilu0"])
     }
     pub fn orthog() -> impl TypedValueParser<Value = crate::solver::gmres::Orthog> {
@@ -166,5 +166,28 @@ impl MtxSystemArgs {
             reg: self.reg.as_deref(),
             reg_weight: self.reg_weight,
         }
+    }
+}
+
+/// `--tune KEY=VALUE` (repeatable): performance knobs (docs/configuration.md, `[tuning]`),
+/// recorded in report.json.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TuneArgs {
+    /// A tuning knob, KEY=VALUE (repeatable; overrides the config's [tuning] table): gpu_layout,
+    /// tile_bits, ax_tile_bits, compact_s, compact_r, tiled_s_cols, lsqr_block, nvrtc_defines,
+    /// io_max_gap (docs/configuration.md). Never changes the solution's meaning.
+    #[arg(long = "tune", value_name = "KEY=VALUE")]
+    pub tune: Vec<String>,
+}
+
+impl TuneArgs {
+    /// The knobs applied over `base`.
+    pub fn over(
+        &self,
+        base: &crate::settings::tuning::Tuning,
+    ) -> crate::Result<crate::settings::tuning::Tuning> {
+        let mut t = base.clone();
+        t.apply(&self.tune)?;
+        Ok(t)
     }
 }

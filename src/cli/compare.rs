@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::pipeline::compare::{compare, CompareJob, Comparison};
-use crate::pipeline::BackendChoice;
+use crate::pipeline::options::BackendChoice;
 
 /// The peer script, embedded so that an installed binary needs no checkout.
 #[derive(Debug, Args)]

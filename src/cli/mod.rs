@@ -115,33 +115,8 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
 }
 
 /// Use `threads` rayon workers for the rest of the process (when given).
-/// Without a count, rayon's default (RAYON_NUM_THREADS or the cores) is built up front, so the
-/// pool's threads start before the solve, not inside its first timed iteration.
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
-    let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(t) = threads {
-        if !(1..=crate::pipeline::config::MAX_THREADS).contains(&t) {
-            anyhow::bail!(
-                "--threads must be in 1..={} (got {t})",
-                crate::pipeline::config::MAX_THREADS
-            );
-        }
-        b = b.num_threads(t);
-    }
-    // A second call in one process (tests) finds the pool built: not an error.
-    let _ = b.build_global();
-    Ok(())
-}
-
-/// On rank 0 of a multi-rank job, say how the job is laid out (stderr).
-pub(crate) fn log_job(comm: &dyn crate::comm::Comm) {
-    if comm.size() > 1 && comm.is_root() {
-        eprintln!(
-            "{}; {} thread(s) per rank",
-            comm.describe(),
-            rayon::current_num_threads()
-        );
-    }
+    Ok(crate::backend::cpu::init_threads(threads)?)
 }
 
 /// One line summarising an outcome, for stderr.

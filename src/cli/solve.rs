@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
-use crate::pipeline::distributed;
-use crate::pipeline::{BackendChoice, OutputPaths, SolveOptions};
+use crate::pipeline::invert::{log_job, run_lsqr, LsqrRun};
+use crate::pipeline::options::{
+    BackendChoice, OperatorSpec, OutputPaths, SolveOptions, SystemSource,
+};
 use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
@@ -90,6 +92,8 @@ pub struct SolveArgs {
     progress: usize,
     #[command(flatten)]
     gmres: GmresArgs,
+    #[command(flatten)]
+    tune: super::args::TuneArgs,
 }
 
 /// GMRES options (with --method gmres).
@@ -110,7 +114,7 @@ pub struct GmresArgs {
     /// GMRES preconditioner: none, jacobi (diagonal) or block-ilu0 (ILU(0) of each rank's
     /// diagonal block).
     #[arg(long, default_value = "jacobi", value_parser = super::args::pick::precond())]
-    precond: crate::pipeline::gmres::PrecondChoice,
+    precond: crate::pipeline::square::PrecondChoice,
     /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice), cgs (classical once) or
     /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
     #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
@@ -163,6 +167,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         return run_gmres(a, comm);
     }
     super::init_threads(a.threads.or_else(crate::comm::default_threads_per_rank))?;
+    let operator = a.operator_spec()?;
     let opts = SolveOptions {
         params: LsqrParams {
             damp: a.damp,
@@ -174,14 +179,9 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         },
         col_scale: a.col_scale,
         x0: a.x0,
-        backend: a.backend,
-        transpose: a.transpose,
+        operator,
         threads: a.threads,
-        precision: a.precision,
-        allreduce: a.allreduce,
         reorder: a.reorder,
-        storage: a.storage,
-        lsqr_loop: a.lsqr_loop,
         grid: None,
     };
     let out = OutputPaths {
@@ -190,26 +190,46 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         history: a.history,
         variance: a.variance,
     };
-    super::log_job(comm);
-    let load = || a.system.parts().load(&a.matrix);
-    if let Some(o) = distributed::run_lsqr(
-        comm,
-        load,
-        distributed::Loading::Root,
-        &opts,
-        &out,
-        a.progress,
-        None,
-    )? {
+    log_job(comm);
+    let source = SystemSource::Mtx {
+        matrix: a.matrix,
+        rhs: a.system.rhs,
+        reg: a.system.reg,
+        reg_weight: a.system.reg_weight,
+    };
+    let run = LsqrRun {
+        source: &source,
+        options: &opts,
+        outputs: &out,
+        progress_every: a.progress,
+        model: None,
+    };
+    if let Some(o) = run_lsqr(&run, comm)? {
         eprintln!("{}", super::summary(&o));
     }
     Ok(())
 }
 
+impl SolveArgs {
+    /// Backend, storage, precision, transpose, loop, allreduce path and tuning of the options.
+    fn operator_spec(&self) -> crate::Result<OperatorSpec> {
+        Ok(OperatorSpec {
+            backend: self.backend,
+            storage: self.storage,
+            precision: self.precision,
+            transpose: self.transpose,
+            lsqr_loop: self.lsqr_loop,
+            allreduce: self.allreduce,
+            tuning: self.tune.over(&Default::default())?,
+        })
+    }
+}
+
 fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     super::init_threads(a.threads)?;
+    let operator = a.operator_spec()?;
     let g = a.gmres;
-    let c = crate::pipeline::gmres::GmresJob {
+    let c = crate::pipeline::square::GmresJob {
         matrix: a.matrix,
         rhs: a.system.rhs,
         x0: a.x0,
@@ -228,10 +248,7 @@ fn run_gmres(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         ilu_pivot: g.ilu_pivot,
         ilu_sweeps: g.ilu_sweeps,
         partition: g.partition,
-        backend: a.backend,
-        precision: a.precision,
-        storage: a.storage,
-        allreduce: a.allreduce,
+        operator,
         solution: a.solution,
         report: a.report,
         history: a.history,

@@ -1,10 +1,10 @@
-//! `solve --method gmres`: the run itself is [`crate::pipeline::gmres::solve_square`]; this
+//! `solve --method gmres`: the run itself is [`crate::pipeline::square::solve_square`]; this
 //! file prints its summary.
 
 use anyhow::Context;
 
 use crate::comm::Comm;
-use crate::pipeline::gmres::{solve_square, GmresJob, GmresReport};
+use crate::pipeline::square::{solve_square, GmresJob, GmresReport};
 use crate::solver::gmres::PrecondSide;
 
 /// Solve, write the outputs and print the summary on rank 0; returns the report there.

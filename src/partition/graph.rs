@@ -364,7 +364,7 @@ impl SquarePartition {
         self.part.parts()
     }
     /// Rows of rank `r` (global permuted column indices), ready for
-    /// [`crate::pipeline::gmres::gmres_square_cpu`].
+    /// `pipeline::square::gmres_square`.
     pub fn rank_rows(&self, a: &Csr, r: usize) -> Result<Csr> {
         self.perm.rows(a, self.part.range(r))
     }

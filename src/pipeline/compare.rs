@@ -4,12 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::backend::TransposeStrategy;
 use crate::comm::SerialComm;
 use crate::error::{Error, Result};
 use crate::io::mtx;
 use crate::pipeline::config::RunConfig;
-use crate::pipeline::{self, BackendChoice, SolveOptions};
+use crate::pipeline::load::load_mtx;
+use crate::pipeline::options::{BackendChoice, SolveOptions};
+use crate::pipeline::prepare::column_scaling;
+use crate::pipeline::solve::solve_system;
 use crate::solver::LsqrParams;
 use crate::sparse::{Csr, System};
 
@@ -82,8 +84,8 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
     let (sys, opts): (System, SolveOptions) = if is_config {
         let cfg = RunConfig::load(job.target)?;
         let mut opts = cfg.options.clone();
-        opts.backend = job.backend;
-        (cfg.system.load()?, opts)
+        opts.operator.backend = job.backend;
+        (load_mtx(&cfg.system)?, opts)
     } else {
         let sys = job.mtx.load(job.target)?;
         let params = LsqrParams {
@@ -94,24 +96,14 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
             ..Default::default()
         };
         let opts = SolveOptions {
-            params,
-            col_scale: false,
-            x0: None,
-            backend: job.backend,
-            transpose: TransposeStrategy::Auto,
             threads: Some(job.threads),
-            precision: Default::default(),
-            allreduce: Default::default(),
-            reorder: Default::default(),
-            storage: Default::default(),
-            lsqr_loop: Default::default(),
-            grid: None,
+            ..SolveOptions::new(params, job.backend)
         };
         (sys, opts)
     };
     let mut opts = opts;
     if let Some(st) = job.storage {
-        opts.storage = st;
+        opts.operator.storage = st;
     }
     if opts.x0.is_some() {
         return Err(Error::Invalid(
@@ -131,7 +123,7 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
     let b = sys.b.clone();
     // The exact system seistomo iterates on (scaled columns when asked), for the peers.
     let scale = if opts.col_scale {
-        Some(pipeline::column_scaling(&sys.a, &SerialComm)?)
+        Some(column_scaling(&sys.a, &SerialComm)?)
     } else {
         None
     };
@@ -152,12 +144,12 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
     std::fs::write(&script, PEER_SCRIPT).map_err(|e| Error::io(&script, e))?;
 
     let mut rows = Vec::new();
-    let o = pipeline::solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
+    let o = solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
     rows.push(CompareRow {
         name: format!(
             "seistomo {}{} ({})",
             o.report.backend,
-            match opts.storage {
+            match opts.operator.storage {
                 crate::backend::storage::Storage::Compact => " compact storage",
                 _ => "",
             },

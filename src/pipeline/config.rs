@@ -8,7 +8,10 @@ use serde::Deserialize;
 
 use crate::backend::TransposeStrategy;
 use crate::error::{Error, Result};
-use crate::pipeline::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use crate::pipeline::options::{
+    BackendChoice, OperatorSpec, OutputPaths, SolveOptions, SystemSource,
+};
+use crate::settings::tuning::Tuning;
 use crate::solver::LsqrParams;
 
 #[derive(Debug, Deserialize)]
@@ -24,6 +27,8 @@ struct RawConfig {
     output: RawOutput,
     /// What the unknowns are and how to write the model (src/model/spec.rs).
     model: Option<crate::model::spec::RawModel>,
+    /// Performance knobs (src/settings/tuning.rs): checked by `Tuning::from_table`.
+    tuning: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,8 +104,7 @@ struct RawOutput {
     checkpoint: Option<String>,
 }
 
-/// The most CPU threads a run may ask for.
-pub const MAX_THREADS: usize = 4096;
+use crate::backend::cpu::MAX_THREADS;
 
 /// A validated run.
 #[derive(Debug, Clone)]
@@ -333,18 +337,25 @@ impl RunConfig {
             o.checkpoint_every,
             o.checkpoint,
         )?;
+        let tuning = match &raw.tuning {
+            Some(t) => Tuning::from_table(t).map_err(|e| bad(format!("[tuning] {e}")))?,
+            None => Tuning::default(),
+        };
         let options = SolveOptions {
             params,
             col_scale: s.col_scale.unwrap_or(false),
             x0,
-            backend,
-            transpose,
+            operator: OperatorSpec {
+                backend,
+                storage,
+                precision,
+                transpose,
+                lsqr_loop,
+                allreduce,
+                tuning,
+            },
             threads,
-            precision,
-            allreduce,
             reorder,
-            storage,
-            lsqr_loop,
             grid: None,
         };
         Ok(RunConfig {

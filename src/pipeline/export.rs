@@ -65,9 +65,9 @@ pub struct ExportSummary {
 /// (so a peer without a damping option, PETSc's KSPLSQR, solves the same problem).
 fn config_system(path: &Path) -> Result<(System, bool)> {
     let cfg = RunConfig::load(path)?;
-    let mut sys = cfg.system.load()?;
+    let mut sys = crate::pipeline::load::load_mtx(&cfg.system)?;
     if cfg.options.col_scale {
-        let d = crate::pipeline::column_scaling(&sys.a, &crate::comm::SerialComm)?;
+        let d = crate::pipeline::prepare::column_scaling(&sys.a, &crate::comm::SerialComm)?;
         sys.a.scale_columns(&d);
     }
     let damp = cfg.options.params.damp;

@@ -9,7 +9,8 @@ use crate::io::mtx;
 use crate::model::hdf5::{stage_model, ModelInputs};
 use crate::model::lcurve::{corner, LPoint};
 use crate::pipeline::config::RunConfig;
-use crate::pipeline::{solve_system, SolveOptions, SystemSource};
+use crate::pipeline::options::{SolveOptions, SystemSource};
+use crate::pipeline::solve::solve_system;
 use crate::sparse::{Csr, System};
 
 /// The data of an L-curve sweep, loaded once.
@@ -227,7 +228,7 @@ pub fn lcurve(
         let mut report = p.outcome.report.clone();
         report.run_id = publ.run_id().to_string();
         publ.write(&out.join("report.json"), |w| {
-            crate::pipeline::json_text(w, &report)
+            crate::pipeline::publish::json_text(w, &report)
         })?;
         model = Some(path);
     }

@@ -1,17 +1,115 @@
-//! Loading a dataset in a job of several ranks (Huang et al. 2012): rank 0 reads the metadata
-//! and broadcasts it, every rank computes the same nonzero partition and reads its own rows,
-//! through memory maps or the communicator's MPI-IO ([`crate::io::rowio`]).
+//! Stage 1, load: each rank gets its rows of the system (Huang et al. 2012). A dataset: rank 0
+//! reads the metadata and broadcasts it, every rank computes the same nonzero partition and
+//! reads its own rows through memory maps or MPI-IO ([`crate::io::rowio`]); the manifest is read
+//! once and its grid and true model travel with the rows. Matrix Market files: rank 0 reads the
+//! whole system and sends each rank a nonzero-balanced block of rows.
 
 use std::path::Path;
 use std::time::Instant;
 
-use crate::comm::{agree, Comm};
+use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm};
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::io::dataset::{LoadOptions, LoadStats, OpenDataset};
 use crate::io::kernel_rows::parse_metadata;
 use crate::io::manifest::DatasetManifest;
 use crate::io::rowio::{IoPath, RangeReader};
+use crate::pipeline::options::SystemSource;
 use crate::sparse::System;
+
+/// What the load stage hands on: this rank's rows and what the source says about its unknowns.
+pub struct Loaded {
+    /// This rank's rows of [A; b] (kernel rows first).
+    pub system: System,
+    /// The grid whose cells the unknowns are, when a dataset's manifest has one.
+    pub grid: Option<Grid>,
+    /// The true model of a synthetic dataset.
+    pub true_model: Option<Vec<f64>>,
+    /// How the dataset's rows were read ("mmap", "mpiio"; empty for Matrix Market input).
+    pub io: String,
+    /// Wall-clock seconds of the load on this rank (distribution included).
+    pub seconds: f64,
+}
+
+/// Load this rank's rows of `source`. Collective: every rank calls it; an error on any rank
+/// reaches every rank (as [`crate::Error::Rank`] where it was one rank's).
+pub fn load(source: &SystemSource, comm: &dyn Comm) -> Result<Loaded> {
+    let t = Instant::now();
+    let mut loaded = match source {
+        SystemSource::Dataset { path, options } => agree(comm, load_dataset(path, comm, options))?,
+        SystemSource::Mtx { .. } => Loaded {
+            system: distribute_system(comm, || load_mtx(source), contiguous_nnz_split)?,
+            grid: None,
+            true_model: None,
+            io: String::new(),
+            seconds: 0.0,
+        },
+    };
+    loaded.seconds = t.elapsed().as_secs_f64();
+    Ok(loaded)
+}
+
+/// The whole system of a Matrix Market source (one process).
+pub fn load_mtx(source: &SystemSource) -> Result<System> {
+    match source {
+        SystemSource::Mtx {
+            matrix,
+            rhs,
+            reg,
+            reg_weight,
+        } => crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+        SystemSource::Dataset { path, options } => {
+            crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
+        }
+    }
+}
+
+/// This rank's rows of a dataset, its grid and true model; on rank 0 of several, a line on how
+/// the rows were read.
+fn load_dataset(path: &Path, comm: &dyn Comm, options: &LoadOptions) -> Result<Loaded> {
+    let (system, st, manifest) = load_dataset_comm(path, comm, options)?;
+    if comm.is_root() && comm.size() > 1 {
+        eprintln!(
+            "dataset metadata read on rank 0 and broadcast; rows read {} on every rank (rank 0: {} rows, {:.1} MiB in {:.3} s{})",
+            match st.io {
+                IoPath::Mmap => "through memory maps",
+                IoPath::MpiIo => "through MPI-IO",
+            },
+            st.rows,
+            st.bytes as f64 / (1u64 << 20) as f64,
+            st.seconds,
+            if st.read_calls > 0 {
+                format!(", {} read calls", st.read_calls)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(Loaded {
+        system,
+        grid: manifest.m.grid.clone(),
+        true_model: true_model(&manifest)?,
+        io: options.io.resolve(comm.size()).to_string(),
+        seconds: 0.0,
+    })
+}
+
+/// The true model a synthetic dataset's manifest names, read and checked against its columns.
+pub fn true_model(dm: &DatasetManifest) -> Result<Option<Vec<f64>>> {
+    use crate::io::vectors::{read_vector, VectorKind};
+    match &dm.m.true_model {
+        None => Ok(None),
+        Some(p) => Ok(Some(
+            read_vector(
+                &dm.resolve(p),
+                VectorKind::Model,
+                Some(dm.m.columns),
+                dm.m.version,
+            )?
+            .0,
+        )),
+    }
+}
 
 /// Open a dataset in a job of several ranks the way Huang et al. load: rank 0 alone reads
 /// the metadata file (row nonzero counts and where each row lives) and broadcasts it; every
@@ -34,12 +132,13 @@ pub fn open_dataset_on(path: &Path, opts: &LoadOptions, comm: &dyn Comm) -> Resu
 
 /// Load this rank's rows of the dataset at `path` in a job described by `comm`: through memory
 /// maps or through `comm`'s MPI-IO reads, as `opts.io` says (`Auto`: MPI-IO on several ranks,
-/// memory maps in one). The statistics say which path was taken.
+/// memory maps in one). The statistics say which path was taken; the manifest comes back for
+/// what it says about the unknowns.
 pub fn load_dataset_comm(
     path: &Path,
     comm: &dyn Comm,
     opts: &LoadOptions,
-) -> Result<(System, LoadStats)> {
+) -> Result<(System, LoadStats, DatasetManifest)> {
     let t = Instant::now();
     let ds = if comm.size() > 1 {
         open_dataset_on(path, opts, comm)?
@@ -53,5 +152,5 @@ pub fn load_dataset_comm(
     };
     let (sys, mut stats) = ds.load_via(comm.rank(), comm.size(), opts.progress, via)?;
     stats.seconds = t.elapsed().as_secs_f64();
-    Ok((sys, stats))
+    Ok((sys, stats, ds.manifest))
 }

@@ -1,27 +1,36 @@
-//! The pipeline: what a command does between parsing its arguments and printing. Load a system
-//! (each rank its own rows), choose backend and storage, run LSQR (with checkpoints) or GMRES,
-//! write the model and the outputs. The CLI calls this room; it calls everything below.
+//! The pipeline: what a command runs between parsing its arguments and printing, as typed
+//! stages around one operator factory. The CLI and the Python module call this room; it calls
+//! everything below.
 //!
+//! The stages of an LSQR run ([`invert::run_lsqr`]), one file each:
+//! 1. [`load`]: `load(source, comm) -> Loaded` (each rank its rows; the manifest read once)
+//! 2. [`prepare`]: `prepare(system, &Layout, comm) -> Prepared` (storage, order, scaling)
+//! 3. [`solve`]: `solve(&Engine, Prepared, &LsqrJob, comm) -> Outcome` (through [`operators`])
+//! 4. [`publish`]: `publish(&OutputPaths, &mut Outcome, model)` (one output set)
+//!
+//! - [`options`]: what a run is asked to do ([`options::SolveOptions`], [`options::OperatorSpec`])
+//! - [`operators`]: the operator factory ([`operators::Engine`]): the one place that names
+//!   concrete backends and operators
 //! - [`config`]: TOML run configs -> [`config::RunConfig`]
-//! - [`solve`]: one LSQR solve of a loaded system ([`SolveOptions`], [`solve_system`])
-//! - [`distributed`]: the per-rank LSQR job of `invert` (load, model, solve, gather, write)
-//! - [`outputs`]: solution, report.json, history.csv as one publication
-//! - [`export`], [`import`]: the solved system out to Matrix Market/NumPy/PETSc; a dataset in
-//! - [`lcurve`]: one inversion per weight and the corner; [`compare`]: seistomo beside its peers
+//! - [`monitor`]: progress and history of LSQR and GMRES
+//! - [`checkpoint`]: LSQR with checkpoints; [`model`]: the model side of `invert`
+//! - [`square`]: GMRES on square systems over ranks (`solve --method gmres`)
+//! - [`lcurve`], [`compare`], [`bench`], [`export`], [`import`]: the other commands' work
 
 pub mod bench;
 pub mod checkpoint;
 pub mod compare;
 pub mod config;
-pub mod distributed;
 pub mod export;
-pub mod gmres;
 pub mod import;
+pub mod invert;
 pub mod lcurve;
 pub mod load;
 pub mod model;
-pub mod outputs;
+pub mod monitor;
+pub mod operators;
+pub mod options;
+pub mod prepare;
+pub mod publish;
 pub mod solve;
-
-pub use outputs::*;
-pub use solve::*;
+pub mod square;

@@ -3,12 +3,11 @@
 use crate::error::{Error, Result};
 use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
-use crate::sparse::System;
+use crate::pipeline::load::Loaded;
 
 /// The model side of an `invert` run: validated before the solve (so a bad `[model]` table fails
 /// fast), written after it.
-/// A dataset reader that knows its grid, reference and true model replaces `spec` after
-/// [`RunModel::prepare`]; with several ranks, sum `coverage` over ranks (`Coverage::merge`).
+/// With several ranks, sum `coverage` over ranks.
 pub struct RunModel {
     pub spec: crate::model::spec::ModelSpec,
     pub coverage: crate::grid::Coverage,
@@ -18,20 +17,21 @@ pub struct RunModel {
 
 impl RunModel {
     /// Read the `[model]` files, compute the ray coverage of the kernel rows and set up
-    /// checkpointing (`resume`: continue from the checkpoint when there is one).
-    pub fn prepare(cfg: &RunConfig, sys: &System, resume: bool) -> Result<RunModel> {
+    /// checkpointing (`resume`: continue from the checkpoint when there is one). A dataset that
+    /// carries a grid (and, when synthetic, its true model) describes the model when the
+    /// `[model]` table does not.
+    pub fn prepare(cfg: &RunConfig, loaded: &Loaded, resume: bool) -> Result<RunModel> {
+        let sys = &loaded.system;
         let n = sys.a.ncols();
         let mut spec = cfg.model.spec(n)?;
-        // A dataset that carries a grid (and, when synthetic, its true model) describes the
-        // model when the [model] table does not.
-        if let crate::pipeline::SystemSource::Dataset { path, .. } = &cfg.system {
+        if let crate::pipeline::options::SystemSource::Dataset { .. } = &cfg.system {
             if matches!(spec.param, crate::model::spec::Parameterisation::Vector) {
-                if let Some(g) = crate::io::manifest::DatasetManifest::load(path)?.m.grid {
-                    spec.param = crate::model::spec::Parameterisation::Grid(g);
+                if let Some(g) = &loaded.grid {
+                    spec.param = crate::model::spec::Parameterisation::Grid(g.clone());
                 }
             }
             if spec.true_model.is_none() {
-                spec.true_model = crate::io::dataset::read_true_model(path)?;
+                spec.true_model = loaded.true_model.clone();
             }
             spec.check(n)?;
         }

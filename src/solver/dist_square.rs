@@ -1,7 +1,7 @@
 //! Preconditioners of a distributed square solve (GMRES): which one ([`SquarePrecond`]), its
 //! collective set-up on any backend ([`square_precond`]) and the result of a solve
 //! ([`SquareSolve`]). The halo exchange lives in [`crate::comm::halo`], the CPU operator in
-//! [`crate::backend::cpu::square`], the drivers in `pipeline::gmres`.
+//! [`crate::backend::cpu::square`], the drivers in `pipeline::square`.
 
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Identity, Jacobi, PivotPolicy, Preconditioner, TriSolve};
@@ -23,7 +23,7 @@ pub enum SquarePrecond {
     },
 }
 
-/// The result of [`gmres_square_cpu`] on one rank.
+/// The result of a square solve on one rank (`pipeline::square::gmres_square`).
 #[derive(Debug, Clone)]
 pub struct SquareSolve {
     /// This rank's entries of x.

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::{Operator, TransposeStrategy};
 use seistomo::comm::SerialComm;
-use seistomo::pipeline::{BackendChoice, SolveOptions};
+use seistomo::pipeline::options::{BackendChoice, SolveOptions};
 use seistomo::solver::{lsqr, LsqrParams, LsqrSolution, NoMonitor};
 use seistomo::sparse::Csr;
 
@@ -162,20 +162,9 @@ pub fn cpu_lsqr<O: Operator<CpuBackend>>(
 /// The options of a plain solve on the CPU backend: `params`, `transpose`, no column scaling,
 /// no x0 and every other choice at its default.
 pub fn cpu_opts(params: LsqrParams, transpose: TransposeStrategy) -> SolveOptions {
-    SolveOptions {
-        params,
-        transpose,
-        col_scale: false,
-        x0: None,
-        backend: BackendChoice::Cpu,
-        threads: None,
-        grid: None,
-        precision: Default::default(),
-        allreduce: Default::default(),
-        reorder: Default::default(),
-        storage: Default::default(),
-        lsqr_loop: Default::default(),
-    }
+    let mut o = SolveOptions::new(params, BackendChoice::Cpu);
+    o.operator.transpose = transpose;
+    o
 }
 
 /// I x = b as a system: n x n identity, every row a kernel row.

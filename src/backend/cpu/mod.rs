@@ -169,6 +169,27 @@ fn lane_sum(n: usize, term: impl Fn(usize) -> f64) -> f64 {
     s
 }
 
+/// The most CPU threads a run may ask for.
+pub const MAX_THREADS: usize = 4096;
+
+/// Use `threads` rayon workers for the rest of the process (when given; 1..=[`MAX_THREADS`]).
+/// Without a count, rayon's default (RAYON_NUM_THREADS or the cores) is built up front, so the
+/// pool's threads start before the solve, not inside its first timed iteration.
+pub fn init_threads(threads: Option<usize>) -> Result<()> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(t) = threads {
+        if !(1..=MAX_THREADS).contains(&t) {
+            return Err(crate::error::Error::Invalid(format!(
+                "--threads must be in 1..={MAX_THREADS} (got {t})"
+            )));
+        }
+        b = b.num_threads(t);
+    }
+    // A second call in one process (tests) finds the pool built: not an error.
+    let _ = b.build_global();
+    Ok(())
+}
+
 /// Runs `f` on a worker of rayon's pool and waits for it, when `comm` has one rank.
 ///
 /// The backend's kernels fork with rayon. Called from a thread outside the pool (the main

@@ -1,5 +1,6 @@
-//! A run's output files: solution, report.json, history.csv (and var), staged into one
-//! publication (src/io/publish.rs) after the solve succeeded.
+//! Stage 4, publish: a run's output files (solution, report.json, history.csv, var and the
+//! model file), staged into one publication (src/io/publish.rs) after the solve succeeded and
+//! committed as one set.
 
 use std::path::Path;
 
@@ -9,7 +10,9 @@ use crate::error::Result;
 use crate::io::publish::Publication;
 use crate::io::{vector_text, write_atomic};
 use crate::model::report::Outcome;
-use crate::pipeline::OutputPaths;
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::model::RunModel;
+use crate::pipeline::options::OutputPaths;
 use crate::solver::IterRecord;
 
 /// The history as CSV.
@@ -65,4 +68,26 @@ pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
     let mut publ = Publication::new("solve");
     stage_outputs(&mut publ, out, o)?;
     publ.commit()
+}
+
+/// Rank 0: the solution, variance, history, report and model of one run, published as one set
+/// (src/io/publish.rs) that carries the run id (report.json `run_id`, model.h5 /solver).
+pub fn publish(
+    out: &OutputPaths,
+    outcome: &mut Outcome,
+    model: Option<(&RunModel, &RunConfig)>,
+) -> Result<()> {
+    let mut publ = Publication::new(if model.is_some() { "invert" } else { "solve" });
+    outcome.report.run_id = publ.run_id().to_string();
+    stage_outputs(&mut publ, out, outcome)?;
+    if let Some((m, cfg)) = model {
+        m.stage(&mut publ, cfg, outcome)?;
+    }
+    publ.commit()?;
+    if let Some((_, cfg)) = model {
+        if let Some(p) = &cfg.model.path {
+            eprintln!("model file written to {}", p.display());
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,180 @@
+//! A whole LSQR run on every rank of a job, as `invert` and `solve` do it: the stages in order,
+//! [`super::load`] -> [`super::prepare`] -> [`super::solve`] -> [`super::publish`], with the
+//! model side of `invert` ([`RunModel`]: coverage, checkpoints, the model file) beside them.
+//! With one rank this is the single-process run.
+
+use std::path::Path;
+
+use crate::comm::{agree, Comm, RankTiming, TimedComm};
+use crate::error::Result;
+use crate::model::report::Outcome;
+use crate::pipeline::config::RunConfig;
+use crate::pipeline::load::{load, Loaded};
+use crate::pipeline::model::RunModel;
+use crate::pipeline::operators::{choose_backend, Engine};
+use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use crate::pipeline::prepare::prepare;
+use crate::pipeline::publish::publish;
+use crate::pipeline::solve::{layout_for, solve, LsqrJob};
+
+/// One LSQR run: where the system comes from, how to solve it, what to write.
+pub struct LsqrRun<'a> {
+    pub source: &'a SystemSource,
+    pub options: &'a SolveOptions,
+    pub outputs: &'a OutputPaths,
+    /// Progress lines every N iterations (0: a bar, or nothing when quiet).
+    pub progress_every: usize,
+    /// `invert`'s model side: the config (model file, checkpoints) and whether to resume.
+    pub model: Option<(&'a RunConfig, bool)>,
+}
+
+/// `seistomo invert CONFIG`: read and check the config on every rank (`tune`: KEY=VALUE
+/// tuning knobs over its `[tuning]` table), lock the outputs, note the inputs for the model's
+/// provenance, run. Returns the outcome and the output files on rank 0.
+pub fn invert(
+    config: &Path,
+    tune: &[String],
+    comm: &dyn Comm,
+    progress_every: usize,
+    resume: bool,
+) -> Result<Option<(Outcome, OutputPaths)>> {
+    // Every rank reads and checks the config; an error on any rank ends the job on every rank.
+    let cfg = agree(
+        comm,
+        RunConfig::load(config).and_then(|mut c| {
+            c.options.operator.tuning.apply(tune)?;
+            Ok(c)
+        }),
+    )?;
+    // Before any work: no output is an input, and this run alone writes its output directory
+    // (rank 0 holds the lock until the end).
+    let _lock = agree(
+        comm,
+        if comm.is_root() {
+            crate::io::outpaths::check_and_lock(&cfg.paths()).map(Some)
+        } else {
+            Ok(None)
+        },
+    )?;
+    crate::backend::cpu::init_threads(
+        cfg.options
+            .threads
+            .or_else(crate::comm::default_threads_per_rank),
+    )?;
+    log_job(comm);
+    if comm.is_root() {
+        crate::pipeline::config::note_config(&cfg);
+    }
+    let outcome = run_lsqr(
+        &LsqrRun {
+            source: &cfg.system,
+            options: &cfg.options,
+            outputs: &cfg.output,
+            progress_every,
+            model: Some((&cfg, resume)),
+        },
+        comm,
+    )?;
+    Ok(outcome.map(|o| (o, cfg.output)))
+}
+
+/// On rank 0 of a multi-rank job, say how the job is laid out (stderr).
+pub fn log_job(comm: &dyn Comm) {
+    if comm.size() > 1 && comm.is_root() {
+        eprintln!(
+            "{}; {} thread(s) per rank",
+            comm.describe(),
+            rayon::current_num_threads()
+        );
+    }
+}
+
+/// Load, lay out, solve and write. Returns the outcome on rank 0 and `None` on the other
+/// ranks. Errors while loading or writing reach every rank as the same
+/// [`crate::Error::Rank`]; other errors are this rank's own (the caller must end the job, e.g.
+/// with [`Comm::abort`], since other ranks may be waiting in a collective).
+pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
+    let opts = job.options;
+    // Problems every rank would hit alike are found before any rank waits for another.
+    agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
+    let loaded = load(job.source, comm)?;
+    let (rows, nnz) = (loaded.system.a.nrows(), loaded.system.a.nnz());
+    let run_model = match job.model {
+        None => None,
+        Some((cfg, resume)) => Some(run_model(cfg, &loaded, resume, comm)?),
+    };
+    // The grid (when the unknowns are its cells) lets reorder = "auto" renumber the cells.
+    let mut opts = opts.clone();
+    if let Some(m) = &run_model {
+        if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
+            opts.grid = Some(g.n);
+        }
+    }
+    let timed = TimedComm::new(comm);
+    let Loaded {
+        system,
+        io,
+        seconds: load_s,
+        ..
+    } = loaded;
+    let (kind, why) = choose_backend(opts.operator.backend)?;
+    let engine = Engine::start(kind, &timed, opts.operator.allreduce, &opts.operator.tuning)?;
+    if kind == BackendChoice::Cuda && timed.size() > 1 && timed.is_root() {
+        if let Some(path) = engine.path() {
+            eprintln!("allreduce of A^T u over ranks: {path}");
+        }
+    }
+    let layout = layout_for(&opts, &engine, &timed, system.a.nnz());
+    let prepared = prepare(system, &layout, &timed)?;
+    let lsqr = LsqrJob {
+        params: &opts.params,
+        spec: &opts.operator,
+        progress_every: job.progress_every,
+        checkpoint: run_model.as_ref().and_then(|m| m.checkpointing()),
+    };
+    let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s)?;
+    outcome.report.load_io = io;
+    let red = timed.totals();
+    let allreduce_s = red.vector_s + red.scalar_s;
+    let mine = RankTiming {
+        rank: comm.rank(),
+        rows,
+        nnz,
+        load_s,
+        compute_s: (outcome.solution.info.seconds - allreduce_s).max(0.0),
+        allreduce_s,
+        allreduce_vector_s: red.vector_s,
+        allreduce_calls: red.vector_calls + red.scalar_calls,
+    };
+    let written = match mine.gather(comm)? {
+        Some(all) => {
+            outcome.report.rank_timing = all;
+            publish(
+                job.outputs,
+                &mut outcome,
+                run_model.as_ref().zip(job.model.map(|m| m.0)),
+            )
+        }
+        None => Ok(()),
+    };
+    agree(comm, written)?;
+    // Each rank removes the checkpoint it wrote, once the outputs are published.
+    if let Some(m) = &run_model {
+        agree(comm, m.remove_checkpoint(comm))?;
+    }
+    Ok(comm.is_root().then_some(outcome))
+}
+
+/// The model side of an `invert` run on every rank: checked before the solve; the coverage
+/// (hit count, DWS) summed over every rank's kernel rows.
+fn run_model(cfg: &RunConfig, loaded: &Loaded, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
+    let mut m = agree(comm, RunModel::prepare(cfg, loaded, resume))?;
+    if comm.size() > 1 {
+        let cov = m.coverage_mut();
+        let mut hits: Vec<f64> = cov.hit_count.iter().map(|&h| h as f64).collect();
+        comm.allreduce_sum(&mut hits)?;
+        comm.allreduce_sum(&mut cov.dws)?;
+        cov.hit_count = hits.iter().map(|&h| h as u32).collect();
+    }
+    Ok(m)
+}

@@ -1,0 +1,568 @@
+//! The operator factory: the one place that turns "which backend x storage x precision x
+//! layout" into concrete backends and operators. Everything above it (the stages, the CLI,
+//! `bench`, the Python module) names an [`OperatorSpec`] and gets its work done by a visitor
+//! that is generic over the backend and the operator: it never names `CpuCsrOperator`,
+//! `CudaCompactOperator` or any other concrete type.
+//!
+//! - [`Engine`]: a started backend (the CPU, or one GPU of this rank with its allreduce path).
+//! - [`Engine::lsqr`]: LSQR's operator for a stored matrix (CSR, or compact rows with the grid
+//!   stencils), handed to an [`LsqrVisitor`].
+//! - [`Engine::square`]: a square system's operator with its halo and preconditioner, handed to
+//!   a [`SquareVisitor`] (GMRES).
+//! - [`choose_backend`], [`resolve_storage`], [`use_device_loop`]: the automatic choices, with
+//!   the reasons they give.
+
+use std::time::Instant;
+
+use crate::backend::cpu::square::DistSquareOperator;
+use crate::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use crate::backend::cuda::{
+    CompactGpuOptions, CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps,
+    CudaSquareOperator, GpuLayout,
+};
+use crate::backend::precond::Preconditioner;
+use crate::backend::storage::{Storage, StoredMatrix};
+use crate::backend::{AllreducePath, Backend, LsqrLoop, Operator, Precision, TransposeStrategy};
+use crate::comm::halo::CommVolume;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::partition::graph::RowPartition;
+use crate::pipeline::options::{BackendChoice, OperatorSpec};
+use crate::settings::tuning::{GpuLayoutChoice, Tuning};
+use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond};
+use crate::sparse::Csr;
+
+/// On the GPU, `storage = "auto"` picks compact storage from this many stored nonzeros on one
+/// rank: below it the products are latency-bound and CSR through cuSPARSE measured faster
+/// (australia, docs/gpu.md).
+const GPU_COMPACT_MIN_NNZ: usize = 1_000_000;
+
+/// Resolve `Auto` and check that the chosen backend can run here; the string says why.
+pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
+    match choice {
+        BackendChoice::Cpu => Ok((BackendChoice::Cpu, "cpu requested".into())),
+        BackendChoice::Cuda => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("cuda requested: {dev}"))),
+            Err(why) => Err(Error::backend(
+                "cuda",
+                format!("no usable CUDA GPU ({why}); use --backend cpu"),
+            )),
+        },
+        BackendChoice::Auto => match crate::backend::cuda::probe() {
+            Ok(dev) => Ok((BackendChoice::Cuda, format!("auto: CUDA usable, {dev}"))),
+            Err(why) => Ok((
+                BackendChoice::Cpu,
+                format!("auto: no usable CUDA GPU ({why}), using the CPU"),
+            )),
+        },
+    }
+}
+
+/// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
+/// one rank (measured faster there, docs/gpu.md) and CSR for small, latency-bound ones and under
+/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured slower than CSR on australia's
+/// cache-resident products, and out of cache compact's A^T y measured about twice CSR's
+/// (docs/performance.md). `auto` with `transpose = "library"` or `"scatter"` is CSR (compact
+/// builds its own explicit transpose).
+pub fn resolve_storage(
+    kind: BackendChoice,
+    storage: Storage,
+    transpose: TransposeStrategy,
+    ranks: usize,
+    nnz: usize,
+) -> Storage {
+    match (kind, storage) {
+        (BackendChoice::Cuda, Storage::Auto) if ranks > 1 || nnz < GPU_COMPACT_MIN_NNZ => {
+            Storage::Csr
+        }
+        (BackendChoice::Cpu | BackendChoice::Auto, Storage::Auto) => Storage::Csr,
+        (_, s) => s.resolve(matches!(
+            transpose,
+            TransposeStrategy::Library | TransposeStrategy::Scatter
+        )),
+    }
+}
+
+/// Whether the GPU runs LSQR's device loop: `auto` = on one rank, with either storage (CSR
+/// with the explicit transpose; a CSR operator with another transpose runs the host loop).
+/// Measured on an H100 (docs/gpu.md): australia 0.030 ms/iter against 0.065 with the host loop,
+/// the 100.7M system 1.01 against 1.09 ms. Under MPI every iteration's allreduce goes through
+/// the host, so the host loop stays.
+pub fn use_device_loop(lsqr_loop: LsqrLoop, ranks: usize) -> bool {
+    match lsqr_loop {
+        LsqrLoop::Device => true,
+        LsqrLoop::Host => false,
+        LsqrLoop::Auto => ranks == 1,
+    }
+}
+
+/// The compact storage's GPU options of a tuning (layout, tile sizes, launch shape).
+fn gpu_options(t: &Tuning) -> CompactGpuOptions {
+    CompactGpuOptions {
+        layout: t.gpu_layout.map(|l| match l {
+            GpuLayoutChoice::Rows => GpuLayout::Rows,
+            GpuLayoutChoice::Tiles => GpuLayout::Tiles,
+            GpuLayoutChoice::Mixed => GpuLayout::Mixed,
+            GpuLayoutChoice::Split => GpuLayout::Split,
+        }),
+        tile_bits: t.tile_bits,
+        ax_tile_bits: t.ax_tile_bits,
+        shape: t.compact_s.zip(t.compact_r),
+    }
+}
+
+/// What the factory built, in words and numbers (reports, `bench`).
+#[derive(Debug, Clone, Default)]
+pub struct Built {
+    /// "cpu" or "cuda".
+    pub backend: &'static str,
+    /// The backend in one line (device, threads).
+    pub backend_detail: String,
+    /// How A^T y is computed (and the value precision on the GPU; the allreduce path on
+    /// several ranks).
+    pub transpose: String,
+    /// The storage actually used: `Csr` or `Compact` (a GPU that cannot hold the compact
+    /// storage falls back to CSR).
+    pub storage: Storage,
+    /// Value precision of the stored matrix.
+    pub precision: Precision,
+    /// Whether LSQR runs the backend's device loop.
+    pub device_loop: bool,
+    /// The layout in a short tag: the transpose strategy (CSR), "rows" (CPU compact), or the
+    /// GPU's compact layout ("rows", "mixed:9", "split:9:12", ...).
+    pub layout: String,
+    /// Bytes the matrix passes of one LSQR iteration read (A x and A^T y), where the storage
+    /// knows them (compact); None: plain CSR, counted by the caller.
+    pub pass_bytes: Option<u64>,
+    /// Bytes per stored nonzero of the A x pass.
+    pub bytes_per_nnz: f64,
+    /// Seconds spent building the operator (encoding, transposes, uploads).
+    pub seconds: f64,
+}
+
+/// Work on LSQR's operator, whatever backend and storage it is (a closure cannot be generic).
+pub trait LsqrVisitor {
+    type Output;
+    fn visit<B: Backend, O: Operator<B>>(
+        self,
+        be: &B,
+        op: &O,
+        built: &Built,
+    ) -> Result<Self::Output>;
+}
+
+/// What the square factory built besides the operator.
+#[derive(Debug, Clone)]
+pub struct SquareBuilt {
+    /// The halo exchange of one product, over all ranks.
+    pub halo: CommVolume,
+    /// How the rows are stored: "csr", or the GPU's row patterns described.
+    pub storage: String,
+    /// When the set-up started (the halo, the local matrix, the preconditioner).
+    pub t0: Instant,
+}
+
+/// Work on a square system's operator and preconditioner (GMRES).
+pub trait SquareVisitor {
+    type Output;
+    fn visit<B: Backend + 'static, O: Operator<B>>(
+        self,
+        be: &B,
+        op: &O,
+        pc: (Box<dyn Preconditioner<B>>, PrecondCounts),
+        built: SquareBuilt,
+    ) -> Result<Self::Output>
+    where
+        B::Vector: 'static;
+}
+
+/// One rank's share of a square system: `rows` are this rank's rows of the matrix (global
+/// column indices, rows `part.range(comm.rank())`), `b` and `x0` this rank's entries.
+#[derive(Clone, Copy)]
+pub struct SquareSystem<'a> {
+    pub rows: &'a Csr,
+    pub part: &'a RowPartition,
+    pub b: &'a [f64],
+    pub x0: Option<&'a [f64]>,
+}
+
+/// A started backend: the CPU, or this rank's GPU with its allreduce path set up.
+pub enum Engine {
+    Cpu {
+        be: CpuBackend,
+        /// Drive solves from a worker of rayon's pool ([`on_pool`]); the Python module drives
+        /// them from its own thread, where Ctrl-C is seen.
+        pool: bool,
+    },
+    Cuda {
+        be: Box<CudaBackend>,
+        /// The allreduce (LSQR) or halo (GMRES) path between ranks, in words.
+        path: String,
+    },
+}
+
+impl Engine {
+    /// Start `kind` (resolved: `Cpu` or `Cuda`) for this rank. On the GPU, `path` says how
+    /// vectors cross between ranks (collective: every rank calls it).
+    pub fn start(
+        kind: BackendChoice,
+        comm: &dyn Comm,
+        path: AllreducePath,
+        _tuning: &Tuning,
+    ) -> Result<Engine> {
+        match kind {
+            BackendChoice::Cuda => {
+                let be = CudaBackend::for_rank(comm)?;
+                let path = be.setup_allreduce(comm, path)?;
+                Ok(Engine::Cuda {
+                    be: Box::new(be),
+                    path,
+                })
+            }
+            _ => Ok(Engine::cpu()),
+        }
+    }
+
+    /// The CPU backend, solves driven from rayon's pool.
+    pub fn cpu() -> Engine {
+        Engine::Cpu {
+            be: CpuBackend::new(),
+            pool: true,
+        }
+    }
+
+    /// The CPU backend, solves driven from the calling thread (the Python module).
+    pub fn cpu_on_calling_thread() -> Engine {
+        Engine::Cpu {
+            be: CpuBackend::new(),
+            pool: false,
+        }
+    }
+
+    /// GPU `ordinal` of this process, one rank (tools, tests, the Python module).
+    pub fn gpu(ordinal: usize) -> Result<Engine> {
+        Ok(Engine::from_cuda(CudaBackend::new(ordinal)?))
+    }
+
+    /// An engine on a GPU backend made elsewhere (tests), for one rank or with its allreduce
+    /// path already set up.
+    pub fn from_cuda(be: CudaBackend) -> Engine {
+        Engine::Cuda {
+            be: Box::new(be),
+            path: "none (one rank)".into(),
+        }
+    }
+
+    /// `Cpu` or `Cuda`.
+    pub fn kind(&self) -> BackendChoice {
+        match self {
+            Engine::Cpu { .. } => BackendChoice::Cpu,
+            Engine::Cuda { .. } => BackendChoice::Cuda,
+        }
+    }
+
+    /// "cpu" or "cuda".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Cpu { be, .. } => be.name(),
+            Engine::Cuda { be, .. } => be.name(),
+        }
+    }
+
+    /// The backend in one line (device, threads).
+    pub fn describe(&self) -> String {
+        match self {
+            Engine::Cpu { be, .. } => be.describe(),
+            Engine::Cuda { be, .. } => be.describe(),
+        }
+    }
+
+    /// The path vectors take between ranks (GPU), in words.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Engine::Cpu { .. } => None,
+            Engine::Cuda { path, .. } => Some(path),
+        }
+    }
+
+    /// Wait for the device (a no-op on the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Engine::Cpu { .. } => Ok(()),
+            Engine::Cuda { be, .. } => be.synchronize(),
+        }
+    }
+
+    /// Copy bandwidth of the memory this backend reads, GB/s (read + write): the device's
+    /// (256 MiB each way, median of 10) or the host's (all threads). With the host's CPU model
+    /// and threads, or the device, in words.
+    pub fn copy_bandwidth(&self) -> Result<(String, f64)> {
+        match self {
+            Engine::Cpu { .. } => Ok(crate::pipeline::bench::host_copy_bandwidth()),
+            Engine::Cuda { be, .. } => {
+                let len = 32usize << 20;
+                let src = be.zeros(len)?;
+                let mut dst = be.zeros(len)?;
+                let sync = || be.synchronize();
+                let ms = crate::pipeline::bench::time_ms(10, &sync, || be.copy(&src, &mut dst))?;
+                Ok((be.describe(), 2.0 * (len * 8) as f64 / (ms * 1e-3) / 1e9))
+            }
+        }
+    }
+
+    /// Build LSQR's operator for `m` as `spec` says (`m.storage` resolved: `Csr` or `Compact`)
+    /// and hand it to `v`. The device loop runs where `device_loop` asks and the operator has
+    /// one. On the CPU the visit runs on rayon's pool (see [`on_pool`]) unless this engine
+    /// drives from the calling thread.
+    pub fn lsqr<V>(
+        &self,
+        spec: &OperatorSpec,
+        comm: &dyn Comm,
+        m: StoredMatrix,
+        device_loop: bool,
+        v: V,
+    ) -> Result<V::Output>
+    where
+        V: LsqrVisitor + Send,
+        V::Output: Send,
+    {
+        let t = Instant::now();
+        match self {
+            Engine::Cpu { be, pool } => cpu_lsqr(be, *pool, comm, spec, m, t, v),
+            Engine::Cuda { be, path } => cuda_lsqr(be, path, comm, spec, m, device_loop, t, v),
+        }
+    }
+
+    /// Build a square system's operator (this rank's rows with the halo) and its
+    /// preconditioner, and hand both to `v`. `spec.precision` and `spec.storage` choose the
+    /// GPU's storage (csr, or row patterns where the rows qualify); the CPU stores f64 CSR and
+    /// runs on rayon's pool unless this engine drives from the calling thread.
+    pub fn square<V>(
+        &self,
+        spec: &OperatorSpec,
+        comm: &dyn Comm,
+        sys: &SquareSystem,
+        precond: SquarePrecond,
+        v: V,
+    ) -> Result<V::Output>
+    where
+        V: SquareVisitor + Send,
+        V::Output: Send,
+    {
+        match self {
+            Engine::Cpu { be, pool } => {
+                if spec.precision != Precision::F64 {
+                    return Err(Error::Invalid(format!(
+                        "--precision {}: the CPU backend stores f64 values only",
+                        spec.precision
+                    )));
+                }
+                if spec.storage == Storage::Compact {
+                    return Err(Error::Invalid(
+                        "--storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR".into(),
+                    ));
+                }
+                let f = move || {
+                    let t0 = Instant::now();
+                    let op = DistSquareOperator::distributed(sys.rows, sys.part, comm)?;
+                    let halo = op.comm_volume()?;
+                    let row0 = sys.part.range(comm.rank()).start;
+                    let pc = square_precond(be, comm, &op, row0, precond, |f| Ok(Box::new(f)))?;
+                    let built = SquareBuilt {
+                        halo,
+                        storage: "csr".into(),
+                        t0,
+                    };
+                    v.visit(be, &op, pc, built)
+                };
+                if *pool {
+                    on_pool(comm, f)
+                } else {
+                    f()
+                }
+            }
+            Engine::Cuda { be, .. } => cuda_square(be, spec, comm, sys, precond, v),
+        }
+    }
+}
+
+/// A square system on the GPU: the preconditioner set up from the host rows (ILU(0) factors
+/// applied by Jacobi sweeps on the device), the rows stored as `spec` says.
+fn cuda_square<V: SquareVisitor>(
+    be: &CudaBackend,
+    spec: &OperatorSpec,
+    comm: &dyn Comm,
+    sys: &SquareSystem,
+    precond: SquarePrecond,
+    v: V,
+) -> Result<V::Output> {
+    let t0 = Instant::now();
+    let cpu = DistSquareOperator::distributed(sys.rows, sys.part, comm)?;
+    let halo = cpu.comm_volume()?;
+    let row0 = sys.part.range(comm.rank()).start;
+    let pc = square_precond(be, comm, &cpu, row0, precond, |f| {
+        Ok(Box::new(CudaIluSweeps::new(be, &f)?))
+    })?;
+    let op = CudaSquareOperator::new(be, &cpu, comm, spec.precision, spec.storage)?;
+    drop(cpu);
+    be.synchronize()?;
+    let built = SquareBuilt {
+        halo,
+        storage: op.storage().to_string(),
+        t0,
+    };
+    v.visit(be, &op, pc, built)
+}
+
+/// LSQR's operator on the CPU: CSR with the transpose asked for, or compact rows (f64/f32
+/// values, 16-bit column deltas, grid stencils for the damping rows).
+fn cpu_lsqr<V>(
+    be: &CpuBackend,
+    pool: bool,
+    comm: &dyn Comm,
+    spec: &OperatorSpec,
+    m: StoredMatrix,
+    t: Instant,
+    v: V,
+) -> Result<V::Output>
+where
+    V: LsqrVisitor + Send,
+    V::Output: Send,
+{
+    let drive = |f: Box<dyn FnOnce() -> Result<V::Output> + Send + '_>| {
+        if pool {
+            on_pool(comm, f)
+        } else {
+            f()
+        }
+    };
+    let StoredMatrix {
+        rows,
+        stencil,
+        storage,
+    } = m;
+    let mut built = Built {
+        backend: be.name(),
+        backend_detail: be.describe(),
+        storage,
+        ..Default::default()
+    };
+    if storage == Storage::Compact {
+        let nnz = rows.nnz().max(1) as f64;
+        let op = CpuCompactOperator::new(&rows, stencil, spec.precision);
+        drop(rows);
+        built.precision = spec.precision;
+        built.transpose = "csc (compact transpose)".into();
+        built.layout = "rows".into();
+        built.pass_bytes = Some(op.stored().bytes() + op.transposed().bytes());
+        built.bytes_per_nnz = op.stored().bytes() as f64 / nnz;
+        built.seconds = t.elapsed().as_secs_f64();
+        let built = &built;
+        drive(Box::new(move || v.visit(be, &op, built)))
+    } else {
+        let rows = restack(rows, stencil.as_ref())?;
+        let op = CpuCsrOperator::new(rows, spec.transpose);
+        built.precision = Precision::F64;
+        built.transpose = op.strategy().to_string();
+        built.layout = op.strategy().to_string();
+        built.bytes_per_nnz = 12.0;
+        built.seconds = t.elapsed().as_secs_f64();
+        let built = &built;
+        drive(Box::new(move || v.visit(be, &op, built)))
+    }
+}
+
+/// LSQR's operator on the GPU: compact storage (falling back to CSR, with a note, where it
+/// does not fit) or CSR with the transpose asked for.
+#[allow(clippy::too_many_arguments)]
+fn cuda_lsqr<V: LsqrVisitor>(
+    be: &CudaBackend,
+    path: &str,
+    comm: &dyn Comm,
+    spec: &OperatorSpec,
+    m: StoredMatrix,
+    device_loop: bool,
+    t: Instant,
+    v: V,
+) -> Result<V::Output> {
+    let StoredMatrix {
+        rows,
+        stencil,
+        storage,
+    } = m;
+    let mut built = Built {
+        backend: be.name(),
+        backend_detail: be.describe(),
+        precision: spec.precision,
+        storage,
+        ..Default::default()
+    };
+    if storage == Storage::Compact {
+        let o = gpu_options(&spec.tuning);
+        match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, &o) {
+            Ok(op) => {
+                op.set_device_loop(device_loop);
+                let nnz = rows.nnz().max(1) as f64;
+                drop(rows);
+                let (pa, pt) = op.pass_bytes();
+                built.transpose = format!("csc (compact transpose, {} values)", op.precision());
+                built.device_loop = device_loop;
+                built.layout = layout_tag(&o, &op.layout());
+                built.pass_bytes = Some(pa + pt);
+                built.bytes_per_nnz = pa as f64 / nnz;
+                built.seconds = t.elapsed().as_secs_f64();
+                return v.visit(be, &op, &built);
+            }
+            Err(e) if comm.is_root() => eprintln!("compact storage: {e}; using csr"),
+            Err(_) => {}
+        }
+        built.storage = Storage::Csr;
+    }
+    // CSR: the stencil rows (if any were split off) go back into the matrix.
+    let rows = restack(rows, stencil.as_ref())?;
+    let op = CudaCsrOperator::new(be, &rows, spec.transpose, spec.precision)?;
+    op.set_device_loop(device_loop);
+    drop(rows);
+    built.transpose = if comm.size() > 1 {
+        format!(
+            "{} ({} values); allreduce: {path}",
+            op.strategy(),
+            op.precision()
+        )
+    } else {
+        format!("{} ({} values)", op.strategy(), op.precision())
+    };
+    built.device_loop = device_loop && op.strategy() == TransposeStrategy::Csc;
+    built.layout = op.strategy().to_string();
+    built.bytes_per_nnz = (op.precision().bytes() + 4) as f64;
+    built.seconds = t.elapsed().as_secs_f64();
+    v.visit(be, &op, &built)
+}
+
+/// The stored rows with the stencil rows (when split off) stacked back under them, in the
+/// stored rows' column order.
+fn restack(rows: Csr, stencil: Option<&crate::grid::StencilOp>) -> Result<Csr> {
+    match stencil {
+        Some(st) => {
+            let d = st.stencil().to_csr();
+            let d = match st.new_of_old() {
+                Some(p) => d.permute_columns(p),
+                None => d,
+            };
+            rows.vstack_scaled(&d, 1.0)
+                .map_err(|e| Error::Invalid(e.to_string()))
+        }
+        None => Ok(rows),
+    }
+}
+
+/// The short name of a GPU compact layout: rows, mixed:T, tiles:T or split:T:X (T: A^T's tile
+/// bits, X: A x's), the bits where they were asked for.
+fn layout_tag(o: &CompactGpuOptions, desc: &str) -> String {
+    let kind = desc.split([' ', ':']).next().unwrap_or("").to_string();
+    match (o.tile_bits, o.ax_tile_bits) {
+        (Some(t), Some(x)) if kind == "split" => format!("{kind}:{t}:{x}"),
+        (Some(t), _) if kind != "rows" => format!("{kind}:{t}"),
+        _ => kind,
+    }
+}

@@ -1,0 +1,435 @@
+//! Distributed GMRES on square systems ([`solve_square`], what `solve --method gmres` runs):
+//! every rank reads the matrix, the partition is agreed by all ranks, each rank solves with its
+//! rows on the CPU or the GPU (the same preconditioner set-up and solver for both), rank 0
+//! gathers x and writes the outputs.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::backend::precond::Preconditioner;
+use crate::backend::precond::{PivotPolicy, TriSolve};
+use crate::backend::{AllreducePath, Backend, Operator};
+use crate::comm::halo::CommVolume;
+use crate::comm::{agree, Comm};
+use crate::error::{Error, Result};
+use crate::io::mtx;
+use crate::model::report::{ReportHeader, Seconds};
+use crate::partition::graph::{
+    metis_parts, partition_square, permutation_from_parts, PartitionMethod, SquarePartition,
+};
+use crate::pipeline::monitor::GmresProgress;
+use crate::pipeline::operators::{
+    choose_backend, Engine, SquareBuilt, SquareSystem, SquareVisitor,
+};
+use crate::pipeline::options::{BackendChoice, OperatorSpec};
+use crate::solver::dist_square::{PrecondCounts, SquarePrecond, SquareSolve};
+use crate::solver::gmres::{
+    gmres, ConvergenceTest, GmresInfo, GmresMonitor, GmresParams, GmresRecord, GmresStop, Orthog,
+    PrecondSide,
+};
+use crate::sparse::Csr;
+
+/// Which preconditioner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrecondChoice {
+    None,
+    Jacobi,
+    BlockIlu0,
+}
+
+choice_from_str!(PrecondChoice, "preconditioner", "none" => Self::None, "jacobi" => Self::Jacobi, "block-ilu0" | "ilu0" | "bjacobi-ilu0" => Self::BlockIlu0);
+
+/// A GMRES run of `solve --method gmres`: the system's files, solver settings, outputs.
+#[derive(Debug, Clone)]
+pub struct GmresJob {
+    pub matrix: PathBuf,
+    pub rhs: Option<PathBuf>,
+    pub x0: Option<PathBuf>,
+    pub params: GmresParams,
+    pub precond: PrecondChoice,
+    pub ilu_pivot: PivotPolicy,
+    /// None: exact triangular solves.
+    pub ilu_sweeps: Option<usize>,
+    /// How rows are split across ranks.
+    pub partition: PartitionMethod,
+    /// Backend; on the GPU the value precision (vectors stay f64) and the storage (csr,
+    /// compact = row patterns, auto = row patterns where the rows qualify; the CPU stores
+    /// CSR); on several GPU ranks how the halo crosses (NCCL or through the host).
+    pub operator: OperatorSpec,
+    pub solution: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub history: Option<PathBuf>,
+    pub progress: usize,
+}
+
+/// report.json of a GMRES solve.
+#[derive(Debug, Clone, Serialize)]
+pub struct GmresReport {
+    #[serde(flatten)]
+    pub header: ReportHeader,
+    pub matrix: String,
+    pub rhs: String,
+    pub backend: String,
+    pub backend_detail: String,
+    /// How the matrix rows were stored: "csr", or the GPU's row patterns described.
+    pub storage: String,
+    pub ranks: usize,
+    pub threads: usize,
+    pub n: usize,
+    pub nnz: usize,
+    pub restart: usize,
+    pub rtol: f64,
+    pub atol: f64,
+    pub max_iter: usize,
+    pub max_cycles: Option<usize>,
+    pub precond: String,
+    pub orthog: Orthog,
+    pub side: PrecondSide,
+    pub convergence_test: ConvergenceTest,
+    pub jacobi_zero_diagonals: Option<usize>,
+    pub ilu_replaced_pivots: Option<usize>,
+    pub ilu_inserted_diagonals: Option<usize>,
+    #[serde(flatten)]
+    pub stop: GmresStop,
+    pub seconds: Seconds,
+    pub ms_per_iter: f64,
+    /// Where the Arnoldi cycles kept their scalars: host or device.
+    pub arnoldi_loop: crate::solver::gmres::ArnoldiLoop,
+    /// How rows were split across ranks, and the halo exchange of one product.
+    pub partition: PartitionMethod,
+    pub halo: CommVolume,
+}
+
+fn history_csv(w: &mut dyn std::io::Write, h: &[GmresRecord]) -> std::io::Result<()> {
+    writeln!(w, "iteration,cycle,resnorm,relres,seconds")?;
+    for r in h {
+        writeln!(
+            w,
+            "{},{},{:e},{:e},{:e}",
+            r.iteration, r.cycle, r.resnorm, r.relres, r.seconds
+        )?;
+    }
+    Ok(())
+}
+
+/// A square system read from its files: the matrix, b (ones without an rhs file) and x0.
+struct SquareFiles {
+    a: Csr,
+    b: Vec<f64>,
+    x0: Option<Vec<f64>>,
+}
+
+/// Read the matrix (it must be square), b and x0 of a GMRES job.
+fn read_square(c: &GmresJob) -> Result<SquareFiles> {
+    let a = mtx::read_matrix(&c.matrix)?;
+    if a.nrows() != a.ncols() {
+        return Err(Error::format(
+            &c.matrix,
+            format!(
+                "GMRES needs a square matrix; this one is {} x {} (use --method lsqr)",
+                a.nrows(),
+                a.ncols()
+            ),
+        ));
+    }
+    let n = a.nrows();
+    let read_vec = |p: &Path, what: &str| -> Result<Vec<f64>> {
+        let v = mtx::read_vector(p)?;
+        if v.len() != n {
+            return Err(Error::format(
+                p,
+                format!("{what} has {} values but the matrix has {n} rows", v.len()),
+            ));
+        }
+        Ok(v)
+    };
+    let b = match &c.rhs {
+        Some(p) => read_vec(p, "right-hand side")?,
+        None => vec![1.0; n],
+    };
+    let x0 = c.x0.as_deref().map(|p| read_vec(p, "x0")).transpose()?;
+    Ok(SquareFiles { a, b, x0 })
+}
+
+impl PrecondChoice {
+    /// The preconditioner of a square solve, with the block ILU(0)'s pivot policy and
+    /// triangular solves (None: exact).
+    pub fn with(self, pivot: PivotPolicy, sweeps: Option<usize>) -> SquarePrecond {
+        match self {
+            PrecondChoice::None => SquarePrecond::None,
+            PrecondChoice::Jacobi => SquarePrecond::Jacobi,
+            PrecondChoice::BlockIlu0 => SquarePrecond::BlockIlu0 {
+                pivot,
+                tri: match sweeps {
+                    None => TriSolve::Exact,
+                    Some(s) => TriSolve::Jacobi(s),
+                },
+            },
+        }
+    }
+}
+
+/// Solve and write the outputs; returns the report on rank 0 (None elsewhere).
+/// Every rank reads the matrix, keeps its nonzero-balanced block of rows and the matching
+/// entries of b and x0; rank 0 gathers x and alone writes the outputs (and returns the report).
+pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>> {
+    let t = Instant::now();
+    let SquareFiles { a, b, x0 } = read_square(c)?;
+    let (n, nnz) = (a.nrows(), a.nnz());
+    let load = t.elapsed().as_secs_f64();
+    let (kind, why) = choose_backend(c.operator.backend)?;
+    let t_setup = Instant::now();
+    // --partition metis: rows reordered so that each rank's METIS part is a contiguous block;
+    // b and x0 follow, and x is put back in the original order after the gather.
+    let sp = partition_square_on(comm, &a, c.partition)?;
+    let part = sp.part.clone();
+    let mine = part.range(comm.rank());
+    let a = if comm.size() > 1 {
+        sp.rank_rows(&a, comm.rank())?
+    } else {
+        a
+    };
+    let b = sp.perm.permute_range(&b, mine.clone());
+    let x0 = x0.map(|x| sp.perm.permute_range(&x, mine.clone()));
+    let sys = SquareSystem {
+        rows: &a,
+        part: &part,
+        b: &b,
+        x0: x0.as_deref(),
+    };
+    let engine = start_square_engine(kind, &c.operator, comm)?;
+    let mut mon = GmresProgress::new(c.params.rtol, c.params.max_iter, comm.is_root(), c.progress);
+    let precond = c.precond.with(c.ilu_pivot, c.ilu_sweeps);
+    let sol = gmres_square(
+        &engine,
+        comm,
+        sys,
+        precond,
+        &c.operator,
+        &c.params,
+        &mut mon,
+    )?;
+    mon.shown.clear(); // clears the bar before anything else is printed
+    note_precond_fixes(&sol, comm);
+    let setup = t_setup.elapsed().as_secs_f64() - sol.info.seconds;
+    let Some(x) = comm.gather_to_root(&sol.x_local)? else {
+        return Ok(None);
+    };
+    let x = sp.perm.unpermute(&x);
+    let report = square_report(c, &engine, &why, &sol, (n, nnz), comm, (load, setup));
+    // One output set (src/io/publish.rs): solution, history, report.
+    let mut publ = crate::io::publish::Publication::new("solve");
+    if let Some(p) = &c.solution {
+        publ.write(p, |w| crate::io::vector_text(w, &x))?;
+    }
+    if let Some(p) = &c.history {
+        publ.write(p, |w| history_csv(w, &mon.history.0))?;
+    }
+    if let Some(p) = &c.report {
+        publ.write(p, |w| crate::pipeline::publish::json_text(w, &report))?;
+    }
+    publ.commit()?;
+    Ok(Some(report))
+}
+
+/// The engine of a square solve. The halo of a square system is small: measured on 2 x H200
+/// (docs/gmres.md), NCCL's grouped send/recv costs more per product than page-locked copies +
+/// MPI, so `auto` takes the host path here; `--allreduce nccl` asks for NCCL.
+fn start_square_engine(
+    kind: BackendChoice,
+    spec: &OperatorSpec,
+    comm: &dyn Comm,
+) -> Result<Engine> {
+    let halo_path = match spec.allreduce {
+        AllreducePath::Auto => AllreducePath::Host,
+        p => p,
+    };
+    let engine = Engine::start(kind, comm, halo_path, &spec.tuning)?;
+    if let (Some(path), true) = (engine.path(), comm.size() > 1 && comm.is_root()) {
+        let how = if path.starts_with("nccl") {
+            "nccl (GPU to GPU send/recv)"
+        } else {
+            "host (device gather, copy to host, MPI all-to-all, copy back)"
+        };
+        eprintln!("halo exchange between GPUs: {how}; reductions over MPI");
+    }
+    Ok(engine)
+}
+
+/// Notes on rank 0 about what the preconditioner's set-up had to fix.
+fn note_precond_fixes(sol: &SquareSolve, comm: &dyn Comm) {
+    if !comm.is_root() {
+        return;
+    }
+    if let Some(z) = sol.jacobi_zero_diagonals.filter(|&z| z > 0) {
+        eprintln!(
+            "seistomo: note: {z} rows have a zero or missing diagonal; Jacobi leaves them unscaled"
+        );
+    }
+    if let (Some(r), Some(i)) = (sol.ilu_replaced_pivots, sol.ilu_inserted_diagonals) {
+        if r + i > 0 {
+            eprintln!(
+                "seistomo: note: ILU(0) inserted {i} missing diagonal entries and replaced {r} zero pivots"
+            );
+        }
+    }
+}
+
+/// report.json of a square solve.
+fn square_report(
+    c: &GmresJob,
+    engine: &Engine,
+    why: &str,
+    sol: &SquareSolve,
+    (n, nnz): (usize, usize),
+    comm: &dyn Comm,
+    (load, setup): (f64, f64),
+) -> GmresReport {
+    let info: &GmresInfo = &sol.info;
+    let p = &c.params;
+    GmresReport {
+        header: ReportHeader::new("gmres"),
+        matrix: c.matrix.display().to_string(),
+        rhs: c
+            .rhs
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "ones".into()),
+        backend: engine.name().into(),
+        backend_detail: format!("{} ({why})", engine.describe()),
+        storage: sol.storage.clone(),
+        ranks: comm.size(),
+        threads: rayon::current_num_threads(),
+        n,
+        nnz,
+        restart: p.restart,
+        rtol: p.rtol,
+        atol: p.atol,
+        max_iter: p.max_iter,
+        max_cycles: p.max_cycles,
+        precond: sol.precond.clone(),
+        orthog: p.orthog,
+        side: p.side,
+        convergence_test: p.test,
+        jacobi_zero_diagonals: sol.jacobi_zero_diagonals,
+        ilu_replaced_pivots: sol.ilu_replaced_pivots,
+        ilu_inserted_diagonals: sol.ilu_inserted_diagonals,
+        stop: info.stop.clone(),
+        seconds: Seconds {
+            load,
+            setup,
+            solve: info.seconds,
+            total: load + setup + info.seconds,
+        },
+        ms_per_iter: info.ms_per_iter,
+        arnoldi_loop: info.arnoldi_loop,
+        partition: c.partition,
+        halo: sol.halo.clone(),
+    }
+}
+
+/// GMRES on the operator and preconditioner the factory built.
+struct GmresRun<'a> {
+    comm: &'a dyn Comm,
+    b: &'a [f64],
+    x0: Option<&'a [f64]>,
+    params: &'a GmresParams,
+    monitor: &'a mut (dyn GmresMonitor + Send),
+}
+
+impl SquareVisitor for GmresRun<'_> {
+    type Output = SquareSolve;
+    fn visit<B: Backend + 'static, O: Operator<B>>(
+        self,
+        be: &B,
+        op: &O,
+        (mut pc, counts): (Box<dyn Preconditioner<B>>, PrecondCounts),
+        built: SquareBuilt,
+    ) -> Result<SquareSolve>
+    where
+        B::Vector: 'static,
+    {
+        let setup_seconds = built.t0.elapsed().as_secs_f64();
+        let sol = gmres(
+            be,
+            op,
+            pc.as_mut(),
+            self.comm,
+            self.b,
+            self.x0,
+            self.params,
+            self.monitor,
+        )?;
+        Ok(SquareSolve {
+            x_local: sol.x,
+            info: sol.info,
+            precond: pc.name(),
+            jacobi_zero_diagonals: counts.zero_diagonals,
+            ilu_replaced_pivots: counts.replaced_pivots,
+            ilu_inserted_diagonals: counts.inserted_diagonals,
+            setup_seconds,
+            halo: built.halo,
+            storage: built.storage,
+        })
+    }
+}
+
+/// GMRES for one rank of a job on `engine`, the rows stored as `spec` says (precision and
+/// storage on the GPU). Every rank calls it; the same code runs on one rank with
+/// [`crate::comm::SerialComm`].
+pub fn gmres_square(
+    engine: &Engine,
+    comm: &dyn Comm,
+    sys: SquareSystem,
+    precond: SquarePrecond,
+    spec: &OperatorSpec,
+    params: &GmresParams,
+    monitor: &mut (dyn GmresMonitor + Send),
+) -> Result<SquareSolve> {
+    let run = GmresRun {
+        comm,
+        b: sys.b,
+        x0: sys.x0,
+        params,
+        monitor,
+    };
+    engine.square(spec, comm, &sys, precond, run)
+}
+
+/// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs
+/// on rank 0 alone and its parts are broadcast, so that all ranks use the same partition; an
+/// error on rank 0 becomes an error on every rank. Collective.
+pub fn partition_square_on(
+    comm: &dyn Comm,
+    a: &Csr,
+    method: PartitionMethod,
+) -> Result<SquarePartition> {
+    let p = comm.size();
+    if method != PartitionMethod::Metis || p == 1 {
+        return partition_square(a, method, p);
+    }
+    let mine = if comm.is_root() {
+        metis_parts(a, p)
+    } else {
+        Ok(Vec::new())
+    };
+    let parts = agree(comm, mine)?;
+    let mut bytes: Vec<u8> = parts.iter().flat_map(|v| v.to_le_bytes()).collect();
+    comm.broadcast_bytes(0, &mut bytes)?;
+    if bytes.len() != 4 * a.nrows() {
+        return Err(Error::Comm(format!(
+            "METIS partition broadcast: {} bytes for {} rows",
+            bytes.len(),
+            a.nrows()
+        )));
+    }
+    let parts: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let (perm, part) = permutation_from_parts(&parts, p)?;
+    Ok(SquarePartition { method, perm, part })
+}
