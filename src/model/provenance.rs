@@ -12,6 +12,7 @@
 //!                    had changes; "unknown" without git)
 //! host               the host name
 //! ranks, gpus, threads, backend   the job (gpus: ranks that used a GPU)
+//! tuning             the run's tuning knobs as JSON (src/settings/tuning.rs; null: automatic)
 //! input_files        every input file (config, matrices, every file of the dataset directory)
 //! input_bytes        their sizes
 //! input_crc32        their CRC-32 (zlib's polynomial, as `crc32` / Python's zlib.crc32), hex
@@ -240,6 +241,9 @@ pub fn annotate(f: &::hdf5::File, path: &Path, report: &Report) -> Result<()> {
     a.num(&g, "gpus", &[gpus as u64])?;
     a.num(&g, "threads", &[report.threads as u64])?;
     a.s(&g, "backend", &report.backend)?;
+    let tuning =
+        serde_json::to_string(&report.tuning).map_err(|e| Error::Invalid(e.to_string()))?;
+    a.s(&g, "tuning", &tuning)?;
     let (inputs, manifest) = {
         let n = notes();
         (n.inputs.clone(), n.manifest.clone())

@@ -45,6 +45,8 @@ pub struct Report {
     pub reorder: String,
     /// The matrix storage, with bytes per nonzero (src/backend/storage.rs).
     pub storage: String,
+    /// The tuning knobs of the run (src/settings/tuning.rs; null: chosen automatically).
+    pub tuning: crate::settings::tuning::Tuning,
     pub ranks: usize,
     pub threads: usize,
     pub m: usize,

@@ -218,6 +218,7 @@ fn solve_watched(
     unmap.restore(&mut solution.x, solution.var.as_mut());
     let report = report(&ReportParts {
         engine,
+        tuning: &job.spec.tuning,
         why,
         built: &built,
         storage: storage_what,
@@ -260,6 +261,7 @@ impl<V: LsqrVisitor> LsqrVisitor for BuiltToo<'_, V> {
 /// What a report is made of.
 struct ReportParts<'a> {
     engine: &'a Engine,
+    tuning: &'a crate::settings::tuning::Tuning,
     why: &'a str,
     built: &'a Built,
     storage: String,
@@ -286,6 +288,7 @@ fn report(r: &ReportParts) -> Report {
         transpose: r.built.transpose.clone(),
         reorder: r.ordering.clone(),
         storage: r.storage.clone(),
+        tuning: r.tuning.clone(),
         ranks: r.comm.size(),
         threads: rayon::current_num_threads(),
         m: r.m,

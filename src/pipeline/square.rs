@@ -76,6 +76,8 @@ pub struct GmresReport {
     pub backend_detail: String,
     /// How the matrix rows were stored: "csr", or the GPU's row patterns described.
     pub storage: String,
+    /// The tuning knobs of the run (src/settings/tuning.rs; null: chosen automatically).
+    pub tuning: crate::settings::tuning::Tuning,
     pub ranks: usize,
     pub threads: usize,
     pub n: usize,
@@ -301,6 +303,7 @@ fn square_report(
         backend: engine.name().into(),
         backend_detail: format!("{} ({why})", engine.describe()),
         storage: sol.storage.clone(),
+        tuning: c.operator.tuning.clone(),
         ranks: comm.size(),
         threads: rayon::current_num_threads(),
         n,
