@@ -1,31 +1,34 @@
-//! File input/output helpers shared by every reader and writer: transparent gzip on read, and
-//! atomic writes (a temporary file renamed into place) so that an interrupted run never leaves a
+//! Files, in four parts:
+//!
+//! - [`dataset`] (the dataset format: manifest, kernel rows, damping, vectors; load, write,
+//!   verify)
+//! - transport ([`rowio`]: byte ranges, coalescing, trait `RangeSource`; [`mpiio`]: MPI-IO
+//!   calls; [`mmap`])
+//! - foreign formats ([`mtx`]: Matrix Market; [`petsc`]; [`npy`])
+//! - publishing outputs ([`publish`]: outputs as one set, locks; [`outpaths`]; `tidy`;
+//!   [`limits`]: memory plan)
+//!
+//! and the helpers every reader and writer shares (here): transparent gzip on read, and atomic
+//! writes (a temporary file renamed into place) so that an interrupted run never leaves a
 //! truncated output that looks complete.
 
+pub mod dataset;
+pub mod limits;
+pub mod mmap;
 pub mod mpiio;
 pub mod mtx;
+pub mod npy;
+pub mod outpaths;
+pub mod petsc;
+pub mod publish;
 pub mod rowio;
+mod tidy;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-
-pub mod binfmt;
-pub mod damping;
-pub mod dataset;
-pub mod kernel_rows;
-pub mod limits;
-pub mod manifest;
-pub mod mmap;
-pub mod npy;
-pub mod outpaths;
-pub mod petsc;
-pub mod publish;
-mod tidy;
-pub mod vectors;
-pub mod verify;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
 pub use tidy::tidy;

@@ -126,7 +126,7 @@ pub fn partition(
 mod tests {
     use super::*;
     use crate::grid::Rng;
-    use crate::io::kernel_rows::descending_order;
+    use crate::io::dataset::kernel_rows::descending_order;
 
     #[test]
     fn every_row_exactly_once_for_1_to_8_ranks() {

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
+use crate::io::dataset::kernel_rows::parse_metadata;
+use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::{LoadOptions, LoadStats, OpenDataset};
-use crate::io::kernel_rows::parse_metadata;
-use crate::io::manifest::DatasetManifest;
 use crate::io::rowio::{IoPath, RangeReader};
 use crate::sparse::System;
 

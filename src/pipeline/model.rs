@@ -26,7 +26,10 @@ impl RunModel {
         // model when the [model] table does not.
         if let crate::pipeline::SystemSource::Dataset { path, .. } = &cfg.system {
             if matches!(spec.param, crate::model::spec::Parameterisation::Vector) {
-                if let Some(g) = crate::io::manifest::DatasetManifest::load(path)?.m.grid {
+                if let Some(g) = crate::io::dataset::manifest::DatasetManifest::load(path)?
+                    .m
+                    .grid
+                {
                     spec.param = crate::model::spec::Parameterisation::Grid(g);
                 }
             }

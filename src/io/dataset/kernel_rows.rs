@@ -1,18 +1,17 @@
 //! Kernel rows on disk: the metadata file (rows with their nnz, descending), per-row files and
 //! packed files (docs/formats.md), written from a CSR and read back into a local CSR.
 
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::io::binfmt::{
-    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64, record_size_v, CrcWriter,
-    Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
+use crate::io::dataset::binfmt::{
+    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64, record_size_v, write_plain,
+    CrcWriter, Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
 };
-use crate::io::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
+use crate::io::dataset::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
 
@@ -370,26 +369,11 @@ pub fn write_kernel(
             for c in &sums {
                 put_u32(cw.inner, *c)?;
             }
-            crate::io::binfmt::put_pad(cw.inner, 4 * sums.len())?;
+            crate::io::dataset::binfmt::put_pad(cw.inner, 4 * sums.len())?;
         }
         Ok(())
     })?;
     Ok(entries)
-}
-
-/// Write a file inside a dataset being built (the whole directory is renamed into place at the
-/// end, so single files need no atomic rename).
-pub fn write_plain<F>(path: &Path, body: F) -> Result<()>
-where
-    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
-{
-    let r = (|| {
-        let f = std::fs::File::create(path)?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
-        body(&mut w)?;
-        w.flush()
-    })();
-    r.map_err(|e| Error::io(path, e))
 }
 
 /// Check a pack file's header and row table; returns its value size.
