@@ -15,6 +15,7 @@
 pub mod dataset;
 pub mod limits;
 pub mod mmap;
+#[cfg(feature = "mpi")]
 pub mod mpiio;
 pub mod mtx;
 pub mod npy;

@@ -1,12 +1,14 @@
 //! How a rank reads its rows of a dataset: memory maps (one process) or byte-range reads through
 //! the communicator's MPI-IO (`MPI_File_read_at` on MPI_COMM_SELF, one file per rank at a time;
-//! a positioned std read without MPI). See docs/running-on-clusters.md, "Loading".
+//! a positioned std read without MPI, [`LocalReads`], here). See docs/running-on-clusters.md,
+//! "Loading".
 //!
 //! The MPI-IO path turns a rank's rows into byte ranges per file, sorts them by offset and
 //! [`coalesce`]s neighbours (touching, or separated by a gap of at most `max_gap` bytes) into
 //! spans of at most `max_span` bytes; each span is one buffer, read in chunks of at most
 //! `max_chunk` bytes (MPI counts are C ints, so a chunk stays below 2 GiB).
 
+use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,14 +124,14 @@ pub trait RangeSource: Sync {
     /// Read `len` bytes at `offset` of `path`, this rank alone: MPI-IO (MPI_File_read_at on
     /// MPI_COMM_SELF) under MPI, a positioned std read otherwise. Loaders read their rows with it.
     fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        crate::io::mpiio::read_at_local(path, offset, len)
+        read_at_local(path, offset, len)
     }
     /// Read `ranges` (offset, length) of `path`, this rank alone, opening the file once:
     /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
     /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
     /// offset.
     fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
-        crate::io::mpiio::read_ranges_local(path, ranges, f)
+        read_ranges_local(path, ranges, f)
     }
     /// Collective: every rank reads its own range (possibly empty) of the same `path`
     /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
@@ -143,6 +145,56 @@ pub trait RangeSource: Sync {
 pub struct LocalReads;
 
 impl RangeSource for LocalReads {}
+
+/// Read `len` bytes at `offset` of `path` with std (no MPI). Fails on a short read.
+pub fn read_at_local(path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut buf = vec![0u8; len];
+    read_file_into(&mut f, path, offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// Read `ranges` (offset, length) of `path` with std, opening it once; `f(i, bytes)` receives
+/// range i's bytes, in order. Fails on a short read.
+pub fn read_ranges_local(path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
+    if ranges.is_empty() {
+        return Ok(());
+    }
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+    let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
+    for (i, &(off, len)) in ranges.iter().enumerate() {
+        read_file_into(&mut file, path, off, &mut buf[..len])?;
+        f(i, &buf[..len])?;
+    }
+    Ok(())
+}
+
+/// Fill `buf` from `offset` of the open file `f` (named `path` in errors).
+fn read_file_into(f: &mut File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| Error::io(path, e))?;
+    let len = buf.len();
+    let mut got = 0;
+    while got < len {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => return Err(short_read(path, offset, len, got)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The error of a read that found `path` shorter than asked (std and MPI-IO reads alike).
+pub(crate) fn short_read(path: &Path, offset: u64, len: usize, got: usize) -> Error {
+    Error::format(
+        path,
+        format!("wanted {len} bytes at offset {offset} but the file ends after {got} of them"),
+    )
+}
 
 /// Reads byte ranges through a [`RangeSource`] (a communicator, or [`LocalReads`]), counting
 /// calls and bytes.
@@ -382,5 +434,23 @@ mod tests {
         assert_eq!(IoChoice::Auto.resolve(2), IoPath::MpiIo);
         assert_eq!(IoChoice::MpiIo.resolve(1), IoPath::MpiIo);
         assert_eq!(IoChoice::Mmap.resolve(4), IoPath::Mmap);
+    }
+
+    #[test]
+    fn local_reads_ranges_and_names_the_file_on_errors() {
+        let dir = std::env::temp_dir().join(format!("seistomo-localreads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bytes.bin");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(read_at_local(&p, 123, 1000).unwrap(), &data[123..1123]);
+        assert_eq!(read_at_local(&p, 5000, 0).unwrap(), Vec::<u8>::new());
+        let e = read_at_local(&p, 4990, 20).unwrap_err().to_string();
+        assert!(e.contains("bytes.bin") && e.contains("10 of them"), "{e}");
+        let e = read_at_local(&dir.join("missing.bin"), 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.bin"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
