@@ -65,6 +65,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             second: a.smoothing,
         }),
         io: a.io,
+        io_max_gap: None,
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
     let m = &ds.manifest.m;

@@ -18,10 +18,10 @@ pub use thread::ThreadComm;
 pub use timed::{RankTiming, TimedComm};
 
 use crate::error::{Error, Result};
-pub use crate::io::rowio::RangeSource;
+use crate::io::rowio::{LocalReads, RangeSource};
 
 /// What a solver or loader needs from the ranks of a job.
-pub trait Comm: RangeSource + Send + Sync {
+pub trait Comm: Send + Sync {
     /// This process's rank, 0-based.
     fn rank(&self) -> usize;
     /// Number of ranks.
@@ -64,6 +64,12 @@ pub trait Comm: RangeSource + Send + Sync {
     /// this rank has seen while the others may be waiting in a collective.
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)
+    }
+    /// How this rank reads byte ranges of files (what loaders hand to
+    /// [`crate::io::rowio::RangeReader`]): MPI-IO under MPI ([`MpiComm`]), positioned std
+    /// reads ([`LocalReads`]) otherwise.
+    fn reader(&self) -> &dyn RangeSource {
+        &LocalReads
     }
 }
 

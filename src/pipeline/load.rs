@@ -46,7 +46,7 @@ pub fn load_dataset_comm(
     } else {
         OpenDataset::open(path, opts)?
     };
-    let reader = RangeReader::new(comm);
+    let reader = RangeReader::new(comm.reader()).with_max_gap(opts.io_max_gap);
     let via = match opts.io.resolve(comm.size()) {
         IoPath::Mmap => None,
         IoPath::MpiIo => Some(&reader),

@@ -45,6 +45,9 @@ pub struct LoadOptions {
     pub regularisation: Option<Regularisation>,
     /// How rows are read: memory maps or MPI-IO byte ranges (`Auto`: MPI-IO on several ranks).
     pub io: IoChoice,
+    /// Byte-range reads: records at most this many bytes apart are read as one (`[tuning]
+    /// io_max_gap`; 0: only touching records); `None`: [`crate::io::rowio::MAX_GAP`].
+    pub io_max_gap: Option<u64>,
 }
 
 /// What a load read and how fast.
@@ -356,7 +359,7 @@ pub fn load_dataset_with(
 ) -> Result<(System, LoadStats)> {
     let t = Instant::now();
     let ds = OpenDataset::open(path, opts)?;
-    let reader = RangeReader::serial();
+    let reader = RangeReader::serial().with_max_gap(opts.io_max_gap);
     let via = (opts.io == IoChoice::MpiIo).then_some(&reader);
     let (sys, mut stats) = ds.load_via(rank, size, opts.progress, via)?;
     stats.seconds = t.elapsed().as_secs_f64();
