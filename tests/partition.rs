@@ -6,13 +6,11 @@ mod common;
 
 use common::{agreed, on_thread_ranks, read_json, root, seistomo};
 
-use seistomo::comm::halo::comm_volume;
-use seistomo::comm::halo::CommVolume;
-use seistomo::comm::{Comm, SerialComm};
+use seistomo::comm::{partition_square_on, Comm, SerialComm};
 use seistomo::io::mtx;
-use seistomo::partition::graph::RowPartition;
+use seistomo::partition::blocks::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
-use seistomo::pipeline::gmres::partition_square_on;
+use seistomo::partition::halo::{comm_volume, CommVolume};
 use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};

@@ -2,6 +2,7 @@
 //! [`crate::backend::Backend::allreduce_sum`], which moves device vectors to it), so LSQR and
 //! GMRES are written once for one process or many.
 
+mod agree;
 pub mod distribute;
 pub mod halo;
 #[cfg(feature = "mpi")]
@@ -12,7 +13,8 @@ mod timed;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiComm;
-pub use distribute::{agree, contiguous_nnz_split, distribute_system, Assignment};
+pub use agree::{agree, agree_on, Broadcast};
+pub use distribute::{distribute_system, partition_square_on};
 pub use serial::SerialComm;
 pub use thread::ThreadComm;
 pub use timed::{RankTiming, TimedComm};

@@ -5,9 +5,10 @@
 
 use std::time::Instant;
 
-use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm, RankTiming, TimedComm};
+use crate::comm::{agree, distribute_system, Comm, RankTiming, TimedComm};
 use crate::error::Result;
 use crate::model::report::Outcome;
+use crate::partition::blocks::RowPartition;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::model::RunModel;
 use crate::pipeline::{self, OutputPaths, SolveOptions};
@@ -46,7 +47,7 @@ pub fn run_lsqr(
         _ => String::new(),
     };
     let sys = match loading {
-        Loading::Root => distribute_system(comm, load, contiguous_nnz_split)?,
+        Loading::Root => distribute_system(comm, load, RowPartition::by_nnz_midpoints)?,
         Loading::PerRank | Loading::PerRankVia(_) => agree(comm, load())?,
     };
     let load_s = t.elapsed().as_secs_f64();

@@ -208,7 +208,7 @@ impl OpenDataset {
         let p = self.partition(size);
         let m = self.kernel_rows();
         let mut order = p.kernel[rank].clone();
-        order.extend(p.damping[rank].clone().map(|d| m + d));
+        order.extend(p.damping_range(rank).map(|d| m + d));
         order
     }
 
@@ -296,7 +296,7 @@ impl OpenDataset {
         }
         let kernel_rows = local.len();
         // Damping rows of this rank: stored blocks, then generated rows.
-        let range = p.damping[rank].clone();
+        let range = p.damping_range(rank);
         let stored = dm.damping_rows();
         let ncols = self.columns();
         for blk in &self.blocks {
