@@ -84,6 +84,17 @@ pub fn checksum_error(path: &Path, what: &str, stored: u32, computed: u32) -> Er
     )
 }
 
+/// Error unless a file's values of `got` bytes are the dataset's precision (`want` bytes).
+pub fn check_value_size(path: &Path, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::format(
+            path,
+            format!("values of {got} bytes but the dataset's precision has {want}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A file's bytes with checked little-endian reads.
 pub struct Reader<'a> {
     pub path: &'a Path,

@@ -8,11 +8,12 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::{
-    crc, decode_record, pad8, put_prefix, put_record, put_u32, put_u64, record_size_v, write_plain,
-    CrcWriter, Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
+    check_value_size, crc, decode_record, pad8, put_pad, put_prefix, put_record, put_u32, put_u64,
+    record_size_v, write_plain, CrcWriter, Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
 };
 use crate::io::dataset::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
+use crate::io::rowio::{file_len, in_context, RangeReader};
 use crate::sparse::Csr;
 
 /// Bytes of the metadata header (version 1; version 2 adds 8: header CRC32C and a zero u32)
@@ -70,10 +71,36 @@ pub fn read_metadata(dm: &DatasetManifest) -> Result<Metadata> {
 pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
     let path = dm.resolve(&dm.m.metadata);
     let r = Reader::new(&path, bytes);
+    let h = parse_meta_header(dm, &r)?;
+    check_meta_sums(&r, &h, dm.m.version)?;
+    let entries = parse_meta_entries(&r, &h)?;
+    Ok(Metadata {
+        path,
+        layout: h.layout,
+        rows: h.rows as u64,
+        cols: h.cols,
+        nnz: h.nnz,
+        files: h.files,
+        entries,
+    })
+}
+
+/// The metadata header, checked against the manifest.
+struct MetaHeader {
+    /// Bytes before the entries.
+    head: usize,
+    layout: Layout,
+    rows: usize,
+    cols: u64,
+    nnz: u64,
+    files: u64,
+}
+
+/// Read the metadata header (version 2: its checksum) and check it against the manifest.
+fn parse_meta_header(dm: &DatasetManifest, r: &Reader) -> Result<MetaHeader> {
     let code = r.prefix_v(&MAGIC_META, "metadata", dm.m.version)?;
-    let bad = |msg: String| Error::format(&path, msg);
-    let version = dm.m.version;
-    let head = if version >= 2 {
+    let bad = |msg: String| Error::format(r.path, msg);
+    let head = if dm.m.version >= 2 {
         r.check_crc(0..META_HEADER, META_HEADER, "metadata header")?;
         r.zeros(META_HEADER + 4, 4, "reserved field")?;
         META_HEADER + 8
@@ -84,10 +111,9 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
         0 => Layout::PerRow,
         1 => Layout::Packed,
         c => {
-            return Err(Error::format(
-                &path,
-                format!("layout code {c} is neither 0 (per-row) nor 1 (packed)"),
-            ))
+            return Err(bad(format!(
+                "layout code {c} is neither 0 (per-row) nor 1 (packed)"
+            )))
         }
     };
     if layout != dm.m.layout {
@@ -124,6 +150,20 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             "file count {files} does not fit {rows} kernel rows ({layout:?} layout)"
         )));
     }
+    Ok(MetaHeader {
+        head,
+        layout,
+        rows,
+        cols,
+        nnz,
+        files,
+    })
+}
+
+/// Check the file's length for `h.rows` entries and (version 2) the checksum of every block of
+/// [`META_BLOCK`] entries and the padding after the checksums.
+fn check_meta_sums(r: &Reader, h: &MetaHeader, version: u32) -> Result<()> {
+    let (head, rows) = (h.head, h.rows);
     let nblocks = if version >= 2 {
         rows.div_ceil(META_BLOCK)
     } else {
@@ -146,12 +186,20 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             "padding",
         )?;
     }
+    Ok(())
+}
+
+/// The entries, each checked (row in range and listed once, nonzeros within the columns and in
+/// descending order, file and offset fit the layout), and their totals against the header.
+fn parse_meta_entries(r: &Reader, h: &MetaHeader) -> Result<Vec<MetaEntry>> {
+    let bad = |msg: String| Error::format(r.path, msg);
+    let (rows, cols, files) = (h.rows, h.cols, h.files);
     let mut entries = Vec::with_capacity(rows);
     let mut seen = vec![false; rows];
     let mut total = 0u64;
     let mut prev_nnz = u64::MAX;
     for k in 0..rows {
-        let o = head + META_ENTRY * k;
+        let o = h.head + META_ENTRY * k;
         let e = MetaEntry {
             row: r.u64(o, "entry")?,
             nnz: r.u64(o + 8, "entry")?,
@@ -180,7 +228,7 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             )));
         }
         prev_nnz = e.nnz;
-        match layout {
+        match h.layout {
             Layout::PerRow if e.file != e.row || e.offset != ROW_HEADER as u64 => {
                 return Err(bad(format!(
                     "entry {k}: row {} must name file {} at offset {ROW_HEADER} (got file {}, offset {})",
@@ -198,12 +246,13 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
         total += e.nnz;
         entries.push(e);
     }
-    if total != nnz {
+    if total != h.nnz {
         return Err(bad(format!(
-            "the entries hold {total} nonzeros but the header says {nnz}"
+            "the entries hold {total} nonzeros but the header says {}",
+            h.nnz
         )));
     }
-    if layout == Layout::Packed {
+    if h.layout == Layout::Packed {
         let used = entries.iter().map(|e| e.file + 1).max().unwrap_or(0);
         if used != files {
             return Err(bad(format!(
@@ -211,15 +260,7 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
             )));
         }
     }
-    Ok(Metadata {
-        path,
-        layout,
-        rows: rows as u64,
-        cols,
-        nnz,
-        files,
-        entries,
-    })
+    Ok(entries)
 }
 
 /// Write the kernel `a` into `dir/<kernel_dir>` and `dir/<metadata>`; returns the entries.
@@ -237,113 +278,158 @@ pub fn write_kernel(
 ) -> Result<Vec<MetaEntry>> {
     let kdir = dir.join(kernel_dir);
     std::fs::create_dir_all(&kdir).map_err(|e| Error::io(&kdir, e))?;
-    let nnz: Vec<u64> = (0..a.nrows())
-        .map(|i| a.indptr()[i + 1] - a.indptr()[i])
-        .collect();
-    let order = descending_order(&nnz);
-    let vb = prec.bytes();
-    let pb = crate::progress::bar(a.nnz() as u64, "writing", progress);
-    let mut entries: Vec<MetaEntry> = Vec::with_capacity(a.nrows());
-    match layout {
-        Layout::PerRow => {
-            entries = order
-                .iter()
-                .map(|&i| MetaEntry {
-                    row: i as u64,
-                    nnz: nnz[i],
-                    file: i as u64,
-                    offset: ROW_HEADER as u64,
-                })
-                .collect();
-            entries.par_iter().try_for_each(|e| {
-                let p = kdir.join(row_file_name(e.row));
-                let (c, v) = a.row(e.row as usize);
-                write_plain(&p, |w| {
-                    put_prefix(w, &MAGIC_ROW, version, vb as u32)?;
-                    put_record(w, e.row, c, v, prec, version)
-                })?;
-                pb.inc(e.nnz);
-                Ok::<(), Error>(())
-            })?;
-        }
-        Layout::Packed => {
-            // Consecutive runs of the metadata order, each about `pack_bytes`.
-            let mut packs: Vec<Vec<usize>> = vec![Vec::new()];
-            let mut bytes = 0u64;
-            for &i in &order {
-                let s = record_size_v(nnz[i] as usize, vb, version) as u64;
-                if bytes > 0 && bytes + s > pack_bytes {
-                    packs.push(Vec::new());
-                    bytes = 0;
-                }
-                packs.last_mut().unwrap().push(i);
-                bytes += s;
-            }
-            if order.is_empty() {
-                packs.clear();
-            }
-            let per_pack: Vec<Vec<MetaEntry>> = packs
-                .par_iter()
-                .enumerate()
-                .map(|(p, rows)| {
-                    let mut off = (PACK_HEADER + PACK_ENTRY * rows.len()) as u64;
-                    let es: Vec<MetaEntry> = rows
-                        .iter()
-                        .map(|&i| {
-                            let e = MetaEntry {
-                                row: i as u64,
-                                nnz: nnz[i],
-                                file: p as u64,
-                                offset: off,
-                            };
-                            off += record_size_v(nnz[i] as usize, vb, version) as u64;
-                            e
-                        })
-                        .collect();
-                    let path = kdir.join(pack_file_name(p as u64));
-                    // Version 2: bytes 40..44 hold the row table's CRC32C, 44..48 the
-                    // header's (bytes 0..44).
-                    let mut table = Vec::with_capacity(PACK_ENTRY * es.len());
-                    for e in &es {
-                        for v in [e.row, e.nnz, e.offset] {
-                            table.extend_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                    write_plain(&path, |w| {
-                        let mut cw = CrcWriter::new(w);
-                        put_prefix(&mut cw, &MAGIC_PACK, version, vb as u32)?;
-                        put_u64(&mut cw, p as u64)?;
-                        put_u64(&mut cw, rows.len() as u64)?;
-                        put_u64(&mut cw, es.iter().map(|e| e.nnz).sum())?;
-                        if version >= 2 {
-                            put_u32(&mut cw, crc(&table))?;
-                            let h = cw.take();
-                            put_u32(cw.inner, h)?;
-                        } else {
-                            put_u64(cw.inner, 0)?;
-                        }
-                        let w = cw.inner;
-                        w.write_all(&table)?;
-                        for e in &es {
-                            let (c, v) = a.row(e.row as usize);
-                            put_record(w, e.row, c, v, prec, version)?;
-                            pb.inc(e.nnz);
-                        }
-                        Ok(())
-                    })?;
-                    Ok(es)
-                })
-                .collect::<Result<_>>()?;
-            entries.extend(per_pack.into_iter().flatten());
-        }
-    }
-    pb.finish_and_clear();
+    let w = KernelWriter {
+        kdir,
+        a,
+        nnz: (0..a.nrows())
+            .map(|i| a.indptr()[i + 1] - a.indptr()[i])
+            .collect(),
+        prec,
+        version,
+        pb: crate::progress::bar(a.nnz() as u64, "writing", progress),
+    };
+    let order = descending_order(&w.nnz);
+    let entries = match layout {
+        Layout::PerRow => w.row_files(&order)?,
+        Layout::Packed => w.packs(&order, pack_bytes)?,
+    };
+    w.pb.finish_and_clear();
     let nfiles = match layout {
         Layout::PerRow => a.nrows() as u64,
         Layout::Packed => entries.last().map_or(0, |e| e.file + 1),
     };
-    let mpath = dir.join(metadata);
-    write_plain(&mpath, |w| {
+    write_metadata(&dir.join(metadata), layout, a, nfiles, &entries, version)?;
+    Ok(entries)
+}
+
+/// What the writers of kernel row files and packs share.
+struct KernelWriter<'a> {
+    kdir: PathBuf,
+    a: &'a Csr,
+    /// Nonzeros of each row.
+    nnz: Vec<u64>,
+    prec: Precision,
+    version: u32,
+    pb: indicatif::ProgressBar,
+}
+
+impl KernelWriter<'_> {
+    /// Bytes of row i's record.
+    fn record_size(&self, i: usize) -> u64 {
+        record_size_v(self.nnz[i] as usize, self.prec.bytes(), self.version) as u64
+    }
+
+    /// One file per row (rows `order`, the metadata order); their metadata entries.
+    fn row_files(&self, order: &[usize]) -> Result<Vec<MetaEntry>> {
+        let entries: Vec<MetaEntry> = order
+            .iter()
+            .map(|&i| MetaEntry {
+                row: i as u64,
+                nnz: self.nnz[i],
+                file: i as u64,
+                offset: ROW_HEADER as u64,
+            })
+            .collect();
+        entries.par_iter().try_for_each(|e| {
+            let p = self.kdir.join(row_file_name(e.row));
+            let (c, v) = self.a.row(e.row as usize);
+            write_plain(&p, |w| {
+                put_prefix(w, &MAGIC_ROW, self.version, self.prec.bytes() as u32)?;
+                put_record(w, e.row, c, v, self.prec, self.version)
+            })?;
+            self.pb.inc(e.nnz);
+            Ok::<(), Error>(())
+        })?;
+        Ok(entries)
+    }
+
+    /// Packs of about `pack_bytes`, each a consecutive run of the metadata order `order`; the
+    /// metadata entries of their rows.
+    fn packs(&self, order: &[usize], pack_bytes: u64) -> Result<Vec<MetaEntry>> {
+        let mut packs: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut bytes = 0u64;
+        for &i in order {
+            let s = self.record_size(i);
+            if bytes > 0 && bytes + s > pack_bytes {
+                packs.push(Vec::new());
+                bytes = 0;
+            }
+            packs.last_mut().unwrap().push(i);
+            bytes += s;
+        }
+        if order.is_empty() {
+            packs.clear();
+        }
+        let per_pack: Vec<Vec<MetaEntry>> = packs
+            .par_iter()
+            .enumerate()
+            .map(|(p, rows)| self.pack(p as u64, rows))
+            .collect::<Result<_>>()?;
+        Ok(per_pack.into_iter().flatten().collect())
+    }
+
+    /// Pack `p` holding `rows`; their metadata entries.
+    fn pack(&self, p: u64, rows: &[usize]) -> Result<Vec<MetaEntry>> {
+        let mut off = (PACK_HEADER + PACK_ENTRY * rows.len()) as u64;
+        let es: Vec<MetaEntry> = rows
+            .iter()
+            .map(|&i| {
+                let e = MetaEntry {
+                    row: i as u64,
+                    nnz: self.nnz[i],
+                    file: p,
+                    offset: off,
+                };
+                off += self.record_size(i);
+                e
+            })
+            .collect();
+        let path = self.kdir.join(pack_file_name(p));
+        // Version 2: bytes 40..44 hold the row table's CRC32C, 44..48 the header's (bytes
+        // 0..44).
+        let mut table = Vec::with_capacity(PACK_ENTRY * es.len());
+        for e in &es {
+            for v in [e.row, e.nnz, e.offset] {
+                table.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        write_plain(&path, |w| {
+            let mut cw = CrcWriter::new(w);
+            put_prefix(&mut cw, &MAGIC_PACK, self.version, self.prec.bytes() as u32)?;
+            put_u64(&mut cw, p)?;
+            put_u64(&mut cw, rows.len() as u64)?;
+            put_u64(&mut cw, es.iter().map(|e| e.nnz).sum())?;
+            if self.version >= 2 {
+                put_u32(&mut cw, crc(&table))?;
+                let h = cw.take();
+                put_u32(cw.inner, h)?;
+            } else {
+                put_u64(cw.inner, 0)?;
+            }
+            let w = cw.inner;
+            w.write_all(&table)?;
+            for e in &es {
+                let (c, v) = self.a.row(e.row as usize);
+                put_record(w, e.row, c, v, self.prec, self.version)?;
+                self.pb.inc(e.nnz);
+            }
+            Ok(())
+        })?;
+        Ok(es)
+    }
+}
+
+/// Write the metadata file of kernel `a`: header, `entries`, and (version 2) the header's and
+/// every [`META_BLOCK`] entries' CRC32C.
+fn write_metadata(
+    path: &Path,
+    layout: Layout,
+    a: &Csr,
+    nfiles: u64,
+    entries: &[MetaEntry],
+    version: u32,
+) -> Result<()> {
+    write_plain(path, |w| {
         let mut cw = CrcWriter::new(w);
         put_prefix(&mut cw, &MAGIC_META, version, layout_code(layout))?;
         put_u64(&mut cw, a.nrows() as u64)?;
@@ -369,14 +455,13 @@ pub fn write_kernel(
             for c in &sums {
                 put_u32(cw.inner, *c)?;
             }
-            crate::io::dataset::binfmt::put_pad(cw.inner, 4 * sums.len())?;
+            put_pad(cw.inner, 4 * sums.len())?;
         }
         Ok(())
-    })?;
-    Ok(entries)
+    })
 }
 
-/// Check a pack file's header and row table; returns its value size.
+/// Check a pack file's header, row table and length.
 fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize, version: u32) -> Result<()> {
     check_pack_table(path, bytes, bytes.len() as u64, pack, vb, version)
 }
@@ -409,12 +494,7 @@ fn check_pack_table(
     if version >= 2 {
         r.check_crc(0..PACK_HEADER - 4, PACK_HEADER - 4, "pack header")?;
     }
-    if got_vb != vb {
-        return Err(Error::format(
-            path,
-            format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
-        ));
-    }
+    check_value_size(path, got_vb, vb)?;
     let idx = r.u64(16, "pack index")?;
     if idx != pack {
         return Err(Error::format(
@@ -478,9 +558,21 @@ fn check_pack_table(
 /// CSR arrays of some rows (indptr, indices, data) and the bytes read.
 pub type RowsRead = (Vec<u64>, Vec<u32>, Vec<f64>, u64);
 
-/// What both kernel-row readers start from: value width, format version, columns, the kernel
-/// folder, the row offsets of the local rows (from their metadata nonzero counts), nonzeros.
-struct Plan(usize, u32, usize, std::path::PathBuf, Vec<u64>, usize);
+/// What reading a rank's kernel rows starts from.
+struct Plan {
+    /// Bytes of one value.
+    vb: usize,
+    /// Format version.
+    version: u32,
+    /// Columns of the kernel (every column index is checked against it).
+    ncols: usize,
+    /// The kernel folder.
+    kdir: PathBuf,
+    /// Row offsets of the local rows, from their metadata nonzero counts.
+    indptr: Vec<u64>,
+    /// Nonzeros of the local rows.
+    nnz: usize,
+}
 
 impl Plan {
     fn new(dm: &DatasetManifest, meta: &Metadata, local: &[MetaEntry]) -> Plan {
@@ -489,183 +581,199 @@ impl Plan {
         for e in local {
             indptr.push(indptr.last().unwrap() + e.nnz);
         }
-        let nnz = *indptr.last().unwrap() as usize;
-        let kdir = dm.resolve(&dm.m.kernel_dir);
-        Plan(
-            dm.m.precision.bytes(),
-            dm.m.version,
-            meta.cols as usize,
-            kdir,
+        Plan {
+            vb: dm.m.precision.bytes(),
+            version: dm.m.version,
+            ncols: meta.cols as usize,
+            kdir: dm.resolve(&dm.m.kernel_dir),
+            nnz: *indptr.last().unwrap() as usize,
             indptr,
-            nnz,
-        )
+        }
+    }
+
+    /// Bytes of row `e`'s record.
+    fn record_size(&self, e: &MetaEntry) -> usize {
+        record_size_v(e.nnz as usize, self.vb, self.version)
+    }
+
+    /// Decode row `e`'s record at `at` of `r` into its output slot.
+    fn decode(
+        &self,
+        r: &Reader,
+        at: usize,
+        e: &MetaEntry,
+        cols: &mut [u32],
+        vals: &mut [f64],
+    ) -> Result<()> {
+        decode_record(r, at, e.row, self.vb, self.version, self.ncols, cols, vals)
+    }
+
+    /// Check a per-row file's prefix (magic, version, value size).
+    fn check_row_prefix(&self, r: &Reader) -> Result<()> {
+        let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", self.version)? as usize;
+        check_value_size(r.path, got_vb, self.vb)
     }
 }
 
-/// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays.
-/// Returns (indptr, indices, data, bytes read).
+/// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays:
+/// through memory maps when `reader` is `None`, else as byte ranges read with `reader` (MPI-IO
+/// under MPI). Every file's length is checked (and pack headers and row tables verified) before
+/// anything is allocated for its rows: a lying metadata entry cannot make this rank allocate
+/// more than the files hold. Errors name the file and the row (byte ranges: and the byte offset
+/// of its record). Returns (indptr, indices, data, bytes read).
 pub fn read_kernel_rows(
     dm: &DatasetManifest,
     meta: &Metadata,
     local: &[MetaEntry],
+    reader: Option<&RangeReader>,
     progress: bool,
 ) -> Result<RowsRead> {
-    let Plan(vb, version, ncols, kdir, indptr, nnz) = Plan::new(dm, meta, local);
-    let bytes_read = AtomicU64::new(0);
-    // Packs this rank touches, opened and checked once.
-    let packs: Vec<Option<MappedFile>> = if meta.layout == Layout::Packed {
-        let mut need = vec![false; meta.files as usize];
-        for e in local {
-            need[e.file as usize] = true;
-        }
-        need.par_iter()
-            .enumerate()
-            .map(|(p, &n)| {
-                if !n {
-                    return Ok(None);
-                }
-                let path = kdir.join(pack_file_name(p as u64));
-                let map = MappedFile::open_populated(&path)?;
-                check_pack(&path, map.bytes(), p as u64, vb, version)?;
-                Ok(Some(map))
-            })
-            .collect::<Result<_>>()?
-    } else {
-        Vec::new()
+    let plan = Plan::new(dm, meta, local);
+    let packs = match meta.layout {
+        Layout::Packed => Some(Packs::open(&plan, meta, local, reader)?),
+        Layout::PerRow => None,
     };
-    let pack_paths: Vec<PathBuf> = (0..packs.len() as u64)
-        .map(|p| kdir.join(pack_file_name(p)))
-        .collect();
-    if meta.layout == Layout::Packed {
+    match &packs {
         // The records the metadata puts in each pack must fit in it before anything is
         // allocated for them.
-        check_records_fit(local, vb, version, |p| {
-            (
-                pack_paths[p].as_path(),
-                packs[p].as_ref().map_or(0, |m| m.bytes().len() as u64),
-            )
-        })?;
+        Some(packs) => check_records_fit(&plan, local, packs)?,
+        // Memory maps open (and check) row files a batch at a time instead.
+        None if reader.is_some() => check_row_file_lengths(&plan, local)?,
+        None => {}
     }
+    let nnz = plan.nnz;
     crate::io::limits::check_alloc(
         &meta.path,
         &format!("{nnz} kernel nonzeros in {} rows", local.len()),
         12 * nnz as u128,
     )?;
     let pb = crate::progress::bar(nnz as u64, "loading", progress);
-    let (mut indices, mut data) = (Vec::new(), Vec::new());
-    // Rows in batches: per-row files are opened (and their lengths checked) a batch at a time
-    // before the batch's output grows, so a lying metadata entry allocates nothing.
-    let mut start = 0;
-    while start < local.len() {
-        let (mut end, mut bnnz) = (start, 0usize);
-        while end < local.len()
-            && (end == start
-                || meta.layout == Layout::Packed
-                || (bnnz + local[end].nnz as usize <= 1 << 24 && end - start < 1 << 16))
-        {
-            bnnz += local[end].nnz as usize;
-            end += 1;
-        }
-        let batch = &local[start..end];
-        let files: Vec<MappedFile> = if meta.layout == Layout::PerRow {
-            batch
-                .par_iter()
-                .with_min_len(64)
-                .map(|e| open_row_file(&kdir, e, vb, version))
-                .collect::<Result<_>>()?
-        } else {
-            Vec::new()
-        };
-        let base = indices.len();
-        indices.resize(base + bnnz, 0u32);
-        data.resize(base + bnnz, 0f64);
-        // Disjoint output slices, one per row.
-        let mut jobs: Vec<(usize, &MetaEntry, &mut [u32], &mut [f64])> =
-            Vec::with_capacity(batch.len());
-        {
-            let (mut ri, mut rv) = (&mut indices[base..], &mut data[base..]);
-            for (i, e) in batch.iter().enumerate() {
-                let k = e.nnz as usize;
-                let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
-                let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
-                ri = rest_i;
-                rv = rest_v;
-                jobs.push((i, e, a, b));
-            }
-        }
-        jobs.par_iter_mut()
-            .with_min_len(64)
-            .try_for_each(|(i, e, cols, vals)| {
-                match meta.layout {
-                    Layout::PerRow => {
-                        let path = kdir.join(row_file_name(e.row));
-                        let map = &files[*i];
-                        let r = Reader::new(&path, map.bytes());
-                        decode_record(&r, ROW_HEADER, e.row, vb, version, ncols, cols, vals)?;
-                        bytes_read.fetch_add(map.bytes().len() as u64, Ordering::Relaxed);
-                    }
-                    Layout::Packed => {
-                        let p = e.file as usize;
-                        let map = packs[p].as_ref().expect("pack opened above");
-                        let r = Reader::new(&pack_paths[p], map.bytes());
-                        decode_record(
-                            &r,
-                            e.offset as usize,
-                            e.row,
-                            vb,
-                            version,
-                            ncols,
-                            cols,
-                            vals,
-                        )?;
-                        bytes_read.fetch_add(
-                            record_size_v(e.nnz as usize, vb, version) as u64,
-                            Ordering::Relaxed,
-                        );
-                    }
-                }
-                pb.inc(e.nnz);
-                Ok::<(), Error>(())
-            })?;
-        start = end;
-    }
+    let (indices, data, bytes) = match reader {
+        None => read_mapped(&plan, local, packs.as_ref(), &pb)?,
+        Some(rd) => read_spans(&plan, local, packs, rd, &pb)?,
+    };
     pb.finish_and_clear();
-    Ok((indptr, indices, data, bytes_read.into_inner()))
+    Ok((plan.indptr, indices, data, bytes))
+}
+
+/// The packs of a packed dataset; those this rank reads from are checked (header, row table,
+/// length).
+struct Packs {
+    /// The path of every pack.
+    paths: Vec<PathBuf>,
+    /// The length of every pack this rank reads from (0 for the others).
+    lens: Vec<u64>,
+    /// Their memory maps (when read through maps).
+    maps: Vec<Option<MappedFile>>,
+    /// The local rows (indices into `local`) in each pack.
+    rows: Vec<Vec<usize>>,
+}
+
+impl Packs {
+    /// Map (`reader` None) or read with `reader` the header and row table of every pack holding
+    /// rows of `local`, and check them. The first failing pack's error is returned.
+    fn open(
+        plan: &Plan,
+        meta: &Metadata,
+        local: &[MetaEntry],
+        reader: Option<&RangeReader>,
+    ) -> Result<Packs> {
+        let mut rows = vec![Vec::new(); meta.files as usize];
+        for (i, e) in local.iter().enumerate() {
+            rows[e.file as usize].push(i);
+        }
+        let paths: Vec<PathBuf> = (0..meta.files)
+            .map(|p| plan.kdir.join(pack_file_name(p)))
+            .collect();
+        let opened: Vec<Result<(u64, Option<MappedFile>)>> = rows
+            .par_iter()
+            .enumerate()
+            .map(|(p, rows)| {
+                let path = &paths[p];
+                match reader {
+                    _ if rows.is_empty() => Ok((0, None)),
+                    None => {
+                        let map = MappedFile::open_populated(path)?;
+                        check_pack(path, map.bytes(), p as u64, plan.vb, plan.version)?;
+                        Ok((map.bytes().len() as u64, Some(map)))
+                    }
+                    Some(rd) => Ok((read_pack_table(plan, path, p as u64, rd)?, None)),
+                }
+            })
+            .collect();
+        let (lens, maps) = opened
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        Ok(Packs {
+            paths,
+            lens,
+            maps,
+            rows,
+        })
+    }
+}
+
+/// Read pack `pack`'s header and row table with `reader` and check them against the file's
+/// length (from a `stat`); returns the length.
+fn read_pack_table(plan: &Plan, path: &Path, pack: u64, reader: &RangeReader) -> Result<u64> {
+    let len = file_len(path)?;
+    let head = reader.read(path, 0, PACK_HEADER.min(len as usize))?;
+    let nr = Reader::new(path, &head).count(24, "rows in pack")?;
+    let table_end = PACK_HEADER
+        .saturating_add(PACK_ENTRY.saturating_mul(nr))
+        .min(len as usize);
+    let mut table = head;
+    table.extend(reader.read(
+        path,
+        PACK_HEADER as u64,
+        table_end.saturating_sub(PACK_HEADER),
+    )?);
+    check_pack_table(path, &table, len, pack, plan.vb, plan.version)?;
+    Ok(len)
+}
+
+/// A missing or unreadable row file: the error says the metadata lists it.
+fn listed_row(path: &Path, row: u64) -> impl Fn(Error) -> Error + '_ {
+    move |err| match err {
+        Error::Io { err: source, .. } => Error::format(
+            path,
+            format!("kernel row {row} listed in the metadata: {source}"),
+        ),
+        other => other,
+    }
+}
+
+/// Check the length of every local row's file (a `stat` each) against its metadata entry.
+fn check_row_file_lengths(plan: &Plan, local: &[MetaEntry]) -> Result<()> {
+    local.par_iter().with_min_len(64).try_for_each(|e| {
+        let path = plan.kdir.join(row_file_name(e.row));
+        let len = file_len(&path).map_err(listed_row(&path, e.row))?;
+        let want = ROW_HEADER.saturating_add(plan.record_size(e));
+        Reader::new(&path, &[]).exact_len_of(
+            len,
+            want as u64,
+            &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
+        )
+    })
 }
 
 /// Open kernel row `e`'s file (read when small, else mapped) and check its prefix and length.
-fn open_row_file(kdir: &Path, e: &MetaEntry, vb: usize, version: u32) -> Result<MappedFile> {
-    let path = kdir.join(row_file_name(e.row));
-    let map = MappedFile::open_small(&path).map_err(|err| match err {
-        Error::Io { err: source, .. } => Error::format(
-            &path,
-            format!("kernel row {} listed in the metadata: {source}", e.row),
-        ),
-        other => other,
-    })?;
+fn open_row_file(plan: &Plan, e: &MetaEntry) -> Result<MappedFile> {
+    let path = plan.kdir.join(row_file_name(e.row));
+    let map = MappedFile::open_small(&path).map_err(listed_row(&path, e.row))?;
     let r = Reader::new(&path, map.bytes());
-    let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", version)? as usize;
-    if got_vb != vb {
-        return Err(Error::format(
-            &path,
-            format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
-        ));
-    }
+    plan.check_row_prefix(&r)?;
     r.exact_len(
-        ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version)),
+        ROW_HEADER.saturating_add(plan.record_size(e)),
         &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
     )?;
     Ok(map)
 }
 
-/// Error unless the records that `local` puts in each pack fit in that pack's length
-/// (`pack(p)` gives the path and length of pack p).
-fn check_records_fit<'p>(
-    local: &[MetaEntry],
-    vb: usize,
-    version: u32,
-    pack: impl Fn(usize) -> (&'p Path, u64),
-) -> Result<()> {
+/// Error unless the records that `local` puts in each pack fit in that pack's length.
+fn check_records_fit(plan: &Plan, local: &[MetaEntry], packs: &Packs) -> Result<()> {
     // Per pack: bytes of records, rows, nonzeros.
     let mut per_pack: Vec<(u64, u64, u64)> = Vec::new();
     for e in local {
@@ -674,16 +782,15 @@ fn check_records_fit<'p>(
             per_pack.resize(p + 1, (0, 0, 0));
         }
         let t = &mut per_pack[p];
-        t.0 =
-            t.0.saturating_add(record_size_v(e.nnz as usize, vb, version) as u64);
+        t.0 = t.0.saturating_add(plan.record_size(e) as u64);
         t.1 += 1;
         t.2 = t.2.saturating_add(e.nnz);
     }
     for (p, &(need, rows, nnz)) in per_pack.iter().enumerate() {
-        let (path, len) = pack(p);
+        let len = packs.lens[p];
         if need > len {
             return Err(Error::format(
-                path,
+                &packs.paths[p],
                 format!(
                     "the metadata puts {rows} rows with {nnz} nonzeros ({need} bytes of records) in this pack but it has {len} bytes"
                 ),
@@ -696,196 +803,217 @@ fn check_records_fit<'p>(
 /// One row's metadata entry and its output columns and values.
 type Slot<'s> = (&'s MetaEntry, &'s mut [u32], &'s mut [f64]);
 
-/// [`read_kernel_rows`] through byte-range reads (MPI-IO under MPI): for each file this rank
-/// needs, its rows' records sorted by offset are coalesced into spans
-/// ([`crate::io::rowio::coalesce`]), each span read with `reader` and decoded in parallel.
-/// Pack headers and row tables are read and checked first (the file length from a `stat`).
-/// Errors name the file and the row (and the byte offset of its record).
-pub fn read_kernel_rows_ranges(
-    dm: &DatasetManifest,
-    meta: &Metadata,
+/// Split `indices` and `data` into one slot per row of `rows`, in order.
+fn row_slots<'s>(
+    rows: &'s [MetaEntry],
+    mut indices: &'s mut [u32],
+    mut data: &'s mut [f64],
+) -> Vec<Slot<'s>> {
+    let mut slots = Vec::with_capacity(rows.len());
+    for e in rows {
+        let k = e.nnz as usize;
+        let (a, rest_i) = std::mem::take(&mut indices).split_at_mut(k);
+        let (b, rest_v) = std::mem::take(&mut data).split_at_mut(k);
+        indices = rest_i;
+        data = rest_v;
+        slots.push((e, a, b));
+    }
+    slots
+}
+
+/// [`read_kernel_rows`] through memory maps: rows in batches; per-row files are opened (and
+/// their lengths checked) a batch at a time before the batch's output grows, so a lying
+/// metadata entry allocates nothing. Returns (indices, data, bytes read).
+fn read_mapped(
+    plan: &Plan,
     local: &[MetaEntry],
-    reader: &crate::io::rowio::RangeReader,
-    progress: bool,
-) -> Result<RowsRead> {
-    use crate::io::rowio::{file_len, in_context};
-    let Plan(vb, version, ncols, kdir, indptr, nnz) = Plan::new(dm, meta, local);
-    // Every file's length is checked (and pack tables verified) before anything is allocated
-    // for the rows: a lying metadata entry cannot make this rank allocate more than the files
-    // hold.
-    let mut by_file: Vec<Vec<usize>> = Vec::new();
-    match meta.layout {
-        Layout::PerRow => {
-            local.par_iter().with_min_len(64).try_for_each(|e| {
-                let path = kdir.join(row_file_name(e.row));
-                let len = file_len(&path).map_err(|err| match err {
-                    Error::Io { err: source, .. } => Error::format(
-                        &path,
-                        format!("kernel row {} listed in the metadata: {source}", e.row),
-                    ),
-                    other => other,
-                })?;
-                let want = ROW_HEADER.saturating_add(record_size_v(e.nnz as usize, vb, version));
-                Reader::new(&path, &[]).exact_len_of(
-                    len,
-                    want as u64,
-                    &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
-                )
-            })?;
-        }
-        Layout::Packed => {
-            // Local rows by pack.
-            by_file = vec![Vec::new(); meta.files as usize];
-            for (i, e) in local.iter().enumerate() {
-                by_file[e.file as usize].push(i);
-            }
-            let lens: Vec<Result<u64>> = by_file
-                .par_iter()
-                .enumerate()
-                .map(|(p, rows)| {
-                    if rows.is_empty() {
-                        return Ok(0);
-                    }
-                    let path = kdir.join(pack_file_name(p as u64));
-                    let len = file_len(&path)?;
-                    let head = reader.read(&path, 0, PACK_HEADER.min(len as usize))?;
-                    let nr = Reader::new(&path, &head).count(24, "rows in pack")?;
-                    let table_end = PACK_HEADER
-                        .saturating_add(PACK_ENTRY.saturating_mul(nr))
-                        .min(len as usize);
-                    let mut table = head;
-                    table.extend(reader.read(
-                        &path,
-                        PACK_HEADER as u64,
-                        table_end.saturating_sub(PACK_HEADER),
-                    )?);
-                    check_pack_table(&path, &table, len, p as u64, vb, version)?;
-                    Ok(len)
-                })
-                .collect();
-            let lens = lens.into_iter().collect::<Result<Vec<u64>>>()?;
-            let paths: Vec<PathBuf> = (0..lens.len() as u64)
-                .map(|p| kdir.join(pack_file_name(p)))
-                .collect();
-            check_records_fit(local, vb, version, |p| (paths[p].as_path(), lens[p]))?;
-        }
-    }
-    crate::io::limits::check_alloc(
-        &meta.path,
-        &format!("{nnz} kernel nonzeros in {} rows", local.len()),
-        12 * nnz as u128,
-    )?;
-    let mut indices = vec![0u32; nnz];
-    let mut data = vec![0f64; nnz];
+    packs: Option<&Packs>,
+    pb: &indicatif::ProgressBar,
+) -> Result<(Vec<u32>, Vec<f64>, u64)> {
     let bytes_read = AtomicU64::new(0);
-    let pb = crate::progress::bar(nnz as u64, "loading", progress);
-    // One output slot per local row, handed to the span that holds the row.
-    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(local.len());
-    {
-        let (mut ri, mut rv) = (&mut indices[..], &mut data[..]);
-        for e in local {
-            let k = e.nnz as usize;
-            let (a, rest_i) = std::mem::take(&mut ri).split_at_mut(k);
-            let (b, rest_v) = std::mem::take(&mut rv).split_at_mut(k);
-            ri = rest_i;
-            rv = rest_v;
-            slots.push(Some((e, a, b)));
+    let (mut indices, mut data) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < local.len() {
+        let (mut end, mut bnnz) = (start, 0usize);
+        while end < local.len()
+            && (end == start
+                || packs.is_some()
+                || (bnnz + local[end].nnz as usize <= 1 << 24 && end - start < 1 << 16))
+        {
+            bnnz += local[end].nnz as usize;
+            end += 1;
         }
+        let batch = &local[start..end];
+        let files: Vec<MappedFile> = match packs {
+            None => batch
+                .par_iter()
+                .with_min_len(64)
+                .map(|e| open_row_file(plan, e))
+                .collect::<Result<_>>()?,
+            Some(_) => Vec::new(),
+        };
+        let base = indices.len();
+        indices.resize(base + bnnz, 0u32);
+        data.resize(base + bnnz, 0f64);
+        // Disjoint output slices, one per row.
+        let mut slots = row_slots(batch, &mut indices[base..], &mut data[base..]);
+        slots
+            .par_iter_mut()
+            .enumerate()
+            .with_min_len(64)
+            .try_for_each(|(i, (e, cols, vals))| {
+                let read = match packs {
+                    None => {
+                        let path = plan.kdir.join(row_file_name(e.row));
+                        let bytes = files[i].bytes();
+                        plan.decode(&Reader::new(&path, bytes), ROW_HEADER, e, cols, vals)?;
+                        bytes.len()
+                    }
+                    Some(packs) => {
+                        let p = e.file as usize;
+                        let map = packs.maps[p].as_ref().expect("pack opened above");
+                        let r = Reader::new(&packs.paths[p], map.bytes());
+                        plan.decode(&r, e.offset as usize, e, cols, vals)?;
+                        plan.record_size(e)
+                    }
+                };
+                bytes_read.fetch_add(read as u64, Ordering::Relaxed);
+                pb.inc(e.nnz);
+                Ok::<(), Error>(())
+            })?;
+        start = end;
     }
-    // Per file: its spans (offset, length, the rows inside).
-    type Rows<'s> = Vec<Slot<'s>>;
-    type Job<'s> = (PathBuf, Vec<(u64, u64, Rows<'s>)>);
-    let mut jobs: Vec<Job> = Vec::new();
-    match meta.layout {
-        Layout::PerRow => {
-            // One file per row: the whole file is one read.
-            for slot in slots.iter_mut() {
-                let (e, c, v) = slot.take().expect("each row once");
-                let path = kdir.join(row_file_name(e.row));
-                let len = (ROW_HEADER + record_size_v(e.nnz as usize, vb, version)) as u64;
-                jobs.push((path, vec![(0, len, vec![(e, c, v)])]));
-            }
-        }
-        Layout::Packed => {
-            // Each pack's rows by offset.
-            for (p, mut rows) in by_file.into_iter().enumerate() {
-                if rows.is_empty() {
-                    continue;
-                }
-                rows.sort_unstable_by_key(|&i| local[i].offset);
-                let pieces: Vec<(u64, u64)> = rows
-                    .iter()
-                    .map(|&i| {
-                        let e = &local[i];
-                        (e.offset, record_size_v(e.nnz as usize, vb, version) as u64)
-                    })
-                    .collect();
-                let path = kdir.join(pack_file_name(p as u64));
-                let spans = reader
-                    .spans(&pieces)
-                    .into_iter()
-                    .map(|s| {
-                        let members = rows[s.items.clone()]
-                            .iter()
-                            .map(|&i| slots[i].take().expect("each row once"))
-                            .collect();
-                        (s.offset, s.len, members)
-                    })
-                    .collect();
-                jobs.push((path, spans));
-            }
-        }
-    }
+    Ok((indices, data, bytes_read.into_inner()))
+}
+
+/// The rows of one span: where the span starts and how long it is, and the rows inside.
+struct Span<'s> {
+    offset: u64,
+    len: u64,
+    rows: Vec<Slot<'s>>,
+}
+
+/// [`read_kernel_rows`] through byte-range reads: for each file this rank needs, its rows'
+/// records sorted by offset are coalesced into spans ([`crate::io::rowio::coalesce`]), each
+/// span read with `reader` and decoded; files in parallel, each opened once and its spans read
+/// in offset order. Returns (indices, data, bytes read).
+fn read_spans(
+    plan: &Plan,
+    local: &[MetaEntry],
+    packs: Option<Packs>,
+    reader: &RangeReader,
+    pb: &indicatif::ProgressBar,
+) -> Result<(Vec<u32>, Vec<f64>, u64)> {
+    let mut indices = vec![0u32; plan.nnz];
+    let mut data = vec![0f64; plan.nnz];
+    let bytes_read = AtomicU64::new(0);
+    let per_row = packs.is_none();
+    let mut jobs = span_jobs(
+        plan,
+        local,
+        packs,
+        row_slots(local, &mut indices, &mut data),
+        reader,
+    );
     let what = |e: &MetaEntry| format!("kernel row {} (record at byte {})", e.row, e.offset);
-    // Decode the rows of one span, read from `offset` of `path`.
-    let decode_span = |path: &Path, offset: u64, len: u64, rows: &mut Rows, buf: &[u8]| {
+    // Decode the rows of one span, read into `buf`.
+    let decode_span = |path: &Path, span: &mut Span, buf: &[u8]| {
         let r = Reader::new(path, buf);
-        if meta.layout == Layout::PerRow {
-            let (e, cols, vals) = &mut rows[0];
-            let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", version)? as usize;
-            if got_vb != vb {
-                return Err(Error::format(
-                    path,
-                    format!("values of {got_vb} bytes but the dataset's precision has {vb}"),
-                ));
-            }
+        if per_row {
+            let (e, cols, vals) = &mut span.rows[0];
+            plan.check_row_prefix(&r)?;
             // The file's length was checked before the read.
-            decode_record(&r, ROW_HEADER, e.row, vb, version, ncols, cols, vals)?;
+            plan.decode(&r, ROW_HEADER, e, cols, vals)?;
         } else {
-            for (e, cols, vals) in rows.iter_mut() {
-                let at = (e.offset - offset) as usize;
-                decode_record(&r, at, e.row, vb, version, ncols, cols, vals)
+            for (e, cols, vals) in span.rows.iter_mut() {
+                let at = (e.offset - span.offset) as usize;
+                plan.decode(&r, at, e, cols, vals)
                     .map_err(|err| in_context(err, &what(e)))?;
             }
         }
-        bytes_read.fetch_add(len, Ordering::Relaxed);
-        pb.inc(rows.iter().map(|(e, _, _)| e.nnz).sum());
+        bytes_read.fetch_add(span.len, Ordering::Relaxed);
+        pb.inc(span.rows.iter().map(|(e, _, _)| e.nnz).sum());
         Ok(())
     };
-    // Files in parallel; each file opened once and its spans read in offset order.
     jobs.par_iter_mut()
-        .with_min_len(if meta.layout == Layout::PerRow { 64 } else { 1 })
+        .with_min_len(if per_row { 64 } else { 1 })
         .try_for_each(|(path, spans)| {
-            let ranges: Vec<(u64, usize)> = spans.iter().map(|s| (s.0, s.1 as usize)).collect();
+            let ranges: Vec<(u64, usize)> =
+                spans.iter().map(|s| (s.offset, s.len as usize)).collect();
             let (mut next, mut decode_failed) = (0, false);
             reader
                 .read_ranges(path, &ranges, &mut |k, buf| {
                     next = k + 1;
-                    let (offset, len, rows) = &mut spans[k];
-                    let r = decode_span(path, *offset, *len, rows, buf);
+                    let r = decode_span(path, &mut spans[k], buf);
                     decode_failed = r.is_err();
                     r
                 })
                 .map_err(|err| match spans.get(next) {
                     // A read failed (not a decode): name the first row it was reading.
-                    Some((_, _, rows)) if !decode_failed => in_context(err, &what(rows[0].0)),
+                    Some(s) if !decode_failed => in_context(err, &what(s.rows[0].0)),
                     _ => err,
                 })
         })?;
-    pb.finish_and_clear();
     drop(jobs);
-    Ok((indptr, indices, data, bytes_read.into_inner()))
+    Ok((indices, data, bytes_read.into_inner()))
 }
+
+/// Per file this rank reads: its path and its spans, each holding the output slots of its rows.
+/// Per-row files are one span each (the whole file); a pack's rows are sorted by offset and
+/// coalesced with `reader`'s limits.
+fn span_jobs<'s>(
+    plan: &Plan,
+    local: &[MetaEntry],
+    packs: Option<Packs>,
+    slots: Vec<Slot<'s>>,
+    reader: &RangeReader,
+) -> Vec<(PathBuf, Vec<Span<'s>>)> {
+    let Some(packs) = packs else {
+        return slots
+            .into_iter()
+            .map(|(e, c, v)| {
+                let path = plan.kdir.join(row_file_name(e.row));
+                let len = (ROW_HEADER + plan.record_size(e)) as u64;
+                let rows = vec![(e, c, v)];
+                (
+                    path,
+                    vec![Span {
+                        offset: 0,
+                        len,
+                        rows,
+                    }],
+                )
+            })
+            .collect();
+    };
+    let mut slots: Vec<Option<Slot>> = slots.into_iter().map(Some).collect();
+    let mut jobs = Vec::new();
+    for (path, mut rows) in packs.paths.into_iter().zip(packs.rows) {
+        if rows.is_empty() {
+            continue;
+        }
+        rows.sort_unstable_by_key(|&i| local[i].offset);
+        let pieces: Vec<(u64, u64)> = rows
+            .iter()
+            .map(|&i| (local[i].offset, plan.record_size(&local[i]) as u64))
+            .collect();
+        let spans = reader
+            .spans(&pieces)
+            .into_iter()
+            .map(|s| Span {
+                offset: s.offset,
+                len: s.len,
+                rows: rows[s.items]
+                    .iter()
+                    .map(|&i| slots[i].take().expect("each row once"))
+                    .collect(),
+            })
+            .collect();
+        jobs.push((path, spans));
+    }
+    jobs
+}
+
 /// The metadata order: indices of `nnz` sorted by descending nnz, ties by ascending index.
 pub fn descending_order(nnz: &[u64]) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..nnz.len()).collect();

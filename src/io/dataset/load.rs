@@ -8,9 +8,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::io::dataset::damping::DampingBlock;
-use crate::io::dataset::kernel_rows::{
-    read_kernel_rows, read_kernel_rows_ranges, read_metadata, MetaEntry, Metadata,
-};
+use crate::io::dataset::kernel_rows::{read_kernel_rows, read_metadata, MetaEntry, Metadata};
 use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::vectors::{read_vector, read_vector_rows, VectorKind};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
@@ -247,10 +245,8 @@ impl OpenDataset {
             .collect();
         drop(where_);
         let t_k = Instant::now();
-        let (mut indptr, mut indices, mut data, mut bytes) = match reader {
-            None => read_kernel_rows(dm, &self.meta, &local, progress)?,
-            Some(rd) => read_kernel_rows_ranges(dm, &self.meta, &local, rd, progress)?,
-        };
+        let (mut indptr, mut indices, mut data, mut bytes) =
+            read_kernel_rows(dm, &self.meta, &local, reader, progress)?;
         let kernel_seconds = t_k.elapsed().as_secs_f64();
         let kernel_bytes = bytes;
         // b and weights follow their rows.

@@ -69,7 +69,7 @@ pub fn verify_dataset(path: &Path, progress: bool) -> Result<VerifyReport> {
             nnz += entries[end].nnz;
             end += 1;
         }
-        let (_, _, _, bytes) = read_kernel_rows(dm, &ds.meta, &entries[start..end], false)?;
+        let (_, _, _, bytes) = read_kernel_rows(dm, &ds.meta, &entries[start..end], None, false)?;
         rep.bytes += bytes;
         pb.inc(nnz);
         start = end;

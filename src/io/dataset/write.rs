@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::grid::Grid;
-use crate::io::dataset::binfmt::Precision;
+use crate::io::dataset::binfmt::{Precision, VERSION, VERSION_1};
 use crate::io::dataset::damping::write_damping;
 use crate::io::dataset::kernel_rows::write_kernel;
 use crate::io::dataset::manifest::{DampingManifest, Layout, Manifest, FORMAT_NAME};
@@ -53,7 +53,7 @@ impl<'a> DatasetSpec<'a> {
             layout: Layout::Packed,
             precision: Precision::F64,
             pack_bytes: 64 << 20,
-            version: crate::io::dataset::binfmt::VERSION,
+            version: VERSION,
         }
     }
 }
@@ -62,55 +62,7 @@ impl<'a> DatasetSpec<'a> {
 /// into a hidden sibling directory that is renamed to `out` when complete, so an interrupted
 /// write leaves no dataset behind.
 pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<PathBuf> {
-    let k = spec.kernel;
-    let bad = |msg: String| Error::Invalid(msg);
-    let version = spec.version;
-    if !(crate::io::dataset::binfmt::VERSION_1..=crate::io::dataset::binfmt::VERSION)
-        .contains(&version)
-    {
-        return Err(bad(format!("dataset format version {version} (1 or 2)")));
-    }
-    if spec.rhs.len() != k.nrows() {
-        return Err(bad(format!(
-            "b has {} values but the kernel has {} rows",
-            spec.rhs.len(),
-            k.nrows()
-        )));
-    }
-    if spec.weights.is_some() && spec.sigma.is_some() {
-        return Err(bad(
-            "give data weights or standard deviations, not both".into()
-        ));
-    }
-    for (what, v) in [("weights", spec.weights), ("sigma", spec.sigma)] {
-        if let Some(v) = v {
-            if v.len() != k.nrows() {
-                return Err(bad(format!(
-                    "{what} has {} values but the kernel has {} rows",
-                    v.len(),
-                    k.nrows()
-                )));
-            }
-        }
-    }
-    if let Some(d) = spec.damping {
-        if d.ncols() != k.ncols() {
-            return Err(bad(format!(
-                "the damping matrix has {} columns but the kernel has {}",
-                d.ncols(),
-                k.ncols()
-            )));
-        }
-    }
-    if let Some(g) = &spec.grid {
-        if g.ncells() != k.ncols() {
-            return Err(bad(format!(
-                "the grid has {} cells but the kernel has {} columns",
-                g.ncells(),
-                k.ncols()
-            )));
-        }
-    }
+    check_spec(spec)?;
     if out.exists()
         && std::fs::read_dir(out)
             .map_err(|e| Error::io(out, e))?
@@ -136,86 +88,7 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let result = (|| -> Result<()> {
-        write_kernel(
-            &tmp,
-            Path::new("kernel"),
-            Path::new("metadata.bin"),
-            k,
-            spec.layout,
-            spec.precision,
-            spec.pack_bytes,
-            version,
-            progress,
-        )?;
-        write_vector(
-            &tmp.join("b.bin"),
-            VectorKind::Rhs,
-            spec.rhs,
-            Precision::F64,
-            version,
-        )?;
-        if let Some(w) = spec.weights {
-            write_vector(
-                &tmp.join("weights.bin"),
-                VectorKind::Weights,
-                w,
-                Precision::F64,
-                version,
-            )?;
-        }
-        if let Some(s) = spec.sigma {
-            write_vector(
-                &tmp.join("sigma.bin"),
-                VectorKind::Sigma,
-                s,
-                Precision::F64,
-                version,
-            )?;
-        }
-        if let Some(m) = spec.true_model {
-            write_vector(
-                &tmp.join("true_model.bin"),
-                VectorKind::Model,
-                m,
-                Precision::F64,
-                version,
-            )?;
-        }
-        let damping = match spec.damping {
-            Some(d) => Some(DampingManifest {
-                blocks: write_damping(&tmp, d, spec.damping_blocks, spec.precision, version)?,
-                rows: d.nrows() as u64,
-                nnz: d.nnz() as u64,
-                weight: spec.damping_weight,
-            }),
-            None => None,
-        };
-        let m = Manifest {
-            format: FORMAT_NAME.into(),
-            version,
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            columns: k.ncols() as u64,
-            kernel_rows: k.nrows() as u64,
-            kernel_nnz: k.nnz() as u64,
-            precision: spec.precision,
-            layout: spec.layout,
-            metadata: "metadata.bin".into(),
-            kernel_dir: "kernel".into(),
-            rhs: "b.bin".into(),
-            weights: spec.weights.map(|_| "weights.bin".into()),
-            sigma: spec.sigma.map(|_| "sigma.bin".into()),
-            true_model: spec.true_model.map(|_| "true_model.bin".into()),
-            damping,
-            grid: spec.grid.clone(),
-        };
-        let text = toml::to_string(&m).map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
-        let mpath = tmp.join("dataset.toml");
-        crate::io::write_atomic(&mpath, |w| w.write_all(text.as_bytes()))?;
-        Ok(())
-    })();
-    if let Err(e) = result {
+    if let Err(e) = write_files(&tmp, spec, progress) {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
@@ -232,4 +105,101 @@ pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<P
         return Err(Error::io(out, e));
     }
     Ok(out.join("dataset.toml"))
+}
+
+/// Error unless the parts of `spec` fit together (format version, lengths of b and the
+/// weights, columns of the damping matrix, cells of the grid).
+fn check_spec(spec: &DatasetSpec) -> Result<()> {
+    let k = spec.kernel;
+    let bad = |msg: String| Err(Error::Invalid(msg));
+    let version = spec.version;
+    if !(VERSION_1..=VERSION).contains(&version) {
+        return bad(format!("dataset format version {version} (1 or 2)"));
+    }
+    let one_per_row = |what: &str, v: Option<&[f64]>| match v {
+        Some(v) if v.len() != k.nrows() => bad(format!(
+            "{what} has {} values but the kernel has {} rows",
+            v.len(),
+            k.nrows()
+        )),
+        _ => Ok(()),
+    };
+    one_per_row("b", Some(spec.rhs))?;
+    if spec.weights.is_some() && spec.sigma.is_some() {
+        return bad("give data weights or standard deviations, not both".into());
+    }
+    one_per_row("weights", spec.weights)?;
+    one_per_row("sigma", spec.sigma)?;
+    if let Some(d) = spec.damping.filter(|d| d.ncols() != k.ncols()) {
+        return bad(format!(
+            "the damping matrix has {} columns but the kernel has {}",
+            d.ncols(),
+            k.ncols()
+        ));
+    }
+    if let Some(g) = spec.grid.as_ref().filter(|g| g.ncells() != k.ncols()) {
+        return bad(format!(
+            "the grid has {} cells but the kernel has {} columns",
+            g.ncells(),
+            k.ncols()
+        ));
+    }
+    Ok(())
+}
+
+/// Write every file of `spec`'s dataset into the directory `dir`, the manifest last.
+fn write_files(dir: &Path, spec: &DatasetSpec, progress: bool) -> Result<()> {
+    let (k, version) = (spec.kernel, spec.version);
+    write_kernel(
+        dir,
+        Path::new("kernel"),
+        Path::new("metadata.bin"),
+        k,
+        spec.layout,
+        spec.precision,
+        spec.pack_bytes,
+        version,
+        progress,
+    )?;
+    let vectors = [
+        ("b.bin", VectorKind::Rhs, Some(spec.rhs)),
+        ("weights.bin", VectorKind::Weights, spec.weights),
+        ("sigma.bin", VectorKind::Sigma, spec.sigma),
+        ("true_model.bin", VectorKind::Model, spec.true_model),
+    ];
+    for (name, kind, v) in vectors {
+        if let Some(v) = v {
+            write_vector(&dir.join(name), kind, v, Precision::F64, version)?;
+        }
+    }
+    let damping = match spec.damping {
+        Some(d) => Some(DampingManifest {
+            blocks: write_damping(dir, d, spec.damping_blocks, spec.precision, version)?,
+            rows: d.nrows() as u64,
+            nnz: d.nnz() as u64,
+            weight: spec.damping_weight,
+        }),
+        None => None,
+    };
+    let m = Manifest {
+        format: FORMAT_NAME.into(),
+        version,
+        name: spec.name.clone(),
+        description: spec.description.clone(),
+        columns: k.ncols() as u64,
+        kernel_rows: k.nrows() as u64,
+        kernel_nnz: k.nnz() as u64,
+        precision: spec.precision,
+        layout: spec.layout,
+        metadata: "metadata.bin".into(),
+        kernel_dir: "kernel".into(),
+        rhs: "b.bin".into(),
+        weights: spec.weights.map(|_| "weights.bin".into()),
+        sigma: spec.sigma.map(|_| "sigma.bin".into()),
+        true_model: spec.true_model.map(|_| "true_model.bin".into()),
+        damping,
+        grid: spec.grid.clone(),
+    };
+    let text = toml::to_string(&m).map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
+    crate::io::write_atomic(&dir.join("dataset.toml"), |w| w.write_all(text.as_bytes()))
 }
