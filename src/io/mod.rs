@@ -147,14 +147,22 @@ pub fn existing_file(path: PathBuf) -> std::result::Result<PathBuf, String> {
     }
 }
 
+/// A scratch directory for unit tests, `seistomo-{tag}-{pid}` in the system's temporary
+/// directory, created if missing (not emptied: tests of one tag may share it).
+#[cfg(test)]
+pub(crate) fn test_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("seistomo-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn stale_temps_of_dead_writers_are_removed() {
-        let dir = std::env::temp_dir().join(format!("seistomo-stale-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = test_dir("stale");
         let p = dir.join("checkpoint.bin");
         // A dead writer: a child that has exited and been reaped.
         let mut child = std::process::Command::new("true").spawn().unwrap();
@@ -181,8 +189,7 @@ mod tests {
 
     #[test]
     fn atomic_write_leaves_nothing_on_error() {
-        let dir = std::env::temp_dir().join(format!("seistomo-io-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = test_dir("io");
         let p = dir.join("out.txt");
         let r = write_atomic(&p, |w| {
             writeln!(w, "partial")?;

@@ -158,32 +158,6 @@ fn plain_len(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.len())
 }
 
-/// Error unless `count` declared items of at least `min_bytes` bytes each fit in the bytes of
-/// `path` left after what `lines` read (uncompressed files only).
-fn check_declared<R>(
-    path: &Path,
-    lines: &DataLines<R>,
-    line: usize,
-    count: u128,
-    min_bytes: u128,
-    what: &str,
-) -> Result<()> {
-    if let Some(total) = plain_len(path) {
-        let left = total.saturating_sub(lines.consumed) as u128;
-        if count * min_bytes > left {
-            return Err(Error::parse(
-                path,
-                line,
-                format!(
-                    "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
-                    count * min_bytes
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Capacity to reserve for `n` declared items: all of them where the file's length was checked,
 /// else (compressed) at most 2^20, growing as the file is read.
 fn reserve(path: &Path, n: usize) -> usize {
@@ -253,19 +227,52 @@ impl Opened {
         Ok(())
     }
 
+    /// Error unless `count` declared items of at least `min_bytes` bytes each fit in the bytes
+    /// of `path` left after the size line (uncompressed files only).
+    fn check_declared(&self, path: &Path, count: u128, min_bytes: u128, what: &str) -> Result<()> {
+        if let Some(total) = plain_len(path) {
+            let left = total.saturating_sub(self.lines.consumed) as u128;
+            if count * min_bytes > left {
+                return Err(Error::parse(
+                    path,
+                    self.size_line,
+                    format!(
+                        "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
+                        count * min_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check an `array`'s declared size against the file and the machine's memory.
+    fn check_array(&self, path: &Path) -> Result<()> {
+        let (nrows, ncols, size_line) = (self.nrows, self.ncols, self.size_line);
+        if self.header.symmetry != Symmetry::General && nrows != ncols {
+            return Err(Error::parse(
+                path,
+                size_line,
+                "a symmetric array must be square",
+            ));
+        }
+        // A value line is at least "v\n".
+        let total = array_values(nrows, ncols, &self.header);
+        self.check_declared(path, total, 2, "values")?;
+        crate::io::limits::check_alloc(
+            path,
+            &format!("a {nrows} x {ncols} array"),
+            16 * nrows as u128 * ncols as u128,
+        )
+        .map_err(|e| at_line(e, size_line))
+    }
+
     /// The body of an `array`, checked against the file and the machine's memory first
     /// (column-major).
     fn array_body(mut self, path: &Path) -> Result<Vec<f64>> {
         self.no_more_fields(path, 0)?;
         let (nrows, ncols) = (self.nrows, self.ncols);
-        check_array(
-            path,
-            &self.lines,
-            self.size_line,
-            nrows,
-            ncols,
-            &self.header,
-        )?;
+        self.check_array(path)?;
         read_array_body(path, &mut self.lines, nrows, ncols, &self.header)
     }
 }
@@ -337,7 +344,7 @@ fn read_coordinate(path: &Path, mut m: Opened) -> Result<Triplets> {
     }
     // An entry line is at least "i j\n" (pattern) or "i j v\n".
     let min_line = if header.field == Field::Pattern { 4 } else { 6 };
-    check_declared(path, &m.lines, size_line, nnz as u128, min_line, "entries")?;
+    m.check_declared(path, nnz as u128, min_line, "entries")?;
     let cap = if header.symmetry == Symmetry::General {
         nnz
     } else {
@@ -434,33 +441,6 @@ fn array_values(nrows: usize, ncols: usize, header: &Header) -> u128 {
         Symmetry::Symmetric => r * (r + 1) / 2,
         Symmetry::Skew => r * r.saturating_sub(1) / 2,
     }
-}
-
-/// Check an `array`'s declared size against the file and the machine's memory.
-fn check_array<R>(
-    path: &Path,
-    lines: &DataLines<R>,
-    size_line: usize,
-    nrows: usize,
-    ncols: usize,
-    header: &Header,
-) -> Result<()> {
-    if header.symmetry != Symmetry::General && nrows != ncols {
-        return Err(Error::parse(
-            path,
-            size_line,
-            "a symmetric array must be square",
-        ));
-    }
-    // A value line is at least "v\n".
-    let total = array_values(nrows, ncols, header);
-    check_declared(path, lines, size_line, total, 2, "values")?;
-    crate::io::limits::check_alloc(
-        path,
-        &format!("a {nrows} x {ncols} array"),
-        16 * nrows as u128 * ncols as u128,
-    )
-    .map_err(|e| at_line(e, size_line))
 }
 
 /// Column-major values of an `array` body (symmetric arrays store the lower triangle). The
@@ -635,19 +615,19 @@ pub fn load_system(
     reg_weight: f64,
 ) -> Result<System> {
     let a = read_matrix(matrix)?;
+    // A file that does not fit the matrix: the error names both.
+    let unfit = |p: &Path, got: String, has: String| {
+        Error::format(
+            p,
+            format!("{got} but the matrix {} has {has}", matrix.display()),
+        )
+    };
     let b = match rhs {
         Some(p) => {
             let b = read_vector(p)?;
             if b.len() != a.nrows() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} values but the matrix {} has {} rows",
-                        b.len(),
-                        matrix.display(),
-                        a.nrows()
-                    ),
-                ));
+                let (got, has) = (format!("{} values", b.len()), format!("{} rows", a.nrows()));
+                return Err(unfit(p, got, has));
             }
             b
         }
@@ -659,15 +639,8 @@ pub fn load_system(
         Some(p) => {
             let r = read_matrix(p)?;
             if r.ncols() != a.ncols() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} columns but the matrix {} has {}",
-                        r.ncols(),
-                        matrix.display(),
-                        a.ncols()
-                    ),
-                ));
+                let (got, has) = (format!("{} columns", r.ncols()), a.ncols().to_string());
+                return Err(unfit(p, got, has));
             }
             let mut b = b;
             b.resize(a.nrows() + r.nrows(), 0.0);
@@ -684,9 +657,7 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str, text: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("seistomo-mtx-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
+        let p = crate::io::test_dir("mtx").join(name);
         std::fs::write(&p, text).unwrap();
         p
     }
@@ -782,15 +753,11 @@ mod tests {
         let a =
             Csr::from_triplets(3, 2, &[0, 2, 1], &[1, 0, 1], &[0.1, 1.0 / 3.0, -7e-300]).unwrap();
         for name in ["rt.mtx", "rt.mtx.gz"] {
-            let p = std::env::temp_dir()
-                .join(format!("seistomo-mtx-{}", std::process::id()))
-                .join(name);
+            let p = crate::io::test_dir("mtx").join(name);
             write_matrix(&p, &a, "test").unwrap();
             assert_eq!(read_matrix(&p).unwrap(), a);
         }
-        let p = std::env::temp_dir()
-            .join(format!("seistomo-mtx-{}", std::process::id()))
-            .join("vv.mtx");
+        let p = crate::io::test_dir("mtx").join("vv.mtx");
         write_vector_mtx(&p, &[1.0 / 3.0, 2.0]).unwrap();
         assert_eq!(read_vector(&p).unwrap(), vec![1.0 / 3.0, 2.0]);
     }

@@ -392,8 +392,7 @@ mod tests {
 
     #[test]
     fn reader_reads_in_chunks_and_names_the_file_on_a_short_read() {
-        let dir = std::env::temp_dir().join(format!("seistomo-rowio-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::test_dir("rowio");
         let p = dir.join("r.bin");
         let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&p, &data).unwrap();
@@ -439,8 +438,7 @@ mod tests {
 
     #[test]
     fn local_reads_ranges_and_names_the_file_on_errors() {
-        let dir = std::env::temp_dir().join(format!("seistomo-localreads-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::test_dir("localreads");
         let p = dir.join("bytes.bin");
         let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
         std::fs::write(&p, &data).unwrap();
