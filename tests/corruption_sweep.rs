@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use seistomo::grid::synthetic as synth;
 use seistomo::grid::Grid;
-use seistomo::io::binfmt::Precision;
+use seistomo::io::dataset::binfmt::Precision;
+use seistomo::io::dataset::manifest::Layout;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
-use seistomo::io::manifest::Layout;
 use seistomo::io::mtx;
 use seistomo::io::rowio::IoChoice;
 use seistomo::sparse::Csr;
@@ -169,7 +169,7 @@ fn read_all(ds: &Path, verify_only: bool) -> Vec<Outcome> {
     }
     let p = ds.to_path_buf();
     out.push(guarded(
-        move || match seistomo::io::verify::verify_dataset(&p, false) {
+        move || match seistomo::io::dataset::verify::verify_dataset(&p, false) {
             Err(e) => Outcome::Err(e.to_string()),
             Ok(_) => Outcome::Finite,
         },

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use seistomo::comm::SerialComm;
 use seistomo::grid::synthetic as synth;
 use seistomo::grid::Grid;
-use seistomo::io::binfmt::{pad8, Precision};
+use seistomo::io::dataset::binfmt::{pad8, Precision};
+use seistomo::io::dataset::manifest::Layout;
 use seistomo::io::dataset::{
     load_dataset, load_dataset_with, read_true_model, write_dataset, DatasetSpec, LoadOptions,
     OpenDataset, Regularisation,
 };
 use seistomo::io::global_row_order;
-use seistomo::io::manifest::Layout;
 use seistomo::pipeline;
 use seistomo::sparse::Csr;
 use seistomo::sparse::System;
@@ -28,7 +28,7 @@ fn same_system(a: &System, b: &System) {
 
 /// A small synthetic dataset with damping blocks and weights, in `layout`.
 fn small_dataset(dir: &Path, layout: Layout, prec: Precision) -> (Csr, Vec<f64>) {
-    small_dataset_v(dir, layout, prec, seistomo::io::binfmt::VERSION)
+    small_dataset_v(dir, layout, prec, seistomo::io::dataset::binfmt::VERSION)
 }
 
 /// [`small_dataset`] in format `version`.

@@ -11,9 +11,9 @@ use std::process::Command;
 
 use seistomo::grid::synthetic as synth;
 use seistomo::grid::Grid;
-use seistomo::io::binfmt::{crc, Precision};
+use seistomo::io::dataset::binfmt::{crc, Precision};
+use seistomo::io::dataset::manifest::Layout;
 use seistomo::io::dataset::{load_dataset, write_dataset, DatasetSpec};
-use seistomo::io::manifest::Layout;
 use seistomo::sparse::Csr;
 
 fn bin() -> Command {

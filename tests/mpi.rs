@@ -461,7 +461,7 @@ fn pattern(n: usize) -> Vec<u8> {
 /// Run by `mpiio_reads_byte_ranges_on_three_ranks` on each rank (does nothing on its own).
 #[test]
 fn mpiio_rank_child() {
-    use seistomo::comm::{Comm, MpiComm, RangeSource};
+    use seistomo::comm::{Comm, MpiComm};
     use seistomo::io::mpiio::{read_at, MpiFile};
     let Some(f) = std::env::var_os("SEISTOMO_MPIIO_FILE") else {
         eprintln!("mpiio_rank_child: only runs under mpirun, started by mpiio_reads_byte_ranges_on_three_ranks");
@@ -475,7 +475,7 @@ fn mpiio_rank_child() {
     let (off, len) = (rank * 30_001 + 17, 20_000 + rank);
     assert_eq!(read_at(&f, off as u64, len).unwrap(), &want[off..off + len]);
     assert_eq!(
-        comm.read_at(&f, off as u64, len).unwrap(),
+        comm.reader().read_at(&f, off as u64, len).unwrap(),
         &want[off..off + len]
     );
     // Collective read: rank 1 reads nothing.
@@ -492,7 +492,9 @@ fn mpiio_rank_child() {
     assert!(e.contains("bytes.bin") && e.contains("10 of them"), "{e}");
     drop(file);
     assert_eq!(
-        comm.read_at_all(&f, 1000 * rank as u64, 10).unwrap(),
+        comm.reader()
+            .read_at_all(&f, 1000 * rank as u64, 10)
+            .unwrap(),
         &want[1000 * rank..1000 * rank + 10]
     );
     // A missing file: the error names it.

@@ -14,9 +14,9 @@ use common::mpi::{child_test, finish, have_mpirun, mpi_dir, the_error_line};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use seistomo::io::binfmt::Precision;
+use seistomo::io::dataset::binfmt::Precision;
+use seistomo::io::dataset::manifest::Layout;
 use seistomo::io::dataset::{load_dataset_with, write_dataset, DatasetSpec, LoadOptions};
-use seistomo::io::manifest::Layout;
 use seistomo::io::mtx;
 use seistomo::io::rowio::{IoChoice, IoPath};
 use seistomo::sparse::System;
@@ -42,7 +42,7 @@ fn datasets(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn australia(dir: &Path) -> PathBuf {
-    australia_v(dir, seistomo::io::binfmt::VERSION)
+    australia_v(dir, seistomo::io::dataset::binfmt::VERSION)
 }
 
 /// [`australia`] in dataset format `version`.

@@ -6,16 +6,14 @@ mod common;
 
 use common::{agreed, on_thread_ranks, read_json, root, seistomo};
 
-use seistomo::comm::halo::comm_volume;
-use seistomo::comm::halo::CommVolume;
-use seistomo::comm::{Comm, SerialComm};
+use seistomo::comm::{partition_square_on, Comm, SerialComm};
 use seistomo::io::mtx;
-use seistomo::partition::graph::RowPartition;
+use seistomo::partition::blocks::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
+use seistomo::partition::halo::{comm_volume, CommVolume};
 use seistomo::pipeline::operators::{Engine, SquareSystem};
 use seistomo::pipeline::options::OperatorSpec;
 use seistomo::pipeline::square::gmres_square;
-use seistomo::pipeline::square::partition_square_on;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;

@@ -97,7 +97,8 @@ pub(crate) mod pick {
     pub fn precision() -> impl TypedValueParser<Value = crate::backend::Precision> {
         choice(&["f64", "f32"], &["double", "single"])
     }
-    pub fn file_precision() -> impl TypedValueParser<Value = crate::io::binfmt::Precision> {
+    pub fn file_precision() -> impl TypedValueParser<Value = crate::io::dataset::binfmt::Precision>
+    {
         choice(&["f64", "f32"], &["double", "single"])
     }
     pub fn allreduce() -> impl TypedValueParser<Value = crate::backend::AllreducePath> {
@@ -112,7 +113,7 @@ pub(crate) mod pick {
     pub fn lsqr_loop() -> impl TypedValueParser<Value = crate::backend::LsqrLoop> {
         choice(&["auto", "host", "device"], &["graph"])
     }
-    pub fn layout() -> impl TypedValueParser<Value = crate::io::manifest::Layout> {
+    pub fn layout() -> impl TypedValueParser<Value = crate::io::dataset::manifest::Layout> {
         choice(&["packed", "per-row"], &[])
     }
     pub fn io() -> impl TypedValueParser<Value = crate::io::rowio::IoChoice> {

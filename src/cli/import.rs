@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::grid::Grid;
-use crate::io::binfmt::Precision;
-use crate::io::manifest::Layout;
+use crate::io::dataset::binfmt::Precision;
+use crate::io::dataset::manifest::Layout;
 use crate::pipeline::import::{import, ImportJob};
 
 #[derive(Debug, Args)]

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::io::binfmt::Precision;
+use crate::io::dataset::binfmt::Precision;
+use crate::io::dataset::manifest::Layout;
 use crate::io::dataset::{OpenDataset, Regularisation};
-use crate::io::manifest::Layout;
 use crate::io::LoadOptions;
 
 #[derive(Debug, Args)]
@@ -65,6 +65,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             second: a.smoothing,
         }),
         io: a.io,
+        io_max_gap: None,
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
     let m = &ds.manifest.m;

@@ -7,9 +7,9 @@ use clap::Args;
 
 use crate::grid::synthetic as synth;
 use crate::grid::Grid;
-use crate::io::binfmt::Precision;
+use crate::io::dataset::binfmt::Precision;
+use crate::io::dataset::manifest::Layout;
 use crate::io::dataset::{write_dataset, DatasetSpec};
-use crate::io::manifest::Layout;
 
 use super::args::{pick, triple};
 
@@ -73,7 +73,7 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 64)]
     pack_mib: u64,
     /// Dataset format version: 2 (CRC32C checksums) or 1 (no checksums; for older readers).
-    #[arg(long, default_value_t = crate::io::binfmt::VERSION)]
+    #[arg(long, default_value_t = crate::io::dataset::binfmt::VERSION)]
     format_version: u32,
     /// Dataset name (default: the directory name).
     #[arg(long)]

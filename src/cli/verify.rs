@@ -13,7 +13,7 @@ pub struct VerifyArgs {
 }
 
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
-    let r = crate::io::verify::verify_dataset(&a.dataset, true)?;
+    let r = crate::io::dataset::verify::verify_dataset(&a.dataset, true)?;
     let what = if r.version >= 2 {
         "every checksum matches"
     } else {

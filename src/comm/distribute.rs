@@ -1,135 +1,41 @@
-//! Spreading a least-squares system over ranks by rows, and agreeing on errors.
+//! Spreading rows over ranks: a least-squares system that rank 0 loaded whole
+//! ([`distribute_system`]), and the partition of a square system every rank holds
+//! ([`partition_square_on`]). The splits themselves are pure functions of `partition`
+//! ([`RowPartition`], METIS); here they become collectives.
 //!
-//! The row assignment is a plain function `(row nnz, ranks) -> Assignment`, so the paper's
-//! greedy LPT over kernel row files (src/partition/rows.rs) can replace the contiguous split here
-//! without touching the transport: [`distribute_system`] takes the assignment rule as an
-//! argument.
+//! Ranks that read their own rows (the per-rank dataset load with its greedy LPT plan,
+//! `pipeline::load`) do not come here.
 
 use std::ops::Range;
 
-use super::Comm;
+use super::{agree, agree_on, Comm};
 use crate::error::{Error, Result};
+use crate::partition::blocks::RowPartition;
+use crate::partition::graph::{
+    metis_parts, partition_square, permutation_from_parts, PartitionMethod, SquarePartition,
+};
 use crate::sparse::Csr;
 use crate::sparse::System;
 
-/// For each rank, the global row ranges it owns, in increasing order. Together the ranges of all
-/// ranks cover every row exactly once. A rank may own nothing.
-pub type Assignment = Vec<Vec<Range<usize>>>;
-
-/// Split rows into `nranks` contiguous blocks of about equal nonzero count (rank r gets the rows
-/// whose nonzero midpoint lies in [r T / P, (r+1) T / P), T = total nonzeros), so each rank is
-/// within one row's nonzeros of T / P. Ranks get rows in order; with more ranks than rows (or one
-/// huge row) some ranks get none.
-pub fn contiguous_nnz_split(row_nnz: &[u64], nranks: usize) -> Assignment {
-    let nranks = nranks.max(1);
-    let total: u128 = row_nnz.iter().map(|&c| c as u128).sum();
-    let mut out = vec![Vec::new(); nranks];
-    let mut start = 0usize;
-    let mut prefix: u128 = 0;
-    let mut row = 0usize;
-    for (r, ranges) in out.iter_mut().enumerate() {
-        let end = if r + 1 == nranks {
-            row_nnz.len()
-        } else {
-            // Rows whose nonzeros start before the target go to this rank.
-            let target = total * (r as u128 + 1) / nranks as u128;
-            while row < row_nnz.len() && prefix + (row_nnz[row] as u128) / 2 < target {
-                prefix += row_nnz[row] as u128;
-                row += 1;
-            }
-            row
-        };
-        if end > start {
-            ranges.push(start..end);
-        }
-        start = end;
-    }
-    out
-}
-
-/// Check that an assignment covers rows 0..nrows exactly once.
-pub fn check_assignment(a: &Assignment, nrows: usize, nranks: usize) -> Result<()> {
-    if a.len() != nranks {
-        return Err(Error::Invalid(format!(
-            "row assignment has {} ranks, the job has {nranks}",
-            a.len()
-        )));
-    }
-    let mut seen = vec![false; nrows];
-    for (rank, ranges) in a.iter().enumerate() {
-        for r in ranges {
-            if r.end > nrows || r.start > r.end {
-                return Err(Error::Invalid(format!(
-                    "row assignment: rank {rank} gets rows {r:?} of {nrows}"
-                )));
-            }
-            for i in r.clone() {
-                if std::mem::replace(&mut seen[i], true) {
-                    return Err(Error::Invalid(format!(
-                        "row assignment: row {i} is assigned twice"
-                    )));
-                }
-            }
-        }
-    }
-    if let Some(i) = seen.iter().position(|s| !s) {
-        return Err(Error::Invalid(format!(
-            "row assignment: row {i} is assigned to no rank"
-        )));
-    }
-    Ok(())
-}
-
-/// Collective: make every rank return the same outcome. When any rank holds an error, every rank
-/// returns [`Error::Rank`] with the message of the lowest failing rank (the message names the
-/// file, as every file error does), so that the job can end cleanly with that one line instead
-/// of hanging in the next collective. On one rank the result is returned unchanged.
-pub fn agree<T>(comm: &dyn Comm, r: Result<T>) -> Result<T> {
-    if comm.size() == 1 {
-        return r;
-    }
-    let (rank, size) = (comm.rank(), comm.size());
-    let mine = if r.is_err() {
-        (size - rank) as f64
-    } else {
-        0.0
-    };
-    let worst = comm.allreduce_max(mine)?;
-    if worst == 0.0 {
-        return r;
-    }
-    let failed = size - worst as usize;
-    let mut msg = match (&r, rank == failed) {
-        (Err(e), true) => match e {
-            Error::Rank { msg, .. } => msg.clone().into_bytes(),
-            e => e.to_string().into_bytes(),
-        },
-        _ => Vec::new(),
-    };
-    comm.broadcast_bytes(failed, &mut msg)?;
-    Err(Error::Rank {
-        rank: failed,
-        msg: String::from_utf8_lossy(&msg).into_owned(),
-    })
-}
-
-/// The rows of `sys` in `ranges` (global indices), with their right-hand side values; the
+/// The rows of `sys` in `range` (global indices), with their right-hand side values; the
 /// kernel/damping split is carried over.
-fn take_rows(sys: &System, ranges: &[Range<usize>]) -> System {
-    let rows: Vec<usize> = ranges.iter().flat_map(|r| r.clone()).collect();
+fn take_rows(sys: &System, range: Range<usize>) -> System {
+    let rows: Vec<usize> = range.collect();
     let a = sys.a.select_rows(&rows);
     let b = rows.iter().map(|&i| sys.b[i]).collect();
     let kernel_rows = rows.iter().filter(|&&i| i < sys.kernel_rows).count();
     System { a, b, kernel_rows }
 }
 
-/// Collective: rank 0 runs `load` (the whole system), splits its rows with `assign` and sends
-/// each rank its rows; every rank returns its part. Other ranks never call `load`. Errors of
-/// rank 0's load reach every rank (through [`agree`]). On one rank this is `load()`.
+/// Collective: rank 0 runs `load` (the whole system), splits its rows into contiguous blocks
+/// with `assign` (the system's row offsets and the rank count, e.g.
+/// [`RowPartition::by_nnz_midpoints`]) and sends each rank its rows; every rank returns its
+/// part. Other ranks never call `load`. Errors of rank 0's load reach every rank (through
+/// [`agree`]). On one rank this is `load()`.
 pub fn distribute_system(
     comm: &dyn Comm,
     load: impl FnOnce() -> Result<System>,
-    assign: impl FnOnce(&[u64], usize) -> Assignment,
+    assign: impl FnOnce(&[u64], usize) -> RowPartition,
 ) -> Result<System> {
     let (rank, size) = (comm.rank(), comm.size());
     if size == 1 {
@@ -145,16 +51,14 @@ pub fn distribute_system(
     // column indices..] and f64 [values.., rhs..].
     let (send_u, send_f, mine) = match &loaded {
         Some(sys) => {
-            let ip = sys.a.indptr();
-            let row_nnz: Vec<u64> = ip.windows(2).map(|w| w[1] - w[0]).collect();
-            let assignment = assign(&row_nnz, size);
-            let checked = check_assignment(&assignment, sys.a.nrows(), size);
+            let blocks = assign(sys.a.indptr(), size);
+            let checked = blocks.check(sys.a.nrows(), size);
             let mut send_u = vec![Vec::new(); size];
             let mut send_f = vec![Vec::new(); size];
             let mut mine = None;
             if checked.is_ok() {
-                for (r, ranges) in assignment.iter().enumerate() {
-                    let part = take_rows(sys, ranges);
+                for r in 0..size {
+                    let part = take_rows(sys, blocks.range(r));
                     if r == 0 {
                         mine = Some(part);
                         continue;
@@ -227,62 +131,34 @@ fn unpack(u: &[u64], f: &[f64]) -> Result<System> {
     })
 }
 
+/// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs
+/// on rank 0 alone and its parts are handed to every rank ([`agree_on`]), so that all ranks use
+/// the same partition; an error on rank 0 becomes an error on every rank. Collective.
+pub fn partition_square_on(
+    comm: &dyn Comm,
+    a: &Csr,
+    method: PartitionMethod,
+) -> Result<SquarePartition> {
+    let p = comm.size();
+    if method != PartitionMethod::Metis || p == 1 {
+        return partition_square(a, method, p);
+    }
+    let parts = agree_on(comm, || metis_parts(a, p))?;
+    if parts.len() != a.nrows() {
+        return Err(Error::Comm(format!(
+            "METIS partition broadcast: {} bytes for {} rows",
+            4 * parts.len(),
+            a.nrows()
+        )));
+    }
+    let (perm, part) = permutation_from_parts(&parts, p)?;
+    Ok(SquarePartition { method, perm, part })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::comm::SerialComm;
-
-    fn nnz_of(row_nnz: &[u64], ranges: &[Range<usize>]) -> u64 {
-        ranges
-            .iter()
-            .flat_map(|r| r.clone())
-            .map(|i| row_nnz[i])
-            .sum()
-    }
-
-    #[test]
-    fn contiguous_split_covers_rows_and_balances_nnz() {
-        let mut rng = crate::grid::Rng::new(7);
-        for &(rows, ranks) in &[
-            (1000usize, 1usize),
-            (1000, 3),
-            (997, 4),
-            (10, 7),
-            (3, 4),
-            (0, 2),
-        ] {
-            let row_nnz: Vec<u64> = (0..rows).map(|_| 1 + rng.below(40)).collect();
-            let a = contiguous_nnz_split(&row_nnz, ranks);
-            check_assignment(&a, rows, ranks).unwrap();
-            for w in a.iter().flatten().collect::<Vec<_>>().windows(2) {
-                assert_eq!(w[0].end, w[1].start, "contiguous and in rank order");
-            }
-            let total: u64 = row_nnz.iter().sum();
-            if rows >= 100 * ranks {
-                for ranges in &a {
-                    let share = nnz_of(&row_nnz, ranges) as f64;
-                    let ideal = total as f64 / ranks as f64;
-                    assert!((share - ideal).abs() <= 40.0, "share {share} vs {ideal}");
-                }
-            }
-        }
-        // More ranks than rows: some ranks own nothing, every row is owned once.
-        let a = contiguous_nnz_split(&[5, 5, 5], 4);
-        assert_eq!(a.iter().filter(|r| r.is_empty()).count(), 1);
-        // One dominant row: its rank gets it alone.
-        let a = contiguous_nnz_split(&[1, 1000, 1, 1], 2);
-        check_assignment(&a, 4, 2).unwrap();
-        assert!(a.iter().all(|r| !r.is_empty()));
-    }
-
-    #[test]
-    fn check_assignment_rejects_gaps_and_overlaps() {
-        assert!(check_assignment(&vec![vec![0..2], vec![3..4]], 4, 2).is_err());
-        assert!(check_assignment(&vec![vec![0..3], vec![2..4]], 4, 2).is_err());
-        assert!(check_assignment(&vec![vec![0..5]], 4, 1).is_err());
-        assert!(check_assignment(&vec![vec![0..4]], 4, 2).is_err());
-        check_assignment(&vec![vec![2..4], vec![0..2]], 4, 2).unwrap();
-    }
 
     #[test]
     fn take_rows_keeps_rhs_and_kernel_split() {
@@ -299,12 +175,12 @@ mod tests {
             b: vec![10.0, 20.0, 30.0, 40.0],
             kernel_rows: 2,
         };
-        let part = take_rows(&sys, &[1..2, 3..4]);
-        assert_eq!(part.b, vec![20.0, 40.0]);
+        let part = take_rows(&sys, 1..3);
+        assert_eq!(part.b, vec![20.0, 30.0]);
         assert_eq!(part.kernel_rows, 1);
-        assert_eq!(part.a.indices(), &[1, 2, 0, 1]);
+        assert_eq!(part.a.indices(), &[1, 2, 2]);
         // The packed form round-trips.
-        let mut u = vec![3, 1, 2, 2, 2];
+        let mut u = vec![3, 1, 2, 2, 1];
         u.extend(part.a.indices().iter().map(|&c| c as u64));
         let mut f = part.a.data().to_vec();
         f.extend_from_slice(&part.b);
@@ -315,9 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn agree_and_distribute_on_one_rank_pass_through() {
-        let e: Result<()> = Err(Error::Invalid("x".into()));
-        assert!(matches!(agree(&SerialComm, e), Err(Error::Invalid(_))));
+    fn distribute_on_one_rank_passes_through() {
         let sys = distribute_system(
             &SerialComm,
             || {
@@ -327,7 +201,7 @@ mod tests {
                     kernel_rows: 2,
                 })
             },
-            contiguous_nnz_split,
+            RowPartition::by_nnz_midpoints,
         )
         .unwrap();
         assert_eq!(sys.a.nrows(), 2);

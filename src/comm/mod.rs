@@ -2,6 +2,7 @@
 //! [`crate::backend::Backend::allreduce_sum`], which moves device vectors to it), so LSQR and
 //! GMRES are written once for one process or many.
 
+mod agree;
 pub mod distribute;
 pub mod halo;
 #[cfg(feature = "mpi")]
@@ -12,16 +13,17 @@ mod timed;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiComm;
-pub use distribute::{agree, contiguous_nnz_split, distribute_system, Assignment};
+pub use agree::{agree, agree_on, Broadcast};
+pub use distribute::{distribute_system, partition_square_on};
 pub use serial::SerialComm;
 pub use thread::ThreadComm;
 pub use timed::{RankTiming, TimedComm};
 
 use crate::error::Result;
-pub use crate::io::rowio::RangeSource;
+use crate::io::rowio::{LocalReads, RangeSource};
 
 /// What a solver or loader needs from the ranks of a job.
-pub trait Comm: RangeSource + Send + Sync {
+pub trait Comm: Send + Sync {
     /// This process's rank, 0-based.
     fn rank(&self) -> usize;
     /// Number of ranks.
@@ -64,6 +66,12 @@ pub trait Comm: RangeSource + Send + Sync {
     /// this rank has seen while the others may be waiting in a collective.
     fn abort(&self, code: i32) -> ! {
         std::process::exit(code)
+    }
+    /// How this rank reads byte ranges of files (what loaders hand to
+    /// [`crate::io::rowio::RangeReader`]): MPI-IO under MPI ([`MpiComm`]), positioned std
+    /// reads ([`LocalReads`]) otherwise.
+    fn reader(&self) -> &dyn RangeSource {
+        &LocalReads
     }
 }
 

@@ -4,12 +4,12 @@
 //!
 //! MPI is initialised with `MPI_THREAD_SERIALIZED` and every call goes through one mutex, so the
 //! communicator may be shared between threads (`Comm: Send + Sync`) without two threads ever
-//! being inside MPI at once. Message counts are C ints: one collective moves at most 2^31 - 1
+//! being inside MPI at once. Its MPI-IO reads ([`MpiIo`], handed to loaders by
+//! [`Comm::reader`]) take the same mutex. Message counts are C ints: one collective moves at most 2^31 - 1
 //! values per rank (an error says so, never a silent truncation).
 
-use crate::io::rowio::{RangeSink, RangeSource};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
@@ -20,6 +20,8 @@ use mpi::{Count, Threading};
 
 use super::Comm;
 use crate::error::{Error, Result};
+use crate::io::mpiio::MpiFile;
+use crate::io::rowio::{RangeSink, RangeSource};
 
 /// A job of `size` MPI ranks (MPI_COMM_WORLD).
 pub struct MpiComm {
@@ -32,7 +34,20 @@ pub struct MpiComm {
     library: String,
     /// Serialises MPI calls and holds the send copy for in-place reductions (grown once to the
     /// largest vector reduced, so the solver's per-iteration reduction does not allocate).
-    scratch: Mutex<Vec<f64>>,
+    /// Shared with `io`.
+    scratch: Arc<MpiLock>,
+    /// This rank's MPI-IO reads.
+    io: MpiIo,
+}
+
+/// The lock every MPI call of a process is made under (MPI_THREAD_SERIALIZED), with the
+/// communicator's scratch buffer.
+type MpiLock = Mutex<Vec<f64>>;
+
+fn lock(m: &MpiLock) -> MutexGuard<'_, Vec<f64>> {
+    // A poisoned lock only means another thread panicked while holding it; the Vec inside is
+    // still a valid scratch buffer.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn count(n: usize, what: &str) -> Result<Count> {
@@ -81,13 +96,17 @@ impl MpiComm {
             .unwrap_or_default()
             .trim()
             .to_string();
+        let scratch = Arc::new(Mutex::new(Vec::new()));
         Ok(MpiComm {
             rank: world.rank() as usize,
             size: world.size() as usize,
             local_rank: node.rank() as usize,
             local_size: node.size() as usize,
             library,
-            scratch: Mutex::new(Vec::new()),
+            io: MpiIo {
+                lock: scratch.clone(),
+            },
+            scratch,
             _universe: universe,
         })
     }
@@ -102,10 +121,8 @@ impl MpiComm {
         &self.library
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<f64>> {
-        // A poisoned lock only means another thread panicked while holding it; the Vec inside is
-        // still a valid scratch buffer.
-        self.scratch.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Vec<f64>> {
+        lock(&self.scratch)
     }
 
     fn world(&self) -> SimpleCommunicator {
@@ -202,41 +219,8 @@ impl Comm for MpiComm {
     fn abort(&self, code: i32) -> ! {
         self.world().abort(code)
     }
-}
-
-impl RangeSource for MpiComm {
-    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let _g = self.lock();
-        crate::io::mpiio::read_at(path, offset, len)
-    }
-    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let _g = self.lock();
-        crate::io::mpiio::MpiFile::open_world(path)?.read_at_all(offset, len)
-    }
-    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
-        if ranges.is_empty() {
-            return Ok(());
-        }
-        // The lock is held for each MPI call only (open, each read, close), not while `f`
-        // works on the bytes, so other threads' reads interleave with this one's decoding.
-        let file = {
-            let _g = self.lock();
-            LockedFile {
-                file: Some(crate::io::mpiio::MpiFile::open_self(path)?),
-                comm: self,
-            }
-        };
-        // One buffer for all ranges (fresh pages for every range would cost a page fault each).
-        let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
-        for (i, &(off, len)) in ranges.iter().enumerate() {
-            {
-                let _g = self.lock();
-                let fh = file.file.as_ref().expect("open until drop");
-                fh.read_into(off, &mut buf[..len])?;
-            }
-            f(i, &buf[..len])?;
-        }
-        Ok(())
+    fn reader(&self) -> &dyn RangeSource {
+        &self.io
     }
 }
 
@@ -278,16 +262,58 @@ impl MpiComm {
     }
 }
 
+/// MPI-IO reads of this rank (the communicator's [`Comm::reader`]): each call is made under the
+/// communicator's lock, so that no two threads are ever inside MPI at once.
+pub struct MpiIo {
+    lock: Arc<MpiLock>,
+}
+
+impl RangeSource for MpiIo {
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let _g = lock(&self.lock);
+        crate::io::mpiio::read_at(path, offset, len)
+    }
+    fn read_at_all(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let _g = lock(&self.lock);
+        MpiFile::open_world(path)?.read_at_all(offset, len)
+    }
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        // The lock is held for each MPI call only (open, each read, close), not while `f`
+        // works on the bytes, so other threads' reads interleave with this one's decoding.
+        let file = {
+            let _g = lock(&self.lock);
+            LockedFile {
+                file: Some(MpiFile::open_self(path)?),
+                lock: &self.lock,
+            }
+        };
+        // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+        let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            {
+                let _g = lock(&self.lock);
+                let fh = file.file.as_ref().expect("open until drop");
+                fh.read_into(off, &mut buf[..len])?;
+            }
+            f(i, &buf[..len])?;
+        }
+        Ok(())
+    }
+}
+
 /// An MPI file that is closed with the communicator's lock held (also on early returns), so
 /// that no two threads are ever inside MPI at once (MPI_THREAD_SERIALIZED).
 struct LockedFile<'a> {
-    file: Option<crate::io::mpiio::MpiFile>,
-    comm: &'a MpiComm,
+    file: Option<MpiFile>,
+    lock: &'a MpiLock,
 }
 
 impl Drop for LockedFile<'_> {
     fn drop(&mut self) {
-        let _g = self.comm.lock();
+        let _g = lock(self.lock);
         drop(self.file.take());
     }
 }

@@ -1,13 +1,11 @@
 //! The one-process communicator: every collective is the identity.
 
-use super::{Comm, RangeSource};
+use super::Comm;
 use crate::error::Result;
 
 /// A job of one rank.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SerialComm;
-
-impl RangeSource for SerialComm {}
 
 impl Comm for SerialComm {
     fn rank(&self) -> usize {

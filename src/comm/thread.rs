@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Barrier, Mutex};
 
-use crate::comm::{Comm, RangeSource};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// P ranks as threads of one process: a [`Comm`] for tests of distributed code without MPI.
@@ -124,5 +124,3 @@ impl Comm for ThreadComm {
         Ok(self.exchange(send.to_vec()))
     }
 }
-
-impl RangeSource for ThreadComm {}

@@ -1,8 +1,6 @@
 //! A [`Comm`] wrapper that measures the time spent in reductions, for the per-rank timing
 //! breakdown of report.json (load, compute, allreduce).
 
-use crate::io::rowio::{RangeSink, RangeSource};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -10,6 +8,7 @@ use serde::Serialize;
 
 use super::Comm;
 use crate::error::Result;
+use crate::io::rowio::RangeSource;
 
 /// Forwards every call to `inner`, adding the wall time of reductions to its counters.
 pub struct TimedComm<'a> {
@@ -114,17 +113,9 @@ impl Comm for TimedComm<'_> {
     fn abort(&self, code: i32) -> ! {
         self.inner.abort(code)
     }
-}
-
-impl RangeSource for TimedComm<'_> {
-    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.inner.read_at(path, offset, len)
-    }
-    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.inner.read_at_all(path, offset, len)
-    }
-    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
-        self.inner.read_ranges(path, ranges, f)
+    /// The wrapped communicator's reader (reads are not timed here: loads are timed whole).
+    fn reader(&self) -> &dyn RangeSource {
+        self.inner.reader()
     }
 }
 

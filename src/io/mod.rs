@@ -1,31 +1,35 @@
-//! File input/output helpers shared by every reader and writer: transparent gzip on read, and
-//! atomic writes (a temporary file renamed into place) so that an interrupted run never leaves a
+//! Files, in four parts:
+//!
+//! - [`dataset`] (the dataset format: manifest, kernel rows, damping, vectors; load, write,
+//!   verify)
+//! - transport ([`rowio`]: byte ranges, coalescing, trait `RangeSource`; [`mpiio`]: MPI-IO
+//!   calls; [`mmap`])
+//! - foreign formats ([`mtx`]: Matrix Market; [`petsc`]; [`npy`])
+//! - publishing outputs ([`publish`]: outputs as one set, locks; [`outpaths`]; `tidy`;
+//!   [`limits`]: memory plan)
+//!
+//! and the helpers every reader and writer shares (here): transparent gzip on read, and atomic
+//! writes (a temporary file renamed into place) so that an interrupted run never leaves a
 //! truncated output that looks complete.
 
+pub mod dataset;
+pub mod limits;
+pub mod mmap;
+#[cfg(feature = "mpi")]
 pub mod mpiio;
 pub mod mtx;
+pub mod npy;
+pub mod outpaths;
+pub mod petsc;
+pub mod publish;
 pub mod rowio;
+mod tidy;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-
-pub mod binfmt;
-pub mod damping;
-pub mod dataset;
-pub mod kernel_rows;
-pub mod limits;
-pub mod manifest;
-pub mod mmap;
-pub mod npy;
-pub mod outpaths;
-pub mod petsc;
-pub mod publish;
-mod tidy;
-pub mod vectors;
-pub mod verify;
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
 pub use tidy::tidy;
@@ -143,14 +147,22 @@ pub fn existing_file(path: PathBuf) -> std::result::Result<PathBuf, String> {
     }
 }
 
+/// A scratch directory for unit tests, `seistomo-{tag}-{pid}` in the system's temporary
+/// directory, created if missing (not emptied: tests of one tag may share it).
+#[cfg(test)]
+pub(crate) fn test_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("seistomo-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn stale_temps_of_dead_writers_are_removed() {
-        let dir = std::env::temp_dir().join(format!("seistomo-stale-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = test_dir("stale");
         let p = dir.join("checkpoint.bin");
         // A dead writer: a child that has exited and been reaped.
         let mut child = std::process::Command::new("true").spawn().unwrap();
@@ -177,8 +189,7 @@ mod tests {
 
     #[test]
     fn atomic_write_leaves_nothing_on_error() {
-        let dir = std::env::temp_dir().join(format!("seistomo-io-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = test_dir("io");
         let p = dir.join("out.txt");
         let r = write_atomic(&p, |w| {
             writeln!(w, "partial")?;

@@ -29,6 +29,7 @@ enum Layout {
     Array,
 }
 
+#[derive(Clone, Copy)]
 struct Header {
     layout: Layout,
     field: Field,
@@ -36,68 +37,37 @@ struct Header {
 }
 
 fn parse_header(path: &Path, line: &str) -> Result<Header> {
+    let bad = |msg: String| -> Result<Header> { Err(Error::parse(path, 1, msg)) };
     let toks: Vec<String> = line
         .split_whitespace()
         .map(|t| t.to_ascii_lowercase())
         .collect();
     if toks.len() != 5 || toks[0] != "%%matrixmarket" || toks[1] != "matrix" {
-        return Err(Error::parse(path, 1, "not a Matrix Market file (expected '%%MatrixMarket matrix <layout> <field> <symmetry>')"));
+        return bad("not a Matrix Market file (expected '%%MatrixMarket matrix <layout> <field> <symmetry>')".into());
     }
     let layout = match toks[2].as_str() {
         "coordinate" => Layout::Coordinate,
         "array" => Layout::Array,
-        other => {
-            return Err(Error::parse(
-                path,
-                1,
-                format!("unknown Matrix Market layout '{other}'"),
-            ))
-        }
+        other => return bad(format!("unknown Matrix Market layout '{other}'")),
     };
     let field = match toks[3].as_str() {
         "real" | "double" => Field::Real,
         "integer" => Field::Integer,
         "pattern" => Field::Pattern,
         "complex" => {
-            return Err(Error::parse(
-                path,
-                1,
-                "complex matrices are not supported (seistomo solves real systems)",
-            ))
+            return bad("complex matrices are not supported (seistomo solves real systems)".into())
         }
-        other => {
-            return Err(Error::parse(
-                path,
-                1,
-                format!("unknown Matrix Market field '{other}'"),
-            ))
-        }
+        other => return bad(format!("unknown Matrix Market field '{other}'")),
     };
     let symmetry = match toks[4].as_str() {
         "general" => Symmetry::General,
         "symmetric" => Symmetry::Symmetric,
         "skew-symmetric" => Symmetry::Skew,
-        "hermitian" => {
-            return Err(Error::parse(
-                path,
-                1,
-                "hermitian matrices are not supported",
-            ))
-        }
-        other => {
-            return Err(Error::parse(
-                path,
-                1,
-                format!("unknown Matrix Market symmetry '{other}'"),
-            ))
-        }
+        "hermitian" => return bad("hermitian matrices are not supported".into()),
+        other => return bad(format!("unknown Matrix Market symmetry '{other}'")),
     };
     if layout == Layout::Array && field == Field::Pattern {
-        return Err(Error::parse(
-            path,
-            1,
-            "an array cannot have field 'pattern'",
-        ));
+        return bad("an array cannot have field 'pattern'".into());
     }
     Ok(Header {
         layout,
@@ -188,32 +158,6 @@ fn plain_len(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.len())
 }
 
-/// Error unless `count` declared items of at least `min_bytes` bytes each fit in the bytes of
-/// `path` left after what `lines` read (uncompressed files only).
-fn check_declared<R>(
-    path: &Path,
-    lines: &DataLines<R>,
-    line: usize,
-    count: u128,
-    min_bytes: u128,
-    what: &str,
-) -> Result<()> {
-    if let Some(total) = plain_len(path) {
-        let left = total.saturating_sub(lines.consumed) as u128;
-        if count * min_bytes > left {
-            return Err(Error::parse(
-                path,
-                line,
-                format!(
-                    "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
-                    count * min_bytes
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Capacity to reserve for `n` declared items: all of them where the file's length was checked,
 /// else (compressed) at most 2^20, growing as the file is read.
 fn reserve(path: &Path, n: usize) -> usize {
@@ -224,143 +168,133 @@ fn reserve(path: &Path, n: usize) -> usize {
     }
 }
 
+/// A Matrix Market file read up to its size line: the header, the lines after the size line,
+/// and what the size line declares.
+struct Opened {
+    header: Header,
+    lines: DataLines<Box<dyn BufRead>>,
+    /// The size line's number.
+    size_line: usize,
+    nrows: usize,
+    ncols: usize,
+    /// The size line's fields after the row and column counts.
+    rest: Vec<String>,
+}
+
+impl Opened {
+    /// Open `path` (`.gz` allowed), parse its header and the row and column counts of its size
+    /// line.
+    fn open(path: &Path) -> Result<Opened> {
+        let mut inner = open_text(path)?;
+        let mut first = String::new();
+        let n = inner
+            .read_line(&mut first)
+            .map_err(|e| Error::io(path, e))?;
+        let header = parse_header(path, first.trim())?;
+        let mut lines = DataLines {
+            inner,
+            path: path.to_path_buf(),
+            lineno: 1,
+            buf: String::new(),
+            consumed: n as u64,
+        };
+        let Some((size_line, size)) = lines.next_line()? else {
+            return Err(Error::parse(path, lines.lineno, "missing size line"));
+        };
+        let mut it = size.split_whitespace();
+        let nrows: usize = parse_num(path, size_line, it.next(), "row count")?;
+        let ncols: usize = parse_num(path, size_line, it.next(), "column count")?;
+        let rest = it.map(str::to_string).collect();
+        Ok(Opened {
+            header,
+            lines,
+            size_line,
+            nrows,
+            ncols,
+            rest,
+        })
+    }
+
+    /// Error if the size line has fields after the first `n` of [`Opened::rest`].
+    fn no_more_fields(&self, path: &Path, n: usize) -> Result<()> {
+        if self.rest.len() > n {
+            return Err(Error::parse(
+                path,
+                self.size_line,
+                "size line has extra fields",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Error unless `count` declared items of at least `min_bytes` bytes each fit in the bytes
+    /// of `path` left after the size line (uncompressed files only).
+    fn check_declared(&self, path: &Path, count: u128, min_bytes: u128, what: &str) -> Result<()> {
+        if let Some(total) = plain_len(path) {
+            let left = total.saturating_sub(self.lines.consumed) as u128;
+            if count * min_bytes > left {
+                return Err(Error::parse(
+                    path,
+                    self.size_line,
+                    format!(
+                        "the size line declares {count} {what}, which need at least {} bytes, but only {left} bytes follow it (truncated or a lying header)",
+                        count * min_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check an `array`'s declared size against the file and the machine's memory.
+    fn check_array(&self, path: &Path) -> Result<()> {
+        let (nrows, ncols, size_line) = (self.nrows, self.ncols, self.size_line);
+        if self.header.symmetry != Symmetry::General && nrows != ncols {
+            return Err(Error::parse(
+                path,
+                size_line,
+                "a symmetric array must be square",
+            ));
+        }
+        // A value line is at least "v\n".
+        let total = array_values(nrows, ncols, &self.header);
+        self.check_declared(path, total, 2, "values")?;
+        crate::io::limits::check_alloc(
+            path,
+            &format!("a {nrows} x {ncols} array"),
+            16 * nrows as u128 * ncols as u128,
+        )
+        .map_err(|e| at_line(e, size_line))
+    }
+
+    /// The body of an `array`, checked against the file and the machine's memory first
+    /// (column-major).
+    fn array_body(mut self, path: &Path) -> Result<Vec<f64>> {
+        self.no_more_fields(path, 0)?;
+        let (nrows, ncols) = (self.nrows, self.ncols);
+        self.check_array(path)?;
+        read_array_body(path, &mut self.lines, nrows, ncols, &self.header)
+    }
+}
+
 /// Read a sparse matrix from a Matrix Market file (`coordinate` or `array`; `.gz` allowed).
 /// Sizes on the size line are checked against the file's length (uncompressed files), against
 /// rows x columns and against the machine's memory before anything is allocated from them.
 pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
     let path = path.as_ref();
-    let mut lines = DataLines {
-        inner: open_text(path)?,
-        path: path.to_path_buf(),
-        lineno: 0,
-        buf: String::new(),
-        consumed: 0,
-    };
-    let header = {
-        let mut first = String::new();
-        let n = lines
-            .inner
-            .read_line(&mut first)
-            .map_err(|e| Error::io(path, e))?;
-        lines.consumed = n as u64;
-        lines.lineno = 1;
-        parse_header(path, first.trim())?
-    };
-    let Some((size_line, size)) = lines.next_line()? else {
-        return Err(Error::parse(path, lines.lineno, "missing size line"));
-    };
-    let mut it = size.split_whitespace();
-    let nrows: usize = parse_num(path, size_line, it.next(), "row count")?;
-    let ncols: usize = parse_num(path, size_line, it.next(), "column count")?;
+    let m = Opened::open(path)?;
+    let (nrows, ncols) = (m.nrows, m.ncols);
     if ncols > u32::MAX as usize {
         return Err(Error::parse(
             path,
-            size_line,
+            m.size_line,
             format!("{ncols} columns exceed the 32-bit column index"),
         ));
     }
-    match header.layout {
-        Layout::Coordinate => {
-            let nnz: usize = parse_num(path, size_line, it.next(), "entry count")?;
-            if it.next().is_some() {
-                return Err(Error::parse(path, size_line, "size line has extra fields"));
-            }
-            if header.symmetry != Symmetry::General && nrows != ncols {
-                return Err(Error::parse(
-                    path,
-                    size_line,
-                    "a symmetric matrix must be square",
-                ));
-            }
-            let cells = nrows as u128 * ncols as u128;
-            if nnz as u128 > cells {
-                return Err(Error::parse(
-                    path,
-                    size_line,
-                    format!(
-                        "{nnz} entries declared but a {nrows} x {ncols} matrix has {cells} cells"
-                    ),
-                ));
-            }
-            // An entry line is at least "i j\n" (pattern) or "i j v\n".
-            let min_line = if header.field == Field::Pattern { 4 } else { 6 };
-            check_declared(path, &lines, size_line, nnz as u128, min_line, "entries")?;
-            let cap = if header.symmetry == Symmetry::General {
-                nnz
-            } else {
-                2 * nnz
-            };
-            crate::io::limits::check_alloc(
-                path,
-                &format!("a {nrows} x {ncols} matrix with {nnz} entries"),
-                16 * (nrows as u128 + 1) + 36 * cap as u128,
-            )
-            .map_err(|e| at_line(e, size_line))?;
-            let cap = reserve(path, cap);
-            let (mut rows, mut cols, mut vals) = (
-                Vec::with_capacity(cap),
-                Vec::with_capacity(cap),
-                Vec::with_capacity(cap),
-            );
-            for k in 0..nnz {
-                let Some((ln, l)) = lines.next_line()? else {
-                    return Err(Error::parse(
-                        path,
-                        lines.lineno,
-                        format!("file ends after {k} of {nnz} entries (truncated?)"),
-                    ));
-                };
-                let mut t = l.split_whitespace();
-                let i: u64 = parse_num(path, ln, t.next(), "row index")?;
-                let j: u64 = parse_num(path, ln, t.next(), "column index")?;
-                if i == 0 || i as usize > nrows || j == 0 || j as usize > ncols {
-                    return Err(Error::parse(path, ln, format!("index ({i}, {j}) out of range for a {nrows} x {ncols} matrix (indices are 1-based)")));
-                }
-                let v = parse_value(path, ln, t.next(), header.field)?;
-                if t.next().is_some() {
-                    return Err(Error::parse(path, ln, "entry has extra fields"));
-                }
-                rows.push(i - 1);
-                cols.push(j - 1);
-                vals.push(v);
-                if i != j {
-                    match header.symmetry {
-                        Symmetry::General => {}
-                        Symmetry::Symmetric => {
-                            rows.push(j - 1);
-                            cols.push(i - 1);
-                            vals.push(v);
-                        }
-                        Symmetry::Skew => {
-                            rows.push(j - 1);
-                            cols.push(i - 1);
-                            vals.push(-v);
-                        }
-                    }
-                } else if header.symmetry == Symmetry::Skew {
-                    return Err(Error::parse(
-                        path,
-                        ln,
-                        "a skew-symmetric matrix has no diagonal entries",
-                    ));
-                }
-            }
-            if let Some((ln, _)) = lines.next_line()? {
-                return Err(Error::parse(
-                    path,
-                    ln,
-                    format!("more entries than the {nnz} the size line declares"),
-                ));
-            }
-            Csr::from_triplets(nrows, ncols, &rows, &cols, &vals)
-                .map_err(|e| Error::in_file(path, e))
-        }
+    let (rows, cols, vals) = match m.header.layout {
+        Layout::Coordinate => read_coordinate(path, m)?,
         Layout::Array => {
-            if it.next().is_some() {
-                return Err(Error::parse(path, size_line, "size line has extra fields"));
-            }
-            check_array(path, &lines, size_line, nrows, ncols, &header)?;
-            let dense = read_array_body(path, &mut lines, nrows, ncols, &header)?;
+            let dense = m.array_body(path)?;
             let (mut rows, mut cols, mut vals) = (Vec::new(), Vec::new(), Vec::new());
             for j in 0..ncols {
                 for i in 0..nrows {
@@ -372,10 +306,123 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
                     }
                 }
             }
-            Csr::from_triplets(nrows, ncols, &rows, &cols, &vals)
-                .map_err(|e| Error::in_file(path, e))
+            (rows, cols, vals)
+        }
+    };
+    Csr::from_triplets(nrows, ncols, &rows, &cols, &vals).map_err(|e| Error::in_file(path, e))
+}
+
+/// Triplets (0-based rows, columns, values) of a matrix.
+type Triplets = (Vec<u64>, Vec<u64>, Vec<f64>);
+
+/// The entries of a `coordinate` file after its size line (the mirror entries of a symmetric or
+/// skew-symmetric one added), the declared count checked against the file's length and the
+/// machine's memory before anything is allocated.
+fn read_coordinate(path: &Path, mut m: Opened) -> Result<Triplets> {
+    let (nrows, ncols, size_line, header) = (m.nrows, m.ncols, m.size_line, m.header);
+    let nnz: usize = parse_num(
+        path,
+        size_line,
+        m.rest.first().map(String::as_str),
+        "entry count",
+    )?;
+    m.no_more_fields(path, 1)?;
+    if header.symmetry != Symmetry::General && nrows != ncols {
+        return Err(Error::parse(
+            path,
+            size_line,
+            "a symmetric matrix must be square",
+        ));
+    }
+    let cells = nrows as u128 * ncols as u128;
+    if nnz as u128 > cells {
+        return Err(Error::parse(
+            path,
+            size_line,
+            format!("{nnz} entries declared but a {nrows} x {ncols} matrix has {cells} cells"),
+        ));
+    }
+    // An entry line is at least "i j\n" (pattern) or "i j v\n".
+    let min_line = if header.field == Field::Pattern { 4 } else { 6 };
+    m.check_declared(path, nnz as u128, min_line, "entries")?;
+    let cap = if header.symmetry == Symmetry::General {
+        nnz
+    } else {
+        2 * nnz
+    };
+    crate::io::limits::check_alloc(
+        path,
+        &format!("a {nrows} x {ncols} matrix with {nnz} entries"),
+        16 * (nrows as u128 + 1) + 36 * cap as u128,
+    )
+    .map_err(|e| at_line(e, size_line))?;
+    let cap = reserve(path, cap);
+    let (mut rows, mut cols, mut vals) = (
+        Vec::with_capacity(cap),
+        Vec::with_capacity(cap),
+        Vec::with_capacity(cap),
+    );
+    for k in 0..nnz {
+        let Some((ln, l)) = m.lines.next_line()? else {
+            return Err(Error::parse(
+                path,
+                m.lines.lineno,
+                format!("file ends after {k} of {nnz} entries (truncated?)"),
+            ));
+        };
+        let (i, j, v) = parse_entry(path, ln, l, nrows, ncols, header.field)?;
+        rows.push(i - 1);
+        cols.push(j - 1);
+        vals.push(v);
+        let mirror = match header.symmetry {
+            Symmetry::Skew if i == j => {
+                return Err(Error::parse(
+                    path,
+                    ln,
+                    "a skew-symmetric matrix has no diagonal entries",
+                ))
+            }
+            _ if i == j => None,
+            Symmetry::General => None,
+            Symmetry::Symmetric => Some(v),
+            Symmetry::Skew => Some(-v),
+        };
+        if let Some(v) = mirror {
+            rows.push(j - 1);
+            cols.push(i - 1);
+            vals.push(v);
         }
     }
+    if let Some((ln, _)) = m.lines.next_line()? {
+        return Err(Error::parse(
+            path,
+            ln,
+            format!("more entries than the {nnz} the size line declares"),
+        ));
+    }
+    Ok((rows, cols, vals))
+}
+
+/// One entry line of a `coordinate` file: 1-based row and column, in range, and the value.
+fn parse_entry(
+    path: &Path,
+    ln: usize,
+    l: &str,
+    nrows: usize,
+    ncols: usize,
+    field: Field,
+) -> Result<(u64, u64, f64)> {
+    let mut t = l.split_whitespace();
+    let i: u64 = parse_num(path, ln, t.next(), "row index")?;
+    let j: u64 = parse_num(path, ln, t.next(), "column index")?;
+    if i == 0 || i as usize > nrows || j == 0 || j as usize > ncols {
+        return Err(Error::parse(path, ln, format!("index ({i}, {j}) out of range for a {nrows} x {ncols} matrix (indices are 1-based)")));
+    }
+    let v = parse_value(path, ln, t.next(), field)?;
+    if t.next().is_some() {
+        return Err(Error::parse(path, ln, "entry has extra fields"));
+    }
+    Ok((i, j, v))
 }
 
 /// A parse error at `line` for a file error (the memory plan's), keeping its message.
@@ -394,33 +441,6 @@ fn array_values(nrows: usize, ncols: usize, header: &Header) -> u128 {
         Symmetry::Symmetric => r * (r + 1) / 2,
         Symmetry::Skew => r * r.saturating_sub(1) / 2,
     }
-}
-
-/// Check an `array`'s declared size against the file and the machine's memory.
-fn check_array<R>(
-    path: &Path,
-    lines: &DataLines<R>,
-    size_line: usize,
-    nrows: usize,
-    ncols: usize,
-    header: &Header,
-) -> Result<()> {
-    if header.symmetry != Symmetry::General && nrows != ncols {
-        return Err(Error::parse(
-            path,
-            size_line,
-            "a symmetric array must be square",
-        ));
-    }
-    // A value line is at least "v\n".
-    let total = array_values(nrows, ncols, header);
-    check_declared(path, lines, size_line, total, 2, "values")?;
-    crate::io::limits::check_alloc(
-        path,
-        &format!("a {nrows} x {ncols} array"),
-        16 * nrows as u128 * ncols as u128,
-    )
-    .map_err(|e| at_line(e, size_line))
 }
 
 /// Column-major values of an `array` body (symmetric arrays store the lower triangle). The
@@ -488,40 +508,19 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
     let name = path.to_string_lossy();
     let is_mtx = name.ends_with(".mtx") || name.ends_with(".mtx.gz");
     if is_mtx {
-        let mut r = open_text(path)?;
-        let mut first = String::new();
-        let n = r.read_line(&mut first).map_err(|e| Error::io(path, e))?;
-        let header = parse_header(path, first.trim())?;
-        let mut lines = DataLines {
-            inner: r,
-            path: path.to_path_buf(),
-            lineno: 1,
-            buf: String::new(),
-            consumed: n as u64,
-        };
-        let Some((size_line, size)) = lines.next_line()? else {
-            return Err(Error::parse(path, lines.lineno, "missing size line"));
-        };
-        let mut it = size.split_whitespace();
-        let nrows: usize = parse_num(path, size_line, it.next(), "row count")?;
-        let ncols: usize = parse_num(path, size_line, it.next(), "column count")?;
+        let m = Opened::open(path)?;
+        let (nrows, ncols) = (m.nrows, m.ncols);
         if nrows != 1 && ncols != 1 {
             return Err(Error::parse(
                 path,
-                size_line,
+                m.size_line,
                 format!("a vector must have one row or one column, not {nrows} x {ncols}"),
             ));
         }
-        return match header.layout {
-            Layout::Array => {
-                if it.next().is_some() {
-                    return Err(Error::parse(path, size_line, "size line has extra fields"));
-                }
-                check_array(path, &lines, size_line, nrows, ncols, &header)?;
-                read_array_body(path, &mut lines, nrows, ncols, &header)
-            }
+        return match m.header.layout {
+            Layout::Array => m.array_body(path),
             Layout::Coordinate => {
-                drop(lines);
+                drop(m);
                 let a = read_matrix(path)?;
                 let v = if a.ncols() == 1 { a.transpose() } else { a };
                 crate::io::limits::check_alloc(
@@ -616,19 +615,19 @@ pub fn load_system(
     reg_weight: f64,
 ) -> Result<System> {
     let a = read_matrix(matrix)?;
+    // A file that does not fit the matrix: the error names both.
+    let unfit = |p: &Path, got: String, has: String| {
+        Error::format(
+            p,
+            format!("{got} but the matrix {} has {has}", matrix.display()),
+        )
+    };
     let b = match rhs {
         Some(p) => {
             let b = read_vector(p)?;
             if b.len() != a.nrows() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} values but the matrix {} has {} rows",
-                        b.len(),
-                        matrix.display(),
-                        a.nrows()
-                    ),
-                ));
+                let (got, has) = (format!("{} values", b.len()), format!("{} rows", a.nrows()));
+                return Err(unfit(p, got, has));
             }
             b
         }
@@ -640,15 +639,8 @@ pub fn load_system(
         Some(p) => {
             let r = read_matrix(p)?;
             if r.ncols() != a.ncols() {
-                return Err(Error::format(
-                    p,
-                    format!(
-                        "{} columns but the matrix {} has {}",
-                        r.ncols(),
-                        matrix.display(),
-                        a.ncols()
-                    ),
-                ));
+                let (got, has) = (format!("{} columns", r.ncols()), a.ncols().to_string());
+                return Err(unfit(p, got, has));
             }
             let mut b = b;
             b.resize(a.nrows() + r.nrows(), 0.0);
@@ -665,9 +657,7 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str, text: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("seistomo-mtx-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
+        let p = crate::io::test_dir("mtx").join(name);
         std::fs::write(&p, text).unwrap();
         p
     }
@@ -763,15 +753,11 @@ mod tests {
         let a =
             Csr::from_triplets(3, 2, &[0, 2, 1], &[1, 0, 1], &[0.1, 1.0 / 3.0, -7e-300]).unwrap();
         for name in ["rt.mtx", "rt.mtx.gz"] {
-            let p = std::env::temp_dir()
-                .join(format!("seistomo-mtx-{}", std::process::id()))
-                .join(name);
+            let p = crate::io::test_dir("mtx").join(name);
             write_matrix(&p, &a, "test").unwrap();
             assert_eq!(read_matrix(&p).unwrap(), a);
         }
-        let p = std::env::temp_dir()
-            .join(format!("seistomo-mtx-{}", std::process::id()))
-            .join("vv.mtx");
+        let p = crate::io::test_dir("mtx").join("vv.mtx");
         write_vector_mtx(&p, &[1.0 / 3.0, 2.0]).unwrap();
         assert_eq!(read_vector(&p).unwrap(), vec![1.0 / 3.0, 2.0]);
     }

@@ -65,6 +65,20 @@ struct Entry {
     id: Option<(u64, u64)>,
 }
 
+impl Entry {
+    /// The same file: the same canonical path, or the same (device, inode).
+    fn same_file(&self, o: &Entry) -> bool {
+        self.canon == o.canon || (self.id.is_some() && self.id == o.id)
+    }
+}
+
+/// The first entry of `list` for which `clash` holds, as `what 'path'` for a message.
+fn first(list: &[Entry], clash: impl Fn(&Entry) -> bool) -> Option<String> {
+    list.iter()
+        .find(|e| clash(e))
+        .map(|e| format!("{} '{}'", e.what, e.shown.display()))
+}
+
 fn entry(what: &str, p: &Path) -> Entry {
     Entry {
         what: what.to_string(),
@@ -79,6 +93,15 @@ fn entry(what: &str, p: &Path) -> Entry {
 pub fn check_and_lock(c: &PathCheck) -> Result<crate::io::publish::OutputLock> {
     c.check()?;
     crate::io::publish::OutputLock::acquire(&c.output_parents())
+}
+
+/// What a path is to a command ([`PathCheck`]'s lists).
+#[derive(Clone, Copy)]
+enum Role {
+    Input,
+    InputDir,
+    Output,
+    OutputDir,
 }
 
 /// The inputs and outputs of one command (module docs).
@@ -97,42 +120,46 @@ impl PathCheck {
 
     /// An input file, e.g. `("--matrix", A.mtx)`.
     pub fn input(&mut self, what: &str, p: &Path) -> &mut Self {
-        self.inputs.push(entry(what, p));
-        self
-    }
-
-    /// An input file that may be absent.
-    pub fn input_opt(&mut self, what: &str, p: Option<&Path>) -> &mut Self {
-        if let Some(p) = p {
-            self.input(what, p);
-        }
-        self
-    }
-
-    /// An input directory (a dataset): no output may lie inside it.
-    pub fn input_dir(&mut self, what: &str, p: &Path) -> &mut Self {
-        self.input_dirs.push(entry(what, p));
-        self
+        self.add(Role::Input, what, Some(p))
     }
 
     /// An output file.
     pub fn output(&mut self, what: &str, p: &Path) -> &mut Self {
-        self.outputs.push(entry(what, p));
-        self
+        self.add(Role::Output, what, Some(p))
+    }
+
+    /// An input file that may be absent.
+    pub fn input_opt(&mut self, what: &str, p: Option<&Path>) -> &mut Self {
+        self.add(Role::Input, what, p)
     }
 
     /// An output file that may be absent.
     pub fn output_opt(&mut self, what: &str, p: Option<&Path>) -> &mut Self {
-        if let Some(p) = p {
-            self.output(what, p);
-        }
-        self
+        self.add(Role::Output, what, p)
+    }
+
+    /// An input directory (a dataset): no output may lie inside it.
+    pub fn input_dir(&mut self, what: &str, p: &Path) -> &mut Self {
+        self.add(Role::InputDir, what, Some(p))
     }
 
     /// A directory that receives outputs (`export -o`, `synth --out`): it must not be an input,
     /// hold one, or lie inside an input dataset.
     pub fn output_dir(&mut self, what: &str, p: &Path) -> &mut Self {
-        self.output_dirs.push(entry(what, p));
+        self.add(Role::OutputDir, what, Some(p))
+    }
+
+    /// Record `p` (when given) in the list of `role`.
+    fn add(&mut self, role: Role, what: &str, p: Option<&Path>) -> &mut Self {
+        if let Some(p) = p {
+            let list = match role {
+                Role::Input => &mut self.inputs,
+                Role::InputDir => &mut self.input_dirs,
+                Role::Output => &mut self.outputs,
+                Role::OutputDir => &mut self.output_dirs,
+            };
+            list.push(entry(what, p));
+        }
         self
     }
 
@@ -155,15 +182,14 @@ impl PathCheck {
     pub fn check(&self) -> Result<()> {
         let err = |msg: String| Err(Error::Invalid(msg));
         for (k, o) in self.outputs.iter().enumerate() {
-            let od = o.shown.display();
+            let (what, od) = (&o.what, o.shown.display());
             if let Ok(m) = std::fs::metadata(&o.shown) {
                 if m.is_dir() {
-                    return err(format!("output {} '{od}' is an existing directory", o.what));
+                    return err(format!("output {what} '{od}' is an existing directory"));
                 }
                 if !m.is_file() {
                     return err(format!(
-                        "output {} '{od}' exists and is not a regular file",
-                        o.what
+                        "output {what} '{od}' exists and is not a regular file"
                     ));
                 }
             }
@@ -174,63 +200,37 @@ impl PathCheck {
                 .unwrap_or_default();
             if crate::io::publish::is_reserved_name(&name) {
                 return err(format!(
-                    "output {} '{od}': the name {name} is reserved for seistomo's own files",
-                    o.what
+                    "output {what} '{od}': the name {name} is reserved for seistomo's own files"
                 ));
             }
-            for i in &self.inputs {
-                if i.canon == o.canon || (i.id.is_some() && i.id == o.id) {
-                    return err(format!(
-                        "output {} '{od}' is the input {} '{}': refusing to overwrite an input",
-                        o.what,
-                        i.what,
-                        i.shown.display()
-                    ));
-                }
+            if let Some(i) = first(&self.inputs, |i| i.same_file(o)) {
+                let why = "refusing to overwrite an input";
+                return err(format!("output {what} '{od}' is the input {i}: {why}"));
             }
-            for i in &self.input_dirs {
-                if o.canon.starts_with(&i.canon) {
-                    return err(format!(
-                        "output {} '{od}' lies inside the input dataset {} '{}'",
-                        o.what,
-                        i.what,
-                        i.shown.display()
-                    ));
-                }
+            if let Some(i) = first(&self.input_dirs, |i| o.canon.starts_with(&i.canon)) {
+                return err(format!(
+                    "output {what} '{od}' lies inside the input dataset {i}"
+                ));
             }
-            for p in &self.outputs[..k] {
-                if p.canon == o.canon || (p.id.is_some() && p.id == o.id) {
-                    return err(format!(
-                        "outputs {} and {} are the same file '{od}'",
-                        p.what, o.what
-                    ));
-                }
+            if let Some(p) = self.outputs[..k].iter().find(|p| p.same_file(o)) {
+                let earlier = &p.what;
+                return err(format!(
+                    "outputs {earlier} and {what} are the same file '{od}'"
+                ));
             }
         }
         for o in &self.output_dirs {
-            let od = o.shown.display();
+            let (what, od) = (&o.what, o.shown.display());
             if o.shown.exists() && !o.shown.is_dir() {
-                return err(format!("output {} '{od}' is not a directory", o.what));
+                return err(format!("output {what} '{od}' is not a directory"));
             }
-            for i in &self.input_dirs {
-                if o.canon.starts_with(&i.canon) {
-                    return err(format!(
-                        "output {} '{od}' is or lies inside the input dataset {} '{}'",
-                        o.what,
-                        i.what,
-                        i.shown.display()
-                    ));
-                }
+            if let Some(i) = first(&self.input_dirs, |i| o.canon.starts_with(&i.canon)) {
+                return err(format!(
+                    "output {what} '{od}' is or lies inside the input dataset {i}"
+                ));
             }
-            for i in &self.inputs {
-                if i.canon == o.canon {
-                    return err(format!(
-                        "output {} '{od}' is the input {} '{}'",
-                        o.what,
-                        i.what,
-                        i.shown.display()
-                    ));
-                }
+            if let Some(i) = first(&self.inputs, |i| i.canon == o.canon) {
+                return err(format!("output {what} '{od}' is the input {i}"));
             }
         }
         Ok(())
@@ -257,36 +257,26 @@ mod tests {
             let e = c.check().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         };
-        bad(
-            &|c| {
-                c.output("--solution", &d.join("A.mtx"));
-            },
-            "is the input --matrix",
-        );
-        bad(
-            &|c| {
-                c.output("--solution", &d.join("link.mtx"));
-            },
-            "is the input",
-        );
-        bad(
-            &|c| {
-                c.output("--solution", &d.join("hard.mtx"));
-            },
-            "is the input",
-        );
-        bad(
-            &|c| {
-                c.output("--solution", &d.join("ds/sub/../new/x.txt"));
-            },
-            "inside the input dataset",
-        );
-        bad(
-            &|c| {
-                c.output("--report", &d.join("ds"));
-            },
-            "existing directory",
-        );
+        // One output each, clashing with the inputs.
+        for (flag, out, want) in [
+            ("--solution", "A.mtx", "is the input --matrix"),
+            ("--solution", "link.mtx", "is the input"),
+            ("--solution", "hard.mtx", "is the input"),
+            (
+                "--solution",
+                "ds/sub/../new/x.txt",
+                "inside the input dataset",
+            ),
+            ("--report", "ds", "existing directory"),
+            ("--report", "seistomo-outputs.json", "reserved"),
+        ] {
+            bad(
+                &|c| {
+                    c.output(flag, &d.join(out));
+                },
+                want,
+            );
+        }
         bad(
             &|c| {
                 c.output("--solution", &d.join("x"))
@@ -299,12 +289,6 @@ mod tests {
                 c.output_dir("-o", &d.join("ds/sub"));
             },
             "inside the input dataset",
-        );
-        bad(
-            &|c| {
-                c.output("--report", &d.join("seistomo-outputs.json"));
-            },
-            "reserved",
         );
         let mut ok = PathCheck::new();
         ok.input("--matrix", &d.join("A.mtx"))

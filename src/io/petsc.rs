@@ -198,8 +198,7 @@ mod tests {
 
     #[test]
     fn mat_round_trip_and_header() {
-        let dir = std::env::temp_dir().join(format!("seistomo-petsc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::test_dir("petsc");
         let a = Csr::from_triplets(3, 4, &[0, 2, 2], &[1, 0, 3], &[1.5, -2.0, 1e-300]).unwrap();
         let p = dir.join("A.petsc");
         write_mat(&p, &a).unwrap();

@@ -1,12 +1,14 @@
 //! How a rank reads its rows of a dataset: memory maps (one process) or byte-range reads through
 //! the communicator's MPI-IO (`MPI_File_read_at` on MPI_COMM_SELF, one file per rank at a time;
-//! a positioned std read without MPI). See docs/running-on-clusters.md, "Loading".
+//! a positioned std read without MPI, [`LocalReads`], here). See docs/running-on-clusters.md,
+//! "Loading".
 //!
 //! The MPI-IO path turns a rank's rows into byte ranges per file, sorts them by offset and
 //! [`coalesce`]s neighbours (touching, or separated by a gap of at most `max_gap` bytes) into
 //! spans of at most `max_span` bytes; each span is one buffer, read in chunks of at most
 //! `max_chunk` bytes (MPI counts are C ints, so a chunk stays below 2 GiB).
 
+use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,7 +63,8 @@ impl std::fmt::Display for IoPath {
 /// Largest byte count of one read call (below 2^31: MPI counts are C ints).
 pub const MAX_CHUNK: usize = 1 << 30;
 /// Neighbouring ranges at most this far apart are read as one (the gap is read and discarded;
-/// SEISTOMO_IO_MAX_GAP overrides it, 0 merges touching ranges only). Measured on a local disk
+/// `[tuning] io_max_gap` overrides it through [`RangeReader::with_max_gap`], 0 merges touching
+/// ranges only). Measured on a local disk
 /// (docs/running-on-clusters.md, "Loading"): with the page cache warm, 0 was ~15% faster (a call
 /// costs ~3 µs with the file open); with it cold, 64 KiB was ~10% faster (fewer, larger reads).
 /// Clusters read cold data, often from file systems with a higher per-call latency.
@@ -115,39 +118,83 @@ pub fn chunks(offset: u64, len: usize, max_chunk: usize) -> impl Iterator<Item =
 /// Receives range i's bytes, in order (see [`RangeSource::read_ranges`]).
 pub type RangeSink<'a> = &'a mut dyn FnMut(usize, &[u8]) -> Result<()>;
 
-/// Where a rank's byte ranges come from. The default methods are positioned std reads; the
-/// communicator (`comm::Comm` extends this trait) reads through MPI-IO under MPI, so that
-/// readers here never name a communicator.
+/// Where a rank's byte ranges come from: [`LocalReads`] (positioned std reads), or the MPI-IO
+/// reads a communicator hands out (`comm::Comm::reader`), so that readers here never name a
+/// communicator.
 pub trait RangeSource: Sync {
     /// Read `len` bytes at `offset` of `path`, this rank alone: MPI-IO (MPI_File_read_at on
     /// MPI_COMM_SELF) under MPI, a positioned std read otherwise. Loaders read their rows with it.
-    fn read_at(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        crate::io::mpiio::read_at_local(path, offset, len)
-    }
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>>;
     /// Read `ranges` (offset, length) of `path`, this rank alone, opening the file once:
     /// `f(i, bytes)` receives range i's bytes, in order (MPI_File_open on MPI_COMM_SELF, then
     /// MPI_File_read_at per range under MPI; std reads otherwise). Errors name the file and the
     /// offset.
-    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
-        crate::io::mpiio::read_ranges_local(path, ranges, f)
-    }
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()>;
     /// Collective: every rank reads its own range (possibly empty) of the same `path`
     /// (MPI_File_open + MPI_File_read_at_all on the world under MPI). An error on one rank is
-    /// that rank's: pass the result through [`agree`].
-    fn read_at_all(&self, path: &std::path::Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// that rank's: pass the result through `comm::agree`.
+    fn read_at_all(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         self.read_at(path, offset, len)
     }
 }
 
-/// Positioned std reads: the source without MPI.
+/// Positioned std reads: the source without MPI. Errors name the file; a short read is an
+/// error naming the offset and the length.
 pub struct LocalReads;
 
-impl RangeSource for LocalReads {}
+impl RangeSource for LocalReads {
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut buf = vec![0u8; len];
+        read_file_into(&mut f, path, offset, &mut buf)?;
+        Ok(buf)
+    }
 
-/// Reads byte ranges through a [`RangeSource`] (a communicator, or [`LocalReads`]), counting
-/// calls and bytes.
+    fn read_ranges(&self, path: &Path, ranges: &[(u64, usize)], f: RangeSink) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // One buffer for all ranges (fresh pages for every range would cost a page fault each).
+        let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            read_file_into(&mut file, path, off, &mut buf[..len])?;
+            f(i, &buf[..len])?;
+        }
+        Ok(())
+    }
+}
+
+/// Fill `buf` from `offset` of the open file `f` (named `path` in errors).
+fn read_file_into(f: &mut File, path: &Path, offset: u64, buf: &mut [u8]) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| Error::io(path, e))?;
+    let len = buf.len();
+    let mut got = 0;
+    while got < len {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => return Err(short_read(path, offset, len, got)),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The error of a read that found `path` shorter than asked (std and MPI-IO reads alike).
+pub(crate) fn short_read(path: &Path, offset: u64, len: usize, got: usize) -> Error {
+    Error::format(
+        path,
+        format!("wanted {len} bytes at offset {offset} but the file ends after {got} of them"),
+    )
+}
+
+/// Reads byte ranges through a [`RangeSource`] (a communicator's MPI-IO, or [`LocalReads`]),
+/// counting calls and bytes.
 pub struct RangeReader<'a> {
-    comm: &'a dyn RangeSource,
+    source: &'a dyn RangeSource,
     pub max_gap: u64,
     pub max_span: u64,
     pub max_chunk: usize,
@@ -156,16 +203,11 @@ pub struct RangeReader<'a> {
 }
 
 impl<'a> RangeReader<'a> {
-    /// A reader with the default limits; SEISTOMO_IO_MAX_GAP (bytes) overrides [`MAX_GAP`]
-    /// (0: only touching ranges are merged).
-    pub fn new(comm: &'a dyn RangeSource) -> Self {
-        let max_gap = std::env::var("SEISTOMO_IO_MAX_GAP")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(MAX_GAP);
+    /// A reader of `source` with the default limits.
+    pub fn new(source: &'a dyn RangeSource) -> Self {
         RangeReader {
-            comm,
-            max_gap,
+            source,
+            max_gap: MAX_GAP,
             max_span: MAX_SPAN,
             max_chunk: MAX_CHUNK,
             calls: AtomicU64::new(0),
@@ -178,17 +220,26 @@ impl<'a> RangeReader<'a> {
         RangeReader::new(&LocalReads)
     }
 
+    /// This reader with coalescing gap `max_gap` bytes (0: only touching ranges are merged);
+    /// `None` keeps [`MAX_GAP`]. (`io_max_gap` of [`crate::io::LoadOptions`].)
+    pub fn with_max_gap(mut self, max_gap: Option<u64>) -> Self {
+        if let Some(gap) = max_gap {
+            self.max_gap = gap;
+        }
+        self
+    }
+
     /// Read `len` bytes at `offset` of `path` in chunks of at most `max_chunk` bytes. A short
     /// read is an error naming the file, the offset and the length.
     pub fn read(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
         if len <= self.max_chunk {
-            let v = self.comm.read_at(path, offset, len)?;
+            let v = self.source.read_at(path, offset, len)?;
             self.count(len);
             return Ok(v);
         }
         let mut buf = Vec::with_capacity(len);
         for (off, n) in chunks(offset, len, self.max_chunk) {
-            buf.extend_from_slice(&self.comm.read_at(path, off, n)?);
+            buf.extend_from_slice(&self.source.read_at(path, off, n)?);
             self.count(n);
         }
         Ok(buf)
@@ -212,7 +263,7 @@ impl<'a> RangeReader<'a> {
         }
         // Chunks of one range are gathered and the range handed over as soon as it is complete.
         let mut pending: Vec<u8> = Vec::new();
-        self.comm.read_ranges(path, &calls, &mut |k, bytes| {
+        self.source.read_ranges(path, &calls, &mut |k, bytes| {
             self.count(bytes.len());
             let i = owner[k];
             let last = owner.get(k + 1) != Some(&i);
@@ -341,11 +392,12 @@ mod tests {
 
     #[test]
     fn reader_reads_in_chunks_and_names_the_file_on_a_short_read() {
-        let dir = std::env::temp_dir().join(format!("seistomo-rowio-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::io::test_dir("rowio");
         let p = dir.join("r.bin");
         let data: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&p, &data).unwrap();
+        assert_eq!(RangeReader::serial().with_max_gap(None).max_gap, MAX_GAP);
+        assert_eq!(RangeReader::serial().with_max_gap(Some(0)).max_gap, 0);
         let mut r = RangeReader::serial();
         r.max_chunk = 64;
         assert_eq!(r.read(&p, 10, 300).unwrap(), &data[10..310]);
@@ -382,5 +434,23 @@ mod tests {
         assert_eq!(IoChoice::Auto.resolve(2), IoPath::MpiIo);
         assert_eq!(IoChoice::MpiIo.resolve(1), IoPath::MpiIo);
         assert_eq!(IoChoice::Mmap.resolve(4), IoPath::Mmap);
+    }
+
+    #[test]
+    fn local_reads_ranges_and_names_the_file_on_errors() {
+        let dir = crate::io::test_dir("localreads");
+        let p = dir.join("bytes.bin");
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(LocalReads.read_at(&p, 123, 1000).unwrap(), &data[123..1123]);
+        assert_eq!(LocalReads.read_at(&p, 5000, 0).unwrap(), Vec::<u8>::new());
+        let e = LocalReads.read_at(&p, 4990, 20).unwrap_err().to_string();
+        assert!(e.contains("bytes.bin") && e.contains("10 of them"), "{e}");
+        let e = LocalReads
+            .read_at(&dir.join("missing.bin"), 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.bin"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

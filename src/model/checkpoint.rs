@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::io::binfmt::CrcWriter;
+use crate::io::dataset::binfmt::CrcWriter;
 use crate::io::write_atomic;
 use crate::solver::{IterRecord, LsqrParams, LsqrScalars};
 
@@ -285,7 +285,7 @@ fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors
 }
 
 fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors)> {
-    use crate::io::binfmt::{checksum_error, crc};
+    use crate::io::dataset::binfmt::{checksum_error, crc};
     if bytes.len() < 24 {
         return Err(bad("truncated (shorter than its header)"));
     }
@@ -399,7 +399,7 @@ mod tests {
             let mut k = off;
             loop {
                 let c = u32::from_le_bytes(v2[k..k + 4].try_into().unwrap());
-                if crate::io::binfmt::crc(&v2[off..k]) == c && v2[k + 4..k + 8] == [0; 4] {
+                if crate::io::dataset::binfmt::crc(&v2[off..k]) == c && v2[k + 4..k + 8] == [0; 4] {
                     break;
                 }
                 k += 8;
@@ -440,7 +440,7 @@ mod tests {
         let mut b = v2[..16].to_vec();
         b.extend_from_slice(&(lying.len() as u64).to_le_bytes());
         b.extend_from_slice(lying.as_bytes());
-        let c = crate::io::binfmt::crc(&b);
+        let c = crate::io::dataset::binfmt::crc(&b);
         b.extend_from_slice(&c.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes());
         b.extend_from_slice(&v2[24 + hlen + 8..]);

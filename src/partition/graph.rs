@@ -1,7 +1,8 @@
 //! How the rows of a square system are split across ranks: contiguous blocks of equal row counts,
 //! contiguous blocks of about equal nonzeros, or a graph partition by METIS.
 //!
-//! The distributed product ([`crate::solver::dist_square`]) works on contiguous row blocks. A
+//! The distributed product (`backend::cpu::square::DistSquareOperator`, with the halo of
+//! [`super::halo`]) works on contiguous row blocks ([`RowPartition`], from [`super::blocks`]). A
 //! METIS partition assigns rows to ranks arbitrarily, so it is turned into a symmetric
 //! permutation: the rows of part 0 first (in their original order), then part 1, and so on. The
 //! permuted system P A P^T (P b) is split into contiguous blocks, one per part, and solved by
@@ -23,7 +24,11 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::partition::halo::{comm_volume, CommVolume};
 use crate::sparse::Csr;
+
+/// The contiguous blocks a square-system partition ends in (defined in [`super::blocks`]).
+pub use crate::partition::blocks::RowPartition;
 
 /// How rows are assigned to ranks (`--partition`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -310,46 +315,6 @@ pub fn permutation_from_parts(
     ))
 }
 
-/// Contiguous row blocks: rank r owns rows `bounds[r]..bounds[r + 1]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowPartition {
-    pub bounds: Vec<usize>,
-}
-
-impl RowPartition {
-    /// Equal row counts.
-    pub fn contiguous(n: usize, parts: usize) -> Self {
-        let p = parts.max(1);
-        RowPartition {
-            bounds: (0..=p).map(|r| n * r / p).collect(),
-        }
-    }
-    /// About equal nonzero counts (row offsets `indptr` of the whole matrix).
-    pub fn by_nnz(indptr: &[u64], parts: usize) -> Self {
-        let p = parts.max(1);
-        let n = indptr.len() - 1;
-        let nnz = indptr[n];
-        let mut bounds = vec![0usize];
-        for r in 1..p {
-            let target = nnz * r as u64 / p as u64;
-            let b = indptr.partition_point(|&x| x < target).min(n);
-            bounds.push(b.max(*bounds.last().unwrap_or(&0)));
-        }
-        bounds.push(n);
-        RowPartition { bounds }
-    }
-    pub fn parts(&self) -> usize {
-        self.bounds.len() - 1
-    }
-    pub fn range(&self, r: usize) -> std::ops::Range<usize> {
-        self.bounds[r]..self.bounds[r + 1]
-    }
-    /// The rank owning global row/column g.
-    pub fn owner(&self, g: usize) -> usize {
-        self.bounds.partition_point(|&b| b <= g) - 1
-    }
-}
-
 /// A partition of a square system for `parts()` ranks: solve P A P^T x' = P b with rank r owning
 /// rows `part.range(r)` of the permuted system; x = P^T x'.
 #[derive(Debug, Clone)]
@@ -371,6 +336,14 @@ impl SquarePartition {
     /// The original row index of every row rank `r` owns, in the rank's order.
     pub fn original_rows(&self, r: usize) -> &[u32] {
         &self.perm.new_to_old()[self.part.range(r)]
+    }
+    /// Communication of one distributed product under this partition.
+    pub fn comm_volume(&self, a: &Csr) -> Result<CommVolume> {
+        if self.perm.is_identity() {
+            comm_volume(a, &self.part)
+        } else {
+            comm_volume(&self.perm.apply_symmetric(a)?, &self.part)
+        }
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Rule (Huang et al. 2012, extended to damping rows):
 //! 1. **Damping rows** (stored blocks followed by rows generated from the grid, numbered
-//!    0..D) are split into `size` contiguous ranges: rank r gets rows
-//!    `[r * D / size, (r + 1) * D / size)`. Block files are memory-mapped and sliced, so the
+//!    0..D) are split into `size` contiguous ranges ([`RowPartition::contiguous`]): rank r gets
+//!    rows `[r * D / size, (r + 1) * D / size)`. Block files are memory-mapped and sliced, so the
 //!    number of block files need not equal the number of ranks.
 //! 2. Each rank starts with the nonzeros of its damping range as its initial load (exact: the
 //!    loader reads them from the block row offsets; estimated as rows x the average damping
@@ -20,14 +20,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
-/// Damping row range of every rank.
-pub fn damping_ranges(damping_rows: u64, size: usize) -> Vec<Range<u64>> {
-    let size = size.max(1) as u128;
-    let d = damping_rows as u128;
-    (0..size)
-        .map(|r| ((r * d / size) as u64)..(((r + 1) * d / size) as u64))
-        .collect()
-}
+use crate::partition::blocks::RowPartition;
 
 /// Greedy LPT: `nnz` lists the kernel rows' nonzero counts in the order to walk (descending
 /// nnz); each goes to the least-loaded rank, starting from `initial` loads. Returns the rank of
@@ -61,8 +54,8 @@ pub fn lpt(nnz: &[u64], initial: &[u64]) -> (Vec<u32>, Vec<u64>) {
 pub struct Partition {
     /// Global kernel row indices owned by each rank, ascending.
     pub kernel: Vec<Vec<u64>>,
-    /// Damping row range of each rank.
-    pub damping: Vec<Range<u64>>,
+    /// Damping rows (0..D) of each rank: contiguous blocks of equal row counts.
+    pub damping: RowPartition,
     /// Nonzeros of each rank (kernel exact; damping exact or estimated, see [`partition`]).
     pub load: Vec<u64>,
 }
@@ -72,6 +65,14 @@ impl Partition {
     pub fn imbalance(&self) -> f64 {
         imbalance(&self.load)
     }
+    /// The damping rows of rank `rank`.
+    pub fn damping_range(&self, rank: usize) -> Range<u64> {
+        u64_range(self.damping.range(rank))
+    }
+}
+
+fn u64_range(r: Range<usize>) -> Range<u64> {
+    r.start as u64..r.end as u64
 }
 
 /// max / mean (1 when all are zero).
@@ -98,9 +99,9 @@ pub fn partition(
 ) -> Partition {
     assert_eq!(rows.len(), nnz.len());
     let size = size.max(1);
-    let damping = damping_ranges(damping_rows, size);
-    let initial: Vec<u64> = damping
-        .iter()
+    let damping = RowPartition::contiguous(damping_rows as usize, size);
+    let initial: Vec<u64> = (0..size)
+        .map(|rank| u64_range(damping.range(rank)))
         .map(|r| match damping_range_nnz {
             Some(f) => f(r.clone()),
             None if damping_rows > 0 => {
@@ -126,7 +127,7 @@ pub fn partition(
 mod tests {
     use super::*;
     use crate::grid::Rng;
-    use crate::io::kernel_rows::descending_order;
+    use crate::io::dataset::kernel_rows::descending_order;
 
     #[test]
     fn every_row_exactly_once_for_1_to_8_ranks() {
@@ -157,18 +158,15 @@ mod tests {
                 }
                 assert!(seen.iter().all(|&s| s == 1), "seed {seed} size {size}");
                 // Damping ranges tile 0..d.
-                assert_eq!(p.damping[0].start, 0);
-                assert_eq!(p.damping[size - 1].end, d);
-                assert!(p.damping.windows(2).all(|w| w[0].end == w[1].start));
+                p.damping.check(d as usize, size).unwrap();
                 // Loads add up and obey the LPT bound max <= min + largest row.
                 let kernel_total: u64 = nnz.iter().sum();
                 let total: u64 = p.load.iter().sum();
                 assert!(total >= kernel_total);
                 let largest = nnz.first().copied().unwrap_or(0);
                 let (mx, mn) = (p.load.iter().max().unwrap(), p.load.iter().min().unwrap());
-                let dmax = p
-                    .damping
-                    .iter()
+                let dmax = (0..size)
+                    .map(|rank| p.damping_range(rank))
                     .map(|r| (r.end - r.start) * dnnz / d.max(1) + 3)
                     .max()
                     .unwrap();

@@ -422,6 +422,7 @@ fn dataset_source(
             None => crate::io::rowio::IoChoice::Auto,
             Some(s) => s.parse().map_err(|e| bad(format!("[dataset] io: {e}")))?,
         },
+        io_max_gap: None,
     };
     let x0 = ds
         .x0

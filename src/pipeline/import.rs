@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::grid::Grid;
-use crate::io::binfmt::Precision;
+use crate::io::dataset::binfmt::Precision;
+use crate::io::dataset::manifest::Layout;
 use crate::io::dataset::{write_dataset, DatasetSpec};
-use crate::io::manifest::Layout;
 use crate::io::mtx;
 
 /// What to import and how to store it.

@@ -97,7 +97,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let opts = job.options;
     // Problems every rank would hit alike are found before any rank waits for another.
     agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
-    let loaded = load(job.source, comm)?;
+    let loaded = load(job.source, comm, &opts.operator.tuning)?;
     let (rows, nnz) = (loaded.system.a.nrows(), loaded.system.a.nnz());
     let run_model = match job.model {
         None => None,

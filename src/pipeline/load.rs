@@ -7,14 +7,16 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::comm::{agree, contiguous_nnz_split, distribute_system, Comm};
+use crate::comm::{agree, distribute_system, Comm};
 use crate::error::{Error, Result};
 use crate::grid::Grid;
+use crate::io::dataset::kernel_rows::parse_metadata;
+use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::{LoadOptions, LoadStats, OpenDataset};
-use crate::io::kernel_rows::parse_metadata;
-use crate::io::manifest::DatasetManifest;
 use crate::io::rowio::{IoPath, RangeReader};
+use crate::partition::blocks::RowPartition;
 use crate::pipeline::options::SystemSource;
+use crate::settings::tuning::Tuning;
 use crate::sparse::System;
 
 /// What the load stage hands on: this rank's rows and what the source says about its unknowns.
@@ -32,13 +34,20 @@ pub struct Loaded {
 }
 
 /// Load this rank's rows of `source`. Collective: every rank calls it; an error on any rank
-/// reaches every rank (as [`crate::Error::Rank`] where it was one rank's).
-pub fn load(source: &SystemSource, comm: &dyn Comm) -> Result<Loaded> {
+/// reaches every rank (as [`crate::Error::Rank`] where it was one rank's). `tuning` may
+/// coalesce dataset reads further apart (`io_max_gap`).
+pub fn load(source: &SystemSource, comm: &dyn Comm, tuning: &Tuning) -> Result<Loaded> {
     let t = Instant::now();
     let mut loaded = match source {
-        SystemSource::Dataset { path, options } => agree(comm, load_dataset(path, comm, options))?,
+        SystemSource::Dataset { path, options } => {
+            let options = LoadOptions {
+                io_max_gap: tuning.io_max_gap.or(options.io_max_gap),
+                ..options.clone()
+            };
+            agree(comm, load_dataset(path, comm, &options))?
+        }
         SystemSource::Mtx { .. } => Loaded {
-            system: distribute_system(comm, || load_mtx(source), contiguous_nnz_split)?,
+            system: distribute_system(comm, || load_mtx(source), RowPartition::by_nnz_midpoints)?,
             grid: None,
             true_model: None,
             io: String::new(),
@@ -96,7 +105,7 @@ fn load_dataset(path: &Path, comm: &dyn Comm, options: &LoadOptions) -> Result<L
 
 /// The true model a synthetic dataset's manifest names, read and checked against its columns.
 pub fn true_model(dm: &DatasetManifest) -> Result<Option<Vec<f64>>> {
-    use crate::io::vectors::{read_vector, VectorKind};
+    use crate::io::dataset::vectors::{read_vector, VectorKind};
     match &dm.m.true_model {
         None => Ok(None),
         Some(p) => Ok(Some(
@@ -145,7 +154,7 @@ pub fn load_dataset_comm(
     } else {
         OpenDataset::open(path, opts)?
     };
-    let reader = RangeReader::new(comm);
+    let reader = RangeReader::new(comm.reader()).with_max_gap(opts.io_max_gap);
     let via = match opts.io.resolve(comm.size()) {
         IoPath::Mmap => None,
         IoPath::MpiIo => Some(&reader),

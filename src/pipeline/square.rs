@@ -12,13 +12,11 @@ use crate::backend::precond::Preconditioner;
 use crate::backend::precond::{PivotPolicy, TriSolve};
 use crate::backend::{AllreducePath, Backend, Operator};
 use crate::comm::halo::CommVolume;
-use crate::comm::{agree, Comm};
+use crate::comm::{partition_square_on, Comm};
 use crate::error::{Error, Result};
 use crate::io::mtx;
 use crate::model::report::{ReportHeader, Seconds};
-use crate::partition::graph::{
-    metis_parts, partition_square, permutation_from_parts, PartitionMethod, SquarePartition,
-};
+use crate::partition::graph::PartitionMethod;
 use crate::pipeline::monitor::GmresProgress;
 use crate::pipeline::operators::{
     choose_backend, Engine, SquareBuilt, SquareSystem, SquareVisitor,
@@ -400,39 +398,4 @@ pub fn gmres_square(
         monitor,
     };
     engine.square(spec, comm, &sys, precond, run)
-}
-
-/// [`partition_square`] for the ranks of `comm`, every rank holding the whole matrix: METIS runs
-/// on rank 0 alone and its parts are broadcast, so that all ranks use the same partition; an
-/// error on rank 0 becomes an error on every rank. Collective.
-pub fn partition_square_on(
-    comm: &dyn Comm,
-    a: &Csr,
-    method: PartitionMethod,
-) -> Result<SquarePartition> {
-    let p = comm.size();
-    if method != PartitionMethod::Metis || p == 1 {
-        return partition_square(a, method, p);
-    }
-    let mine = if comm.is_root() {
-        metis_parts(a, p)
-    } else {
-        Ok(Vec::new())
-    };
-    let parts = agree(comm, mine)?;
-    let mut bytes: Vec<u8> = parts.iter().flat_map(|v| v.to_le_bytes()).collect();
-    comm.broadcast_bytes(0, &mut bytes)?;
-    if bytes.len() != 4 * a.nrows() {
-        return Err(Error::Comm(format!(
-            "METIS partition broadcast: {} bytes for {} rows",
-            bytes.len(),
-            a.nrows()
-        )));
-    }
-    let parts: Vec<u32> = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let (perm, part) = permutation_from_parts(&parts, p)?;
-    Ok(SquarePartition { method, perm, part })
 }

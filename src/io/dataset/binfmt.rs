@@ -1,7 +1,7 @@
 //! Binary building blocks of the dataset format (docs/formats.md): magics, the common 16-byte
 //! prefix, row records, and checked little-endian reads that name the file on every error.
 
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -82,6 +82,17 @@ pub fn checksum_error(path: &Path, what: &str, stored: u32, computed: u32) -> Er
         path,
         format!("{what}: checksum mismatch (stored {stored:08x}, computed {computed:08x}): the file is corrupted"),
     )
+}
+
+/// Error unless a file's values of `got` bytes are the dataset's precision (`want` bytes).
+pub fn check_value_size(path: &Path, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::format(
+            path,
+            format!("values of {got} bytes but the dataset's precision has {want}"),
+        ));
+    }
+    Ok(())
 }
 
 /// A file's bytes with checked little-endian reads.
@@ -357,6 +368,21 @@ pub fn decode_record(
     // Padding is covered by the checksum in version 2 (ignored in version 1).
     decode_columns(r, off + 16, ncols, cols, &label)?;
     decode_values(r, off + 16 + pad8(4 * nnz), vb, cols, vals, &label)
+}
+
+/// Write a file inside a dataset being built (the whole directory is renamed into place at the
+/// end, so single files need no atomic rename).
+pub fn write_plain<F>(path: &Path, body: F) -> Result<()>
+where
+    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+{
+    let r = (|| {
+        let f = std::fs::File::create(path)?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        body(&mut w)?;
+        w.flush()
+    })();
+    r.map_err(|e| Error::io(path, e))
 }
 
 /// Write little-endian primitives.

@@ -4,11 +4,11 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::io::binfmt::{
+use crate::io::dataset::binfmt::write_plain;
+use crate::io::dataset::binfmt::{
     checksum_error, crc, crc_append, decode_values, pad8, put_columns, put_prefix, put_u32,
     put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
-use crate::io::kernel_rows::write_plain;
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
 
@@ -85,7 +85,7 @@ pub fn write_damping(
                 for c in &sums {
                     put_u32(w, *c)?;
                 }
-                crate::io::binfmt::put_pad(w, 4 * sums.len())?;
+                crate::io::dataset::binfmt::put_pad(w, 4 * sums.len())?;
             }
             Ok(())
         })?;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::grid::Grid;
-use crate::io::binfmt::{Precision, VERSION, VERSION_1};
+use crate::io::dataset::binfmt::{Precision, VERSION, VERSION_1};
 
 /// The `format` value of every manifest.
 pub const FORMAT_NAME: &str = "seistomo-dataset";

@@ -1,20 +1,17 @@
-//! Whole datasets: write one from matrices, load one rank's share into a [`System`], the
-//! global row order of a rank, and the partition plan (docs/formats.md, docs/datasets.md).
+//! Loading a dataset: open it (manifest, metadata, damping block headers), partition its rows
+//! over ranks, and read one rank's share into a [`System`], through memory maps or byte-range
+//! reads; the global row order of a rank (docs/formats.md, docs/datasets.md).
 
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::grid::Grid;
-use crate::io::binfmt::Precision;
-use crate::io::damping::{write_damping, DampingBlock};
-use crate::io::kernel_rows::{
-    read_kernel_rows, read_kernel_rows_ranges, read_metadata, write_kernel, MetaEntry, Metadata,
-};
-use crate::io::manifest::{DampingManifest, DatasetManifest, Layout, Manifest, FORMAT_NAME};
+use crate::io::dataset::damping::DampingBlock;
+use crate::io::dataset::kernel_rows::{read_kernel_rows, read_metadata, MetaEntry, Metadata};
+use crate::io::dataset::manifest::DatasetManifest;
+use crate::io::dataset::vectors::{read_vector, read_vector_rows, VectorKind};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
-use crate::io::vectors::{read_vector, read_vector_rows, write_vector, VectorKind};
 use crate::partition::{partition, Partition};
 use crate::sparse::Csr;
 use crate::sparse::System;
@@ -46,6 +43,9 @@ pub struct LoadOptions {
     pub regularisation: Option<Regularisation>,
     /// How rows are read: memory maps or MPI-IO byte ranges (`Auto`: MPI-IO on several ranks).
     pub io: IoChoice,
+    /// Byte-range reads: records at most this many bytes apart are read as one (`[tuning]
+    /// io_max_gap`; 0: only touching records); `None`: [`crate::io::rowio::MAX_GAP`].
+    pub io_max_gap: Option<u64>,
 }
 
 /// What a load read and how fast.
@@ -206,7 +206,7 @@ impl OpenDataset {
         let p = self.partition(size);
         let m = self.kernel_rows();
         let mut order = p.kernel[rank].clone();
-        order.extend(p.damping[rank].clone().map(|d| m + d));
+        order.extend(p.damping_range(rank).map(|d| m + d));
         order
     }
 
@@ -245,10 +245,8 @@ impl OpenDataset {
             .collect();
         drop(where_);
         let t_k = Instant::now();
-        let (mut indptr, mut indices, mut data, mut bytes) = match reader {
-            None => read_kernel_rows(dm, &self.meta, &local, progress)?,
-            Some(rd) => read_kernel_rows_ranges(dm, &self.meta, &local, rd, progress)?,
-        };
+        let (mut indptr, mut indices, mut data, mut bytes) =
+            read_kernel_rows(dm, &self.meta, &local, reader, progress)?;
         let kernel_seconds = t_k.elapsed().as_secs_f64();
         let kernel_bytes = bytes;
         // b and weights follow their rows.
@@ -294,7 +292,7 @@ impl OpenDataset {
         }
         let kernel_rows = local.len();
         // Damping rows of this rank: stored blocks, then generated rows.
-        let range = p.damping[rank].clone();
+        let range = p.damping_range(rank);
         let stored = dm.damping_rows();
         let ncols = self.columns();
         for blk in &self.blocks {
@@ -357,7 +355,7 @@ pub fn load_dataset_with(
 ) -> Result<(System, LoadStats)> {
     let t = Instant::now();
     let ds = OpenDataset::open(path, opts)?;
-    let reader = RangeReader::serial();
+    let reader = RangeReader::serial().with_max_gap(opts.io_max_gap);
     let via = (opts.io == IoChoice::MpiIo).then_some(&reader);
     let (sys, mut stats) = ds.load_via(rank, size, opts.progress, via)?;
     stats.seconds = t.elapsed().as_secs_f64();
@@ -373,225 +371,6 @@ pub fn global_row_order(
     opts: &LoadOptions,
 ) -> Result<Vec<u64>> {
     Ok(OpenDataset::open(path, opts)?.row_order(rank, size))
-}
-
-/// Everything needed to write a dataset.
-pub struct DatasetSpec<'a> {
-    pub name: String,
-    pub description: String,
-    pub kernel: &'a Csr,
-    pub rhs: &'a [f64],
-    pub weights: Option<&'a [f64]>,
-    pub sigma: Option<&'a [f64]>,
-    /// Stored damping rows (unscaled) and their weight λ.
-    pub damping: Option<&'a Csr>,
-    pub damping_weight: f64,
-    pub damping_blocks: usize,
-    pub grid: Option<Grid>,
-    pub true_model: Option<&'a [f64]>,
-    pub layout: Layout,
-    pub precision: Precision,
-    /// Target size of a pack file (packed layout).
-    pub pack_bytes: u64,
-    /// Format version to write: 2 (checksums, the default) or 1.
-    pub version: u32,
-}
-
-impl<'a> DatasetSpec<'a> {
-    /// A spec with defaults: packed, f64, 64 MiB packs, no damping or weights.
-    pub fn new(kernel: &'a Csr, rhs: &'a [f64]) -> Self {
-        DatasetSpec {
-            name: String::new(),
-            description: String::new(),
-            kernel,
-            rhs,
-            weights: None,
-            sigma: None,
-            damping: None,
-            damping_weight: 1.0,
-            damping_blocks: 1,
-            grid: None,
-            true_model: None,
-            layout: Layout::Packed,
-            precision: Precision::F64,
-            pack_bytes: 64 << 20,
-            version: crate::io::binfmt::VERSION,
-        }
-    }
-}
-
-/// Write a dataset directory `out` (which must not exist or be empty). Everything is written
-/// into a hidden sibling directory that is renamed to `out` when complete, so an interrupted
-/// write leaves no dataset behind.
-pub fn write_dataset(out: &Path, spec: &DatasetSpec, progress: bool) -> Result<PathBuf> {
-    let k = spec.kernel;
-    let bad = |msg: String| Error::Invalid(msg);
-    let version = spec.version;
-    if !(crate::io::binfmt::VERSION_1..=crate::io::binfmt::VERSION).contains(&version) {
-        return Err(bad(format!("dataset format version {version} (1 or 2)")));
-    }
-    if spec.rhs.len() != k.nrows() {
-        return Err(bad(format!(
-            "b has {} values but the kernel has {} rows",
-            spec.rhs.len(),
-            k.nrows()
-        )));
-    }
-    if spec.weights.is_some() && spec.sigma.is_some() {
-        return Err(bad(
-            "give data weights or standard deviations, not both".into()
-        ));
-    }
-    for (what, v) in [("weights", spec.weights), ("sigma", spec.sigma)] {
-        if let Some(v) = v {
-            if v.len() != k.nrows() {
-                return Err(bad(format!(
-                    "{what} has {} values but the kernel has {} rows",
-                    v.len(),
-                    k.nrows()
-                )));
-            }
-        }
-    }
-    if let Some(d) = spec.damping {
-        if d.ncols() != k.ncols() {
-            return Err(bad(format!(
-                "the damping matrix has {} columns but the kernel has {}",
-                d.ncols(),
-                k.ncols()
-            )));
-        }
-    }
-    if let Some(g) = &spec.grid {
-        if g.ncells() != k.ncols() {
-            return Err(bad(format!(
-                "the grid has {} cells but the kernel has {} columns",
-                g.ncells(),
-                k.ncols()
-            )));
-        }
-    }
-    if out.exists()
-        && std::fs::read_dir(out)
-            .map_err(|e| Error::io(out, e))?
-            .next()
-            .is_some()
-    {
-        return Err(Error::format(
-            out,
-            "exists and is not empty (remove it or choose another output directory)",
-        ));
-    }
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "dataset".into());
-    let tmp = parent.join(format!(".{name}.partial{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let result = (|| -> Result<()> {
-        write_kernel(
-            &tmp,
-            Path::new("kernel"),
-            Path::new("metadata.bin"),
-            k,
-            spec.layout,
-            spec.precision,
-            spec.pack_bytes,
-            version,
-            progress,
-        )?;
-        write_vector(
-            &tmp.join("b.bin"),
-            VectorKind::Rhs,
-            spec.rhs,
-            Precision::F64,
-            version,
-        )?;
-        if let Some(w) = spec.weights {
-            write_vector(
-                &tmp.join("weights.bin"),
-                VectorKind::Weights,
-                w,
-                Precision::F64,
-                version,
-            )?;
-        }
-        if let Some(s) = spec.sigma {
-            write_vector(
-                &tmp.join("sigma.bin"),
-                VectorKind::Sigma,
-                s,
-                Precision::F64,
-                version,
-            )?;
-        }
-        if let Some(m) = spec.true_model {
-            write_vector(
-                &tmp.join("true_model.bin"),
-                VectorKind::Model,
-                m,
-                Precision::F64,
-                version,
-            )?;
-        }
-        let damping = match spec.damping {
-            Some(d) => Some(DampingManifest {
-                blocks: write_damping(&tmp, d, spec.damping_blocks, spec.precision, version)?,
-                rows: d.nrows() as u64,
-                nnz: d.nnz() as u64,
-                weight: spec.damping_weight,
-            }),
-            None => None,
-        };
-        let m = Manifest {
-            format: FORMAT_NAME.into(),
-            version,
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            columns: k.ncols() as u64,
-            kernel_rows: k.nrows() as u64,
-            kernel_nnz: k.nnz() as u64,
-            precision: spec.precision,
-            layout: spec.layout,
-            metadata: "metadata.bin".into(),
-            kernel_dir: "kernel".into(),
-            rhs: "b.bin".into(),
-            weights: spec.weights.map(|_| "weights.bin".into()),
-            sigma: spec.sigma.map(|_| "sigma.bin".into()),
-            true_model: spec.true_model.map(|_| "true_model.bin".into()),
-            damping,
-            grid: spec.grid.clone(),
-        };
-        let text = toml::to_string(&m).map_err(|e| Error::Invalid(format!("manifest: {e}")))?;
-        let mpath = tmp.join("dataset.toml");
-        crate::io::write_atomic(&mpath, |w| w.write_all(text.as_bytes()))?;
-        Ok(())
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    // A concurrent writer of `out` may have won the race: then this one's partial directory
-    // goes, and the error says why.
-    let placed = (|| -> std::io::Result<()> {
-        if out.exists() {
-            std::fs::remove_dir(out)?;
-        }
-        std::fs::rename(&tmp, out)
-    })();
-    if let Err(e) = placed {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(Error::io(out, e));
-    }
-    Ok(out.join("dataset.toml"))
 }
 
 /// Read a dataset's true model (synthetic datasets), if it has one.

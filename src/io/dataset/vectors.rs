@@ -3,11 +3,11 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::io::binfmt::{
+use crate::io::dataset::binfmt::write_plain;
+use crate::io::dataset::binfmt::{
     checksum_error, crc, pad8, put_prefix, put_u32, put_u64, CrcWriter, Precision, Reader,
     MAGIC_VECT,
 };
-use crate::io::kernel_rows::write_plain;
 use crate::io::mmap::MappedFile;
 
 /// Bytes before the values.
@@ -53,18 +53,18 @@ pub fn write_vector(
         put_u32(cw.inner, head)?;
         let mut sums = Vec::new();
         for chunk in x.chunks(VECT_CHUNK) {
-            crate::io::binfmt::put_values(&mut cw, chunk, prec)?;
+            crate::io::dataset::binfmt::put_values(&mut cw, chunk, prec)?;
             sums.push(cw.take());
         }
         // (f32 with an odd length: the last chunk's CRC covers its padding too.)
         if x.is_empty() {
-            crate::io::binfmt::put_values(&mut cw, x, prec)?;
+            crate::io::dataset::binfmt::put_values(&mut cw, x, prec)?;
         }
         if version >= 2 {
             for c in &sums {
                 put_u32(cw.inner, *c)?;
             }
-            crate::io::binfmt::put_pad(cw.inner, 4 * sums.len())?;
+            crate::io::dataset::binfmt::put_pad(cw.inner, 4 * sums.len())?;
         }
         Ok(())
     })
@@ -132,7 +132,7 @@ pub fn read_vector(
         r.zeros(sums + 4 * chunks, len - sums - 4 * chunks, "padding")?;
     }
     let mut x = vec![0.0; n];
-    crate::io::binfmt::decode_values(&r, VECT_HEADER, vb, &[], &mut x, &|| {
+    crate::io::dataset::binfmt::decode_values(&r, VECT_HEADER, vb, &[], &mut x, &|| {
         kind.name().to_string()
     })?;
     // Name the row of the first bad value.
@@ -258,7 +258,7 @@ pub fn read_vector_rows(
                     let mut v = [0.0];
                     let row = rows[i];
                     let label = || kind.name().to_string();
-                    crate::io::binfmt::decode_values(&r, at, vb, &[], &mut v, &label)
+                    crate::io::dataset::binfmt::decode_values(&r, at, vb, &[], &mut v, &label)
                         .map_err(|_| {
                             Error::format(
                                 path,
