@@ -78,8 +78,9 @@ fn systems() -> Vec<(&'static str, Csr, Vec<f64>)> {
     out
 }
 
-fn fmt_f(s: &mut String, v: f64) {
-    write!(s, "{:016x}", v.to_bits()).unwrap();
+/// An f64 as its bit pattern.
+fn bits(v: f64) -> String {
+    format!("{:016x}", v.to_bits())
 }
 
 /// A run's numbers as text: the stop (every field but timings), the history, x.
@@ -89,23 +90,15 @@ fn digest(info: &GmresInfo, hist: &[GmresRecord], x: &[f64]) -> String {
         "stop {} its {} restarts {} loop {:?} reason {}\n",
         st.converged, st.iterations, st.restarts, info.arnoldi_loop, st.reason
     );
-    s.push_str("relres ");
-    fmt_f(&mut s, st.relres);
-    s.push_str(" precond_relres ");
-    fmt_f(&mut s, st.precond_relres);
-    s.push_str(" bnorm ");
-    fmt_f(&mut s, info.bnorm);
-    s.push_str("\nhist");
+    let (r, p, b) = (bits(st.relres), bits(st.precond_relres), bits(info.bnorm));
+    write!(s, "relres {r} precond_relres {p} bnorm {b}\nhist").unwrap();
     for r in hist {
-        write!(s, " {}/{}/", r.iteration, r.cycle).unwrap();
-        fmt_f(&mut s, r.resnorm);
-        s.push('/');
-        fmt_f(&mut s, r.relres);
+        let (n, q) = (bits(r.resnorm), bits(r.relres));
+        write!(s, " {}/{}/{n}/{q}", r.iteration, r.cycle).unwrap();
     }
     s.push_str("\nx");
     for v in x {
-        s.push(' ');
-        fmt_f(&mut s, *v);
+        write!(s, " {}", bits(*v)).unwrap();
     }
     s.push('\n');
     s
