@@ -7,7 +7,7 @@
 use super::lsq::solve_krylov;
 use super::orthog::orthogonalize;
 use super::stopping::Progress;
-use super::workspace::{gnorm, sc_stride, GmresWorkspace};
+use super::workspace::{gnorm_robust, sc_stride, GmresWorkspace};
 use super::Orthog;
 use crate::backend::precond::Preconditioner;
 use crate::backend::{Backend, Operator, Scale};
@@ -100,23 +100,24 @@ where
         }
     }
 
-    /// r = b - A x, V_0 = M^-1 r (left) or r; returns (||r||, ||V_0||).
+    /// r = b - A x, V_0 = M^-1 r (left) or r (in the workspace); returns (||r||, ||V_0||),
+    /// norms that neither underflow nor overflow ([`gnorm_robust`], w as its scratch).
     pub(super) fn residual(
         &mut self,
+        ws: &mut GmresWorkspace<B>,
         b: &B::Vector,
         x: &B::Vector,
-        r: &mut B::Vector,
-        v0: &mut B::Vector,
     ) -> Result<(f64, f64)> {
         let (be, comm) = (self.be, self.comm);
+        let GmresWorkspace { v, w, r, .. } = ws;
         be.copy(b, r)?;
         self.op.apply(be, Scale::new(-1.0, 1.0), x, r)?;
-        let rn = gnorm(be, comm, r)?;
+        let rn = gnorm_robust(be, comm, r, w)?;
         if self.left {
-            self.pc.apply(be, r, v0)?;
-            Ok((rn, gnorm(be, comm, v0)?))
+            self.pc.apply(be, r, &mut v[0])?;
+            Ok((rn, gnorm_robust(be, comm, &v[0], w)?))
         } else {
-            be.copy(r, v0)?;
+            be.copy(r, &mut v[0])?;
             Ok((rn, rn))
         }
     }

@@ -8,11 +8,16 @@
 //!   reads the basis three times).
 //! - Givens rotations and the small triangular solve on the host.
 //! - Left (minimise ||M^-1 (b - A x)||) or right (A M^-1 u = b, x = M^-1 u) preconditioning.
-//! - Two stopping rules: [`ConvergenceTest::Preconditioned`] (PETSc's default: the preconditioned
-//!   residual norm relative to the preconditioned ||b||; with right preconditioning this is the
-//!   true residual) and [`ConvergenceTest::Scipy`], SciPy 1.10's rule (the inner cycle stops on an
-//!   adaptive tolerance for the preconditioned residual, every restart checks the true residual
-//!   ||b - A x|| <= rtol ||b||), so that iteration counts can be compared with SciPy's `gmres`.
+//! - Three stopping rules. [`ConvergenceTest::Preconditioned`] (the default): the preconditioned
+//!   residual (implicit test) says when to check the TRUE residual (explicit check), which
+//!   decides; where it fails the implicit target is tightened (Belos' implicit-then-explicit
+//!   test). [`ConvergenceTest::Scipy`], SciPy 1.10's rule (the inner cycle stops on an adaptive
+//!   tolerance for the preconditioned residual, every restart checks the true residual ||b - A
+//!   x|| <= rtol ||b||), so that iteration counts can be compared with SciPy's `gmres`.
+//!   [`ConvergenceTest::PreconditionedOnly`], PETSc's KSP default: the preconditioned residual
+//!   alone, the true one unchecked (and the reason says so). So `converged` means the true
+//!   relative residual met rtol, except under PreconditionedOnly (docs/gmres.md, "The
+//!   convergence verdict").
 //!
 //! Every vector lives in a [`GmresWorkspace`] allocated before the first iteration; the host
 //! arrays (Hessenberg matrix, rotations, coefficients) too. Nothing here calls rayon, MPI or CUDA.
@@ -21,7 +26,7 @@
 //! - `solve.rs`: the driver [`gmres_solve`] (initial residual, cycles, restarts);
 //! - `arnoldi.rs`: one Arnoldi cycle, in the host loop or the device loop;
 //! - `orthog.rs`: one function per orthogonalisation (mgs, cgs, cgs2, dcgs2);
-//! - `lsq.rs`: the Givens rotations, the triangular solve and the update of x;
+//! - `lsq.rs`: the Givens rotations and the triangular solve for the update of x;
 //! - `stopping.rs`: the convergence checks, the history records and the final report;
 //! - `workspace.rs`: [`GmresWorkspace`].
 
@@ -74,15 +79,30 @@ pub enum PrecondSide {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ConvergenceTest {
-    /// ||M^-1 r|| <= max(rtol ||M^-1 b||, atol) with left preconditioning, ||r|| <= max(rtol
-    /// ||b||, atol) with right (PETSc's KSP default). Checked on the Arnoldi estimate inside a
-    /// cycle and on the recomputed residual at each restart.
+    /// Implicit, then explicit (Trilinos Belos' StatusTestImpResNorm): the preconditioned
+    /// residual (left: ||M^-1 r|| against max(rtol ||M^-1 b||, atol); right: ||r|| against
+    /// max(rtol ||b||, atol)), on the Arnoldi estimate inside a cycle and on the recomputed
+    /// residual at each restart, decides when to look at the TRUE residual; converged means
+    /// ||b - A x|| <= max(rtol ||b||, atol). Where the true residual fails, the implicit target
+    /// is tightened by the ratio of the two residuals and the solve goes on (at most
+    /// [`MAX_TIGHTENINGS`] times; then it stops, not converged: loss of accuracy). With right
+    /// preconditioning the two residuals are the same vector and nothing is tightened.
     Preconditioned,
     /// SciPy 1.10 `gmres`: the inner cycle stops when the preconditioned residual estimate is
     /// below an adaptive tolerance `ptol`; the solve stops when the true ||b - A x|| <=
     /// max(rtol ||b||, atol), checked after every cycle (left preconditioning only).
     Scipy,
+    /// PETSc's KSP default: stop, and report converged, on the preconditioned residual alone
+    /// (||M^-1 r|| <= max(rtol ||M^-1 b||, atol) with left preconditioning). The true residual
+    /// is not checked (with left preconditioning it may be far above rtol ||b||); the reason
+    /// says so. With right preconditioning this is [`ConvergenceTest::Preconditioned`].
+    #[serde(rename = "petsc")]
+    PreconditionedOnly,
 }
+
+/// How many times [`ConvergenceTest::Preconditioned`] tightens the implicit target after the
+/// true residual failed before it gives up (loss of accuracy).
+pub const MAX_TIGHTENINGS: usize = 5;
 
 /// Where the scalars of an Arnoldi cycle live (`solve --method gmres --arnoldi-loop`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +127,7 @@ pub enum ArnoldiLoop {
 choice_from_str!(Orthog, "orthogonalisation", "mgs" => Orthog::Mgs, "cgs2" => Orthog::Cgs2, "cgs" => Orthog::Cgs, "dcgs2" => Orthog::Dcgs2);
 choice_from_str!(PrecondSide, "preconditioning side", "left" => PrecondSide::Left, "right" => PrecondSide::Right);
 choice_from_str!(ArnoldiLoop, "Arnoldi loop", "auto" => ArnoldiLoop::Auto, "host" => ArnoldiLoop::Host, "device" => ArnoldiLoop::Device);
-choice_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy);
+choice_from_str!(ConvergenceTest, "convergence test", "preconditioned" => ConvergenceTest::Preconditioned, "scipy" => ConvergenceTest::Scipy, "petsc" | "preconditioned-only" => ConvergenceTest::PreconditionedOnly);
 
 /// GMRES settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,6 +238,9 @@ impl GmresMonitor for GmresHistory {
 /// How a GMRES solve stopped (also the outcome keys of its report.json).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GmresStop {
+    /// The true relative residual `relres` met rtol (or atol); with
+    /// [`ConvergenceTest::PreconditionedOnly`] and left preconditioning: the preconditioned
+    /// one did, and the true one was not checked.
     pub converged: bool,
     /// Why the solve stopped, in words.
     pub reason: String,
@@ -225,10 +248,26 @@ pub struct GmresStop {
     pub iterations: usize,
     /// Cycles that were followed by a restart (cycles run - 1).
     pub restarts: usize,
-    /// True relative residual ||b - A x|| / ||b|| of the returned x.
+    /// True (explicit) relative residual ||b - A x|| / ||b|| of the returned x.
     pub relres: f64,
-    /// The residual the stopping rule used, relative (preconditioned with left preconditioning).
+    /// The recomputed preconditioned residual of the returned x, relative (||M^-1 (b - A x)||
+    /// / ||M^-1 b|| with left preconditioning; relres with right).
     pub precond_relres: f64,
+    /// The implicit residual: the Arnoldi recurrence's estimate |g_k| at the end of the last
+    /// cycle, relative like precond_relres (precond_relres where no cycle ran).
+    #[serde(default)]
+    pub implicit_relres: f64,
+    /// How many times the true residual decided (Preconditioned: each time the implicit test
+    /// passed; Scipy: after every cycle; PreconditionedOnly: never).
+    #[serde(default)]
+    pub explicit_checks: usize,
+    /// How many times the implicit target was tightened because the true residual failed.
+    #[serde(default)]
+    pub tightenings: usize,
+    /// The implicit target at the stop, relative like precond_relres (max(rtol, atol / ||M^-1
+    /// b||) unless tightened).
+    #[serde(default)]
+    pub implicit_rtol: f64,
 }
 
 /// The outcome of a GMRES solve.

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use super::arnoldi::{Cycle, CycleEnd, Problem};
-use super::stopping::{Outcome, Progress, StopRule};
-use super::workspace::{gnorm, GmresWorkspace};
+use super::stopping::{Outcome, Progress, Residuals, StopRule};
+use super::workspace::{gnorm_robust, GmresWorkspace};
 use super::{ArnoldiLoop, GmresInfo, GmresMonitor, GmresParams, Orthog, PrecondSide};
 use crate::backend::precond::Preconditioner;
 use crate::backend::{Backend, Operator};
@@ -42,23 +42,15 @@ where
     } else {
         ArnoldiLoop::Host
     };
-    let bnorm = gnorm(be, comm, b)?;
-    let out = Outcome {
+    let bnorm = gnorm_robust(be, comm, b, &mut ws.w)?;
+    let mut out = Outcome {
         t0,
         bnorm,
+        pbnorm: 1.0,
         arnoldi_loop,
     };
     if bnorm == 0.0 {
-        be.fill(x, 0.0)?;
-        let mut progress = Progress {
-            monitor,
-            t0,
-            pbnorm: 1.0,
-            its: 0,
-        };
-        progress.record(0, 0, 0.0, 0.0)?;
-        let why = "b = 0: x = 0 is the exact solution";
-        return Ok(out.finish((true, why.into()), 0, 0, 0.0, 0.0));
+        return zero_rhs(be, x, params, &out, monitor);
     }
     let mut prob = Problem {
         be,
@@ -67,26 +59,30 @@ where
         comm,
         left,
     };
-    let pbnorm = precond_rhs_norm(&mut prob, b, &mut ws.t, bnorm)?;
+    out.pbnorm = precond_rhs_norm(&mut prob, b, ws, bnorm)?;
     let mut progress = Progress {
         monitor,
         t0,
-        pbnorm,
+        pbnorm: out.pbnorm,
         its: 0,
     };
-    let mut rule = StopRule::new(params, bnorm, pbnorm);
-    let (mut rnorm, mut beta) = prob.residual(b, x, &mut ws.r, &mut ws.v[0])?;
+    let mut rule = StopRule::new(params, bnorm, out.pbnorm);
+    let (rnorm, beta) = prob.residual(ws, b, x)?;
+    let mut res = Residuals {
+        rnorm,
+        beta,
+        est: beta,
+    };
     progress.record(0, 0, beta, progress.seconds())?;
-    if rule.met(rnorm, beta) {
-        let why = "the initial guess already satisfies the tolerance";
-        return Ok(out.finish((true, why.into()), 0, 0, rnorm, beta / pbnorm));
+    if let Some(verdict) = rule.initial(rnorm, beta) {
+        return Ok(out.finish(verdict, (0, 0), res, &rule));
     }
     let mut cycles = 0usize;
     loop {
-        let its = progress.its;
-        if !(beta.is_finite() && rnorm.is_finite()) {
+        if !(res.beta.is_finite() && res.rnorm.is_finite()) {
             return Err(Error::Invalid(format!(
-                "GMRES: residual became non-finite after {its} iterations (operator or preconditioner produces NaN/Inf)"
+                "GMRES: residual became non-finite after {} iterations (operator or preconditioner produces NaN/Inf)",
+                progress.its
             )));
         }
         cycles += 1;
@@ -95,18 +91,45 @@ where
             orthog: params.orthog,
             inner_tol: rule.inner_tol(),
             max_iter: params.max_iter,
-            beta,
+            beta: res.beta,
             device: deferred,
         };
         let CycleEnd { k, est, breakdown } = prob.cycle(ws, &cyc, &mut progress)?;
         prob.update_x(ws, x, k)?;
+        let (rnorm, beta) = prob.residual(ws, b, x)?;
+        res = Residuals { rnorm, beta, est };
         let its = progress.its;
-        (rnorm, beta) = prob.residual(b, x, &mut ws.r, &mut ws.v[0])?;
         if let Some(verdict) = rule.verdict((its, cycles), breakdown, rnorm, beta) {
-            return Ok(out.finish(verdict, its, cycles, rnorm, beta / pbnorm));
+            return Ok(out.finish(verdict, (its, cycles), res, &rule));
         }
         rule.adapt(est, rnorm);
     }
+}
+
+/// b = 0: x = 0 is the exact solution (one record of history, iteration 0).
+fn zero_rhs<B: Backend>(
+    be: &B,
+    x: &mut B::Vector,
+    params: &GmresParams,
+    out: &Outcome,
+    monitor: &mut dyn GmresMonitor,
+) -> Result<GmresInfo> {
+    be.fill(x, 0.0)?;
+    let mut progress = Progress {
+        monitor,
+        t0: out.t0,
+        pbnorm: 1.0,
+        its: 0,
+    };
+    progress.record(0, 0, 0.0, 0.0)?;
+    let why = "b = 0: x = 0 is the exact solution";
+    let zero = Residuals {
+        rnorm: 0.0,
+        beta: 0.0,
+        est: 0.0,
+    };
+    let rule = StopRule::new(params, 0.0, 1.0);
+    Ok(out.finish((true, why.into()), (0, 0), zero, &rule))
 }
 
 /// The parameter checks and that the operator, b, x and the workspace fit together.
@@ -155,12 +178,12 @@ fn device_loop<B: Backend>(be: &B, params: &GmresParams) -> bool {
     }
 }
 
-/// Norm of the preconditioned right-hand side (the residual of x = 0): ||M^-1 b|| (left,
-/// with `t` as scratch) or ||b||. An error when it is zero or not finite.
+/// Norm of the preconditioned right-hand side (the residual of x = 0): ||M^-1 b|| (left, in
+/// the workspace's t) or ||b||. An error when it is zero or not finite.
 fn precond_rhs_norm<B, O, P>(
     prob: &mut Problem<'_, B, O, P>,
     b: &B::Vector,
-    t: &mut B::Vector,
+    ws: &mut GmresWorkspace<B>,
     bnorm: f64,
 ) -> Result<f64>
 where
@@ -169,8 +192,8 @@ where
     P: Preconditioner<B> + ?Sized,
 {
     let pbnorm = if prob.left {
-        prob.pc.apply(prob.be, b, t)?;
-        gnorm(prob.be, prob.comm, t)?
+        prob.pc.apply(prob.be, b, &mut ws.t)?;
+        gnorm_robust(prob.be, prob.comm, &ws.t, &mut ws.w)?
     } else {
         bnorm
     };

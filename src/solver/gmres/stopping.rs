@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::{ArnoldiLoop, ConvergenceTest, GmresInfo, GmresMonitor, GmresParams, GmresRecord};
-use super::{GmresStop, PrecondSide};
+use super::{GmresStop, PrecondSide, MAX_TIGHTENINGS};
 use crate::error::Result;
 
 /// Where the history goes: the monitor, the solve's clock, and the norm that makes a residual
@@ -45,33 +45,47 @@ impl Progress<'_> {
 pub(super) struct Outcome {
     pub(super) t0: Instant,
     pub(super) bnorm: f64,
+    /// ||M^-1 b|| (left) or ||b||: what the preconditioned residuals are relative to.
+    pub(super) pbnorm: f64,
     pub(super) arnoldi_loop: ArnoldiLoop,
 }
 
 /// A verdict: converged or not, and why.
 pub(super) type Verdict = (bool, String);
 
+/// The residual norms of an iterate: the true ||b - A x||, the recomputed preconditioned
+/// ||M^-1 (b - A x)|| (left; the true one with right), and the Arnoldi recurrence's estimate.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Residuals {
+    pub(super) rnorm: f64,
+    pub(super) beta: f64,
+    pub(super) est: f64,
+}
+
 impl Outcome {
-    /// The info of a solve that stops after `its` iterations in `cycles` cycles with true
-    /// residual norm `rnorm` and relative preconditioned residual `prel`.
+    /// The info of a solve that stops after `its` iterations in `cycles` cycles with the
+    /// residuals `res`, and what the stopping rule did.
     pub(super) fn finish(
         &self,
         (converged, reason): Verdict,
-        its: usize,
-        cycles: usize,
-        rnorm: f64,
-        prel: f64,
+        (its, cycles): (usize, usize),
+        res: Residuals,
+        rule: &StopRule,
     ) -> GmresInfo {
         let seconds = self.t0.elapsed().as_secs_f64();
-        let bnorm = self.bnorm;
+        let (bnorm, pbnorm) = (self.bnorm, self.pbnorm);
         GmresInfo {
             stop: GmresStop {
                 converged,
                 reason,
                 iterations: its,
                 restarts: cycles.saturating_sub(1),
-                relres: if bnorm > 0.0 { rnorm / bnorm } else { 0.0 },
-                precond_relres: prel,
+                relres: if bnorm > 0.0 { res.rnorm / bnorm } else { 0.0 },
+                precond_relres: res.beta / pbnorm,
+                implicit_relres: res.est / pbnorm,
+                explicit_checks: rule.explicit_checks,
+                tightenings: rule.tightenings,
+                implicit_rtol: rule.inner_tol() / pbnorm,
             },
             bnorm,
             seconds,
@@ -85,78 +99,158 @@ impl Outcome {
     }
 }
 
-/// The stopping rule of a solve: its tolerances, limits and (for
-/// [`ConvergenceTest::Scipy`]) the adaptive inner tolerance.
+/// A relative preconditioned residual below this is rounding: an implicit target tightened
+/// below it cannot be met.
+const ATTAINABLE: f64 = 16.0 * f64::EPSILON;
+
+/// What the test of a recomputed residual found.
+enum Test {
+    Met,
+    NotMet,
+    /// The solve cannot go on to an honest verdict (loss of accuracy).
+    Lost(String),
+}
+
+/// The stopping rule of a solve: its tolerances, limits, the implicit target of
+/// [`ConvergenceTest::Preconditioned`] and the adaptive inner tolerance of
+/// [`ConvergenceTest::Scipy`].
 pub(super) struct StopRule {
-    scipy: bool,
+    test: ConvergenceTest,
     left: bool,
-    /// max(atol, rtol ||b||).
+    rtol: f64,
+    /// ||b|| and ||M^-1 b|| (left; ||b|| with right): what the residuals are relative to.
+    bnorm: f64,
+    pbnorm: f64,
+    /// max(atol, rtol ||b||): what converged means.
     true_tol: f64,
     /// max(atol, rtol ||M^-1 b||) (left) or max(atol, rtol ||b||) (right).
     pc_tol: f64,
+    /// The implicit target for the preconditioned residual: pc_tol, tightened where the true
+    /// residual failed.
+    imp_tol: f64,
     /// SciPy 1.10's adaptive inner tolerance and its factor.
     ptol: f64,
     ptol_factor: f64,
     m: usize,
     max_iter: usize,
     max_cycles: Option<usize>,
+    /// How many times the true residual decided, and how many times imp_tol was tightened.
+    explicit_checks: usize,
+    tightenings: usize,
 }
 
 impl StopRule {
     pub(super) fn new(params: &GmresParams, bnorm: f64, pbnorm: f64) -> Self {
         let true_tol = params.atol.max(params.rtol * bnorm);
+        let pc_tol = params.atol.max(params.rtol * pbnorm);
         StopRule {
-            scipy: params.test == ConvergenceTest::Scipy,
+            test: params.test,
             left: params.side == PrecondSide::Left,
+            rtol: params.rtol,
+            bnorm,
+            pbnorm,
             true_tol,
-            pc_tol: params.atol.max(params.rtol * pbnorm),
+            pc_tol,
+            imp_tol: pc_tol,
             ptol: pbnorm * (true_tol / bnorm).min(1.0),
             ptol_factor: 1.0,
             m: params.restart,
             max_iter: params.max_iter,
             max_cycles: params.max_cycles,
-        }
-    }
-
-    /// Whether the recomputed residual (true norm `rnorm`, preconditioned `beta`) meets the
-    /// tolerance.
-    pub(super) fn met(&self, rnorm: f64, beta: f64) -> bool {
-        if self.scipy {
-            rnorm <= self.true_tol
-        } else {
-            beta <= self.pc_tol
+            explicit_checks: 0,
+            tightenings: 0,
         }
     }
 
     /// The tolerance a cycle's residual estimate is tested against.
     pub(super) fn inner_tol(&self) -> f64 {
-        if self.scipy {
-            self.ptol
+        match self.test {
+            ConvergenceTest::Scipy => self.ptol,
+            _ => self.imp_tol,
+        }
+    }
+
+    /// Test the recomputed residual (true norm `rnorm`, preconditioned `beta`). For
+    /// Preconditioned: the implicit test on beta first; where it passes, the true residual
+    /// decides, and where that fails the implicit target becomes beta (true_tol / rnorm): the
+    /// preconditioned residual at which the true one would pass if their ratio held.
+    fn test(&mut self, rnorm: f64, beta: f64) -> Test {
+        let met = |ok: bool| if ok { Test::Met } else { Test::NotMet };
+        match self.test {
+            ConvergenceTest::PreconditionedOnly => met(beta <= self.pc_tol),
+            ConvergenceTest::Scipy => {
+                self.explicit_checks += 1;
+                met(rnorm <= self.true_tol)
+            }
+            ConvergenceTest::Preconditioned => {
+                let implicit_passed = beta <= self.imp_tol;
+                // (a non-finite residual is the driver's error, not a verdict)
+                if !implicit_passed || !rnorm.is_finite() {
+                    return Test::NotMet;
+                }
+                self.explicit_checks += 1;
+                if rnorm <= self.true_tol {
+                    return Test::Met;
+                }
+                let target = beta * (self.true_tol / rnorm);
+                let attainable = target > ATTAINABLE * self.pbnorm;
+                if self.tightenings == MAX_TIGHTENINGS || !attainable {
+                    return Test::Lost(self.loss_of_accuracy(rnorm, beta, target));
+                }
+                self.tightenings += 1;
+                self.imp_tol = target.min(self.imp_tol);
+                Test::NotMet
+            }
+        }
+    }
+
+    /// Why the solve stops where the preconditioned residual passes and the true one does not
+    /// (`target`: what the implicit target would have to become).
+    fn loss_of_accuracy(&self, rnorm: f64, beta: f64, target: f64) -> String {
+        let (n, trel, rtol) = (self.explicit_checks, rnorm / self.bnorm, self.rtol);
+        let (tn, want) = (self.tightenings, target / self.pbnorm);
+        if beta == 0.0 {
+            format!(
+                "the preconditioned residual ||M^-1 (b - A x)|| is 0 but the true residual ||b - A x|| / ||b|| = {trel:.3e} is above rtol {rtol:e} (singular preconditioner?)"
+            )
+        } else if tn == MAX_TIGHTENINGS {
+            format!(
+                "loss of accuracy: the preconditioned residual met its target {n} times (tightened {tn} times, the last to {:.3e} relative), but the true residual ||b - A x|| / ||b|| = {trel:.3e} stayed above rtol {rtol:e}",
+                self.imp_tol / self.pbnorm
+            )
         } else {
-            self.pc_tol
+            format!(
+                "loss of accuracy: the true residual ||b - A x|| / ||b|| = {trel:.3e} is above rtol {rtol:e} where the preconditioned one is {:.3e}; meeting rtol would take a preconditioned residual of {want:.3e} relative, below what double precision resolves",
+                beta / self.pbnorm
+            )
+        }
+    }
+
+    /// Whether the initial guess already meets the rule: Some(verdict) to stop.
+    pub(super) fn initial(&mut self, rnorm: f64, beta: f64) -> Option<Verdict> {
+        match self.test(rnorm, beta) {
+            Test::Met => {
+                let why = "the initial guess already satisfies the tolerance";
+                Some((true, why.into()))
+            }
+            Test::Lost(why) => Some((false, why)),
+            Test::NotMet => None,
         }
     }
 
     /// After a cycle of `its` iterations (`cycles` so far) whose last step broke down or not,
     /// with the residual recomputed: the verdict, or None to restart.
     pub(super) fn verdict(
-        &self,
+        &mut self,
         (its, cycles): (usize, usize),
         breakdown: bool,
         rnorm: f64,
         beta: f64,
     ) -> Option<Verdict> {
-        if self.met(rnorm, beta) {
-            let reason = if breakdown {
-                "happy breakdown: the Krylov space is invariant and the residual meets the tolerance"
-            } else if self.scipy {
-                "true residual ||b - A x|| <= rtol ||b||"
-            } else if self.left {
-                "preconditioned residual ||M^-1 (b - A x)|| <= rtol ||M^-1 b||"
-            } else {
-                "residual ||b - A x|| <= rtol ||b||"
-            };
-            return Some((true, reason.into()));
+        match self.test(rnorm, beta) {
+            Test::Met => return Some((true, self.reason(breakdown).into())),
+            Test::Lost(why) => return Some((false, why)),
+            Test::NotMet => {}
         }
         let m = self.m;
         let why = if breakdown {
@@ -175,10 +269,23 @@ impl StopRule {
         Some((false, why))
     }
 
+    /// Why a converged solve converged.
+    fn reason(&self, breakdown: bool) -> &'static str {
+        let petsc = self.test == ConvergenceTest::PreconditionedOnly;
+        match (breakdown, petsc && self.left) {
+            (true, false) => "happy breakdown: the Krylov space is invariant and the true residual meets the tolerance",
+            (true, true) => "happy breakdown: the Krylov space is invariant and the preconditioned residual meets the tolerance (the true residual was not checked)",
+            (false, true) => "preconditioned residual ||M^-1 (b - A x)|| <= rtol ||M^-1 b|| (PETSc's rule: the true residual ||b - A x|| was not checked)",
+            (false, false) if self.test == ConvergenceTest::Scipy => "true residual ||b - A x|| <= rtol ||b||",
+            (false, false) if self.left => "true residual ||b - A x|| <= rtol ||b||, checked once the preconditioned residual ||M^-1 (b - A x)|| met its target",
+            (false, false) => "residual ||b - A x|| <= rtol ||b||",
+        }
+    }
+
     /// SciPy 1.10's adaptation of the inner tolerance after a cycle that ended with residual
-    /// estimate `est` and recomputed true residual `rnorm` (nothing for the other rule).
+    /// estimate `est` and recomputed true residual `rnorm` (nothing for the other rules).
     pub(super) fn adapt(&mut self, est: f64, rnorm: f64) {
-        if !self.scipy {
+        if self.test != ConvergenceTest::Scipy {
             return;
         }
         if est > self.ptol {
@@ -191,5 +298,74 @@ impl StopRule {
         } else {
             est * self.ptol_factor
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(test: ConvergenceTest) -> StopRule {
+        let params = GmresParams {
+            rtol: 1e-8,
+            test,
+            ..GmresParams::default()
+        };
+        // ||b|| = 1, ||M^-1 b|| = 1e-3
+        StopRule::new(&params, 1.0, 1e-3)
+    }
+
+    /// The preconditioned residual passes every time, the true one never: the target is
+    /// tightened by the ratio of the two each time, MAX_TIGHTENINGS times, then the solve
+    /// stops with loss of accuracy.
+    #[test]
+    fn tightening_by_the_ratio_then_loss_of_accuracy() {
+        let mut r = rule(ConvergenceTest::Preconditioned);
+        assert_eq!(r.inner_tol(), 1e-8 * 1e-3);
+        let (its, cycles) = (10, 1);
+        for k in 0..MAX_TIGHTENINGS {
+            let beta = 0.5 * r.inner_tol();
+            // the true residual 4x its tolerance: the target becomes beta / 4
+            assert!(r.verdict((its, cycles), false, 4e-8, beta).is_none());
+            assert_eq!(r.tightenings, k + 1);
+            assert_eq!(r.explicit_checks, k + 1);
+            assert_eq!(r.inner_tol(), beta * 0.25);
+        }
+        let beta = 0.5 * r.inner_tol();
+        let (conv, why) = r.verdict((its, cycles), false, 4e-8, beta).unwrap();
+        assert!(!conv && why.contains("loss of accuracy"), "{why}");
+        assert_eq!(r.explicit_checks, MAX_TIGHTENINGS + 1);
+        // a preconditioned residual of exactly 0 with a true one above: no target to tighten to
+        let mut r = rule(ConvergenceTest::Preconditioned);
+        let (conv, why) = r.verdict((its, cycles), false, 1.0, 0.0).unwrap();
+        assert!(!conv && why.contains("is 0"), "{why}");
+    }
+
+    /// The true residual decides for Preconditioned and Scipy; PETSc's rule converges on the
+    /// preconditioned one and says that it did not check the true one.
+    #[test]
+    fn who_decides() {
+        let (its, cycles) = (10, 1);
+        let mut r = rule(ConvergenceTest::Preconditioned);
+        let v = r.verdict((its, cycles), false, 1e-9, 1e-12).unwrap();
+        assert!(v.0 && v.1.contains("true residual"), "{v:?}");
+        assert_eq!((r.explicit_checks, r.tightenings), (1, 0));
+        // the preconditioned residual above its target: no explicit check, restart
+        let mut r = rule(ConvergenceTest::Preconditioned);
+        assert!(r.verdict((its, cycles), false, 1e-9, 1e-10).is_none());
+        assert_eq!(r.explicit_checks, 0);
+        let mut r = rule(ConvergenceTest::PreconditionedOnly);
+        let v = r.verdict((its, cycles), false, 1.0, 1e-12).unwrap();
+        assert!(v.0 && v.1.contains("not checked"), "{v:?}");
+        assert_eq!(r.explicit_checks, 0);
+        let mut r = rule(ConvergenceTest::Scipy);
+        assert!(r.verdict((its, cycles), false, 1e-7, 1e-14).is_none());
+        assert!(r.verdict((its, cycles), false, 1e-9, 1.0).unwrap().0);
+        assert_eq!(r.explicit_checks, 2);
+        // NaN never converges
+        let mut r = rule(ConvergenceTest::Preconditioned);
+        assert!(r
+            .verdict((its, cycles), false, f64::NAN, f64::NAN)
+            .is_none());
     }
 }

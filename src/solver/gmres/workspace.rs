@@ -68,3 +68,16 @@ impl<B: Backend> GmresWorkspace<B> {
 pub(super) fn gnorm<B: Backend>(be: &B, comm: &dyn Comm, x: &B::Vector) -> Result<f64> {
     Ok(comm.allreduce_scalar(be.norm_sq(x)?)?.max(0.0).sqrt())
 }
+
+/// Global 2-norm that neither underflows nor overflows ([`crate::solver::robust_norm`], with
+/// `scratch` for its rescaled copy; the same bits as [`gnorm`] wherever that is in range, NaN
+/// where [`gnorm`] says 0). For the norms the verdict is taken on (||b||, ||M^-1 b||, the
+/// residuals).
+pub(super) fn gnorm_robust<B: Backend>(
+    be: &B,
+    comm: &dyn Comm,
+    x: &B::Vector,
+    scratch: &mut B::Vector,
+) -> Result<f64> {
+    crate::solver::robust_norm(be, x, &|s| comm.allreduce_scalar(s), Some(scratch))
+}
