@@ -1,5 +1,6 @@
 //! LSQR options beyond the plain solve: the var estimate (against SciPy's), x0 (damping applies
-//! to x - x0), column scaling, damping (against the known LSTP solution), istop 0 and 7.
+//! to x - x0), column scaling, damping (against the known LSTP solution), istop 0 and 7, and
+//! istop on right-hand sides whose norms or estimates underflow (issue 35).
 
 mod common;
 
@@ -224,4 +225,81 @@ fn reordered_systems_give_the_same_solution() {
             assert!(r.report.reorder.contains(want), "{}", r.report.reorder);
         }
     }
+}
+
+/// LSQR: a right-hand side whose squares underflow (entries of 1e-170: ||b||^2 = 0 in a plain
+/// sum) used to stop at once with istop 0, "x = 0 is the exact solution", and one whose
+/// estimates underflow (||r||^2, or ||A|| ||r|| below eps in test2) with istop 1 or 2 after
+/// one iteration; now it is solved as the unscaled system is (same istop and iterations, x
+/// scaled alike).
+#[test]
+fn lsqr_tiny_rhs_is_solved_not_declared_exact() {
+    let sys = common::system("well1033");
+    let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
+    let p = LsqrParams {
+        atol: 1e-10,
+        btol: 1e-10,
+        conlim: 1e14,
+        ..Default::default()
+    };
+    let want = cpu_lsqr(&op, &sys.b, None, &p);
+    // powers of two: the scaled system's iterates are the unscaled ones times s, bit for bit,
+    // as long as nothing underflows
+    for s in [2f64.powi(-560), 2f64.powi(-830)] {
+        let b: Vec<f64> = sys.b.iter().map(|v| v * s).collect();
+        let got = cpu_lsqr(&op, &b, None, &p);
+        eprintln!(
+            "b x {s:e}: istop {} after {} (unscaled: {} after {})",
+            got.info.istop, got.info.itn, want.info.istop, want.info.itn
+        );
+        assert_ne!(got.info.istop, 0, "b x {s:e}: {:?}", got.info);
+        assert_eq!(got.info.istop, want.info.istop, "b x {s:e}");
+        assert_eq!(got.info.itn, want.info.itn, "b x {s:e}");
+        let x: Vec<f64> = got.x.iter().map(|v| v / s).collect();
+        assert!(rel(&x, &want.x) < 1e-6, "b x {s:e}: {:e}", rel(&x, &want.x));
+    }
+    // b = 0 still stops at once, and says that the start is the solution
+    let z = cpu_lsqr(&op, &vec![0.0; sys.b.len()], None, &p);
+    assert_eq!((z.info.istop, z.info.itn), (0, 0));
+    assert!(z.info.stop_reason.contains("already a solution"));
+}
+
+/// LSQR: entries so large that the solve's norms overflow end in an error, never in a
+/// verdict; iter_lim = 0 is the iteration limit (istop 7, x = x0), not "x = 0 is exact".
+#[test]
+fn lsqr_huge_rhs_and_no_iterations() {
+    let sys = common::system("well1033");
+    let be = CpuBackend::new();
+    let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
+    let b: Vec<f64> = sys.b.iter().map(|v| v * 1e300).collect();
+    let r = lsqr(
+        &be,
+        &op,
+        &SerialComm,
+        &b,
+        None,
+        &LsqrParams::default(),
+        &mut NoMonitor,
+    );
+    match r {
+        Err(e) => assert!(e.to_string().contains("not finite"), "{e}"),
+        Ok(s) => {
+            let x: Vec<f64> = s.x.iter().map(|v| v / 1e300).collect();
+            let want = cpu_lsqr(&op, &sys.b, None, &LsqrParams::default());
+            assert_eq!(s.info.istop, want.info.istop);
+            assert!(rel(&x, &want.x) < 1e-6);
+        }
+    }
+    let p = LsqrParams {
+        iter_lim: Some(0),
+        ..Default::default()
+    };
+    let s = cpu_lsqr(&op, &sys.b, None, &p);
+    assert_eq!((s.info.istop, s.info.itn), (7, 0), "{:?}", s.info);
+    assert!(s.info.stop_reason.contains("iteration limit"));
+    assert!(s.x.iter().all(|v| *v == 0.0));
+    let x0 = vec![0.5; sys.a.ncols()];
+    let s = cpu_lsqr(&op, &sys.b, Some(&x0), &p);
+    assert_eq!((s.info.istop, s.info.itn), (7, 0));
+    assert_eq!(s.x, x0);
 }

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::robust_norm;
 pub use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Backend, Operator, Scale, XwState, XwStep};
 use crate::comm::Comm;
@@ -19,7 +20,7 @@ use crate::error::{Error, Result};
 /// SciPy's istop words.
 pub fn stop_reason(istop: u32) -> &'static str {
     match istop {
-        0 => "x = 0 is the exact solution (b = 0 or A^T b = 0); no iterations were needed",
+        0 => "the starting x (0, or x0) is already a solution: b - A x = 0, or A^T (b - A x) = 0 (a least-squares solution); no iterations were needed",
         1 => "Ax - b is small enough, given atol, btol",
         2 => "the least-squares solution is good enough, given atol",
         3 => "the estimate of cond(Abar) has exceeded conlim",
@@ -99,13 +100,14 @@ struct Dist<'a, B: Backend, O: Operator<B>> {
 }
 
 impl<B: Backend, O: Operator<B>> Dist<'_, B, O> {
-    /// ||u|| over all ranks (u is distributed by rows).
+    /// ||u|| over all ranks (u is distributed by rows). Neither underflows nor overflows
+    /// ([`robust_norm`]: a b with entries of 1e-170 has a norm, not 0).
     fn row_norm(&self, u: &B::Vector) -> Result<f64> {
-        Ok(self.comm.allreduce_scalar(self.be.norm_sq(u)?)?.sqrt())
+        robust_norm(self.be, u, &|s| self.comm.allreduce_scalar(s), None)
     }
-    /// ||v|| (v is replicated on every rank).
+    /// ||v|| (v is replicated on every rank), as robust.
     fn col_norm(&self, v: &B::Vector) -> Result<f64> {
-        Ok(self.be.norm_sq(v)?.sqrt())
+        robust_norm(self.be, v, &|s| Ok(s), None)
     }
     /// x = A^T u + beta x, A^T u summed over ranks.
     fn apply_t(&mut self, u: &B::Vector, beta: f64, x: &mut B::Vector) -> Result<()> {
@@ -253,6 +255,45 @@ pub fn check_params(p: &LsqrParams) -> Result<()> {
     Ok(())
 }
 
+/// SciPy's stopping tests on this iteration's estimates, in its order (later tests override
+/// earlier ones), into `s.istop`. One change (issue 35): test2 = ||A^T r|| / (||A|| ||r|| +
+/// eps) is scale-free where ||A|| ||r|| >= eps only; below (a tiny b, not a solved system) it
+/// is ||A^T r|| / (||A|| ||r||), else a b of 1e-20 would pass istop 2 at once.
+fn stopping_tests(s: &mut LsqrScalars, params: &LsqrParams, iter_lim: usize, ctol: f64) {
+    let eps = f64::EPSILON;
+    let den = s.anorm * s.rnorm;
+    let test1 = s.rnorm / s.bnorm;
+    let test2 = if den > 0.0 && den < eps {
+        s.arnorm / den
+    } else {
+        s.arnorm / (den + eps)
+    };
+    let test3 = 1.0 / (s.acond + eps);
+    let t1n = test1 / (1.0 + s.anorm * s.xnorm / s.bnorm);
+    let rtol = params.btol + params.atol * s.anorm * s.xnorm / s.bnorm;
+    if s.itn >= iter_lim {
+        s.istop = 7;
+    }
+    if 1.0 + test3 <= 1.0 {
+        s.istop = 6;
+    }
+    if 1.0 + test2 <= 1.0 {
+        s.istop = 5;
+    }
+    if 1.0 + t1n <= 1.0 {
+        s.istop = 4;
+    }
+    if test3 <= ctol {
+        s.istop = 3;
+    }
+    if test2 <= params.atol {
+        s.istop = 2;
+    }
+    if test1 <= rtol {
+        s.istop = 1;
+    }
+}
+
 /// Run LSQR iterations from a started (or resumed) state until a stopping test fires.
 pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     be: &B,
@@ -267,7 +308,6 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     let start = Instant::now();
     let n = op.ncols();
     let iter_lim = params.iter_lim.unwrap_or(2 * n);
-    let eps = f64::EPSILON;
     let damp = params.damp;
     let dampsq = damp * damp;
     let ctol = if params.conlim > 0.0 {
@@ -314,7 +354,14 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         },
         seconds: t,
     };
-    if s.arnorm == 0.0 || s.istop != 0 {
+    // At the start ||A^T r|| = alpha beta is 0 where alpha or beta is (not where the product
+    // underflows); a resumed run stops where its last estimate was 0.
+    let solved = if s.itn == 0 {
+        s.alpha == 0.0 || s.beta == 0.0
+    } else {
+        s.arnorm == 0.0
+    };
+    if solved || s.istop != 0 {
         return Ok(finish(s, 0.0));
     }
     if comm.size() == 1 {
@@ -395,7 +442,12 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         s.acond = s.anorm * s.ddnorm.sqrt();
         let res1 = s.phibar * s.phibar;
         s.res2 += psi * psi;
-        s.rnorm = (res1 + s.res2).sqrt();
+        s.rnorm = if res1 < f64::MIN_POSITIVE && s.phibar != 0.0 {
+            // phibar^2 underflowed (a tiny b): ||r|| is not 0 (issue 35)
+            s.phibar.hypot(s.res2.sqrt())
+        } else {
+            (res1 + s.res2).sqrt()
+        };
         s.arnorm = s.alpha * tau.abs();
         if damp > 0.0 {
             let r1sq = s.rnorm * s.rnorm - dampsq * s.xxnorm;
@@ -407,33 +459,7 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
             s.r1norm = s.rnorm;
         }
         s.r2norm = s.rnorm;
-        // Stopping tests (SciPy's order: later tests override earlier ones).
-        let test1 = s.rnorm / s.bnorm;
-        let test2 = s.arnorm / (s.anorm * s.rnorm + eps);
-        let test3 = 1.0 / (s.acond + eps);
-        let t1n = test1 / (1.0 + s.anorm * s.xnorm / s.bnorm);
-        let rtol = params.btol + params.atol * s.anorm * s.xnorm / s.bnorm;
-        if s.itn >= iter_lim {
-            s.istop = 7;
-        }
-        if 1.0 + test3 <= 1.0 {
-            s.istop = 6;
-        }
-        if 1.0 + test2 <= 1.0 {
-            s.istop = 5;
-        }
-        if 1.0 + t1n <= 1.0 {
-            s.istop = 4;
-        }
-        if test3 <= ctol {
-            s.istop = 3;
-        }
-        if test2 <= params.atol {
-            s.istop = 2;
-        }
-        if test1 <= rtol {
-            s.istop = 1;
-        }
+        stopping_tests(s, params, iter_lim, ctol);
         // A norm that overflowed (or a NaN) ends the solve: never a result.
         if ![s.rnorm, s.arnorm, s.xnorm, s.anorm]
             .iter()

@@ -51,3 +51,41 @@ pub fn download_solution<B: Backend>(
     let var = v.var.as_ref().map(|d| be.to_host(d)).transpose()?;
     Ok(LsqrSolution { x, var, info })
 }
+
+/// 2^600 and its inverse: exact scalings that bring any finite vector's squares into range.
+const BIG: f64 = f64::from_bits((1023 + 600) << 52);
+const SMALL: f64 = f64::from_bits((1023 - 600) << 52);
+
+/// ||x||, with the sum of squares reduced by `reduce` (over ranks for a row-distributed
+/// vector, the identity for a replicated one), such that it neither underflows nor overflows:
+/// sqrt of the sum as usual (the same bits) wherever the sum is in [2^-600, inf); where it is
+/// below (squares of entries under ~1e-154 are subnormal or zero) or infinite, once more on x
+/// scaled by 2^600 or 2^-600 (exact) into `scratch`, or a vector allocated then if None. One
+/// more reduction, only then, and on every rank alike (the sum is global). NaN stays NaN.
+pub(crate) fn robust_norm<B: Backend>(
+    be: &B,
+    x: &B::Vector,
+    reduce: &dyn Fn(f64) -> Result<f64>,
+    scratch: Option<&mut B::Vector>,
+) -> Result<f64> {
+    let s = reduce(be.norm_sq(x)?)?;
+    let (up, down) = if s.is_nan() {
+        return Ok(f64::NAN);
+    } else if s == f64::INFINITY {
+        (SMALL, BIG)
+    } else if s < SMALL {
+        (BIG, SMALL)
+    } else {
+        return Ok(s.sqrt());
+    };
+    let mut own;
+    let y = match scratch {
+        Some(y) => y,
+        None => {
+            own = be.zeros(be.len(x))?;
+            &mut own
+        }
+    };
+    be.copy_scaled(up, x, y)?;
+    Ok(reduce(be.norm_sq(y)?)?.max(0.0).sqrt() * down)
+}
