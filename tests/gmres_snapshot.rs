@@ -26,7 +26,9 @@ use seistomo::backend::precond::{
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::operators::{Engine, SquareSystem};
+use seistomo::pipeline::options::OperatorSpec;
+use seistomo::pipeline::square::gmres_square;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     gmres, ArnoldiLoop, ConvergenceTest, GmresHistory, GmresInfo, GmresParams, GmresRecord, Orthog,
@@ -207,7 +209,8 @@ fn run_all() -> BTreeMap<String, String> {
             let per_rank = on_thread_ranks(p, |c| {
                 let rows: Vec<usize> = part.range(c.rank()).collect();
                 let mut hist = GmresHistory::default();
-                let s = gmres_square_cpu(
+                let s = gmres_square(
+                    &Engine::cpu_on_calling_thread(),
                     c,
                     SquareSystem {
                         rows: &a.select_rows(&rows),
@@ -216,6 +219,7 @@ fn run_all() -> BTreeMap<String, String> {
                         x0: None,
                     },
                     SquarePrecond::Jacobi,
+                    &OperatorSpec::default(),
                     &params,
                     &mut hist,
                 )

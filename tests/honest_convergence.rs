@@ -14,7 +14,8 @@ use seistomo::backend::precond::{PivotPolicy, Preconditioner, TriSolve};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
-use seistomo::pipeline::gmres::{gmres_square_cpu, SquareSystem};
+use seistomo::pipeline::operators::SquareSystem;
+use seistomo::pipeline::square::gmres_square_cpu;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     gmres, ArnoldiLoop, ConvergenceTest, GmresParams, GmresSolution, NoGmresMonitor, Orthog,

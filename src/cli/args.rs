@@ -132,7 +132,10 @@ pub(crate) mod pick {
         choice(&["left", "right"], &[])
     }
     pub fn stop() -> impl TypedValueParser<Value = crate::solver::gmres::ConvergenceTest> {
-        choice(&["preconditioned", "scipy"], &[])
+        choice(
+            &["preconditioned", "scipy", "petsc"],
+            &["preconditioned-only"],
+        )
     }
     pub fn pivot() -> impl TypedValueParser<Value = crate::backend::precond::PivotPolicy> {
         choice(&["error", "shift"], &[])

@@ -127,7 +127,10 @@ pub struct GmresArgs {
     /// GMRES preconditioning side.
     #[arg(long, default_value = "left", value_parser = super::args::pick::side())]
     side: crate::solver::gmres::PrecondSide,
-    /// GMRES stopping rule: preconditioned (PETSc's) or scipy (SciPy 1.10's true-residual rule).
+    /// GMRES stopping rule: preconditioned (the preconditioned residual decides when to check,
+    /// the true residual whether it converged; the target tightens when they disagree), scipy
+    /// (SciPy 1.10's true-residual rule) or petsc (the preconditioned residual alone, PETSc's
+    /// default: the report says the true residual was not checked).
     #[arg(long, default_value = "preconditioned", value_parser = super::args::pick::stop())]
     stop: crate::solver::gmres::ConvergenceTest,
     /// Block ILU(0): on a missing diagonal or zero pivot, stop with an error or shift the

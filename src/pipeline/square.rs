@@ -399,3 +399,23 @@ pub fn gmres_square(
     };
     engine.square(spec, comm, &sys, precond, run)
 }
+
+/// [`gmres_square`] on the CPU (f64 CSR), driven from the calling thread (tests, tools).
+pub fn gmres_square_cpu(
+    comm: &dyn Comm,
+    sys: SquareSystem,
+    precond: SquarePrecond,
+    params: &GmresParams,
+    monitor: &mut (dyn GmresMonitor + Send),
+) -> Result<SquareSolve> {
+    let engine = Engine::cpu_on_calling_thread();
+    gmres_square(
+        &engine,
+        comm,
+        sys,
+        precond,
+        &OperatorSpec::default(),
+        params,
+        monitor,
+    )
+}
