@@ -4,10 +4,11 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::backend::{CudaBackend, DeviceVec};
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::operator::{check_vectors, up, width_index, DevValues, MemoryPlan};
 use super::tiled::DevTiled;
-use super::{arg, CudaBackend, DeviceVec};
+use super::util::{arg, fused_entries_per_block};
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
@@ -72,7 +73,7 @@ fn launch_shape(mean: f64, entries: usize) -> (u32, u32) {
         });
     let g = 32 / s;
     let r = env("SEISTOMO_COMPACT_R").unwrap_or_else(|| {
-        (super::fused_entries_per_block(entries) / (mean.max(1.0) * (CWARPS * g) as f64))
+        (fused_entries_per_block(entries) / (mean.max(1.0) * (CWARPS * g) as f64))
             .round()
             .clamp(1.0, 64.0) as u32
     });

@@ -5,8 +5,9 @@ use std::ffi::c_void;
 use cudarc::cusparse::sys as cs;
 use cudarc::driver::CudaSlice;
 
+use super::backend::CudaBackend;
 use super::operator::DevCsr;
-use super::{CudaBackend, Error, Result};
+use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
 /// The arguments cusparseSpMV and cusparseSpMV_bufferSize share: handle, operation, host

@@ -14,7 +14,10 @@ use std::mem::offset_of;
 
 use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
 
-use super::{arg, cuda_err, CudaBackend, THREADS};
+use super::backend::CudaBackend;
+use super::error::cuda_err;
+use super::util::arg;
+use super::vector::THREADS;
 use crate::backend::lsqr::{
     BlockCallback, IterRecord, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors,
 };

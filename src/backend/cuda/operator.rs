@@ -4,9 +4,10 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, CudaSlice};
 
+use super::backend::{CudaBackend, DeviceVec};
 use super::cusparse::CuSparse;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
-use super::{arg, CudaBackend, DeviceVec};
+use super::util::{arg, fused_entries_per_block};
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
@@ -226,10 +227,10 @@ impl DevCsr {
     }
 
     /// Segments per warp of the fused kernel (a block covers about
-    /// [`super::fused_entries_per_block`] nonzeros).
+    /// [`fused_entries_per_block`] nonzeros).
     fn segs_per_warp(&self) -> u32 {
         let per_seg = self.nnz as f64 / self.nseg.max(1) as f64;
-        (super::fused_entries_per_block(self.nnz) / (8.0 * per_seg.max(1.0)))
+        (fused_entries_per_block(self.nnz) / (8.0 * per_seg.max(1.0)))
             .round()
             .clamp(1.0, 64.0) as u32
     }

@@ -3,8 +3,9 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::backend::CudaBackend;
 use super::operator::{check_vectors, up, DevValues};
-use super::{arg, CudaBackend};
+use super::util::arg;
 use crate::error::Result;
 use crate::sparse::patterns::RowPatterns;
 use crate::sparse::CompactValues;

@@ -20,9 +20,12 @@ use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
 
+use super::backend::{CudaBackend, DeviceVec};
+use super::error::cuda_err;
 use super::operator::up;
+use super::operator::CudaCsrOperator;
 use super::patterns::DevPatterns;
-use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, DeviceVec};
+use super::util::arg;
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;
@@ -98,7 +101,7 @@ impl<'c> CudaSquareOperator<'c> {
             comm,
             precision,
             storage,
-            comm.size() > 1 && !be.nccl_ready(),
+            comm.size() > 1 && !be.nccl.ready(),
         )
     }
 
@@ -224,7 +227,7 @@ impl<'c> CudaSquareOperator<'c> {
             .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
             .map_err(cuda_err("device copy"))?;
         // GPU to GPU when NCCL is set up: no host copies.
-        if be.nccl_exchange(
+        if be.nccl.exchange(
             h.send_dev.as_ref(),
             &self.send_counts,
             &mut h.ext,

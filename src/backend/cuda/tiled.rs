@@ -3,10 +3,11 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::backend::CudaBackend;
 use super::compact::{stencil_parts, StencilArgs};
 use super::lsqr_loop::Epilogue;
 use super::operator::{up, up_if, width_index, DevValues};
-use super::{arg, CudaBackend};
+use super::util::arg;
 use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledValues};
 

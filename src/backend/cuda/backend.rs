@@ -1,0 +1,244 @@
+//! The CUDA backend's device, stream and kernels ([`CudaBackend`]), and the launch of a kernel.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+};
+
+use super::device::{probe_device, DeviceInfo};
+use super::error::cuda_err;
+use super::nccl::Nccl;
+use super::nvrtc::{kernels_for, Kernels};
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+
+/// At most this many blocks in a reduction (and the size of the partial-sum buffer).
+pub(super) const RED_MAX_BLOCKS: usize = 1024;
+/// Basis vectors per launch of the batched Gram-Schmidt kernels (MULTI_MAX in vector.cu).
+pub(super) const MULTI_MAX: usize = 32;
+
+/// `len` f64 of page-locked host memory mapped into the device's address space.
+pub(super) struct MappedScalar {
+    _mem: cudarc::driver::PinnedHostSlice<f64>,
+    /// Host address (kept as an integer so the backend stays Send + Sync).
+    pub(super) host: usize,
+    pub(super) device: u64,
+}
+
+impl MappedScalar {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        // SAFETY: the memory is written below before any read.
+        let mut mem = unsafe {
+            ctx.alloc_pinned_with_flags::<f64>(
+                len,
+                dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(cuda_err("mapped host memory"))?;
+        let host = mem.as_mut_ptr().map_err(cuda_err("mapped host memory"))?;
+        // SAFETY: `host` points to `len` f64 of page-locked memory owned by `mem`.
+        unsafe { std::ptr::write_bytes(host, 0, len) };
+        let mut device: dsys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
+        let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
+        if r != dsys::CUresult::CUDA_SUCCESS {
+            return Err(Error::backend(
+                "cuda",
+                format!("mapping host memory: {r:?}"),
+            ));
+        }
+        Ok(MappedScalar {
+            _mem: mem,
+            host: host as usize,
+            device,
+        })
+    }
+}
+
+/// A vector on the device: the CUDA backend's `Backend::Vector`.
+pub type DeviceVec = CudaSlice<f64>;
+
+/// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
+/// where a scalar comes back).
+pub struct CudaBackend {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) k: Arc<Kernels>,
+    pub(crate) info: DeviceInfo,
+    /// Partial sums of a reduction (RED_MAX_BLOCKS), its ticket counter, and its result.
+    pub(super) partial: CudaSlice<f64>,
+    pub(super) counter: CudaSlice<u32>,
+    pub(super) result: CudaSlice<f64>,
+    /// Where reductions write their result: a page-locked, device-mapped host word (the kernel
+    /// writes it directly; the host reads it after one stream synchronisation, no copy), or
+    /// `result` on the device when mapping is unavailable.
+    pub(super) mapped: Option<MappedScalar>,
+    /// The same for the batched reductions of GMRES: MULTI_MAX partial-sum rows of
+    /// RED_MAX_BLOCKS, and MULTI_MAX results (mapped host memory, or `multi_result` on the
+    /// device when mapping is unavailable).
+    pub(super) multi_partial: CudaSlice<f64>,
+    pub(super) multi_result: CudaSlice<f64>,
+    pub(super) multi_mapped: Option<MappedScalar>,
+    /// Page-locked host staging for the multi-rank vector reduction (host path).
+    pub(super) pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
+    /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
+    pub(crate) nccl: Nccl,
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal`: checks the libraries and the device first (an error, not
+    /// a panic, when CUDA is not usable), then compiles or reuses the kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let info = probe_device(ordinal)
+            .map_err(|why| Error::backend("cuda", format!("no usable CUDA GPU: {why}")))?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the context"))?;
+        // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
+        // per-buffer event tracking (cross-stream synchronisation) is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let k = kernels_for(&ctx, info.compute_capability)?;
+        let partial = stream
+            .alloc_zeros::<f64>(RED_MAX_BLOCKS)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let counter = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let result = stream
+            .alloc_zeros::<f64>(1)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let mapped = MappedScalar::new(&ctx, 1).ok();
+        let multi_partial = stream
+            .alloc_zeros::<f64>(MULTI_MAX * RED_MAX_BLOCKS)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let multi_result = stream
+            .alloc_zeros::<f64>(MULTI_MAX)
+            .map_err(cuda_err("allocating reduction buffers"))?;
+        let multi_mapped = MappedScalar::new(&ctx, MULTI_MAX).ok();
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            k,
+            info,
+            partial,
+            counter,
+            result,
+            mapped,
+            multi_partial,
+            multi_result,
+            multi_mapped,
+            pinned: Mutex::new(None),
+            nccl: Nccl::default(),
+        })
+    }
+
+    /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node
+    /// (device 0 alone); says which GPU each rank took when there are several ranks.
+    pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
+        let count = CudaContext::device_count()
+            .map_err(|e| Error::backend("cuda", format!("cuInit/device count: {e:?}")))?
+            .max(1) as usize;
+        // More ranks on a node than GPUs: ranks share them round-robin (said once per rank).
+        let ordinal = if comm.size() > 1 {
+            comm.local_rank() % count
+        } else {
+            0
+        };
+        let be = CudaBackend::new(ordinal)?;
+        if comm.size() > 1 {
+            let shared = if comm.local_rank() >= count {
+                format!(", shared: {count} GPU(s) for more ranks on this node")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "rank {}: GPU {ordinal} ({}){shared}",
+                comm.rank(),
+                be.describe()
+            );
+        }
+        Ok(be)
+    }
+
+    /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
+    /// it). NCCL needs libnccl on every rank (LD_LIBRARY_PATH); the unique id travels over
+    /// `comm`. Returns the path in words.
+    pub fn setup_allreduce(
+        &self,
+        comm: &dyn Comm,
+        path: crate::backend::AllreducePath,
+    ) -> Result<String> {
+        self.nccl.setup(&self.stream, comm, path)
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free and total device memory now, in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(cuda_err("memory info"))
+    }
+
+    /// Wait for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+
+    /// The stream every kernel of this backend runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Device address of a buffer (event tracking is off, so nothing is recorded).
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Launch `f` on this backend's stream.
+    pub(crate) fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.launch_smem(f, grid, block, 0, args)
+    }
+
+    /// Launch `f` with `smem` bytes of dynamic shared memory (0 for the kernels without).
+    pub(crate) fn launch_smem(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
+        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
+        // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
+        // values of the matching types that outlive this call; buffer lengths are checked by
+        // the wrapper before the launch. Kernels with `extern __shared__` arrays use at most
+        // `smem` bytes, which the caller sizes.
+        unsafe {
+            dres::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                smem,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(cuda_err("kernel launch"))
+    }
+}
