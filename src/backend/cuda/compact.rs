@@ -6,56 +6,21 @@ use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, DeviceVec};
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
-use super::operator::{check_vectors, up, width_index, DevValues, MemoryPlan};
+use super::operator::MemoryPlan;
+use super::stencil::{stencil_parts, DevStencil, StencilArgs};
 use super::tiled::DevTiled;
-use super::util::{arg, fused_entries_per_block};
+use super::util::{arg, check_vectors, fused_entries_per_block, up, width_index, DevValues};
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
-use crate::grid::stencil::BlockKind;
 use crate::grid::StencilOp;
 use crate::sparse::tiled::{Tiled, TiledHalf};
 use crate::sparse::{CompactCsr, CompactValues, Csr};
 
 /// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
 const CWARPS: u32 = 8;
-/// Threads per block and rows per thread of the stencil kernels.
-const STENCIL_THREADS: u32 = 256;
-const STENCIL_ROWS_PER_THREAD: u64 = 4;
 /// Device memory left free besides the plan: this much plus 3% of what is free.
 const HEADROOM_BYTES: u64 = 256 << 20;
-
-/// A block of stencil rows as kernels/compact.cu's `StencilBlock`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StencilBlockArg {
-    w: f64,
-    row0: u64,
-    lo: [u32; 3],
-    dims: [u32; 3],
-    kind: i32,
-    axis: i32,
-}
-
-/// kernels/compact.cu's `StencilArgs`, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StencilArgs {
-    b: [StencilBlockArg; 7],
-    new_of_old: u64,
-    old_of_new: u64,
-    n: [u32; 3],
-    nblocks: i32,
-}
-
-/// The stencil arguments of a kernel that may add the stencil rows' transposed terms: whether
-/// it does, the stencil, and the address of the stencil rows' part of y (zeros without).
-pub(crate) fn stencil_parts(st: Option<(&StencilArgs, u64)>) -> (bool, StencilArgs, u64) {
-    match st {
-        Some((s, yd)) => (true, *s, yd),
-        None => (false, StencilArgs::default(), 0u64),
-    }
-}
 
 /// The sub-warp width and rows per sub-warp for rows of `mean` entries on average
 /// (SEISTOMO_COMPACT_S / SEISTOMO_COMPACT_R override them, for tuning).
@@ -153,70 +118,6 @@ impl DevCompact {
         ];
         let mut args = [&lead[..], &e.args(), &[arg(&sargs), arg(&yd)]].concat();
         be.launch(f, self.blocks, CWARPS * 32, &mut args)
-    }
-}
-
-/// Stencil rows on the device: the block descriptions and the renumbering tables.
-pub(crate) struct DevStencil {
-    args: StencilArgs,
-    nrows: u64,
-    _tables: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
-}
-
-impl DevStencil {
-    fn upload(be: &CudaBackend, op: &StencilOp) -> Result<Self> {
-        let st = op.stencil();
-        if op.blocks().len() > 7 || st.ncells() >= u32::MAX as usize {
-            return Err(Error::Invalid("cuda: stencil too large".into()));
-        }
-        let mut args = StencilArgs {
-            n: [st.n[0] as u32, st.n[1] as u32, st.n[2] as u32],
-            nblocks: op.blocks().len() as i32,
-            ..Default::default()
-        };
-        for (d, b) in args.b.iter_mut().zip(op.blocks()) {
-            let (kind, axis) = match b.kind {
-                BlockKind::Norm => (0, 0),
-                BlockKind::First(a) => (1, a as i32),
-                BlockKind::Second(a) => (2, a as i32),
-            };
-            *d = StencilBlockArg {
-                w: b.weight,
-                row0: b.row0 as u64,
-                lo: b.lo.map(|v| v as u32),
-                dims: b.dims.map(|v| v as u32),
-                kind,
-                axis,
-            };
-        }
-        let tables = match (op.new_of_old(), op.old_of_new()) {
-            (Some(p), Some(q)) => {
-                let (p, q) = (up(be, p)?, up(be, q)?);
-                args.new_of_old = be.ptr(&p);
-                args.old_of_new = be.ptr(&q);
-                Some((p, q))
-            }
-            _ => None,
-        };
-        Ok(DevStencil {
-            args,
-            nrows: op.nrows() as u64,
-            _tables: tables,
-        })
-    }
-
-    fn blocks(&self, rows: u64) -> u32 {
-        rows.div_ceil(STENCIL_THREADS as u64 * STENCIL_ROWS_PER_THREAD) as u32
-    }
-
-    fn av(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<()> {
-        let lead = [arg(&self.args), arg(&self.nrows), arg(&x), arg(&y)];
-        be.launch(
-            &be.k.stencil_av,
-            self.blocks(self.nrows),
-            STENCIL_THREADS,
-            &mut [&lead[..], &e.args()].concat(),
-        )
     }
 }
 

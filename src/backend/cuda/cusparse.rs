@@ -6,7 +6,8 @@ use cudarc::cusparse::sys as cs;
 use cudarc::driver::CudaSlice;
 
 use super::backend::CudaBackend;
-use super::operator::DevCsr;
+use super::csr::DevCsr;
+use super::util::DevValues;
 use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
@@ -69,8 +70,8 @@ impl CuSparse {
             .clone_htod(&ip32)
             .map_err(|e| Error::backend("cuda", format!("uploading row offsets: {e:?}")))?;
         let vals = match &dev.values {
-            super::operator::DevValues::F64(v) => be.ptr(v),
-            super::operator::DevValues::F32(_) => {
+            DevValues::F64(v) => be.ptr(v),
+            DevValues::F32(_) => {
                 return Err(Error::backend("cuda", "cuSPARSE baseline needs f64 values"))
             }
         };

@@ -18,12 +18,16 @@
 //! - vector.rs: `impl Backend for CudaBackend` and the vector kernels' launches;
 //! - nccl.rs: the NCCL communicator, halo exchange and vector sums;
 //! - error.rs: the backend's errors; util.rs: small helpers of the launch wrappers;
-//! - operator.rs, cusparse.rs: [`CudaCsrOperator`]; compact.rs, tiled.rs:
-//!   [`CudaCompactOperator`]; lsqr_loop.rs: the device-resident LSQR loop; square.rs,
-//!   patterns.rs: GMRES's [`CudaSquareOperator`] and [`CudaIluSweeps`].
+//! - csr.rs: CSR arrays on the device and their kernels; operator.rs, cusparse.rs:
+//!   [`CudaCsrOperator`] and its memory plan;
+//! - stencil.rs: damping stencils on the device; tiled.rs: column tiles; compact.rs:
+//!   [`CudaCompactOperator`] over delta rows or tiles, and the stencil;
+//! - lsqr_loop.rs: the device-resident LSQR loop;
+//! - square.rs, patterns.rs: GMRES's [`CudaSquareOperator`] and [`CudaIluSweeps`].
 
 mod backend;
 mod compact;
+mod csr;
 mod cusparse;
 mod device;
 mod error;
@@ -33,12 +37,14 @@ mod nvrtc;
 mod operator;
 mod patterns;
 mod square;
+mod stencil;
 mod tiled;
 mod util;
 mod vector;
 
 pub use backend::{CudaBackend, DeviceVec};
 pub use compact::{CompactGpuOptions, CudaCompactOperator, GpuLayout};
+pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
-pub use operator::{plan_for, plan_memory, segments, CudaCsrOperator, MemoryPlan};
+pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};

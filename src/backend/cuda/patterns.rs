@@ -4,8 +4,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::backend::CudaBackend;
-use super::operator::{check_vectors, up, DevValues};
-use super::util::arg;
+use super::util::{arg, check_vectors, up, DevValues};
 use crate::error::Result;
 use crate::sparse::patterns::RowPatterns;
 use crate::sparse::CompactValues;

@@ -22,10 +22,9 @@ use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, DeviceVec};
 use super::error::cuda_err;
-use super::operator::up;
 use super::operator::CudaCsrOperator;
 use super::patterns::DevPatterns;
-use super::util::arg;
+use super::util::{arg, up};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;

@@ -4,10 +4,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::backend::CudaBackend;
-use super::compact::{stencil_parts, StencilArgs};
 use super::lsqr_loop::Epilogue;
-use super::operator::{up, up_if, width_index, DevValues};
-use super::util::arg;
+use super::stencil::{stencil_parts, StencilArgs};
+use super::util::{arg, up, up_if, width_index, DevValues};
 use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledValues};
 
