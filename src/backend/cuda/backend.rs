@@ -7,13 +7,13 @@ use cudarc::driver::{
     result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr,
 };
 
-use super::device::{probe_device, DeviceInfo};
-use super::error::cuda_err;
+use super::device::{probe_checked, DeviceInfo};
+use super::error::{CudaError, Doing};
 use super::nccl::Nccl;
 use super::nvrtc::{kernels_for, Kernels};
 use crate::backend::Backend;
 use crate::comm::Comm;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// At most this many blocks in a reduction (and the size of the partial-sum buffer).
 pub(super) const RED_MAX_BLOCKS: usize = 1024;
@@ -37,19 +37,15 @@ impl MappedScalar {
                 dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
             )
         }
-        .map_err(cuda_err("mapped host memory"))?;
-        let host = mem.as_mut_ptr().map_err(cuda_err("mapped host memory"))?;
+        .doing("mapped host memory")?;
+        let host = mem.as_mut_ptr().doing("mapped host memory")?;
         // SAFETY: `host` points to `len` f64 of page-locked memory owned by `mem`.
         unsafe { std::ptr::write_bytes(host, 0, len) };
         let mut device: dsys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
-        let r = unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
-        if r != dsys::CUresult::CUDA_SUCCESS {
-            return Err(Error::backend(
-                "cuda",
-                format!("mapping host memory: {r:?}"),
-            ));
-        }
+        unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
+            .result()
+            .doing("mapping host memory")?;
         Ok(MappedScalar {
             _mem: mem,
             host: host as usize,
@@ -92,30 +88,29 @@ impl CudaBackend {
     /// A backend on device `ordinal`: checks the libraries and the device first (an error, not
     /// a panic, when CUDA is not usable), then compiles or reuses the kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
-        let info = probe_device(ordinal)
-            .map_err(|why| Error::backend("cuda", format!("no usable CUDA GPU: {why}")))?;
-        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the context"))?;
+        let info = probe_checked(ordinal).map_err(|why| CudaError::NoDevice(Box::new(why)))?;
+        let ctx = CudaContext::new(ordinal).doing("creating the context")?;
         // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
         // per-buffer event tracking (cross-stream synchronisation) is not needed.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let stream = ctx.new_stream().doing("creating a stream")?;
         let k = kernels_for(&ctx, info.compute_capability)?;
         let partial = stream
             .alloc_zeros::<f64>(RED_MAX_BLOCKS)
-            .map_err(cuda_err("allocating reduction buffers"))?;
+            .doing("allocating reduction buffers")?;
         let counter = stream
             .alloc_zeros::<u32>(1)
-            .map_err(cuda_err("allocating reduction buffers"))?;
+            .doing("allocating reduction buffers")?;
         let result = stream
             .alloc_zeros::<f64>(1)
-            .map_err(cuda_err("allocating reduction buffers"))?;
+            .doing("allocating reduction buffers")?;
         let mapped = MappedScalar::new(&ctx, 1).ok();
         let multi_partial = stream
             .alloc_zeros::<f64>(MULTI_MAX * RED_MAX_BLOCKS)
-            .map_err(cuda_err("allocating reduction buffers"))?;
+            .doing("allocating reduction buffers")?;
         let multi_result = stream
             .alloc_zeros::<f64>(MULTI_MAX)
-            .map_err(cuda_err("allocating reduction buffers"))?;
+            .doing("allocating reduction buffers")?;
         let multi_mapped = MappedScalar::new(&ctx, MULTI_MAX).ok();
         Ok(CudaBackend {
             ctx,
@@ -138,7 +133,7 @@ impl CudaBackend {
     /// (device 0 alone); says which GPU each rank took when there are several ranks.
     pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
         let count = CudaContext::device_count()
-            .map_err(|e| Error::backend("cuda", format!("cuInit/device count: {e:?}")))?
+            .doing("cuInit/device count")?
             .max(1) as usize;
         // More ranks on a node than GPUs: ranks share them round-robin (said once per rank).
         let ordinal = if comm.size() > 1 {
@@ -179,12 +174,12 @@ impl CudaBackend {
 
     /// Free and total device memory now, in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.ctx.mem_get_info().map_err(cuda_err("memory info"))
+        self.ctx.mem_get_info().doing("memory info")
     }
 
     /// Wait for all queued work (for timing).
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(cuda_err("synchronize"))
+        self.stream.synchronize().doing("synchronize")
     }
 
     /// The stream every kernel of this backend runs on.
@@ -221,9 +216,7 @@ impl CudaBackend {
         if grid == 0 {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(cuda_err("binding the context"))?;
+        self.ctx.bind_to_thread().doing("binding the context")?;
         // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
         // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
         // values of the matching types that outlive this call; buffer lengths are checked by
@@ -239,6 +232,6 @@ impl CudaBackend {
                 args,
             )
         }
-        .map_err(cuda_err("kernel launch"))
+        .doing("kernel launch")
     }
 }

@@ -2,6 +2,8 @@
 
 use cudarc::driver::{sys as dsys, CudaContext};
 
+use super::error::CudaError;
+
 /// What [`probe`] found: the device a CUDA backend would use.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {
@@ -61,33 +63,42 @@ pub fn probe() -> std::result::Result<DeviceInfo, String> {
 
 /// [`probe`] for one device ordinal.
 pub fn probe_device(ordinal: usize) -> std::result::Result<DeviceInfo, String> {
+    probe_checked(ordinal).map_err(|e| e.to_string())
+}
+
+/// [`probe_device`] with the reason typed.
+pub(super) fn probe_checked(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    let unusable = |why: String| Err(CudaError::Unusable(why));
     let missing = missing_libraries();
     if !missing.is_empty() {
-        return Err(format!("missing {}", missing.join(", ")));
+        return unusable(format!("missing {}", missing.join(", ")));
     }
-    let count = CudaContext::device_count().map_err(|e| format!("cuInit/device count: {e:?}"))?;
+    let count =
+        CudaContext::device_count().map_err(|e| CudaError::during("cuInit/device count", e))?;
     if count <= 0 {
-        return Err("the CUDA driver reports no device".into());
+        return unusable("the CUDA driver reports no device".into());
     }
     if ordinal >= count as usize {
-        return Err(format!(
+        return unusable(format!(
             "device {ordinal} requested but only {count} present"
         ));
     }
-    let ctx =
-        CudaContext::new(ordinal).map_err(|e| format!("context on device {ordinal}: {e:?}"))?;
-    let name = ctx.name().map_err(|e| format!("device name: {e:?}"))?;
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| CudaError::during(format!("context on device {ordinal}"), e))?;
+    let name = ctx
+        .name()
+        .map_err(|e| CudaError::during("device name", e))?;
     let cc = ctx
         .compute_capability()
-        .map_err(|e| format!("compute capability: {e:?}"))?;
+        .map_err(|e| CudaError::during("compute capability", e))?;
     let (free, total) = ctx
         .mem_get_info()
-        .map_err(|e| format!("memory info: {e:?}"))?;
+        .map_err(|e| CudaError::during("memory info", e))?;
     let sms = ctx
         .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| format!("SM count: {e:?}"))?;
+        .map_err(|e| CudaError::during("SM count", e))?;
     if cc.0 < 6 {
-        return Err(format!(
+        return unusable(format!(
             "{name} has compute capability {}.{}; f64 atomics need 6.0 or newer",
             cc.0, cc.1
         ));

@@ -15,7 +15,7 @@ use std::mem::offset_of;
 use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
 
 use super::backend::CudaBackend;
-use super::error::cuda_err;
+use super::error::Doing;
 use super::util::arg;
 use super::vector::THREADS;
 use crate::backend::lsqr::{
@@ -251,29 +251,25 @@ impl DeviceLoop {
         // graph's copy) before they are read.
         // Flags 0: ordinary (not write-combined) page-locked memory, which the host reads fast.
         let host_state = unsafe { be.ctx.alloc_pinned_with_flags::<DevState>(1, 0) }
-            .map_err(cuda_err("page-locked memory for the LSQR state"))?;
+            .doing("page-locked memory for the LSQR state")?;
         // SAFETY: as above.
         let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
-            .map_err(cuda_err("page-locked memory for the LSQR history"))?;
+            .doing("page-locked memory for the LSQR history")?;
         let mut host_state = host_state;
-        let host_state_ptr = host_state
-            .as_mut_ptr()
-            .map_err(cuda_err("page-locked state"))? as usize;
-        let host_rec_ptr = host_rec
-            .as_mut_ptr()
-            .map_err(cuda_err("page-locked history"))? as usize;
+        let host_state_ptr = host_state.as_mut_ptr().doing("page-locked state")? as usize;
+        let host_rec_ptr = host_rec.as_mut_ptr().doing("page-locked history")? as usize;
         Ok(DeviceLoop {
             host_state_ptr,
             host_rec_ptr,
             state: st
                 .alloc_zeros::<DevState>(1)
-                .map_err(cuda_err("device memory for the LSQR state"))?,
+                .doing("device memory for the LSQR state")?,
             partial: st
                 .alloc_zeros::<f64>(partials.max(1))
-                .map_err(cuda_err("device memory for partial sums"))?,
+                .doing("device memory for partial sums")?,
             rec: st
                 .alloc_zeros::<f64>(REC * RECMAX)
-                .map_err(cuda_err("device memory for the LSQR history"))?,
+                .doing("device memory for the LSQR history")?,
             host_state,
             host_rec,
             key: [0; 6],
@@ -303,7 +299,7 @@ impl DeviceLoop {
         unsafe {
             dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<DevState>(), cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR state in"))?;
+                .doing("copying the LSQR state in")?;
         }
         let one = 1u32;
         let n64 = n as u64;
@@ -352,10 +348,10 @@ impl DeviceLoop {
         unsafe {
             dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<DevState>(), cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR state out"))?;
+                .doing("copying the LSQR state out")?;
             dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR history out"))?;
+                .doing("copying the LSQR history out")?;
         }
         Ok(())
     }
@@ -408,12 +404,12 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             be.synchronize()?;
             be.stream
                 .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(cuda_err("starting a graph capture"))?;
+                .doing("starting a graph capture")?;
             let recorded = lp.record_replay(be, op, v, k);
             let graph = be
                 .stream
                 .end_capture(dsys::CUgraphInstantiate_flags(0))
-                .map_err(cuda_err("capturing the LSQR graph"));
+                .doing("capturing the LSQR graph");
             recorded?;
             lp.graph =
                 Some(graph?.ok_or_else(|| {
@@ -432,25 +428,17 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             st.skip_atu = 0;
             st.error = 0;
             st.stop_at = next as i64;
-            lp.host_state
-                .as_mut_slice()
-                .map_err(cuda_err("page-locked state"))?[0] = st;
+            lp.host_state.as_mut_slice().doing("page-locked state")?[0] = st;
             lp.graph
                 .as_ref()
                 .expect("captured above")
                 .launch()
-                .map_err(cuda_err("launching the LSQR graph"))?;
+                .doing("launching the LSQR graph")?;
             be.synchronize()?;
             let before = s.itn;
-            st = lp
-                .host_state
-                .as_slice()
-                .map_err(cuda_err("page-locked state"))?[0];
+            st = lp.host_state.as_slice().doing("page-locked state")?[0];
             st.to_scalars(s);
-            let h = lp
-                .host_rec
-                .as_slice()
-                .map_err(cuda_err("page-locked history"))?;
+            let h = lp.host_rec.as_slice().doing("page-locked history")?;
             recs.clear();
             for itn in before + 1..=s.itn {
                 let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];

@@ -46,5 +46,6 @@ pub use backend::{CudaBackend, DeviceVec};
 pub use compact::{CompactGpuOptions, CudaCompactOperator, GpuLayout};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
+pub use error::CudaError;
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};

@@ -4,6 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 
+use cudarc::nccl::result::NcclError;
+
+use super::error::{CudaError, Doing};
 use crate::backend::AllreducePath;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -50,15 +53,15 @@ impl Nccl {
         if comm.rank() == 0 {
             match cudarc::nccl::safe::Id::new() {
                 Ok(id) => id_bytes = id.internal().iter().map(|&c| c as u8).collect(),
-                Err(e) => local_err = Some(format!("ncclGetUniqueId: {e:?}")),
+                Err(e) => local_err = Some(CudaError::during("ncclGetUniqueId", e)),
             }
         }
         comm.broadcast_bytes(0, &mut id_bytes)?;
         if id_bytes.len() != 128 {
-            return Err(Error::backend(
-                "cuda",
-                local_err.unwrap_or_else(|| "rank 0 could not create an NCCL id".into()),
-            ));
+            return Err(match local_err {
+                Some(e) => e.into(),
+                None => Error::backend("cuda", "rank 0 could not create an NCCL id"),
+            });
         }
         let mut internal = [0 as std::ffi::c_char; 128];
         for (d, s) in internal.iter_mut().zip(&id_bytes) {
@@ -66,7 +69,7 @@ impl Nccl {
         }
         let id = cudarc::nccl::safe::Id::uninit(internal);
         let c = cudarc::nccl::safe::Comm::from_rank(stream.clone(), comm.rank(), comm.size(), id)
-            .map_err(|e| Error::backend("cuda", format!("ncclCommInitRank: {e:?}")))?;
+            .doing("ncclCommInitRank")?;
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(NcclComm(c));
         Ok("nccl (GPU to GPU)".into())
     }
@@ -92,8 +95,8 @@ impl Nccl {
         let Some(nc) = guard.as_ref() else {
             return Ok(false);
         };
-        let err = |what: &str, e: cudarc::nccl::result::NcclError| {
-            Error::backend("cuda", format!("NCCL {what} in the halo exchange: {e:?}"))
+        let err = |what: &str, e: NcclError| {
+            CudaError::during(format!("NCCL {what} in the halo exchange"), e)
         };
         cudarc::nccl::result::group_start().map_err(|e| err("ncclGroupStart", e))?;
         // Every send and receive is queued before ncclGroupEnd launches them together; the
@@ -121,8 +124,8 @@ impl Nccl {
         }
         let end = cudarc::nccl::result::group_end().map_err(|e| err("ncclGroupEnd", e));
         match failed {
-            Some(e) => Err(e),
-            None => end.map(|_| true),
+            Some(e) => Err(e.into()),
+            None => Ok(end.map(|_| true)?),
         }
     }
 
@@ -134,7 +137,7 @@ impl Nccl {
             return Ok(false);
         };
         nc.0.all_reduce_in_place(x, &cudarc::nccl::safe::ReduceOp::Sum)
-            .map_err(|e| Error::backend("cuda", format!("ncclAllReduce: {e:?}")))?;
+            .doing("ncclAllReduce")?;
         Ok(true)
     }
 }

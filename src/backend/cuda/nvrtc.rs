@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
-use super::error::cuda_err;
-use crate::error::{Error, Result};
+use super::error::{CudaError, Doing};
+use crate::error::Result;
 
 /// The kernel sources, compiled together as one NVRTC program.
 const KERNEL_SOURCES: [&str; 5] = [
@@ -90,25 +90,12 @@ pub(super) fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<
         name: Some("seistomo_kernels.cu".into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| {
-        let detail = match &e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                log.to_string_lossy().into_owned()
-            }
-            other => format!("{other:?}"),
-        };
-        Error::backend(
-            "cuda",
-            format!("NVRTC could not compile kernels/*.cu: {detail}"),
-        )
-    })?;
-    let module = ctx
-        .load_module(ptx)
-        .map_err(cuda_err("loading the kernel module"))?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(CudaError::from)?;
+    let module = ctx.load_module(ptx).doing("loading the kernel module")?;
     let f = |name: &str| {
         module
             .load_function(name)
-            .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))
+            .doing_with(|| format!("kernel {name}"))
     };
     let k = Arc::new(Kernels {
         spmv_f64: f("spmv_f64")?,

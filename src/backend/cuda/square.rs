@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, DeviceVec};
-use super::error::cuda_err;
+use super::error::Doing;
 use super::operator::CudaCsrOperator;
 use super::patterns::DevPatterns;
 use super::util::{arg, up};
@@ -154,7 +154,7 @@ impl<'c> CudaSquareOperator<'c> {
                 let idx = be
                     .stream
                     .clone_htod(&flat)
-                    .map_err(cuda_err("copying the halo indices to the device"))?;
+                    .doing("copying the halo indices to the device")?;
                 (Some(idx), Some(be.zeros(flat.len())?))
             };
             Some(Mutex::new(Halo {
@@ -224,7 +224,7 @@ impl<'c> CudaSquareOperator<'c> {
         }
         be.stream
             .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
-            .map_err(cuda_err("device copy"))?;
+            .doing("device copy")?;
         // GPU to GPU when NCCL is set up: no host copies.
         if be.nccl.exchange(
             h.send_dev.as_ref(),
@@ -238,7 +238,7 @@ impl<'c> CudaSquareOperator<'c> {
         if let Some(send) = &h.send_dev {
             be.stream
                 .memcpy_dtoh(send, &mut h.send_host[..])
-                .map_err(cuda_err("copying the halo to the host"))?;
+                .doing("copying the halo to the host")?;
             be.synchronize()?;
         }
         Ok(false)
@@ -269,7 +269,7 @@ impl<'c> CudaSquareOperator<'c> {
         if !h.recv_host.is_empty() {
             be.stream
                 .memcpy_htod(&h.recv_host[..], &mut h.ext.slice_mut(n..n + off))
-                .map_err(cuda_err("copying the halo to the device"))?;
+                .doing("copying the halo to the device")?;
         }
         Ok(())
     }
@@ -509,7 +509,7 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         // L y = r: y <- r - (L - I) y from y = r, ping-ponging between y and y2.
         be.stream
             .memcpy_dtod(r, &mut self.y.slice_mut(..n))
-            .map_err(cuda_err("device copy"))?;
+            .doing("device copy")?;
         let pr = be.ptr(r);
         let (mut cur, mut next) = (be.ptr(&self.y), be.ptr(&self.y2));
         for _ in 0..self.sweeps {

@@ -4,6 +4,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::backend::CudaBackend;
+use super::error::Doing;
 use super::lsqr_loop::Epilogue;
 use super::stencil::{stencil_parts, StencilArgs};
 use super::util::{arg, up, up_if, width_index, DevValues};
@@ -101,7 +102,7 @@ impl DevTiled {
         let zeros = |n: usize| {
             stream
                 .alloc_zeros::<f64>(n.max(1))
-                .map_err(|e| Error::backend("cuda", format!("allocating tile scratch: {e:?}")))
+                .doing("allocating tile scratch")
         };
         Ok(DevTiled {
             nrows: t.nrows,

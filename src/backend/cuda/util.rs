@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use cudarc::driver::CudaSlice;
 
 use super::backend::CudaBackend;
+use super::error::Doing;
 use crate::error::{Error, Result};
 
 /// A kernel argument: the address of a value that lives until the launch returns.
@@ -74,12 +75,9 @@ pub(super) fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
 ) -> Result<CudaSlice<T>> {
     let dummy = [T::default()];
     let src = if v.is_empty() { &dummy[..] } else { v };
-    be.stream.clone_htod(src).map_err(|e| {
-        Error::backend(
-            "cuda",
-            format!("uploading {} bytes: {e:?}", std::mem::size_of_val(src)),
-        )
-    })
+    be.stream
+        .clone_htod(src)
+        .doing_with(|| format!("uploading {} bytes", std::mem::size_of_val(src)))
 }
 
 /// [`up`] of `v` when `on`, else of the one-element dummy (a part of a layout not used).

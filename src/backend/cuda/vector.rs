@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::{CudaBackend, DeviceVec, MULTI_MAX, RED_MAX_BLOCKS};
-use super::error::cuda_err;
+use super::error::Doing;
 use super::util::arg;
 use crate::backend::{Backend, XwState, XwStep};
 use crate::comm::Comm;
@@ -89,7 +89,7 @@ impl CudaBackend {
         let mut h = [0.0f64];
         self.stream
             .memcpy_dtoh(&self.result, &mut h)
-            .map_err(cuda_err("copying a scalar to the host"))?;
+            .doing("copying a scalar to the host")?;
         self.synchronize()?;
         Ok(h[0])
     }
@@ -122,7 +122,7 @@ impl CudaBackend {
         } else {
             self.stream
                 .memcpy_dtoh(&self.multi_result.slice(..nout), &mut out[..nout])
-                .map_err(cuda_err("copying results to the host"))?;
+                .doing("copying results to the host")?;
             self.synchronize()?;
         }
         Ok(())
@@ -312,18 +312,18 @@ impl Backend for CudaBackend {
     fn zeros(&self, n: usize) -> Result<CudaSlice<f64>> {
         self.stream
             .alloc_zeros::<f64>(n)
-            .map_err(|e| Error::backend("cuda", format!("allocating {n} f64 on the device: {e:?}")))
+            .doing_with(|| format!("allocating {n} f64 on the device"))
     }
     fn upload(&self, x: &[f64]) -> Result<CudaSlice<f64>> {
         self.stream
             .clone_htod(x)
-            .map_err(cuda_err("copying a vector to the device"))
+            .doing("copying a vector to the device")
     }
     fn download(&self, x: &CudaSlice<f64>, out: &mut [f64]) -> Result<()> {
         self.check_len("download", out.len(), x.len())?;
         self.stream
             .memcpy_dtoh(x, out)
-            .map_err(cuda_err("copying a vector to the host"))?;
+            .doing("copying a vector to the host")?;
         self.synchronize()
     }
     fn len(&self, x: &CudaSlice<f64>) -> usize {
@@ -331,9 +331,7 @@ impl Backend for CudaBackend {
     }
     fn copy(&self, src: &CudaSlice<f64>, dst: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("copy", src.len(), dst.len())?;
-        self.stream
-            .memcpy_dtod(src, dst)
-            .map_err(cuda_err("device copy"))
+        self.stream.memcpy_dtod(src, dst).doing("device copy")
     }
     fn fill(&self, x: &mut CudaSlice<f64>, value: f64) -> Result<()> {
         let (n, px) = (x.len() as u64, self.ptr(x));
@@ -570,7 +568,7 @@ impl Backend for CudaBackend {
         }
         self.stream
             .memcpy_dtoh(&sc.slice(at..at + out.len()), out)
-            .map_err(cuda_err("copying scalars to the host"))?;
+            .doing("copying scalars to the host")?;
         self.synchronize()
     }
     fn write_scalars(&self, sc: &mut CudaSlice<f64>, at: usize, vals: &[f64]) -> Result<()> {
@@ -580,7 +578,7 @@ impl Backend for CudaBackend {
         }
         self.stream
             .memcpy_htod(vals, &mut sc.slice_mut(at..at + vals.len()))
-            .map_err(cuda_err("copying scalars to the device"))?;
+            .doing("copying scalars to the device")?;
         // the host slice may go away when this returns
         self.synchronize()
     }
@@ -600,21 +598,21 @@ impl Backend for CudaBackend {
             // it is read; flags 0 = ordinary (not write-combined) page-locked memory, which the
             // host reads fast.
             let p = unsafe { self.ctx.alloc_pinned_with_flags::<f64>(x.len(), 0) }
-                .map_err(cuda_err("allocating page-locked host memory"))?;
+                .doing("allocating page-locked host memory")?;
             *guard = Some(p);
         }
         let p = guard.as_mut().expect("allocated above");
         self.stream
             .memcpy_dtoh(x, p)
-            .map_err(cuda_err("copying a vector to the host"))?;
+            .doing("copying a vector to the host")?;
         // Event tracking is off in this backend, so the pinned slice does not wait for the
         // copy by itself: synchronise the stream before the host reads it.
         self.synchronize()?;
-        let h = p.as_mut_slice().map_err(cuda_err("waiting for the copy"))?;
+        let h = p.as_mut_slice().doing("waiting for the copy")?;
         comm.allreduce_sum(h)?;
         self.stream
             .memcpy_htod(p, x)
-            .map_err(cuda_err("copying a vector to the device"))?;
+            .doing("copying a vector to the device")?;
         self.synchronize()
     }
 }
