@@ -72,9 +72,10 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
         let y = rand_vec(mrows, 22);
         for p in [Precision::F64, Precision::F32] {
             let cop = CpuCompactOperator::new(a, st.clone(), p);
-            let rows = |shape| CompactGpuOptions {
+            let rows = |shape: Option<(u32, u32)>| CompactGpuOptions {
                 layout: Some(GpuLayout::Rows),
-                shape,
+                compact_s: shape.map(|(s, _)| s),
+                compact_r: shape.map(|(_, r)| r),
                 ..Default::default()
             };
             let tiles = |bits| CompactGpuOptions {
@@ -108,7 +109,13 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 split(9, 12),
                 split(12, 4),
             ] {
-                let shape = (o.layout, o.tile_bits, o.ax_tile_bits, o.shape);
+                let shape = (
+                    o.layout,
+                    o.tile_bits,
+                    o.ax_tile_bits,
+                    o.compact_s,
+                    o.compact_r,
+                );
                 let gop = CudaCompactOperator::with_options(&g, a, st.as_ref(), p, &o).unwrap();
                 assert_eq!(gop.nrows(), mrows);
                 let gx = g.upload(&x).unwrap();

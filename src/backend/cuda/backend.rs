@@ -10,10 +10,10 @@ use cudarc::driver::{
 use super::device::{probe_checked, DeviceInfo};
 use super::error::{CudaError, Doing};
 use super::nccl::Nccl;
-use super::nvrtc::{kernels_for, Kernels};
+use super::nvrtc::{check_defines, kernels_for, Kernels};
 use crate::backend::Backend;
 use crate::comm::Comm;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// At most this many blocks in a reduction (and the size of the partial-sum buffer).
 pub(super) const RED_MAX_BLOCKS: usize = 1024;
@@ -82,19 +82,29 @@ pub struct CudaBackend {
     pub(super) pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
     /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
     pub(crate) nccl: Nccl,
+    /// The preprocessor defines the kernels were compiled with.
+    defines: Vec<String>,
 }
 
 impl CudaBackend {
     /// A backend on device `ordinal`: checks the libraries and the device first (an error, not
     /// a panic, when CUDA is not usable), then compiles or reuses the kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_defines(ordinal, &[])
+    }
+
+    /// [`CudaBackend::new`] with the kernels compiled with preprocessor `defines` (tuning
+    /// `nvrtc_defines`: each `NAME` or `NAME=VALUE`, checked first); the compiled module is
+    /// cached per device and set of defines.
+    pub fn with_defines(ordinal: usize, defines: &[String]) -> Result<Self> {
+        check_defines(defines)?;
         let info = probe_checked(ordinal).map_err(|why| CudaError::NoDevice(Box::new(why)))?;
         let ctx = CudaContext::new(ordinal).doing("creating the context")?;
         // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
         // per-buffer event tracking (cross-stream synchronisation) is not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().doing("creating a stream")?;
-        let k = kernels_for(&ctx, info.compute_capability)?;
+        let k = kernels_for(&ctx, info.compute_capability, defines)?;
         let partial = stream
             .alloc_zeros::<f64>(RED_MAX_BLOCKS)
             .doing("allocating reduction buffers")?;
@@ -126,12 +136,19 @@ impl CudaBackend {
             multi_mapped,
             pinned: Mutex::new(None),
             nccl: Nccl::default(),
+            defines: defines.to_vec(),
         })
     }
 
     /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node
     /// (device 0 alone); says which GPU each rank took when there are several ranks.
     pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
+        Self::for_rank_with_defines(comm, &[])
+    }
+
+    /// [`CudaBackend::for_rank`] with the kernels compiled with `defines`
+    /// ([`CudaBackend::with_defines`]).
+    pub fn for_rank_with_defines(comm: &dyn Comm, defines: &[String]) -> Result<Self> {
         let count = CudaContext::device_count()
             .doing("cuInit/device count")?
             .max(1) as usize;
@@ -141,7 +158,7 @@ impl CudaBackend {
         } else {
             0
         };
-        let be = CudaBackend::new(ordinal)?;
+        let be = CudaBackend::with_defines(ordinal, defines)?;
         if comm.size() > 1 {
             let shared = if comm.local_rank() >= count {
                 format!(", shared: {count} GPU(s) for more ranks on this node")
@@ -170,6 +187,24 @@ impl CudaBackend {
 
     pub fn device(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The preprocessor defines the kernels were compiled with (tuning `nvrtc_defines`).
+    pub fn defines(&self) -> &[String] {
+        &self.defines
+    }
+
+    /// An error when a tuning's `defines` are given but are not the ones this backend's
+    /// kernels were compiled with (they reach the kernels only through
+    /// [`CudaBackend::with_defines`]).
+    pub(crate) fn check_compiled_with(&self, defines: &[String]) -> Result<()> {
+        if defines.is_empty() || defines == self.defines {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "tuning nvrtc_defines = {defines:?}, but this backend's kernels were compiled with {:?} (make the backend with CudaBackend::with_defines)",
+            self.defines
+        )))
     }
 
     /// Free and total device memory now, in bytes.

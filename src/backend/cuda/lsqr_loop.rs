@@ -11,6 +11,7 @@
 
 use std::ffi::c_void;
 use std::mem::offset_of;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
 
@@ -26,7 +27,7 @@ use crate::error::{Error, Result};
 /// Doubles per history record and records kept on the device (kernels/lsqr.cu).
 const REC: usize = 8;
 const RECMAX: usize = 256;
-/// Iterations per graph replay (SEISTOMO_LSQR_BLOCK overrides it, 1..=RECMAX).
+/// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
 const STEP_THREADS: u32 = 1024;
@@ -207,20 +208,51 @@ pub(crate) trait FusedLsqr {
     fn loop_slot(&self) -> &LoopSlot;
 }
 
-/// A GPU operator's device-loop switch (`[backend] lsqr_loop`) and its captured loop, shared by
-/// the CSR and compact operators.
-#[derive(Default)]
+/// A GPU operator's device-loop switch (`[backend] lsqr_loop`), its block size (tuning
+/// `lsqr_block`) and its captured loop, shared by the CSR and compact operators.
 pub(crate) struct LoopSlot {
-    on: std::sync::atomic::AtomicBool,
+    on: AtomicBool,
+    block: AtomicUsize,
     lp: std::sync::Mutex<Option<DeviceLoop>>,
+}
+
+impl Default for LoopSlot {
+    fn default() -> Self {
+        LoopSlot {
+            on: AtomicBool::new(false),
+            block: AtomicUsize::new(BLOCK),
+            lp: Default::default(),
+        }
+    }
 }
 
 impl LoopSlot {
     pub fn set(&self, on: bool) {
-        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.on.store(on, Ordering::Relaxed);
     }
     pub fn is_on(&self) -> bool {
-        self.on.load(std::sync::atomic::Ordering::Relaxed)
+        self.on.load(Ordering::Relaxed)
+    }
+    /// Iterations per replay of the loop's graph (None: the default, 32).
+    pub fn set_block(&self, block: Option<usize>) -> Result<()> {
+        let k = block.unwrap_or(BLOCK);
+        check_lsqr_block(k)?;
+        self.block.store(k, Ordering::Relaxed);
+        Ok(())
+    }
+    fn block(&self) -> usize {
+        self.block.load(Ordering::Relaxed)
+    }
+}
+
+/// The device loop's block size is 1..=256 iterations (the history records kept on the device).
+pub(super) fn check_lsqr_block(k: usize) -> Result<()> {
+    if (1..=RECMAX).contains(&k) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "tuning lsqr_block = {k}: expected 1..={RECMAX}"
+        )))
     }
 }
 
@@ -381,11 +413,7 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         if s.itn >= iter_lim || s.istop != 0 || s.arnorm == 0.0 {
             return Ok(());
         }
-        let k = std::env::var("SEISTOMO_LSQR_BLOCK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(BLOCK)
-            .clamp(1, RECMAX);
+        let k = self.loop_slot().block();
         let partials = op.max_partials().max(update_blocks(n) as usize);
         if slot.as_ref().is_none_or(|l| l.partial.len() < partials) {
             *slot = Some(DeviceLoop::new(be, partials)?);

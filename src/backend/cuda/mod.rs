@@ -39,13 +39,15 @@ mod patterns;
 mod square;
 mod stencil;
 mod tiled;
+mod tuning;
 mod util;
 mod vector;
 
 pub use backend::{CudaBackend, DeviceVec};
-pub use compact::{CompactGpuOptions, CudaCompactOperator, GpuLayout};
+pub use compact::{CompactGpuOptions, CudaCompactOperator};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
 pub use error::CudaError;
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};
+pub use tuning::{GpuLayout, GpuTuning, GPU_TUNING_KEYS};

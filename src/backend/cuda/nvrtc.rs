@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 
 use super::error::{CudaError, Doing};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The kernel sources, compiled together as one NVRTC program.
 const KERNEL_SOURCES: [&str; 5] = [
@@ -58,14 +58,23 @@ pub(crate) struct Kernels {
     pub lsqr_rescaled: CudaFunction,
 }
 
-type ModuleCache = Mutex<Vec<(usize, Arc<Kernels>)>>;
+/// The compiled kernels by device ordinal and preprocessor defines.
+type ModuleCache = Mutex<Vec<(usize, Vec<String>, Arc<Kernels>)>>;
 
-/// Compile (once per process and device) and load the kernels.
-pub(super) fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
+/// Compile (once per process, device and set of `defines`, each `NAME` or `NAME=VALUE`) and
+/// load the kernels.
+pub(super) fn kernels_for(
+    ctx: &Arc<CudaContext>,
+    cc: (i32, i32),
+    defines: &[String],
+) -> Result<Arc<Kernels>> {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, k)) = cache.iter().find(|(o, _)| *o == ctx.ordinal()) {
+    let hit = cache
+        .iter()
+        .find(|(o, d, _)| *o == ctx.ordinal() && d == defines);
+    if let Some((_, _, k)) = hit {
         return Ok(k.clone());
     }
     let src = KERNEL_SOURCES.join("\n");
@@ -76,15 +85,8 @@ pub(super) fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<
         // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
         "--fmad=false".into(),
     ];
-    // Kernel tuning constants for experiments: SEISTOMO_NVRTC_DEFINES="CUNROLL=2,CMINB=8".
-    if let Ok(d) = std::env::var("SEISTOMO_NVRTC_DEFINES") {
-        options.extend(
-            d.split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(|t| format!("-D{t}")),
-        );
-    }
+    // Kernel constants for experiments (tuning nvrtc_defines, e.g. CUNROLL=2, CMINB=8).
+    options.extend(defines.iter().map(|d| format!("-D{d}")));
     let opts = cudarc::nvrtc::CompileOptions {
         options,
         name: Some("seistomo_kernels.cu".into()),
@@ -154,6 +156,25 @@ pub(super) fn kernels_for(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Arc<
         lsqr_rescaled: f("lsqr_rescaled")?,
         _module: module.clone(),
     });
-    cache.push((ctx.ordinal(), k.clone()));
+    cache.push((ctx.ordinal(), defines.to_vec(), k.clone()));
     Ok(k)
+}
+
+/// The kernels' preprocessor defines are each `NAME` or `NAME=VALUE`: NAME a C identifier,
+/// VALUE without spaces (one NVRTC option `-DNAME=VALUE` each).
+pub(super) fn check_defines(defines: &[String]) -> Result<()> {
+    for d in defines {
+        let (name, value) = d.split_once('=').unwrap_or((d, ""));
+        let ident = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident || value.chars().any(char::is_whitespace) {
+            return Err(Error::Invalid(format!(
+                "tuning nvrtc_defines: '{d}' is not NAME or NAME=VALUE (a C identifier, a value without spaces)"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@ use super::backend::{CudaBackend, DeviceVec};
 use super::csr::DevCsr;
 use super::cusparse::CuSparse;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
+use super::tuning::GpuTuning;
 use super::util::check_vectors;
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
@@ -207,6 +208,23 @@ impl CudaCsrOperator {
         })
     }
 
+    /// [`CudaCsrOperator::new`] with the tuning `t` (checked first): the CSR operator takes
+    /// the device LSQR loop's block (`lsqr_block`) from it; the compact layout knobs do not
+    /// apply to CSR.
+    pub fn with_tuning(
+        be: &CudaBackend,
+        a: &Csr,
+        strategy: TransposeStrategy,
+        precision: Precision,
+        t: &GpuTuning,
+    ) -> Result<Self> {
+        t.validate()?;
+        be.check_compiled_with(&t.nvrtc_defines)?;
+        let op = Self::new(be, a, strategy, precision)?;
+        op.set_lsqr_block(t.lsqr_block)?;
+        Ok(op)
+    }
+
     pub fn strategy(&self) -> TransposeStrategy {
         self.plan.strategy
     }
@@ -214,6 +232,11 @@ impl CudaCsrOperator {
     /// explicit transpose has one, the host loop runs otherwise).
     pub fn set_device_loop(&self, on: bool) {
         self.device_loop.set(on);
+    }
+    /// Iterations per replay of the device loop's graph (tuning `lsqr_block`, 1..=256; None:
+    /// the default, 32).
+    pub fn set_lsqr_block(&self, block: Option<usize>) -> Result<()> {
+        self.device_loop.set_block(block)
     }
     pub fn precision(&self) -> Precision {
         self.plan.precision

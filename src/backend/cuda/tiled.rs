@@ -86,18 +86,22 @@ pub(crate) struct DevTiled {
 impl DevTiled {
     /// Upload `t`: the row pass (A x) when `rows`, the column pass (A^T) when `cols`; a pass
     /// not uploaded must not be called (the mixed layout takes A x from delta rows, the split
-    /// layout each product from tiles of its own size).
-    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool, cols: bool) -> Result<Self> {
+    /// layout each product from tiles of its own size). The column pass's sub-warp width is
+    /// `s_cols` (tuning `tiled_s_cols`, validated) or chosen from the mean column length.
+    pub fn upload(
+        be: &CudaBackend,
+        t: &Tiled,
+        rows: bool,
+        cols: bool,
+        s_cols: Option<u32>,
+    ) -> Result<Self> {
         if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
             return Err(Error::Invalid(
                 "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
             ));
         }
-        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
         let mean_col = t.nnz as f64 / (t.nchunks() * t.tile()).max(1) as f64;
-        let s_cols = env("SEISTOMO_TILED_S_COLS")
-            .filter(|s| [4, 8, 16, 32].contains(s))
-            .unwrap_or_else(|| width_for(mean_col));
+        let s_cols = s_cols.unwrap_or_else(|| width_for(mean_col));
         let stream = &be.stream;
         let zeros = |n: usize| {
             stream
