@@ -10,18 +10,18 @@ use super::operator::MemoryPlan;
 use super::stencil::{stencil_parts, DevStencil, StencilArgs};
 use super::tiled::DevTiled;
 use super::tuning::{GpuLayout, GpuTuning};
-use super::util::{arg, check_vectors, fused_entries_per_block, up, width_index, DevValues};
+use super::util::{
+    arg, check_row_numbers, check_vectors, fused_entries_per_block, up, width_index, DevValues,
+};
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::StencilOp;
 use crate::sparse::tiled::{Tiled, TiledHalf};
-use crate::sparse::{CompactCsr, CompactValues, Csr};
+use crate::sparse::{CompactCsr, Csr};
 
 /// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
 const CWARPS: u32 = 8;
-/// Device memory left free besides the plan: this much plus 3% of what is free.
-const HEADROOM_BYTES: u64 = 256 << 20;
 
 /// Default tile size: 2^9 columns (512 cells, an 8x8x8 brick in Morton order).
 const TILE_BITS: u32 = 9;
@@ -64,19 +64,11 @@ pub(crate) struct DevCompact {
 impl DevCompact {
     /// Upload `c` with the launch shape of the tuning `o` (validated) or chosen from `c`.
     fn upload(be: &CudaBackend, c: &CompactCsr, o: &GpuTuning) -> Result<Self> {
-        if c.nrows() >= u32::MAX as usize {
-            return Err(Error::Invalid(format!(
-                "cuda: {} rows on one rank do not fit 32-bit row numbers; use more ranks",
-                c.nrows()
-            )));
-        }
+        check_row_numbers(c.nrows())?;
         let mean = c.entries() as f64 / c.nrows().max(1) as f64;
         let (s, rows_per_sub) = launch_shape(mean, c.entries(), o.compact_s, o.compact_r);
         let rows_per_block = (CWARPS * (32 / s) * rows_per_sub) as usize;
-        let values = match c.values() {
-            CompactValues::F64(v) => DevValues::F64(up(be, v)?),
-            CompactValues::F32(v) => DevValues::F32(up(be, v)?),
-        };
+        let values = DevValues::upload(be, c.values())?;
         Ok(DevCompact {
             nrows: c.nrows(),
             entries: c.entries(),
@@ -115,8 +107,8 @@ impl DevCompact {
             arg(&x),
             arg(&y),
         ];
-        let mut args = [&lead[..], &e.args(), &[arg(&sargs), arg(&yd)]].concat();
-        be.launch(f, self.blocks, CWARPS * 32, &mut args)
+        let grid = (self.blocks, CWARPS * 32);
+        e.launch(be, f, grid, &lead, &[arg(&sargs), arg(&yd)])
     }
 }
 
@@ -132,14 +124,14 @@ fn compact_plan(
         (stored.nrows() + stencil.map_or(0, |s| s.nrows())) as u64,
         stored.ncols() as u64,
     );
-    MemoryPlan {
-        strategy: TransposeStrategy::Csc,
+    let matrix_bytes = matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64);
+    MemoryPlan::of(
+        TransposeStrategy::Csc,
         precision,
-        matrix_bytes: matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64),
-        vector_bytes: (3 * m + 6 * n) * 8,
+        matrix_bytes,
+        (m, n),
         free_bytes,
-        headroom_bytes: HEADROOM_BYTES + free_bytes / 33,
-    }
+    )
 }
 
 /// How compact storage is laid out on the device.

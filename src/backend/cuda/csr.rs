@@ -5,11 +5,11 @@ use std::ffi::c_void;
 
 use cudarc::driver::{CudaFunction, CudaSlice};
 
-use super::backend::CudaBackend;
+use super::backend::{CudaBackend, DeviceVec};
 use super::lsqr_loop::Epilogue;
-use super::util::{arg, fused_entries_per_block, up, DevValues};
-use crate::backend::Precision;
-use crate::error::{Error, Result};
+use super::util::{arg, check_row_numbers, fused_entries_per_block, up, DevValues};
+use crate::backend::{Precision, Scale};
+use crate::error::Result;
 use crate::sparse::Csr;
 
 /// Rows with more nonzeros than this get a warp of their own.
@@ -66,12 +66,7 @@ pub(crate) struct DevCsr {
 
 impl DevCsr {
     pub(super) fn upload(be: &CudaBackend, a: &Csr, precision: Precision) -> Result<Self> {
-        if a.nrows() >= u32::MAX as usize {
-            return Err(Error::Invalid(format!(
-                "cuda: {} rows on one rank do not fit 32-bit row numbers; use more ranks",
-                a.nrows()
-            )));
-        }
+        check_row_numbers(a.nrows())?;
         let seg = segments(a.indptr());
         let nseg = (seg.len() - 1) as u32;
         let values = match precision {
@@ -128,32 +123,20 @@ impl DevCsr {
         self.launch_segments(be, kernels, grid, &[], tail)
     }
 
-    /// y = alpha A x + beta y
+    /// y = s.alpha A x + s.beta y; with `d`, y = d .* (s.alpha A x + s.beta y): the rows of the
+    /// result scaled in the product's epilogue (a diagonal preconditioner without a pass of its
+    /// own).
     pub fn spmv(
         &self,
         be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        y: &mut CudaSlice<f64>,
-    ) -> Result<()> {
-        self.spmv_scaled(be, alpha, x, beta, None, y)
-    }
-
-    /// y = d .* (alpha A x + beta y): with `d` the rows of the result scaled in the product's
-    /// epilogue (a diagonal preconditioner without a pass of its own).
-    pub fn spmv_scaled(
-        &self,
-        be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        d: Option<&CudaSlice<f64>>,
-        y: &mut CudaSlice<f64>,
+        s: Scale,
+        x: &DeviceVec,
+        d: Option<&DeviceVec>,
+        y: &mut DeviceVec,
     ) -> Result<()> {
         let (px, py) = (be.ptr(x), be.ptr(y));
         let pd = d.map_or(0u64, |d| be.ptr(d));
-        let tail = [arg(&px), arg(&py), arg(&alpha), arg(&beta), arg(&pd)];
+        let tail = [arg(&px), arg(&py), arg(&s.alpha), arg(&s.beta), arg(&pd)];
         self.launch_per_segment(be, [&be.k.spmv_f64, &be.k.spmv_f32], &tail)
     }
 

@@ -190,6 +190,18 @@ impl Epilogue {
             arg(&self.partial),
         ]
     }
+    /// Launch the fused product kernel `f` on `grid` = (blocks, threads): its arguments are
+    /// `lead`, the epilogue's five ([`Epilogue::args`]), then `tail`.
+    pub fn launch(
+        &self,
+        be: &CudaBackend,
+        f: &CudaFunction,
+        (blocks, threads): (u32, u32),
+        lead: &[*mut c_void],
+        tail: &[*mut c_void],
+    ) -> Result<()> {
+        be.launch(f, blocks, threads, &mut [lead, &self.args(), tail].concat())
+    }
 }
 
 /// An operator's products with LSQR's vector work fused in ([`Epilogue::fused`]): `u = c[0] A v

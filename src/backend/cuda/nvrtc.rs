@@ -16,46 +16,94 @@ const KERNEL_SOURCES: [&str; 5] = [
     include_str!("../../../kernels/lsqr.cu"),
 ];
 
-/// The compiled kernels of one device.
-pub(crate) struct Kernels {
-    _module: Arc<CudaModule>,
-    pub spmv_f64: CudaFunction,
-    pub spmv_f32: CudaFunction,
-    pub scatter_f64: CudaFunction,
-    pub scatter_f32: CudaFunction,
-    /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
-    pub pattern_spmv: [CudaFunction; 2],
-    pub dot: CudaFunction,
-    pub lsqr_update: CudaFunction,
-    pub axpby: CudaFunction,
-    pub scale: CudaFunction,
-    pub fill: CudaFunction,
-    pub pmul: CudaFunction,
-    /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
-    pub multi_dot: [CudaFunction; 6],
-    pub copy_scaled: CudaFunction,
-    pub copy_inv_sqrt: CudaFunction,
-    pub multi_axpy: CudaFunction,
-    pub tri_sweep: CudaFunction,
-    pub gather: CudaFunction,
-    pub scatter_rows: CudaFunction,
-    /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
-    pub compact: [[[CudaFunction; 4]; 2]; 2],
-    pub stencil_av: CudaFunction,
-    /// tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
-    pub tiled_atu: [[CudaFunction; 4]; 2],
-    /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
-    pub tiled_axf: [CudaFunction; 2],
-    pub tiled_rows: CudaFunction,
-    pub tiled_cols: CudaFunction,
-    pub csr_fused_f64: CudaFunction,
-    pub csr_fused_f32: CudaFunction,
-    pub lsqr_step1: CudaFunction,
-    pub lsqr_step2: CudaFunction,
-    pub lsqr_step3: CudaFunction,
-    pub lsqr_update_dev: CudaFunction,
-    pub lsqr_normalize: CudaFunction,
-    pub lsqr_rescaled: CudaFunction,
+/// `Kernels`, the compiled kernels of one device, and their loader: one field per kernel named
+/// as the kernel (`single`), and the kernels compiled per precision or width as arrays
+/// (`families`: the array type and how the loader by name, `$f`, fills it).
+macro_rules! kernels {
+    (
+        loader: $f:ident;
+        single: $($one:ident),* ;
+        families: $($(#[$doc:meta])* $many:ident: $t:ty = $load:expr),* $(,)?
+    ) => {
+        /// The compiled kernels of one device.
+        pub(crate) struct Kernels {
+            _module: Arc<CudaModule>,
+            $(pub $one: CudaFunction,)*
+            $($(#[$doc])* pub $many: $t,)*
+        }
+
+        impl Kernels {
+            /// Every kernel of `module`, by name.
+            fn load(module: &Arc<CudaModule>) -> Result<Kernels> {
+                let by_name = |name: &str| {
+                    module
+                        .load_function(name)
+                        .doing_with(|| format!("kernel {name}"))
+                };
+                let $f: &Loader = &by_name;
+                Ok(Kernels {
+                    _module: module.clone(),
+                    $($one: $f(stringify!($one))?,)*
+                    $($many: $load,)*
+                })
+            }
+        }
+    };
+}
+
+kernels! {
+    loader: f;
+    single: spmv_f64, spmv_f32, scatter_f64, scatter_f32, dot, lsqr_update, axpby, scale, fill,
+        pmul, copy_scaled, copy_inv_sqrt, multi_axpy, tri_sweep, gather, scatter_rows, stencil_av,
+        tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
+        lsqr_update_dev, lsqr_normalize, lsqr_rescaled;
+    families:
+        /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
+        pattern_spmv: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("pattern_spmv_{p}")))?,
+        /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
+        multi_dot: [CudaFunction; 6] =
+            named(f, [1, 2, 4, 8, 16, 32].map(|k| format!("multi_dot_{k}")))?,
+        /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
+        compact: [[[CudaFunction; 4]; 2]; 2] = [
+            by_precision_and_width(f, |p, w| format!("compact_s{w}_{p}"))?,
+            by_precision_and_width(f, |p, w| format!("compact_st_s{w}_{p}"))?,
+        ],
+        /// tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
+        tiled_atu: [[CudaFunction; 4]; 2] =
+            by_precision_and_width(f, |p, w| format!("tiled_atu_s{w}_{p}"))?,
+        /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
+        tiled_axf: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("tiled_axf_{p}")))?,
+}
+
+/// A kernel of the module by its name.
+type Loader<'a> = dyn Fn(&str) -> Result<CudaFunction> + 'a;
+
+/// The precisions of the kernels compiled per precision, in their index order.
+const PRECISIONS: [&str; 2] = ["f64", "f32"];
+/// The sub-warp widths of the kernels compiled per width, in their index order
+/// (`util::width_index`).
+const WIDTHS: [u32; 4] = [32, 16, 8, 4];
+
+/// The kernels named `names`, in order.
+fn named<const N: usize>(f: &Loader, names: [String; N]) -> Result<[CudaFunction; N]> {
+    let loaded = names.iter().map(|n| f(n)).collect::<Result<Vec<_>>>()?;
+    Ok(loaded
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one kernel per name")))
+}
+
+/// The kernels `name(precision, width)` by precision, then width.
+fn by_precision_and_width(
+    f: &Loader,
+    name: impl Fn(&str, u32) -> String,
+) -> Result<[[CudaFunction; 4]; 2]> {
+    let [p64, p32] = PRECISIONS;
+    Ok([
+        named(f, WIDTHS.map(|w| name(p64, w)))?,
+        named(f, WIDTHS.map(|w| name(p32, w)))?,
+    ])
 }
 
 /// The compiled kernels by device ordinal and preprocessor defines.
@@ -94,68 +142,7 @@ pub(super) fn kernels_for(
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(CudaError::from)?;
     let module = ctx.load_module(ptx).doing("loading the kernel module")?;
-    let f = |name: &str| {
-        module
-            .load_function(name)
-            .doing_with(|| format!("kernel {name}"))
-    };
-    let k = Arc::new(Kernels {
-        spmv_f64: f("spmv_f64")?,
-        spmv_f32: f("spmv_f32")?,
-        scatter_f64: f("scatter_f64")?,
-        scatter_f32: f("scatter_f32")?,
-        pattern_spmv: [f("pattern_spmv_f64")?, f("pattern_spmv_f32")?],
-        dot: f("dot")?,
-        lsqr_update: f("lsqr_update")?,
-        axpby: f("axpby")?,
-        scale: f("scale")?,
-        fill: f("fill")?,
-        pmul: f("pmul")?,
-        multi_dot: [
-            f("multi_dot_1")?,
-            f("multi_dot_2")?,
-            f("multi_dot_4")?,
-            f("multi_dot_8")?,
-            f("multi_dot_16")?,
-            f("multi_dot_32")?,
-        ],
-        copy_scaled: f("copy_scaled")?,
-        copy_inv_sqrt: f("copy_inv_sqrt")?,
-        multi_axpy: f("multi_axpy")?,
-        tri_sweep: f("tri_sweep")?,
-        gather: f("gather")?,
-        scatter_rows: f("scatter_rows")?,
-        compact: {
-            let g = |st: &str, p: &str, w: u32| f(&format!("compact_{st}s{w}_{p}"));
-            let row = |st: &str, p: &str| -> Result<[CudaFunction; 4]> {
-                Ok([g(st, p, 32)?, g(st, p, 16)?, g(st, p, 8)?, g(st, p, 4)?])
-            };
-            [
-                [row("", "f64")?, row("", "f32")?],
-                [row("st_", "f64")?, row("st_", "f32")?],
-            ]
-        },
-        stencil_av: f("stencil_av")?,
-        tiled_atu: {
-            let g = |p: &str, w: u32| f(&format!("tiled_atu_s{w}_{p}"));
-            [
-                [g("f64", 32)?, g("f64", 16)?, g("f64", 8)?, g("f64", 4)?],
-                [g("f32", 32)?, g("f32", 16)?, g("f32", 8)?, g("f32", 4)?],
-            ]
-        },
-        tiled_axf: [f("tiled_axf_f64")?, f("tiled_axf_f32")?],
-        tiled_rows: f("tiled_rows")?,
-        tiled_cols: f("tiled_cols")?,
-        csr_fused_f64: f("csr_fused_f64")?,
-        csr_fused_f32: f("csr_fused_f32")?,
-        lsqr_step1: f("lsqr_step1")?,
-        lsqr_step2: f("lsqr_step2")?,
-        lsqr_step3: f("lsqr_step3")?,
-        lsqr_update_dev: f("lsqr_update_dev")?,
-        lsqr_normalize: f("lsqr_normalize")?,
-        lsqr_rescaled: f("lsqr_rescaled")?,
-        _module: module.clone(),
-    });
+    let k = Arc::new(Kernels::load(&module)?);
     cache.push((ctx.ordinal(), defines.to_vec(), k.clone()));
     Ok(k)
 }

@@ -30,6 +30,24 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// The plan of `matrix_bytes` for an m x n system (`shape`): LSQR's vectors besides, and
+    /// 256 MiB plus 3% of what is free kept free.
+    pub(super) fn of(
+        strategy: TransposeStrategy,
+        precision: Precision,
+        matrix_bytes: u64,
+        (m, n): (u64, u64),
+        free_bytes: u64,
+    ) -> Self {
+        MemoryPlan {
+            strategy,
+            precision,
+            matrix_bytes,
+            vector_bytes: (3 * m + 6 * n) * 8,
+            free_bytes,
+            headroom_bytes: HEADROOM_BYTES + free_bytes / 33,
+        }
+    }
     pub fn total(&self) -> u64 {
         self.matrix_bytes + self.vector_bytes
     }
@@ -78,14 +96,7 @@ pub fn plan_for(
         // 32-bit row offsets for cuSPARSE and its work buffer (about one vector).
         TransposeStrategy::Library => a + (m + 1) * 4 + m.max(n) * 8,
     };
-    MemoryPlan {
-        strategy,
-        precision,
-        matrix_bytes,
-        vector_bytes: (3 * m + 6 * n) * 8,
-        free_bytes,
-        headroom_bytes: HEADROOM_BYTES + free_bytes / 33,
-    }
+    MemoryPlan::of(strategy, precision, matrix_bytes, (m, n), free_bytes)
 }
 
 /// Choose a transpose strategy that fits in `free_bytes` (Auto: the explicit copy when it fits,
@@ -274,7 +285,7 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
         match &self.t {
             Transpose::Library(cs) => cs.spmv(be, false, s.alpha, x, s.beta, y),
-            _ => self.a.spmv(be, s.alpha, x, s.beta, y),
+            _ => self.a.spmv(be, s, x, None, y),
         }
     }
     fn apply_scaled_rows(
@@ -295,12 +306,12 @@ impl Operator<CudaBackend> for CudaCsrOperator {
             (d.len(), y.len()),
             (self.a.nrows, self.a.nrows),
         )?;
-        self.a.spmv_scaled(be, 1.0, x, 0.0, Some(d), y)
+        self.a.spmv(be, Scale::SET, x, Some(d), y)
     }
     fn apply_t(&self, be: &CudaBackend, s: Scale, y: &DeviceVec, x: &mut DeviceVec) -> Result<()> {
         self.check("apply_t", (y.len(), x.len()), (self.a.nrows, self.a.ncols))?;
         match &self.t {
-            Transpose::Csc(t) => t.spmv(be, s.alpha, y, s.beta, x),
+            Transpose::Csc(t) => t.spmv(be, s, y, None, x),
             Transpose::Library(cs) => cs.spmv(be, true, s.alpha, y, s.beta, x),
             Transpose::Scatter => {
                 if s.beta == 0.0 {

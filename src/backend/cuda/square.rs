@@ -24,7 +24,7 @@ use super::backend::{CudaBackend, DeviceVec};
 use super::error::Doing;
 use super::operator::CudaCsrOperator;
 use super::patterns::DevPatterns;
-use super::util::{arg, up};
+use super::util::{up, Word};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;
@@ -348,9 +348,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 self.apply_split(be, sp, s, x, &mut h, y)
             }
             Product::Whole(op) => self.with_columns(be, x, |xs| op.apply(be, s, xs, y)),
-            Product::Patterns(p) => {
-                self.with_columns(be, x, |xs| p.spmv_scaled(be, s.alpha, xs, s.beta, None, y))
-            }
+            Product::Patterns(p) => self.with_columns(be, x, |xs| p.spmv(be, s, xs, None, None, y)),
         }
     }
     fn apply_scaled_rows(
@@ -365,7 +363,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
             // the scale in the product's epilogue
             (None, Product::Whole(op)) => op.apply_scaled_rows(be, x, d, t, y),
             (_, Product::Patterns(p)) => {
-                self.with_columns(be, x, |xs| p.spmv_scaled(be, 1.0, xs, 0.0, d, y))
+                self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, None, d, y))
             }
             _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
         }
@@ -384,7 +382,8 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         };
         // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
         let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;
-        self.with_columns(be, x, |xs| p.spmv_normalized(be, nsq, xs, v, d, y))
+        let normalized = Some((nsq, v));
+        self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, normalized, d, y))
     }
     fn apply_t(
         &self,
@@ -464,21 +463,9 @@ impl CudaIluSweeps {
         dinv: u64,
         out: u64,
     ) -> Result<()> {
-        let (n64, pp, pc, pv) = (n as u64, be.ptr(&t.ptr), be.ptr(&t.col), be.ptr(&t.val));
-        be.launch_elementwise(
-            &be.k.tri_sweep,
-            n,
-            &mut [
-                arg(&n64),
-                arg(&pp),
-                arg(&pc),
-                arg(&pv),
-                arg(&rhs),
-                arg(&x),
-                arg(&dinv),
-                arg(&out),
-            ],
-        )
+        let (ptr, col, val) = (be.ptr(&t.ptr), be.ptr(&t.col), be.ptr(&t.val));
+        let words = [ptr, col, val, rhs, x, dinv, out].map(Word::U64);
+        be.elementwise(&be.k.tri_sweep, n, &words)
     }
 }
 
@@ -525,9 +512,9 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         } else {
             (pt, pz)
         };
-        let (pd, n64) = (be.ptr(&self.inv_diag), n as u64);
+        let pd = be.ptr(&self.inv_diag);
         // a = inv_diag .* y (the CPU's y[i] * inv_diag[i]; multiplication commutes exactly)
-        be.launch_elementwise(&be.k.pmul, n, &mut [arg(&n64), arg(&pd), arg(&py), arg(&a)])?;
+        be.elementwise(&be.k.pmul, n, &[pd, py, a].map(Word::U64))?;
         for _ in 0..self.sweeps {
             Self::sweep(be, n, &self.u, py, a, pd, b)?;
             std::mem::swap(&mut a, &mut b);

@@ -10,10 +10,6 @@ use crate::error::{Error, Result};
 use crate::grid::stencil::BlockKind;
 use crate::grid::StencilOp;
 
-/// Threads per block and rows per thread of the stencil kernels.
-const STENCIL_THREADS: u32 = 256;
-const STENCIL_ROWS_PER_THREAD: u64 = 4;
-
 /// A block of stencil rows as kernels/compact.cu's `StencilBlock`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,6 +41,10 @@ pub(crate) fn stencil_parts(st: Option<(&StencilArgs, u64)>) -> (bool, StencilAr
         None => (false, StencilArgs::default(), 0u64),
     }
 }
+
+/// Threads per block and rows per thread of the stencil kernels.
+const STENCIL_THREADS: u32 = 256;
+const STENCIL_ROWS_PER_THREAD: u64 = 4;
 
 /// Stencil rows on the device: the block descriptions and the renumbering tables.
 pub(crate) struct DevStencil {
@@ -101,11 +101,7 @@ impl DevStencil {
 
     pub(super) fn av(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<()> {
         let lead = [arg(&self.args), arg(&self.nrows), arg(&x), arg(&y)];
-        be.launch(
-            &be.k.stencil_av,
-            self.blocks(self.nrows),
-            STENCIL_THREADS,
-            &mut [&lead[..], &e.args()].concat(),
-        )
+        let grid = (self.blocks(self.nrows), STENCIL_THREADS);
+        e.launch(be, &be.k.stencil_av, grid, &lead, &[])
     }
 }

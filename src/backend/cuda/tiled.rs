@@ -1,7 +1,7 @@
 //! Column tiles on the GPU (src/sparse/tiled.rs, kernels/tiled.cu): the products of compact
 //! storage that gather from shared memory instead of L2.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::CudaBackend;
 use super::error::Doing;
@@ -159,41 +159,22 @@ impl DevTiled {
             ));
         }
         let (pi, pv) = self.a_val.index_and_ptr(be);
-        let ncols = self.ncols as u64;
-        let (pct, pcs, pse, plc, psp) = (
-            be.ptr(&self.chunk_tile),
-            be.ptr(&self.chunk_seg),
-            be.ptr(&self.seg_ent),
-            be.ptr(&self.a_lcol),
-            be.ptr(&self.seg_partial),
-        );
+        let psp = be.ptr(&self.seg_partial);
+        let (tile, seg) = (be.ptr(&self.chunk_tile), be.ptr(&self.chunk_seg));
+        let (ent, lcol) = (be.ptr(&self.seg_ent), be.ptr(&self.a_lcol));
+        let words = [self.ncols as u64, tile, seg, ent, lcol, pv, x, psp];
         // x of the chunk's tile in shared memory
-        be.launch_smem(
-            &be.k.tiled_axf[pi],
-            self.nchunks,
-            THREADS,
-            8u32 << self.tile_bits,
-            &mut [
-                arg(&self.tile_bits),
-                arg(&ncols),
-                arg(&pct),
-                arg(&pcs),
-                arg(&pse),
-                arg(&plc),
-                arg(&pv),
-                arg(&x),
-                arg(&psp),
-                arg(&e.skip),
-            ],
-        )?;
+        let smem = 8u32 << self.tile_bits;
+        self.launch_chunks(be, &be.k.tiled_axf[pi], smem, &words, &e.skip)?;
         let nrows = self.nrows as u32;
         let (prs, psq) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
         let lead = [arg(&nrows), arg(&prs), arg(&psq), arg(&psp), arg(&y)];
-        be.launch(
+        e.launch(
+            be,
             &be.k.tiled_rows,
-            self.row_blocks(),
-            THREADS,
-            &mut [&lead[..], &e.args()].concat(),
+            (self.row_blocks(), THREADS),
+            &lead,
+            &[],
         )
     }
 
@@ -214,32 +195,14 @@ impl DevTiled {
         }
         let (pi, pv) = self.b_val.index_and_ptr(be);
         let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
-        let (pcs, psr, pcp, pls, pcpart) = (
-            be.ptr(&self.chunk_seg),
-            be.ptr(&self.seg_row),
-            be.ptr(&self.b_colptr),
-            be.ptr(&self.b_lseg),
-            be.ptr(&self.cpart),
-        );
+        let pcpart = be.ptr(&self.cpart);
+        let (seg, row) = (be.ptr(&self.chunk_seg), be.ptr(&self.seg_row));
+        let (colptr, lseg) = (be.ptr(&self.b_colptr), be.ptr(&self.b_lseg));
+        let words = [seg, row, colptr, lseg, pv, y, pcpart];
         // the tile's column offsets in shared memory (u32, relative to the chunk's first entry:
         // a chunk holds at most CHUNK_SEGS segments of at most one tile each, < 2^32 entries)
-        be.launch_smem(
-            f,
-            self.nchunks,
-            THREADS,
-            4 * ((1u32 << self.tile_bits) + 1),
-            &mut [
-                arg(&self.tile_bits),
-                arg(&pcs),
-                arg(&psr),
-                arg(&pcp),
-                arg(&pls),
-                arg(&pv),
-                arg(&y),
-                arg(&pcpart),
-                arg(&e.skip),
-            ],
-        )?;
+        let smem = 4 * ((1u32 << self.tile_bits) + 1);
+        self.launch_chunks(be, f, smem, &words, &e.skip)?;
         let (has, sargs, yd) = stencil_parts(st);
         let has = i32::from(has);
         let ncols = self.ncols as u32;
@@ -252,11 +215,33 @@ impl DevTiled {
             arg(&x),
         ];
         let tail = [arg(&sargs), arg(&yd), arg(&has)];
-        be.launch(
+        e.launch(
+            be,
             &be.k.tiled_cols,
-            self.col_blocks(),
-            THREADS,
-            &mut [&lead[..], &e.args(), &tail].concat(),
+            (self.col_blocks(), THREADS),
+            &lead,
+            &tail,
         )
+    }
+
+    /// Launch the chunk kernel `f` (a block per chunk, `smem` bytes of shared memory): its
+    /// arguments are the tile bits, `words` (at most 8 sizes and device addresses), then the
+    /// epilogue's skip flag.
+    fn launch_chunks(
+        &self,
+        be: &CudaBackend,
+        f: &CudaFunction,
+        smem: u32,
+        words: &[u64],
+        skip: &u64,
+    ) -> Result<()> {
+        assert!(words.len() <= 8, "a chunk kernel takes at most 8 words");
+        let mut args = [std::ptr::null_mut(); 10];
+        args[0] = arg(&self.tile_bits);
+        for (a, w) in args[1..].iter_mut().zip(words) {
+            *a = arg(w);
+        }
+        args[words.len() + 1] = arg(skip);
+        be.launch_smem(f, self.nchunks, THREADS, smem, &mut args[..words.len() + 2])
     }
 }

@@ -24,7 +24,14 @@ pub enum GpuLayout {
     Split,
 }
 
-choice_from_str!(GpuLayout, "gpu layout", "rows" => Self::Rows, "tiles" => Self::Tiles, "mixed" => Self::Mixed, "split" => Self::Split);
+choice_from_str!(
+    GpuLayout,
+    "gpu layout",
+    "rows" => Self::Rows,
+    "tiles" => Self::Tiles,
+    "mixed" => Self::Mixed,
+    "split" => Self::Split
+);
 
 impl std::fmt::Display for GpuLayout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -38,7 +45,7 @@ impl std::fmt::Display for GpuLayout {
 }
 
 /// Every tuning knob of the CUDA backend; `None` (or no defines) chooses as by default. Each
-/// field is named in comments by its config key (`[tuning]`, `--tune key=value`).
+/// field's doc starts with its config key (`[tuning]`, `--tune key=value`).
 ///
 /// Where each knob goes: the compact operator's ([`super::CudaCompactOperator::with_options`])
 /// `layout` to `tiled_s_cols`; the device LSQR loop's `lsqr_block` (either operator's
@@ -92,38 +99,28 @@ const SUB_WARPS: [u32; 4] = [4, 8, 16, 32];
 const TILE_BITS: std::ops::RangeInclusive<u32> = 4..=12;
 /// Rows per sub-warp at most (a block's rows then still fit 32 bits).
 const MAX_COMPACT_R: u32 = 1 << 16;
+/// Whether a knob's value is in its range.
+type Allowed = fn(u32) -> bool;
 
 impl GpuTuning {
     /// An error naming the key when a value is out of its range (see each field).
     pub fn validate(&self) -> Result<()> {
-        let bad = |key: &str, v: &dyn std::fmt::Display, want: &str| {
-            Err(Error::Invalid(format!(
-                "tuning {key} = {v}: expected {want}"
-            )))
-        };
-        for (key, bits) in [
-            ("tile_bits", self.tile_bits),
-            ("ax_tile_bits", self.ax_tile_bits),
-        ] {
-            match bits {
-                Some(b) if !TILE_BITS.contains(&b) => return bad(key, &b, "4..=12"),
-                _ => {}
+        let bits: Allowed = |b| TILE_BITS.contains(&b);
+        let width: Allowed = |s| SUB_WARPS.contains(&s);
+        let rows: Allowed = |r| (1..=MAX_COMPACT_R).contains(&r);
+        let knobs = [
+            ("tile_bits", self.tile_bits, bits, "4..=12"),
+            ("ax_tile_bits", self.ax_tile_bits, bits, "4..=12"),
+            ("compact_s", self.compact_s, width, "4, 8, 16 or 32"),
+            ("compact_r", self.compact_r, rows, "1..=65536"),
+            ("tiled_s_cols", self.tiled_s_cols, width, "4, 8, 16 or 32"),
+        ];
+        for (key, value, ok, want) in knobs {
+            if let Some(v) = value.filter(|&v| !ok(v)) {
+                return Err(Error::Invalid(format!(
+                    "tuning {key} = {v}: expected {want}"
+                )));
             }
-        }
-        for (key, s) in [
-            ("compact_s", self.compact_s),
-            ("tiled_s_cols", self.tiled_s_cols),
-        ] {
-            match s {
-                Some(s) if !SUB_WARPS.contains(&s) => return bad(key, &s, "4, 8, 16 or 32"),
-                _ => {}
-            }
-        }
-        match self.compact_r {
-            Some(r) if !(1..=MAX_COMPACT_R).contains(&r) => {
-                return bad("compact_r", &r, "1..=65536")
-            }
-            _ => {}
         }
         if let Some(k) = self.lsqr_block {
             check_lsqr_block(k)?;

@@ -8,10 +8,28 @@ use cudarc::driver::CudaSlice;
 use super::backend::CudaBackend;
 use super::error::Doing;
 use crate::error::{Error, Result};
+use crate::sparse::CompactValues;
 
 /// A kernel argument: the address of a value that lives until the launch returns.
 pub(crate) fn arg<T>(v: &T) -> *mut c_void {
     v as *const T as *mut c_void
+}
+
+/// An 8-byte by-value kernel argument: a size or device address, or an f64.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Word {
+    U64(u64),
+    F64(f64),
+}
+
+impl Word {
+    /// The kernel argument: the address of the value (which lives as long as `self`).
+    pub fn arg(&self) -> *mut c_void {
+        match self {
+            Word::U64(v) => arg(v),
+            Word::F64(v) => arg(v),
+        }
+    }
 }
 
 /// Nonzeros (entries) one block of a fused product kernel aims at: 16384, fewer where that
@@ -32,6 +50,14 @@ pub(crate) enum DevValues {
 }
 
 impl DevValues {
+    /// Compact storage's (or row patterns') values on the device.
+    pub fn upload(be: &CudaBackend, v: &CompactValues) -> Result<Self> {
+        Ok(match v {
+            CompactValues::F64(v) => DevValues::F64(up(be, v)?),
+            CompactValues::F32(v) => DevValues::F32(up(be, v)?),
+        })
+    }
+
     /// The kernel index of the values' precision (f64 = 0, f32 = 1) and their device address.
     pub fn index_and_ptr(&self, be: &CudaBackend) -> (usize, u64) {
         match self {
@@ -49,6 +75,16 @@ pub(super) fn width_index(s: u32) -> usize {
         8 => 2,
         _ => 3,
     }
+}
+
+/// The kernels number a rank's rows with 32 bits.
+pub(super) fn check_row_numbers(nrows: usize) -> Result<()> {
+    if nrows >= u32::MAX as usize {
+        return Err(Error::Invalid(format!(
+            "cuda: {nrows} rows on one rank do not fit 32-bit row numbers; use more ranks"
+        )));
+    }
+    Ok(())
 }
 
 /// The length check of a product with a `shape` = (rows, columns) matrix: the input has `got.0`

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::{CudaBackend, DeviceVec, MULTI_MAX, RED_MAX_BLOCKS};
 use super::error::Doing;
-use super::util::arg;
+use super::util::{arg, Word};
 use crate::backend::{Backend, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -50,6 +50,22 @@ impl CudaBackend {
         args: &mut [*mut c_void],
     ) -> Result<()> {
         self.launch(f, self.elementwise_grid(n), THREADS, args)
+    }
+
+    /// [`Self::launch_elementwise`] of a kernel whose arguments are `n` (u64), then `words`
+    /// (at most 7).
+    pub(crate) fn elementwise(&self, f: &CudaFunction, n: usize, words: &[Word]) -> Result<()> {
+        assert!(
+            words.len() < 8,
+            "an element-wise kernel takes n and at most 7 words"
+        );
+        let n64 = n as u64;
+        let mut args = [std::ptr::null_mut(); 8];
+        args[0] = arg(&n64);
+        for (a, w) in args[1..].iter_mut().zip(words) {
+            *a = w.arg();
+        }
+        self.launch_elementwise(f, n, &mut args[..=words.len()])
     }
 
     /// Launch a single-launch reduction over `n` entries (kernels/vector.cu): `args`, then the
@@ -213,6 +229,38 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// GMRES's device-resident update with the coefficients at sc[coef_at..]: w -= sum_j c_j
+    /// basis_j, then the k inner products basis_j . w (`mode` 1) or ||w||^2 (`mode` 2) written
+    /// to sc[out_at..]. One launch for at most MULTI_MAX vectors (as the host-coefficient
+    /// multi_axpy_dot / multi_axpy_norm_sq), else the update in chunks and the products after.
+    fn multi_axpy_to(
+        &self,
+        what: &str,
+        mode: i32,
+        basis: &[CudaSlice<f64>],
+        w: &mut CudaSlice<f64>,
+        sc: &mut CudaSlice<f64>,
+        (coef_at, out_at): (usize, usize),
+    ) -> Result<()> {
+        let k = basis.len();
+        let pc = self.scalar_ptr(what, sc, coef_at, k)?;
+        let pr = self.scalar_ptr(what, sc, out_at, if mode == 2 { 1 } else { k })?;
+        let (pw, n) = (self.ptr(w), w.len());
+        if mode == 1 && k == 0 {
+            return Ok(());
+        }
+        if k == 0 || k > MULTI_MAX {
+            self.multi_axpy_chunks_dev(pc, basis, w)?;
+            if mode == 1 {
+                return self.multi_dot_to(basis, w, sc, out_at);
+            }
+            // the dot kernel's norm
+            let n64 = n as u64;
+            return self.reduce_to(&self.k.dot, n, &[arg(&pw), arg(&pw), arg(&n64)], pr);
+        }
+        self.multi_launch_to(basis, Coeffs::Device(pc), mode, pw, n, pr)
+    }
+
     /// One multi_axpy launch over at most MULTI_MAX vectors.
     fn multi_axpy_launch(
         &self,
@@ -263,12 +311,8 @@ impl CudaBackend {
         out: &mut CudaSlice<f64>,
     ) -> Result<()> {
         self.check_len("gather", idx.len(), out.len())?;
-        let (n, pi, px, po) = (idx.len() as u64, self.ptr(idx), self.ptr(x), self.ptr(out));
-        self.launch_elementwise(
-            &self.k.gather,
-            idx.len(),
-            &mut [arg(&n), arg(&pi), arg(&px), arg(&po)],
-        )
+        let ptrs = [self.ptr(idx), self.ptr(x), self.ptr(out)];
+        self.elementwise(&self.k.gather, idx.len(), &ptrs.map(Word::U64))
     }
 
     /// y[idx[k]] = s.alpha t[k] + s.beta y[idx[k]] on the device (a split product's rows put
@@ -281,13 +325,9 @@ impl CudaBackend {
         s: crate::backend::Scale,
     ) -> Result<()> {
         self.check_len("scatter_rows", idx.len(), t.len())?;
-        let (n, pi, pt, py) = (idx.len() as u64, self.ptr(idx), self.ptr(t), self.ptr(y));
-        let (a, b) = (s.alpha, s.beta);
-        self.launch_elementwise(
-            &self.k.scatter_rows,
-            idx.len(),
-            &mut [arg(&n), arg(&pi), arg(&pt), arg(&py), arg(&a), arg(&b)],
-        )
+        let [pi, pt, py] = [self.ptr(idx), self.ptr(t), self.ptr(y)].map(Word::U64);
+        let words = [pi, pt, py, Word::F64(s.alpha), Word::F64(s.beta)];
+        self.elementwise(&self.k.scatter_rows, idx.len(), &words)
     }
 
     fn check_len(&self, what: &str, got: usize, want: usize) -> Result<()> {
@@ -334,45 +374,29 @@ impl Backend for CudaBackend {
         self.stream.memcpy_dtod(src, dst).doing("device copy")
     }
     fn fill(&self, x: &mut CudaSlice<f64>, value: f64) -> Result<()> {
-        let (n, px) = (x.len() as u64, self.ptr(x));
-        self.launch_elementwise(&self.k.fill, x.len(), &mut [arg(&n), arg(&value), arg(&px)])
+        let words = [Word::F64(value), Word::U64(self.ptr(x))];
+        self.elementwise(&self.k.fill, x.len(), &words)
     }
     fn scale(&self, x: &mut CudaSlice<f64>, a: f64) -> Result<()> {
-        let (n, px) = (x.len() as u64, self.ptr(x));
-        self.launch_elementwise(&self.k.scale, x.len(), &mut [arg(&n), arg(&a), arg(&px)])
+        let words = [Word::F64(a), Word::U64(self.ptr(x))];
+        self.elementwise(&self.k.scale, x.len(), &words)
     }
     fn copy_scaled(&self, a: f64, x: &CudaSlice<f64>, y: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("copy_scaled", x.len(), y.len())?;
-        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        self.launch_elementwise(
-            &self.k.copy_scaled,
-            x.len(),
-            &mut [arg(&n), arg(&a), arg(&px), arg(&py)],
-        )
+        let words = [Word::F64(a), Word::U64(self.ptr(x)), Word::U64(self.ptr(y))];
+        self.elementwise(&self.k.copy_scaled, x.len(), &words)
     }
     fn axpby(&self, a: f64, x: &CudaSlice<f64>, b: f64, y: &mut CudaSlice<f64>) -> Result<()> {
         self.check_len("axpby", x.len(), y.len())?;
-        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        self.launch_elementwise(
-            &self.k.axpby,
-            x.len(),
-            &mut [arg(&n), arg(&a), arg(&px), arg(&b), arg(&py)],
-        )
+        let (px, py) = (Word::U64(self.ptr(x)), Word::U64(self.ptr(y)));
+        let words = [Word::F64(a), px, Word::F64(b), py];
+        self.elementwise(&self.k.axpby, x.len(), &words)
     }
-    fn pointwise_mul(
-        &self,
-        x: &CudaSlice<f64>,
-        y: &CudaSlice<f64>,
-        z: &mut CudaSlice<f64>,
-    ) -> Result<()> {
+    fn pointwise_mul(&self, x: &DeviceVec, y: &DeviceVec, z: &mut DeviceVec) -> Result<()> {
         self.check_len("pointwise_mul", x.len(), y.len())?;
         self.check_len("pointwise_mul", x.len(), z.len())?;
-        let (n, px, py, pz) = (x.len() as u64, self.ptr(x), self.ptr(y), self.ptr(z));
-        self.launch_elementwise(
-            &self.k.pmul,
-            x.len(),
-            &mut [arg(&n), arg(&px), arg(&py), arg(&pz)],
-        )
+        let ptrs = [self.ptr(x), self.ptr(y), self.ptr(z)];
+        self.elementwise(&self.k.pmul, x.len(), &ptrs.map(Word::U64))
     }
     fn dot(&self, x: &CudaSlice<f64>, y: &CudaSlice<f64>) -> Result<f64> {
         self.check_len("dot", x.len(), y.len())?;
@@ -491,19 +515,7 @@ impl Backend for CudaBackend {
         coef_at: usize,
         out_at: usize,
     ) -> Result<()> {
-        let k = basis.len();
-        let pc = self.scalar_ptr("multi_axpy_dot_to", sc, coef_at, k)?;
-        let pr = self.scalar_ptr("multi_axpy_dot_to", sc, out_at, k)?;
-        if k == 0 {
-            return Ok(());
-        }
-        if k > MULTI_MAX {
-            // as multi_axpy_dot: the update in chunks, then the inner products
-            self.multi_axpy_chunks_dev(pc, basis, w)?;
-            return self.multi_dot_to(basis, w, sc, out_at);
-        }
-        let (pw, n) = (self.ptr(w), w.len());
-        self.multi_launch_to(basis, Coeffs::Device(pc), 1, pw, n, pr)
+        self.multi_axpy_to("multi_axpy_dot_to", 1, basis, w, sc, (coef_at, out_at))
     }
     fn multi_axpy_norm_sq_to(
         &self,
@@ -513,17 +525,7 @@ impl Backend for CudaBackend {
         coef_at: usize,
         out_at: usize,
     ) -> Result<()> {
-        let k = basis.len();
-        let pc = self.scalar_ptr("multi_axpy_norm_sq_to", sc, coef_at, k)?;
-        let pr = self.scalar_ptr("multi_axpy_norm_sq_to", sc, out_at, 1)?;
-        let (pw, n) = (self.ptr(w), w.len());
-        if k == 0 || k > MULTI_MAX {
-            // as multi_axpy_norm_sq: the update in chunks, then the dot kernel's norm
-            self.multi_axpy_chunks_dev(pc, basis, w)?;
-            let n64 = n as u64;
-            return self.reduce_to(&self.k.dot, n, &[arg(&pw), arg(&pw), arg(&n64)], pr);
-        }
-        self.multi_launch_to(basis, Coeffs::Device(pc), 2, pw, n, pr)
+        self.multi_axpy_to("multi_axpy_norm_sq_to", 2, basis, w, sc, (coef_at, out_at))
     }
     fn copy_inv_sqrt(
         &self,
@@ -534,12 +536,8 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.check_len("copy_inv_sqrt", x.len(), y.len())?;
         let ps = self.scalar_ptr("copy_inv_sqrt", sc, at, 1)?;
-        let (n, px, py) = (x.len() as u64, self.ptr(x), self.ptr(y));
-        self.launch_elementwise(
-            &self.k.copy_inv_sqrt,
-            x.len(),
-            &mut [arg(&n), arg(&ps), arg(&px), arg(&py)],
-        )
+        let ptrs = [ps, self.ptr(x), self.ptr(y)];
+        self.elementwise(&self.k.copy_inv_sqrt, x.len(), &ptrs.map(Word::U64))
     }
     fn allreduce_scalars(
         &self,
