@@ -252,11 +252,12 @@ impl CudaBackend {
             return Ok(());
         }
         self.ctx.bind_to_thread().doing("binding the context")?;
-        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper in this module
-        // or operator.rs that passes exactly the kernel's parameters, in order, as pointers to
-        // values of the matching types that outlive this call; buffer lengths are checked by
-        // the wrapper before the launch. Kernels with `extern __shared__` arrays use at most
-        // `smem` bytes, which the caller sizes.
+        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper of
+        // backend/cuda (vector.rs, csr.rs, compact.rs, tiled.rs, ...) that passes exactly the
+        // kernel's parameters, in order, as pointers to values of the matching types that
+        // outlive this call; buffer lengths are checked by the wrapper before the launch.
+        // Kernels with `extern __shared__` arrays use at most `smem` bytes, which the caller
+        // sizes.
         unsafe {
             dres::launch_kernel(
                 f.cu_function(),

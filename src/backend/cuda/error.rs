@@ -1,7 +1,7 @@
 //! The CUDA backend's errors: [`CudaError`] holds what a CUDA library reported (the driver,
 //! NVRTC, cuBLAS, cuSPARSE, NCCL) and what the backend was doing at the time; it reaches the
 //! caller as the library error [`Error::Device`], whose message reads
-//! "backend cuda: <what>: <the library's error>".
+//! `backend cuda: <what>: <the library's error>`.
 
 use std::borrow::Cow;
 

@@ -4,10 +4,12 @@
 //!   *before* any context is made (cudarc panics on a missing library), then that a device
 //!   exists; it never panics and says why CUDA is not usable.
 //! - The kernels live in `kernels/*.cu`, are embedded with `include_str!` and compiled once per
-//!   process and device by NVRTC for the device's architecture (`compute_XY` PTX, which the
-//!   driver turns into machine code for `sm_XY`); the module is cached.
-//! - Vectors are device buffers of f64 ([`CudaSlice<f64>`]); only scalars come back to the host
-//!   (one 8-byte copy per reduction). Reductions are single-launch and deterministic.
+//!   process, device and set of preprocessor defines ([`GpuTuning`]'s `nvrtc_defines`) by NVRTC
+//!   for the device's architecture (`compute_XY` PTX, which the driver turns into machine code
+//!   for `sm_XY`); the module is cached.
+//! - Vectors are device buffers of f64 ([`DeviceVec`], a `CudaSlice<f64>`); only scalars come
+//!   back to the host (one 8-byte copy per reduction). Reductions are single-launch and
+//!   deterministic.
 //! - [`CudaCsrOperator`] (operator.rs) holds the matrix (f64 or f32 values) and applies A^T by an
 //!   explicit transposed copy, by f64 atomics, or through cuSPARSE.
 //!
@@ -17,7 +19,9 @@
 //! - backend.rs: [`CudaBackend`] (context, stream, kernels) and the kernel launch;
 //! - vector.rs: `impl Backend for CudaBackend` and the vector kernels' launches;
 //! - nccl.rs: the NCCL communicator, halo exchange and vector sums;
-//! - error.rs: the backend's errors; util.rs: small helpers of the launch wrappers;
+//! - error.rs: [`CudaError`], the typed errors, and their bridge to `crate::Error::Device`;
+//! - tuning.rs: [`GpuTuning`], every tuning knob as plain data (no environment is read);
+//! - util.rs: small helpers of the launch wrappers (uploads, kernel arguments, checks);
 //! - csr.rs: CSR arrays on the device and their kernels; operator.rs, cusparse.rs:
 //!   [`CudaCsrOperator`] and its memory plan;
 //! - stencil.rs: damping stencils on the device; tiled.rs: column tiles; compact.rs:
