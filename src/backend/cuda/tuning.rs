@@ -130,8 +130,9 @@ impl GpuTuning {
 
     /// Set the knob `key` (a config key, [`GPU_TUNING_KEYS`]) from its text: `auto` (or an
     /// empty value) restores the default; `nvrtc_defines` takes a comma-separated list. The
-    /// value is checked as by [`GpuTuning::validate`].
+    /// value is checked as by [`GpuTuning::validate`]; on an error `self` is unchanged.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let mut t = self.clone();
         let value = value.trim();
         let auto = value.is_empty() || value == "auto";
         fn num<T: FromStr>(key: &str, v: &str, auto: bool) -> Result<Option<T>> {
@@ -143,21 +144,21 @@ impl GpuTuning {
             })
         }
         match key {
-            "gpu_layout" if auto => self.layout = None,
+            "gpu_layout" if auto => t.layout = None,
             "gpu_layout" => {
                 let l = value
                     .parse()
                     .map_err(|e| Error::Invalid(format!("tuning gpu_layout: {e}")))?;
-                self.layout = Some(l);
+                t.layout = Some(l);
             }
-            "tile_bits" => self.tile_bits = num(key, value, auto)?,
-            "ax_tile_bits" => self.ax_tile_bits = num(key, value, auto)?,
-            "compact_s" => self.compact_s = num(key, value, auto)?,
-            "compact_r" => self.compact_r = num(key, value, auto)?,
-            "tiled_s_cols" => self.tiled_s_cols = num(key, value, auto)?,
-            "lsqr_block" => self.lsqr_block = num(key, value, auto)?,
+            "tile_bits" => t.tile_bits = num(key, value, auto)?,
+            "ax_tile_bits" => t.ax_tile_bits = num(key, value, auto)?,
+            "compact_s" => t.compact_s = num(key, value, auto)?,
+            "compact_r" => t.compact_r = num(key, value, auto)?,
+            "tiled_s_cols" => t.tiled_s_cols = num(key, value, auto)?,
+            "lsqr_block" => t.lsqr_block = num(key, value, auto)?,
             "nvrtc_defines" => {
-                self.nvrtc_defines = value
+                t.nvrtc_defines = value
                     .split(',')
                     .map(str::trim)
                     .filter(|t| !t.is_empty() && !auto)
@@ -171,7 +172,9 @@ impl GpuTuning {
                 )))
             }
         }
-        self.validate()
+        t.validate()?;
+        *self = t;
+        Ok(())
     }
 }
 
@@ -204,6 +207,9 @@ mod tests {
         t.set("gpu_layout", "auto").unwrap();
         t.set("nvrtc_defines", "").unwrap();
         assert!(t.layout.is_none() && t.nvrtc_defines.is_empty());
+        let before = t.clone();
+        assert!(t.set("tile_bits", "13").is_err());
+        assert_eq!(t, before);
         for (k, v) in [
             ("tile_bits", "13"),
             ("ax_tile_bits", "3"),
