@@ -88,12 +88,12 @@ if has lsqr; then
 fi
 
 if has layouts; then
-  for cfg in "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=mixed SEISTOMO_TILE_BITS=10" \
-             "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=9" "SEISTOMO_COMPACT_LAYOUT=tiles SEISTOMO_TILE_BITS=12" \
-             "SEISTOMO_COMPACT_LAYOUT=rows"; do
+  for cfg in "gpu_layout=mixed tile_bits=9" "gpu_layout=mixed tile_bits=10" \
+             "gpu_layout=tiles tile_bits=9" "gpu_layout=tiles tile_bits=12" "gpu_layout=rows"; do
     echo "## $cfg" >> "$OUT/layouts.txt"
-    env $cfg timeout 150 "$BIN/seistomo" bench --size large --reorder auto --iters 100 --storage compact \
-      --precision f32,f64 --loops device 2>> "$OUT/log.txt" | tail -2 >> "$OUT/layouts.txt"
+    tune=(); for kv in $cfg; do tune+=(--tune "$kv"); done
+    timeout 150 "$BIN/seistomo" bench --size large --reorder auto --iters 100 --storage compact \
+      --precision f32,f64 --loops device "${tune[@]}" 2>> "$OUT/log.txt" | tail -2 >> "$OUT/layouts.txt"
   done
 fi
 

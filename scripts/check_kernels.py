@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--arch", default="90", help="compute capability, e.g. 90 (Hopper)")
     ap.add_argument("--filter", default="", help="only kernels whose name matches")
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
-                    help="a preprocessor define, as SEISTOMO_NVRTC_DEFINES (repeatable)")
+                    help="a preprocessor define, as the tuning key nvrtc_defines (repeatable)")
     a = ap.parse_args()
     install()
     lib = ctypes.CDLL(find("libnvrtc.so.12"))

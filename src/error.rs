@@ -60,6 +60,15 @@ pub enum Error {
     /// A compute backend failed or is unavailable.
     #[error("backend {backend}: {msg}")]
     Backend { backend: &'static str, msg: String },
+    /// A compute backend's own typed error (e.g. the CUDA backend's `CudaError`: what a device
+    /// library reported and what was being done), held without this module knowing its type.
+    /// Its message is part of this one, so it is deliberately not an error `source` (the
+    /// one-line CLI message would repeat it); reach it with `err.downcast_ref`.
+    #[error("backend {backend}: {err}")]
+    Device {
+        backend: &'static str,
+        err: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// Communication between ranks failed.
     #[error("communication: {0}")]
     Comm(String),

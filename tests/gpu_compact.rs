@@ -7,13 +7,12 @@ mod common;
 use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCompactOperator};
-use seistomo::backend::cuda::{
-    CompactGpuOptions, CudaBackend, CudaCompactOperator, CudaCsrOperator, GpuLayout,
-};
+use seistomo::backend::cuda::{CudaBackend, CudaCompactOperator, CudaCsrOperator};
 use seistomo::backend::{Backend, Operator, Precision, Scale, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::grid::{Stencil, StencilOp};
+use seistomo::settings::tuning::{GpuLayout, Tuning as CompactGpuOptions};
 use seistomo::solver::{
     lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
     LsqrVectors, NoMonitor,
@@ -72,23 +71,24 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
         let y = rand_vec(mrows, 22);
         for p in [Precision::F64, Precision::F32] {
             let cop = CpuCompactOperator::new(a, st.clone(), p);
-            let rows = |shape| CompactGpuOptions {
-                layout: Some(GpuLayout::Rows),
-                shape,
+            let rows = |shape: Option<(u32, u32)>| CompactGpuOptions {
+                gpu_layout: Some(GpuLayout::Rows),
+                compact_s: shape.map(|(s, _)| s),
+                compact_r: shape.map(|(_, r)| r),
                 ..Default::default()
             };
             let tiles = |bits| CompactGpuOptions {
-                layout: Some(GpuLayout::Tiles),
+                gpu_layout: Some(GpuLayout::Tiles),
                 tile_bits: Some(bits),
                 ..Default::default()
             };
             let mixed = |bits| CompactGpuOptions {
-                layout: Some(GpuLayout::Mixed),
+                gpu_layout: Some(GpuLayout::Mixed),
                 tile_bits: Some(bits),
                 ..Default::default()
             };
             let split = |bits, ax| CompactGpuOptions {
-                layout: Some(GpuLayout::Split),
+                gpu_layout: Some(GpuLayout::Split),
                 tile_bits: Some(bits),
                 ax_tile_bits: Some(ax),
                 ..Default::default()
@@ -108,7 +108,13 @@ fn compact_products_match_cpu_every_shape_width_and_precision() {
                 split(9, 12),
                 split(12, 4),
             ] {
-                let shape = (o.layout, o.tile_bits, o.ax_tile_bits, o.shape);
+                let shape = (
+                    o.gpu_layout,
+                    o.tile_bits,
+                    o.ax_tile_bits,
+                    o.compact_s,
+                    o.compact_r,
+                );
                 let gop = CudaCompactOperator::with_options(&g, a, st.as_ref(), p, &o).unwrap();
                 assert_eq!(gop.nrows(), mrows);
                 let gx = g.upload(&x).unwrap();
@@ -183,7 +189,7 @@ fn layouts() -> Vec<(Precision, GpuLayout, CompactGpuOptions)> {
     .into_iter()
     .map(|(p, tiles)| {
         let o = CompactGpuOptions {
-            layout: Some(tiles),
+            gpu_layout: Some(tiles),
             ..Default::default()
         };
         (p, tiles, o)

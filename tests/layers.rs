@@ -186,3 +186,177 @@ fn the_scan_sees_grouped_and_plain_paths() {
     );
     assert_eq!(named_rooms(&code), vec!["grid", "io", "model"]);
 }
+
+/// The module path of a file under src/ (`backend/cuda/compact.rs` -> backend::cuda::compact;
+/// a `mod.rs` is its folder's module).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Paths a file names with `super::` or `crate::` (grouped imports expanded), as segments.
+fn named_paths(code: &str) -> Vec<(bool, Vec<String>)> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (start, is_super) in [("super::", true), ("crate::", false)] {
+        let mut rest = code;
+        while let Some(i) = rest.find(start) {
+            let after = &rest[i + start.len()..];
+            let mut head = Vec::new();
+            let mut s = after;
+            loop {
+                if let Some(group) = s.strip_prefix('{') {
+                    let end = group.find('}').unwrap_or(group.len());
+                    for item in group[..end].split(',') {
+                        let mut p = head.clone();
+                        p.extend(item.trim().split("::").map(ident).filter(|x| !x.is_empty()));
+                        out.push((is_super, p));
+                    }
+                    break;
+                }
+                let name = ident(s);
+                if name.is_empty() {
+                    out.push((is_super, head));
+                    break;
+                }
+                s = &s[name.len()..];
+                head.push(name);
+                match s.strip_prefix("::") {
+                    Some(t) => s = t,
+                    None => {
+                        out.push((is_super, head));
+                        break;
+                    }
+                }
+            }
+            rest = after;
+        }
+    }
+    out
+}
+
+/// Inside a room, files that name each other must not form a circle (a circle means a shared
+/// type or helper belongs in a file of its own). `mod.rs` facades are not files here: naming an
+/// item through `super::Item` is naming the folder, not a sibling.
+#[test]
+fn files_inside_a_room_import_no_circles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: Vec<Vec<String>> = files
+        .iter()
+        .filter(|f| !f.ends_with("mod.rs"))
+        .map(|f| module_of(&src, f))
+        .collect();
+    let is_file = |m: &[String]| modules.iter().any(|x| x == m);
+    let mut edges: BTreeMap<Vec<String>, Vec<Vec<String>>> = BTreeMap::new();
+    for f in files.iter().filter(|f| !f.ends_with("mod.rs")) {
+        let me = module_of(&src, f);
+        let parent = &me[..me.len() - 1];
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        for (is_super, path) in named_paths(&code) {
+            let full: Vec<String> = if is_super {
+                parent.iter().cloned().chain(path).collect()
+            } else {
+                path
+            };
+            // the longest prefix that is a file of the same folder
+            for k in (1..=full.len()).rev() {
+                let m = &full[..k];
+                if m != me.as_slice() && m.len() == me.len() && m[..k - 1] == *parent && is_file(m)
+                {
+                    let e = edges.entry(me.clone()).or_default();
+                    if !e.contains(&m.to_vec()) {
+                        e.push(m.to_vec());
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    // a circle: a file that reaches itself
+    let mut circles = Vec::new();
+    for start in edges.keys() {
+        let mut stack = vec![(start.clone(), vec![start.join("::")])];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some((m, trail)) = stack.pop() {
+            for n in edges.get(&m).into_iter().flatten() {
+                if n == start {
+                    circles.push(format!("{} -> {}", trail.join(" -> "), n.join("::")));
+                } else if seen.insert(n.clone()) {
+                    let mut t = trail.clone();
+                    t.push(n.join("::"));
+                    stack.push((n.clone(), t));
+                }
+            }
+        }
+    }
+    assert!(
+        !edges.is_empty(),
+        "no imports between files seen: is the scan broken?"
+    );
+    assert!(
+        circles.is_empty(),
+        "files inside a room import each other in a circle:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The environment is read in one place (src/settings/launch.rs: what describes the launch);
+/// everything that tunes a run is configuration (src/settings/tuning.rs), recorded in
+/// report.json.
+#[test]
+fn only_the_launch_module_reads_the_environment() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let launch = src.join("settings").join("launch.rs");
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| **f != launch) {
+        let text = std::fs::read_to_string(f).unwrap();
+        // comments out, tests in: a test may not read the environment either
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for pat in ["env::var(", "env::var_os(", "env::vars(", "env::vars_os("] {
+            if code.contains(pat) {
+                bad.push(format!("{}: {pat}", f.display()));
+            }
+        }
+    }
+    assert!(
+        std::fs::read_to_string(&launch)
+            .unwrap()
+            .contains("env::var("),
+        "the scan must see the launch module's reads"
+    );
+    assert!(
+        bad.is_empty(),
+        "environment read outside src/settings/launch.rs:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_path_scan_expands_groups_and_supers() {
+    let p = named_paths("use super::{a::X, b};\nlet y = crate::io::mtx::read(x);");
+    assert!(p.contains(&(true, vec!["a".into(), "X".into()])), "{p:?}");
+    assert!(p.contains(&(true, vec!["b".into()])), "{p:?}");
+    assert!(
+        p.contains(&(false, vec!["io".into(), "mtx".into(), "read".into()])),
+        "{p:?}"
+    );
+}

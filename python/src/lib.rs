@@ -43,7 +43,9 @@ fn py_err(e: Error) -> PyErr {
             PyFileNotFoundError::new_err(msg)
         }
         Error::Io { .. } | Error::Parse { .. } | Error::Format { .. } => PyOSError::new_err(msg),
-        Error::Backend { .. } | Error::Comm(_) | Error::Rank { .. } => PyRuntimeError::new_err(msg),
+        Error::Backend { .. } | Error::Device { .. } | Error::Comm(_) | Error::Rank { .. } => {
+            PyRuntimeError::new_err(msg)
+        }
         Error::Structure(_) | Error::Invalid(_) | Error::Config { .. } => {
             PyValueError::new_err(msg)
         }

@@ -6,8 +6,6 @@
 
 use std::time::Instant;
 
-use rayon::prelude::*;
-
 use serde::Serialize;
 
 use crate::backend::storage::{self, Storage};
@@ -18,89 +16,10 @@ use crate::grid::reorder::Reorder;
 use crate::grid::Rng;
 use crate::pipeline::operators::{Built, Engine, LsqrVisitor};
 use crate::pipeline::options::{BackendChoice, OperatorSpec};
-use crate::settings::tuning::{GpuLayoutChoice, Tuning};
+use crate::pipeline::timing::{last_level_cache_bytes, time_ms};
+use crate::settings::tuning::{GpuLayout, Tuning};
 use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::{Csr, GapHistogram};
-
-/// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
-/// (GB/s, read + write, all threads copying 64 MiB arrays; median of 5).
-pub fn host_copy_bandwidth() -> (String, f64) {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let threads = rayon::current_num_threads();
-    let len = 8usize << 20;
-    let src = vec![1.0f64; len];
-    let mut dst = vec![0.0f64; len];
-    let chunk = len.div_ceil(threads.max(1) * 4).max(1 << 14);
-    let mut ts = Vec::new();
-    for _ in 0..6 {
-        let t = Instant::now();
-        dst.par_chunks_mut(chunk)
-            .zip(src.par_chunks(chunk))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        ts.push(t.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(&dst);
-    ts.remove(0); // first touch of dst
-    let s = median(ts).max(1e-9);
-    (
-        format!("CPU {model}, {threads} thread(s)"),
-        2.0 * (len * 8) as f64 / s / 1e9,
-    )
-}
-
-/// The largest CPU cache of cpu0 (Linux sysfs), in bytes.
-pub fn last_level_cache_bytes() -> Option<u64> {
-    let mut best = None;
-    for i in 0..8 {
-        let p = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
-        let Ok(t) = std::fs::read_to_string(p) else {
-            break;
-        };
-        let t = t.trim();
-        let (num, mul) = match t.strip_suffix('K') {
-            Some(n) => (n, 1u64 << 10),
-            None => match t.strip_suffix('M') {
-                Some(n) => (n, 1u64 << 20),
-                None => (t, 1),
-            },
-        };
-        if let Ok(v) = num.parse::<u64>() {
-            best = best.max(Some(v * mul));
-        }
-    }
-    best
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Median wall time (ms) of `f` followed by `sync`.
-pub fn time_ms(
-    reps: usize,
-    sync: &dyn Fn() -> Result<()>,
-    mut f: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    f()?;
-    sync()?;
-    let mut ts = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        sync()?;
-        ts.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok(median(ts))
-}
 
 /// Timings of one operator: the products alone, a short warm-up solve (which captures the
 /// device loop's graph), then `iters` more iterations continuing the same solve.
@@ -268,10 +187,10 @@ pub fn parse_layout(t: &str, base: &Tuning) -> Result<Tuning> {
     let bits: Vec<&str> = parts.collect();
     let (layout, most) = match kind {
         "auto" => (None, 0),
-        "rows" => (Some(GpuLayoutChoice::Rows), 0),
-        "mixed" => (Some(GpuLayoutChoice::Mixed), 1),
-        "tiles" => (Some(GpuLayoutChoice::Tiles), 1),
-        "split" => (Some(GpuLayoutChoice::Split), 2),
+        "rows" => (Some(GpuLayout::Rows), 0),
+        "mixed" => (Some(GpuLayout::Mixed), 1),
+        "tiles" => (Some(GpuLayout::Tiles), 1),
+        "split" => (Some(GpuLayout::Split), 2),
         _ => return Err(bad()),
     };
     if bits.len() > most {
@@ -417,7 +336,7 @@ pub fn run(plan: &Plan, sys: &BenchSystem) -> Result<Table> {
     let mut engines = Vec::new();
     for &kind in &plan.backends {
         let engine = match kind {
-            BackendChoice::Cuda => Engine::gpu(0)?,
+            BackendChoice::Cuda => Engine::gpu_tuned(0, &plan.tuning)?,
             _ => Engine::cpu(),
         };
         let (desc, gbps) = engine.copy_bandwidth()?;

@@ -15,7 +15,8 @@
 //! - [`monitor`]: progress and history of LSQR and GMRES
 //! - [`checkpoint`]: LSQR with checkpoints; [`model`]: the model side of `invert`
 //! - [`square`]: GMRES on square systems over ranks (`solve --method gmres`)
-//! - [`lcurve`], [`compare`], [`bench`], [`export`], [`import`]: the other commands' work
+//! - [`lcurve`], [`compare`], [`bench`], [`export`], [`import`]: the other commands' work;
+//!   [`timing`]: medians and copy bandwidths for `bench` and the factory
 
 pub mod bench;
 pub mod checkpoint;
@@ -34,3 +35,4 @@ pub mod prepare;
 pub mod publish;
 pub mod solve;
 pub mod square;
+pub mod timing;

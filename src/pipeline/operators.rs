@@ -17,8 +17,7 @@ use std::time::Instant;
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use crate::backend::cuda::{
-    CompactGpuOptions, CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps,
-    CudaSquareOperator, GpuLayout,
+    CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator,
 };
 use crate::backend::precond::Preconditioner;
 use crate::backend::storage::{Storage, StoredMatrix};
@@ -28,7 +27,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::partition::graph::RowPartition;
 use crate::pipeline::options::{BackendChoice, OperatorSpec};
-use crate::settings::tuning::{GpuLayoutChoice, Tuning};
+use crate::settings::tuning::Tuning;
 use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond};
 use crate::sparse::Csr;
 
@@ -93,21 +92,6 @@ pub fn use_device_loop(lsqr_loop: LsqrLoop, ranks: usize) -> bool {
         LsqrLoop::Device => true,
         LsqrLoop::Host => false,
         LsqrLoop::Auto => ranks == 1,
-    }
-}
-
-/// The compact storage's GPU options of a tuning (layout, tile sizes, launch shape).
-fn gpu_options(t: &Tuning) -> CompactGpuOptions {
-    CompactGpuOptions {
-        layout: t.gpu_layout.map(|l| match l {
-            GpuLayoutChoice::Rows => GpuLayout::Rows,
-            GpuLayoutChoice::Tiles => GpuLayout::Tiles,
-            GpuLayoutChoice::Mixed => GpuLayout::Mixed,
-            GpuLayoutChoice::Split => GpuLayout::Split,
-        }),
-        tile_bits: t.tile_bits,
-        ax_tile_bits: t.ax_tile_bits,
-        shape: t.compact_s.zip(t.compact_r),
     }
 }
 
@@ -208,11 +192,11 @@ impl Engine {
         kind: BackendChoice,
         comm: &dyn Comm,
         path: AllreducePath,
-        _tuning: &Tuning,
+        tuning: &Tuning,
     ) -> Result<Engine> {
         match kind {
             BackendChoice::Cuda => {
-                let be = CudaBackend::for_rank(comm)?;
+                let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
                 let path = be.setup_allreduce(comm, path)?;
                 Ok(Engine::Cuda {
                     be: Box::new(be),
@@ -241,7 +225,15 @@ impl Engine {
 
     /// GPU `ordinal` of this process, one rank (tools, tests, the Python module).
     pub fn gpu(ordinal: usize) -> Result<Engine> {
-        Ok(Engine::from_cuda(CudaBackend::new(ordinal)?))
+        Engine::gpu_tuned(ordinal, &Tuning::default())
+    }
+
+    /// [`Engine::gpu`] with the kernels compiled with `tuning`'s defines.
+    pub fn gpu_tuned(ordinal: usize, tuning: &Tuning) -> Result<Engine> {
+        Ok(Engine::from_cuda(CudaBackend::with_defines(
+            ordinal,
+            &tuning.nvrtc_defines,
+        )?))
     }
 
     /// An engine on a GPU backend made elsewhere (tests), for one rank or with its allreduce
@@ -298,13 +290,13 @@ impl Engine {
     /// and threads, or the device, in words.
     pub fn copy_bandwidth(&self) -> Result<(String, f64)> {
         match self {
-            Engine::Cpu { .. } => Ok(crate::pipeline::bench::host_copy_bandwidth()),
+            Engine::Cpu { .. } => Ok(crate::pipeline::timing::host_copy_bandwidth()),
             Engine::Cuda { be, .. } => {
                 let len = 32usize << 20;
                 let src = be.zeros(len)?;
                 let mut dst = be.zeros(len)?;
                 let sync = || be.synchronize();
-                let ms = crate::pipeline::bench::time_ms(10, &sync, || be.copy(&src, &mut dst))?;
+                let ms = crate::pipeline::timing::time_ms(10, &sync, || be.copy(&src, &mut dst))?;
                 Ok((be.describe(), 2.0 * (len * 8) as f64 / (ms * 1e-3) / 1e9))
             }
         }
@@ -498,8 +490,8 @@ fn cuda_lsqr<V: LsqrVisitor>(
         ..Default::default()
     };
     if storage == Storage::Compact {
-        let o = gpu_options(&spec.tuning);
-        match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, &o) {
+        let o = &spec.tuning;
+        match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, o) {
             Ok(op) => {
                 op.set_device_loop(device_loop);
                 let nnz = rows.nnz().max(1) as f64;
@@ -507,7 +499,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
                 let (pa, pt) = op.pass_bytes();
                 built.transpose = format!("csc (compact transpose, {} values)", op.precision());
                 built.device_loop = device_loop;
-                built.layout = layout_tag(&o, &op.layout());
+                built.layout = layout_tag(o, &op.layout());
                 built.pass_bytes = Some(pa + pt);
                 built.bytes_per_nnz = pa as f64 / nnz;
                 built.seconds = t.elapsed().as_secs_f64();
@@ -520,7 +512,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
     }
     // CSR: the stencil rows (if any were split off) go back into the matrix.
     let rows = restack(rows, stencil.as_ref())?;
-    let op = CudaCsrOperator::new(be, &rows, spec.transpose, spec.precision)?;
+    let op = CudaCsrOperator::with_tuning(be, &rows, spec.transpose, spec.precision, &spec.tuning)?;
     op.set_device_loop(device_loop);
     drop(rows);
     built.transpose = if comm.size() > 1 {
@@ -558,7 +550,7 @@ fn restack(rows: Csr, stencil: Option<&crate::grid::StencilOp>) -> Result<Csr> {
 
 /// The short name of a GPU compact layout: rows, mixed:T, tiles:T or split:T:X (T: A^T's tile
 /// bits, X: A x's), the bits where they were asked for.
-fn layout_tag(o: &CompactGpuOptions, desc: &str) -> String {
+fn layout_tag(o: &Tuning, desc: &str) -> String {
     let kind = desc.split([' ', ':']).next().unwrap_or("").to_string();
     match (o.tile_bits, o.ax_tile_bits) {
         (Some(t), Some(x)) if kind == "split" => format!("{kind}:{t}:{x}"),

@@ -9,11 +9,11 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-/// The device layout of compact storage on the GPU (`gpu_layout`).
+/// The device layout of compact storage on the GPU (`gpu_layout`; automatic is `None`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum GpuLayoutChoice {
-    /// 16-bit-delta rows for A x and for A^T y.
+pub enum GpuLayout {
+    /// 16-bit-delta rows for A x, and their transpose in the same form for A^T y.
     Rows,
     /// Column tiles for both products.
     Tiles,
@@ -23,33 +23,54 @@ pub enum GpuLayoutChoice {
     Split,
 }
 
-choice_from_str!(GpuLayoutChoice, "GPU layout", "rows" => Self::Rows, "tiles" => Self::Tiles, "mixed" => Self::Mixed, "split" => Self::Split);
+choice_from_str!(GpuLayout, "GPU layout", "rows" => Self::Rows, "tiles" => Self::Tiles, "mixed" => Self::Mixed, "split" => Self::Split);
 
-/// Every tuning knob (see the module docs); `None`/empty: chosen automatically.
+impl std::fmt::Display for GpuLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuLayout::Rows => "rows",
+            GpuLayout::Tiles => "tiles",
+            GpuLayout::Mixed => "mixed",
+            GpuLayout::Split => "split",
+        })
+    }
+}
+
+/// Every tuning knob (see the module docs); `None`/empty: chosen automatically. Each field's
+/// doc starts with its key. Where each goes: the GPU's compact operator takes `gpu_layout` to
+/// `tiled_s_cols`; the device LSQR loop `lsqr_block`; the CUDA backend, which compiles the
+/// kernels, `nvrtc_defines`; the dataset loader `io_max_gap`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Tuning {
-    /// GPU compact storage: the device layout.
-    pub gpu_layout: Option<GpuLayoutChoice>,
-    /// GPU compact storage: tiles of 2^bits columns for A^T y (4..=12).
+    /// `gpu_layout`: auto picks split when the matrix has at least 1M nonzeros and its rows
+    /// have on average at least 4 nonzeros per tile of 2^tile_bits they touch, else rows.
+    pub gpu_layout: Option<GpuLayout>,
+    /// `tile_bits`: column tiles of 2^bits columns, 4..=12 (in the split layout A^T's);
+    /// default 9 (512 cells, an 8x8x8 brick in Morton order).
     pub tile_bits: Option<u32>,
-    /// GPU compact storage, split layout: tiles of 2^bits columns for A x (4..=12).
+    /// `ax_tile_bits`: A x's tiles in the split layout, 4..=12; default 12 (4096 cells).
     pub ax_tile_bits: Option<u32>,
-    /// GPU compact rows: the sub-warp width per row (4, 8, 16 or 32 lanes).
+    /// `compact_s`: sub-warp width of the delta-row kernels, 4, 8, 16 or 32; default from the
+    /// mean row length (about 4 entries a lane).
     pub compact_s: Option<u32>,
-    /// GPU compact rows: rows per sub-warp (1..=64).
+    /// `compact_r`: rows per sub-warp of the delta-row kernels, 1..=65536; default about 16384
+    /// entries a block.
     pub compact_r: Option<u32>,
-    /// GPU column tiles: the sub-warp width per column (4, 8, 16 or 32 lanes).
+    /// `tiled_s_cols`: sub-warp width of the tiles' column pass (A^T), 4, 8, 16 or 32; default
+    /// from the mean column length in a tile.
     pub tiled_s_cols: Option<u32>,
-    /// GPU LSQR device loop: iterations per CUDA-graph replay (1..=256).
+    /// `lsqr_block`: iterations per replay of the device LSQR loop's CUDA graph, 1..=256;
+    /// default 32.
     pub lsqr_block: Option<usize>,
-    /// Extra preprocessor defines for the CUDA kernels (NAME or NAME=VALUE).
+    /// `nvrtc_defines`: preprocessor defines the CUDA kernels are compiled with, `NAME` or
+    /// `NAME=VALUE` (kernel constants for experiments, e.g. `CUNROLL=2`).
     pub nvrtc_defines: Vec<String>,
-    /// Dataset reads: records at most this many bytes apart are read as one (0: only touching
-    /// ones).
+    /// `io_max_gap`: dataset reads of records at most this many bytes apart are merged into one
+    /// (0: only touching ones); default 64 KiB.
     pub io_max_gap: Option<u64>,
 }
 
-/// The keys [`Tuning::set`] takes, for messages and docs.
+/// The keys [`Tuning::set`] takes, in the fields' order.
 pub const KEYS: [&str; 9] = [
     "gpu_layout",
     "tile_bits",
@@ -62,123 +83,106 @@ pub const KEYS: [&str; 9] = [
     "io_max_gap",
 ];
 
+/// Sub-warp widths the kernels are compiled for (kernels/compact.cu, tiled.cu).
+const SUB_WARPS: [u32; 4] = [4, 8, 16, 32];
+/// Iterations of one replay of the LSQR graph at most (the device keeps this many records).
+pub const MAX_LSQR_BLOCK: usize = 256;
+
 fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T> {
     v.trim()
         .parse()
         .map_err(|_| Error::Invalid(format!("tuning {key} = {v}: expected a whole number")))
 }
 
-fn within<T: PartialOrd + std::fmt::Display + Copy>(
-    key: &str,
-    v: T,
-    ok: &[T],
-    range: bool,
-) -> Result<T> {
-    let good = if range {
-        ok[0] <= v && v <= ok[1]
-    } else {
-        ok.contains(&v)
-    };
-    if good {
-        return Ok(v);
-    }
-    let allowed = if range {
-        format!("{}..={}", ok[0], ok[1])
-    } else {
-        ok.iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    Err(Error::Invalid(format!(
-        "tuning {key} = {v}: expected {allowed}"
-    )))
-}
-
-fn define(key: &str, d: &str) -> Result<String> {
-    let d = d.trim();
+/// An error unless `d` is a preprocessor define: NAME (a C identifier) or NAME=VALUE (a value
+/// of letters, digits and `_.+-`: nothing an NVRTC option could be smuggled in with).
+pub fn check_define(d: &str) -> Result<()> {
     let (name, value) = d.split_once('=').unwrap_or((d, ""));
-    let ident = |s: &str| {
-        !s.is_empty()
-            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !s.starts_with(|c: char| c.is_ascii_digit())
-    };
-    let plain = |s: &str| {
-        s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
-    };
-    if ident(name) && plain(value) {
-        Ok(d.to_string())
+    let ident = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let plain = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c));
+    if ident && plain {
+        Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "tuning {key}: '{d}' is not a define (NAME or NAME=VALUE, letters, digits, _)"
+            "tuning nvrtc_defines: '{d}' is not NAME or NAME=VALUE (a C identifier; a value of letters, digits, _ . + -)"
         )))
     }
 }
 
 impl Tuning {
-    /// Set one knob from its text, checking its range ("auto" resets it).
+    /// An error naming the key when a value is out of its range (see each field).
+    pub fn validate(&self) -> Result<()> {
+        type Allowed = fn(u32) -> bool;
+        let bits: Allowed = |b| (4..=12).contains(&b);
+        let width: Allowed = |s| SUB_WARPS.contains(&s);
+        let rows: Allowed = |r| (1..=1 << 16).contains(&r);
+        let knobs = [
+            ("tile_bits", self.tile_bits, bits, "4..=12"),
+            ("ax_tile_bits", self.ax_tile_bits, bits, "4..=12"),
+            ("compact_s", self.compact_s, width, "4, 8, 16 or 32"),
+            ("compact_r", self.compact_r, rows, "1..=65536"),
+            ("tiled_s_cols", self.tiled_s_cols, width, "4, 8, 16 or 32"),
+        ];
+        for (key, value, ok, want) in knobs {
+            if let Some(v) = value.filter(|&v| !ok(v)) {
+                return Err(Error::Invalid(format!(
+                    "tuning {key} = {v}: expected {want}"
+                )));
+            }
+        }
+        if let Some(k) = self
+            .lsqr_block
+            .filter(|k| !(1..=MAX_LSQR_BLOCK).contains(k))
+        {
+            return Err(Error::Invalid(format!(
+                "tuning lsqr_block = {k}: expected 1..={MAX_LSQR_BLOCK}"
+            )));
+        }
+        self.nvrtc_defines.iter().try_for_each(|d| check_define(d))
+    }
+
+    /// Set one knob from its text, checking its range ("auto" or empty resets it); on an error
+    /// `self` is unchanged.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let v = value.trim();
         let auto = v.eq_ignore_ascii_case("auto") || v.is_empty();
-        let pow2 = [4u32, 8, 16, 32];
+        fn opt<T: std::str::FromStr>(key: &str, v: &str, auto: bool) -> Result<Option<T>> {
+            if auto {
+                Ok(None)
+            } else {
+                number(key, v).map(Some)
+            }
+        }
+        let mut t = self.clone();
         match key {
+            "gpu_layout" if auto => t.gpu_layout = None,
             "gpu_layout" => {
-                self.gpu_layout = if auto {
-                    None
-                } else {
-                    Some(
-                        v.parse()
-                            .map_err(|e| Error::Invalid(format!("tuning {key}: {e}")))?,
-                    )
-                }
+                t.gpu_layout = Some(
+                    v.parse()
+                        .map_err(|e| Error::Invalid(format!("tuning {key}: {e}")))?,
+                )
             }
-            "tile_bits" | "ax_tile_bits" => {
-                let b = if auto {
-                    None
-                } else {
-                    Some(within(key, number(key, v)?, &[4, 12], true)?)
-                };
-                if key == "tile_bits" {
-                    self.tile_bits = b
-                } else {
-                    self.ax_tile_bits = b
-                }
-            }
-            "compact_s" | "tiled_s_cols" => {
-                let s = if auto {
-                    None
-                } else {
-                    Some(within(key, number(key, v)?, &pow2, false)?)
-                };
-                if key == "compact_s" {
-                    self.compact_s = s
-                } else {
-                    self.tiled_s_cols = s
-                }
-            }
-            "compact_r" => {
-                self.compact_r = if auto {
-                    None
-                } else {
-                    Some(within(key, number(key, v)?, &[1, 64], true)?)
-                }
-            }
-            "lsqr_block" => {
-                self.lsqr_block = if auto {
-                    None
-                } else {
-                    Some(within(key, number(key, v)?, &[1, 256], true)?)
-                }
-            }
+            "tile_bits" => t.tile_bits = opt(key, v, auto)?,
+            "ax_tile_bits" => t.ax_tile_bits = opt(key, v, auto)?,
+            "compact_s" => t.compact_s = opt(key, v, auto)?,
+            "compact_r" => t.compact_r = opt(key, v, auto)?,
+            "tiled_s_cols" => t.tiled_s_cols = opt(key, v, auto)?,
+            "lsqr_block" => t.lsqr_block = opt(key, v, auto)?,
+            "io_max_gap" => t.io_max_gap = opt(key, v, auto)?,
             "nvrtc_defines" => {
-                self.nvrtc_defines = v
+                t.nvrtc_defines = v
                     .split(',')
-                    .filter(|t| !t.trim().is_empty() && !auto)
-                    .map(|t| define(key, t))
-                    .collect::<Result<_>>()?
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty() && !auto)
+                    .map(String::from)
+                    .collect()
             }
-            "io_max_gap" => self.io_max_gap = if auto { None } else { Some(number(key, v)?) },
             _ => {
                 return Err(Error::Invalid(format!(
                     "unknown tuning key '{key}' ({})",
@@ -186,6 +190,8 @@ impl Tuning {
                 )))
             }
         }
+        t.validate()?;
+        *self = t;
         Ok(())
     }
 
@@ -202,6 +208,11 @@ impl Tuning {
             self.set(k.trim(), v)?;
         }
         Ok(())
+    }
+
+    /// Whether every knob is automatic.
+    pub fn is_default(&self) -> bool {
+        *self == Tuning::default()
     }
 
     /// A `[tuning]` table of a config: every value as text (strings, integers, arrays of
@@ -232,11 +243,6 @@ impl Tuning {
         }
         Ok(t)
     }
-
-    /// Whether every knob is automatic.
-    pub fn is_default(&self) -> bool {
-        *self == Tuning::default()
-    }
 }
 
 #[cfg(test)]
@@ -258,7 +264,7 @@ mod tests {
             "io_max_gap=4096",
         ])
         .unwrap();
-        assert_eq!(t.gpu_layout, Some(GpuLayoutChoice::Mixed));
+        assert_eq!(t.gpu_layout, Some(GpuLayout::Mixed));
         assert_eq!((t.tile_bits, t.ax_tile_bits), (Some(10), Some(12)));
         assert_eq!(
             (t.compact_s, t.compact_r, t.tiled_s_cols),
@@ -273,15 +279,22 @@ mod tests {
             "tile_bits=13",
             "compact_s=5",
             "compact_r=0",
+            "compact_r=70000",
             "lsqr_block=300",
             "gpu_layout=diagonal",
             "nvrtc_defines=A;B",
+            "nvrtc_defines=X=1 -G",
             "io_max_gap=-1",
             "speed=11",
             "tile_bits",
         ] {
-            let e = Tuning::default().apply(&[bad]).unwrap_err().to_string();
+            let mut t = Tuning::default();
+            let e = t.apply(&[bad]).unwrap_err().to_string();
             assert!(!e.contains('\n') && e.contains("tun"), "{bad}: {e}");
+            assert!(
+                t.is_default(),
+                "{bad}: a rejected value left the tuning changed"
+            );
         }
     }
 
@@ -291,7 +304,7 @@ mod tests {
             toml::from_str("gpu_layout = \"rows\"\nlsqr_block = 16\nnvrtc_defines = [\"A=1\"]\n")
                 .unwrap();
         let t = Tuning::from_table(&table).unwrap();
-        assert_eq!(t.gpu_layout, Some(GpuLayoutChoice::Rows));
+        assert_eq!(t.gpu_layout, Some(GpuLayout::Rows));
         assert_eq!(t.lsqr_block, Some(16));
         assert_eq!(t.nvrtc_defines, vec!["A=1"]);
         let bad: toml::Table = toml::from_str("tile_bits = 2.5\n").unwrap();

@@ -4,75 +4,44 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::backend::{CudaBackend, DeviceVec};
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
-use super::operator::{check_vectors, up, width_index, DevValues, MemoryPlan};
+use super::operator::MemoryPlan;
+use super::stencil::{stencil_parts, DevStencil, StencilArgs};
 use super::tiled::DevTiled;
-use super::{arg, CudaBackend, DeviceVec};
+use super::util::{
+    arg, check_row_numbers, check_vectors, fused_entries_per_block, up, width_index, DevValues,
+};
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
-use crate::grid::stencil::BlockKind;
 use crate::grid::StencilOp;
+use crate::settings::tuning::{GpuLayout, Tuning};
 use crate::sparse::tiled::{Tiled, TiledHalf};
-use crate::sparse::{CompactCsr, CompactValues, Csr};
+use crate::sparse::{CompactCsr, Csr};
 
 /// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
 const CWARPS: u32 = 8;
-/// Threads per block and rows per thread of the stencil kernels.
-const STENCIL_THREADS: u32 = 256;
-const STENCIL_ROWS_PER_THREAD: u64 = 4;
-/// Device memory left free besides the plan: this much plus 3% of what is free.
-const HEADROOM_BYTES: u64 = 256 << 20;
 
-/// A block of stencil rows as kernels/compact.cu's `StencilBlock`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StencilBlockArg {
-    w: f64,
-    row0: u64,
-    lo: [u32; 3],
-    dims: [u32; 3],
-    kind: i32,
-    axis: i32,
-}
+/// Default tile size: 2^9 columns (512 cells, an 8x8x8 brick in Morton order).
+const TILE_BITS: u32 = 9;
+/// Default tile size of A x in the split layout: 2^12 columns (4096 cells, a 16x16x16 brick).
+const AX_TILE_BITS: u32 = 12;
 
-/// kernels/compact.cu's `StencilArgs`, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StencilArgs {
-    b: [StencilBlockArg; 7],
-    new_of_old: u64,
-    old_of_new: u64,
-    n: [u32; 3],
-    nblocks: i32,
-}
-
-/// The stencil arguments of a kernel that may add the stencil rows' transposed terms: whether
-/// it does, the stencil, and the address of the stencil rows' part of y (zeros without).
-pub(crate) fn stencil_parts(st: Option<(&StencilArgs, u64)>) -> (bool, StencilArgs, u64) {
-    match st {
-        Some((s, yd)) => (true, *s, yd),
-        None => (false, StencilArgs::default(), 0u64),
-    }
-}
-
-/// The sub-warp width and rows per sub-warp for rows of `mean` entries on average
-/// (SEISTOMO_COMPACT_S / SEISTOMO_COMPACT_R override them, for tuning).
-fn launch_shape(mean: f64, entries: usize) -> (u32, u32) {
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-    let s = env("SEISTOMO_COMPACT_S")
-        .filter(|s| [4, 8, 16, 32].contains(s))
-        .unwrap_or_else(|| {
-            let target = (mean / 4.0).max(1.0);
-            let mut s = 4u32;
-            while s < 32 && (2 * s) as f64 <= target {
-                s *= 2;
-            }
-            s
-        });
+/// The sub-warp width and rows per sub-warp for rows of `mean` entries on average, where the
+/// tuning (`compact_s`, `compact_r`: `s`, `r`) does not fix them.
+fn launch_shape(mean: f64, entries: usize, s: Option<u32>, r: Option<u32>) -> (u32, u32) {
+    let s = s.unwrap_or_else(|| {
+        let target = (mean / 4.0).max(1.0);
+        let mut s = 4u32;
+        while s < 32 && (2 * s) as f64 <= target {
+            s *= 2;
+        }
+        s
+    });
     let g = 32 / s;
-    let r = env("SEISTOMO_COMPACT_R").unwrap_or_else(|| {
-        (super::fused_entries_per_block(entries) / (mean.max(1.0) * (CWARPS * g) as f64))
+    let r = r.unwrap_or_else(|| {
+        (fused_entries_per_block(entries) / (mean.max(1.0) * (CWARPS * g) as f64))
             .round()
             .clamp(1.0, 64.0) as u32
     });
@@ -93,25 +62,13 @@ pub(crate) struct DevCompact {
 }
 
 impl DevCompact {
-    fn upload(be: &CudaBackend, c: &CompactCsr, shape: Option<(u32, u32)>) -> Result<Self> {
-        if c.nrows() >= u32::MAX as usize {
-            return Err(Error::Invalid(format!(
-                "cuda: {} rows on one rank do not fit 32-bit row numbers; use more ranks",
-                c.nrows()
-            )));
-        }
+    /// Upload `c` with the launch shape of the tuning `o` (validated) or chosen from `c`.
+    fn upload(be: &CudaBackend, c: &CompactCsr, o: &Tuning) -> Result<Self> {
+        check_row_numbers(c.nrows())?;
         let mean = c.entries() as f64 / c.nrows().max(1) as f64;
-        let (s, rows_per_sub) = shape.unwrap_or_else(|| launch_shape(mean, c.entries()));
-        if ![4, 8, 16, 32].contains(&s) || rows_per_sub == 0 {
-            return Err(Error::Invalid(format!(
-                "cuda compact: sub-warp width {s} (4, 8, 16 or 32) and {rows_per_sub} rows per sub-warp (>= 1)"
-            )));
-        }
+        let (s, rows_per_sub) = launch_shape(mean, c.entries(), o.compact_s, o.compact_r);
         let rows_per_block = (CWARPS * (32 / s) * rows_per_sub) as usize;
-        let values = match c.values() {
-            CompactValues::F64(v) => DevValues::F64(up(be, v)?),
-            CompactValues::F32(v) => DevValues::F32(up(be, v)?),
-        };
+        let values = DevValues::upload(be, c.values())?;
         Ok(DevCompact {
             nrows: c.nrows(),
             entries: c.entries(),
@@ -150,72 +107,8 @@ impl DevCompact {
             arg(&x),
             arg(&y),
         ];
-        let mut args = [&lead[..], &e.args(), &[arg(&sargs), arg(&yd)]].concat();
-        be.launch(f, self.blocks, CWARPS * 32, &mut args)
-    }
-}
-
-/// Stencil rows on the device: the block descriptions and the renumbering tables.
-pub(crate) struct DevStencil {
-    args: StencilArgs,
-    nrows: u64,
-    _tables: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
-}
-
-impl DevStencil {
-    fn upload(be: &CudaBackend, op: &StencilOp) -> Result<Self> {
-        let st = op.stencil();
-        if op.blocks().len() > 7 || st.ncells() >= u32::MAX as usize {
-            return Err(Error::Invalid("cuda: stencil too large".into()));
-        }
-        let mut args = StencilArgs {
-            n: [st.n[0] as u32, st.n[1] as u32, st.n[2] as u32],
-            nblocks: op.blocks().len() as i32,
-            ..Default::default()
-        };
-        for (d, b) in args.b.iter_mut().zip(op.blocks()) {
-            let (kind, axis) = match b.kind {
-                BlockKind::Norm => (0, 0),
-                BlockKind::First(a) => (1, a as i32),
-                BlockKind::Second(a) => (2, a as i32),
-            };
-            *d = StencilBlockArg {
-                w: b.weight,
-                row0: b.row0 as u64,
-                lo: b.lo.map(|v| v as u32),
-                dims: b.dims.map(|v| v as u32),
-                kind,
-                axis,
-            };
-        }
-        let tables = match (op.new_of_old(), op.old_of_new()) {
-            (Some(p), Some(q)) => {
-                let (p, q) = (up(be, p)?, up(be, q)?);
-                args.new_of_old = be.ptr(&p);
-                args.old_of_new = be.ptr(&q);
-                Some((p, q))
-            }
-            _ => None,
-        };
-        Ok(DevStencil {
-            args,
-            nrows: op.nrows() as u64,
-            _tables: tables,
-        })
-    }
-
-    fn blocks(&self, rows: u64) -> u32 {
-        rows.div_ceil(STENCIL_THREADS as u64 * STENCIL_ROWS_PER_THREAD) as u32
-    }
-
-    fn av(&self, be: &CudaBackend, x: u64, y: u64, e: &Epilogue) -> Result<()> {
-        let lead = [arg(&self.args), arg(&self.nrows), arg(&x), arg(&y)];
-        be.launch(
-            &be.k.stencil_av,
-            self.blocks(self.nrows),
-            STENCIL_THREADS,
-            &mut [&lead[..], &e.args()].concat(),
-        )
+        let grid = (self.blocks, CWARPS * 32);
+        e.launch(be, f, grid, &lead, &[arg(&sargs), arg(&yd)])
     }
 }
 
@@ -231,14 +124,14 @@ fn compact_plan(
         (stored.nrows() + stencil.map_or(0, |s| s.nrows())) as u64,
         stored.ncols() as u64,
     );
-    MemoryPlan {
-        strategy: TransposeStrategy::Csc,
+    let matrix_bytes = matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64);
+    MemoryPlan::of(
+        TransposeStrategy::Csc,
         precision,
-        matrix_bytes: matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64),
-        vector_bytes: (3 * m + 6 * n) * 8,
+        matrix_bytes,
+        (m, n),
         free_bytes,
-        headroom_bytes: HEADROOM_BYTES + free_bytes / 33,
-    }
+    )
 }
 
 /// How compact storage is laid out on the device.
@@ -264,28 +157,11 @@ enum Layout {
     },
 }
 
-/// Which device layout compact storage uses ([`CompactGpuOptions::layout`],
-/// SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed | split).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpuLayout {
-    Rows,
-    Tiles,
-    Mixed,
-    Split,
-}
-
-/// The device layout for `stored` (SEISTOMO_COMPACT_LAYOUT = rows | tiles | mixed | split
-/// overrides it): split (tiles of 2^12 columns for A x, of 2^tile_bits for A^T) when the
-/// matrix is large enough to be bound by its gathers (>= 1M nonzeros) and its rows have on
-/// average at least 4 nonzeros per tile of 2^tile_bits they touch; else rows.
+/// The device layout for `stored` where the tuning (`gpu_layout`) does not fix it: split
+/// (tiles of 2^12 columns for A x, of 2^tile_bits for A^T) when the matrix is large enough to
+/// be bound by its gathers (>= 1M nonzeros) and its rows have on average at least 4 nonzeros
+/// per tile of 2^tile_bits they touch; else rows.
 fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
-    match std::env::var("SEISTOMO_COMPACT_LAYOUT").as_deref() {
-        Ok("rows") => return GpuLayout::Rows,
-        Ok("tiles") => return GpuLayout::Tiles,
-        Ok("mixed") => return GpuLayout::Mixed,
-        Ok("split") => return GpuLayout::Split,
-        _ => {}
-    }
     if stored.nnz() < 1_000_000 {
         return GpuLayout::Rows;
     }
@@ -304,40 +180,6 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     } else {
         GpuLayout::Rows
     }
-}
-
-/// Tile bits from the environment variable `var` when it holds 4..=12, else `default`.
-fn env_tile_bits(var: &str, default: u32) -> u32 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|b| (4..=12).contains(b))
-        .unwrap_or(default)
-}
-
-/// Tile size: 2^SEISTOMO_TILE_BITS columns (default 9 = 512 cells, an 8x8x8 brick in Morton
-/// order).
-fn tile_bits() -> u32 {
-    env_tile_bits("SEISTOMO_TILE_BITS", 9)
-}
-
-/// A x's tile size in the split layout: 2^SEISTOMO_AX_TILE_BITS columns (default 12 = 4096
-/// cells, a 16x16x16 brick in Morton order).
-fn ax_tile_bits() -> u32 {
-    env_tile_bits("SEISTOMO_AX_TILE_BITS", 12)
-}
-
-/// Fixed choices for [`CudaCompactOperator::with_options`] (None: chosen from the matrix).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CompactGpuOptions {
-    /// Delta rows, column tiles or both (rows for A x, tiles for A^T).
-    pub layout: Option<GpuLayout>,
-    /// Tile size 2^bits (4..=12); in the split layout A^T's.
-    pub tile_bits: Option<u32>,
-    /// A x's tile size 2^bits in the split layout (4..=12).
-    pub ax_tile_bits: Option<u32>,
-    /// Rows layout: sub-warp width (4, 8, 16, 32) and rows per sub-warp.
-    pub shape: Option<(u32, u32)>,
 }
 
 /// LSQR's operator on one GPU with compact storage: [stored rows; stencil rows].
@@ -360,26 +202,23 @@ impl CudaCompactOperator {
         stencil: Option<&StencilOp>,
         precision: Precision,
     ) -> Result<Self> {
-        Self::with_options(
-            be,
-            stored,
-            stencil,
-            precision,
-            &CompactGpuOptions::default(),
-        )
+        Self::with_options(be, stored, stencil, precision, &Tuning::default())
     }
 
-    /// [`CudaCompactOperator::new`] with the layout and launch shape fixed (tests, tuning).
+    /// [`CudaCompactOperator::new`] with the tuning `o`: its layout, tile sizes and launch
+    /// shapes, and the device LSQR loop's block (checked first: [`Tuning::validate`]). The
+    /// kernels' defines must be the backend's ([`CudaBackend::with_defines`] compiles them).
     pub fn with_options(
         be: &CudaBackend,
         stored: &Csr,
         stencil: Option<&StencilOp>,
         precision: Precision,
-        o: &CompactGpuOptions,
+        o: &Tuning,
     ) -> Result<Self> {
-        let shape = o.shape;
-        let bits = o.tile_bits.unwrap_or_else(tile_bits);
-        let layout_kind = o.layout.unwrap_or_else(|| choose_layout(stored, bits));
+        o.validate()?;
+        be.check_compiled_with(&o.nvrtc_defines)?;
+        let bits = o.tile_bits.unwrap_or(TILE_BITS);
+        let layout_kind = o.gpu_layout.unwrap_or_else(|| choose_layout(stored, bits));
         let (free, _) = be.mem_info()?;
         let too_big = |plan: &MemoryPlan| {
             Error::backend(
@@ -401,13 +240,13 @@ impl CudaCompactOperator {
                 Err(too_big(&plan))
             }
         };
-        let rows = |c: CompactCsr| DevCompact::upload(be, &c, shape).map(Box::new);
+        let rows = |c: CompactCsr| DevCompact::upload(be, &c, o).map(Box::new);
         let (layout, plan) = match layout_kind {
             GpuLayout::Tiles => {
                 let t = Tiled::from_csr(stored, precision, bits);
                 let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
                 let plan = planned(t.bytes() + scratch)?;
-                let dt = DevTiled::upload(be, &t, true, true)?;
+                let dt = DevTiled::upload(be, &t, true, true, o.tiled_s_cols)?;
                 (Layout::Tiles(Box::new(dt)), plan)
             }
             GpuLayout::Mixed => {
@@ -417,20 +256,20 @@ impl CudaCompactOperator {
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(ca.bytes() + tbytes)?;
                 let a = rows(ca)?;
-                let t = Box::new(DevTiled::upload(be, &t, false, true)?);
+                let t = Box::new(DevTiled::upload(be, &t, false, true, o.tiled_s_cols)?);
                 (Layout::Mixed { a, t }, plan)
             }
             GpuLayout::Split => {
-                let xbits = o.ax_tile_bits.unwrap_or_else(ax_tile_bits);
+                let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
                 let tx = Tiled::from_csr_half(stored, precision, xbits, TiledHalf::Rows);
                 let t = Tiled::from_csr_half(stored, precision, bits, TiledHalf::Cols);
                 // A x's row half and segment partials; A^T's column half and column partials
                 let xbytes = tx.bytes() / 2 + 8 * tx.nseg() as u64;
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(xbytes + tbytes)?;
-                let ax = Box::new(DevTiled::upload(be, &tx, true, false)?);
+                let ax = Box::new(DevTiled::upload(be, &tx, true, false, o.tiled_s_cols)?);
                 drop(tx);
-                let at = Box::new(DevTiled::upload(be, &t, false, true)?);
+                let at = Box::new(DevTiled::upload(be, &t, false, true, o.tiled_s_cols)?);
                 (Layout::Split { ax, at }, plan)
             }
             GpuLayout::Rows => {
@@ -443,6 +282,8 @@ impl CudaCompactOperator {
         };
         let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
         be.synchronize()?;
+        let device_loop = LoopSlot::default();
+        device_loop.set_block(o.lsqr_block)?;
         Ok(CudaCompactOperator {
             m_stored: stored.nrows(),
             ncols: stored.ncols(),
@@ -450,7 +291,7 @@ impl CudaCompactOperator {
             layout,
             stencil,
             plan,
-            device_loop: LoopSlot::default(),
+            device_loop,
         })
     }
 
@@ -539,6 +380,11 @@ impl CudaCompactOperator {
     /// Use the device-resident LSQR loop (off by default: `[backend] lsqr_loop`).
     pub fn set_device_loop(&self, on: bool) {
         self.device_loop.set(on);
+    }
+    /// Iterations per replay of the device loop's graph (tuning `lsqr_block`, 1..=256; None:
+    /// the default, 32).
+    pub fn set_lsqr_block(&self, block: Option<usize>) -> Result<()> {
+        self.device_loop.set_block(block)
     }
 
     fn check(&self, what: &str, got: (usize, usize), want: (usize, usize)) -> Result<()> {

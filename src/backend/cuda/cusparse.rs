@@ -5,8 +5,11 @@ use std::ffi::c_void;
 use cudarc::cusparse::sys as cs;
 use cudarc::driver::CudaSlice;
 
-use super::operator::DevCsr;
-use super::{CudaBackend, Error, Result};
+use super::backend::CudaBackend;
+use super::csr::DevCsr;
+use super::error::{CudaError, Doing};
+use super::util::DevValues;
+use crate::error::{Error, Result};
 use crate::sparse::Csr;
 
 /// The arguments cusparseSpMV and cusparseSpMV_bufferSize share: handle, operation, host
@@ -42,11 +45,7 @@ macro_rules! spmv_call {
 }
 
 fn check(what: &str, st: cs::cusparseStatus_t) -> Result<()> {
-    if st == cs::cusparseStatus_t::CUSPARSE_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::backend("cuda", format!("cuSPARSE {what}: {st:?}")))
-    }
+    st.result().doing_with(|| format!("cuSPARSE {what}"))
 }
 
 /// A cuSPARSE handle and CSR descriptor over the operator's device arrays (with 32-bit row
@@ -63,13 +62,10 @@ pub(crate) struct CuSparse {
 impl CuSparse {
     pub fn new(be: &CudaBackend, a: &Csr, dev: &DevCsr) -> Result<Self> {
         let ip32: Vec<i32> = a.indptr().iter().map(|&p| p as i32).collect();
-        let ip32 = be
-            .stream
-            .clone_htod(&ip32)
-            .map_err(|e| Error::backend("cuda", format!("uploading row offsets: {e:?}")))?;
+        let ip32 = be.stream.clone_htod(&ip32).doing("uploading row offsets")?;
         let vals = match &dev.values {
-            super::operator::DevValues::F64(v) => be.ptr(v),
-            super::operator::DevValues::F32(_) => {
+            DevValues::F64(v) => be.ptr(v),
+            DevValues::F32(_) => {
                 return Err(Error::backend("cuda", "cuSPARSE baseline needs f64 values"))
             }
         };
@@ -81,10 +77,7 @@ impl CuSparse {
             handle,
             mat: std::ptr::null_mut(),
             _ip32: ip32,
-            buf: be
-                .stream
-                .alloc_zeros::<u8>(1)
-                .map_err(|e| Error::backend("cuda", format!("{e:?}")))?,
+            buf: be.stream.alloc_zeros::<u8>(1).map_err(CudaError::from)?,
             m: a.nrows(),
             n: a.ncols(),
         };
@@ -127,9 +120,10 @@ impl CuSparse {
             })?;
             size = size.max(s);
         }
-        me.buf = be.stream.alloc_zeros::<u8>(size.max(1)).map_err(|e| {
-            Error::backend("cuda", format!("cuSPARSE buffer of {size} bytes: {e:?}"))
-        })?;
+        me.buf = be
+            .stream
+            .alloc_zeros::<u8>(size.max(1))
+            .doing_with(|| format!("cuSPARSE buffer of {size} bytes"))?;
         Ok(me)
     }
 
@@ -201,9 +195,7 @@ impl CuSparse {
         y: &mut CudaSlice<f64>,
     ) -> Result<()> {
         let buf = be.ptr(&self.buf);
-        be.ctx
-            .bind_to_thread()
-            .map_err(|e| Error::backend("cuda", format!("{e:?}")))?;
+        be.ctx.bind_to_thread().map_err(CudaError::from)?;
         self.with_vectors(be, trans, (alpha, x), (beta, y), |c| {
             // SAFETY: valid handle, descriptors and work buffer of the size cuSPARSE asked for;
             // host scalars live across the call (host pointer mode).

@@ -11,10 +11,14 @@
 
 use std::ffi::c_void;
 use std::mem::offset_of;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
 
-use super::{arg, cuda_err, CudaBackend, THREADS};
+use super::backend::CudaBackend;
+use super::error::Doing;
+use super::util::arg;
+use super::vector::THREADS;
 use crate::backend::lsqr::{
     BlockCallback, IterRecord, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors,
 };
@@ -22,8 +26,8 @@ use crate::error::{Error, Result};
 
 /// Doubles per history record and records kept on the device (kernels/lsqr.cu).
 const REC: usize = 8;
-const RECMAX: usize = 256;
-/// Iterations per graph replay (SEISTOMO_LSQR_BLOCK overrides it, 1..=RECMAX).
+const RECMAX: usize = crate::settings::tuning::MAX_LSQR_BLOCK;
+/// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
 const STEP_THREADS: u32 = 1024;
@@ -186,6 +190,18 @@ impl Epilogue {
             arg(&self.partial),
         ]
     }
+    /// Launch the fused product kernel `f` on `grid` = (blocks, threads): its arguments are
+    /// `lead`, the epilogue's five ([`Epilogue::args`]), then `tail`.
+    pub fn launch(
+        &self,
+        be: &CudaBackend,
+        f: &CudaFunction,
+        (blocks, threads): (u32, u32),
+        lead: &[*mut c_void],
+        tail: &[*mut c_void],
+    ) -> Result<()> {
+        be.launch(f, blocks, threads, &mut [lead, &self.args(), tail].concat())
+    }
 }
 
 /// An operator's products with LSQR's vector work fused in ([`Epilogue::fused`]): `u = c[0] A v
@@ -204,20 +220,51 @@ pub(crate) trait FusedLsqr {
     fn loop_slot(&self) -> &LoopSlot;
 }
 
-/// A GPU operator's device-loop switch (`[backend] lsqr_loop`) and its captured loop, shared by
-/// the CSR and compact operators.
-#[derive(Default)]
+/// A GPU operator's device-loop switch (`[backend] lsqr_loop`), its block size (tuning
+/// `lsqr_block`) and its captured loop, shared by the CSR and compact operators.
 pub(crate) struct LoopSlot {
-    on: std::sync::atomic::AtomicBool,
+    on: AtomicBool,
+    block: AtomicUsize,
     lp: std::sync::Mutex<Option<DeviceLoop>>,
+}
+
+impl Default for LoopSlot {
+    fn default() -> Self {
+        LoopSlot {
+            on: AtomicBool::new(false),
+            block: AtomicUsize::new(BLOCK),
+            lp: Default::default(),
+        }
+    }
 }
 
 impl LoopSlot {
     pub fn set(&self, on: bool) {
-        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.on.store(on, Ordering::Relaxed);
     }
     pub fn is_on(&self) -> bool {
-        self.on.load(std::sync::atomic::Ordering::Relaxed)
+        self.on.load(Ordering::Relaxed)
+    }
+    /// Iterations per replay of the loop's graph (None: the default, 32).
+    pub fn set_block(&self, block: Option<usize>) -> Result<()> {
+        let k = block.unwrap_or(BLOCK);
+        check_lsqr_block(k)?;
+        self.block.store(k, Ordering::Relaxed);
+        Ok(())
+    }
+    fn block(&self) -> usize {
+        self.block.load(Ordering::Relaxed)
+    }
+}
+
+/// The device loop's block size is 1..=256 iterations (the history records kept on the device).
+pub(super) fn check_lsqr_block(k: usize) -> Result<()> {
+    if (1..=RECMAX).contains(&k) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "tuning lsqr_block = {k}: expected 1..={RECMAX}"
+        )))
     }
 }
 
@@ -248,29 +295,25 @@ impl DeviceLoop {
         // graph's copy) before they are read.
         // Flags 0: ordinary (not write-combined) page-locked memory, which the host reads fast.
         let host_state = unsafe { be.ctx.alloc_pinned_with_flags::<DevState>(1, 0) }
-            .map_err(cuda_err("page-locked memory for the LSQR state"))?;
+            .doing("page-locked memory for the LSQR state")?;
         // SAFETY: as above.
         let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
-            .map_err(cuda_err("page-locked memory for the LSQR history"))?;
+            .doing("page-locked memory for the LSQR history")?;
         let mut host_state = host_state;
-        let host_state_ptr = host_state
-            .as_mut_ptr()
-            .map_err(cuda_err("page-locked state"))? as usize;
-        let host_rec_ptr = host_rec
-            .as_mut_ptr()
-            .map_err(cuda_err("page-locked history"))? as usize;
+        let host_state_ptr = host_state.as_mut_ptr().doing("page-locked state")? as usize;
+        let host_rec_ptr = host_rec.as_mut_ptr().doing("page-locked history")? as usize;
         Ok(DeviceLoop {
             host_state_ptr,
             host_rec_ptr,
             state: st
                 .alloc_zeros::<DevState>(1)
-                .map_err(cuda_err("device memory for the LSQR state"))?,
+                .doing("device memory for the LSQR state")?,
             partial: st
                 .alloc_zeros::<f64>(partials.max(1))
-                .map_err(cuda_err("device memory for partial sums"))?,
+                .doing("device memory for partial sums")?,
             rec: st
                 .alloc_zeros::<f64>(REC * RECMAX)
-                .map_err(cuda_err("device memory for the LSQR history"))?,
+                .doing("device memory for the LSQR history")?,
             host_state,
             host_rec,
             key: [0; 6],
@@ -300,7 +343,7 @@ impl DeviceLoop {
         unsafe {
             dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<DevState>(), cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR state in"))?;
+                .doing("copying the LSQR state in")?;
         }
         let one = 1u32;
         let n64 = n as u64;
@@ -349,10 +392,10 @@ impl DeviceLoop {
         unsafe {
             dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<DevState>(), cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR state out"))?;
+                .doing("copying the LSQR state out")?;
             dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
                 .result()
-                .map_err(cuda_err("copying the LSQR history out"))?;
+                .doing("copying the LSQR history out")?;
         }
         Ok(())
     }
@@ -382,11 +425,7 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         if s.itn >= iter_lim || s.istop != 0 || s.arnorm == 0.0 {
             return Ok(());
         }
-        let k = std::env::var("SEISTOMO_LSQR_BLOCK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(BLOCK)
-            .clamp(1, RECMAX);
+        let k = self.loop_slot().block();
         let partials = op.max_partials().max(update_blocks(n) as usize);
         if slot.as_ref().is_none_or(|l| l.partial.len() < partials) {
             *slot = Some(DeviceLoop::new(be, partials)?);
@@ -405,12 +444,12 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             be.synchronize()?;
             be.stream
                 .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(cuda_err("starting a graph capture"))?;
+                .doing("starting a graph capture")?;
             let recorded = lp.record_replay(be, op, v, k);
             let graph = be
                 .stream
                 .end_capture(dsys::CUgraphInstantiate_flags(0))
-                .map_err(cuda_err("capturing the LSQR graph"));
+                .doing("capturing the LSQR graph");
             recorded?;
             lp.graph =
                 Some(graph?.ok_or_else(|| {
@@ -429,25 +468,17 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             st.skip_atu = 0;
             st.error = 0;
             st.stop_at = next as i64;
-            lp.host_state
-                .as_mut_slice()
-                .map_err(cuda_err("page-locked state"))?[0] = st;
+            lp.host_state.as_mut_slice().doing("page-locked state")?[0] = st;
             lp.graph
                 .as_ref()
                 .expect("captured above")
                 .launch()
-                .map_err(cuda_err("launching the LSQR graph"))?;
+                .doing("launching the LSQR graph")?;
             be.synchronize()?;
             let before = s.itn;
-            st = lp
-                .host_state
-                .as_slice()
-                .map_err(cuda_err("page-locked state"))?[0];
+            st = lp.host_state.as_slice().doing("page-locked state")?[0];
             st.to_scalars(s);
-            let h = lp
-                .host_rec
-                .as_slice()
-                .map_err(cuda_err("page-locked history"))?;
+            let h = lp.host_rec.as_slice().doing("page-locked history")?;
             recs.clear();
             for itn in before + 1..=s.itn {
                 let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];

@@ -3,11 +3,11 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::operator::{check_vectors, up, DevValues};
-use super::{arg, CudaBackend};
+use super::backend::{CudaBackend, DeviceVec};
+use super::util::{arg, check_vectors, up, DevValues};
+use crate::backend::Scale;
 use crate::error::Result;
 use crate::sparse::patterns::RowPatterns;
-use crate::sparse::CompactValues;
 
 /// Threads per block of pattern_spmv (a thread per row).
 const THREADS: u32 = 256;
@@ -26,10 +26,7 @@ pub(crate) struct DevPatterns {
 
 impl DevPatterns {
     pub fn upload(be: &CudaBackend, p: &RowPatterns) -> Result<Self> {
-        let values = match &p.values {
-            CompactValues::F64(v) => DevValues::F64(up(be, v)?),
-            CompactValues::F32(v) => DevValues::F32(up(be, v)?),
-        };
+        let values = DevValues::upload(be, &p.values)?;
         Ok(DevPatterns {
             nrows: p.nrows,
             ncols: p.ncols,
@@ -47,78 +44,44 @@ impl DevPatterns {
         &self.describe
     }
 
-    /// y = d .* (alpha A x + beta y) (beta == 0: y is not read; without `d` no scaling).
-    pub fn spmv_scaled(
+    /// y = d .* (s.alpha A x + s.beta y) (s.beta == 0: y is not read; without `d` no
+    /// scaling). With `normalized` = (nsq, v), A's input is v = x / sqrt(max(*nsq, 0)) (x's
+    /// first nrows entries: the rows' own columns), written to `v` by the same launch: `nsq` is
+    /// the device address of the squared norm (GMRES's normalised product, with
+    /// [`Scale::SET`]).
+    pub fn spmv(
         &self,
         be: &CudaBackend,
-        alpha: f64,
-        x: &CudaSlice<f64>,
-        beta: f64,
-        d: Option<&CudaSlice<f64>>,
-        y: &mut CudaSlice<f64>,
+        s: Scale,
+        x: &DeviceVec,
+        normalized: Option<(u64, &mut DeviceVec)>,
+        d: Option<&DeviceVec>,
+        y: &mut DeviceVec,
     ) -> Result<()> {
-        self.launch(be, (alpha, beta), x, d, y, None)
-    }
-
-    /// y = d .* (A v) with v = x / sqrt(max(*nsq, 0)) (x's first nrows entries: the rows' own
-    /// columns) written to `v` by the same launch: `nsq` is the device address of the squared
-    /// norm.
-    pub fn spmv_normalized(
-        &self,
-        be: &CudaBackend,
-        nsq: u64,
-        x: &CudaSlice<f64>,
-        v: &mut CudaSlice<f64>,
-        d: Option<&CudaSlice<f64>>,
-        y: &mut CudaSlice<f64>,
-    ) -> Result<()> {
-        let shape = (self.nrows, self.ncols);
-        check_vectors(
-            "row-pattern normalised vector",
-            (v.len(), y.len()),
-            (self.nrows, self.nrows),
-            shape,
-        )?;
-        self.launch(be, (1.0, 0.0), x, d, y, Some((nsq, be.ptr(v))))
-    }
-
-    fn launch(
-        &self,
-        be: &CudaBackend,
-        (alpha, beta): (f64, f64),
-        x: &CudaSlice<f64>,
-        d: Option<&CudaSlice<f64>>,
-        y: &mut CudaSlice<f64>,
-        norm: Option<(u64, u64)>,
-    ) -> Result<()> {
-        let shape = (self.nrows, self.ncols);
-        check_vectors(
-            "row-pattern product",
-            (x.len(), y.len()),
-            (self.ncols, self.nrows),
-            shape,
-        )?;
+        let (rows, cols) = (self.nrows, self.ncols);
+        let check = |what: &str, got, want| check_vectors(what, got, want, (rows, cols));
+        check("row-pattern product", (x.len(), y.len()), (cols, rows))?;
         if let Some(d) = d {
-            check_vectors(
-                "row-pattern row scale",
-                (d.len(), y.len()),
-                (self.nrows, self.nrows),
-                shape,
-            )?;
+            check("row-pattern row scale", (d.len(), y.len()), (rows, rows))?;
         }
+        let (pn, pvout) = match normalized {
+            Some((nsq, v)) => {
+                check(
+                    "row-pattern normalised vector",
+                    (v.len(), y.len()),
+                    (rows, rows),
+                )?;
+                (nsq, be.ptr(v))
+            }
+            None => (0, 0),
+        };
+        let (alpha, beta) = (s.alpha, s.beta);
         let (pi, pv) = self.values.index_and_ptr(be);
         let m = self.nrows as u32;
-        let ptrs = [
-            be.ptr(&self.slice_ptr),
-            be.ptr(&self.row_pat),
-            be.ptr(&self.pat_start),
-            be.ptr(&self.pat_off),
-            pv,
-            be.ptr(x),
-            be.ptr(y),
-        ];
+        let (slices, row_pat) = (be.ptr(&self.slice_ptr), be.ptr(&self.row_pat));
+        let (start, off) = (be.ptr(&self.pat_start), be.ptr(&self.pat_off));
+        let ptrs = [slices, row_pat, start, off, pv, be.ptr(x), be.ptr(y)];
         let pd = d.map_or(0u64, |d| be.ptr(d));
-        let (pn, pvout) = norm.unwrap_or((0, 0));
         let mut args = vec![arg(&m)];
         args.extend(ptrs.iter().map(arg));
         args.extend([arg(&alpha), arg(&beta), arg(&pd), arg(&pn), arg(&pvout)]);

@@ -20,9 +20,11 @@ use std::sync::Mutex;
 
 use cudarc::driver::CudaSlice;
 
-use super::operator::up;
+use super::backend::{CudaBackend, DeviceVec};
+use super::error::Doing;
+use super::operator::CudaCsrOperator;
 use super::patterns::DevPatterns;
-use super::{arg, cuda_err, CudaBackend, CudaCsrOperator, DeviceVec};
+use super::util::{up, Word};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;
@@ -98,7 +100,7 @@ impl<'c> CudaSquareOperator<'c> {
             comm,
             precision,
             storage,
-            comm.size() > 1 && !be.nccl_ready(),
+            comm.size() > 1 && !be.nccl.ready(),
         )
     }
 
@@ -152,7 +154,7 @@ impl<'c> CudaSquareOperator<'c> {
                 let idx = be
                     .stream
                     .clone_htod(&flat)
-                    .map_err(cuda_err("copying the halo indices to the device"))?;
+                    .doing("copying the halo indices to the device")?;
                 (Some(idx), Some(be.zeros(flat.len())?))
             };
             Some(Mutex::new(Halo {
@@ -222,9 +224,9 @@ impl<'c> CudaSquareOperator<'c> {
         }
         be.stream
             .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
-            .map_err(cuda_err("device copy"))?;
+            .doing("device copy")?;
         // GPU to GPU when NCCL is set up: no host copies.
-        if be.nccl_exchange(
+        if be.nccl.exchange(
             h.send_dev.as_ref(),
             &self.send_counts,
             &mut h.ext,
@@ -236,7 +238,7 @@ impl<'c> CudaSquareOperator<'c> {
         if let Some(send) = &h.send_dev {
             be.stream
                 .memcpy_dtoh(send, &mut h.send_host[..])
-                .map_err(cuda_err("copying the halo to the host"))?;
+                .doing("copying the halo to the host")?;
             be.synchronize()?;
         }
         Ok(false)
@@ -267,7 +269,7 @@ impl<'c> CudaSquareOperator<'c> {
         if !h.recv_host.is_empty() {
             be.stream
                 .memcpy_htod(&h.recv_host[..], &mut h.ext.slice_mut(n..n + off))
-                .map_err(cuda_err("copying the halo to the device"))?;
+                .doing("copying the halo to the device")?;
         }
         Ok(())
     }
@@ -346,9 +348,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 self.apply_split(be, sp, s, x, &mut h, y)
             }
             Product::Whole(op) => self.with_columns(be, x, |xs| op.apply(be, s, xs, y)),
-            Product::Patterns(p) => {
-                self.with_columns(be, x, |xs| p.spmv_scaled(be, s.alpha, xs, s.beta, None, y))
-            }
+            Product::Patterns(p) => self.with_columns(be, x, |xs| p.spmv(be, s, xs, None, None, y)),
         }
     }
     fn apply_scaled_rows(
@@ -363,7 +363,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
             // the scale in the product's epilogue
             (None, Product::Whole(op)) => op.apply_scaled_rows(be, x, d, t, y),
             (_, Product::Patterns(p)) => {
-                self.with_columns(be, x, |xs| p.spmv_scaled(be, 1.0, xs, 0.0, d, y))
+                self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, None, d, y))
             }
             _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
         }
@@ -382,7 +382,8 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         };
         // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
         let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;
-        self.with_columns(be, x, |xs| p.spmv_normalized(be, nsq, xs, v, d, y))
+        let normalized = Some((nsq, v));
+        self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, normalized, d, y))
     }
     fn apply_t(
         &self,
@@ -462,21 +463,9 @@ impl CudaIluSweeps {
         dinv: u64,
         out: u64,
     ) -> Result<()> {
-        let (n64, pp, pc, pv) = (n as u64, be.ptr(&t.ptr), be.ptr(&t.col), be.ptr(&t.val));
-        be.launch_elementwise(
-            &be.k.tri_sweep,
-            n,
-            &mut [
-                arg(&n64),
-                arg(&pp),
-                arg(&pc),
-                arg(&pv),
-                arg(&rhs),
-                arg(&x),
-                arg(&dinv),
-                arg(&out),
-            ],
-        )
+        let (ptr, col, val) = (be.ptr(&t.ptr), be.ptr(&t.col), be.ptr(&t.val));
+        let words = [ptr, col, val, rhs, x, dinv, out].map(Word::U64);
+        be.elementwise(&be.k.tri_sweep, n, &words)
     }
 }
 
@@ -507,7 +496,7 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         // L y = r: y <- r - (L - I) y from y = r, ping-ponging between y and y2.
         be.stream
             .memcpy_dtod(r, &mut self.y.slice_mut(..n))
-            .map_err(cuda_err("device copy"))?;
+            .doing("device copy")?;
         let pr = be.ptr(r);
         let (mut cur, mut next) = (be.ptr(&self.y), be.ptr(&self.y2));
         for _ in 0..self.sweeps {
@@ -523,9 +512,9 @@ impl Preconditioner<CudaBackend> for CudaIluSweeps {
         } else {
             (pt, pz)
         };
-        let (pd, n64) = (be.ptr(&self.inv_diag), n as u64);
+        let pd = be.ptr(&self.inv_diag);
         // a = inv_diag .* y (the CPU's y[i] * inv_diag[i]; multiplication commutes exactly)
-        be.launch_elementwise(&be.k.pmul, n, &mut [arg(&n64), arg(&pd), arg(&py), arg(&a)])?;
+        be.elementwise(&be.k.pmul, n, &[pd, py, a].map(Word::U64))?;
         for _ in 0..self.sweeps {
             Self::sweep(be, n, &self.u, py, a, pd, b)?;
             std::mem::swap(&mut a, &mut b);

@@ -1,12 +1,13 @@
 //! Column tiles on the GPU (src/sparse/tiled.rs, kernels/tiled.cu): the products of compact
 //! storage that gather from shared memory instead of L2.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice};
 
-use super::compact::{stencil_parts, StencilArgs};
+use super::backend::CudaBackend;
+use super::error::Doing;
 use super::lsqr_loop::Epilogue;
-use super::operator::{up, up_if, width_index, DevValues};
-use super::{arg, CudaBackend};
+use super::stencil::{stencil_parts, StencilArgs};
+use super::util::{arg, up, up_if, width_index, DevValues};
 use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledValues};
 
@@ -85,23 +86,27 @@ pub(crate) struct DevTiled {
 impl DevTiled {
     /// Upload `t`: the row pass (A x) when `rows`, the column pass (A^T) when `cols`; a pass
     /// not uploaded must not be called (the mixed layout takes A x from delta rows, the split
-    /// layout each product from tiles of its own size).
-    pub fn upload(be: &CudaBackend, t: &Tiled, rows: bool, cols: bool) -> Result<Self> {
+    /// layout each product from tiles of its own size). The column pass's sub-warp width is
+    /// `s_cols` (tuning `tiled_s_cols`, validated) or chosen from the mean column length.
+    pub fn upload(
+        be: &CudaBackend,
+        t: &Tiled,
+        rows: bool,
+        cols: bool,
+        s_cols: Option<u32>,
+    ) -> Result<Self> {
         if t.nrows >= u32::MAX as usize || t.ncols >= u32::MAX as usize {
             return Err(Error::Invalid(
                 "cuda: tiles need fewer than 2^32 rows and columns on a rank".into(),
             ));
         }
-        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
         let mean_col = t.nnz as f64 / (t.nchunks() * t.tile()).max(1) as f64;
-        let s_cols = env("SEISTOMO_TILED_S_COLS")
-            .filter(|s| [4, 8, 16, 32].contains(s))
-            .unwrap_or_else(|| width_for(mean_col));
+        let s_cols = s_cols.unwrap_or_else(|| width_for(mean_col));
         let stream = &be.stream;
         let zeros = |n: usize| {
             stream
                 .alloc_zeros::<f64>(n.max(1))
-                .map_err(|e| Error::backend("cuda", format!("allocating tile scratch: {e:?}")))
+                .doing("allocating tile scratch")
         };
         Ok(DevTiled {
             nrows: t.nrows,
@@ -154,41 +159,22 @@ impl DevTiled {
             ));
         }
         let (pi, pv) = self.a_val.index_and_ptr(be);
-        let ncols = self.ncols as u64;
-        let (pct, pcs, pse, plc, psp) = (
-            be.ptr(&self.chunk_tile),
-            be.ptr(&self.chunk_seg),
-            be.ptr(&self.seg_ent),
-            be.ptr(&self.a_lcol),
-            be.ptr(&self.seg_partial),
-        );
+        let psp = be.ptr(&self.seg_partial);
+        let (tile, seg) = (be.ptr(&self.chunk_tile), be.ptr(&self.chunk_seg));
+        let (ent, lcol) = (be.ptr(&self.seg_ent), be.ptr(&self.a_lcol));
+        let words = [self.ncols as u64, tile, seg, ent, lcol, pv, x, psp];
         // x of the chunk's tile in shared memory
-        be.launch_smem(
-            &be.k.tiled_axf[pi],
-            self.nchunks,
-            THREADS,
-            8u32 << self.tile_bits,
-            &mut [
-                arg(&self.tile_bits),
-                arg(&ncols),
-                arg(&pct),
-                arg(&pcs),
-                arg(&pse),
-                arg(&plc),
-                arg(&pv),
-                arg(&x),
-                arg(&psp),
-                arg(&e.skip),
-            ],
-        )?;
+        let smem = 8u32 << self.tile_bits;
+        self.launch_chunks(be, &be.k.tiled_axf[pi], smem, &words, &e.skip)?;
         let nrows = self.nrows as u32;
         let (prs, psq) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
         let lead = [arg(&nrows), arg(&prs), arg(&psq), arg(&psp), arg(&y)];
-        be.launch(
+        e.launch(
+            be,
             &be.k.tiled_rows,
-            self.row_blocks(),
-            THREADS,
-            &mut [&lead[..], &e.args()].concat(),
+            (self.row_blocks(), THREADS),
+            &lead,
+            &[],
         )
     }
 
@@ -209,32 +195,14 @@ impl DevTiled {
         }
         let (pi, pv) = self.b_val.index_and_ptr(be);
         let f = &be.k.tiled_atu[pi][width_index(self.s_cols)];
-        let (pcs, psr, pcp, pls, pcpart) = (
-            be.ptr(&self.chunk_seg),
-            be.ptr(&self.seg_row),
-            be.ptr(&self.b_colptr),
-            be.ptr(&self.b_lseg),
-            be.ptr(&self.cpart),
-        );
+        let pcpart = be.ptr(&self.cpart);
+        let (seg, row) = (be.ptr(&self.chunk_seg), be.ptr(&self.seg_row));
+        let (colptr, lseg) = (be.ptr(&self.b_colptr), be.ptr(&self.b_lseg));
+        let words = [seg, row, colptr, lseg, pv, y, pcpart];
         // the tile's column offsets in shared memory (u32, relative to the chunk's first entry:
         // a chunk holds at most CHUNK_SEGS segments of at most one tile each, < 2^32 entries)
-        be.launch_smem(
-            f,
-            self.nchunks,
-            THREADS,
-            4 * ((1u32 << self.tile_bits) + 1),
-            &mut [
-                arg(&self.tile_bits),
-                arg(&pcs),
-                arg(&psr),
-                arg(&pcp),
-                arg(&pls),
-                arg(&pv),
-                arg(&y),
-                arg(&pcpart),
-                arg(&e.skip),
-            ],
-        )?;
+        let smem = 4 * ((1u32 << self.tile_bits) + 1);
+        self.launch_chunks(be, f, smem, &words, &e.skip)?;
         let (has, sargs, yd) = stencil_parts(st);
         let has = i32::from(has);
         let ncols = self.ncols as u32;
@@ -247,11 +215,33 @@ impl DevTiled {
             arg(&x),
         ];
         let tail = [arg(&sargs), arg(&yd), arg(&has)];
-        be.launch(
+        e.launch(
+            be,
             &be.k.tiled_cols,
-            self.col_blocks(),
-            THREADS,
-            &mut [&lead[..], &e.args(), &tail].concat(),
+            (self.col_blocks(), THREADS),
+            &lead,
+            &tail,
         )
+    }
+
+    /// Launch the chunk kernel `f` (a block per chunk, `smem` bytes of shared memory): its
+    /// arguments are the tile bits, `words` (at most 8 sizes and device addresses), then the
+    /// epilogue's skip flag.
+    fn launch_chunks(
+        &self,
+        be: &CudaBackend,
+        f: &CudaFunction,
+        smem: u32,
+        words: &[u64],
+        skip: &u64,
+    ) -> Result<()> {
+        assert!(words.len() <= 8, "a chunk kernel takes at most 8 words");
+        let mut args = [std::ptr::null_mut(); 10];
+        args[0] = arg(&self.tile_bits);
+        for (a, w) in args[1..].iter_mut().zip(words) {
+            *a = arg(w);
+        }
+        args[words.len() + 1] = arg(skip);
+        be.launch_smem(f, self.nchunks, THREADS, smem, &mut args[..words.len() + 2])
     }
 }

@@ -1,0 +1,273 @@
+//! The CUDA backend's device, stream and kernels ([`CudaBackend`]), and the launch of a kernel.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    result as dres, sys as dsys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr,
+};
+
+use super::device::{probe_checked, DeviceInfo};
+use super::error::{CudaError, Doing};
+use super::nccl::Nccl;
+use super::nvrtc::{check_defines, kernels_for, Kernels};
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+
+/// At most this many blocks in a reduction (and the size of the partial-sum buffer).
+pub(super) const RED_MAX_BLOCKS: usize = 1024;
+/// Basis vectors per launch of the batched Gram-Schmidt kernels (MULTI_MAX in vector.cu).
+pub(super) const MULTI_MAX: usize = 32;
+
+/// `len` f64 of page-locked host memory mapped into the device's address space.
+pub(super) struct MappedScalar {
+    _mem: cudarc::driver::PinnedHostSlice<f64>,
+    /// Host address (kept as an integer so the backend stays Send + Sync).
+    pub(super) host: usize,
+    pub(super) device: u64,
+}
+
+impl MappedScalar {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
+        // SAFETY: the memory is written below before any read.
+        let mut mem = unsafe {
+            ctx.alloc_pinned_with_flags::<f64>(
+                len,
+                dsys::CU_MEMHOSTALLOC_DEVICEMAP | dsys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .doing("mapped host memory")?;
+        let host = mem.as_mut_ptr().doing("mapped host memory")?;
+        // SAFETY: `host` points to `len` f64 of page-locked memory owned by `mem`.
+        unsafe { std::ptr::write_bytes(host, 0, len) };
+        let mut device: dsys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in this context.
+        unsafe { dsys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }
+            .result()
+            .doing("mapping host memory")?;
+        Ok(MappedScalar {
+            _mem: mem,
+            host: host as usize,
+            device,
+        })
+    }
+}
+
+/// A vector on the device: the CUDA backend's `Backend::Vector`.
+pub type DeviceVec = CudaSlice<f64>;
+
+/// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
+/// where a scalar comes back).
+pub struct CudaBackend {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) k: Arc<Kernels>,
+    pub(crate) info: DeviceInfo,
+    /// Partial sums of a reduction (RED_MAX_BLOCKS), its ticket counter, and its result.
+    pub(super) partial: CudaSlice<f64>,
+    pub(super) counter: CudaSlice<u32>,
+    pub(super) result: CudaSlice<f64>,
+    /// Where reductions write their result: a page-locked, device-mapped host word (the kernel
+    /// writes it directly; the host reads it after one stream synchronisation, no copy), or
+    /// `result` on the device when mapping is unavailable.
+    pub(super) mapped: Option<MappedScalar>,
+    /// The same for the batched reductions of GMRES: MULTI_MAX partial-sum rows of
+    /// RED_MAX_BLOCKS, and MULTI_MAX results (mapped host memory, or `multi_result` on the
+    /// device when mapping is unavailable).
+    pub(super) multi_partial: CudaSlice<f64>,
+    pub(super) multi_result: CudaSlice<f64>,
+    pub(super) multi_mapped: Option<MappedScalar>,
+    /// Page-locked host staging for the multi-rank vector reduction (host path).
+    pub(super) pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
+    /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
+    pub(crate) nccl: Nccl,
+    /// The preprocessor defines the kernels were compiled with.
+    defines: Vec<String>,
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal`: checks the libraries and the device first (an error, not
+    /// a panic, when CUDA is not usable), then compiles or reuses the kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_defines(ordinal, &[])
+    }
+
+    /// [`CudaBackend::new`] with the kernels compiled with preprocessor `defines` (tuning
+    /// `nvrtc_defines`: each `NAME` or `NAME=VALUE`, checked first); the compiled module is
+    /// cached per device and set of defines.
+    pub fn with_defines(ordinal: usize, defines: &[String]) -> Result<Self> {
+        check_defines(defines)?;
+        let info = probe_checked(ordinal).map_err(|why| CudaError::NoDevice(Box::new(why)))?;
+        let ctx = CudaContext::new(ordinal).doing("creating the context")?;
+        // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
+        // per-buffer event tracking (cross-stream synchronisation) is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().doing("creating a stream")?;
+        let k = kernels_for(&ctx, info.compute_capability, defines)?;
+        let partial = stream
+            .alloc_zeros::<f64>(RED_MAX_BLOCKS)
+            .doing("allocating reduction buffers")?;
+        let counter = stream
+            .alloc_zeros::<u32>(1)
+            .doing("allocating reduction buffers")?;
+        let result = stream
+            .alloc_zeros::<f64>(1)
+            .doing("allocating reduction buffers")?;
+        let mapped = MappedScalar::new(&ctx, 1).ok();
+        let multi_partial = stream
+            .alloc_zeros::<f64>(MULTI_MAX * RED_MAX_BLOCKS)
+            .doing("allocating reduction buffers")?;
+        let multi_result = stream
+            .alloc_zeros::<f64>(MULTI_MAX)
+            .doing("allocating reduction buffers")?;
+        let multi_mapped = MappedScalar::new(&ctx, MULTI_MAX).ok();
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            k,
+            info,
+            partial,
+            counter,
+            result,
+            mapped,
+            multi_partial,
+            multi_result,
+            multi_mapped,
+            pinned: Mutex::new(None),
+            nccl: Nccl::default(),
+            defines: defines.to_vec(),
+        })
+    }
+
+    /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node
+    /// (device 0 alone); says which GPU each rank took when there are several ranks.
+    pub fn for_rank(comm: &dyn Comm) -> Result<Self> {
+        Self::for_rank_with_defines(comm, &[])
+    }
+
+    /// [`CudaBackend::for_rank`] with the kernels compiled with `defines`
+    /// ([`CudaBackend::with_defines`]).
+    pub fn for_rank_with_defines(comm: &dyn Comm, defines: &[String]) -> Result<Self> {
+        let count = CudaContext::device_count()
+            .doing("cuInit/device count")?
+            .max(1) as usize;
+        // More ranks on a node than GPUs: ranks share them round-robin (said once per rank).
+        let ordinal = if comm.size() > 1 {
+            comm.local_rank() % count
+        } else {
+            0
+        };
+        let be = CudaBackend::with_defines(ordinal, defines)?;
+        if comm.size() > 1 {
+            let shared = if comm.local_rank() >= count {
+                format!(", shared: {count} GPU(s) for more ranks on this node")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "rank {}: GPU {ordinal} ({}){shared}",
+                comm.rank(),
+                be.describe()
+            );
+        }
+        Ok(be)
+    }
+
+    /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
+    /// it). NCCL needs libnccl on every rank (LD_LIBRARY_PATH); the unique id travels over
+    /// `comm`. Returns the path in words.
+    pub fn setup_allreduce(
+        &self,
+        comm: &dyn Comm,
+        path: crate::backend::AllreducePath,
+    ) -> Result<String> {
+        self.nccl.setup(&self.stream, comm, path)
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The preprocessor defines the kernels were compiled with (tuning `nvrtc_defines`).
+    pub fn defines(&self) -> &[String] {
+        &self.defines
+    }
+
+    /// An error when a tuning's `defines` are given but are not the ones this backend's
+    /// kernels were compiled with (they reach the kernels only through
+    /// [`CudaBackend::with_defines`]).
+    pub(crate) fn check_compiled_with(&self, defines: &[String]) -> Result<()> {
+        if defines.is_empty() || defines == self.defines {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "tuning nvrtc_defines = {defines:?}, but this backend's kernels were compiled with {:?} (make the backend with CudaBackend::with_defines)",
+            self.defines
+        )))
+    }
+
+    /// Free and total device memory now, in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().doing("memory info")
+    }
+
+    /// Wait for all queued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().doing("synchronize")
+    }
+
+    /// The stream every kernel of this backend runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Device address of a buffer (event tracking is off, so nothing is recorded).
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p
+    }
+
+    /// Launch `f` on this backend's stream.
+    pub(crate) fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.launch_smem(f, grid, block, 0, args)
+    }
+
+    /// Launch `f` with `smem` bytes of dynamic shared memory (0 for the kernels without).
+    pub(crate) fn launch_smem(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().doing("binding the context")?;
+        // SAFETY: every kernel of kernels/*.cu is launched through a typed wrapper of
+        // backend/cuda (vector.rs, csr.rs, compact.rs, tiled.rs, ...) that passes exactly the
+        // kernel's parameters, in order, as pointers to values of the matching types that
+        // outlive this call; buffer lengths are checked by the wrapper before the launch.
+        // Kernels with `extern __shared__` arrays use at most `smem` bytes, which the caller
+        // sizes.
+        unsafe {
+            dres::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                smem,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .doing("kernel launch")
+    }
+}

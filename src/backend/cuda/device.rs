@@ -1,0 +1,115 @@
+//! Whether CUDA is usable here: the libraries, the device and what it offers ([`probe`]).
+
+use cudarc::driver::{sys as dsys, CudaContext};
+
+use super::error::CudaError;
+
+/// What [`probe`] found: the device a CUDA backend would use.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: usize,
+    pub free_bytes: usize,
+    pub multiprocessors: i32,
+    pub device_count: i32,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU {} of {}: {} (sm_{}{}, {} SMs, {:.1} GiB, {:.1} GiB free)",
+            self.ordinal,
+            self.device_count,
+            self.name,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.multiprocessors,
+            self.total_bytes as f64 / (1u64 << 30) as f64,
+            self.free_bytes as f64 / (1u64 << 30) as f64
+        )
+    }
+}
+
+/// The CUDA libraries that cannot be loaded here (empty when all are present).
+pub fn missing_libraries() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    // SAFETY: these functions only try to dlopen the library by its usual names; they do not
+    // call into it.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            missing.push("CUDA driver (libcuda)");
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            missing.push("NVRTC (libnvrtc)");
+        }
+        if !cudarc::cublas::sys::is_culib_present() {
+            missing.push("cuBLAS (libcublas)");
+        }
+        if !cudarc::cusparse::sys::is_culib_present() {
+            missing.push("cuSPARSE (libcusparse)");
+        }
+    }
+    missing
+}
+
+/// Whether a usable CUDA device is present: its description, or the reason it is not usable.
+/// Never panics. Creates (and keeps) the device's primary context when the libraries load.
+pub fn probe() -> std::result::Result<DeviceInfo, String> {
+    probe_device(0)
+}
+
+/// [`probe`] for one device ordinal.
+pub fn probe_device(ordinal: usize) -> std::result::Result<DeviceInfo, String> {
+    probe_checked(ordinal).map_err(|e| e.to_string())
+}
+
+/// [`probe_device`] with the reason typed.
+pub(super) fn probe_checked(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    let unusable = |why: String| Err(CudaError::Unusable(why));
+    let missing = missing_libraries();
+    if !missing.is_empty() {
+        return unusable(format!("missing {}", missing.join(", ")));
+    }
+    let count =
+        CudaContext::device_count().map_err(|e| CudaError::during("cuInit/device count", e))?;
+    if count <= 0 {
+        return unusable("the CUDA driver reports no device".into());
+    }
+    if ordinal >= count as usize {
+        return unusable(format!(
+            "device {ordinal} requested but only {count} present"
+        ));
+    }
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| CudaError::during(format!("context on device {ordinal}"), e))?;
+    let name = ctx
+        .name()
+        .map_err(|e| CudaError::during("device name", e))?;
+    let cc = ctx
+        .compute_capability()
+        .map_err(|e| CudaError::during("compute capability", e))?;
+    let (free, total) = ctx
+        .mem_get_info()
+        .map_err(|e| CudaError::during("memory info", e))?;
+    let sms = ctx
+        .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| CudaError::during("SM count", e))?;
+    if cc.0 < 6 {
+        return unusable(format!(
+            "{name} has compute capability {}.{}; f64 atomics need 6.0 or newer",
+            cc.0, cc.1
+        ));
+    }
+    Ok(DeviceInfo {
+        ordinal,
+        name,
+        compute_capability: cc,
+        total_bytes: total,
+        free_bytes: free,
+        multiprocessors: sms,
+        device_count: count,
+    })
+}

@@ -1,0 +1,155 @@
+//! The kernels of kernels/*.cu, compiled by NVRTC once per process and device and cached.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+
+use super::error::{CudaError, Doing};
+use crate::error::Result;
+
+/// The kernel sources, compiled together as one NVRTC program.
+const KERNEL_SOURCES: [&str; 5] = [
+    include_str!("../../../kernels/spmv.cu"),
+    include_str!("../../../kernels/vector.cu"),
+    include_str!("../../../kernels/compact.cu"),
+    include_str!("../../../kernels/tiled.cu"),
+    include_str!("../../../kernels/lsqr.cu"),
+];
+
+/// `Kernels`, the compiled kernels of one device, and their loader: one field per kernel named
+/// as the kernel (`single`), and the kernels compiled per precision or width as arrays
+/// (`families`: the array type and how the loader by name, `$f`, fills it).
+macro_rules! kernels {
+    (
+        loader: $f:ident;
+        single: $($one:ident),* ;
+        families: $($(#[$doc:meta])* $many:ident: $t:ty = $load:expr),* $(,)?
+    ) => {
+        /// The compiled kernels of one device.
+        pub(crate) struct Kernels {
+            _module: Arc<CudaModule>,
+            $(pub $one: CudaFunction,)*
+            $($(#[$doc])* pub $many: $t,)*
+        }
+
+        impl Kernels {
+            /// Every kernel of `module`, by name.
+            fn load(module: &Arc<CudaModule>) -> Result<Kernels> {
+                let by_name = |name: &str| {
+                    module
+                        .load_function(name)
+                        .doing_with(|| format!("kernel {name}"))
+                };
+                let $f: &Loader = &by_name;
+                Ok(Kernels {
+                    _module: module.clone(),
+                    $($one: $f(stringify!($one))?,)*
+                    $($many: $load,)*
+                })
+            }
+        }
+    };
+}
+
+kernels! {
+    loader: f;
+    single: spmv_f64, spmv_f32, scatter_f64, scatter_f32, dot, lsqr_update, axpby, scale, fill,
+        pmul, copy_scaled, copy_inv_sqrt, multi_axpy, tri_sweep, gather, scatter_rows, stencil_av,
+        tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
+        lsqr_update_dev, lsqr_normalize, lsqr_rescaled;
+    families:
+        /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
+        pattern_spmv: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("pattern_spmv_{p}")))?,
+        /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
+        multi_dot: [CudaFunction; 6] =
+            named(f, [1, 2, 4, 8, 16, 32].map(|k| format!("multi_dot_{k}")))?,
+        /// compact[stencil_t][f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/compact.cu)
+        compact: [[[CudaFunction; 4]; 2]; 2] = [
+            by_precision_and_width(f, |p, w| format!("compact_s{w}_{p}"))?,
+            by_precision_and_width(f, |p, w| format!("compact_st_s{w}_{p}"))?,
+        ],
+        /// tiled_atu [f64 = 0, f32 = 1][sub-warp 32, 16, 8, 4] (kernels/tiled.cu)
+        tiled_atu: [[CudaFunction; 4]; 2] =
+            by_precision_and_width(f, |p, w| format!("tiled_atu_s{w}_{p}"))?,
+        /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
+        tiled_axf: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("tiled_axf_{p}")))?,
+}
+
+/// A kernel of the module by its name.
+type Loader<'a> = dyn Fn(&str) -> Result<CudaFunction> + 'a;
+
+/// The precisions of the kernels compiled per precision, in their index order.
+const PRECISIONS: [&str; 2] = ["f64", "f32"];
+/// The sub-warp widths of the kernels compiled per width, in their index order
+/// (`util::width_index`).
+const WIDTHS: [u32; 4] = [32, 16, 8, 4];
+
+/// The kernels named `names`, in order.
+fn named<const N: usize>(f: &Loader, names: [String; N]) -> Result<[CudaFunction; N]> {
+    let loaded = names.iter().map(|n| f(n)).collect::<Result<Vec<_>>>()?;
+    Ok(loaded
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one kernel per name")))
+}
+
+/// The kernels `name(precision, width)` by precision, then width.
+fn by_precision_and_width(
+    f: &Loader,
+    name: impl Fn(&str, u32) -> String,
+) -> Result<[[CudaFunction; 4]; 2]> {
+    let [p64, p32] = PRECISIONS;
+    Ok([
+        named(f, WIDTHS.map(|w| name(p64, w)))?,
+        named(f, WIDTHS.map(|w| name(p32, w)))?,
+    ])
+}
+
+/// The compiled kernels by device ordinal and preprocessor defines.
+type ModuleCache = Mutex<Vec<(usize, Vec<String>, Arc<Kernels>)>>;
+
+/// Compile (once per process, device and set of `defines`, each `NAME` or `NAME=VALUE`) and
+/// load the kernels.
+pub(super) fn kernels_for(
+    ctx: &Arc<CudaContext>,
+    cc: (i32, i32),
+    defines: &[String],
+) -> Result<Arc<Kernels>> {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    let hit = cache
+        .iter()
+        .find(|(o, d, _)| *o == ctx.ordinal() && d == defines);
+    if let Some((_, _, k)) = hit {
+        return Ok(k.clone());
+    }
+    let src = KERNEL_SOURCES.join("\n");
+    let mut options = vec![
+        format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+        "--std=c++17".into(),
+        // No fused multiply-add contraction: element-wise kernels then round exactly as
+        // the CPU backend does (bitwise-equal vector updates; sums differ only in order).
+        "--fmad=false".into(),
+    ];
+    // Kernel constants for experiments (tuning nvrtc_defines, e.g. CUNROLL=2, CMINB=8).
+    options.extend(defines.iter().map(|d| format!("-D{d}")));
+    let opts = cudarc::nvrtc::CompileOptions {
+        options,
+        name: Some("seistomo_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(CudaError::from)?;
+    let module = ctx.load_module(ptx).doing("loading the kernel module")?;
+    let k = Arc::new(Kernels::load(&module)?);
+    cache.push((ctx.ordinal(), defines.to_vec(), k.clone()));
+    Ok(k)
+}
+
+/// An error unless every item is a preprocessor define ([`crate::settings::tuning::check_define`]).
+pub(super) fn check_defines(defines: &[String]) -> Result<()> {
+    defines
+        .iter()
+        .try_for_each(|d| crate::settings::tuning::check_define(d))
+}

@@ -1,0 +1,88 @@
+//! Timing and bandwidth helpers shared by the operator factory (an engine's copy bandwidth) and
+//! `bench`: the median of repeated runs, the host's copy bandwidth and last-level cache.
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+
+/// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
+/// (GB/s, read + write, all threads copying 64 MiB arrays; median of 5).
+pub fn host_copy_bandwidth() -> (String, f64) {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let threads = rayon::current_num_threads();
+    let len = 8usize << 20;
+    let src = vec![1.0f64; len];
+    let mut dst = vec![0.0f64; len];
+    let chunk = len.div_ceil(threads.max(1) * 4).max(1 << 14);
+    let mut ts = Vec::new();
+    for _ in 0..6 {
+        let t = Instant::now();
+        dst.par_chunks_mut(chunk)
+            .zip(src.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    ts.remove(0); // first touch of dst
+    let s = median(ts).max(1e-9);
+    (
+        format!("CPU {model}, {threads} thread(s)"),
+        2.0 * (len * 8) as f64 / s / 1e9,
+    )
+}
+
+/// The largest CPU cache of cpu0 (Linux sysfs), in bytes.
+pub fn last_level_cache_bytes() -> Option<u64> {
+    let mut best = None;
+    for i in 0..8 {
+        let p = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
+        let Ok(t) = std::fs::read_to_string(p) else {
+            break;
+        };
+        let t = t.trim();
+        let (num, mul) = match t.strip_suffix('K') {
+            Some(n) => (n, 1u64 << 10),
+            None => match t.strip_suffix('M') {
+                Some(n) => (n, 1u64 << 20),
+                None => (t, 1),
+            },
+        };
+        if let Ok(v) = num.parse::<u64>() {
+            best = best.max(Some(v * mul));
+        }
+    }
+    best
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median wall time (ms) of `f` followed by `sync`.
+pub fn time_ms(
+    reps: usize,
+    sync: &dyn Fn() -> Result<()>,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    f()?;
+    sync()?;
+    let mut ts = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        sync()?;
+        ts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(median(ts))
+}
