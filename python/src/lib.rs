@@ -304,6 +304,7 @@ fn lsqr<'py>(
             };
             let kernel_rows = a.nrows();
             let sys = System { a, b, kernel_rows };
+            let setup_started = std::time::Instant::now();
             let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
             p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
             let job = LsqrJob {
@@ -311,6 +312,7 @@ fn lsqr<'py>(
                 spec: &spec,
                 progress_every: 0,
                 checkpoint: None,
+                setup_started,
             };
             let o = solve_recorded(&engine, &why, p, &job, &SerialComm, &mut mon)
                 .map_err(|e| mon.error(e))?;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::grid::reorder::{Ordering, Reorder};
 use crate::grid::{Stencil, StencilOp};
 use crate::sparse::{CompactCsr, Csr, Precision};
+use crate::ui::phases;
 
 /// Matrix storage of a solve.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +145,7 @@ pub fn prepare(
     };
     let split = match (storage, grid) {
         (Storage::Compact, Some(n)) if stencils && damping_from < a.nrows() => {
+            let _s = phases::span("stencil");
             let tail = a.select_rows(&(damping_from..a.nrows()).collect::<Vec<_>>());
             Stencil::detect_suffix(&tail, n).map(|(s, st)| (damping_from + s, st))
         }
@@ -151,6 +153,7 @@ pub fn prepare(
     };
     let (a, b, stencil, b_tail) = match split {
         Some((start, st)) => {
+            let _s = phases::span("stencil");
             let head = a.select_rows(&(0..start).collect::<Vec<_>>());
             drop(a);
             let mut b = b;
@@ -159,8 +162,8 @@ pub fn prepare(
         }
         None => (a, b, None, Vec::new()),
     };
-    let ordering = Ordering::plan(&a, reorder, grid);
-    let (a, mut b) = ordering.apply(a, b);
+    let ordering = phases::time("order", || Ordering::plan(&a, reorder, grid));
+    let (a, mut b) = phases::time("permute", || ordering.apply(a, b));
     let stencil = stencil.map(|st| StencilOp::new(st, ordering.cols.clone()));
     b.extend(b_tail);
     Prepared {

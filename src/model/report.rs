@@ -64,6 +64,9 @@ pub struct Report {
     #[serde(flatten)]
     pub norms: crate::solver::LsqrNorms,
     pub seconds: Seconds,
+    /// The set-up's phases on rank 0, seconds each (src/ui/phases.rs): read (the load),
+    /// backend, nvrtc, module, stencil, order, permute, scale, layout, encode, transpose, upload.
+    pub setup_phases: crate::ui::phases::Phases,
     pub ms_per_iter: f64,
     /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -97,11 +97,16 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let opts = job.options;
     // Problems every rank would hit alike are found before any rank waits for another.
     agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
+    crate::ui::phases::take();
     let loaded = load(job.source, comm, &opts.operator.tuning)?;
+    crate::ui::phases::record("read", loaded.seconds);
+    let setup_started = std::time::Instant::now();
     let (rows, nnz) = (loaded.system.a.nrows(), loaded.system.a.nnz());
     let run_model = match job.model {
         None => None,
-        Some((cfg, resume)) => Some(run_model(cfg, &loaded, resume, comm)?),
+        Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
+            run_model(cfg, &loaded, resume, comm)
+        })?),
     };
     // The grid (when the unknowns are its cells) lets reorder = "auto" renumber the cells.
     let mut opts = opts.clone();
@@ -131,6 +136,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         spec: &opts.operator,
         progress_every: job.progress_every,
         checkpoint: run_model.as_ref().and_then(|m| m.checkpointing()),
+        setup_started,
     };
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s)?;
     outcome.report.load_io = io;

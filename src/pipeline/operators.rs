@@ -30,6 +30,7 @@ use crate::pipeline::options::{BackendChoice, OperatorSpec};
 use crate::settings::tuning::Tuning;
 use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond};
 use crate::sparse::Csr;
+use crate::ui::phases;
 
 /// On the GPU, `storage = "auto"` picks compact storage from this many stored nonzeros on one
 /// rank: below it the products are latency-bound and CSR through cuSPARSE measured faster
@@ -194,7 +195,7 @@ impl Engine {
         path: AllreducePath,
         tuning: &Tuning,
     ) -> Result<Engine> {
-        match kind {
+        phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
                 let path = be.setup_allreduce(comm, path)?;
@@ -204,7 +205,7 @@ impl Engine {
                 })
             }
             _ => Ok(Engine::cpu()),
-        }
+        })
     }
 
     /// The CPU backend, solves driven from rayon's pool.
@@ -441,7 +442,9 @@ where
     };
     if storage == Storage::Compact {
         let nnz = rows.nnz().max(1) as f64;
-        let op = CpuCompactOperator::new(&rows, stencil, spec.precision);
+        let op = phases::time("encode", || {
+            CpuCompactOperator::new(&rows, stencil, spec.precision)
+        });
         drop(rows);
         built.precision = spec.precision;
         built.transpose = "csc (compact transpose)".into();
@@ -453,7 +456,7 @@ where
         drive(Box::new(move || v.visit(be, &op, built)))
     } else {
         let rows = restack(rows, stencil.as_ref())?;
-        let op = CpuCsrOperator::new(rows, spec.transpose);
+        let op = phases::time("transpose", || CpuCsrOperator::new(rows, spec.transpose));
         built.precision = Precision::F64;
         built.transpose = op.strategy().to_string();
         built.layout = op.strategy().to_string();
@@ -512,7 +515,9 @@ fn cuda_lsqr<V: LsqrVisitor>(
     }
     // CSR: the stencil rows (if any were split off) go back into the matrix.
     let rows = restack(rows, stencil.as_ref())?;
-    let op = CudaCsrOperator::with_tuning(be, &rows, spec.transpose, spec.precision, &spec.tuning)?;
+    let op = phases::time("upload", || {
+        CudaCsrOperator::with_tuning(be, &rows, spec.transpose, spec.precision, &spec.tuning)
+    })?;
     op.set_device_loop(device_loop);
     drop(rows);
     built.transpose = if comm.size() > 1 {

@@ -75,6 +75,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
     let n = matrix.ncols();
     let x0 = match &layout.x0 {
         Some(p) => {
+            let _s = crate::ui::phases::span("x0");
             let x0 = mtx::read_vector(p)?;
             if x0.len() != n {
                 return Err(Error::format(
@@ -87,6 +88,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
         None => None,
     };
     let scale = if layout.col_scale {
+        let _s = crate::ui::phases::span("scale");
         Some(column_scaling(&matrix.rows, comm)?)
     } else {
         None

@@ -25,6 +25,9 @@ pub struct LsqrJob<'a> {
     pub progress_every: usize,
     /// Checkpoints every N iterations and resume (src/model/checkpoint.rs).
     pub checkpoint: Option<&'a Checkpointing>,
+    /// When the set-up began (after the load): the report's set-up seconds run from here to
+    /// the first iteration.
+    pub setup_started: std::time::Instant,
 }
 
 /// Where a solve's iteration records go when they do not go to a bar: Python's callback, a
@@ -74,19 +77,26 @@ struct Lsqr<'a> {
 }
 
 impl LsqrVisitor for Run<'_, '_> {
-    type Output = (LsqrSolution, Vec<IterRecord>);
+    type Output = (LsqrSolution, Vec<IterRecord>, std::time::Instant);
     fn visit<B: Backend, O: Operator<B>>(
         self,
         be: &B,
         op: &O,
         _built: &Built,
     ) -> Result<Self::Output> {
+        let started = std::time::Instant::now();
         let l = &self.lsqr;
+        if l.comm.is_root()
+            && matches!(self.watch, Watch::Progress(_))
+            && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet
+        {
+            eprintln!("{}", crate::ui::phases::snapshot().line());
+        }
         match self.watch {
             Watch::Progress(every) => {
                 let mut mon = LsqrProgress::new(l.params, op.ncols(), l.comm.is_root(), every);
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                Ok((sol, h.unwrap_or(mon.history)))
+                Ok((sol, h.unwrap_or(mon.history), started))
             }
             Watch::Recorder(inner) => {
                 let mut mon = Recording {
@@ -94,7 +104,7 @@ impl LsqrVisitor for Run<'_, '_> {
                     history: Vec::new(),
                 };
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                Ok((sol, h.unwrap_or(mon.history)))
+                Ok((sol, h.unwrap_or(mon.history), started))
             }
         }
     }
@@ -190,7 +200,7 @@ fn solve_watched(
         unmap,
         m,
         nnz,
-        seconds: prepare_s,
+        seconds: _,
     } = p;
     let n = matrix.ncols();
     let run = Run {
@@ -205,7 +215,7 @@ fn solve_watched(
     };
     let device_loop = use_device_loop(job.spec.lsqr_loop, comm.size());
     let mut built = Built::default();
-    let (mut solution, history) = engine.lsqr(
+    let (mut solution, history, started) = engine.lsqr(
         job.spec,
         comm,
         matrix,
@@ -230,7 +240,10 @@ fn solve_watched(
         params: job.params,
         col_scale: unmap.scale.is_some(),
         info: &solution.info,
-        seconds: (load_seconds, prepare_s + built.seconds),
+        seconds: (
+            load_seconds,
+            started.duration_since(job.setup_started).as_secs_f64(),
+        ),
     });
     Ok(Outcome {
         solution,
@@ -316,6 +329,7 @@ fn report(r: &ReportParts) -> Report {
         } else {
             0.0
         },
+        setup_phases: crate::ui::phases::take(),
         rank_timing: Vec::new(),
         load_io: String::new(),
         run_id: String::new(),
@@ -331,6 +345,8 @@ pub fn solve_system(
     load_seconds: f64,
     progress_every: usize,
 ) -> Result<Outcome> {
+    let setup_started = std::time::Instant::now();
+    crate::ui::phases::take();
     let (kind, why) = choose_backend(opts.operator.backend)?;
     let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
     if kind == crate::pipeline::options::BackendChoice::Cuda && comm.size() > 1 && comm.is_root() {
@@ -345,6 +361,7 @@ pub fn solve_system(
         spec: &opts.operator,
         progress_every,
         checkpoint: None,
+        setup_started,
     };
     solve(&engine, &why, prepared, &job, comm, load_seconds)
 }

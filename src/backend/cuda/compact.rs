@@ -19,6 +19,7 @@ use crate::grid::StencilOp;
 use crate::settings::tuning::{GpuLayout, Tuning};
 use crate::sparse::tiled::{Tiled, TiledHalf};
 use crate::sparse::{CompactCsr, Csr};
+use crate::ui::phases;
 
 /// Warps per block of the compact kernels (kernels/compact.cu CWARPS).
 const CWARPS: u32 = 8;
@@ -218,7 +219,9 @@ impl CudaCompactOperator {
         o.validate()?;
         be.check_compiled_with(&o.nvrtc_defines)?;
         let bits = o.tile_bits.unwrap_or(TILE_BITS);
-        let layout_kind = o.gpu_layout.unwrap_or_else(|| choose_layout(stored, bits));
+        let layout_kind = o
+            .gpu_layout
+            .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits)));
         let (free, _) = be.mem_info()?;
         let too_big = |plan: &MemoryPlan| {
             Error::backend(
@@ -240,46 +243,60 @@ impl CudaCompactOperator {
                 Err(too_big(&plan))
             }
         };
-        let rows = |c: CompactCsr| DevCompact::upload(be, &c, o).map(Box::new);
+        let rows =
+            |c: CompactCsr| phases::time("upload", || DevCompact::upload(be, &c, o)).map(Box::new);
+        let encode = |bits, half| {
+            phases::time("encode", || {
+                Tiled::from_csr_half(stored, precision, bits, half)
+            })
+        };
+        let tiles = |t: &Tiled, r, c| {
+            phases::time("upload", || DevTiled::upload(be, t, r, c, o.tiled_s_cols)).map(Box::new)
+        };
         let (layout, plan) = match layout_kind {
             GpuLayout::Tiles => {
-                let t = Tiled::from_csr(stored, precision, bits);
+                let t = phases::time("encode", || Tiled::from_csr(stored, precision, bits));
                 let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
                 let plan = planned(t.bytes() + scratch)?;
-                let dt = DevTiled::upload(be, &t, true, true, o.tiled_s_cols)?;
-                (Layout::Tiles(Box::new(dt)), plan)
+                (Layout::Tiles(tiles(&t, true, true)?), plan)
             }
             GpuLayout::Mixed => {
-                let ca = CompactCsr::from_csr(stored, precision);
-                let t = Tiled::from_csr_half(stored, precision, bits, TiledHalf::Cols);
+                let ca = phases::time("encode", || CompactCsr::from_csr(stored, precision));
+                let t = encode(bits, TiledHalf::Cols);
                 // the tiles' column half only: entries, column offsets, segment rows
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(ca.bytes() + tbytes)?;
                 let a = rows(ca)?;
-                let t = Box::new(DevTiled::upload(be, &t, false, true, o.tiled_s_cols)?);
+                let t = tiles(&t, false, true)?;
                 (Layout::Mixed { a, t }, plan)
             }
             GpuLayout::Split => {
                 let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
-                let tx = Tiled::from_csr_half(stored, precision, xbits, TiledHalf::Rows);
-                let t = Tiled::from_csr_half(stored, precision, bits, TiledHalf::Cols);
+                let tx = encode(xbits, TiledHalf::Rows);
+                let t = encode(bits, TiledHalf::Cols);
                 // A x's row half and segment partials; A^T's column half and column partials
                 let xbytes = tx.bytes() / 2 + 8 * tx.nseg() as u64;
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(xbytes + tbytes)?;
-                let ax = Box::new(DevTiled::upload(be, &tx, true, false, o.tiled_s_cols)?);
+                let ax = tiles(&tx, true, false)?;
                 drop(tx);
-                let at = Box::new(DevTiled::upload(be, &t, false, true, o.tiled_s_cols)?);
+                let at = tiles(&t, false, true)?;
                 (Layout::Split { ax, at }, plan)
             }
             GpuLayout::Rows => {
-                let ca = CompactCsr::from_csr(stored, precision);
-                let cat = CompactCsr::from_csr(&stored.transpose(), precision);
+                let (ca, cat) = phases::time("encode", || {
+                    let at = stored.transpose();
+                    (
+                        CompactCsr::from_csr(stored, precision),
+                        CompactCsr::from_csr(&at, precision),
+                    )
+                });
                 let plan = planned(ca.bytes() + cat.bytes())?;
                 let a = rows(ca)?;
                 (Layout::Rows { a, at: rows(cat)? }, plan)
             }
         };
+        let _upload = phases::span("upload");
         let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
         be.synchronize()?;
         let device_loop = LoopSlot::default();

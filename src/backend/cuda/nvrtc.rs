@@ -140,8 +140,10 @@ pub(super) fn kernels_for(
         name: Some("seistomo_kernels.cu".into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(CudaError::from)?;
-    let module = ctx.load_module(ptx).doing("loading the kernel module")?;
+    let ptx = crate::ui::phases::time("nvrtc", || cudarc::nvrtc::compile_ptx_with_opts(src, opts))
+        .map_err(CudaError::from)?;
+    let module = crate::ui::phases::time("module", || ctx.load_module(ptx))
+        .doing("loading the kernel module")?;
     let k = Arc::new(Kernels::load(&module)?);
     cache.push((ctx.ordinal(), defines.to_vec(), k.clone()));
     Ok(k)
