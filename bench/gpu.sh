@@ -22,6 +22,14 @@
 #                                                                                 -> gmres.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
+#   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
+#             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two;
+#             load / set-up (each phase) / solve / total from report.json; with $BASE (another
+#             binary) its defaults too                                       -> performance.md
+#   same      the outputs of bench/outputs.sh on the GPU with BIN_DIR/seistomo and with
+#             $BASE (another binary), compared by bench/compare_outputs.py
+#   speed     bench --size large (compact f32/f64 and CSR f64, device loop) with BIN_DIR/seistomo
+#             and with $BASE in the same call: the refactor's "within 2 %" check
 # The one-off scripts of earlier sessions (scripts/device_*.sh) map onto these parts:
 # device_gpu/device_reorder/device_compact -> lsqr, layouts; device_followup -> gmres, orders;
 # device_gmres -> gmres, lsqr; device_check/device_multigpu -> multigpu; device_gmres_2gpu -> gmres2.
@@ -63,6 +71,8 @@ nccl_path() {
   [ -n "$l" ] && export LD_LIBRARY_PATH=$(dirname "$l"):${LD_LIBRARY_PATH:-}
   echo "libnccl: ${l:-not found}" >> "$S"
 }
+# Run a command and print its wall-clock seconds ("12.3 s wall") after it.
+wall() { local t0; t0=$(date +%s.%N); "$@"; local rc=$?; awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f s wall\n", b - a }'; return $rc; }
 MR="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
 
 if has tests; then
@@ -183,6 +193,60 @@ if has weak; then
   done
 fi
 
+if has tts; then
+  nccl_path
+  ds=/tmp/tts600k
+  [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  ngpu=$(nvidia-smi -L | wc -l)
+  runs="defaults f32 csr np2"; [ -n "${BASE:-}" ] && runs="$runs base"
+  for run in $runs; do
+    cfg=/tmp/tts-$run.toml
+    extra=""; [ $run = f32 ] && extra='precision = "f32"'; [ $run = csr ] && extra='storage = "csr"'
+    printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
+      $ds "$extra" $run > $cfg
+    if [ $run = np2 ]; then
+      [ "$ngpu" -ge 2 ] || continue
+      wall $MR "$BIN/seistomo" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
+    elif [ $run = base ]; then
+      CUDA_VISIBLE_DEVICES=0 wall "$BASE" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
+    else
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
+    fi
+    cp /tmp/tts-o-$run/report.json "$OUT/tts_$run.json" 2>/dev/null
+    rm -rf /tmp/tts-o-$run
+  done
+  python3 - "$OUT" >> "$OUT/tts.txt" <<'PY'
+import json, sys, os, glob
+for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
+    r = json.load(open(f)); s = r["seconds"]
+    wall = open(f[:-5] + ".txt").read().strip().splitlines()[-1]
+    print(f"{os.path.basename(f)}: ranks {r['ranks']} storage {r['storage'][:40]} its {r['iterations']} "
+          f"load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} ({wall}) "
+          f"ms/it {r['ms_per_iter']:.3f}\n   phases {r.get('setup_phases')}")
+PY
+fi
+
+if has same; then
+  for b in "$BIN/seistomo" "${BASE:?BASE=another seistomo binary}"; do
+    d=/tmp/same_$(basename "$b"); rm -rf $d
+    timeout 300 bash bench/outputs.sh "$b" $d cuda
+  done
+  python3 bench/compare_outputs.py /tmp/same_$(basename "$BASE") /tmp/same_seistomo > "$OUT/same.txt" 2>&1
+  grep -B1 "rc [^0]" /tmp/same_seistomo/log.txt >> "$OUT/same.txt"
+fi
+
+if has speed; then
+  for b in "$BIN/seistomo" "${BASE:?BASE=another seistomo binary}"; do
+    for st in compact csr; do
+      p=f64,f32; [ $st = csr ] && p=f64
+      echo "## $(basename "$b") $st" >> "$OUT/speed.txt"
+      timeout 200 "$b" bench --size large --reorder auto --iters 200 --storage $st --precision $p \
+        --transpose csc --loops device 2>> "$OUT/log.txt" | tail -3 >> "$OUT/speed.txt"
+    done
+  done
+fi
+
 # One summary: tests, tables, peers.
 cat "$S"
 for f in "$OUT"/bench_australia.txt "$OUT"/bench_large.txt "$OUT"/layouts.txt "$OUT"/orders.txt; do
@@ -193,4 +257,5 @@ for f in "$OUT"/cupy_*.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; grep
 gmres_table "$OUT"/gm_*.json "$OUT"/g1_*.json "$OUT"/g2_*.json "$OUT"/gw*_*.json
 [ -f "$OUT/gmres_xdiff.txt" ] && cat "$OUT/gmres_xdiff.txt"
 lsqr_table "$OUT"/lsqr_x*.json
+for f in "$OUT"/tts.txt "$OUT"/same.txt "$OUT"/speed.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; cat "$f"; }; done
 grep -E "escape|layout" "$OUT/log.txt" 2>/dev/null | sort | uniq | head -8
