@@ -86,9 +86,10 @@ impl LsqrVisitor for Run<'_, '_> {
     ) -> Result<Self::Output> {
         let started = std::time::Instant::now();
         let l = &self.lsqr;
+        // where the set-up went, on a terminal (batch logs have it in report.json)
         if l.comm.is_root()
             && matches!(self.watch, Watch::Progress(_))
-            && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet
+            && crate::ui::progress::mode() == crate::ui::progress::Mode::Bars
         {
             eprintln!("{}", crate::ui::phases::snapshot().line());
         }
