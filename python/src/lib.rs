@@ -296,7 +296,7 @@ fn lsqr<'py>(
             let engine = engine_for(kind).map_err(py_err)?;
             // The CLI's stages for one rank: storage, reordering (solution mapped back).
             let layout = Layout {
-                storage: resolve_storage(kind, storage, strategy, 1, a.nnz()),
+                storage: resolve_storage(kind, storage, strategy, a.nnz()),
                 reorder,
                 grid: None,
                 col_scale: false,

@@ -66,6 +66,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         }),
         io: a.io,
         io_max_gap: None,
+        row_cost: None,
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
     let m = &ds.manifest.m;

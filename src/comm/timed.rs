@@ -120,37 +120,53 @@ impl Comm for TimedComm<'_> {
 }
 
 /// One rank's share of a run, for report.json (`rank_timing`, one entry per rank, rank order).
+/// The products and the allreduce are timed alone before the solve (each after a barrier,
+/// median of 5), so `compute_s` and `allreduce_s` are what they cost, not what a rank waited
+/// for; `wait_s` is the rest of the solve: vector updates and waiting for slower ranks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct RankTiming {
     pub rank: usize,
     /// Rows and nonzeros of the system held by this rank.
     pub rows: usize,
     pub nnz: usize,
+    /// The load plan's cost of this rank (bytes one iteration moves, `partition::RowCost`; 0
+    /// where rows were split by nonzeros).
+    pub cost: f64,
     /// Seconds to read (or receive) this rank's rows.
     pub load_s: f64,
-    /// Solve seconds not spent in reductions (local SpMV and vector work, plus waiting for
-    /// slower ranks inside the next reduction is counted as allreduce).
+    /// One A x and one A^T y on this rank, milliseconds.
+    pub product_ms: f64,
+    /// One sum of the n-vector A^T u over ranks, all ranks starting together, milliseconds.
+    pub allreduce_ms: f64,
+    /// The solve's products: `product_ms` x iterations, seconds.
     pub compute_s: f64,
-    /// Seconds in all reductions during set-up and solve (vector + scalar).
+    /// The solve's vector sums: `allreduce_ms` x iterations, seconds.
     pub allreduce_s: f64,
-    /// Of which the vector reductions (A^T u, n values each).
-    pub allreduce_vector_s: f64,
+    /// The rest of the solve: vector updates and waiting for slower ranks, seconds.
+    pub wait_s: f64,
+    /// Reductions this rank took part in (set-up and solve).
     pub allreduce_calls: u64,
+    /// Of the rows, those applied as grid stencils (compact storage).
+    pub stencil_rows: usize,
 }
 
 impl RankTiming {
-    const FIELDS: usize = 8;
+    const FIELDS: usize = 12;
 
     fn to_f64s(self) -> [f64; Self::FIELDS] {
         [
             self.rank as f64,
             self.rows as f64,
             self.nnz as f64,
+            self.cost,
             self.load_s,
+            self.product_ms,
+            self.allreduce_ms,
             self.compute_s,
             self.allreduce_s,
-            self.allreduce_vector_s,
+            self.wait_s,
             self.allreduce_calls as f64,
+            self.stencil_rows as f64,
         ]
     }
 
@@ -159,11 +175,15 @@ impl RankTiming {
             rank: v[0] as usize,
             rows: v[1] as usize,
             nnz: v[2] as usize,
-            load_s: v[3],
-            compute_s: v[4],
-            allreduce_s: v[5],
-            allreduce_vector_s: v[6],
-            allreduce_calls: v[7] as u64,
+            cost: v[3],
+            load_s: v[4],
+            product_ms: v[5],
+            allreduce_ms: v[6],
+            compute_s: v[7],
+            allreduce_s: v[8],
+            wait_s: v[9],
+            allreduce_calls: v[10] as u64,
+            stencil_rows: v[11] as usize,
         }
     }
 
@@ -198,11 +218,15 @@ mod tests {
             rank: 0,
             rows: 7,
             nnz: 30,
+            cost: 1e9,
             load_s: 0.5,
+            product_ms: 0.25,
+            allreduce_ms: 0.0625,
             compute_s: 1.25,
             allreduce_s: 0.125,
-            allreduce_vector_s: 0.0625,
+            wait_s: 0.03125,
             allreduce_calls: 9,
+            stencil_rows: 3,
         };
         assert_eq!(rt.gather(&c).unwrap(), Some(vec![rt]));
     }

@@ -106,6 +106,39 @@ impl Stencil {
         self.blocks().iter().map(|b| b.nrows).sum()
     }
 
+    /// Where the blocks would end if `rows` rows on grid `n` were whole stencil blocks in the
+    /// canonical order: the ends of the one choice of blocks whose rows add up to `rows` (None
+    /// when no choice does, or two choices cut in different places). A load plan cuts damping
+    /// rows there so that every rank's rows are a stencil of their own.
+    pub fn block_cuts(n: [usize; 3], rows: u64) -> Option<Vec<u64>> {
+        let all = Stencil {
+            n,
+            norm: 1.0,
+            first: [1.0; 3],
+            second: [1.0; 3],
+        }
+        .blocks();
+        let mut found: Option<Vec<u64>> = None;
+        for mask in 1u32..(1 << all.len()) {
+            let mut cuts = Vec::new();
+            let mut end = 0u64;
+            for (i, b) in all.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    end += b.nrows as u64;
+                    cuts.push(end);
+                }
+            }
+            if end != rows {
+                continue;
+            }
+            match &found {
+                Some(f) if *f != cuts => return None,
+                _ => found = Some(cuts),
+            }
+        }
+        found
+    }
+
     pub fn nnz(&self) -> usize {
         self.blocks()
             .iter()

@@ -84,4 +84,20 @@ pub struct Outcome {
     pub solution: LsqrSolution,
     pub history: Vec<IterRecord>,
     pub report: Report,
+    /// This rank's products and vector sum timed alone before the solve.
+    pub calibration: Calibration,
+}
+
+/// One rank's products and vector sum, timed alone before the solve (report.json
+/// `rank_timing`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Calibration {
+    /// One A x and one A^T y, milliseconds (median of 5).
+    pub product_ms: f64,
+    /// One allreduce of the n-vector, milliseconds (median of 5, each after a barrier; 0 on
+    /// one rank).
+    pub allreduce_ms: f64,
+    /// Rows this rank applies as grid stencils (its damping rows, when they are whole stencil
+    /// blocks and the storage is compact).
+    pub stencil_rows: usize,
 }

@@ -15,4 +15,4 @@ pub mod graph;
 pub mod halo;
 pub mod rows;
 
-pub use rows::{imbalance, lpt, partition, Partition};
+pub use rows::{imbalance, lpt, partition, Damping, Partition, RowCost};

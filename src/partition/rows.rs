@@ -1,17 +1,22 @@
 //! Row partitioning across ranks: pure functions, no MPI.
 //!
-//! Rule (Huang et al. 2012, extended to damping rows):
-//! 1. **Damping rows** (stored blocks followed by rows generated from the grid, numbered
-//!    0..D) are split into `size` contiguous ranges ([`RowPartition::contiguous`]): rank r gets
-//!    rows `[r * D / size, (r + 1) * D / size)`. Block files are memory-mapped and sliced, so the
-//!    number of block files need not equal the number of ranks.
-//! 2. Each rank starts with the nonzeros of its damping range as its initial load (exact: the
-//!    loader reads them from the block row offsets; estimated as rows x the average damping
-//!    nonzeros per row only when a caller has no counts).
-//! 3. **Kernel rows** are then walked in descending nnz order (the metadata order; ties by row
+//! Rule (Huang et al. 2012, extended to damping rows and balanced by cost, not nonzeros):
+//! 1. **Cost**: a row costs what one LSQR iteration moves for it ([`RowCost`]: bytes per row and
+//!    per nonzero, kernel and damping rows apart). A damping row of 1-2 nonzeros costs far more
+//!    per nonzero than a kernel row of hundreds, and as a grid stencil it costs no index or
+//!    value traffic at all: balancing nonzeros left the rank with the damping rows slow.
+//! 2. **Damping rows** (stored blocks followed by rows generated from the grid, numbered
+//!    0..D): when they form whole grid-stencil blocks (norm damping, first or second
+//!    differences along an axis: `cuts` are the block boundaries), each rank gets whole blocks,
+//!    contiguous, from the last rank down, as many as keep it under the mean cost; a rank's
+//!    damping rows are then a stencil of their own, which compact storage applies matrix-free
+//!    on every rank. Otherwise they are split into `size` contiguous ranges of equal rows
+//!    ([`RowPartition::contiguous`]). Block files are memory-mapped and sliced, so the number of
+//!    block files need not equal the number of ranks.
+//! 3. Each rank starts with the cost of its damping rows as its initial load (their nonzeros
+//!    exact where the loader reads the block row offsets, else the average).
+//! 4. **Kernel rows** are then walked in descending nnz order (the metadata order; ties by row
 //!    index) and each goes to the currently least-loaded rank (ties: lowest rank): greedy LPT.
-//!    The load is the nonzero count, which dominates SpMV memory traffic (12 bytes per nonzero
-//!    in CSR against 16 per row).
 //!
 //! LPT's classic bound gives max load <= mean + largest row, so with many rows the imbalance
 //! (max / mean) is close to 1.
@@ -49,6 +54,73 @@ pub fn lpt(nnz: &[u64], initial: &[u64]) -> (Vec<u32>, Vec<u64>) {
     (owner, loads)
 }
 
+/// What a row costs in one LSQR iteration (its A x and A^T y passes), in bytes of memory
+/// traffic: per row (offsets, the entry of y it writes and reads) and per nonzero (index and
+/// value, the entry of x it gathers), kernel and damping rows apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCost {
+    pub kernel_row: u64,
+    pub kernel_nnz: u64,
+    pub damping_row: u64,
+    pub damping_nnz: u64,
+}
+
+impl RowCost {
+    /// Nonzeros alone (Huang et al. 2012's rule).
+    pub const NONZEROS: RowCost = RowCost {
+        kernel_row: 0,
+        kernel_nnz: 1,
+        damping_row: 0,
+        damping_nnz: 1,
+    };
+    /// CSR with f64 values, both products: 12 bytes per nonzero and 16 per row each way;
+    /// damping rows are CSR rows too.
+    pub const CSR: RowCost = RowCost {
+        kernel_row: 32,
+        kernel_nnz: 24,
+        damping_row: 32,
+        damping_nnz: 24,
+    };
+    /// Compact storage with grid stencils on the GPU: about 10.5 bytes per stored nonzero each
+    /// way (16-bit column deltas, f64 values), and a stencil row costs its y entry and its x
+    /// gathers (mostly cached), no index or value traffic.
+    pub const COMPACT_GPU: RowCost = RowCost {
+        kernel_row: 32,
+        kernel_nnz: 21,
+        damping_row: 48,
+        damping_nnz: 0,
+    };
+    /// Compact storage with grid stencils on the CPU: the stencil's transposed terms gather y
+    /// in cell order, about 11 kernel nonzeros' time per stencil row (measured on the 64x64x40
+    /// synthetic dataset, 2 ranks of one thread: 19 ns per stencil row against 1.65 ns per stored nonzero,
+    /// A x and A^T y together).
+    pub const COMPACT_CPU: RowCost = RowCost {
+        kernel_row: 32,
+        kernel_nnz: 21,
+        damping_row: 240,
+        damping_nnz: 0,
+    };
+
+    /// A kernel row of `nnz` nonzeros.
+    pub fn kernel(&self, nnz: u64) -> u64 {
+        self.kernel_row + self.kernel_nnz * nnz
+    }
+    /// `rows` damping rows with `nnz` nonzeros in all.
+    pub fn damping(&self, rows: u64, nnz: u64) -> u64 {
+        self.damping_row * rows + self.damping_nnz * nnz
+    }
+}
+
+/// The damping rows of a system: how many, their nonzeros (exact per range where known), and
+/// the boundaries of the grid-stencil blocks they form, if they do (ascending, ending at the
+/// row count; see the module docs).
+pub struct Damping<'a> {
+    pub rows: u64,
+    pub nnz: u64,
+    pub range_nnz: Option<&'a dyn Fn(Range<u64>) -> u64>,
+    pub cuts: Option<&'a [u64]>,
+}
+
 /// The assignment of a whole system to `size` ranks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Partition {
@@ -56,7 +128,8 @@ pub struct Partition {
     pub kernel: Vec<Vec<u64>>,
     /// Damping rows (0..D) of each rank: contiguous blocks of equal row counts.
     pub damping: RowPartition,
-    /// Nonzeros of each rank (kernel exact; damping exact or estimated, see [`partition`]).
+    /// The cost of each rank ([`RowCost`]; damping nonzeros exact or estimated, see
+    /// [`partition`]).
     pub load: Vec<u64>,
 }
 
@@ -85,32 +158,38 @@ pub fn imbalance(loads: &[u64]) -> f64 {
     *loads.iter().max().unwrap() as f64 / mean
 }
 
-/// Partition kernel rows (`rows[i]`, `nnz[i]`, in metadata order: descending nnz) and `D`
-/// damping rows with `damping_nnz` nonzeros in all over `size` ranks. `damping_range_nnz`
-/// gives the nonzeros of a damping range when known exactly; otherwise pass `None` and the
-/// average is used.
+/// Partition kernel rows (`rows[i]`, `nnz[i]`, in metadata order: descending nnz) and the
+/// damping rows over `size` ranks, balancing `cost` (see the module docs).
 pub fn partition(
     rows: &[u64],
     nnz: &[u64],
-    damping_rows: u64,
-    damping_nnz: u64,
-    damping_range_nnz: Option<&dyn Fn(Range<u64>) -> u64>,
+    damping: &Damping,
     size: usize,
+    cost: RowCost,
 ) -> Partition {
     assert_eq!(rows.len(), nnz.len());
     let size = size.max(1);
-    let damping = RowPartition::contiguous(damping_rows as usize, size);
-    let initial: Vec<u64> = (0..size)
-        .map(|rank| u64_range(damping.range(rank)))
-        .map(|r| match damping_range_nnz {
+    let d = damping.rows;
+    let range_cost = |r: Range<u64>| {
+        let n = match damping.range_nnz {
             Some(f) => f(r.clone()),
-            None if damping_rows > 0 => {
-                ((r.end - r.start) as u128 * damping_nnz as u128 / damping_rows as u128) as u64
-            }
+            None if d > 0 => ((r.end - r.start) as u128 * damping.nnz as u128 / d as u128) as u64,
             None => 0,
-        })
+        };
+        cost.damping(r.end - r.start, n)
+    };
+    let kernel_total: u64 = nnz.iter().map(|&k| cost.kernel(k)).sum();
+    let split = match damping.cuts {
+        Some(cuts) if cuts.last() == Some(&d) => {
+            whole_blocks(cuts, size, kernel_total + range_cost(0..d), &range_cost)
+        }
+        _ => RowPartition::contiguous(d as usize, size),
+    };
+    let initial: Vec<u64> = (0..size)
+        .map(|rank| range_cost(u64_range(split.range(rank))))
         .collect();
-    let (owner, load) = lpt(nnz, &initial);
+    let costs: Vec<u64> = nnz.iter().map(|&k| cost.kernel(k)).collect();
+    let (owner, load) = lpt(&costs, &initial);
     let mut kernel = vec![Vec::new(); size];
     for (&row, &r) in rows.iter().zip(&owner) {
         kernel[r as usize].push(row);
@@ -118,9 +197,35 @@ pub fn partition(
     kernel.iter_mut().for_each(|k| k.sort_unstable());
     Partition {
         kernel,
-        damping,
+        damping: split,
         load,
     }
+}
+
+/// Whole blocks (`cuts`: their ends) to ranks, contiguous, from the last rank down: each rank
+/// takes at least one block (while blocks are left) and more while it stays within the mean
+/// cost `total / size`; rank 0 takes what remains.
+fn whole_blocks(
+    cuts: &[u64],
+    size: usize,
+    total: u64,
+    range_cost: &dyn Fn(Range<u64>) -> u64,
+) -> RowPartition {
+    let mean = total / size as u64;
+    let start_of = |k: usize| if k == 0 { 0 } else { cuts[k - 1] };
+    let mut bounds = vec![*cuts.last().unwrap_or(&0) as usize; size + 1];
+    let mut end = cuts.len(); // blocks 0..end are not given yet
+    for rank in (1..size).rev() {
+        let hi = start_of(end);
+        let mut k = end;
+        while k > 0 && (k == end || range_cost(start_of(k - 1)..hi) <= mean) {
+            k -= 1;
+        }
+        bounds[rank] = start_of(k) as usize;
+        end = k;
+    }
+    bounds[0] = 0;
+    RowPartition { bounds }
 }
 
 #[cfg(test)]
@@ -147,7 +252,13 @@ mod tests {
             let d = rng.below(1000);
             let dnnz = d * (1 + rng.below(3));
             for size in 1..=8 {
-                let p = partition(&rows, &nnz, d, dnnz, None, size);
+                let damping = Damping {
+                    rows: d,
+                    nnz: dnnz,
+                    range_nnz: None,
+                    cuts: None,
+                };
+                let p = partition(&rows, &nnz, &damping, size, RowCost::NONZEROS);
                 assert_eq!(p.kernel.len(), size);
                 let mut seen = vec![0u32; m];
                 for k in &p.kernel {

@@ -423,6 +423,7 @@ fn dataset_source(
             Some(s) => s.parse().map_err(|e| bad(format!("[dataset] io: {e}")))?,
         },
         io_max_gap: None,
+        row_cost: None,
     };
     let x0 = ds
         .x0

@@ -11,7 +11,7 @@ use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::{load, Loaded};
 use crate::pipeline::model::RunModel;
-use crate::pipeline::operators::{choose_backend, Engine};
+use crate::pipeline::operators::{choose_backend, row_cost, Engine};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::pipeline::prepare::prepare;
 use crate::pipeline::publish::publish;
@@ -98,7 +98,13 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     // Problems every rank would hit alike are found before any rank waits for another.
     agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
     crate::ui::phases::take();
-    let loaded = load(job.source, comm, &opts.operator.tuning)?;
+    let (kind, why) = choose_backend(opts.operator.backend)?;
+    let loaded = load(
+        job.source,
+        comm,
+        &opts.operator.tuning,
+        row_cost(kind, opts.operator.storage),
+    )?;
     crate::ui::phases::record("read", loaded.seconds);
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = (loaded.system.a.nrows(), loaded.system.a.nnz());
@@ -120,16 +126,16 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         system,
         io,
         seconds: load_s,
+        cost,
         ..
     } = loaded;
-    let (kind, why) = choose_backend(opts.operator.backend)?;
     let engine = Engine::start(kind, &timed, opts.operator.allreduce, &opts.operator.tuning)?;
     if kind == BackendChoice::Cuda && timed.size() > 1 && timed.is_root() {
         if let Some(path) = engine.path() {
             eprintln!("allreduce of A^T u over ranks: {path}");
         }
     }
-    let layout = layout_for(&opts, &engine, &timed, system.a.nnz());
+    let layout = layout_for(&opts, &engine, system.a.nnz());
     let prepared = prepare(system, &layout, &timed)?;
     let lsqr = LsqrJob {
         params: &opts.params,
@@ -141,16 +147,24 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s)?;
     outcome.report.load_io = io;
     let red = timed.totals();
-    let allreduce_s = red.vector_s + red.scalar_s;
+    let (its, cal) = (outcome.solution.info.itn, outcome.calibration);
+    let (compute_s, allreduce_s) = (
+        cal.product_ms * its as f64 * 1e-3,
+        cal.allreduce_ms * its as f64 * 1e-3,
+    );
     let mine = RankTiming {
         rank: comm.rank(),
         rows,
         nnz,
+        cost: cost as f64,
         load_s,
-        compute_s: (outcome.solution.info.seconds - allreduce_s).max(0.0),
+        product_ms: cal.product_ms,
+        allreduce_ms: cal.allreduce_ms,
+        compute_s,
         allreduce_s,
-        allreduce_vector_s: red.vector_s,
+        wait_s: (outcome.solution.info.seconds - compute_s - allreduce_s).max(0.0),
         allreduce_calls: red.vector_calls + red.scalar_calls,
+        stencil_rows: cal.stencil_rows,
     };
     let written = match mine.gather(comm)? {
         Some(all) => {

@@ -15,6 +15,7 @@ use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::{LoadOptions, LoadStats, OpenDataset};
 use crate::io::rowio::{IoPath, RangeReader};
 use crate::partition::blocks::RowPartition;
+use crate::partition::RowCost;
 use crate::pipeline::options::SystemSource;
 use crate::settings::tuning::Tuning;
 use crate::sparse::System;
@@ -31,17 +32,27 @@ pub struct Loaded {
     pub io: String,
     /// Wall-clock seconds of the load on this rank (distribution included).
     pub seconds: f64,
+    /// This rank's cost in the load plan (bytes an iteration moves; 0 where rows were split by
+    /// nonzeros).
+    pub cost: u64,
 }
 
 /// Load this rank's rows of `source`. Collective: every rank calls it; an error on any rank
-/// reaches every rank (as [`crate::Error::Rank`] where it was one rank's). `tuning` may
-/// coalesce dataset reads further apart (`io_max_gap`).
-pub fn load(source: &SystemSource, comm: &dyn Comm, tuning: &Tuning) -> Result<Loaded> {
+/// reaches every rank (as [`crate::Error::Rank`] where it was one rank's). A dataset's rows are
+/// balanced over ranks by `row_cost`; `tuning` may coalesce its reads further apart
+/// (`io_max_gap`).
+pub fn load(
+    source: &SystemSource,
+    comm: &dyn Comm,
+    tuning: &Tuning,
+    row_cost: RowCost,
+) -> Result<Loaded> {
     let t = Instant::now();
     let mut loaded = match source {
         SystemSource::Dataset { path, options } => {
             let options = LoadOptions {
                 io_max_gap: tuning.io_max_gap.or(options.io_max_gap),
+                row_cost: Some(options.row_cost.unwrap_or(row_cost)),
                 ..options.clone()
             };
             agree(comm, load_dataset(path, comm, &options))?
@@ -52,6 +63,7 @@ pub fn load(source: &SystemSource, comm: &dyn Comm, tuning: &Tuning) -> Result<L
             true_model: None,
             io: String::new(),
             seconds: 0.0,
+            cost: 0,
         },
     };
     loaded.seconds = t.elapsed().as_secs_f64();
@@ -100,6 +112,7 @@ fn load_dataset(path: &Path, comm: &dyn Comm, options: &LoadOptions) -> Result<L
         true_model: true_model(&manifest)?,
         io: options.io.resolve(comm.size()).to_string(),
         seconds: 0.0,
+        cost: st.cost,
     })
 }
 

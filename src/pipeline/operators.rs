@@ -26,6 +26,7 @@ use crate::comm::halo::CommVolume;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::partition::graph::RowPartition;
+use crate::partition::RowCost;
 use crate::pipeline::options::{BackendChoice, OperatorSpec};
 use crate::settings::tuning::Tuning;
 use crate::solver::dist_square::{square_precond, PrecondCounts, SquarePrecond};
@@ -58,9 +59,9 @@ pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> 
     }
 }
 
-/// The storage a run uses. On the GPU `auto` is compact for systems of >= 1M stored nonzeros on
-/// one rank (measured faster there, docs/gpu.md) and CSR for small, latency-bound ones and under
-/// MPI. On the CPU `auto` is CSR: decoding 16-bit deltas measured slower than CSR on australia's
+/// The storage a run uses. On the GPU `auto` is compact where a rank holds >= 1M stored
+/// nonzeros (measured faster there, docs/gpu.md; on several ranks each rank's grid damping rows
+/// are stencils of their own) and CSR for small, latency-bound ones. On the CPU `auto` is CSR: decoding 16-bit deltas measured slower than CSR on australia's
 /// cache-resident products, and out of cache compact's A^T y measured about twice CSR's
 /// (docs/performance.md). `auto` with `transpose = "library"` or `"scatter"` is CSR (compact
 /// builds its own explicit transpose).
@@ -68,18 +69,27 @@ pub fn resolve_storage(
     kind: BackendChoice,
     storage: Storage,
     transpose: TransposeStrategy,
-    ranks: usize,
     nnz: usize,
 ) -> Storage {
     match (kind, storage) {
-        (BackendChoice::Cuda, Storage::Auto) if ranks > 1 || nnz < GPU_COMPACT_MIN_NNZ => {
-            Storage::Csr
-        }
+        (BackendChoice::Cuda, Storage::Auto) if nnz < GPU_COMPACT_MIN_NNZ => Storage::Csr,
         (BackendChoice::Cpu | BackendChoice::Auto, Storage::Auto) => Storage::Csr,
         (_, s) => s.resolve(matches!(
             transpose,
             TransposeStrategy::Library | TransposeStrategy::Scatter
         )),
+    }
+}
+
+/// What a row costs on `kind` with `storage` asked for, for balancing ranks: compact storage
+/// and its stencils where it will be used (the GPU unless CSR is asked for; the CPU when
+/// compact is), else CSR.
+pub fn row_cost(kind: BackendChoice, storage: Storage) -> RowCost {
+    match (kind, storage) {
+        (_, Storage::Csr) => RowCost::CSR,
+        (BackendChoice::Cuda, _) => RowCost::COMPACT_GPU,
+        (_, Storage::Compact) => RowCost::COMPACT_CPU,
+        _ => RowCost::CSR,
     }
 }
 

@@ -55,7 +55,8 @@ pub fn column_scaling(a: &Csr, comm: &dyn Comm) -> Result<Vec<f64>> {
 }
 
 /// Lay out `sys` as `layout` says (collective: the sizes and column norms are summed over
-/// ranks). Grid damping rows become stencils only on one rank without column scaling.
+/// ranks). Grid damping rows (whole stencil blocks at the end of this rank's rows) become
+/// stencils unless the columns are scaled.
 pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared> {
     let t = Instant::now();
     let System { a, b, kernel_rows } = sys;
@@ -70,7 +71,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
         layout.grid,
         layout.storage,
         layout.reorder,
-        comm.size() == 1 && !layout.col_scale,
+        !layout.col_scale,
     );
     let n = matrix.ncols();
     let x0 = match &layout.x0 {

@@ -6,7 +6,7 @@ use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::model::checkpoint::Checkpointing;
-use crate::model::report::{Outcome, Report, ReportHeader, Seconds};
+use crate::model::report::{Calibration, Outcome, Report, ReportHeader, Seconds};
 use crate::pipeline::monitor::LsqrProgress;
 use crate::pipeline::operators::{
     choose_backend, resolve_storage, use_device_loop, Built, Engine, LsqrVisitor,
@@ -76,16 +76,54 @@ struct Lsqr<'a> {
     ckpt: Option<(&'a Checkpointing, &'a str)>,
 }
 
+/// Time one rank's products and its share of the allreduce (collective on several ranks).
+fn calibrate<B: Backend, O: Operator<B>>(be: &B, op: &O, comm: &dyn Comm) -> Result<Calibration> {
+    let (mut x, mut y) = (be.zeros(op.ncols())?, be.zeros(op.nrows())?);
+    be.fill(&mut x, 1.0)?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut prod, mut sum) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        comm.barrier()?;
+        let t = std::time::Instant::now();
+        op.apply(be, crate::backend::Scale::SET, &x, &mut y)?;
+        op.apply_t(be, crate::backend::Scale::SET, &y, &mut x)?;
+        be.dot(&x, &x)?; // waits for the device
+        prod.push(t.elapsed().as_secs_f64() * 1e3);
+        if comm.size() > 1 {
+            comm.barrier()?;
+            let t = std::time::Instant::now();
+            be.allreduce_sum(comm, &mut x)?;
+            be.dot(&x, &x)?;
+            sum.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        be.fill(&mut x, 1.0)?;
+    }
+    Ok(Calibration {
+        product_ms: median(prod),
+        allreduce_ms: if sum.is_empty() { 0.0 } else { median(sum) },
+        stencil_rows: 0,
+    })
+}
+
 impl LsqrVisitor for Run<'_, '_> {
-    type Output = (LsqrSolution, Vec<IterRecord>, std::time::Instant);
+    type Output = (
+        LsqrSolution,
+        Vec<IterRecord>,
+        std::time::Instant,
+        Calibration,
+    );
     fn visit<B: Backend, O: Operator<B>>(
         self,
         be: &B,
         op: &O,
         _built: &Built,
     ) -> Result<Self::Output> {
-        let started = std::time::Instant::now();
         let l = &self.lsqr;
+        let cal = calibrate(be, op, l.comm)?;
+        let started = std::time::Instant::now();
         // where the set-up went, on a terminal (batch logs have it in report.json)
         if l.comm.is_root()
             && matches!(self.watch, Watch::Progress(_))
@@ -97,7 +135,7 @@ impl LsqrVisitor for Run<'_, '_> {
             Watch::Progress(every) => {
                 let mut mon = LsqrProgress::new(l.params, op.ncols(), l.comm.is_root(), every);
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                Ok((sol, h.unwrap_or(mon.history), started))
+                Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
             Watch::Recorder(inner) => {
                 let mut mon = Recording {
@@ -105,7 +143,7 @@ impl LsqrVisitor for Run<'_, '_> {
                     history: Vec::new(),
                 };
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                Ok((sol, h.unwrap_or(mon.history), started))
+                Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
         }
     }
@@ -204,6 +242,7 @@ fn solve_watched(
         seconds: _,
     } = p;
     let n = matrix.ncols();
+    let stencil_rows = matrix.stencil.as_ref().map_or(0, |s| s.nrows());
     let run = Run {
         lsqr: Lsqr {
             comm,
@@ -216,7 +255,7 @@ fn solve_watched(
     };
     let device_loop = use_device_loop(job.spec.lsqr_loop, comm.size());
     let mut built = Built::default();
-    let (mut solution, history, started) = engine.lsqr(
+    let (mut solution, history, started, calibration) = engine.lsqr(
         job.spec,
         comm,
         matrix,
@@ -250,6 +289,10 @@ fn solve_watched(
         solution,
         history,
         report,
+        calibration: Calibration {
+            stencil_rows,
+            ..calibration
+        },
     })
 }
 
@@ -355,7 +398,7 @@ pub fn solve_system(
             eprintln!("allreduce of A^T u over ranks: {path}");
         }
     }
-    let layout = layout_for(opts, &engine, comm, sys.a.nnz());
+    let layout = layout_for(opts, &engine, sys.a.nnz());
     let prepared = prepare(sys, &layout, comm)?;
     let job = LsqrJob {
         params: &opts.params,
@@ -368,13 +411,12 @@ pub fn solve_system(
 }
 
 /// The layout `opts` asks for on `engine`: the storage resolved for its backend and size.
-pub fn layout_for(opts: &SolveOptions, engine: &Engine, comm: &dyn Comm, nnz: usize) -> Layout {
+pub fn layout_for(opts: &SolveOptions, engine: &Engine, nnz: usize) -> Layout {
     Layout {
         storage: resolve_storage(
             engine.kind(),
             opts.operator.storage,
             opts.operator.transpose,
-            comm.size(),
             nnz,
         ),
         reorder: opts.reorder,

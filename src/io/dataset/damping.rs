@@ -395,8 +395,13 @@ impl DampingBlock {
         if weight != 1.0 {
             vals.iter_mut().for_each(|v| *v *= weight);
         }
-        let shift = base as u64 - s as u64;
-        indptr.extend(offs[1..].iter().map(|&o| o as u64 + shift));
+        // each offset relative to the range's first entry, after the `base` entries before it
+        // (a rank's damping range may start deep in a block while it holds few entries)
+        indptr.extend(
+            offs[1..]
+                .iter()
+                .map(|&o| (o as u64 - s as u64) + base as u64),
+        );
         Ok(((r1 - r0 + 1) * 8 + (e - s) * (4 + self.vb)) as u64)
     }
 }

@@ -7,12 +7,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::grid::Stencil;
 use crate::io::dataset::damping::DampingBlock;
 use crate::io::dataset::kernel_rows::{read_kernel_rows, read_metadata, MetaEntry, Metadata};
 use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::vectors::{read_vector, read_vector_rows, VectorKind};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
-use crate::partition::{partition, Partition};
+use crate::partition::{partition, Damping, Partition, RowCost};
 use crate::sparse::Csr;
 use crate::sparse::System;
 
@@ -46,6 +47,8 @@ pub struct LoadOptions {
     /// Byte-range reads: records at most this many bytes apart are read as one (`[tuning]
     /// io_max_gap`; 0: only touching records); `None`: [`crate::io::rowio::MAX_GAP`].
     pub io_max_gap: Option<u64>,
+    /// What a row costs, for balancing ranks ([`RowCost`]); `None`: [`RowCost::CSR`].
+    pub row_cost: Option<RowCost>,
 }
 
 /// What a load read and how fast.
@@ -62,6 +65,8 @@ pub struct LoadStats {
     pub io: IoPath,
     /// Read calls of the MPI-IO path (0 for memory maps).
     pub read_calls: u64,
+    /// This rank's cost in the partition ([`crate::partition::RowCost`] units).
+    pub cost: u64,
 }
 
 impl LoadStats {
@@ -83,6 +88,8 @@ pub struct OpenDataset {
     /// Rows generated from the grid (after the stored damping rows).
     pub generated: Option<Csr>,
     pub damping_weight: f64,
+    /// What a row costs, for the partition over ranks.
+    pub row_cost: RowCost,
 }
 
 impl OpenDataset {
@@ -147,6 +154,7 @@ impl OpenDataset {
             blocks,
             generated,
             damping_weight,
+            row_cost: opts.row_cost.unwrap_or(RowCost::CSR),
         })
     }
 
@@ -185,18 +193,38 @@ impl OpenDataset {
         total
     }
 
-    /// The partition over `size` ranks (see [`crate::partition`]).
+    /// The partition over `size` ranks (see [`crate::partition`]): balanced by `row_cost`, the
+    /// damping rows cut at stencil-block boundaries where they are whole grid-stencil blocks.
     pub fn partition(&self, size: usize) -> Partition {
         let rows: Vec<u64> = self.meta.entries.iter().map(|e| e.row).collect();
         let nnz: Vec<u64> = self.meta.entries.iter().map(|e| e.nnz).collect();
         let exact = |r: Range<u64>| self.damping_range_nnz(r);
-        partition(
-            &rows,
-            &nnz,
-            self.damping_rows(),
-            self.damping_nnz(),
-            Some(&exact),
-            size,
+        let cuts = self.damping_cuts();
+        let damping = Damping {
+            rows: self.damping_rows(),
+            nnz: self.damping_nnz(),
+            range_nnz: Some(&exact),
+            cuts: cuts.as_deref(),
+        };
+        partition(&rows, &nnz, &damping, size, self.row_cost)
+    }
+
+    /// Where the damping rows could be cut so that each piece is whole grid-stencil blocks: all
+    /// of them, or the stored rows as one piece followed by generated stencil blocks (see
+    /// [`crate::grid::Stencil::block_cuts`]); None without a grid or such blocks.
+    pub fn damping_cuts(&self) -> Option<Vec<u64>> {
+        let n = self.manifest.m.grid.as_ref()?.n;
+        let stored = self.manifest.damping_rows();
+        if let Some(c) = Stencil::block_cuts(n, self.damping_rows()) {
+            return Some(c);
+        }
+        let generated = self.damping_rows() - stored;
+        let c = Stencil::block_cuts(n, generated)?;
+        Some(
+            std::iter::once(stored)
+                .filter(|&s| s > 0)
+                .chain(c.into_iter().map(|e| stored + e))
+                .collect(),
         )
     }
 
@@ -335,6 +363,7 @@ impl OpenDataset {
                 IoPath::Mmap
             },
             read_calls: reader.map_or(0, |r| r.calls()),
+            cost: p.load[rank],
         };
         Ok((System { a, b, kernel_rows }, stats))
     }
