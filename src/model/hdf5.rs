@@ -62,24 +62,16 @@ struct W<'p> {
 
 impl W<'_> {
     fn str_attr(&self, loc: &Location, name: &str, value: &str) -> Result<()> {
-        let v = vlu(self.path, value)?;
-        loc.new_attr::<VarLenUnicode>()
-            .create(name)
-            .and_then(|a| a.write_scalar(&v))
-            .map_err(|e| h5err(self.path, e))
+        self.scalar_attr(loc, name, vlu(self.path, value)?)
     }
     fn str_list_attr(&self, loc: &Location, name: &str, values: &[String]) -> Result<()> {
         let v: Vec<VarLenUnicode> = values
             .iter()
             .map(|s| vlu(self.path, s))
             .collect::<Result<_>>()?;
-        loc.new_attr::<VarLenUnicode>()
-            .shape([v.len()])
-            .create(name)
-            .and_then(|a| a.write_raw(&v))
-            .map_err(|e| h5err(self.path, e))
+        self.vec_attr(loc, name, &v)
     }
-    fn num_attr<T: H5Type>(&self, loc: &Location, name: &str, value: T) -> Result<()> {
+    fn scalar_attr<T: H5Type>(&self, loc: &Location, name: &str, value: T) -> Result<()> {
         loc.new_attr::<T>()
             .create(name)
             .and_then(|a| a.write_scalar(&value))
@@ -271,7 +263,7 @@ fn write_root_attrs(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> 
     let spec = inp.spec;
     let f_loc: &Location = f;
     w.str_attr(f_loc, "format", FORMAT)?;
-    w.num_attr(f_loc, "format_version", FORMAT_VERSION)?;
+    w.scalar_attr(f_loc, "format_version", FORMAT_VERSION)?;
     w.str_attr(f_loc, "program", "seistomo")?;
     w.str_attr(f_loc, "version", crate::VERSION)?;
     let param = match &spec.param {
@@ -284,8 +276,8 @@ fn write_root_attrs(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> 
     w.str_attr(f_loc, "slowness_unit", &spec.slowness_unit)?;
     w.str_attr(f_loc, "velocity_unit", vunit)?;
     w.str_attr(f_loc, "reference", &reference_words(&spec.reference))?;
-    w.num_attr(f_loc, "kernel_rows", inp.kernel_rows as u64)?;
-    w.num_attr(f_loc, "synthetic", u8::from(spec.true_model.is_some()))
+    w.scalar_attr(f_loc, "kernel_rows", inp.kernel_rows as u64)?;
+    w.scalar_attr(f_loc, "synthetic", u8::from(spec.true_model.is_some()))
 }
 
 /// The datasets of /model: one value per unknown each, in the grid's shape (or a vector).
@@ -412,7 +404,7 @@ fn write_variance(m: &FieldWriter, r: &Report, var: &[f64], su: &str) -> Result<
     )?;
     m.put("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
     let gv: &Location = &m.g;
-    m.w.num_attr(gv, "std_error_scale_r1norm2_over_dof", s2)
+    m.w.scalar_attr(gv, "std_error_scale_r1norm2_over_dof", s2)
 }
 
 /// /history: the convergence history, one dataset per column.
@@ -476,15 +468,15 @@ fn write_json_attrs(w: &W, g: &Group, prefix: &str, v: &serde_json::Value) -> Re
             match v {
                 serde_json::Value::Number(num) => {
                     if let Some(u) = num.as_u64() {
-                        w.num_attr(l, &name, u)?
+                        w.scalar_attr(l, &name, u)?
                     } else if let Some(i) = num.as_i64() {
-                        w.num_attr(l, &name, i)?
+                        w.scalar_attr(l, &name, i)?
                     } else {
-                        w.num_attr(l, &name, num.as_f64().unwrap_or(f64::NAN))?
+                        w.scalar_attr(l, &name, num.as_f64().unwrap_or(f64::NAN))?
                     }
                 }
                 serde_json::Value::String(s) => w.str_attr(l, &name, s)?,
-                serde_json::Value::Bool(b) => w.num_attr(l, &name, u8::from(*b))?,
+                serde_json::Value::Bool(b) => w.scalar_attr(l, &name, u8::from(*b))?,
                 serde_json::Value::Object(_) => write_json_attrs(w, g, &format!("{name}_"), v)?,
                 serde_json::Value::Null => {}
                 serde_json::Value::Array(_) => w.str_attr(l, &name, &v.to_string())?,
