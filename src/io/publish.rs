@@ -695,6 +695,15 @@ mod tests {
         v
     }
 
+    /// Publish files (name, text) in `d` as one set.
+    fn publish(d: &Path, files: &[(&str, &str)]) {
+        let mut p = Publication::new("test");
+        for (name, text) in files {
+            p.write_bytes(&d.join(name), text.as_bytes()).unwrap();
+        }
+        p.commit().unwrap();
+    }
+
     #[test]
     fn a_set_is_published_with_its_manifest_and_nothing_else() {
         let d = scratch("set");
@@ -718,9 +727,7 @@ mod tests {
     #[test]
     fn a_failed_or_dropped_set_leaves_the_old_one() {
         let d = scratch("fail");
-        let mut p = Publication::new("test");
-        p.write_bytes(&d.join("a.txt"), b"old").unwrap();
-        p.commit().unwrap();
+        publish(&d, &[("a.txt", "old")]);
         let mut p = Publication::new("test");
         p.write_bytes(&d.join("a.txt"), b"new").unwrap();
         let e = p.write(&d.join("b.txt"), |_| Err(io::Error::other("disk full")));
@@ -740,10 +747,7 @@ mod tests {
     #[test]
     fn a_committed_set_is_rolled_forward_by_recover() {
         let d = scratch("roll");
-        let mut p = Publication::new("test");
-        p.write_bytes(&d.join("a.txt"), b"old a").unwrap();
-        p.write_bytes(&d.join("b.txt"), b"old b").unwrap();
-        p.commit().unwrap();
+        publish(&d, &[("a.txt", "old a"), ("b.txt", "old b")]);
         // A committed set whose first file was already moved (a kill between renames).
         let run = "20261123T000000Z-1-abcd";
         let c = d.join(format!("{COMMIT}{run}"));
