@@ -61,14 +61,19 @@ fn australia_import_invert_matches_solve_on_mtx() {
     let au = root().join("datasets/australia");
     let dir = tmp("australia");
     let ds = dir.join("au");
+    // The Matrix Market system, as import and solve take it.
+    let mtx_args: [std::ffi::OsString; 6] = [
+        "--matrix".into(),
+        au.join("G.mtx.gz").into(),
+        "--rhs".into(),
+        au.join("d.txt").into(),
+        "--reg".into(),
+        au.join("R.mtx.gz").into(),
+    ];
     run_ok(
         bin()
-            .args(["import", "--matrix"])
-            .arg(au.join("G.mtx.gz"))
-            .arg("--rhs")
-            .arg(au.join("d.txt"))
-            .arg("--reg")
-            .arg(au.join("R.mtx.gz"))
+            .arg("import")
+            .args(&mtx_args)
             .args(["--lambda", "0.015", "--out"])
             .arg(&ds),
     );
@@ -99,13 +104,8 @@ fn australia_import_invert_matches_solve_on_mtx() {
                 "1e-8",
                 "--btol",
                 "1e-8",
-                "--matrix",
             ])
-            .arg(au.join("G.mtx.gz"))
-            .arg("--rhs")
-            .arg(au.join("d.txt"))
-            .arg("--reg")
-            .arg(au.join("R.mtx.gz"))
+            .args(&mtx_args)
             .args(["--reg-weight", "0.015", "--solution"])
             .arg(dir.join("solve.txt")),
     );
@@ -128,13 +128,7 @@ fn australia_import_invert_matches_solve_on_mtx() {
     let xn = den.sqrt();
     assert!((xn - 3.48643854e-2).abs() < 1e-8, "{xn}");
     // Export round trip: A.mtx + b.mtx == the loaded system.
-    run_ok(
-        bin()
-            .arg("export")
-            .arg(&ds)
-            .args(["--format", "mtx", "--out"])
-            .arg(dir.join("exp")),
-    );
+    export(&ds, "mtx", &dir.join("exp"));
     let back = seistomo::io::mtx::load_system(
         &dir.join("exp/A.mtx"),
         Some(&dir.join("exp/b.mtx")),
@@ -264,12 +258,30 @@ fn ray_lengths_sum_to_straight_line_lengths() {
     }
 }
 
+/// `seistomo export DATASET --format FORMAT --out OUT`, which must succeed.
+fn export(ds: &Path, format: &str, out: &Path) {
+    run_ok(
+        bin()
+            .arg("export")
+            .arg(ds)
+            .args(["--format", format, "--out"])
+            .arg(out),
+    );
+}
+
 // ---- corruption: every case gives one error naming the file (and row) ----
 
 fn patch(path: &Path, off: usize, bytes: &[u8]) {
     let mut d = std::fs::read(path).unwrap();
     d[off..off + bytes.len()].copy_from_slice(bytes);
     std::fs::write(path, d).unwrap();
+}
+
+/// Replace `from` by `to` in the dataset's manifest (dataset.toml).
+fn edit_manifest(d: &Path, from: &str, to: &str) {
+    let p = d.join("dataset.toml");
+    let t = std::fs::read_to_string(&p).unwrap().replace(from, to);
+    std::fs::write(p, t).unwrap();
 }
 
 fn truncate(path: &Path, by: usize) {
@@ -527,26 +539,14 @@ fn corruptions_give_one_clear_error_naming_the_file() {
             true,
             "dataset.toml",
             "not a seistomo dataset",
-            |d| {
-                let p = d.join("dataset.toml");
-                let t = std::fs::read_to_string(&p)
-                    .unwrap()
-                    .replace("seistomo-dataset", "other");
-                std::fs::write(p, t).unwrap();
-            },
+            |d| edit_manifest(d, "seistomo-dataset", "other"),
         ),
         case(
             "manifest count mismatch",
             true,
             "metadata.bin",
             "300 kernel rows",
-            |d| {
-                let p = d.join("dataset.toml");
-                let t = std::fs::read_to_string(&p)
-                    .unwrap()
-                    .replace("kernel_rows = 300", "kernel_rows = 301");
-                std::fs::write(p, t).unwrap();
-            },
+            |d| edit_manifest(d, "kernel_rows = 300", "kernel_rows = 301"),
         ),
     ];
     for (i, (what, is_packed, corrupt, file, msg)) in cases.iter().enumerate() {
@@ -616,13 +616,7 @@ fn cli_synth_inspect_export_npy() {
         text.contains("kernel       50 rows") && text.contains("3 ranks  imbalance"),
         "{text}"
     );
-    run_ok(
-        bin()
-            .arg("export")
-            .arg(&d)
-            .args(["--format", "npy", "--out"])
-            .arg(dir.join("npy")),
-    );
+    export(&d, "npy", &dir.join("npy"));
     let sys = load_dataset(&d, 0, 1).unwrap();
     let data = std::fs::read(dir.join("npy/data.npy")).unwrap();
     let hl = u16::from_le_bytes([data[8], data[9]]) as usize;

@@ -112,15 +112,15 @@ fn per_row(dir: &Path) -> PathBuf {
 fn truncated_per_row(dir: &Path) -> (PathBuf, String) {
     let pr = per_row(dir);
     let name = "row_0000000123.bin".to_string();
-    let f = pr.join("kernel").join(&name);
-    let len = std::fs::metadata(&f).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&f)
-        .unwrap()
-        .set_len(len - 8)
-        .unwrap();
+    cut_short(&pr.join("kernel").join(&name), 8);
     (pr, name)
+}
+
+/// Cut the last `by` bytes off the file at `path`.
+fn cut_short(path: &Path, by: u64) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - by).unwrap();
 }
 
 /// Bit-for-bit equality of two loaded systems.
@@ -182,38 +182,32 @@ fn truncated_demo(dir: &Path, cut: u64) -> PathBuf {
             }
         }
     }
-    let pack = dst.join("kernel/pack_00000.bin");
-    let f = std::fs::OpenOptions::new().write(true).open(&pack).unwrap();
-    let len = f.metadata().unwrap().len();
-    f.set_len(len - cut).unwrap();
+    cut_short(&dst.join("kernel/pack_00000.bin"), cut);
     dst
+}
+
+/// Load rank 0 of `size` of the dataset `ds` through MPI-IO and through memory maps: both are
+/// one error line holding every one of `names`.
+fn assert_load_error(ds: &Path, size: usize, names: &[&str]) {
+    for io in [IoChoice::MpiIo, IoChoice::Mmap] {
+        let e = load_dataset_with(ds, 0, size, &opts(io))
+            .err()
+            .unwrap_or_else(|| panic!("{io:?}: {} loaded", ds.display()))
+            .to_string();
+        assert!(
+            names.iter().all(|n| e.contains(n)) && !e.contains('\n'),
+            "{io:?}: {e}"
+        );
+    }
 }
 
 #[test]
 fn truncated_pack_read_by_byte_ranges_names_the_file() {
     let dir = common::scratch("mpiio-trunc");
     let ds = truncated_demo(&dir, 100);
-    for io in [IoChoice::MpiIo, IoChoice::Mmap] {
-        let e = load_dataset_with(&ds, 0, 2, &opts(io))
-            .err()
-            .unwrap_or_else(|| panic!("{io:?}: a truncated pack loaded"))
-            .to_string();
-        assert!(
-            e.contains("pack_00000.bin") && e.contains("truncated") && !e.contains('\n'),
-            "{io:?}: {e}"
-        );
-    }
+    assert_load_error(&ds, 2, &["pack_00000.bin", "truncated"]);
     let (pr, name) = truncated_per_row(&dir);
-    for io in [IoChoice::MpiIo, IoChoice::Mmap] {
-        let e = load_dataset_with(&pr, 0, 1, &opts(io))
-            .err()
-            .unwrap_or_else(|| panic!("{io:?}: a truncated row file loaded"))
-            .to_string();
-        assert!(
-            e.contains(&name) && e.contains("kernel row 123") && !e.contains('\n'),
-            "{io:?}: {e}"
-        );
-    }
+    assert_load_error(&pr, 1, &[&name, "kernel row 123"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -413,27 +407,19 @@ fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
     };
     let ds = truncated_demo(&dir, 100);
     for np in [1, 2] {
-        let tag = format!("np{np}");
-        failed_invert(
-            &dir,
-            &tag,
-            &ds,
-            "mpiio",
-            np,
-            &["pack_00000.bin", "truncated"],
-        );
-        assert!(!dir.join(&tag).join("solution.txt").exists());
+        let names = ["pack_00000.bin", "truncated"];
+        failed_invert(&dir, &format!("np{np}"), &ds, "mpiio", np, &names);
     }
     // A per-row file cut short: the MPI read comes back short.
     let (pr, name) = truncated_per_row(&dir);
     for np in [1, 2] {
-        let tag = format!("row-np{np}");
-        failed_invert(&dir, &tag, &pr, "mpiio", np, &[&name, "kernel row 123"]);
+        let names = [name.as_str(), "kernel row 123"];
+        failed_invert(&dir, &format!("row-np{np}"), &pr, "mpiio", np, &names);
     }
 }
 
-/// Run `invert` on `np` ranks expecting failure: the exit status is not 0 and exactly one
-/// error line is printed, which holds every one of `names`.
+/// Run `invert` on `np` ranks expecting failure: the exit status is not 0, exactly one error
+/// line is printed, which holds every one of `names`, and no solution is written.
 #[cfg(feature = "mpi")]
 fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize, names: &[&str]) {
     let mut c = mpirun(np);
@@ -443,6 +429,7 @@ fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize, names: &
     assert!(!out.status.success(), "{tag}: job succeeded: {t}");
     let line = the_error_line(&t, tag);
     assert!(names.iter().all(|n| line.contains(n)), "{tag}: {t}");
+    assert!(!dir.join(tag).join("solution.txt").exists(), "{tag}");
 }
 
 /// The metadata file (read by rank 0 alone and broadcast) cut short: every rank learns of it and
@@ -455,13 +442,15 @@ fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
     };
     // a copy of demo with an intact pack and a metadata file 8 bytes short
     let ds = truncated_demo(&dir, 0);
-    let meta = ds.join("metadata.bin");
-    let f = std::fs::OpenOptions::new().write(true).open(&meta).unwrap();
-    let len = f.metadata().unwrap().len();
-    f.set_len(len - 8).unwrap();
+    cut_short(&ds.join("metadata.bin"), 8);
     for np in [1, 2, 3] {
-        let tag = format!("meta-np{np}");
-        failed_invert(&dir, &tag, &ds, "auto", np, &["metadata.bin"]);
-        assert!(!dir.join(&tag).join("solution.txt").exists());
+        failed_invert(
+            &dir,
+            &format!("meta-np{np}"),
+            &ds,
+            "auto",
+            np,
+            &["metadata.bin"],
+        );
     }
 }

@@ -11,10 +11,9 @@ use seistomo::io::mtx;
 use seistomo::partition::blocks::RowPartition;
 use seistomo::partition::graph::{metis_parts, partition_square, PartitionMethod, SquarePartition};
 use seistomo::partition::halo::{comm_volume, CommVolume};
-use seistomo::pipeline::operators::{Engine, SquareSystem};
-use seistomo::pipeline::options::OperatorSpec;
-use seistomo::pipeline::square::gmres_square;
-use seistomo::solver::dist_square::SquarePrecond;
+use seistomo::pipeline::operators::SquareSystem;
+use seistomo::pipeline::square::gmres_square_cpu;
+use seistomo::solver::dist_square::{SquarePrecond, SquareSolve};
 use seistomo::solver::gmres::{ConvergenceTest, GmresParams, NoGmresMonitor, Orthog, PrecondSide};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::square::{cube, SquareKind};
@@ -201,6 +200,25 @@ fn params() -> GmresParams {
     }
 }
 
+/// GMRES with Jacobi and [`params`] on the CPU: this rank's `rows` of a system split by `part`,
+/// its entries of b.
+fn jacobi_gmres(c: &dyn Comm, rows: &Csr, part: &RowPartition, b: &[f64]) -> SquareSolve {
+    let sys = SquareSystem {
+        rows,
+        part,
+        b,
+        x0: None,
+    };
+    gmres_square_cpu(
+        c,
+        sys,
+        SquarePrecond::Jacobi,
+        &params(),
+        &mut NoGmresMonitor,
+    )
+    .unwrap()
+}
+
 /// P thread ranks, the whole matrix on each, partitioned by `partition_square_on` (METIS on rank
 /// 0, broadcast), b = ones; returns x in the original order, the iterations, and the halo.
 fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usize, CommVolume) {
@@ -211,21 +229,7 @@ fn solve_ranks(a: &Csr, parts: usize, method: PartitionMethod) -> (Vec<f64>, usi
         let b = sp
             .perm
             .permute_range(&vec![1.0; n], sp.part.range(c.rank()));
-        let sol = gmres_square(
-            &Engine::cpu_on_calling_thread(),
-            c,
-            SquareSystem {
-                rows: &rows,
-                part: &sp.part,
-                b: &b,
-                x0: None,
-            },
-            SquarePrecond::Jacobi,
-            &OperatorSpec::default(),
-            &params(),
-            &mut NoGmresMonitor,
-        )
-        .unwrap();
+        let sol = jacobi_gmres(c, &rows, &sp.part, &b);
         assert!(sol.info.stop.converged);
         let x = c.gather_to_root(&sol.x_local).unwrap();
         (
@@ -250,21 +254,7 @@ fn permuted_solves_equal_the_unpermuted_solve() {
     let a = cube(SquareKind::Convdiff, 12).unwrap();
     let n = a.nrows();
     let one = SerialComm;
-    let serial = gmres_square(
-        &Engine::cpu_on_calling_thread(),
-        &one,
-        SquareSystem {
-            rows: &a,
-            part: &RowPartition::contiguous(n, 1),
-            b: &vec![1.0; n],
-            x0: None,
-        },
-        SquarePrecond::Jacobi,
-        &OperatorSpec::default(),
-        &params(),
-        &mut NoGmresMonitor,
-    )
-    .unwrap();
+    let serial = jacobi_gmres(&one, &a, &RowPartition::contiguous(n, 1), &vec![1.0; n]);
     assert!(serial.info.stop.converged);
     assert!(serial.info.stop.iterations > 20);
     for parts in 1..=4 {
@@ -290,21 +280,12 @@ fn permuted_solves_equal_the_unpermuted_solve() {
         comm_volume(&pa, &sp.part).unwrap(),
         sp.comm_volume(&a).unwrap()
     );
-    let sol = gmres_square(
-        &Engine::cpu_on_calling_thread(),
+    let sol = jacobi_gmres(
         &one,
-        SquareSystem {
-            rows: &pa,
-            part: &RowPartition::contiguous(n, 1),
-            b: &sp.perm.permute(&vec![1.0; n]),
-            x0: None,
-        },
-        SquarePrecond::Jacobi,
-        &OperatorSpec::default(),
-        &params(),
-        &mut NoGmresMonitor,
-    )
-    .unwrap();
+        &pa,
+        &RowPartition::contiguous(n, 1),
+        &sp.perm.permute(&vec![1.0; n]),
+    );
     assert_eq!(sol.info.stop.iterations, serial.info.stop.iterations);
     assert!(rel_diff(&sp.perm.unpermute(&sol.x_local), &serial.x_local) <= 1e-10);
 }

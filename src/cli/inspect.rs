@@ -8,6 +8,7 @@ use clap::Args;
 use crate::io::dataset::binfmt::Precision;
 use crate::io::dataset::manifest::Layout;
 use crate::io::dataset::{OpenDataset, Regularisation};
+use crate::io::rowio::IoChoice;
 use crate::io::LoadOptions;
 
 #[derive(Debug, Args)]
@@ -36,7 +37,7 @@ pub struct InspectArgs {
     /// With --load: read rows through memory maps (mmap) or as byte ranges (mpiio: positioned
     /// reads in this single process, the code path MPI ranks use).
     #[arg(long, default_value = "mmap", value_parser = super::args::pick::io())]
-    io: crate::io::rowio::IoChoice,
+    io: IoChoice,
 }
 
 /// println! that stops quietly on a closed pipe (`inspect | head`).
@@ -69,6 +70,32 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         row_cost: None,
     };
     let ds = OpenDataset::open(&a.dataset, &opts)?;
+    say_format(&ds);
+    say_sizes(&ds);
+    say_histogram(&ds);
+    let mem = Memory::of(&ds);
+    mem.say();
+    say!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
+    for &r in &a.ranks {
+        if r == 0 {
+            continue;
+        }
+        let p = ds.partition(r);
+        let mx = p.load.iter().max().copied().unwrap_or(0);
+        say!(
+            "  {r:>4} ranks  imbalance {:.9}  max {mx} nnz/rank  per-rank memory ~{}",
+            p.imbalance(),
+            gib((mem.csr + mem.csc) * mx as f64 / mem.nnz.max(1.0) + 8.0 * 5.0 * mem.n)
+        );
+    }
+    if a.load {
+        timed_loads(&ds, a.load_ranks.max(1), a.io)?;
+    }
+    Ok(())
+}
+
+/// The dataset's name, description, format and grid.
+fn say_format(ds: &OpenDataset) {
     let m = &ds.manifest.m;
     say!("dataset      {} ({})", ds.manifest.path.display(), m.name);
     if !m.description.is_empty() {
@@ -98,6 +125,11 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
             g.units
         );
     }
+}
+
+/// Columns, kernel and damping rows and nonzeros, row weights.
+fn say_sizes(ds: &OpenDataset) {
+    let m = &ds.manifest.m;
     let kr = ds.kernel_rows();
     let kn = ds.meta.nnz;
     let (dr, dn) = (ds.damping_rows(), ds.damping_nnz());
@@ -122,7 +154,10 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         _ => "none",
     };
     say!("row weights  {weights}");
-    // Histogram of kernel nnz per row in powers of two.
+}
+
+/// Histogram of kernel nnz per row in powers of two.
+fn say_histogram(ds: &OpenDataset) {
     say!("nnz per kernel row:");
     let mut bins: Vec<u64> = vec![0; 65];
     for e in &ds.meta.entries {
@@ -143,77 +178,89 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         let bar = "#".repeat(((c as f64 / maxc as f64) * 40.0).ceil() as usize);
         say!("  {lo:>8} ..= {hi:<8} {c:>10}  {bar}");
     }
-    let rows = (kr + dr) as f64;
-    let nnz = (kn + dn) as f64;
-    let csr = 8.0 * (rows + 1.0) + 12.0 * nnz;
-    let csc = 8.0 * (n as f64 + 1.0) + 12.0 * nnz;
-    let vecs = 8.0 * (2.0 * rows + 5.0 * n as f64);
-    say!("memory (whole system, f64 values, u32 columns, u64 offsets):");
-    say!(
-        "  cpu   CSR {} + CSC copy for A^T {} + LSQR vectors {} = {}",
-        gib(csr),
-        gib(csc),
-        gib(vecs),
-        gib(csr + csc + vecs)
-    );
-    say!(
-        "  cuda  device: CSR {} + CSR of A^T {} + vectors {} = {} (host keeps the CSR: {})",
-        gib(csr),
-        gib(csc),
-        gib(vecs),
-        gib(csr + csc + vecs),
-        gib(csr)
-    );
-    say!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
-    for &r in &a.ranks {
-        if r == 0 {
-            continue;
+}
+
+/// Memory of the whole system (f64 values, u32 columns, u64 offsets), in bytes.
+struct Memory {
+    csr: f64,
+    csc: f64,
+    vecs: f64,
+    /// Columns and nonzeros.
+    n: f64,
+    nnz: f64,
+}
+
+impl Memory {
+    fn of(ds: &OpenDataset) -> Memory {
+        let rows = (ds.kernel_rows() + ds.damping_rows()) as f64;
+        let nnz = (ds.meta.nnz + ds.damping_nnz()) as f64;
+        let n = ds.columns() as u64 as f64;
+        Memory {
+            csr: 8.0 * (rows + 1.0) + 12.0 * nnz,
+            csc: 8.0 * (n + 1.0) + 12.0 * nnz,
+            vecs: 8.0 * (2.0 * rows + 5.0 * n),
+            n,
+            nnz,
         }
-        let p = ds.partition(r);
-        let mx = p.load.iter().max().copied().unwrap_or(0);
+    }
+
+    fn say(&self) {
+        let (csr, csc, vecs) = (self.csr, self.csc, self.vecs);
+        say!("memory (whole system, f64 values, u32 columns, u64 offsets):");
         say!(
-            "  {r:>4} ranks  imbalance {:.9}  max {mx} nnz/rank  per-rank memory ~{}",
-            p.imbalance(),
-            gib((csr + csc) * mx as f64 / nnz.max(1.0) + 8.0 * 5.0 * n as f64)
+            "  cpu   CSR {} + CSC copy for A^T {} + LSQR vectors {} = {}",
+            gib(csr),
+            gib(csc),
+            gib(vecs),
+            gib(csr + csc + vecs)
+        );
+        say!(
+            "  cuda  device: CSR {} + CSR of A^T {} + vectors {} = {} (host keeps the CSR: {})",
+            gib(csr),
+            gib(csc),
+            gib(vecs),
+            gib(csr + csc + vecs),
+            gib(csr)
         );
     }
-    if a.load {
-        let size = a.load_ranks.max(1);
-        let mut tot_bytes = 0u64;
-        let mut tot_s = 0.0;
-        let mut loads = Vec::with_capacity(size);
-        let reader = crate::io::rowio::RangeReader::serial();
-        let via = (a.io == crate::io::rowio::IoChoice::MpiIo).then_some(&reader);
-        for rank in 0..size {
-            let (sys, st) = ds.load_via(rank, size, true, via)?;
-            loads.push(sys.a.nnz() as u64);
-            tot_bytes += st.bytes;
-            tot_s += st.seconds;
-            say!(
-                "  load rank {rank}/{size} ({}): {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
-                st.io,
-                sys.a.nrows(),
-                sys.a.nnz(),
-                gib(st.bytes as f64),
-                st.seconds,
-                st.gb_per_s(),
-                gib(st.kernel_bytes as f64),
-                st.kernel_seconds,
-                st.kernel_bytes as f64 / st.kernel_seconds.max(1e-12) / 1e9
-            );
-        }
-        if size > 1 {
-            say!(
-                "  loaded nnz per rank {loads:?}: imbalance {:.9}",
-                crate::partition::imbalance(&loads)
-            );
-            say!(
-                "  all ranks: {} in {:.3} s = {:.2} GB/s",
-                gib(tot_bytes as f64),
-                tot_s,
-                tot_bytes as f64 / tot_s / 1e9
-            );
-        }
+}
+
+/// Load every rank of `size` in turn and say the throughput of each (and of all).
+fn timed_loads(ds: &OpenDataset, size: usize, io: IoChoice) -> anyhow::Result<()> {
+    let mut tot_bytes = 0u64;
+    let mut tot_s = 0.0;
+    let mut loads = Vec::with_capacity(size);
+    let reader = crate::io::rowio::RangeReader::serial();
+    let via = (io == IoChoice::MpiIo).then_some(&reader);
+    for rank in 0..size {
+        let (sys, st) = ds.load_via(rank, size, true, via)?;
+        loads.push(sys.a.nnz() as u64);
+        tot_bytes += st.bytes;
+        tot_s += st.seconds;
+        say!(
+            "  load rank {rank}/{size} ({}): {} rows, {} nnz, {} in {:.3} s = {:.2} GB/s (kernel rows: {} in {:.3} s = {:.2} GB/s)",
+            st.io,
+            sys.a.nrows(),
+            sys.a.nnz(),
+            gib(st.bytes as f64),
+            st.seconds,
+            st.gb_per_s(),
+            gib(st.kernel_bytes as f64),
+            st.kernel_seconds,
+            st.kernel_bytes as f64 / st.kernel_seconds.max(1e-12) / 1e9
+        );
+    }
+    if size > 1 {
+        say!(
+            "  loaded nnz per rank {loads:?}: imbalance {:.9}",
+            crate::partition::imbalance(&loads)
+        );
+        say!(
+            "  all ranks: {} in {:.3} s = {:.2} GB/s",
+            gib(tot_bytes as f64),
+            tot_s,
+            tot_bytes as f64 / tot_s / 1e9
+        );
     }
     Ok(())
 }

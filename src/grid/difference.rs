@@ -74,13 +74,6 @@ mod tests {
             .iter()
             .all(|&v| v.abs() < 1e-15));
         assert!(y[24..24 + 18].iter().all(|&v| v == 1.0));
-        let ok = Csr::try_new(
-            r.nrows(),
-            r.ncols(),
-            r.indptr().to_vec(),
-            r.indices().to_vec(),
-            r.data().to_vec(),
-        );
-        assert!(ok.is_ok());
+        assert!(r.check().is_ok());
     }
 }

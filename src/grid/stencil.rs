@@ -593,22 +593,11 @@ mod tests {
                 let y0: Vec<f64> = (0..d.nrows()).map(|_| rng.uniform() - 0.5).collect();
                 let mut y = y0.clone();
                 op.apply(1.5, &x, -0.25, &mut y);
-                let want: Vec<f64> = dp
-                    .matvec(&x)
-                    .iter()
-                    .zip(&y0)
-                    .map(|(a, b)| 1.5 * a - 0.25 * b)
-                    .collect();
+                let want = crate::testproblems::axpby(1.5, &dp.matvec(&x), -0.25, &y0);
                 assert_eq!(y, want, "{st:?}");
                 let mut xt = x.clone();
                 op.apply_t(0.75, &y0, 2.0, &mut xt);
-                let want: Vec<f64> = dp
-                    .transpose()
-                    .matvec(&y0)
-                    .iter()
-                    .zip(&x)
-                    .map(|(a, b)| 0.75 * a + 2.0 * b)
-                    .collect();
+                let want = crate::testproblems::axpby(0.75, &dp.transpose().matvec(&y0), 2.0, &x);
                 assert_eq!(xt, want, "{st:?} transposed");
             }
         }

@@ -408,13 +408,7 @@ mod tests {
         let a = straight_ray_kernel(&g, 3000, 42);
         let lens = ray_lengths(&g, 3000, 42);
         assert_eq!(a.nrows(), 3000);
-        let check = Csr::try_new(
-            a.nrows(),
-            a.ncols(),
-            a.indptr().to_vec(),
-            a.indices().to_vec(),
-            a.data().to_vec(),
-        );
+        let check = a.check();
         assert!(check.is_ok(), "{check:?}");
         for (i, &l) in lens.iter().enumerate() {
             let (_, v) = a.row(i);

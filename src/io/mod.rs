@@ -26,7 +26,7 @@ pub mod rowio;
 mod tidy;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -102,27 +102,60 @@ where
     let result = (|| -> std::io::Result<()> {
         let f = File::create(&tmp)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
-        if path.extension().is_some_and(|e| e == "gz") {
-            let mut gz = flate2::write::GzEncoder::new(&mut w, flate2::Compression::fast());
-            body(&mut gz)?;
-            gz.finish()?;
-        } else {
-            body(&mut w)?;
-        }
+        write_maybe_gz(&mut w, path.extension().is_some_and(|e| e == "gz"), body)?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         Ok(())
     })();
-    match result {
-        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
+    replace_with_temp(&tmp, path, result.map_err(|e| Error::io(path, e)))
+}
+
+/// `body` writing into `w`: through a (fast) gzip stream, finished after it, when `gz`.
+pub(crate) fn write_maybe_gz<W, F>(w: &mut W, gz: bool, body: F) -> std::io::Result<()>
+where
+    W: Write,
+    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+{
+    if gz {
+        let mut z = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
+        body(&mut z)?;
+        z.finish()?;
+    } else {
+        body(w)?;
+    }
+    Ok(())
+}
+
+/// The temporary file `tmp`, once `written`, renamed over `path`; removed instead where writing
+/// it failed (that error is returned) or the rename fails (an error naming `path`).
+pub(crate) fn replace_with_temp(tmp: &Path, path: &Path, written: Result<()>) -> Result<()> {
+    match written {
+        Ok(()) => std::fs::rename(tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(tmp);
             Error::io(path, e)
         }),
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(Error::io(path, e))
+            let _ = std::fs::remove_file(tmp);
+            Err(e)
         }
     }
+}
+
+/// Read the file at `path` to its end, handing each piece read to `each`; returns the number
+/// of bytes read. Errors name `path`.
+pub(crate) fn read_pieces(path: &Path, mut each: impl FnMut(&[u8])) -> Result<u64> {
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if k == 0 {
+            break;
+        }
+        each(&buf[..k]);
+        n += k as u64;
+    }
+    Ok(n)
 }
 
 /// Write a vector as text, one value per line in shortest round-trip form (`{:e}`).

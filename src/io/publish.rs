@@ -31,7 +31,7 @@
 //! `SEISTOMO_FAULT_HOLD_LOCK=FILE`: after taking the output lock, wait until FILE exists.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -327,13 +327,7 @@ impl Publication {
                     h: Fnv::new(),
                 },
             );
-            if gz {
-                let mut z = flate2::write::GzEncoder::new(&mut w, flate2::Compression::fast());
-                body(&mut z)?;
-                z.finish()?;
-            } else {
-                body(&mut w)?;
-            }
+            super::write_maybe_gz(&mut w, gz, body)?;
             let s = w.into_inner().map_err(|e| e.into_error())?;
             fault::point();
             s.f.sync_all()?;
@@ -545,17 +539,7 @@ pub fn check_pending(dir: &Path) -> Result<Option<Manifest>> {
 
 fn check_file(p: &Path, f: &ManifestFile, run: &str) -> Result<()> {
     let mut h = Fnv::new();
-    let mut n = 0u64;
-    let mut file = File::open(p).map_err(|e| Error::io(p, e))?;
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let k = file.read(&mut buf).map_err(|e| Error::io(p, e))?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
+    let n = super::read_pieces(p, |piece| h.update(piece))?;
     if n != f.bytes || format!("{:016x}", h.0) != f.fnv1a64 {
         return Err(Error::format(
             p,
@@ -711,6 +695,15 @@ mod tests {
         v
     }
 
+    /// Publish files (name, text) in `d` as one set.
+    fn publish(d: &Path, files: &[(&str, &str)]) {
+        let mut p = Publication::new("test");
+        for (name, text) in files {
+            p.write_bytes(&d.join(name), text.as_bytes()).unwrap();
+        }
+        p.commit().unwrap();
+    }
+
     #[test]
     fn a_set_is_published_with_its_manifest_and_nothing_else() {
         let d = scratch("set");
@@ -734,9 +727,7 @@ mod tests {
     #[test]
     fn a_failed_or_dropped_set_leaves_the_old_one() {
         let d = scratch("fail");
-        let mut p = Publication::new("test");
-        p.write_bytes(&d.join("a.txt"), b"old").unwrap();
-        p.commit().unwrap();
+        publish(&d, &[("a.txt", "old")]);
         let mut p = Publication::new("test");
         p.write_bytes(&d.join("a.txt"), b"new").unwrap();
         let e = p.write(&d.join("b.txt"), |_| Err(io::Error::other("disk full")));
@@ -756,10 +747,7 @@ mod tests {
     #[test]
     fn a_committed_set_is_rolled_forward_by_recover() {
         let d = scratch("roll");
-        let mut p = Publication::new("test");
-        p.write_bytes(&d.join("a.txt"), b"old a").unwrap();
-        p.write_bytes(&d.join("b.txt"), b"old b").unwrap();
-        p.commit().unwrap();
+        publish(&d, &[("a.txt", "old a"), ("b.txt", "old b")]);
         // A committed set whose first file was already moved (a kill between renames).
         let run = "20261123T000000Z-1-abcd";
         let c = d.join(format!("{COMMIT}{run}"));

@@ -120,7 +120,8 @@ fn write_f64s(w: &mut dyn Write, v: &[f64]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Host copies of the state vectors (sized once).
+/// Host copies of the state vectors: u (m values: this rank's rows), v, w, x and var when
+/// present (n values each).
 pub struct HostState {
     pub u: Vec<f64>,
     pub v: Vec<f64>,
@@ -129,15 +130,24 @@ pub struct HostState {
     pub var: Option<Vec<f64>>,
 }
 
+impl HostState {
+    /// Zeros for `m` rows and `n` columns (with var when `var`), sized once.
+    pub fn zeros(m: usize, n: usize, var: bool) -> HostState {
+        HostState {
+            u: vec![0.0; m],
+            v: vec![0.0; n],
+            w: vec![0.0; n],
+            x: vec![0.0; n],
+            var: if var { Some(vec![0.0; n]) } else { None },
+        }
+    }
+}
+
 /// The state read back from a checkpoint file.
 pub struct Loaded {
     pub scalars: LsqrScalars,
     pub history: Vec<IterRecord>,
-    pub u: Vec<f64>,
-    pub v: Vec<f64>,
-    pub w: Vec<f64>,
-    pub x: Vec<f64>,
-    pub var: Option<Vec<f64>>,
+    pub vectors: HostState,
 }
 
 /// Write the state as a checkpoint file (atomically; `comm` gives rank and size for the header).
@@ -189,9 +199,6 @@ pub fn write_checkpoint(
     })
 }
 
-/// The vectors of a checkpoint: u (m values), v, w, x and var when present (n values each).
-type Vectors = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Option<Vec<f64>>);
-
 fn f64s(b: &[u8]) -> Vec<f64> {
     b.chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
@@ -215,7 +222,7 @@ fn parse_checkpoint(
         return Err(bad("not a seistomo checkpoint (bad magic)"));
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    let (header, (u, v, w, x, var)) = match version {
+    let (header, vectors) = match version {
         1 => read_v1(bytes, &bad)?,
         2 => read_v2(path, bytes, &bad)?,
         _ => {
@@ -228,11 +235,7 @@ fn parse_checkpoint(
         Loaded {
             scalars: header.scalars,
             history: header.history,
-            u,
-            v,
-            w,
-            x,
-            var,
+            vectors,
         },
         header.fingerprint,
         header.params,
@@ -247,7 +250,7 @@ fn vectors_len(header: &Header, per: u128) -> u128 {
     8 * header.m_local as u128 + per + nvec * (8 * header.n as u128 + per)
 }
 
-fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors)> {
+fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostState)> {
     if bytes.len() < 28 {
         return Err(bad("truncated (shorter than its header)"));
     }
@@ -274,17 +277,17 @@ fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors
         v
     };
     let (m, n) = (header.m_local, header.n);
-    let vecs = (
-        take(m),
-        take(n),
-        take(n),
-        take(n),
-        header.has_var.then(|| take(n)),
-    );
+    let vecs = HostState {
+        u: take(m),
+        v: take(n),
+        w: take(n),
+        x: take(n),
+        var: header.has_var.then(|| take(n)),
+    };
     Ok((header, vecs))
 }
 
-fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, Vectors)> {
+fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostState)> {
     use crate::io::dataset::binfmt::{checksum_error, crc};
     if bytes.len() < 24 {
         return Err(bad("truncated (shorter than its header)"));
@@ -328,16 +331,18 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
         Ok(f64s(body))
     };
     let (m, n) = (header.m_local, header.n);
-    let u = take(m, "u")?;
-    let v = take(n, "v")?;
-    let w = take(n, "w")?;
-    let x = take(n, "x")?;
-    let var = if header.has_var {
-        Some(take(n, "var")?)
-    } else {
-        None
+    let vecs = HostState {
+        u: take(m, "u")?,
+        v: take(n, "v")?,
+        w: take(n, "w")?,
+        x: take(n, "x")?,
+        var: if header.has_var {
+            Some(take(n, "var")?)
+        } else {
+            None
+        },
     };
-    Ok((header, (u, v, w, x, var)))
+    Ok((header, vecs))
 }
 
 #[cfg(test)]
@@ -426,7 +431,8 @@ mod tests {
         let p1 = dir.join("ck1.bin");
         std::fs::write(&p1, &v1).unwrap();
         let (l1, fp1, ..) = read_checkpoint(&p1).unwrap();
-        assert_eq!((l1.x, l1.u, l1.var, fp1), (l2.x, l2.u, l2.var, fp2));
+        let (s1, s2) = (l1.vectors, l2.vectors);
+        assert_eq!((s1.x, s1.u, s1.var, fp1), (s2.x, s2.u, s2.var, fp2));
         // A header whose sizes lie (checksum rewritten): refused before allocating.
         let hlen = u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
         let json = String::from_utf8(v2[24..24 + hlen].to_vec()).unwrap();

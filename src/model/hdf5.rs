@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::grid::Coverage;
 use crate::grid::Grid;
 use crate::model::fields::Fields;
-use crate::model::report::Outcome;
+use crate::model::report::{Outcome, Report};
 use crate::model::spec::{ModelSpec, Parameterisation, Reference};
 use crate::solver::IterRecord;
 
@@ -62,24 +62,16 @@ struct W<'p> {
 
 impl W<'_> {
     fn str_attr(&self, loc: &Location, name: &str, value: &str) -> Result<()> {
-        let v = vlu(self.path, value)?;
-        loc.new_attr::<VarLenUnicode>()
-            .create(name)
-            .and_then(|a| a.write_scalar(&v))
-            .map_err(|e| h5err(self.path, e))
+        self.scalar_attr(loc, name, vlu(self.path, value)?)
     }
     fn str_list_attr(&self, loc: &Location, name: &str, values: &[String]) -> Result<()> {
         let v: Vec<VarLenUnicode> = values
             .iter()
             .map(|s| vlu(self.path, s))
             .collect::<Result<_>>()?;
-        loc.new_attr::<VarLenUnicode>()
-            .shape([v.len()])
-            .create(name)
-            .and_then(|a| a.write_raw(&v))
-            .map_err(|e| h5err(self.path, e))
+        self.vec_attr(loc, name, &v)
     }
-    fn num_attr<T: H5Type>(&self, loc: &Location, name: &str, value: T) -> Result<()> {
+    fn scalar_attr<T: H5Type>(&self, loc: &Location, name: &str, value: T) -> Result<()> {
         loc.new_attr::<T>()
             .create(name)
             .and_then(|a| a.write_scalar(&value))
@@ -229,135 +221,9 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
     let w = W { path };
     let spec = inp.spec;
     let o = inp.outcome;
-    let x = &o.solution.x;
-    let n = x.len();
-    let f_loc: &Location = f;
-    w.str_attr(f_loc, "format", FORMAT)?;
-    w.num_attr(f_loc, "format_version", FORMAT_VERSION)?;
-    w.str_attr(f_loc, "program", "seistomo")?;
-    w.str_attr(f_loc, "version", crate::VERSION)?;
-    let param = match &spec.param {
-        Parameterisation::Grid(_) => "grid",
-        Parameterisation::Cells(_) => "cells",
-        Parameterisation::Vector => "vector",
-    };
-    w.str_attr(f_loc, "parameterisation", param)?;
-    w.str_attr(f_loc, "unknowns", spec.unknowns.as_str())?;
-    w.str_attr(f_loc, "slowness_unit", &spec.slowness_unit)?;
     let vunit = spec.velocity_unit();
-    w.str_attr(f_loc, "velocity_unit", &vunit)?;
-    w.str_attr(f_loc, "reference", &reference_words(&spec.reference))?;
-    w.num_attr(f_loc, "kernel_rows", inp.kernel_rows as u64)?;
-    w.num_attr(f_loc, "synthetic", u8::from(spec.true_model.is_some()))?;
-
-    // Model fields.
-    let g = f.create_group("model").map_err(|e| h5err(path, e))?;
-    let shape: Vec<usize> = match &spec.param {
-        Parameterisation::Grid(grid) => {
-            write_grid_attrs(&w, &g, grid)?;
-            vec![grid.n[2], grid.n[1], grid.n[0]]
-        }
-        _ => vec![n],
-    };
-    let fields = Fields::derive(spec, x);
-    let su = spec.slowness_unit.as_str();
-    let ds = |name: &str, data: &[f64], units: &str, what: &str| {
-        w.dataset(&g, name, &shape, data, units, what)
-    };
-    ds(
-        "velocity",
-        &fields.velocity,
-        &vunit,
-        "recovered velocity 1/slowness (NaN where the slowness is not positive)",
-    )?;
-    ds("slowness", &fields.slowness, su, "recovered slowness")?;
-    ds(
-        "reference_velocity",
-        &fields.reference_velocity,
-        &vunit,
-        "reference velocity model",
-    )?;
-    ds(
-        "perturbation",
-        &fields.perturbation,
-        "percent",
-        "relative velocity perturbation 100 (v - v_ref) / v_ref",
-    )?;
-    ds(
-        "slowness_perturbation",
-        &fields.slowness_perturbation,
-        su,
-        "slowness minus reference slowness",
-    )?;
-    ds(
-        "solution",
-        x,
-        su,
-        &format!(
-            "the solution vector x as solved ({})",
-            spec.unknowns.as_str()
-        ),
-    )?;
-    if let Some(c) = inp.coverage {
-        w.dataset(
-            &g,
-            "hit_count",
-            &shape,
-            &c.hit_count,
-            "1",
-            "number of kernel rows (rays) touching the cell",
-        )?;
-        ds(
-            "dws",
-            &c.dws,
-            "kernel units",
-            "derivative weight sum: sum of |G_ij| over kernel rows",
-        )?;
-    }
-    if let Some(var) = &o.solution.var {
-        let r = &o.report;
-        let dof = r.m.saturating_sub(r.n);
-        let s2 = if dof > 0 {
-            r.norms.r1norm * r.norms.r1norm / dof as f64
-        } else {
-            1.0
-        };
-        let se: Vec<f64> = var.iter().map(|v| (v * s2).sqrt()).collect();
-        ds(
-            "variance_lower_bound",
-            var,
-            &format!("({su})^2 / data^2"),
-            "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)",
-        )?;
-        ds("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
-        let gv: &Location = &g;
-        w.num_attr(gv, "std_error_scale_r1norm2_over_dof", s2)?;
-    }
-    if let (Some(tv), Some(tp), Some(t)) = (
-        &fields.true_velocity,
-        &fields.true_perturbation,
-        &spec.true_model,
-    ) {
-        ds(
-            "true_velocity",
-            tv,
-            &vunit,
-            "true velocity of the synthetic model",
-        )?;
-        ds(
-            "true_perturbation",
-            tp,
-            "percent",
-            "true relative velocity perturbation, percent",
-        )?;
-        ds(
-            "true_solution",
-            t,
-            su,
-            "the true model vector (same quantity as solution)",
-        )?;
-    }
-
+    write_root_attrs(&w, f, inp, &vunit)?;
+    write_model_group(&w, f, inp, &vunit)?;
     if let Parameterisation::Cells(c) = &spec.param {
         let cg = f.create_group("cells").map_err(|e| h5err(path, e))?;
         let ncol = c.columns.len();
@@ -380,10 +246,170 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
     let report =
         serde_json::to_value(&o.report).map_err(|e| Error::format(path, format!("report: {e}")))?;
     write_json_attrs(&w, &sg, "", &report)?;
+    write_history(&w, f, &o.history)?;
 
-    // Convergence history.
-    let hg = f.create_group("history").map_err(|e| h5err(path, e))?;
-    let h = &o.history;
+    let rg = f.create_group("run").map_err(|e| h5err(path, e))?;
+    w.str_dataset(&rg, "config_toml", inp.config_text)?;
+    let rj = serde_json::to_string_pretty(&o.report)
+        .map_err(|e| Error::format(path, format!("report: {e}")))?;
+    w.str_dataset(&rg, "report_json", &rj)?;
+    crate::model::provenance::annotate(f, path, &o.report)?;
+    // netCDF-4 / CF view (src/model/cf.rs)
+    crate::model::cf::annotate(f, spec, o.solution.x.len(), path)
+}
+
+/// The root attributes: format, program, what the unknowns are and in which units.
+fn write_root_attrs(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> Result<()> {
+    let spec = inp.spec;
+    let f_loc: &Location = f;
+    w.str_attr(f_loc, "format", FORMAT)?;
+    w.scalar_attr(f_loc, "format_version", FORMAT_VERSION)?;
+    w.str_attr(f_loc, "program", "seistomo")?;
+    w.str_attr(f_loc, "version", crate::VERSION)?;
+    let param = match &spec.param {
+        Parameterisation::Grid(_) => "grid",
+        Parameterisation::Cells(_) => "cells",
+        Parameterisation::Vector => "vector",
+    };
+    w.str_attr(f_loc, "parameterisation", param)?;
+    w.str_attr(f_loc, "unknowns", spec.unknowns.as_str())?;
+    w.str_attr(f_loc, "slowness_unit", &spec.slowness_unit)?;
+    w.str_attr(f_loc, "velocity_unit", vunit)?;
+    w.str_attr(f_loc, "reference", &reference_words(&spec.reference))?;
+    w.scalar_attr(f_loc, "kernel_rows", inp.kernel_rows as u64)?;
+    w.scalar_attr(f_loc, "synthetic", u8::from(spec.true_model.is_some()))
+}
+
+/// The datasets of /model: one value per unknown each, in the grid's shape (or a vector).
+struct FieldWriter<'a> {
+    w: &'a W<'a>,
+    g: Group,
+    shape: Vec<usize>,
+}
+
+impl FieldWriter<'_> {
+    fn put<T: H5Type>(&self, name: &str, data: &[T], units: &str, what: &str) -> Result<()> {
+        self.w
+            .dataset(&self.g, name, &self.shape, data, units, what)
+    }
+}
+
+/// /model: the recovered and reference fields, the coverage, the variance and the true model.
+fn write_model_group(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> Result<()> {
+    let spec = inp.spec;
+    let x = &inp.outcome.solution.x;
+    let g = f.create_group("model").map_err(|e| h5err(w.path, e))?;
+    let shape: Vec<usize> = match &spec.param {
+        Parameterisation::Grid(grid) => {
+            write_grid_attrs(w, &g, grid)?;
+            vec![grid.n[2], grid.n[1], grid.n[0]]
+        }
+        _ => vec![x.len()],
+    };
+    let fields = Fields::derive(spec, x);
+    let su = spec.slowness_unit.as_str();
+    let m = FieldWriter { w, g, shape };
+    m.put(
+        "velocity",
+        &fields.velocity,
+        vunit,
+        "recovered velocity 1/slowness (NaN where the slowness is not positive)",
+    )?;
+    m.put("slowness", &fields.slowness, su, "recovered slowness")?;
+    m.put(
+        "reference_velocity",
+        &fields.reference_velocity,
+        vunit,
+        "reference velocity model",
+    )?;
+    m.put(
+        "perturbation",
+        &fields.perturbation,
+        "percent",
+        "relative velocity perturbation 100 (v - v_ref) / v_ref",
+    )?;
+    m.put(
+        "slowness_perturbation",
+        &fields.slowness_perturbation,
+        su,
+        "slowness minus reference slowness",
+    )?;
+    m.put(
+        "solution",
+        x,
+        su,
+        &format!(
+            "the solution vector x as solved ({})",
+            spec.unknowns.as_str()
+        ),
+    )?;
+    if let Some(c) = inp.coverage {
+        m.put(
+            "hit_count",
+            &c.hit_count,
+            "1",
+            "number of kernel rows (rays) touching the cell",
+        )?;
+        m.put(
+            "dws",
+            &c.dws,
+            "kernel units",
+            "derivative weight sum: sum of |G_ij| over kernel rows",
+        )?;
+    }
+    if let Some(var) = &inp.outcome.solution.var {
+        write_variance(&m, &inp.outcome.report, var, su)?;
+    }
+    if let (Some(tv), Some(tp), Some(t)) = (
+        &fields.true_velocity,
+        &fields.true_perturbation,
+        &spec.true_model,
+    ) {
+        m.put(
+            "true_velocity",
+            tv,
+            vunit,
+            "true velocity of the synthetic model",
+        )?;
+        m.put(
+            "true_perturbation",
+            tp,
+            "percent",
+            "true relative velocity perturbation, percent",
+        )?;
+        m.put(
+            "true_solution",
+            t,
+            su,
+            "the true model vector (same quantity as solution)",
+        )?;
+    }
+    Ok(())
+}
+
+/// LSQR's variance (a lower bound) and the standard error it gives, with the scale used.
+fn write_variance(m: &FieldWriter, r: &Report, var: &[f64], su: &str) -> Result<()> {
+    let dof = r.m.saturating_sub(r.n);
+    let s2 = if dof > 0 {
+        r.norms.r1norm * r.norms.r1norm / dof as f64
+    } else {
+        1.0
+    };
+    let se: Vec<f64> = var.iter().map(|v| (v * s2).sqrt()).collect();
+    m.put(
+        "variance_lower_bound",
+        var,
+        &format!("({su})^2 / data^2"),
+        "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)",
+    )?;
+    m.put("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
+    let gv: &Location = &m.g;
+    m.w.scalar_attr(gv, "std_error_scale_r1norm2_over_dof", s2)
+}
+
+/// /history: the convergence history, one dataset per column.
+fn write_history(w: &W, f: &::hdf5::File, h: &[IterRecord]) -> Result<()> {
+    let hg = f.create_group("history").map_err(|e| h5err(w.path, e))?;
     let col = |get: fn(&IterRecord) -> f64| h.iter().map(get).collect::<Vec<f64>>();
     let itn: Vec<u64> = h.iter().map(|r| r.itn as u64).collect();
     w.dataset(
@@ -417,14 +443,7 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
     ] {
         w.dataset(&hg, name, &[h.len()], &col(get), "", what)?;
     }
-
-    let rg = f.create_group("run").map_err(|e| h5err(path, e))?;
-    w.str_dataset(&rg, "config_toml", inp.config_text)?;
-    let rj = serde_json::to_string_pretty(&o.report)
-        .map_err(|e| Error::format(path, format!("report: {e}")))?;
-    w.str_dataset(&rg, "report_json", &rj)?;
-    crate::model::provenance::annotate(f, path, &o.report)?;
-    crate::model::cf::annotate(f, spec, n, path) // netCDF-4 / CF view (src/model/cf.rs)
+    Ok(())
 }
 
 fn write_grid_attrs(w: &W, g: &Group, grid: &Grid) -> Result<()> {
@@ -449,15 +468,15 @@ fn write_json_attrs(w: &W, g: &Group, prefix: &str, v: &serde_json::Value) -> Re
             match v {
                 serde_json::Value::Number(num) => {
                     if let Some(u) = num.as_u64() {
-                        w.num_attr(l, &name, u)?
+                        w.scalar_attr(l, &name, u)?
                     } else if let Some(i) = num.as_i64() {
-                        w.num_attr(l, &name, i)?
+                        w.scalar_attr(l, &name, i)?
                     } else {
-                        w.num_attr(l, &name, num.as_f64().unwrap_or(f64::NAN))?
+                        w.scalar_attr(l, &name, num.as_f64().unwrap_or(f64::NAN))?
                     }
                 }
                 serde_json::Value::String(s) => w.str_attr(l, &name, s)?,
-                serde_json::Value::Bool(b) => w.num_attr(l, &name, u8::from(*b))?,
+                serde_json::Value::Bool(b) => w.scalar_attr(l, &name, u8::from(*b))?,
                 serde_json::Value::Object(_) => write_json_attrs(w, g, &format!("{name}_"), v)?,
                 serde_json::Value::Null => {}
                 serde_json::Value::Array(_) => w.str_attr(l, &name, &v.to_string())?,

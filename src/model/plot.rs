@@ -50,16 +50,7 @@ where
         draw(&root)?;
         root.present().map_err(|e| perr(path, e))
     })();
-    match r {
-        Ok(()) => std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::io(path, e)
-        }),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    crate::io::replace_with_temp(&tmp, path, r)
 }
 
 /// A colour scale.

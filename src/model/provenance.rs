@@ -23,7 +23,6 @@
 //! (`pipeline::config::note_config`, [`note_inputs`]) before the solve; a file written without notes (tests,
 //! library use) has empty input lists.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -100,16 +99,8 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// CRC-32 and length of a file.
 pub fn crc32_file(path: &Path) -> Result<(u32, u64)> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut crc = flate2::Crc::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let k = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if k == 0 {
-            break;
-        }
-        crc.update(&buf[..k]);
-    }
+    crate::io::read_pieces(path, |piece| crc.update(piece))?;
     Ok((crc.sum(), crc.amount() as u64))
 }
 

@@ -377,22 +377,7 @@ pub fn partition_square(a: &Csr, method: PartitionMethod, parts: usize) -> Resul
 mod tests {
     use super::*;
     use crate::grid::Rng;
-
-    fn random_nonsym(n: usize, seed: u64) -> Csr {
-        let mut rng = Rng::new(seed);
-        let (mut r, mut c, mut v) = (vec![], vec![], vec![]);
-        for i in 0..n {
-            r.push(i as u64);
-            c.push(i as u64);
-            v.push(4.0);
-            for _ in 0..rng.below(4) {
-                r.push(i as u64);
-                c.push(rng.below(n as u64));
-                v.push(rng.uniform() - 0.5);
-            }
-        }
-        Csr::from_triplets(n, n, &r, &c, &v).unwrap()
-    }
+    use crate::testproblems::random_square;
 
     #[test]
     fn graph_is_the_symmetrised_pattern_without_the_diagonal() {
@@ -408,7 +393,7 @@ mod tests {
         let (x, adj) = symmetric_graph(&a).unwrap();
         assert_eq!(x, vec![0, 2, 4, 6, 6]);
         assert_eq!(adj, vec![1, 2, 0, 2, 0, 1]);
-        let a = random_nonsym(300, 7);
+        let a = random_square(300, 4.0, 4, 7);
         let (x, adj) = symmetric_graph(&a).unwrap();
         for i in 0..300 {
             let nb = &adj[x[i] as usize..x[i + 1] as usize];
@@ -430,7 +415,7 @@ mod tests {
     #[test]
     fn permutation_round_trips_and_reorders_the_product() {
         let n = 200;
-        let a = random_nonsym(n, 3);
+        let a = random_square(n, 4.0, 4, 3);
         let mut rng = Rng::new(9);
         let part_of: Vec<u32> = (0..n).map(|_| rng.below(3) as u32).collect();
         let (perm, part) = permutation_from_parts(&part_of, 3).unwrap();
@@ -463,7 +448,7 @@ mod tests {
             assert_eq!(p.len(), 5);
             assert!(p.iter().all(|&q| (q as usize) < parts));
         }
-        let a = random_nonsym(50, 1);
+        let a = random_square(50, 4.0, 4, 1);
         let p = metis_parts(&a, 64).unwrap();
         assert!(p.iter().all(|&q| q < 64));
         assert!(metis_parts(&a, 0).is_err());

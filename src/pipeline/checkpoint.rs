@@ -99,7 +99,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         if rank != comm.rank() || ranks != comm.size() {
             return Err(mismatch("number of ranks"));
         }
-        if l.u.len() != m || l.x.len() != n || lfp != fp {
+        if l.vectors.u.len() != m || l.vectors.x.len() != n || lfp != fp {
             return Err(mismatch("system"));
         }
         let same = serde_json::to_string(&lparams).ok() == serde_json::to_string(params).ok();
@@ -139,12 +139,13 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     }
     let (mut s, mut vecs, prefix, resumed_from) = match resume_from {
         Some(l) => {
+            let h = &l.vectors;
             let vecs = LsqrVectors {
-                u: be.upload(&l.u)?,
-                v: be.upload(&l.v)?,
-                w: be.upload(&l.w)?,
-                x: be.upload(&l.x)?,
-                var: l.var.as_deref().map(|v| be.upload(v)).transpose()?,
+                u: be.upload(&h.u)?,
+                v: be.upload(&h.v)?,
+                w: be.upload(&h.w)?,
+                x: be.upload(&h.x)?,
+                var: h.var.as_deref().map(|v| be.upload(v)).transpose()?,
             };
             let itn = l.scalars.itn;
             // Said before the solve goes on, not after it.
@@ -173,17 +174,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         params: params.clone(),
         history: prefix,
         offset,
-        host: HostState {
-            u: vec![0.0; m],
-            v: vec![0.0; n],
-            w: vec![0.0; n],
-            x: vec![0.0; n],
-            var: if params.calc_var {
-                Some(vec![0.0; n])
-            } else {
-                None
-            },
-        },
+        host: HostState::zeros(m, n, params.calc_var),
     };
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
     Ok((

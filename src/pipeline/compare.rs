@@ -7,6 +7,7 @@ use std::process::Command;
 use crate::comm::SerialComm;
 use crate::error::{Error, Result};
 use crate::io::mtx;
+use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::load_mtx;
 use crate::pipeline::options::{BackendChoice, SolveOptions};
@@ -80,8 +81,119 @@ fn residuals(a: &Csr, at: &Csr, b: &[f64], x: &[f64], damp: f64) -> (f64, f64) {
 /// on (scaled columns when asked), and compute every row's residuals on the unscaled system.
 /// The first row is seistomo's. A peer that cannot run is skipped with a note on stderr.
 pub fn compare(job: &CompareJob) -> Result<Comparison> {
+    let (sys, opts) = compared_system(job)?;
+    let tol = opts.params.atol;
+    if opts.params.btol != tol {
+        eprintln!(
+            "note: atol {} and btol {} differ; the peers get tol = atol",
+            tol, opts.params.btol
+        );
+    }
+    let damp = opts.params.damp;
+    let a_orig = sys.a.clone();
+    let at = a_orig.transpose();
+    let b = sys.b.clone();
+    // The exact system seistomo iterates on (scaled columns when asked), for the peers.
+    let scale = if opts.col_scale {
+        Some(column_scaling(&sys.a, &SerialComm)?)
+    } else {
+        None
+    };
+    let dir = std::env::temp_dir().join(format!("seistomo-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let cleanup = TempDir(dir.clone());
+    export_for_peers(&dir, &sys.a, scale.as_deref(), &b)?;
+
+    let mut rows = Vec::new();
+    let o = solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
+    rows.push(own_row(&o, &opts));
+
+    let python = peer_python(job.python);
+    let peers = PeerRun {
+        python: &python,
+        dir: &dir,
+        tol,
+        params: &opts.params,
+    };
+    // SciPy in one process; PETSc on --threads ranks (under mpirun when more than one).
+    let (petsc, others): (Vec<String>, Vec<String>) =
+        job.peers.iter().cloned().partition(|p| p == "petsc");
+    let mut runs = Vec::new();
+    if !others.is_empty() {
+        runs.push(peers.command(&others, 1));
+    }
+    if !petsc.is_empty() {
+        runs.push(peers.command(&petsc, job.threads));
+    }
+    for mut cmd in runs {
+        let out = cmd.output();
+        peer_rows(out, &python, &dir, scale.as_deref(), job.threads, &mut rows)?;
+    }
+    drop(cleanup);
+    fill_norms(&mut rows, &a_orig, &at, &b, damp);
+    Ok(Comparison {
+        m: a_orig.nrows(),
+        n: a_orig.ncols(),
+        nnz: a_orig.nnz(),
+        rows,
+    })
+}
+
+/// seistomo's row of the table (its norms are filled in later).
+fn own_row(o: &Outcome, opts: &SolveOptions) -> CompareRow {
+    CompareRow {
+        name: format!(
+            "seistomo {}{} ({})",
+            o.report.backend,
+            match opts.operator.storage {
+                crate::backend::storage::Storage::Compact => " compact storage",
+                _ => "",
+            },
+            o.report.backend_detail
+        ),
+        iterations: o.report.iterations,
+        stop: format!("istop {}", o.report.istop),
+        x: o.solution.x.clone(),
+        seconds: o.report.seconds.solve,
+        ms_per_iter: o.report.ms_per_iter,
+        rnorm: 0.0,
+        arnorm: 0.0,
+        xnorm: 0.0,
+        rel_diff: None,
+    }
+}
+
+/// The Python that runs the peers: the one asked for, else /usr/bin/python3, else python3.
+fn peer_python(asked: Option<&Path>) -> PathBuf {
+    asked.map(PathBuf::from).unwrap_or_else(|| {
+        let deb = PathBuf::from("/usr/bin/python3");
+        if deb.exists() {
+            deb
+        } else {
+            PathBuf::from("python3")
+        }
+    })
+}
+
+/// Every row's residuals on the unscaled system, ||x||, and (peers) the distance from
+/// seistomo's x (the first row's).
+fn fill_norms(rows: &mut [CompareRow], a: &Csr, at: &Csr, b: &[f64], damp: f64) {
+    let ours = rows[0].x.clone();
+    for (k, r) in rows.iter_mut().enumerate() {
+        (r.rnorm, r.arnorm) = residuals(a, at, b, &r.x, damp);
+        r.xnorm = norm(&r.x);
+        if k > 0 {
+            let d: Vec<f64> = ours.iter().zip(&r.x).map(|(p, q)| p - q).collect();
+            r.rel_diff = Some(norm(&d) / r.xnorm);
+        }
+    }
+}
+
+/// The system and the options to compare on: a config's (on `job.backend`), or a matrix with
+/// atol = btol = `job.tol`; `job.storage` overrides the storage. x0 is refused.
+fn compared_system(job: &CompareJob) -> Result<(System, SolveOptions)> {
     let is_config = job.target.extension().is_some_and(|e| e == "toml");
-    let (sys, opts): (System, SolveOptions) = if is_config {
+    let (sys, mut opts): (System, SolveOptions) = if is_config {
         let cfg = RunConfig::load(job.target)?;
         let mut opts = cfg.options.clone();
         opts.operator.backend = job.backend;
@@ -101,7 +213,6 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
         };
         (sys, opts)
     };
-    let mut opts = opts;
     if let Some(st) = job.storage {
         opts.operator.storage = st;
     }
@@ -110,72 +221,37 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
             "compare does not support x0 (the peers start from zero)".into(),
         ));
     }
-    let tol = opts.params.atol;
-    if opts.params.btol != tol {
-        eprintln!(
-            "note: atol {} and btol {} differ; the peers get tol = atol",
-            tol, opts.params.btol
-        );
-    }
-    let damp = opts.params.damp;
-    let a_orig = sys.a.clone();
-    let at = a_orig.transpose();
-    let b = sys.b.clone();
-    // The exact system seistomo iterates on (scaled columns when asked), for the peers.
-    let scale = if opts.col_scale {
-        Some(column_scaling(&sys.a, &SerialComm)?)
-    } else {
-        None
-    };
-    let mut exported = sys.a.clone();
-    if let Some(d) = &scale {
+    Ok((sys, opts))
+}
+
+/// Write what the peer script reads into `dir`: A (its columns scaled by `scale`), b and the
+/// script itself.
+fn export_for_peers(dir: &Path, a: &Csr, scale: Option<&[f64]>, b: &[f64]) -> Result<()> {
+    let mut exported = a.clone();
+    if let Some(d) = scale {
         exported.scale_columns(d);
     }
-    let dir = std::env::temp_dir().join(format!("seistomo-compare-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let cleanup = TempDir(dir.clone());
     mtx::write_matrix(
         dir.join("A.mtx"),
         &exported,
         "system exported by seistomo compare",
     )?;
-    mtx::write_vector_mtx(dir.join("b.mtx"), &b)?;
+    mtx::write_vector_mtx(dir.join("b.mtx"), b)?;
     let script = dir.join("peer_lsqr.py");
-    std::fs::write(&script, PEER_SCRIPT).map_err(|e| Error::io(&script, e))?;
+    std::fs::write(&script, PEER_SCRIPT).map_err(|e| Error::io(&script, e))
+}
 
-    let mut rows = Vec::new();
-    let o = solve_system(sys, &opts, &SerialComm, 0.0, 0)?;
-    rows.push(CompareRow {
-        name: format!(
-            "seistomo {}{} ({})",
-            o.report.backend,
-            match opts.operator.storage {
-                crate::backend::storage::Storage::Compact => " compact storage",
-                _ => "",
-            },
-            o.report.backend_detail
-        ),
-        iterations: o.report.iterations,
-        stop: format!("istop {}", o.report.istop),
-        x: o.solution.x.clone(),
-        seconds: o.report.seconds.solve,
-        ms_per_iter: o.report.ms_per_iter,
-        rnorm: 0.0,
-        arnorm: 0.0,
-        xnorm: 0.0,
-        rel_diff: None,
-    });
+/// How the peer script is run: which Python, where the exported system is, the tolerances.
+struct PeerRun<'a> {
+    python: &'a Path,
+    dir: &'a Path,
+    tol: f64,
+    params: &'a LsqrParams,
+}
 
-    let python = job.python.map(PathBuf::from).unwrap_or_else(|| {
-        let deb = PathBuf::from("/usr/bin/python3");
-        if deb.exists() {
-            deb
-        } else {
-            PathBuf::from("python3")
-        }
-    });
-    // SciPy in one process; PETSc on --threads ranks (under mpirun when more than one).
-    let peer_cmd = |peers: &[String], ranks: usize| {
+impl PeerRun<'_> {
+    /// The script on `peers`, in one process or under mpirun on `ranks` ranks.
+    fn command(&self, peers: &[String], ranks: usize) -> Command {
         let mut c = if ranks > 1 {
             let mut c = Command::new("mpirun");
             c.args([
@@ -185,63 +261,34 @@ pub fn compare(job: &CompareJob) -> Result<Comparison> {
                 "none",
             ])
             .args(["-np", &ranks.to_string()])
-            .arg(&python);
+            .arg(self.python);
             c
         } else {
-            Command::new(&python)
+            Command::new(self.python)
         };
-        c.arg(dir.join("peer_lsqr.py"))
-            .arg(dir.join("A.mtx"))
+        c.arg(self.dir.join("peer_lsqr.py"))
+            .arg(self.dir.join("A.mtx"))
             .arg("--rhs")
-            .arg(dir.join("b.mtx"))
+            .arg(self.dir.join("b.mtx"))
             .args([
                 "--tol",
-                &tol.to_string(),
+                &self.tol.to_string(),
                 "--damp",
-                &damp.to_string(),
+                &self.params.damp.to_string(),
                 "--conlim",
-                &opts.params.conlim.to_string(),
+                &self.params.conlim.to_string(),
             ])
             .args([
                 "--maxit",
-                &opts.params.iter_lim.unwrap_or(100_000).to_string(),
+                &self.params.iter_lim.unwrap_or(100_000).to_string(),
             ])
             .args(["--peers", &peers.join(",")])
             .arg("--solution-dir")
-            .arg(&dir)
+            .arg(self.dir)
             .env("OPENBLAS_NUM_THREADS", "1")
             .env("OMP_NUM_THREADS", "1");
         c
-    };
-    let (petsc, others): (Vec<String>, Vec<String>) =
-        job.peers.iter().cloned().partition(|p| p == "petsc");
-    let mut runs = Vec::new();
-    if !others.is_empty() {
-        runs.push(peer_cmd(&others, 1));
     }
-    if !petsc.is_empty() {
-        runs.push(peer_cmd(&petsc, job.threads));
-    }
-    for mut cmd in runs {
-        let out = cmd.output();
-        peer_rows(out, &python, &dir, scale.as_deref(), job.threads, &mut rows)?;
-    }
-    drop(cleanup);
-    let ours = rows[0].x.clone();
-    for (k, r) in rows.iter_mut().enumerate() {
-        (r.rnorm, r.arnorm) = residuals(&a_orig, &at, &b, &r.x, damp);
-        r.xnorm = norm(&r.x);
-        if k > 0 {
-            let d: Vec<f64> = ours.iter().zip(&r.x).map(|(p, q)| p - q).collect();
-            r.rel_diff = Some(norm(&d) / r.xnorm);
-        }
-    }
-    Ok(Comparison {
-        m: a_orig.nrows(),
-        n: a_orig.ncols(),
-        nnz: a_orig.nnz(),
-        rows,
-    })
 }
 
 /// The rows of one peer run's JSON lines (a failed run is reported and skipped).

@@ -210,125 +210,17 @@ impl RunConfig {
         let (system, x0) = if let Some(ds) = raw.dataset {
             dataset_source(ds, &resolve, &existing, &bad)?
         } else {
-            let sys = raw
-                .system
-                .ok_or_else(|| bad("missing [system] table (matrix = ..., rhs = ...)".into()))?;
-            let reg = sys
-                .reg
-                .as_deref()
-                .map(|p| existing("[system] reg", p))
-                .transpose()?;
-            let reg_weight = sys.reg_weight.unwrap_or(1.0);
-            if !reg_weight.is_finite() || reg_weight < 0.0 {
-                return Err(bad(format!(
-                    "[system] reg_weight must be finite and >= 0 (got {reg_weight})"
-                )));
-            }
-            if sys.reg_weight.is_some() && reg.is_none() {
-                return Err(bad(
-                    "[system] reg_weight is set but there is no reg matrix".into()
-                ));
-            }
-            let system = SystemSource::Mtx {
-                matrix: existing("[system] matrix", &sys.matrix)?,
-                rhs: sys
-                    .rhs
-                    .as_deref()
-                    .map(|p| existing("[system] rhs", p))
-                    .transpose()?,
-                reg,
-                reg_weight,
-            };
-            let x0 = sys
-                .x0
-                .as_deref()
-                .map(|p| existing("[system] x0", p))
-                .transpose()?;
-            (system, x0)
+            mtx_source(raw.system, &existing, &bad)?
         };
-
         let s = raw.solver;
-        if let Some(m) = &s.method {
-            if m != "lsqr" {
-                return Err(bad(format!(
-                    "[solver] method '{m}' is not supported by invert (lsqr)"
-                )));
-            }
-        }
-        let d = LsqrParams::default();
-        let nonneg = |key: &str, v: Option<f64>, default: f64| -> Result<f64> {
-            match v {
-                None => Ok(default),
-                Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
-                Some(x) => Err(bad(format!(
-                    "[solver] {key} must be finite and >= 0 (got {x})"
-                ))),
-            }
-        };
-        let iter_lim = match s.iter_lim {
-            None => None,
-            Some(k) if k > 0 => Some(k as usize),
-            Some(k) => return Err(bad(format!("[solver] iter_lim must be > 0 (got {k})"))),
-        };
-        let damp = nonneg("damp", s.damp, d.damp)?;
-        if damp > crate::solver::lsqr::MAX_DAMP {
-            return Err(bad(format!(
-                "[solver] damp must be <= {:e} (got {damp:e})",
-                crate::solver::lsqr::MAX_DAMP
-            )));
-        }
-        let params = LsqrParams {
-            damp,
-            atol: nonneg("atol", s.atol, d.atol)?,
-            btol: nonneg("btol", s.btol, d.btol)?,
-            conlim: nonneg("conlim", s.conlim, d.conlim)?,
-            iter_lim,
-            calc_var: s.calc_var.unwrap_or(false),
-        };
-
-        let b = raw.backend;
-        let backend =
-            choice(b.kind.as_deref(), "[backend] kind", &bad)?.unwrap_or(BackendChoice::Auto);
-        let transpose = choice(b.transpose.as_deref(), "[backend] transpose", &bad)?
-            .unwrap_or(TransposeStrategy::Auto);
-        let threads = match b.threads {
-            None => None,
-            Some(t) if t > 0 && t as u64 <= MAX_THREADS as u64 => Some(t as usize),
-            Some(t) => {
-                return Err(bad(format!(
-                    "[backend] threads must be in 1..={MAX_THREADS} (got {t})"
-                )))
-            }
-        };
-
-        let precision = choice(b.precision.as_deref(), "[backend] precision", &bad)?
-            .unwrap_or(crate::backend::Precision::F64);
-
-        let storage = choice(b.storage.as_deref(), "[backend] storage", &bad)?.unwrap_or_default();
-
-        let lsqr_loop =
-            choice(b.lsqr_loop.as_deref(), "[backend] lsqr_loop", &bad)?.unwrap_or_default();
-
-        let allreduce =
-            choice(b.allreduce.as_deref(), "[backend] allreduce", &bad)?.unwrap_or_default();
-
+        let params = solver_params(&s, &bad)?;
+        let (operator, threads) = operator_spec(&raw.backend, &bad)?;
         let reorder = choice(s.reorder.as_deref(), "[solver] reorder", &bad)?
             .unwrap_or(crate::grid::reorder::Reorder::Auto);
 
         let o = raw.output;
-        let dir = resolve(&o.dir.unwrap_or_else(|| PathBuf::from("out")));
-        let name =
-            |v: Option<String>, default: &str| dir.join(v.unwrap_or_else(|| default.to_string()));
-        let output = OutputPaths {
-            solution: Some(name(o.solution, "solution.txt")),
-            report: Some(name(o.report, "report.json")),
-            history: Some(name(o.history, "history.csv")),
-            variance: if params.calc_var {
-                Some(name(o.variance, "variance.txt"))
-            } else {
-                None
-            },
-        };
+        let dir = resolve(&o.dir.clone().unwrap_or_else(|| PathBuf::from("out")));
+        let output = output_paths(&dir, &o, params.calc_var);
         let model = crate::model::spec::ModelOutput::from_raw(
             path,
             &dir,
@@ -345,15 +237,7 @@ impl RunConfig {
             params,
             col_scale: s.col_scale.unwrap_or(false),
             x0,
-            operator: OperatorSpec {
-                backend,
-                storage,
-                precision,
-                transpose,
-                lsqr_loop,
-                allreduce,
-                tuning,
-            },
+            operator: OperatorSpec { tuning, ..operator },
             threads,
             reorder,
             grid: None,
@@ -366,6 +250,138 @@ impl RunConfig {
             text: text.to_string(),
             model,
         })
+    }
+}
+
+/// `[system]` -> SystemSource::Mtx and x0.
+fn mtx_source(
+    sys: Option<RawSystem>,
+    existing: &dyn Fn(&str, &Path) -> Result<PathBuf>,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<(SystemSource, Option<PathBuf>)> {
+    let sys = sys.ok_or_else(|| bad("missing [system] table (matrix = ..., rhs = ...)".into()))?;
+    let reg = sys
+        .reg
+        .as_deref()
+        .map(|p| existing("[system] reg", p))
+        .transpose()?;
+    let reg_weight = sys.reg_weight.unwrap_or(1.0);
+    if !reg_weight.is_finite() || reg_weight < 0.0 {
+        return Err(bad(format!(
+            "[system] reg_weight must be finite and >= 0 (got {reg_weight})"
+        )));
+    }
+    if sys.reg_weight.is_some() && reg.is_none() {
+        return Err(bad(
+            "[system] reg_weight is set but there is no reg matrix".into()
+        ));
+    }
+    let system = SystemSource::Mtx {
+        matrix: existing("[system] matrix", &sys.matrix)?,
+        rhs: sys
+            .rhs
+            .as_deref()
+            .map(|p| existing("[system] rhs", p))
+            .transpose()?,
+        reg,
+        reg_weight,
+    };
+    let x0 = sys
+        .x0
+        .as_deref()
+        .map(|p| existing("[system] x0", p))
+        .transpose()?;
+    Ok((system, x0))
+}
+
+/// `[solver]` -> LSQR's parameters (method, iter_lim, damp, atol, btol, conlim, calc_var).
+fn solver_params(s: &RawSolver, bad: &dyn Fn(String) -> Error) -> Result<LsqrParams> {
+    if let Some(m) = &s.method {
+        if m != "lsqr" {
+            return Err(bad(format!(
+                "[solver] method '{m}' is not supported by invert (lsqr)"
+            )));
+        }
+    }
+    let d = LsqrParams::default();
+    let nonneg = |key: &str, v: Option<f64>, default: f64| -> Result<f64> {
+        match v {
+            None => Ok(default),
+            Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Some(x) => Err(bad(format!(
+                "[solver] {key} must be finite and >= 0 (got {x})"
+            ))),
+        }
+    };
+    let iter_lim = match s.iter_lim {
+        None => None,
+        Some(k) if k > 0 => Some(k as usize),
+        Some(k) => return Err(bad(format!("[solver] iter_lim must be > 0 (got {k})"))),
+    };
+    let damp = nonneg("damp", s.damp, d.damp)?;
+    if damp > crate::solver::lsqr::MAX_DAMP {
+        return Err(bad(format!(
+            "[solver] damp must be <= {:e} (got {damp:e})",
+            crate::solver::lsqr::MAX_DAMP
+        )));
+    }
+    Ok(LsqrParams {
+        damp,
+        atol: nonneg("atol", s.atol, d.atol)?,
+        btol: nonneg("btol", s.btol, d.btol)?,
+        conlim: nonneg("conlim", s.conlim, d.conlim)?,
+        iter_lim,
+        calc_var: s.calc_var.unwrap_or(false),
+    })
+}
+
+/// `[backend]` -> the operator (with the default tuning: the caller sets `[tuning]`'s) and the
+/// CPU threads.
+fn operator_spec(
+    b: &RawBackend,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<(OperatorSpec, Option<usize>)> {
+    let backend = choice(b.kind.as_deref(), "[backend] kind", bad)?.unwrap_or(BackendChoice::Auto);
+    let transpose = choice(b.transpose.as_deref(), "[backend] transpose", bad)?
+        .unwrap_or(TransposeStrategy::Auto);
+    let threads = match b.threads {
+        None => None,
+        Some(t) if t > 0 && t as u64 <= MAX_THREADS as u64 => Some(t as usize),
+        Some(t) => {
+            return Err(bad(format!(
+                "[backend] threads must be in 1..={MAX_THREADS} (got {t})"
+            )))
+        }
+    };
+    let precision = choice(b.precision.as_deref(), "[backend] precision", bad)?
+        .unwrap_or(crate::backend::Precision::F64);
+    let storage = choice(b.storage.as_deref(), "[backend] storage", bad)?.unwrap_or_default();
+    let lsqr_loop = choice(b.lsqr_loop.as_deref(), "[backend] lsqr_loop", bad)?.unwrap_or_default();
+    let allreduce = choice(b.allreduce.as_deref(), "[backend] allreduce", bad)?.unwrap_or_default();
+    let operator = OperatorSpec {
+        backend,
+        storage,
+        precision,
+        transpose,
+        lsqr_loop,
+        allreduce,
+        tuning: Tuning::default(),
+    };
+    Ok((operator, threads))
+}
+
+/// `[output]` -> the solution, report, history and (with calc_var) variance files in `dir`.
+fn output_paths(dir: &Path, o: &RawOutput, calc_var: bool) -> OutputPaths {
+    let name = |v: &Option<String>, default: &str| dir.join(v.as_deref().unwrap_or(default));
+    OutputPaths {
+        solution: Some(name(&o.solution, "solution.txt")),
+        report: Some(name(&o.report, "report.json")),
+        history: Some(name(&o.history, "history.csv")),
+        variance: if calc_var {
+            Some(name(&o.variance, "variance.txt"))
+        } else {
+            None
+        },
     }
 }
 

@@ -106,29 +106,12 @@ mod tests {
     use crate::backend::Operator;
     use crate::comm::halo::*;
     use crate::comm::ThreadComm;
-    use crate::grid::Rng;
     use crate::partition::graph::RowPartition;
-    use crate::sparse::Csr;
-
-    fn random_square(n: usize, seed: u64) -> Csr {
-        let mut rng = Rng::new(seed);
-        let (mut r, mut c, mut v) = (vec![], vec![], vec![]);
-        for i in 0..n {
-            r.push(i as u64);
-            c.push(i as u64);
-            v.push(10.0);
-            for _ in 0..(rng.below(6)) {
-                r.push(i as u64);
-                c.push(rng.below(n as u64));
-                v.push(rng.uniform() - 0.5);
-            }
-        }
-        Csr::from_triplets(n, n, &r, &c, &v).unwrap()
-    }
+    use crate::testproblems::random_square;
 
     #[test]
     fn partitions_cover_rows() {
-        let a = random_square(1000, 3);
+        let a = random_square(1000, 10.0, 6, 3);
         for p in 1..6 {
             for part in [
                 RowPartition::contiguous(1000, p),
@@ -148,7 +131,7 @@ mod tests {
     #[test]
     fn pure_plans_reproduce_the_serial_product() {
         let n = 777;
-        let a = random_square(n, 11);
+        let a = random_square(n, 10.0, 6, 11);
         let x: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).cos()).collect();
         let want = a.matvec(&x);
         for p in [1usize, 2, 3, 5] {
@@ -175,7 +158,7 @@ mod tests {
     #[test]
     fn threaded_ranks_reproduce_the_serial_product() {
         let n = 500;
-        let a = random_square(n, 5);
+        let a = random_square(n, 10.0, 6, 5);
         let x: Vec<f64> = (0..n).map(|i| 1.0 + (i % 7) as f64).collect();
         let want = a.matvec(&x);
         for p in [2usize, 4] {

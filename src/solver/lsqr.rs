@@ -294,38 +294,33 @@ fn stopping_tests(s: &mut LsqrScalars, params: &LsqrParams, iter_lim: usize, cto
     }
 }
 
-/// Run LSQR iterations from a started (or resumed) state until a stopping test fires.
-pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    comm: &dyn Comm,
-    params: &LsqrParams,
-    s: &mut LsqrScalars,
-    vecs: &mut LsqrVectors<B::Vector>,
-    monitor: &mut dyn LsqrMonitor<B>,
-) -> Result<LsqrInfo> {
-    check_params(params)?;
-    let start = Instant::now();
-    let n = op.ncols();
-    let iter_lim = params.iter_lim.unwrap_or(2 * n);
-    let damp = params.damp;
-    let dampsq = damp * damp;
-    let ctol = if params.conlim > 0.0 {
-        1.0 / params.conlim
-    } else {
-        0.0
-    };
-    let mut d = Dist {
-        be,
-        op,
-        comm,
-        tmp: if comm.size() > 1 {
-            Some(be.zeros(n)?)
-        } else {
-            None
-        },
-    };
-    let rec = |s: &LsqrScalars, t: f64| IterRecord {
+/// The constants of one call's iterations.
+struct Limits {
+    iter_lim: usize,
+    damp: f64,
+    dampsq: f64,
+    /// 1 / conlim (0 where conlim is 0: no condition limit).
+    ctol: f64,
+}
+
+impl Limits {
+    fn new(params: &LsqrParams, n: usize) -> Limits {
+        Limits {
+            iter_lim: params.iter_lim.unwrap_or(2 * n),
+            damp: params.damp,
+            dampsq: params.damp * params.damp,
+            ctol: if params.conlim > 0.0 {
+                1.0 / params.conlim
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// The history record of the state `s`, `t` seconds into the call.
+fn record_of(s: &LsqrScalars, t: f64) -> IterRecord {
+    IterRecord {
         itn: s.itn,
         r1norm: s.r1norm,
         r2norm: s.r2norm,
@@ -334,12 +329,12 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         acond: s.acond,
         xnorm: s.xnorm,
         seconds: t,
-    };
-    if s.itn == 0 {
-        monitor.record(&rec(s, 0.0))?;
     }
-    let start_itn = s.itn;
-    let finish = |s: &LsqrScalars, t: f64| LsqrInfo {
+}
+
+/// What a call that started at `start_itn` reports at the state `s`, after `t` seconds.
+fn info_of(s: &LsqrScalars, start_itn: usize, t: f64) -> LsqrInfo {
+    LsqrInfo {
         start_itn,
         istop: s.istop,
         stop_reason: stop_reason(s.istop).to_string(),
@@ -353,7 +348,37 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
             xnorm: s.xnorm,
         },
         seconds: t,
+    }
+}
+
+/// Run LSQR iterations from a started (or resumed) state until a stopping test fires.
+pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    params: &LsqrParams,
+    s: &mut LsqrScalars,
+    vecs: &mut LsqrVectors<B::Vector>,
+    monitor: &mut dyn LsqrMonitor<B>,
+) -> Result<LsqrInfo> {
+    check_params(params)?;
+    let start = Instant::now();
+    let n = op.ncols();
+    let lim = Limits::new(params, n);
+    let mut d = Dist {
+        be,
+        op,
+        comm,
+        tmp: if comm.size() > 1 {
+            Some(be.zeros(n)?)
+        } else {
+            None
+        },
     };
+    if s.itn == 0 {
+        monitor.record(&record_of(s, 0.0))?;
+    }
+    let start_itn = s.itn;
     // At the start ||A^T r|| = alpha beta is 0 where alpha or beta is (not where the product
     // underflows); a resumed run stops where its last estimate was 0.
     let solved = if s.itn == 0 {
@@ -362,123 +387,177 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
         s.arnorm == 0.0
     };
     if solved || s.istop != 0 {
-        return Ok(finish(s, 0.0));
+        return Ok(info_of(s, start_itn, 0.0));
     }
-    if comm.size() == 1 {
-        if let Some(dev) = op.lsqr_device() {
-            let every = monitor.checkpoint_every();
-            dev.iterate(be, params, s, vecs, every, &mut |recs, st, v| {
-                let t = start.elapsed().as_secs_f64();
-                for r in recs {
-                    monitor.record(&IterRecord { seconds: t, ..*r })?;
-                }
-                monitor.state(be, st, v)
-            })?;
-            if s.istop == 0 && s.itn >= iter_lim {
-                s.istop = 7;
+    let device = if comm.size() == 1 {
+        op.lsqr_device()
+    } else {
+        None
+    };
+    if let Some(dev) = device {
+        let every = monitor.checkpoint_every();
+        dev.iterate(be, params, s, vecs, every, &mut |recs, st, v| {
+            let t = start.elapsed().as_secs_f64();
+            for r in recs {
+                monitor.record(&IterRecord { seconds: t, ..*r })?;
             }
-            return Ok(finish(s, start.elapsed().as_secs_f64()));
-        }
-    }
-    while s.itn < iter_lim {
-        s.itn += 1;
-        // beta u = A v - alpha u ; alpha v = A^T u - beta v
-        op.apply(be, Scale::new(1.0, -s.alpha), &vecs.v, &mut vecs.u)?;
-        s.beta = d.row_norm(&vecs.u)?;
-        if s.beta > 0.0 {
-            be.scale(&mut vecs.u, 1.0 / s.beta)?;
-            s.anorm = (s.anorm * s.anorm + s.alpha * s.alpha + s.beta * s.beta + dampsq).sqrt();
-            d.apply_t(&vecs.u, -s.beta, &mut vecs.v)?;
-            s.alpha = d.col_norm(&vecs.v)?;
-            if s.alpha > 0.0 {
-                be.scale(&mut vecs.v, 1.0 / s.alpha)?;
+            monitor.state(be, st, v)
+        })?;
+    } else {
+        while s.itn < lim.iter_lim {
+            lsqr_step(&mut d, &lim, params, s, vecs)?;
+            let t = start.elapsed().as_secs_f64();
+            monitor.record(&record_of(s, t))?;
+            monitor.state(be, s, vecs)?;
+            if s.istop != 0 {
+                break;
             }
         }
-        // Eliminate the damping parameter with a plane rotation.
-        let (rhobar1, psi) = if damp > 0.0 {
-            let rhobar1 = (s.rhobar * s.rhobar + dampsq).sqrt();
-            let cs1 = s.rhobar / rhobar1;
-            let sn1 = damp / rhobar1;
-            let psi = sn1 * s.phibar;
-            s.phibar *= cs1;
-            (rhobar1, psi)
-        } else {
-            (s.rhobar, 0.0)
-        };
-        // Eliminate the subdiagonal element beta.
-        let (cs, sn, rho) = sym_ortho(rhobar1, s.beta);
-        let theta = sn * s.alpha;
-        s.rhobar = -cs * s.alpha;
-        let phi = cs * s.phibar;
-        s.phibar *= sn;
-        let tau = sn * phi;
-        // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
-        let t1 = phi / rho;
-        let t2 = -theta / rho;
-        let k = XwStep {
-            t1,
-            t2,
-            inv_rho: 1.0 / rho,
-        };
-        let xw = XwState {
-            x: &mut vecs.x,
-            w: &mut vecs.w,
-            var: vecs.var.as_mut(),
-        };
-        let dk2 = be.lsqr_update(k, &vecs.v, xw)?;
-        s.ddnorm += dk2;
-        // Estimate ||x|| with a rotation on the right.
-        let delta = s.sn2 * rho;
-        let gambar = -s.cs2 * rho;
-        let rhs = phi - delta * s.z;
-        let zbar = rhs / gambar;
-        s.xnorm = (s.xxnorm + zbar * zbar).sqrt();
-        let gamma = (gambar * gambar + theta * theta).sqrt();
-        s.cs2 = gambar / gamma;
-        s.sn2 = theta / gamma;
-        s.z = rhs / gamma;
-        s.xxnorm += s.z * s.z;
-        // Norm and condition estimates.
-        s.acond = s.anorm * s.ddnorm.sqrt();
-        let res1 = s.phibar * s.phibar;
-        s.res2 += psi * psi;
-        s.rnorm = if res1 < f64::MIN_POSITIVE && s.phibar != 0.0 {
-            // phibar^2 underflowed (a tiny b): ||r|| is not 0 (issue 35)
-            s.phibar.hypot(s.res2.sqrt())
-        } else {
-            (res1 + s.res2).sqrt()
-        };
-        s.arnorm = s.alpha * tau.abs();
-        if damp > 0.0 {
-            let r1sq = s.rnorm * s.rnorm - dampsq * s.xxnorm;
-            s.r1norm = r1sq.abs().sqrt();
-            if r1sq < 0.0 {
-                s.r1norm = -s.r1norm;
-            }
-        } else {
-            s.r1norm = s.rnorm;
-        }
-        s.r2norm = s.rnorm;
-        stopping_tests(s, params, iter_lim, ctol);
-        // A norm that overflowed (or a NaN) ends the solve: never a result.
-        if ![s.rnorm, s.arnorm, s.xnorm, s.anorm]
-            .iter()
-            .all(|v| v.is_finite())
-        {
-            return Err(Error::Invalid(format!(
-                "LSQR iteration {}: a norm is not finite (||r|| {:e}, ||A^T r|| {:e}, ||x|| {:e}, ||A|| {:e}); the system or damp exceeds double precision",
-                s.itn, s.rnorm, s.arnorm, s.xnorm, s.anorm
-            )));
-        }
-        let t = start.elapsed().as_secs_f64();
-        monitor.record(&rec(s, t))?;
-        monitor.state(be, s, vecs)?;
-        if s.istop != 0 {
-            break;
-        }
     }
-    if s.istop == 0 && s.itn >= iter_lim {
+    if s.istop == 0 && s.itn >= lim.iter_lim {
         s.istop = 7;
     }
-    Ok(finish(s, start.elapsed().as_secs_f64()))
+    Ok(info_of(s, start_itn, start.elapsed().as_secs_f64()))
+}
+
+/// One LSQR iteration on the host, in SciPy's order (kernels/lsqr.cu's device loop does the
+/// same steps): the bidiagonalisation, the rotations, the x and w update, the estimates and the
+/// stopping tests. A norm that is not finite is an error.
+fn lsqr_step<B: Backend, O: Operator<B>>(
+    d: &mut Dist<'_, B, O>,
+    lim: &Limits,
+    params: &LsqrParams,
+    s: &mut LsqrScalars,
+    vecs: &mut LsqrVectors<B::Vector>,
+) -> Result<()> {
+    s.itn += 1;
+    bidiagonalise(d, lim.dampsq, s, vecs)?;
+    let r = rotations(s, lim.damp, lim.dampsq);
+    // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
+    let t1 = r.phi / r.rho;
+    let t2 = -r.theta / r.rho;
+    let k = XwStep {
+        t1,
+        t2,
+        inv_rho: 1.0 / r.rho,
+    };
+    let xw = XwState {
+        x: &mut vecs.x,
+        w: &mut vecs.w,
+        var: vecs.var.as_mut(),
+    };
+    let dk2 = d.be.lsqr_update(k, &vecs.v, xw)?;
+    s.ddnorm += dk2;
+    estimate_xnorm(s, &r);
+    estimate_norms(s, &r, lim.damp, lim.dampsq);
+    stopping_tests(s, params, lim.iter_lim, lim.ctol);
+    // A norm that overflowed (or a NaN) ends the solve: never a result.
+    if ![s.rnorm, s.arnorm, s.xnorm, s.anorm]
+        .iter()
+        .all(|v| v.is_finite())
+    {
+        return Err(Error::Invalid(format!(
+            "LSQR iteration {}: a norm is not finite (||r|| {:e}, ||A^T r|| {:e}, ||x|| {:e}, ||A|| {:e}); the system or damp exceeds double precision",
+            s.itn, s.rnorm, s.arnorm, s.xnorm, s.anorm
+        )));
+    }
+    Ok(())
+}
+
+/// The Golub-Kahan step: beta u = A v - alpha u; alpha v = A^T u - beta v (and ||A||'s
+/// estimate).
+fn bidiagonalise<B: Backend, O: Operator<B>>(
+    d: &mut Dist<'_, B, O>,
+    dampsq: f64,
+    s: &mut LsqrScalars,
+    vecs: &mut LsqrVectors<B::Vector>,
+) -> Result<()> {
+    let be = d.be;
+    d.op.apply(be, Scale::new(1.0, -s.alpha), &vecs.v, &mut vecs.u)?;
+    s.beta = d.row_norm(&vecs.u)?;
+    if s.beta > 0.0 {
+        be.scale(&mut vecs.u, 1.0 / s.beta)?;
+        s.anorm = (s.anorm * s.anorm + s.alpha * s.alpha + s.beta * s.beta + dampsq).sqrt();
+        d.apply_t(&vecs.u, -s.beta, &mut vecs.v)?;
+        s.alpha = d.col_norm(&vecs.v)?;
+        if s.alpha > 0.0 {
+            be.scale(&mut vecs.v, 1.0 / s.alpha)?;
+        }
+    }
+    Ok(())
+}
+
+/// An iteration's plane rotations (SciPy's names).
+struct Rotations {
+    rho: f64,
+    theta: f64,
+    phi: f64,
+    tau: f64,
+    psi: f64,
+}
+
+/// Eliminate the damping parameter, then the subdiagonal element beta, with plane rotations
+/// (updating rhobar and phibar).
+fn rotations(s: &mut LsqrScalars, damp: f64, dampsq: f64) -> Rotations {
+    let (rhobar1, psi) = if damp > 0.0 {
+        let rhobar1 = (s.rhobar * s.rhobar + dampsq).sqrt();
+        let cs1 = s.rhobar / rhobar1;
+        let sn1 = damp / rhobar1;
+        let psi = sn1 * s.phibar;
+        s.phibar *= cs1;
+        (rhobar1, psi)
+    } else {
+        (s.rhobar, 0.0)
+    };
+    let (cs, sn, rho) = sym_ortho(rhobar1, s.beta);
+    let theta = sn * s.alpha;
+    s.rhobar = -cs * s.alpha;
+    let phi = cs * s.phibar;
+    s.phibar *= sn;
+    let tau = sn * phi;
+    Rotations {
+        rho,
+        theta,
+        phi,
+        tau,
+        psi,
+    }
+}
+
+/// Estimate ||x|| with a rotation on the right.
+fn estimate_xnorm(s: &mut LsqrScalars, r: &Rotations) {
+    let delta = s.sn2 * r.rho;
+    let gambar = -s.cs2 * r.rho;
+    let rhs = r.phi - delta * s.z;
+    let zbar = rhs / gambar;
+    s.xnorm = (s.xxnorm + zbar * zbar).sqrt();
+    let gamma = (gambar * gambar + r.theta * r.theta).sqrt();
+    s.cs2 = gambar / gamma;
+    s.sn2 = r.theta / gamma;
+    s.z = rhs / gamma;
+    s.xxnorm += s.z * s.z;
+}
+
+/// The norm and condition estimates: cond(A), ||r||, ||A^T r||, r1norm and r2norm.
+fn estimate_norms(s: &mut LsqrScalars, r: &Rotations, damp: f64, dampsq: f64) {
+    s.acond = s.anorm * s.ddnorm.sqrt();
+    let res1 = s.phibar * s.phibar;
+    s.res2 += r.psi * r.psi;
+    s.rnorm = if res1 < f64::MIN_POSITIVE && s.phibar != 0.0 {
+        // phibar^2 underflowed (a tiny b): ||r|| is not 0 (issue 35)
+        s.phibar.hypot(s.res2.sqrt())
+    } else {
+        (res1 + s.res2).sqrt()
+    };
+    s.arnorm = s.alpha * r.tau.abs();
+    if damp > 0.0 {
+        let r1sq = s.rnorm * s.rnorm - dampsq * s.xxnorm;
+        s.r1norm = r1sq.abs().sqrt();
+        if r1sq < 0.0 {
+            s.r1norm = -s.r1norm;
+        }
+    } else {
+        s.r1norm = s.rnorm;
+    }
+    s.r2norm = s.rnorm;
 }

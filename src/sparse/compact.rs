@@ -413,12 +413,7 @@ mod tests {
             let c = CompactCsr::from_csr(&a, Precision::F64);
             let mut y = y0.clone();
             c.matvec_into(2.0, &x, -0.5, &mut y);
-            let want: Vec<f64> = a
-                .matvec(&x)
-                .iter()
-                .zip(&y0)
-                .map(|(ax, y)| 2.0 * ax - 0.5 * y)
-                .collect();
+            let want = crate::testproblems::axpby(2.0, &a.matvec(&x), -0.5, &y0);
             assert_eq!(y, want);
             // f32 values: the same as CSR with the rounded values
             let mut a32 = a.clone();

@@ -90,6 +90,20 @@ impl Csr {
         })
     }
 
+    /// [`Self::try_new`]'s checks on a matrix built another way (tests: the builder kept the
+    /// invariants).
+    #[cfg(test)]
+    pub fn check(&self) -> Result<(), StructureError> {
+        Csr::try_new(
+            self.nrows,
+            self.ncols,
+            self.indptr.clone(),
+            self.indices.clone(),
+            self.data.clone(),
+        )
+        .map(|_| ())
+    }
+
     /// Build from (row, col, value) triplets in any order; duplicates are summed. Indices are
     /// checked against the shape; values must be finite.
     pub fn from_triplets(

@@ -134,176 +134,29 @@ impl Tiled {
     pub fn from_csr_half(a: &Csr, precision: Precision, tile_bits: u32, half: TiledHalf) -> Tiled {
         assert!((1..=15).contains(&tile_bits), "tile_bits in 1..=15");
         let (m, n) = (a.nrows(), a.ncols());
-        let (ip, ci, va) = (a.indptr(), a.indices(), a.data());
-        let t_of = |c: u32| c >> tile_bits;
         let ntiles = n.div_ceil(1 << tile_bits).max(1);
-        // Segments per row.
-        let per_row: Vec<u64> = (0..m)
-            .into_par_iter()
-            .map(|r| {
-                let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-                let mut k = 0u64;
-                for j in s..e {
-                    if j == s || t_of(ci[j]) != t_of(ci[j - 1]) {
-                        k += 1;
-                    }
-                }
-                k
-            })
-            .collect();
-        let mut row_seg = Vec::with_capacity(m + 1);
-        row_seg.push(0u64);
-        for &k in &per_row {
-            row_seg.push(row_seg.last().unwrap() + k);
-        }
+        let row_seg = row_segments(a, tile_bits);
         let nseg = *row_seg.last().unwrap() as usize;
         assert!(
             nseg < u32::MAX as usize,
             "too many segments for 32-bit indices"
         );
-        // Segments per tile, then each segment's place in tile order (rows ascending).
-        let mut tile_count = vec![0u64; ntiles + 1];
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            for j in s..e {
-                if j == s || t_of(ci[j]) != t_of(ci[j - 1]) {
-                    tile_count[t_of(ci[j]) as usize + 1] += 1;
-                }
-            }
-        }
-        for t in 0..ntiles {
-            tile_count[t + 1] += tile_count[t];
-        }
-        let tile_seg = tile_count.clone();
-        let mut cursor = tile_count;
-        let mut seg_row = vec![0u32; nseg];
-        let mut seg_slot = vec![0u32; nseg];
-        let mut seg_csr = vec![(0u64, 0u32); nseg]; // (CSR start, length)
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            let mut k = row_seg[r];
-            let mut j = s;
-            while j < e {
-                let t = t_of(ci[j]);
-                let mut j1 = j + 1;
-                while j1 < e && t_of(ci[j1]) == t {
-                    j1 += 1;
-                }
-                let pos = cursor[t as usize] as usize;
-                cursor[t as usize] += 1;
-                seg_row[pos] = r as u32;
-                seg_slot[pos] = k as u32;
-                seg_csr[pos] = (j as u64, (j1 - j) as u32);
-                k += 1;
-                j = j1;
-            }
-        }
-        // Chunks: each tile's segments in runs of at most CHUNK_SEGS.
-        let mut chunk_tile = Vec::new();
-        let mut chunk_seg = Vec::new();
-        let mut tile_chunk = Vec::with_capacity(ntiles + 1);
-        for t in 0..ntiles {
-            tile_chunk.push(chunk_tile.len() as u32);
-            let (s0, s1) = (tile_seg[t] as usize, tile_seg[t + 1] as usize);
-            let mut s = s0;
-            loop {
-                chunk_tile.push(t as u32);
-                chunk_seg.push(s as u32);
-                s = (s + CHUNK_SEGS).min(s1);
-                if s >= s1 {
-                    break;
-                }
-            }
-        }
-        tile_chunk.push(chunk_tile.len() as u32);
-        chunk_seg.push(nseg as u32);
-        let nchunks = chunk_tile.len();
+        let segs = Segments::in_tile_order(a, tile_bits, ntiles, &row_seg);
+        let (chunk_tile, chunk_seg, tile_chunk) = chunks(&segs.tile_seg, nseg);
         // Row entries in tile order.
         let mut seg_ent = Vec::with_capacity(nseg + 1);
         seg_ent.push(0u64);
-        for &(_, len) in &seg_csr {
+        for &(_, len) in &segs.csr {
             seg_ent.push(seg_ent.last().unwrap() + len as u64);
         }
         let nnz = a.nnz();
-        let mask = (1u32 << tile_bits) - 1;
-        let mut a_lcol = vec![0u16; nnz];
-        let mut vals = vec![0f64; nnz];
-        {
-            // Fill per chunk in parallel (chunks own disjoint entry ranges).
-            let mut lc_rest: &mut [u16] = &mut a_lcol;
-            let mut va_rest: &mut [f64] = &mut vals;
-            let mut parts = Vec::with_capacity(nchunks);
-            for q in 0..nchunks {
-                let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
-                let len = (seg_ent[s1] - seg_ent[s0]) as usize;
-                let (l, lr) = lc_rest.split_at_mut(len);
-                let (v, vr) = va_rest.split_at_mut(len);
-                lc_rest = lr;
-                va_rest = vr;
-                parts.push((s0, s1, l, v));
-            }
-            parts.into_par_iter().for_each(|(s0, s1, l, v)| {
-                let mut k = 0;
-                for &(st, len) in &seg_csr[s0..s1] {
-                    for j in st as usize..st as usize + len as usize {
-                        l[k] = (ci[j] & mask) as u16;
-                        v[k] = va[j];
-                        k += 1;
-                    }
-                }
-            });
-        }
-        // Column entries: within each chunk, entries sorted by local column (stable: segment
-        // order within a column).
-        let tsz = 1usize << tile_bits;
+        let (mut a_lcol, mut vals) = row_entries(a, tile_bits, &chunk_seg, &seg_ent, &segs.csr);
         let cols = half != TiledHalf::Rows;
-        let mut b_colptr = vec![0u64; if cols { nchunks * tsz + 1 } else { 0 }];
-        let mut b_lseg = vec![0u16; if cols { nnz } else { 0 }];
-        let mut b_vals = vec![0f64; if cols { nnz } else { 0 }];
-        if cols {
-            let mut cp_rest: &mut [u64] = &mut b_colptr[..nchunks * tsz];
-            let mut ls_rest: &mut [u16] = &mut b_lseg;
-            let mut bv_rest: &mut [f64] = &mut b_vals;
-            let mut parts = Vec::with_capacity(nchunks);
-            for q in 0..nchunks {
-                let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
-                let (e0, e1) = (seg_ent[s0], seg_ent[s1]);
-                let len = (e1 - e0) as usize;
-                let (cp, cr) = cp_rest.split_at_mut(tsz);
-                let (ls, lr) = ls_rest.split_at_mut(len);
-                let (bv, br) = bv_rest.split_at_mut(len);
-                cp_rest = cr;
-                ls_rest = lr;
-                bv_rest = br;
-                parts.push((s0, s1, e0, cp, ls, bv));
-            }
-            let (a_lcol, vals, seg_ent) = (&a_lcol, &vals, &seg_ent);
-            parts.into_par_iter().for_each(|(s0, s1, e0, cp, ls, bv)| {
-                let mut count = vec![0u64; tsz + 1];
-                let (a0, a1) = (seg_ent[s0] as usize, seg_ent[s1] as usize);
-                for &c in &a_lcol[a0..a1] {
-                    count[c as usize + 1] += 1;
-                }
-                for c in 0..tsz {
-                    count[c + 1] += count[c];
-                }
-                for c in 0..tsz {
-                    cp[c] = e0 + count[c];
-                }
-                for s in s0..s1 {
-                    for k in seg_ent[s] as usize..seg_ent[s + 1] as usize {
-                        let c = a_lcol[k] as usize;
-                        let pos = count[c] as usize;
-                        count[c] += 1;
-                        ls[pos] = (s - s0) as u16;
-                        bv[pos] = vals[k];
-                    }
-                }
-            });
-        }
-        if cols {
-            b_colptr[nchunks * tsz] = nnz as u64;
-        }
+        let (b_colptr, b_lseg, b_vals) = if cols {
+            column_entries(tile_bits, &chunk_seg, &seg_ent, &a_lcol, &vals)
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
         if half == TiledHalf::Cols {
             a_lcol = Vec::new();
             vals = Vec::new();
@@ -313,7 +166,7 @@ impl Tiled {
             }
         }
         let mut seg_pos = vec![0u32; nseg];
-        for (s, &k) in seg_slot.iter().enumerate() {
+        for (s, &k) in segs.slot.iter().enumerate() {
             seg_pos[k as usize] = s as u32;
         }
         let (a_val, b_val) = match precision {
@@ -331,8 +184,8 @@ impl Tiled {
             chunk_tile,
             chunk_seg,
             tile_chunk,
-            seg_row,
-            seg_slot,
+            seg_row: segs.row,
+            seg_slot: segs.slot,
             seg_pos,
             seg_ent,
             row_seg,
@@ -395,6 +248,228 @@ impl Tiled {
         }
         x
     }
+}
+
+/// Does entry `j` of a row starting at `s` open a segment (the first entry, or a new tile)?
+fn opens_segment(ci: &[u32], s: usize, j: usize, tile_bits: u32) -> bool {
+    j == s || ci[j] >> tile_bits != ci[j - 1] >> tile_bits
+}
+
+/// The first segment of each row in row order (one segment per tile a row touches); nrows + 1
+/// entries.
+fn row_segments(a: &Csr, tile_bits: u32) -> Vec<u64> {
+    let (ip, ci) = (a.indptr(), a.indices());
+    let per_row: Vec<u64> = (0..a.nrows())
+        .into_par_iter()
+        .map(|r| {
+            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+            let mut k = 0u64;
+            for j in s..e {
+                if opens_segment(ci, s, j, tile_bits) {
+                    k += 1;
+                }
+            }
+            k
+        })
+        .collect();
+    let mut row_seg = Vec::with_capacity(a.nrows() + 1);
+    row_seg.push(0u64);
+    for &k in &per_row {
+        row_seg.push(row_seg.last().unwrap() + k);
+    }
+    row_seg
+}
+
+/// The segments in tile order: grouped by tile, rows ascending within a tile.
+struct Segments {
+    /// First segment of each tile; ntiles + 1 entries.
+    tile_seg: Vec<u64>,
+    /// Row of each segment.
+    row: Vec<u32>,
+    /// Position of each segment in row order.
+    slot: Vec<u32>,
+    /// (CSR start, length) of each segment.
+    csr: Vec<(u64, u32)>,
+}
+
+impl Segments {
+    fn in_tile_order(a: &Csr, tile_bits: u32, ntiles: usize, row_seg: &[u64]) -> Segments {
+        let (m, ip, ci) = (a.nrows(), a.indptr(), a.indices());
+        let t_of = |c: u32| c >> tile_bits;
+        let nseg = *row_seg.last().unwrap() as usize;
+        // Segments per tile, then each segment's place in tile order (rows ascending).
+        let mut tile_count = vec![0u64; ntiles + 1];
+        for r in 0..m {
+            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+            for j in s..e {
+                if opens_segment(ci, s, j, tile_bits) {
+                    tile_count[t_of(ci[j]) as usize + 1] += 1;
+                }
+            }
+        }
+        for t in 0..ntiles {
+            tile_count[t + 1] += tile_count[t];
+        }
+        let tile_seg = tile_count.clone();
+        let mut cursor = tile_count;
+        let mut row = vec![0u32; nseg];
+        let mut slot = vec![0u32; nseg];
+        let mut csr = vec![(0u64, 0u32); nseg];
+        for r in 0..m {
+            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+            let mut k = row_seg[r];
+            let mut j = s;
+            while j < e {
+                let t = t_of(ci[j]);
+                let mut j1 = j + 1;
+                while j1 < e && t_of(ci[j1]) == t {
+                    j1 += 1;
+                }
+                let pos = cursor[t as usize] as usize;
+                cursor[t as usize] += 1;
+                row[pos] = r as u32;
+                slot[pos] = k as u32;
+                csr[pos] = (j as u64, (j1 - j) as u32);
+                k += 1;
+                j = j1;
+            }
+        }
+        Segments {
+            tile_seg,
+            row,
+            slot,
+            csr,
+        }
+    }
+}
+
+/// Chunks: each tile's segments (`tile_seg`: the first of each tile) in runs of at most
+/// [`CHUNK_SEGS`]. Returns the tile and first segment of each chunk (with `nseg` after the
+/// last) and the first chunk of each tile (with the chunk count after the last).
+fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let ntiles = tile_seg.len() - 1;
+    let mut chunk_tile = Vec::new();
+    let mut chunk_seg = Vec::new();
+    let mut tile_chunk = Vec::with_capacity(ntiles + 1);
+    for t in 0..ntiles {
+        tile_chunk.push(chunk_tile.len() as u32);
+        let (s0, s1) = (tile_seg[t] as usize, tile_seg[t + 1] as usize);
+        let mut s = s0;
+        loop {
+            chunk_tile.push(t as u32);
+            chunk_seg.push(s as u32);
+            s = (s + CHUNK_SEGS).min(s1);
+            if s >= s1 {
+                break;
+            }
+        }
+    }
+    tile_chunk.push(chunk_tile.len() as u32);
+    chunk_seg.push(nseg as u32);
+    (chunk_tile, chunk_seg, tile_chunk)
+}
+
+/// `v` cut into consecutive parts of lengths `lens` (what is left after them is dropped).
+fn split_parts<T>(mut v: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
+    let mut parts = Vec::with_capacity(lens.size_hint().0);
+    for len in lens {
+        let (part, rest) = std::mem::take(&mut v).split_at_mut(len);
+        parts.push(part);
+        v = rest;
+    }
+    parts
+}
+
+/// The entries of each chunk (its segments' entries, `seg_ent` their first): their count.
+fn chunk_entries<'a>(chunk_seg: &'a [u32], seg_ent: &'a [u64]) -> impl Iterator<Item = usize> + 'a {
+    chunk_seg
+        .windows(2)
+        .map(|w| (seg_ent[w[1] as usize] - seg_ent[w[0] as usize]) as usize)
+}
+
+/// The row entries in tile order, segment by segment (`seg_csr`: each segment's CSR start and
+/// length): the column within the tile and the value, filled per chunk in parallel (chunks own
+/// disjoint entry ranges).
+fn row_entries(
+    a: &Csr,
+    tile_bits: u32,
+    chunk_seg: &[u32],
+    seg_ent: &[u64],
+    seg_csr: &[(u64, u32)],
+) -> (Vec<u16>, Vec<f64>) {
+    let (ci, va, nnz) = (a.indices(), a.data(), a.nnz());
+    let mask = (1u32 << tile_bits) - 1;
+    let mut a_lcol = vec![0u16; nnz];
+    let mut vals = vec![0f64; nnz];
+    let lcols = split_parts(&mut a_lcol, chunk_entries(chunk_seg, seg_ent));
+    let values = split_parts(&mut vals, chunk_entries(chunk_seg, seg_ent));
+    lcols
+        .into_par_iter()
+        .zip(values)
+        .enumerate()
+        .for_each(|(q, (l, v))| {
+            let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
+            let mut k = 0;
+            for &(st, len) in &seg_csr[s0..s1] {
+                for j in st as usize..st as usize + len as usize {
+                    l[k] = (ci[j] & mask) as u16;
+                    v[k] = va[j];
+                    k += 1;
+                }
+            }
+        });
+    (a_lcol, vals)
+}
+
+/// The column entries from the row entries (`a_lcol` without end bits, `vals`): within each
+/// chunk, entries sorted by local column (stable: segment order within a column). Returns the
+/// column offsets (chunks x tile columns + 1), the segment within the chunk and the value.
+fn column_entries(
+    tile_bits: u32,
+    chunk_seg: &[u32],
+    seg_ent: &[u64],
+    a_lcol: &[u16],
+    vals: &[f64],
+) -> (Vec<u64>, Vec<u16>, Vec<f64>) {
+    let tsz = 1usize << tile_bits;
+    let (nchunks, nnz) = (chunk_seg.len() - 1, vals.len());
+    let mut b_colptr = vec![0u64; nchunks * tsz + 1];
+    let mut b_lseg = vec![0u16; nnz];
+    let mut b_vals = vec![0f64; nnz];
+    let colptrs = split_parts(&mut b_colptr[..nchunks * tsz], (0..nchunks).map(|_| tsz));
+    let lsegs = split_parts(&mut b_lseg, chunk_entries(chunk_seg, seg_ent));
+    let values = split_parts(&mut b_vals, chunk_entries(chunk_seg, seg_ent));
+    colptrs
+        .into_par_iter()
+        .zip(lsegs)
+        .zip(values)
+        .enumerate()
+        .for_each(|(q, ((cp, ls), bv))| {
+            let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
+            let e0 = seg_ent[s0];
+            let mut count = vec![0u64; tsz + 1];
+            let (a0, a1) = (seg_ent[s0] as usize, seg_ent[s1] as usize);
+            for &c in &a_lcol[a0..a1] {
+                count[c as usize + 1] += 1;
+            }
+            for c in 0..tsz {
+                count[c + 1] += count[c];
+            }
+            for c in 0..tsz {
+                cp[c] = e0 + count[c];
+            }
+            for s in s0..s1 {
+                for k in seg_ent[s] as usize..seg_ent[s + 1] as usize {
+                    let c = a_lcol[k] as usize;
+                    let pos = count[c] as usize;
+                    count[c] += 1;
+                    ls[pos] = (s - s0) as u16;
+                    bv[pos] = vals[k];
+                }
+            }
+        });
+    b_colptr[nchunks * tsz] = nnz as u64;
+    (b_colptr, b_lseg, b_vals)
 }
 
 #[cfg(test)]

@@ -102,41 +102,40 @@ impl Lstp {
 
     /// A x (exact in the reflector form).
     pub fn apply_dense(&self, x: &[f64]) -> Vec<f64> {
-        let mut z = vec![0.0; self.n];
-        householder(&self.hz, x, &mut z);
-        let mut dz = vec![0.0; self.m];
-        for i in 0..self.d.len() {
-            dz[i] = self.d[i] * z[i];
-        }
-        let mut y = vec![0.0; self.m];
-        householder(&self.hy, &dz, &mut y);
-        y
+        self.through_svd(&self.hz, x, &self.hy, |d, z| d * z)
     }
 
     /// A^T y.
     pub fn apply_t_dense(&self, y: &[f64]) -> Vec<f64> {
-        let mut z = vec![0.0; self.m];
-        householder(&self.hy, y, &mut z);
-        let mut dz = vec![0.0; self.n];
-        for i in 0..self.d.len() {
-            dz[i] = self.d[i] * z[i];
-        }
-        let mut x = vec![0.0; self.n];
-        householder(&self.hz, &dz, &mut x);
-        x
+        self.through_svd(&self.hy, y, &self.hz, |d, z| d * z)
     }
 
     /// The minimiser of ||A x - b||^2 + damp^2 ||x||^2 (minimum norm when damp = 0), from the SVD.
     pub fn exact_solution(&self, b: &[f64]) -> Vec<f64> {
-        let mut c = vec![0.0; self.m];
-        householder(&self.hy, b, &mut c);
-        let mut z = vec![0.0; self.n];
+        self.through_svd(&self.hy, b, &self.hz, |d, c| {
+            d * c / (d * d + self.damp * self.damp)
+        })
+    }
+
+    /// H_out S H_in v, the products above in the SVD's terms: `v` reflected by `h_in`, entry i
+    /// of that (i < min(m, n)) mapped by `diag(d_i, entry)` and the others set to 0, reflected
+    /// by `h_out`.
+    fn through_svd(
+        &self,
+        h_in: &[f64],
+        v: &[f64],
+        h_out: &[f64],
+        diag: impl Fn(f64, f64) -> f64,
+    ) -> Vec<f64> {
+        let mut z = vec![0.0; h_in.len()];
+        householder(h_in, v, &mut z);
+        let mut dz = vec![0.0; h_out.len()];
         for i in 0..self.d.len() {
-            z[i] = self.d[i] * c[i] / (self.d[i] * self.d[i] + self.damp * self.damp);
+            dz[i] = diag(self.d[i], z[i]);
         }
-        let mut x = vec![0.0; self.n];
-        householder(&self.hz, &z, &mut x);
-        x
+        let mut y = vec![0.0; h_out.len()];
+        householder(h_out, &dz, &mut y);
+        y
     }
 
     /// Condition number of [A; damp I] (as the original driver prints it).

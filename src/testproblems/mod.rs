@@ -10,4 +10,10 @@ pub mod random;
 pub mod square;
 
 pub use lstp::Lstp;
-pub use random::{awkward_csr, runs_csr, with_negative_zeros};
+pub use random::{awkward_csr, random_square, runs_csr, with_negative_zeros};
+
+/// alpha p + beta y, entry by entry: the reference of a scaled product y <- alpha A x + beta y,
+/// with p = A x (or A^T y) computed plainly.
+pub fn axpby(alpha: f64, p: &[f64], beta: f64, y: &[f64]) -> Vec<f64> {
+    p.iter().zip(y).map(|(p, y)| alpha * p + beta * y).collect()
+}

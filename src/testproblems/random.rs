@@ -26,6 +26,25 @@ pub fn awkward_csr(m: usize, n: usize, seed: u64) -> Csr {
     Csr::from_triplets(m, n, &r, &c, &v).expect("generated entries are in range")
 }
 
+/// A random square matrix, not symmetric: `diag` on the diagonal and, per row, fewer than
+/// `extra` more entries uniform in [-0.5, 0.5) at random columns (a repeat is summed); for the
+/// partition and distributed GMRES tests.
+pub fn random_square(n: usize, diag: f64, extra: u64, seed: u64) -> Csr {
+    let mut rng = Rng::new(seed);
+    let (mut r, mut c, mut v) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        r.push(i as u64);
+        c.push(i as u64);
+        v.push(diag);
+        for _ in 0..rng.below(extra) {
+            r.push(i as u64);
+            c.push(rng.below(n as u64));
+            v.push(rng.uniform() - 0.5);
+        }
+    }
+    Csr::from_triplets(n, n, &r, &c, &v).expect("generated entries are in range")
+}
+
 /// A random sparse matrix in blocks of rows of one length, as damping blocks come: long rows,
 /// blocks of 1-5 entries per row both shorter and longer than a run
 /// ([`crate::sparse::runs::MIN_RUN_ROWS`]), empty rows, and values that are -0 (a row of few

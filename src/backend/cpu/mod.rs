@@ -707,18 +707,8 @@ mod tests {
             let x: Vec<f64> = (0..n).map(|i| (i as f64).sin()).collect();
             let y0: Vec<f64> = (0..m).map(|i| (i as f64).cos()).collect();
             let at = a.transpose();
-            let want_y: Vec<f64> = a
-                .matvec(&x)
-                .iter()
-                .zip(&y0)
-                .map(|(ax, y)| 2.0 * ax - 0.5 * y)
-                .collect();
-            let want_x: Vec<f64> = at
-                .matvec(&y0)
-                .iter()
-                .zip(&x)
-                .map(|(ay, x)| -1.0 * ay + 3.0 * x)
-                .collect();
+            let want_y = crate::testproblems::axpby(2.0, &a.matvec(&x), -0.5, &y0);
+            let want_x = crate::testproblems::axpby(-1.0, &at.matvec(&y0), 3.0, &x);
             // rows as the products choose, sorted by length in windows of 7 rows, kept as given
             let ops = [
                 (TransposeStrategy::Csc, RowSort::Auto),

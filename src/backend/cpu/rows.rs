@@ -265,11 +265,7 @@ mod tests {
             let x = crate::testproblems::with_negative_zeros(ncols, 5, &mut rng);
             let want = a.matvec(&x);
             let y0: Vec<f64> = (0..a.nrows()).map(|_| rng.uniform()).collect();
-            let scaled: Vec<f64> = want
-                .iter()
-                .zip(&y0)
-                .map(|(s, y)| -0.5 * s + 2.0 * y)
-                .collect();
+            let scaled = crate::testproblems::axpby(-0.5, &want, 2.0, &y0);
             // stored as given, and sorted by length in windows of 7 rows and of all rows
             let orders = [7, usize::MAX].map(|w| RowOrder::by_length(a.indptr(), w).unwrap());
             let stored = [None, Some(&orders[0]), Some(&orders[1])].map(|o| {
