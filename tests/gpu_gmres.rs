@@ -14,7 +14,7 @@ use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
 use seistomo::backend::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::backend::storage::Storage;
-use seistomo::backend::{Backend, Operator, Precision, Scale};
+use seistomo::backend::{Backend, Operator, Precision, ScalarSlots, Scale};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;

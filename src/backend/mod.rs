@@ -104,13 +104,28 @@ pub trait Backend: Send + Sync {
         self.norm_sq(w)
     }
 
-    // ---- Scalars kept on the backend ----
-    // GMRES's device-resident Arnoldi cycle (src/solver/gmres.rs, `ArnoldiLoop::Device`) keeps
-    // its inner products and norms in a vector `sc` of this backend (device memory on a GPU):
-    // kernels read their coefficients from there, nothing waits for the host, and the host
-    // reads the cycle's scalars once. The defaults round-trip through the host (correct for
-    // any backend); the CPU and CUDA backends work in place.
+    /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
+    /// iteration). The CPU backend hands the slice to `comm`; a GPU backend may stage it through
+    /// pinned host memory or reduce GPU to GPU.
+    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Vector) -> Result<()>;
+}
 
+/// What [`ScalarSlots::multi_axpy_measure_to`] writes of the updated w.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// basis[j] . w for every j (CGS2's first update fused with its second pass).
+    Dots,
+    /// The local sum of squares of w (the next basis vector's norm).
+    NormSq,
+}
+
+/// Scalars kept on the backend: GMRES's device-resident Arnoldi cycle (src/solver/gmres,
+/// `ArnoldiLoop::Device`) keeps its inner products and norms in a vector `sc` of this backend
+/// (device memory on a GPU): kernels read their coefficients from there, nothing waits for the
+/// host, and the host reads the cycle's scalars once. The defaults round-trip through the host
+/// (correct for any backend); the CPU and CUDA backends work in place. An extension of the
+/// BLAS-1 core ([`Backend`]) that the solvers needing it ask for.
+pub trait ScalarSlots: Backend {
     /// sc[at..at + k] = basis[j] . w (local), k = basis.len(): [`Backend::multi_dot`]'s values.
     fn multi_dot_to(
         &self,
@@ -123,36 +138,29 @@ pub trait Backend: Send + Sync {
         self.multi_dot(basis, w, &mut c)?;
         self.write_scalars(sc, at, &c)
     }
-    /// w -= sum_j sc[coef_at + j] basis[j], then sc[out_at..out_at + k] = basis[j] . w
-    /// ([`Backend::multi_axpy_dot`] with its coefficients and results in `sc`).
-    fn multi_axpy_dot_to(
+    /// w -= sum_j sc[coef_at + j] basis[j], then `then` of the updated w into sc[out_at..]:
+    /// [`Backend::multi_axpy_dot`]'s or [`Backend::multi_axpy_norm_sq`]'s values with their
+    /// coefficients and results in `sc`.
+    fn multi_axpy_measure_to(
         &self,
         basis: &[Self::Vector],
         w: &mut Self::Vector,
         sc: &mut Self::Vector,
-        coef_at: usize,
-        out_at: usize,
+        (coef_at, out_at): (usize, usize),
+        then: Measure,
     ) -> Result<()> {
         let k = basis.len();
-        let (mut c, mut out) = (vec![0.0; k], vec![0.0; k]);
+        let mut c = vec![0.0; k];
         self.read_scalars(sc, coef_at, &mut c)?;
-        self.multi_axpy_dot(&c, basis, w, &mut out)?;
+        let out = match then {
+            Measure::Dots => {
+                let mut out = vec![0.0; k];
+                self.multi_axpy_dot(&c, basis, w, &mut out)?;
+                out
+            }
+            Measure::NormSq => vec![self.multi_axpy_norm_sq(&c, basis, w)?],
+        };
         self.write_scalars(sc, out_at, &out)
-    }
-    /// w -= sum_j sc[coef_at + j] basis[j], then sc[out_at] = local sum of squares of w
-    /// ([`Backend::multi_axpy_norm_sq`] with its coefficients and result in `sc`).
-    fn multi_axpy_norm_sq_to(
-        &self,
-        basis: &[Self::Vector],
-        w: &mut Self::Vector,
-        sc: &mut Self::Vector,
-        coef_at: usize,
-        out_at: usize,
-    ) -> Result<()> {
-        let mut c = vec![0.0; basis.len()];
-        self.read_scalars(sc, coef_at, &mut c)?;
-        let nsq = self.multi_axpy_norm_sq(&c, basis, w)?;
-        self.write_scalars(sc, out_at, &[nsq])
     }
     /// y = x / sqrt(max(sc[at], 0)), the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.
     fn copy_inv_sqrt(
@@ -201,11 +209,6 @@ pub trait Backend: Send + Sync {
     fn defers_scalars(&self) -> bool {
         false
     }
-
-    /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
-    /// iteration). The CPU backend hands the slice to `comm`; a GPU backend may stage it through
-    /// pinned host memory or reduce GPU to GPU.
-    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Vector) -> Result<()>;
 }
 
 /// The scalars of one LSQR update of x and w (see [`Backend::lsqr_update`]).
@@ -275,7 +278,10 @@ pub trait Operator<B: Backend> {
         v: &mut B::Vector,
         d: Option<&B::Vector>,
         y: &mut B::Vector,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        B: ScalarSlots,
+    {
         normalized_by_pass(self, backend, (sc, at), x, v, d, y)
     }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
@@ -308,7 +314,7 @@ pub fn scaled_rows_by_pass<B: Backend, O: Operator<B> + ?Sized>(
 /// [`Operator::apply_normalized_scaled_rows`] in two steps: v = x / sqrt(max(sc[at], 0)) by
 /// [`Backend::copy_inv_sqrt`], then [`Operator::apply_scaled_rows`] of v (x as its scratch). The
 /// default, and the fallback of operators that fuse the normalisation where they can.
-pub fn normalized_by_pass<B: Backend, O: Operator<B> + ?Sized>(
+pub fn normalized_by_pass<B: ScalarSlots, O: Operator<B> + ?Sized>(
     op: &O,
     backend: &B,
     (sc, at): (&B::Vector, usize),

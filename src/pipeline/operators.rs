@@ -21,7 +21,9 @@ use crate::backend::cuda::{
 };
 use crate::backend::precond::Preconditioner;
 use crate::backend::storage::{Storage, StoredMatrix};
-use crate::backend::{AllreducePath, Backend, LsqrLoop, Operator, Precision, TransposeStrategy};
+use crate::backend::{
+    AllreducePath, Backend, LsqrLoop, Operator, Precision, ScalarSlots, TransposeStrategy,
+};
 use crate::comm::halo::CommVolume;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -160,7 +162,7 @@ pub struct SquareBuilt {
 /// Work on a square system's operator and preconditioner (GMRES).
 pub trait SquareVisitor {
     type Output;
-    fn visit<B: Backend + 'static, O: Operator<B>>(
+    fn visit<B: ScalarSlots + 'static, O: Operator<B>>(
         self,
         be: &B,
         op: &O,

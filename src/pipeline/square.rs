@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::backend::precond::Preconditioner;
 use crate::backend::precond::{PivotPolicy, TriSolve};
-use crate::backend::{AllreducePath, Backend, Operator};
+use crate::backend::{AllreducePath, Operator, ScalarSlots};
 use crate::comm::halo::CommVolume;
 use crate::comm::{partition_square_on, Comm};
 use crate::error::{Error, Result};
@@ -343,7 +343,7 @@ struct GmresRun<'a> {
 
 impl SquareVisitor for GmresRun<'_> {
     type Output = SquareSolve;
-    fn visit<B: Backend + 'static, O: Operator<B>>(
+    fn visit<B: ScalarSlots + 'static, O: Operator<B>>(
         self,
         be: &B,
         op: &O,

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::{Backend, Operator, Scale, TransposeStrategy, XwState, XwStep};
+use super::{Backend, Measure, Operator, ScalarSlots, Scale, TransposeStrategy, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::sparse::{Csr, RowOrder, RowRuns, RowSort};
@@ -317,72 +317,6 @@ impl Backend for CpuBackend {
         self.multi_reduce(basis, w.len(), out, |_r| {}, pw, false);
         Ok(())
     }
-    fn multi_dot_to(
-        &self,
-        basis: &[Vec<f64>],
-        w: &Vec<f64>,
-        sc: &mut Vec<f64>,
-        at: usize,
-    ) -> Result<()> {
-        self.multi_dot(basis, w, &mut sc[at..at + basis.len()])
-    }
-    fn multi_axpy_dot_to(
-        &self,
-        basis: &[Vec<f64>],
-        w: &mut Vec<f64>,
-        sc: &mut Vec<f64>,
-        coef_at: usize,
-        out_at: usize,
-    ) -> Result<()> {
-        let k = basis.len();
-        if coef_at + k <= out_at {
-            let (c, out) = sc.split_at_mut(out_at);
-            self.multi_axpy_dot(&c[coef_at..coef_at + k], basis, w, &mut out[..k])
-        } else {
-            let c = sc[coef_at..coef_at + k].to_vec();
-            self.multi_axpy_dot(&c, basis, w, &mut sc[out_at..out_at + k])
-        }
-    }
-    fn multi_axpy_norm_sq_to(
-        &self,
-        basis: &[Vec<f64>],
-        w: &mut Vec<f64>,
-        sc: &mut Vec<f64>,
-        coef_at: usize,
-        out_at: usize,
-    ) -> Result<()> {
-        sc[out_at] = self.multi_axpy_norm_sq(&sc[coef_at..coef_at + basis.len()], basis, w)?;
-        Ok(())
-    }
-    fn copy_inv_sqrt(
-        &self,
-        sc: &Vec<f64>,
-        at: usize,
-        x: &Vec<f64>,
-        y: &mut Vec<f64>,
-    ) -> Result<()> {
-        self.copy_scaled(1.0 / sc[at].max(0.0).sqrt(), x, y)
-    }
-    fn allreduce_scalars(
-        &self,
-        comm: &dyn Comm,
-        sc: &mut Vec<f64>,
-        at: usize,
-        len: usize,
-    ) -> Result<()> {
-        if comm.size() <= 1 {
-            return Ok(());
-        }
-        comm.allreduce_sum(&mut sc[at..at + len])
-    }
-    fn read_scalars(&self, sc: &Vec<f64>, at: usize, out: &mut [f64]) -> Result<()> {
-        out.copy_from_slice(&sc[at..at + out.len()]);
-        Ok(())
-    }
-    fn write_scalars(&self, sc: &mut Vec<f64>, at: usize, vals: &[f64]) -> Result<()> {
-        sc[at..at + vals.len()].copy_from_slice(vals);
-        Ok(())
-    }
     fn multi_axpy(&self, coeffs: &[f64], basis: &[Vec<f64>], w: &mut Vec<f64>) -> Result<()> {
         assert_eq!(coeffs.len(), basis.len());
         let n = w.len();
@@ -482,6 +416,71 @@ impl Backend for CpuBackend {
     }
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Vec<f64>) -> Result<()> {
         comm.allreduce_sum(x)
+    }
+}
+
+impl ScalarSlots for CpuBackend {
+    fn multi_dot_to(
+        &self,
+        basis: &[Vec<f64>],
+        w: &Vec<f64>,
+        sc: &mut Vec<f64>,
+        at: usize,
+    ) -> Result<()> {
+        self.multi_dot(basis, w, &mut sc[at..at + basis.len()])
+    }
+    fn multi_axpy_measure_to(
+        &self,
+        basis: &[Vec<f64>],
+        w: &mut Vec<f64>,
+        sc: &mut Vec<f64>,
+        (coef_at, out_at): (usize, usize),
+        then: Measure,
+    ) -> Result<()> {
+        let k = basis.len();
+        match then {
+            Measure::Dots if coef_at + k <= out_at => {
+                let (c, out) = sc.split_at_mut(out_at);
+                self.multi_axpy_dot(&c[coef_at..coef_at + k], basis, w, &mut out[..k])
+            }
+            Measure::Dots => {
+                let c = sc[coef_at..coef_at + k].to_vec();
+                self.multi_axpy_dot(&c, basis, w, &mut sc[out_at..out_at + k])
+            }
+            Measure::NormSq => {
+                sc[out_at] = self.multi_axpy_norm_sq(&sc[coef_at..coef_at + k], basis, w)?;
+                Ok(())
+            }
+        }
+    }
+    fn copy_inv_sqrt(
+        &self,
+        sc: &Vec<f64>,
+        at: usize,
+        x: &Vec<f64>,
+        y: &mut Vec<f64>,
+    ) -> Result<()> {
+        self.copy_scaled(1.0 / sc[at].max(0.0).sqrt(), x, y)
+    }
+    fn allreduce_scalars(
+        &self,
+        comm: &dyn Comm,
+        sc: &mut Vec<f64>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        if comm.size() <= 1 {
+            return Ok(());
+        }
+        comm.allreduce_sum(&mut sc[at..at + len])
+    }
+    fn read_scalars(&self, sc: &Vec<f64>, at: usize, out: &mut [f64]) -> Result<()> {
+        out.copy_from_slice(&sc[at..at + out.len()]);
+        Ok(())
+    }
+    fn write_scalars(&self, sc: &mut Vec<f64>, at: usize, vals: &[f64]) -> Result<()> {
+        sc[at..at + vals.len()].copy_from_slice(vals);
+        Ok(())
     }
 }
 

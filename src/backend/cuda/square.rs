@@ -28,7 +28,7 @@ use super::util::{up, Word};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;
-use crate::backend::{Backend, Operator, Precision, Scale, TransposeStrategy};
+use crate::backend::{Backend, Operator, Precision, ScalarSlots, Scale, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::sparse::patterns::{PatternLimits, RowPatterns};
@@ -376,7 +376,10 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         v: &mut DeviceVec,
         d: Option<&DeviceVec>,
         y: &mut DeviceVec,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        CudaBackend: ScalarSlots,
+    {
         let Product::Patterns(p) = &self.product else {
             return crate::backend::normalized_by_pass(self, be, (sc, at), x, v, d, y);
         };

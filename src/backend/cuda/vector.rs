@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 use super::backend::{CudaBackend, DeviceVec, MULTI_MAX, RED_MAX_BLOCKS};
 use super::error::Doing;
 use super::util::{arg, Word};
-use crate::backend::{Backend, XwState, XwStep};
+use crate::backend::{Backend, Measure, ScalarSlots, XwState, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -492,6 +492,39 @@ impl Backend for CudaBackend {
         self.multi_launch(basis, Some(coeffs), 2, pw, n, &mut out)?;
         Ok(out[0])
     }
+    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
+        if comm.size() <= 1 {
+            return Ok(());
+        }
+        if self.nccl.all_reduce(x)? {
+            return Ok(());
+        }
+        let mut guard = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.as_ref().is_none_or(|p| p.len() != x.len()) {
+            // SAFETY: the buffer is fully overwritten by the device-to-host copy below before
+            // it is read; flags 0 = ordinary (not write-combined) page-locked memory, which the
+            // host reads fast.
+            let p = unsafe { self.ctx.alloc_pinned_with_flags::<f64>(x.len(), 0) }
+                .doing("allocating page-locked host memory")?;
+            *guard = Some(p);
+        }
+        let p = guard.as_mut().expect("allocated above");
+        self.stream
+            .memcpy_dtoh(x, p)
+            .doing("copying a vector to the host")?;
+        // Event tracking is off in this backend, so the pinned slice does not wait for the
+        // copy by itself: synchronise the stream before the host reads it.
+        self.synchronize()?;
+        let h = p.as_mut_slice().doing("waiting for the copy")?;
+        comm.allreduce_sum(h)?;
+        self.stream
+            .memcpy_htod(p, x)
+            .doing("copying a vector to the device")?;
+        self.synchronize()
+    }
+}
+
+impl ScalarSlots for CudaBackend {
     fn multi_dot_to(
         &self,
         basis: &[CudaSlice<f64>],
@@ -507,25 +540,18 @@ impl Backend for CudaBackend {
         }
         Ok(())
     }
-    fn multi_axpy_dot_to(
+    fn multi_axpy_measure_to(
         &self,
         basis: &[CudaSlice<f64>],
         w: &mut CudaSlice<f64>,
         sc: &mut CudaSlice<f64>,
-        coef_at: usize,
-        out_at: usize,
+        at: (usize, usize),
+        then: Measure,
     ) -> Result<()> {
-        self.multi_axpy_to("multi_axpy_dot_to", 1, basis, w, sc, (coef_at, out_at))
-    }
-    fn multi_axpy_norm_sq_to(
-        &self,
-        basis: &[CudaSlice<f64>],
-        w: &mut CudaSlice<f64>,
-        sc: &mut CudaSlice<f64>,
-        coef_at: usize,
-        out_at: usize,
-    ) -> Result<()> {
-        self.multi_axpy_to("multi_axpy_norm_sq_to", 2, basis, w, sc, (coef_at, out_at))
+        match then {
+            Measure::Dots => self.multi_axpy_to("multi_axpy_dot_to", 1, basis, w, sc, at),
+            Measure::NormSq => self.multi_axpy_to("multi_axpy_norm_sq_to", 2, basis, w, sc, at),
+        }
     }
     fn copy_inv_sqrt(
         &self,
@@ -582,35 +608,5 @@ impl Backend for CudaBackend {
     }
     fn defers_scalars(&self) -> bool {
         true
-    }
-    fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
-        if comm.size() <= 1 {
-            return Ok(());
-        }
-        if self.nccl.all_reduce(x)? {
-            return Ok(());
-        }
-        let mut guard = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.as_ref().is_none_or(|p| p.len() != x.len()) {
-            // SAFETY: the buffer is fully overwritten by the device-to-host copy below before
-            // it is read; flags 0 = ordinary (not write-combined) page-locked memory, which the
-            // host reads fast.
-            let p = unsafe { self.ctx.alloc_pinned_with_flags::<f64>(x.len(), 0) }
-                .doing("allocating page-locked host memory")?;
-            *guard = Some(p);
-        }
-        let p = guard.as_mut().expect("allocated above");
-        self.stream
-            .memcpy_dtoh(x, p)
-            .doing("copying a vector to the host")?;
-        // Event tracking is off in this backend, so the pinned slice does not wait for the
-        // copy by itself: synchronise the stream before the host reads it.
-        self.synchronize()?;
-        let h = p.as_mut_slice().doing("waiting for the copy")?;
-        comm.allreduce_sum(h)?;
-        self.stream
-            .memcpy_htod(p, x)
-            .doing("copying a vector to the device")?;
-        self.synchronize()
     }
 }

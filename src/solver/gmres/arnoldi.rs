@@ -10,13 +10,13 @@ use super::stopping::Progress;
 use super::workspace::{gnorm_robust, sc_stride, GmresWorkspace};
 use super::Orthog;
 use crate::backend::precond::Preconditioner;
-use crate::backend::{Backend, Operator, Scale};
+use crate::backend::{Measure, Operator, ScalarSlots, Scale};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// The operator, the preconditioner and the communicator of a solve, and the side M^-1 is
 /// applied on.
-pub(super) struct Problem<'a, B: Backend, O, P: ?Sized> {
+pub(super) struct Problem<'a, B: ScalarSlots, O, P: ?Sized> {
     pub(super) be: &'a B,
     pub(super) op: &'a O,
     pub(super) pc: &'a mut P,
@@ -75,7 +75,7 @@ impl CycleEnd {
 
 impl<B, O, P> Problem<'_, B, O, P>
 where
-    B: Backend,
+    B: ScalarSlots,
     O: Operator<B>,
     P: Preconditioner<B> + ?Sized,
 {
@@ -268,13 +268,13 @@ where
             be.multi_dot_to(vl, w, sc, c)?;
             be.allreduce_scalars(comm, sc, c, j + 1)?;
             let last = if orthog == Orthog::Cgs2 {
-                be.multi_axpy_dot_to(vl, w, sc, c, c + ld)?;
+                be.multi_axpy_measure_to(vl, w, sc, (c, c + ld), Measure::Dots)?;
                 be.allreduce_scalars(comm, sc, c + ld, j + 1)?;
                 c + ld
             } else {
                 c
             };
-            be.multi_axpy_norm_sq_to(vl, w, sc, last, nsq)?;
+            be.multi_axpy_measure_to(vl, w, sc, (last, nsq), Measure::NormSq)?;
             be.allreduce_scalars(comm, sc, nsq, 1)?;
             if fuse && j + 1 < steps {
                 pending = Some(nsq);

@@ -1,10 +1,10 @@
-//! Restarted GMRES(m) (Saad & Schultz 1986) over [`Backend`], [`Operator`] and [`Comm`], for
+//! Restarted GMRES(m) (Saad & Schultz 1986) over [`crate::backend::Backend`] (with [`ScalarSlots`]), [`Operator`] and [`Comm`], for
 //! square systems A x = b whose rows (and x, b) are distributed over ranks.
 //!
 //! - Arnoldi by modified Gram-Schmidt (one reduction per basis vector) or by classical
 //!   Gram-Schmidt applied twice (CGS2: each pass is one batch of j+1 inner products and ONE
 //!   [`Comm::allreduce_sum`] of them; the update of one pass is fused with the inner products
-//!   of the next, [`Backend::multi_axpy_dot`] and [`Backend::multi_axpy_norm_sq`], so a step
+//!   of the next, [`crate::backend::Backend::multi_axpy_dot`] and [`crate::backend::Backend::multi_axpy_norm_sq`], so a step
 //!   reads the basis three times).
 //! - Givens rotations and the small triangular solve on the host.
 //! - Left (minimise ||M^-1 (b - A x)||) or right (A M^-1 u = b, x = M^-1 u) preconditioning.
@@ -43,7 +43,7 @@ pub use workspace::GmresWorkspace;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::precond::Preconditioner;
-use crate::backend::{Backend, Operator};
+use crate::backend::{Operator, ScalarSlots};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -115,7 +115,7 @@ pub enum ArnoldiLoop {
     /// Every inner product comes back to the host as it is computed; the stopping test runs
     /// after every step (two or three host synchronisations per step on a GPU).
     Host,
-    /// The cycle's inner products and norms stay on the backend ([`Backend::multi_dot_to`]):
+    /// The cycle's inner products and norms stay on the backend ([`ScalarSlots::multi_dot_to`]):
     /// kernels read their coefficients there, the host reads a whole cycle's scalars once and
     /// then runs the rotations and stopping tests step by step, exactly as the host loop
     /// does. Steps computed after the one where the test fires are discarded, so iterations,
@@ -302,7 +302,7 @@ pub fn gmres<B, O, P>(
     monitor: &mut dyn GmresMonitor,
 ) -> Result<GmresSolution>
 where
-    B: Backend,
+    B: ScalarSlots,
     O: Operator<B>,
     P: Preconditioner<B> + ?Sized,
 {

@@ -9,7 +9,7 @@ use super::stopping::{Outcome, Progress, Residuals, StopRule};
 use super::workspace::{gnorm_robust, GmresWorkspace};
 use super::{ArnoldiLoop, GmresInfo, GmresMonitor, GmresParams, Orthog, PrecondSide};
 use crate::backend::precond::Preconditioner;
-use crate::backend::{Backend, Operator};
+use crate::backend::{Operator, ScalarSlots};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -29,7 +29,7 @@ pub fn gmres_solve<B, O, P>(
     monitor: &mut dyn GmresMonitor,
 ) -> Result<GmresInfo>
 where
-    B: Backend,
+    B: ScalarSlots,
     O: Operator<B>,
     P: Preconditioner<B> + ?Sized,
 {
@@ -107,7 +107,7 @@ where
 }
 
 /// b = 0: x = 0 is the exact solution (one record of history, iteration 0).
-fn zero_rhs<B: Backend>(
+fn zero_rhs<B: ScalarSlots>(
     be: &B,
     x: &mut B::Vector,
     params: &GmresParams,
@@ -133,7 +133,7 @@ fn zero_rhs<B: Backend>(
 }
 
 /// The parameter checks and that the operator, b, x and the workspace fit together.
-fn check_sizes<B: Backend, O: Operator<B>>(
+fn check_sizes<B: ScalarSlots, O: Operator<B>>(
     be: &B,
     op: &O,
     b: &B::Vector,
@@ -168,7 +168,7 @@ fn check_sizes<B: Backend, O: Operator<B>>(
 
 /// Whether the cycles run in the device loop (asked for, or `auto` on a backend that keeps
 /// its scalars away from the host, with cgs or cgs2).
-fn device_loop<B: Backend>(be: &B, params: &GmresParams) -> bool {
+fn device_loop<B: ScalarSlots>(be: &B, params: &GmresParams) -> bool {
     match params.arnoldi_loop {
         ArnoldiLoop::Host => false,
         ArnoldiLoop::Device => true,
@@ -187,7 +187,7 @@ fn precond_rhs_norm<B, O, P>(
     bnorm: f64,
 ) -> Result<f64>
 where
-    B: Backend,
+    B: ScalarSlots,
     O: Operator<B>,
     P: Preconditioner<B> + ?Sized,
 {
