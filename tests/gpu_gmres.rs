@@ -14,7 +14,7 @@ use seistomo::backend::cpu::CpuBackend;
 use seistomo::backend::cuda::{CudaBackend, CudaIluSweeps, CudaSquareOperator};
 use seistomo::backend::precond::{BlockIlu0, PivotPolicy, Preconditioner, TriSolve};
 use seistomo::backend::storage::Storage;
-use seistomo::backend::{Backend, Operator, Precision, ScalarSlots, Scale};
+use seistomo::backend::{Backend, Measure, Operator, Precision, ScalarSlots, Scale};
 use seistomo::comm::{Comm, SerialComm};
 use seistomo::io::mtx;
 use seistomo::partition::graph::RowPartition;
@@ -96,11 +96,11 @@ fn batched_gram_schmidt_kernels_match_cpu() {
             // multi_axpy_dot
             let mut wc = w_h.clone();
             let mut want = vec![0.0; k];
-            cpu.multi_axpy_dot(&coef, &basis_h, &mut wc, &mut want)
+            cpu.multi_axpy_measure(&coef, &basis_h, &mut wc, Measure::Dots, &mut want)
                 .unwrap();
             let mut wd = be.upload(&w_h).unwrap();
             let mut got = vec![0.0; k];
-            be.multi_axpy_dot(&coef, &basis_d, &mut wd, &mut got)
+            be.multi_axpy_measure(&coef, &basis_d, &mut wd, Measure::Dots, &mut got)
                 .unwrap();
             let wg = down(&be, &wd);
             assert!(
@@ -116,9 +116,13 @@ fn batched_gram_schmidt_kernels_match_cpu() {
 
             // multi_axpy_norm_sq
             let mut wc = w_h.clone();
-            let want = cpu.multi_axpy_norm_sq(&coef, &basis_h, &mut wc).unwrap();
+            let (mut want, mut got) = ([0.0], [0.0]);
+            cpu.multi_axpy_measure(&coef, &basis_h, &mut wc, Measure::NormSq, &mut want)
+                .unwrap();
             let mut wd = be.upload(&w_h).unwrap();
-            let got = be.multi_axpy_norm_sq(&coef, &basis_d, &mut wd).unwrap();
+            be.multi_axpy_measure(&coef, &basis_d, &mut wd, Measure::NormSq, &mut got)
+                .unwrap();
+            let (want, got) = (want[0], got[0]);
             assert!(
                 (got - want).abs() <= 1e-13 * want,
                 "norm n={n} k={k}: {got:e} vs {want:e}"

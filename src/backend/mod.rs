@@ -81,27 +81,26 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// w -= sum_j coeffs[j] basis[j], then out[j] = basis[j] . w with the updated w (CGS2's
-    /// first update fused with its second pass of inner products: one pass over the basis).
-    fn multi_axpy_dot(
+    /// w -= sum_j coeffs[j] basis[j], then `then` of the updated w into `out`, in one pass
+    /// over the basis: `Dots`, out[j] = basis[j] . w for every j (CGS2's first update fused
+    /// with its second pass of inner products); `NormSq`, out[0] = the local sum of squares of w
+    /// (the next basis vector's norm).
+    fn multi_axpy_measure(
         &self,
         coeffs: &[f64],
         basis: &[Self::Vector],
         w: &mut Self::Vector,
+        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
         self.multi_axpy(coeffs, basis, w)?;
-        self.multi_dot(basis, w, out)
-    }
-    /// w -= sum_j coeffs[j] basis[j]; returns the local sum of squares of the updated w.
-    fn multi_axpy_norm_sq(
-        &self,
-        coeffs: &[f64],
-        basis: &[Self::Vector],
-        w: &mut Self::Vector,
-    ) -> Result<f64> {
-        self.multi_axpy(coeffs, basis, w)?;
-        self.norm_sq(w)
+        match then {
+            Measure::Dots => self.multi_dot(basis, w, out),
+            Measure::NormSq => {
+                out[0] = self.norm_sq(w)?;
+                Ok(())
+            }
+        }
     }
 
     /// Sum a vector over all ranks in place (the one vector reduction of a distributed LSQR
@@ -110,7 +109,7 @@ pub trait Backend: Send + Sync {
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Vector) -> Result<()>;
 }
 
-/// What [`ScalarSlots::multi_axpy_measure_to`] writes of the updated w.
+/// What [`Backend::multi_axpy_measure`] writes of the updated w.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Measure {
     /// basis[j] . w for every j (CGS2's first update fused with its second pass).
@@ -139,8 +138,7 @@ pub trait ScalarSlots: Backend {
         self.write_scalars(sc, at, &c)
     }
     /// w -= sum_j sc[coef_at + j] basis[j], then `then` of the updated w into sc[out_at..]:
-    /// [`Backend::multi_axpy_dot`]'s or [`Backend::multi_axpy_norm_sq`]'s values with their
-    /// coefficients and results in `sc`.
+    /// [`Backend::multi_axpy_measure`] with its coefficients and results in `sc`.
     fn multi_axpy_measure_to(
         &self,
         basis: &[Self::Vector],
@@ -152,14 +150,8 @@ pub trait ScalarSlots: Backend {
         let k = basis.len();
         let mut c = vec![0.0; k];
         self.read_scalars(sc, coef_at, &mut c)?;
-        let out = match then {
-            Measure::Dots => {
-                let mut out = vec![0.0; k];
-                self.multi_axpy_dot(&c, basis, w, &mut out)?;
-                out
-            }
-            Measure::NormSq => vec![self.multi_axpy_norm_sq(&c, basis, w)?],
-        };
+        let mut out = vec![0.0; if then == Measure::Dots { k } else { 1 }];
+        self.multi_axpy_measure(&c, basis, w, then, &mut out)?;
         self.write_scalars(sc, out_at, &out)
     }
     /// y = x / sqrt(max(sc[at], 0)), the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.

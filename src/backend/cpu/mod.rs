@@ -328,14 +328,20 @@ impl Backend for CpuBackend {
         });
         Ok(())
     }
-    fn multi_axpy_dot(
+    fn multi_axpy_measure(
         &self,
         coeffs: &[f64],
         basis: &[Vec<f64>],
         w: &mut Vec<f64>,
+        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
-        assert!(coeffs.len() == basis.len() && out.len() == basis.len());
+        let outs = if then == Measure::Dots {
+            basis.len()
+        } else {
+            1
+        };
+        assert!(coeffs.len() == basis.len() && out.len() == outs);
         let n = w.len();
         let p = SharedMut(w.as_mut_ptr());
         self.multi_reduce(
@@ -348,33 +354,9 @@ impl Backend for CpuBackend {
                 axpy_chunk(coeffs, basis, r, ws);
             },
             p,
-            false,
+            then == Measure::NormSq,
         );
         Ok(())
-    }
-    fn multi_axpy_norm_sq(
-        &self,
-        coeffs: &[f64],
-        basis: &[Vec<f64>],
-        w: &mut Vec<f64>,
-    ) -> Result<f64> {
-        assert_eq!(coeffs.len(), basis.len());
-        let n = w.len();
-        let p = SharedMut(w.as_mut_ptr());
-        let mut out = [0.0f64];
-        self.multi_reduce(
-            basis,
-            n,
-            &mut out,
-            |r| {
-                // SAFETY: multi_reduce hands each chunk to exactly one call: disjoint ranges.
-                let ws = unsafe { p.slice(r.clone()) };
-                axpy_chunk(coeffs, basis, r, ws);
-            },
-            p,
-            true,
-        );
-        Ok(out[0])
     }
     fn norm_sq(&self, x: &Vec<f64>) -> Result<f64> {
         Ok(self.reduce(x.len(), |r| {
@@ -441,15 +423,12 @@ impl ScalarSlots for CpuBackend {
         match then {
             Measure::Dots if coef_at + k <= out_at => {
                 let (c, out) = sc.split_at_mut(out_at);
-                self.multi_axpy_dot(&c[coef_at..coef_at + k], basis, w, &mut out[..k])
+                self.multi_axpy_measure(&c[coef_at..coef_at + k], basis, w, then, &mut out[..k])
             }
-            Measure::Dots => {
+            _ => {
                 let c = sc[coef_at..coef_at + k].to_vec();
-                self.multi_axpy_dot(&c, basis, w, &mut sc[out_at..out_at + k])
-            }
-            Measure::NormSq => {
-                sc[out_at] = self.multi_axpy_norm_sq(&sc[coef_at..coef_at + k], basis, w)?;
-                Ok(())
+                let outs = if then == Measure::Dots { k } else { 1 };
+                self.multi_axpy_measure(&c, basis, w, then, &mut sc[out_at..out_at + outs])
             }
         }
     }
@@ -686,14 +665,17 @@ mod tests {
                 assert_eq!(bits(&w), bits(&wr), "multi_axpy n={n} k={k}");
 
                 let mut w = w0.clone();
-                be.multi_axpy_dot(&c, &basis, &mut w, &mut out).unwrap();
+                be.multi_axpy_measure(&c, &basis, &mut w, Measure::Dots, &mut out)
+                    .unwrap();
                 assert_eq!(bits(&w), bits(&wr));
                 assert_eq!(bits(&out), bits(&dots(&wr)), "multi_axpy_dot n={n} k={k}");
 
                 let mut w = w0.clone();
-                let nn = be.multi_axpy_norm_sq(&c, &basis, &mut w).unwrap();
+                let mut nn = [0.0];
+                be.multi_axpy_measure(&c, &basis, &mut w, Measure::NormSq, &mut nn)
+                    .unwrap();
                 assert_eq!(bits(&w), bits(&wr));
-                assert_eq!(nn.to_bits(), be.norm_sq(&wr).unwrap().to_bits());
+                assert_eq!(nn[0].to_bits(), be.norm_sq(&wr).unwrap().to_bits());
             }
         }
     }

@@ -457,40 +457,35 @@ impl Backend for CudaBackend {
         self.check_len("multi_axpy", coeffs.len(), basis.len())?;
         self.multi_axpy_chunks(coeffs, basis, w)
     }
-    fn multi_axpy_dot(
+    fn multi_axpy_measure(
         &self,
         coeffs: &[f64],
         basis: &[CudaSlice<f64>],
         w: &mut CudaSlice<f64>,
+        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
-        self.check_len("multi_axpy_dot", coeffs.len(), basis.len())?;
-        self.check_len("multi_axpy_dot", out.len(), basis.len())?;
-        if basis.is_empty() {
+        let (what, outs, mode) = match then {
+            Measure::Dots => ("multi_axpy_dot", basis.len(), 1),
+            Measure::NormSq => ("multi_axpy_norm_sq", 1, 2),
+        };
+        self.check_len(what, coeffs.len(), basis.len())?;
+        self.check_len(what, out.len(), outs)?;
+        if basis.is_empty() && then == Measure::Dots {
             return Ok(());
         }
-        if basis.len() > MULTI_MAX {
-            self.multi_axpy_chunks(coeffs, basis, w)?;
-            return self.multi_dot(basis, w, out);
-        }
-        let (pw, n) = (self.ptr(w), w.len());
-        self.multi_launch(basis, Some(coeffs), 1, pw, n, out)
-    }
-    fn multi_axpy_norm_sq(
-        &self,
-        coeffs: &[f64],
-        basis: &[CudaSlice<f64>],
-        w: &mut CudaSlice<f64>,
-    ) -> Result<f64> {
-        self.check_len("multi_axpy_norm_sq", coeffs.len(), basis.len())?;
         if basis.is_empty() || basis.len() > MULTI_MAX {
             self.multi_axpy_chunks(coeffs, basis, w)?;
-            return self.norm_sq(w);
+            return match then {
+                Measure::Dots => self.multi_dot(basis, w, out),
+                Measure::NormSq => {
+                    out[0] = self.norm_sq(w)?;
+                    Ok(())
+                }
+            };
         }
-        let mut out = [0f64; 1];
         let (pw, n) = (self.ptr(w), w.len());
-        self.multi_launch(basis, Some(coeffs), 2, pw, n, &mut out)?;
-        Ok(out[0])
+        self.multi_launch(basis, Some(coeffs), mode, pw, n, out)
     }
     fn allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         if comm.size() <= 1 {

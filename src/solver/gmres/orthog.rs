@@ -12,7 +12,7 @@
 use super::lsq::Givens;
 use super::workspace::{gnorm, GmresWorkspace};
 use super::Orthog;
-use crate::backend::Backend;
+use crate::backend::{Backend, Measure};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -61,7 +61,10 @@ pub(super) struct GsStep<'a, B: Backend> {
 impl<B: Backend> GsStep<'_, B> {
     /// w -= V c, then ||w|| (one fused pass, one reduction).
     fn subtract_and_norm(&mut self, c: &[f64]) -> Result<f64> {
-        let nsq = self.be.multi_axpy_norm_sq(c, self.basis, self.w)?;
+        let mut nsq = [0.0];
+        self.be
+            .multi_axpy_measure(c, self.basis, self.w, Measure::NormSq, &mut nsq)?;
+        let nsq = nsq[0];
         Ok(self.comm.allreduce_scalar(nsq)?.max(0.0).sqrt())
     }
 }
@@ -99,7 +102,7 @@ pub(super) fn orthogonalize_cgs2<B: Backend>(
 ) -> Result<f64> {
     s.be.multi_dot(s.basis, s.w, c)?;
     s.comm.allreduce_sum(c)?;
-    s.be.multi_axpy_dot(c, s.basis, s.w, c2)?;
+    s.be.multi_axpy_measure(c, s.basis, s.w, Measure::Dots, c2)?;
     s.comm.allreduce_sum(c2)?;
     for ((hi, a), b) in col.iter_mut().zip(c.iter()).zip(c2.iter()) {
         *hi = a + b;
