@@ -53,29 +53,26 @@ slowness_unit = \"s/m\"
 reference = \"mean\"
 cells = \"$REPO/datasets/australia/cells.txt\""
 run au "$BIN" -q invert "$OUT/au.toml"
-for st in auto csr compact; do for pr in f64 f32; do
- [ $st = csr ] && [ $pr = f32 ] && [ $BK = cpu ] && continue
- cfg syn-$st-$pr "[dataset]
+# the synthetic dataset: `syn NAME ITERS [KEY = VALUE lines of [backend] or [solver]]`
+syn() {
+  local name=$1 iters=$2; shift 2
+  cfg "$name" "[dataset]
 path = \"$S/dataset.toml\"
 [solver]
 atol = 1e-8
 btol = 1e-8
-iter_lim = 400
+iter_lim = $iters
+$(printf '%s\n' "${@}" | grep -v '^storage\|^precision')
 [backend]
 kind = \"$BK\"
-storage = \"$st\"
-precision = \"$pr\""
- run syn-$st-$pr "$BIN" -q invert "$OUT/syn-$st-$pr.toml"
+$(printf '%s\n' "${@}" | grep '^storage\|^precision')"
+  run "$name" "$BIN" -q invert "$OUT/$name.toml"
+}
+for st in auto csr compact; do for pr in f64 f32; do
+ [ $st = csr ] && [ $pr = f32 ] && [ $BK = cpu ] && continue
+ syn syn-$st-$pr 400 "storage = \"$st\"" "precision = \"$pr\""
 done; done
-cfg syn-colscale "[dataset]
-path = \"$S/dataset.toml\"
-[solver]
-iter_lim = 300
-col_scale = true
-reorder = \"none\"
-[backend]
-kind = \"$BK\""
-run syn-colscale "$BIN" -q invert "$OUT/syn-colscale.toml"
+syn syn-colscale 300 "col_scale = true" "reorder = \"none\""
 mkdir -p "$OUT/solve-au"
 run solve-au "$BIN" -q solve --matrix datasets/australia/G.mtx.gz --rhs datasets/australia/d.txt --reg datasets/australia/R.mtx.gz --reg-weight 0.015 --atol 1e-8 --btol 1e-8 --backend $BK --solution "$OUT/solve-au/x.txt" --report "$OUT/solve-au/report.json" --history "$OUT/solve-au/history.csv" --variance "$OUT/solve-au/var.txt"
 mkdir -p "$OUT/solve-au-compact"

@@ -96,11 +96,11 @@ fn batched_gram_schmidt_kernels_match_cpu() {
             // multi_axpy_dot
             let mut wc = w_h.clone();
             let mut want = vec![0.0; k];
-            cpu.multi_axpy_measure(&coef, &basis_h, &mut wc, Measure::Dots, &mut want)
+            cpu.multi_axpy_measure(Measure::Dots, &coef, &basis_h, &mut wc, &mut want)
                 .unwrap();
             let mut wd = be.upload(&w_h).unwrap();
             let mut got = vec![0.0; k];
-            be.multi_axpy_measure(&coef, &basis_d, &mut wd, Measure::Dots, &mut got)
+            be.multi_axpy_measure(Measure::Dots, &coef, &basis_d, &mut wd, &mut got)
                 .unwrap();
             let wg = down(&be, &wd);
             assert!(
@@ -117,10 +117,10 @@ fn batched_gram_schmidt_kernels_match_cpu() {
             // multi_axpy_norm_sq
             let mut wc = w_h.clone();
             let (mut want, mut got) = ([0.0], [0.0]);
-            cpu.multi_axpy_measure(&coef, &basis_h, &mut wc, Measure::NormSq, &mut want)
+            cpu.multi_axpy_measure(Measure::NormSq, &coef, &basis_h, &mut wc, &mut want)
                 .unwrap();
             let mut wd = be.upload(&w_h).unwrap();
-            be.multi_axpy_measure(&coef, &basis_d, &mut wd, Measure::NormSq, &mut got)
+            be.multi_axpy_measure(Measure::NormSq, &coef, &basis_d, &mut wd, &mut got)
                 .unwrap();
             let (want, got) = (want[0], got[0]);
             assert!(
@@ -262,6 +262,11 @@ fn solve_gpu_as(
     .unwrap()
 }
 
+/// "N its relres R" of a solve.
+fn its(s: &SquareSolve) -> String {
+    format!("{} its relres {:.3e}", s.info.stop.iterations, s.info.stop.relres)
+}
+
 /// [`solve_gpu_as`] with the default storage (auto: row patterns where the rows qualify).
 fn solve_gpu(
     be: &CudaBackend,
@@ -351,13 +356,12 @@ fn split_halo_product_matches_the_whole_one() {
                 ]
                 .iter()
                 .map(|&(storage, overlap)| {
-                    let op = CudaSquareOperator::with_overlap(
+                    let op = CudaSquareOperator::new(
                         &be,
                         &cpu,
                         c,
-                        Precision::F64,
-                        storage,
-                        overlap,
+                        (Precision::F64, storage),
+                        Some(overlap),
                     )
                     .unwrap();
                     if storage == Storage::Compact {
@@ -465,7 +469,8 @@ fn row_patterns_match_their_reference_and_csr() {
         for prec in [Precision::F64, Precision::F32] {
             let host = RowPatterns::from_csr(a, prec, PatternLimits::default()).unwrap();
             let op =
-                CudaSquareOperator::new(&be, &cpu, &SerialComm, prec, Storage::Compact).unwrap();
+                CudaSquareOperator::new(&be, &cpu, &SerialComm, (prec, Storage::Compact), None)
+                    .unwrap();
             assert_eq!(op.storage(), host.describe());
             let r = host.matvec(&x);
             let want: Vec<f64> = r
@@ -526,13 +531,7 @@ fn row_patterns_match_their_reference_and_csr() {
             };
             let (c, g, auto) = (run(Storage::Csr), run(Storage::Compact), run(Storage::Auto));
             let what = format!("{pc} {prec}");
-            println!(
-                "{what}: csr {} its relres {:.3e}; row patterns {} its relres {:.3e}",
-                c.info.stop.iterations,
-                c.info.stop.relres,
-                g.info.stop.iterations,
-                g.info.stop.relres
-            );
+            println!("{what}: csr {}; row patterns {}", its(&c), its(&g));
             assert_eq!(c.storage, "csr");
             assert!(
                 g.storage.starts_with("row patterns"),
@@ -554,16 +553,28 @@ fn row_patterns_match_their_reference_and_csr() {
     assert!(RowPatterns::from_csr(&ws, Precision::F64, PatternLimits::default()).is_err());
     {
         let cpu = DistSquareOperator::serial(ws.clone(), &SerialComm).unwrap();
-        let e = CudaSquareOperator::new(&be, &cpu, &SerialComm, Precision::F64, Storage::Compact)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = CudaSquareOperator::new(
+            &be,
+            &cpu,
+            &SerialComm,
+            (Precision::F64, Storage::Compact),
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("row patterns") && e.contains("--storage csr"),
             "{e}"
         );
-        let op =
-            CudaSquareOperator::new(&be, &cpu, &SerialComm, Precision::F64, Storage::Auto).unwrap();
+        let op = CudaSquareOperator::new(
+            &be,
+            &cpu,
+            &SerialComm,
+            (Precision::F64, Storage::Auto),
+            None,
+        )
+        .unwrap();
         assert_eq!(op.storage(), "csr");
     }
 }
@@ -682,7 +693,7 @@ fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
         (Precision::F64, Storage::Compact),
         (Precision::F32, Storage::Compact),
     ] {
-        let op = CudaSquareOperator::new(&be, &cpu, &SerialComm, prec, storage).unwrap();
+        let op = CudaSquareOperator::new(&be, &cpu, &SerialComm, (prec, storage), None).unwrap();
         let (mut t, mut y1, mut y2) = (
             be.zeros(n).unwrap(),
             be.zeros(n).unwrap(),
@@ -718,13 +729,7 @@ fn fused_jacobi_and_device_arnoldi_loop_match_the_host_path() {
                     let d = solve_gpu(&be, &SerialComm, &a, &part, pc, &p(ArnoldiLoop::Device));
                     let auto = solve_gpu(&be, &SerialComm, &a, &part, pc, &p(ArnoldiLoop::Auto));
                     let what = format!("{pc} {orthog:?} {side:?} max_iter {max_iter}");
-                    println!(
-                        "{what}: host {} its relres {:.3e}; device {} its relres {:.3e}",
-                        h.info.stop.iterations,
-                        h.info.stop.relres,
-                        d.info.stop.iterations,
-                        d.info.stop.relres
-                    );
+                    println!("{what}: host {}; device {}", its(&h), its(&d));
                     assert_eq!(d.info.arnoldi_loop, ArnoldiLoop::Device, "{what}");
                     assert_eq!(auto.info.arnoldi_loop, ArnoldiLoop::Device, "{what}");
                     assert_eq!(d.info.stop, h.info.stop, "{what}");

@@ -25,7 +25,7 @@ use seistomo::partition::graph::RowPartition;
 use seistomo::pipeline::operators::{choose_backend, resolve_storage, Engine, SquareSystem};
 use seistomo::pipeline::options::{BackendChoice, OperatorSpec};
 use seistomo::pipeline::prepare::{prepare, Layout};
-use seistomo::pipeline::solve::{solve_recorded, LsqrJob, Recorder};
+use seistomo::pipeline::solve::{solve, LsqrJob, Recorder, Watch};
 use seistomo::pipeline::square::gmres_square;
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
@@ -310,12 +310,12 @@ fn lsqr<'py>(
             let job = LsqrJob {
                 params: &params,
                 spec: &spec,
-                progress_every: 0,
                 checkpoint: None,
                 setup_started,
             };
-            let o = solve_recorded(&engine, &why, p, &job, &SerialComm, &mut mon)
-                .map_err(|e| mon.error(e))?;
+            let watch = Watch::Recorder(&mut mon);
+            let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
+            let o = o.map_err(|e| mon.error(e))?;
             let what = format!("{}: {} ({why})", engine.name(), engine.describe());
             Ok((o.solution, what))
         })

@@ -87,10 +87,10 @@ pub trait Backend: Send + Sync {
     /// (the next basis vector's norm).
     fn multi_axpy_measure(
         &self,
+        then: Measure,
         coeffs: &[f64],
         basis: &[Self::Vector],
         w: &mut Self::Vector,
-        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
         self.multi_axpy(coeffs, basis, w)?;
@@ -151,7 +151,7 @@ pub trait ScalarSlots: Backend {
         let mut c = vec![0.0; k];
         self.read_scalars(sc, coef_at, &mut c)?;
         let mut out = vec![0.0; if then == Measure::Dots { k } else { 1 }];
-        self.multi_axpy_measure(&c, basis, w, then, &mut out)?;
+        self.multi_axpy_measure(then, &c, basis, w, &mut out)?;
         self.write_scalars(sc, out_at, &out)
     }
     /// y = x / sqrt(max(sc[at], 0)), the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.
@@ -255,7 +255,7 @@ pub trait Operator<B: Backend> {
         t: &mut B::Vector,
         y: &mut B::Vector,
     ) -> Result<()> {
-        scaled_rows_by_pass(self, backend, x, d, t, y)
+        scaled_rows_by_pass(self, backend, (x, d), (t, y))
     }
     /// GMRES's next basis vector normalised by the product that reads it: v = x / sqrt(max(
     /// sc[at], 0)) (the scale as [`Backend::copy_inv_sqrt`] computes it) is written to `v`, and
@@ -274,7 +274,7 @@ pub trait Operator<B: Backend> {
     where
         B: ScalarSlots,
     {
-        normalized_by_pass(self, backend, (sc, at), x, v, d, y)
+        normalized_by_pass(self, backend, (sc, at), (x, v), (d, y))
     }
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
@@ -289,10 +289,8 @@ pub trait Operator<B: Backend> {
 pub fn scaled_rows_by_pass<B: Backend, O: Operator<B> + ?Sized>(
     op: &O,
     backend: &B,
-    x: &B::Vector,
-    d: Option<&B::Vector>,
-    t: &mut B::Vector,
-    y: &mut B::Vector,
+    (x, d): (&B::Vector, Option<&B::Vector>),
+    (t, y): (&mut B::Vector, &mut B::Vector),
 ) -> Result<()> {
     match d {
         None => op.apply(backend, Scale::SET, x, y),
@@ -310,10 +308,8 @@ pub fn normalized_by_pass<B: ScalarSlots, O: Operator<B> + ?Sized>(
     op: &O,
     backend: &B,
     (sc, at): (&B::Vector, usize),
-    x: &mut B::Vector,
-    v: &mut B::Vector,
-    d: Option<&B::Vector>,
-    y: &mut B::Vector,
+    (x, v): (&mut B::Vector, &mut B::Vector),
+    (d, y): (Option<&B::Vector>, &mut B::Vector),
 ) -> Result<()> {
     backend.copy_inv_sqrt(sc, at, x, v)?;
     op.apply_scaled_rows(backend, v, d, x, y)

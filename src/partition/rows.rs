@@ -66,40 +66,29 @@ pub struct RowCost {
 }
 
 impl RowCost {
+    /// Bytes per kernel row, per kernel nonzero, per damping row, per damping nonzero.
+    pub const fn new(kernel_row: u64, kernel_nnz: u64, damping_row: u64, damping_nnz: u64) -> Self {
+        RowCost {
+            kernel_row,
+            kernel_nnz,
+            damping_row,
+            damping_nnz,
+        }
+    }
     /// Nonzeros alone (Huang et al. 2012's rule).
-    pub const NONZEROS: RowCost = RowCost {
-        kernel_row: 0,
-        kernel_nnz: 1,
-        damping_row: 0,
-        damping_nnz: 1,
-    };
+    pub const NONZEROS: RowCost = RowCost::new(0, 1, 0, 1);
     /// CSR with f64 values, both products: 12 bytes per nonzero and 16 per row each way;
     /// damping rows are CSR rows too.
-    pub const CSR: RowCost = RowCost {
-        kernel_row: 32,
-        kernel_nnz: 24,
-        damping_row: 32,
-        damping_nnz: 24,
-    };
+    pub const CSR: RowCost = RowCost::new(32, 24, 32, 24);
     /// Compact storage with grid stencils on the GPU: about 10.5 bytes per stored nonzero each
     /// way (16-bit column deltas, f64 values), and a stencil row costs its y entry and its x
     /// gathers (mostly cached), no index or value traffic.
-    pub const COMPACT_GPU: RowCost = RowCost {
-        kernel_row: 32,
-        kernel_nnz: 21,
-        damping_row: 48,
-        damping_nnz: 0,
-    };
+    pub const COMPACT_GPU: RowCost = RowCost::new(32, 21, 48, 0);
     /// Compact storage with grid stencils on the CPU: the stencil's transposed terms gather y
     /// in cell order, about 11 kernel nonzeros' time per stencil row (measured on the 64x64x40
     /// synthetic dataset, 2 ranks of one thread: 19 ns per stencil row against 1.65 ns per stored nonzero,
     /// A x and A^T y together).
-    pub const COMPACT_CPU: RowCost = RowCost {
-        kernel_row: 32,
-        kernel_nnz: 21,
-        damping_row: 240,
-        damping_nnz: 0,
-    };
+    pub const COMPACT_CPU: RowCost = RowCost::new(32, 21, 240, 0);
 
     /// A kernel row of `nnz` nonzeros.
     pub fn kernel(&self, nnz: u64) -> u64 {

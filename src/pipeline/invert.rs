@@ -15,7 +15,7 @@ use crate::pipeline::operators::{choose_backend, row_cost, Engine};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::pipeline::prepare::prepare;
 use crate::pipeline::publish::publish;
-use crate::pipeline::solve::{layout_for, solve, LsqrJob};
+use crate::pipeline::solve::{layout_for, solve, LsqrJob, Watch};
 
 /// One LSQR run: where the system comes from, how to solve it, what to write.
 pub struct LsqrRun<'a> {
@@ -140,11 +140,11 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let lsqr = LsqrJob {
         params: &opts.params,
         spec: &opts.operator,
-        progress_every: job.progress_every,
         checkpoint: run_model.as_ref().and_then(|m| m.checkpointing()),
         setup_started,
     };
-    let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s)?;
+    let watch = Watch::Progress(job.progress_every);
+    let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s, watch)?;
     outcome.report.load_io = io;
     let red = timed.totals();
     let (its, cal) = (outcome.solution.info.itn, outcome.calibration);

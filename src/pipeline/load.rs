@@ -109,28 +109,11 @@ fn load_dataset(path: &Path, comm: &dyn Comm, options: &LoadOptions) -> Result<L
     Ok(Loaded {
         system,
         grid: manifest.m.grid.clone(),
-        true_model: true_model(&manifest)?,
+        true_model: crate::io::dataset::true_model_of(&manifest)?,
         io: options.io.resolve(comm.size()).to_string(),
         seconds: 0.0,
         cost: st.cost,
     })
-}
-
-/// The true model a synthetic dataset's manifest names, read and checked against its columns.
-pub fn true_model(dm: &DatasetManifest) -> Result<Option<Vec<f64>>> {
-    use crate::io::dataset::vectors::{read_vector, VectorKind};
-    match &dm.m.true_model {
-        None => Ok(None),
-        Some(p) => Ok(Some(
-            read_vector(
-                &dm.resolve(p),
-                VectorKind::Model,
-                Some(dm.m.columns),
-                dm.m.version,
-            )?
-            .0,
-        )),
-    }
 }
 
 /// Open a dataset in a job of several ranks the way Huang et al. load: rank 0 alone reads

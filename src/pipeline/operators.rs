@@ -140,12 +140,7 @@ pub struct Built {
 /// Work on LSQR's operator, whatever backend and storage it is (a closure cannot be generic).
 pub trait LsqrVisitor {
     type Output;
-    fn visit<B: Backend, O: Operator<B>>(
-        self,
-        be: &B,
-        op: &O,
-        built: &Built,
-    ) -> Result<Self::Output>;
+    fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<Self::Output>;
 }
 
 /// What the square factory built besides the operator.
@@ -316,9 +311,9 @@ impl Engine {
     }
 
     /// Build LSQR's operator for `m` as `spec` says (`m.storage` resolved: `Csr` or `Compact`)
-    /// and hand it to `v`. The device loop runs where `device_loop` asks and the operator has
-    /// one. On the CPU the visit runs on rayon's pool (see [`on_pool`]) unless this engine
-    /// drives from the calling thread.
+    /// and hand it to `v`; returns what `v` returned and what was built. The device loop runs
+    /// where `device_loop` asks and the operator has one. On the CPU the visit runs on rayon's
+    /// pool (see [`on_pool`]) unless this engine drives from the calling thread.
     pub fn lsqr<V>(
         &self,
         spec: &OperatorSpec,
@@ -326,15 +321,28 @@ impl Engine {
         m: StoredMatrix,
         device_loop: bool,
         v: V,
-    ) -> Result<V::Output>
+    ) -> Result<(V::Output, Built)>
     where
         V: LsqrVisitor + Send,
         V::Output: Send,
     {
         let t = Instant::now();
+        let StoredMatrix {
+            rows,
+            stencil,
+            storage,
+        } = m;
+        let built = Built {
+            backend: self.name(),
+            backend_detail: self.describe(),
+            storage,
+            precision: spec.precision,
+            ..Default::default()
+        };
+        let parts = (rows, stencil, built, t);
         match self {
-            Engine::Cpu { be, pool } => cpu_lsqr(be, *pool, comm, spec, m, t, v),
-            Engine::Cuda { be, path } => cuda_lsqr(be, path, comm, spec, m, device_loop, t, v),
+            Engine::Cpu { be, pool } => cpu_lsqr(be, *pool, comm, spec, parts, v),
+            Engine::Cuda { be, path } => cuda_lsqr(be, path, comm, spec, parts, device_loop, v),
         }
     }
 
@@ -408,7 +416,7 @@ fn cuda_square<V: SquareVisitor>(
     let pc = square_precond(be, comm, &cpu, row0, precond, |f| {
         Ok(Box::new(CudaIluSweeps::new(be, &f)?))
     })?;
-    let op = CudaSquareOperator::new(be, &cpu, comm, spec.precision, spec.storage)?;
+    let op = CudaSquareOperator::new(be, &cpu, comm, (spec.precision, spec.storage), None)?;
     drop(cpu);
     be.synchronize()?;
     let built = SquareBuilt {
@@ -426,10 +434,9 @@ fn cpu_lsqr<V>(
     pool: bool,
     comm: &dyn Comm,
     spec: &OperatorSpec,
-    m: StoredMatrix,
-    t: Instant,
+    (rows, stencil, mut built, t): Parts,
     v: V,
-) -> Result<V::Output>
+) -> Result<(V::Output, Built)>
 where
     V: LsqrVisitor + Send,
     V::Output: Send,
@@ -441,31 +448,18 @@ where
             f()
         }
     };
-    let StoredMatrix {
-        rows,
-        stencil,
-        storage,
-    } = m;
-    let mut built = Built {
-        backend: be.name(),
-        backend_detail: be.describe(),
-        storage,
-        ..Default::default()
-    };
-    if storage == Storage::Compact {
+    if built.storage == Storage::Compact {
         let nnz = rows.nnz().max(1) as f64;
         let op = phases::time("encode", || {
             CpuCompactOperator::new(&rows, stencil, spec.precision)
         });
         drop(rows);
-        built.precision = spec.precision;
         built.transpose = "csc (compact transpose)".into();
         built.layout = "rows".into();
         built.pass_bytes = Some(op.stored().bytes() + op.transposed().bytes());
         built.bytes_per_nnz = op.stored().bytes() as f64 / nnz;
         built.seconds = t.elapsed().as_secs_f64();
-        let built = &built;
-        drive(Box::new(move || v.visit(be, &op, built)))
+        Ok((drive(Box::new(move || v.visit(be, &op)))?, built))
     } else {
         let rows = restack(rows, stencil.as_ref())?;
         let op = phases::time("transpose", || CpuCsrOperator::new(rows, spec.transpose));
@@ -474,10 +468,13 @@ where
         built.layout = op.strategy().to_string();
         built.bytes_per_nnz = 12.0;
         built.seconds = t.elapsed().as_secs_f64();
-        let built = &built;
-        drive(Box::new(move || v.visit(be, &op, built)))
+        Ok((drive(Box::new(move || v.visit(be, &op)))?, built))
     }
 }
+
+/// What an LSQR operator is built from: the stored rows, the stencil rows, the report so far
+/// and when the building began.
+type Parts = (Csr, Option<crate::grid::StencilOp>, Built, Instant);
 
 /// LSQR's operator on the GPU: compact storage (falling back to CSR, with a note, where it
 /// does not fit) or CSR with the transpose asked for.
@@ -487,24 +484,11 @@ fn cuda_lsqr<V: LsqrVisitor>(
     path: &str,
     comm: &dyn Comm,
     spec: &OperatorSpec,
-    m: StoredMatrix,
+    (rows, stencil, mut built, t): Parts,
     device_loop: bool,
-    t: Instant,
     v: V,
-) -> Result<V::Output> {
-    let StoredMatrix {
-        rows,
-        stencil,
-        storage,
-    } = m;
-    let mut built = Built {
-        backend: be.name(),
-        backend_detail: be.describe(),
-        precision: spec.precision,
-        storage,
-        ..Default::default()
-    };
-    if storage == Storage::Compact {
+) -> Result<(V::Output, Built)> {
+    if built.storage == Storage::Compact {
         let o = &spec.tuning;
         match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, o) {
             Ok(op) => {
@@ -518,7 +502,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
                 built.pass_bytes = Some(pa + pt);
                 built.bytes_per_nnz = pa as f64 / nnz;
                 built.seconds = t.elapsed().as_secs_f64();
-                return v.visit(be, &op, &built);
+                return Ok((v.visit(be, &op)?, built));
             }
             Err(e) if comm.is_root() => eprintln!("compact storage: {e}; using csr"),
             Err(_) => {}
@@ -545,7 +529,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
     built.layout = op.strategy().to_string();
     built.bytes_per_nnz = (op.precision().bytes() + 4) as f64;
     built.seconds = t.elapsed().as_secs_f64();
-    v.visit(be, &op, &built)
+    Ok((v.visit(be, &op)?, built))
 }
 
 /// The stored rows with the stencil rows (when split off) stacked back under them, in the

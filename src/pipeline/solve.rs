@@ -21,8 +21,6 @@ use crate::sparse::System;
 pub struct LsqrJob<'a> {
     pub params: &'a LsqrParams,
     pub spec: &'a OperatorSpec,
-    /// Progress lines every N iterations (0: a bar, or nothing when quiet).
-    pub progress_every: usize,
     /// Checkpoints every N iterations and resume (src/model/checkpoint.rs).
     pub checkpoint: Option<&'a Checkpointing>,
     /// When the set-up began (after the load): the report's set-up seconds run from here to
@@ -55,9 +53,11 @@ impl<B: Backend> LsqrMonitor<B> for Recording<'_> {
     }
 }
 
-/// Who watches the iterations: the CLI's progress, or a caller's recorder.
-enum Watch<'a> {
+/// Who watches the iterations.
+pub enum Watch<'a> {
+    /// The CLI's progress: lines every N iterations (0: a bar, or nothing when quiet).
     Progress(usize),
+    /// A caller's recorder (the Python module's callback).
     Recorder(&'a mut dyn Recorder),
 }
 
@@ -115,12 +115,7 @@ impl LsqrVisitor for Run<'_, '_> {
         std::time::Instant,
         Calibration,
     );
-    fn visit<B: Backend, O: Operator<B>>(
-        self,
-        be: &B,
-        op: &O,
-        _built: &Built,
-    ) -> Result<Self::Output> {
+    fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<Self::Output> {
         let l = &self.lsqr;
         let cal = calibrate(be, op, l.comm)?;
         let started = std::time::Instant::now();
@@ -177,40 +172,10 @@ impl Lsqr<'_> {
     }
 }
 
-/// Solve a prepared system with LSQR on `engine` (chosen for `why`), showing progress as the
-/// CLI does. `load_seconds` goes into the report.
+/// Solve a prepared system with LSQR on `engine` (chosen for `why`), the iterations watched as
+/// `watch` says (the CLI's progress, or a caller's recorder). `load_seconds` goes into the
+/// report.
 pub fn solve(
-    engine: &Engine,
-    why: &str,
-    p: Prepared,
-    job: &LsqrJob,
-    comm: &dyn Comm,
-    load_seconds: f64,
-) -> Result<Outcome> {
-    solve_watched(
-        engine,
-        why,
-        p,
-        job,
-        comm,
-        load_seconds,
-        Watch::Progress(job.progress_every),
-    )
-}
-
-/// [`solve`] with the iteration records going to `recorder` instead of the CLI's progress.
-pub fn solve_recorded(
-    engine: &Engine,
-    why: &str,
-    p: Prepared,
-    job: &LsqrJob,
-    comm: &dyn Comm,
-    recorder: &mut dyn Recorder,
-) -> Result<Outcome> {
-    solve_watched(engine, why, p, job, comm, 0.0, Watch::Recorder(recorder))
-}
-
-fn solve_watched(
     engine: &Engine,
     why: &str,
     p: Prepared,
@@ -254,17 +219,8 @@ fn solve_watched(
         watch,
     };
     let device_loop = use_device_loop(job.spec.lsqr_loop, comm.size());
-    let mut built = Built::default();
-    let (mut solution, history, started, calibration) = engine.lsqr(
-        job.spec,
-        comm,
-        matrix,
-        device_loop,
-        BuiltToo {
-            run,
-            built: &mut built,
-        },
-    )?;
+    let ((mut solution, history, started, calibration), built) =
+        engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
     unmap.restore(&mut solution.x, solution.var.as_mut());
     let report = report(&ReportParts {
         engine,
@@ -294,25 +250,6 @@ fn solve_watched(
             ..calibration
         },
     })
-}
-
-/// Hands the visitor's [`Built`] back to the caller as well.
-struct BuiltToo<'a, V> {
-    run: V,
-    built: &'a mut Built,
-}
-
-impl<V: LsqrVisitor> LsqrVisitor for BuiltToo<'_, V> {
-    type Output = V::Output;
-    fn visit<B: Backend, O: Operator<B>>(
-        self,
-        be: &B,
-        op: &O,
-        built: &Built,
-    ) -> Result<Self::Output> {
-        *self.built = built.clone();
-        self.run.visit(be, op, built)
-    }
 }
 
 /// What a report is made of.
@@ -403,11 +340,11 @@ pub fn solve_system(
     let job = LsqrJob {
         params: &opts.params,
         spec: &opts.operator,
-        progress_every,
         checkpoint: None,
         setup_started,
     };
-    solve(&engine, &why, prepared, &job, comm, load_seconds)
+    let watch = Watch::Progress(progress_every);
+    solve(&engine, &why, prepared, &job, comm, load_seconds, watch)
 }
 
 /// The layout `opts` asks for on `engine`: the storage resolved for its backend and size.

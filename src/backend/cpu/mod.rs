@@ -330,10 +330,10 @@ impl Backend for CpuBackend {
     }
     fn multi_axpy_measure(
         &self,
+        then: Measure,
         coeffs: &[f64],
         basis: &[Vec<f64>],
         w: &mut Vec<f64>,
-        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
         let outs = if then == Measure::Dots {
@@ -423,12 +423,12 @@ impl ScalarSlots for CpuBackend {
         match then {
             Measure::Dots if coef_at + k <= out_at => {
                 let (c, out) = sc.split_at_mut(out_at);
-                self.multi_axpy_measure(&c[coef_at..coef_at + k], basis, w, then, &mut out[..k])
+                self.multi_axpy_measure(then, &c[coef_at..coef_at + k], basis, w, &mut out[..k])
             }
             _ => {
                 let c = sc[coef_at..coef_at + k].to_vec();
                 let outs = if then == Measure::Dots { k } else { 1 };
-                self.multi_axpy_measure(&c, basis, w, then, &mut sc[out_at..out_at + outs])
+                self.multi_axpy_measure(then, &c, basis, w, &mut sc[out_at..out_at + outs])
             }
         }
     }
@@ -665,14 +665,14 @@ mod tests {
                 assert_eq!(bits(&w), bits(&wr), "multi_axpy n={n} k={k}");
 
                 let mut w = w0.clone();
-                be.multi_axpy_measure(&c, &basis, &mut w, Measure::Dots, &mut out)
+                be.multi_axpy_measure(Measure::Dots, &c, &basis, &mut w, &mut out)
                     .unwrap();
                 assert_eq!(bits(&w), bits(&wr));
                 assert_eq!(bits(&out), bits(&dots(&wr)), "multi_axpy_dot n={n} k={k}");
 
                 let mut w = w0.clone();
                 let mut nn = [0.0];
-                be.multi_axpy_measure(&c, &basis, &mut w, Measure::NormSq, &mut nn)
+                be.multi_axpy_measure(Measure::NormSq, &c, &basis, &mut w, &mut nn)
                     .unwrap();
                 assert_eq!(bits(&w), bits(&wr));
                 assert_eq!(nn[0].to_bits(), be.norm_sq(&wr).unwrap().to_bits());

@@ -274,6 +274,29 @@ impl CudaCsrOperator {
     }
 }
 
+impl CudaCsrOperator {
+    /// y = d .* (A x) with d applied in the product's epilogue (GMRES's left Jacobi: one pass
+    /// over the vectors fewer than a separate scale); None where the product cannot (through
+    /// cuSPARSE, which has no row-scale epilogue).
+    pub(crate) fn apply_row_scaled(
+        &self,
+        be: &CudaBackend,
+        x: &DeviceVec,
+        d: &DeviceVec,
+        y: &mut DeviceVec,
+    ) -> Option<Result<()>> {
+        if matches!(self.t, Transpose::Library(_)) {
+            return None;
+        }
+        Some((|| {
+            self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
+            let n = self.a.nrows;
+            self.check("row scale", (d.len(), y.len()), (n, n))?;
+            self.a.spmv(be, Scale::SET, x, Some(d), y)
+        })())
+    }
+}
+
 impl Operator<CudaBackend> for CudaCsrOperator {
     fn nrows(&self) -> usize {
         self.a.nrows
@@ -287,26 +310,6 @@ impl Operator<CudaBackend> for CudaCsrOperator {
             Transpose::Library(cs) => cs.spmv(be, false, s.alpha, x, s.beta, y),
             _ => self.a.spmv(be, s, x, None, y),
         }
-    }
-    fn apply_scaled_rows(
-        &self,
-        be: &CudaBackend,
-        x: &DeviceVec,
-        d: Option<&DeviceVec>,
-        t: &mut DeviceVec,
-        y: &mut DeviceVec,
-    ) -> Result<()> {
-        let (Some(d), false) = (d, matches!(self.t, Transpose::Library(_))) else {
-            // cuSPARSE has no row-scale epilogue
-            return crate::backend::scaled_rows_by_pass(self, be, x, d, t, y);
-        };
-        self.check("apply", (x.len(), y.len()), (self.a.ncols, self.a.nrows))?;
-        self.check(
-            "row scale",
-            (d.len(), y.len()),
-            (self.a.nrows, self.a.nrows),
-        )?;
-        self.a.spmv(be, Scale::SET, x, Some(d), y)
     }
     fn apply_t(&self, be: &CudaBackend, s: Scale, y: &DeviceVec, x: &mut DeviceVec) -> Result<()> {
         self.check("apply_t", (y.len(), x.len()), (self.a.nrows, self.a.ncols))?;

@@ -84,37 +84,19 @@ pub struct CudaSquareOperator<'c> {
 impl<'c> CudaSquareOperator<'c> {
     /// Upload the local matrix of `cpu` (owned columns first, then ghosts) and its halo plan.
     /// `storage`: csr; compact (row patterns, an error when the rows do not qualify); auto
-    /// (row patterns where they qualify, else CSR). With several ranks and CSR storage the
-    /// rows are split for the overlap ([`SplitRows`]) unless NCCL moves the halo (its exchange
-    /// runs on the product's stream: nothing to overlap).
+    /// (row patterns where they qualify, else CSR). `overlap`: split the rows to overlap the
+    /// halo exchange ([`SplitRows`]; needs several ranks and CSR storage; false: one product
+    /// after the whole exchange); None: split with several ranks unless NCCL moves the halo
+    /// (its exchange runs on the product's stream: nothing to overlap). Row patterns (compact,
+    /// or auto where they qualify) take one product after the exchange.
     pub fn new(
         be: &CudaBackend,
         cpu: &DistSquareOperator<'_>,
         comm: &'c dyn Comm,
-        precision: Precision,
-        storage: Storage,
+        (precision, storage): (Precision, Storage),
+        overlap: Option<bool>,
     ) -> Result<Self> {
-        Self::with_overlap(
-            be,
-            cpu,
-            comm,
-            precision,
-            storage,
-            comm.size() > 1 && !be.nccl.ready(),
-        )
-    }
-
-    /// [`Self::new`] with the overlap chosen (`overlap` needs several ranks and CSR storage;
-    /// false: one product after the whole exchange). Row patterns (compact, or auto where they
-    /// qualify) take one product after the exchange.
-    pub fn with_overlap(
-        be: &CudaBackend,
-        cpu: &DistSquareOperator<'_>,
-        comm: &'c dyn Comm,
-        precision: Precision,
-        storage: Storage,
-        overlap: bool,
-    ) -> Result<Self> {
+        let overlap = overlap.unwrap_or(comm.size() > 1 && !be.nccl.ready());
         let a = cpu.local_matrix();
         let plan = cpu.plan();
         let n = plan.n_local;
@@ -360,12 +342,15 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         y: &mut DeviceVec,
     ) -> Result<()> {
         match (&self.halo, &self.product) {
-            // the scale in the product's epilogue
-            (None, Product::Whole(op)) => op.apply_scaled_rows(be, x, d, t, y),
+            // the scale in the product's epilogue, where the product has one
+            (None, Product::Whole(op)) => match d.and_then(|d| op.apply_row_scaled(be, x, d, y)) {
+                Some(done) => done,
+                None => crate::backend::scaled_rows_by_pass(self, be, (x, d), (t, y)),
+            },
             (_, Product::Patterns(p)) => {
                 self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, None, d, y))
             }
-            _ => crate::backend::scaled_rows_by_pass(self, be, x, d, t, y),
+            _ => crate::backend::scaled_rows_by_pass(self, be, (x, d), (t, y)),
         }
     }
     fn apply_normalized_scaled_rows(
@@ -381,7 +366,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         CudaBackend: ScalarSlots,
     {
         let Product::Patterns(p) = &self.product else {
-            return crate::backend::normalized_by_pass(self, be, (sc, at), x, v, d, y);
+            return crate::backend::normalized_by_pass(self, be, (sc, at), (x, v), (d, y));
         };
         // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
         let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;

@@ -459,10 +459,10 @@ impl Backend for CudaBackend {
     }
     fn multi_axpy_measure(
         &self,
+        then: Measure,
         coeffs: &[f64],
         basis: &[CudaSlice<f64>],
         w: &mut CudaSlice<f64>,
-        then: Measure,
         out: &mut [f64],
     ) -> Result<()> {
         let (what, outs, mode) = match then {

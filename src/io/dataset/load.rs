@@ -404,7 +404,12 @@ pub fn global_row_order(
 
 /// Read a dataset's true model (synthetic datasets), if it has one.
 pub fn read_true_model(path: &Path) -> Result<Option<Vec<f64>>> {
-    let dm = DatasetManifest::load(path)?;
+    true_model_of(&DatasetManifest::load(path)?)
+}
+
+/// The true model an opened manifest names (synthetic datasets), read and checked against its
+/// columns.
+pub fn true_model_of(dm: &DatasetManifest) -> Result<Option<Vec<f64>>> {
     match &dm.m.true_model {
         None => Ok(None),
         Some(p) => Ok(Some(

@@ -19,7 +19,7 @@ pub mod verify;
 pub mod write;
 
 pub use load::{
-    global_row_order, load_dataset, load_dataset_with, read_true_model, LoadOptions, LoadStats,
-    OpenDataset, Regularisation,
+    global_row_order, load_dataset, load_dataset_with, read_true_model, true_model_of, LoadOptions,
+    LoadStats, OpenDataset, Regularisation,
 };
 pub use write::{write_dataset, DatasetSpec};

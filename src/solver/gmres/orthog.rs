@@ -63,7 +63,7 @@ impl<B: Backend> GsStep<'_, B> {
     fn subtract_and_norm(&mut self, c: &[f64]) -> Result<f64> {
         let mut nsq = [0.0];
         self.be
-            .multi_axpy_measure(c, self.basis, self.w, Measure::NormSq, &mut nsq)?;
+            .multi_axpy_measure(Measure::NormSq, c, self.basis, self.w, &mut nsq)?;
         let nsq = nsq[0];
         Ok(self.comm.allreduce_scalar(nsq)?.max(0.0).sqrt())
     }
@@ -102,7 +102,7 @@ pub(super) fn orthogonalize_cgs2<B: Backend>(
 ) -> Result<f64> {
     s.be.multi_dot(s.basis, s.w, c)?;
     s.comm.allreduce_sum(c)?;
-    s.be.multi_axpy_measure(c, s.basis, s.w, Measure::Dots, c2)?;
+    s.be.multi_axpy_measure(Measure::Dots, c, s.basis, s.w, c2)?;
     s.comm.allreduce_sum(c2)?;
     for ((hi, a), b) in col.iter_mut().zip(c.iter()).zip(c2.iter()) {
         *hi = a + b;
