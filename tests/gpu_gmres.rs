@@ -264,7 +264,10 @@ fn solve_gpu_as(
 
 /// "N its relres R" of a solve.
 fn its(s: &SquareSolve) -> String {
-    format!("{} its relres {:.3e}", s.info.stop.iterations, s.info.stop.relres)
+    format!(
+        "{} its relres {:.3e}",
+        s.info.stop.iterations, s.info.stop.relres
+    )
 }
 
 /// [`solve_gpu_as`] with the default storage (auto: row patterns where the rows qualify).

@@ -360,3 +360,49 @@ fn the_path_scan_expands_groups_and_supers() {
         "{p:?}"
     );
 }
+
+/// One operator factory (src/pipeline/operators.rs): above the backends, nothing else builds a
+/// concrete operator or names the CUDA backend; the CLI and the Python module go through the
+/// pipeline.
+#[test]
+fn only_the_factory_builds_operators() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files = Vec::new();
+    for room in ["cli", "pipeline", "model", "solver"] {
+        rust_files(&src.join(room), &mut files);
+    }
+    files.push(root.join("python").join("src").join("lib.rs"));
+    let factory = src.join("pipeline").join("operators.rs");
+    let concrete = [
+        "CpuCsrOperator::",
+        "CpuCompactOperator::",
+        "CudaCsrOperator::",
+        "CudaCompactOperator::",
+        "CudaSquareOperator::",
+        "DistSquareOperator::",
+        "CudaBackend::",
+        "CpuBackend::",
+        "backend::cuda",
+    ];
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| **f != factory) {
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        for c in concrete {
+            if code.contains(c) {
+                bad.push(format!("{}: {c}", f.display()));
+            }
+        }
+    }
+    assert!(
+        std::fs::read_to_string(&factory)
+            .unwrap()
+            .contains("CudaCompactOperator::"),
+        "the scan must see the factory's constructors"
+    );
+    assert!(
+        bad.is_empty(),
+        "concrete operators built outside the factory:\n{}",
+        bad.join("\n")
+    );
+}

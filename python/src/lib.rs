@@ -652,8 +652,8 @@ fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDi
 /// Whether a usable CUDA GPU is present, and which (or why not).
 #[pyfunction]
 fn cuda_available() -> (bool, String) {
-    match seistomo::backend::cuda::probe() {
-        Ok(d) => (true, d.to_string()),
+    match seistomo::pipeline::operators::gpu_here() {
+        Ok(d) => (true, d),
         Err(why) => (false, why),
     }
 }

@@ -186,7 +186,7 @@ fn backends(s: &str) -> Vec<BackendChoice> {
         "all" => vec![BackendChoice::Cuda, BackendChoice::Cpu],
         "cuda" => vec![BackendChoice::Cuda],
         "cpu" => vec![BackendChoice::Cpu],
-        _ => match crate::backend::cuda::probe() {
+        _ => match crate::pipeline::operators::gpu_here() {
             Ok(_) => vec![BackendChoice::Cuda],
             Err(why) => {
                 eprintln!("backend auto: no usable CUDA GPU ({why}); timing the CPU");

@@ -40,6 +40,11 @@ use crate::ui::phases;
 /// (australia, docs/gpu.md).
 const GPU_COMPACT_MIN_NNZ: usize = 1_000_000;
 
+/// Whether a usable CUDA GPU is here: the device in words, or why not (never panics).
+pub fn gpu_here() -> std::result::Result<String, String> {
+    crate::backend::cuda::probe().map(|d| d.to_string())
+}
+
 /// Resolve `Auto` and check that the chosen backend can run here; the string says why.
 pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
     match choice {
