@@ -123,7 +123,7 @@ pub(crate) mod pick {
         choice(&["none", "jacobi", "block-ilu0"], &["ilu0", "bjacobi-ilu0"])
     }
     pub fn orthog() -> impl TypedValueParser<Value = crate::solver::gmres::Orthog> {
-        choice(&["mgs", "cgs2", "cgs", "dcgs2"], &[])
+        choice(&["auto", "mgs", "cgs2", "cgs", "dcgs2"], &[])
     }
     pub fn arnoldi_loop() -> impl TypedValueParser<Value = crate::solver::gmres::ArnoldiLoop> {
         choice(&["auto", "host", "device"], &[])

@@ -115,9 +115,10 @@ pub struct GmresArgs {
     /// diagonal block).
     #[arg(long, default_value = "jacobi", value_parser = super::args::pick::precond())]
     precond: crate::pipeline::square::PrecondChoice,
-    /// GMRES Arnoldi orthogonalisation: mgs, cgs2 (classical twice), cgs (classical once) or
+    /// GMRES Arnoldi orthogonalisation: auto (cgs on a GPU, in the device Arnoldi loop; dcgs2
+    /// from 8 ranks; mgs on the CPU), mgs, cgs2 (classical twice), cgs (classical once) or
     /// dcgs2 (CGS2 with delayed reorthogonalisation: one reduction per step).
-    #[arg(long, default_value = "mgs", value_parser = super::args::pick::orthog())]
+    #[arg(long, default_value = "auto", value_parser = super::args::pick::orthog())]
     orthog: crate::solver::gmres::Orthog,
     /// GMRES Arnoldi loop: device (a cycle's inner products and norms stay on the GPU, read
     /// once per cycle; cgs and cgs2), host (each read as it is computed) or auto (device on a

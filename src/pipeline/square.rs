@@ -312,7 +312,7 @@ fn square_report(
         max_iter: p.max_iter,
         max_cycles: p.max_cycles,
         precond: sol.precond.clone(),
-        orthog: p.orthog,
+        orthog: info.orthog,
         side: p.side,
         convergence_test: p.test,
         jacobi_zero_diagonals: sol.jacobi_zero_diagonals,

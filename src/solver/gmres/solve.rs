@@ -48,6 +48,7 @@ where
         bnorm,
         pbnorm: 1.0,
         arnoldi_loop,
+        orthog: params.orthog,
     };
     if bnorm == 0.0 {
         return zero_rhs(be, x, params, &out, monitor);

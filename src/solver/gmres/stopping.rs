@@ -48,6 +48,8 @@ pub(super) struct Outcome {
     /// ||M^-1 b|| (left) or ||b||: what the preconditioned residuals are relative to.
     pub(super) pbnorm: f64,
     pub(super) arnoldi_loop: ArnoldiLoop,
+    /// The orthogonalisation that runs (`auto` resolved).
+    pub(super) orthog: super::Orthog,
 }
 
 /// A verdict: converged or not, and why.
@@ -95,6 +97,7 @@ impl Outcome {
                 0.0
             },
             arnoldi_loop: self.arnoldi_loop,
+            orthog: self.orthog,
         }
     }
 }
