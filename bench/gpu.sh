@@ -26,6 +26,9 @@
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two;
 #             load / set-up (each phase) / solve / total from report.json; with $BASE (another
 #             binary) its defaults too                                       -> performance.md
+#   auto      storage = "auto" against csr and compact on every bundled and generated system
+#             (LSQ set, australia, demo, the 150k- and 600k-ray synthetics): ms/iteration of
+#             each, auto's choice and why                                   -> performance.md
 #   same      the outputs of bench/outputs.sh on the GPU with BIN_DIR/seistomo and with
 #             $BASE (another binary), compared by bench/compare_outputs.py
 #   speed     bench --size large (compact f32/f64 and CSR f64, device loop) with BIN_DIR/seistomo
@@ -227,6 +230,37 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
 PY
 fi
 
+if has auto; then
+  [ -d /tmp/tts600k ] || "$BIN/seistomo" -q synth -o /tmp/tts600k --grid 128,128,80 --rays 600000 \
+    --norm-damping 0.1 --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  [ -d /tmp/med150k ] || "$BIN/seistomo" -q synth -o /tmp/med150k --grid 64,64,40 --rays 150000 \
+    --norm-damping 0.1 --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  for sys in well1850 illc1850 australia demo med150k tts600k; do
+    for st in auto csr compact; do
+      r=/tmp/auto-$sys-$st.json
+      case $sys in
+        australia) "$BIN/seistomo" -q solve $AU --atol 1e-8 --btol 1e-8 --storage $st --backend cuda --report $r 2>> "$OUT/log.txt" ;;
+        well1850|illc1850) "$BIN/seistomo" -q solve --matrix datasets/lsq/$sys.mtx.gz --rhs datasets/lsq/${sys}_rhs1.mtx.gz \
+            --atol 1e-10 --btol 1e-10 --iter-lim 3000 --storage $st --backend cuda --report $r 2>> "$OUT/log.txt" ;;
+        *) d=/tmp/$sys; [ $sys = demo ] && d=datasets/demo
+           printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\nkind = "cuda"\nstorage = "%s"\n[output]\ndir = "/tmp/auto-o-%s-%s"\nmodel = ""\n' \
+             "$(readlink -f $d)" $st $sys $st > /tmp/auto.toml
+           "$BIN/seistomo" -q invert /tmp/auto.toml 2>> "$OUT/log.txt"; cp /tmp/auto-o-$sys-$st/report.json $r 2>/dev/null ;;
+      esac
+    done
+    python3 - $sys >> "$OUT/auto.txt" <<'PY'
+import json, sys
+s = sys.argv[1]; ms = {}
+for st in ("auto", "csr", "compact"):
+    try: r = json.load(open(f"/tmp/auto-{s}-{st}.json")); ms[st] = (r["ms_per_iter"], r["storage"], r["nnz"], r["iterations"])
+    except Exception as e: ms[st] = (float("nan"), str(e), 0, 0)
+best = min(ms["csr"][0], ms["compact"][0])
+a = ms["auto"]
+print(f"{s}: nnz {a[2]} its {a[3]}; auto {a[0]:.4f} ms/it ({a[1][:60]}...); csr {ms['csr'][0]:.4f}; compact {ms['compact'][0]:.4f}; auto / fastest {a[0] / best:.3f}")
+PY
+  done
+fi
+
 if has same; then
   for b in "$BIN/seistomo" "${BASE:?BASE=another seistomo binary}"; do
     d=/tmp/same_$(basename "$b"); rm -rf $d
@@ -257,5 +291,5 @@ for f in "$OUT"/cupy_*.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; grep
 gmres_table "$OUT"/gm_*.json "$OUT"/g1_*.json "$OUT"/g2_*.json "$OUT"/gw*_*.json
 [ -f "$OUT/gmres_xdiff.txt" ] && cat "$OUT/gmres_xdiff.txt"
 lsqr_table "$OUT"/lsqr_x*.json
-for f in "$OUT"/tts.txt "$OUT"/same.txt "$OUT"/speed.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; cat "$f"; }; done
+for f in "$OUT"/tts.txt "$OUT"/auto.txt "$OUT"/same.txt "$OUT"/speed.txt; do [ -f "$f" ] && { echo "## $(basename "$f")"; cat "$f"; }; done
 grep -E "escape|layout" "$OUT/log.txt" 2>/dev/null | sort | uniq | head -8

@@ -79,10 +79,7 @@ impl StoredMatrix {
     /// The storage in words, with bytes per nonzero, for reports and logs.
     pub fn describe(&self, precision: Precision) -> String {
         match self.storage {
-            Storage::Csr => format!(
-                "csr ({precision} values, u32 columns: {} B/nonzero)",
-                precision.bytes() + 4
-            ),
+            Storage::Csr => describe_csr(precision),
             _ => {
                 let h = crate::sparse::GapHistogram::of(&self.rows);
                 let entries = self.rows.nnz() as u64 + h.fillers;
@@ -114,6 +111,14 @@ impl StoredMatrix {
             Some(st) => format!("storage={};stencil={:?}", self.storage, st.stencil()),
         }
     }
+}
+
+/// CSR storage in words, with bytes per nonzero.
+pub fn describe_csr(precision: Precision) -> String {
+    format!(
+        "csr ({precision} values, u32 columns: {} B/nonzero)",
+        precision.bytes() + 4
+    )
 }
 
 /// A system ready for an operator: its matrix as stored, the right-hand side in that row order,

@@ -126,6 +126,8 @@ pub struct Built {
     /// The storage actually used: `Csr` or `Compact` (a GPU that cannot hold the compact
     /// storage falls back to CSR).
     pub storage: Storage,
+    /// Why `auto` chose it, where a probe decided (empty otherwise).
+    pub storage_reason: String,
     /// Value precision of the stored matrix.
     pub precision: Precision,
     /// Whether LSQR runs the backend's device loop.
@@ -482,8 +484,10 @@ where
 type Parts = (Csr, Option<crate::grid::StencilOp>, Built, Instant);
 
 /// LSQR's operator on the GPU: compact storage (falling back to CSR, with a note, where it
-/// does not fit) or CSR with the transpose asked for.
-#[allow(clippy::too_many_arguments)]
+/// does not fit) or CSR with the transpose asked for. With `storage = "auto"` and a matrix of
+/// 1M to [`PROBE_MAX_NNZ`] nonzeros (where neither storage wins by its bytes alone: australia-
+/// sized systems are latency-bound, a 100M-nonzero one bandwidth-bound) both are built and one
+/// product pair of each is timed; the faster stays (report.json `storage` says so).
 fn cuda_lsqr<V: LsqrVisitor>(
     be: &CudaBackend,
     path: &str,
@@ -493,48 +497,90 @@ fn cuda_lsqr<V: LsqrVisitor>(
     device_loop: bool,
     v: V,
 ) -> Result<(V::Output, Built)> {
+    let mut compact = None;
     if built.storage == Storage::Compact {
         let o = &spec.tuning;
         match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, o) {
-            Ok(op) => {
-                op.set_device_loop(device_loop);
-                let nnz = rows.nnz().max(1) as f64;
-                drop(rows);
-                let (pa, pt) = op.pass_bytes();
-                built.transpose = format!("csc (compact transpose, {} values)", op.precision());
-                built.device_loop = device_loop;
-                built.layout = layout_tag(o, &op.layout());
-                built.pass_bytes = Some(pa + pt);
-                built.bytes_per_nnz = pa as f64 / nnz;
-                built.seconds = t.elapsed().as_secs_f64();
-                return Ok((v.visit(be, &op)?, built));
-            }
+            Ok(op) => compact = Some(op),
             Err(e) if comm.is_root() => eprintln!("compact storage: {e}; using csr"),
             Err(_) => {}
         }
-        built.storage = Storage::Csr;
     }
+    let nnz = rows.nnz() + stencil.as_ref().map_or(0, |s| s.stencil().nnz());
+    let probe = spec.storage == Storage::Auto && nnz <= PROBE_MAX_NNZ;
+    if let (Some(op), false) = (&compact, probe) {
+        finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
+        drop(rows);
+        built.seconds = t.elapsed().as_secs_f64();
+        return Ok((v.visit(be, op)?, built));
+    }
+    let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.
     let rows = restack(rows, stencil.as_ref())?;
-    let op = phases::time("upload", || {
+    let csr = phases::time("upload", || {
         CudaCsrOperator::with_tuning(be, &rows, spec.transpose, spec.precision, &spec.tuning)
     })?;
-    op.set_device_loop(device_loop);
     drop(rows);
+    if let Some(op) = compact {
+        let (tc, tr) = phases::time("probe", || -> Result<(f64, f64)> {
+            Ok((pair_ms(be, &op)?, pair_ms(be, &csr)?))
+        })?;
+        built.storage_reason =
+            format!("auto: one A x + A^T y took {tc:.4} ms compact, {tr:.4} ms csr on this GPU");
+        if tc <= tr {
+            drop(csr);
+            finish_compact(&op, &mut built, (&spec.tuning, stored_nnz, device_loop));
+            built.seconds = t.elapsed().as_secs_f64();
+            return Ok((v.visit(be, &op)?, built));
+        }
+    }
+    built.storage = Storage::Csr;
+    csr.set_device_loop(device_loop);
     built.transpose = if comm.size() > 1 {
         format!(
             "{} ({} values); allreduce: {path}",
-            op.strategy(),
-            op.precision()
+            csr.strategy(),
+            csr.precision()
         )
     } else {
-        format!("{} ({} values)", op.strategy(), op.precision())
+        format!("{} ({} values)", csr.strategy(), csr.precision())
     };
-    built.device_loop = device_loop && op.strategy() == TransposeStrategy::Csc;
-    built.layout = op.strategy().to_string();
-    built.bytes_per_nnz = (op.precision().bytes() + 4) as f64;
+    built.device_loop = device_loop && csr.strategy() == TransposeStrategy::Csc;
+    built.layout = csr.strategy().to_string();
+    built.bytes_per_nnz = (csr.precision().bytes() + 4) as f64;
     built.seconds = t.elapsed().as_secs_f64();
-    Ok((v.visit(be, &op)?, built))
+    Ok((v.visit(be, &csr)?, built))
+}
+
+/// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact
+/// (measured 1.4x CSR's iteration at 100M nonzeros, docs/performance.md).
+pub const PROBE_MAX_NNZ: usize = 16_000_000;
+
+/// Milliseconds of one A x and one A^T y on the GPU (the median of 5, after one to warm up).
+fn pair_ms<O: Operator<CudaBackend>>(be: &CudaBackend, op: &O) -> Result<f64> {
+    let (mut x, mut y) = (be.zeros(op.ncols())?, be.zeros(op.nrows())?);
+    be.fill(&mut x, 1.0)?;
+    let sync = || be.synchronize();
+    crate::pipeline::timing::time_ms(5, &sync, || {
+        op.apply(be, crate::backend::Scale::SET, &x, &mut y)?;
+        op.apply_t(be, crate::backend::Scale::SET, &y, &mut x)
+    })
+}
+
+/// Fill in what a compact operator is, and start its device loop when asked.
+fn finish_compact(
+    op: &CudaCompactOperator,
+    built: &mut Built,
+    (tuning, stored_nnz, device_loop): (&Tuning, usize, bool),
+) {
+    op.set_device_loop(device_loop);
+    let (pa, pt) = op.pass_bytes();
+    built.storage = Storage::Compact;
+    built.transpose = format!("csc (compact transpose, {} values)", op.precision());
+    built.device_loop = device_loop;
+    built.layout = layout_tag(tuning, &op.layout());
+    built.pass_bytes = Some(pa + pt);
+    built.bytes_per_nnz = pa as f64 / stored_nnz.max(1) as f64;
 }
 
 /// The stored rows with the stencil rows (when split off) stacked back under them, in the

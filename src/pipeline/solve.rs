@@ -189,7 +189,7 @@ pub fn solve(
         | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
         _ => crate::backend::Precision::F64,
     };
-    let storage_what = p.matrix.describe(precision);
+    let (laid_out, described) = (p.matrix.storage, p.matrix.describe(precision));
     let fp = job.checkpoint.map(|_| {
         format!(
             "{}:{}",
@@ -227,7 +227,7 @@ pub fn solve(
         tuning: &job.spec.tuning,
         why,
         built: &built,
-        storage: storage_what,
+        storage: storage_words(&built, laid_out, described),
         ordering: unmap.ordering.what.clone(),
         comm,
         m,
@@ -250,6 +250,24 @@ pub fn solve(
             ..calibration
         },
     })
+}
+
+/// The storage the operator uses in words: as laid out, or CSR where the GPU's compact storage
+/// did not fit or lost `auto`'s probe; with the probe's numbers.
+fn storage_words(
+    built: &Built,
+    laid_out: crate::backend::storage::Storage,
+    described: String,
+) -> String {
+    let mut s = if built.storage == laid_out {
+        described
+    } else {
+        crate::backend::storage::describe_csr(built.precision)
+    };
+    if !built.storage_reason.is_empty() {
+        s.push_str(&format!("; {}", built.storage_reason));
+    }
+    s
 }
 
 /// What a report is made of.
