@@ -16,14 +16,16 @@
 #   orders    CSR transpose strategies (csc, scatter, cuSPARSE) and orderings     -> gpu.md
 #   gmres     GMRES(16) on the 2.1M-row convection-diffusion system, every orthogonalisation,
 #             beside CuPy's gmres                                     -> performance.md, gmres.md
-#   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU), host and NCCL allreduce, a 100M and a
-#             4x larger synthetic dataset (nvidia-h200-x2)                  -> performance.md
+#   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU), host and NCCL allreduce (NCCL with the
+#             device loop, the default, and with the host loop), a 100M and a 4x larger
+#             synthetic dataset (nvidia-h100-x2)                            -> performance.md
 #   gmres2    GMRES on 1 and 2 GPUs, host/NCCL halo, nnz/METIS partitions (nvidia-h200-x2)
 #                                                                                 -> gmres.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
-#             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two;
+#             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
+#             defaults: device loop with NCCL; and the host loop);
 #             load / set-up (each phase) / solve / total from report.json; with $BASE (another
 #             binary) its defaults too                                       -> performance.md
 #   auto      storage = "auto" against csr and compact on every bundled and generated system
@@ -64,9 +66,12 @@ import json, sys, os
 for f in sys.argv[1:]:
     if not os.path.exists(f): continue
     r = json.load(open(f)); t = r.get("rank_timing") or []
-    red = " ".join(f"r{x['rank']}: allreduce {1e3*x['allreduce_s']/r['iterations']:.3f} ms/it" for x in t)
-    print(f"{os.path.basename(f)}: {r['transpose']} nnz={r['nnz']} its={r['iterations']} "
-          f"r1={r['r1norm']:.10e} ms/it={r['ms_per_iter']:.4f} {red}")
+    red = " ".join(f"r{x['rank']}: product {x['product_ms']:.3f} allreduce {x['allreduce_ms']:.3f} ms "
+                   f"(in the run {1e3*x['allreduce_s']/r['iterations']:.3f} ms/it)" for x in t)
+    s = r["seconds"]
+    print(f"{os.path.basename(f)}: {r.get('lsqr_loop', '?')} loop, {r['storage'][:30]} {r['transpose'][:60]} "
+          f"nnz={r['nnz']} its={r['iterations']} r1={r['r1norm']:.12e} ms/it={r['ms_per_iter']:.4f} "
+          f"load {s['load']:.2f} setup {s['setup']:.2f} total {s['total']:.2f}\n   {red}")
 PY
 }
 nccl_path() {
@@ -79,6 +84,7 @@ wall() { local t0; t0=$(date +%s.%N); "$@"; local rc=$?; awk -v a="$t0" -v b="$(
 MR="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
 
 if has tests; then
+  nccl_path  # the two-GPU test of LSQR's device loop (NCCL inside its graph)
   for t in gpu gpu_compact gpu_gmres; do
     [ -x "$BIN/$t" ] || { echo "test $t: not in $BIN" >> "$S"; continue; }
     timeout 240 "$BIN/$t" --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
@@ -154,10 +160,11 @@ if has multigpu; then
     ds=/tmp/big$scale
     "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
       --flattening 0.5,0.5,0.5 --damping-blocks 2 > /dev/null 2>> "$OUT/log.txt"
-    for run in np1 host nccl; do
-      cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}
-      printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \
-        $ds $path $run $scale > $cfg
+    for run in np1 host nccl ncclhost; do
+      cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}; path=${path/ncclhost/nccl}
+      lp=auto; [ $run = ncclhost ] && lp=host
+      printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\nlsqr_loop = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \
+        $ds $path $lp $run $scale > $cfg
       if [ $run = np1 ]; then "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"
       else $MR "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"; fi
       cp /tmp/o-$run-$scale/report.json "$OUT/lsqr_x${scale}_$run.json" 2>/dev/null
@@ -202,13 +209,14 @@ if has tts; then
   [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
     --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
   ngpu=$(nvidia-smi -L | wc -l)
-  runs="defaults f32 csr np2"; [ -n "${BASE:-}" ] && runs="$runs base"
+  runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
   for run in $runs; do
     cfg=/tmp/tts-$run.toml
     extra=""; [ $run = f32 ] && extra='precision = "f32"'; [ $run = csr ] && extra='storage = "csr"'
+    [ $run = np2host ] && extra='lsqr_loop = "host"'
     printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
       $ds "$extra" $run > $cfg
-    if [ $run = np2 ]; then
+    if [ $run = np2 ] || [ $run = np2host ]; then
       [ "$ngpu" -ge 2 ] || continue
       wall $MR "$BIN/seistomo" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
     elif [ $run = base ]; then
@@ -224,9 +232,12 @@ import json, sys, os, glob
 for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
     r = json.load(open(f)); s = r["seconds"]
     wall = open(f[:-5] + ".txt").read().strip().splitlines()[-1]
-    print(f"{os.path.basename(f)}: ranks {r['ranks']} storage {r['storage'][:40]} its {r['iterations']} "
+    print(f"{os.path.basename(f)}: ranks {r['ranks']} {r.get('lsqr_loop', '?')} loop, storage {r['storage'][:40]} its {r['iterations']} r1 {r['r1norm']:.12e} x {r['xnorm']:.12e} "
           f"load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} ({wall}) "
           f"ms/it {r['ms_per_iter']:.3f}\n   phases {r.get('setup_phases')}")
+    for x in r.get("rank_timing") or []:
+        print(f"   rank {x['rank']}: rows {x['rows']} nnz {x['nnz']} product {x['product_ms']:.3f} ms "
+              f"allreduce {x['allreduce_ms']:.3f} ms wait {x['wait_s']:.3f} s")
 PY
 fi
 

@@ -25,7 +25,8 @@ struct LsqrState {
     double c_av[2], c_atu[2], c_upd[4];
     double phi, rho, theta, tau, psi;
     double damp, atol, btol, ctol;
-    double pad[3];
+    double one_zero[2];  // (1, 0): the epilogue of A^T u on several ranks (t = A^T u)
+    double pad;
     long long itn, istop, iter_lim, stop_at;
     int done;      // nonzero: kernels do nothing (1 stopped, 2 paused at stop_at, 3 error)
     int skip_atu;  // nonzero: A^T u and its scalar step are skipped (done, or beta == 0)
@@ -265,6 +266,31 @@ __device__ __forceinline__ void step3(LsqrState* st, double dk2, double* rec) {
 extern "C" __global__ void __launch_bounds__(STEP_THREADS)
 lsqr_step3(LsqrState* gst, const double* partial, u32 np, double* rec) {
     LSQR_STEP(dk2, step3(&cp, dk2, rec))
+}
+
+// Several ranks (NCCL inside the graph): after A v, this rank's partial sums of u^2 added in
+// the fixed order into out[0], which ncclAllReduce then sums over the ranks for lsqr_step1.
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_sum(const double* __restrict__ partial, u32 np, double* __restrict__ out) {
+    const double s = ordered_sum(partial, np);
+    if (threadIdx.x == 0) out[0] = s;
+}
+
+// Several ranks: once t = A^T u (this rank's rows) was summed over the ranks, v = c_atu[0] t +
+// c_atu[1] v, as the fused product's epilogue does on one rank (c_atu[1] == 0: v is not read),
+// with the block partial sums of the new v^2 for lsqr_step2. Nothing while skip_atu.
+extern "C" __global__ void __launch_bounds__(256)
+lsqr_combine(double* __restrict__ v, const double* __restrict__ t, u64 n,
+             const LsqrState* __restrict__ st, double* __restrict__ partial) {
+    if (st->skip_atu) return;
+    const double a = st->c_atu[0], b = st->c_atu[1];
+    double s = 0.0;
+    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
+        const double vi = b == 0.0 ? a * t[i] : a * t[i] + b * v[i];
+        v[i] = vi;
+        s += vi * vi;
+    }
+    block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
 }
 
 // u *= su, v *= sv (true unit vectors again); lsqr_rescaled then resets the scales.

@@ -620,3 +620,116 @@ fn cpu_with_gpu_summation_and_reduction_order() {
         }
     }
 }
+
+/// The seistomo binary (SEISTOMO_BIN overrides, for a copied test binary).
+fn seistomo_bin() -> std::path::PathBuf {
+    std::env::var_os("SEISTOMO_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_seistomo").into())
+}
+
+/// `seistomo solve` on australia on `np` GPUs (one rank each, NCCL between them when np > 1)
+/// with `storage` and `loop_`: (x, iterations, istop, the loop report.json says ran).
+fn australia_on_gpus(np: usize, storage: &str, loop_: &str) -> (Vec<f64>, u64, u64, bool) {
+    use common::mpi::{finish, mpirun};
+    let root = common::gpu::data_root();
+    let dir = std::env::temp_dir().join(format!("seistomo-gpu2-{np}-{storage}-{loop_}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sol, rep) = (dir.join("x.txt"), dir.join("report.json"));
+    let mut c = mpirun();
+    for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
+        if std::env::var_os(var).is_some() {
+            c.args(["-x", var]);
+        }
+    }
+    c.args(["-np", &np.to_string()])
+        .arg(seistomo_bin())
+        .arg("solve");
+    for (flag, rel) in [
+        ("--matrix", "datasets/australia/G.mtx.gz"),
+        ("--rhs", "datasets/australia/d.txt"),
+        ("--reg", "datasets/australia/R.mtx.gz"),
+    ] {
+        c.arg(flag).arg(root.join(rel));
+    }
+    c.args([
+        "--reg-weight",
+        "0.015",
+        "--atol",
+        "1e-10",
+        "--btol",
+        "1e-10",
+    ])
+    .args([
+        "--backend",
+        "cuda",
+        "--storage",
+        storage,
+        "--lsqr-loop",
+        loop_,
+    ])
+    .arg("--solution")
+    .arg(&sol)
+    .arg("--report")
+    .arg(&rep);
+    if np > 1 {
+        c.args(["--allreduce", "nccl"]);
+    }
+    let out = finish(c);
+    assert!(
+        out.status.success(),
+        "{np} GPUs {storage} {loop_}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let x = std::fs::read_to_string(&sol)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let r = common::read_json(&rep);
+    let its = r["iterations"].as_u64().unwrap();
+    let istop = r["istop"].as_u64().unwrap();
+    let device = r["lsqr_loop"] == "device";
+    (x, its, istop, device)
+}
+
+/// LSQR's device loop on two GPUs (one MPI rank each; NCCL sums A^T u and ||u||^2 inside the
+/// loop's CUDA graph) against the host loop on the same two GPUs and against one GPU, with CSR
+/// and compact storage: the same istop, iterations within 4 %, x within 1e-10 (only the order
+/// of the sums differs). Skipped without two GPUs or mpirun.
+#[test]
+fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
+    if gpu().is_none() {
+        return;
+    }
+    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
+        println!("skipped: no second CUDA GPU ({why})");
+        return;
+    }
+    if !common::mpi::have_mpirun() {
+        return;
+    }
+    for storage in ["csr", "compact"] {
+        let (x1, its1, stop1, dev1) = australia_on_gpus(1, storage, "device");
+        assert!(dev1, "{storage}: one GPU ran the host loop");
+        for loop_ in ["device", "host"] {
+            let (x2, its2, stop2, dev2) = australia_on_gpus(2, storage, loop_);
+            assert_eq!(
+                dev2,
+                loop_ == "device",
+                "{storage} {loop_}: report's device_loop"
+            );
+            let e = rel(&x2, &x1);
+            println!(
+                "{storage} 2 GPUs {loop_} loop: {its2} iterations (1 GPU {its1}), x rel {e:.2e}"
+            );
+            assert_eq!(stop2, stop1, "{storage} {loop_}: istop");
+            assert!(
+                its2.abs_diff(its1) <= 5.max(its1 / 25),
+                "{storage} {loop_}: {its2} vs {its1}"
+            );
+            assert!(e <= 1e-10, "{storage} {loop_}: x rel diff {e:e}");
+        }
+    }
+}

@@ -91,19 +91,26 @@ pub type BlockCallback<'a, V> =
 /// A backend's device-resident LSQR loop for one operator: iterations run with the scalars on
 /// the device and come back to the host in blocks (one synchronisation per block instead of
 /// three per iteration). It follows src/solver/lsqr.rs `lsqr_iterate` step for step; the
-/// solver hands over to it on one rank (see [`super::Operator::lsqr_device`]).
+/// solver hands over to it where it [`LsqrDevice::runs_on`] the job's ranks (see
+/// [`super::Operator::lsqr_device`]): with several ranks `v` holds the replicated columns and
+/// `u` this rank's rows, and the loop sums A^T u and ||u||^2 over the ranks itself.
 pub trait LsqrDevice<B: Backend> {
-    /// Iterate from the started (or resumed) state `s`, `v` until a stopping test fires.
-    /// After each block, `on_block` gets the block's history records, the state and the vectors
-    /// (u and v normalised, as the host loop keeps them). Blocks end at every multiple of
-    /// `boundary` (when > 0: checkpoints land there) and are otherwise the loop's own size.
+    /// Iterate from the started (or resumed) `state` (scalars, vectors) until a stopping test
+    /// fires, on `boundary_ranks.1` ranks. After each block, `on_block` gets the block's
+    /// history records, the state and the vectors (u and v normalised, as the host loop keeps
+    /// them). Blocks end at every multiple of `boundary_ranks.0` (when > 0: checkpoints land
+    /// there) and are otherwise the loop's own size.
     fn iterate(
         &self,
         be: &B,
         params: &LsqrParams,
-        s: &mut LsqrScalars,
-        v: &mut LsqrVectors<B::Vector>,
-        boundary: usize,
+        state: (&mut LsqrScalars, &mut LsqrVectors<B::Vector>),
+        boundary_ranks: (usize, usize),
         on_block: &mut BlockCallback<'_, B::Vector>,
     ) -> Result<()>;
+    /// Whether this loop can run LSQR on `ranks` ranks with `be` (one rank always; several
+    /// where the backend sums vectors over the ranks on the device, inside the loop).
+    fn runs_on(&self, _be: &B, ranks: usize) -> bool {
+        ranks == 1
+    }
 }

@@ -41,6 +41,9 @@ pub struct Report {
     /// Why this backend was chosen (e.g. "auto: CUDA usable, GPU 0 of 1: ...").
     pub backend_reason: String,
     pub transpose: String,
+    /// Where LSQR's iterations ran: "device" (the GPU's loop, a CUDA graph of a block of
+    /// iterations; on several ranks with NCCL inside it) or "host" (the host loop).
+    pub lsqr_loop: String,
     /// The row/column reordering applied (src/grid/reorder.rs).
     pub reorder: String,
     /// The matrix storage, with bytes per nonzero (src/backend/storage.rs).

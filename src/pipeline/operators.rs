@@ -100,16 +100,16 @@ pub fn row_cost(kind: BackendChoice, storage: Storage) -> RowCost {
     }
 }
 
-/// Whether the GPU runs LSQR's device loop: `auto` = on one rank, with either storage (CSR
-/// with the explicit transpose; a CSR operator with another transpose runs the host loop).
-/// Measured on an H100 (docs/gpu.md): australia 0.030 ms/iter against 0.065 with the host loop,
-/// the 100.7M system 1.01 against 1.09 ms. Under MPI every iteration's allreduce goes through
-/// the host, so the host loop stays.
-pub fn use_device_loop(lsqr_loop: LsqrLoop, ranks: usize) -> bool {
+/// Whether the GPU runs LSQR's device loop: `auto` = yes, with either storage (CSR with the
+/// explicit transpose; a CSR operator with another transpose runs the host loop). On several
+/// ranks the loop needs the vectors summed by NCCL (inside its graph); where they go through
+/// the host (`allreduce = "host"`, or no libnccl) the host loop runs ([`cuda_lsqr`] decides).
+/// Measured on an H100 (docs/performance.md): australia 0.030 ms/iter against 0.065 with the
+/// host loop, the 100.7M system 1.01 against 1.09 ms.
+pub fn use_device_loop(lsqr_loop: LsqrLoop) -> bool {
     match lsqr_loop {
-        LsqrLoop::Device => true,
+        LsqrLoop::Device | LsqrLoop::Auto => true,
         LsqrLoop::Host => false,
-        LsqrLoop::Auto => ranks == 1,
     }
 }
 
@@ -497,6 +497,8 @@ fn cuda_lsqr<V: LsqrVisitor>(
     device_loop: bool,
     v: V,
 ) -> Result<(V::Output, Built)> {
+    // Several ranks: the device loop sums over them with NCCL only.
+    let device_loop = device_loop && (comm.size() == 1 || path.starts_with("nccl"));
     let mut compact = None;
     if built.storage == Storage::Compact {
         let o = &spec.tuning;

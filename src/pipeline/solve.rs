@@ -218,7 +218,7 @@ pub fn solve(
         },
         watch,
     };
-    let device_loop = use_device_loop(job.spec.lsqr_loop, comm.size());
+    let device_loop = use_device_loop(job.spec.lsqr_loop);
     let ((mut solution, history, started, calibration), built) =
         engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
     unmap.restore(&mut solution.x, solution.var.as_mut());
@@ -298,6 +298,12 @@ fn report(r: &ReportParts) -> Report {
         backend_detail: r.built.backend_detail.clone(),
         backend_reason: r.why.to_string(),
         transpose: r.built.transpose.clone(),
+        lsqr_loop: if r.built.device_loop {
+            "device"
+        } else {
+            "host"
+        }
+        .into(),
         reorder: r.ordering.clone(),
         storage: r.storage.clone(),
         tuning: r.tuning.clone(),

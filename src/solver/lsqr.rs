@@ -389,14 +389,10 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     if solved || s.istop != 0 {
         return Ok(info_of(s, start_itn, 0.0));
     }
-    let device = if comm.size() == 1 {
-        op.lsqr_device()
-    } else {
-        None
-    };
+    let device = op.lsqr_device().filter(|d| d.runs_on(be, comm.size()));
     if let Some(dev) = device {
-        let every = monitor.checkpoint_every();
-        dev.iterate(be, params, s, vecs, every, &mut |recs, st, v| {
+        let every = (monitor.checkpoint_every(), comm.size());
+        dev.iterate(be, params, (s, vecs), every, &mut |recs, st, v| {
             let t = start.elapsed().as_secs_f64();
             for r in recs {
                 monitor.record(&IterRecord { seconds: t, ..*r })?;

@@ -185,6 +185,19 @@ impl CudaBackend {
         self.nccl.setup(&self.stream, comm, path)
     }
 
+    /// `x` summed over the ranks in place by NCCL on the backend's stream (also inside a graph
+    /// capture: the device LSQR loop of several ranks); an error where NCCL is not set up.
+    pub(crate) fn nccl_sum(&self, x: &mut CudaSlice<f64>) -> Result<()> {
+        if self.nccl.all_reduce(x)? {
+            Ok(())
+        } else {
+            Err(Error::backend(
+                "cuda",
+                "a sum over the ranks on the device needs NCCL, which is not set up",
+            ))
+        }
+    }
+
     pub fn device(&self) -> &DeviceInfo {
         &self.info
     }

@@ -68,7 +68,10 @@ pub(crate) struct DevState {
     atol: f64,
     btol: f64,
     ctol: f64,
-    pad: [f64; 3],
+    /// (1, 0): the epilogue of A^T u on several ranks (t = A^T u, summed over the ranks
+    /// before lsqr_combine makes v of it).
+    one_zero: [f64; 2],
+    pad: f64,
     itn: i64,
     istop: i64,
     iter_lim: i64,
@@ -114,6 +117,7 @@ impl DevState {
             atol: p.atol,
             btol: p.btol,
             ctol: if p.conlim > 0.0 { 1.0 / p.conlim } else { 0.0 },
+            one_zero: [1.0, 0.0],
             itn: s.itn as i64,
             istop: s.istop as i64,
             iter_lim: iter_lim as i64,
@@ -278,9 +282,18 @@ pub(crate) struct DeviceLoop {
     /// Their addresses, taken once (reading them waits on an event, which a capture forbids).
     host_state_ptr: usize,
     host_rec_ptr: usize,
-    /// The vectors and block size the graph was captured for.
-    key: [u64; 6],
+    /// Several ranks: A^T u of this rank's rows (n), and the sum of u^2 (1), each summed over
+    /// the ranks by NCCL inside the graph.
+    ranks: Option<RankSums>,
+    /// The vectors, block size and rank buffers the graph was captured for.
+    key: [u64; 7],
     graph: Option<CudaGraph>,
+}
+
+/// The buffers the device loop of several ranks sums over them (see [`DeviceLoop::ranks`]).
+struct RankSums {
+    atu: CudaSlice<f64>,
+    usq: CudaSlice<f64>,
 }
 
 /// Block partials the fused x/w update writes (its grid, as the backend's reductions).
@@ -289,8 +302,21 @@ fn update_blocks(n: usize) -> u32 {
 }
 
 impl DeviceLoop {
-    fn new(be: &CudaBackend, partials: usize) -> Result<DeviceLoop> {
+    /// The loop's buffers; with `ranks` > 1 those of the sums over the ranks too (n columns).
+    fn new(be: &CudaBackend, partials: usize, (ranks, n): (usize, usize)) -> Result<DeviceLoop> {
         let st = &be.stream;
+        let sums = if ranks > 1 {
+            Some(RankSums {
+                atu: st
+                    .alloc_zeros::<f64>(n.max(1))
+                    .doing("device memory for A^T u")?,
+                usq: st
+                    .alloc_zeros::<f64>(1)
+                    .doing("device memory for ||u||^2")?,
+            })
+        } else {
+            None
+        };
         // SAFETY: the page-locked buffers are fully written (host_state below, host_rec by the
         // graph's copy) before they are read.
         // Flags 0: ordinary (not write-combined) page-locked memory, which the host reads fast.
@@ -316,7 +342,8 @@ impl DeviceLoop {
                 .doing("device memory for the LSQR history")?,
             host_state,
             host_rec,
-            key: [0; 6],
+            ranks: sums,
+            key: [0; 7],
             graph: None,
         })
     }
@@ -359,9 +386,48 @@ impl DeviceLoop {
             fused(offset_of!(DevState, c_av), offset_of!(DevState, done)),
             fused(offset_of!(DevState, c_atu), offset_of!(DevState, skip_atu)),
         );
+        // Several ranks: A^T u into a buffer of its own (coefficients (1, 0)), summed with the
+        // sum of u^2 over the ranks by NCCL on the captured stream.
+        let plain_atu = fused(
+            offset_of!(DevState, one_zero),
+            offset_of!(DevState, skip_atu),
+        );
+        let (patu, pusq) = self
+            .ranks
+            .as_ref()
+            .map_or((0, 0), |r| (be.ptr(&r.atu), be.ptr(&r.usq)));
+        let mut sums = self.ranks.as_mut();
         for _ in 0..k {
-            step(&be.k.lsqr_step1, op.av_fused(be, pv, pu, &av)?, &[])?;
-            step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
+            let np = op.av_fused(be, pv, pu, &av)?;
+            match &mut sums {
+                None => step(&be.k.lsqr_step1, np, &[])?,
+                Some(r) => {
+                    be.launch(
+                        &be.k.lsqr_sum,
+                        one,
+                        STEP_THREADS,
+                        &mut [arg(&pp), arg(&np), arg(&pusq)],
+                    )?;
+                    be.nccl_sum(&mut r.usq)?;
+                    let np1 = 1u32;
+                    let mut args = [arg(&ps), arg(&pusq), arg(&np1)];
+                    be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
+                }
+            }
+            match &mut sums {
+                None => step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?,
+                Some(r) => {
+                    op.atu_fused(be, pu, patu, &plain_atu)?;
+                    be.nccl_sum(&mut r.atu)?;
+                    be.launch(
+                        &be.k.lsqr_combine,
+                        gu,
+                        THREADS,
+                        &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
+                    )?;
+                    step(&be.k.lsqr_step2, gu, &[])?;
+                }
+            }
             be.launch(
                 &be.k.lsqr_update_dev,
                 gu,
@@ -402,16 +468,19 @@ impl DeviceLoop {
 }
 
 /// Every fused operator runs LSQR on the device through its [`LoopSlot`]'s loop (captured on
-/// first use).
+/// first use); on several ranks where NCCL sums over them inside the graph.
 impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
+    fn runs_on(&self, be: &CudaBackend, ranks: usize) -> bool {
+        ranks == 1 || be.nccl.ready()
+    }
+
     /// Run LSQR from `s`, `v` to a stop (see [`LsqrDevice::iterate`]).
     fn iterate(
         &self,
         be: &CudaBackend,
         params: &LsqrParams,
-        s: &mut LsqrScalars,
-        v: &mut LsqrVectors<CudaSlice<f64>>,
-        boundary: usize,
+        (s, v): (&mut LsqrScalars, &mut LsqrVectors<CudaSlice<f64>>),
+        (boundary, ranks): (usize, usize),
         on_block: &mut BlockCallback<'_, CudaSlice<f64>>,
     ) -> Result<()> {
         let op: &dyn FusedLsqr = self;
@@ -427,8 +496,11 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         }
         let k = self.loop_slot().block();
         let partials = op.max_partials().max(update_blocks(n) as usize);
-        if slot.as_ref().is_none_or(|l| l.partial.len() < partials) {
-            *slot = Some(DeviceLoop::new(be, partials)?);
+        if slot
+            .as_ref()
+            .is_none_or(|l| l.partial.len() < partials || l.ranks.is_some() != (ranks > 1))
+        {
+            *slot = Some(DeviceLoop::new(be, partials, (ranks, n))?);
         }
         let lp = slot.as_mut().expect("set above");
         let key = [
@@ -438,6 +510,7 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             be.ptr(&v.x),
             v.var.as_ref().map_or(0, |d| be.ptr(d)),
             k as u64,
+            ranks as u64,
         ];
         if lp.graph.is_none() || lp.key != key {
             lp.graph = None;

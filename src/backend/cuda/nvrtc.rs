@@ -56,7 +56,7 @@ kernels! {
     single: spmv_f64, spmv_f32, scatter_f64, scatter_f32, dot, lsqr_update, axpby, scale, fill,
         pmul, copy_scaled, copy_inv_sqrt, multi_axpy, tri_sweep, gather, scatter_rows, stencil_av,
         tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
-        lsqr_update_dev, lsqr_normalize, lsqr_rescaled;
+        lsqr_update_dev, lsqr_normalize, lsqr_rescaled, lsqr_sum, lsqr_combine;
     families:
         /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
         pattern_spmv: [CudaFunction; 2] =
