@@ -236,8 +236,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
           f"load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} ({wall}) "
           f"ms/it {r['ms_per_iter']:.3f}\n   phases {r.get('setup_phases')}")
     for x in r.get("rank_timing") or []:
-        print(f"   rank {x['rank']}: rows {x['rows']} nnz {x['nnz']} product {x['product_ms']:.3f} ms "
-              f"allreduce {x['allreduce_ms']:.3f} ms wait {x['wait_s']:.3f} s")
+        print(f"   rank {x['rank']}: rows {x.get('rows')} nnz {x.get('nnz')} product {x.get('product_ms', -1):.3f} ms "
+              f"allreduce {x.get('allreduce_ms', -1):.3f} ms wait {x.get('wait_s', -1):.3f} s")
 PY
 fi
 
