@@ -566,3 +566,19 @@ def test_a_hung_test_fails_within_its_time_limit(tmp_path):
     assert "2 failed, 1 passed" in out, out
     assert out.count("still running after 2 s") >= 2, out
     assert took < 60, f"{took:.0f} s"
+
+
+def test_invert_runs_a_dataset_directory(tmp_path):
+    # A dataset without a run config: `invert` takes the directory and runs the defaults, with
+    # the outputs beside it (NAME-inversion), as `seistomo invert DIR` does.
+    G = sp.random(60, 24, density=0.2, random_state=4, format="csr") + sp.eye(60, 24)
+    x = np.linspace(1, 2, 24)
+    grid = dict(n=[4, 3, 2], origin=[0, 0, 0], spacing=[1.0, 1.0, 1.0], units="km")
+    seistomo.Dataset.create(tmp_path / "mine", G.tocsr(), G @ x, grid=grid)
+    report = seistomo.invert(str(tmp_path / "mine"))
+    assert report["istop"] in (1, 2)
+    out = tmp_path / "mine-inversion"
+    assert (out / "model.h5").is_file() and (out / "report.json").is_file()
+    got = np.loadtxt(out / "solution.txt")
+    assert rel(got, x) <= 1e-6
+
