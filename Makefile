@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BOOT = export CMAKE="$$(scripts/bootstrap.sh | tail -n 1)"
 
-.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels
+.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels check-timeouts
 
 bootstrap:
 	@scripts/bootstrap.sh >/dev/null
@@ -37,15 +37,39 @@ python:
 	@$(BOOT) && VIRTUAL_ENV=$(CURDIR)/$(PYVENV) PATH=$(CURDIR)/$(PYVENV)/bin:$$PATH \
 	maturin develop -q -m python/Cargo.toml
 
+# -rs lists every skipped test with its reason (the GPU tests where there is no GPU); each test
+# has a time limit (python/tests/conftest.py, SEISTOMO_TEST_TIMEOUT seconds, default 300).
 test-python: python
-	@$(PYVENV)/bin/python -m pytest -q python/tests
+	@$(PYVENV)/bin/python -m pytest -q -rs python/tests
 
 # Formatting, lints (with and without the default `mpi` feature), then every test (with the
 # publisher's fault-injection hooks compiled in: tests/outputs.rs kills and fills the disk
 # through them; release builds never have them), then the Python module's tests (pytest).
+# `make test` cannot hang: with cargo-nextest (CI has it) every test runs in its own process
+# and is killed and failed after 10 minutes (.config/nextest.toml); without it, cargo test runs
+# with the whole run limited to TEST_LIMIT seconds. The crate has no doctests (nextest does not
+# run them). The GPU tests are #[ignore]d and counted as such (docs/gpu.md).
+TEST_LIMIT ?= 5400
 test: lint
-	@$(BOOT) && $(CARGO) test --no-fail-fast --features fault-injection
+	@$(BOOT) && if $(CARGO) nextest --version >/dev/null 2>&1; then \
+	  $(CARGO) nextest run --no-fail-fast --features fault-injection; \
+	else \
+	  echo "make test: no cargo-nextest, so no per-test time limit: cargo test, the whole run limited to $(TEST_LIMIT) s (cargo install cargo-nextest)" >&2; \
+	  timeout -k 30 $(TEST_LIMIT) $(CARGO) test --no-fail-fast --features fault-injection; \
+	fi
 	@$(MAKE) --no-print-directory test-python
+
+# The time limit itself: tests/hang_probe.rs hangs on purpose (SEISTOMO_FORCE_HANG=1); under
+# nextest's hang-check profile (2 s) it must be killed and reported as a failure (TIMEOUT).
+# pytest's limit has its own test (test_a_hung_test_fails_within_its_time_limit).
+check-timeouts:
+	@$(BOOT) && $(CARGO) nextest --version >/dev/null 2>&1 || { echo "check-timeouts: needs cargo-nextest" >&2; exit 1; }; \
+	$(CARGO) nextest run --no-run --features fault-injection --test hang_probe 2>/dev/null && \
+	out=$$(SEISTOMO_FORCE_HANG=1 timeout 120 $(CARGO) nextest run --profile hang-check --features fault-injection --run-ignored only --test hang_probe 2>&1); rc=$$?; \
+	echo "$$out" | grep -E "TIMEOUT|Summary" >&2; \
+	if [ $$rc -ne 0 ] && [ $$rc -ne 124 ] && echo "$$out" | grep -q TIMEOUT; then \
+	  echo "check-timeouts: ok, the hung test was killed and failed" >&2; \
+	else echo "check-timeouts: the hung test was not stopped by its time limit (rc $$rc)" >&2; exit 1; fi
 
 # Compile kernels/*.cu as the CUDA backend does, without a GPU (NVRTC and ptxas from NVIDIA's PyPI
 # wheels, installed once into .venv-nvrtc): compile errors, registers and spills per kernel.

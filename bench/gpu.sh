@@ -8,7 +8,8 @@
 #          binaries `gpu`, `gpu_compact`, `gpu_gmres` (cargo test --release --no-run --test NAME;
 #          cargo prints their paths). OUT: a folder for the logs and tables (created).
 # parts (comma-separated, default lsqr,gmres):
-#   tests     the GPU test binaries (every CUDA kernel against the CPU backend)
+#   tests     the GPU test binaries (every CUDA kernel against the CPU backend), with
+#             --include-ignored: the tests that need a GPU are #[ignore]d elsewhere
 #   lsqr      LSQR on australia and on the 100.7M-nonzero straight-ray system, CSR and compact
 #             storage, f64/f32, device/host loop, beside CuPy's LSQR loop on the identical
 #             systems (as built and reordered)                      -> performance.md, gpu.md
@@ -87,7 +88,7 @@ if has tests; then
   nccl_path  # the two-GPU test of LSQR's device loop (NCCL inside its graph)
   for t in gpu gpu_compact gpu_gmres; do
     [ -x "$BIN/$t" ] || { echo "test $t: not in $BIN" >> "$S"; continue; }
-    timeout 240 "$BIN/$t" --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
+    timeout 240 "$BIN/$t" --include-ignored --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
     echo "test $t: rc $? $(grep -E '^test result' "$OUT/test_$t.txt")" >> "$S"
   done
 fi

@@ -8,8 +8,17 @@
 #   - .venv-py: Debian's python3 with its site packages (SciPy, xarray, ...) plus maturin from
 #     PyPI, where `make test` builds and tests the Python module (python/, docs/python.md)
 # Prints the CMAKE path to use on its last line: `export CMAKE=$(scripts/bootstrap.sh | tail -1)`.
+# Before installing it says what, how much (apt's own download and disk figures) and how long;
+# the package manager's output goes to a log file (its tail is shown if it fails).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+if [ ! -d "$target" ]; then
+  free=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {printf "%.0f", $4 / 1048576}')
+  echo "bootstrap: first build ahead: on 2 cores about 15-20 minutes (the static HDF5 library and" \
+       "every test binary) and about 10 GB in $target for make test (make demo's release build:" \
+       "about 2 GB); ${free:-?} GB free here" >&2
+fi
 pkgs=(build-essential pkg-config libopenmpi-dev openmpi-bin libclang-dev hdf5-tools
       python3-scipy python3-petsc4py petsc-dev python3-venv gzip
       python3-xarray python3-h5netcdf python3-pytest netcdf-bin)
@@ -18,11 +27,25 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "bootstrap: installing ${missing[*]}" >&2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq >&2
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  log=${TMPDIR:-/tmp}/seistomo-bootstrap-apt.log
+  apt_or_die() { # the command's output to the log; on failure its tail and where the log is
+    if ! "$@" >>"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "bootstrap: '$*' failed; the whole output is in $log" >&2
+      exit 1
+    fi
+  }
+  : >"$log"
+  echo "bootstrap: ${#missing[@]} apt packages to install: ${missing[*]}" >&2
+  apt_or_die $SUDO apt-get update -q
+  # apt's own figures for this machine (it stops at the question, --assume-no).
+  need=$($SUDO apt-get install --assume-no --no-install-recommends "${missing[@]}" 2>/dev/null |
+         grep -E '^(Need to get|After this operation)' | tr '\n' ' ' || true)
+  echo "bootstrap: ${need:-apt gave no size}(a few minutes on a fresh machine; output in $log)" >&2
+  apt_or_die $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  echo "bootstrap: packages installed" >&2
 fi
 # rustfmt and clippy (the test command checks formatting and lints); a minimal rustup profile
 # lacks them.

@@ -296,18 +296,37 @@ def test_ctrl_c_raises_keyboard_interrupt():
     # A 1-D second difference of 200 000 unknowns (condition ~1e10) with every stopping test
     # off: LSQR would run for hundreds of thousands of iterations. SIGINT arrives from another
     # thread while the solve runs with the GIL released.
+    # Where SIGINT is ignored (a background job of a script: `make test &`), Python installs no
+    # handler and the signal would be lost: the test installs Python's own for its duration
+    # (and skips where it cannot). Whatever happens, the callback ends the solve after 60 s.
+    import time
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:
+            pytest.skip("SIGINT cannot be handled here (not the main thread)")
     n = 200_000
     A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
     b = np.random.default_rng(1).standard_normal(n)
     seen = []
+    deadline = time.monotonic() + 60
+
+    def callback(itn, *rest):
+        seen.append(itn)
+        if time.monotonic() > deadline:
+            raise TimeoutError("no KeyboardInterrupt 60 s after SIGINT was sent")
+
     t = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     t.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
-                          callback=lambda itn, *r: seen.append(itn), callback_every=1000)
+                          callback=callback, callback_every=1000)
     finally:
         t.cancel()
+        if previous is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
     assert not seen or seen[-1] < 10**8
 
 
@@ -493,3 +512,73 @@ def test_australia_model_has_lat_lon(tmp_path):
         head = subprocess.run(["ncdump", "-h", str(tmp_path / "model.h5")], capture_output=True,
                               text=True, check=True).stdout
         assert "double velocity(lat, lon)" in head and "velocity:_FillValue = NaN" in head
+
+
+def test_ctrl_c_is_seen_where_sigint_was_ignored():
+    # The situation of `make test &` in a script: the process starts with SIGINT ignored. The
+    # Ctrl-C test still runs there (it installs Python's handler) and ends within its limit.
+    import sys
+    import time
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); import pytest; "
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1] + "
+            "'::test_ctrl_c_raises_keyboard_interrupt']))")
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code, __file__], capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed" in r.stdout, r.stdout
+    assert time.monotonic() - t < 120
+
+
+def test_a_hung_test_fails_within_its_time_limit(tmp_path):
+    # conftest.py's limit (SEISTOMO_TEST_TIMEOUT, here 2 s) on a test hung in Python and one hung
+    # in a seistomo solve: both fail with TimeoutError, the others still run, the run ends.
+    import sys
+    import textwrap
+    import time
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        import scipy.sparse as sp
+        import seistomo
+
+        def test_hangs_in_python():
+            time.sleep(600)
+
+        def test_hangs_in_a_solve():
+            n = 200_000
+            A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1],
+                         format="csr")
+            seistomo.lsqr(A, np.ones(n), atol=0, btol=0, conlim=0, iter_lim=10**8)
+
+        def test_after_them():
+            pass
+    """))
+    env = dict(os.environ, SEISTOMO_TEST_TIMEOUT="2")
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path / "test_hang.py")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "2 failed, 1 passed" in out, out
+    assert out.count("still running after 2 s") >= 2, out
+    assert took < 60, f"{took:.0f} s"
+
+
+def test_invert_runs_a_dataset_directory(tmp_path):
+    # A dataset without a run config: `invert` takes the directory and runs the defaults, with
+    # the outputs beside it (NAME-inversion), as `seistomo invert DIR` does.
+    G = sp.random(60, 24, density=0.2, random_state=4, format="csr") + sp.eye(60, 24)
+    x = np.linspace(1, 2, 24)
+    grid = dict(n=[4, 3, 2], origin=[0, 0, 0], spacing=[1.0, 1.0, 1.0], units="km")
+    seistomo.Dataset.create(tmp_path / "mine", G.tocsr(), G @ x, grid=grid)
+    report = seistomo.invert(str(tmp_path / "mine"))
+    assert report["istop"] in (1, 2)
+    out = tmp_path / "mine-inversion"
+    assert (out / "model.h5").is_file() and (out / "report.json").is_file()
+    got = np.loadtxt(out / "solution.txt")
+    assert rel(got, x) <= 1e-6
+

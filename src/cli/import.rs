@@ -7,6 +7,7 @@ use clap::Args;
 use crate::grid::Grid;
 use crate::io::dataset::binfmt::Precision;
 use crate::io::dataset::manifest::Layout;
+use crate::pipeline::config::ModelHints;
 use crate::pipeline::import::{import, ImportJob};
 
 #[derive(Debug, Args)]
@@ -29,8 +30,9 @@ pub struct ImportArgs {
     /// Per-row data standard deviations (rows are divided by them).
     #[arg(long)]
     sigma: Option<PathBuf>,
-    /// Model grid cells along x,y,z (optional; must match the columns).
-    #[arg(long, value_parser = super::args::triple::<usize>)]
+    /// Model grid cells along x,y,z (optional; must match the columns): maps and sections of a
+    /// 3-D grid, column i + nx*(j + ny*k).
+    #[arg(long, value_parser = super::args::triple::<usize>, conflicts_with = "cells")]
     grid: Option<[usize; 3]>,
     /// With --grid: cell size along x,y,z (km).
     #[arg(long, default_value = "1,1,1", value_parser = super::args::triple::<f64>)]
@@ -56,9 +58,38 @@ pub struct ImportArgs {
     /// Dataset name.
     #[arg(long)]
     name: Option<String>,
+    /// Cell table for maps: one line per column, lat_min lat_max lon_min lon_max (degrees);
+    /// named by the run config written beside the dataset.
+    #[arg(long)]
+    cells: Option<PathBuf>,
+    /// What the columns are, for the model file: the slowness itself or a perturbation of a
+    /// reference (then give --reference).
+    #[arg(long, default_value = "slowness", value_parser = super::args::words(&["slowness", "slowness_perturbation"]))]
+    unknowns: String,
+    /// Unit of the unknowns (d per unit of G: travel times in s over lengths in km give s/km;
+    /// path-averaged slowness in s/m gives s/m); velocities are written in its inverse.
+    #[arg(long, default_value = "s/km")]
+    slowness_unit: String,
+    /// Reference velocity (in the inverse of --slowness-unit) or "mean" (the mean slowness;
+    /// not with slowness_perturbation).
+    #[arg(long, default_value = "mean")]
+    reference: String,
 }
 
 pub fn run(a: ImportArgs) -> anyhow::Result<()> {
+    let reference = match a.reference.as_str() {
+        "mean" => None,
+        v => match v.parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Some(x),
+            _ => anyhow::bail!("--reference '{v}': expected a velocity > 0 or \"mean\""),
+        },
+    };
+    if a.unknowns == "slowness_perturbation" && reference.is_none() {
+        anyhow::bail!("--unknowns slowness_perturbation needs --reference VELOCITY (the background the perturbations are relative to)");
+    }
+    if a.slowness_unit.trim().is_empty() {
+        anyhow::bail!("--slowness-unit is empty (e.g. s/km)");
+    }
     let job = ImportJob {
         matrix: &a.matrix,
         rhs: a.rhs.as_deref(),
@@ -73,6 +104,13 @@ pub fn run(a: ImportArgs) -> anyhow::Result<()> {
         damping_blocks: a.damping_blocks,
         pack_bytes: a.pack_mib.max(1) << 20,
         name: a.name.clone(),
+        cells: a.cells.as_deref(),
+        model: ModelHints {
+            unknowns: Some(a.unknowns.clone()),
+            slowness_unit: Some(a.slowness_unit.trim().to_string()),
+            reference,
+            cells: None,
+        },
     };
     let s = import(&job)?;
     eprintln!(
@@ -84,6 +122,14 @@ pub fn run(a: ImportArgs) -> anyhow::Result<()> {
             .map(|r| format!(", {r} damping rows (lambda {})", a.lambda))
             .unwrap_or_default(),
         s.manifest.display()
+    );
+    eprintln!(
+        "run config written to {} (edit it to change the solver, the outputs, units or maps)",
+        s.run_config.display()
+    );
+    eprintln!(
+        "next: seistomo invert {}",
+        crate::io::tidy(&a.out).display()
     );
     Ok(())
 }

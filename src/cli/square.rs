@@ -50,8 +50,23 @@ pub fn run(a: SquareArgs) -> anyhow::Result<()> {
         a.kind, p
     )
     .to_lowercase();
+    // Writing (gzip above all) takes most of the time: say so before, and keep a spinner (or a
+    // line every 10 s off a terminal) while it runs.
+    if crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet {
+        eprintln!(
+            "square: {nx}x{ny}x{nz} {}: {} rows, {} nonzeros; writing {}",
+            format!("{:?}", a.kind).to_lowercase(),
+            m.nrows(),
+            m.nnz(),
+            a.out.display()
+        );
+    }
+    let pb = crate::ui::progress::open_ended("writing");
+    pb.set_message(a.out.display().to_string());
     let t = std::time::Instant::now();
-    crate::io::mtx::write_matrix(&a.out, &m, &comment)?;
+    let written = crate::io::mtx::write_matrix(&a.out, &m, &comment);
+    pb.finish_and_clear();
+    written?;
     eprintln!(
         "wrote {}: {} x {}, {} nonzeros (generated in {gen:.3} s, written in {:.3} s)",
         a.out.display(),

@@ -179,8 +179,16 @@ impl RunConfig {
         c
     }
 
-    /// Read and validate a config file.
+    /// Read and validate a config file. A dataset directory or its dataset.toml stands for the
+    /// run config beside it, or the defaults for the dataset ([`dataset_run`]).
     pub fn load(path: &Path) -> Result<RunConfig> {
+        match dataset_run(path)? {
+            Some(DatasetRun::Config(p)) => return Self::load(&p),
+            Some(DatasetRun::Defaults { manifest, text, .. }) => {
+                return Self::parse(&manifest, &text)
+            }
+            None => {}
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::parse(path, &text)
     }
@@ -478,6 +486,139 @@ pub fn note_config(cfg: &RunConfig) {
     }
     files.extend(cfg.options.x0.iter().cloned());
     crate::model::provenance::note_inputs(files);
+}
+
+/// What `seistomo invert PATH` runs when PATH is a dataset directory or its dataset.toml.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DatasetRun {
+    /// The run config beside the dataset (`DIR/invert.toml`, written by `import` or `synth`).
+    Config(PathBuf),
+    /// No invert.toml: the run config text with the defaults ([`dataset_run_text`]), read as if
+    /// it were the dataset's `manifest` (paths relative to the dataset directory); the outputs go
+    /// to `out_dir`, beside the dataset directory.
+    Defaults {
+        manifest: PathBuf,
+        text: String,
+        out_dir: PathBuf,
+    },
+}
+
+/// None when `path` is an ordinary run config. A dataset directory or a dataset manifest (a
+/// TOML file with `format = "seistomo-dataset"`) stands for `DIR/invert.toml` when there is one,
+/// else for a run with the defaults, outputs in `NAME-inversion` beside the dataset (as `synth`
+/// and `import` write them). A directory that holds neither is an error naming it.
+pub fn dataset_run(path: &Path) -> Result<Option<DatasetRun>> {
+    let parent = |p: &Path| {
+        p.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    };
+    let (dir, manifest) = if path.is_dir() {
+        (path.to_path_buf(), path.join("dataset.toml"))
+    } else if is_dataset_manifest(path) {
+        (parent(path), path.to_path_buf())
+    } else {
+        return Ok(None);
+    };
+    let config = dir.join("invert.toml");
+    if config.is_file() {
+        return Ok(Some(DatasetRun::Config(crate::io::tidy(config))));
+    }
+    if !manifest.is_file() {
+        return Err(Error::config(
+            path,
+            "a directory with neither invert.toml nor dataset.toml: give a run config (docs/configuration.md) or a dataset directory (docs/datasets.md)",
+        ));
+    }
+    let name = std::fs::canonicalize(&dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "dataset".into());
+    let out_name = format!("{name}-inversion");
+    Ok(Some(DatasetRun::Defaults {
+        text: dataset_run_text(
+            "seistomo invert (the defaults: the dataset has no invert.toml)",
+            &out_name,
+            &ModelHints::default(),
+        ),
+        out_dir: crate::io::tidy(dir.join("..").join(&out_name)),
+        manifest: crate::io::tidy(manifest),
+    }))
+}
+
+/// Whether `path` is a dataset manifest (`format = "seistomo-dataset"`; run configs have no
+/// `format` key).
+fn is_dataset_manifest(path: &Path) -> bool {
+    path.is_file()
+        && std::fs::read_to_string(path).is_ok_and(|t| {
+            t.parse::<toml::Table>().is_ok_and(|t| {
+                t.get("format").and_then(toml::Value::as_str) == Some("seistomo-dataset")
+            })
+        })
+}
+
+/// What the unknowns of an imported dataset are: the `[model]` table of its run config
+/// (`seistomo import --unknowns --slowness-unit --reference --cells`). None: the default.
+#[derive(Debug, Clone, Default)]
+pub struct ModelHints {
+    /// "slowness" or "slowness_perturbation".
+    pub unknowns: Option<String>,
+    /// The unit of the unknowns (and of d per unit of G), e.g. "s/km".
+    pub slowness_unit: Option<String>,
+    /// A reference velocity; None: the mean.
+    pub reference: Option<f64>,
+    /// The cell table, as the run config names it (relative to the config's directory).
+    pub cells: Option<String>,
+}
+
+/// The run config of a dataset, as `import` writes it beside the dataset and `invert DIR` uses
+/// without one: LSQR to atol = btol = 1e-8 on the dataset's rows, outputs in `out_name` beside
+/// the dataset directory, the `[model]` table from `model`.
+pub fn dataset_run_text(written_by: &str, out_name: &str, model: &ModelHints) -> String {
+    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let unknowns = model.unknowns.as_deref().unwrap_or("slowness");
+    let unit = model.slowness_unit.as_deref().unwrap_or("s/km");
+    let reference = model
+        .reference
+        .map_or_else(|| quote("mean"), |v| toml::Value::Float(v).to_string());
+    let cells = match &model.cells {
+        Some(c) => format!(
+            "cells = {}   # one line per column: lat_min lat_max lon_min lon_max (degrees)\n",
+            quote(c)
+        ),
+        None => {
+            "# For maps: the dataset's grid (import --grid), or a cell table, one line per column\n\
+                 # (lat_min lat_max lon_min lon_max, degrees):\n\
+                 # cells = \"cells.txt\"\n"
+                .into()
+        }
+    };
+    format!(
+        "# Written by {written_by}.\n\
+         # Run from anywhere:  seistomo invert THIS_FILE  (or the dataset directory)\n\
+         [dataset]\n\
+         path = \"dataset.toml\"            # relative to this file\n\
+         # More regularisation, generated from the dataset's grid (docs/datasets.md), e.g.\n\
+         # norm_damping = 0.01\n\
+         # smoothing = [0.1, 0.1, 0.1]\n\n\
+         [solver]\n\
+         method = \"lsqr\"\n\
+         atol = 1e-8\n\
+         btol = 1e-8\n\
+         # iter_lim = 5000               # default: twice the number of columns\n\n\
+         [output]\n\
+         dir = {}   # relative to this file: beside the dataset directory\n\
+         # checkpoint_every = 100        # long runs: after a kill, `seistomo invert ... --resume`\n\n\
+         [model]\n\
+         unknowns = {:<16}# or \"slowness_perturbation\" (then reference = a velocity)\n\
+         slowness_unit = {:<11}# the unit of the unknowns: d per unit of G\n\
+         reference = {:<15}# perturbations relative to the mean slowness, or a velocity\n\
+         {cells}",
+        quote(&format!("../{out_name}")),
+        quote(unknowns),
+        quote(unit),
+        reference,
+    )
 }
 
 /// A choice-valued key (`kind = "cuda"`): None when absent, else parsed or an error naming the

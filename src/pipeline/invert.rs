@@ -89,6 +89,18 @@ pub fn log_job(comm: &dyn Comm) {
     }
 }
 
+/// `auto` without a usable GPU: one line on stderr saying why the CPU ran (rank 0, not with
+/// --quiet; `--backend cuda` is an error instead), once the run has succeeded, before its
+/// summary (a failed run's error stays its only line).
+pub(crate) fn say_backend_fallback(asked: BackendChoice, kind: BackendChoice, why: &str) {
+    if asked == BackendChoice::Auto
+        && kind == BackendChoice::Cpu
+        && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet
+    {
+        eprintln!("{why}");
+    }
+}
+
 /// Load, lay out, solve and write. Returns the outcome on rank 0 and `None` on the other
 /// ranks. Errors while loading or writing reach every rank as the same
 /// [`crate::Error::Rank`]; other errors are this rank's own (the caller must end the job, e.g.
@@ -181,6 +193,9 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     // Each rank removes the checkpoint it wrote, once the outputs are published.
     if let Some(m) = &run_model {
         agree(comm, m.remove_checkpoint(comm))?;
+    }
+    if comm.is_root() {
+        say_backend_fallback(opts.operator.backend, kind, &why);
     }
     Ok(comm.is_root().then_some(outcome))
 }

@@ -83,11 +83,6 @@ pub fn publish(
     if let Some((m, cfg)) = model {
         m.stage(&mut publ, cfg, outcome)?;
     }
-    publ.commit()?;
-    if let Some((_, cfg)) = model {
-        if let Some(p) = &cfg.model.path {
-            eprintln!("model file written to {}", p.display());
-        }
-    }
-    Ok(())
+    // (`invert` says "model file written to ..." after its summary line.)
+    publ.commit()
 }

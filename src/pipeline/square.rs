@@ -232,6 +232,7 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
         publ.write(p, |w| crate::pipeline::publish::json_text(w, &report))?;
     }
     publ.commit()?;
+    crate::pipeline::invert::say_backend_fallback(c.operator.backend, kind, &why);
     Ok(Some(report))
 }
 
