@@ -123,6 +123,9 @@ fn old_output_spellings_still_work() {
     let out = run_seistomo(&["solve", "--method", "cg", "--matrix", "x.mtx"]);
     let err = common::stderr(&out);
     assert!(!out.status.success());
-    assert!(err.contains("[possible values: lsqr, gmres]"), "{err}");
+    assert!(
+        err.contains("[possible values: lsqr, lsmr, gmres]"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -735,3 +735,59 @@ fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
         }
     }
 }
+
+/// LSMR on the GPU (the host loop with the vectors on the device) against LSMR on the CPU:
+/// every CSR transpose directly, and compact storage through the pipeline (`solve --method
+/// lsmr --storage compact`). The same istop, iterations within 2 %, ||r|| within 1e-8, x within
+/// 1e-6 (as LSQR's test: the orders of the sums differ).
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn lsmr_on_australia_and_well1850_matches_cpu() {
+    use seistomo::pipeline::options::SolveOptions;
+    use seistomo::pipeline::solve::solve_system;
+    use seistomo::solver::{lsmr, LsqMethod};
+    let (g, systems) = (gpu(), real_systems());
+    for (name, sys, params) in systems {
+        let cpu = CpuBackend::new();
+        let cop = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
+        let cs = lsmr(
+            &cpu,
+            &cop,
+            &SerialComm,
+            &sys.b,
+            None,
+            &params,
+            &mut NoMonitor,
+        )
+        .unwrap();
+        let check = |what: &str, istop: u32, itn: usize, normr: f64, x: &[f64]| {
+            let e = rel(x, &cs.x);
+            println!(
+                "{name} {what}: istop {istop} itn {itn} (cpu {} {}), normr {normr:.10e} (cpu {:.10e}), x rel diff {e:.2e}",
+                cs.info.istop, cs.info.itn, cs.info.normr
+            );
+            assert_eq!(istop, cs.info.istop, "{name} {what}");
+            assert!((itn as f64 - cs.info.itn as f64).abs() <= 0.02 * cs.info.itn as f64);
+            assert!(
+                (normr - cs.info.normr).abs() <= 1e-8 * cs.info.normr,
+                "{name} {what}"
+            );
+            assert!(e <= 1e-6, "{name} {what}: {e}");
+        };
+        for s in STRATEGIES {
+            let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
+            let gs = lsmr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let i = &gs.info;
+            check(&format!("csr {s}"), i.istop, i.itn, i.normr, &gs.x);
+        }
+        let mut opts = SolveOptions::new(params.clone(), BackendChoice::Cuda);
+        opts.method = LsqMethod::Lsmr;
+        opts.operator.storage = seistomo::backend::storage::Storage::Compact;
+        let o = solve_system(sys.clone(), &opts, &SerialComm, 0.0, 0).unwrap();
+        assert_eq!(o.report.header.method, "lsmr");
+        assert_eq!(o.report.lsqr_loop, "host");
+        let i = &o.solution.info;
+        let what = format!("pipeline, {}", o.report.storage);
+        check(&what, i.istop, i.itn, i.norms.r1norm, &o.solution.x);
+    }
+}

@@ -1,9 +1,15 @@
-"""seistomo from Python: LSQR and GMRES on the CPU or a CUDA GPU with SciPy's signatures and
-results, the dataset format, config runs, and model files that xarray opens.
+"""seistomo from Python: LSQR, LSMR and GMRES on the CPU or a CUDA GPU with SciPy's signatures
+and results, the dataset format, config runs, and model files that xarray opens.
 
     import seistomo
     x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var = seistomo.lsqr(A, b)
+    x, istop, itn, normr, normar, norma, conda, normx = seistomo.lsmr(A, b)
     x, info = seistomo.gmres(A, b, M="jacobi")
+
+A is a scipy.sparse matrix or a dense array (copied once, solved natively on the CPU or GPU), or
+an operator given by its products: a scipy.sparse.linalg.LinearOperator, a PyLops operator,
+anything with matvec, rmatvec and shape (the solve runs natively on the CPU, calling back into
+Python for each product).
     ds = seistomo.open_model("out/demo/model.h5")      # xarray.Dataset (dict without xarray)
 
 The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (use the
@@ -20,6 +26,7 @@ from . import _native
 __version__ = _native.__version__
 __all__ = [
     "lsqr",
+    "lsmr",
     "gmres",
     "Dataset",
     "invert",
@@ -62,13 +69,11 @@ def _csr_parts(A, what="A"):
             A = A.copy()
             A.sum_duplicates()
     else:
-        from scipy.sparse.linalg import LinearOperator
-
-        if isinstance(A, LinearOperator):
-            raise TypeError(f"{what}: a LinearOperator is not supported; pass a sparse matrix")
         arr = np.asarray(A)
         if arr.dtype == object:
-            raise TypeError(f"{what}: dtype object is not a real number type")
+            raise TypeError(
+                f"{what}: expected a scipy.sparse matrix, a 2-D array of real numbers, or an "
+                f"operator with matvec, rmatvec and shape (got {type(A).__name__})")
         _check_dtype(arr.dtype, what)
         if arr.ndim != 2:
             raise ValueError(f"{what} must be 2-D (got shape {arr.shape})")
@@ -102,6 +107,105 @@ def _array(b):
     return np.frombuffer(b, dtype=np.float64).copy()
 
 
+def _is_operator(A):
+    """Whether A is given by its products (a LinearOperator, a PyLops operator, anything with
+    matvec and shape) rather than by its entries (a sparse matrix or an array)."""
+    if _sparse().issparse(A) or isinstance(A, np.ndarray):
+        return False
+    return hasattr(A, "matvec") and hasattr(A, "shape")
+
+
+class _Products:
+    """An operator's products as the native solver calls them: matvec(buf) and rmatvec(buf)
+    take a bytearray of float64 (viewed by NumPy without a copy) and return bytes, after
+    checking what the user's operator returned (shape, real finite values; errors name it)."""
+
+    def __init__(self, op, name, shape, transpose=True):
+        self.op = op
+        self.name = name
+        self.m, self.n = shape
+        self._mv = op.matvec if hasattr(op, "matvec") else op
+        self._rmv = getattr(op, "rmatvec", None) if transpose else None
+
+    def _out(self, y, k, what):
+        y = np.asarray(y)
+        if y.dtype == object or y.dtype.kind not in "fiub":
+            raise TypeError(f"{self.name}.{what} returned values of dtype {y.dtype}, "
+                            f"not real numbers")
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.shape != (k,):
+            raise ValueError(f"{self.name}.{what} returned an array of shape {y.shape}, "
+                             f"expected ({k},)")
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        if not np.isfinite(y).all():
+            raise ValueError(f"{self.name}.{what} returned values that are not finite")
+        return y.tobytes()
+
+    def matvec(self, buf):
+        return self._out(self._mv(np.frombuffer(buf, dtype=np.float64)), self.m, "matvec")
+
+    def rmatvec(self, buf):
+        return self._out(self._rmv(np.frombuffer(buf, dtype=np.float64)), self.n, "rmatvec")
+
+
+def _operator(A, what="A", transpose=True):
+    """A given by its products, checked: (shape, _Products)."""
+    shape = getattr(A, "shape", None)
+    try:
+        m, n = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: shape must be (rows, columns), got {shape!r}") from None
+    if m <= 0 or n <= 0:
+        raise ValueError(f"{what} is empty ({m} x {n})")
+    dtype = getattr(A, "dtype", None)
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype).kind
+        except TypeError:
+            kind = "f"
+        if kind == "c":
+            raise TypeError(f"{what}: complex operators are not supported (dtype {dtype})")
+    if transpose and not callable(getattr(A, "rmatvec", None)):
+        raise TypeError(f"{what} ({type(A).__name__}) has no rmatvec: LSQR and LSMR need "
+                        f"A^T y as well as A x")
+    return (m, n), _Products(A, f"{what} ({type(A).__name__})", (m, n), transpose)
+
+
+def _check_iter_lim(iter_lim, what):
+    if iter_lim is None:
+        return None
+    iter_lim = int(iter_lim)
+    if iter_lim < 0:
+        raise ValueError(f"{what} must be >= 0 (got {iter_lim})")
+    return iter_lim
+
+
+def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
+         callback, callback_every, transpose, lsqr_loop, storage, reorder):
+    """The native LSQR or LSMR on A's entries or, for an operator, on its products."""
+    if _is_operator(A):
+        shape, prods = _operator(A)
+        bb = _vec(b, "b")
+        x0b = None if x0 is None else _vec(x0, "x0")
+        r = _native.lsq_operator(prods, shape, bb, method, float(damp), float(atol), float(btol),
+                                 float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
+                                 callback, int(callback_every))
+    else:
+        shape, ip, ix, data = _csr_parts(A)
+        bb = _vec(b, "b")
+        x0b = None if x0 is None else _vec(x0, "x0")
+        r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
+                         float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
+                         str(precision), str(transpose), str(lsqr_loop), callback,
+                         int(callback_every), str(storage), str(reorder), method)
+    if iter_lim == 0 and r["itn"] == 0:
+        r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
+    last_info.clear()
+    last_info.update({k: v for k, v in r.items() if k not in ("x", "var")})
+    return shape, r
+
+
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
          calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
          callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none"):
@@ -117,27 +221,19 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     names (docs/gpu.md). reorder defaults to "none" so that results follow SciPy's summation
     order (iterations within 2 %); reorder="auto" (the CLI's default) is 1.2-1.5x faster on large
     GPU systems. x comes back in the original order.
+    A may also be an operator given by its products: a scipy.sparse.linalg.LinearOperator, a
+    PyLops operator, anything with matvec, rmatvec and shape. Then the solve runs on the CPU
+    backend, natively, and calls A.matvec / A.rmatvec in Python for each product (precision,
+    storage, reorder, transpose and lsqr_loop do not apply; backend "cuda" is an error).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
     The backend used and the solve time are in seistomo.last_info.
     """
-    shape, ip, ix, data = _csr_parts(A)
-    bb = _vec(b, "b")
-    x0b = None if x0 is None else _vec(x0, "x0")
-    if iter_lim is not None:
-        iter_lim = int(iter_lim)
-        if iter_lim < 0:
-            raise ValueError(f"iter_lim must be >= 0 (got {iter_lim})")
-    r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
-                     float(conlim), iter_lim, bool(calc_var), x0b, str(backend), str(precision),
-                     str(transpose), str(lsqr_loop), callback, int(callback_every),
-                     str(storage), str(reorder))
-    if iter_lim == 0 and r["itn"] == 0:
-        r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
+    iter_lim = _check_iter_lim(iter_lim, "iter_lim")
+    shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
+                    precision, callback, callback_every, transpose, lsqr_loop, storage, reorder)
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
-    last_info.clear()
-    last_info.update({k: v for k, v in r.items() if k not in ("x", "var")})
     if show:
         print("LSQR            Least-squares solution of  Ax = b")
         print(f"The matrix A has {shape[0]} rows and {shape[1]} columns")
@@ -154,6 +250,40 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
             r["acond"], r["arnorm"], r["xnorm"], var)
 
 
+def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,
+         *, backend="auto", precision="f64", callback=None, callback_every=1, transpose="auto",
+         storage="auto", reorder="none"):
+    """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSMR (Fong & Saunders 2011), as
+    scipy.sparse.linalg.lsmr: same parameters, defaults (maxiter = min(m, n)) and 8-tuple
+    (x, istop, itn, normr, normar, norma, conda, normx).
+
+    LSMR runs the same bidiagonalisation as LSQR but makes ||A^T r|| fall monotonically, so it
+    can stop earlier than LSQR on the least-squares test (atol). A, b, backend, precision,
+    storage, reorder, transpose and callback as for seistomo.lsqr (A a sparse matrix, an array,
+    or an operator with matvec, rmatvec and shape); on a GPU the vectors stay on the device and
+    the host drives the iterations (there is no device loop). callback(itn, normr, normr, norma,
+    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields).
+    """
+    maxiter = _check_iter_lim(maxiter, "maxiter")
+    shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
+                    precision, callback, callback_every, transpose, "auto", storage, reorder)
+    x = _array(r["x"])
+    if show:
+        print("LSMR            Least-squares solution of  Ax = b")
+        print(f"The matrix A has {shape[0]} rows and {shape[1]} columns")
+        print(f"damp = {damp:20.14e}")
+        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}")
+        print(f"btol = {btol:8.2e}             maxiter = {maxiter}")
+        print(f"backend: {r['backend']}")
+        print(f"LSMR finished: {r['stop_reason']}")
+        print(f"istop ={r['istop']:8d}    normr ={r['r1norm']:8.1e}")
+        print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
+        print(f"itn   ={r['itn']:8d}    condA ={r['acond']:8.1e}")
+        print(f"    normx ={r['xnorm']:8.1e}")
+    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
+            r["acond"], r["xnorm"])
+
+
 class GmresResult(tuple):
     """(x, info) as scipy.sparse.linalg.gmres returns it, with the solve's numbers as
     attributes: iterations (inner, one operator application each), cycles, relres
@@ -166,37 +296,101 @@ class GmresResult(tuple):
         return self
 
 
+class _Callable:
+    """A callable M (z = M(r)) as an operator with matvec."""
+
+    def __init__(self, f):
+        self.matvec = f
+
+
+def _gmres_precond(M, n):
+    """seistomo's preconditioner named by M (None, a name), or the caller's M as _Products: a
+    LinearOperator or anything with matvec, a sparse matrix or array (as SciPy, z = M @ r), or
+    a callable z = M(r)."""
+    if M is None:
+        return "none", None
+    if isinstance(M, str):
+        return M, None
+    sp = _sparse()
+    if hasattr(M, "matvec"):
+        op = M
+    elif sp.issparse(M) or isinstance(M, np.ndarray):
+        from scipy.sparse.linalg import aslinearoperator
+
+        _check_dtype(M.dtype, "M")
+        op = aslinearoperator(M)
+    elif callable(M):
+        return "none", _Products(_Callable(M), "M", (n, n), transpose=False)
+    else:
+        raise TypeError("M must be None, 'jacobi', 'block-ilu0', a LinearOperator (or anything "
+                        f"with matvec), a sparse matrix or a callable (got {type(M).__name__})")
+    shape = tuple(int(v) for v in getattr(op, "shape", (n, n)))
+    if shape != (n, n):
+        raise ValueError(f"M has shape {shape}; GMRES needs ({n}, {n})")
+    return "none", _Products(op, f"M ({type(M).__name__})", (n, n), transpose=False)
+
+
 def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=None,
-          orthog="cgs2", backend="auto", precision="f64", callback=None, callback_every=1,
-          storage="auto"):
-    """Restarted GMRES with SciPy's stopping rule: returns (x, info), info = 0 when
+          callback=None, callback_type=None, orthog="cgs2", backend="auto", precision="f64",
+          callback_every=1, storage="auto"):
+    """Restarted GMRES with SciPy 1.10's stopping rule: returns (x, info), info = 0 when
     ||b - A x|| <= max(rtol ||b||, atol), else the number of restart cycles run (> 0).
-    maxiter counts restart cycles (SciPy's meaning; default 10 n). M: None, "jacobi" or
-    "block-ilu0" (left preconditioning). The result also carries .iterations (inner
-    iterations), .cycles, .relres, .converged. callback(iteration, resnorm, relres).
+    restart: None means 20 (SciPy's default); at most n. maxiter counts restart cycles (SciPy's
+    meaning; default 10 n). M: None, "jacobi" or "block-ilu0" (seistomo's, native), or the
+    caller's: a LinearOperator (PyLops, anything with matvec), a sparse matrix or array
+    (z = M @ r, as SciPy) or a callable z = M(r), applied in Python; left preconditioning.
+    A: a sparse matrix or array, or an operator with matvec and shape (then the CPU backend,
+    products in Python). The result also carries .iterations (inner iterations), .cycles,
+    .relres, .converged.
+    callback_type, as SciPy 1.10's: "x": callback(x) after every cycle; "pr_norm":
+    callback(preconditioned residual / ||b||) every inner iteration; "legacy": the same, and
+    maxiter counts inner iterations. None (seistomo's): callback(iteration, resnorm, relres)
+    every `callback_every` inner iterations.
     storage (GPU): "auto" (row patterns where the rows qualify: stencil matrices), "csr",
     "compact" (row patterns, or an error saying why not)."""
-    shape, ip, ix, data = _csr_parts(A)
+    operator = _is_operator(A)
+    if operator:
+        shape, prods = _operator(A, transpose=False)
+    else:
+        shape, ip, ix, data = _csr_parts(A)
     if shape[0] != shape[1]:
         raise ValueError(f"GMRES needs a square matrix; A is {shape[0]} x {shape[1]}")
     n = shape[0]
     bb = _vec(b, "b", n)
     x0b = None if x0 is None else _vec(x0, "x0", n)
-    if M is None:
-        pc = "none"
-    elif isinstance(M, str):
-        pc = M
-    else:
-        raise TypeError("M must be None, 'jacobi' or 'block-ilu0' (operators are not supported)")
+    pc, m_prods = _gmres_precond(M, n)
+    restart = 20 if restart is None else int(restart)
+    if restart < 1:
+        raise ValueError(f"restart must be at least 1 (got {restart})")
+    restart = min(restart, n)
     if maxiter is None:
         maxiter = 10 * n
-    if int(maxiter) < 1:
+    maxiter = int(maxiter)
+    if maxiter < 1:
         raise ValueError(f"maxiter must be >= 1 (got {maxiter})")
-    r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), int(restart),
-                      int(maxiter), pc, str(orthog), str(backend), str(precision), callback,
-                      int(callback_every), str(storage))
+    if callback_type not in (None, "x", "pr_norm", "legacy"):
+        raise ValueError(f"unknown callback_type {callback_type!r} (None, 'x', 'pr_norm', "
+                         f"'legacy')")
+    if callback_type == "legacy":
+        max_iter, max_cycles = maxiter, None
+    else:
+        max_iter, max_cycles = restart * maxiter, maxiter
+    cb, cb_x = callback, False
+    if callback is not None and callback_type == "x":
+        cb, cb_x = (lambda xb: callback(_array(xb))), True
+    elif callback is not None and callback_type in ("pr_norm", "legacy"):
+        bnrm2 = float(np.linalg.norm(np.frombuffer(bb, dtype=np.float64)))
+        cb = lambda _it, resnorm, _rel: callback(resnorm / bnrm2)  # noqa: E731
+    if operator:
+        r = _native.gmres_operator(prods, n, bb, x0b, float(rtol), float(atol), restart,
+                                   max_iter, max_cycles, pc, str(orthog), str(backend), cb,
+                                   int(callback_every), m_prods, cb_x)
+    else:
+        r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), restart, max_iter,
+                          max_cycles, pc, str(orthog), str(backend), str(precision), cb,
+                          int(callback_every), str(storage), m_prods, cb_x)
     x = _array(r.pop("x"))
-    info = 0 if r["converged"] else int(r["cycles"])
+    info = 0 if r["converged"] else (maxiter if callback_type == "legacy" else int(r["cycles"]))
     last_info.clear()
     last_info.update(r)
     return GmresResult(x, info, r)

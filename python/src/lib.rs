@@ -6,7 +6,10 @@
 //! CSR owns u64/u32/f64 vectors anyway, so one copy is made either way. The solve runs with
 //! the GIL released; the monitor takes it back to run the callback and to check for signals
 //! (Ctrl-C raises KeyboardInterrupt between iterations). Library errors become Python
-//! exceptions with the library's one-line message; a panic becomes RuntimeError.
+//! exceptions with the library's one-line message; a panic becomes RuntimeError. Operators given
+//! by their products in Python (LinearOperator, PyLops) run through products.rs.
+
+mod products;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -16,9 +19,9 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueEr
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use seistomo::backend::precond::{PivotPolicy, TriSolve};
+use seistomo::backend::precond::{HostPreconditioner, Identity, OnHost, PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
-use seistomo::backend::{LsqrLoop, Precision, TransposeStrategy};
+use seistomo::backend::{Backend, LsqrLoop, Precision, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
@@ -26,12 +29,12 @@ use seistomo::pipeline::operators::{choose_backend, resolve_storage, Engine, Squ
 use seistomo::pipeline::options::{BackendChoice, OperatorSpec};
 use seistomo::pipeline::prepare::{prepare, Layout};
 use seistomo::pipeline::solve::{solve, LsqrJob, Recorder, Watch};
-use seistomo::pipeline::square::gmres_square;
+use seistomo::pipeline::square::{gmres_square, gmres_square_host_precond};
 use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
-    ConvergenceTest, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
+    ConvergenceTest, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
 };
-use seistomo::solver::{IterRecord, LsqrParams};
+use seistomo::solver::{IterRecord, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution};
 use seistomo::sparse::{Csr, System};
 use seistomo::Error;
 
@@ -150,11 +153,14 @@ fn precision_of(s: &str) -> PyResult<Precision> {
 }
 
 /// Takes the GIL back every `every` iterations (callback) and at most every 50 ms (signals).
+/// With `wants_x` (GMRES's `callback_type="x"`) the callback gets x after every cycle instead
+/// of the iteration records.
 struct PyMonitor {
     callback: Option<Py<PyAny>>,
     every: usize,
     last_check: Instant,
     err: Option<PyErr>,
+    wants_x: bool,
 }
 
 impl PyMonitor {
@@ -164,6 +170,7 @@ impl PyMonitor {
             every: every.max(1),
             last_check: Instant::now(),
             err: None,
+            wants_x: false,
         }
     }
 
@@ -172,7 +179,7 @@ impl PyMonitor {
     where
         A: for<'py> IntoPyObject<'py, Target = pyo3::types::PyTuple>,
     {
-        let due_cb = self.callback.is_some() && itn % self.every == 0;
+        let due_cb = self.callback.is_some() && !self.wants_x && itn % self.every == 0;
         let due_sig = self.last_check.elapsed() >= Duration::from_millis(50);
         if !due_cb && !due_sig {
             return Ok(());
@@ -199,6 +206,18 @@ impl PyMonitor {
     fn error(&mut self, e: Error) -> PyErr {
         self.err.take().unwrap_or_else(|| py_err(e))
     }
+
+    /// The error of a solve whose products or M called back into Python: a Python exception
+    /// raised there (kept in `kept`) or by the callback, else the library error.
+    fn error_with(&mut self, kept: Option<PyErr>, e: Error) -> PyErr {
+        kept.unwrap_or_else(|| self.error(e))
+    }
+}
+
+impl<B: Backend> LsqrMonitor<B> for PyMonitor {
+    fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
+        Recorder::record(self, r)
+    }
 }
 
 impl Recorder for PyMonitor {
@@ -223,6 +242,25 @@ impl GmresMonitor for PyMonitor {
         let r = *r;
         self.poll(r.iteration, move || (r.iteration, r.resnorm, r.relres))
     }
+    fn wants_iterate(&self) -> bool {
+        self.wants_x && self.callback.is_some()
+    }
+    /// The callback gets x (bytes; the Python half makes it an array).
+    fn iterate(&mut self, x: &[f64]) -> seistomo::Result<()> {
+        let Some(cb) = self.callback.as_ref() else {
+            return Ok(());
+        };
+        let r = Python::with_gil(|py| -> PyResult<()> {
+            py.check_signals()?;
+            cb.call1(py, (f64_bytes(py, x),))?;
+            Ok(())
+        });
+        self.last_check = Instant::now();
+        r.map_err(|e| {
+            self.err = Some(e);
+            Error::Invalid("stopped from Python".into())
+        })
+    }
 }
 
 /// LSQR on one process. Returns a dict: x (bytes), var (bytes or None), istop, itn, r1norm,
@@ -230,7 +268,7 @@ impl GmresMonitor for PyMonitor {
 #[pyfunction]
 #[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
     calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every,
-    storage, reorder))]
+    storage, reorder, method="lsqr"))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -254,9 +292,11 @@ fn lsqr<'py>(
     callback_every: usize,
     storage: &str,
     reorder: &str,
+    method: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let a = csr(shape, indptr, indices, data)?;
-    let (b, x0) = rhs_and_start(&a, b, x0)?;
+    let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
     let params = LsqrParams {
         damp,
         atol,
@@ -308,6 +348,7 @@ fn lsqr<'py>(
             let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
             p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
             let job = LsqrJob {
+                method,
                 params: &params,
                 spec: &spec,
                 checkpoint: None,
@@ -321,6 +362,15 @@ fn lsqr<'py>(
         })
     });
     let (sol, backend_used) = out?;
+    lsq_dict(py, &sol, backend_used)
+}
+
+/// What lsqr and lsmr return to the Python half (lsmr's normr etc. in LSQR's fields).
+fn lsq_dict<'py>(
+    py: Python<'py>,
+    sol: &LsqrSolution,
+    backend_used: String,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("x", f64_bytes(py, &sol.x))?;
     d.set_item("var", sol.var.as_ref().map(|v| f64_bytes(py, v)))?;
@@ -339,8 +389,13 @@ fn lsqr<'py>(
     Ok(d)
 }
 
-/// b and x0 as f64 vectors, finite and of A's row and column counts.
-fn rhs_and_start(a: &Csr, b: &[u8], x0: Option<&[u8]>) -> PyResult<(Vec<f64>, Option<Vec<f64>>)> {
+/// b and x0 as f64 vectors, finite and of A's row (m) and column (n) counts.
+fn vectors(
+    m: usize,
+    n: usize,
+    b: &[u8],
+    x0: Option<&[u8]>,
+) -> PyResult<(Vec<f64>, Option<Vec<f64>>)> {
     let vector = |v: &[u8], what: &str, len: usize, dim: &str| -> PyResult<Vec<f64>> {
         let v = finite(f64s(v, what)?, what)?;
         if v.len() != len {
@@ -351,11 +406,92 @@ fn rhs_and_start(a: &Csr, b: &[u8], x0: Option<&[u8]>) -> PyResult<(Vec<f64>, Op
         }
         Ok(v)
     };
-    let b = vector(b, "b", a.nrows(), "rows")?;
-    let x0 = x0
-        .map(|x| vector(x, "x0", a.ncols(), "columns"))
-        .transpose()?;
+    let b = vector(b, "b", m, "rows")?;
+    let x0 = x0.map(|x| vector(x, "x0", n, "columns")).transpose()?;
     Ok((b, x0))
+}
+
+/// LSQR or LSMR (`method`) on an operator given by its products in Python (`products`: the
+/// `seistomo._Products` wrapper), on the CPU backend, one process. Returns lsqr's dict.
+#[pyfunction]
+#[pyo3(signature = (products, shape, b, method, damp, atol, btol, conlim, iter_lim, calc_var,
+    x0, backend, callback, callback_every))]
+#[allow(clippy::too_many_arguments)]
+fn lsq_operator<'py>(
+    py: Python<'py>,
+    products: Py<PyAny>,
+    shape: (usize, usize),
+    b: &[u8],
+    method: &str,
+    damp: f64,
+    atol: f64,
+    btol: f64,
+    conlim: f64,
+    iter_lim: Option<usize>,
+    calc_var: bool,
+    x0: Option<&[u8]>,
+    backend: &str,
+    callback: Option<Py<PyAny>>,
+    callback_every: usize,
+) -> PyResult<Bound<'py, PyDict>> {
+    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
+    let (m, n) = nonempty(shape)?;
+    let (b, x0) = vectors(m, n, b, x0)?;
+    let params = LsqrParams {
+        damp,
+        atol,
+        btol,
+        conlim,
+        iter_lim,
+        calc_var,
+    };
+    match method {
+        LsqMethod::Lsqr => seistomo::solver::lsqr::check_params(&params),
+        LsqMethod::Lsmr => seistomo::solver::lsmr::check_lsmr_params(&params),
+    }
+    .map_err(py_err)?;
+    operator_backend(backend)?;
+    let op = products::PyOperator::new(products, (m, n));
+    let mut mon = PyMonitor::new(callback, callback_every);
+    let out = py.allow_threads(|| {
+        guarded(|| {
+            let engine = Engine::cpu_on_calling_thread();
+            let be = engine.cpu_backend().map_err(py_err)?;
+            let (x0, comm) = (x0.as_deref(), &SerialComm);
+            let sol = match method {
+                LsqMethod::Lsqr => seistomo::solver::lsqr(be, &op, comm, &b, x0, &params, &mut mon),
+                LsqMethod::Lsmr => seistomo::solver::lsmr(be, &op, comm, &b, x0, &params, &mut mon)
+                    .map(|s| s.into_lsqr()),
+            };
+            let sol = sol.map_err(|e| mon.error_with(op.errors.take(), e))?;
+            Ok((
+                sol,
+                format!("cpu: {} (products in Python)", engine.describe()),
+            ))
+        })
+    });
+    let (sol, backend_used) = out?;
+    lsq_dict(py, &sol, backend_used)
+}
+
+/// A shape with rows and columns.
+fn nonempty((m, n): (usize, usize)) -> PyResult<(usize, usize)> {
+    if m == 0 || n == 0 {
+        return Err(PyValueError::new_err(format!(
+            "the operator is empty ({m} x {n})"
+        )));
+    }
+    Ok((m, n))
+}
+
+/// Operators given by their products run on the CPU backend.
+fn operator_backend(backend: &str) -> PyResult<()> {
+    match backend_of(backend)? {
+        BackendChoice::Cuda => Err(PyValueError::new_err(
+            "backend='cuda': an operator given by its products (matvec/rmatvec in Python) runs on the CPU backend; use backend='cpu' or 'auto', or pass a sparse matrix",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The engine of one process: a GPU, or the CPU driven from the calling thread (Python sees
@@ -367,10 +503,15 @@ fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
     }
 }
 
-/// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process.
+/// Restarted GMRES (SciPy 1.10's stopping rule, left preconditioning) on one process. `M`:
+/// `precond` names one of seistomo's ("none", "jacobi", "block-ilu0"), or `m_products` (the
+/// `seistomo._Products` wrapper of a LinearOperator or callable) applies the caller's on the
+/// host. `max_iter` limits inner iterations, `max_cycles` cycles. With `callback_x` the
+/// callback gets x (bytes) after every cycle instead of the iteration records.
 #[pyfunction]
-#[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, maxiter, precond,
-    orthog, backend, precision, callback, callback_every, storage="auto"))]
+#[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, max_iter, max_cycles,
+    precond, orthog, backend, precision, callback, callback_every, storage="auto",
+    m_products=None, callback_x=false))]
 #[allow(clippy::too_many_arguments)]
 fn gmres<'py>(
     py: Python<'py>,
@@ -383,7 +524,8 @@ fn gmres<'py>(
     rtol: f64,
     atol: f64,
     restart: usize,
-    maxiter: usize,
+    max_iter: usize,
+    max_cycles: Option<usize>,
     precond: &str,
     orthog: &str,
     backend: &str,
@@ -391,40 +533,16 @@ fn gmres<'py>(
     callback: Option<Py<PyAny>>,
     callback_every: usize,
     storage: &str,
+    m_products: Option<Py<PyAny>>,
+    callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let a = csr((n, n), indptr, indices, data)?;
     let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
-    let (b, x0) = rhs_and_start(&a, b, x0)?;
-    let pc = match precond {
-        "none" => SquarePrecond::None,
-        "jacobi" => SquarePrecond::Jacobi,
-        "block-ilu0" | "ilu0" => SquarePrecond::BlockIlu0 {
-            pivot: PivotPolicy::Error,
-            tri: TriSolve::Exact,
-        },
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "unknown preconditioner M='{precond}' (None, 'jacobi', 'block-ilu0')"
-            )))
-        }
-    };
-    let orthog = orthog.parse::<Orthog>().map_err(PyValueError::new_err)?;
+    let (b, x0) = vectors(n, n, b, x0)?;
+    let pc = square_precond_of(precond)?;
+    let params = gmres_params(restart, (max_iter, max_cycles), rtol, atol, orthog)?;
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
-    if restart == 0 {
-        return Err(PyValueError::new_err("restart must be at least 1"));
-    }
-    let params = GmresParams {
-        restart,
-        rtol,
-        atol,
-        max_iter: restart.saturating_mul(maxiter),
-        max_cycles: Some(maxiter),
-        orthog,
-        side: PrecondSide::Left,
-        test: ConvergenceTest::Scipy,
-        arnoldi_loop: Default::default(),
-    };
     if prec == Precision::F32 && choice == BackendChoice::Cpu {
         return Err(PyValueError::new_err(
             "precision f32: the CPU backend stores f64 values only",
@@ -435,7 +553,16 @@ fn gmres<'py>(
             "storage compact: GMRES's compact storage (row patterns) is for the GPU; the CPU backend stores CSR",
         ));
     }
+    let kept = std::sync::Arc::new(products::Kept::default());
+    let m = m_products.map(|obj| {
+        Box::new(products::PyPrecond::new(
+            obj,
+            "M (Python)".into(),
+            kept.clone(),
+        )) as Box<dyn HostPreconditioner>
+    });
     let mut mon = PyMonitor::new(callback, callback_every);
+    mon.wants_x = callback_x;
     let out = py.allow_threads(|| {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
@@ -457,29 +584,160 @@ fn gmres<'py>(
                 b: &b,
                 x0: x0.as_deref(),
             };
-            let sol = gmres_square(&engine, &SerialComm, sys, pc, &spec, &params, &mut mon)
-                .map_err(|e| mon.error(e))?;
+            let sol = match m {
+                Some(m) => gmres_square_host_precond(
+                    &engine,
+                    &SerialComm,
+                    sys,
+                    m,
+                    &spec,
+                    &params,
+                    &mut mon,
+                ),
+                None => gmres_square(&engine, &SerialComm, sys, pc, &spec, &params, &mut mon),
+            };
+            let sol = sol.map_err(|e| mon.error_with(kept.take(), e))?;
             let what = match kind {
                 BackendChoice::Cuda => format!("cuda: {} ({why})", engine.describe()),
                 _ => format!("cpu ({why})"),
             };
-            Ok((sol, what))
+            Ok((sol.x_local, sol.info, sol.precond, what))
         })
     });
-    let (sol, backend_used) = out?;
+    gmres_dict(py, out?)
+}
+
+/// seistomo's preconditioner named by `M`.
+fn square_precond_of(precond: &str) -> PyResult<SquarePrecond> {
+    match precond {
+        "none" => Ok(SquarePrecond::None),
+        "jacobi" => Ok(SquarePrecond::Jacobi),
+        "block-ilu0" | "ilu0" => Ok(SquarePrecond::BlockIlu0 {
+            pivot: PivotPolicy::Error,
+            tri: TriSolve::Exact,
+        }),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown preconditioner M='{precond}' (None, 'jacobi', 'block-ilu0', a LinearOperator or a callable)"
+        ))),
+    }
+}
+
+/// GMRES's parameters as SciPy 1.10 runs it: left preconditioning, its stopping rule;
+/// `max_iter` inner iterations and `max_cycles` cycles at most.
+fn gmres_params(
+    restart: usize,
+    (max_iter, max_cycles): (usize, Option<usize>),
+    rtol: f64,
+    atol: f64,
+    orthog: &str,
+) -> PyResult<GmresParams> {
+    if restart == 0 {
+        return Err(PyValueError::new_err("restart must be at least 1"));
+    }
+    Ok(GmresParams {
+        restart,
+        rtol,
+        atol,
+        max_iter,
+        max_cycles,
+        orthog: orthog.parse::<Orthog>().map_err(PyValueError::new_err)?,
+        side: PrecondSide::Left,
+        test: ConvergenceTest::Scipy,
+        arnoldi_loop: Default::default(),
+    })
+}
+
+/// What gmres returns to the Python half: x, the stop, the backend and preconditioner used.
+fn gmres_dict(
+    py: Python<'_>,
+    (x, info, precond, backend_used): (Vec<f64>, GmresInfo, String, String),
+) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("x", f64_bytes(py, &sol.x_local))?;
-    let i = &sol.info;
-    d.set_item("converged", i.stop.converged)?;
-    d.set_item("reason", &i.stop.reason)?;
-    d.set_item("iterations", i.stop.iterations)?;
-    d.set_item("cycles", i.stop.restarts + 1)?;
-    d.set_item("relres", i.stop.relres)?;
-    d.set_item("precond_relres", i.stop.precond_relres)?;
-    d.set_item("seconds", i.seconds)?;
+    d.set_item("x", f64_bytes(py, &x))?;
+    d.set_item("converged", info.stop.converged)?;
+    d.set_item("reason", &info.stop.reason)?;
+    d.set_item("iterations", info.stop.iterations)?;
+    d.set_item("cycles", info.stop.restarts + 1)?;
+    d.set_item("relres", info.stop.relres)?;
+    d.set_item("precond_relres", info.stop.precond_relres)?;
+    d.set_item("seconds", info.seconds)?;
     d.set_item("backend", backend_used)?;
-    d.set_item("precond", &sol.precond)?;
+    d.set_item("precond", precond)?;
     Ok(d)
+}
+
+/// GMRES on an operator given by its products in Python (`products`), on the CPU backend:
+/// M none, or the caller's (`m_products`); otherwise as [`gmres`].
+#[pyfunction]
+#[pyo3(signature = (products, n, b, x0, rtol, atol, restart, max_iter, max_cycles, precond,
+    orthog, backend, callback, callback_every, m_products=None, callback_x=false))]
+#[allow(clippy::too_many_arguments)]
+fn gmres_operator<'py>(
+    py: Python<'py>,
+    products: Py<PyAny>,
+    n: usize,
+    b: &[u8],
+    x0: Option<&[u8]>,
+    rtol: f64,
+    atol: f64,
+    restart: usize,
+    max_iter: usize,
+    max_cycles: Option<usize>,
+    precond: &str,
+    orthog: &str,
+    backend: &str,
+    callback: Option<Py<PyAny>>,
+    callback_every: usize,
+    m_products: Option<Py<PyAny>>,
+    callback_x: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (n, _) = nonempty((n, n))?;
+    let (b, x0) = vectors(n, n, b, x0)?;
+    if precond != "none" {
+        return Err(PyValueError::new_err(format!(
+            "M='{precond}' needs the matrix's entries; with A given by its products pass M as a LinearOperator or a callable"
+        )));
+    }
+    let params = gmres_params(restart, (max_iter, max_cycles), rtol, atol, orthog)?;
+    operator_backend(backend)?;
+    let op = products::PyOperator::new(products, (n, n));
+    let kept = std::sync::Arc::new(products::Kept::default());
+    let m = m_products.map(|obj| products::PyPrecond::new(obj, "M (Python)".into(), kept.clone()));
+    let pc_name = if m.is_some() { "M (Python)" } else { "none" };
+    let mut mon = PyMonitor::new(callback, callback_every);
+    mon.wants_x = callback_x;
+    let out = py.allow_threads(|| {
+        guarded(|| {
+            let engine = Engine::cpu_on_calling_thread();
+            let be = engine.cpu_backend().map_err(py_err)?;
+            let (comm, x0) = (&SerialComm, x0.as_deref());
+            let sol = match m {
+                Some(m) => {
+                    let mut pc = OnHost::new(m, n);
+                    seistomo::solver::gmres::gmres(
+                        be, &op, &mut pc, comm, &b, x0, &params, &mut mon,
+                    )
+                }
+                None => seistomo::solver::gmres::gmres(
+                    be,
+                    &op,
+                    &mut Identity,
+                    comm,
+                    &b,
+                    x0,
+                    &params,
+                    &mut mon,
+                ),
+            };
+            let sol = sol.map_err(|e| {
+                let kept = op.errors.take().or_else(|| kept.take());
+                mon.error_with(kept, e)
+            })?;
+            let what = format!("cpu: {} (products in Python)", engine.describe());
+            Ok((sol.x, sol.info, pc_name.to_string(), what))
+        })
+    });
+    gmres_dict(py, out?)
 }
 
 /// A CSR matrix as it crosses from Python: shape, row offsets, columns, values.
@@ -663,6 +921,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", seistomo::VERSION)?;
     m.add_function(wrap_pyfunction!(lsqr, m)?)?;
     m.add_function(wrap_pyfunction!(gmres, m)?)?;
+    m.add_function(wrap_pyfunction!(lsq_operator, m)?)?;
+    m.add_function(wrap_pyfunction!(gmres_operator, m)?)?;
     m.add_function(wrap_pyfunction!(dataset_create, m)?)?;
     m.add_function(wrap_pyfunction!(dataset_info, m)?)?;
     m.add_function(wrap_pyfunction!(dataset_system, m)?)?;

@@ -51,6 +51,63 @@ impl<'a, V> Diagonal<'a, V> {
     }
 }
 
+/// z = M^-1 r computed on the host from slices (this rank's entries): a caller's own
+/// preconditioner, such as the Python module's `M` (a LinearOperator or a callable). [`OnHost`]
+/// makes it a [`Preconditioner`] of any backend.
+pub trait HostPreconditioner: Send {
+    /// Short name for reports.
+    fn name(&self) -> String;
+    fn apply(&mut self, r: &[f64], z: &mut [f64]) -> Result<()>;
+}
+
+/// A [`HostPreconditioner`] on any backend: r is downloaded into host scratch and z uploaded
+/// from it (on a GPU, two transfers per application).
+pub struct OnHost<H> {
+    inner: H,
+    r: Vec<f64>,
+    z: Vec<f64>,
+}
+
+impl<H: HostPreconditioner> OnHost<H> {
+    /// `inner` for vectors of `n` entries (the scratch is allocated here, once).
+    pub fn new(inner: H, n: usize) -> Self {
+        OnHost {
+            inner,
+            r: vec![0.0; n],
+            z: vec![0.0; n],
+        }
+    }
+}
+
+impl<B: Backend, H: HostPreconditioner> Preconditioner<B> for OnHost<H> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn apply(&mut self, be: &B, r: &B::Vector, z: &mut B::Vector) -> Result<()> {
+        if be.len(r) != self.r.len() || be.len(z) != self.z.len() {
+            return Err(Error::Invalid(format!(
+                "preconditioner {}: sized for {} entries, applied to {}",
+                self.inner.name(),
+                self.r.len(),
+                be.len(r)
+            )));
+        }
+        be.download(r, &mut self.r)?;
+        self.inner.apply(&self.r, &mut self.z)?;
+        *z = be.upload(&self.z)?;
+        Ok(())
+    }
+}
+
+impl<H: HostPreconditioner + ?Sized> HostPreconditioner for Box<H> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn apply(&mut self, r: &[f64], z: &mut [f64]) -> Result<()> {
+        (**self).apply(r, z)
+    }
+}
+
 /// M = I.
 pub struct Identity;
 

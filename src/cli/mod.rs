@@ -122,10 +122,8 @@ pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
 /// One line summarising an outcome, for stderr.
 pub(crate) fn summary(o: &crate::model::report::Outcome) -> String {
     let r = &o.report;
-    // "1 threads" in the backend's words reads "1 thread".
-    let detail = r.backend_detail.replace(" 1 threads", " 1 thread");
     format!(
-        "lsqr on {} ({}): istop {} ({}) after {} iterations; r1norm {:.8e}, arnorm {:.3e}, xnorm {:.8e}; solve {:.3} s ({:.4} ms/iter)",
-        r.backend, detail, r.istop, r.stop_reason, r.iterations, r.norms.r1norm, r.norms.arnorm, r.norms.xnorm, r.seconds.solve, r.ms_per_iter
+        "{} on {} ({}): istop {} ({}) after {} iterations; r1norm {:.8e}, arnorm {:.3e}, xnorm {:.8e}; solve {:.3} s ({:.4} ms/iter)",
+        r.header.method, r.backend, r.backend_detail, r.istop, r.stop_reason, r.iterations, r.norms.r1norm, r.norms.arnorm, r.norms.xnorm, r.seconds.solve, r.ms_per_iter
     )
 }

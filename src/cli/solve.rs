@@ -13,8 +13,9 @@ use crate::solver::LsqrParams;
 
 #[derive(Debug, Args)]
 pub struct SolveArgs {
-    /// Solver: lsqr (any shape, least squares), or gmres (square systems).
-    #[arg(long, default_value = "lsqr", value_parser = super::args::words(&["lsqr", "gmres"]))]
+    /// Solver: lsqr (any shape, least squares), lsmr (any shape, least squares: ||A^T r||
+    /// falls monotonically; SciPy's lsmr), or gmres (square systems).
+    #[arg(long, default_value = "lsqr", value_parser = super::args::words(&["lsqr", "lsmr", "gmres"]))]
     method: String,
     /// System matrix A (Matrix Market, .gz allowed).
     #[arg(long)]
@@ -24,27 +25,28 @@ pub struct SolveArgs {
     /// Starting guess x0 (damping then applies to x - x0).
     #[arg(long)]
     x0: Option<PathBuf>,
-    /// LSQR damping (Tikhonov weight on ||x - x0||).
+    /// LSQR/LSMR damping (Tikhonov weight on ||x - x0||).
     #[arg(long, default_value_t = 0.0)]
     damp: f64,
-    /// LSQR stopping tolerance on the relative error in A (stop when ||A^T r|| / (||A|| ||r||)
+    /// LSQR/LSMR stopping tolerance on the relative error in A (stop when ||A^T r|| / (||A|| ||r||)
     /// <= atol).
     #[arg(long, default_value_t = 1e-6)]
     atol: f64,
-    /// LSQR stopping tolerance on the relative error in b (stop when ||r|| <= btol ||b|| + atol
+    /// LSQR/LSMR stopping tolerance on the relative error in b (stop when ||r|| <= btol ||b|| + atol
     /// ||A|| ||x||).
     #[arg(long, default_value_t = 1e-6)]
     btol: f64,
-    /// LSQR stops when its estimate of cond(A) exceeds this (istop 3).
+    /// LSQR/LSMR stop when the estimate of cond(A) exceeds this (istop 3).
     #[arg(long, default_value_t = 1e8)]
     conlim: f64,
-    /// Iteration limit (default 2 n).
+    /// Iteration limit (default 2 n for LSQR, min(m, n) for LSMR, as SciPy's).
     #[arg(long)]
     iter_lim: Option<usize>,
     /// Scale columns to unit norm (right diagonal preconditioning).
     #[arg(long)]
     col_scale: bool,
-    /// Compute the var estimate (a lower bound on diag((A^T A + damp^2 I)^-1)) into this file.
+    /// Compute the var estimate (a lower bound on diag((A^T A + damp^2 I)^-1)) into this file
+    /// (LSQR only).
     #[arg(long)]
     variance: Option<PathBuf>,
     /// Compute backend (auto: CUDA when a usable GPU is present, else the CPU).
@@ -76,6 +78,7 @@ pub struct SolveArgs {
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
     /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
     /// on one rank (CSR with the explicit transpose, or compact storage), host under MPI.
+    /// LSMR always runs the host loop.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::lsqr_loop())]
     lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.
@@ -172,7 +175,12 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     }
     super::init_threads(a.threads.or_else(crate::comm::default_threads_per_rank))?;
     let operator = a.operator_spec()?;
+    let method = a
+        .method
+        .parse::<crate::solver::LsqMethod>()
+        .map_err(anyhow::Error::msg)?;
     let opts = SolveOptions {
+        method,
         params: LsqrParams {
             damp: a.damp,
             atol: a.atol,

@@ -242,6 +242,7 @@ impl RunConfig {
             None => Tuning::default(),
         };
         let options = SolveOptions {
+            method: crate::solver::LsqMethod::Lsqr,
             params,
             col_scale: s.col_scale.unwrap_or(false),
             x0,

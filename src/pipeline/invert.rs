@@ -108,7 +108,13 @@ pub(crate) fn say_backend_fallback(asked: BackendChoice, kind: BackendChoice, wh
 pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let opts = job.options;
     // Problems every rank would hit alike are found before any rank waits for another.
-    agree(comm, crate::solver::lsqr::check_params(&opts.params))?;
+    agree(
+        comm,
+        match opts.method {
+            crate::solver::LsqMethod::Lsqr => crate::solver::lsqr::check_params(&opts.params),
+            crate::solver::LsqMethod::Lsmr => crate::solver::lsmr::check_lsmr_params(&opts.params),
+        },
+    )?;
     crate::ui::phases::take();
     let (kind, why) = choose_backend(opts.operator.backend)?;
     let loaded = load(
@@ -150,6 +156,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let layout = layout_for(&opts, &engine, system.a.nnz());
     let prepared = prepare(system, &layout, &timed)?;
     let lsqr = LsqrJob {
+        method: opts.method,
         params: &opts.params,
         spec: &opts.operator,
         checkpoint: run_model.as_ref().and_then(|m| m.checkpointing()),

@@ -93,10 +93,17 @@ pub struct LsqrProgress {
 }
 
 impl LsqrProgress {
-    pub fn new(params: &LsqrParams, n: usize, root: bool, every: usize) -> Self {
+    /// The monitor of solver `name` ("lsqr" or "lsmr": the same records).
+    pub fn new(
+        name: &'static str,
+        params: &LsqrParams,
+        n: usize,
+        root: bool,
+        every: usize,
+    ) -> Self {
         LsqrProgress {
             history: Vec::new(),
-            shown: IterationReporter::new("lsqr", root, every),
+            shown: IterationReporter::new(name, root, every),
             first: None,
             test1: Vec::new(),
             test2: Vec::new(),

@@ -260,6 +260,17 @@ impl Engine {
         }
     }
 
+    /// The CPU backend of a CPU engine, for an operator the caller implements on it (the
+    /// Python module's operators whose products call back into Python); an error on a GPU.
+    pub fn cpu_backend(&self) -> Result<&CpuBackend> {
+        match self {
+            Engine::Cpu { be, .. } => Ok(be),
+            Engine::Cuda { .. } => Err(Error::Invalid(
+                "an operator given by its products runs on the CPU backend".into(),
+            )),
+        }
+    }
+
     /// `Cpu` or `Cuda`.
     pub fn kind(&self) -> BackendChoice {
         match self {

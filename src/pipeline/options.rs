@@ -11,7 +11,7 @@ use crate::backend::storage::Storage;
 use crate::backend::{AllreducePath, LsqrLoop, Precision, TransposeStrategy};
 use crate::grid::reorder::Reorder;
 use crate::settings::tuning::Tuning;
-use crate::solver::LsqrParams;
+use crate::solver::{LsqMethod, LsqrParams};
 
 /// Which compute backend to use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -70,6 +70,8 @@ pub struct OperatorSpec {
 /// Solver settings beyond the system itself.
 #[derive(Debug, Clone)]
 pub struct SolveOptions {
+    /// LSQR (the default) or LSMR.
+    pub method: LsqMethod,
     pub params: LsqrParams,
     /// Scale every column of the system to unit norm (right diagonal preconditioning); the
     /// solution and var are scaled back.
@@ -90,6 +92,7 @@ impl SolveOptions {
     /// `params` on `backend`, every other setting at its default (tests, tools).
     pub fn new(params: LsqrParams, backend: BackendChoice) -> Self {
         SolveOptions {
+            method: LsqMethod::Lsqr,
             params,
             col_scale: false,
             x0: None,

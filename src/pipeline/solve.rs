@@ -1,6 +1,7 @@
-//! Stage 3, solve: LSQR on a prepared system. The operator factory builds the operator the spec
-//! asks for; LSQR runs on it (the host loop or the backend's device loop, with checkpoints when
-//! asked); the solution is mapped back to the original columns and the report written down.
+//! Stage 3, solve: LSQR (or LSMR) on a prepared system. The operator factory builds the
+//! operator the spec asks for; LSQR runs on it (the host loop or the backend's device loop, with
+//! checkpoints when asked), LSMR in the host loop; the solution is mapped back to the original
+//! columns and the report written down.
 
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
@@ -13,12 +14,13 @@ use crate::pipeline::operators::{
 };
 use crate::pipeline::options::{OperatorSpec, SolveOptions};
 use crate::pipeline::prepare::{prepare, Layout, Prepared};
-use crate::solver::{self, IterRecord, LsqrMonitor, LsqrParams, LsqrSolution};
+use crate::solver::{self, IterRecord, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution};
 use crate::sparse::System;
 
-/// LSQR's settings for one solve besides the system: parameters, operator, progress,
-/// checkpoints.
+/// LSQR's settings for one solve besides the system: the method (LSQR or LSMR), parameters,
+/// operator, progress, checkpoints.
 pub struct LsqrJob<'a> {
+    pub method: LsqMethod,
     pub params: &'a LsqrParams,
     pub spec: &'a OperatorSpec,
     /// Checkpoints every N iterations and resume (src/model/checkpoint.rs).
@@ -69,6 +71,7 @@ struct Run<'a, 'w> {
 
 /// A solve's system side and settings.
 struct Lsqr<'a> {
+    method: LsqMethod,
     comm: &'a dyn Comm,
     b: &'a [f64],
     x0: Option<&'a [f64]>,
@@ -128,7 +131,9 @@ impl LsqrVisitor for Run<'_, '_> {
         }
         match self.watch {
             Watch::Progress(every) => {
-                let mut mon = LsqrProgress::new(l.params, op.ncols(), l.comm.is_root(), every);
+                let name = l.method.name();
+                let mut mon =
+                    LsqrProgress::new(name, l.params, op.ncols(), l.comm.is_root(), every);
                 let (sol, h) = l.run(be, op, &mut mon)?;
                 Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
@@ -146,13 +151,17 @@ impl LsqrVisitor for Run<'_, '_> {
 
 impl Lsqr<'_> {
     /// LSQR, checkpointed when asked (then the history comes from the checkpointed driver: it
-    /// includes the iterations before a resume).
+    /// includes the iterations before a resume); or LSMR.
     fn run<B: Backend, O: Operator<B>>(
         &self,
         be: &B,
         op: &O,
         mon: &mut dyn LsqrMonitor<B>,
     ) -> Result<(LsqrSolution, Option<Vec<IterRecord>>)> {
+        if self.method == LsqMethod::Lsmr {
+            let sol = solver::lsmr(be, op, self.comm, self.b, self.x0, self.params, mon)?;
+            return Ok((sol.into_lsqr(), None));
+        }
         if let Some(ckpt) = self.ckpt {
             // The resume message is printed there, once, before the solve.
             let (sol, h) = crate::pipeline::checkpoint::lsqr_checkpointed(
@@ -208,17 +217,20 @@ pub fn solve(
     } = p;
     let n = matrix.ncols();
     let stencil_rows = matrix.stencil.as_ref().map_or(0, |s| s.nrows());
+    let params = method_params(job, m, n)?;
     let run = Run {
         lsqr: Lsqr {
+            method: job.method,
             comm,
             b: &b,
             x0: x0.as_deref(),
-            params: job.params,
+            params: &params,
             ckpt: job.checkpoint.zip(fp.as_deref()),
         },
         watch,
     };
-    let device_loop = use_device_loop(job.spec.lsqr_loop);
+    // LSMR runs the host loop (the device loop is LSQR's)
+    let device_loop = use_device_loop(job.spec.lsqr_loop) && job.method == LsqMethod::Lsqr;
     let ((mut solution, history, started, calibration), built) =
         engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
     unmap.restore(&mut solution.x, solution.var.as_mut());
@@ -233,7 +245,8 @@ pub fn solve(
         m,
         n,
         nnz,
-        params: job.params,
+        method: job.method,
+        params: &params,
         col_scale: unmap.scale.is_some(),
         info: &solution.info,
         seconds: (
@@ -250,6 +263,22 @@ pub fn solve(
             ..calibration
         },
     })
+}
+
+/// The job's parameters for its method: LSMR checks its own (no variance, no checkpoints) and
+/// resolves its iteration limit, min(m, n) as SciPy's `maxiter` (LSQR's stays 2 n).
+fn method_params(job: &LsqrJob, m: usize, n: usize) -> Result<LsqrParams> {
+    let mut p = job.params.clone();
+    if job.method == LsqMethod::Lsmr {
+        solver::lsmr::check_lsmr_params(&p)?;
+        if job.checkpoint.is_some() {
+            return Err(crate::Error::Invalid(
+                "checkpoints are LSQR's: LSMR runs without them".into(),
+            ));
+        }
+        p.iter_lim = Some(p.iter_lim.unwrap_or(m.min(n)));
+    }
+    Ok(p)
 }
 
 /// The storage the operator uses in words: as laid out, or CSR where the GPU's compact storage
@@ -282,6 +311,7 @@ struct ReportParts<'a> {
     m: usize,
     n: usize,
     nnz: usize,
+    method: LsqMethod,
     params: &'a LsqrParams,
     col_scale: bool,
     info: &'a solver::LsqrInfo,
@@ -293,7 +323,7 @@ fn report(r: &ReportParts) -> Report {
     let (info, p) = (r.info, r.params);
     let (load, setup) = r.seconds;
     Report {
-        header: ReportHeader::new("lsqr"),
+        header: ReportHeader::new(r.method.name()),
         backend: r.engine.name().into(),
         backend_detail: r.built.backend_detail.clone(),
         backend_reason: r.why.to_string(),
@@ -362,6 +392,7 @@ pub fn solve_system(
     let layout = layout_for(opts, &engine, sys.a.nnz());
     let prepared = prepare(sys, &layout, comm)?;
     let job = LsqrJob {
+        method: opts.method,
         params: &opts.params,
         spec: &opts.operator,
         checkpoint: None,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::backend::precond::Preconditioner;
+use crate::backend::precond::{HostPreconditioner, OnHost, Preconditioner};
 use crate::backend::precond::{PivotPolicy, TriSolve};
 use crate::backend::{AllreducePath, Operator, ScalarSlots};
 use crate::comm::halo::CommVolume;
@@ -340,6 +340,8 @@ struct GmresRun<'a> {
     x0: Option<&'a [f64]>,
     params: &'a GmresParams,
     monitor: &'a mut (dyn GmresMonitor + Send),
+    /// A caller's M, used instead of the factory's preconditioner.
+    external: Option<Box<dyn HostPreconditioner>>,
 }
 
 impl SquareVisitor for GmresRun<'_> {
@@ -355,6 +357,9 @@ impl SquareVisitor for GmresRun<'_> {
         B::Vector: 'static,
     {
         let setup_seconds = built.t0.elapsed().as_secs_f64();
+        if let Some(m) = self.external {
+            pc = Box::new(OnHost::new(m, op.nrows()));
+        }
         let sol = gmres(
             be,
             op,
@@ -397,8 +402,32 @@ pub fn gmres_square(
         x0: sys.x0,
         params,
         monitor,
+        external: None,
     };
     engine.square(spec, comm, &sys, precond, run)
+}
+
+/// [`gmres_square`] preconditioned by a caller's own M, applied on the host (the Python
+/// module's LinearOperator or callable `M`): the factory's operator with `m` in place of a
+/// preconditioner of its own.
+pub fn gmres_square_host_precond(
+    engine: &Engine,
+    comm: &dyn Comm,
+    sys: SquareSystem,
+    m: Box<dyn HostPreconditioner>,
+    spec: &OperatorSpec,
+    params: &GmresParams,
+    monitor: &mut (dyn GmresMonitor + Send),
+) -> Result<SquareSolve> {
+    let run = GmresRun {
+        comm,
+        b: sys.b,
+        x0: sys.x0,
+        params,
+        monitor,
+        external: Some(m),
+    };
+    engine.square(spec, comm, &sys, SquarePrecond::None, run)
 }
 
 /// [`gmres_square`] on the CPU (f64 CSR), driven from the calling thread (tests, tools).

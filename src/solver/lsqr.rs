@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::robust_norm;
+use super::bidiag::{istop_of, sym_ortho, Dist, Tests};
 pub use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Backend, Operator, Scale, XwState, XwStep};
 use crate::comm::Comm;
@@ -87,65 +87,6 @@ impl<B: Backend> LsqrMonitor<B> for History {
     fn record(&mut self, rec: &IterRecord) -> Result<()> {
         self.0.push(*rec);
         Ok(())
-    }
-}
-
-/// The global operations LSQR needs, built from a backend, a rank-local operator and a Comm.
-struct Dist<'a, B: Backend, O: Operator<B>> {
-    be: &'a B,
-    op: &'a O,
-    comm: &'a dyn Comm,
-    /// Scratch for A^T u before the reduction over ranks (None on one rank).
-    tmp: Option<B::Vector>,
-}
-
-impl<B: Backend, O: Operator<B>> Dist<'_, B, O> {
-    /// ||u|| over all ranks (u is distributed by rows). Neither underflows nor overflows
-    /// ([`robust_norm`]: a b with entries of 1e-170 has a norm, not 0).
-    fn row_norm(&self, u: &B::Vector) -> Result<f64> {
-        robust_norm(self.be, u, &|s| self.comm.allreduce_scalar(s), None)
-    }
-    /// ||v|| (v is replicated on every rank), as robust.
-    fn col_norm(&self, v: &B::Vector) -> Result<f64> {
-        robust_norm(self.be, v, &|s| Ok(s), None)
-    }
-    /// x = A^T u + beta x, A^T u summed over ranks.
-    fn apply_t(&mut self, u: &B::Vector, beta: f64, x: &mut B::Vector) -> Result<()> {
-        match self.tmp.as_mut() {
-            None => self.op.apply_t(self.be, Scale::new(1.0, beta), u, x),
-            Some(t) => {
-                self.op.apply_t(self.be, Scale::SET, u, t)?;
-                self.be.allreduce_sum(self.comm, t)?;
-                self.be.axpby(1.0, t, beta, x)
-            }
-        }
-    }
-}
-
-fn sym_ortho(a: f64, b: f64) -> (f64, f64, f64) {
-    let sign = |x: f64| {
-        if x > 0.0 {
-            1.0
-        } else if x < 0.0 {
-            -1.0
-        } else {
-            0.0
-        }
-    };
-    if b == 0.0 {
-        (sign(a), 0.0, a.abs())
-    } else if a == 0.0 {
-        (0.0, sign(b), b.abs())
-    } else if b.abs() > a.abs() {
-        let tau = a / b;
-        let s = sign(b) / (1.0 + tau * tau).sqrt();
-        let c = s * tau;
-        (c, s, b / s)
-    } else {
-        let tau = b / a;
-        let c = sign(a) / (1.0 + tau * tau).sqrt();
-        let s = c * tau;
-        (c, s, a / c)
     }
 }
 
@@ -269,29 +210,14 @@ fn stopping_tests(s: &mut LsqrScalars, params: &LsqrParams, iter_lim: usize, cto
         s.arnorm / (den + eps)
     };
     let test3 = 1.0 / (s.acond + eps);
-    let t1n = test1 / (1.0 + s.anorm * s.xnorm / s.bnorm);
-    let rtol = params.btol + params.atol * s.anorm * s.xnorm / s.bnorm;
-    if s.itn >= iter_lim {
-        s.istop = 7;
-    }
-    if 1.0 + test3 <= 1.0 {
-        s.istop = 6;
-    }
-    if 1.0 + test2 <= 1.0 {
-        s.istop = 5;
-    }
-    if 1.0 + t1n <= 1.0 {
-        s.istop = 4;
-    }
-    if test3 <= ctol {
-        s.istop = 3;
-    }
-    if test2 <= params.atol {
-        s.istop = 2;
-    }
-    if test1 <= rtol {
-        s.istop = 1;
-    }
+    let tests = Tests {
+        test1,
+        test2,
+        test3,
+        t1: test1 / (1.0 + s.anorm * s.xnorm / s.bnorm),
+        rtol: params.btol + params.atol * s.anorm * s.xnorm / s.bnorm,
+    };
+    s.istop = istop_of(&tests, params.atol, ctol, s.itn >= iter_lim);
 }
 
 /// The constants of one call's iterations.
@@ -365,16 +291,7 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     let start = Instant::now();
     let n = op.ncols();
     let lim = Limits::new(params, n);
-    let mut d = Dist {
-        be,
-        op,
-        comm,
-        tmp: if comm.size() > 1 {
-            Some(be.zeros(n)?)
-        } else {
-            None
-        },
-    };
+    let mut d = Dist::new(be, op, comm)?;
     if s.itn == 0 {
         monitor.record(&record_of(s, 0.0))?;
     }
@@ -468,18 +385,13 @@ fn bidiagonalise<B: Backend, O: Operator<B>>(
     s: &mut LsqrScalars,
     vecs: &mut LsqrVectors<B::Vector>,
 ) -> Result<()> {
-    let be = d.be;
-    d.op.apply(be, Scale::new(1.0, -s.alpha), &vecs.v, &mut vecs.u)?;
-    s.beta = d.row_norm(&vecs.u)?;
-    if s.beta > 0.0 {
-        be.scale(&mut vecs.u, 1.0 / s.beta)?;
-        s.anorm = (s.anorm * s.anorm + s.alpha * s.alpha + s.beta * s.beta + dampsq).sqrt();
-        d.apply_t(&vecs.u, -s.beta, &mut vecs.v)?;
-        s.alpha = d.col_norm(&vecs.v)?;
-        if s.alpha > 0.0 {
-            be.scale(&mut vecs.v, 1.0 / s.alpha)?;
-        }
+    let alpha = s.alpha;
+    let (beta, new_alpha) = d.step(alpha, &mut vecs.u, &mut vecs.v)?;
+    s.beta = beta;
+    if beta > 0.0 {
+        s.anorm = (s.anorm * s.anorm + alpha * alpha + beta * beta + dampsq).sqrt();
     }
+    s.alpha = new_alpha;
     Ok(())
 }
 

@@ -1,10 +1,13 @@
 //! Iterative solvers, written once over [`crate::backend::Backend`], [`crate::backend::Operator`]
 //! and [`crate::comm::Comm`].
 
+mod bidiag;
 pub mod dist_square;
 pub mod gmres;
+pub mod lsmr;
 pub mod lsqr;
 
+pub use lsmr::{lsmr, LsmrInfo, LsmrSolution};
 pub use lsqr::{
     lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrNorms, LsqrParams,
     LsqrScalars, LsqrVectors, NoMonitor,
@@ -13,6 +16,29 @@ pub use lsqr::{
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::Result;
+
+/// Which Golub-Kahan least-squares solver an LSQR-shaped job runs (`solve --method`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LsqMethod {
+    /// LSQR (Paige & Saunders 1982): ||r|| decreases monotonically.
+    #[default]
+    Lsqr,
+    /// LSMR (Fong & Saunders 2011): ||A^T r|| decreases monotonically.
+    Lsmr,
+}
+
+choice_from_str!(LsqMethod, "least-squares method", "lsqr" => Self::Lsqr, "lsmr" => Self::Lsmr);
+
+impl LsqMethod {
+    /// "lsqr" or "lsmr" (report.json's `method`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LsqMethod::Lsqr => "lsqr",
+            LsqMethod::Lsmr => "lsmr",
+        }
+    }
+}
 
 /// The host-side result of an LSQR solve.
 #[derive(Debug, Clone)]

@@ -248,7 +248,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
     fn describe(&self) -> String {
-        format!("cpu (rayon, {} threads)", rayon::current_num_threads())
+        match rayon::current_num_threads() {
+            1 => "cpu (rayon, 1 thread)".to_string(),
+            t => format!("cpu (rayon, {t} threads)"),
+        }
     }
     fn zeros(&self, n: usize) -> Result<Vec<f64>> {
         Ok(vec![0.0; n])

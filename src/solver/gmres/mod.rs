@@ -233,6 +233,15 @@ pub struct GmresRecord {
 /// one-rank CPU solve runs on a rayon worker (`backend::cpu::on_pool`).
 pub trait GmresMonitor: Send {
     fn record(&mut self, rec: &GmresRecord) -> Result<()>;
+    /// Whether [`Self::iterate`] wants x after every cycle (x is then downloaded each time).
+    fn wants_iterate(&self) -> bool {
+        false
+    }
+    /// This rank's entries of x after a cycle's update, the last cycle's included (SciPy's
+    /// `callback_type="x"`); only where [`Self::wants_iterate`].
+    fn iterate(&mut self, _x: &[f64]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A monitor that does nothing.

@@ -97,6 +97,9 @@ where
         };
         let CycleEnd { k, est, breakdown } = prob.cycle(ws, &cyc, &mut progress)?;
         prob.update_x(ws, x, k)?;
+        if progress.monitor.wants_iterate() {
+            progress.monitor.iterate(&be.to_host(x)?)?;
+        }
         let (rnorm, beta) = prob.residual(ws, b, x)?;
         res = Residuals { rnorm, beta, est };
         let its = progress.its;
