@@ -650,3 +650,97 @@ fn a_real_tiny_tmpfs_at_many_fill_levels() {
     eprintln!("tmpfs: {ok} complete new sets, {refused} refused with the old set intact");
     assert!(ok >= 1 && refused >= 1);
 }
+
+/// Issue 35, item 3: a run removes only what it wrote. The checkpoint lies in the output
+/// directory; a file at the checkpoint's name that this run never wrote survives the run; the
+/// checkpoints of a job with another number of ranks are reported, not deleted; a file system
+/// root, the home directory and system directories are refused as output directories.
+#[test]
+fn only_what_this_run_wrote_is_removed() {
+    let (d, out, cfg) = fresh("mine", 100_000);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let with = |name: &str, from: &str, to: &str| {
+        let p = d.join(name);
+        assert!(text.contains(from), "{from}");
+        std::fs::write(&p, text.replace(from, to)).unwrap();
+        p
+    };
+    // The issue's command: the checkpoint outside the output directory.
+    let precious = d.join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    for bad in [
+        "../precious.txt",
+        "/tmp/x.bin",
+        "a/../../b",
+        ".seistomo.lock",
+    ] {
+        let c = with(
+            "p.toml",
+            "checkpoint_every = 100000",
+            &format!("checkpoint_every = 100000\ncheckpoint = \"{bad}\""),
+        );
+        refused(
+            &invert(&c, &[], false),
+            &[
+                "p.toml",
+                "[output] checkpoint",
+                "inside the output directory",
+            ],
+        );
+    }
+    assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+    // A file of the user's at the checkpoint's name, never written by a run that converges
+    // before its first checkpoint: left as it was.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let c = with(
+        "n.toml",
+        "checkpoint_every = 100000",
+        "checkpoint_every = 100000\ncheckpoint = \"notes.txt\"",
+    );
+    let o = invert(&c, &[], false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
+    // A run that writes checkpoints removes them; the per-rank ones of a killed 3-rank job
+    // are reported and left.
+    let c5 = with(
+        "c5.toml",
+        "checkpoint_every = 100000",
+        "checkpoint_every = 5",
+    );
+    for r in 0..3 {
+        std::fs::write(out.join(format!("checkpoint.bin.rank{r}")), "old job").unwrap();
+    }
+    let o = invert(&c5, &[], false);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.join("checkpoint.bin").exists());
+    assert!(
+        err.contains("checkpoint.bin.rank0, checkpoint.bin.rank1, checkpoint.bin.rank2")
+            && err.contains("another number of ranks"),
+        "{err}"
+    );
+    for r in 0..3 {
+        assert!(out.join(format!("checkpoint.bin.rank{r}")).is_file());
+    }
+    // Output directories that are not a run's own.
+    let home = d.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out_s = out.display().to_string();
+    for (dir, why) in [
+        ("/".to_string(), "the root of the file system"),
+        ("/etc".to_string(), "a system directory"),
+        (home.display().to_string(), "the home directory"),
+    ] {
+        let c = with("root.toml", &out_s, &dir);
+        let mut cmd = bin();
+        cmd.arg("invert").arg(&c).env("HOME", &home);
+        refused(&run(cmd), &["refused", why]);
+    }
+    let mut cmd = bin();
+    cmd.args(["solve", "--matrix"])
+        .arg(d.join("none.mtx"))
+        .args(["--solution", "/x.txt"]);
+    refused(&run(cmd), &["'/'", "the root of the file system"]);
+    let _ = std::fs::remove_dir_all(&d);
+}

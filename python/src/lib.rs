@@ -255,6 +255,11 @@ fn lsqr<'py>(
     storage: &str,
     reorder: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
+    seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
+    if iter_lim == Some(0) {
+        return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
+    }
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = rhs_and_start(&a, b, x0)?;
     let params = LsqrParams {
@@ -392,6 +397,7 @@ fn gmres<'py>(
     callback_every: usize,
     storage: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let a = csr((n, n), indptr, indices, data)?;
     let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
     let (b, x0) = rhs_and_start(&a, b, x0)?;
@@ -411,8 +417,10 @@ fn gmres<'py>(
     let orthog = orthog.parse::<Orthog>().map_err(PyValueError::new_err)?;
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
-    if restart == 0 {
-        return Err(PyValueError::new_err("restart must be at least 1"));
+    if restart == 0 || restart > n {
+        return Err(PyValueError::new_err(format!(
+            "restart must be in 1..={n} (got {restart})"
+        )));
     }
     let params = GmresParams {
         restart,

@@ -416,7 +416,7 @@ impl Drop for Publication {
 }
 
 fn read_manifest(p: &Path) -> Result<Manifest> {
-    let text = fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+    let text = super::read_input_text(p, "output manifest", super::MAX_TEXT)?;
     let m: Manifest = serde_json::from_str(&text)
         .map_err(|e| Error::format(p, format!("output manifest: {e}")))?;
     if m.format != MANIFEST_FORMAT {
@@ -562,7 +562,7 @@ pub struct OutputLock {
 fn read_pid(p: &Path) -> Option<u32> {
     // The holder writes its pid right after locking; give it a moment.
     for _ in 0..50 {
-        if let Ok(s) = fs::read_to_string(p) {
+        if let Ok(s) = super::read_input_text(p, "lock file", 64) {
             if let Ok(pid) = s.trim().parse() {
                 return Some(pid);
             }

@@ -40,9 +40,53 @@ pub struct Checkpointing {
     pub every: usize,
     /// Continue from the checkpoint when there is one.
     pub resume: bool,
+    /// The checkpoint files this run wrote or resumed from, as (path, device, inode): the only
+    /// files the end of the run removes (a path that names something else is left alone).
+    ours: std::sync::Arc<std::sync::Mutex<Vec<(PathBuf, u64, u64)>>>,
+}
+
+/// (device, inode) of the file at `path`, links not followed.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Checkpointing {
+    pub fn new(path: PathBuf, every: usize, resume: bool) -> Checkpointing {
+        Checkpointing {
+            path,
+            every,
+            resume,
+            ours: Default::default(),
+        }
+    }
+
+    /// Note that the file at `path` is this run's: it has just written it, or resumed from it.
+    pub fn claim(&self, path: &Path) {
+        let Some((dev, ino)) = file_id(path) else {
+            return;
+        };
+        let mut ours = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+        ours.retain(|(p, ..)| p != path);
+        ours.push((path.to_path_buf(), dev, ino));
+    }
+
+    /// Remove `path` when it is still the file this run wrote or resumed from ([`Self::claim`]);
+    /// anything else at that name is left alone. Returns whether it was removed.
+    pub fn remove_ours(&self, path: &Path) -> Result<bool> {
+        let ours = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+        let claimed = ours
+            .iter()
+            .any(|(p, dev, ino)| p == path && file_id(path) == Some((*dev, *ino)));
+        if claimed {
+            std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        }
+        Ok(claimed)
+    }
+
     /// This rank's checkpoint file.
     pub fn path_for(&self, comm: &dyn Comm) -> PathBuf {
         if comm.size() > 1 {
@@ -208,7 +252,7 @@ fn f64s(b: &[u8]) -> Vec<f64> {
 /// Read and check a checkpoint file (version 2, or version 1). Every size in it is checked
 /// against the file's length before anything is allocated from it.
 pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::io::read_input(path, "checkpoint", u64::MAX)?;
     parse_checkpoint(path, &bytes)
 }
 
@@ -369,11 +413,7 @@ mod tests {
             calc_var: true,
             ..Default::default()
         };
-        let ck = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 2,
-            resume: false,
-        };
+        let ck = Checkpointing::new(dir.join("ck.bin"), 2, false);
         let fp = fingerprint(&a, &b);
         lsqr_checkpointed(
             &be,
@@ -511,11 +551,7 @@ mod tests {
         let run = |p: &LsqrParams, ck: &Checkpointing, mon: &mut dyn LsqrMonitor<CpuBackend>| {
             lsqr_checkpointed(&be, &op, &SerialComm, (ck, &fp), &b, None, p, mon)
         };
-        let full = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 0,
-            resume: false,
-        };
+        let full = Checkpointing::new(dir.join("ck.bin"), 0, false);
         let (want, wh) = run(&params, &full, &mut NoMonitor).unwrap();
         assert!(want.info.itn > 6);
         // Stop after 5 iterations with a checkpoint every 5, then resume.
@@ -523,11 +559,7 @@ mod tests {
             iter_lim: Some(5),
             ..params.clone()
         };
-        let ck = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 5,
-            resume: false,
-        };
+        let ck = Checkpointing::new(dir.join("ck.bin"), 5, false);
         // iter_lim differs, so the short run's checkpoint must be refused on resume.
         let ck2 = Checkpointing {
             every: 2,

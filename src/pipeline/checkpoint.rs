@@ -18,6 +18,7 @@ use crate::solver::{
 /// checkpoints.
 struct CkMonitor<'a, B: Backend> {
     inner: &'a mut dyn LsqrMonitor<B>,
+    ck: &'a Checkpointing,
     path: PathBuf,
     every: usize,
     comm: &'a dyn Comm,
@@ -58,7 +59,10 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
             s,
             &self.history,
             &self.host,
-        )
+        )?;
+        // This run wrote it: the end of the run may remove it (src/pipeline/model.rs).
+        self.ck.claim(&self.path);
+        Ok(())
     }
 }
 
@@ -86,7 +90,9 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     let path = ck.path_for(comm);
     let (m, n) = (op.nrows(), op.ncols());
     let local = || -> Result<Option<Loaded>> {
-        if !(ck.resume && path.is_file()) {
+        // Something at the path that is not a regular file is refused by the reader, not
+        // taken for "no checkpoint".
+        if !(ck.resume && std::fs::metadata(&path).is_ok()) {
             return Ok(None);
         }
         let (l, lfp, lparams, rank, ranks) = read_checkpoint(&path)?;
@@ -106,6 +112,8 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         if !same {
             return Err(mismatch("set of solver parameters"));
         }
+        // This run resumes from it: it is this job's, and removed when the run ends.
+        ck.claim(&path);
         Ok(Some(l))
     };
     let resume_from = crate::comm::agree(comm, local())?;
@@ -167,6 +175,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     let offset = prefix.last().map(|r| r.seconds).unwrap_or(0.0);
     let mut mon = CkMonitor {
         inner: monitor,
+        ck,
         path,
         every: ck.every,
         comm,

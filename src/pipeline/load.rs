@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::comm::{agree, distribute_system, Comm};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::grid::Grid;
 use crate::io::dataset::kernel_rows::parse_metadata;
 use crate::io::dataset::manifest::DatasetManifest;
@@ -124,7 +124,7 @@ pub fn open_dataset_on(path: &Path, opts: &LoadOptions, comm: &dyn Comm) -> Resu
     let manifest = agree(comm, DatasetManifest::load(path))?;
     let meta_path = manifest.resolve(&manifest.m.metadata);
     let mine = if comm.rank() == 0 {
-        std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))
+        crate::io::read_input(&meta_path, "metadata file", u64::MAX)
     } else {
         Ok(Vec::new())
     };

@@ -94,7 +94,7 @@ impl DatasetManifest {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::io::read_input_text(&path, "dataset manifest", crate::io::MAX_TEXT)?;
         let m: Manifest = toml::from_str(&text).map_err(|e| {
             let line = e
                 .span()
