@@ -375,3 +375,130 @@ fn messages_name_the_file_they_are_about() {
     let _ = std::fs::remove_dir_all(&d);
     let _ = root();
 }
+
+#[test]
+fn non_finite_values_are_refused_naming_the_file_and_entry() {
+    let d = scratch("nonfinite");
+    // Duplicate entries that sum to infinity; a value beyond f32.
+    std::fs::write(
+        d.join("Ainf.mtx"),
+        "%%MatrixMarket matrix coordinate real general\n3 3 4\n1 1 1e308\n2 2 2\n3 3 3\n1 1 1e308\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("Abig.mtx"),
+        "%%MatrixMarket matrix coordinate real general\n3 3 3\n1 1 1\n2 2 1e39\n3 3 3\n",
+    )
+    .unwrap();
+    small_system(&d);
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec![
+                "import", "--matrix", "Ainf.mtx", "--rhs", "b.txt", "-o", "i1",
+            ],
+            vec![
+                "Ainf.mtx",
+                "kernel row 0, column 0",
+                "entry 1 1",
+                "not finite",
+                "refused",
+            ],
+        ),
+        (
+            vec![
+                "import",
+                "--matrix",
+                "Abig.mtx",
+                "--rhs",
+                "b.txt",
+                "--precision",
+                "f32",
+                "-o",
+                "i2",
+            ],
+            vec![
+                "Abig.mtx",
+                "kernel row 1, column 1",
+                "beyond the range of f32",
+            ],
+        ),
+        (
+            vec![
+                "import", "--matrix", "A.mtx", "--reg", "Ainf.mtx", "-o", "i3",
+            ],
+            vec!["Ainf.mtx", "damping row 0", "not finite"],
+        ),
+        (
+            vec![
+                "synth",
+                "--grid",
+                "4,4,4",
+                "--rays",
+                "50",
+                "--amplitude",
+                "1e308",
+                "-o",
+                "s",
+            ],
+            vec!["b row", "not finite", "refused"],
+        ),
+        (
+            vec!["solve", "--matrix", "Ainf.mtx", "--rhs", "b.txt"],
+            vec!["Ainf.mtx", "matrix row 0, column 0", "not finite"],
+        ),
+        (
+            vec!["solve", "--matrix", "Ainf.mtx"],
+            vec!["Ainf.mtx", "not finite"],
+        ),
+        (
+            vec!["solve", "--method", "gmres", "--matrix", "Ainf.mtx"],
+            vec!["Ainf.mtx", "not finite"],
+        ),
+    ];
+    for (args, wants) in &cases {
+        let (o, _) = timed(bin_in(&d, args));
+        one_line(&o, wants, &args.join(" "));
+    }
+    for out in ["i1", "i2", "i3", "s"] {
+        assert!(!d.join(out).exists(), "{out} was written");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_file_copied_from_a_sibling_dataset_is_refused_by_verify_and_invert() {
+    let d = scratch("sibling");
+    let cfg = small_dataset(&d);
+    let o = bin_in(
+        &d,
+        &["synth", "--grid", "6,6,3", "--rays", "200", "--out", "twin"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The same shape and values: before dataset ids this passed verify.
+    for f in [
+        "b.bin",
+        "metadata.bin",
+        "kernel/pack_00000.bin",
+        "true_model.bin",
+    ] {
+        let keep = std::fs::read(d.join("ds").join(f)).unwrap();
+        std::fs::copy(d.join("twin").join(f), d.join("ds").join(f)).unwrap();
+        let o = bin_in(&d, &["verify", "ds"]).output().unwrap();
+        one_line(
+            &o,
+            &[f, "another dataset", "dataset_id"],
+            &format!("verify, {f}"),
+        );
+        let o = bin_in(&d, &["invert", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        one_line(&o, &[f, "another dataset"], &format!("invert, {f}"));
+        std::fs::write(d.join("ds").join(f), keep).unwrap();
+    }
+    let o = bin_in(&d, &["verify", "ds"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("carries the dataset id"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -72,7 +72,8 @@ pub struct SynthArgs {
     /// Target pack file size (MiB).
     #[arg(long, default_value_t = 64)]
     pack_mib: u64,
-    /// Dataset format version: 2 (CRC32C checksums) or 1 (no checksums; for older readers).
+    /// Dataset format version: 3 (CRC32C checksums and the dataset id in every file), 2 (no
+    /// id) or 1 (no checksums); 2 and 1 for older readers.
     #[arg(long, default_value_t = crate::io::dataset::binfmt::VERSION)]
     format_version: u32,
     /// Dataset name (default: the directory name).

@@ -15,6 +15,7 @@
 //! truncated output that looks complete.
 
 pub mod dataset;
+pub mod finite;
 mod input;
 pub mod limits;
 pub mod mmap;

@@ -331,6 +331,20 @@ fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostSta
     Ok((header, vecs))
 }
 
+/// The reserved u32 after a checksum must be zero: a checksum that matches beside a nonzero
+/// word is a corrupted file, said as such (not as a "mismatch" of two equal numbers).
+fn reserved_zero(path: &Path, what: &str, word: u32, at: usize) -> Result<()> {
+    if word != 0 {
+        return Err(Error::format(
+            path,
+            format!(
+                "{what}: the reserved word after its checksum (byte {at}) is {word:08x}, not 0: the file is corrupted"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostState)> {
     use crate::io::dataset::binfmt::{checksum_error, crc};
     if bytes.len() < 24 {
@@ -346,9 +360,10 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     }
     let hend = 24 + hlen as usize;
     let (stored, computed) = (word(hend), crc(&bytes[..hend]));
-    if stored != computed || word(hend + 4) != 0 {
+    if stored != computed {
         return Err(checksum_error(path, "checkpoint header", stored, computed));
     }
+    reserved_zero(path, "checkpoint header", word(hend + 4), hend + 4)?;
     let header: Header =
         serde_json::from_slice(&bytes[24..hend]).map_err(|e| bad(&format!("header: {e}")))?;
     let have = (bytes.len() - hend - 8) as u128;
@@ -363,14 +378,11 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     let mut take = |k: usize, name: &str| -> Result<Vec<f64>> {
         let body = &bytes[off..off + 8 * k];
         let (stored, computed) = (word(off + 8 * k), crc(body));
-        if stored != computed || word(off + 8 * k + 4) != 0 {
-            return Err(checksum_error(
-                path,
-                &format!("checkpoint vector {name}"),
-                stored,
-                computed,
-            ));
+        let what = format!("checkpoint vector {name}");
+        if stored != computed {
+            return Err(checksum_error(path, &what, stored, computed));
         }
+        reserved_zero(path, &what, word(off + 8 * k + 4), off + 8 * k + 4)?;
         off += 8 * k + 8;
         Ok(f64s(body))
     };

@@ -78,7 +78,22 @@ pub fn load_mtx(source: &SystemSource) -> Result<System> {
             rhs,
             reg,
             reg_weight,
-        } => crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+        } => {
+            let s =
+                crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight)?;
+            // Non-finite values (duplicate entries that summed to infinity, b = A 1 beyond
+            // f64, R times its weight) are named with their file here, not met inside LSQR.
+            let k = s.kernel_rows;
+            let fin = crate::io::finite::check_matrix;
+            fin(matrix, "matrix", &s.a, 0..k, false)?;
+            if let Some(r) = reg {
+                fin(r, "reg (times reg_weight)", &s.a, k..s.a.nrows(), false)?;
+            }
+            let b_from = rhs.as_deref().unwrap_or(matrix);
+            let what = if rhs.is_some() { "b" } else { "b = A 1" };
+            crate::io::finite::check_vector(b_from, what, &s.b[..k])?;
+            Ok(s)
+        }
         SystemSource::Dataset { path, options } => {
             crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
         }

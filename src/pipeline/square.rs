@@ -136,6 +136,7 @@ fn read_square(c: &GmresJob) -> Result<SquareFiles> {
         ));
     }
     let n = a.nrows();
+    crate::io::finite::check_matrix(&c.matrix, "matrix", &a, 0..n, false)?;
     let read_vec = |p: &Path, what: &str| -> Result<Vec<f64>> {
         let v = mtx::read_vector(p)?;
         if v.len() != n {
