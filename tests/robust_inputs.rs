@@ -502,3 +502,121 @@ fn a_file_copied_from_a_sibling_dataset_is_refused_by_verify_and_invert() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("carries the dataset id"));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Send `sig` to the child once `ready` holds (checked every 10 ms, at most 60 s); its output.
+fn signal_when(mut child: std::process::Child, sig: i32, ready: impl Fn() -> bool) -> Output {
+    let t = Instant::now();
+    while !ready() && t.elapsed() < Duration::from_secs(60) {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn signals_end_a_solve_saying_so_and_where_the_checkpoint_is() {
+    let d = scratch("signals");
+    let o = bin_in(
+        &d,
+        &[
+            "synth", "--grid", "16,16,8", "--rays", "4000", "--out", "ds",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // No stopping test can pass: the run goes on until it is stopped.
+    std::fs::write(
+        d.join("long.toml"),
+        "[dataset]\npath = \"ds\"\n[solver]\natol = 0.0\nbtol = 0.0\nconlim = 0.0\n\
+         iter_lim = 100000000\n[backend]\nkind = \"cpu\"\nthreads = 1\n\
+         [output]\ndir = \"out\"\ncheckpoint_every = 20\n\
+         [model]\nunknowns = \"slowness_perturbation\"\nreference = 2.0\n",
+    )
+    .unwrap();
+    let out = d.join("out");
+    for (sig, name) in [
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGINT, "SIGINT (Ctrl-C)"),
+        (libc::SIGHUP, "SIGHUP (the terminal closed)"),
+    ] {
+        let _ = std::fs::remove_dir_all(&out);
+        let child = bin_in(&d, &["invert", "long.toml"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ck = out.join("checkpoint.bin");
+        let o = signal_when(child, sig, || ck.is_file());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        let last = err.trim_end().lines().last().unwrap_or("");
+        for want in [
+            &format!("stopped by {name} at iteration") as &str,
+            "no outputs were written",
+            "checkpoint.bin (iteration ",
+            "--resume",
+        ] {
+            assert!(last.contains(want), "{name}: '{want}' not in: {err}");
+        }
+        assert!(ck.is_file(), "{name}: the checkpoint went");
+        let left: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "checkpoint.bin")
+            .collect();
+        assert!(left.is_empty(), "{name}: {left:?}");
+    }
+    // GMRES, no checkpoints: the signal and "no outputs".
+    let o = bin_in(
+        &d,
+        &["square", "--kind", "convdiff", "--n", "16", "-o", "Q.mtx"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let child = bin_in(
+        &d,
+        &[
+            "solve",
+            "--method",
+            "gmres",
+            "--backend",
+            "cpu",
+            "--matrix",
+            "Q.mtx",
+            "--rtol",
+            "0",
+            "--max-iter",
+            "100000000",
+            "--solution",
+            "x.txt",
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let t = Instant::now();
+    let o = signal_when(child, libc::SIGINT, || {
+        t.elapsed() > Duration::from_millis(700)
+    });
+    one_line(
+        &o,
+        &[
+            "stopped by SIGINT (Ctrl-C) at iteration",
+            "no outputs were written",
+        ],
+        "gmres",
+    );
+    assert!(!d.join("x.txt").exists());
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -27,6 +27,8 @@ struct CkMonitor<'a, B: Backend> {
     history: Vec<IterRecord>,
     offset: f64,
     host: HostState,
+    /// The iteration of the last checkpoint written or resumed from.
+    last: Option<usize>,
 }
 
 impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
@@ -34,7 +36,25 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
         let mut r = *rec;
         r.seconds += self.offset;
         self.history.push(r);
-        self.inner.record(&r)
+        let done = self.inner.record(&r);
+        // Stopped by a signal: say where the last checkpoint is.
+        match (done, crate::pipeline::monitor::caught_signal()) {
+            (Err(_), Some(sig)) => {
+                let at = match self.last {
+                    Some(itn) => format!(
+                        "; the last checkpoint is {} (iteration {itn}): run again with --resume to continue from it",
+                        crate::io::tidy(&self.path).display()
+                    ),
+                    None if self.every > 0 => format!(
+                        "; no checkpoint yet (the first was due at iteration {})",
+                        self.every
+                    ),
+                    None => String::new(),
+                };
+                Err(crate::pipeline::monitor::stopped_by(sig, r.itn, &at))
+            }
+            (done, _) => done,
+        }
     }
     fn checkpoint_every(&self) -> usize {
         self.every
@@ -62,6 +82,7 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
         )?;
         // This run wrote it: the end of the run may remove it (src/pipeline/model.rs).
         self.ck.claim(&self.path);
+        self.last = Some(s.itn);
         Ok(())
     }
 }
@@ -184,6 +205,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         history: prefix,
         offset,
         host: HostState::zeros(m, n, params.calc_var),
+        last: resumed_from,
     };
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
     Ok((
