@@ -471,6 +471,31 @@ mod tests {
         out
     }
 
+    /// Issue 35: a nonzero reserved word beside a checksum that matches is said as such, not
+    /// as "checksum mismatch (stored X, computed X)".
+    #[test]
+    fn a_nonzero_reserved_word_is_named_not_a_mismatch_of_equal_sums() {
+        let dir = crate::io::test_dir("ckpt-reserved");
+        let path = small_checkpoint(&dir);
+        let v2 = std::fs::read(&path).unwrap();
+        let hend = 24 + u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        for at in [hend + 4, v2.len() - 4] {
+            let mut b = v2.clone();
+            b[at] = 0x5a;
+            std::fs::write(&path, &b).unwrap();
+            let e = match read_checkpoint(&path) {
+                Ok(_) => panic!("a nonzero reserved word at {at} was read"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                e.contains("reserved word") && e.contains(&format!("byte {at}")),
+                "{e}"
+            );
+            assert!(!e.contains("mismatch"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn version_1_reads_lying_sizes_refused_and_corruption_sweep() {
         let dir = std::env::temp_dir().join(format!("seistomo-ckv-{}", std::process::id()));

@@ -130,16 +130,41 @@ pub fn check_value_size(path: &Path, got: usize, want: usize) -> Result<()> {
 pub struct Reader<'a> {
     pub path: &'a Path,
     pub data: &'a [u8],
+    /// Where `data` starts in the file (a range read from its middle): byte offsets in error
+    /// messages are the file's.
+    pub base: u64,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(path: &'a Path, data: &'a [u8]) -> Self {
-        Reader { path, data }
+        Reader {
+            path,
+            data,
+            base: 0,
+        }
+    }
+    /// A reader of bytes read from offset `base` of the file.
+    pub fn at(path: &'a Path, data: &'a [u8], base: u64) -> Self {
+        Reader { path, data, base }
+    }
+    /// Offset `off` of `data` as an offset in the file.
+    fn in_file(&self, off: usize) -> u64 {
+        self.base + off as u64
     }
     /// Error unless `len` bytes are available at `off`.
     pub fn need(&self, off: usize, len: usize, what: &str) -> Result<()> {
         match off.checked_add(len) {
             Some(end) if end <= self.data.len() => Ok(()),
+            _ if self.base > 0 => Err(Error::format(
+                self.path,
+                format!(
+                    "truncated: {what} needs bytes {}..{} but only {}..{} were read",
+                    self.in_file(off),
+                    self.in_file(off.saturating_add(len)),
+                    self.base,
+                    self.in_file(self.data.len())
+                ),
+            )),
             _ => Err(Error::format(
                 self.path,
                 format!(
@@ -214,7 +239,10 @@ impl<'a> Reader<'a> {
         if self.data[off..off + len].iter().any(|&b| b != 0) {
             return Err(Error::format(
                 self.path,
-                format!("{what} at byte {off} is not zero (corrupted file)"),
+                format!(
+                    "{what} at byte {} is not zero (corrupted file)",
+                    self.in_file(off)
+                ),
             ));
         }
         Ok(())
@@ -377,7 +405,10 @@ pub fn decode_record(
     if got_row != row {
         return Err(Error::format(
             r.path,
-            format!("record at byte {off} holds row {got_row} but the metadata says row {row}"),
+            format!(
+                "record at byte {} holds row {got_row} but the metadata says row {row}",
+                r.in_file(off)
+            ),
         ));
     }
     if got_nnz != nnz as u64 {
@@ -398,7 +429,7 @@ pub fn decode_record(
         if stored != computed {
             return Err(checksum_error(
                 r.path,
-                &format!("kernel row {row} (record at byte {off})"),
+                &format!("kernel row {row} (record at byte {})", r.in_file(off)),
                 stored,
                 computed,
             ));

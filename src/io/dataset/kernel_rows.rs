@@ -989,10 +989,11 @@ fn read_spans(
             // The file's length was checked before the read.
             plan.decode(&r, row_header(plan.version), e, cols, vals)?;
         } else {
+            // Offsets in errors are the file's (the reader knows where the span starts).
+            let r = Reader::at(path, buf, span.offset);
             for (e, cols, vals) in span.rows.iter_mut() {
                 let at = (e.offset - span.offset) as usize;
-                plan.decode(&r, at, e, cols, vals)
-                    .map_err(|err| in_context(err, &what(e)))?;
+                plan.decode(&r, at, e, cols, vals)?;
             }
         }
         bytes_read.fetch_add(span.len, Ordering::Relaxed);
