@@ -620,3 +620,54 @@ fn signals_end_a_solve_saying_so_and_where_the_checkpoint_is() {
     assert!(!d.join("x.txt").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The CLI's summary and report.json say the same about a GMRES verdict (issue 35, item 2's
+/// wording): under PETSc's rule "converged" is the preconditioned residual's alone.
+#[test]
+fn the_gmres_summary_says_what_the_report_says() {
+    let d = scratch("gmres-words");
+    let o = bin_in(
+        &d,
+        &["square", "--kind", "convdiff", "--n", "8", "-o", "Q.mtx"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (stop, said) in [
+        ("petsc", "converged by the preconditioned residual alone"),
+        ("preconditioned", ": converged after"),
+    ] {
+        let o = bin_in(
+            &d,
+            &[
+                "solve",
+                "--method",
+                "gmres",
+                "--backend",
+                "cpu",
+                "--matrix",
+                "Q.mtx",
+                "--rtol",
+                "1e-8",
+                "--stop",
+                stop,
+                "--report",
+                "r.json",
+            ],
+        )
+        .output()
+        .unwrap();
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains(said), "{stop}: {err}");
+        let r = common::read_json(&d.join("r.json"));
+        let reason = r["reason"].as_str().unwrap();
+        assert_eq!(r["converged"], true);
+        assert_eq!(
+            reason.contains("was not checked"),
+            err.contains("was not checked"),
+            "{stop}: report '{reason}', CLI '{err}'"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
