@@ -1,10 +1,12 @@
 //! Corruption sweep (issue 16, item 5): for each binary file kind of a dataset, in format
-//! versions 2 and 1 and both layouts, every truncation point in the header and the tables,
+//! versions 3, 2 and 1 and both layouts, every truncation point in the header and the tables,
 //! every single-byte flip in the header and random bit flips in the body; the same for the
 //! Matrix Market, .npy and PETSc readers over a small corpus. Every case runs under
 //! `catch_unwind` on its own thread with a time bound: it must end in `Err` (or, for a version 1
 //! body flip and for the text/npy/PETSc readers, a finite value), never a panic, an abort or a
-//! hang. The count of cases is printed.
+//! hang. The count of cases is printed. Issue 35: every binary file of a version 3 dataset
+//! replaced by the same file of a sibling dataset (same shape and values, another dataset id)
+//! is refused by every reader, naming the file.
 
 mod common;
 
@@ -122,23 +124,25 @@ fn u64_at(b: &[u8], off: usize) -> usize {
 /// The dataset's binary files with the length of their header and of header + tables.
 fn files(ds: &Path, layout: Layout, version: u32) -> Vec<(PathBuf, usize, usize)> {
     let v2 = usize::from(version >= 2) * 8;
+    // The prefix: 16 bytes, 32 from version 3 (the dataset id and a reserved u64).
+    let p = seistomo::io::dataset::binfmt::prefix_len(version);
     let mut out = Vec::new();
     let meta = ds.join("metadata.bin");
     let mb = std::fs::read(&meta).unwrap();
-    out.push((meta, 48 + v2, 48 + v2 + 32 * u64_at(&mb, 16)));
+    out.push((meta, p + 32 + v2, p + 32 + v2 + 32 * u64_at(&mb, p)));
     match layout {
         Layout::Packed => {
-            let p = ds.join("kernel/pack_00000.bin");
-            let pb = std::fs::read(&p).unwrap();
-            out.push((p, 48, 48 + 24 * u64_at(&pb, 24)));
+            let f = ds.join("kernel/pack_00000.bin");
+            let pb = std::fs::read(&f).unwrap();
+            out.push((f, p + 32, p + 32 + 24 * u64_at(&pb, p + 8)));
         }
-        Layout::PerRow => out.push((ds.join("kernel/row_0000000003.bin"), 16, 32)),
+        Layout::PerRow => out.push((ds.join("kernel/row_0000000003.bin"), p, p + 16)),
     }
     let d = ds.join("damping/block_0001.bin");
     let db = std::fs::read(&d).unwrap();
-    out.push((d, 56 + v2, 56 + v2 + 8 * (u64_at(&db, 32) + 1)));
+    out.push((d, p + 40 + v2, p + 40 + v2 + 8 * (u64_at(&db, p + 16) + 1)));
     for v in ["b.bin", "weights.bin", "true_model.bin"] {
-        out.push((ds.join(v), 32, 32));
+        out.push((ds.join(v), p + 16, p + 16));
     }
     out
 }
@@ -180,7 +184,7 @@ fn read_all(ds: &Path, verify_only: bool) -> Vec<Outcome> {
 fn sweep_datasets(t: &mut Tally) {
     let dir = common::scratch("sweep");
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for version in [2u32, 1] {
+    for version in [3u32, 2, 1] {
         for (layout, prec) in [
             (Layout::Packed, Precision::F64),
             (Layout::PerRow, Precision::F32),
@@ -226,8 +230,8 @@ fn sweep_datasets(t: &mut Tally) {
                 }
                 // Random bit flips after the header (tables and body): version 1 may load them
                 // as finite values (a row table entry or a damping row offset that stays
-                // consistent is undetectable without checksums); version 2 must refuse every
-                // one.
+                // consistent is undetectable without checksums); versions 2 and 3 must refuse
+                // every one.
                 for _ in 0..24 {
                     let at = header + rng.below(pristine.len() - header);
                     let bit = 1u8 << rng.below(8);
@@ -349,10 +353,56 @@ fn sweep_other_readers(t: &mut Tally) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every binary file of a version 3 dataset replaced by its twin from a sibling dataset (the
+/// same spec written twice: the same bytes but for the dataset id): every reader refuses it,
+/// naming the file and "another dataset". A version 2 dataset has no id: the same copy loads
+/// (which is what version 3 is for).
+fn sweep_siblings(t: &mut Tally) {
+    let dir = common::scratch("sweep-sibling");
+    for layout in [Layout::Packed, Layout::PerRow] {
+        for version in [3u32, 2] {
+            let name = format!("v{version}-{layout:?}");
+            let ds = tiny(&dir.join(&name), layout, Precision::F64, version);
+            let sib = tiny(
+                &dir.join(format!("{name}-sibling")),
+                layout,
+                Precision::F64,
+                version,
+            );
+            for (path, ..) in files(&ds, layout, version) {
+                let rel = path.strip_prefix(&ds).unwrap().to_path_buf();
+                let pristine = std::fs::read(&path).unwrap();
+                let twin = std::fs::read(sib.join(&rel)).unwrap();
+                assert_eq!(pristine.len(), twin.len(), "{}", rel.display());
+                std::fs::write(&path, &twin).unwrap();
+                let what = format!("{name} {} copied from the sibling", rel.display());
+                for o in read_all(&ds, rel.ends_with("true_model.bin")) {
+                    t.cases += 1;
+                    let ok = match (&o, version) {
+                        (Outcome::Err(e), 3) => {
+                            e.contains(&*rel.to_string_lossy())
+                                && e.contains("another dataset")
+                                && !e.contains('\n')
+                        }
+                        (Outcome::Finite, 2) => true,
+                        _ => false,
+                    };
+                    if !ok {
+                        t.failures.push(format!("{what}: {o:?}"));
+                    }
+                }
+                std::fs::write(&path, &pristine).unwrap();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn every_truncation_and_flip_ends_in_an_error_or_a_finite_value() {
     let mut t = Tally::default();
     sweep_datasets(&mut t);
+    sweep_siblings(&mut t);
     let datasets = t.cases;
     sweep_other_readers(&mut t);
     println!(

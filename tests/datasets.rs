@@ -712,3 +712,45 @@ fn solution_is_independent_of_the_partition() {
     println!("demo: 1 rank vs 3 ranks' rows, relative difference {rel:e}");
     assert!(rel < 1e-9, "{rel}");
 }
+
+/// Issue 35: an error in a row read as a byte range (the MPI-IO path) gives one byte offset,
+/// the record's offset in its file (not a second one relative to the buffer read).
+#[test]
+fn a_bad_row_read_as_a_byte_range_names_one_offset_in_the_file() {
+    use seistomo::io::rowio::IoChoice;
+    let dir = tmp("range-offset");
+    let ds = dir.join("ds");
+    small_dataset(&ds, Layout::Packed, Precision::F64);
+    let meta = OpenDataset::open(&ds, &LoadOptions::default())
+        .unwrap()
+        .meta;
+    // The record of a row in the middle of a pack other than the first.
+    let e = *meta
+        .entries
+        .iter()
+        .filter(|e| e.file == 1 && e.nnz > 0)
+        .nth(2)
+        .unwrap();
+    let pack = ds.join("kernel/pack_00001.bin");
+    let pristine = std::fs::read(&pack).unwrap();
+    let mut bytes = pristine.clone();
+    bytes[e.offset as usize + 16] ^= 1; // a column index: the record's checksum fails
+    std::fs::write(&pack, &bytes).unwrap();
+    for io in [IoChoice::Mmap, IoChoice::MpiIo] {
+        let opts = LoadOptions {
+            io,
+            ..Default::default()
+        };
+        let err = load_dataset_with(&ds, 0, 1, &opts).unwrap_err().to_string();
+        assert_eq!(err.matches("at byte").count(), 1, "{io:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "kernel row {} (record at byte {})",
+                e.row, e.offset
+            )) && err.contains("pack_00001.bin")
+                && err.contains("checksum mismatch"),
+            "{io:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -305,30 +305,138 @@ fn gpu_order_lsqr(a: &Csr, b: &[f64], params: &LsqrParams) -> seistomo::solver::
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn lsqr_iterates_match_cpu_after_50_iterations() {
     // The reference is the CPU run in the GPU's summation and reduction orders (kernels with a
-    // fixed order must match it to 1e-10). Atomics (scatter) and cuSPARSE sum in an order of
-    // their own: they must match to 1e-10 where a mere change of order moves this problem's
-    // x and var by less than that, else within 10x of that spread (measured: the CPU's orders
-    // vs the GPU order). Some awkward shapes amplify the order of the norms by 1e5 in 50
-    // iterations (one dominant row: loss of orthogonality), hence the yardstick.
+    // fixed order must match it to 1e-10 and be bitwise reproducible). Atomics (scatter) and
+    // cuSPARSE sum in an order of their own that changes from run to run; their bound comes
+    // from an error analysis of that order instead of a fixed number:
+    // - one product: the scatter kernel adds the terms fl(a_ij fl(alpha y_i)) to fl(beta x_j)
+    //   in whatever order the atomics land. Any order of a sum of k terms t lies within
+    //   gamma_(k-1) sum |t| of the exact sum (gamma_k = k u / (1 - k u), u = 2^-53: the sums
+    //   are f64 whatever the value precision), so two orders, with the roundings of the
+    //   products and the scaling, differ by at most d_j = 2 gamma_(k_j + 3) (|alpha| (|A|^T
+    //   |y|)_j + |beta x_j|). The emulation below (the kernel's arithmetic, each product summed
+    //   in a random order) checks that every product it makes lies within d of the fixed
+    //   order's.
+    // - 50 iterations: LSQR carries those differences on by a factor the problem sets (one
+    //   dominant row loses orthogonality; after 50 iterations var of 300x9000 spreads over five
+    //   decades from one order to the next: a heavy tail, which is why a single unlucky run
+    //   once went past a fixed bound). The spread is measured by running the reference with
+    //   each unfixed product in a random order (24 orders), and the GPU's runs are drawn from
+    //   the same distribution: the median of 7 GPU runs must lie within 100x the emulated
+    //   runs' 75th percentile (never required below 1e-10). A median does not feel the tail;
+    //   a kernel that computes something else moves every run.
+    struct AnyOrder {
+        op: WarpOrderOp,
+        /// A x in a random order too (cuSPARSE), not only A^T y.
+        forward: bool,
+        rng: std::cell::RefCell<Rng>,
+        /// Products that left the error analysis's bound (none expected).
+        outside: std::cell::Cell<usize>,
+    }
+    impl AnyOrder {
+        /// out = alpha P v + beta out, P = A (`t` false) or A^T: in the reference's order
+        /// where P's order is fixed, else as the scatter kernel adds (fl(beta out), then the
+        /// terms fl(p fl(alpha v)) in a random order).
+        fn product(&self, t: bool, s: Scale, v: &[f64], out: &mut [f64]) {
+            let p = if t { &self.op.at } else { &self.op.a };
+            if !(t || self.forward) {
+                warp_order_spmv(p, s.alpha, v, s.beta, out);
+                return;
+            }
+            let mut fixed = out.to_vec();
+            warp_order_spmv(p, s.alpha, v, s.beta, &mut fixed);
+            let mut bound: Vec<f64> = out.iter().map(|x| (s.beta * x).abs()).collect();
+            for o in out.iter_mut() {
+                *o = if s.beta == 0.0 { 0.0 } else { s.beta * *o };
+            }
+            // Row i of P^T: its terms go to the entries of `out` that P's columns name.
+            let pt = if t { &self.op.a } else { &self.op.at };
+            let mut terms = Vec::with_capacity(pt.nnz());
+            for (i, vi) in v.iter().enumerate() {
+                let scaled = s.alpha * vi;
+                let (cols, vals) = pt.row(i);
+                for (&c, &a) in cols.iter().zip(vals) {
+                    terms.push((c as usize, a * scaled));
+                    bound[c as usize] += (a * scaled).abs();
+                }
+            }
+            let mut rng = self.rng.borrow_mut();
+            for i in (1..terms.len()).rev() {
+                terms.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for &(j, term) in &terms {
+                out[j] += term;
+            }
+            let u = f64::EPSILON / 2.0;
+            for (j, (o, f)) in out.iter().zip(&fixed).enumerate() {
+                let k = (p.row(j).0.len() + 3) as f64;
+                if (o - f).abs() > 2.0 * k * u / (1.0 - k * u) * bound[j] {
+                    self.outside.set(self.outside.get() + 1);
+                }
+            }
+        }
+    }
+    impl Operator<GpuOrderCpu> for AnyOrder {
+        fn nrows(&self) -> usize {
+            self.op.a.nrows()
+        }
+        fn ncols(&self) -> usize {
+            self.op.a.ncols()
+        }
+        fn apply(
+            &self,
+            _: &GpuOrderCpu,
+            s: Scale,
+            x: &Vec<f64>,
+            y: &mut Vec<f64>,
+        ) -> seistomo::Result<()> {
+            self.product(false, s, x, y);
+            Ok(())
+        }
+        fn apply_t(
+            &self,
+            _: &GpuOrderCpu,
+            s: Scale,
+            y: &Vec<f64>,
+            x: &mut Vec<f64>,
+        ) -> seistomo::Result<()> {
+            self.product(true, s, y, x);
+            Ok(())
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let p75 = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[(3 * v.len()) / 4]
+    };
+    // The distance of x and var from the reference's in 24 random orders, and how many
+    // products left the analytic bound.
+    let spread =
+        |a: &Csr, b: &[f64], params: &LsqrParams, forward: bool, r: &(Vec<f64>, Vec<f64>)| {
+            let (mut dx, mut dv, mut outside) = (Vec::new(), Vec::new(), 0);
+            for seed in 0..24 {
+                let op = AnyOrder {
+                    op: WarpOrderOp {
+                        at: a.transpose(),
+                        a: a.clone(),
+                    },
+                    forward,
+                    rng: std::cell::RefCell::new(Rng::new(31 + seed)),
+                    outside: std::cell::Cell::new(0),
+                };
+                let g = GpuOrderCpu(CpuBackend::new());
+                let s = lsqr(&g, &op, &SerialComm, b, None, params, &mut NoMonitor).unwrap();
+                dx.push(rel(&s.x, &r.0));
+                dv.push(rel(s.var.as_ref().unwrap(), &r.1));
+                outside += op.outside.get();
+            }
+            (p75(dx), p75(dv), outside)
+        };
     let g = gpu();
     let mut bad = Vec::new();
     for (m, n, a, b, params) in awkward_lsqr_problems() {
-        // The order spread of this shape: how far the CPU's two orders (CSC: a column in four
-        // lanes; scatter: in row order) land from the GPU-order run, the largest over both
-        // orders and both precisions (it is itself a chaotic quantity on the sensitive shapes).
-        let spread = |ar: &Csr| {
-            let r = gpu_order_lsqr(ar, &b, &params);
-            let mut s = (0.0f64, 0.0f64);
-            for t in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
-                let plain = cpu_csr_lsqr(ar, t, &b, &params);
-                s.0 = s.0.max(rel(&plain.x, &r.x));
-                s.1 =
-                    s.1.max(rel(plain.var.as_ref().unwrap(), r.var.as_ref().unwrap()));
-            }
-            s
-        };
-        let (s64, s32) = (spread(&a), spread(&rounded(&a)));
-        let (sx, sv) = (s64.0.max(s32.0), s64.1.max(s32.1));
         for p in [Precision::F64, Precision::F32] {
             let ar = if p == Precision::F32 {
                 rounded(&a)
@@ -337,7 +445,7 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
             };
             let plain = cpu_csr_lsqr(&ar, TransposeStrategy::Csc, &b, &params);
             let reference = gpu_order_lsqr(&ar, &b, &params);
-            let (rx, rv) = (reference.x, reference.var.unwrap());
+            let r = (reference.x, reference.var.unwrap());
             for s in STRATEGIES {
                 if s == TransposeStrategy::Library && p == Precision::F32 {
                     continue;
@@ -346,31 +454,43 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
                 // The host loop: this test checks the kernels' summation order against a CPU
                 // run in that order (the device loop is checked in tests/gpu_compact.rs).
                 gop.set_device_loop(false);
-                let gs = lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
-                if s == TransposeStrategy::Csc {
-                    let again =
+                let runs = if s == TransposeStrategy::Csc { 2 } else { 7 };
+                let (mut ex, mut ev) = (Vec::new(), Vec::new());
+                let mut first: Option<Vec<f64>> = None;
+                for _ in 0..runs {
+                    let gs =
                         lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
-                    if !again
-                        .x
-                        .iter()
-                        .zip(&gs.x)
-                        .all(|(a, b)| a.to_bits() == b.to_bits())
-                    {
+                    if gs.info.itn != plain.info.itn {
+                        bad.push(format!("{m}x{n} {s} {p}: {} iterations", gs.info.itn));
+                    }
+                    ex.push(rel(&gs.x, &r.0));
+                    ev.push(rel(gs.var.as_ref().unwrap(), &r.1));
+                    let same = first.as_ref().is_none_or(|f| {
+                        f.iter().zip(&gs.x).all(|(a, b)| a.to_bits() == b.to_bits())
+                    });
+                    if s == TransposeStrategy::Csc && !same {
                         bad.push(format!("{m}x{n} csc {p}: not reproducible"));
                     }
+                    first.get_or_insert(gs.x);
                 }
-                let e = rel(&gs.x, &rx);
-                let ev = rel(gs.var.as_ref().unwrap(), &rv);
+                let (e, ev) = (median(ex), median(ev));
                 let (tx, tv) = if s == TransposeStrategy::Csc {
                     (1e-10, 1e-10)
                 } else {
-                    (1e-10f64.max(10.0 * sx), 1e-10f64.max(10.0 * sv))
+                    let forward = s == TransposeStrategy::Library;
+                    let (sx, sv, outside) = spread(&ar, &b, &params, forward, &r);
+                    if outside > 0 {
+                        bad.push(format!(
+                            "{m}x{n} {s} {p}: {outside} emulated products outside the bound"
+                        ));
+                    }
+                    (1e-10f64.max(100.0 * sx), 1e-10f64.max(100.0 * sv))
                 };
                 println!(
-                    "{m}x{n} {s} {p}: vs GPU-order CPU: x {e:.2e} var {ev:.2e} (tol {tx:.1e} {tv:.1e}); vs plain CPU: x {:.2e}; order spread x {sx:.2e} var {sv:.2e}",
-                    rel(&gs.x, &plain.x)
+                    "{m}x{n} {s} {p}: vs GPU-order CPU (median of {runs}): x {e:.2e} var {ev:.2e} (tol {tx:.1e} {tv:.1e}); vs plain CPU: x {:.2e}",
+                    rel(first.as_ref().unwrap(), &plain.x)
                 );
-                if gs.info.itn != plain.info.itn || e > tx || ev > tv {
+                if e > tx || ev > tv {
                     bad.push(format!("{m}x{n} {s} {p}: x {e:.2e}, var {ev:.2e}"));
                 }
             }

@@ -178,15 +178,18 @@ fn wide_dataset(dir: &Path, layout: Layout, version: u32) -> PathBuf {
 fn lie_in_metadata(ds: &Path, nnz: u64, version: u32) {
     let p = ds.join("metadata.bin");
     let mut m = std::fs::read(&p).unwrap();
-    let head = if version >= 2 { 56 } else { 48 };
-    let rows = u64::from_le_bytes(m[16..24].try_into().unwrap()) as usize;
+    // The prefix is 16 bytes, 32 from version 3 (the dataset id).
+    let q = seistomo::io::dataset::binfmt::prefix_len(version);
+    let fields = q + 32;
+    let head = if version >= 2 { fields + 8 } else { fields };
+    let rows = u64::from_le_bytes(m[q..q + 8].try_into().unwrap()) as usize;
     let old = u64::from_le_bytes(m[head + 8..head + 16].try_into().unwrap());
-    let total = u64::from_le_bytes(m[32..40].try_into().unwrap()) - old + nnz;
+    let total = u64::from_le_bytes(m[q + 16..q + 24].try_into().unwrap()) - old + nnz;
     m[head + 8..head + 16].copy_from_slice(&nnz.to_le_bytes());
-    m[32..40].copy_from_slice(&total.to_le_bytes());
+    m[q + 16..q + 24].copy_from_slice(&total.to_le_bytes());
     if version >= 2 {
-        let c = crc(&m[..48]);
-        m[48..52].copy_from_slice(&c.to_le_bytes());
+        let c = crc(&m[..fields]);
+        m[fields..fields + 4].copy_from_slice(&c.to_le_bytes());
         let end = head + 32 * rows;
         let c = crc(&m[head..end]);
         m[end..end + 4].copy_from_slice(&c.to_le_bytes());
@@ -211,7 +214,7 @@ fn lie_in_metadata(ds: &Path, nnz: u64, version: u32) {
 #[test]
 fn dataset_files_with_lying_sizes_are_refused_before_allocating() {
     let dir = common::scratch("lying-dataset");
-    for version in [2u32, 1] {
+    for version in [3u32, 2, 1] {
         for layout in [Layout::Packed, Layout::PerRow] {
             let ds = wide_dataset(&dir.join(format!("v{version}-{layout:?}")), layout, version);
             // Metadata: row 0 claims 4e9 nonzeros (48 GB of CSR arrays).
@@ -231,15 +234,16 @@ fn dataset_files_with_lying_sizes_are_refused_before_allocating() {
     let k = synth::straight_ray_kernel(&g, 10, 1);
     let b = vec![0.5; 10];
     let reg = seistomo::grid::regularisation(&g, 0.1, [0.0; 3], [0.0; 3]);
-    for version in [2u32, 1] {
+    for version in [3u32, 2, 1] {
         let ds = dir.join(format!("small-v{version}"));
         let mut spec = DatasetSpec::new(&k, &b);
         spec.damping = Some(&reg);
         spec.version = version;
         write_dataset(&ds, &spec, false).unwrap();
+        let q = seistomo::io::dataset::binfmt::prefix_len(version);
         for (file, off, what) in [
-            ("b.bin", 16, "b.bin"),
-            ("damping/block_0000.bin", 32, "block_0000.bin"),
+            ("b.bin", q, "b.bin"),
+            ("damping/block_0000.bin", q + 16, "block_0000.bin"),
         ] {
             let p = ds.join(file);
             let pristine = std::fs::read(&p).unwrap();
@@ -248,9 +252,9 @@ fn dataset_files_with_lying_sizes_are_refused_before_allocating() {
             if version >= 2 {
                 // Checksum rewritten: only the size lies.
                 let (range, at) = if file == "b.bin" {
-                    (0..28, 28)
+                    (0..q + 12, q + 12)
                 } else {
-                    (0..56, 56)
+                    (0..q + 40, q + 40)
                 };
                 let c = crc(&bytes[range]);
                 bytes[at..at + 4].copy_from_slice(&c.to_le_bytes());

@@ -389,6 +389,22 @@ fn checkpoints_on_3_ranks_are_removed_and_resume_is_announced_once_before_the_so
     let o = invert(false, true);
     assert!(!o.status.success());
     assert_eq!(ckpts().len(), 3, "{:?}", ckpts());
+    // Issue 35: a one-process run into the same directory is not that job: it says the
+    // ranks' checkpoints are there and leaves them for the job's --resume.
+    let o = Command::new(BIN)
+        .arg("invert")
+        .arg(dir.join("run.toml"))
+        .env("SEISTOMO_MPI", "0")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("checkpoint.bin.rank0, checkpoint.bin.rank1, checkpoint.bin.rank2")
+            && err.contains("another number of ranks"),
+        "{err}"
+    );
+    assert_eq!(ckpts().len(), 3, "{:?}", ckpts());
     let o = invert(true, false);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");

@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::scratch;
-use seistomo::grid::Rng;
-use seistomo::io::publish::{check_pending, check_set, MANIFEST};
+use seistomo::io::publish::{check_set, MANIFEST};
 
 use common::{seistomo as bin, stderr};
 
@@ -180,12 +179,31 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// What a reader of `dir` sees under the files' names: every name that is not a dot file or a
+/// checkpoint, with the bytes it reads (symbolic links followed; a link that leads nowhere is
+/// no file).
+fn visible(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with('.') || n.starts_with("checkpoint") {
+                return None;
+            }
+            std::fs::read(e.path()).ok().map(|b| (n, b))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 #[test]
 #[cfg_attr(
     not(feature = "fault-injection"),
     ignore = "needs the fault-injection feature (make test turns it on)"
 )]
-fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
+fn kill_9_at_every_step_of_publishing_leaves_one_whole_set_and_resume_finishes_it() {
     let (d, out, cfg) = fresh("kill9", 5);
     // The uninterrupted result, and the number of steps of its output phase.
     let o = invert(
@@ -202,45 +220,33 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no fault point count in: {err}"));
     let want = std::fs::read(out.join("solution.txt")).unwrap();
-    // Every step of the output phase when there are few, else 24 random ones (seeded).
-    let steps: Vec<u64> = if points <= 64 {
-        (1..=points).collect()
-    } else {
-        let mut rng = Rng::new(18);
-        (0..24)
-            .map(|_| 1 + (rng.uniform() * points as f64) as u64 % points)
-            .collect()
-    };
-    let trials = steps.len();
-    assert!(trials >= 20, "only {points} output steps");
-    let mut pending = 0;
-    for (t, &k) in steps.iter().enumerate() {
+    assert!(points >= 20, "only {points} output steps");
+    let (mut old_sets, mut new_sets) = (0, 0);
+    // Every step of the output phase: staging, preparing, the switch, settling.
+    for k in 1..=points {
         let before = check_set(&out).unwrap().run_id;
+        let shown = visible(&out);
         let o = invert(&cfg, &[("SEISTOMO_FAULT_KILL_AT", k.to_string())], false);
-        assert_eq!(
-            o.status.signal(),
-            Some(9),
-            "trial {t}, step {k}: {}",
-            stderr(&o)
-        );
-        // One complete set: the old one, the new one, or a committed new one being moved in.
-        match check_set(&out) {
-            Ok(_) => {} // the old set, or the new one complete
-            Err(e) => {
-                let m = check_pending(&out)
-                    .unwrap_or_else(|e2| panic!("trial {t}, step {k}: {e}; {e2}"))
-                    .unwrap_or_else(|| panic!("trial {t}, step {k}: {e}"));
-                assert_ne!(m.run_id, before);
-                pending += 1;
-            }
+        assert_eq!(o.status.signal(), Some(9), "step {k}: {}", stderr(&o));
+        // One whole set under the files' names, right after the kill: the previous one,
+        // byte for byte, or the new one with every file its manifest names.
+        let m = check_set(&out).unwrap_or_else(|e| panic!("step {k}: {e}"));
+        let now = visible(&out);
+        let names = |v: &[(String, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&now), names(&shown), "step {k}: the names changed");
+        if m.run_id == before {
+            assert!(now == shown, "step {k}: the previous set changed");
+            old_sets += 1;
+        } else {
+            new_sets += 1;
         }
         assert!(
             out.join("checkpoint.bin").is_file(),
-            "trial {t}: no checkpoint to resume from"
+            "step {k}: no checkpoint to resume from"
         );
         let r = invert(&cfg, &[], true);
         let rerr = stderr(&r);
-        assert!(r.status.success(), "trial {t}, step {k}: {rerr}");
+        assert!(r.status.success(), "step {k}: {rerr}");
         assert_eq!(
             rerr.matches("resumed from the checkpoint").count(),
             1,
@@ -249,17 +255,22 @@ fn kill_9_in_the_output_phase_leaves_one_complete_set_and_resume_finishes_it() {
         check_set(&out).unwrap();
         assert!(
             std::fs::read(out.join("solution.txt")).unwrap() == want,
-            "trial {t}: the resumed solution differs"
+            "step {k}: the resumed solution differs"
         );
         assert!(
             dot_files(&out).is_empty(),
-            "trial {t}: left {:?}",
+            "step {k}: left {:?}",
             dot_files(&out)
         );
+        for f in std::fs::read_dir(&out).unwrap() {
+            let f = f.unwrap();
+            assert!(f.file_type().unwrap().is_file(), "step {k}: {:?}", f.path());
+        }
     }
     eprintln!(
-        "{trials} kills over {points} output steps; {pending} left a committed set being moved in"
+        "{points} kills, one at each output step: {old_sets} left the previous set, {new_sets} the new one"
     );
+    assert!(old_sets > 0 && new_sets > 0);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -649,4 +660,98 @@ fn a_real_tiny_tmpfs_at_many_fill_levels() {
     }
     eprintln!("tmpfs: {ok} complete new sets, {refused} refused with the old set intact");
     assert!(ok >= 1 && refused >= 1);
+}
+
+/// Issue 35, item 3: a run removes only what it wrote. The checkpoint lies in the output
+/// directory; a file at the checkpoint's name that this run never wrote survives the run; the
+/// checkpoints of a job with another number of ranks are reported, not deleted; a file system
+/// root, the home directory and system directories are refused as output directories.
+#[test]
+fn only_what_this_run_wrote_is_removed() {
+    let (d, out, cfg) = fresh("mine", 100_000);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let with = |name: &str, from: &str, to: &str| {
+        let p = d.join(name);
+        assert!(text.contains(from), "{from}");
+        std::fs::write(&p, text.replace(from, to)).unwrap();
+        p
+    };
+    // The issue's command: the checkpoint outside the output directory.
+    let precious = d.join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    for bad in [
+        "../precious.txt",
+        "/tmp/x.bin",
+        "a/../../b",
+        ".seistomo.lock",
+    ] {
+        let c = with(
+            "p.toml",
+            "checkpoint_every = 100000",
+            &format!("checkpoint_every = 100000\ncheckpoint = \"{bad}\""),
+        );
+        refused(
+            &invert(&c, &[], false),
+            &[
+                "p.toml",
+                "[output] checkpoint",
+                "inside the output directory",
+            ],
+        );
+    }
+    assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+    // A file of the user's at the checkpoint's name, never written by a run that converges
+    // before its first checkpoint: left as it was.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let c = with(
+        "n.toml",
+        "checkpoint_every = 100000",
+        "checkpoint_every = 100000\ncheckpoint = \"notes.txt\"",
+    );
+    let o = invert(&c, &[], false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
+    // A run that writes checkpoints removes them; the per-rank ones of a killed 3-rank job
+    // are reported and left.
+    let c5 = with(
+        "c5.toml",
+        "checkpoint_every = 100000",
+        "checkpoint_every = 5",
+    );
+    for r in 0..3 {
+        std::fs::write(out.join(format!("checkpoint.bin.rank{r}")), "old job").unwrap();
+    }
+    let o = invert(&c5, &[], false);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.join("checkpoint.bin").exists());
+    assert!(
+        err.contains("checkpoint.bin.rank0, checkpoint.bin.rank1, checkpoint.bin.rank2")
+            && err.contains("another number of ranks"),
+        "{err}"
+    );
+    for r in 0..3 {
+        assert!(out.join(format!("checkpoint.bin.rank{r}")).is_file());
+    }
+    // Output directories that are not a run's own.
+    let home = d.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out_s = out.display().to_string();
+    for (dir, why) in [
+        ("/".to_string(), "the root of the file system"),
+        ("/etc".to_string(), "a system directory"),
+        (home.display().to_string(), "the home directory"),
+    ] {
+        let c = with("root.toml", &out_s, &dir);
+        let mut cmd = bin();
+        cmd.arg("invert").arg(&c).env("HOME", &home);
+        refused(&run(cmd), &["refused", why]);
+    }
+    let mut cmd = bin();
+    cmd.args(["solve", "--matrix"])
+        .arg(d.join("none.mtx"))
+        .args(["--solution", "/x.txt"]);
+    refused(&run(cmd), &["'/'", "the root of the file system"]);
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -58,12 +58,77 @@ def _check_dtype(dtype, what):
         raise TypeError(f"{what}: dtype {dtype} is not a real number type")
 
 
+def _index_array(arr, what):
+    """A 1-D integer index array, or TypeError/ValueError naming it."""
+    a = np.asarray(arr)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{what} must hold integers (dtype {a.dtype})")
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be 1-D (got shape {a.shape})")
+    return a
+
+
+def _check_indices(idx, limit, what, dim):
+    """Every index of idx in 0..limit, else a ValueError naming the first bad entry."""
+    if idx.size == 0:
+        return
+    bad = (idx < 0) | (idx >= limit)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"{what}[{k}] = {int(idx[k])} is out of range: {dim} indices must be "
+                         f"in 0..{limit - 1}")
+
+
+def _check_sparse(A, what):
+    """Validate a scipy.sparse matrix's own arrays before SciPy's compiled routines touch them
+    (a corrupted indptr makes sort_indices/tocsr read or write out of bounds): shape, indptr
+    (length, start, never decreasing, end within the stored entries), indices in range."""
+    shape = A.shape
+    if len(shape) != 2 or any(int(s) < 0 for s in shape):
+        raise ValueError(f"{what} must be 2-D with sizes >= 0 (got shape {shape})")
+    fmt = A.format
+    if fmt in ("csr", "csc", "bsr"):
+        blocks = A.blocksize if fmt == "bsr" else (1, 1)
+        if fmt == "csc":
+            major, minor, mname, dim = shape[1], shape[0], "column", "row"
+        else:
+            major, minor, mname, dim = shape[0] // blocks[0], shape[1] // blocks[1], "row", "column"
+        indptr = _index_array(A.indptr, f"{what}.indptr")
+        indices = _index_array(A.indices, f"{what}.indices")
+        nstored = len(A.data)
+        if len(indptr) != major + 1:
+            raise ValueError(f"{what}.indptr has {len(indptr)} entries, expected {major + 1} "
+                             f"({mname}s + 1)")
+        if indptr[0] != 0:
+            raise ValueError(f"{what}.indptr[0] = {int(indptr[0])}: it must start at 0")
+        step = np.diff(indptr)
+        if (step < 0).any():
+            k = int(np.argmax(step < 0))
+            raise ValueError(f"{what}.indptr decreases at {mname} {k} (indptr[{k}] = "
+                             f"{int(indptr[k])}, indptr[{k + 1}] = {int(indptr[k + 1])})")
+        end = int(indptr[-1])
+        if end > len(indices) or end > nstored:
+            raise ValueError(f"{what}.indptr ends at {end} but {what} stores {len(indices)} "
+                             f"indices and {nstored} values")
+        _check_indices(indices[:end], minor, f"{what}.indices", dim)
+    elif fmt == "coo":
+        row = _index_array(A.row, f"{what}.row")
+        col = _index_array(A.col, f"{what}.col")
+        if not (len(row) == len(col) == len(A.data)):
+            raise ValueError(f"{what}: {len(row)} row indices, {len(col)} column indices and "
+                             f"{len(A.data)} values")
+        _check_indices(row, shape[0], f"{what}.row", "row")
+        _check_indices(col, shape[1], f"{what}.col", "column")
+
+
 def _csr_parts(A, what="A"):
     """(shape, indptr bytes u64, indices bytes u32, data bytes f64) of a canonical CSR copy of
-    A (any scipy.sparse matrix or array, or a dense 2-D array)."""
+    A (any scipy.sparse matrix or array, or a dense 2-D array). The matrix's arrays are checked
+    here before SciPy converts or sorts them."""
     sp = _sparse()
     if sp.issparse(A):
         _check_dtype(A.dtype, what)
+        _check_sparse(A, what)
         A = A.tocsr()
         if not A.has_canonical_format:
             A = A.copy()
@@ -230,6 +295,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     The backend used and the solve time are in seistomo.last_info.
     """
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
+    if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
+        raise ValueError("iter_lim must be >= 1 (got 0)")
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
                     precision, callback, callback_every, transpose, lsqr_loop, storage, reorder)
     x = _array(r["x"])
@@ -361,7 +428,7 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     pc, m_prods = _gmres_precond(M, n)
     restart = 20 if restart is None else int(restart)
     if restart < 1:
-        raise ValueError(f"restart must be at least 1 (got {restart})")
+        raise ValueError(f"restart must be >= 1 (got {restart})")
     restart = min(restart, n)
     if maxiter is None:
         maxiter = 10 * n

@@ -294,6 +294,11 @@ fn lsqr<'py>(
     reorder: &str,
     method: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
+    seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
+    if iter_lim == Some(0) {
+        return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
+    }
     let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
@@ -536,6 +541,7 @@ fn gmres<'py>(
     m_products: Option<Py<PyAny>>,
     callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
+    seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let a = csr((n, n), indptr, indices, data)?;
     let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
     let (b, x0) = vectors(n, n, b, x0)?;
@@ -632,7 +638,7 @@ fn gmres_params(
     orthog: &str,
 ) -> PyResult<GmresParams> {
     if restart == 0 {
-        return Err(PyValueError::new_err("restart must be at least 1"));
+        return Err(PyValueError::new_err("restart must be >= 1"));
     }
     Ok(GmresParams {
         restart,

@@ -143,7 +143,7 @@ def test_lsqr_var_at_convergence(name):
 def test_lsqr_edge_cases_like_scipy():
     A = sp.random(30, 10, density=0.5, random_state=1, format="csr")
     b = np.ones(30)
-    for M, kw in [(A, dict(iter_lim=0)), (A, dict(iter_lim=1)), (sp.csr_matrix((30, 10)), {}),
+    for M, kw in [(A, dict(iter_lim=1)), (sp.csr_matrix((30, 10)), {}),
                   (A, dict(damp=1e3)), (A, dict(conlim=0.0, atol=0.0, btol=0.0, iter_lim=40))]:
         ours, ref = seistomo.lsqr(M, b, **kw), scipy_lsqr(M, b, **kw)
         assert ours[1:3] == ref[1:3], kw
@@ -583,3 +583,78 @@ def test_invert_runs_a_dataset_directory(tmp_path):
     got = np.loadtxt(out / "solution.txt")
     assert rel(got, x) <= 1e-6
 
+
+def test_corrupted_sparse_arrays_are_value_errors_not_crashes():
+    """Issue 35: a corrupted indptr must not reach SciPy's compiled routines (a segfault in
+    sort_indices); bad indices and orders get messages that say what is wrong."""
+    A = sp.random(30, 10, density=0.3, random_state=2, format="csr")
+    b = np.ones(30)
+    bad = A.copy()
+    bad.indptr[5] = 10**6
+    with pytest.raises(ValueError, match="indptr"):
+        seistomo.lsqr(bad, b)
+    bad = A.copy()
+    bad.indptr[5], bad.indptr[6] = bad.indptr[6] + 3, bad.indptr[5]
+    with pytest.raises(ValueError, match=r"A.indptr decreases at row"):
+        seistomo.lsqr(bad, b)
+    bad = A.copy()
+    bad.indices[2] = -3
+    with pytest.raises(ValueError, match=r"A.indices\[2\] = -3 is out of range"):
+        seistomo.lsqr(bad, b)
+    bad = A.copy()
+    bad.indices[2] = 10
+    with pytest.raises(ValueError, match=r"= 10 is out of range: column indices must be in 0..9"):
+        seistomo.lsqr(bad, b)
+    bad = A.tocsc()
+    bad.indptr[3] = 10**6
+    with pytest.raises(ValueError, match="indptr"):
+        seistomo.lsqr(bad, b)
+    bad = A.tocoo()
+    bad.row[0] = -1
+    with pytest.raises(ValueError, match=r"A.row\[0\] = -1"):
+        seistomo.lsqr(bad, b)
+    sq = sp.eye(5, format="csr")
+    sq.indptr[2] = 99
+    with pytest.raises(ValueError, match="indptr"):
+        seistomo.gmres(sq, np.ones(5))
+    with pytest.raises(ValueError, match="G.indptr"):
+        seistomo.Dataset.create("/nonexistent/ds", sq, np.ones(5))
+
+
+def test_gmres_restart_beyond_n_is_clamped_like_scipy():
+    Q = sp.diags([1.0, 2.0, 3.0], format="csr")
+    q = np.ones(3)
+    x, info = seistomo.gmres(Q, q, restart=100000)
+    assert info == 0 and np.allclose(x, [1.0, 0.5, 1.0 / 3.0])
+    with pytest.raises(ValueError, match="restart must be >= 1"):
+        seistomo.gmres(Q, q, restart=0)
+
+
+def test_iter_lim_zero_is_an_error_as_in_the_cli_and_the_config():
+    A = sp.random(30, 10, density=0.5, random_state=1, format="csr")
+    with pytest.raises(ValueError, match="iter_lim must be >= 1"):
+        seistomo.lsqr(A, np.ones(30), iter_lim=0)
+
+
+def test_special_files_are_refused_at_once(tmp_path):
+    import time
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for p in ["/dev/zero", "/dev/urandom", str(fifo)]:
+        for f in (seistomo.Dataset.open, seistomo.invert, seistomo.open_model):
+            t = time.monotonic()
+            with pytest.raises(OSError, match="not a regular file"):
+                f(p)
+            assert time.monotonic() - t < 1.0, (f, p)
+
+
+def test_rayon_num_threads_is_checked_like_threads():
+    import sys
+
+    code = ("import numpy as np, scipy.sparse as sp, seistomo\n"
+            "seistomo.lsqr(sp.eye(3, format='csr'), np.ones(3))\n")
+    env = dict(os.environ, RAYON_NUM_THREADS="100000")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "RAYON_NUM_THREADS=100000" in r.stderr, r.stderr

@@ -67,6 +67,16 @@ impl TypedValueParser for ListOf {
     }
 }
 
+/// A number that must be finite and >= 0 (weights): NaN and infinities are refused where they
+/// are given, not inside a solve.
+pub(crate) fn finite_nonneg(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite number >= 0")),
+        Err(_) => Err(format!("'{s}' is not a number")),
+    }
+}
+
 /// Parse "a,b,c" into three values.
 pub(crate) fn triple<T: std::str::FromStr>(s: &str) -> Result<[T; 3], String> {
     let v: Vec<&str> = s.split(',').map(str::trim).collect();
@@ -158,8 +168,8 @@ pub struct MtxSystemArgs {
     /// Regularisation matrix R: the system becomes [A; w R] x = [b; 0].
     #[arg(long)]
     pub reg: Option<std::path::PathBuf>,
-    /// Weight w of the regularisation rows.
-    #[arg(long, default_value_t = 1.0, requires = "reg")]
+    /// Weight w of the regularisation rows (finite, >= 0).
+    #[arg(long, default_value_t = 1.0, requires = "reg", value_parser = finite_nonneg)]
     pub reg_weight: f64,
 }
 

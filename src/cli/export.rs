@@ -26,6 +26,10 @@ pub struct ExportArgs {
 
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     let format: ExportFormat = a.format.parse().map_err(anyhow::Error::msg)?;
+    // The reader policy before the input's kind is told from its name.
+    if !a.dataset.is_dir() {
+        crate::io::check_regular(&a.dataset)?;
+    }
     let job = ExportJob {
         input: &a.dataset,
         mtx: a.system.parts(),

@@ -56,7 +56,29 @@ fn gib(bytes: f64) -> String {
     }
 }
 
+/// The most ranks `inspect` computes a partition for.
+const MAX_RANKS: usize = 1 << 20;
+
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
+    for (what, r) in a
+        .ranks
+        .iter()
+        .map(|&r| ("--ranks", r))
+        .chain([("--load-ranks", a.load_ranks)])
+    {
+        if !(1..=MAX_RANKS).contains(&r) {
+            anyhow::bail!("{what}: rank counts must be in 1..={MAX_RANKS} (got {r})");
+        }
+    }
+    let weights = [a.norm_damping]
+        .into_iter()
+        .chain(a.flattening)
+        .chain(a.smoothing);
+    if let Some(w) = weights.into_iter().find(|w| !(w.is_finite() && *w >= 0.0)) {
+        anyhow::bail!(
+            "--norm-damping, --flattening and --smoothing must be finite and >= 0 (got {w})"
+        );
+    }
     let opts = LoadOptions {
         progress: true,
         damping_weight: None,
@@ -77,9 +99,6 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     mem.say();
     say!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
     for &r in &a.ranks {
-        if r == 0 {
-            continue;
-        }
         let p = ds.partition(r);
         let mx = p.load.iter().max().copied().unwrap_or(0);
         say!(
@@ -89,7 +108,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
         );
     }
     if a.load {
-        timed_loads(&ds, a.load_ranks.max(1), a.io)?;
+        timed_loads(&ds, a.load_ranks, a.io)?;
     }
     Ok(())
 }

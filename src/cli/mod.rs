@@ -60,6 +60,8 @@ pub enum Command {
 
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.
+    crate::backend::cpu::env_threads()?;
     let comm = crate::comm::init()?;
     crate::ui::progress::configure(cli.quiet, comm.is_root());
     let result = match cli.command {

@@ -54,6 +54,9 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
     if !(a.exaggeration.is_finite() && a.exaggeration > 0.0) {
         bail!("--exaggeration must be > 0 (got {})", a.exaggeration);
     }
+    if let Some(d) = a.depth.filter(|d| !d.is_finite()) {
+        bail!("--depth must be a finite number (got {d})");
+    }
     let mf = ModelFile::open(&a.model)?;
     let view = if a.convergence {
         View::Convergence
@@ -69,7 +72,9 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
         let at: f64 = v
             .trim()
             .parse()
-            .with_context(|| format!("--section '{s}': '{v}' is not a number"))?;
+            .ok()
+            .filter(|x: &f64| x.is_finite())
+            .with_context(|| format!("--section '{s}': '{v}' is not a finite number"))?;
         View::Section { axis, at }
     } else {
         if a.depth.is_some() && mf.grid.is_none() {

@@ -150,6 +150,7 @@ pub struct GmresArgs {
 }
 
 pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
+    a.check()?;
     // Before any work: no output is an input (nor two outputs one file), and this run alone
     // writes its output directories (rank 0 holds the lock until the end).
     let mut paths = crate::io::outpaths::PathCheck::new();
@@ -223,6 +224,25 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
 }
 
 impl SolveArgs {
+    /// The options no file is needed for, before any work (one line naming the option).
+    fn check(&self) -> anyhow::Result<()> {
+        if self.iter_lim == Some(0) {
+            anyhow::bail!("--iter-lim: iter_lim must be >= 1 (got 0)");
+        }
+        let lsqr = [
+            ("--damp", self.damp),
+            ("--atol", self.atol),
+            ("--btol", self.btol),
+            ("--conlim", self.conlim),
+        ];
+        for (what, v) in lsqr {
+            if !(v.is_finite() && v >= 0.0) {
+                anyhow::bail!("{what} must be finite and >= 0 (got {v})");
+            }
+        }
+        Ok(())
+    }
+
     /// Backend, storage, precision, transpose, loop, allreduce path and tuning of the options.
     fn operator_spec(&self) -> crate::Result<OperatorSpec> {
         Ok(OperatorSpec {

@@ -5,7 +5,7 @@ use anyhow::Context;
 
 use crate::comm::Comm;
 use crate::pipeline::square::{solve_square, GmresJob, GmresReport};
-use crate::solver::gmres::PrecondSide;
+use crate::solver::gmres::{ConvergenceTest, PrecondSide};
 
 /// Solve, write the outputs and print the summary on rank 0; returns the report there.
 pub fn run(c: GmresJob, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> {
@@ -24,7 +24,14 @@ pub fn run(c: GmresJob, comm: &dyn Comm) -> anyhow::Result<Option<GmresReport>> 
             PrecondSide::Right => "right",
         },
         r.backend,
-        if r.stop.converged { "converged" } else { "NOT converged" },
+        match (r.stop.converged, r.convergence_test) {
+            // The report's words: PETSc's rule never looks at the true residual.
+            (true, ConvergenceTest::PreconditionedOnly) => {
+                "converged by the preconditioned residual alone (--stop petsc: the true residual was not checked)"
+            }
+            (true, _) => "converged",
+            (false, _) => "NOT converged",
+        },
         r.stop.iterations,
         r.stop.restarts,
         r.stop.relres,

@@ -72,7 +72,8 @@ pub struct SynthArgs {
     /// Target pack file size (MiB).
     #[arg(long, default_value_t = 64)]
     pack_mib: u64,
-    /// Dataset format version: 2 (CRC32C checksums) or 1 (no checksums; for older readers).
+    /// Dataset format version: 3 (CRC32C checksums and the dataset id in every file), 2 (no
+    /// id) or 1 (no checksums); 2 and 1 for older readers.
     #[arg(long, default_value_t = crate::io::dataset::binfmt::VERSION)]
     format_version: u32,
     /// Dataset name (default: the directory name).
@@ -84,19 +85,35 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     if a.grid.contains(&0) || a.spacing.iter().any(|&h| !(h > 0.0 && h.is_finite())) {
         anyhow::bail!("--grid needs cells > 0 and --spacing values > 0");
     }
-    if a.rays == 0 {
-        anyhow::bail!("--rays must be > 0");
+    if !(1..=MAX_RAYS).contains(&a.rays) {
+        anyhow::bail!("--rays must be in 1..={MAX_RAYS} (got {})", a.rays);
     }
     if !(a.noise >= 0.0 && a.noise.is_finite()) {
         anyhow::bail!("--noise must be finite and >= 0");
     }
-    let grid = Grid::new(a.grid, a.origin, a.spacing);
-    if grid.ncells() > u32::MAX as usize {
-        anyhow::bail!(
-            "the grid has {} cells: more than 2^32 columns",
-            grid.ncells()
-        );
+    check_finite(&a)?;
+    if a.checker.contains(&0) || a.spike_width == 0 && a.model == "spike" {
+        anyhow::bail!("--checker and --spike-width need sizes > 0");
     }
+    if !(1..=1 << 20).contains(&a.pack_mib) {
+        anyhow::bail!("--pack-mib must be in 1..=1048576 (got {})", a.pack_mib);
+    }
+    let cells = a.grid.iter().try_fold(1usize, |p, &n| p.checked_mul(n));
+    if cells.is_none_or(|c| c > u32::MAX as usize) {
+        anyhow::bail!("the grid {:?} has more than 2^32 cells (columns)", a.grid);
+    }
+    let grid = Grid::new(a.grid, a.origin, a.spacing);
+    // A straight ray crosses at most nx + ny + nz cells: the kernel's size is bounded before a
+    // ray is traced.
+    let per_ray = a.grid.iter().sum::<usize>() as u128;
+    crate::io::limits::check_alloc(
+        std::path::Path::new("--rays"),
+        &format!(
+            "{} rays of up to {per_ray} cells each (12 bytes per nonzero)",
+            a.rays
+        ),
+        a.rays as u128 * (12 * per_ray + 16),
+    )?;
     let t = Instant::now();
     let kernel = synth::straight_ray_kernel_with(&grid, a.rays, a.seed, true);
     let t_rays = t.elapsed().as_secs_f64();
@@ -161,6 +178,36 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     let cfg = crate::io::tidy(&cfg);
     eprintln!("run config written to {}", cfg.display());
     eprintln!("next: seistomo invert {}", cfg.display());
+    Ok(())
+}
+
+/// The most rays `synth` traces (kernel rows).
+pub const MAX_RAYS: usize = 1 << 32;
+
+/// The options that become values in the dataset are finite: a NaN or an infinity would be
+/// written into b.bin or true_model.bin (the dataset's readers refuse such files).
+fn check_finite(a: &SynthArgs) -> anyhow::Result<()> {
+    let named: [(&str, &[f64]); 6] = [
+        ("--amplitude", &[a.amplitude]),
+        ("--origin", &a.origin),
+        ("--spacing", &a.spacing),
+        ("--norm-damping", &[a.norm_damping]),
+        ("--flattening", &a.flattening),
+        ("--smoothing", &a.smoothing),
+    ];
+    for (what, v) in named {
+        if let Some(x) = v.iter().find(|x| !x.is_finite()) {
+            anyhow::bail!("{what}: {x} is not finite; synth writes finite values only");
+        }
+    }
+    if [a.norm_damping]
+        .iter()
+        .chain(&a.flattening)
+        .chain(&a.smoothing)
+        .any(|&w| w < 0.0)
+    {
+        anyhow::bail!("--norm-damping, --flattening and --smoothing must be >= 0");
+    }
     Ok(())
 }
 

@@ -14,10 +14,15 @@ pub struct VerifyArgs {
 
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let r = crate::io::dataset::verify::verify_dataset(&a.dataset, true)?;
-    let what = if r.version >= 2 {
-        "every checksum matches"
+    let what = if r.version >= 3 {
+        format!(
+            "every checksum matches and every file carries the dataset id {}",
+            crate::io::dataset::binfmt::id_text(r.id)
+        )
+    } else if r.version == 2 {
+        "every checksum matches; format version 2 has no dataset id, so a file copied from another dataset of the same shape cannot be told apart (rewrite it with `seistomo import`/`synth` for version 3)".to_string()
     } else {
-        "structure and values checked; format version 1 has no checksums, so a bit flip that leaves a value finite cannot be detected (rewrite it with `seistomo import`/`synth` for version 2)"
+        "structure and values checked; format version 1 has no checksums, so a bit flip that leaves a value finite cannot be detected (rewrite it with `seistomo import`/`synth` for version 3)".to_string()
     };
     println!(
         "{}: OK (format version {}): {} kernel rows, {} nonzeros, {} damping rows, {} files, {:.1} MB in {:.2} s ({:.2} GB/s); {what}",

@@ -19,17 +19,7 @@ pub struct MappedFile {
 /// Open a data file for reading: a directory, FIFO, socket or device in its place is a one-line
 /// error naming it (a FIFO would block forever; a directory fails with a confusing OS error).
 pub fn open_regular(path: &Path) -> Result<File> {
-    let m = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if m.is_dir() {
-        return Err(Error::format(path, "is a directory, not a data file"));
-    }
-    if !m.is_file() {
-        return Err(Error::format(
-            path,
-            "is not a regular file (a FIFO, socket or device)",
-        ));
-    }
-    File::open(path).map_err(|e| Error::io(path, e))
+    crate::io::open_input(path)
 }
 
 /// Files below this size are read, not mapped.

@@ -8,11 +8,15 @@
 //! - publishing outputs ([`publish`]: outputs as one set, locks; [`outpaths`]; `tidy`;
 //!   [`limits`]: memory plan)
 //!
-//! and the helpers every reader and writer shares (here): transparent gzip on read, and atomic
+//! and the helpers every reader and writer shares (here): the one reader policy (`input`:
+//! [`open_input`], [`check_regular`], [`read_input`]: regular files only), transparent gzip on
+//! read, and atomic
 //! writes (a temporary file renamed into place) so that an interrupted run never leaves a
 //! truncated output that looks complete.
 
 pub mod dataset;
+pub mod finite;
+mod input;
 pub mod limits;
 pub mod mmap;
 #[cfg(feature = "mpi")]
@@ -32,11 +36,13 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions};
+pub use input::{check_regular, open_input, read_input, read_input_text, MAX_TEXT};
 pub use tidy::tidy;
 
-/// Open a text file for buffered reading; `.gz` files are decompressed on the fly.
+/// Open a text file for buffered reading (a regular file: [`open_input`]); `.gz` files are
+/// decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
-    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let f = open_input(path)?;
     if path.extension().is_some_and(|e| e == "gz") {
         Ok(Box::new(BufReader::with_capacity(
             1 << 20,
@@ -144,7 +150,7 @@ pub(crate) fn replace_with_temp(tmp: &Path, path: &Path, written: Result<()>) ->
 /// Read the file at `path` to its end, handing each piece read to `each`; returns the number
 /// of bytes read. Errors name `path`.
 pub(crate) fn read_pieces(path: &Path, mut each: impl FnMut(&[u8])) -> Result<u64> {
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut file = open_input(path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
     loop {
@@ -171,10 +177,16 @@ pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `path` when it is a regular file (following links), else "file '...' not found".
+/// `path` when it is a regular file (following links), else "file '...' not found" or the
+/// reader policy's refusal ([`check_regular`]).
 pub fn existing_file(path: PathBuf) -> std::result::Result<PathBuf, String> {
     if path.is_file() {
         Ok(path)
+    } else if path.exists() {
+        Err(check_regular(&path).err().map_or_else(
+            || format!("'{}' is not a regular file", path.display()),
+            |e| e.to_string(),
+        ))
     } else {
         Err(format!("file '{}' not found", path.display()))
     }

@@ -74,6 +74,21 @@ impl MpiFile {
                 path.display()
             )));
         }
+        // The reader policy (crate::io::check_regular): MPI_File_open on a FIFO blocks. A
+        // collective open agrees first, so that no rank enters MPI_File_open alone.
+        let local = crate::io::check_regular(path);
+        if collective {
+            let bad = i32::from(local.is_err());
+            let mut any = 0i32;
+            comm.all_reduce_into(&bad, &mut any, SystemOperation::max());
+            if any != 0 {
+                return Err(local.err().unwrap_or_else(|| {
+                    Error::format(path, "is not a regular file on another rank: refused")
+                }));
+            }
+        } else {
+            local?;
+        }
         let cpath = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             Error::format(path, "file name contains a NUL byte; MPI cannot open it")
         })?;

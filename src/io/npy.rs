@@ -34,7 +34,7 @@ npy_elem!(f64 => "<f8", i64 => "<i8", i32 => "<i4");
 /// `T`'s, `fortran_order` False and the shape one dimension whose length times the element
 /// size is exactly the bytes after the header (checked before anything is allocated).
 pub fn read_npy<T: NpyElem>(path: &Path) -> Result<Vec<T>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::io::read_input(path, ".npy file", u64::MAX)?;
     let bad = |msg: String| Error::format(path, msg);
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(bad("not a .npy file (bad magic)".into()));

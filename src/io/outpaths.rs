@@ -178,9 +178,34 @@ impl PathCheck {
         v
     }
 
+    /// Every directory this command writes into: the directories of its output files and its
+    /// output directories, with what names them.
+    fn output_dir_list(&self) -> Vec<(String, PathBuf)> {
+        let parents = self.outputs.iter().map(|o| {
+            let d = match o.shown.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            (format!("the directory of {}", o.what), d.to_path_buf())
+        });
+        let dirs = self
+            .output_dirs
+            .iter()
+            .map(|o| (o.what.clone(), o.shown.clone()));
+        parents.chain(dirs).collect()
+    }
+
     /// Refuse any clash (module docs); one line naming both paths.
     pub fn check(&self) -> Result<()> {
         let err = |msg: String| Err(Error::Invalid(msg));
+        // The reader policy (crate::io::open_input), before any lock is taken: an input that
+        // exists is a regular file.
+        for i in &self.inputs {
+            if std::fs::metadata(&i.shown).is_ok() {
+                crate::io::check_regular(&i.shown)
+                    .map_err(|e| Error::Invalid(format!("input {}: {e}", i.what)))?;
+            }
+        }
         for (k, o) in self.outputs.iter().enumerate() {
             let (what, od) = (&o.what, o.shown.display());
             if let Ok(m) = std::fs::metadata(&o.shown) {
@@ -219,6 +244,9 @@ impl PathCheck {
                 ));
             }
         }
+        for (what, d) in self.output_dir_list() {
+            refuse_system_dir(&what, &d)?;
+        }
         for o in &self.output_dirs {
             let (what, od) = (&o.what, o.shown.display());
             if o.shown.exists() && !o.shown.is_dir() {
@@ -234,6 +262,36 @@ impl PathCheck {
             }
         }
         Ok(())
+    }
+}
+
+/// Directories of the system that no output may go to (nor lie directly in): seistomo writes
+/// a set of files, a manifest and a lock into an output directory, and removes what it wrote
+/// there.
+const SYSTEM_DIRS: [&str; 16] = [
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+    "/sbin", "/sys", "/usr", "/var", "/usr/bin", "/usr/lib",
+];
+
+/// Error when `dir` (`what` names it) is a file system root, the home directory or a system
+/// directory (symlinks followed).
+fn refuse_system_dir(what: &str, dir: &Path) -> Result<()> {
+    let c = canonical(dir);
+    let why = if c.parent().is_none() {
+        Some("the root of the file system")
+    } else if crate::settings::launch::home_dir().is_some_and(|h| canonical(&h) == c) {
+        Some("the home directory")
+    } else if SYSTEM_DIRS.iter().any(|s| c == Path::new(s)) {
+        Some("a system directory")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(Error::Invalid(format!(
+            "output {what} '{}' is {why}: refused; give a directory of its own",
+            dir.display()
+        ))),
+        None => Ok(()),
     }
 }
 

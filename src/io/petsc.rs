@@ -88,7 +88,7 @@ fn write_with(path: &Path, mut f: impl FnMut(&mut dyn std::io::Write) -> Result<
 /// Read a PETSc binary Mat file. The header's sizes are checked against the file's length
 /// (16 + 4·rows + 4·nnz + 8·nnz bytes exactly) before anything is allocated from them.
 pub fn read_mat(path: &Path) -> Result<Csr> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::io::read_input(path, "PETSc binary file", u64::MAX)?;
     let int = |pos: usize, what: &str| -> Result<i32> {
         let b = bytes
             .get(pos..pos + 4)
@@ -154,7 +154,7 @@ pub fn read_mat(path: &Path) -> Result<Csr> {
 /// Read a PETSc binary Vec file (class id, length, values; the length is checked against the
 /// file's size before the values are allocated). Values must be finite.
 pub fn read_vec(path: &Path) -> Result<Vec<f64>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::io::read_input(path, "PETSc binary file", u64::MAX)?;
     if bytes.len() < 8 {
         return Err(Error::format(
             path,

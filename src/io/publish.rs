@@ -5,20 +5,34 @@
 //! 1. **Lock** ([`OutputLock`]): `flock` on `DIR/.seistomo.lock` (holding the pid), taken before
 //!    any work; the kernel drops it when the process dies, so `kill -9` never leaves it stale.
 //!    A second run into DIR stops at once: "another seistomo run (pid N) is writing to DIR".
-//!    With the lock held, [`recover`] completes or removes what a killed run left (below).
+//!    With the lock held, [`recover`] settles what a killed run left (below).
 //! 2. **Stage** ([`Publication::write`]): every file is written into `DIR/.seistomo-stage-RUN/`
-//!    (same file system) through checked, buffered I/O, then `fsync`ed. A failed write (a full
-//!    disk) removes the staging directory: the previous outputs are untouched.
-//! 3. **Commit** ([`Publication::commit`]): the manifest `seistomo-outputs.json` (run id, command,
-//!    every file with its size and FNV-1a 64 hash) is staged and synced too, then the staging
-//!    directory is renamed to `DIR/.seistomo-commit-RUN/`: that one atomic rename is the commit
-//!    point. Before it the old set is the set; after it the new one is.
-//! 4. **Roll forward**: the files are renamed into DIR in the order they were written, the
-//!    manifest last, DIR is synced and the empty commit directory removed. A run killed here
-//!    leaves the commit directory, which the next run into DIR (any command, `--resume` included)
-//!    rolls forward before it does anything else.
+//!    (same file system) through checked, buffered I/O, then `fsync`ed, and the manifest
+//!    `seistomo-outputs.json` (run id, command, every file with its size and FNV-1a 64 hash) with
+//!    them. A failed write (a full disk) removes the staging directory: the previous outputs
+//!    are untouched.
+//! 3. **Prepare**: every name of the new set is made to resolve through one symbolic link,
+//!    `DIR/.seistomo-current`, which first points at `DIR/.seistomo-old-RUN/` (hard links of the
+//!    files those names held): each such file is replaced (one atomic rename) by the link
+//!    `NAME -> .seistomo-current/NAME`, which reads the same bytes; a name that did not exist
+//!    becomes a link that leads nowhere yet (a reader finds no file).
+//! 4. **Switch**: `.seistomo-current` is renamed to point at the staging directory. This one
+//!    atomic rename is the commit point: before it every name reads the previous set, after it
+//!    the new one, whole.
+//! 5. **Settle**: each name is replaced (atomic rename) by a hard link of its staged file, the
+//!    manifest last, and `.seistomo-current` and the two directories are removed: regular files
+//!    again, no dot files left.
 //!
-//! A reader ([`check_set`]) finds one complete set when the manifest is there, no commit
+//! A `kill -9` at any step leaves either the whole previous set or the whole new one visible
+//! under the files' names (in a directory some of them are links through
+//! `.seistomo-current` until the next run); the next run into DIR (any command, `--resume`
+//! included) settles it first ([`recover`]): the set `.seistomo-current` points at is kept,
+//! the other thrown away, and a staging directory of a process that no longer exists removed.
+//! Where the file system has no hard or symbolic links, the files are renamed into place one by
+//! one (the version 1 protocol: a committed set `.seistomo-commit-RUN` rolled forward by the next
+//! run). A set spread over several directories switches directory by directory.
+//!
+//! A reader ([`check_set`]) finds one complete set when the manifest is there, no legacy commit
 //! directory is pending, and every file it names has the recorded size and hash. Files that the
 //! manifest does not name are not part of the set.
 //!
@@ -27,7 +41,8 @@
 //! `SEISTOMO_FAULT_ENOSPC_AFTER=N`: staged writes fail with ENOSPC ("No space left on device")
 //! once N bytes in all have been written; `SEISTOMO_FAULT_KILL_AT=K`: the process sends itself
 //! SIGKILL at the K-th step of staging/committing (each write call, fsync and rename counts; the
-//! number of steps is printed at the end of a run that got past them all);
+//! number of steps is printed at the end of a run that got past them all; steps 3 to 5 count
+//! each link, rename and sync);
 //! `SEISTOMO_FAULT_HOLD_LOCK=FILE`: after taking the output lock, wait until FILE exists.
 
 use std::fs::{self, File, OpenOptions};
@@ -46,6 +61,12 @@ pub const MANIFEST: &str = "seistomo-outputs.json";
 pub const LOCK_FILE: &str = ".seistomo.lock";
 const STAGE: &str = ".seistomo-stage-";
 const COMMIT: &str = ".seistomo-commit-";
+/// Hard links of the previous set's files, while a set is switched.
+const OLD: &str = ".seistomo-old-";
+/// The one link every name of a set resolves through while it is switched.
+const CURRENT: &str = ".seistomo-current";
+/// Temporary names of links made to be renamed over a name.
+const LINK: &str = ".seistomo-link-";
 /// Manifest format name and version.
 pub const MANIFEST_FORMAT: &str = "seistomo-outputs";
 pub const MANIFEST_VERSION: u32 = 1;
@@ -384,17 +405,55 @@ impl Publication {
             })();
             r.map_err(|e| Error::io(d.dir.join(MANIFEST), e))?;
         }
-        // The commit points.
-        for d in &mut self.dirs {
-            let c = d.dir.join(format!("{COMMIT}{}", self.run_id));
-            fault::point();
-            fs::rename(&d.stage, &c).map_err(|e| Error::io(&c, e))?;
-            d.stage = c;
-            d.state = State::Committed;
-            sync_dir(&d.dir).map_err(|e| Error::io(&d.dir, e))?;
-        }
+        // Every name of the new set through `.seistomo-current` (step 3), in every directory
+        // before any switches; a directory without links takes the version 1 protocol.
+        let mut linked = Vec::with_capacity(self.dirs.len());
         for d in &self.dirs {
-            roll_forward(&d.stage, &d.dir)?;
+            let names = set_names(&d.files);
+            match prepare(&d.dir, &d.stage, &self.run_id, &names) {
+                Ok(l) => linked.push(l),
+                Err(e) => {
+                    // Back to the previous set everywhere (what the next run would do).
+                    for d in &self.dirs[..=linked.len()] {
+                        let _ = settle(&d.dir);
+                        remove_leftovers(&d.dir, false);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // The commit points (step 4), then regular files again (step 5).
+        for (k, &l) in linked.iter().enumerate() {
+            let d = &mut self.dirs[k];
+            if l {
+                let switched = switch(&d.dir, &d.stage, &self.run_id);
+                // Whatever failed, the staging directory is the set once the link names it.
+                let stage_name = d.stage.file_name().map(Path::new);
+                if fs::read_link(d.dir.join(CURRENT)).ok().as_deref() == stage_name {
+                    d.state = State::Committed;
+                }
+                if let Err(e) = switched {
+                    for d in &self.dirs[k..] {
+                        let _ = settle(&d.dir);
+                        remove_leftovers(&d.dir, false);
+                    }
+                    return Err(e);
+                }
+            } else {
+                let c = d.dir.join(format!("{COMMIT}{}", self.run_id));
+                fault::point();
+                fs::rename(&d.stage, &c).map_err(|e| Error::io(&c, e))?;
+                d.stage = c;
+                d.state = State::Committed;
+                sync_dir(&d.dir).map_err(|e| Error::io(&d.dir, e))?;
+            }
+        }
+        for (d, &l) in self.dirs.iter().zip(&linked) {
+            if l {
+                settle(&d.dir)?;
+            } else {
+                roll_forward(&d.stage, &d.dir)?;
+            }
         }
         if fault::kill_at().is_some() {
             eprintln!("publish: {} fault points", fault::points());
@@ -415,8 +474,188 @@ impl Drop for Publication {
     }
 }
 
+/// The names of a set in the order they are settled: its files, the manifest last.
+fn set_names(files: &[ManifestFile]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| f.name.clone())
+        .chain([MANIFEST.to_string()])
+        .collect()
+}
+
+/// Is the error one of a file system that has no hard or symbolic links?
+fn no_links(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS | libc::EMLINK)
+    )
+}
+
+/// Replace `dst` by a new link (a hard link of `src`, or a symbolic link to `src` when
+/// `symbolic`) in one atomic rename through a temporary name `tmp`.
+fn link_over(src: &Path, dst: &Path, tmp: &Path, symbolic: bool) -> io::Result<()> {
+    let _ = fs::remove_file(tmp);
+    fault::point();
+    if symbolic {
+        std::os::unix::fs::symlink(src, tmp)?;
+    } else {
+        fs::hard_link(src, tmp)?;
+    }
+    fault::point();
+    fs::rename(tmp, dst)
+}
+
+/// Step 3 in `dir` for the staged set in `stage` of run `run`: the previous files of `names`
+/// hard-linked into `.seistomo-old-RUN`, `.seistomo-current` pointing there, and each name
+/// replaced by a link through it. Ok(false), with nothing changed, where the file system has
+/// no links (the caller renames files into place instead).
+fn prepare(dir: &Path, stage: &Path, run: &str, names: &[String]) -> Result<bool> {
+    let old = dir.join(format!("{OLD}{run}"));
+    let tmp = dir.join(format!("{LINK}{run}"));
+    let current = dir.join(CURRENT);
+    let err = |p: &Path, e: io::Error| Error::io(p, e);
+    // Can this file system link? (A probe in the staging directory, which is thrown away
+    // anyway.)
+    let probe = stage.join(format!("{LINK}probe"));
+    let linkable = fs::hard_link(stage.join(MANIFEST), &probe)
+        .and_then(|()| fs::remove_file(&probe))
+        .and_then(|()| std::os::unix::fs::symlink(MANIFEST, &probe))
+        .and_then(|()| fs::remove_file(&probe));
+    match linkable {
+        Ok(()) => {}
+        Err(e) if no_links(&e) => return Ok(false),
+        Err(e) => return Err(err(stage, e)),
+    }
+    fault::point();
+    fs::create_dir(&old).map_err(|e| err(&old, e))?;
+    let mut regular = Vec::with_capacity(names.len());
+    for n in names {
+        let p = dir.join(n);
+        let is_file = fs::symlink_metadata(&p).is_ok_and(|m| m.is_file());
+        if is_file {
+            fault::point();
+            fs::hard_link(&p, old.join(n)).map_err(|e| err(&p, e))?;
+        }
+        regular.push(is_file || fs::symlink_metadata(&p).is_err());
+    }
+    sync_dir(&old).map_err(|e| err(&old, e))?;
+    let target = old.file_name().expect("a directory name");
+    fault::point();
+    std::os::unix::fs::symlink(target, &current).map_err(|e| err(&current, e))?;
+    sync_dir(dir).map_err(|e| err(dir, e))?;
+    // A name that is neither a regular file nor absent (a link of the user's) is replaced
+    // when the set settles.
+    for (n, _) in names.iter().zip(regular).filter(|(_, r)| *r) {
+        let through = Path::new(CURRENT).join(n);
+        link_over(&through, &dir.join(n), &tmp, true).map_err(|e| err(&dir.join(n), e))?;
+    }
+    sync_dir(dir).map_err(|e| err(dir, e))?;
+    Ok(true)
+}
+
+/// Step 4 in `dir`: `.seistomo-current` pointed at the staging directory `stage` (a new link
+/// renamed over it), and `dir` synced.
+fn switch(dir: &Path, stage: &Path, run: &str) -> Result<()> {
+    let next = dir.join(format!("{LINK}{run}-next"));
+    let target = stage.file_name().expect("a staging directory name");
+    let _ = fs::remove_file(&next);
+    fault::point();
+    std::os::unix::fs::symlink(target, &next).map_err(|e| Error::io(&next, e))?;
+    fault::point();
+    fs::rename(&next, dir.join(CURRENT)).map_err(|e| Error::io(dir, e))?;
+    sync_dir(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Step 5, and what [`recover`] does with a set a killed run left being switched: every name
+/// that is a link through `.seistomo-current` becomes a hard link of the file it reads (of the
+/// set the link points at); a link to a file that set lacks is removed; then the link and the
+/// old and staging directories go. Idempotent.
+fn settle(dir: &Path) -> Result<()> {
+    let current = dir.join(CURRENT);
+    let err = |p: &Path, e: io::Error| Error::io(p, e);
+    let Ok(target) = fs::read_link(&current) else {
+        return Ok(());
+    };
+    let set = dir.join(&target);
+    let tmp = dir.join(format!("{LINK}settle"));
+    // The set's files (the staged set, or the previous files of the names being replaced),
+    // the manifest last.
+    let mut names: Vec<String> = fs::read_dir(&set)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with(LINK))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort_by_key(|n| n == MANIFEST);
+    let through =
+        |n: &str| fs::read_link(dir.join(n)).is_ok_and(|t| t == Path::new(CURRENT).join(n));
+    for n in &names {
+        let (src, dst) = (set.join(n), dir.join(n));
+        let staged = fs::symlink_metadata(&src).is_ok_and(|m| m.is_file());
+        // Names that are regular files already are settled; a name of the user's (not a link
+        // through the current set) is replaced only by the new set's file.
+        if staged && (through(n) || !target.to_string_lossy().starts_with(OLD)) {
+            if fs::symlink_metadata(&dst).is_ok_and(|m| m.is_file())
+                && fs::symlink_metadata(&src)
+                    .and_then(|a| fs::symlink_metadata(&dst).map(|b| (a, b)))
+                    .is_ok_and(|(a, b)| a.ino() == b.ino() && a.dev() == b.dev())
+            {
+                continue;
+            }
+            link_over(&src, &dst, &tmp, false).map_err(|e| err(&dst, e))?;
+        }
+    }
+    // Links through the current set to files it does not have (new names of a set that was
+    // not switched).
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if through(&n) && fs::symlink_metadata(set.join(&n)).is_err() {
+                fault::point();
+                fs::remove_file(e.path()).map_err(|er| err(&e.path(), er))?;
+            }
+        }
+    }
+    sync_dir(dir).map_err(|e| err(dir, e))?;
+    fault::point();
+    fs::remove_file(&current).map_err(|e| err(&current, e))?;
+    sync_dir(dir).map_err(|e| err(dir, e))?;
+    remove_leftovers(dir, true);
+    Ok(())
+}
+
+/// Remove what switching sets leaves in `dir` once no link points into it: old and
+/// temporary-link names, and (with `stages`) staging directories of processes that no longer
+/// exist. Best effort.
+fn remove_leftovers(dir: &Path, stages: bool) {
+    // Names may still resolve into these directories while the link exists.
+    if fs::symlink_metadata(dir.join(CURRENT)).is_ok() {
+        return;
+    }
+    let Ok(rd) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let p = e.path();
+        if n.starts_with(OLD) {
+            let _ = fs::remove_dir_all(&p);
+        } else if n.starts_with(LINK) {
+            let _ = fs::remove_file(&p);
+        } else if let Some(run) = n.strip_prefix(STAGE).filter(|_| stages) {
+            let gone =
+                Path::new("/proc/self").exists() && pid_of_run(run).is_some_and(|p| !alive(p));
+            if gone || pid_of_run(run) == Some(std::process::id()) {
+                let _ = fs::remove_dir_all(&p);
+            }
+        }
+    }
+}
+
 fn read_manifest(p: &Path) -> Result<Manifest> {
-    let text = fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+    let text = super::read_input_text(p, "output manifest", super::MAX_TEXT)?;
     let m: Manifest = serde_json::from_str(&text)
         .map_err(|e| Error::format(p, format!("output manifest: {e}")))?;
     if m.format != MANIFEST_FORMAT {
@@ -425,7 +664,8 @@ fn read_manifest(p: &Path) -> Result<Manifest> {
     Ok(m)
 }
 
-/// Step 4: move a committed set into `dir` (idempotent: files already moved are skipped).
+/// The version 1 protocol (file systems without links, and sets an older seistomo left): move
+/// a committed set into `dir` (idempotent: files already moved are skipped).
 fn roll_forward(commit: &Path, dir: &Path) -> Result<()> {
     let mp = commit.join(MANIFEST);
     if mp.exists() {
@@ -468,18 +708,40 @@ pub fn recover(dir: &Path) -> Result<Vec<String>> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
+    // A set being switched: the one `.seistomo-current` points at is settled.
+    if let Ok(target) = fs::read_link(dir.join(CURRENT)) {
+        let t = target.to_string_lossy().into_owned();
+        settle(dir)?;
+        if let Some(run) = t.strip_prefix(STAGE) {
+            done.push(run.to_string());
+        } else if let Some(run) = t.strip_prefix(OLD) {
+            eprintln!(
+                "seistomo: note: run {run} was stopped before it published its outputs in {}: the previous set stays",
+                dir.display()
+            );
+        }
+    }
     for n in names {
         if let Some(run) = n.strip_prefix(COMMIT) {
             roll_forward(&dir.join(&n), dir)?;
             done.push(run.to_string());
         } else if let Some(run) = n.strip_prefix(STAGE) {
-            let dead =
-                Path::new("/proc/self").exists() && pid_of_run(run).is_some_and(|p| !alive(p));
-            if dead {
-                let _ = fs::remove_dir_all(dir.join(&n));
+            let p = dir.join(&n);
+            let proc = Path::new("/proc/self").exists();
+            match pid_of_run(run) {
+                // (Where liveness cannot be told, no /proc, it is left.)
+                _ if !p.exists() || !proc => {}
+                Some(pid) if alive(pid) => eprintln!(
+                    "seistomo: note: {} is the staging directory of process {pid}, still running: left in place",
+                    p.display()
+                ),
+                _ => {
+                    let _ = fs::remove_dir_all(&p);
+                }
             }
         }
     }
+    remove_leftovers(dir, false);
     Ok(done)
 }
 
@@ -562,7 +824,7 @@ pub struct OutputLock {
 fn read_pid(p: &Path) -> Option<u32> {
     // The holder writes its pid right after locking; give it a moment.
     for _ in 0..50 {
-        if let Ok(s) = fs::read_to_string(p) {
+        if let Ok(s) = super::read_input_text(p, "lock file", 64) {
             if let Ok(pid) = s.trim().parse() {
                 return Some(pid);
             }
@@ -785,6 +1047,76 @@ mod tests {
         assert_eq!(names(&d), ["a.txt", "b.txt", MANIFEST]);
         assert_eq!(check_set(&d).unwrap().run_id, run);
         let _ = fs::remove_dir_all(&d);
+    }
+
+    /// A run stopped between the steps of a switch (module docs): stopped after step 3 (the
+    /// names lead through `.seistomo-current` to the previous files, a new name leads nowhere)
+    /// or after step 4, the visible set is whole, and the next run settles it into regular
+    /// files: the previous set, or the new one.
+    #[test]
+    fn a_set_stopped_while_switching_is_whole_and_settled_by_recover() {
+        for switched in [false, true] {
+            let d = scratch(&format!("switch-{switched}"));
+            publish(&d, &[("a.txt", "old a"), ("b.txt", "old b")]);
+            // A file of the user's that the new set names too.
+            fs::write(d.join("c.txt"), b"stray c").unwrap();
+            let old_set = check_set(&d).unwrap().run_id;
+            let mut p = Publication::new("test");
+            for (n, t) in [("a.txt", "new a"), ("c.txt", "new c"), ("e.txt", "new e")] {
+                p.write_bytes(&d.join(n), t.as_bytes()).unwrap();
+            }
+            let run = p.run_id().to_string();
+            // Stage the manifest as commit() does, then the steps one by one.
+            let stage = d.join(format!("{STAGE}{run}"));
+            let m = Manifest {
+                format: MANIFEST_FORMAT.into(),
+                format_version: MANIFEST_VERSION,
+                program: "seistomo".into(),
+                version: "x".into(),
+                run_id: run.clone(),
+                command: "test".into(),
+                files: p.dirs[0].files.clone(),
+            };
+            fs::write(stage.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+            assert!(prepare(&d, &stage, &run, &set_names(&m.files)).unwrap());
+            if switched {
+                switch(&d, &stage, &run).unwrap();
+                p.dirs[0].state = State::Committed;
+            }
+            std::mem::forget(p); // killed: no clean-up
+            let read = |n: &str| fs::read_to_string(d.join(n)).ok();
+            let (a, c, e) = (read("a.txt"), read("c.txt"), read("e.txt"));
+            if switched {
+                assert_eq!(check_set(&d).unwrap().run_id, run);
+                assert_eq!((a.as_deref(), c.as_deref()), (Some("new a"), Some("new c")));
+                assert_eq!(e.as_deref(), Some("new e"));
+            } else {
+                assert_eq!(check_set(&d).unwrap().run_id, old_set);
+                assert_eq!(
+                    (a.as_deref(), c.as_deref()),
+                    (Some("old a"), Some("stray c"))
+                );
+                assert_eq!(e, None, "a new name read before the switch");
+            }
+            assert_eq!(read("b.txt").as_deref(), Some("old b"));
+            let done = recover(&d).unwrap();
+            assert_eq!(done.len(), usize::from(switched));
+            let want: &[&str] = if switched {
+                &["a.txt", "b.txt", "c.txt", "e.txt", MANIFEST]
+            } else {
+                &["a.txt", "b.txt", "c.txt", MANIFEST]
+            };
+            assert_eq!(names(&d), want);
+            for n in want {
+                assert!(fs::symlink_metadata(d.join(n)).unwrap().is_file(), "{n}");
+            }
+            assert_eq!(
+                read("c.txt").as_deref(),
+                Some(if switched { "new c" } else { "stray c" })
+            );
+            check_set(&d).unwrap();
+            let _ = fs::remove_dir_all(&d);
+        }
     }
 
     #[test]

@@ -144,7 +144,7 @@ pub struct LocalReads;
 
 impl RangeSource for LocalReads {
     fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut f = crate::io::open_input(path)?;
         let mut buf = vec![0u8; len];
         read_file_into(&mut f, path, offset, &mut buf)?;
         Ok(buf)
@@ -154,7 +154,7 @@ impl RangeSource for LocalReads {
         if ranges.is_empty() {
             return Ok(());
         }
-        let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut file = crate::io::open_input(path)?;
         // One buffer for all ranges (fresh pages for every range would cost a page fault each).
         let mut buf = vec![0u8; ranges.iter().map(|r| r.1).max().unwrap_or(0)];
         for (i, &(off, len)) in ranges.iter().enumerate() {
@@ -299,8 +299,10 @@ impl<'a> RangeReader<'a> {
     }
 }
 
-/// The length of `path` in bytes (a `stat`; errors name the file).
+/// The length of `path` in bytes (a `stat`; errors name the file; a directory, FIFO or device
+/// is refused: [`crate::io::check_regular`]).
 pub fn file_len(path: &Path) -> Result<u64> {
+    crate::io::check_regular(path)?;
     Ok(std::fs::metadata(path)
         .map_err(|e| Error::io(path, e))?
         .len())

@@ -471,6 +471,7 @@ fn lattice_view(cf: &Cf, g: &Group, c: &CellTable) -> Result<()> {
 /// Names of the datasets in a model file's `/model` group (for readers that list fields).
 pub fn field_names(path: &Path) -> Result<Vec<String>> {
     let e = |er| h5err(path, er);
+    crate::io::check_regular(path)?;
     let f = File::open(path).map_err(e)?;
     let g = f.group("model").map_err(e)?;
     let mut names = Vec::new();

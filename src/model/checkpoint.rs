@@ -40,9 +40,53 @@ pub struct Checkpointing {
     pub every: usize,
     /// Continue from the checkpoint when there is one.
     pub resume: bool,
+    /// The checkpoint files this run wrote or resumed from, as (path, device, inode): the only
+    /// files the end of the run removes (a path that names something else is left alone).
+    ours: std::sync::Arc<std::sync::Mutex<Vec<(PathBuf, u64, u64)>>>,
+}
+
+/// (device, inode) of the file at `path`, links not followed.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Checkpointing {
+    pub fn new(path: PathBuf, every: usize, resume: bool) -> Checkpointing {
+        Checkpointing {
+            path,
+            every,
+            resume,
+            ours: Default::default(),
+        }
+    }
+
+    /// Note that the file at `path` is this run's: it has just written it, or resumed from it.
+    pub fn claim(&self, path: &Path) {
+        let Some((dev, ino)) = file_id(path) else {
+            return;
+        };
+        let mut ours = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+        ours.retain(|(p, ..)| p != path);
+        ours.push((path.to_path_buf(), dev, ino));
+    }
+
+    /// Remove `path` when it is still the file this run wrote or resumed from ([`Self::claim`]);
+    /// anything else at that name is left alone. Returns whether it was removed.
+    pub fn remove_ours(&self, path: &Path) -> Result<bool> {
+        let ours = self.ours.lock().unwrap_or_else(|e| e.into_inner());
+        let claimed = ours
+            .iter()
+            .any(|(p, dev, ino)| p == path && file_id(path) == Some((*dev, *ino)));
+        if claimed {
+            std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        }
+        Ok(claimed)
+    }
+
     /// This rank's checkpoint file.
     pub fn path_for(&self, comm: &dyn Comm) -> PathBuf {
         if comm.size() > 1 {
@@ -208,7 +252,7 @@ fn f64s(b: &[u8]) -> Vec<f64> {
 /// Read and check a checkpoint file (version 2, or version 1). Every size in it is checked
 /// against the file's length before anything is allocated from it.
 pub fn read_checkpoint(path: &Path) -> Result<(Loaded, String, LsqrParams, usize, usize)> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::io::read_input(path, "checkpoint", u64::MAX)?;
     parse_checkpoint(path, &bytes)
 }
 
@@ -287,6 +331,20 @@ fn read_v1(bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostSta
     Ok((header, vecs))
 }
 
+/// The reserved u32 after a checksum must be zero: a checksum that matches beside a nonzero
+/// word is a corrupted file, said as such (not as a "mismatch" of two equal numbers).
+fn reserved_zero(path: &Path, what: &str, word: u32, at: usize) -> Result<()> {
+    if word != 0 {
+        return Err(Error::format(
+            path,
+            format!(
+                "{what}: the reserved word after its checksum (byte {at}) is {word:08x}, not 0: the file is corrupted"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(Header, HostState)> {
     use crate::io::dataset::binfmt::{checksum_error, crc};
     if bytes.len() < 24 {
@@ -302,9 +360,10 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     }
     let hend = 24 + hlen as usize;
     let (stored, computed) = (word(hend), crc(&bytes[..hend]));
-    if stored != computed || word(hend + 4) != 0 {
+    if stored != computed {
         return Err(checksum_error(path, "checkpoint header", stored, computed));
     }
+    reserved_zero(path, "checkpoint header", word(hend + 4), hend + 4)?;
     let header: Header =
         serde_json::from_slice(&bytes[24..hend]).map_err(|e| bad(&format!("header: {e}")))?;
     let have = (bytes.len() - hend - 8) as u128;
@@ -319,14 +378,11 @@ fn read_v2(path: &Path, bytes: &[u8], bad: &dyn Fn(&str) -> Error) -> Result<(He
     let mut take = |k: usize, name: &str| -> Result<Vec<f64>> {
         let body = &bytes[off..off + 8 * k];
         let (stored, computed) = (word(off + 8 * k), crc(body));
-        if stored != computed || word(off + 8 * k + 4) != 0 {
-            return Err(checksum_error(
-                path,
-                &format!("checkpoint vector {name}"),
-                stored,
-                computed,
-            ));
+        let what = format!("checkpoint vector {name}");
+        if stored != computed {
+            return Err(checksum_error(path, &what, stored, computed));
         }
+        reserved_zero(path, &what, word(off + 8 * k + 4), off + 8 * k + 4)?;
         off += 8 * k + 8;
         Ok(f64s(body))
     };
@@ -369,11 +425,7 @@ mod tests {
             calc_var: true,
             ..Default::default()
         };
-        let ck = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 2,
-            resume: false,
-        };
+        let ck = Checkpointing::new(dir.join("ck.bin"), 2, false);
         let fp = fingerprint(&a, &b);
         lsqr_checkpointed(
             &be,
@@ -417,6 +469,31 @@ mod tests {
         let sum = h.finish();
         out.extend_from_slice(&sum.to_le_bytes());
         out
+    }
+
+    /// Issue 35: a nonzero reserved word beside a checksum that matches is said as such, not
+    /// as "checksum mismatch (stored X, computed X)".
+    #[test]
+    fn a_nonzero_reserved_word_is_named_not_a_mismatch_of_equal_sums() {
+        let dir = crate::io::test_dir("ckpt-reserved");
+        let path = small_checkpoint(&dir);
+        let v2 = std::fs::read(&path).unwrap();
+        let hend = 24 + u64::from_le_bytes(v2[16..24].try_into().unwrap()) as usize;
+        for at in [hend + 4, v2.len() - 4] {
+            let mut b = v2.clone();
+            b[at] = 0x5a;
+            std::fs::write(&path, &b).unwrap();
+            let e = match read_checkpoint(&path) {
+                Ok(_) => panic!("a nonzero reserved word at {at} was read"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                e.contains("reserved word") && e.contains(&format!("byte {at}")),
+                "{e}"
+            );
+            assert!(!e.contains("mismatch"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -511,11 +588,7 @@ mod tests {
         let run = |p: &LsqrParams, ck: &Checkpointing, mon: &mut dyn LsqrMonitor<CpuBackend>| {
             lsqr_checkpointed(&be, &op, &SerialComm, (ck, &fp), &b, None, p, mon)
         };
-        let full = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 0,
-            resume: false,
-        };
+        let full = Checkpointing::new(dir.join("ck.bin"), 0, false);
         let (want, wh) = run(&params, &full, &mut NoMonitor).unwrap();
         assert!(want.info.itn > 6);
         // Stop after 5 iterations with a checkpoint every 5, then resume.
@@ -523,11 +596,7 @@ mod tests {
             iter_lim: Some(5),
             ..params.clone()
         };
-        let ck = Checkpointing {
-            path: dir.join("ck.bin"),
-            every: 5,
-            resume: false,
-        };
+        let ck = Checkpointing::new(dir.join("ck.bin"), 5, false);
         // iter_lim differs, so the short run's checkpoint must be refused on resume.
         let ck2 = Checkpointing {
             every: 2,

@@ -506,6 +506,7 @@ pub struct ModelFile {
 impl ModelFile {
     pub fn open(path: &Path) -> Result<ModelFile> {
         let e = |er: ::hdf5::Error| h5err(path, er);
+        crate::io::check_regular(path)?;
         let f = ::hdf5::File::open(path).map_err(e)?;
         let sattr = |loc: &Location, name: &str| -> Result<String> {
             loc.attr(name)

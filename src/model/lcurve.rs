@@ -21,6 +21,10 @@ pub struct LPoint {
 
 /// Parse "0.001,0.01,0.1".
 pub fn parse_list(s: &str) -> Result<Vec<f64>> {
+    let k = s.split(',').count();
+    if k > MAX_POINTS {
+        return Err(too_many("--damping", k));
+    }
     s.split(',')
         .map(|t| {
             t.trim()
@@ -30,6 +34,15 @@ pub fn parse_list(s: &str) -> Result<Vec<f64>> {
                 .ok_or_else(|| Error::Invalid(format!("--damping: '{t}' is not a number >= 0")))
         })
         .collect()
+}
+
+/// The most weights of one L-curve (each is a whole inversion).
+pub const MAX_POINTS: usize = 1000;
+
+fn too_many(what: &str, k: usize) -> Error {
+    Error::Invalid(format!(
+        "{what}: {k} weights, at most {MAX_POINTS} (each weight is a whole inversion)"
+    ))
 }
 
 /// Parse "1e-3:1:9": `k` weights spaced evenly in log between `a` and `b`.
@@ -48,6 +61,9 @@ pub fn parse_log_range(s: &str) -> Result<Vec<f64>> {
     let k: usize = p[2].trim().parse().map_err(|_| bad())?;
     if !(a > 0.0 && b > 0.0 && a.is_finite() && b.is_finite()) || k < 2 {
         return Err(bad());
+    }
+    if k > MAX_POINTS {
+        return Err(too_many(&format!("--log-range '{s}'"), k));
     }
     let (la, lb) = (a.log10(), b.log10());
     Ok((0..k)

@@ -254,7 +254,7 @@ pub fn annotate(f: &::hdf5::File, path: &Path, report: &Report) -> Result<()> {
         a.list(&g, "input_crc32", &crcs)?;
     }
     if let Some(m) = manifest {
-        let text = std::fs::read_to_string(&m).map_err(|e| Error::io(&m, e))?;
+        let text = crate::io::read_input_text(&m, "dataset manifest", crate::io::MAX_TEXT)?;
         a.s(&g, "dataset_manifest", &text)?;
     }
     if let Ok(h) = f.group("history") {

@@ -100,27 +100,40 @@ impl ModelSpec {
     }
     /// Check the spec against the number of unknowns.
     pub fn check(&self, n: usize) -> Result<()> {
+        self.check_from(n, &SpecSources::default())
+    }
+
+    /// [`ModelSpec::check`], the errors naming the file each part came from (where known).
+    pub fn check_from(&self, n: usize, src: &SpecSources) -> Result<()> {
+        let named = |from: Option<&Path>, msg: String| match from {
+            Some(p) => Error::format(p, msg),
+            None => Error::Invalid(msg),
+        };
         if let Parameterisation::Grid(g) = &self.param {
-            g.check().map_err(Error::Invalid)?;
+            g.check().map_err(|e| named(src.grid, e))?;
         }
         let count = match &self.param {
-            Parameterisation::Grid(g) => Some(g.ncells()),
-            Parameterisation::Cells(c) => Some(c.rows.len()),
+            Parameterisation::Grid(g) => Some((g.ncells(), "grid cells", src.grid)),
+            Parameterisation::Cells(c) => Some((c.rows.len(), "cells", src.cells)),
             Parameterisation::Vector => None,
         };
-        if let Some(c) = count {
+        if let Some((c, what, from)) = count {
             if c != n {
-                return Err(Error::Invalid(format!(
-                    "the model has {c} cells but the system has {n} unknowns"
-                )));
+                return Err(named(
+                    from,
+                    format!("the model has {c} {what} but the system has {n} unknowns"),
+                ));
             }
         }
         if let Some(t) = &self.true_model {
             if t.len() != n {
-                return Err(Error::Invalid(format!(
-                    "the true model has {} values but the system has {n} unknowns",
-                    t.len()
-                )));
+                return Err(named(
+                    src.true_model,
+                    format!(
+                        "the true model has {} values but the system has {n} unknowns",
+                        t.len()
+                    ),
+                ));
             }
         }
         if self.unknowns == Unknowns::SlownessPerturbation && self.reference == Reference::Mean {
@@ -130,6 +143,17 @@ impl ModelSpec {
         }
         Ok(())
     }
+}
+
+/// Where the parts of a [`ModelSpec`] came from, for errors that name the file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecSources<'a> {
+    /// The file that gave the grid (a config's `[model] grid`, a dataset's manifest).
+    pub grid: Option<&'a Path>,
+    /// The cell table.
+    pub cells: Option<&'a Path>,
+    /// The true model's file.
+    pub true_model: Option<&'a Path>,
 }
 
 /// `reference = 3.5` or `reference = "mean"`.
@@ -168,6 +192,8 @@ pub struct RawModel {
 /// table are read by [`ModelOutput::spec`] (not at config validation).
 #[derive(Debug, Clone)]
 pub struct ModelOutput {
+    /// The config file (named in errors about what its `[model]` table says).
+    pub config: PathBuf,
     /// The model file (None: not written).
     pub path: Option<PathBuf>,
     /// Write a checkpoint every this many iterations (0: never).
@@ -217,7 +243,19 @@ impl ModelOutput {
                 )))
             }
         };
-        let checkpoint = out_dir.join(checkpoint.unwrap_or_else(|| "checkpoint.bin".into()));
+        let checkpoint = checkpoint.unwrap_or_else(|| "checkpoint.bin".into());
+        // The checkpoint lies in the output directory: the end of a run removes it (when this
+        // run wrote it), so it must never name a file elsewhere.
+        let inside = !checkpoint.is_empty()
+            && Path::new(&checkpoint)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !inside || crate::io::publish::is_reserved_name(&checkpoint) {
+            return Err(bad(format!(
+                "[output] checkpoint = \"{checkpoint}\" must be a file name inside the output directory (no '..', no absolute path, not a name of seistomo's own)"
+            )));
+        }
+        let checkpoint = out_dir.join(checkpoint);
         let raw = raw.unwrap_or_default();
         let unknowns = match raw.unknowns.as_deref() {
             None => Unknowns::Slowness,
@@ -301,6 +339,7 @@ impl ModelOutput {
             .map(|p| existing("[model] true_model", p))
             .transpose()?;
         Ok(ModelOutput {
+            config: config.to_path_buf(),
             path,
             checkpoint_every,
             checkpoint,
@@ -346,8 +385,18 @@ impl ModelOutput {
             reference: self.reference.clone(),
             true_model,
         };
-        spec.check(n)?;
+        spec.check_from(n, &self.sources())?;
         Ok(spec)
+    }
+
+    /// Where the `[model]` table's parts come from: the config (grid), the cell table and the
+    /// true model's file.
+    pub fn sources(&self) -> SpecSources<'_> {
+        SpecSources {
+            grid: Some(&self.config),
+            cells: self.cells.as_ref().map(|c| c.0.as_path()),
+            true_model: self.true_model.as_deref(),
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use crate::solver::{
 /// checkpoints.
 struct CkMonitor<'a, B: Backend> {
     inner: &'a mut dyn LsqrMonitor<B>,
+    ck: &'a Checkpointing,
     path: PathBuf,
     every: usize,
     comm: &'a dyn Comm,
@@ -26,6 +27,8 @@ struct CkMonitor<'a, B: Backend> {
     history: Vec<IterRecord>,
     offset: f64,
     host: HostState,
+    /// The iteration of the last checkpoint written or resumed from.
+    last: Option<usize>,
 }
 
 impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
@@ -33,7 +36,25 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
         let mut r = *rec;
         r.seconds += self.offset;
         self.history.push(r);
-        self.inner.record(&r)
+        let done = self.inner.record(&r);
+        // Stopped by a signal: say where the last checkpoint is.
+        match (done, crate::pipeline::monitor::caught_signal()) {
+            (Err(_), Some(sig)) => {
+                let at = match self.last {
+                    Some(itn) => format!(
+                        "; the last checkpoint is {} (iteration {itn}): run again with --resume to continue from it",
+                        crate::io::tidy(&self.path).display()
+                    ),
+                    None if self.every > 0 => format!(
+                        "; no checkpoint yet (the first was due at iteration {})",
+                        self.every
+                    ),
+                    None => String::new(),
+                };
+                Err(crate::pipeline::monitor::stopped_by(sig, r.itn, &at))
+            }
+            (done, _) => done,
+        }
     }
     fn checkpoint_every(&self) -> usize {
         self.every
@@ -58,7 +79,11 @@ impl<B: Backend> LsqrMonitor<B> for CkMonitor<'_, B> {
             s,
             &self.history,
             &self.host,
-        )
+        )?;
+        // This run wrote it: the end of the run may remove it (src/pipeline/model.rs).
+        self.ck.claim(&self.path);
+        self.last = Some(s.itn);
+        Ok(())
     }
 }
 
@@ -86,7 +111,9 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     let path = ck.path_for(comm);
     let (m, n) = (op.nrows(), op.ncols());
     let local = || -> Result<Option<Loaded>> {
-        if !(ck.resume && path.is_file()) {
+        // Something at the path that is not a regular file is refused by the reader, not
+        // taken for "no checkpoint".
+        if !(ck.resume && std::fs::metadata(&path).is_ok()) {
             return Ok(None);
         }
         let (l, lfp, lparams, rank, ranks) = read_checkpoint(&path)?;
@@ -106,6 +133,8 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         if !same {
             return Err(mismatch("set of solver parameters"));
         }
+        // This run resumes from it: it is this job's, and removed when the run ends.
+        ck.claim(&path);
         Ok(Some(l))
     };
     let resume_from = crate::comm::agree(comm, local())?;
@@ -167,6 +196,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     let offset = prefix.last().map(|r| r.seconds).unwrap_or(0.0);
     let mut mon = CkMonitor {
         inner: monitor,
+        ck,
         path,
         every: ck.every,
         comm,
@@ -175,6 +205,7 @@ pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
         history: prefix,
         offset,
         host: HostState::zeros(m, n, params.calc_var),
+        last: resumed_from,
     };
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
     Ok((

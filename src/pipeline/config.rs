@@ -189,7 +189,7 @@ impl RunConfig {
             }
             None => {}
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::io::read_input_text(path, "config", crate::io::MAX_TEXT)?;
         Self::parse(path, &text)
     }
 
@@ -325,7 +325,7 @@ fn solver_params(s: &RawSolver, bad: &dyn Fn(String) -> Error) -> Result<LsqrPar
     let iter_lim = match s.iter_lim {
         None => None,
         Some(k) if k > 0 => Some(k as usize),
-        Some(k) => return Err(bad(format!("[solver] iter_lim must be > 0 (got {k})"))),
+        Some(k) => return Err(bad(format!("[solver] iter_lim must be >= 1 (got {k})"))),
     };
     let damp = nonneg("damp", s.damp, d.damp)?;
     if damp > crate::solver::lsqr::MAX_DAMP {
@@ -407,12 +407,7 @@ fn dataset_source(
     } else {
         path
     };
-    if !manifest.is_file() {
-        return Err(bad(format!(
-            "[dataset] path: file '{}' not found",
-            manifest.display()
-        )));
-    }
+    crate::io::existing_file(manifest.clone()).map_err(|e| bad(format!("[dataset] path: {e}")))?;
     let nonneg = |key: &str, v: f64| -> Result<f64> {
         if v.is_finite() && v >= 0.0 {
             Ok(v)

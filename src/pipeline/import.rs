@@ -131,6 +131,15 @@ pub fn import(job: &ImportJob) -> Result<ImportSummary> {
     spec.layout = job.layout;
     spec.precision = job.precision;
     spec.pack_bytes = job.pack_bytes;
+    spec.sources = crate::io::dataset::SpecSources {
+        kernel: Some(job.matrix),
+        // Without --rhs, b = G 1 comes from the matrix.
+        rhs: Some(job.rhs.unwrap_or(job.matrix)),
+        weights: job.weights,
+        sigma: job.sigma,
+        damping: job.reg,
+        true_model: None,
+    };
     let manifest = write_dataset(job.out, &spec, true)?;
     let run_config = write_run_config(job)?;
     Ok(ImportSummary {

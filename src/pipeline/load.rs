@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::comm::{agree, distribute_system, Comm};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::grid::Grid;
 use crate::io::dataset::kernel_rows::parse_metadata;
 use crate::io::dataset::manifest::DatasetManifest;
@@ -78,7 +78,22 @@ pub fn load_mtx(source: &SystemSource) -> Result<System> {
             rhs,
             reg,
             reg_weight,
-        } => crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight),
+        } => {
+            let s =
+                crate::io::mtx::load_system(matrix, rhs.as_deref(), reg.as_deref(), *reg_weight)?;
+            // Non-finite values (duplicate entries that summed to infinity, b = A 1 beyond
+            // f64, R times its weight) are named with their file here, not met inside LSQR.
+            let k = s.kernel_rows;
+            let fin = crate::io::finite::check_matrix;
+            fin(matrix, "matrix", &s.a, 0..k, false)?;
+            if let Some(r) = reg {
+                fin(r, "reg (times reg_weight)", &s.a, k..s.a.nrows(), false)?;
+            }
+            let b_from = rhs.as_deref().unwrap_or(matrix);
+            let what = if rhs.is_some() { "b" } else { "b = A 1" };
+            crate::io::finite::check_vector(b_from, what, &s.b[..k])?;
+            Ok(s)
+        }
         SystemSource::Dataset { path, options } => {
             crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
         }
@@ -124,7 +139,7 @@ pub fn open_dataset_on(path: &Path, opts: &LoadOptions, comm: &dyn Comm) -> Resu
     let manifest = agree(comm, DatasetManifest::load(path))?;
     let meta_path = manifest.resolve(&manifest.m.metadata);
     let mine = if comm.rank() == 0 {
-        std::fs::read(&meta_path).map_err(|e| Error::io(&meta_path, e))
+        crate::io::read_input(&meta_path, "metadata file", u64::MAX)
     } else {
         Ok(Vec::new())
     };

@@ -1,6 +1,6 @@
 //! The model side of an `invert` run: validated before the solve, written after it.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::Loaded;
@@ -24,24 +24,28 @@ impl RunModel {
         let sys = &loaded.system;
         let n = sys.a.ncols();
         let mut spec = cfg.model.spec(n)?;
-        if let crate::pipeline::options::SystemSource::Dataset { .. } = &cfg.system {
+        if let crate::pipeline::options::SystemSource::Dataset { path, .. } = &cfg.system {
+            // The parts the dataset gives are named by its manifest in errors.
+            let mut src = cfg.model.sources();
             if matches!(spec.param, crate::model::spec::Parameterisation::Vector) {
                 if let Some(g) = &loaded.grid {
                     spec.param = crate::model::spec::Parameterisation::Grid(g.clone());
+                    src.grid = Some(path);
                 }
             }
             if spec.true_model.is_none() {
                 spec.true_model = loaded.true_model.clone();
+                src.true_model = Some(path);
             }
-            spec.check(n)?;
+            spec.check_from(n, &src)?;
         }
         let coverage = crate::grid::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
         let ckpt = (cfg.model.checkpoint_every > 0 || resume).then(|| {
-            crate::model::checkpoint::Checkpointing {
-                path: cfg.model.checkpoint.clone(),
-                every: cfg.model.checkpoint_every,
+            crate::model::checkpoint::Checkpointing::new(
+                cfg.model.checkpoint.clone(),
+                cfg.model.checkpoint_every,
                 resume,
-            }
+            )
         });
         Ok(RunModel {
             spec,
@@ -88,15 +92,62 @@ impl RunModel {
     }
 
     /// Remove this rank's checkpoint of the finished run (every rank, after the outputs were
-    /// published), and the temporary file of a checkpoint write that was killed.
+    /// published) when this run wrote it or resumed from it (a file it never wrote is left
+    /// alone, whatever its name), and the temporary file of a checkpoint write that was
+    /// killed. Checkpoints of a job with another number of ranks (`NAME.rank<r>` after a killed
+    /// MPI job, `NAME` after a one-process run) are not this run's: rank 0 reports them.
     pub fn remove_checkpoint(&self, comm: &dyn crate::comm::Comm) -> Result<()> {
         if let Some(ck) = &self.ckpt {
             let p = ck.path_for(comm);
-            if p.is_file() {
-                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
-            }
+            ck.remove_ours(&p)?;
             crate::io::remove_stale_temps(&p);
+            if comm.is_root() {
+                report_other_checkpoints(&ck.path, comm.size());
+            }
         }
         Ok(())
     }
+}
+
+/// Say which checkpoints of other jobs (another number of ranks) lie beside this job's (`base`
+/// for one rank, `base.rank<r>`, r < `ranks`, for several): left in place, they would be
+/// resumed by a run with that number of ranks, or are to be deleted by hand.
+fn report_other_checkpoints(base: &std::path::Path, ranks: usize) {
+    let (Some(dir), Some(name)) = (base.parent(), base.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    let name = name.to_string_lossy();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut others: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            let rank = n
+                .strip_prefix(&*name)
+                .and_then(|r| r.strip_prefix(".rank"))
+                .filter(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+                .map(|r| r.parse::<usize>().unwrap_or(usize::MAX));
+            match rank {
+                Some(r) => ranks == 1 || r >= ranks,
+                None => *n == *name && ranks > 1,
+            }
+        })
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    others.sort();
+    eprintln!(
+        "seistomo: note: {} in {} {} from a run with another number of ranks (not this run's: left in place; resume that run with its rank count, or delete them)",
+        others.join(", "),
+        crate::io::tidy(dir).display(),
+        if others.len() == 1 { "is a checkpoint" } else { "are checkpoints" }
+    );
 }

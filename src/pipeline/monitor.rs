@@ -2,11 +2,19 @@
 //! every N iterations when asked for (`--progress N`), else a bar (a plain line every 10 s when
 //! stderr is not a terminal; nothing with `--quiet` or off rank 0). One [`IterationReporter`]
 //! draws for LSQR ([`LsqrProgress`]) and GMRES ([`GmresProgress`]); each adds its own line.
+//!
+//! While a monitor lives, SIGINT, SIGTERM and SIGHUP are caught ([`SignalGuard`]) instead of
+//! ending the process at once: the monitor ends the solve at the next iteration with an error
+//! naming the signal (and, through the checkpointing driver, where the last checkpoint is).
+//! Not under an MPI launcher, which forwards signals to the ranks and ends them itself (ranks
+//! stopping at different iterations would wait for each other).
 
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::solver::gmres::{GmresHistory, GmresMonitor, GmresRecord};
 use crate::solver::{IterRecord, LsqrMonitor, LsqrParams};
 use crate::ui::progress;
@@ -70,6 +78,99 @@ impl Drop for IterationReporter {
     }
 }
 
+/// The signal caught while a [`SignalGuard`] was installed (0: none).
+static CAUGHT: AtomicI32 = AtomicI32::new(0);
+/// Installed guards and the dispositions they replaced.
+static GUARDS: Mutex<(usize, Vec<(libc::c_int, libc::sigaction)>)> = Mutex::new((0, Vec::new()));
+/// The signals that end a solve cleanly.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Async-signal-safe: one atomic store. A second signal before the monitor looks ends the
+    // process the default way (the disposition is reset by SA_RESETHAND).
+    CAUGHT.store(sig, Ordering::Relaxed);
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP while it lives (the dispositions before are restored when
+/// the last guard drops); none under an MPI launcher.
+pub struct SignalGuard {
+    active: bool,
+}
+
+impl SignalGuard {
+    pub fn install() -> SignalGuard {
+        if crate::settings::launch::launched_by_mpi() {
+            return SignalGuard { active: false };
+        }
+        let mut g = GUARDS.lock().unwrap_or_else(|e| e.into_inner());
+        if g.0 == 0 {
+            CAUGHT.store(0, Ordering::Relaxed);
+            g.1.clear();
+            for sig in STOP_SIGNALS {
+                // SAFETY: sigaction(2) with a zeroed struct whose handler is an extern "C" fn
+                // that only stores to an atomic; `old` is a valid out-pointer.
+                unsafe {
+                    let mut new: libc::sigaction = std::mem::zeroed();
+                    new.sa_sigaction = on_stop_signal as *const () as usize;
+                    new.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
+                    libc::sigemptyset(&mut new.sa_mask);
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(sig, &new, &mut old) == 0 {
+                        g.1.push((sig, old));
+                    }
+                }
+            }
+        }
+        g.0 += 1;
+        SignalGuard { active: true }
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        let mut g = GUARDS.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 -= 1;
+        if g.0 == 0 {
+            for (sig, old) in g.1.drain(..) {
+                // SAFETY: restores a disposition sigaction(2) returned above.
+                unsafe {
+                    libc::sigaction(sig, &old, std::ptr::null_mut());
+                }
+            }
+        }
+    }
+}
+
+/// The signal that asked the solve to stop, if one did.
+pub fn caught_signal() -> Option<i32> {
+    match CAUGHT.load(Ordering::Relaxed) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// How a stop signal is named in messages.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT (Ctrl-C)",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP (the terminal closed)",
+        _ => "a signal",
+    }
+}
+
+/// The error that ends a solve stopped by a signal at iteration `itn` (`what`: the rest of the
+/// line, e.g. where the checkpoint is).
+pub fn stopped_by(sig: i32, itn: usize, what: &str) -> Error {
+    Error::Invalid(format!(
+        "stopped by {} at iteration {itn}: no outputs were written{what}",
+        signal_name(sig)
+    ))
+}
+
 /// Iterations per second from a time per iteration (0 when unknown).
 fn rate(per_iter: f64) -> f64 {
     if per_iter > 0.0 {
@@ -84,6 +185,7 @@ fn rate(per_iter: f64) -> f64 {
 pub struct LsqrProgress {
     pub history: Vec<IterRecord>,
     shown: IterationReporter,
+    _signals: SignalGuard,
     first: Option<(usize, f64)>,
     test1: Vec<f64>,
     test2: Vec<f64>,
@@ -104,6 +206,7 @@ impl LsqrProgress {
         LsqrProgress {
             history: Vec::new(),
             shown: IterationReporter::new(name, root, every),
+            _signals: SignalGuard::install(),
             first: None,
             test1: Vec::new(),
             test2: Vec::new(),
@@ -149,6 +252,10 @@ impl LsqrProgress {
 
 impl<B: Backend> LsqrMonitor<B> for LsqrProgress {
     fn record(&mut self, rec: &IterRecord) -> Result<()> {
+        if let Some(sig) = caught_signal() {
+            self.shown.clear();
+            return Err(stopped_by(sig, rec.itn, ""));
+        }
         if self.shown.line_due(rec.itn) {
             eprintln!(
                 "  itn {:>7}  r1norm {:.6e}  arnorm {:.3e}  xnorm {:.6e}  acond {:.3e}",
@@ -166,6 +273,7 @@ impl<B: Backend> LsqrMonitor<B> for LsqrProgress {
 pub struct GmresProgress {
     pub history: GmresHistory,
     pub shown: IterationReporter,
+    _signals: SignalGuard,
     rtol: f64,
     max_iter: usize,
     relres: Vec<f64>,
@@ -176,6 +284,7 @@ impl GmresProgress {
         GmresProgress {
             history: GmresHistory(Vec::with_capacity(max_iter.min(1 << 20) + 1)),
             shown: IterationReporter::new("gmres", root, every),
+            _signals: SignalGuard::install(),
             rtol,
             max_iter,
             relres: Vec::new(),
@@ -185,6 +294,10 @@ impl GmresProgress {
 
 impl GmresMonitor for GmresProgress {
     fn record(&mut self, rec: &GmresRecord) -> Result<()> {
+        if let Some(sig) = caught_signal() {
+            self.shown.clear();
+            return Err(stopped_by(sig, rec.iteration, ""));
+        }
         if self.shown.line_due(rec.iteration) {
             eprintln!(
                 "  it {:>7}  cycle {:>5}  resnorm {:.6e}  relres {:.3e}",

@@ -136,6 +136,7 @@ fn read_square(c: &GmresJob) -> Result<SquareFiles> {
         ));
     }
     let n = a.nrows();
+    crate::io::finite::check_matrix(&c.matrix, "matrix", &a, 0..n, false)?;
     let read_vec = |p: &Path, what: &str| -> Result<Vec<f64>> {
         let v = mtx::read_vector(p)?;
         if v.len() != n {
@@ -176,6 +177,7 @@ impl PrecondChoice {
 /// Every rank reads the matrix, keeps its nonzero-balanced block of rows and the matching
 /// entries of b and x0; rank 0 gathers x and alone writes the outputs (and returns the report).
 pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>> {
+    check_job(c)?;
     let t = Instant::now();
     let SquareFiles { a, b, x0 } = read_square(c)?;
     let (n, nnz) = (a.nrows(), a.nnz());
@@ -234,6 +236,50 @@ pub fn solve_square(c: &GmresJob, comm: &dyn Comm) -> Result<Option<GmresReport>
     publ.commit()?;
     crate::pipeline::invert::say_backend_fallback(c.operator.backend, kind, &why);
     Ok(Some(report))
+}
+
+/// The most Jacobi sweeps per triangular solve of the block ILU(0) (`--ilu-sweeps`).
+pub const MAX_ILU_SWEEPS: usize = 1000;
+
+/// The options of a GMRES job that do not depend on the system (before any file is read).
+fn check_job(c: &GmresJob) -> Result<()> {
+    if let Some(s) = c.ilu_sweeps {
+        if !(1..=MAX_ILU_SWEEPS).contains(&s) {
+            return Err(Error::Invalid(format!(
+                "--ilu-sweeps must be in 1..={MAX_ILU_SWEEPS} (got {s}); leave it out for exact triangular solves"
+            )));
+        }
+    }
+    let p = &c.params;
+    if !(p.rtol.is_finite() && p.rtol >= 0.0) {
+        return Err(Error::Invalid(format!(
+            "--rtol must be finite and >= 0 (got {})",
+            p.rtol
+        )));
+    }
+    if p.max_iter == 0 || p.max_cycles == Some(0) {
+        return Err(Error::Invalid(
+            "--max-iter and --max-cycles must be >= 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Error unless GMRES(`restart`) fits a system of `n` unknowns (`1 <= restart <= n`: a longer
+/// Krylov basis than n vectors holds nothing more) and the basis of `restart + 1` vectors of
+/// this rank's `n_local` values fits the machine's memory.
+pub fn check_restart(restart: usize, n: usize, n_local: usize) -> Result<()> {
+    if restart == 0 || restart > n {
+        return Err(Error::Invalid(format!(
+            "GMRES restart {restart} must be in 1..={n} (the system has {n} unknowns; a basis longer than n holds nothing more)"
+        )));
+    }
+    let m = restart as u128 + 1;
+    crate::io::limits::check_alloc(
+        Path::new("GMRES"),
+        &format!("the Krylov basis of restart {restart} ({m} vectors of {n_local} values)"),
+        8 * m * (n_local as u128 + m),
+    )
 }
 
 /// The engine of a square solve. The halo of a square system is small: measured on 2 x H200
@@ -396,6 +442,8 @@ pub fn gmres_square(
     params: &GmresParams,
     monitor: &mut (dyn GmresMonitor + Send),
 ) -> Result<SquareSolve> {
+    let n = *sys.part.bounds.last().unwrap_or(&0);
+    check_restart(params.restart, n, sys.rows.nrows())?;
     let run = GmresRun {
         comm,
         b: sys.b,

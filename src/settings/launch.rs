@@ -80,10 +80,24 @@ pub fn rayon_threads_set() -> bool {
     std::env::var_os("RAYON_NUM_THREADS").is_some()
 }
 
+/// `RAYON_NUM_THREADS` as set (checked by `backend::cpu::env_threads`, which every command and
+/// the Python module call before rayon would read it unchecked).
+pub fn rayon_num_threads() -> Option<String> {
+    std::env::var_os("RAYON_NUM_THREADS").map(|v| v.to_string_lossy().into_owned())
+}
+
 /// `SEISTOMO_MEMORY_LIMIT`: bytes of memory the job may use (readers compare file headers with
 /// it), when set to a number.
 pub fn memory_limit() -> Option<u64> {
     var("SEISTOMO_MEMORY_LIMIT").and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// `$HOME`: the user's home directory (no output directory may be it), when set and not
+/// empty.
+pub fn home_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
 }
 
 /// `$HOSTNAME`, where /proc does not say.

@@ -177,17 +177,37 @@ pub const MAX_THREADS: usize = 4096;
 /// pool's threads start before the solve, not inside its first timed iteration.
 pub fn init_threads(threads: Option<usize>) -> Result<()> {
     let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(t) = threads {
-        if !(1..=MAX_THREADS).contains(&t) {
+    let t = match threads {
+        Some(t) if !(1..=MAX_THREADS).contains(&t) => {
             return Err(crate::error::Error::Invalid(format!(
                 "--threads must be in 1..={MAX_THREADS} (got {t})"
             )));
         }
+        Some(t) => Some(t),
+        // Rayon would read RAYON_NUM_THREADS itself, unchecked: it is read (and checked) here.
+        None => env_threads()?,
+    };
+    if let Some(t) = t {
         b = b.num_threads(t);
     }
     // A second call in one process (tests) finds the pool built: not an error.
     let _ = b.build_global();
     Ok(())
+}
+
+/// `RAYON_NUM_THREADS`, checked like `--threads`: None when unset or 0 (one thread per core),
+/// else a count in 1..=[`MAX_THREADS`]; anything else is an error naming the variable.
+pub fn env_threads() -> Result<Option<usize>> {
+    let Some(v) = crate::settings::launch::rayon_num_threads() else {
+        return Ok(None);
+    };
+    match v.trim().parse::<usize>() {
+        Ok(0) => Ok(None),
+        Ok(t) if t <= MAX_THREADS => Ok(Some(t)),
+        _ => Err(crate::error::Error::Invalid(format!(
+            "RAYON_NUM_THREADS={v}: must be in 1..={MAX_THREADS} (or 0: one thread per core)"
+        ))),
+    }
 }
 
 /// Runs `f` on a worker of rayon's pool and waits for it, when `comm` has one rank.

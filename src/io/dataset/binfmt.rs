@@ -6,10 +6,41 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Format version written: 2 (CRC32C checksums per section). Version 1 (no checksums) is read.
-pub const VERSION: u32 = 2;
+/// Format version written: 3 (version 2 plus the dataset id in every file's prefix). Versions
+/// 2 (CRC32C checksums per section, no id) and 1 (no checksums) are read.
+pub const VERSION: u32 = 3;
+/// The version with checksums and without dataset ids, still read (and written on request).
+pub const VERSION_2: u32 = 2;
 /// The first version, still read.
 pub const VERSION_1: u32 = 1;
+
+/// Bytes of the prefix every binary file starts with: magic, version, value size or layout
+/// (16), and from version 3 the dataset id (u64) and a reserved zero u64.
+pub fn prefix_len(version: u32) -> usize {
+    if version >= 3 {
+        32
+    } else {
+        16
+    }
+}
+
+/// A dataset id as the manifest writes it: 16 hex digits.
+pub fn id_text(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+/// A fresh dataset id: random (the standard library's randomly seeded hasher, mixed with the
+/// time and the process id), never 0.
+pub fn new_dataset_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.write_u128(now.as_nanos());
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
 
 /// CRC32C (Castagnoli) of `data`: hardware instructions where the CPU has them (SSE 4.2 on
 /// x86_64, the CRC extension on aarch64), else a table.
@@ -99,16 +130,41 @@ pub fn check_value_size(path: &Path, got: usize, want: usize) -> Result<()> {
 pub struct Reader<'a> {
     pub path: &'a Path,
     pub data: &'a [u8],
+    /// Where `data` starts in the file (a range read from its middle): byte offsets in error
+    /// messages are the file's.
+    pub base: u64,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(path: &'a Path, data: &'a [u8]) -> Self {
-        Reader { path, data }
+        Reader {
+            path,
+            data,
+            base: 0,
+        }
+    }
+    /// A reader of bytes read from offset `base` of the file.
+    pub fn at(path: &'a Path, data: &'a [u8], base: u64) -> Self {
+        Reader { path, data, base }
+    }
+    /// Offset `off` of `data` as an offset in the file.
+    fn in_file(&self, off: usize) -> u64 {
+        self.base + off as u64
     }
     /// Error unless `len` bytes are available at `off`.
     pub fn need(&self, off: usize, len: usize, what: &str) -> Result<()> {
         match off.checked_add(len) {
             Some(end) if end <= self.data.len() => Ok(()),
+            _ if self.base > 0 => Err(Error::format(
+                self.path,
+                format!(
+                    "truncated: {what} needs bytes {}..{} but only {}..{} were read",
+                    self.in_file(off),
+                    self.in_file(off.saturating_add(len)),
+                    self.base,
+                    self.in_file(self.data.len())
+                ),
+            )),
             _ => Err(Error::format(
                 self.path,
                 format!(
@@ -139,9 +195,10 @@ impl<'a> Reader<'a> {
             .filter(|&v| v <= (1usize << 48))
             .ok_or_else(|| Error::format(self.path, format!("{what} = {v} is absurd")))
     }
-    /// Check the 16-byte prefix: magic and a version of 1 or 2 equal to `want` (the manifest's);
-    /// returns the third u32 (value size or layout).
-    pub fn prefix_v(&self, magic: &[u8; 8], kind: &str, want: u32) -> Result<u32> {
+    /// Check the prefix: magic, a version equal to `want` (the manifest's) and, from version 3,
+    /// the dataset id `id` (the manifest's: a file copied from another dataset is refused) and
+    /// the reserved zeros after it; returns the third u32 (value size or layout).
+    pub fn prefix_v(&self, magic: &[u8; 8], kind: &str, want: u32, id: u64) -> Result<u32> {
         let third = self.prefix(magic, kind)?;
         let v = self.u32(8, "version")?;
         if v != want {
@@ -149,6 +206,20 @@ impl<'a> Reader<'a> {
                 self.path,
                 format!("format version {v} but the dataset's manifest says version {want}"),
             ));
+        }
+        if want >= 3 {
+            let got = self.u64(16, "dataset id")?;
+            if got != id {
+                return Err(Error::format(
+                    self.path,
+                    format!(
+                        "belongs to dataset {} but this dataset's manifest says dataset_id = \"{}\": a file of another dataset (copied from a sibling?) is refused",
+                        id_text(got),
+                        id_text(id)
+                    ),
+                ));
+            }
+            self.zeros(24, 8, "reserved field after the dataset id")?;
         }
         Ok(third)
     }
@@ -168,7 +239,10 @@ impl<'a> Reader<'a> {
         if self.data[off..off + len].iter().any(|&b| b != 0) {
             return Err(Error::format(
                 self.path,
-                format!("{what} at byte {off} is not zero (corrupted file)"),
+                format!(
+                    "{what} at byte {} is not zero (corrupted file)",
+                    self.in_file(off)
+                ),
             ));
         }
         Ok(())
@@ -188,10 +262,10 @@ impl<'a> Reader<'a> {
             ));
         }
         let v = self.u32(8, "version")?;
-        if v != VERSION && v != VERSION_1 {
+        if !(VERSION_1..=VERSION).contains(&v) {
             return Err(Error::format(
                 self.path,
-                format!("format version {v} is not supported (this build reads versions {VERSION_1} and {VERSION})"),
+                format!("format version {v} is not supported (this build reads versions {VERSION_1} to {VERSION})"),
             ));
         }
         self.u32(12, "header")
@@ -331,7 +405,10 @@ pub fn decode_record(
     if got_row != row {
         return Err(Error::format(
             r.path,
-            format!("record at byte {off} holds row {got_row} but the metadata says row {row}"),
+            format!(
+                "record at byte {} holds row {got_row} but the metadata says row {row}",
+                r.in_file(off)
+            ),
         ));
     }
     if got_nnz != nnz as u64 {
@@ -352,7 +429,7 @@ pub fn decode_record(
         if stored != computed {
             return Err(checksum_error(
                 r.path,
-                &format!("kernel row {row} (record at byte {off})"),
+                &format!("kernel row {row} (record at byte {})", r.in_file(off)),
                 stored,
                 computed,
             ));
@@ -392,16 +469,23 @@ pub fn put_u32(w: &mut dyn Write, v: u32) -> std::io::Result<()> {
 pub fn put_u64(w: &mut dyn Write, v: u64) -> std::io::Result<()> {
     w.write_all(&v.to_le_bytes())
 }
-/// The 16-byte prefix of format `version`.
+/// The prefix of format `version` ([`prefix_len`] bytes; from version 3 with the dataset id
+/// `id` and a reserved zero u64).
 pub fn put_prefix(
     w: &mut dyn Write,
     magic: &[u8; 8],
     version: u32,
     third: u32,
+    id: u64,
 ) -> std::io::Result<()> {
     w.write_all(magic)?;
     put_u32(w, version)?;
-    put_u32(w, third)
+    put_u32(w, third)?;
+    if version >= 3 {
+        put_u64(w, id)?;
+        put_u64(w, 0)?;
+    }
+    Ok(())
 }
 
 /// A writer that keeps the CRC32C of what went through it since the last [`CrcWriter::take`].

@@ -6,24 +6,28 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::write_plain;
 use crate::io::dataset::binfmt::{
-    checksum_error, crc, crc_append, decode_values, pad8, put_columns, put_prefix, put_u32,
-    put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
+    checksum_error, crc, crc_append, decode_values, pad8, prefix_len, put_columns, put_prefix,
+    put_u32, put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
 
-/// Bytes before the row offsets (version 1; version 2 adds 8: the header's and the row
-/// offsets' CRC32C).
-pub const DAMP_HEADER: usize = 56;
 /// Nonzeros per checksum chunk (version 2).
 pub const DAMP_CHUNK: usize = 65536;
 
-/// Bytes before the row offsets in format `version`.
+/// Bytes of the prefix and the header's fields (block, first row, rows, nonzeros, columns) in
+/// format `version`: 56, or 72 from version 3 (the dataset id in the prefix).
+fn damp_fields_end(version: u32) -> usize {
+    prefix_len(version) + 40
+}
+
+/// Bytes before the row offsets in format `version` (version 2 adds 8 to the fields: the
+/// header's and the row offsets' CRC32C).
 fn damp_header(version: u32) -> usize {
     if version >= 2 {
-        DAMP_HEADER + 8
+        damp_fields_end(version) + 8
     } else {
-        DAMP_HEADER
+        damp_fields_end(version)
     }
 }
 
@@ -34,7 +38,7 @@ pub fn write_damping(
     d: &Csr,
     nblocks: usize,
     prec: Precision,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<Vec<PathBuf>> {
     let sub = dir.join("damping");
     std::fs::create_dir_all(&sub).map_err(|e| Error::io(&sub, e))?;
@@ -48,7 +52,7 @@ pub fn write_damping(
         let (s, e) = (ip[r0] as usize, ip[r1] as usize);
         write_plain(&dir.join(&rel), |w| {
             let mut cw = CrcWriter::new(w);
-            put_prefix(&mut cw, &MAGIC_DAMP, version, prec.bytes() as u32)?;
+            put_prefix(&mut cw, &MAGIC_DAMP, version, prec.bytes() as u32, id)?;
             put_u64(&mut cw, b as u64)?;
             put_u64(&mut cw, r0 as u64)?;
             put_u64(&mut cw, (r1 - r0) as u64)?;
@@ -116,14 +120,15 @@ impl DampingBlock {
         first_row: u64,
         ncols: u64,
         prec: Precision,
-        version: u32,
+        (version, id): (u32, u64),
     ) -> Result<DampingBlock> {
         let map = MappedFile::open(path)?;
         let r = Reader::new(path, map.bytes());
-        let vb = r.prefix_v(&MAGIC_DAMP, "damping block", version)? as usize;
+        let vb = r.prefix_v(&MAGIC_DAMP, "damping block", version, id)? as usize;
         let head = damp_header(version);
+        let (p, fields) = (prefix_len(version), damp_fields_end(version));
         if version >= 2 {
-            r.check_crc(0..DAMP_HEADER, DAMP_HEADER, "damping block header")?;
+            r.check_crc(0..fields, fields, "damping block header")?;
         }
         let bad = |msg: String| Error::format(path, msg);
         if vb != prec.bytes() {
@@ -132,21 +137,21 @@ impl DampingBlock {
                 prec.bytes()
             )));
         }
-        let idx = r.u64(16, "block index")?;
+        let idx = r.u64(p, "block index")?;
         if idx != index {
             return Err(bad(format!(
                 "block index {idx} but it is listed as block {index}"
             )));
         }
-        let fr = r.u64(24, "first row")?;
+        let fr = r.u64(p + 8, "first row")?;
         if fr != first_row {
             return Err(bad(format!(
                 "first row {fr} but the blocks before it end at row {first_row}"
             )));
         }
-        let rows = r.count(32, "rows")?;
-        let nnz = r.count(40, "nonzeros")?;
-        let nc = r.u64(48, "columns")?;
+        let rows = r.count(p + 16, "rows")?;
+        let nnz = r.count(p + 24, "nonzeros")?;
+        let nc = r.u64(p + 32, "columns")?;
         if nc != ncols {
             return Err(bad(format!("{nc} columns but the dataset has {ncols}")));
         }
@@ -161,7 +166,7 @@ impl DampingBlock {
         let end = sums_at + pad8(4 * chunks);
         r.exact_len(end, &format!("{rows} rows and {nnz} nonzeros"))?;
         if version >= 2 {
-            r.check_crc(head..cols_at, DAMP_HEADER + 4, "damping row offsets")?;
+            r.check_crc(head..cols_at, fields + 4, "damping row offsets")?;
             r.zeros(cols_at + 4 * nnz, pad8(4 * nnz) - 4 * nnz, "padding")?;
             r.zeros(vals_at + vb * nnz, pad8(vb * nnz) - vb * nnz, "padding")?;
             r.zeros(

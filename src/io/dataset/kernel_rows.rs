@@ -8,25 +8,38 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::{
-    check_value_size, crc, decode_record, pad8, put_pad, put_prefix, put_record, put_u32, put_u64,
-    record_size_v, write_plain, CrcWriter, Precision, Reader, MAGIC_META, MAGIC_PACK, MAGIC_ROW,
+    check_value_size, crc, decode_record, pad8, prefix_len, put_pad, put_prefix, put_record,
+    put_u32, put_u64, record_size_v, write_plain, CrcWriter, Precision, Reader, MAGIC_META,
+    MAGIC_PACK, MAGIC_ROW,
 };
 use crate::io::dataset::manifest::{pack_file_name, row_file_name, DatasetManifest, Layout};
 use crate::io::mmap::MappedFile;
 use crate::io::rowio::{file_len, in_context, RangeReader};
 use crate::sparse::Csr;
 
-/// Bytes of the metadata header (version 1; version 2 adds 8: header CRC32C and a zero u32)
-/// and of one entry.
-pub const META_HEADER: usize = 48;
 /// Metadata entries per checksum block (version 2).
 pub const META_BLOCK: usize = 4096;
+/// Bytes of one metadata entry and of one pack row-table entry.
 pub const META_ENTRY: usize = 32;
-/// Bytes of the pack header and of one row-table entry.
-pub const PACK_HEADER: usize = 48;
 pub const PACK_ENTRY: usize = 24;
-/// Bytes before the record in a per-row file.
-pub const ROW_HEADER: usize = 16;
+
+/// Bytes of the metadata's prefix and fields (rows, columns, nonzeros, files) in format
+/// `version`: 48, or 64 from version 3; version 2 adds 8 after them (header CRC32C and a zero
+/// u32) before the entries.
+pub fn meta_fields_end(version: u32) -> usize {
+    prefix_len(version) + 32
+}
+
+/// Bytes of the pack header in format `version` (prefix, pack number, rows, nonzeros, two
+/// CRC32Cs or a reserved u64): 48, or 64 from version 3.
+pub fn pack_header(version: u32) -> usize {
+    prefix_len(version) + 32
+}
+
+/// Bytes before the record in a per-row file: the prefix (16, or 32 from version 3).
+pub fn row_header(version: u32) -> usize {
+    prefix_len(version)
+}
 
 /// One kernel row as the metadata lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +102,8 @@ pub fn parse_metadata(dm: &DatasetManifest, bytes: &[u8]) -> Result<Metadata> {
 struct MetaHeader {
     /// Bytes before the entries.
     head: usize,
+    /// Where a per-row file's record starts (the offset every per-row entry must give).
+    row_header: u64,
     layout: Layout,
     rows: usize,
     cols: u64,
@@ -98,14 +113,16 @@ struct MetaHeader {
 
 /// Read the metadata header (version 2: its checksum) and check it against the manifest.
 fn parse_meta_header(dm: &DatasetManifest, r: &Reader) -> Result<MetaHeader> {
-    let code = r.prefix_v(&MAGIC_META, "metadata", dm.m.version)?;
+    let (version, id) = dm.tag();
+    let code = r.prefix_v(&MAGIC_META, "metadata", version, id)?;
     let bad = |msg: String| Error::format(r.path, msg);
-    let head = if dm.m.version >= 2 {
-        r.check_crc(0..META_HEADER, META_HEADER, "metadata header")?;
-        r.zeros(META_HEADER + 4, 4, "reserved field")?;
-        META_HEADER + 8
+    let (p, fields) = (prefix_len(version), meta_fields_end(version));
+    let head = if version >= 2 {
+        r.check_crc(0..fields, fields, "metadata header")?;
+        r.zeros(fields + 4, 4, "reserved field")?;
+        fields + 8
     } else {
-        META_HEADER
+        fields
     };
     let layout = match code {
         0 => Layout::PerRow,
@@ -123,10 +140,10 @@ fn parse_meta_header(dm: &DatasetManifest, r: &Reader) -> Result<MetaHeader> {
             dm.m.layout
         )));
     }
-    let rows = r.count(16, "kernel rows")?;
-    let cols = r.u64(24, "columns")?;
-    let nnz = r.u64(32, "nonzeros")?;
-    let files = r.u64(40, "file count")?;
+    let rows = r.count(p, "kernel rows")?;
+    let cols = r.u64(p + 8, "columns")?;
+    let nnz = r.u64(p + 16, "nonzeros")?;
+    let files = r.u64(p + 24, "file count")?;
     for (what, got, want) in [
         ("kernel rows", rows as u64, dm.m.kernel_rows),
         ("columns", cols, dm.m.columns),
@@ -152,6 +169,7 @@ fn parse_meta_header(dm: &DatasetManifest, r: &Reader) -> Result<MetaHeader> {
     }
     Ok(MetaHeader {
         head,
+        row_header: row_header(version) as u64,
         layout,
         rows,
         cols,
@@ -229,10 +247,10 @@ fn parse_meta_entries(r: &Reader, h: &MetaHeader) -> Result<Vec<MetaEntry>> {
         }
         prev_nnz = e.nnz;
         match h.layout {
-            Layout::PerRow if e.file != e.row || e.offset != ROW_HEADER as u64 => {
+            Layout::PerRow if e.file != e.row || e.offset != h.row_header => {
                 return Err(bad(format!(
-                    "entry {k}: row {} must name file {} at offset {ROW_HEADER} (got file {}, offset {})",
-                    e.row, e.row, e.file, e.offset
+                    "entry {k}: row {} must name file {} at offset {} (got file {}, offset {})",
+                    e.row, e.row, h.row_header, e.file, e.offset
                 )))
             }
             Layout::Packed if e.file >= files => {
@@ -273,7 +291,7 @@ pub fn write_kernel(
     layout: Layout,
     prec: Precision,
     pack_bytes: u64,
-    version: u32,
+    (version, id): (u32, u64),
     progress: bool,
 ) -> Result<Vec<MetaEntry>> {
     let kdir = dir.join(kernel_dir);
@@ -286,6 +304,7 @@ pub fn write_kernel(
             .collect(),
         prec,
         version,
+        id,
         pb: crate::ui::progress::bar(a.nnz() as u64, "writing", progress),
     };
     let order = descending_order(&w.nnz);
@@ -298,7 +317,14 @@ pub fn write_kernel(
         Layout::PerRow => a.nrows() as u64,
         Layout::Packed => entries.last().map_or(0, |e| e.file + 1),
     };
-    write_metadata(&dir.join(metadata), layout, a, nfiles, &entries, version)?;
+    write_metadata(
+        &dir.join(metadata),
+        layout,
+        a,
+        nfiles,
+        &entries,
+        (version, id),
+    )?;
     Ok(entries)
 }
 
@@ -310,6 +336,8 @@ struct KernelWriter<'a> {
     nnz: Vec<u64>,
     prec: Precision,
     version: u32,
+    /// The dataset id (version 3).
+    id: u64,
     pb: indicatif::ProgressBar,
 }
 
@@ -327,14 +355,20 @@ impl KernelWriter<'_> {
                 row: i as u64,
                 nnz: self.nnz[i],
                 file: i as u64,
-                offset: ROW_HEADER as u64,
+                offset: row_header(self.version) as u64,
             })
             .collect();
         entries.par_iter().try_for_each(|e| {
             let p = self.kdir.join(row_file_name(e.row));
             let (c, v) = self.a.row(e.row as usize);
             write_plain(&p, |w| {
-                put_prefix(w, &MAGIC_ROW, self.version, self.prec.bytes() as u32)?;
+                put_prefix(
+                    w,
+                    &MAGIC_ROW,
+                    self.version,
+                    self.prec.bytes() as u32,
+                    self.id,
+                )?;
                 put_record(w, e.row, c, v, self.prec, self.version)
             })?;
             self.pb.inc(e.nnz);
@@ -370,7 +404,7 @@ impl KernelWriter<'_> {
 
     /// Pack `p` holding `rows`; their metadata entries.
     fn pack(&self, p: u64, rows: &[usize]) -> Result<Vec<MetaEntry>> {
-        let mut off = (PACK_HEADER + PACK_ENTRY * rows.len()) as u64;
+        let mut off = (pack_header(self.version) + PACK_ENTRY * rows.len()) as u64;
         let es: Vec<MetaEntry> = rows
             .iter()
             .map(|&i| {
@@ -386,7 +420,7 @@ impl KernelWriter<'_> {
             .collect();
         let path = self.kdir.join(pack_file_name(p));
         // Version 2: bytes 40..44 hold the row table's CRC32C, 44..48 the header's (bytes
-        // 0..44).
+        // 0..44); 16 more from version 3.
         let mut table = Vec::with_capacity(PACK_ENTRY * es.len());
         for e in &es {
             for v in [e.row, e.nnz, e.offset] {
@@ -395,7 +429,13 @@ impl KernelWriter<'_> {
         }
         write_plain(&path, |w| {
             let mut cw = CrcWriter::new(w);
-            put_prefix(&mut cw, &MAGIC_PACK, self.version, self.prec.bytes() as u32)?;
+            put_prefix(
+                &mut cw,
+                &MAGIC_PACK,
+                self.version,
+                self.prec.bytes() as u32,
+                self.id,
+            )?;
             put_u64(&mut cw, p)?;
             put_u64(&mut cw, rows.len() as u64)?;
             put_u64(&mut cw, es.iter().map(|e| e.nnz).sum())?;
@@ -427,11 +467,11 @@ fn write_metadata(
     a: &Csr,
     nfiles: u64,
     entries: &[MetaEntry],
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<()> {
     write_plain(path, |w| {
         let mut cw = CrcWriter::new(w);
-        put_prefix(&mut cw, &MAGIC_META, version, layout_code(layout))?;
+        put_prefix(&mut cw, &MAGIC_META, version, layout_code(layout), id)?;
         put_u64(&mut cw, a.nrows() as u64)?;
         put_u64(&mut cw, a.ncols() as u64)?;
         put_u64(&mut cw, a.nnz() as u64)?;
@@ -462,21 +502,15 @@ fn write_metadata(
 }
 
 /// Check a pack file's header, row table and length.
-fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize, version: u32) -> Result<()> {
-    check_pack_table(path, bytes, bytes.len() as u64, pack, vb, version)
+fn check_pack(path: &Path, bytes: &[u8], pack: u64, vb: usize, tag: (u32, u64)) -> Result<()> {
+    check_pack_table(path, bytes, bytes.len() as u64, pack, vb, tag)
 }
 
 /// Open pack `pack` of the dataset at `path` and check its header and row table (checksums in
 /// version 2) and its length.
 pub fn check_pack_file(dm: &DatasetManifest, path: &Path, pack: u64) -> Result<()> {
     let map = MappedFile::open(path)?;
-    check_pack(
-        path,
-        map.bytes(),
-        pack,
-        dm.m.precision.bytes(),
-        dm.m.version,
-    )
+    check_pack(path, map.bytes(), pack, dm.m.precision.bytes(), dm.tag())
 }
 
 /// [`check_pack`] on the file's first bytes (at least the header and the row table) and its
@@ -487,38 +521,35 @@ fn check_pack_table(
     file_len: u64,
     pack: u64,
     vb: usize,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<()> {
     let r = Reader::new(path, bytes);
-    let got_vb = r.prefix_v(&MAGIC_PACK, "kernel pack", version)? as usize;
+    let got_vb = r.prefix_v(&MAGIC_PACK, "kernel pack", version, id)? as usize;
+    let (p, head) = (prefix_len(version), pack_header(version));
     if version >= 2 {
-        r.check_crc(0..PACK_HEADER - 4, PACK_HEADER - 4, "pack header")?;
+        r.check_crc(0..head - 4, head - 4, "pack header")?;
     }
     check_value_size(path, got_vb, vb)?;
-    let idx = r.u64(16, "pack index")?;
+    let idx = r.u64(p, "pack index")?;
     if idx != pack {
         return Err(Error::format(
             path,
             format!("pack index {idx} but the file is listed as pack {pack}"),
         ));
     }
-    let nr = r.count(24, "rows in pack")?;
-    let pack_nnz = r.u64(32, "nonzeros in pack")?;
+    let nr = r.count(p + 8, "rows in pack")?;
+    let pack_nnz = r.u64(p + 16, "nonzeros in pack")?;
     if version < 2 {
-        r.zeros(40, 8, "reserved field")?;
+        r.zeros(p + 24, 8, "reserved field")?;
     }
-    r.need(PACK_HEADER, PACK_ENTRY * nr, "the row table")?;
+    r.need(head, PACK_ENTRY * nr, "the row table")?;
     if version >= 2 {
-        r.check_crc(
-            PACK_HEADER..PACK_HEADER + PACK_ENTRY * nr,
-            40,
-            "the row table",
-        )?;
+        r.check_crc(head..head + PACK_ENTRY * nr, p + 24, "the row table")?;
     }
-    let mut off = PACK_HEADER + PACK_ENTRY * nr;
+    let mut off = head + PACK_ENTRY * nr;
     let mut total = 0u64;
     for k in 0..nr {
-        let o = PACK_HEADER + PACK_ENTRY * k;
+        let o = head + PACK_ENTRY * k;
         let nnz = r.count(o + 8, "row table entry")?;
         total = total.saturating_add(nnz as u64);
         let at = r.u64(o + 16, "row table entry")?;
@@ -564,6 +595,8 @@ struct Plan {
     vb: usize,
     /// Format version.
     version: u32,
+    /// The dataset id (version 3).
+    id: u64,
     /// Columns of the kernel (every column index is checked against it).
     ncols: usize,
     /// The kernel folder.
@@ -584,11 +617,17 @@ impl Plan {
         Plan {
             vb: dm.m.precision.bytes(),
             version: dm.m.version,
+            id: dm.id,
             ncols: meta.cols as usize,
             kdir: dm.resolve(&dm.m.kernel_dir),
             nnz: *indptr.last().unwrap() as usize,
             indptr,
         }
+    }
+
+    /// The format version and dataset id every file must carry.
+    fn tag(&self) -> (u32, u64) {
+        (self.version, self.id)
     }
 
     /// Bytes of row `e`'s record.
@@ -610,7 +649,7 @@ impl Plan {
 
     /// Check a per-row file's prefix (magic, version, value size).
     fn check_row_prefix(&self, r: &Reader) -> Result<()> {
-        let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", self.version)? as usize;
+        let got_vb = r.prefix_v(&MAGIC_ROW, "kernel row", self.version, self.id)? as usize;
         check_value_size(r.path, got_vb, self.vb)
     }
 }
@@ -694,7 +733,7 @@ impl Packs {
                     _ if rows.is_empty() => Ok((0, None)),
                     None => {
                         let map = MappedFile::open_populated(path)?;
-                        check_pack(path, map.bytes(), p as u64, plan.vb, plan.version)?;
+                        check_pack(path, map.bytes(), p as u64, plan.vb, plan.tag())?;
                         Ok((map.bytes().len() as u64, Some(map)))
                     }
                     Some(rd) => Ok((read_pack_table(plan, path, p as u64, rd)?, None)),
@@ -719,18 +758,15 @@ impl Packs {
 /// length (from a `stat`); returns the length.
 fn read_pack_table(plan: &Plan, path: &Path, pack: u64, reader: &RangeReader) -> Result<u64> {
     let len = file_len(path)?;
-    let head = reader.read(path, 0, PACK_HEADER.min(len as usize))?;
-    let nr = Reader::new(path, &head).count(24, "rows in pack")?;
-    let table_end = PACK_HEADER
+    let ph = pack_header(plan.version);
+    let head = reader.read(path, 0, ph.min(len as usize))?;
+    let nr = Reader::new(path, &head).count(prefix_len(plan.version) + 8, "rows in pack")?;
+    let table_end = ph
         .saturating_add(PACK_ENTRY.saturating_mul(nr))
         .min(len as usize);
     let mut table = head;
-    table.extend(reader.read(
-        path,
-        PACK_HEADER as u64,
-        table_end.saturating_sub(PACK_HEADER),
-    )?);
-    check_pack_table(path, &table, len, pack, plan.vb, plan.version)?;
+    table.extend(reader.read(path, ph as u64, table_end.saturating_sub(ph))?);
+    check_pack_table(path, &table, len, pack, plan.vb, plan.tag())?;
     Ok(len)
 }
 
@@ -750,7 +786,7 @@ fn check_row_file_lengths(plan: &Plan, local: &[MetaEntry]) -> Result<()> {
     local.par_iter().with_min_len(64).try_for_each(|e| {
         let path = plan.kdir.join(row_file_name(e.row));
         let len = file_len(&path).map_err(listed_row(&path, e.row))?;
-        let want = ROW_HEADER.saturating_add(plan.record_size(e));
+        let want = row_header(plan.version).saturating_add(plan.record_size(e));
         Reader::new(&path, &[]).exact_len_of(
             len,
             want as u64,
@@ -766,7 +802,7 @@ fn open_row_file(plan: &Plan, e: &MetaEntry) -> Result<MappedFile> {
     let r = Reader::new(&path, map.bytes());
     plan.check_row_prefix(&r)?;
     r.exact_len(
-        ROW_HEADER.saturating_add(plan.record_size(e)),
+        row_header(plan.version).saturating_add(plan.record_size(e)),
         &format!("kernel row {} ({} nonzeros)", e.row, e.nnz),
     )?;
     Ok(map)
@@ -795,6 +831,33 @@ fn check_records_fit(plan: &Plan, local: &[MetaEntry], packs: &Packs) -> Result<
                     "the metadata puts {rows} rows with {nnz} nonzeros ({need} bytes of records) in this pack but it has {len} bytes"
                 ),
             ));
+        }
+    }
+    // Records that overlap (a metadata offset changed in a version 1 file, which has no
+    // checksum) are refused here, before byte ranges are merged over them.
+    for (p, rows) in packs.rows.iter().enumerate() {
+        let mut at: Vec<(u64, u64, u64)> = rows
+            .iter()
+            .map(|&i| {
+                let e = &local[i];
+                (
+                    e.offset,
+                    e.offset.saturating_add(plan.record_size(e) as u64),
+                    e.row,
+                )
+            })
+            .collect();
+        at.sort_unstable();
+        for w in at.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(Error::format(
+                    &packs.paths[p],
+                    format!(
+                        "the metadata puts kernel row {} at byte {} inside kernel row {}'s record (bytes {}..{}): corrupted metadata offsets",
+                        w[1].2, w[1].0, w[0].2, w[0].0, w[0].1
+                    ),
+                ));
+            }
         }
     }
     Ok(())
@@ -866,7 +929,8 @@ fn read_mapped(
                     None => {
                         let path = plan.kdir.join(row_file_name(e.row));
                         let bytes = files[i].bytes();
-                        plan.decode(&Reader::new(&path, bytes), ROW_HEADER, e, cols, vals)?;
+                        let at = row_header(plan.version);
+                        plan.decode(&Reader::new(&path, bytes), at, e, cols, vals)?;
                         bytes.len()
                     }
                     Some(packs) => {
@@ -923,12 +987,13 @@ fn read_spans(
             let (e, cols, vals) = &mut span.rows[0];
             plan.check_row_prefix(&r)?;
             // The file's length was checked before the read.
-            plan.decode(&r, ROW_HEADER, e, cols, vals)?;
+            plan.decode(&r, row_header(plan.version), e, cols, vals)?;
         } else {
+            // Offsets in errors are the file's (the reader knows where the span starts).
+            let r = Reader::at(path, buf, span.offset);
             for (e, cols, vals) in span.rows.iter_mut() {
                 let at = (e.offset - span.offset) as usize;
-                plan.decode(&r, at, e, cols, vals)
-                    .map_err(|err| in_context(err, &what(e)))?;
+                plan.decode(&r, at, e, cols, vals)?;
             }
         }
         bytes_read.fetch_add(span.len, Ordering::Relaxed);
@@ -973,7 +1038,7 @@ fn span_jobs<'s>(
             .into_iter()
             .map(|(e, c, v)| {
                 let path = plan.kdir.join(row_file_name(e.row));
-                let len = (ROW_HEADER + plan.record_size(e)) as u64;
+                let len = (row_header(plan.version) + plan.record_size(e)) as u64;
                 let rows = vec![(e, c, v)];
                 (
                     path,

@@ -117,7 +117,7 @@ impl OpenDataset {
                     first,
                     manifest.m.columns,
                     manifest.m.precision,
-                    manifest.m.version,
+                    manifest.tag(),
                 )?;
                 first += blk.rows;
                 nnz += blk.nnz;
@@ -280,15 +280,15 @@ impl OpenDataset {
         // b and weights follow their rows.
         let local_rows: Vec<u64> = local.iter().map(|e| e.row).collect();
         let m = Some(self.meta.rows);
-        let version = dm.m.version;
+        let tag = dm.tag();
         // This rank's values of a vector file, in local row order.
         let values = |path: &Path, kind: VectorKind| -> Result<(Vec<f64>, u64)> {
             match reader {
                 None => {
-                    let (all, n) = read_vector(path, kind, m, version)?;
+                    let (all, n) = read_vector(path, kind, m, tag)?;
                     Ok((local_rows.iter().map(|&r| all[r as usize]).collect(), n))
                 }
-                Some(rd) => read_vector_rows(path, kind, m, &local_rows, rd, version),
+                Some(rd) => read_vector_rows(path, kind, m, &local_rows, rd, tag),
             }
         };
         let (mut b, nb) = values(&dm.resolve(&dm.m.rhs), VectorKind::Rhs)?;
@@ -417,7 +417,7 @@ pub fn true_model_of(dm: &DatasetManifest) -> Result<Option<Vec<f64>>> {
                 &dm.resolve(p),
                 VectorKind::Model,
                 Some(dm.m.columns),
-                dm.m.version,
+                dm.tag(),
             )?
             .0,
         )),

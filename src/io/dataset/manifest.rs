@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::grid::Grid;
-use crate::io::dataset::binfmt::{Precision, VERSION, VERSION_1};
+use crate::io::dataset::binfmt::{id_text, Precision, VERSION, VERSION_1};
 
 /// The `format` value of every manifest.
 pub const FORMAT_NAME: &str = "seistomo-dataset";
@@ -47,6 +47,10 @@ fn one() -> f64 {
 pub struct Manifest {
     pub format: String,
     pub version: u32,
+    /// Version 3: the dataset's id (16 hex digits, random at creation), which every binary file
+    /// of the dataset carries in its prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_id: Option<String>,
     #[serde(default)]
     pub name: String,
     #[serde(default)]
@@ -84,6 +88,8 @@ pub struct DatasetManifest {
     pub path: PathBuf,
     pub dir: PathBuf,
     pub m: Manifest,
+    /// The dataset id (version 3; 0 before).
+    pub id: u64,
 }
 
 impl DatasetManifest {
@@ -94,7 +100,7 @@ impl DatasetManifest {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::io::read_input_text(&path, "dataset manifest", crate::io::MAX_TEXT)?;
         let m: Manifest = toml::from_str(&text).map_err(|e| {
             let line = e
                 .span()
@@ -109,12 +115,35 @@ impl DatasetManifest {
                 m.format
             )));
         }
-        if m.version != VERSION && m.version != VERSION_1 {
+        if !(VERSION_1..=VERSION).contains(&m.version) {
             return Err(bad(format!(
-                "dataset version {} is not supported (this build reads versions {VERSION_1} and {VERSION})",
+                "dataset version {} is not supported (this build reads versions {VERSION_1} to {VERSION})",
                 m.version
             )));
         }
+        let id = match (&m.dataset_id, m.version >= 3) {
+            (Some(t), true) => u64::from_str_radix(t, 16)
+                .ok()
+                .filter(|&v| t.len() == 16 && v != 0 && id_text(v) == *t)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "dataset_id = \"{t}\" is not an id (16 lower-case hex digits, not all zero)"
+                    ))
+                })?,
+            (None, true) => {
+                return Err(bad(format!(
+                    "version {} needs dataset_id (the id every file of the dataset carries)",
+                    m.version
+                )))
+            }
+            (Some(_), false) => {
+                return Err(bad(format!(
+                    "dataset_id is a version 3 key but the dataset is version {}",
+                    m.version
+                )))
+            }
+            (None, false) => 0,
+        };
         if m.columns == 0 || m.columns > u32::MAX as u64 + 1 {
             return Err(bad(format!("columns = {} must be in 1..=2^32", m.columns)));
         }
@@ -143,7 +172,13 @@ impl DatasetManifest {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
-        Ok(DatasetManifest { path, dir, m })
+        Ok(DatasetManifest { path, dir, m, id })
+    }
+
+    /// What every binary file of the dataset must say in its prefix: the format version and
+    /// (version 3) the dataset id.
+    pub fn tag(&self) -> (u32, u64) {
+        (self.m.version, self.id)
     }
 
     /// A path of the manifest, resolved against its directory.

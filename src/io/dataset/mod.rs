@@ -22,4 +22,4 @@ pub use load::{
     global_row_order, load_dataset, load_dataset_with, read_true_model, true_model_of, LoadOptions,
     LoadStats, OpenDataset, Regularisation,
 };
-pub use write::{write_dataset, DatasetSpec};
+pub use write::{write_dataset, DatasetSpec, SpecSources};

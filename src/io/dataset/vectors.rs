@@ -5,13 +5,16 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::write_plain;
 use crate::io::dataset::binfmt::{
-    checksum_error, crc, pad8, put_prefix, put_u32, put_u64, CrcWriter, Precision, Reader,
-    MAGIC_VECT,
+    checksum_error, crc, pad8, prefix_len, put_prefix, put_u32, put_u64, CrcWriter, Precision,
+    Reader, MAGIC_VECT,
 };
 use crate::io::mmap::MappedFile;
 
-/// Bytes before the values.
-pub const VECT_HEADER: usize = 32;
+/// Bytes before the values in format `version`: the prefix, the length (u64), the kind (u32)
+/// and the header's CRC32C (version 1: a zero u32).
+pub fn vect_header(version: u32) -> usize {
+    prefix_len(version) + 16
+}
 /// Values per checksum chunk (version 2).
 pub const VECT_CHUNK: usize = 8192;
 
@@ -41,11 +44,11 @@ pub fn write_vector(
     kind: VectorKind,
     x: &[f64],
     prec: Precision,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<()> {
     write_plain(path, |w| {
         let mut cw = CrcWriter::new(w);
-        put_prefix(&mut cw, &MAGIC_VECT, version, prec.bytes() as u32)?;
+        put_prefix(&mut cw, &MAGIC_VECT, version, prec.bytes() as u32, id)?;
         put_u64(&mut cw, x.len() as u64)?;
         put_u32(&mut cw, kind as u32)?;
         // Version 2: the header's CRC32C in place of the reserved zero.
@@ -78,7 +81,7 @@ fn vector_len(n: usize, vb: usize, version: u32) -> usize {
     } else {
         0
     };
-    VECT_HEADER + pad8(vb * n) + sums
+    vect_header(version) + pad8(vb * n) + sums
 }
 
 /// Verify the CRC32C of value chunk `k` (version 2): `bytes` are the chunk's bytes as stored
@@ -111,20 +114,21 @@ pub fn read_vector(
     path: &Path,
     kind: VectorKind,
     expected_len: Option<u64>,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<(Vec<f64>, u64)> {
     let map = MappedFile::open(path)?;
     let r = Reader::new(path, map.bytes());
-    let (prec, n) = check_header(&r, kind, expected_len, version)?;
+    let (prec, n) = check_header(&r, kind, expected_len, (version, id))?;
     let vb = prec.bytes();
     let len = vector_len(n, vb, version);
+    let head = vect_header(version);
     r.exact_len(len, &format!("{n} values"))?;
     if version >= 2 {
         let body = pad8(vb * n);
-        let sums = VECT_HEADER + body;
+        let sums = head + body;
         let chunks = n.div_ceil(VECT_CHUNK);
         for k in 0..chunks {
-            let a = VECT_HEADER + k * VECT_CHUNK * vb;
+            let a = head + k * VECT_CHUNK * vb;
             let z = (a + VECT_CHUNK * vb).min(sums);
             let stored = r.u32(sums + 4 * k, "checksums")?;
             check_chunk(path, kind, n, k, &r.data[a..z], stored)?;
@@ -132,7 +136,7 @@ pub fn read_vector(
         r.zeros(sums + 4 * chunks, len - sums - 4 * chunks, "padding")?;
     }
     let mut x = vec![0.0; n];
-    crate::io::dataset::binfmt::decode_values(&r, VECT_HEADER, vb, &[], &mut x, &|| {
+    crate::io::dataset::binfmt::decode_values(&r, head, vb, &[], &mut x, &|| {
         kind.name().to_string()
     })?;
     // Name the row of the first bad value.
@@ -169,11 +173,12 @@ pub fn read_vector_rows(
     expected_len: Option<u64>,
     rows: &[u64],
     reader: &crate::io::rowio::RangeReader,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<(Vec<f64>, u64)> {
     let len = crate::io::rowio::file_len(path)?;
-    let head = reader.read(path, 0, VECT_HEADER.min(len as usize))?;
-    let (prec, n) = check_header(&Reader::new(path, &head), kind, expected_len, version)?;
+    let vect_head = vect_header(version);
+    let head = reader.read(path, 0, vect_head.min(len as usize))?;
+    let (prec, n) = check_header(&Reader::new(path, &head), kind, expected_len, (version, id))?;
     let vb = prec.bytes();
     let end = vector_len(n, vb, version) as u64;
     Reader::new(path, &[]).exact_len_of(len, end, &format!("{n} values"))?;
@@ -185,7 +190,7 @@ pub fn read_vector_rows(
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_unstable_by_key(|&i| rows[i]);
-    let sums_at = VECT_HEADER + pad8(vb * n);
+    let sums_at = vect_head + pad8(vb * n);
     // Version 2: the checksums of the chunks, read once.
     let sums: Vec<u8> = if version >= 2 {
         let k = n.div_ceil(VECT_CHUNK);
@@ -215,13 +220,13 @@ pub fn read_vector_rows(
             while j < order.len() && rows[order[j]] as usize / VECT_CHUNK == k {
                 j += 1;
             }
-            let a = VECT_HEADER + k * VECT_CHUNK * vb;
+            let a = vect_head + k * VECT_CHUNK * vb;
             let z = (a + VECT_CHUNK * vb).min(sums_at);
             pieces.push((a as u64, (z - a) as u64));
             serves.push(i..j);
             i = j;
         } else {
-            pieces.push((VECT_HEADER as u64 + vb as u64 * rows[order[i]], vb as u64));
+            pieces.push((vect_head as u64 + vb as u64 * rows[order[i]], vb as u64));
             serves.push(i..i + 1);
             i += 1;
         }
@@ -240,7 +245,7 @@ pub fn read_vector_rows(
             for p in s.items.clone() {
                 if version >= 2 {
                     let (a, l) = (pieces[p].0 - s.offset, pieces[p].1);
-                    let chunk = ((pieces[p].0 as usize - VECT_HEADER) / vb) / VECT_CHUNK;
+                    let chunk = ((pieces[p].0 as usize - vect_head) / vb) / VECT_CHUNK;
                     let stored =
                         u32::from_le_bytes(sums[4 * chunk..4 * chunk + 4].try_into().unwrap());
                     check_chunk(
@@ -254,7 +259,7 @@ pub fn read_vector_rows(
                     .inspect_err(|_| failed = true)?;
                 }
                 for &i in &order[serves[p].clone()] {
-                    let at = (VECT_HEADER as u64 + vb as u64 * rows[i] - s.offset) as usize;
+                    let at = (vect_head as u64 + vb as u64 * rows[i] - s.offset) as usize;
                     let mut v = [0.0];
                     let row = rows[i];
                     let label = || kind.name().to_string();
@@ -288,18 +293,19 @@ fn check_header(
     r: &Reader,
     kind: VectorKind,
     expected_len: Option<u64>,
-    version: u32,
+    (version, id): (u32, u64),
 ) -> Result<(Precision, usize)> {
     let path = r.path;
-    let vb = r.prefix_v(&MAGIC_VECT, "vector", version)?;
+    let vb = r.prefix_v(&MAGIC_VECT, "vector", version, id)?;
+    let p = prefix_len(version);
     if version >= 2 {
-        r.check_crc(0..28, 28, "vector header")?;
+        r.check_crc(0..p + 12, p + 12, "vector header")?;
     } else {
         r.zeros(28, 4, "reserved field")?;
     }
     let prec = Precision::from_bytes(path, vb)?;
-    let n = r.count(16, "vector length")?;
-    let k = r.u32(24, "vector kind")?;
+    let n = r.count(p, "vector length")?;
+    let k = r.u32(p + 8, "vector kind")?;
     if k != kind as u32 {
         return Err(Error::format(
             path,

@@ -17,6 +17,8 @@ use crate::io::dataset::vectors::{read_vector, VectorKind};
 pub struct VerifyReport {
     /// Format version (1: no checksums).
     pub version: u32,
+    /// The dataset id that every file carries (version 3; 0 before).
+    pub id: u64,
     /// Files read.
     pub files: u64,
     pub kernel_rows: u64,
@@ -39,6 +41,7 @@ pub fn verify_dataset(path: &Path, progress: bool) -> Result<VerifyReport> {
     let dm = &ds.manifest;
     let mut rep = VerifyReport {
         version: dm.m.version,
+        id: dm.id,
         kernel_rows: ds.meta.rows,
         kernel_nnz: ds.meta.nnz,
         damping_rows: dm.damping_rows(),
@@ -100,7 +103,7 @@ pub fn verify_dataset(path: &Path, progress: bool) -> Result<VerifyReport> {
         vectors.push((dm.resolve(x), VectorKind::Model, Some(dm.m.columns)));
     }
     for (p, kind, len) in vectors {
-        rep.bytes += read_vector(&p, kind, len, dm.m.version)?.1;
+        rep.bytes += read_vector(&p, kind, len, dm.tag())?.1;
         rep.files += 1;
     }
     rep.seconds = t.elapsed().as_secs_f64();

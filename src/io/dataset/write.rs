@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::grid::Grid;
-use crate::io::dataset::binfmt::{Precision, VERSION, VERSION_1};
+use crate::io::dataset::binfmt::{id_text, new_dataset_id, Precision, VERSION, VERSION_1};
 use crate::io::dataset::damping::write_damping;
 use crate::io::dataset::kernel_rows::write_kernel;
 use crate::io::dataset::manifest::{DampingManifest, Layout, Manifest, FORMAT_NAME};
@@ -31,8 +31,24 @@ pub struct DatasetSpec<'a> {
     pub precision: Precision,
     /// Target size of a pack file (packed layout).
     pub pack_bytes: u64,
-    /// Format version to write: 2 (checksums, the default) or 1.
+    /// Format version to write: 3 (checksums and the dataset id, the default), 2 or 1.
     pub version: u32,
+    /// The dataset id written into every file (version 3); None: a fresh random one.
+    pub id: Option<u64>,
+    /// Where the values come from (named in the errors about them): import's input files.
+    pub sources: SpecSources<'a>,
+}
+
+/// The files the parts of a [`DatasetSpec`] were read from (errors about their values name
+/// them; without a file, the part is named).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpecSources<'a> {
+    pub kernel: Option<&'a Path>,
+    pub rhs: Option<&'a Path>,
+    pub weights: Option<&'a Path>,
+    pub sigma: Option<&'a Path>,
+    pub damping: Option<&'a Path>,
+    pub true_model: Option<&'a Path>,
 }
 
 impl<'a> DatasetSpec<'a> {
@@ -54,6 +70,8 @@ impl<'a> DatasetSpec<'a> {
             precision: Precision::F64,
             pack_bytes: 64 << 20,
             version: VERSION,
+            id: None,
+            sources: SpecSources::default(),
         }
     }
 }
@@ -114,7 +132,9 @@ fn check_spec(spec: &DatasetSpec) -> Result<()> {
     let bad = |msg: String| Err(Error::Invalid(msg));
     let version = spec.version;
     if !(VERSION_1..=VERSION).contains(&version) {
-        return bad(format!("dataset format version {version} (1 or 2)"));
+        return bad(format!(
+            "dataset format version {version} ({VERSION_1} to {VERSION})"
+        ));
     }
     let one_per_row = |what: &str, v: Option<&[f64]>| match v {
         Some(v) if v.len() != k.nrows() => bad(format!(
@@ -144,12 +164,76 @@ fn check_spec(spec: &DatasetSpec) -> Result<()> {
             k.ncols()
         ));
     }
+    check_values(spec)
+}
+
+/// Every value that goes into the dataset is finite (and, stored as f32, within f32's range),
+/// weights >= 0 and standard deviations > 0: what the readers refuse is never written. Errors
+/// name the input file (or the part, without one) and the entry.
+fn check_values(spec: &DatasetSpec) -> Result<()> {
+    use crate::io::finite::{check_matrix, check_vector};
+    let src = &spec.sources;
+    let name = |p: Option<&Path>, what: &str| p.map_or_else(|| PathBuf::from(what), PathBuf::from);
+    let f32 = spec.precision == Precision::F32;
+    let k = spec.kernel;
+    let refused =
+        |e: Error| Error::Invalid(format!("{e}: refused (the dataset could not be read)"));
+    check_matrix(
+        &name(src.kernel, "the kernel"),
+        "kernel",
+        k,
+        0..k.nrows(),
+        f32,
+    )
+    .map_err(refused)?;
+    if let Some(d) = spec.damping {
+        check_matrix(
+            &name(src.damping, "the damping rows"),
+            "damping",
+            d,
+            0..d.nrows(),
+            f32,
+        )
+        .map_err(refused)?;
+    }
+    let vectors = [
+        (src.rhs, "b", Some(spec.rhs)),
+        (src.weights, "weights", spec.weights),
+        (src.sigma, "sigma", spec.sigma),
+        (src.true_model, "true model", spec.true_model),
+    ];
+    for (from, what, v) in vectors {
+        if let Some(v) = v {
+            let file = name(from, what);
+            check_vector(&file, what, v).map_err(refused)?;
+            let bad = match what {
+                "weights" => v.iter().position(|&w| w < 0.0),
+                "sigma" => v.iter().position(|&s| s <= 0.0),
+                _ => None,
+            };
+            if let Some(i) = bad {
+                return Err(refused(Error::format(
+                    &file,
+                    format!(
+                        "{what} row {i}: value {} is not allowed (weights >= 0, sigma > 0)",
+                        v[i]
+                    ),
+                )));
+            }
+        }
+    }
     Ok(())
 }
 
 /// Write every file of `spec`'s dataset into the directory `dir`, the manifest last.
 fn write_files(dir: &Path, spec: &DatasetSpec, progress: bool) -> Result<()> {
     let (k, version) = (spec.kernel, spec.version);
+    let id = if version >= 3 {
+        spec.id.unwrap_or_else(new_dataset_id)
+    } else {
+        0
+    };
+    let tag = (version, id);
     write_kernel(
         dir,
         Path::new("kernel"),
@@ -158,7 +242,7 @@ fn write_files(dir: &Path, spec: &DatasetSpec, progress: bool) -> Result<()> {
         spec.layout,
         spec.precision,
         spec.pack_bytes,
-        version,
+        tag,
         progress,
     )?;
     let vectors = [
@@ -169,12 +253,12 @@ fn write_files(dir: &Path, spec: &DatasetSpec, progress: bool) -> Result<()> {
     ];
     for (name, kind, v) in vectors {
         if let Some(v) = v {
-            write_vector(&dir.join(name), kind, v, Precision::F64, version)?;
+            write_vector(&dir.join(name), kind, v, Precision::F64, tag)?;
         }
     }
     let damping = match spec.damping {
         Some(d) => Some(DampingManifest {
-            blocks: write_damping(dir, d, spec.damping_blocks, spec.precision, version)?,
+            blocks: write_damping(dir, d, spec.damping_blocks, spec.precision, tag)?,
             rows: d.nrows() as u64,
             nnz: d.nnz() as u64,
             weight: spec.damping_weight,
@@ -184,6 +268,7 @@ fn write_files(dir: &Path, spec: &DatasetSpec, progress: bool) -> Result<()> {
     let m = Manifest {
         format: FORMAT_NAME.into(),
         version,
+        dataset_id: (version >= 3).then(|| id_text(id)),
         name: spec.name.clone(),
         description: spec.description.clone(),
         columns: k.ncols() as u64,
