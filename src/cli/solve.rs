@@ -16,7 +16,8 @@ pub struct SolveArgs {
     /// Solver: lsqr (any shape, least squares), or gmres (square systems).
     #[arg(long, default_value = "lsqr", value_parser = super::args::words(&["lsqr", "gmres"]))]
     method: String,
-    /// System matrix A (Matrix Market, .gz allowed).
+    /// System matrix A (Matrix Market, .gz allowed). With --method gmres also a dataset
+    /// directory (`seistomo square -o DIR`): its b is the right-hand side unless --rhs is given.
     #[arg(long)]
     matrix: PathBuf,
     #[command(flatten)]

@@ -193,6 +193,208 @@ impl Csr {
         })
     }
 
+    /// [`Self::from_triplets`] of `parts` one after another (rows < `nrows` <= 2^32, columns <
+    /// `ncols`, values finite: checked by the caller, a file reader), built in parallel:
+    /// entries sorted by row and then column (row-major files) are placed as they are, entries
+    /// sorted by column and then row (column-major files) through a transpose, anything else
+    /// by a counting sort by blocks of rows; duplicates are summed in the order they come, as
+    /// `from_triplets` sums them. The same matrix bit for bit.
+    pub fn from_triplet_parts(nrows: usize, ncols: usize, parts: Vec<TripletPart>) -> Csr {
+        assert!(nrows <= u32::MAX as usize + 1 && ncols <= u32::MAX as usize + 1);
+        let key_rc = |p: &TripletPart, k: usize| ((p.rows[k] as u64) << 32) | p.cols[k] as u64;
+        let key_cr = |p: &TripletPart, k: usize| ((p.cols[k] as u64) << 32) | p.rows[k] as u64;
+        if TripletPart::increasing(&parts, key_rc) {
+            return Self::from_sorted_parts(nrows, ncols, &parts, |p| &p.rows, |p| &p.cols);
+        }
+        if TripletPart::increasing(&parts, key_cr) {
+            let t = Self::from_sorted_parts(ncols, nrows, &parts, |p| &p.cols, |p| &p.rows);
+            drop(parts);
+            return t.transpose();
+        }
+        Self::from_parts_sorted_by_blocks(nrows, ncols, parts)
+    }
+
+    /// The matrix of `parts` whose entries are, one part after another, sorted by (`major`,
+    /// `minor`) with no repeats: `major` indices are the rows.
+    fn from_sorted_parts(
+        nrows: usize,
+        ncols: usize,
+        parts: &[TripletPart],
+        major: impl Fn(&TripletPart) -> &[u32] + Sync,
+        minor: impl Fn(&TripletPart) -> &[u32] + Sync,
+    ) -> Csr {
+        let lens: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
+        let starts = par::offsets(&lens);
+        let nnz = starts[parts.len()] as usize;
+        // Each part fills the row offsets from after the last row of the part before it up to
+        // its own last row; the rows after the last entry end at nnz.
+        let mut owned = Vec::with_capacity(parts.len());
+        let mut next_row = 0usize;
+        for p in parts {
+            match major(p).last() {
+                Some(&last) => {
+                    owned.push(last as usize + 1 - next_row);
+                    next_row = last as usize + 1;
+                }
+                None => owned.push(0),
+            }
+        }
+        let mut indptr = vec![0u64; nrows + 1];
+        indptr[next_row..].fill(nnz as u64);
+        let first_rows = {
+            let mut f = Vec::with_capacity(parts.len());
+            let mut r = 0;
+            for &o in &owned {
+                f.push(r);
+                r += o;
+            }
+            f
+        };
+        par::split_parts(&mut indptr[..next_row], owned.iter().copied())
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(q, out)| {
+                let rows = major(&parts[q]);
+                let mut k = 0;
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = (first_rows[q] + i) as u32;
+                    while rows[k] < r {
+                        k += 1;
+                    }
+                    *o = starts[q] + k as u64;
+                }
+            });
+        let mut indices = vec![0u32; nnz];
+        let mut data = vec![0f64; nnz];
+        let is = par::split_parts(&mut indices, lens.iter().map(|&l| l as usize));
+        let vs = par::split_parts(&mut data, lens.iter().map(|&l| l as usize));
+        is.into_par_iter()
+            .zip(vs)
+            .zip(parts)
+            .for_each(|((i, v), p)| {
+                i.copy_from_slice(minor(p));
+                v.copy_from_slice(&p.vals);
+            });
+        Csr::from_trusted(nrows, ncols, indptr, indices, data)
+    }
+
+    /// [`Self::from_triplet_parts`] for entries in any order: a stable counting sort of the
+    /// entries into ranges of rows (each part, in parallel, puts its entries at its places of
+    /// each range), then per range, in parallel, a stable counting sort by row, each row's
+    /// entries sorted by column (stable) and repeats summed in order.
+    fn from_parts_sorted_by_blocks(nrows: usize, ncols: usize, parts: Vec<TripletPart>) -> Csr {
+        let nnz: usize = parts.iter().map(|p| p.len()).sum();
+        if nrows == 0 || nnz == 0 {
+            return Csr::zeros(nrows, ncols);
+        }
+        let width = nrows.div_ceil(par::blocks_for(nnz, 4)).max(1);
+        let nranges = nrows.div_ceil(width);
+        let mut next = vec![0u64; parts.len() * nranges];
+        next.par_chunks_mut(nranges)
+            .zip(&parts)
+            .for_each(|(count, p)| {
+                for &r in &p.rows {
+                    count[r as usize / width] += 1;
+                }
+            });
+        let range_start = par::block_starts(&mut next, nranges);
+        let mut br = vec![0u32; nnz];
+        let mut bc = vec![0u32; nnz];
+        let mut bv = vec![0f64; nnz];
+        {
+            let (pr, pc, pv) = (
+                par::Scatter::new(&mut br),
+                par::Scatter::new(&mut bc),
+                par::Scatter::new(&mut bv),
+            );
+            next.par_chunks_mut(nranges)
+                .zip(&parts)
+                .for_each(|(next, p)| {
+                    for k in 0..p.len() {
+                        let g = p.rows[k] as usize / width;
+                        let at = next[g] as usize;
+                        next[g] += 1;
+                        // SAFETY: part q owns places next[g].. of every range g, up to the next
+                        // part's (block_starts), and takes each once.
+                        unsafe {
+                            pr.put(at, p.rows[k]);
+                            pc.put(at, p.cols[k]);
+                            pv.put(at, p.vals[k]);
+                        }
+                    }
+                });
+        }
+        drop(parts);
+        let range_len = |g: usize| (range_start[g + 1] - range_start[g]) as usize;
+        let mut lens = vec![0u64; nrows];
+        let kept: Vec<usize> = par::split_parts(&mut bc, (0..nranges).map(range_len))
+            .into_par_iter()
+            .zip(par::split_parts(&mut bv, (0..nranges).map(range_len)))
+            .zip(lens.par_chunks_mut(width))
+            .enumerate()
+            .map(|(g, ((cols, vals), lens))| {
+                let r0 = g * width;
+                let rows = &br[range_start[g] as usize..range_start[g + 1] as usize];
+                // by row, stable
+                let mut at = vec![0usize; lens.len() + 1];
+                for &r in rows {
+                    at[r as usize - r0 + 1] += 1;
+                }
+                for i in 0..lens.len() {
+                    at[i + 1] += at[i];
+                }
+                let (mut tc, mut tv) = (vec![0u32; rows.len()], vec![0f64; rows.len()]);
+                {
+                    let mut next = at.clone();
+                    for k in 0..rows.len() {
+                        let i = rows[k] as usize - r0;
+                        tc[next[i]] = cols[k];
+                        tv[next[i]] = vals[k];
+                        next[i] += 1;
+                    }
+                }
+                // each row by column (stable: (column, place) keys), repeats summed in order
+                let mut out = 0usize;
+                let mut keys: Vec<u64> = Vec::new();
+                for (i, len) in lens.iter_mut().enumerate() {
+                    let (s, e) = (at[i], at[i + 1]);
+                    keys.clear();
+                    keys.extend((s..e).map(|k| ((tc[k] as u64) << 32) | (k - s) as u64));
+                    keys.sort_unstable();
+                    let row_start = out;
+                    for &key in &keys {
+                        let (c, v) = ((key >> 32) as u32, tv[s + (key as u32) as usize]);
+                        if out > row_start && cols[out - 1] == c {
+                            vals[out - 1] += v;
+                        } else {
+                            cols[out] = c;
+                            vals[out] = v;
+                            out += 1;
+                        }
+                    }
+                    *len = (out - row_start) as u64;
+                }
+                out
+            })
+            .collect();
+        drop(br);
+        let indptr = par::offsets(&lens);
+        let total = indptr[nrows] as usize;
+        let mut indices = vec![0u32; total];
+        let mut data = vec![0f64; total];
+        let is = par::split_parts(&mut indices, kept.iter().copied());
+        let vs = par::split_parts(&mut data, kept.iter().copied());
+        is.into_par_iter()
+            .zip(vs)
+            .enumerate()
+            .for_each(|(g, (i, v))| {
+                let s = range_start[g] as usize;
+                i.copy_from_slice(&bc[s..s + i.len()]);
+                v.copy_from_slice(&bv[s..s + v.len()]);
+            });
+        Csr::from_trusted(nrows, ncols, indptr, indices, data)
+    }
+
     /// An empty matrix of the given shape.
     pub fn zeros(nrows: usize, ncols: usize) -> Self {
         Csr {
@@ -513,6 +715,37 @@ impl Csr {
                 c.binary_search(&(i as u32)).map(|k| v[k]).unwrap_or(0.0)
             })
             .collect()
+    }
+}
+
+/// Entries of a part of a file for [`Csr::from_triplet_parts`]: 0-based rows and columns and
+/// their values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TripletPart {
+    pub rows: Vec<u32>,
+    pub cols: Vec<u32>,
+    pub vals: Vec<f64>,
+}
+
+impl TripletPart {
+    pub fn len(&self) -> usize {
+        self.vals.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.vals.is_empty()
+    }
+
+    /// Whether `key` strictly increases over the entries of all `parts`, one after another.
+    fn increasing(parts: &[TripletPart], key: impl Fn(&TripletPart, usize) -> u64 + Sync) -> bool {
+        let within = parts
+            .par_iter()
+            .all(|p| (1..p.len()).all(|k| key(p, k - 1) < key(p, k)));
+        let ends: Vec<(u64, u64)> = parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| (key(p, 0), key(p, p.len() - 1)))
+            .collect();
+        within && ends.windows(2).all(|w| w[0].1 < w[1].0)
     }
 }
 

@@ -10,7 +10,7 @@ pub mod runs;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
-pub use csr::{Csc, Csr, CsrView};
+pub use csr::{Csc, Csr, CsrView, TripletPart};
 pub use lanes::Lanes;
 pub use runs::{RowOrder, RowRuns, RowSort, LENGTH_ORDER_WINDOW};
 
