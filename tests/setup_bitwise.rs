@@ -9,7 +9,9 @@ use seistomo::grid::reorder::{morton_order, Ordering, Reorder};
 use seistomo::grid::synthetic::straight_ray_kernel;
 use seistomo::grid::{regularisation, Coverage, Grid, Stencil};
 use seistomo::sparse::tiled::{Tiled, TiledHalf, TiledValues};
-use seistomo::sparse::{CompactCsr, CompactValues, Csr, GapHistogram, Precision, RowSort};
+use seistomo::sparse::{
+    CompactCsr, CompactValues, Csr, GapHistogram, Precision, RowSort, TripletPart,
+};
 use seistomo::testproblems::awkward_csr;
 
 mod reference {
@@ -558,5 +560,44 @@ fn the_stencil_split_and_the_cpu_operators_store_the_sequential_matrices() {
                 );
             }
         });
+    }
+}
+
+#[test]
+fn triplet_parts_build_what_from_triplets_builds() {
+    let mut rng = seistomo::grid::Rng::new(5);
+    let (m, n) = (3000usize, 2000usize);
+    let mut t: Vec<(u32, u32, f64)> = (0..200_000)
+        .map(|_| {
+            let v = rng.uniform() * 2.0 - 1.0;
+            (rng.below(m as u64) as u32, rng.below(n as u64) as u32, v)
+        })
+        .collect();
+    // any order with repeats; then row-major and column-major without repeats
+    let mut orders = vec![t.clone()];
+    t.sort_by_key(|e| (e.0, e.1));
+    t.dedup_by_key(|e| (e.0, e.1));
+    orders.push(t.clone());
+    t.sort_by_key(|e| (e.1, e.0));
+    orders.push(t);
+    for (k, t) in orders.iter().enumerate() {
+        let rows: Vec<u64> = t.iter().map(|e| e.0 as u64).collect();
+        let cols: Vec<u64> = t.iter().map(|e| e.1 as u64).collect();
+        let vals: Vec<f64> = t.iter().map(|e| e.2).collect();
+        let want = Csr::from_triplets(m, n, &rows, &cols, &vals).unwrap();
+        for cut in [1usize, 7, 1000] {
+            let parts: Vec<TripletPart> = t
+                .chunks(t.len().div_ceil(cut))
+                .map(|c| TripletPart {
+                    rows: c.iter().map(|e| e.0).collect(),
+                    cols: c.iter().map(|e| e.1).collect(),
+                    vals: c.iter().map(|e| e.2).collect(),
+                })
+                .collect();
+            for threads in [1, 3, 4] {
+                let got = on(threads, || Csr::from_triplet_parts(m, n, parts.clone()));
+                assert_eq!(got, want, "order {k}, {cut} parts, {threads} threads");
+            }
+        }
     }
 }

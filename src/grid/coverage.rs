@@ -28,10 +28,11 @@ impl Coverage {
         let mut hit_count = vec![0u32; n];
         let mut dws = vec![0.0; n];
         let nnz = a.indptr()[m] as usize;
-        // a task bisects every row twice: worth it for rows of many entries (rays), one task per
-        // thread
+        // A task bisects every row twice: worth it for rows of many entries (rays) on several
+        // threads (with 2, the bisections cost what the second thread saves), one task per
+        // thread; each task's cells then stay in cache.
         let long_rows = nnz >= 32 * m;
-        let tasks = if long_rows {
+        let tasks = if long_rows && rayon::current_num_threads() >= 4 {
             par::blocks_for(nnz, 1)
         } else {
             1

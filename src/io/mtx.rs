@@ -866,8 +866,10 @@ fn read_blocks(
     let (done_tx, done_rx) = mpsc::channel::<(usize, Block)>();
     // set when a block stops: what follows it is never reported
     let stopped = AtomicBool::new(false);
-    let read_err = std::thread::scope(|ts| {
-        let stopped = &stopped;
+    let stopped = &stopped;
+    // Everything the reading thread may wait on moves into the scope and is dropped when it
+    // ends (a parse that panicked included), so the join never waits for ever.
+    let read_err = std::thread::scope(move |ts| {
         let producer = ts.spawn(move || -> Option<Error> {
             let mut reader = reader;
             let mut carry: Vec<u8> = Vec::new();
@@ -930,7 +932,6 @@ fn read_blocks(
             .join()
             .unwrap_or_else(|_| Some(Error::format(path, "the reading thread panicked")))
     });
-    drop(done_tx);
     let mut blocks: Vec<(usize, Block)> = done_rx.iter().collect();
     blocks.sort_unstable_by_key(|(i, _)| *i);
     // blocks after a gap (the reader stopped early) are never reported
