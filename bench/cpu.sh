@@ -14,7 +14,13 @@
 #   PETSc ms/iter / seistomo ms/iter, and their median, quartiles and range (on a shared VM single
 #   runs vary by 20-30 %, so one round decides nothing). PIN=C (a core number) runs the
 #   one-thread rounds, seistomo and PETSc alike, on core C only (taskset): steadier timings.
-#   STORAGE=csr|compact|auto (default compact) picks seistomo's storage for the rounds.
+#   STORAGE=csr|compact|auto (default compact) picks seistomo's storage for the rounds;
+#   setup  load and each set-up phase (report.json setup_phases) of `invert` on the 150k-ray
+#   64x64x40 synthetic dataset (12.7M nonzeros, 100 iterations), compact and csr storage, best
+#   (and median) of REPS runs, in seconds and M nonzeros/s;
+#   mtx  Matrix Market read: seistomo (`solve` load, median of REPS) against SciPy's mmread (one
+#   run) on the same files (square --n 64, plain and gzip; the 64x64x40 system exported, plain
+#   and gzip), MB/s of text; and seistomo's write (square --n 96, plain and .gz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/seistomo}; PARTS=${2:-lsqr}
@@ -101,5 +107,91 @@ for n in ${SIZES:-32 64 96}; do
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tests/reference/gmres_reference.py --one "$m" --precond jacobi \
       | python3 -c "import json,sys;c=json.loads(sys.stdin.read());[print(k,c['n'],c['nnz'],c[k]['iterations'],c[k]['converged'],'%.3e'%c[k]['relres'],'%.4f'%c[k]['ms_per_iter']) for k in ('scipy','petsc') if k in c]"
   done
+done
+fi
+# The 150k-ray 64x64x40 synthetic dataset (setup, mtx).
+med() {
+  D=$OUT/med
+  [ -f "$D/dataset.toml" ] || "$BIN" -q synth -o "$D" --grid 64,64,40 --rays 150000 \
+    --norm-damping 0.1 --flattening 0.5,0.5,0.5 >/dev/null 2>&1
+}
+if has setup; then
+med
+for s in compact csr; do
+  sed -e 's/^iter_lim = .*/iter_lim = 100/' -e "s#^dir = .*#dir = \"$OUT/setup-$s\"#" \
+    -e "s#^path = .*#path = \"$D/dataset.toml\"#" "$D/invert.toml" > "$OUT/setup-$s.toml"
+  printf '\n[backend]\nkind = "cpu"\nstorage = "%s"\n' "$s" >> "$OUT/setup-$s.toml"
+  for i in $(seq "$reps"); do
+    rm -rf "$OUT/setup-$s"
+    "$BIN" -q invert "$OUT/setup-$s.toml" >/dev/null 2>&1
+    cp "$OUT/setup-$s/report.json" "$OUT/setup-$s-$i.json"
+  done
+done
+python3 - "$OUT" "$reps" <<'PY'
+import json, sys, statistics
+d, n = sys.argv[1], int(sys.argv[2])
+rs = {s: [json.load(open(f"{d}/setup-{s}-{i}.json")) for i in range(1, n + 1)] for s in ("compact", "csr")}
+nnz = rs["compact"][0]["nnz"]
+names = []
+for s in rs:
+    for r in rs[s]:
+        names += [k for k in r["setup_phases"] if k not in names and k != "read"]
+# best of the runs (a shared machine's other work only slows a run down) and the median
+best = lambda s, f: min(f(r) for r in rs[s])
+med = lambda s, f: statistics.median(f(r) for r in rs[s])
+print(f"64x64x40, 150k rays: {nnz / 1e6:.2f}M nonzeros, {rs['compact'][0]['threads']} threads; best of {n} runs (median)")
+print("| phase | compact s | compact M nnz/s | csr s | csr M nnz/s |")
+print("|---|---|---|---|---|")
+def row(name, f):
+    cells = []
+    for s in ("compact", "csr"):
+        t, m = best(s, f), med(s, f)
+        cells += [f"{t:.3f} ({m:.3f})", f"{nnz / t / 1e6:.0f}" if t > 1e-4 else "-"]
+    print(f"| {name} | " + " | ".join(cells) + " |")
+row("load", lambda r: r["seconds"]["load"])
+for k in names:
+    row(k, lambda r, k=k: r["setup_phases"].get(k, 0.0))
+row("set-up (all)", lambda r: r["seconds"]["setup"])
+row("**load + set-up**", lambda r: r["seconds"]["load"] + r["seconds"]["setup"])
+PY
+fi
+if has mtx; then
+med
+M=$OUT/mtx
+mkdir -p "$M"
+[ -f "$M/cd64.mtx" ] || "$BIN" -q square --kind convdiff --n 64 -o "$M/cd64.mtx" 2>/dev/null
+[ -f "$M/cd64.mtx.gz" ] || gzip -c "$M/cd64.mtx" > "$M/cd64.mtx.gz"
+[ -f "$M/med/A.mtx" ] || "$BIN" -q export "$D" --format mtx -o "$M/med" >/dev/null 2>&1
+[ -f "$M/med/A.mtx.gz" ] || gzip -c "$M/med/A.mtx" > "$M/med/A.mtx.gz"
+echo "Matrix Market read, MB/s of (uncompressed) text; seistomo: solve's load, median of $reps; SciPy $(/usr/bin/python3 -c 'import scipy; print(scipy.__version__)') mmread: one run"
+echo "| file | text MB | nonzeros | seistomo s | seistomo MB/s | SciPy s | SciPy MB/s | seistomo / SciPy |"
+echo "|---|---|---|---|---|---|---|---|"
+for f in cd64.mtx cd64.mtx.gz med/A.mtx med/A.mtx.gz; do
+  text=$(stat -c %s "$M/${f%.gz}")
+  for i in $(seq "$reps"); do
+    "$BIN" solve --matrix "$M/$f" --backend cpu --iter-lim 1 --reorder none --report "$M/r$i.json" >/dev/null 2>&1
+  done
+  /usr/bin/python3 - "$M" "$f" "$text" "$reps" <<'PY'
+import json, statistics, sys, time
+import scipy.io
+m, f, text, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rs = [json.load(open(f"{m}/r{i}.json")) for i in range(1, n + 1)]
+ours = statistics.median(r["seconds"]["load"] for r in rs)
+t = time.perf_counter()
+a = scipy.io.mmread(f"{m}/{f}")
+theirs = time.perf_counter() - t
+assert a.nnz == rs[0]["nnz"], (a.nnz, rs[0]["nnz"])
+mb = text / 1e6
+print(f"| {f} | {mb:.0f} | {a.nnz} | {ours:.3f} | {mb / ours:.0f} | {theirs:.2f} | {mb / theirs:.0f} | {theirs / ours:.1f}x |")
+PY
+done
+echo "Matrix Market write (seistomo square --kind convdiff --n 96: 884,736 rows), MB/s of text"
+for o in cd96.mtx cd96.mtx.gz; do
+  rm -f "$M/$o"
+  "$BIN" square --kind convdiff --n 96 -o "$M/$o" 2>&1 | python3 -c "
+import re, sys, os
+l = sys.stdin.read(); s = float(re.search(r'written in ([0-9.]+) s', l).group(1))
+mb = os.path.getsize('$M/cd96.mtx') / 1e6 if os.path.exists('$M/cd96.mtx') else float('nan')
+print(f'  $o: {s:.3f} s, {mb / s:.0f} MB/s of text')"
 done
 fi

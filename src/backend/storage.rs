@@ -81,6 +81,7 @@ impl StoredMatrix {
         match self.storage {
             Storage::Csr => describe_csr(precision),
             _ => {
+                let _s = phases::span("describe");
                 let h = crate::sparse::GapHistogram::of(&self.rows);
                 let entries = self.rows.nnz() as u64 + h.fillers;
                 let bytes = CompactCsr::bytes_for(self.rows.nrows(), entries, precision);
@@ -148,22 +149,24 @@ pub fn prepare(
         Storage::Auto => Storage::Compact,
         s => s,
     };
+    // The stencil rows are looked for in the tail where it lies (nothing copied); the stored
+    // rows are then the head of `a`, cut off in place.
     let split = match (storage, grid) {
         (Storage::Compact, Some(n)) if stencils && damping_from < a.nrows() => {
             let _s = phases::span("stencil");
-            let tail = a.select_rows(&(damping_from..a.nrows()).collect::<Vec<_>>());
-            Stencil::detect_suffix(&tail, n).map(|(s, st)| (damping_from + s, st))
+            Stencil::detect_suffix(a.row_range(damping_from..a.nrows()), n)
+                .map(|(s, st)| (damping_from + s, st))
         }
         _ => None,
     };
     let (a, b, stencil, b_tail) = match split {
         Some((start, st)) => {
             let _s = phases::span("stencil");
-            let head = a.select_rows(&(0..start).collect::<Vec<_>>());
-            drop(a);
+            let mut a = a;
+            a.truncate_rows(start);
             let mut b = b;
             let b_tail = b.split_off(start);
-            (head, b, Some(st), b_tail)
+            (a, b, Some(st), b_tail)
         }
         None => (a, b, None, Vec::new()),
     };

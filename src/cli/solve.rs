@@ -17,7 +17,8 @@ pub struct SolveArgs {
     /// falls monotonically; SciPy's lsmr), or gmres (square systems).
     #[arg(long, default_value = "lsqr", value_parser = super::args::words(&["lsqr", "lsmr", "gmres"]))]
     method: String,
-    /// System matrix A (Matrix Market, .gz allowed).
+    /// System matrix A (Matrix Market, .gz allowed). With --method gmres also a dataset
+    /// directory (`seistomo square -o DIR`): its b is the right-hand side unless --rhs is given.
     #[arg(long)]
     matrix: PathBuf,
     #[command(flatten)]

@@ -1,4 +1,6 @@
-//! `seistomo square`: write a generated square test system as Matrix Market.
+//! `seistomo square`: write a generated square test system as Matrix Market, or as a binary
+//! dataset directory (docs/formats.md) that `solve --method gmres --matrix DIR` reads at disk
+//! speed.
 
 use std::path::PathBuf;
 
@@ -27,14 +29,38 @@ pub struct SquareArgs {
     /// Cell Peclet numbers along x,y,z (convdiff), comma-separated: e.g. --peclet 1,2,3.
     #[arg(long, value_parser = super::args::triple::<f64>, allow_negative_numbers = true)]
     peclet: Option<[f64; 3]>,
-    /// Output Matrix Market file (.gz compresses).
+    /// Output: a Matrix Market file (.mtx; .mtx.gz compresses) or a dataset directory
+    /// (binary, read much faster; `solve --method gmres --matrix DIR`), as --format says.
     #[arg(short = 'o', long, alias = "output")]
     out: PathBuf,
+    /// Output format: mtx, dataset, or auto (mtx when -o ends in .mtx or .mtx.gz, else a
+    /// dataset directory).
+    #[arg(long, default_value = "auto", value_parser = super::args::words(&["auto", "mtx", "dataset"]))]
+    format: String,
+}
+
+impl SquareArgs {
+    /// Whether -o is a dataset directory.
+    fn dataset(&self) -> bool {
+        match self.format.as_str() {
+            "dataset" => true,
+            "mtx" => false,
+            _ => {
+                let name = self.out.to_string_lossy();
+                !(name.ends_with(".mtx") || name.ends_with(".mtx.gz"))
+            }
+        }
+    }
 }
 
 pub fn run(a: SquareArgs) -> anyhow::Result<()> {
+    let dataset = a.dataset();
     let mut paths = crate::io::outpaths::PathCheck::new();
-    paths.output("-o", &a.out);
+    if dataset {
+        paths.output_dir("-o", &a.out);
+    } else {
+        paths.output("-o", &a.out);
+    }
     paths.check()?;
     let (nx, ny, nz) = (
         a.nx.unwrap_or(a.n),
@@ -64,7 +90,20 @@ pub fn run(a: SquareArgs) -> anyhow::Result<()> {
     let pb = crate::ui::progress::open_ended("writing");
     pb.set_message(a.out.display().to_string());
     let t = std::time::Instant::now();
-    let written = crate::io::mtx::write_matrix(&a.out, &m, &comment);
+    let written = if dataset {
+        // b = ones, as `solve --method gmres` takes without an rhs
+        let b = vec![1.0; m.nrows()];
+        let mut spec = crate::io::dataset::DatasetSpec::new(&m, &b);
+        spec.name = a
+            .out
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        spec.description = comment;
+        crate::io::dataset::write_dataset(&a.out, &spec, false).map(drop)
+    } else {
+        crate::io::mtx::write_matrix(&a.out, &m, &comment)
+    };
     pb.finish_and_clear();
     written?;
     eprintln!(

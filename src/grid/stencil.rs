@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use crate::sparse::{Csr, Lanes};
+use crate::sparse::{Csr, CsrView, Lanes};
 
 /// A block of stencil rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -182,7 +182,9 @@ impl Stencil {
     /// order): the longest suffix whose rows are exactly the canonical rows of some
     /// [`Stencil`] (every block's weight is read from its first row, then every row of every
     /// block is checked, value for value). Returns the first row of the suffix and the stencil.
-    pub fn detect_suffix(d: &Csr, n: [usize; 3]) -> Option<(usize, Stencil)> {
+    /// `d` may be some rows of a matrix ([`Csr::row_range`]: nothing copied).
+    pub fn detect_suffix<'a>(d: impl Into<CsrView<'a>>, n: [usize; 3]) -> Option<(usize, Stencil)> {
+        let d: CsrView = d.into();
         let ncells = n[0] * n[1] * n[2];
         if d.ncols() != ncells || d.nrows() == 0 || ncells == 0 {
             return None;
@@ -239,7 +241,7 @@ impl Stencil {
             if !ok || st.blocks().len() != chosen.len() {
                 continue;
             }
-            if st.rows_match(d, start) {
+            if st.rows_match(&d, start) {
                 best = Some((start, st));
             }
         }
@@ -247,7 +249,7 @@ impl Stencil {
     }
 
     /// Whether rows `start..` of `d` are exactly this stencil's rows.
-    fn rows_match(&self, d: &Csr, start: usize) -> bool {
+    fn rows_match(&self, d: &CsrView, start: usize) -> bool {
         self.blocks().iter().all(|b| {
             (0..b.nrows).into_par_iter().all(|r| {
                 let c = block_cell(b, self.n, r);

@@ -1,13 +1,23 @@
 //! Matrix Market reader and writer: `coordinate` (real, integer, pattern; general, symmetric,
 //! skew-symmetric) into CSR with duplicates summed, `array` (dense) vectors, `.gz` transparently.
 //! Complex matrices and malformed lines are rejected with the file name and line number.
+//!
+//! **In parallel.** The header and the size line are read first; the body (the entries or
+//! values) is then cut into blocks of whole lines by one reading thread (which also decompresses
+//! a `.gz`) while the pool parses the blocks as they come, into one part of triplets per block;
+//! the CSR is built from the parts in parallel ([`Csr::from_triplet_parts`]). Errors are those
+//! of a sequential reader, at the same lines: every block reports its first problem, and the
+//! first one in file order is the one reported (with the declared count deciding, as a
+//! sequential reader would, whether a line was an entry or one too many). Writing formats blocks
+//! of rows in parallel (and compresses them in parallel into gzip members for `.gz`), in order.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read, Write};
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
-use crate::io::{open_text, write_atomic};
-use crate::sparse::{Csr, System};
+use crate::sparse::{par, Csr, System, TripletPart};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Field {
@@ -158,21 +168,11 @@ fn plain_len(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.len())
 }
 
-/// Capacity to reserve for `n` declared items: all of them where the file's length was checked,
-/// else (compressed) at most 2^20, growing as the file is read.
-fn reserve(path: &Path, n: usize) -> usize {
-    if plain_len(path).is_some() {
-        n
-    } else {
-        n.min(1 << 20)
-    }
-}
-
 /// A Matrix Market file read up to its size line: the header, the lines after the size line,
 /// and what the size line declares.
 struct Opened {
     header: Header,
-    lines: DataLines<Box<dyn BufRead>>,
+    lines: DataLines<Box<dyn BufRead + Send>>,
     /// The size line's number.
     size_line: usize,
     nrows: usize,
@@ -185,7 +185,7 @@ impl Opened {
     /// Open `path` (`.gz` allowed), parse its header and the row and column counts of its size
     /// line.
     fn open(path: &Path) -> Result<Opened> {
-        let mut inner = open_text(path)?;
+        let mut inner = open_stream(path)?;
         let mut first = String::new();
         let n = inner
             .read_line(&mut first)
@@ -269,11 +269,23 @@ impl Opened {
 
     /// The body of an `array`, checked against the file and the machine's memory first
     /// (column-major).
-    fn array_body(mut self, path: &Path) -> Result<Vec<f64>> {
+    fn array_body(self, path: &Path) -> Result<Vec<f64>> {
         self.no_more_fields(path, 0)?;
-        let (nrows, ncols) = (self.nrows, self.ncols);
+        let (nrows, ncols, header) = (self.nrows, self.ncols, self.header);
         self.check_array(path)?;
-        read_array_body(path, &mut self.lines, nrows, ncols, &self.header)
+        let total = array_values(nrows, ncols, &header) as usize;
+        let body = Body::Array {
+            field: header.field,
+        };
+        let parts = read_body(path, self, body, total, "values")?;
+        let mut vals = vec![0f64; total];
+        let lens = parts.iter().map(|p| p.vals.len());
+        par::split_parts(&mut vals, lens)
+            .into_par_iter()
+            .zip(&parts)
+            .for_each(|(v, p)| v.copy_from_slice(&p.vals));
+        drop(parts);
+        Ok(place_array(vals, nrows, ncols, &header))
     }
 }
 
@@ -291,8 +303,18 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
             format!("{ncols} columns exceed the 32-bit column index"),
         ));
     }
-    let (rows, cols, vals) = match m.header.layout {
-        Layout::Coordinate => read_coordinate(path, m)?,
+    if nrows > u32::MAX as usize + 1 {
+        return Err(Error::parse(
+            path,
+            m.size_line,
+            format!("{nrows} rows exceed the 32-bit row index"),
+        ));
+    }
+    match m.header.layout {
+        Layout::Coordinate => {
+            let parts = read_coordinate(path, m)?;
+            Ok(Csr::from_triplet_parts(nrows, ncols, parts))
+        }
         Layout::Array => {
             let dense = m.array_body(path)?;
             let (mut rows, mut cols, mut vals) = (Vec::new(), Vec::new(), Vec::new());
@@ -306,19 +328,16 @@ pub fn read_matrix(path: impl AsRef<Path>) -> Result<Csr> {
                     }
                 }
             }
-            (rows, cols, vals)
+            Csr::from_triplets(nrows, ncols, &rows, &cols, &vals)
+                .map_err(|e| Error::in_file(path, e))
         }
-    };
-    Csr::from_triplets(nrows, ncols, &rows, &cols, &vals).map_err(|e| Error::in_file(path, e))
+    }
 }
 
-/// Triplets (0-based rows, columns, values) of a matrix.
-type Triplets = (Vec<u64>, Vec<u64>, Vec<f64>);
-
 /// The entries of a `coordinate` file after its size line (the mirror entries of a symmetric or
-/// skew-symmetric one added), the declared count checked against the file's length and the
-/// machine's memory before anything is allocated.
-fn read_coordinate(path: &Path, mut m: Opened) -> Result<Triplets> {
+/// skew-symmetric one added after each entry), in parts in file order, the declared count
+/// checked against the file's length and the machine's memory before anything is allocated.
+fn read_coordinate(path: &Path, m: Opened) -> Result<Vec<TripletPart>> {
     let (nrows, ncols, size_line, header) = (m.nrows, m.ncols, m.size_line, m.header);
     let nnz: usize = parse_num(
         path,
@@ -356,51 +375,13 @@ fn read_coordinate(path: &Path, mut m: Opened) -> Result<Triplets> {
         16 * (nrows as u128 + 1) + 36 * cap as u128,
     )
     .map_err(|e| at_line(e, size_line))?;
-    let cap = reserve(path, cap);
-    let (mut rows, mut cols, mut vals) = (
-        Vec::with_capacity(cap),
-        Vec::with_capacity(cap),
-        Vec::with_capacity(cap),
-    );
-    for k in 0..nnz {
-        let Some((ln, l)) = m.lines.next_line()? else {
-            return Err(Error::parse(
-                path,
-                m.lines.lineno,
-                format!("file ends after {k} of {nnz} entries (truncated?)"),
-            ));
-        };
-        let (i, j, v) = parse_entry(path, ln, l, nrows, ncols, header.field)?;
-        rows.push(i - 1);
-        cols.push(j - 1);
-        vals.push(v);
-        let mirror = match header.symmetry {
-            Symmetry::Skew if i == j => {
-                return Err(Error::parse(
-                    path,
-                    ln,
-                    "a skew-symmetric matrix has no diagonal entries",
-                ))
-            }
-            _ if i == j => None,
-            Symmetry::General => None,
-            Symmetry::Symmetric => Some(v),
-            Symmetry::Skew => Some(-v),
-        };
-        if let Some(v) = mirror {
-            rows.push(j - 1);
-            cols.push(i - 1);
-            vals.push(v);
-        }
-    }
-    if let Some((ln, _)) = m.lines.next_line()? {
-        return Err(Error::parse(
-            path,
-            ln,
-            format!("more entries than the {nnz} the size line declares"),
-        ));
-    }
-    Ok((rows, cols, vals))
+    let body = Body::Coordinate {
+        nrows,
+        ncols,
+        field: header.field,
+        symmetry: header.symmetry,
+    };
+    read_body(path, m, body, nnz, "entries")
 }
 
 /// One entry line of a `coordinate` file: 1-based row and column, in range, and the value.
@@ -418,7 +399,16 @@ fn parse_entry(
     if i == 0 || i as usize > nrows || j == 0 || j as usize > ncols {
         return Err(Error::parse(path, ln, format!("index ({i}, {j}) out of range for a {nrows} x {ncols} matrix (indices are 1-based)")));
     }
-    let v = parse_value(path, ln, t.next(), field)?;
+    let v = match field {
+        Field::Pattern if t.next().is_some() => {
+            return Err(Error::parse(
+                path,
+                ln,
+                "entry has a value, but the matrix is 'pattern' (entries are 'row column')",
+            ))
+        }
+        _ => parse_value(path, ln, t.next(), field)?,
+    };
     if t.next().is_some() {
         return Err(Error::parse(path, ln, "entry has extra fields"));
     }
@@ -443,41 +433,11 @@ fn array_values(nrows: usize, ncols: usize, header: &Header) -> u128 {
     }
 }
 
-/// Column-major values of an `array` body (symmetric arrays store the lower triangle). The
-/// values are collected as they are read and placed when all are there.
-fn read_array_body<R: BufRead>(
-    path: &Path,
-    lines: &mut DataLines<R>,
-    nrows: usize,
-    ncols: usize,
-    header: &Header,
-) -> Result<Vec<f64>> {
-    let total = array_values(nrows, ncols, header) as usize;
-    let mut vals: Vec<f64> = Vec::with_capacity(reserve(path, total));
-    for k in 0..total {
-        let Some((ln, l)) = lines.next_line()? else {
-            return Err(Error::parse(
-                path,
-                lines.lineno,
-                format!("file ends after {k} of {total} values (truncated?)"),
-            ));
-        };
-        let mut t = l.split_whitespace();
-        let v = parse_value(path, ln, t.next(), header.field)?;
-        if t.next().is_some() {
-            return Err(Error::parse(path, ln, "line has extra fields"));
-        }
-        vals.push(v);
-    }
-    if let Some((ln, _)) = lines.next_line()? {
-        return Err(Error::parse(
-            path,
-            ln,
-            format!("more values than the {total} the size line declares"),
-        ));
-    }
+/// Column-major values of an `array` from the values of its body (symmetric arrays store the
+/// lower triangle).
+fn place_array(vals: Vec<f64>, nrows: usize, ncols: usize, header: &Header) -> Vec<f64> {
     if header.symmetry == Symmetry::General {
-        return Ok(vals);
+        return vals;
     }
     let mut dense = vec![0.0; nrows * ncols];
     let mut it = vals.into_iter();
@@ -497,17 +457,512 @@ fn read_array_body<R: BufRead>(
             };
         }
     }
-    Ok(dense)
+    dense
+}
+
+/// `path` opened for reading (`.gz` decompressed) after checking that it is a regular file: a
+/// device (/dev/zero, /dev/urandom), a FIFO or a directory is refused at once, in one line.
+fn open_stream(path: &Path) -> Result<Box<dyn BufRead + Send>> {
+    let f = crate::io::mmap::open_regular(path)?;
+    Ok(if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(std::io::BufReader::with_capacity(
+            1 << 20,
+            flate2::read::MultiGzDecoder::new(f),
+        ))
+    } else {
+        Box::new(std::io::BufReader::with_capacity(1 << 20, f))
+    })
+}
+
+/// What the data lines of a body hold.
+#[derive(Clone, Copy)]
+enum Body {
+    /// The entries of a `coordinate` matrix.
+    Coordinate {
+        nrows: usize,
+        ncols: usize,
+        field: Field,
+        symmetry: Symmetry,
+    },
+    /// The values of an `array`, one per line.
+    Array { field: Field },
+}
+
+/// Why a block's parsing stopped.
+enum Stop {
+    /// A data line's error (its line numbered within the block).
+    Parse(Error),
+    /// A line that is not UTF-8.
+    Utf8,
+}
+
+/// A block of a body, parsed.
+#[derive(Default)]
+struct Block {
+    /// Lines in the block (comments and blank lines too).
+    lines: usize,
+    /// Data lines read before any stop.
+    data: usize,
+    /// The entries (coordinate) or values (array) of the data lines.
+    part: TripletPart,
+    /// The first problem: its line (1-based, within the block), the data lines before it in
+    /// the block, and what.
+    stop: Option<(usize, usize, Stop)>,
+}
+
+/// Bytes of text per block (the reader rounds down to a whole line).
+const BLOCK_BYTES: usize = 4 << 20;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests cut bodies into small blocks (0: [`BLOCK_BYTES`]).
+    static TEST_BLOCK_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The block size of a body read on this thread.
+fn block_bytes() -> usize {
+    #[cfg(test)]
+    {
+        let b = TEST_BLOCK_BYTES.with(|b| b.get());
+        if b > 0 {
+            return b;
+        }
+    }
+    BLOCK_BYTES
+}
+
+/// Parse one block of whole lines: comments and blank lines skipped, data lines parsed until
+/// the first problem, each error at its line within the block.
+fn parse_block(path: &Path, text: &[u8], body: Body) -> Block {
+    let mut b = Block::default();
+    let guess = text.len() / 16;
+    match body {
+        Body::Coordinate { .. } => {
+            b.part.rows.reserve(guess);
+            b.part.cols.reserve(guess);
+            b.part.vals.reserve(guess);
+        }
+        Body::Array { .. } => b.part.vals.reserve(guess),
+    }
+    let mut rest = text;
+    while !rest.is_empty() {
+        // the line, and whether it is all ASCII
+        let mut high = 0u8;
+        let mut end = rest.len();
+        for (i, &c) in rest.iter().enumerate() {
+            if c == b'\n' {
+                end = i;
+                break;
+            }
+            high |= c;
+        }
+        let line = &rest[..end];
+        rest = &rest[(end + 1).min(rest.len())..];
+        b.lines += 1;
+        if high < 0x80 {
+            match fast_line(line, body, &mut b.part) {
+                Fast::Blank => continue,
+                Fast::Data => {
+                    b.data += 1;
+                    continue;
+                }
+                Fast::Slow => {}
+            }
+        }
+        let Ok(s) = std::str::from_utf8(line) else {
+            b.stop = Some((b.lines, b.data, Stop::Utf8));
+            return b;
+        };
+        let t = s.trim();
+        if t.is_empty() || t.starts_with('%') {
+            continue;
+        }
+        if let Err(e) = parse_data_line(path, b.lines, t, body, &mut b.part) {
+            b.stop = Some((b.lines, b.data, Stop::Parse(e)));
+            return b;
+        }
+        b.data += 1;
+    }
+    b
+}
+
+/// What [`fast_line`] made of a line.
+enum Fast {
+    /// Blank or a comment.
+    Blank,
+    /// A data line, parsed into the part.
+    Data,
+    /// Anything else (an error, or a form the fast path leaves alone): parse it the plain way.
+    Slow,
+}
+
+/// Whitespace as `str::trim` and `split_whitespace` see it, for ASCII bytes.
+#[inline(always)]
+fn is_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// 1 to 19 decimal digits (no sign) as a number; anything else is left to `str::parse`.
+#[inline(always)]
+fn digits(t: &[u8]) -> Option<u64> {
+    if t.is_empty() || t.len() > 19 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in t {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v * 10 + d as u64;
+    }
+    Some(v)
+}
+
+/// An ASCII line the common way (blank, a comment, or a well-formed data line), the same
+/// values the plain parse gives; [`Fast::Slow`] for anything else (every error included).
+#[inline]
+fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
+    let mut toks: [&[u8]; 4] = [&[]; 4];
+    let mut n = 0;
+    let mut i = 0;
+    while i < line.len() {
+        while i < line.len() && is_space(line[i]) {
+            i += 1;
+        }
+        if i == line.len() {
+            break;
+        }
+        if n == 0 && line[i] == b'%' {
+            return Fast::Blank;
+        }
+        let s = i;
+        while i < line.len() && !is_space(line[i]) {
+            i += 1;
+        }
+        if n == 4 {
+            return Fast::Slow;
+        }
+        toks[n] = &line[s..i];
+        n += 1;
+    }
+    if n == 0 {
+        return Fast::Blank;
+    }
+    let value = |t: &[u8], field: Field| -> Option<f64> {
+        let v = match field {
+            Field::Pattern => 1.0,
+            Field::Integer => std::str::from_utf8(t).ok()?.parse::<i64>().ok()? as f64,
+            Field::Real => {
+                if t.iter().any(|&c| c == b'd' || c == b'D') {
+                    return None;
+                }
+                std::str::from_utf8(t).ok()?.parse::<f64>().ok()?
+            }
+        };
+        v.is_finite().then_some(v)
+    };
+    match body {
+        Body::Coordinate {
+            nrows,
+            ncols,
+            field,
+            symmetry,
+        } => {
+            let want = if field == Field::Pattern { 2 } else { 3 };
+            if n != want {
+                return Fast::Slow;
+            }
+            let (Some(i), Some(j)) = (digits(toks[0]), digits(toks[1])) else {
+                return Fast::Slow;
+            };
+            if i == 0 || i as usize > nrows || j == 0 || j as usize > ncols {
+                return Fast::Slow;
+            }
+            let Some(v) = value(toks[2], field) else {
+                return Fast::Slow;
+            };
+            let mirror = match symmetry {
+                _ if i == j && symmetry == Symmetry::Skew => return Fast::Slow,
+                _ if i == j => None,
+                Symmetry::General => None,
+                Symmetry::Symmetric => Some(v),
+                Symmetry::Skew => Some(-v),
+            };
+            part.rows.push((i - 1) as u32);
+            part.cols.push((j - 1) as u32);
+            part.vals.push(v);
+            if let Some(v) = mirror {
+                part.rows.push((j - 1) as u32);
+                part.cols.push((i - 1) as u32);
+                part.vals.push(v);
+            }
+        }
+        Body::Array { field } => {
+            if n != 1 {
+                return Fast::Slow;
+            }
+            let Some(v) = value(toks[0], field) else {
+                return Fast::Slow;
+            };
+            part.vals.push(v);
+        }
+    }
+    Fast::Data
+}
+
+/// One data line (`ln` its number, `t` trimmed) into `part`.
+fn parse_data_line(
+    path: &Path,
+    ln: usize,
+    t: &str,
+    body: Body,
+    part: &mut TripletPart,
+) -> Result<()> {
+    match body {
+        Body::Coordinate {
+            nrows,
+            ncols,
+            field,
+            symmetry,
+        } => {
+            let (i, j, v) = parse_entry(path, ln, t, nrows, ncols, field)?;
+            let mirror = match symmetry {
+                Symmetry::Skew if i == j => {
+                    return Err(Error::parse(
+                        path,
+                        ln,
+                        "a skew-symmetric matrix has no diagonal entries",
+                    ))
+                }
+                _ if i == j => None,
+                Symmetry::General => None,
+                Symmetry::Symmetric => Some(v),
+                Symmetry::Skew => Some(-v),
+            };
+            part.rows.push((i - 1) as u32);
+            part.cols.push((j - 1) as u32);
+            part.vals.push(v);
+            if let Some(v) = mirror {
+                part.rows.push((j - 1) as u32);
+                part.cols.push((i - 1) as u32);
+                part.vals.push(v);
+            }
+        }
+        Body::Array { field } => {
+            let mut it = t.split_whitespace();
+            let v = parse_value(path, ln, it.next(), field)?;
+            if it.next().is_some() {
+                return Err(Error::parse(path, ln, "line has extra fields"));
+            }
+            part.vals.push(v);
+        }
+    }
+    Ok(())
+}
+
+/// A parse error found at `line` of a block, at its line in the file (`base`: the lines
+/// before the block).
+fn rebase(e: Error, base: usize) -> Error {
+    match e {
+        Error::Parse { path, line, msg } => Error::Parse {
+            path,
+            line: line + base,
+            msg,
+        },
+        other => other,
+    }
+}
+
+/// Read the body of `m` (everything after its size line: `count` data lines, `what` they
+/// are) in blocks parsed in parallel as they are read (module docs). Returns each block's
+/// part, in file order, or the first problem in file order as a sequential reader would meet
+/// it.
+fn read_body(
+    path: &Path,
+    m: Opened,
+    body: Body,
+    count: usize,
+    what: &str,
+) -> Result<Vec<TripletPart>> {
+    let size_line = m.size_line;
+    let reader = m.lines.inner;
+    let (blocks, read_err) = read_blocks(path, reader, body, block_bytes());
+    let (mut line_base, mut data_base) = (size_line, 0usize);
+    let more = |path: &Path| -> Error {
+        Error::parse(
+            path,
+            nth_data_line(path, count).unwrap_or(0),
+            format!("more {what} than the {count} the size line declares"),
+        )
+    };
+    let mut parts = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        if let Some((_, before, stop)) = b.stop {
+            // A sequential reader reads data lines 0..count and then looks for one more: a
+            // problem past that line is never met, the line one too many is.
+            let g = data_base + before;
+            return Err(match stop {
+                Stop::Parse(_) if g >= count => more(path),
+                Stop::Utf8 if g > count => more(path),
+                Stop::Parse(e) => rebase(e, line_base),
+                Stop::Utf8 => Error::io(
+                    path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "stream did not contain valid UTF-8",
+                    ),
+                ),
+            });
+        }
+        if data_base + b.data > count {
+            return Err(more(path));
+        }
+        line_base += b.lines;
+        data_base += b.data;
+        parts.push(b.part);
+    }
+    if let Some(e) = read_err {
+        return Err(e);
+    }
+    if data_base < count {
+        return Err(Error::parse(
+            path,
+            line_base,
+            format!("file ends after {data_base} of {count} {what} (truncated?)"),
+        ));
+    }
+    Ok(parts)
+}
+
+/// The line number of data line `n` (0-based) of the body of `path`, read again sequentially
+/// (for the error of a body with more data lines than declared).
+fn nth_data_line(path: &Path, n: usize) -> Result<usize> {
+    let mut m = Opened::open(path)?;
+    for _ in 0..n {
+        m.lines.next_line()?;
+    }
+    let at = m.lines.next_line()?.map(|(ln, _)| ln);
+    Ok(at.unwrap_or(m.lines.lineno))
+}
+
+/// Blocks of whole lines from `reader`, parsed on the pool as they come (one reading thread
+/// fills them; buffers are reused), in file order; with the read error that ended the input,
+/// if one did (the whole lines before it are in the blocks).
+fn read_blocks(
+    path: &Path,
+    reader: Box<dyn BufRead + Send>,
+    body: Body,
+    block: usize,
+) -> (Vec<Block>, Option<Error>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    let nbuf = rayon::current_num_threads() + 2;
+    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+    for _ in 0..nbuf {
+        free_tx.send(Vec::new()).expect("the receiver is here");
+    }
+    let (full_tx, full_rx) = mpsc::sync_channel::<(usize, Vec<u8>)>(nbuf);
+    let (done_tx, done_rx) = mpsc::channel::<(usize, Block)>();
+    // set when a block stops: what follows it is never reported
+    let stopped = AtomicBool::new(false);
+    let stopped = &stopped;
+    // Everything the reading thread may wait on moves into the scope and is dropped when it
+    // ends (a parse that panicked included), so the join never waits for ever.
+    let read_err = std::thread::scope(move |ts| {
+        let producer = ts.spawn(move || -> Option<Error> {
+            let mut reader = reader;
+            let mut carry: Vec<u8> = Vec::new();
+            for idx in 0.. {
+                let Ok(mut buf) = free_rx.recv() else {
+                    return None;
+                };
+                if stopped.load(Ordering::Relaxed) {
+                    return None;
+                }
+                buf.clear();
+                buf.append(&mut carry);
+                // whole lines of about BLOCK_BYTES: read on past a line longer than that
+                let (eof, err) = loop {
+                    let want = block.saturating_sub(buf.len()).max(block.min(64 << 10));
+                    let before = buf.len();
+                    let r = (&mut reader).take(want as u64).read_to_end(&mut buf);
+                    match r {
+                        Err(e) => break (true, Some(Error::io(path, e))),
+                        Ok(0) => break (true, None),
+                        Ok(_) if buf.len() < block => continue,
+                        Ok(_) => {
+                            if buf[before..].contains(&b'\n') {
+                                break (false, None);
+                            }
+                        }
+                    }
+                };
+                if !eof || err.is_some() {
+                    // keep the partial last line for the next block (after an error: drop it)
+                    let cut = buf.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+                    if err.is_none() {
+                        carry.extend_from_slice(&buf[cut..]);
+                    }
+                    buf.truncate(cut);
+                }
+                if !buf.is_empty() && full_tx.send((idx, buf)).is_err() {
+                    return err;
+                }
+                if eof {
+                    return err;
+                }
+            }
+            None
+        });
+        rayon::in_place_scope(|s| {
+            for (idx, buf) in full_rx.iter() {
+                let (free, done) = (free_tx.clone(), done_tx.clone());
+                s.spawn(move |_| {
+                    let b = parse_block(path, &buf, body);
+                    if b.stop.is_some() {
+                        stopped.store(true, Ordering::Relaxed);
+                    }
+                    let _ = done.send((idx, b));
+                    let _ = free.send(buf);
+                });
+            }
+        });
+        producer
+            .join()
+            .unwrap_or_else(|_| Some(Error::format(path, "the reading thread panicked")))
+    });
+    let mut blocks: Vec<(usize, Block)> = done_rx.iter().collect();
+    blocks.sort_unstable_by_key(|(i, _)| *i);
+    // blocks after a gap (the reader stopped early) are never reported
+    let blocks = blocks
+        .into_iter()
+        .enumerate()
+        .take_while(|(k, (i, _))| k == i)
+        .map(|(_, (_, b))| b)
+        .collect();
+    (blocks, read_err)
 }
 
 /// Read a vector: a Matrix Market file (an `array` with one column or one row, or a
 /// `coordinate` n x 1 / 1 x n matrix), or a plain text file with one value per line
-/// (`#` starts a comment).
+/// (`#` starts a comment). Which one is decided by the content: a file whose first line is a
+/// Matrix Market header (`%%MatrixMarket ...`, whatever the file is called) or one named
+/// `.mtx` / `.mtx.gz` is read as Matrix Market.
 pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
     let path = path.as_ref();
     let name = path.to_string_lossy();
-    let is_mtx = name.ends_with(".mtx") || name.ends_with(".mtx.gz");
-    if is_mtx {
+    let mut r = open_stream(path)?;
+    let head = r.fill_buf().map_err(|e| Error::io(path, e))?;
+    let start = head
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(head.len());
+    let banner = b"%%matrixmarket";
+    let has_banner = head.len() >= start + banner.len()
+        && head[start..start + banner.len()].eq_ignore_ascii_case(banner);
+    if has_banner || name.ends_with(".mtx") || name.ends_with(".mtx.gz") {
+        drop(r);
         let m = Opened::open(path)?;
         let (nrows, ncols) = (m.nrows, m.ncols);
         if nrows != 1 && ncols != 1 {
@@ -537,7 +992,6 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
             }
         };
     }
-    let r = open_text(path)?;
     let mut out = Vec::new();
     for (k, line) in r.lines().enumerate() {
         let line = line.map_err(|e| Error::io(path, e))?;
@@ -556,30 +1010,100 @@ pub fn read_vector(path: impl AsRef<Path>) -> Result<Vec<f64>> {
 }
 
 /// Write a CSR matrix as `coordinate real general` (values in shortest round-trip form).
-/// `.gz` paths are compressed. The file appears only when complete.
+/// `.gz` paths are compressed (blocks of rows in parallel, as the members of one gzip stream).
+/// The file appears only when complete.
 pub fn write_matrix(path: impl AsRef<Path>, a: &Csr, comment: &str) -> Result<()> {
-    write_atomic(path.as_ref(), |w| write_matrix_to(w, a, comment))
+    let path = path.as_ref();
+    if path.extension().is_none_or(|e| e != "gz") {
+        return crate::io::write_atomic(path, |w| write_matrix_to(w, a, comment));
+    }
+    // A gzip file may be several members one after another (RFC 1952; gzip, zlib, Python and
+    // this reader take them as one stream): each block is compressed on its own, in parallel.
+    crate::io::remove_stale_temps(path);
+    let tmp = crate::io::temp_path(path);
+    let result = (|| -> std::io::Result<()> {
+        let f = std::fs::File::create(&tmp)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        let gz = |text: &[u8]| -> std::io::Result<Vec<u8>> {
+            let mut z = flate2::write::GzEncoder::new(
+                Vec::with_capacity(text.len() / 3),
+                flate2::Compression::fast(),
+            );
+            z.write_all(text)?;
+            z.finish()
+        };
+        w.write_all(&gz(&matrix_head(a, comment))?)?;
+        for_text_blocks(a, |blocks| {
+            let packed: Vec<std::io::Result<Vec<u8>>> = blocks.par_iter().map(|t| gz(t)).collect();
+            for p in packed {
+                w.write_all(&p?)?;
+            }
+            Ok(())
+        })?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        Ok(())
+    })();
+    crate::io::replace_with_temp(&tmp, path, result.map_err(|e| Error::io(path, e)))
 }
 
-/// [`write_matrix`] into `w`.
+/// [`write_matrix`] into `w` (blocks of rows formatted in parallel, written in order).
 pub fn write_matrix_to(w: &mut dyn std::io::Write, a: &Csr, comment: &str) -> std::io::Result<()> {
-    writeln!(w, "%%MatrixMarket matrix coordinate real general")?;
-    for line in comment.lines() {
-        writeln!(w, "%{line}")?;
-    }
-    writeln!(w, "{} {} {}", a.nrows(), a.ncols(), a.nnz())?;
-    for i in 0..a.nrows() {
-        let (c, v) = a.row(i);
-        for (&j, &x) in c.iter().zip(v) {
-            writeln!(w, "{} {} {:e}", i + 1, j + 1, x)?;
+    w.write_all(&matrix_head(a, comment))?;
+    for_text_blocks(a, |blocks| {
+        for t in blocks {
+            w.write_all(t)?;
         }
+        Ok(())
+    })
+}
+
+/// The header, comment lines and size line of a `coordinate real general` file of `a`.
+fn matrix_head(a: &Csr, comment: &str) -> Vec<u8> {
+    let mut h = Vec::new();
+    let _ = writeln!(h, "%%MatrixMarket matrix coordinate real general");
+    for line in comment.lines() {
+        let _ = writeln!(h, "%{line}");
+    }
+    let _ = writeln!(h, "{} {} {}", a.nrows(), a.ncols(), a.nnz());
+    h
+}
+
+/// Rows per text block of a written matrix: about 1 MB of text.
+const WRITE_BLOCK_ENTRIES: u64 = 40_000;
+
+/// The entry lines of `a`, as text blocks of whole rows formatted in parallel, handed to
+/// `each` a few per thread at a time, in order (the text of the whole matrix is never held).
+fn for_text_blocks(
+    a: &Csr,
+    mut each: impl FnMut(&[Vec<u8>]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let ip = a.indptr();
+    let parts = (a.nnz() as u64 / WRITE_BLOCK_ENTRIES).max(1) as usize;
+    let bounds = par::row_blocks(ip, parts);
+    let wave = 2 * rayon::current_num_threads();
+    for group in bounds.windows(2).collect::<Vec<_>>().chunks(wave) {
+        let blocks: Vec<Vec<u8>> = group
+            .par_iter()
+            .map(|w| {
+                let mut t = Vec::with_capacity((ip[w[1]] - ip[w[0]]) as usize * 28);
+                for i in w[0]..w[1] {
+                    let (c, v) = a.row(i);
+                    for (&j, &x) in c.iter().zip(v) {
+                        let _ = writeln!(t, "{} {} {:e}", i + 1, j + 1, x);
+                    }
+                }
+                t
+            })
+            .collect();
+        each(&blocks)?;
     }
     Ok(())
 }
 
 /// Write a dense vector as a Matrix Market `array real general` (n x 1).
 pub fn write_vector_mtx(path: impl AsRef<Path>, x: &[f64]) -> Result<()> {
-    write_atomic(path.as_ref(), |w| write_vector_mtx_to(w, x))
+    crate::io::write_atomic(path.as_ref(), |w| write_vector_mtx_to(w, x))
 }
 
 /// [`write_vector_mtx`] into `w`.
@@ -607,6 +1131,22 @@ impl MtxParts<'_> {
     }
 }
 
+/// Refuse a system matrix with no rows or no columns (0 x 0, m x 0, 0 x n): there is nothing
+/// to solve, and a solver would report a meaningless "solution" of length 0.
+pub fn refuse_empty(path: &Path, a: &Csr) -> Result<()> {
+    if a.nrows() == 0 || a.ncols() == 0 {
+        return Err(Error::format(
+            path,
+            format!(
+                "the matrix is {} x {}: a system needs at least one row and one column",
+                a.nrows(),
+                a.ncols()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Load [A; w R], [b; 0] from Matrix Market / text files.
 pub fn load_system(
     matrix: &Path,
@@ -615,6 +1155,7 @@ pub fn load_system(
     reg_weight: f64,
 ) -> Result<System> {
     let a = read_matrix(matrix)?;
+    refuse_empty(matrix, &a)?;
     // A file that does not fit the matrix: the error names both.
     let unfit = |p: &Path, got: String, has: String| {
         Error::format(
@@ -760,5 +1301,224 @@ mod tests {
         let p = crate::io::test_dir("mtx").join("vv.mtx");
         write_vector_mtx(&p, &[1.0 / 3.0, 2.0]).unwrap();
         assert_eq!(read_vector(&p).unwrap(), vec![1.0 / 3.0, 2.0]);
+    }
+
+    /// The reader as it was before blocks (lines one by one, then `Csr::from_triplets`): the
+    /// reference the parallel reader must equal, errors included.
+    fn sequential(path: &Path) -> Result<Csr> {
+        let mut m = Opened::open(path)?;
+        let (nrows, ncols, header) = (m.nrows, m.ncols, m.header);
+        assert_eq!(header.layout, Layout::Coordinate);
+        let nnz: usize = parse_num(path, m.size_line, m.rest.first().map(String::as_str), "")?;
+        let min_line = if header.field == Field::Pattern { 4 } else { 6 };
+        m.check_declared(path, nnz as u128, min_line, "entries")?;
+        let (mut rows, mut cols, mut vals) = (vec![], vec![], vec![]);
+        for k in 0..nnz {
+            let Some((ln, l)) = m.lines.next_line()? else {
+                return Err(Error::parse(
+                    path,
+                    m.lines.lineno,
+                    format!("file ends after {k} of {nnz} entries (truncated?)"),
+                ));
+            };
+            let mut part = TripletPart::default();
+            let body = Body::Coordinate {
+                nrows,
+                ncols,
+                field: header.field,
+                symmetry: header.symmetry,
+            };
+            parse_data_line(path, ln, l, body, &mut part)?;
+            rows.extend(part.rows.iter().map(|&r| r as u64));
+            cols.extend(part.cols.iter().map(|&c| c as u64));
+            vals.extend(part.vals);
+        }
+        if let Some((ln, _)) = m.lines.next_line()? {
+            return Err(Error::parse(
+                path,
+                ln,
+                format!("more entries than the {nnz} the size line declares"),
+            ));
+        }
+        Ok(Csr::from_triplets(nrows, ncols, &rows, &cols, &vals).unwrap())
+    }
+
+    /// Read `p` in blocks of `bytes` bytes.
+    fn in_blocks(p: &Path, bytes: usize) -> Result<Csr> {
+        TEST_BLOCK_BYTES.with(|b| b.set(bytes));
+        let r = read_matrix(p);
+        TEST_BLOCK_BYTES.with(|b| b.set(0));
+        r
+    }
+
+    /// A coordinate file of random entries in `order` (0 row-major, 1 column-major, 2 any,
+    /// with repeats), comments, blank lines and CRLF ends here and there.
+    fn random_text(seed: u64, head: &str, n: usize, order: u32) -> String {
+        let mut rng = crate::grid::Rng::new(seed);
+        let mut e: Vec<(u64, u64)> = (0..400)
+            .map(|_| (1 + rng.below(n as u64), 1 + rng.below(n as u64)))
+            .collect();
+        if head.contains("symmetric") {
+            e.retain(|&(i, j)| i > j || (i == j && !head.contains("skew")));
+        }
+        match order {
+            0 => {
+                e.sort_unstable();
+                e.dedup();
+            }
+            1 => {
+                e.sort_unstable_by_key(|&(i, j)| (j, i));
+                e.dedup();
+            }
+            _ => {}
+        }
+        let mut t = format!(
+            "%%MatrixMarket matrix coordinate {head}\n% made up\n{n} {n} {}\n",
+            e.len()
+        );
+        for (k, (i, j)) in e.iter().enumerate() {
+            let v = match head.split(' ').next() {
+                Some("pattern") => String::new(),
+                Some("integer") => format!(" {}", rng.below(21) as i64 - 10),
+                _ => format!(" {:e}", rng.uniform() * 2.0 - 1.0),
+            };
+            t.push_str(&format!("{i} {j}{v}"));
+            t.push_str(match k % 37 {
+                3 => "\r\n",
+                5 => "\n% a comment\n",
+                7 => "\n\n   \n",
+                _ => "\n",
+            });
+        }
+        t
+    }
+
+    #[test]
+    fn blocks_read_what_the_sequential_reader_reads() {
+        let heads = [
+            "real general",
+            "integer general",
+            "pattern general",
+            "real symmetric",
+            "real skew-symmetric",
+        ];
+        for (h, head) in heads.iter().enumerate() {
+            for order in 0..3 {
+                let text = random_text(h as u64 * 10 + order as u64, head, 50, order);
+                let p = tmp(&format!("rb{h}{order}.mtx"), &text);
+                let want = sequential(&p).unwrap();
+                for bytes in [7, 64, 1000, 0] {
+                    assert_eq!(in_blocks(&p, bytes).unwrap(), want, "{head} order {order}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_report_the_sequential_readers_errors() {
+        let h = "%%MatrixMarket matrix coordinate real general\n% c\n3 3 4\n";
+        let bodies = [
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4\n",
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4\n2 1 5\n",
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4\n% c\n\n2 1 x\n",
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4\n\u{ff}\u{fe}\n",
+            "1 1 1\n2 2 2\n3 3 3\n",
+            "1 1 1\n2 2 2\n% c\n",
+            "1 1 1\n2 x 2\n3 3 3\n1 2 4\n",
+            "1 1 1\n\u{c3}\x28\n3 3 3\n1 2 4\n",
+            "1 1 1\n2 2 inf\n3 3 3\n4 4 4\n",
+            "1 1 1\n2 2 2 2\n3 3 3\n1 2 4\n",
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4\n\n\n\n7 7 7 7\n",
+            "1 1 1\n2 2 2\n3 3 3\n1 2 4",
+            "1 1 1\n2 2 2\n+3 3 3\n1 2 1.5D+03\n",
+        ];
+        for (k, body) in bodies.iter().enumerate() {
+            let p = crate::io::test_dir("mtx").join(format!("e{k}.mtx"));
+            let mut bytes = h.as_bytes().to_vec();
+            bytes.extend(body.chars().map(|c| c as u32 as u8));
+            std::fs::write(&p, &bytes).unwrap();
+            let want = sequential(&p).map_err(|e| e.to_string());
+            for b in [3, 8, 20, 0] {
+                let got = in_blocks(&p, b).map_err(|e| e.to_string());
+                assert_eq!(got, want, "body {k}, blocks of {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_non_files_values_on_pattern_lines_and_empty_systems() {
+        for dev in ["/dev/zero", "/dev/urandom"] {
+            if Path::new(dev).exists() {
+                let t = std::time::Instant::now();
+                let e = read_matrix(dev).unwrap_err().to_string();
+                assert!(e.contains("not a regular file") && !e.contains('\n'), "{e}");
+                assert!(read_vector(dev).is_err());
+                assert!(t.elapsed().as_secs_f64() < 1.0);
+            }
+        }
+        let d = crate::io::test_dir("mtx");
+        assert!(read_matrix(&d)
+            .unwrap_err()
+            .to_string()
+            .contains("directory"));
+        let p = tmp(
+            "pv.mtx",
+            "%%MatrixMarket matrix coordinate pattern general\n2 2 2\n1 1\n2 2 3.5\n",
+        );
+        let e = read_matrix(&p).unwrap_err().to_string();
+        assert!(e.contains("pv.mtx:4:") && e.contains("pattern"), "{e}");
+        for (name, size) in [
+            ("z00.mtx", "0 0 0"),
+            ("z30.mtx", "3 0 0"),
+            ("z03.mtx", "0 3 0"),
+        ] {
+            let p = tmp(
+                name,
+                &format!("%%MatrixMarket matrix coordinate real general\n{size}\n"),
+            );
+            let e = load_system(&p, None, None, 1.0).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains("at least one row and one column"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_vector_is_matrix_market_by_its_header_whatever_its_name() {
+        let p = tmp(
+            "b.txt",
+            "%%MatrixMarket matrix array real general\n% rhs\n3 1\n1\n2.5\n-3\n",
+        );
+        assert_eq!(read_vector(&p).unwrap(), vec![1.0, 2.5, -3.0]);
+        let p = crate::io::test_dir("mtx").join("bz.txt.gz");
+        write_vector_mtx(&p, &[4.0, 5.0]).unwrap();
+        assert_eq!(read_vector(&p).unwrap(), vec![4.0, 5.0]);
+        let p = tmp("plain.txt", "1\n2\n");
+        assert_eq!(read_vector(&p).unwrap(), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn written_text_is_the_sequential_format_and_gz_members_read_back() {
+        let a = crate::testproblems::awkward_csr(3000, 500, 4);
+        let mut par = Vec::new();
+        write_matrix_to(&mut par, &a, "c").unwrap();
+        let mut seq = String::from("%%MatrixMarket matrix coordinate real general\n%c\n");
+        seq.push_str(&format!("{} {} {}\n", a.nrows(), a.ncols(), a.nnz()));
+        for i in 0..a.nrows() {
+            let (c, v) = a.row(i);
+            for (&j, &x) in c.iter().zip(v) {
+                seq.push_str(&format!("{} {} {:e}\n", i + 1, j + 1, x));
+            }
+        }
+        assert_eq!(String::from_utf8(par).unwrap(), seq);
+        let p = crate::io::test_dir("mtx").join("members.mtx.gz");
+        write_matrix(&p, &a, "c").unwrap();
+        assert_eq!(read_matrix(&p).unwrap(), a);
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(std::fs::File::open(&p).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, seq);
     }
 }

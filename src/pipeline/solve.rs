@@ -120,7 +120,7 @@ impl LsqrVisitor for Run<'_, '_> {
     );
     fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<Self::Output> {
         let l = &self.lsqr;
-        let cal = calibrate(be, op, l.comm)?;
+        let cal = crate::ui::phases::time("calibrate", || calibrate(be, op, l.comm))?;
         let started = std::time::Instant::now();
         // where the set-up went, on a terminal (batch logs have it in report.json)
         if l.comm.is_root()

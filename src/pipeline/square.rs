@@ -122,9 +122,18 @@ struct SquareFiles {
     x0: Option<Vec<f64>>,
 }
 
-/// Read the matrix (it must be square), b and x0 of a GMRES job.
+/// Read the matrix (it must be square), b and x0 of a GMRES job. The matrix is a Matrix
+/// Market file, or a dataset (a directory or its dataset.toml, as `seistomo square -o DIR`
+/// writes): then its right-hand side is b unless the job names one.
 fn read_square(c: &GmresJob) -> Result<SquareFiles> {
-    let a = mtx::read_matrix(&c.matrix)?;
+    let is_dataset = c.matrix.is_dir() || c.matrix.file_name().is_some_and(|n| n == "dataset.toml");
+    let (a, dataset_b) = if is_dataset {
+        let s = crate::io::dataset::load_dataset(&c.matrix, 0, 1)?;
+        (s.a, Some(s.b))
+    } else {
+        (mtx::read_matrix(&c.matrix)?, None)
+    };
+    mtx::refuse_empty(&c.matrix, &a)?;
     if a.nrows() != a.ncols() {
         return Err(Error::format(
             &c.matrix,
@@ -147,9 +156,10 @@ fn read_square(c: &GmresJob) -> Result<SquareFiles> {
         }
         Ok(v)
     };
-    let b = match &c.rhs {
-        Some(p) => read_vec(p, "right-hand side")?,
-        None => vec![1.0; n],
+    let b = match (&c.rhs, dataset_b) {
+        (Some(p), _) => read_vec(p, "right-hand side")?,
+        (None, Some(b)) => b,
+        (None, None) => vec![1.0; n],
     };
     let x0 = c.x0.as_deref().map(|p| read_vec(p, "x0")).transpose()?;
     Ok(SquareFiles { a, b, x0 })

@@ -22,8 +22,10 @@
 //!
 //! Bytes per stored entry: 6 with f32 values, 10 with f64, against 12 (f64 + u32) for CSR.
 
+use rayon::prelude::*;
+
 use crate::sparse::Precision;
-use crate::sparse::{Csr, Lanes};
+use crate::sparse::{par, Csr, Lanes};
 
 /// The largest column step one entry can hold; larger steps take fillers.
 pub const MAX_DELTA: u32 = u16::MAX as u32;
@@ -32,6 +34,52 @@ pub const MAX_DELTA: u32 = u16::MAX as u32;
 #[inline]
 fn fillers_for(gap: u32) -> u64 {
     ((gap.max(1) - 1) / MAX_DELTA) as u64
+}
+
+/// Encode the rows `old(i)` of `a` for the places i of each block of `bounds` into the
+/// block's range of `delta` and `vals` (`ptr`: each place's first entry), in parallel.
+fn encode_blocks<V: Copy + Send>(
+    a: &Csr,
+    old: &(impl Fn(usize) -> usize + Sync),
+    ptr: &[u64],
+    bounds: &[usize],
+    delta: &mut [u16],
+    vals: &mut [V],
+    conv: impl Fn(f64) -> V + Sync,
+) {
+    let ds = par::split_rows(delta, ptr, bounds);
+    let vs = par::split_rows(vals, ptr, bounds);
+    ds.into_par_iter()
+        .zip(vs)
+        .enumerate()
+        .for_each(|(b, (delta, vals))| {
+            let mut k = 0;
+            let mut push = |d: u16, v: f64| {
+                delta[k] = d;
+                vals[k] = conv(v);
+                k += 1;
+            };
+            for i in bounds[b]..bounds[b + 1] {
+                let (ci, va) = a.row(old(i));
+                for j in 0..ci.len() {
+                    let mut gap = if j == 0 { 0 } else { ci[j] - ci[j - 1] };
+                    while gap > MAX_DELTA {
+                        push(MAX_DELTA as u16, 0.0);
+                        gap -= MAX_DELTA;
+                    }
+                    // A real entry that looks like a filler (maximal delta, value +0) is stored
+                    // with value -0 instead, so decoding can tell them apart; both add an exact
+                    // zero.
+                    let v = if gap == MAX_DELTA && va[j] == 0.0 {
+                        -0.0
+                    } else {
+                        va[j]
+                    };
+                    push(gap as u16, v);
+                }
+            }
+            debug_assert_eq!(k, delta.len());
+        });
 }
 
 /// Values of a compact matrix.
@@ -85,60 +133,52 @@ pub struct CompactStats {
 impl CompactCsr {
     /// Encode a CSR matrix (whose rows have sorted, unique columns) with values in `precision`.
     pub fn from_csr(a: &Csr, precision: Precision) -> CompactCsr {
-        let (m, ip, ci, va) = (a.nrows(), a.indptr(), a.indices(), a.data());
-        // Count entries first (fillers included) so every array is allocated once.
-        let mut entries = 0u64;
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            entries += (e - s) as u64;
-            for k in s + 1..e {
-                entries += fillers_for(ci[k] - ci[k - 1]);
-            }
+        Self::from_rows(a, None, precision)
+    }
+
+    /// [`Self::from_csr`] with the rows of `a` stored in the order `order` (place i holds row
+    /// `order[i]`, a permutation of the rows; none: in order), so that no reordered copy of
+    /// `a` is needed. Rows are counted and encoded by blocks in parallel, each block into its
+    /// own range of the arrays: the same arrays as one sequential pass.
+    pub fn from_rows(a: &Csr, order: Option<&[u32]>, precision: Precision) -> CompactCsr {
+        let m = a.nrows();
+        if let Some(o) = order {
+            assert_eq!(o.len(), m, "an order of every row");
         }
-        let mut ptr = Vec::with_capacity(m + 1);
-        let mut base = Vec::with_capacity(m);
-        let mut delta = Vec::with_capacity(entries as usize);
-        let mut vals: Vec<f64> = Vec::new();
-        let mut vals32: Vec<f32> = Vec::new();
-        match precision {
-            Precision::F64 => vals.reserve_exact(entries as usize),
-            Precision::F32 => vals32.reserve_exact(entries as usize),
-        }
-        let mut push = |d: u16, v: f64| {
-            delta.push(d);
-            match precision {
-                Precision::F64 => vals.push(v),
-                Precision::F32 => vals32.push(v as f32),
-            }
+        let old = |i: usize| order.map_or(i, |o| o[i] as usize);
+        // entries of each row (fillers included), so every array is allocated once
+        let entries_of = |i: usize| {
+            let (c, _) = a.row(old(i));
+            c.len() as u64 + c.windows(2).map(|w| fillers_for(w[1] - w[0])).sum::<u64>()
         };
-        ptr.push(0u64);
-        let mut count = 0u64;
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            base.push(if s < e { ci[s] } else { 0 });
-            for k in s..e {
-                let mut gap = if k == s { 0 } else { ci[k] - ci[k - 1] };
-                while gap > MAX_DELTA {
-                    push(MAX_DELTA as u16, 0.0);
-                    gap -= MAX_DELTA;
-                    count += 1;
-                }
-                // A real entry that looks like a filler (maximal delta, value +0) is stored with
-                // value -0 instead, so decoding can tell them apart; both add an exact zero.
-                let v = if gap == MAX_DELTA && va[k] == 0.0 {
-                    -0.0
-                } else {
-                    va[k]
-                };
-                push(gap as u16, v);
-                count += 1;
-            }
-            ptr.push(count);
-        }
-        debug_assert_eq!(count, entries);
+        let first = |i: usize| a.row(old(i)).0.first().copied().unwrap_or(0);
+        let (lens, base): (Vec<u64>, Vec<u32>) = if a.nnz() + m < par::SEQUENTIAL_BELOW {
+            (
+                (0..m).map(entries_of).collect(),
+                (0..m).map(first).collect(),
+            )
+        } else {
+            (
+                (0..m).into_par_iter().map(entries_of).collect(),
+                (0..m).into_par_iter().map(first).collect(),
+            )
+        };
+        let ptr = par::offsets(&lens);
+        drop(lens);
+        let entries = ptr[m] as usize;
+        let mut delta = vec![0u16; entries];
+        let bounds = par::row_blocks(&ptr, par::blocks_for(entries + m, 4));
         let values = match precision {
-            Precision::F64 => CompactValues::F64(vals),
-            Precision::F32 => CompactValues::F32(vals32),
+            Precision::F64 => {
+                let mut v = vec![0f64; entries];
+                encode_blocks(a, &old, &ptr, &bounds, &mut delta, &mut v, |x| x);
+                CompactValues::F64(v)
+            }
+            Precision::F32 => {
+                let mut v = vec![0f32; entries];
+                encode_blocks(a, &old, &ptr, &bounds, &mut delta, &mut v, |x| x as f32);
+                CompactValues::F32(v)
+            }
         };
         CompactCsr {
             nrows: m,
@@ -304,11 +344,34 @@ pub struct GapHistogram {
 
 impl GapHistogram {
     pub fn of(a: &Csr) -> GapHistogram {
+        let ip = a.indptr();
+        let bounds = par::row_blocks(ip, par::blocks_for(a.nnz() + a.nrows(), 4));
+        let parts: Vec<GapHistogram> = bounds
+            .par_windows(2)
+            .map(|w| Self::of_rows(a, w[0]..w[1]))
+            .collect();
+        let mut h = GapHistogram {
+            counts: [0; 17],
+            fillers: 0,
+            steps: 0,
+        };
+        for p in parts {
+            for (c, x) in h.counts.iter_mut().zip(p.counts) {
+                *c += x;
+            }
+            h.fillers += p.fillers;
+            h.steps += p.steps;
+        }
+        h
+    }
+
+    /// The histogram of rows `rows` of `a`.
+    fn of_rows(a: &Csr, rows: std::ops::Range<usize>) -> GapHistogram {
         let (ip, ci) = (a.indptr(), a.indices());
         let mut counts = [0u64; 17];
         let mut fillers = 0u64;
         let mut steps = 0u64;
-        for r in 0..a.nrows() {
+        for r in rows {
             for k in ip[r] as usize + 1..ip[r + 1] as usize {
                 let g = ci[k] - ci[k - 1];
                 let b = (31 - g.leading_zeros()).min(16) as usize;

@@ -1,7 +1,9 @@
 //! Compressed sparse row storage with u64 row offsets (a matrix may hold more than 2^31
 //! nonzeros) and u32 column indices, and its transpose form CSC (= CSR of A^T).
 
-use super::Lanes;
+use rayon::prelude::*;
+
+use super::{par, Lanes};
 use crate::error::{Result, StructureError};
 
 /// A CSR matrix: row `i` holds `indices[indptr[i]..indptr[i+1]]` with matching `data`.
@@ -191,6 +193,208 @@ impl Csr {
         })
     }
 
+    /// [`Self::from_triplets`] of `parts` one after another (rows < `nrows` <= 2^32, columns <
+    /// `ncols`, values finite: checked by the caller, a file reader), built in parallel:
+    /// entries sorted by row and then column (row-major files) are placed as they are, entries
+    /// sorted by column and then row (column-major files) through a transpose, anything else
+    /// by a counting sort by blocks of rows; duplicates are summed in the order they come, as
+    /// `from_triplets` sums them. The same matrix bit for bit.
+    pub fn from_triplet_parts(nrows: usize, ncols: usize, parts: Vec<TripletPart>) -> Csr {
+        assert!(nrows <= u32::MAX as usize + 1 && ncols <= u32::MAX as usize + 1);
+        let key_rc = |p: &TripletPart, k: usize| ((p.rows[k] as u64) << 32) | p.cols[k] as u64;
+        let key_cr = |p: &TripletPart, k: usize| ((p.cols[k] as u64) << 32) | p.rows[k] as u64;
+        if TripletPart::increasing(&parts, key_rc) {
+            return Self::from_sorted_parts(nrows, ncols, &parts, |p| &p.rows, |p| &p.cols);
+        }
+        if TripletPart::increasing(&parts, key_cr) {
+            let t = Self::from_sorted_parts(ncols, nrows, &parts, |p| &p.cols, |p| &p.rows);
+            drop(parts);
+            return t.transpose();
+        }
+        Self::from_parts_sorted_by_blocks(nrows, ncols, parts)
+    }
+
+    /// The matrix of `parts` whose entries are, one part after another, sorted by (`major`,
+    /// `minor`) with no repeats: `major` indices are the rows.
+    fn from_sorted_parts(
+        nrows: usize,
+        ncols: usize,
+        parts: &[TripletPart],
+        major: impl Fn(&TripletPart) -> &[u32] + Sync,
+        minor: impl Fn(&TripletPart) -> &[u32] + Sync,
+    ) -> Csr {
+        let lens: Vec<u64> = parts.iter().map(|p| p.len() as u64).collect();
+        let starts = par::offsets(&lens);
+        let nnz = starts[parts.len()] as usize;
+        // Each part fills the row offsets from after the last row of the part before it up to
+        // its own last row; the rows after the last entry end at nnz.
+        let mut owned = Vec::with_capacity(parts.len());
+        let mut next_row = 0usize;
+        for p in parts {
+            match major(p).last() {
+                Some(&last) => {
+                    owned.push(last as usize + 1 - next_row);
+                    next_row = last as usize + 1;
+                }
+                None => owned.push(0),
+            }
+        }
+        let mut indptr = vec![0u64; nrows + 1];
+        indptr[next_row..].fill(nnz as u64);
+        let first_rows = {
+            let mut f = Vec::with_capacity(parts.len());
+            let mut r = 0;
+            for &o in &owned {
+                f.push(r);
+                r += o;
+            }
+            f
+        };
+        par::split_parts(&mut indptr[..next_row], owned.iter().copied())
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(q, out)| {
+                let rows = major(&parts[q]);
+                let mut k = 0;
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = (first_rows[q] + i) as u32;
+                    while rows[k] < r {
+                        k += 1;
+                    }
+                    *o = starts[q] + k as u64;
+                }
+            });
+        let mut indices = vec![0u32; nnz];
+        let mut data = vec![0f64; nnz];
+        let is = par::split_parts(&mut indices, lens.iter().map(|&l| l as usize));
+        let vs = par::split_parts(&mut data, lens.iter().map(|&l| l as usize));
+        is.into_par_iter()
+            .zip(vs)
+            .zip(parts)
+            .for_each(|((i, v), p)| {
+                i.copy_from_slice(minor(p));
+                v.copy_from_slice(&p.vals);
+            });
+        Csr::from_trusted(nrows, ncols, indptr, indices, data)
+    }
+
+    /// [`Self::from_triplet_parts`] for entries in any order: a stable counting sort of the
+    /// entries into ranges of rows (each part, in parallel, puts its entries at its places of
+    /// each range), then per range, in parallel, a stable counting sort by row, each row's
+    /// entries sorted by column (stable) and repeats summed in order.
+    fn from_parts_sorted_by_blocks(nrows: usize, ncols: usize, parts: Vec<TripletPart>) -> Csr {
+        let nnz: usize = parts.iter().map(|p| p.len()).sum();
+        if nrows == 0 || nnz == 0 {
+            return Csr::zeros(nrows, ncols);
+        }
+        let width = nrows.div_ceil(par::blocks_for(nnz, 4)).max(1);
+        let nranges = nrows.div_ceil(width);
+        let mut next = vec![0u64; parts.len() * nranges];
+        next.par_chunks_mut(nranges)
+            .zip(&parts)
+            .for_each(|(count, p)| {
+                for &r in &p.rows {
+                    count[r as usize / width] += 1;
+                }
+            });
+        let range_start = par::block_starts(&mut next, nranges);
+        let mut br = vec![0u32; nnz];
+        let mut bc = vec![0u32; nnz];
+        let mut bv = vec![0f64; nnz];
+        {
+            let (pr, pc, pv) = (
+                par::Scatter::new(&mut br),
+                par::Scatter::new(&mut bc),
+                par::Scatter::new(&mut bv),
+            );
+            next.par_chunks_mut(nranges)
+                .zip(&parts)
+                .for_each(|(next, p)| {
+                    for k in 0..p.len() {
+                        let g = p.rows[k] as usize / width;
+                        let at = next[g] as usize;
+                        next[g] += 1;
+                        // SAFETY: part q owns places next[g].. of every range g, up to the next
+                        // part's (block_starts), and takes each once.
+                        unsafe {
+                            pr.put(at, p.rows[k]);
+                            pc.put(at, p.cols[k]);
+                            pv.put(at, p.vals[k]);
+                        }
+                    }
+                });
+        }
+        drop(parts);
+        let range_len = |g: usize| (range_start[g + 1] - range_start[g]) as usize;
+        let mut lens = vec![0u64; nrows];
+        let kept: Vec<usize> = par::split_parts(&mut bc, (0..nranges).map(range_len))
+            .into_par_iter()
+            .zip(par::split_parts(&mut bv, (0..nranges).map(range_len)))
+            .zip(lens.par_chunks_mut(width))
+            .enumerate()
+            .map(|(g, ((cols, vals), lens))| {
+                let r0 = g * width;
+                let rows = &br[range_start[g] as usize..range_start[g + 1] as usize];
+                // by row, stable
+                let mut at = vec![0usize; lens.len() + 1];
+                for &r in rows {
+                    at[r as usize - r0 + 1] += 1;
+                }
+                for i in 0..lens.len() {
+                    at[i + 1] += at[i];
+                }
+                let (mut tc, mut tv) = (vec![0u32; rows.len()], vec![0f64; rows.len()]);
+                {
+                    let mut next = at.clone();
+                    for k in 0..rows.len() {
+                        let i = rows[k] as usize - r0;
+                        tc[next[i]] = cols[k];
+                        tv[next[i]] = vals[k];
+                        next[i] += 1;
+                    }
+                }
+                // each row by column (stable: (column, place) keys), repeats summed in order
+                let mut out = 0usize;
+                let mut keys: Vec<u64> = Vec::new();
+                for (i, len) in lens.iter_mut().enumerate() {
+                    let (s, e) = (at[i], at[i + 1]);
+                    keys.clear();
+                    keys.extend((s..e).map(|k| ((tc[k] as u64) << 32) | (k - s) as u64));
+                    keys.sort_unstable();
+                    let row_start = out;
+                    for &key in &keys {
+                        let (c, v) = ((key >> 32) as u32, tv[s + (key as u32) as usize]);
+                        if out > row_start && cols[out - 1] == c {
+                            vals[out - 1] += v;
+                        } else {
+                            cols[out] = c;
+                            vals[out] = v;
+                            out += 1;
+                        }
+                    }
+                    *len = (out - row_start) as u64;
+                }
+                out
+            })
+            .collect();
+        drop(br);
+        let indptr = par::offsets(&lens);
+        let total = indptr[nrows] as usize;
+        let mut indices = vec![0u32; total];
+        let mut data = vec![0f64; total];
+        let is = par::split_parts(&mut indices, kept.iter().copied());
+        let vs = par::split_parts(&mut data, kept.iter().copied());
+        is.into_par_iter()
+            .zip(vs)
+            .enumerate()
+            .for_each(|(g, (i, v))| {
+                let s = range_start[g] as usize;
+                i.copy_from_slice(&bc[s..s + i.len()]);
+                v.copy_from_slice(&bv[s..s + v.len()]);
+            });
+        Csr::from_trusted(nrows, ncols, indptr, indices, data)
+    }
+
     /// An empty matrix of the given shape.
     pub fn zeros(nrows: usize, ncols: usize) -> Self {
         Csr {
@@ -256,8 +460,55 @@ impl Csr {
         (self.nrows, self.ncols, self.indptr, self.indices, self.data)
     }
 
-    /// The transpose, as a new CSR matrix (counting sort by column: rows stay sorted).
+    /// The transpose, as a new CSR matrix (counting sort by column: rows stay sorted). Blocks of
+    /// rows count and place their entries in parallel ([`par::block_starts`]): the same matrix
+    /// as the sequential counting sort.
     pub fn transpose(&self) -> Csr {
+        let (n, nnz) = (self.ncols, self.nnz());
+        // the per-block counters (8 bytes per block and column) stay below 4 bytes per entry
+        let parts = par::blocks_for(nnz + self.nrows, 1).min((nnz / (2 * n.max(1))).max(1));
+        if parts <= 1 {
+            return self.transpose_sequential();
+        }
+        let (ip, ci, va) = (&self.indptr, &self.indices, &self.data);
+        let bounds = par::row_blocks(ip, parts);
+        let mut next = vec![0u64; parts * n];
+        next.par_chunks_mut(n).enumerate().for_each(|(b, count)| {
+            let (s, e) = (ip[bounds[b]] as usize, ip[bounds[b + 1]] as usize);
+            for &c in &ci[s..e] {
+                count[c as usize] += 1;
+            }
+        });
+        let indptr = par::block_starts(&mut next, n);
+        let mut idx = vec![0u32; nnz];
+        let mut val = vec![0f64; nnz];
+        let (pi, pv) = (par::Scatter::new(&mut idx), par::Scatter::new(&mut val));
+        next.par_chunks_mut(n).enumerate().for_each(|(b, next)| {
+            for r in bounds[b]..bounds[b + 1] {
+                let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+                for (&c, &v) in ci[s..e].iter().zip(&va[s..e]) {
+                    let p = next[c as usize] as usize;
+                    next[c as usize] += 1;
+                    // SAFETY: block b owns places next[c].. of every column c, up to the next
+                    // block's (block_starts), and takes each once.
+                    unsafe {
+                        pi.put(p, r as u32);
+                        pv.put(p, v);
+                    }
+                }
+            }
+        });
+        Csr {
+            nrows: self.ncols,
+            ncols: self.nrows,
+            indptr,
+            indices: idx,
+            data: val,
+        }
+    }
+
+    /// [`Self::transpose`] on the calling thread.
+    fn transpose_sequential(&self) -> Csr {
         let mut counts = vec![0u64; self.ncols + 1];
         for &c in &self.indices {
             counts[c as usize + 1] += 1;
@@ -310,44 +561,133 @@ impl Csr {
         ))
     }
 
-    /// Rows with indices `rows` (in that order) as a new matrix.
     /// The matrix with column j renamed `new_of_old[j]` (a permutation of 0..ncols); each row's
     /// entries are re-sorted by their new column.
     pub fn permute_columns(&self, new_of_old: &[u32]) -> Csr {
         assert_eq!(new_of_old.len(), self.ncols);
-        let mut indices = Vec::with_capacity(self.nnz());
-        let mut data = Vec::with_capacity(self.nnz());
-        let mut pairs: Vec<(u32, f64)> = Vec::new();
-        for i in 0..self.nrows {
-            let (c, v) = self.row(i);
-            pairs.clear();
-            pairs.extend(c.iter().zip(v).map(|(&j, &x)| (new_of_old[j as usize], x)));
-            pairs.sort_unstable_by_key(|p| p.0);
-            for &(j, x) in &pairs {
-                indices.push(j);
-                data.push(x);
-            }
-        }
-        Csr::try_new(self.nrows, self.ncols, self.indptr.clone(), indices, data)
-            .expect("a column permutation keeps the structure valid")
+        self.gather(None, Some(new_of_old))
     }
 
+    /// Rows with indices `rows` (in that order) as a new matrix.
     pub fn select_rows(&self, rows: &[usize]) -> Csr {
-        let mut indptr = Vec::with_capacity(rows.len() + 1);
-        indptr.push(0u64);
-        let total: usize = rows
-            .iter()
-            .map(|&r| (self.indptr[r + 1] - self.indptr[r]) as usize)
-            .sum();
-        let mut indices = Vec::with_capacity(total);
-        let mut data = Vec::with_capacity(total);
-        for &r in rows {
-            let (c, v) = self.row(r);
-            indices.extend_from_slice(c);
-            data.extend_from_slice(v);
-            indptr.push(indices.len() as u64);
+        self.gather(Some(rows), None)
+    }
+
+    /// The matrix with its rows in the order `rows` (new row i is old row `rows[i]`) and column
+    /// j renamed `cols[j]` (a permutation of 0..ncols; each row re-sorted by its new columns):
+    /// one new copy when the rows move, none when only the columns do (renamed in place).
+    pub fn permuted(mut self, rows: Option<&[usize]>, cols: Option<&[u32]>) -> Csr {
+        if let Some(p) = cols {
+            assert_eq!(p.len(), self.ncols);
         }
-        Csr::from_trusted(rows.len(), self.ncols, indptr, indices, data)
+        match (rows, cols) {
+            (Some(_), _) => self.gather(rows, cols),
+            (None, None) => self,
+            (None, Some(p)) => {
+                let parts = par::blocks_for(self.nnz() + self.nrows, 4);
+                let bounds = par::row_blocks(&self.indptr, parts);
+                let ip = &self.indptr;
+                let is = par::split_rows(&mut self.indices, ip, &bounds);
+                let vs = par::split_rows(&mut self.data, ip, &bounds);
+                is.into_par_iter()
+                    .zip(vs)
+                    .enumerate()
+                    .for_each(|(b, (ci, va))| {
+                        let (mut keys, mut vals) = (Vec::new(), Vec::new());
+                        let base = ip[bounds[b]];
+                        for r in bounds[b]..bounds[b + 1] {
+                            let (s, e) = ((ip[r] - base) as usize, (ip[r + 1] - base) as usize);
+                            vals.clear();
+                            vals.extend_from_slice(&va[s..e]);
+                            rename_sort(&mut keys, &ci[s..e], p);
+                            write_sorted(&keys, &vals, &mut ci[s..e], &mut va[s..e]);
+                        }
+                    });
+                self
+            }
+        }
+    }
+
+    /// Rows `rows` (all, in order, when none) with columns renamed by `cols` (when given) as a
+    /// new matrix, filled by blocks of rows in parallel.
+    fn gather(&self, rows: Option<&[usize]>, cols: Option<&[u32]>) -> Csr {
+        let ip = &self.indptr;
+        let m = rows.map_or(self.nrows, |r| r.len());
+        let old = |i: usize| rows.map_or(i, |r| r[i]);
+        let indptr = match rows {
+            None => ip.clone(),
+            Some(r) => {
+                let len = |&o: &usize| ip[o + 1] - ip[o];
+                let lens: Vec<u64> = if r.len() < par::SEQUENTIAL_BELOW {
+                    r.iter().map(len).collect()
+                } else {
+                    r.par_iter().map(len).collect()
+                };
+                par::offsets(&lens)
+            }
+        };
+        let total = indptr[m] as usize;
+        let mut indices = vec![0u32; total];
+        let mut data = vec![0f64; total];
+        let parts = par::blocks_for(total + m, 4);
+        let bounds = par::row_blocks(&indptr, parts);
+        let is = par::split_rows(&mut indices, &indptr, &bounds);
+        let vs = par::split_rows(&mut data, &indptr, &bounds);
+        is.into_par_iter()
+            .zip(vs)
+            .enumerate()
+            .for_each(|(b, (oi, ov))| {
+                let mut keys = Vec::new();
+                let mut at = 0;
+                let end = bounds[b + 1];
+                for i in bounds[b]..end {
+                    if rows.is_some() {
+                        // rows come from anywhere: fetch a row's start a few rows ahead
+                        if i + 2 * AHEAD < end {
+                            par::prefetch(ip.as_ptr().wrapping_add(old(i + 2 * AHEAD)));
+                        }
+                        if i + AHEAD < end {
+                            let s = ip[old(i + AHEAD)] as usize;
+                            par::prefetch(self.indices.as_ptr().wrapping_add(s));
+                            par::prefetch(self.data.as_ptr().wrapping_add(s));
+                            par::prefetch(self.data.as_ptr().wrapping_add(s + 8));
+                        }
+                    }
+                    let (c, v) = self.row(old(i));
+                    let (oc, ow) = (&mut oi[at..at + c.len()], &mut ov[at..at + c.len()]);
+                    match cols {
+                        None => {
+                            oc.copy_from_slice(c);
+                            ow.copy_from_slice(v);
+                        }
+                        Some(p) => {
+                            rename_sort(&mut keys, c, p);
+                            write_sorted(&keys, v, oc, ow);
+                        }
+                    }
+                    at += c.len();
+                }
+            });
+        Csr::from_trusted(m, self.ncols, indptr, indices, data)
+    }
+
+    /// Rows `0..nrows` only (a prefix of the rows: the arrays are cut in place, nothing copied).
+    pub fn truncate_rows(&mut self, nrows: usize) {
+        assert!(nrows <= self.nrows);
+        let end = self.indptr[nrows] as usize;
+        self.indptr.truncate(nrows + 1);
+        self.indices.truncate(end);
+        self.data.truncate(end);
+        self.indptr.shrink_to_fit();
+        self.indices.shrink_to_fit();
+        self.data.shrink_to_fit();
+        self.nrows = nrows;
+    }
+
+    /// Rows `rows` of this matrix, borrowed.
+    pub fn row_range(&self, rows: std::ops::Range<usize>) -> CsrView<'_> {
+        assert!(rows.start <= rows.end && rows.end <= self.nrows);
+        CsrView { a: self, rows }
     }
 
     /// Multiply column j by `scale[j]` (right diagonal scaling A D).
@@ -388,6 +728,95 @@ impl Csr {
                 c.binary_search(&(i as u32)).map(|k| v[k]).unwrap_or(0.0)
             })
             .collect()
+    }
+}
+
+/// Entries of a part of a file for [`Csr::from_triplet_parts`]: 0-based rows and columns and
+/// their values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TripletPart {
+    pub rows: Vec<u32>,
+    pub cols: Vec<u32>,
+    pub vals: Vec<f64>,
+}
+
+impl TripletPart {
+    pub fn len(&self) -> usize {
+        self.vals.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.vals.is_empty()
+    }
+
+    /// Whether `key` strictly increases over the entries of all `parts`, one after another.
+    fn increasing(parts: &[TripletPart], key: impl Fn(&TripletPart, usize) -> u64 + Sync) -> bool {
+        let within = parts
+            .par_iter()
+            .all(|p| (1..p.len()).all(|k| key(p, k - 1) < key(p, k)));
+        let ends: Vec<(u64, u64)> = parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| (key(p, 0), key(p, p.len() - 1)))
+            .collect();
+        within && ends.windows(2).all(|w| w[0].1 < w[1].0)
+    }
+}
+
+/// Rows of a CSR matrix, borrowed ([`Csr::row_range`]; a whole matrix converts into one).
+#[derive(Debug, Clone)]
+pub struct CsrView<'a> {
+    a: &'a Csr,
+    rows: std::ops::Range<usize>,
+}
+
+impl<'a> CsrView<'a> {
+    pub fn nrows(&self) -> usize {
+        self.rows.len()
+    }
+    pub fn ncols(&self) -> usize {
+        self.a.ncols
+    }
+    /// Column indices and values of row `i` of the view (row `rows.start + i` of the matrix).
+    pub fn row(&self, i: usize) -> (&'a [u32], &'a [f64]) {
+        assert!(i < self.rows.len());
+        self.a.row(self.rows.start + i)
+    }
+}
+
+impl<'a> From<&'a Csr> for CsrView<'a> {
+    fn from(a: &'a Csr) -> Self {
+        a.row_range(0..a.nrows)
+    }
+}
+
+/// Rows ahead of a gather in a permuted order whose starts are prefetched.
+const AHEAD: usize = 16;
+
+/// `keys` := the entries of a row with columns `c` renamed by `p`, as (new column << 32 | place
+/// in the row), sorted (the new columns of a row are distinct, so any sort gives this order).
+#[inline]
+fn rename_sort(keys: &mut Vec<u64>, c: &[u32], p: &[u32]) {
+    keys.clear();
+    let mut sorted = true;
+    let mut prev = 0u64;
+    for (k, &j) in c.iter().enumerate() {
+        let key = ((p[j as usize] as u64) << 32) | k as u64;
+        sorted &= k == 0 || key > prev;
+        prev = key;
+        keys.push(key);
+    }
+    if !sorted {
+        keys.sort_unstable();
+    }
+}
+
+/// The row of `keys` ([`rename_sort`]) written out: new columns to `oc`, the values `v` of
+/// the places to `ov`.
+#[inline]
+fn write_sorted(keys: &[u64], v: &[f64], oc: &mut [u32], ov: &mut [f64]) {
+    for ((o, w), &key) in oc.iter_mut().zip(ov.iter_mut()).zip(keys) {
+        *o = (key >> 32) as u32;
+        *w = v[key as u32 as usize];
     }
 }
 

@@ -4,12 +4,13 @@
 pub mod compact;
 mod csr;
 pub mod lanes;
+pub mod par;
 pub mod patterns;
 pub mod runs;
 pub mod tiled;
 
 pub use compact::{CompactCsr, CompactStats, CompactValues, GapHistogram};
-pub use csr::{Csc, Csr};
+pub use csr::{Csc, Csr, CsrView, TripletPart};
 pub use lanes::Lanes;
 pub use runs::{RowOrder, RowRuns, RowSort, LENGTH_ORDER_WINDOW};
 

@@ -22,7 +22,7 @@
 
 use rayon::prelude::*;
 
-use crate::sparse::{Csr, Precision};
+use crate::sparse::{par, Csr, Precision};
 
 /// Segments per chunk at most (the shared-memory stage of y in A^T: 2048 f64 = 16 KiB).
 pub const CHUNK_SEGS: usize = 2048;
@@ -129,8 +129,10 @@ impl Tiled {
     }
 
     /// [`Self::from_csr`] building only `half`: the row entries (A x) or the column entries
-    /// (A^T y; the row entries they are sorted from are dropped after). The other half's arrays
-    /// are left empty: [`Self::matvec`] needs the rows, [`Self::matvec_t`] the columns.
+    /// (A^T y, sorted per chunk straight from `a`'s rows). The other half's arrays are left
+    /// empty: [`Self::matvec`] needs the rows, [`Self::matvec_t`] the columns. Every step runs
+    /// by blocks of rows, segments or chunks in parallel, each into its own places: the same
+    /// arrays as the sequential loops.
     pub fn from_csr_half(a: &Csr, precision: Precision, tile_bits: u32, half: TiledHalf) -> Tiled {
         assert!((1..=15).contains(&tile_bits), "tile_bits in 1..=15");
         let (m, n) = (a.nrows(), a.ncols());
@@ -144,38 +146,59 @@ impl Tiled {
         let segs = Segments::in_tile_order(a, tile_bits, ntiles, &row_seg);
         let (chunk_tile, chunk_seg, tile_chunk) = chunks(&segs.tile_seg, nseg);
         // Row entries in tile order.
-        let mut seg_ent = Vec::with_capacity(nseg + 1);
-        seg_ent.push(0u64);
-        for &(_, len) in &segs.csr {
-            seg_ent.push(seg_ent.last().unwrap() + len as u64);
-        }
+        let lens: Vec<u64> = segs.csr.par_iter().map(|&(_, len)| len as u64).collect();
+        let seg_ent = par::offsets(&lens);
+        drop(lens);
         let nnz = a.nnz();
-        let (mut a_lcol, mut vals) = row_entries(a, tile_bits, &chunk_seg, &seg_ent, &segs.csr);
+        let at = Entries {
+            a,
+            tile_bits,
+            chunk_seg: &chunk_seg,
+            seg_ent: &seg_ent,
+            seg_csr: &segs.csr,
+        };
+        let rows = half != TiledHalf::Cols;
         let cols = half != TiledHalf::Rows;
-        let (b_colptr, b_lseg, b_vals) = if cols {
-            column_entries(tile_bits, &chunk_seg, &seg_ent, &a_lcol, &vals)
-        } else {
-            (Vec::new(), Vec::new(), Vec::new())
-        };
-        if half == TiledHalf::Cols {
-            a_lcol = Vec::new();
-            vals = Vec::new();
-        } else {
-            for &e in &seg_ent[1..] {
-                a_lcol[e as usize - 1] |= LCOL_END;
+        let (a_lcol, a_val, b_colptr, b_lseg, b_val) = match precision {
+            Precision::F64 => {
+                let (l, v) = if rows {
+                    at.rows(|x| x)
+                } else {
+                    Default::default()
+                };
+                let (p, s, w) = if cols {
+                    at.columns(|x| x)
+                } else {
+                    Default::default()
+                };
+                (l, TiledValues::F64(v), p, s, TiledValues::F64(w))
             }
-        }
-        let mut seg_pos = vec![0u32; nseg];
-        for (s, &k) in segs.slot.iter().enumerate() {
-            seg_pos[k as usize] = s as u32;
-        }
-        let (a_val, b_val) = match precision {
-            Precision::F64 => (TiledValues::F64(vals), TiledValues::F64(b_vals)),
-            Precision::F32 => (
-                TiledValues::F32(vals.iter().map(|&v| v as f32).collect()),
-                TiledValues::F32(b_vals.iter().map(|&v| v as f32).collect()),
-            ),
+            Precision::F32 => {
+                let (l, v) = if rows {
+                    at.rows(|x| x as f32)
+                } else {
+                    Default::default()
+                };
+                let (p, s, w) = if cols {
+                    at.columns(|x| x as f32)
+                } else {
+                    Default::default()
+                };
+                (l, TiledValues::F32(v), p, s, TiledValues::F32(w))
+            }
         };
+        let mut seg_pos = vec![0u32; nseg];
+        {
+            let pos = par::Scatter::new(&mut seg_pos);
+            segs.slot
+                .par_iter()
+                .enumerate()
+                .with_min_len(4096)
+                .for_each(|(s, &k)| {
+                    // SAFETY: `slot` is a permutation of the segments: each place once.
+                    unsafe { pos.put(k as usize, s as u32) }
+                });
+        }
         Tiled {
             nrows: m,
             ncols: n,
@@ -272,12 +295,7 @@ fn row_segments(a: &Csr, tile_bits: u32) -> Vec<u64> {
             k
         })
         .collect();
-    let mut row_seg = Vec::with_capacity(a.nrows() + 1);
-    row_seg.push(0u64);
-    for &k in &per_row {
-        row_seg.push(row_seg.last().unwrap() + k);
-    }
-    row_seg
+    par::offsets(&per_row)
 }
 
 /// The segments in tile order: grouped by tile, rows ascending within a tile.
@@ -294,45 +312,66 @@ struct Segments {
 
 impl Segments {
     fn in_tile_order(a: &Csr, tile_bits: u32, ntiles: usize, row_seg: &[u64]) -> Segments {
-        let (m, ip, ci) = (a.nrows(), a.indptr(), a.indices());
+        let (ip, ci) = (a.indptr(), a.indices());
         let t_of = |c: u32| c >> tile_bits;
         let nseg = *row_seg.last().unwrap() as usize;
-        // Segments per tile, then each segment's place in tile order (rows ascending).
-        let mut tile_count = vec![0u64; ntiles + 1];
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            for j in s..e {
-                if opens_segment(ci, s, j, tile_bits) {
-                    tile_count[t_of(ci[j]) as usize + 1] += 1;
+        // A stable counting sort of the segments by tile, by blocks of rows: each block counts
+        // its segments per tile, then puts them at its places (par::block_starts), rows
+        // ascending within a tile as in one sequential pass.
+        let parts = par::blocks_for(a.nnz() + a.nrows(), 1).min((nseg / (2 * ntiles)).max(1));
+        let bounds = par::row_blocks(row_seg, parts);
+        let mut cursor = vec![0u64; parts * ntiles];
+        cursor
+            .par_chunks_mut(ntiles)
+            .enumerate()
+            .for_each(|(b, count)| {
+                for r in bounds[b]..bounds[b + 1] {
+                    let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+                    for j in s..e {
+                        if opens_segment(ci, s, j, tile_bits) {
+                            count[t_of(ci[j]) as usize] += 1;
+                        }
+                    }
                 }
-            }
-        }
-        for t in 0..ntiles {
-            tile_count[t + 1] += tile_count[t];
-        }
-        let tile_seg = tile_count.clone();
-        let mut cursor = tile_count;
+            });
+        let tile_seg = par::block_starts(&mut cursor, ntiles);
         let mut row = vec![0u32; nseg];
         let mut slot = vec![0u32; nseg];
         let mut csr = vec![(0u64, 0u32); nseg];
-        for r in 0..m {
-            let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            let mut k = row_seg[r];
-            let mut j = s;
-            while j < e {
-                let t = t_of(ci[j]);
-                let mut j1 = j + 1;
-                while j1 < e && t_of(ci[j1]) == t {
-                    j1 += 1;
-                }
-                let pos = cursor[t as usize] as usize;
-                cursor[t as usize] += 1;
-                row[pos] = r as u32;
-                slot[pos] = k as u32;
-                csr[pos] = (j as u64, (j1 - j) as u32);
-                k += 1;
-                j = j1;
-            }
+        {
+            let (prow, pslot, pcsr) = (
+                par::Scatter::new(&mut row),
+                par::Scatter::new(&mut slot),
+                par::Scatter::new(&mut csr),
+            );
+            cursor
+                .par_chunks_mut(ntiles)
+                .enumerate()
+                .for_each(|(b, cursor)| {
+                    for r in bounds[b]..bounds[b + 1] {
+                        let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
+                        let mut k = row_seg[r];
+                        let mut j = s;
+                        while j < e {
+                            let t = t_of(ci[j]);
+                            let mut j1 = j + 1;
+                            while j1 < e && t_of(ci[j1]) == t {
+                                j1 += 1;
+                            }
+                            let pos = cursor[t as usize] as usize;
+                            cursor[t as usize] += 1;
+                            // SAFETY: block b owns places cursor[t].. of every tile t, up to the
+                            // next block's (block_starts), and takes each once.
+                            unsafe {
+                                prow.put(pos, r as u32);
+                                pslot.put(pos, k as u32);
+                                pcsr.put(pos, (j as u64, (j1 - j) as u32));
+                            }
+                            k += 1;
+                            j = j1;
+                        }
+                    }
+                });
         }
         Segments {
             tile_seg,
@@ -369,17 +408,6 @@ fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (chunk_tile, chunk_seg, tile_chunk)
 }
 
-/// `v` cut into consecutive parts of lengths `lens` (what is left after them is dropped).
-fn split_parts<T>(mut v: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
-    let mut parts = Vec::with_capacity(lens.size_hint().0);
-    for len in lens {
-        let (part, rest) = std::mem::take(&mut v).split_at_mut(len);
-        parts.push(part);
-        v = rest;
-    }
-    parts
-}
-
 /// The entries of each chunk (its segments' entries, `seg_ent` their first): their count.
 fn chunk_entries<'a>(chunk_seg: &'a [u32], seg_ent: &'a [u64]) -> impl Iterator<Item = usize> + 'a {
     chunk_seg
@@ -387,89 +415,98 @@ fn chunk_entries<'a>(chunk_seg: &'a [u32], seg_ent: &'a [u64]) -> impl Iterator<
         .map(|w| (seg_ent[w[1] as usize] - seg_ent[w[0] as usize]) as usize)
 }
 
-/// The row entries in tile order, segment by segment (`seg_csr`: each segment's CSR start and
-/// length): the column within the tile and the value, filled per chunk in parallel (chunks own
-/// disjoint entry ranges).
-fn row_entries(
-    a: &Csr,
+/// What the entry arrays are filled from: `a`'s rows cut into segments (`seg_csr`: each
+/// segment's CSR start and length, in tile order; `seg_ent` their first entries), the
+/// segments in chunks (`chunk_seg`).
+struct Entries<'a> {
+    a: &'a Csr,
     tile_bits: u32,
-    chunk_seg: &[u32],
-    seg_ent: &[u64],
-    seg_csr: &[(u64, u32)],
-) -> (Vec<u16>, Vec<f64>) {
-    let (ci, va, nnz) = (a.indices(), a.data(), a.nnz());
-    let mask = (1u32 << tile_bits) - 1;
-    let mut a_lcol = vec![0u16; nnz];
-    let mut vals = vec![0f64; nnz];
-    let lcols = split_parts(&mut a_lcol, chunk_entries(chunk_seg, seg_ent));
-    let values = split_parts(&mut vals, chunk_entries(chunk_seg, seg_ent));
-    lcols
-        .into_par_iter()
-        .zip(values)
-        .enumerate()
-        .for_each(|(q, (l, v))| {
-            let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
-            let mut k = 0;
-            for &(st, len) in &seg_csr[s0..s1] {
-                for j in st as usize..st as usize + len as usize {
-                    l[k] = (ci[j] & mask) as u16;
-                    v[k] = va[j];
-                    k += 1;
-                }
-            }
-        });
-    (a_lcol, vals)
+    chunk_seg: &'a [u32],
+    seg_ent: &'a [u64],
+    seg_csr: &'a [(u64, u32)],
 }
 
-/// The column entries from the row entries (`a_lcol` without end bits, `vals`): within each
-/// chunk, entries sorted by local column (stable: segment order within a column). Returns the
-/// column offsets (chunks x tile columns + 1), the segment within the chunk and the value.
-fn column_entries(
-    tile_bits: u32,
-    chunk_seg: &[u32],
-    seg_ent: &[u64],
-    a_lcol: &[u16],
-    vals: &[f64],
-) -> (Vec<u64>, Vec<u16>, Vec<f64>) {
-    let tsz = 1usize << tile_bits;
-    let (nchunks, nnz) = (chunk_seg.len() - 1, vals.len());
-    let mut b_colptr = vec![0u64; nchunks * tsz + 1];
-    let mut b_lseg = vec![0u16; nnz];
-    let mut b_vals = vec![0f64; nnz];
-    let colptrs = split_parts(&mut b_colptr[..nchunks * tsz], (0..nchunks).map(|_| tsz));
-    let lsegs = split_parts(&mut b_lseg, chunk_entries(chunk_seg, seg_ent));
-    let values = split_parts(&mut b_vals, chunk_entries(chunk_seg, seg_ent));
-    colptrs
-        .into_par_iter()
-        .zip(lsegs)
-        .zip(values)
-        .enumerate()
-        .for_each(|(q, ((cp, ls), bv))| {
-            let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
-            let e0 = seg_ent[s0];
-            let mut count = vec![0u64; tsz + 1];
-            let (a0, a1) = (seg_ent[s0] as usize, seg_ent[s1] as usize);
-            for &c in &a_lcol[a0..a1] {
-                count[c as usize + 1] += 1;
-            }
-            for c in 0..tsz {
-                count[c + 1] += count[c];
-            }
-            for c in 0..tsz {
-                cp[c] = e0 + count[c];
-            }
-            for s in s0..s1 {
-                for k in seg_ent[s] as usize..seg_ent[s + 1] as usize {
-                    let c = a_lcol[k] as usize;
-                    let pos = count[c] as usize;
-                    count[c] += 1;
-                    ls[pos] = (s - s0) as u16;
-                    bv[pos] = vals[k];
+impl Entries<'_> {
+    /// The row entries in tile order, segment by segment: the column within the tile (with
+    /// [`LCOL_END`] on each segment's last entry) and the value (`conv`erted), filled per chunk
+    /// in parallel (chunks own disjoint entry ranges).
+    fn rows<V: Copy + Default + Send>(&self, conv: impl Fn(f64) -> V + Sync) -> (Vec<u16>, Vec<V>) {
+        let (ci, va, nnz) = (self.a.indices(), self.a.data(), self.a.nnz());
+        let mask = (1u32 << self.tile_bits) - 1;
+        let mut a_lcol = vec![0u16; nnz];
+        let mut vals = vec![V::default(); nnz];
+        let lcols = par::split_parts(&mut a_lcol, chunk_entries(self.chunk_seg, self.seg_ent));
+        let values = par::split_parts(&mut vals, chunk_entries(self.chunk_seg, self.seg_ent));
+        lcols
+            .into_par_iter()
+            .zip(values)
+            .enumerate()
+            .for_each(|(q, (l, v))| {
+                let (s0, s1) = (self.chunk_seg[q] as usize, self.chunk_seg[q + 1] as usize);
+                let mut k = 0;
+                for &(st, len) in &self.seg_csr[s0..s1] {
+                    for j in st as usize..st as usize + len as usize {
+                        l[k] = (ci[j] & mask) as u16;
+                        v[k] = conv(va[j]);
+                        k += 1;
+                    }
+                    l[k - 1] |= LCOL_END;
                 }
-            }
-        });
-    b_colptr[nchunks * tsz] = nnz as u64;
-    (b_colptr, b_lseg, b_vals)
+            });
+        (a_lcol, vals)
+    }
+
+    /// The column entries: within each chunk, its segments' entries sorted by local column
+    /// (stable: segment order within a column). Returns the column offsets (chunks x tile
+    /// columns + 1), the segment within the chunk and the value (`conv`erted).
+    fn columns<V: Copy + Default + Send>(
+        &self,
+        conv: impl Fn(f64) -> V + Sync,
+    ) -> (Vec<u64>, Vec<u16>, Vec<V>) {
+        let (ci, va, nnz) = (self.a.indices(), self.a.data(), self.a.nnz());
+        let (chunk_seg, seg_ent) = (self.chunk_seg, self.seg_ent);
+        let tsz = 1usize << self.tile_bits;
+        let mask = (tsz - 1) as u32;
+        let nchunks = chunk_seg.len() - 1;
+        let mut b_colptr = vec![0u64; nchunks * tsz + 1];
+        let mut b_lseg = vec![0u16; nnz];
+        let mut b_vals = vec![V::default(); nnz];
+        let colptrs = par::split_parts(&mut b_colptr[..nchunks * tsz], (0..nchunks).map(|_| tsz));
+        let lsegs = par::split_parts(&mut b_lseg, chunk_entries(chunk_seg, seg_ent));
+        let values = par::split_parts(&mut b_vals, chunk_entries(chunk_seg, seg_ent));
+        colptrs
+            .into_par_iter()
+            .zip(lsegs)
+            .zip(values)
+            .enumerate()
+            .for_each(|(q, ((cp, ls), bv))| {
+                let (s0, s1) = (chunk_seg[q] as usize, chunk_seg[q + 1] as usize);
+                let e0 = seg_ent[s0];
+                let mut count = vec![0u64; tsz + 1];
+                for &(st, len) in &self.seg_csr[s0..s1] {
+                    for &c in &ci[st as usize..st as usize + len as usize] {
+                        count[(c & mask) as usize + 1] += 1;
+                    }
+                }
+                for c in 0..tsz {
+                    count[c + 1] += count[c];
+                }
+                for c in 0..tsz {
+                    cp[c] = e0 + count[c];
+                }
+                for (s, &(st, len)) in self.seg_csr[s0..s1].iter().enumerate() {
+                    for j in st as usize..st as usize + len as usize {
+                        let c = (ci[j] & mask) as usize;
+                        let pos = count[c] as usize;
+                        count[c] += 1;
+                        ls[pos] = s as u16;
+                        bv[pos] = conv(va[j]);
+                    }
+                }
+            });
+        b_colptr[nchunks * tsz] = nnz as u64;
+        (b_colptr, b_lseg, b_vals)
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //! [`super::CpuCsrOperator`]'s bit for bit; with f32 values they equal its products on the
 //! f32-rounded matrix.
 
+use rayon::prelude::*;
+
 use super::rows::{rows_par, RowSource};
 use super::CpuBackend;
 use crate::backend::{Operator, Precision, Scale};
@@ -35,23 +37,23 @@ struct Rows {
 impl Rows {
     fn new(csr: &Csr, sort: RowSort, precision: Precision) -> Rows {
         let order = sort.order(csr.indptr());
-        let selected;
-        let csr = match &order {
-            Some(o) => {
-                selected = csr.select_rows(&o.rows());
-                &selected
-            }
-            None => csr,
-        };
-        let m = CompactCsr::from_csr(csr, precision);
+        // encoded straight in that order (no reordered copy of `csr`)
+        let old = order.as_ref().map(|o| o.old_of_new());
+        let m = CompactCsr::from_rows(csr, old, precision);
         let fillers = (m.entries() > m.nnz()).then(|| {
             let mut bits = vec![0u64; m.nrows().div_ceil(64)];
-            let (p, q) = (m.ptr(), csr.indptr());
-            for r in 0..m.nrows() {
-                if p[r + 1] - p[r] != q[r + 1] - q[r] {
-                    bits[r / 64] |= 1 << (r % 64);
+            let (p, q, nrows) = (m.ptr(), csr.indptr(), m.nrows());
+            let len = |r: usize| {
+                let o = old.map_or(r, |o| o[r] as usize);
+                q[o + 1] - q[o]
+            };
+            bits.par_iter_mut().enumerate().for_each(|(w, bits)| {
+                for r in w * 64..(w * 64 + 64).min(nrows) {
+                    if p[r + 1] - p[r] != len(r) {
+                        *bits |= 1 << (r % 64);
+                    }
                 }
-            }
+            });
             bits
         });
         Rows {

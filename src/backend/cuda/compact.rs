@@ -166,16 +166,24 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     if stored.nnz() < 1_000_000 {
         return GpuLayout::Rows;
     }
+    use rayon::prelude::*;
+    // segments counted per row in parallel (an integer sum: the same in any order)
     let (ip, ci) = (stored.indptr(), stored.indices());
-    let mut segs = 0u64;
-    for r in 0..stored.nrows() {
+    let segs_of = |r: usize| {
         let (a, b) = (ip[r] as usize, ip[r + 1] as usize);
+        let mut segs = 0u64;
         for j in a..b {
             if j == a || ci[j] >> tile_bits != ci[j - 1] >> tile_bits {
                 segs += 1;
             }
         }
-    }
+        segs
+    };
+    let segs: u64 = (0..stored.nrows())
+        .into_par_iter()
+        .with_min_len(1024)
+        .map(segs_of)
+        .sum();
     if stored.nnz() as u64 >= 4 * segs {
         GpuLayout::Split
     } else {

@@ -29,8 +29,9 @@ const AXF_P: usize = 8;
 const ROWPASS_RPT: u64 = 2;
 
 /// `v` on the device when `on`, else a one-element dummy; with `pad`, padded with zeros to a
-/// multiple of [`AXF_P`] (the row entries the flat A x kernel reads in vector loads).
-fn up_padded<T: cudarc::driver::DeviceRepr + Default + Copy>(
+/// multiple of [`AXF_P`] (the row entries the flat A x kernel reads in vector loads): copied
+/// into the front of a zeroed device array of the padded length (no padded copy on the host).
+fn up_padded<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy>(
     be: &CudaBackend,
     on: bool,
     v: &[T],
@@ -39,10 +40,14 @@ fn up_padded<T: cudarc::driver::DeviceRepr + Default + Copy>(
     if !on || !pad || v.len() % AXF_P == 0 {
         return up_if(be, on, v);
     }
-    let mut p = Vec::with_capacity(v.len().next_multiple_of(AXF_P));
-    p.extend_from_slice(v);
-    p.resize(v.len().next_multiple_of(AXF_P), T::default());
-    up(be, &p)
+    let mut d = be
+        .stream
+        .alloc_zeros::<T>(v.len().next_multiple_of(AXF_P))
+        .doing("allocating padded tile entries")?;
+    be.stream
+        .memcpy_htod(v, &mut d)
+        .doing_with(|| format!("uploading {} bytes", std::mem::size_of_val(v)))?;
+    Ok(d)
 }
 
 /// The values `v` as [`up_padded`] (a dummy of their precision when not `on`).
