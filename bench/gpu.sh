@@ -207,8 +207,10 @@ fi
 if has tts; then
   nccl_path
   ds=/tmp/tts600k
+  # format version 2 when $BASE runs too: a binary from before version 3 reads it
+  fv=3; [ -n "${BASE:-}" ] && fv=2
   [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
-    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+    --flattening 0.5,0.5,0.5 --format-version $fv > /dev/null 2>> "$OUT/log.txt"
   ngpu=$(nvidia-smi -L | wc -l)
   runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
   for run in $runs; do
