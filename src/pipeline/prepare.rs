@@ -59,6 +59,7 @@ pub fn column_scaling(a: &Csr, comm: &dyn Comm) -> Result<Vec<f64>> {
 /// stencils unless the columns are scaled.
 pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared> {
     let t = Instant::now();
+    crate::backend::cpu::keep_freed_memory();
     let System { a, b, kernel_rows } = sys;
     let storage::Prepared {
         mut matrix,
