@@ -28,7 +28,8 @@
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop);
 #             load / set-up (each phase) / solve / total from report.json; with $BASE (another
-#             binary) its defaults too                                       -> performance.md
+#             binary) its defaults too; the CuPy user's time to solution on the same system
+#             (bench/peers/cupy_tts.py)                                       -> performance.md
 #   auto      storage = "auto" against csr and compact on every bundled and generated system
 #             (LSQ set, australia, demo, the 150k- and 600k-ray synthetics): ms/iteration of
 #             each, auto's choice and why                                   -> performance.md
@@ -230,6 +231,16 @@ if has tts; then
     cp /tmp/tts-o-$run/report.json "$OUT/tts_$run.json" 2>/dev/null
     rm -rf /tmp/tts-o-$run
   done
+  # The CuPy user's time to solution on the same system (exported as .npy), GPU 0: run twice,
+  # the second reported (warm page cache and CuPy's kernel cache, as for a repeat user).
+  rm -rf /tmp/tts_npy
+  if "$BIN/seistomo" -q export $ds --format npy -o /tmp/tts_npy > /dev/null 2>> "$OUT/log.txt"; then
+    for i in 1 2; do
+      ( cd /tmp && CUDA_VISIBLE_DEVICES=0 timeout 300 python3 "$PEERS/cupy_tts.py" /tmp/tts_npy 300 \
+        > "$OUT/tts_cupy.txt" 2>&1 )
+    done
+  fi
+  rm -rf /tmp/tts_npy
   python3 - "$OUT" >> "$OUT/tts.txt" <<'PY'
 import json, sys, os, glob
 for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
@@ -242,6 +253,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
         print(f"   rank {x['rank']}: rows {x.get('rows')} nnz {x.get('nnz')} product {x.get('product_ms', -1):.3f} ms "
               f"allreduce {x.get('allreduce_ms', -1):.3f} ms wait {x.get('wait_s', -1):.3f} s")
 PY
+  [ -f "$OUT/tts_cupy.txt" ] && { echo "## cupy_tts"; cat "$OUT/tts_cupy.txt"; } >> "$OUT/tts.txt"
 fi
 
 if has auto; then

@@ -120,6 +120,12 @@ fn try_solve(a: &Csr, b: &[f64], pc: &str, p: &GmresParams) -> seistomo::Result<
         b,
         x0: None,
     };
+    // GMRES(16) on the 3-unknown systems: a basis no longer than n, as SciPy clamps it (the
+    // pipeline refuses restart > n).
+    let p = &GmresParams {
+        restart: p.restart.min(a.nrows()),
+        ..p.clone()
+    };
     let s = gmres_square_cpu(&SerialComm, sys, pc, p, &mut NoGmresMonitor)?;
     Ok(GmresSolution {
         x: s.x_local,

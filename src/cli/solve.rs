@@ -155,8 +155,14 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
     // Before any work: no output is an input (nor two outputs one file), and this run alone
     // writes its output directories (rank 0 holds the lock until the end).
     let mut paths = crate::io::outpaths::PathCheck::new();
+    // A dataset directory (GMRES) stands for its manifest: the input the reader policy checks.
+    let matrix = if a.matrix.is_dir() {
+        a.matrix.join("dataset.toml")
+    } else {
+        a.matrix.clone()
+    };
     paths
-        .input("--matrix", &a.matrix)
+        .input("--matrix", &matrix)
         .input_opt("--rhs", a.system.rhs.as_deref())
         .input_opt("--reg", a.system.reg.as_deref())
         .input_opt("--x0", a.x0.as_deref())
