@@ -136,6 +136,8 @@ if has gmres; then
     timeout 60 "$BIN/seistomo" $G --orthog $o --solution /tmp/x_$o.txt --report "$OUT/gm_${o}_f64.json" 2>> "$OUT/log.txt"
   done
   timeout 60 "$BIN/seistomo" $G --orthog cgs --precision f32 --report "$OUT/gm_cgs_f32.json" 2>> "$OUT/log.txt"
+  # the defaults (orthog and Arnoldi loop auto)
+  timeout 60 "$BIN/seistomo" $G --report "$OUT/gm_default_f64.json" 2>> "$OUT/log.txt"
   # CSR storage beside the default row patterns (src/sparse/patterns.rs)
   for p in f64 f32; do
     timeout 60 "$BIN/seistomo" $G --orthog cgs --precision $p --storage csr --report "$OUT/gm_cgs_csr_$p.json" 2>> "$OUT/log.txt"
