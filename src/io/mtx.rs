@@ -682,21 +682,10 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
             let Some(v) = value(toks[2], field) else {
                 return Fast::Slow;
             };
-            let mirror = match symmetry {
-                _ if i == j && symmetry == Symmetry::Skew => return Fast::Slow,
-                _ if i == j => None,
-                Symmetry::General => None,
-                Symmetry::Symmetric => Some(v),
-                Symmetry::Skew => Some(-v),
-            };
-            part.rows.push((i - 1) as u32);
-            part.cols.push((j - 1) as u32);
-            part.vals.push(v);
-            if let Some(v) = mirror {
-                part.rows.push((j - 1) as u32);
-                part.cols.push((i - 1) as u32);
-                part.vals.push(v);
+            if i == j && symmetry == Symmetry::Skew {
+                return Fast::Slow;
             }
+            push_entry(part, (i, j), v, symmetry);
         }
         Body::Array { field } => {
             if n != 1 {
@@ -712,6 +701,25 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
 }
 
 /// One data line (`ln` its number, `t` trimmed) into `part`.
+/// Entry (i, j) = v of a file (1-based), and its mirror (j, i) in a symmetric or skew-symmetric
+/// one (off the diagonal; the callers refuse a skew-symmetric diagonal entry).
+fn push_entry(part: &mut TripletPart, (i, j): (u64, u64), v: f64, symmetry: Symmetry) {
+    let mirror = match symmetry {
+        _ if i == j => None,
+        Symmetry::General => None,
+        Symmetry::Symmetric => Some(v),
+        Symmetry::Skew => Some(-v),
+    };
+    part.rows.push((i - 1) as u32);
+    part.cols.push((j - 1) as u32);
+    part.vals.push(v);
+    if let Some(v) = mirror {
+        part.rows.push((j - 1) as u32);
+        part.cols.push((i - 1) as u32);
+        part.vals.push(v);
+    }
+}
+
 fn parse_data_line(
     path: &Path,
     ln: usize,
@@ -727,27 +735,14 @@ fn parse_data_line(
             symmetry,
         } => {
             let (i, j, v) = parse_entry(path, ln, t, nrows, ncols, field)?;
-            let mirror = match symmetry {
-                Symmetry::Skew if i == j => {
-                    return Err(Error::parse(
-                        path,
-                        ln,
-                        "a skew-symmetric matrix has no diagonal entries",
-                    ))
-                }
-                _ if i == j => None,
-                Symmetry::General => None,
-                Symmetry::Symmetric => Some(v),
-                Symmetry::Skew => Some(-v),
-            };
-            part.rows.push((i - 1) as u32);
-            part.cols.push((j - 1) as u32);
-            part.vals.push(v);
-            if let Some(v) = mirror {
-                part.rows.push((j - 1) as u32);
-                part.cols.push((i - 1) as u32);
-                part.vals.push(v);
+            if symmetry == Symmetry::Skew && i == j {
+                return Err(Error::parse(
+                    path,
+                    ln,
+                    "a skew-symmetric matrix has no diagonal entries",
+                ));
             }
+            push_entry(part, (i, j), v, symmetry);
         }
         Body::Array { field } => {
             let mut it = t.split_whitespace();

@@ -452,6 +452,19 @@ pub fn gmres_square(
     params: &GmresParams,
     monitor: &mut (dyn GmresMonitor + Send),
 ) -> Result<SquareSolve> {
+    square_run(engine, comm, sys, (precond, None), spec, params, monitor)
+}
+
+/// One GMRES solve through the factory: `precond` or, when given, a caller's own M.
+fn square_run(
+    engine: &Engine,
+    comm: &dyn Comm,
+    sys: SquareSystem,
+    (precond, external): (SquarePrecond, Option<Box<dyn HostPreconditioner>>),
+    spec: &OperatorSpec,
+    params: &GmresParams,
+    monitor: &mut (dyn GmresMonitor + Send),
+) -> Result<SquareSolve> {
     let n = *sys.part.bounds.last().unwrap_or(&0);
     check_restart(params.restart, n, sys.rows.nrows())?;
     let run = GmresRun {
@@ -460,7 +473,7 @@ pub fn gmres_square(
         x0: sys.x0,
         params,
         monitor,
-        external: None,
+        external,
     };
     engine.square(spec, comm, &sys, precond, run)
 }
@@ -477,15 +490,8 @@ pub fn gmres_square_host_precond(
     params: &GmresParams,
     monitor: &mut (dyn GmresMonitor + Send),
 ) -> Result<SquareSolve> {
-    let run = GmresRun {
-        comm,
-        b: sys.b,
-        x0: sys.x0,
-        params,
-        monitor,
-        external: Some(m),
-    };
-    engine.square(spec, comm, &sys, SquarePrecond::None, run)
+    let pc = (SquarePrecond::None, Some(m));
+    square_run(engine, comm, sys, pc, spec, params, monitor)
 }
 
 /// [`gmres_square`] on the CPU (f64 CSR), driven from the calling thread (tests, tools).
