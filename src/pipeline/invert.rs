@@ -117,7 +117,6 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     )?;
     crate::ui::phases::take();
     let (kind, why) = choose_backend(opts.operator.backend)?;
-    let starting = Engine::start_early(kind, comm, &opts.operator.tuning);
     let loaded = load(
         job.source,
         comm,
@@ -148,7 +147,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         cost,
         ..
     } = loaded;
-    let engine = starting.finish(&timed, opts.operator.allreduce, &opts.operator.tuning)?;
+    let engine = Engine::start(kind, &timed, opts.operator.allreduce, &opts.operator.tuning)?;
     if kind == BackendChoice::Cuda && timed.size() > 1 && timed.is_root() {
         if let Some(path) = engine.path() {
             eprintln!("allreduce of A^T u over ranks: {path}");

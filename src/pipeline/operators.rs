@@ -222,23 +222,6 @@ impl Engine {
         })
     }
 
-    /// Start the backend while the caller loads the system: on one rank with CUDA in a thread
-    /// of its own (the context and the kernels' compilation, 0.36 + 0.09 s on an H200 host,
-    /// beside a 0.9 s load); elsewhere (several ranks: NCCL's start is collective) nothing
-    /// until [`EngineStart::finish`], which then starts it as [`Engine::start`] does.
-    pub fn start_early(kind: BackendChoice, comm: &dyn Comm, tuning: &Tuning) -> EngineStart {
-        let early = (kind == BackendChoice::Cuda && comm.size() == 1)
-            .then(|| {
-                let defines = tuning.nvrtc_defines.clone();
-                std::thread::Builder::new()
-                    .name("cuda-start".into())
-                    .spawn(move || CudaBackend::with_defines(0, &defines).map(StartedCuda))
-                    .ok()
-            })
-            .flatten();
-        EngineStart { kind, early }
-    }
-
     /// The CPU backend, solves driven from rayon's pool.
     pub fn cpu() -> Engine {
         Engine::Cpu {
@@ -598,42 +581,6 @@ fn cuda_lsqr<V: LsqrVisitor>(
     built.bytes_per_nnz = (csr.precision().bytes() + 4) as f64;
     built.seconds = t.elapsed().as_secs_f64();
     Ok((v.visit(be, &csr)?, built))
-}
-
-/// A backend started by [`Engine::start_early`].
-pub struct EngineStart {
-    kind: BackendChoice,
-    early: Option<std::thread::JoinHandle<Result<StartedCuda>>>,
-}
-
-/// A CUDA backend built on the start thread, handed to the caller's thread once.
-struct StartedCuda(CudaBackend);
-
-// SAFETY: the backend is built on the start thread and moved out of it whole when that thread
-// ends (JoinHandle::join); no reference to it or to its device and page-locked buffers stays on
-// the start thread, and every launch binds the context to the calling thread first.
-unsafe impl Send for StartedCuda {}
-
-impl EngineStart {
-    /// The engine, once its start is over (collective on several ranks, as [`Engine::start`]).
-    /// The wait, if any, is the set-up's `backend` phase.
-    pub fn finish(self, comm: &dyn Comm, path: AllreducePath, tuning: &Tuning) -> Result<Engine> {
-        let Some(handle) = self.early else {
-            return Engine::start(self.kind, comm, path, tuning);
-        };
-        let t = Instant::now();
-        let started = handle
-            .join()
-            .map_err(|_| Error::backend("cuda", "the backend's start thread panicked"))?;
-        let be = started?.0;
-        be.bind_to_this_thread()?;
-        let path = be.setup_allreduce(comm, path)?;
-        phases::record("backend", t.elapsed().as_secs_f64());
-        Ok(Engine::Cuda {
-            be: Box::new(be),
-            path,
-        })
-    }
 }
 
 /// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact

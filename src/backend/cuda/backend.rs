@@ -252,13 +252,6 @@ impl CudaBackend {
         self.launch_smem(f, grid, block, 0, args)
     }
 
-    /// Make this backend's context current on the calling thread (a backend built on another
-    /// thread and moved here).
-    pub fn bind_to_this_thread(&self) -> Result<()> {
-        self.ctx.bind_to_thread().doing("binding the context")?;
-        Ok(())
-    }
-
     /// Launch `f` with `smem` bytes of dynamic shared memory (0 for the kernels without).
     pub(crate) fn launch_smem(
         &self,
