@@ -6,12 +6,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{on_thread_ranks, seistomo};
+use common::{pipeline_on_thread_ranks, seistomo};
 use seistomo::backend::storage::Storage;
 use seistomo::io::dataset::{LoadOptions, OpenDataset};
 use seistomo::partition::RowCost;
-use seistomo::pipeline::invert::{run_lsqr, LsqrRun};
-use seistomo::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use seistomo::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
 use seistomo::solver::LsqrParams;
 
 /// A synthetic dataset with norm damping and flattening (4 stencil blocks) in a fresh folder.
@@ -54,17 +53,7 @@ fn compact_storage_with_stencils_on_1_to_4_ranks_gives_one_ranks_solution() {
     let mut opts = SolveOptions::new(params, BackendChoice::Cpu);
     opts.operator.storage = Storage::Compact;
     opts.grid = Some([16, 14, 10]);
-    let run = LsqrRun {
-        source: &source,
-        options: &opts,
-        outputs: &OutputPaths::default(),
-        progress_every: 0,
-        model: None,
-    };
-    let solve = |ranks| {
-        let mut out = on_thread_ranks(ranks, |c| run_lsqr(&run, c).unwrap());
-        out.remove(0).expect("rank 0 has the outcome")
-    };
+    let solve = |ranks| pipeline_on_thread_ranks(&source, &opts, ranks);
     let one = solve(1);
     assert!(
         one.report.storage.contains("stencil damping"),

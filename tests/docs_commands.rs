@@ -302,13 +302,8 @@ fn every_documented_command_runs() {
         ran += 1;
     }
     // The documented commands write under out/ only (not into the repository's root).
-    let mut names: Vec<String> = std::fs::read_dir(&work)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        common::names_in(&work),
         ["configs", "datasets", "out"],
         "the documented commands wrote outside out/"
     );

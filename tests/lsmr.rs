@@ -5,12 +5,11 @@
 
 mod common;
 
-use common::{on_thread_ranks, reference_json, reference_vector, rel, root, system};
+use common::{pipeline_on_thread_ranks, reference_json, reference_vector, rel, root, system};
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::pipeline::invert::{run_lsqr, LsqrRun};
-use seistomo::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
+use seistomo::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
 use seistomo::solver::{lsmr, History, LsmrSolution, LsqMethod, LsqrParams};
 use seistomo::testproblems::Lstp;
 
@@ -50,13 +49,7 @@ fn run_case(case: &str) -> (LsmrSolution, serde_json::Value, History) {
     )
     .unwrap();
     // the true residual of our x, next to SciPy's
-    let ax = sys.a.matvec(&sol.x);
-    let rn = ax
-        .iter()
-        .zip(&sys.b)
-        .map(|(p, q)| (p - q) * (p - q))
-        .sum::<f64>()
-        .sqrt();
+    let rn = common::true_rnorm(&sys.a, &sys.b, &sol.x);
     let want = r["true_rnorm"].as_f64().unwrap();
     assert!(
         (rn - want).abs() <= 1e-8 * want,
@@ -237,17 +230,7 @@ fn thread_ranks_equal_one_rank() {
         };
         let mut options = SolveOptions::new(params, BackendChoice::Cpu);
         options.method = LsqMethod::Lsmr;
-        let run = LsqrRun {
-            source: &source,
-            options: &options,
-            outputs: &OutputPaths::default(),
-            progress_every: 0,
-            model: None,
-        };
-        let solve = |ranks| {
-            let mut out = on_thread_ranks(ranks, |c| run_lsqr(&run, c).unwrap());
-            out.remove(0).expect("rank 0 has the outcome")
-        };
+        let solve = |ranks| pipeline_on_thread_ranks(&source, &options, ranks);
         let one = solve(1);
         assert_eq!(one.report.header.method, "lsmr");
         for ranks in 2..=3 {

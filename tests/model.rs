@@ -230,13 +230,8 @@ fn model_file_holds_diagnostics_history_config_and_coverage() {
         f.dataset("run/config_toml").unwrap().read_scalar().unwrap();
     assert!(cfg.as_str().contains("atol = 1e-12"));
     // Nothing but the model, its sidecar and the output manifest in the directory.
-    let mut names: Vec<String> = std::fs::read_dir(p.parent().unwrap())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        common::names_in(p.parent().unwrap()),
         vec!["model.h5", "model.xdmf", "seistomo-outputs.json"]
     );
 }

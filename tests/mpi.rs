@@ -181,31 +181,34 @@ fn check_against_serial_within(args: &[&str], dir: &Path, nps: &[usize], tol: f6
     }
 }
 
+/// australia's system as `solve` options: G, d, R and the regularisation weight.
+fn australia_args() -> Vec<String> {
+    let p = |f: &str| {
+        data(&format!("australia/{f}"))
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    [
+        "--matrix".into(),
+        p("G.mtx.gz"),
+        "--rhs".into(),
+        p("d.txt"),
+        "--reg".into(),
+        p("R.mtx.gz"),
+        "--reg-weight".into(),
+        "0.015".into(),
+    ]
+    .to_vec()
+}
+
 #[test]
 fn australia_on_1_to_4_ranks_matches_serial() {
     if !have_mpirun() {
         return;
     }
-    let (g, d, r) = (
-        data("australia/G.mtx.gz"),
-        data("australia/d.txt"),
-        data("australia/R.mtx.gz"),
-    );
-    let (g, d, r) = (
-        g.to_str().unwrap(),
-        d.to_str().unwrap(),
-        r.to_str().unwrap(),
-    );
-    let mut args = vec![
-        "--matrix",
-        g,
-        "--rhs",
-        d,
-        "--reg",
-        r,
-        "--reg-weight",
-        "0.015",
-    ];
+    let au = australia_args();
+    let mut args: Vec<&str> = au.iter().map(String::as_str).collect();
     args.extend(TOL_1E10);
     // The system as given: ranks differ from the serial run only in how sums are split.
     let mut plain = args.to_vec();
@@ -239,22 +242,10 @@ fn lsmr_on_1_to_3_ranks_matches_serial() {
     if !have_mpirun() {
         return;
     }
-    let (g, d, r) = (
-        data("australia/G.mtx.gz"),
-        data("australia/d.txt"),
-        data("australia/R.mtx.gz"),
-    );
-    let args = [
-        "--method",
-        "lsmr",
-        "--matrix",
-        g.to_str().unwrap(),
-        "--rhs",
-        d.to_str().unwrap(),
-        "--reg",
-        r.to_str().unwrap(),
-        "--reg-weight",
-        "0.015",
+    let au = australia_args();
+    let mut args = vec!["--method", "lsmr"];
+    args.extend(au.iter().map(String::as_str));
+    args.extend([
         "--atol",
         "1e-12",
         "--btol",
@@ -263,7 +254,7 @@ fn lsmr_on_1_to_3_ranks_matches_serial() {
         "1e14",
         "--reorder",
         "none",
-    ];
+    ]);
     check_against_serial(&args, &tmpdir("lsmr"), &[1, 2, 3]);
 }
 

@@ -108,18 +108,7 @@ fn dot_files(dir: &Path) -> Vec<String> {
 }
 
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    v.sort();
-    v
+    read_files(dir, false)
 }
 
 #[test]
@@ -183,15 +172,25 @@ fn a_full_disk_at_any_fill_level_leaves_the_old_set_or_a_complete_new_one() {
 /// checkpoint, with the bytes it reads (symbolic links followed; a link that leads nowhere is
 /// no file).
 fn visible(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    read_files(dir, true)
+}
+
+/// Every file of `dir` with its bytes, sorted by name; `visible_only`: not the dot files and
+/// checkpoints, and a name that reads nothing (a dangling link) is left out instead of failing.
+fn read_files(dir: &Path, visible_only: bool) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap())
         .filter_map(|e| {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with('.') || n.starts_with("checkpoint") {
+            if visible_only && (n.starts_with('.') || n.starts_with("checkpoint")) {
                 return None;
             }
-            std::fs::read(e.path()).ok().map(|b| (n, b))
+            match std::fs::read(e.path()) {
+                Ok(b) => Some((n, b)),
+                Err(_) if visible_only => None,
+                Err(err) => panic!("{n}: {err}"),
+            }
         })
         .collect();
     v.sort();

@@ -55,6 +55,33 @@ fn bin_in(d: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// Q.mtx in `d`: the convection-diffusion system on an n^3 grid (`seistomo square`).
+fn convdiff(d: &Path, n: usize) {
+    let n = n.to_string();
+    let o = bin_in(
+        d,
+        &["square", "--kind", "convdiff", "--n", &n, "-o", "Q.mtx"],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// `solve --method gmres --backend cpu --matrix Q.mtx` and `more` (words without spaces).
+fn gmres_on_q(more: &str) -> Vec<&str> {
+    let mut a = vec![
+        "solve",
+        "--method",
+        "gmres",
+        "--backend",
+        "cpu",
+        "--matrix",
+        "Q.mtx",
+    ];
+    a.extend(more.split_whitespace());
+    a
+}
+
 /// A 3 x 3 diagonal system in `d`: A.mtx and b.txt.
 fn small_system(d: &Path) {
     std::fs::write(
@@ -192,84 +219,46 @@ fn absurd_sizes_are_refused_before_anything_is_allocated() {
     small_system(&d);
     let cfg = small_dataset(&d);
     let cfg = cfg.to_str().unwrap();
-    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+    let lcurve = format!("lcurve {cfg} --log-range 1e-3:1:100000000");
+    let cases: Vec<(&str, Vec<&str>)> = vec![
         (
-            vec![
-                "solve",
-                "--method",
-                "gmres",
-                "--matrix",
-                "A.mtx",
-                "--restart",
-                "100000",
-            ],
+            "solve --method gmres --matrix A.mtx --restart 100000",
             vec!["restart 100000", "1..=3"],
         ),
         (
-            vec![
-                "solve",
-                "--method",
-                "gmres",
-                "--matrix",
-                "A.mtx",
-                "--restart",
-                "1000000000",
-            ],
+            "solve --method gmres --matrix A.mtx --restart 1000000000",
             vec!["restart 1000000000"],
         ),
         (
-            vec![
-                "solve",
-                "--method",
-                "gmres",
-                "--matrix",
-                "A.mtx",
-                "--precond",
-                "block-ilu0",
-                "--ilu-sweeps",
-                "4000000000",
-            ],
+            "solve --method gmres --matrix A.mtx --precond block-ilu0 --ilu-sweeps 4000000000",
             vec!["--ilu-sweeps must be in 1..=1000", "4000000000"],
         ),
+        (&lcurve, vec!["100000000 weights, at most 1000"]),
         (
-            vec!["lcurve", cfg, "--log-range", "1e-3:1:100000000"],
-            vec!["100000000 weights, at most 1000"],
-        ),
-        (
-            vec![
-                "synth",
-                "--grid",
-                "4,4,4",
-                "--rays",
-                "100000000000",
-                "-o",
-                "s",
-            ],
+            "synth --grid 4,4,4 --rays 100000000000 -o s",
             vec!["--rays must be in 1..=4294967296"],
         ),
+        ("inspect ds --ranks 0", vec!["--ranks", "1..="]),
         (
-            vec!["inspect", "ds", "--ranks", "0"],
-            vec!["--ranks", "1..="],
-        ),
-        (
-            vec!["inspect", "ds", "--ranks", "4,99999999999"],
+            "inspect ds --ranks 4,99999999999",
             vec!["--ranks", "99999999999"],
         ),
         (
-            vec!["solve", "--matrix", "A.mtx", "--iter-lim", "0"],
+            "solve --matrix A.mtx --iter-lim 0",
             vec!["iter_lim must be >= 1"],
         ),
         (
-            vec!["synth", "--grid", "4,4,4", "--amplitude", "inf", "-o", "s"],
+            "synth --grid 4,4,4 --amplitude inf -o s",
             vec!["--amplitude", "inf", "not finite"],
         ),
         (
-            vec!["synth", "--grid", "4,4,4", "--origin", "0,nan,0", "-o", "s"],
+            "synth --grid 4,4,4 --origin 0,nan,0 -o s",
             vec!["--origin", "NaN"],
         ),
     ];
-    for (args, wants) in &cases {
-        let (o, secs) = timed(bin_in(&d, args));
+    for (line, wants) in &cases {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let (o, secs) = timed(bin_in(&d, &args));
         one_line(&o, wants, &args.join(" "));
         assert!(secs < 5.0, "{}: {secs:.1} s", args.join(" "));
     }
@@ -575,36 +564,14 @@ fn signals_end_a_solve_saying_so_and_where_the_checkpoint_is() {
         assert!(left.is_empty(), "{name}: {left:?}");
     }
     // GMRES, no checkpoints: the signal and "no outputs".
-    let o = bin_in(
-        &d,
-        &["square", "--kind", "convdiff", "--n", "16", "-o", "Q.mtx"],
-    )
-    .output()
-    .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let child = bin_in(
-        &d,
-        &[
-            "solve",
-            "--method",
-            "gmres",
-            "--backend",
-            "cpu",
-            "--matrix",
-            "Q.mtx",
-            "--rtol",
-            "0",
-            "--max-iter",
-            "100000000",
-            "--solution",
-            "x.txt",
-        ],
-    )
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    convdiff(&d, 16);
+    let gmres = "--rtol 0 --max-iter 100000000 --solution x.txt";
+    let child = bin_in(&d, &gmres_on_q(gmres))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let t = Instant::now();
     let o = signal_when(child, libc::SIGINT, || {
         t.elapsed() > Duration::from_millis(700)
@@ -626,37 +593,13 @@ fn signals_end_a_solve_saying_so_and_where_the_checkpoint_is() {
 #[test]
 fn the_gmres_summary_says_what_the_report_says() {
     let d = scratch("gmres-words");
-    let o = bin_in(
-        &d,
-        &["square", "--kind", "convdiff", "--n", "8", "-o", "Q.mtx"],
-    )
-    .output()
-    .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    convdiff(&d, 8);
     for (stop, said) in [
         ("petsc", "converged by the preconditioned residual alone"),
         ("preconditioned", ": converged after"),
     ] {
-        let o = bin_in(
-            &d,
-            &[
-                "solve",
-                "--method",
-                "gmres",
-                "--backend",
-                "cpu",
-                "--matrix",
-                "Q.mtx",
-                "--rtol",
-                "1e-8",
-                "--stop",
-                stop,
-                "--report",
-                "r.json",
-            ],
-        )
-        .output()
-        .unwrap();
+        let gmres = format!("--rtol 1e-8 --stop {stop} --report r.json");
+        let o = bin_in(&d, &gmres_on_q(&gmres)).output().unwrap();
         let err = stderr(&o);
         assert!(o.status.success(), "{err}");
         assert!(err.contains(said), "{stop}: {err}");

@@ -71,37 +71,26 @@ mod reference {
         Csr::try_new(a.nrows(), a.ncols(), a.indptr().to_vec(), indices, data).unwrap()
     }
 
+    /// a's bits in the odd places, b's in the even ones (bit by bit: another way than the
+    /// library's mask cascade to the same key).
     fn interleave2(a: u32, b: u32) -> u64 {
-        let spread = |v: u32| -> u64 {
-            let mut x = v as u64;
-            x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
-            x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
-            x = (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
-            x = (x | (x << 2)) & 0x3333_3333_3333_3333;
-            x = (x | (x << 1)) & 0x5555_5555_5555_5555;
-            x
-        };
-        (spread(a) << 1) | spread(b)
+        (0..32).fold(0u64, |key, bit| {
+            key | ((a as u64 >> bit) & 1) << (2 * bit + 1) | ((b as u64 >> bit) & 1) << (2 * bit)
+        })
     }
 
     pub fn morton(nx: usize, ny: usize, nz: usize) -> Vec<u32> {
-        fn spread(mut v: u64) -> u64 {
-            let mut out = 0u64;
-            let mut b = 0;
-            while v > 0 {
-                out |= (v & 1) << (3 * b);
-                v >>= 1;
-                b += 1;
-            }
-            out
-        }
+        // i's bits at 3b, j's at 3b + 1, k's at 3b + 2, bit by bit over the 21 bits a u64 holds
+        let key = |i: usize, j: usize, k: usize| -> u64 {
+            (0..21).fold(0u64, |key, bit| {
+                key | ((i as u64 >> bit) & 1) << (3 * bit)
+                    | ((j as u64 >> bit) & 1) << (3 * bit + 1)
+                    | ((k as u64 >> bit) & 1) << (3 * bit + 2)
+            })
+        };
         let n = nx * ny * nz;
         let mut keyed: Vec<(u64, u32)> = (0..n)
-            .map(|c| {
-                let (i, j, k) = (c % nx, (c / nx) % ny, c / (nx * ny));
-                let key = spread(i as u64) | (spread(j as u64) << 1) | (spread(k as u64) << 2);
-                (key, c as u32)
-            })
+            .map(|c| (key(c % nx, (c / nx) % ny, c / (nx * ny)), c as u32))
             .collect();
         keyed.sort_unstable();
         let mut new_of_old = vec![0u32; n];

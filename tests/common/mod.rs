@@ -93,6 +93,46 @@ pub fn on_thread_ranks<T: Send>(p: usize, f: impl Fn(&ThreadComm) -> T + Sync) -
     })
 }
 
+/// `run_lsqr` of `source` with `options` (no outputs) on `ranks` simulated ranks: rank 0's
+/// outcome.
+pub fn pipeline_on_thread_ranks(
+    source: &seistomo::pipeline::options::SystemSource,
+    options: &SolveOptions,
+    ranks: usize,
+) -> seistomo::model::report::Outcome {
+    let run = seistomo::pipeline::invert::LsqrRun {
+        source,
+        options,
+        outputs: &seistomo::pipeline::options::OutputPaths::default(),
+        progress_every: 0,
+        model: None,
+    };
+    let mut out = on_thread_ranks(ranks, |c| {
+        seistomo::pipeline::invert::run_lsqr(&run, c).unwrap()
+    });
+    out.remove(0).expect("rank 0 has the outcome")
+}
+
+/// ||b - A x||, the true residual of `x`.
+pub fn true_rnorm(a: &Csr, b: &[f64], x: &[f64]) -> f64 {
+    let ax = a.matvec(x);
+    ax.iter()
+        .zip(b)
+        .map(|(p, q)| (p - q) * (p - q))
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// The names in `dir`, sorted.
+pub fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// The value every rank reports (fails the test when two ranks disagree on `what`).
 pub fn agreed<T: PartialEq + Clone>(per_rank: impl IntoIterator<Item = T>, what: &str) -> T {
     let v: Vec<T> = per_rank.into_iter().collect();
