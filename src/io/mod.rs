@@ -169,10 +169,28 @@ pub fn write_vector_text(path: &Path, x: &[f64]) -> Result<()> {
     write_atomic(path, |w| vector_text(w, x))
 }
 
-/// A vector as text, one value per line in shortest round-trip form (`{:e}`).
+/// A vector as text, one value per line in shortest round-trip form (`{:e}`). The values are
+/// formatted on the thread pool, 2^20 at a time, and written in order (the formatting, ~160 ns
+/// a value, took 0.21 s of a 1.31M-cell run's outputs on one thread).
 pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
-    for v in x {
-        writeln!(w, "{v:e}")?;
+    use rayon::prelude::*;
+    use std::fmt::Write as _;
+    const PIECE: usize = 1 << 14;
+    for batch in x.chunks(PIECE << 6) {
+        let texts: Vec<String> = batch
+            .par_chunks(PIECE)
+            .map(|piece| {
+                let mut t = String::with_capacity(piece.len() * 24);
+                for v in piece {
+                    // writing into a String cannot fail
+                    let _ = writeln!(t, "{v:e}");
+                }
+                t
+            })
+            .collect();
+        for t in &texts {
+            w.write_all(t.as_bytes())?;
+        }
     }
     Ok(())
 }
