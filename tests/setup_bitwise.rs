@@ -18,28 +18,19 @@ mod reference {
     //! The sequential code as it was (commit a475c34), for comparison.
     use super::*;
 
+    /// A^T through the triplets (j, i, a_ij), which from_triplets sorts by row and column:
+    /// what the counting sort of a475c34 gave, by another road.
     pub fn transpose(a: &Csr) -> Csr {
-        let (m, n) = a.shape();
-        let mut counts = vec![0u64; n + 1];
-        for &c in a.indices() {
-            counts[c as usize + 1] += 1;
-        }
-        for j in 0..n {
-            counts[j + 1] += counts[j];
-        }
-        let mut next = counts.clone();
-        let mut idx = vec![0u32; a.nnz()];
-        let mut val = vec![0f64; a.nnz()];
-        for r in 0..m {
-            let (cols, vals) = a.row(r);
-            for (&c, &v) in cols.iter().zip(vals) {
-                let p = next[c as usize] as usize;
-                idx[p] = r as u32;
-                val[p] = v;
-                next[c as usize] += 1;
+        let (mut rows, mut cols, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..a.nrows() {
+            let (c, v) = a.row(i);
+            for (&j, &x) in c.iter().zip(v) {
+                rows.push(j as u64);
+                cols.push(i as u64);
+                vals.push(x);
             }
         }
-        Csr::try_new(n, m, counts, idx, val).unwrap()
+        Csr::from_triplets(a.ncols(), a.nrows(), &rows, &cols, &vals).unwrap()
     }
 
     pub fn select_rows(a: &Csr, rows: &[usize]) -> Csr {
@@ -102,19 +93,15 @@ mod reference {
 
     /// Ordering::plan's row order.
     pub fn row_order(a: &Csr, cols: Option<&[u32]>) -> Vec<usize> {
+        // the smallest and largest new column of the row (0, 0 for an empty row), interleaved
         let key = |i: usize| -> u64 {
             let (c, _) = a.row(i);
-            let (lo, hi) = match cols {
-                Some(p) => c
-                    .iter()
-                    .map(|&j| p[j as usize])
-                    .fold((u32::MAX, 0), |(l, h), v| (l.min(v), h.max(v))),
-                None => (
-                    c.first().copied().unwrap_or(u32::MAX),
-                    c.last().copied().unwrap_or(0),
-                ),
-            };
-            let lo = if c.is_empty() { 0 } else { lo };
+            let new: Vec<u32> = c
+                .iter()
+                .map(|&j| cols.map_or(j, |p| p[j as usize]))
+                .collect();
+            let lo = new.iter().min().copied().unwrap_or(0);
+            let hi = new.iter().max().copied().unwrap_or(0);
             interleave2(lo, hi)
         };
         let keys: Vec<u64> = (0..a.nrows()).map(key).collect();
@@ -223,28 +210,26 @@ mod reference {
         for t in 0..ntiles {
             tile_count[t + 1] += tile_count[t];
         }
-        let tile_seg = tile_count.clone();
-        let mut cursor = tile_count;
-        let (mut row, mut slot, mut csr) = (vec![0u32; nseg], vec![0u32; nseg], vec![(0, 0); nseg]);
+        let tile_seg = tile_count;
+        // every segment (a row's run of entries in one tile) as (tile, row, slot, start, len),
+        // then a stable sort by tile: what a475c34's counting sort placed, by another road
+        let mut segs: Vec<(u32, u32, u32, usize, usize)> = Vec::with_capacity(nseg);
         for r in 0..m {
             let (s, e) = (ip[r] as usize, ip[r + 1] as usize);
-            let mut k = row_seg[r];
             let mut j = s;
             while j < e {
                 let t = t_of(ci[j]);
-                let mut j1 = j + 1;
-                while j1 < e && t_of(ci[j1]) == t {
-                    j1 += 1;
-                }
-                let pos = cursor[t as usize] as usize;
-                cursor[t as usize] += 1;
-                row[pos] = r as u32;
-                slot[pos] = k as u32;
-                csr[pos] = (j, j1 - j);
-                k += 1;
+                let j1 = (j + 1..e).find(|&q| t_of(ci[q]) != t).unwrap_or(e);
+                let slot =
+                    row_seg[r] as usize + segs.iter().rev().take_while(|g| g.1 == r as u32).count();
+                segs.push((t, r as u32, slot as u32, j, j1 - j));
                 j = j1;
             }
         }
+        segs.sort_by_key(|g| g.0);
+        let row: Vec<u32> = segs.iter().map(|g| g.1).collect();
+        let slot: Vec<u32> = segs.iter().map(|g| g.2).collect();
+        let csr: Vec<(usize, usize)> = segs.iter().map(|g| (g.3, g.4)).collect();
         let mut chunk_seg = Vec::new();
         for t in 0..ntiles {
             let (s0, s1) = (tile_seg[t] as usize, tile_seg[t + 1] as usize);
