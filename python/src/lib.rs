@@ -296,10 +296,11 @@ fn lsqr<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
-    if iter_lim == Some(0) {
+    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
+    // LSQR's iter_lim = 0 is an error, as in the CLI; LSMR's maxiter = 0 is SciPy's (no step)
+    if iter_lim == Some(0) && method == LsqMethod::Lsqr {
         return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
     }
-    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
     let params = LsqrParams {
