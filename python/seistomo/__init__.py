@@ -10,6 +10,8 @@ A is a scipy.sparse matrix or a dense array (copied once, solved natively on the
 an operator given by its products: a scipy.sparse.linalg.LinearOperator, a PyLops operator,
 anything with matvec, rmatvec and shape (the solve runs natively on the CPU, calling back into
 Python for each product).
+    op = seistomo.Operator(A)                           # copied and set up once
+    x = seistomo.lsqr(op, b, damp=0.01)[0]              # then reused by any number of solves
     ds = seistomo.open_model("out/demo/model.h5")      # xarray.Dataset (dict without xarray)
 
 The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (use the
@@ -28,6 +30,7 @@ __all__ = [
     "lsqr",
     "lsmr",
     "gmres",
+    "Operator",
     "Dataset",
     "invert",
     "open_model",
@@ -246,10 +249,108 @@ def _check_iter_lim(iter_lim, what):
     return iter_lim
 
 
+#: The layout options of lsqr and lsmr with their defaults: fixed when an Operator is made.
+_LAYOUT = dict(backend="auto", precision="f64", transpose="auto", lsqr_loop="auto",
+               storage="auto", reorder="none")
+
+
+class Operator:
+    """A matrix copied and prepared once for any number of lsqr and lsmr solves.
+
+        op = seistomo.Operator(A, backend="auto", storage="auto", reorder="none")
+        for damp in (0.1, 0.03, 0.01):
+            x, istop, itn, *_ = seistomo.lsqr(op, b, damp=damp)
+
+    Operator(A, ...) does what every lsqr(A, ...) call does before its iterations, once: A (any
+    scipy.sparse matrix or a dense array, as lsqr takes it) copied into the library's CSR and
+    checked, the backend started, the rows laid out (storage, reordering) and the operator
+    built (on a GPU: uploaded). lsqr(op, b, ...) and lsmr(op, b, ...) then only solve: b, x0,
+    damp (applied by the solver, the matrix is never changed), the tolerances and callbacks may
+    differ from call to call, and each result is the one lsqr(A, b, ...) with the same options
+    returns (bit for bit on the CPU). backend, precision, transpose, lsqr_loop, storage and
+    reorder are lsqr's options, fixed here (passing another value to lsqr(op, ...) is a
+    ValueError). The operator lives on the Rust side (on a GPU, in device memory) until
+    close() or until the object is collected; `with seistomo.Operator(A) as op:` closes it.
+
+    Attributes: shape, nnz (stored nonzeros), dtype (float64), backend ("cpu" or "cuda"),
+    backend_detail, storage ("csr" or "compact": what the operator stores), precision,
+    ordering (the row order used, in words), setup_seconds (this constructor, the copy of A
+    included) and closed.
+    """
+
+    def __init__(self, A, backend="auto", *, precision="f64", transpose="auto",
+                 lsqr_loop="auto", storage="auto", reorder="none"):
+        import time
+
+        t = time.perf_counter()
+        if isinstance(A, Operator):
+            raise TypeError("A is already a seistomo.Operator: pass it to lsqr/lsmr as it is")
+        if _is_operator(A):
+            raise TypeError(
+                f"seistomo.Operator needs a matrix's entries (a scipy.sparse matrix or an "
+                f"array); {type(A).__name__} is given by its products: pass it to lsqr/lsmr "
+                f"as it is")
+        self._options = dict(backend=str(backend), precision=str(precision),
+                             transpose=str(transpose), lsqr_loop=str(lsqr_loop),
+                             storage=str(storage), reorder=str(reorder))
+        shape, ip, ix, data = _csr_parts(A)
+        o = self._options
+        self._plan = _native.Plan(shape, ip, ix, data, o["backend"], o["precision"],
+                                  o["transpose"], o["lsqr_loop"], o["storage"], o["reorder"])
+        del ip, ix, data
+        info = self._plan.info()
+        self.shape = tuple(int(v) for v in info["shape"])
+        self.nnz = int(info["nnz"])
+        self.backend = info["backend"]
+        self.backend_detail = info["backend_detail"]
+        self.storage = info["storage"]
+        self.precision = info["precision"]
+        self.ordering = info["ordering"]
+        self.setup_seconds = time.perf_counter() - t
+
+    dtype = np.dtype(np.float64)
+
+    @property
+    def closed(self):
+        return self._plan.closed
+
+    def close(self):
+        """Free the prepared operator (and its GPU memory) now; later solves raise ValueError."""
+        self._plan.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.backend}, {self.storage}"
+        return (f"seistomo.Operator(shape={self.shape}, nnz={self.nnz}, {state}, "
+                f"setup {self.setup_seconds:.3g} s)")
+
+    def _check_options(self, given):
+        """The layout options of a call on this operator: the defaults or this one's values."""
+        for k, v in given.items():
+            if v != _LAYOUT[k] and str(v) != self._options[k]:
+                raise ValueError(
+                    f"{k}={v!r}: the layout options are fixed when the Operator is made (this "
+                    f"one has {k}={self._options[k]!r}); make another Operator(A, {k}={v!r})")
+
+
 def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
          callback, callback_every, transpose, lsqr_loop, storage, reorder):
-    """The native LSQR or LSMR on A's entries or, for an operator, on its products."""
-    if _is_operator(A):
+    """The native LSQR or LSMR on A's entries, on a prepared Operator, or, for an operator
+    given by its products, on its products."""
+    if isinstance(A, Operator):
+        A._check_options(dict(backend=backend, precision=precision, transpose=transpose,
+                              lsqr_loop=lsqr_loop, storage=storage, reorder=reorder))
+        bb = _vec(b, "b")
+        x0b = None if x0 is None else _vec(x0, "x0")
+        r = A._plan.solve(method, bb, float(damp), float(atol), float(btol), float(conlim),
+                          iter_lim, bool(calc_var), x0b, callback, int(callback_every))
+        shape = A.shape
+    elif _is_operator(A):
         shape, prods = _operator(A)
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
@@ -290,6 +391,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     PyLops operator, anything with matvec, rmatvec and shape. Then the solve runs on the CPU
     backend, natively, and calls A.matvec / A.rmatvec in Python for each product (precision,
     storage, reorder, transpose and lsqr_loop do not apply; backend "cuda" is an error).
+    A may be a seistomo.Operator: A copied and set up once, reused by every call (its layout
+    options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
     The backend used and the solve time are in seistomo.last_info.
@@ -327,8 +430,9 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     LSMR runs the same bidiagonalisation as LSQR but makes ||A^T r|| fall monotonically, so it
     can stop earlier than LSQR on the least-squares test (atol). A, b, backend, precision,
     storage, reorder, transpose and callback as for seistomo.lsqr (A a sparse matrix, an array,
-    or an operator with matvec, rmatvec and shape); on a GPU the vectors stay on the device and
-    the host drives the iterations (there is no device loop). callback(itn, normr, normr, norma,
+    or an operator with matvec, rmatvec and shape, or a prepared seistomo.Operator); on a GPU
+    the vectors stay on the device and the host drives the iterations (there is no device
+    loop). callback(itn, normr, normr, norma,
     conda, normar, normx) every `callback_every` iterations (lsqr's order of fields).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
@@ -415,6 +519,9 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     every `callback_every` inner iterations.
     storage (GPU): "auto" (row patterns where the rows qualify: stencil matrices), "csr",
     "compact" (row patterns, or an error saying why not)."""
+    if isinstance(A, Operator):
+        raise TypeError("a seistomo.Operator is prepared for lsqr and lsmr; gmres takes the "
+                        "matrix itself (or an operator with matvec)")
     operator = _is_operator(A)
     if operator:
         shape, prods = _operator(A, transpose=False)

@@ -7,8 +7,10 @@
 //! the GIL released; the monitor takes it back to run the callback and to check for signals
 //! (Ctrl-C raises KeyboardInterrupt between iterations). Library errors become Python
 //! exceptions with the library's one-line message; a panic becomes RuntimeError. Operators given
-//! by their products in Python (LinearOperator, PyLops) run through products.rs.
+//! by their products in Python (LinearOperator, PyLops) run through products.rs; a matrix
+//! prepared once for many solves (`seistomo.Operator`) through plan.rs.
 
+mod plan;
 mod products;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -161,6 +163,10 @@ struct PyMonitor {
     last_check: Instant,
     err: Option<PyErr>,
     wants_x: bool,
+    /// Set by the thread that waits for a solve run elsewhere (a prepared `Operator`'s worker):
+    /// that thread checks for signals (Python sees them on its main thread only), this one
+    /// stops between iterations once it is set.
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl PyMonitor {
@@ -171,6 +177,7 @@ impl PyMonitor {
             last_check: Instant::now(),
             err: None,
             wants_x: false,
+            cancel: None,
         }
     }
 
@@ -179,8 +186,15 @@ impl PyMonitor {
     where
         A: for<'py> IntoPyObject<'py, Target = pyo3::types::PyTuple>,
     {
+        if let Some(c) = &self.cancel {
+            if c.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Invalid("stopped from Python (interrupted)".into()));
+            }
+        }
         let due_cb = self.callback.is_some() && !self.wants_x && itn % self.every == 0;
-        let due_sig = self.last_check.elapsed() >= Duration::from_millis(50);
+        // the waiting thread checks for signals where the solve runs on another one
+        let due_sig =
+            self.cancel.is_none() && self.last_check.elapsed() >= Duration::from_millis(50);
         if !due_cb && !due_sig {
             return Ok(());
         }
@@ -312,6 +326,46 @@ fn lsqr<'py>(
         calc_var,
     };
     seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
+    let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
+    let mut mon = PyMonitor::new(callback, callback_every);
+    let out = py.allow_threads(|| {
+        guarded(|| {
+            let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
+            let engine = engine_for(kind).map_err(py_err)?;
+            let layout = layout_for(kind, &spec, reorder, a.nnz());
+            let kernel_rows = a.nrows();
+            let sys = System { a, b, kernel_rows };
+            let setup_started = std::time::Instant::now();
+            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
+            let job = LsqrJob {
+                method,
+                params: &params,
+                spec: &spec,
+                checkpoint: None,
+                setup_started,
+            };
+            let watch = Watch::Recorder(&mut mon);
+            let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
+            let o = o.map_err(|e| mon.error(e))?;
+            let what = format!("{}: {} ({why})", engine.name(), engine.describe());
+            Ok((o.solution, what))
+        })
+    });
+    let (sol, backend_used) = out?;
+    lsq_dict(py, &sol, backend_used)
+}
+
+/// The operator and layout options of lsqr and lsmr on a matrix (and of a prepared
+/// `Operator`), checked: the spec and the reordering.
+fn lsq_layout(
+    backend: &str,
+    precision: &str,
+    transpose: &str,
+    lsqr_loop: &str,
+    storage: &str,
+    reorder: &str,
+) -> PyResult<(OperatorSpec, Reorder)> {
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
     let strategy = transpose
@@ -335,40 +389,19 @@ fn lsqr<'py>(
         lsqr_loop,
         ..Default::default()
     };
-    let mut mon = PyMonitor::new(callback, callback_every);
-    let out = py.allow_threads(|| {
-        guarded(|| {
-            let (kind, why) = choose_backend(choice).map_err(py_err)?;
-            let engine = engine_for(kind).map_err(py_err)?;
-            // The CLI's stages for one rank: storage, reordering (solution mapped back).
-            let layout = Layout {
-                storage: resolve_storage(kind, storage, strategy, a.nnz()),
-                reorder,
-                grid: None,
-                col_scale: false,
-                x0: None,
-            };
-            let kernel_rows = a.nrows();
-            let sys = System { a, b, kernel_rows };
-            let setup_started = std::time::Instant::now();
-            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
-            p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
-            let job = LsqrJob {
-                method,
-                params: &params,
-                spec: &spec,
-                checkpoint: None,
-                setup_started,
-            };
-            let watch = Watch::Recorder(&mut mon);
-            let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
-            let o = o.map_err(|e| mon.error(e))?;
-            let what = format!("{}: {} ({why})", engine.name(), engine.describe());
-            Ok((o.solution, what))
-        })
-    });
-    let (sol, backend_used) = out?;
-    lsq_dict(py, &sol, backend_used)
+    Ok((spec, reorder))
+}
+
+/// The CLI's stages for one rank on `kind`: the storage resolved for the backend and size, the
+/// reordering asked for (the solution is mapped back), no grid, no column scaling.
+fn layout_for(kind: BackendChoice, spec: &OperatorSpec, reorder: Reorder, nnz: usize) -> Layout {
+    Layout {
+        storage: resolve_storage(kind, spec.storage, spec.transpose, nnz),
+        reorder,
+        grid: None,
+        col_scale: false,
+        x0: None,
+    }
 }
 
 /// What lsqr and lsmr return to the Python half (lsmr's normr etc. in LSQR's fields).
@@ -937,5 +970,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_fields, m)?)?;
     m.add_function(wrap_pyfunction!(model_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_class::<plan::Plan>()?;
     Ok(())
 }
