@@ -20,6 +20,7 @@ The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (us
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -656,9 +657,78 @@ class Dataset:
         return f"Dataset({self.path!r}, shape={self.shape}, nnz={self.nnz})"
 
 
-def invert(config, progress=0, resume=False):
-    """Run a TOML configuration as `seistomo invert CONFIG` does (one process) and return its
-    report (the report.json dict). Outputs go where the config's [output] says."""
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(k):
+    if not isinstance(k, str):
+        raise TypeError(f"config: keys must be strings (got {k!r})")
+    return k if _BARE_KEY.match(k) else json.dumps(k)
+
+
+def _toml_value(v, where):
+    """One TOML value (strings as TOML basic strings: JSON's escapes are TOML's)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if v != v:
+            return "nan"
+        if v in (float("inf"), float("-inf")):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, (str, os.PathLike)):
+        return json.dumps(os.fspath(v))
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x, f'{where}.{k}')}"
+                               for k, x in v.items()) + "}"
+    if v is None:
+        raise TypeError(f"config: {where} is None (leave the key out for its default)")
+    raise TypeError(f"config: {where} = {v!r}: a {type(v).__name__} is not a TOML value "
+                    f"(str, int, float, bool, path, list or dict)")
+
+
+def _toml(config, prefix=""):
+    """A run configuration given as a dict (tables as nested dicts) in TOML."""
+    lines, tables = [], []
+    for k, v in config.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{_toml_key(k)} = {_toml_value(v, prefix + str(k))}")
+    for k, v in tables:
+        name = f"{prefix}{_toml_key(k)}"
+        lines.append(f"\n[{name}]")
+        lines.append(_toml(v, name + ".").strip("\n"))
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+def invert(config, progress=0, resume=False, *, base_dir=None):
+    """Run a configuration as `seistomo invert CONFIG` does (one process) and return its
+    report (the report.json dict). Outputs go where the config's [output] says.
+
+    config: a TOML file or a dataset directory (a path), a seistomo.Dataset (its directory:
+    its invert.toml, else the defaults), or the configuration as a dict of tables, as the TOML
+    file would hold it: {"dataset": {"path": "datasets/demo"}, "solver": {"atol": 1e-8},
+    "output": {"dir": "out/mine"}}. A dict's relative paths are relative to base_dir (default:
+    the current directory); its TOML text goes into the model file's provenance."""
+    if isinstance(config, Dataset):
+        config = config.path
+    if isinstance(config, dict):
+        base = os.path.abspath(os.fspath(base_dir) if base_dir is not None else os.getcwd())
+        text = _toml(config)
+        return json.loads(_native.invert_text(os.path.join(base, "<config dict>"), text,
+                                              int(progress), bool(resume)))
+    if base_dir is not None:
+        raise ValueError("base_dir is for a config given as a dict (a file's paths are "
+                         "relative to the file)")
+    if not isinstance(config, (str, bytes, os.PathLike)):
+        raise TypeError(f"config must be a path, a seistomo.Dataset or a dict (got "
+                        f"{type(config).__name__})")
     return json.loads(_native.invert(os.fspath(config), int(progress), bool(resume)))
 
 

@@ -903,6 +903,43 @@ fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyR
     })
 }
 
+/// Run configuration text as `seistomo invert` runs a config file (Python's `invert(dict)`):
+/// `path` names it in messages and its directory resolves relative paths (no file there is
+/// read). Returns report.json.
+#[pyfunction]
+#[pyo3(signature = (path, text, progress=0, resume=false))]
+fn invert_text(
+    py: Python<'_>,
+    path: PathBuf,
+    text: String,
+    progress: usize,
+    resume: bool,
+) -> PyResult<String> {
+    let p = path.clone();
+    py.allow_threads(|| {
+        guarded(|| {
+            let done = seistomo::pipeline::invert::invert_text(
+                &path,
+                &text,
+                &[],
+                &SerialComm,
+                progress,
+                resume,
+            )
+            .map_err(|e| match e {
+                // the dict's own keys and values: its TOML lines are not the caller's
+                Error::Parse { path, msg, .. } if path == p => {
+                    PyValueError::new_err(format!("config: {msg}"))
+                }
+                e => py_err(e),
+            })?;
+            let (o, _) =
+                done.ok_or_else(|| PyRuntimeError::new_err("the run produced no outcome"))?;
+            serde_json::to_string(&o.report).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        })
+    })
+}
+
 fn model_meta<'py>(
     py: Python<'py>,
     mf: &seistomo::model::hdf5::ModelFile,
@@ -967,6 +1004,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dataset_info, m)?)?;
     m.add_function(wrap_pyfunction!(dataset_system, m)?)?;
     m.add_function(wrap_pyfunction!(invert, m)?)?;
+    m.add_function(wrap_pyfunction!(invert_text, m)?)?;
     m.add_function(wrap_pyfunction!(model_fields, m)?)?;
     m.add_function(wrap_pyfunction!(model_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;

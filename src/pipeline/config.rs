@@ -462,7 +462,10 @@ fn dataset_source(
 /// Note a run config and everything it reads: the config file, the Matrix Market files or
 /// every file of the dataset directory (and its manifest), a starting model.
 pub fn note_config(cfg: &RunConfig) {
-    let mut files = vec![cfg.path.clone()];
+    // config text given directly (Python's invert(dict)) has no file; its text is recorded
+    let mut files: Vec<PathBuf> = std::iter::once(cfg.path.clone())
+        .filter(|p| p.is_file())
+        .collect();
     match &cfg.system {
         SystemSource::Mtx {
             matrix, rhs, reg, ..
