@@ -732,18 +732,33 @@ def invert(config, progress=0, resume=False, *, base_dir=None):
     return json.loads(_native.invert(os.fspath(config), int(progress), bool(resume)))
 
 
-def open_model(path):
-    """A model file as an xarray.Dataset (engine h5netcdf) when xarray and h5netcdf are
-    installed: fields with their coordinates (x, y, z cell centres, or lat/lon for a lattice of
-    cells) and units. Otherwise a dict of NumPy arrays (grid fields shaped (nz, ny, nx)) with
-    the coordinates under "x", "y", "z"."""
+#: What open_model needs, all brought by `pip install "seistomo[xarray]"`.
+_XARRAY_STACK = ("xarray", "h5netcdf", "h5py")
+
+
+def open_model(path, *, xarray=True):
+    """A model file as an xarray.Dataset (engine h5netcdf): fields with their coordinates (x,
+    y, z cell centres, or lat/lon for a lattice of cells) and units. Needs xarray, h5netcdf and
+    h5py (`pip install "seistomo[xarray]"`); without them an ImportError says so.
+    With xarray=False (no extra needed): a dict of NumPy arrays (grid fields shaped
+    (nz, ny, nx)) with the coordinates under "x", "y", "z" and the file's attributes under
+    "attrs"."""
     path = os.fspath(path)
-    try:
+    if xarray:
+        missing = []
+        for mod in _XARRAY_STACK:
+            try:
+                __import__(mod)
+            except ImportError:
+                missing.append(mod)
+        if missing:
+            raise ImportError(
+                f"seistomo.open_model needs {' and '.join(missing)}, not installed here: "
+                f"pip install \"seistomo[xarray]\" (xarray, h5netcdf and h5py; "
+                f"\"seistomo[plot]\" adds matplotlib), or open_model(path, xarray=False) for a "
+                f"dict of NumPy arrays", name=missing[0])
         import xarray as xr
-        import h5netcdf  # noqa: F401
-    except ImportError:
-        xr = None
-    if xr is not None:
+
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: No such file or directory")
         meta = _native.model_info(path)  # checks that this is a seistomo model file
