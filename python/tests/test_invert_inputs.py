@@ -86,3 +86,20 @@ def test_toml_of_a_dict():
 
     assert tomllib.loads(text) == {"a": 1, "b": {"c": [1.5, float("inf")], "d e": "x\"y\\z",
                                                  "f": True, "g": {"h": 1e-8}}}
+
+
+def test_each_run_records_its_own_inputs(tmp_path, monkeypatch):
+    # Two runs in one process, from different directories: the second model file names the
+    # second run's inputs only (the first's relative paths would not even resolve there).
+    h5py = pytest.importorskip("h5py")
+    G = sp.random(60, 24, density=0.2, random_state=4, format="csr") + sp.eye(60, 24)
+    grid = dict(n=[4, 3, 2], origin=[0, 0, 0], spacing=[1.0, 1.0, 1.0], units="km")
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        ds = seistomo.Dataset.create(f"data-{name}", G.tocsr(), G @ np.ones(24), grid=grid)
+        seistomo.invert(ds)
+    with h5py.File(tmp_path / "second" / "data-second-inversion" / "model.h5") as f:
+        files = [str(v) for v in np.atleast_1d(f["provenance"].attrs["input_files"])]
+    assert files and all("first" not in v for v in files)
+    assert any("data-second" in v for v in files)
