@@ -37,10 +37,23 @@ __all__ = [
     "open_model",
     "cuda_available",
     "last_info",
+    "LsqResult",
 ]
 
-#: What the last lsqr/gmres call reported beyond SciPy's tuple (backend used, seconds, ...).
+#: What the last lsqr/lsmr/gmres call reported beyond SciPy's tuple (backend used, seconds,
+#: ...), in any thread. Each call's own is its result's .info (safe with threads).
 last_info = {}
+
+
+class LsqResult(tuple):
+    """SciPy's tuple (lsqr's 10 values, lsmr's 8), unpacked and indexed as SciPy's, with this
+    call's own report as .info: istop, itn, stop_reason, the norms, seconds (the solve) and
+    backend (what seistomo.last_info holds after the call, but not shared between threads)."""
+
+    def __new__(cls, values, info):
+        self = super().__new__(cls, values)
+        self.info = info
+        return self
 
 
 def cuda_available():
@@ -368,8 +381,9 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
                          int(callback_every), str(storage), str(reorder), method)
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
+    r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
     last_info.clear()
-    last_info.update({k: v for k, v in r.items() if k not in ("x", "var")})
+    last_info.update(r["info"])
     return shape, r
 
 
@@ -396,7 +410,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
-    The backend used and the solve time are in seistomo.last_info.
+    Returns SciPy's tuple (a LsqResult: a tuple) with this call's own report as .info
+    (backend used, solve seconds, stop reason); seistomo.last_info holds the last call's.
     """
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
@@ -417,8 +432,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
               f"   arnorm ={r['arnorm']:8.1e}")
         print(f"itn   ={r['itn']:8d}   r2norm ={r['r2norm']:8.1e}   acond ={r['acond']:8.1e}"
               f"   xnorm  ={r['xnorm']:8.1e}")
-    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
-            r["acond"], r["arnorm"], r["xnorm"], var)
+    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
+                      r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
 
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,
@@ -452,19 +467,21 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
         print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
         print(f"itn   ={r['itn']:8d}    condA ={r['acond']:8.1e}")
         print(f"    normx ={r['xnorm']:8.1e}")
-    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
-            r["acond"], r["xnorm"])
+    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
+                      r["acond"], r["xnorm"]), r["info"])
 
 
 class GmresResult(tuple):
     """(x, info) as scipy.sparse.linalg.gmres returns it, with the solve's numbers as
     attributes: iterations (inner, one operator application each), cycles, relres
-    (||b - A x|| / ||b||), converged, reason, backend, seconds."""
+    (||b - A x|| / ||b||), converged, reason, backend, seconds; and all of them as the dict
+    .info (this call's own: seistomo.last_info is shared between threads)."""
 
     def __new__(cls, x, info, details):
         self = super().__new__(cls, (x, info))
         for k, v in details.items():
             setattr(self, k, v)
+        self.info = dict(details)
         return self
 
 
