@@ -289,11 +289,12 @@ class Operator:
     Attributes: shape, nnz (stored nonzeros), dtype (float64), backend ("cpu" or "cuda"),
     backend_detail, storage ("csr" or "compact": what the operator stores), precision,
     ordering (the row order used, in words), setup_seconds (this constructor, the copy of A
-    included) and closed.
+    included), threads (its own pool of that many CPU threads; None: the process's pool) and
+    closed.
     """
 
     def __init__(self, A, backend="auto", *, precision="f64", transpose="auto",
-                 lsqr_loop="auto", storage="auto", reorder="none"):
+                 lsqr_loop="auto", storage="auto", reorder="none", threads=None):
         import time
 
         t = time.perf_counter()
@@ -309,8 +310,10 @@ class Operator:
                              storage=str(storage), reorder=str(reorder))
         shape, ip, ix, data = _csr_parts(A)
         o = self._options
+        self.threads = _threads(threads)
         self._plan = _native.Plan(shape, ip, ix, data, o["backend"], o["precision"],
-                                  o["transpose"], o["lsqr_loop"], o["storage"], o["reorder"])
+                                  o["transpose"], o["lsqr_loop"], o["storage"], o["reorder"],
+                                  self.threads)
         del ip, ix, data
         info = self._plan.info()
         self.shape = tuple(int(v) for v in info["shape"])
@@ -352,13 +355,29 @@ class Operator:
                     f"one has {k}={self._options[k]!r}); make another Operator(A, {k}={v!r})")
 
 
+def _threads(threads):
+    """threads= as the native side takes it: None (rayon's pool: RAYON_NUM_THREADS or the
+    cores) or a count (checked there: 1..=4096)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be an int or None (got {type(threads).__name__})")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    return int(threads)
+
+
 def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
-         callback, callback_every, transpose, lsqr_loop, storage, reorder):
+         callback, callback_every, transpose, lsqr_loop, storage, reorder, threads=None):
     """The native LSQR or LSMR on A's entries, on a prepared Operator, or, for an operator
     given by its products, on its products."""
     if isinstance(A, Operator):
         A._check_options(dict(backend=backend, precision=precision, transpose=transpose,
                               lsqr_loop=lsqr_loop, storage=storage, reorder=reorder))
+        if threads is not None and _threads(threads) != A.threads:
+            raise ValueError(f"threads={threads}: an Operator's threads are fixed when it is "
+                             f"made (this one has threads={A.threads}); make another "
+                             f"Operator(A, threads={threads})")
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
         r = A._plan.solve(method, bb, float(damp), float(atol), float(btol), float(conlim),
@@ -370,7 +389,7 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         x0b = None if x0 is None else _vec(x0, "x0")
         r = _native.lsq_operator(prods, shape, bb, method, float(damp), float(atol), float(btol),
                                  float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
-                                 callback, int(callback_every))
+                                 callback, int(callback_every), _threads(threads))
     else:
         shape, ip, ix, data = _csr_parts(A)
         bb = _vec(b, "b")
@@ -378,7 +397,8 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
                          float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
                          str(precision), str(transpose), str(lsqr_loop), callback,
-                         int(callback_every), str(storage), str(reorder), method)
+                         int(callback_every), str(storage), str(reorder), method,
+                         _threads(threads))
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
     r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
@@ -389,7 +409,8 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
 
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
          calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
-         callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none"):
+         callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none",
+         threads=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSQR, as
     scipy.sparse.linalg.lsqr: same parameters, defaults and 10-tuple
     (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
@@ -410,6 +431,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
+    threads: CPU threads for this call (None: rayon's pool, RAYON_NUM_THREADS or the cores).
     Returns SciPy's tuple (a LsqResult: a tuple) with this call's own report as .info
     (backend used, solve seconds, stop reason); seistomo.last_info holds the last call's.
     """
@@ -417,7 +439,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
-                    precision, callback, callback_every, transpose, lsqr_loop, storage, reorder)
+                    precision, callback, callback_every, transpose, lsqr_loop, storage, reorder,
+                    threads)
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
     if show:
@@ -438,7 +461,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,
          *, backend="auto", precision="f64", callback=None, callback_every=1, transpose="auto",
-         storage="auto", reorder="none"):
+         storage="auto", reorder="none", threads=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSMR (Fong & Saunders 2011), as
     scipy.sparse.linalg.lsmr: same parameters, defaults (maxiter = min(m, n)) and 8-tuple
     (x, istop, itn, normr, normar, norma, conda, normx).
@@ -453,7 +476,8 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
     shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
-                    precision, callback, callback_every, transpose, "auto", storage, reorder)
+                    precision, callback, callback_every, transpose, "auto", storage, reorder,
+                    threads)
     x = _array(r["x"])
     if show:
         print("LSMR            Least-squares solution of  Ax = b")
@@ -521,7 +545,7 @@ def _gmres_precond(M, n):
 
 def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=None,
           callback=None, callback_type=None, orthog="cgs2", backend="auto", precision="f64",
-          callback_every=1, storage="auto"):
+          callback_every=1, storage="auto", threads=None):
     """Restarted GMRES with SciPy 1.10's stopping rule: returns (x, info), info = 0 when
     ||b - A x|| <= max(rtol ||b||, atol), else the number of restart cycles run (> 0).
     restart: None means 20 (SciPy's default); at most n. maxiter counts restart cycles (SciPy's
@@ -576,11 +600,12 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     if operator:
         r = _native.gmres_operator(prods, n, bb, x0b, float(rtol), float(atol), restart,
                                    max_iter, max_cycles, pc, str(orthog), str(backend), cb,
-                                   int(callback_every), m_prods, cb_x)
+                                   int(callback_every), m_prods, cb_x, _threads(threads))
     else:
         r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), restart, max_iter,
                           max_cycles, pc, str(orthog), str(backend), str(precision), cb,
-                          int(callback_every), str(storage), m_prods, cb_x)
+                          int(callback_every), str(storage), m_prods, cb_x,
+                          _threads(threads))
     x = _array(r.pop("x"))
     info = 0 if r["converged"] else (maxiter if callback_type == "legacy" else int(r["cycles"]))
     last_info.clear()

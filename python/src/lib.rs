@@ -13,8 +13,11 @@
 mod plan;
 mod products;
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
@@ -154,6 +157,57 @@ fn precision_of(s: &str) -> PyResult<Precision> {
     }
 }
 
+/// A pool of `threads` rayon workers for the calls that ask for that many (`threads=`), built
+/// once per count and kept for the process.
+fn pool_of(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
+    static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = pools.get(&threads) {
+        return Ok(p.clone());
+    }
+    let pool = Arc::new(new_pool(threads)?);
+    pools.insert(threads, pool.clone());
+    Ok(pool)
+}
+
+/// A new pool of `threads` rayon workers (1..=MAX_THREADS, as the CLI's --threads).
+fn new_pool(threads: usize) -> PyResult<rayon::ThreadPool> {
+    let max = seistomo::backend::cpu::MAX_THREADS;
+    if !(1..=max).contains(&threads) {
+        return Err(PyValueError::new_err(format!(
+            "threads must be in 1..={max} (got {threads})"
+        )));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("seistomo-{i}"))
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start {threads} threads: {e}")))
+}
+
+/// Run a solve `f` with the GIL released: on the calling thread and rayon's global pool
+/// (RAYON_NUM_THREADS or the cores) without `threads`; with them, on a pool of that many
+/// workers while the calling thread waits, checking for signals (Python sees them on its main
+/// thread only) and setting `cancel` on one, which the solve's monitor reads.
+fn solve_on<T: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    cancel: &AtomicBool,
+    f: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    let Some(t) = threads else {
+        return py.allow_threads(f);
+    };
+    let pool = pool_of(t)?;
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let _ = tx.send(pool.install(f));
+        });
+        plan::wait(py, rx, cancel)
+    })
+}
+
 /// Takes the GIL back every `every` iterations (callback) and at most every 50 ms (signals).
 /// With `wants_x` (GMRES's `callback_type="x"`) the callback gets x after every cycle instead
 /// of the iteration records.
@@ -166,7 +220,7 @@ struct PyMonitor {
     /// Set by the thread that waits for a solve run elsewhere (a prepared `Operator`'s worker):
     /// that thread checks for signals (Python sees them on its main thread only), this one
     /// stops between iterations once it is set.
-    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl PyMonitor {
@@ -187,7 +241,7 @@ impl PyMonitor {
         A: for<'py> IntoPyObject<'py, Target = pyo3::types::PyTuple>,
     {
         if let Some(c) = &self.cancel {
-            if c.load(std::sync::atomic::Ordering::Relaxed) {
+            if c.load(AtomicOrdering::Relaxed) {
                 return Err(Error::Invalid("stopped from Python (interrupted)".into()));
             }
         }
@@ -214,6 +268,17 @@ impl PyMonitor {
                 Err(Error::Invalid("stopped from Python".into()))
             }
         }
+    }
+
+    /// Where the solve runs on another thread than the caller's (`elsewhere`): the caller
+    /// checks for signals and sets the returned flag, which this monitor reads between
+    /// iterations. Otherwise the flag is unused and this monitor checks for signals itself.
+    fn stop_from_waiter(&mut self, elsewhere: bool) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        if elsewhere {
+            self.cancel = Some(flag.clone());
+        }
+        flag
     }
 
     /// The Python error that stopped the solve, else the library error.
@@ -282,7 +347,7 @@ impl GmresMonitor for PyMonitor {
 #[pyfunction]
 #[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
     calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every,
-    storage, reorder, method="lsqr"))]
+    storage, reorder, method="lsqr", threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -307,6 +372,7 @@ fn lsqr<'py>(
     storage: &str,
     reorder: &str,
     method: &str,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
@@ -328,7 +394,8 @@ fn lsqr<'py>(
     seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
     let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
     let mut mon = PyMonitor::new(callback, callback_every);
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
             let engine = engine_for(kind).map_err(py_err)?;
@@ -454,7 +521,7 @@ fn vectors(
 /// `seistomo._Products` wrapper), on the CPU backend, one process. Returns lsqr's dict.
 #[pyfunction]
 #[pyo3(signature = (products, shape, b, method, damp, atol, btol, conlim, iter_lim, calc_var,
-    x0, backend, callback, callback_every))]
+    x0, backend, callback, callback_every, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn lsq_operator<'py>(
     py: Python<'py>,
@@ -472,6 +539,7 @@ fn lsq_operator<'py>(
     backend: &str,
     callback: Option<Py<PyAny>>,
     callback_every: usize,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let (m, n) = nonempty(shape)?;
@@ -492,7 +560,8 @@ fn lsq_operator<'py>(
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (m, n));
     let mut mon = PyMonitor::new(callback, callback_every);
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();
             let be = engine.cpu_backend().map_err(py_err)?;
@@ -550,7 +619,7 @@ fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
 #[pyfunction]
 #[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, max_iter, max_cycles,
     precond, orthog, backend, precision, callback, callback_every, storage="auto",
-    m_products=None, callback_x=false))]
+    m_products=None, callback_x=false, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres<'py>(
     py: Python<'py>,
@@ -574,6 +643,7 @@ fn gmres<'py>(
     storage: &str,
     m_products: Option<Py<PyAny>>,
     callback_x: bool,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let a = csr((n, n), indptr, indices, data)?;
@@ -603,7 +673,8 @@ fn gmres<'py>(
     });
     let mut mon = PyMonitor::new(callback, callback_every);
     mon.wants_x = callback_x;
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
             let engine = engine_for(kind).map_err(py_err)?;
@@ -639,7 +710,7 @@ fn gmres<'py>(
             let sol = sol.map_err(|e| mon.error_with(kept.take(), e))?;
             let what = match kind {
                 BackendChoice::Cuda => format!("cuda: {} ({why})", engine.describe()),
-                _ => format!("cpu ({why})"),
+                _ => format!("cpu: {} ({why})", engine.describe()),
             };
             Ok((sol.x_local, sol.info, sol.precond, what))
         })
@@ -710,7 +781,8 @@ fn gmres_dict(
 /// M none, or the caller's (`m_products`); otherwise as [`gmres`].
 #[pyfunction]
 #[pyo3(signature = (products, n, b, x0, rtol, atol, restart, max_iter, max_cycles, precond,
-    orthog, backend, callback, callback_every, m_products=None, callback_x=false))]
+    orthog, backend, callback, callback_every, m_products=None, callback_x=false,
+    threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres_operator<'py>(
     py: Python<'py>,
@@ -730,6 +802,7 @@ fn gmres_operator<'py>(
     callback_every: usize,
     m_products: Option<Py<PyAny>>,
     callback_x: bool,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (n, _) = nonempty((n, n))?;
     let (b, x0) = vectors(n, n, b, x0)?;
@@ -746,7 +819,8 @@ fn gmres_operator<'py>(
     let pc_name = if m.is_some() { "M (Python)" } else { "none" };
     let mut mon = PyMonitor::new(callback, callback_every);
     mon.wants_x = callback_x;
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();
             let be = engine.cpu_backend().map_err(py_err)?;

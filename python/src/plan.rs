@@ -162,7 +162,11 @@ fn run<B: Backend, O: Operator<B>>(
 
 /// Wait for `rx` with the GIL released, checking for signals every 50 ms: on one (Ctrl-C, a
 /// test's alarm) the worker is told to stop and the signal's exception is raised once it has.
-fn wait<T: Send>(py: Python<'_>, rx: Receiver<PyResult<T>>, cancel: &AtomicBool) -> PyResult<T> {
+pub(crate) fn wait<T: Send>(
+    py: Python<'_>,
+    rx: Receiver<PyResult<T>>,
+    cancel: &AtomicBool,
+) -> PyResult<T> {
     let mut raised: Option<PyErr> = None;
     let mut rx = rx;
     loop {
@@ -183,7 +187,7 @@ fn wait<T: Send>(py: Python<'_>, rx: Receiver<PyResult<T>>, cancel: &AtomicBool)
             }
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(raised.unwrap_or_else(|| {
-                    PyRuntimeError::new_err("seistomo internal error: the operator's thread ended")
+                    PyRuntimeError::new_err("seistomo internal error: the solve's thread ended")
                 }))
             }
         }
@@ -204,7 +208,7 @@ impl Plan {
     /// build its operator, with lsqr's options; returns once the operator is ready.
     #[new]
     #[pyo3(signature = (shape, indptr, indices, data, backend, precision, transpose, lsqr_loop,
-        storage, reorder))]
+        storage, reorder, threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -218,9 +222,12 @@ impl Plan {
         lsqr_loop: &str,
         storage: &str,
         reorder: &str,
+        threads: Option<usize>,
     ) -> PyResult<Plan> {
         let started = Instant::now();
         seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
+        // its own pool: the serving loop waits on one of its workers between solves
+        let pool = threads.map(crate::new_pool).transpose()?;
         let (spec, reorder) =
             lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
         let a = csr(shape, indptr, indices, data)?;
@@ -230,7 +237,12 @@ impl Plan {
         let worker = std::thread::Builder::new()
             .name("seistomo-operator".into())
             .spawn(move || {
-                let r = guarded(|| set_up(a, &spec, reorder, started, ready_tx, jobs_rx));
+                let work =
+                    move || guarded(|| set_up(a, &spec, reorder, started, ready_tx, jobs_rx));
+                let r = match pool {
+                    Some(pool) => pool.install(work),
+                    None => work(),
+                };
                 if let Err(e) = r {
                     let _ = fail.send(Err(e)); // the caller waits only until the set-up ends
                 }

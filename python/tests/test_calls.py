@@ -40,3 +40,69 @@ def test_threads_get_their_own_info():
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert iters == {1: 10, 2: 20, 3: 30, 4: 40}
+
+
+def test_threads_per_call():
+    A, b = system("australia")
+    ref = seistomo.lsqr(A, b, backend="cpu")
+    for t in (1, 2, 3):
+        r = seistomo.lsqr(A, b, backend="cpu", threads=t)
+        word = "1 thread)" if t == 1 else f"{t} threads)"
+        assert word in r.info["backend"], r.info["backend"]
+        assert r[1:3] == ref[1:3] and np.linalg.norm(r[0] - ref[0]) <= 1e-10 * np.linalg.norm(ref[0])
+    seen = []
+    m = seistomo.lsmr(A, b, backend="cpu", threads=1, callback=lambda *a: seen.append(a[0]),
+                      callback_every=50)
+    assert "1 thread)" in m.info["backend"] and seen == list(range(50, m[2] + 1, 50))
+    g = seistomo.gmres(sp.eye(50) * 2.0 + sp.random(50, 50, density=0.05, random_state=2),
+                       np.ones(50), threads=1)
+    assert g[1] == 0 and "1 thread" in g.backend
+    op = seistomo.Operator(A, backend="cpu", threads=1)
+    r = seistomo.lsqr(op, b, threads=1)
+    assert op.threads == 1 and "1 thread)" in r.info["backend"] and r[1:3] == ref[1:3]
+    import pytest
+
+    with pytest.raises(ValueError, match="threads are fixed"):
+        seistomo.lsqr(op, b, threads=2)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        seistomo.lsqr(A, b, threads=0)
+    with pytest.raises(ValueError, match="threads must be in 1..=4096"):
+        seistomo.lsqr(A, b, threads=5000)
+    with pytest.raises(TypeError, match="threads must be an int"):
+        seistomo.lsmr(A, b, threads=1.5)
+
+
+def test_ctrl_c_with_threads_per_call():
+    # As test_seistomo's Ctrl-C test, with threads=1: the solve runs on a pool's worker and
+    # the waiting main thread sees SIGINT and stops it between iterations.
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:
+            pytest.skip("SIGINT cannot be handled here (not the main thread)")
+    n = 200_000
+    A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
+    b = np.random.default_rng(1).standard_normal(n)
+    deadline = time.monotonic() + 60
+
+    def callback(itn, *rest):
+        if time.monotonic() > deadline:
+            raise TimeoutError("no KeyboardInterrupt 60 s after SIGINT was sent")
+
+    t = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8, threads=1,
+                          callback=callback, callback_every=1000)
+    finally:
+        t.cancel()
+        if previous is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
