@@ -367,10 +367,33 @@ def _threads(threads):
     return int(threads)
 
 
+def _callback(callback, callback_type, method):
+    """The callback as the native side calls it, and whether it gets x: callback_type None
+    (the iteration's scalars) or "x" (LSQR: x, as an array in A's column order)."""
+    if callback_type not in (None, "x"):
+        raise ValueError(f"unknown callback_type {callback_type!r} (None or 'x')")
+    if callback_type == "x" and method == "lsmr":
+        raise ValueError("callback_type='x' is lsqr's and gmres's: LSMR's solver has no hook "
+                         "for x yet")
+    if callback is None or callback_type is None:
+        return callback, False
+    return (lambda xb: callback(_array(xb))), True
+
+
 def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
-         callback, callback_every, transpose, lsqr_loop, storage, reorder, threads=None):
+         callback, callback_every, transpose, lsqr_loop, storage, reorder, threads=None,
+         callback_x=False):
     """The native LSQR or LSMR on A's entries, on a prepared Operator, or, for an operator
-    given by its products, on its products."""
+    given by its products, on its products. With callback_x a matrix goes through an Operator
+    made for the call (the same stages: the result is the plain call's), whose solve loop
+    shows x to the callback."""
+    if callback_x and not isinstance(A, Operator) and not _is_operator(A):
+        with Operator(A, backend, precision=precision, transpose=transpose,
+                      lsqr_loop=lsqr_loop, storage=storage, reorder=reorder,
+                      threads=threads) as op:
+            return _lsq(method, op, b, damp, atol, btol, conlim, iter_lim, calc_var, x0,
+                        backend, precision, callback, callback_every, transpose, lsqr_loop,
+                        storage, reorder, threads, callback_x)
     if isinstance(A, Operator):
         A._check_options(dict(backend=backend, precision=precision, transpose=transpose,
                               lsqr_loop=lsqr_loop, storage=storage, reorder=reorder))
@@ -381,7 +404,8 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
         r = A._plan.solve(method, bb, float(damp), float(atol), float(btol), float(conlim),
-                          iter_lim, bool(calc_var), x0b, callback, int(callback_every))
+                          iter_lim, bool(calc_var), x0b, callback, int(callback_every),
+                          bool(callback_x))
         shape = A.shape
     elif _is_operator(A):
         shape, prods = _operator(A)
@@ -389,7 +413,8 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         x0b = None if x0 is None else _vec(x0, "x0")
         r = _native.lsq_operator(prods, shape, bb, method, float(damp), float(atol), float(btol),
                                  float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
-                                 callback, int(callback_every), _threads(threads))
+                                 callback, int(callback_every), _threads(threads),
+                                 bool(callback_x))
     else:
         shape, ip, ix, data = _csr_parts(A)
         bb = _vec(b, "b")
@@ -410,7 +435,7 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
          calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
          callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none",
-         threads=None):
+         threads=None, callback_type=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSQR, as
     scipy.sparse.linalg.lsqr: same parameters, defaults and 10-tuple
     (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
@@ -430,7 +455,8 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     A may be a seistomo.Operator: A copied and set up once, reused by every call (its layout
     options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
-    iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
+    iterations (with callback_type="x": callback(x), x a copy of the iterate in A's column
+    order); an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
     threads: CPU threads for this call (None: rayon's pool, RAYON_NUM_THREADS or the cores).
     Returns SciPy's tuple (a LsqResult: a tuple) with this call's own report as .info
     (backend used, solve seconds, stop reason); seistomo.last_info holds the last call's.
@@ -438,9 +464,10 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
+    callback, cb_x = _callback(callback, callback_type, "lsqr")
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
                     precision, callback, callback_every, transpose, lsqr_loop, storage, reorder,
-                    threads)
+                    threads, cb_x)
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
     if show:
@@ -461,7 +488,7 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,
          *, backend="auto", precision="f64", callback=None, callback_every=1, transpose="auto",
-         storage="auto", reorder="none", threads=None):
+         storage="auto", reorder="none", threads=None, callback_type=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSMR (Fong & Saunders 2011), as
     scipy.sparse.linalg.lsmr: same parameters, defaults (maxiter = min(m, n)) and 8-tuple
     (x, istop, itn, normr, normar, norma, conda, normx).
@@ -475,6 +502,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     conda, normar, normx) every `callback_every` iterations (lsqr's order of fields).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
+    callback, _ = _callback(callback, callback_type, "lsmr")
     shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
                     precision, callback, callback_every, transpose, "auto", storage, reorder,
                     threads)

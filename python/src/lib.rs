@@ -221,6 +221,8 @@ struct PyMonitor {
     /// that thread checks for signals (Python sees them on its main thread only), this one
     /// stops between iterations once it is set.
     cancel: Option<Arc<AtomicBool>>,
+    /// LSQR's x (`callback_type="x"`) in the stored column order is put back into A's by this.
+    ordering: Option<seistomo::grid::reorder::Ordering>,
 }
 
 impl PyMonitor {
@@ -232,7 +234,27 @@ impl PyMonitor {
             err: None,
             wants_x: false,
             cancel: None,
+            ordering: None,
         }
+    }
+
+    /// The callback called with x (bytes; the Python half makes it an array).
+    fn call_x(&mut self, x: &[f64]) -> seistomo::Result<()> {
+        let Some(cb) = self.callback.as_ref() else {
+            return Ok(());
+        };
+        let r = Python::with_gil(|py| -> PyResult<()> {
+            if self.cancel.is_none() {
+                py.check_signals()?;
+            }
+            cb.call1(py, (f64_bytes(py, x),))?;
+            Ok(())
+        });
+        self.last_check = Instant::now();
+        r.map_err(|e| {
+            self.err = Some(e);
+            Error::Invalid("stopped from Python".into())
+        })
     }
 
     /// `args` is built only when the callback is due.
@@ -297,6 +319,32 @@ impl<B: Backend> LsqrMonitor<B> for PyMonitor {
     fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
         Recorder::record(self, r)
     }
+    /// `callback_type="x"`: x every `every` iterations (LSQR's host loop shows every
+    /// iteration's vectors here; its device loop ends its blocks where `checkpoint_every`
+    /// says).
+    fn state(
+        &mut self,
+        be: &B,
+        s: &seistomo::solver::LsqrScalars,
+        v: &seistomo::solver::LsqrVectors<B::Vector>,
+    ) -> seistomo::Result<()> {
+        if !self.wants_x || self.callback.is_none() || s.itn == 0 || s.itn % self.every != 0 {
+            return Ok(());
+        }
+        let x = be.to_host(&v.x)?;
+        let x = match &self.ordering {
+            Some(o) => o.to_old(&x),
+            None => x,
+        };
+        self.call_x(&x)
+    }
+    fn checkpoint_every(&self) -> usize {
+        if self.wants_x && self.callback.is_some() {
+            self.every
+        } else {
+            0
+        }
+    }
 }
 
 impl Recorder for PyMonitor {
@@ -326,19 +374,7 @@ impl GmresMonitor for PyMonitor {
     }
     /// The callback gets x (bytes; the Python half makes it an array).
     fn iterate(&mut self, x: &[f64]) -> seistomo::Result<()> {
-        let Some(cb) = self.callback.as_ref() else {
-            return Ok(());
-        };
-        let r = Python::with_gil(|py| -> PyResult<()> {
-            py.check_signals()?;
-            cb.call1(py, (f64_bytes(py, x),))?;
-            Ok(())
-        });
-        self.last_check = Instant::now();
-        r.map_err(|e| {
-            self.err = Some(e);
-            Error::Invalid("stopped from Python".into())
-        })
+        self.call_x(x)
     }
 }
 
@@ -521,7 +557,7 @@ fn vectors(
 /// `seistomo._Products` wrapper), on the CPU backend, one process. Returns lsqr's dict.
 #[pyfunction]
 #[pyo3(signature = (products, shape, b, method, damp, atol, btol, conlim, iter_lim, calc_var,
-    x0, backend, callback, callback_every, threads=None))]
+    x0, backend, callback, callback_every, threads=None, callback_x=false))]
 #[allow(clippy::too_many_arguments)]
 fn lsq_operator<'py>(
     py: Python<'py>,
@@ -540,6 +576,7 @@ fn lsq_operator<'py>(
     callback: Option<Py<PyAny>>,
     callback_every: usize,
     threads: Option<usize>,
+    callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let (m, n) = nonempty(shape)?;
@@ -560,6 +597,7 @@ fn lsq_operator<'py>(
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (m, n));
     let mut mon = PyMonitor::new(callback, callback_every);
+    mon.wants_x = callback_x;
     let cancel = mon.stop_from_waiter(threads.is_some());
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {

@@ -46,6 +46,8 @@ struct Job {
     x0: Option<Vec<f64>>,
     callback: Option<Py<PyAny>>,
     every: usize,
+    /// The callback gets x (in A's column order) instead of the iteration's scalars (LSQR).
+    callback_x: bool,
     cancel: Arc<AtomicBool>,
     reply: Sender<PyResult<(LsqrSolution, String)>>,
 }
@@ -130,6 +132,7 @@ fn run<B: Backend, O: Operator<B>>(
         x0,
         callback,
         every,
+        callback_x,
         cancel,
         reply: _,
     } = job;
@@ -145,6 +148,8 @@ fn run<B: Backend, O: Operator<B>>(
     let x0 = x0.map(|x| unmap.ordering.to_new(&x));
     let mut mon = PyMonitor::new(callback, every);
     mon.cancel = Some(cancel);
+    mon.wants_x = callback_x;
+    mon.ordering = Some(unmap.ordering.clone());
     let comm = &SerialComm;
     let sol = match method {
         LsqMethod::Lsqr => {
@@ -266,7 +271,7 @@ impl Plan {
 
     /// LSQR or LSMR (`method`) on the prepared operator; returns lsqr's dict.
     #[pyo3(signature = (method, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, callback,
-        callback_every))]
+        callback_every, callback_x=false))]
     #[allow(clippy::too_many_arguments)]
     fn solve<'py>(
         &self,
@@ -282,6 +287,7 @@ impl Plan {
         x0: Option<&[u8]>,
         callback: Option<Py<PyAny>>,
         callback_every: usize,
+        callback_x: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
         if iter_lim == Some(0) && method == LsqMethod::Lsqr {
@@ -312,6 +318,7 @@ impl Plan {
             x0,
             callback,
             every: callback_every,
+            callback_x,
             cancel: cancel.clone(),
             reply,
         };

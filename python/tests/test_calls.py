@@ -106,3 +106,48 @@ def test_ctrl_c_with_threads_per_call():
         t.cancel()
         if previous is not signal.default_int_handler:
             signal.signal(signal.SIGINT, previous)
+
+
+def test_lsqr_callbacks_may_take_x():
+    # callback_type="x": callback(x) every callback_every iterations, x in A's column order:
+    # the iterate after k iterations is what iter_lim=k returns, bit for bit (rows reordered
+    # or not, on a matrix, a prepared Operator, an operator given by its products).
+    import pytest
+    from scipy.sparse.linalg import aslinearoperator
+
+    A, b = system("well1033")
+    for target, kw in [(A, dict(backend="cpu", reorder="rows")), (A, dict(backend="cpu")),
+                       (seistomo.Operator(A, backend="cpu"), {}),
+                       (aslinearoperator(A), {})]:
+        xs = []
+        r = seistomo.lsqr(target, b, callback=xs.append, callback_type="x", callback_every=7,
+                          atol=1e-10, btol=1e-10, **kw)
+        plain = seistomo.lsqr(target, b, atol=1e-10, btol=1e-10, **kw)
+        assert np.array_equal(r[0], plain[0]) and r[1:3] == plain[1:3]
+        assert len(xs) == r[2] // 7 and all(x.shape == (A.shape[1],) for x in xs)
+        for k in (1, 3):
+            assert np.array_equal(xs[k - 1], seistomo.lsqr(target, b, iter_lim=7 * k, **kw)[0])
+
+    def boom(x):
+        raise ZeroDivisionError("from the x callback")
+
+    with pytest.raises(ZeroDivisionError, match="from the x callback"):
+        seistomo.lsqr(A, b, callback=boom, callback_type="x")
+    with pytest.raises(ValueError, match="LSMR's solver has no hook"):
+        seistomo.lsmr(A, b, callback=boom, callback_type="x")
+    with pytest.raises(ValueError, match="unknown callback_type"):
+        seistomo.lsqr(A, b, callback=boom, callback_type="legacy")
+
+
+def test_lsqr_x_callback_on_cuda():
+    import pytest
+
+    if not seistomo.cuda_available()[0]:
+        pytest.skip("no CUDA GPU")
+    A, b = system("australia")
+    xs = []
+    r = seistomo.lsqr(A, b, backend="cuda", callback=xs.append, callback_type="x",
+                      callback_every=10)
+    assert len(xs) == r[2] // 10
+    x10 = seistomo.lsqr(A, b, backend="cuda", iter_lim=10)[0]
+    assert np.linalg.norm(xs[0] - x10) <= 1e-10 * np.linalg.norm(x10)
