@@ -369,12 +369,9 @@ def _threads(threads):
 
 def _callback(callback, callback_type, method):
     """The callback as the native side calls it, and whether it gets x: callback_type None
-    (the iteration's scalars) or "x" (LSQR: x, as an array in A's column order)."""
+    (the iteration's scalars) or "x" (x, as an array in A's column order)."""
     if callback_type not in (None, "x"):
         raise ValueError(f"unknown callback_type {callback_type!r} (None or 'x')")
-    if callback_type == "x" and method == "lsmr":
-        raise ValueError("callback_type='x' is lsqr's and gmres's: LSMR's solver has no hook "
-                         "for x yet")
     if callback is None or callback_type is None:
         return callback, False
     return (lambda xb: callback(_array(xb))), True
@@ -499,13 +496,14 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     or an operator with matvec, rmatvec and shape, or a prepared seistomo.Operator); on a GPU
     the vectors stay on the device and the host drives the iterations (there is no device
     loop). callback(itn, normr, normr, norma,
-    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields).
+    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields); with
+    callback_type="x", callback(x) (x in A's column order).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
-    callback, _ = _callback(callback, callback_type, "lsmr")
+    callback, cb_x = _callback(callback, callback_type, "lsmr")
     shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
                     precision, callback, callback_every, transpose, "auto", storage, reorder,
-                    threads)
+                    threads, cb_x)
     x = _array(r["x"])
     if show:
         print("LSMR            Least-squares solution of  Ax = b")

@@ -328,15 +328,10 @@ impl<B: Backend> LsqrMonitor<B> for PyMonitor {
         s: &seistomo::solver::LsqrScalars,
         v: &seistomo::solver::LsqrVectors<B::Vector>,
     ) -> seistomo::Result<()> {
-        if !self.wants_x || self.callback.is_none() || s.itn == 0 || s.itn % self.every != 0 {
-            return Ok(());
-        }
-        let x = be.to_host(&v.x)?;
-        let x = match &self.ordering {
-            Some(o) => o.to_old(&x),
-            None => x,
-        };
-        self.call_x(&x)
+        self.x_due(be, s.itn, &v.x)
+    }
+    fn lsmr_iterate(&mut self, be: &B, itn: usize, x: &B::Vector) -> seistomo::Result<()> {
+        self.x_due(be, itn, x)
     }
     fn checkpoint_every(&self) -> usize {
         if self.wants_x && self.callback.is_some() {
@@ -344,6 +339,21 @@ impl<B: Backend> LsqrMonitor<B> for PyMonitor {
         } else {
             0
         }
+    }
+}
+
+impl PyMonitor {
+    /// `callback_type="x"`: the callback gets x (in A's column order) every `every` iterations.
+    fn x_due<B: Backend>(&mut self, be: &B, itn: usize, x: &B::Vector) -> seistomo::Result<()> {
+        if !self.wants_x || self.callback.is_none() || itn == 0 || itn % self.every != 0 {
+            return Ok(());
+        }
+        let x = be.to_host(x)?;
+        let x = match &self.ordering {
+            Some(o) => o.to_old(&x),
+            None => x,
+        };
+        self.call_x(&x)
     }
 }
 

@@ -108,7 +108,7 @@ def test_ctrl_c_with_threads_per_call():
             signal.signal(signal.SIGINT, previous)
 
 
-def test_lsqr_callbacks_may_take_x():
+def test_callbacks_may_take_x():
     # callback_type="x": callback(x) every callback_every iterations, x in A's column order:
     # the iterate after k iterations is what iter_lim=k returns, bit for bit (rows reordered
     # or not, on a matrix, a prepared Operator, an operator given by its products).
@@ -127,13 +127,20 @@ def test_lsqr_callbacks_may_take_x():
         assert len(xs) == r[2] // 7 and all(x.shape == (A.shape[1],) for x in xs)
         for k in (1, 3):
             assert np.array_equal(xs[k - 1], seistomo.lsqr(target, b, iter_lim=7 * k, **kw)[0])
+        # and LSMR's (maxiter=k)
+        xs = []
+        m = seistomo.lsmr(target, b, callback=xs.append, callback_type="x", callback_every=7,
+                          **kw)
+        assert np.array_equal(m[0], seistomo.lsmr(target, b, **kw)[0])
+        assert len(xs) == m[2] // 7
+        assert np.array_equal(xs[1], seistomo.lsmr(target, b, maxiter=14, **kw)[0])
 
     def boom(x):
         raise ZeroDivisionError("from the x callback")
 
     with pytest.raises(ZeroDivisionError, match="from the x callback"):
         seistomo.lsqr(A, b, callback=boom, callback_type="x")
-    with pytest.raises(ValueError, match="LSMR's solver has no hook"):
+    with pytest.raises(ZeroDivisionError, match="from the x callback"):
         seistomo.lsmr(A, b, callback=boom, callback_type="x")
     with pytest.raises(ValueError, match="unknown callback_type"):
         seistomo.lsqr(A, b, callback=boom, callback_type="legacy")
