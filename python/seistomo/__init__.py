@@ -10,6 +10,8 @@ A is a scipy.sparse matrix or a dense array (copied once, solved natively on the
 an operator given by its products: a scipy.sparse.linalg.LinearOperator, a PyLops operator,
 anything with matvec, rmatvec and shape (the solve runs natively on the CPU, calling back into
 Python for each product).
+    op = seistomo.Operator(A)                           # copied and set up once
+    x = seistomo.lsqr(op, b, damp=0.01)[0]              # then reused by any number of solves
     ds = seistomo.open_model("out/demo/model.h5")      # xarray.Dataset (dict without xarray)
 
 The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (use the
@@ -18,6 +20,7 @@ The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (us
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -28,15 +31,29 @@ __all__ = [
     "lsqr",
     "lsmr",
     "gmres",
+    "Operator",
     "Dataset",
     "invert",
     "open_model",
     "cuda_available",
     "last_info",
+    "LsqResult",
 ]
 
-#: What the last lsqr/gmres call reported beyond SciPy's tuple (backend used, seconds, ...).
+#: What the last lsqr/lsmr/gmres call reported beyond SciPy's tuple (backend used, seconds,
+#: ...), in any thread. Each call's own is its result's .info (safe with threads).
 last_info = {}
+
+
+class LsqResult(tuple):
+    """SciPy's tuple (lsqr's 10 values, lsmr's 8), unpacked and indexed as SciPy's, with this
+    call's own report as .info: istop, itn, stop_reason, the norms, seconds (the solve) and
+    backend (what seistomo.last_info holds after the call, but not shared between threads)."""
+
+    def __new__(cls, values, info):
+        self = super().__new__(cls, values)
+        self.info = info
+        return self
 
 
 def cuda_available():
@@ -246,16 +263,155 @@ def _check_iter_lim(iter_lim, what):
     return iter_lim
 
 
+#: The layout options of lsqr and lsmr with their defaults: fixed when an Operator is made.
+_LAYOUT = dict(backend="auto", precision="f64", transpose="auto", lsqr_loop="auto",
+               storage="auto", reorder="none")
+
+
+class Operator:
+    """A matrix copied and prepared once for any number of lsqr and lsmr solves.
+
+        op = seistomo.Operator(A, backend="auto", storage="auto", reorder="none")
+        for damp in (0.1, 0.03, 0.01):
+            x, istop, itn, *_ = seistomo.lsqr(op, b, damp=damp)
+
+    Operator(A, ...) does what every lsqr(A, ...) call does before its iterations, once: A (any
+    scipy.sparse matrix or a dense array, as lsqr takes it) copied into the library's CSR and
+    checked, the backend started, the rows laid out (storage, reordering) and the operator
+    built (on a GPU: uploaded). lsqr(op, b, ...) and lsmr(op, b, ...) then only solve: b, x0,
+    damp (applied by the solver, the matrix is never changed), the tolerances and callbacks may
+    differ from call to call, and each result is the one lsqr(A, b, ...) with the same options
+    returns (bit for bit on the CPU). backend, precision, transpose, lsqr_loop, storage and
+    reorder are lsqr's options, fixed here (passing another value to lsqr(op, ...) is a
+    ValueError). The operator lives on the Rust side (on a GPU, in device memory) until
+    close() or until the object is collected; `with seistomo.Operator(A) as op:` closes it.
+
+    Attributes: shape, nnz (stored nonzeros), dtype (float64), backend ("cpu" or "cuda"),
+    backend_detail, storage ("csr" or "compact": what the operator stores), precision,
+    ordering (the row order used, in words), setup_seconds (this constructor, the copy of A
+    included), threads (its own pool of that many CPU threads; None: the process's pool) and
+    closed.
+    """
+
+    def __init__(self, A, backend="auto", *, precision="f64", transpose="auto",
+                 lsqr_loop="auto", storage="auto", reorder="none", threads=None):
+        import time
+
+        t = time.perf_counter()
+        if isinstance(A, Operator):
+            raise TypeError("A is already a seistomo.Operator: pass it to lsqr/lsmr as it is")
+        if _is_operator(A):
+            raise TypeError(
+                f"seistomo.Operator needs a matrix's entries (a scipy.sparse matrix or an "
+                f"array); {type(A).__name__} is given by its products: pass it to lsqr/lsmr "
+                f"as it is")
+        self._options = dict(backend=str(backend), precision=str(precision),
+                             transpose=str(transpose), lsqr_loop=str(lsqr_loop),
+                             storage=str(storage), reorder=str(reorder))
+        shape, ip, ix, data = _csr_parts(A)
+        o = self._options
+        self.threads = _threads(threads)
+        self._plan = _native.Plan(shape, ip, ix, data, o["backend"], o["precision"],
+                                  o["transpose"], o["lsqr_loop"], o["storage"], o["reorder"],
+                                  self.threads)
+        del ip, ix, data
+        info = self._plan.info()
+        self.shape = tuple(int(v) for v in info["shape"])
+        self.nnz = int(info["nnz"])
+        self.backend = info["backend"]
+        self.backend_detail = info["backend_detail"]
+        self.storage = info["storage"]
+        self.precision = info["precision"]
+        self.ordering = info["ordering"]
+        self.setup_seconds = time.perf_counter() - t
+
+    dtype = np.dtype(np.float64)
+
+    @property
+    def closed(self):
+        return self._plan.closed
+
+    def close(self):
+        """Free the prepared operator (and its GPU memory) now; later solves raise ValueError."""
+        self._plan.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.backend}, {self.storage}"
+        return (f"seistomo.Operator(shape={self.shape}, nnz={self.nnz}, {state}, "
+                f"setup {self.setup_seconds:.3g} s)")
+
+    def _check_options(self, given):
+        """The layout options of a call on this operator: the defaults or this one's values."""
+        for k, v in given.items():
+            if v != _LAYOUT[k] and str(v) != self._options[k]:
+                raise ValueError(
+                    f"{k}={v!r}: the layout options are fixed when the Operator is made (this "
+                    f"one has {k}={self._options[k]!r}); make another Operator(A, {k}={v!r})")
+
+
+def _threads(threads):
+    """threads= as the native side takes it: None (rayon's pool: RAYON_NUM_THREADS or the
+    cores) or a count (checked there: 1..=4096)."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be an int or None (got {type(threads).__name__})")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    return int(threads)
+
+
+def _callback(callback, callback_type, method):
+    """The callback as the native side calls it, and whether it gets x: callback_type None
+    (the iteration's scalars) or "x" (x, as an array in A's column order)."""
+    if callback_type not in (None, "x"):
+        raise ValueError(f"unknown callback_type {callback_type!r} (None or 'x')")
+    if callback is None or callback_type is None:
+        return callback, False
+    return (lambda xb: callback(_array(xb))), True
+
+
 def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
-         callback, callback_every, transpose, lsqr_loop, storage, reorder):
-    """The native LSQR or LSMR on A's entries or, for an operator, on its products."""
-    if _is_operator(A):
+         callback, callback_every, transpose, lsqr_loop, storage, reorder, threads=None,
+         callback_x=False):
+    """The native LSQR or LSMR on A's entries, on a prepared Operator, or, for an operator
+    given by its products, on its products. With callback_x a matrix goes through an Operator
+    made for the call (the same stages: the result is the plain call's), whose solve loop
+    shows x to the callback."""
+    if callback_x and not isinstance(A, Operator) and not _is_operator(A):
+        with Operator(A, backend, precision=precision, transpose=transpose,
+                      lsqr_loop=lsqr_loop, storage=storage, reorder=reorder,
+                      threads=threads) as op:
+            return _lsq(method, op, b, damp, atol, btol, conlim, iter_lim, calc_var, x0,
+                        backend, precision, callback, callback_every, transpose, lsqr_loop,
+                        storage, reorder, threads, callback_x)
+    if isinstance(A, Operator):
+        A._check_options(dict(backend=backend, precision=precision, transpose=transpose,
+                              lsqr_loop=lsqr_loop, storage=storage, reorder=reorder))
+        if threads is not None and _threads(threads) != A.threads:
+            raise ValueError(f"threads={threads}: an Operator's threads are fixed when it is "
+                             f"made (this one has threads={A.threads}); make another "
+                             f"Operator(A, threads={threads})")
+        bb = _vec(b, "b")
+        x0b = None if x0 is None else _vec(x0, "x0")
+        r = A._plan.solve(method, bb, float(damp), float(atol), float(btol), float(conlim),
+                          iter_lim, bool(calc_var), x0b, callback, int(callback_every),
+                          bool(callback_x))
+        shape = A.shape
+    elif _is_operator(A):
         shape, prods = _operator(A)
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
         r = _native.lsq_operator(prods, shape, bb, method, float(damp), float(atol), float(btol),
                                  float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
-                                 callback, int(callback_every))
+                                 callback, int(callback_every), _threads(threads),
+                                 bool(callback_x))
     else:
         shape, ip, ix, data = _csr_parts(A)
         bb = _vec(b, "b")
@@ -263,17 +419,20 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
                          float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
                          str(precision), str(transpose), str(lsqr_loop), callback,
-                         int(callback_every), str(storage), str(reorder), method)
+                         int(callback_every), str(storage), str(reorder), method,
+                         _threads(threads))
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
+    r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
     last_info.clear()
-    last_info.update({k: v for k, v in r.items() if k not in ("x", "var")})
+    last_info.update(r["info"])
     return shape, r
 
 
 def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=False,
          calc_var=False, x0=None, *, backend="auto", precision="f64", callback=None,
-         callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none"):
+         callback_every=1, transpose="auto", lsqr_loop="auto", storage="auto", reorder="none",
+         threads=None, callback_type=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSQR, as
     scipy.sparse.linalg.lsqr: same parameters, defaults and 10-tuple
     (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
@@ -290,15 +449,22 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     PyLops operator, anything with matvec, rmatvec and shape. Then the solve runs on the CPU
     backend, natively, and calls A.matvec / A.rmatvec in Python for each product (precision,
     storage, reorder, transpose and lsqr_loop do not apply; backend "cuda" is an error).
+    A may be a seistomo.Operator: A copied and set up once, reused by every call (its layout
+    options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
-    iterations; an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
-    The backend used and the solve time are in seistomo.last_info.
+    iterations (with callback_type="x": callback(x), x a copy of the iterate in A's column
+    order); an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
+    threads: CPU threads for this call (None: rayon's pool, RAYON_NUM_THREADS or the cores).
+    Returns SciPy's tuple (a LsqResult: a tuple) with this call's own report as .info
+    (backend used, solve seconds, stop reason); seistomo.last_info holds the last call's.
     """
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
+    callback, cb_x = _callback(callback, callback_type, "lsqr")
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
-                    precision, callback, callback_every, transpose, lsqr_loop, storage, reorder)
+                    precision, callback, callback_every, transpose, lsqr_loop, storage, reorder,
+                    threads, cb_x)
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
     if show:
@@ -313,13 +479,13 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
               f"   arnorm ={r['arnorm']:8.1e}")
         print(f"itn   ={r['itn']:8d}   r2norm ={r['r2norm']:8.1e}   acond ={r['acond']:8.1e}"
               f"   xnorm  ={r['xnorm']:8.1e}")
-    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
-            r["acond"], r["arnorm"], r["xnorm"], var)
+    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
+                      r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
 
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,
          *, backend="auto", precision="f64", callback=None, callback_every=1, transpose="auto",
-         storage="auto", reorder="none"):
+         storage="auto", reorder="none", threads=None, callback_type=None):
     """Least squares min ||b - A x||^2 + damp^2 ||x - x0||^2 by LSMR (Fong & Saunders 2011), as
     scipy.sparse.linalg.lsmr: same parameters, defaults (maxiter = min(m, n)) and 8-tuple
     (x, istop, itn, normr, normar, norma, conda, normx).
@@ -327,13 +493,17 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     LSMR runs the same bidiagonalisation as LSQR but makes ||A^T r|| fall monotonically, so it
     can stop earlier than LSQR on the least-squares test (atol). A, b, backend, precision,
     storage, reorder, transpose and callback as for seistomo.lsqr (A a sparse matrix, an array,
-    or an operator with matvec, rmatvec and shape); on a GPU the vectors stay on the device and
-    the host drives the iterations (there is no device loop). callback(itn, normr, normr, norma,
-    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields).
+    or an operator with matvec, rmatvec and shape, or a prepared seistomo.Operator); on a GPU
+    the vectors stay on the device and the host drives the iterations (there is no device
+    loop). callback(itn, normr, normr, norma,
+    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields); with
+    callback_type="x", callback(x) (x in A's column order).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
+    callback, cb_x = _callback(callback, callback_type, "lsmr")
     shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
-                    precision, callback, callback_every, transpose, "auto", storage, reorder)
+                    precision, callback, callback_every, transpose, "auto", storage, reorder,
+                    threads, cb_x)
     x = _array(r["x"])
     if show:
         print("LSMR            Least-squares solution of  Ax = b")
@@ -347,19 +517,21 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
         print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
         print(f"itn   ={r['itn']:8d}    condA ={r['acond']:8.1e}")
         print(f"    normx ={r['xnorm']:8.1e}")
-    return (x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
-            r["acond"], r["xnorm"])
+    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
+                      r["acond"], r["xnorm"]), r["info"])
 
 
 class GmresResult(tuple):
     """(x, info) as scipy.sparse.linalg.gmres returns it, with the solve's numbers as
     attributes: iterations (inner, one operator application each), cycles, relres
-    (||b - A x|| / ||b||), converged, reason, backend, seconds."""
+    (||b - A x|| / ||b||), converged, reason, backend, seconds; and all of them as the dict
+    .info (this call's own: seistomo.last_info is shared between threads)."""
 
     def __new__(cls, x, info, details):
         self = super().__new__(cls, (x, info))
         for k, v in details.items():
             setattr(self, k, v)
+        self.info = dict(details)
         return self
 
 
@@ -399,7 +571,7 @@ def _gmres_precond(M, n):
 
 def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=None,
           callback=None, callback_type=None, orthog="cgs2", backend="auto", precision="f64",
-          callback_every=1, storage="auto"):
+          callback_every=1, storage="auto", threads=None):
     """Restarted GMRES with SciPy 1.10's stopping rule: returns (x, info), info = 0 when
     ||b - A x|| <= max(rtol ||b||, atol), else the number of restart cycles run (> 0).
     restart: None means 20 (SciPy's default); at most n. maxiter counts restart cycles (SciPy's
@@ -415,6 +587,9 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     every `callback_every` inner iterations.
     storage (GPU): "auto" (row patterns where the rows qualify: stencil matrices), "csr",
     "compact" (row patterns, or an error saying why not)."""
+    if isinstance(A, Operator):
+        raise TypeError("a seistomo.Operator is prepared for lsqr and lsmr; gmres takes the "
+                        "matrix itself (or an operator with matvec)")
     operator = _is_operator(A)
     if operator:
         shape, prods = _operator(A, transpose=False)
@@ -451,11 +626,12 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     if operator:
         r = _native.gmres_operator(prods, n, bb, x0b, float(rtol), float(atol), restart,
                                    max_iter, max_cycles, pc, str(orthog), str(backend), cb,
-                                   int(callback_every), m_prods, cb_x)
+                                   int(callback_every), m_prods, cb_x, _threads(threads))
     else:
         r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), restart, max_iter,
                           max_cycles, pc, str(orthog), str(backend), str(precision), cb,
-                          int(callback_every), str(storage), m_prods, cb_x)
+                          int(callback_every), str(storage), m_prods, cb_x,
+                          _threads(threads))
     x = _array(r.pop("x"))
     info = 0 if r["converged"] else (maxiter if callback_type == "legacy" else int(r["cycles"]))
     last_info.clear()
@@ -549,24 +725,108 @@ class Dataset:
         return f"Dataset({self.path!r}, shape={self.shape}, nnz={self.nnz})"
 
 
-def invert(config, progress=0, resume=False):
-    """Run a TOML configuration as `seistomo invert CONFIG` does (one process) and return its
-    report (the report.json dict). Outputs go where the config's [output] says."""
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(k):
+    if not isinstance(k, str):
+        raise TypeError(f"config: keys must be strings (got {k!r})")
+    return k if _BARE_KEY.match(k) else json.dumps(k)
+
+
+def _toml_value(v, where):
+    """One TOML value (strings as TOML basic strings: JSON's escapes are TOML's)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if v != v:
+            return "nan"
+        if v in (float("inf"), float("-inf")):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, (str, os.PathLike)):
+        return json.dumps(os.fspath(v))
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x, f'{where}.{k}')}"
+                               for k, x in v.items()) + "}"
+    if v is None:
+        raise TypeError(f"config: {where} is None (leave the key out for its default)")
+    raise TypeError(f"config: {where} = {v!r}: a {type(v).__name__} is not a TOML value "
+                    f"(str, int, float, bool, path, list or dict)")
+
+
+def _toml(config, prefix=""):
+    """A run configuration given as a dict (tables as nested dicts) in TOML."""
+    lines, tables = [], []
+    for k, v in config.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{_toml_key(k)} = {_toml_value(v, prefix + str(k))}")
+    for k, v in tables:
+        name = f"{prefix}{_toml_key(k)}"
+        lines.append(f"\n[{name}]")
+        lines.append(_toml(v, name + ".").strip("\n"))
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+def invert(config, progress=0, resume=False, *, base_dir=None):
+    """Run a configuration as `seistomo invert CONFIG` does (one process) and return its
+    report (the report.json dict). Outputs go where the config's [output] says.
+
+    config: a TOML file or a dataset directory (a path), a seistomo.Dataset (its directory:
+    its invert.toml, else the defaults), or the configuration as a dict of tables, as the TOML
+    file would hold it: {"dataset": {"path": "datasets/demo"}, "solver": {"atol": 1e-8},
+    "output": {"dir": "out/mine"}}. A dict's relative paths are relative to base_dir (default:
+    the current directory); its TOML text goes into the model file's provenance."""
+    if isinstance(config, Dataset):
+        config = config.path
+    if isinstance(config, dict):
+        base = os.path.abspath(os.fspath(base_dir) if base_dir is not None else os.getcwd())
+        text = _toml(config)
+        return json.loads(_native.invert_text(os.path.join(base, "<config dict>"), text,
+                                              int(progress), bool(resume)))
+    if base_dir is not None:
+        raise ValueError("base_dir is for a config given as a dict (a file's paths are "
+                         "relative to the file)")
+    if not isinstance(config, (str, bytes, os.PathLike)):
+        raise TypeError(f"config must be a path, a seistomo.Dataset or a dict (got "
+                        f"{type(config).__name__})")
     return json.loads(_native.invert(os.fspath(config), int(progress), bool(resume)))
 
 
-def open_model(path):
-    """A model file as an xarray.Dataset (engine h5netcdf) when xarray and h5netcdf are
-    installed: fields with their coordinates (x, y, z cell centres, or lat/lon for a lattice of
-    cells) and units. Otherwise a dict of NumPy arrays (grid fields shaped (nz, ny, nx)) with
-    the coordinates under "x", "y", "z"."""
+#: What open_model needs, all brought by `pip install "seistomo[xarray]"`.
+_XARRAY_STACK = ("xarray", "h5netcdf", "h5py")
+
+
+def open_model(path, *, xarray=True):
+    """A model file as an xarray.Dataset (engine h5netcdf): fields with their coordinates (x,
+    y, z cell centres, or lat/lon for a lattice of cells) and units. Needs xarray, h5netcdf and
+    h5py (`pip install "seistomo[xarray]"`); without them an ImportError says so.
+    With xarray=False (no extra needed): a dict of NumPy arrays (grid fields shaped
+    (nz, ny, nx)) with the coordinates under "x", "y", "z" and the file's attributes under
+    "attrs"."""
     path = os.fspath(path)
-    try:
+    if xarray:
+        missing = []
+        for mod in _XARRAY_STACK:
+            try:
+                __import__(mod)
+            except ImportError:
+                missing.append(mod)
+        if missing:
+            raise ImportError(
+                f"seistomo.open_model needs {' and '.join(missing)}, not installed here: "
+                f"pip install \"seistomo[xarray]\" (xarray, h5netcdf and h5py; "
+                f"\"seistomo[plot]\" adds matplotlib), or open_model(path, xarray=False) for a "
+                f"dict of NumPy arrays", name=missing[0])
         import xarray as xr
-        import h5netcdf  # noqa: F401
-    except ImportError:
-        xr = None
-    if xr is not None:
+
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: No such file or directory")
         meta = _native.model_info(path)  # checks that this is a seistomo model file

@@ -7,12 +7,17 @@
 //! the GIL released; the monitor takes it back to run the callback and to check for signals
 //! (Ctrl-C raises KeyboardInterrupt between iterations). Library errors become Python
 //! exceptions with the library's one-line message; a panic becomes RuntimeError. Operators given
-//! by their products in Python (LinearOperator, PyLops) run through products.rs.
+//! by their products in Python (LinearOperator, PyLops) run through products.rs; a matrix
+//! prepared once for many solves (`seistomo.Operator`) through plan.rs.
 
+mod plan;
 mod products;
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
@@ -152,6 +157,57 @@ fn precision_of(s: &str) -> PyResult<Precision> {
     }
 }
 
+/// A pool of `threads` rayon workers for the calls that ask for that many (`threads=`), built
+/// once per count and kept for the process.
+fn pool_of(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
+    static POOLS: Mutex<BTreeMap<usize, Arc<rayon::ThreadPool>>> = Mutex::new(BTreeMap::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = pools.get(&threads) {
+        return Ok(p.clone());
+    }
+    let pool = Arc::new(new_pool(threads)?);
+    pools.insert(threads, pool.clone());
+    Ok(pool)
+}
+
+/// A new pool of `threads` rayon workers (1..=MAX_THREADS, as the CLI's --threads).
+fn new_pool(threads: usize) -> PyResult<rayon::ThreadPool> {
+    let max = seistomo::backend::cpu::MAX_THREADS;
+    if !(1..=max).contains(&threads) {
+        return Err(PyValueError::new_err(format!(
+            "threads must be in 1..={max} (got {threads})"
+        )));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("seistomo-{i}"))
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start {threads} threads: {e}")))
+}
+
+/// Run a solve `f` with the GIL released: on the calling thread and rayon's global pool
+/// (RAYON_NUM_THREADS or the cores) without `threads`; with them, on a pool of that many
+/// workers while the calling thread waits, checking for signals (Python sees them on its main
+/// thread only) and setting `cancel` on one, which the solve's monitor reads.
+fn solve_on<T: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    cancel: &AtomicBool,
+    f: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    let Some(t) = threads else {
+        return py.allow_threads(f);
+    };
+    let pool = pool_of(t)?;
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let _ = tx.send(pool.install(f));
+        });
+        plan::wait(py, rx, cancel)
+    })
+}
+
 /// Takes the GIL back every `every` iterations (callback) and at most every 50 ms (signals).
 /// With `wants_x` (GMRES's `callback_type="x"`) the callback gets x after every cycle instead
 /// of the iteration records.
@@ -161,6 +217,12 @@ struct PyMonitor {
     last_check: Instant,
     err: Option<PyErr>,
     wants_x: bool,
+    /// Set by the thread that waits for a solve run elsewhere (a prepared `Operator`'s worker):
+    /// that thread checks for signals (Python sees them on its main thread only), this one
+    /// stops between iterations once it is set.
+    cancel: Option<Arc<AtomicBool>>,
+    /// LSQR's x (`callback_type="x"`) in the stored column order is put back into A's by this.
+    ordering: Option<seistomo::grid::reorder::Ordering>,
 }
 
 impl PyMonitor {
@@ -171,7 +233,28 @@ impl PyMonitor {
             last_check: Instant::now(),
             err: None,
             wants_x: false,
+            cancel: None,
+            ordering: None,
         }
+    }
+
+    /// The callback called with x (bytes; the Python half makes it an array).
+    fn call_x(&mut self, x: &[f64]) -> seistomo::Result<()> {
+        let Some(cb) = self.callback.as_ref() else {
+            return Ok(());
+        };
+        let r = Python::with_gil(|py| -> PyResult<()> {
+            if self.cancel.is_none() {
+                py.check_signals()?;
+            }
+            cb.call1(py, (f64_bytes(py, x),))?;
+            Ok(())
+        });
+        self.last_check = Instant::now();
+        r.map_err(|e| {
+            self.err = Some(e);
+            Error::Invalid("stopped from Python".into())
+        })
     }
 
     /// `args` is built only when the callback is due.
@@ -179,8 +262,15 @@ impl PyMonitor {
     where
         A: for<'py> IntoPyObject<'py, Target = pyo3::types::PyTuple>,
     {
+        if let Some(c) = &self.cancel {
+            if c.load(AtomicOrdering::Relaxed) {
+                return Err(Error::Invalid("stopped from Python (interrupted)".into()));
+            }
+        }
         let due_cb = self.callback.is_some() && !self.wants_x && itn % self.every == 0;
-        let due_sig = self.last_check.elapsed() >= Duration::from_millis(50);
+        // the waiting thread checks for signals where the solve runs on another one
+        let due_sig =
+            self.cancel.is_none() && self.last_check.elapsed() >= Duration::from_millis(50);
         if !due_cb && !due_sig {
             return Ok(());
         }
@@ -202,6 +292,17 @@ impl PyMonitor {
         }
     }
 
+    /// Where the solve runs on another thread than the caller's (`elsewhere`): the caller
+    /// checks for signals and sets the returned flag, which this monitor reads between
+    /// iterations. Otherwise the flag is unused and this monitor checks for signals itself.
+    fn stop_from_waiter(&mut self, elsewhere: bool) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        if elsewhere {
+            self.cancel = Some(flag.clone());
+        }
+        flag
+    }
+
     /// The Python error that stopped the solve, else the library error.
     fn error(&mut self, e: Error) -> PyErr {
         self.err.take().unwrap_or_else(|| py_err(e))
@@ -217,6 +318,42 @@ impl PyMonitor {
 impl<B: Backend> LsqrMonitor<B> for PyMonitor {
     fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
         Recorder::record(self, r)
+    }
+    /// `callback_type="x"`: x every `every` iterations (LSQR's host loop shows every
+    /// iteration's vectors here; its device loop ends its blocks where `checkpoint_every`
+    /// says).
+    fn state(
+        &mut self,
+        be: &B,
+        s: &seistomo::solver::LsqrScalars,
+        v: &seistomo::solver::LsqrVectors<B::Vector>,
+    ) -> seistomo::Result<()> {
+        self.x_due(be, s.itn, &v.x)
+    }
+    fn lsmr_iterate(&mut self, be: &B, itn: usize, x: &B::Vector) -> seistomo::Result<()> {
+        self.x_due(be, itn, x)
+    }
+    fn checkpoint_every(&self) -> usize {
+        if self.wants_x && self.callback.is_some() {
+            self.every
+        } else {
+            0
+        }
+    }
+}
+
+impl PyMonitor {
+    /// `callback_type="x"`: the callback gets x (in A's column order) every `every` iterations.
+    fn x_due<B: Backend>(&mut self, be: &B, itn: usize, x: &B::Vector) -> seistomo::Result<()> {
+        if !self.wants_x || self.callback.is_none() || itn == 0 || itn % self.every != 0 {
+            return Ok(());
+        }
+        let x = be.to_host(x)?;
+        let x = match &self.ordering {
+            Some(o) => o.to_old(&x),
+            None => x,
+        };
+        self.call_x(&x)
     }
 }
 
@@ -247,19 +384,7 @@ impl GmresMonitor for PyMonitor {
     }
     /// The callback gets x (bytes; the Python half makes it an array).
     fn iterate(&mut self, x: &[f64]) -> seistomo::Result<()> {
-        let Some(cb) = self.callback.as_ref() else {
-            return Ok(());
-        };
-        let r = Python::with_gil(|py| -> PyResult<()> {
-            py.check_signals()?;
-            cb.call1(py, (f64_bytes(py, x),))?;
-            Ok(())
-        });
-        self.last_check = Instant::now();
-        r.map_err(|e| {
-            self.err = Some(e);
-            Error::Invalid("stopped from Python".into())
-        })
+        self.call_x(x)
     }
 }
 
@@ -268,7 +393,7 @@ impl GmresMonitor for PyMonitor {
 #[pyfunction]
 #[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
     calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every,
-    storage, reorder, method="lsqr"))]
+    storage, reorder, method="lsqr", threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -293,6 +418,7 @@ fn lsqr<'py>(
     storage: &str,
     reorder: &str,
     method: &str,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
@@ -313,6 +439,47 @@ fn lsqr<'py>(
         calc_var,
     };
     seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
+    let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
+    let mut mon = PyMonitor::new(callback, callback_every);
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
+        guarded(|| {
+            let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
+            let engine = engine_for(kind).map_err(py_err)?;
+            let layout = layout_for(kind, &spec, reorder, a.nnz());
+            let kernel_rows = a.nrows();
+            let sys = System { a, b, kernel_rows };
+            let setup_started = std::time::Instant::now();
+            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
+            let job = LsqrJob {
+                method,
+                params: &params,
+                spec: &spec,
+                checkpoint: None,
+                setup_started,
+            };
+            let watch = Watch::Recorder(&mut mon);
+            let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
+            let o = o.map_err(|e| mon.error(e))?;
+            let what = format!("{}: {} ({why})", engine.name(), engine.describe());
+            Ok((o.solution, what))
+        })
+    });
+    let (sol, backend_used) = out?;
+    lsq_dict(py, &sol, backend_used)
+}
+
+/// The operator and layout options of lsqr and lsmr on a matrix (and of a prepared
+/// `Operator`), checked: the spec and the reordering.
+fn lsq_layout(
+    backend: &str,
+    precision: &str,
+    transpose: &str,
+    lsqr_loop: &str,
+    storage: &str,
+    reorder: &str,
+) -> PyResult<(OperatorSpec, Reorder)> {
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
     let strategy = transpose
@@ -336,40 +503,19 @@ fn lsqr<'py>(
         lsqr_loop,
         ..Default::default()
     };
-    let mut mon = PyMonitor::new(callback, callback_every);
-    let out = py.allow_threads(|| {
-        guarded(|| {
-            let (kind, why) = choose_backend(choice).map_err(py_err)?;
-            let engine = engine_for(kind).map_err(py_err)?;
-            // The CLI's stages for one rank: storage, reordering (solution mapped back).
-            let layout = Layout {
-                storage: resolve_storage(kind, storage, strategy, a.nnz()),
-                reorder,
-                grid: None,
-                col_scale: false,
-                x0: None,
-            };
-            let kernel_rows = a.nrows();
-            let sys = System { a, b, kernel_rows };
-            let setup_started = std::time::Instant::now();
-            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
-            p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
-            let job = LsqrJob {
-                method,
-                params: &params,
-                spec: &spec,
-                checkpoint: None,
-                setup_started,
-            };
-            let watch = Watch::Recorder(&mut mon);
-            let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
-            let o = o.map_err(|e| mon.error(e))?;
-            let what = format!("{}: {} ({why})", engine.name(), engine.describe());
-            Ok((o.solution, what))
-        })
-    });
-    let (sol, backend_used) = out?;
-    lsq_dict(py, &sol, backend_used)
+    Ok((spec, reorder))
+}
+
+/// The CLI's stages for one rank on `kind`: the storage resolved for the backend and size, the
+/// reordering asked for (the solution is mapped back), no grid, no column scaling.
+fn layout_for(kind: BackendChoice, spec: &OperatorSpec, reorder: Reorder, nnz: usize) -> Layout {
+    Layout {
+        storage: resolve_storage(kind, spec.storage, spec.transpose, nnz),
+        reorder,
+        grid: None,
+        col_scale: false,
+        x0: None,
+    }
 }
 
 /// What lsqr and lsmr return to the Python half (lsmr's normr etc. in LSQR's fields).
@@ -422,7 +568,7 @@ fn vectors(
 /// `seistomo._Products` wrapper), on the CPU backend, one process. Returns lsqr's dict.
 #[pyfunction]
 #[pyo3(signature = (products, shape, b, method, damp, atol, btol, conlim, iter_lim, calc_var,
-    x0, backend, callback, callback_every))]
+    x0, backend, callback, callback_every, threads=None, callback_x=false))]
 #[allow(clippy::too_many_arguments)]
 fn lsq_operator<'py>(
     py: Python<'py>,
@@ -440,6 +586,8 @@ fn lsq_operator<'py>(
     backend: &str,
     callback: Option<Py<PyAny>>,
     callback_every: usize,
+    threads: Option<usize>,
+    callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
     let (m, n) = nonempty(shape)?;
@@ -460,7 +608,9 @@ fn lsq_operator<'py>(
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (m, n));
     let mut mon = PyMonitor::new(callback, callback_every);
-    let out = py.allow_threads(|| {
+    mon.wants_x = callback_x;
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();
             let be = engine.cpu_backend().map_err(py_err)?;
@@ -518,7 +668,7 @@ fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
 #[pyfunction]
 #[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, max_iter, max_cycles,
     precond, orthog, backend, precision, callback, callback_every, storage="auto",
-    m_products=None, callback_x=false))]
+    m_products=None, callback_x=false, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres<'py>(
     py: Python<'py>,
@@ -542,6 +692,7 @@ fn gmres<'py>(
     storage: &str,
     m_products: Option<Py<PyAny>>,
     callback_x: bool,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let a = csr((n, n), indptr, indices, data)?;
@@ -571,7 +722,8 @@ fn gmres<'py>(
     });
     let mut mon = PyMonitor::new(callback, callback_every);
     mon.wants_x = callback_x;
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
             let engine = engine_for(kind).map_err(py_err)?;
@@ -607,7 +759,7 @@ fn gmres<'py>(
             let sol = sol.map_err(|e| mon.error_with(kept.take(), e))?;
             let what = match kind {
                 BackendChoice::Cuda => format!("cuda: {} ({why})", engine.describe()),
-                _ => format!("cpu ({why})"),
+                _ => format!("cpu: {} ({why})", engine.describe()),
             };
             Ok((sol.x_local, sol.info, sol.precond, what))
         })
@@ -678,7 +830,8 @@ fn gmres_dict(
 /// M none, or the caller's (`m_products`); otherwise as [`gmres`].
 #[pyfunction]
 #[pyo3(signature = (products, n, b, x0, rtol, atol, restart, max_iter, max_cycles, precond,
-    orthog, backend, callback, callback_every, m_products=None, callback_x=false))]
+    orthog, backend, callback, callback_every, m_products=None, callback_x=false,
+    threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres_operator<'py>(
     py: Python<'py>,
@@ -698,6 +851,7 @@ fn gmres_operator<'py>(
     callback_every: usize,
     m_products: Option<Py<PyAny>>,
     callback_x: bool,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (n, _) = nonempty((n, n))?;
     let (b, x0) = vectors(n, n, b, x0)?;
@@ -714,7 +868,8 @@ fn gmres_operator<'py>(
     let pc_name = if m.is_some() { "M (Python)" } else { "none" };
     let mut mon = PyMonitor::new(callback, callback_every);
     mon.wants_x = callback_x;
-    let out = py.allow_threads(|| {
+    let cancel = mon.stop_from_waiter(threads.is_some());
+    let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();
             let be = engine.cpu_backend().map_err(py_err)?;
@@ -871,6 +1026,43 @@ fn invert(py: Python<'_>, config: PathBuf, progress: usize, resume: bool) -> PyR
     })
 }
 
+/// Run configuration text as `seistomo invert` runs a config file (Python's `invert(dict)`):
+/// `path` names it in messages and its directory resolves relative paths (no file there is
+/// read). Returns report.json.
+#[pyfunction]
+#[pyo3(signature = (path, text, progress=0, resume=false))]
+fn invert_text(
+    py: Python<'_>,
+    path: PathBuf,
+    text: String,
+    progress: usize,
+    resume: bool,
+) -> PyResult<String> {
+    let p = path.clone();
+    py.allow_threads(|| {
+        guarded(|| {
+            let done = seistomo::pipeline::invert::invert_text(
+                &path,
+                &text,
+                &[],
+                &SerialComm,
+                progress,
+                resume,
+            )
+            .map_err(|e| match e {
+                // the dict's own keys and values: its TOML lines are not the caller's
+                Error::Parse { path, msg, .. } if path == p => {
+                    PyValueError::new_err(format!("config: {msg}"))
+                }
+                e => py_err(e),
+            })?;
+            let (o, _) =
+                done.ok_or_else(|| PyRuntimeError::new_err("the run produced no outcome"))?;
+            serde_json::to_string(&o.report).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        })
+    })
+}
+
 fn model_meta<'py>(
     py: Python<'py>,
     mf: &seistomo::model::hdf5::ModelFile,
@@ -935,8 +1127,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dataset_info, m)?)?;
     m.add_function(wrap_pyfunction!(dataset_system, m)?)?;
     m.add_function(wrap_pyfunction!(invert, m)?)?;
+    m.add_function(wrap_pyfunction!(invert_text, m)?)?;
     m.add_function(wrap_pyfunction!(model_fields, m)?)?;
     m.add_function(wrap_pyfunction!(model_info, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_class::<plan::Plan>()?;
     Ok(())
 }

@@ -474,22 +474,46 @@ def test_ncdump_reads_the_demo_model(demo_model):
     assert "double velocity(z, y, x)" in head and 'velocity:units = "km/s"' in head
 
 
-def test_open_model_without_xarray(demo_model, monkeypatch):
+def hide_modules(monkeypatch, names):
+    """Imports of `names` fail from here on, as on an install without them."""
     import builtins
 
     real = builtins.__import__
 
-    def no_xarray(name, *a, **k):
-        if name.split(".")[0] in ("xarray", "h5netcdf"):
-            raise ImportError(name)
+    def hidden(name, *a, **k):
+        if name.split(".")[0] in names:
+            raise ImportError(f"No module named '{name}'", name=name)
         return real(name, *a, **k)
 
-    monkeypatch.setattr(builtins, "__import__", no_xarray)
+    monkeypatch.setattr(builtins, "__import__", hidden)
+
+
+def test_open_model_without_xarray(demo_model, monkeypatch):
+    # A base install (no extra): open_model says which extra brings what it needs; with
+    # xarray=False it gives a dict of NumPy arrays.
     out, _ = demo_model
-    m = seistomo.open_model(out / "model.h5")
+    for names, named in [(("xarray", "h5netcdf", "h5py"), "xarray and h5netcdf and h5py"),
+                         (("h5py",), "needs h5py,")]:
+        with monkeypatch.context() as mp:
+            hide_modules(mp, names)
+            with pytest.raises(ImportError, match=r'pip install "seistomo\[xarray\]"') as e:
+                seistomo.open_model(out / "model.h5")
+            assert named in str(e.value) and "xarray=False" in str(e.value)
+            m = seistomo.open_model(out / "model.h5", xarray=False)
     assert isinstance(m, dict) and m["velocity"].shape == (8, 16, 16)
     assert np.allclose(m["z"], np.arange(8) + 0.5)
     assert m["attrs"]["velocity_unit"] == "km/s"
+
+
+def test_extras_bring_what_open_model_and_the_plots_need():
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((ROOT / "python" / "pyproject.toml").read_text())["project"]
+    extras = meta["optional-dependencies"]
+    name = lambda req: req.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0]
+    need = set(seistomo._XARRAY_STACK)
+    assert need <= {name(r).strip() for r in extras["xarray"]}
+    assert need | {"matplotlib"} <= {name(r).strip() for r in extras["plot"]}
+    assert need | {"pytest"} <= {name(r).strip() for r in extras["test"]}
 
 
 def test_australia_model_has_lat_lon(tmp_path):

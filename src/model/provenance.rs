@@ -53,6 +53,15 @@ fn notes() -> std::sync::MutexGuard<'static, Notes> {
     NOTES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Forget the inputs and manifest noted so far: a process that runs several configs one after
+/// another (the Python module's `invert`) records each run's own inputs, not every earlier
+/// run's too (whose relative paths may no longer resolve).
+pub fn forget_inputs() {
+    let mut n = notes();
+    n.inputs.clear();
+    n.manifest = None;
+}
+
 /// Note input files for the provenance of the model files this process writes. A directory
 /// stands for every file under it.
 pub fn note_inputs<P: AsRef<Path>>(paths: impl IntoIterator<Item = P>) {

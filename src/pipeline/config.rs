@@ -459,10 +459,16 @@ fn dataset_source(
     ))
 }
 
-/// Note a run config and everything it reads: the config file, the Matrix Market files or
-/// every file of the dataset directory (and its manifest), a starting model.
+/// Note a run config and everything it reads, in place of an earlier run's notes: the config
+/// file, the Matrix Market files or every file of the dataset directory (and its manifest), a
+/// starting model.
 pub fn note_config(cfg: &RunConfig) {
-    let mut files = vec![cfg.path.clone()];
+    // this run's inputs only
+    crate::model::provenance::forget_inputs();
+    // config text given directly (Python's invert(dict)) has no file; its text is recorded
+    let mut files: Vec<PathBuf> = std::iter::once(cfg.path.clone())
+        .filter(|p| p.is_file())
+        .collect();
     match &cfg.system {
         SystemSource::Mtx {
             matrix, rhs, reg, ..

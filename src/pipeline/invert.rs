@@ -38,10 +38,41 @@ pub fn invert(
     progress_every: usize,
     resume: bool,
 ) -> Result<Option<(Outcome, OutputPaths)>> {
+    invert_config(RunConfig::load(config), tune, comm, progress_every, resume)
+}
+
+/// [`invert`] on config text given directly (the Python module's `invert(dict)`): `path`
+/// names it in messages and its directory resolves the config's relative paths; no file need
+/// be there (the text goes into the model file's provenance as a file's would).
+pub fn invert_text(
+    path: &Path,
+    text: &str,
+    tune: &[String],
+    comm: &dyn Comm,
+    progress_every: usize,
+    resume: bool,
+) -> Result<Option<(Outcome, OutputPaths)>> {
+    invert_config(
+        RunConfig::parse(path, text),
+        tune,
+        comm,
+        progress_every,
+        resume,
+    )
+}
+
+/// [`invert`] once the config is read (or failed to be).
+fn invert_config(
+    cfg: Result<RunConfig>,
+    tune: &[String],
+    comm: &dyn Comm,
+    progress_every: usize,
+    resume: bool,
+) -> Result<Option<(Outcome, OutputPaths)>> {
     // Every rank reads and checks the config; an error on any rank ends the job on every rank.
     let cfg = agree(
         comm,
-        RunConfig::load(config).and_then(|mut c| {
+        cfg.and_then(|mut c| {
             c.options.operator.tuning.apply(tune)?;
             Ok(c)
         }),

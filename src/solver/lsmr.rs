@@ -224,6 +224,7 @@ pub fn lsmr<B: Backend, O: Operator<B>>(
     while s.itn < lim.maxiter {
         step(&mut d, &lim, &mut s, &mut vecs)?;
         monitor.record(&s.record(t0.elapsed().as_secs_f64()))?;
+        monitor.lsmr_iterate(be, s.itn, &vecs.x)?;
         if s.istop != 0 {
             break;
         }

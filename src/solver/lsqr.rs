@@ -74,6 +74,11 @@ pub trait LsqrMonitor<B: Backend> {
     fn checkpoint_every(&self) -> usize {
         0
     }
+    /// LSMR's iterate x after iteration `itn`, after every iteration (LSQR shows its vectors
+    /// through `state`). The Python module's `callback_type="x"`; the default ignores it.
+    fn lsmr_iterate(&mut self, _backend: &B, _itn: usize, _x: &B::Vector) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A monitor that does nothing.
