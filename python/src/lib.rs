@@ -388,6 +388,35 @@ impl GmresMonitor for PyMonitor {
     }
 }
 
+/// The method and its parameters, checked as the CLI checks them: LSQR's iter_lim = 0 is an
+/// error as in the CLI and the config, LSMR's maxiter = 0 is SciPy's (no iteration), and LSMR
+/// has no variance estimate.
+pub(crate) fn lsq_params(
+    method: &str,
+    (damp, atol, btol, conlim): (f64, f64, f64, f64),
+    iter_lim: Option<usize>,
+    calc_var: bool,
+) -> PyResult<(LsqMethod, LsqrParams)> {
+    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
+    if iter_lim == Some(0) && method == LsqMethod::Lsqr {
+        return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
+    }
+    let params = LsqrParams {
+        damp,
+        atol,
+        btol,
+        conlim,
+        iter_lim,
+        calc_var,
+    };
+    match method {
+        LsqMethod::Lsqr => seistomo::solver::lsqr::check_params(&params),
+        LsqMethod::Lsmr => seistomo::solver::lsmr::check_lsmr_params(&params),
+    }
+    .map_err(py_err)?;
+    Ok((method, params))
+}
+
 /// LSQR on one process. Returns a dict: x (bytes), var (bytes or None), istop, itn, r1norm,
 /// r2norm, anorm, acond, arnorm, xnorm, seconds, backend.
 #[pyfunction]
@@ -422,23 +451,9 @@ fn lsqr<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
-    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
-    // LSQR's iter_lim = 0 is an error as in the CLI and the config; LSMR's maxiter = 0 is
-    // SciPy's (no iteration).
-    if iter_lim == Some(0) && method == LsqMethod::Lsqr {
-        return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
-    }
+    let (method, params) = lsq_params(method, (damp, atol, btol, conlim), iter_lim, calc_var)?;
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
-    let params = LsqrParams {
-        damp,
-        atol,
-        btol,
-        conlim,
-        iter_lim,
-        calc_var,
-    };
-    seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
     let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
     let mut mon = PyMonitor::new(callback, callback_every);
     let cancel = mon.stop_from_waiter(threads.is_some());
@@ -589,22 +604,9 @@ fn lsq_operator<'py>(
     threads: Option<usize>,
     callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
+    let (method, params) = lsq_params(method, (damp, atol, btol, conlim), iter_lim, calc_var)?;
     let (m, n) = nonempty(shape)?;
     let (b, x0) = vectors(m, n, b, x0)?;
-    let params = LsqrParams {
-        damp,
-        atol,
-        btol,
-        conlim,
-        iter_lim,
-        calc_var,
-    };
-    match method {
-        LsqMethod::Lsqr => seistomo::solver::lsqr::check_params(&params),
-        LsqMethod::Lsmr => seistomo::solver::lsmr::check_lsmr_params(&params),
-    }
-    .map_err(py_err)?;
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (m, n));
     let mut mon = PyMonitor::new(callback, callback_every);

@@ -289,19 +289,8 @@ impl Plan {
         callback_every: usize,
         callback_x: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let method = method.parse::<LsqMethod>().map_err(PyValueError::new_err)?;
-        if iter_lim == Some(0) && method == LsqMethod::Lsqr {
-            return Err(PyValueError::new_err("iter_lim must be >= 1 (got 0)"));
-        }
-        let params = LsqrParams {
-            damp,
-            atol,
-            btol,
-            conlim,
-            iter_lim,
-            calc_var,
-        };
-        seistomo::solver::lsqr::check_params(&params).map_err(py_err)?;
+        let tol = (damp, atol, btol, conlim);
+        let (method, params) = crate::lsq_params(method, tol, iter_lim, calc_var)?;
         let (b, x0) = vectors(self.built.m, self.built.n, b, x0)?;
         let jobs = self
             .jobs
