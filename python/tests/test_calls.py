@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import seistomo
-from test_seistomo import system
+from test_seistomo import ctrl_c_during, second_difference, system
 
 
 def test_results_carry_their_own_info():
@@ -75,38 +75,9 @@ def test_threads_per_call():
 def test_ctrl_c_with_threads_per_call():
     # As test_seistomo's Ctrl-C test, with threads=1: the solve runs on a pool's worker and
     # the waiting main thread sees SIGINT and stops it between iterations.
-    import os
-    import signal
-    import time
-
-    import pytest
-
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:
-            pytest.skip("SIGINT cannot be handled here (not the main thread)")
-    n = 200_000
-    A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
-    b = np.random.default_rng(1).standard_normal(n)
-    deadline = time.monotonic() + 60
-
-    def callback(itn, *rest):
-        if time.monotonic() > deadline:
-            raise TimeoutError("no KeyboardInterrupt 60 s after SIGINT was sent")
-
-    t = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    t.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8, threads=1,
-                          callback=callback, callback_every=1000)
-    finally:
-        t.cancel()
-        if previous is not signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous)
-
+    A, b = second_difference()
+    ctrl_c_during(lambda cb: seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
+                                           threads=1, callback=cb, callback_every=1000))
 
 def test_callbacks_may_take_x():
     # callback_type="x": callback(x) every callback_every iterations, x in A's column order:

@@ -12,7 +12,7 @@ from scipy.sparse.linalg import lsmr as scipy_lsmr
 from scipy.sparse.linalg import lsqr as scipy_lsqr
 
 import seistomo
-from test_seistomo import DATA, ILL, WELL, rel, system, within_2pct, x0_for
+from test_seistomo import DATA, ILL, WELL, rel, scipy_gmres_run, system, within_2pct, x0_for
 
 import scipy.io as sio
 
@@ -232,21 +232,6 @@ def ilu(A):
     return f, LinearOperator((n, n), matvec=f.solve, dtype=float)
 
 
-def scipy_gmres_its(A, b, M, restart, rtol, maxiter):
-    its = [0]
-
-    def cb(_):
-        its[0] += 1
-
-    kw = dict(M=M, atol=0, restart=restart, maxiter=maxiter, callback=cb,
-              callback_type="pr_norm")
-    try:
-        x, info = scipy_gmres(A, b, rtol=rtol, **kw)
-    except TypeError:  # SciPy < 1.12 names it tol
-        x, info = scipy_gmres(A, b, tol=rtol, **kw)
-    return x, info, its[0]
-
-
 # west0479 is left out: with ILU its iteration count is chaotic (SciPy itself takes 1217-2545
 # iterations where its M is perturbed by 1e-16; 1712 unperturbed).
 ILU_CASES = ["square_gen/convdiff16.mtx.gz", "square_gen/convdiff24.mtx.gz",
@@ -261,7 +246,7 @@ def test_gmres_ilu_operator_equals_scipy_iterations(file):
     n = A.shape[0]
     b = np.ones(n)
     f, M = ilu(A)
-    xs, info_s, its_s = scipy_gmres_its(A, b, M, 16, 1e-10, 300)
+    xs, info_s, its_s = scipy_gmres_run(A, b, M, 16, 1e-10, 300)
     for AA, MM in [(A, M), (aslinearoperator(A), f.solve), (A, f.solve)]:
         r = seistomo.gmres(AA, b, rtol=1e-10, restart=16, maxiter=300, M=MM, orthog="mgs",
                            backend="cpu")

@@ -2,10 +2,7 @@
 by lsqr and lsmr for any number of solves. Each solve must return what lsqr(A, ...) /
 lsmr(A, ...) with the same options returns: bit for bit on the CPU. Run by `make test-python`."""
 
-import os
-import signal
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -13,7 +10,8 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import aslinearoperator
 
 import seistomo
-from test_seistomo import HAS_GPU, rel, system, within_2pct, x0_for
+from test_seistomo import (HAS_GPU, ctrl_c_during, rel, second_difference, system,
+                           within_2pct, x0_for)
 
 # The layouts the CPU can prepare: storage, reordering, value precision, transpose.
 LAYOUTS = {
@@ -170,38 +168,12 @@ def test_threads_share_one_operator():
 
 
 def test_ctrl_c_stops_a_solve_on_an_operator_and_it_stays_usable():
-    # As test_seistomo's Ctrl-C test: a solve that would run for hundreds of thousands of
-    # iterations, SIGINT from another thread. The solve runs on the operator's own thread;
-    # the waiting main thread sees the signal and stops it between iterations.
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.default_int_handler:
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        except ValueError:
-            pytest.skip("SIGINT cannot be handled here (not the main thread)")
-    n = 200_000
-    A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
-    b = np.random.default_rng(1).standard_normal(n)
+    # As test_seistomo's Ctrl-C test: the solve runs on the operator's own thread; the waiting
+    # main thread sees the signal and stops it between iterations.
+    A, b = second_difference()
     op = seistomo.Operator(A, backend="cpu")
-    seen = []
-    deadline = time.monotonic() + 60
-
-    def callback(itn, *rest):
-        seen.append(itn)
-        if time.monotonic() > deadline:
-            raise TimeoutError("no KeyboardInterrupt 60 s after SIGINT was sent")
-
-    t = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    t.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            seistomo.lsqr(op, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
-                          callback=callback, callback_every=1000)
-    finally:
-        t.cancel()
-        if previous is not signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous)
-    assert not seen or seen[-1] < 10**8
+    ctrl_c_during(lambda cb: seistomo.lsqr(op, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
+                                           callback=cb, callback_every=1000))
     same(seistomo.lsqr(op, b, iter_lim=5), seistomo.lsqr(A, b, iter_lim=5, backend="cpu"))
 
 

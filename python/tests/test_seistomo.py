@@ -293,13 +293,19 @@ def test_callback_and_its_exceptions():
         seistomo.lsqr(A, b, callback=boom)
 
 
-def test_ctrl_c_raises_keyboard_interrupt():
-    # A 1-D second difference of 200 000 unknowns (condition ~1e10) with every stopping test
-    # off: LSQR would run for hundreds of thousands of iterations. SIGINT arrives from another
-    # thread while the solve runs with the GIL released.
-    # Where SIGINT is ignored (a background job of a script: `make test &`), Python installs no
-    # handler and the signal would be lost: the test installs Python's own for its duration
-    # (and skips where it cannot). Whatever happens, the callback ends the solve after 60 s.
+def second_difference(n=200_000):
+    """A 1-D second difference of n unknowns (condition ~1e10) and a random b: with every
+    stopping test off, LSQR would run for hundreds of thousands of iterations."""
+    A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
+    return A, np.random.default_rng(1).standard_normal(n)
+
+
+def ctrl_c_during(solve):
+    """solve(callback) with SIGINT sent from another thread 0.3 s in must raise
+    KeyboardInterrupt. Where SIGINT is ignored (a background job of a script: `make test &`),
+    Python installs no handler and the signal would be lost: Python's own is installed for the
+    duration (skipped where it cannot be). Whatever happens, the callback ends the solve after
+    60 s. Returns the iterations the callback saw."""
     import time
     previous = signal.getsignal(signal.SIGINT)
     if previous is not signal.default_int_handler:
@@ -307,9 +313,6 @@ def test_ctrl_c_raises_keyboard_interrupt():
             signal.signal(signal.SIGINT, signal.default_int_handler)
         except ValueError:
             pytest.skip("SIGINT cannot be handled here (not the main thread)")
-    n = 200_000
-    A = sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
-    b = np.random.default_rng(1).standard_normal(n)
     seen = []
     deadline = time.monotonic() + 60
 
@@ -322,13 +325,20 @@ def test_ctrl_c_raises_keyboard_interrupt():
     t.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
-                          callback=callback, callback_every=1000)
+            solve(callback)
     finally:
         t.cancel()
         if previous is not signal.default_int_handler:
             signal.signal(signal.SIGINT, previous)
     assert not seen or seen[-1] < 10**8
+    return seen
+
+
+def test_ctrl_c_raises_keyboard_interrupt():
+    # SIGINT arrives from another thread while the solve runs with the GIL released.
+    A, b = second_difference()
+    ctrl_c_during(lambda cb: seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
+                                           callback=cb, callback_every=1000))
 
 
 def scipy_gmres_run(A, b, M, restart, rtol, maxiter):
