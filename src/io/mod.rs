@@ -39,6 +39,27 @@ pub use dataset::{global_row_order, load_dataset, load_dataset_with, LoadOptions
 pub use input::{check_regular, open_input, read_input, read_input_text, MAX_TEXT};
 pub use tidy::tidy;
 
+/// 64-bit FNV-1a (the checkpoint's checksum and fingerprint, version 1 output manifests, run
+/// ids).
+#[derive(Clone, Copy)]
+pub struct Fnv(u64);
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+impl Fnv {
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
+
 /// Open a text file for buffered reading (a regular file: [`open_input`]); `.gz` files are
 /// decompressed on the fly.
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {

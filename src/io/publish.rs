@@ -54,6 +54,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::io::Fnv;
 
 /// The manifest of an output set, in each output directory.
 pub const MANIFEST: &str = "seistomo-outputs.json";
@@ -73,21 +74,6 @@ pub const MANIFEST_FORMAT: &str = "seistomo-outputs";
 /// hashed at ~0.45 GB/s and took 0.24 s of writing a 110 MB model file); version 1 manifests
 /// (FNV-1a) are still read and checked.
 pub const MANIFEST_VERSION: u32 = 2;
-
-/// 64-bit FNV-1a.
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 /// Test hooks (see the module docs), compiled in only with the `fault-injection` feature.
 #[cfg(feature = "fault-injection")]
@@ -185,7 +171,7 @@ pub fn new_run_id() -> String {
     let secs = now.as_secs();
     let (days, sod) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_date(days as i64);
-    let mut h = Fnv::new();
+    let mut h = Fnv::default();
     h.update(&now.as_nanos().to_le_bytes());
     h.update(&std::process::id().to_le_bytes());
     format!(
@@ -194,7 +180,7 @@ pub fn new_run_id() -> String {
         sod / 60 % 60,
         sod % 60,
         std::process::id(),
-        h.0 & 0xffff
+        h.finish() & 0xffff
     )
 }
 
@@ -815,7 +801,7 @@ pub fn check_pending(dir: &Path) -> Result<Option<Manifest>> {
 }
 
 fn check_file(p: &Path, f: &ManifestFile, run: &str) -> Result<()> {
-    let (mut h, mut crc) = (Fnv::new(), 0u32);
+    let (mut h, mut crc) = (Fnv::default(), 0u32);
     let n = super::read_pieces(p, |piece| {
         if f.crc32c.is_some() {
             crc = crc32c::crc32c_append(crc, piece);
@@ -825,7 +811,7 @@ fn check_file(p: &Path, f: &ManifestFile, run: &str) -> Result<()> {
     })?;
     let same = match (&f.crc32c, &f.fnv1a64) {
         (Some(c), _) => *c == format!("{crc:08x}"),
-        (None, Some(v)) => *v == format!("{:016x}", h.0),
+        (None, Some(v)) => *v == format!("{:016x}", h.finish()),
         (None, None) => false,
     };
     if n != f.bytes || !same {
@@ -1043,13 +1029,13 @@ mod tests {
         fs::write(d.join("a.txt"), b"new a").unwrap();
         fs::write(c.join("b.txt"), b"new b").unwrap();
         let file = |n: &str, t: &[u8]| {
-            let mut h = Fnv::new();
+            let mut h = Fnv::default();
             h.update(t);
             ManifestFile {
                 name: n.into(),
                 bytes: t.len() as u64,
                 crc32c: None,
-                fnv1a64: Some(format!("{:016x}", h.0)),
+                fnv1a64: Some(format!("{:016x}", h.finish())),
             }
         };
         let m = Manifest {

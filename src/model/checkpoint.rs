@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::CrcWriter;
-use crate::io::write_atomic;
+use crate::io::{write_atomic, Fnv};
 use crate::solver::{IterRecord, LsqrParams, LsqrScalars};
 
 pub const MAGIC: &[u8; 8] = b"SEISCKPT";
@@ -112,26 +112,6 @@ struct Header {
     scalars: LsqrScalars,
     history: Vec<IterRecord>,
     has_var: bool,
-}
-
-/// 64-bit FNV-1a.
-#[derive(Clone, Copy)]
-pub struct Fnv(u64);
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-impl Fnv {
-    pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    pub fn finish(self) -> u64 {
-        self.0
-    }
 }
 
 /// A fingerprint of a system (this rank's rows of A and b): sizes and every stored value, so a

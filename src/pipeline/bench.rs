@@ -4,8 +4,6 @@
 //! backend reads, and the bytes of one iteration at the bandwidth floor of each storage. The
 //! CLI parses the plan and prints the [`Table`].
 
-use std::time::Instant;
-
 use serde::Serialize;
 
 use crate::backend::storage::{self, Storage};
@@ -16,9 +14,8 @@ use crate::grid::reorder::Reorder;
 use crate::grid::Rng;
 use crate::pipeline::operators::{Built, Engine, LsqrVisitor};
 use crate::pipeline::options::{BackendChoice, OperatorSpec};
-use crate::pipeline::timing::{last_level_cache_bytes, time_ms};
+use crate::pipeline::timing::{last_level_cache_bytes, time_lsqr_blocks, time_ms};
 use crate::settings::tuning::{GpuLayout, Tuning};
-use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
 use crate::sparse::{Csr, GapHistogram};
 
 /// Timings of one operator: the products alone, a short warm-up solve (which captures the
@@ -42,7 +39,6 @@ pub fn time_lsqr<B: Backend, O: Operator<B>>(
     sync: &dyn Fn() -> Result<()>,
 ) -> Result<Timing> {
     let (m, n) = (op.nrows(), op.ncols());
-    let comm = SerialComm;
     let bd = be.upload(b)?;
     // Products alone.
     let mut y = be.zeros(m)?;
@@ -51,30 +47,9 @@ pub fn time_lsqr<B: Backend, O: Operator<B>>(
     let ax = time_ms(20, sync, || op.apply(be, Scale::SET, &x, &mut y))?;
     let aty = time_ms(20, sync, || op.apply_t(be, Scale::SET, &y, &mut x))?;
     drop((x, y));
-    let warm = 3;
-    let params = LsqrParams {
-        atol: 0.0,
-        btol: 0.0,
-        conlim: 0.0,
-        iter_lim: Some(warm),
-        ..Default::default()
-    };
-    let (mut s, mut v) = lsqr_start(be, op, &comm, &bd, None, &params)?;
-    sync()?;
-    let t = Instant::now();
-    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    sync()?;
-    let first_block_ms = t.elapsed().as_secs_f64() * 1e3;
-    let params = LsqrParams {
-        iter_lim: Some(warm + iters),
-        ..params
-    };
-    s.istop = 0;
-    sync()?;
-    let t = Instant::now();
-    let info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    sync()?;
-    let ms = t.elapsed().as_secs_f64() * 1e3 / (info.itn - warm).max(1) as f64;
+    let run = time_lsqr_blocks(be, op, &bd, 3, &[iters], sync)?;
+    let (info, v) = (run.info, run.vectors);
+    let (ms, first_block_ms) = (run.ms_per_iter[0], run.first_block_ms);
     let xh = be.to_host(&v.x)?;
     Ok(Timing {
         ms_iter: ms,

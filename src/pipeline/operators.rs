@@ -602,32 +602,11 @@ fn pair_ms<O: Operator<CudaBackend>>(be: &CudaBackend, op: &O) -> Result<f64> {
 /// device loop captures its graph), then the median of 3 runs of 32 more continuing the solve
 /// (a whole replay of the device loop's graph at its default block size).
 fn iteration_ms<O: Operator<CudaBackend>>(be: &CudaBackend, op: &O) -> Result<f64> {
-    use crate::solver::{lsqr_iterate, lsqr_start, LsqrParams, NoMonitor};
     let mut b = be.zeros(op.nrows())?;
     be.fill(&mut b, 1.0)?;
-    let mut params = LsqrParams {
-        atol: 0.0,
-        btol: 0.0,
-        conlim: 0.0,
-        iter_lim: Some(3),
-        ..Default::default()
-    };
-    let comm = crate::comm::SerialComm;
-    let (mut s, mut v) = lsqr_start(be, op, &comm, &b, None, &params)?;
-    lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-    let mut ms = Vec::new();
-    for _ in 0..3 {
-        be.synchronize()?;
-        let t = Instant::now();
-        let done = s.itn;
-        params.iter_lim = Some(done + 32);
-        s.istop = 0;
-        let info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
-        be.synchronize()?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3 / (info.itn - done).max(1) as f64);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[1])
+    let sync = || be.synchronize();
+    let run = crate::pipeline::timing::time_lsqr_blocks(be, op, &b, 3, &[32, 32, 32], &sync)?;
+    Ok(crate::pipeline::timing::median(run.ms_per_iter))
 }
 
 /// Fill in what a compact operator is, and start its device loop when asked.

@@ -83,10 +83,7 @@ struct Lsqr<'a> {
 fn calibrate<B: Backend, O: Operator<B>>(be: &B, op: &O, comm: &dyn Comm) -> Result<Calibration> {
     let (mut x, mut y) = (be.zeros(op.ncols())?, be.zeros(op.nrows())?);
     be.fill(&mut x, 1.0)?;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    use crate::pipeline::timing::median;
     let (mut prod, mut sum) = (Vec::new(), Vec::new());
     // One rank has no balance to judge: one pair gives its product time for the report (five
     // cost 0.06-0.14 s of a CPU set-up of 0.4-0.7 s on the 150k-ray system, 2 cores).

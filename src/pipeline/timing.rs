@@ -5,7 +5,10 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::backend::{Backend, Operator};
+use crate::comm::SerialComm;
 use crate::error::Result;
+use crate::solver::{lsqr_iterate, lsqr_start, LsqrInfo, LsqrParams, LsqrVectors, NoMonitor};
 
 /// The host as the CPU backend sees it (CPU model, rayon threads) and its copy bandwidth
 /// (GB/s, read + write, all threads copying 64 MiB arrays; median of 5).
@@ -64,9 +67,64 @@ pub fn last_level_cache_bytes() -> Option<u64> {
     best
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// A timed LSQR run (see [`time_lsqr_blocks`]).
+pub struct LsqrBlocks<V> {
+    /// The warm-up's wall time (the device loop captures its graph in it).
+    pub first_block_ms: f64,
+    /// Milliseconds per iteration of each timed block.
+    pub ms_per_iter: Vec<f64>,
+    /// The solve's state after the last block.
+    pub info: LsqrInfo,
+    pub vectors: LsqrVectors<V>,
+}
+
+/// LSQR on one rank from `b` with every stopping test off: `warm` iterations, then one timed
+/// run of `blocks[i]` iterations each, every run continuing the same solve.
+pub fn time_lsqr_blocks<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    b: &B::Vector,
+    warm: usize,
+    blocks: &[usize],
+    sync: &dyn Fn() -> Result<()>,
+) -> Result<LsqrBlocks<B::Vector>> {
+    let comm = SerialComm;
+    let mut params = LsqrParams {
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        iter_lim: Some(warm),
+        ..Default::default()
+    };
+    let (mut s, mut v) = lsqr_start(be, op, &comm, b, None, &params)?;
+    sync()?;
+    let t = Instant::now();
+    let mut info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
+    sync()?;
+    let first_block_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut ms_per_iter = Vec::with_capacity(blocks.len());
+    for &k in blocks {
+        let done = s.itn;
+        params.iter_lim = Some(done + k);
+        s.istop = 0;
+        sync()?;
+        let t = Instant::now();
+        info = lsqr_iterate(be, op, &comm, &params, &mut s, &mut v, &mut NoMonitor)?;
+        sync()?;
+        ms_per_iter.push(t.elapsed().as_secs_f64() * 1e3 / (info.itn - done).max(1) as f64);
+    }
+    Ok(LsqrBlocks {
+        first_block_ms,
+        ms_per_iter,
+        info,
+        vectors: v,
+    })
 }
 
 /// Median wall time (ms) of `f` followed by `sync`.
