@@ -391,6 +391,7 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
             return _lsq(method, op, b, damp, atol, btol, conlim, iter_lim, calc_var, x0,
                         backend, precision, callback, callback_every, transpose, lsqr_loop,
                         storage, reorder, threads, callback_x)
+    tol = (float(damp), float(atol), float(btol), float(conlim))
     if isinstance(A, Operator):
         A._check_options(dict(backend=backend, precision=precision, transpose=transpose,
                               lsqr_loop=lsqr_loop, storage=storage, reorder=reorder))
@@ -400,24 +401,21 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
                              f"Operator(A, threads={threads})")
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
-        r = A._plan.solve(method, bb, float(damp), float(atol), float(btol), float(conlim),
-                          iter_lim, bool(calc_var), x0b, callback, int(callback_every),
-                          bool(callback_x))
+        r = A._plan.solve(method, bb, tol, iter_lim, bool(calc_var), x0b, callback,
+                          int(callback_every), bool(callback_x))
         shape = A.shape
     elif _is_operator(A):
         shape, prods = _operator(A)
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
-        r = _native.lsq_operator(prods, shape, bb, method, float(damp), float(atol), float(btol),
-                                 float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
-                                 callback, int(callback_every), _threads(threads),
-                                 bool(callback_x))
+        r = _native.lsq_operator(prods, shape, bb, method, tol, iter_lim, bool(calc_var), x0b,
+                                 str(backend), callback, int(callback_every),
+                                 _threads(threads), bool(callback_x))
     else:
         shape, ip, ix, data = _csr_parts(A)
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
-        r = _native.lsqr(shape, ip, ix, data, bb, float(damp), float(atol), float(btol),
-                         float(conlim), iter_lim, bool(calc_var), x0b, str(backend),
+        r = _native.lsqr(shape, ip, ix, data, bb, tol, iter_lim, bool(calc_var), x0b, str(backend),
                          str(precision), str(transpose), str(lsqr_loop), callback,
                          int(callback_every), str(storage), str(reorder), method,
                          _threads(threads))

@@ -388,7 +388,8 @@ impl GmresMonitor for PyMonitor {
     }
 }
 
-/// The method and its parameters, checked as the CLI checks them: LSQR's iter_lim = 0 is an
+/// The method and its parameters (`tol`: damp, atol, btol, conlim), checked as the CLI checks
+/// them: LSQR's iter_lim = 0 is an
 /// error as in the CLI and the config, LSMR's maxiter = 0 is SciPy's (no iteration), and LSMR
 /// has no variance estimate.
 pub(crate) fn lsq_params(
@@ -420,9 +421,9 @@ pub(crate) fn lsq_params(
 /// LSQR on one process. Returns a dict: x (bytes), var (bytes or None), istop, itn, r1norm,
 /// r2norm, anorm, acond, arnorm, xnorm, seconds, backend.
 #[pyfunction]
-#[pyo3(signature = (shape, indptr, indices, data, b, damp, atol, btol, conlim, iter_lim,
-    calc_var, x0, backend, precision, transpose, lsqr_loop, callback, callback_every,
-    storage, reorder, method="lsqr", threads=None))]
+#[pyo3(signature = (shape, indptr, indices, data, b, tol, iter_lim, calc_var, x0, backend,
+    precision, transpose, lsqr_loop, callback, callback_every, storage, reorder, method="lsqr",
+    threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -431,10 +432,7 @@ fn lsqr<'py>(
     indices: &[u8],
     data: &[u8],
     b: &[u8],
-    damp: f64,
-    atol: f64,
-    btol: f64,
-    conlim: f64,
+    tol: (f64, f64, f64, f64),
     iter_lim: Option<usize>,
     calc_var: bool,
     x0: Option<&[u8]>,
@@ -451,7 +449,7 @@ fn lsqr<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     // RAYON_NUM_THREADS checked as the CLI checks it, before rayon reads it unchecked.
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
-    let (method, params) = lsq_params(method, (damp, atol, btol, conlim), iter_lim, calc_var)?;
+    let (method, params) = lsq_params(method, tol, iter_lim, calc_var)?;
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
     let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
@@ -582,8 +580,8 @@ fn vectors(
 /// LSQR or LSMR (`method`) on an operator given by its products in Python (`products`: the
 /// `seistomo._Products` wrapper), on the CPU backend, one process. Returns lsqr's dict.
 #[pyfunction]
-#[pyo3(signature = (products, shape, b, method, damp, atol, btol, conlim, iter_lim, calc_var,
-    x0, backend, callback, callback_every, threads=None, callback_x=false))]
+#[pyo3(signature = (products, shape, b, method, tol, iter_lim, calc_var, x0, backend, callback,
+    callback_every, threads=None, callback_x=false))]
 #[allow(clippy::too_many_arguments)]
 fn lsq_operator<'py>(
     py: Python<'py>,
@@ -591,10 +589,7 @@ fn lsq_operator<'py>(
     shape: (usize, usize),
     b: &[u8],
     method: &str,
-    damp: f64,
-    atol: f64,
-    btol: f64,
-    conlim: f64,
+    tol: (f64, f64, f64, f64),
     iter_lim: Option<usize>,
     calc_var: bool,
     x0: Option<&[u8]>,
@@ -604,7 +599,7 @@ fn lsq_operator<'py>(
     threads: Option<usize>,
     callback_x: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (method, params) = lsq_params(method, (damp, atol, btol, conlim), iter_lim, calc_var)?;
+    let (method, params) = lsq_params(method, tol, iter_lim, calc_var)?;
     let (m, n) = nonempty(shape)?;
     let (b, x0) = vectors(m, n, b, x0)?;
     operator_backend(backend)?;

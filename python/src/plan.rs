@@ -270,18 +270,15 @@ impl Plan {
     }
 
     /// LSQR or LSMR (`method`) on the prepared operator; returns lsqr's dict.
-    #[pyo3(signature = (method, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, callback,
-        callback_every, callback_x=false))]
+    #[pyo3(signature = (method, b, tol, iter_lim, calc_var, x0, callback, callback_every,
+        callback_x=false))]
     #[allow(clippy::too_many_arguments)]
     fn solve<'py>(
         &self,
         py: Python<'py>,
         method: &str,
         b: &[u8],
-        damp: f64,
-        atol: f64,
-        btol: f64,
-        conlim: f64,
+        tol: (f64, f64, f64, f64),
         iter_lim: Option<usize>,
         calc_var: bool,
         x0: Option<&[u8]>,
@@ -289,7 +286,6 @@ impl Plan {
         callback_every: usize,
         callback_x: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let tol = (damp, atol, btol, conlim);
         let (method, params) = crate::lsq_params(method, tol, iter_lim, calc_var)?;
         let (b, x0) = vectors(self.built.m, self.built.n, b, x0)?;
         let jobs = self
