@@ -93,28 +93,32 @@ fn check(case: &str, xtol: f64) {
     assert_eq!(hist.0[0].itn, 0);
 }
 
-#[test]
-fn well1033_matches_scipy() {
-    check("well1033", 1e-8);
+/// One test per SciPy reference case: its name, the case and x's tolerance.
+macro_rules! scipy_cases {
+    ($($(#[$doc:meta])* $name:ident: $case:literal, $tol:expr;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $name() {
+            check($case, $tol);
+        }
+    )*};
 }
-#[test]
-fn well1850_matches_scipy() {
-    check("well1850", 1e-8);
-}
-#[test]
-fn australia_matches_scipy() {
-    check("australia", 1e-8);
-}
-/// Ill-conditioned (cond 1.9e4 and 1.4e3 from the SVD): with a nonzero residual the least-
-/// squares solution is sensitive to cond^2 eps, and x agrees to that: 1e-14 cond^2 (3.6e-6 and 2e-8;
-/// measured 5e-8 on illc1033, 4e-9 on illc1850).
-#[test]
-fn illc1033_matches_scipy() {
-    check("illc1033", ill_conditioned("illc1033"));
-}
-#[test]
-fn illc1850_matches_scipy() {
-    check("illc1850", ill_conditioned("illc1850"));
+
+scipy_cases! {
+    well1033_matches_scipy: "well1033", 1e-8;
+    well1850_matches_scipy: "well1850", 1e-8;
+    australia_matches_scipy: "australia", 1e-8;
+    /// Ill-conditioned (cond 1.9e4 and 1.4e3 from the SVD): with a nonzero residual the
+    /// least-squares solution is sensitive to cond^2 eps, and x agrees to that: 1e-14 cond^2
+    /// (3.6e-6 and 2e-8; measured 5e-8 on illc1033, 4e-9 on illc1850).
+    illc1033_matches_scipy: "illc1033", ill_conditioned("illc1033");
+    illc1850_matches_scipy: "illc1850", ill_conditioned("illc1850");
+    damped_matches_scipy: "well1033_damp", 1e-8;
+    x0_and_damping_match_scipy: "australia_x0", 1e-8;
+    /// SciPy's defaults: atol = btol = 1e-6, conlim 1e8, maxiter = min(m, n). Stopped this
+    /// early the iterate is not converged and carries the rounding differences of the
+    /// iterations (2e-6), so x is compared to 1e-5 here; at tight tolerances above, to 1e-8.
+    defaults_match_scipy: "australia_defaults", 1e-5;
 }
 
 /// The x tolerance of an ill-conditioned case: 1e-14 cond^2.
@@ -123,21 +127,6 @@ fn ill_conditioned(case: &str) -> f64 {
         .as_f64()
         .unwrap();
     1e-14 * c * c
-}
-#[test]
-fn damped_matches_scipy() {
-    check("well1033_damp", 1e-8);
-}
-#[test]
-fn x0_and_damping_match_scipy() {
-    check("australia_x0", 1e-8);
-}
-/// SciPy's defaults: atol = btol = 1e-6, conlim 1e8, maxiter = min(m, n). Stopped this early
-/// the iterate is not converged and carries the rounding differences of the iterations (2e-6),
-/// so x is compared to 1e-5 here; at tight tolerances above, to 1e-8.
-#[test]
-fn defaults_match_scipy() {
-    check("australia_defaults", 1e-5);
 }
 
 /// Paige & Saunders' LSTP problems (known solution): seistomo's lsmr recovers it as accurately

@@ -311,9 +311,7 @@ class Operator:
         shape, ip, ix, data = _csr_parts(A)
         o = self._options
         self.threads = _threads(threads)
-        self._plan = _native.Plan(shape, ip, ix, data, o["backend"], o["precision"],
-                                  o["transpose"], o["lsqr_loop"], o["storage"], o["reorder"],
-                                  self.threads)
+        self._plan = _native.Plan(shape, ip, ix, data, _layout(**o), self.threads)
         del ip, ix, data
         info = self._plan.info()
         self.shape = tuple(int(v) for v in info["shape"])
@@ -353,6 +351,13 @@ class Operator:
                 raise ValueError(
                     f"{k}={v!r}: the layout options are fixed when the Operator is made (this "
                     f"one has {k}={self._options[k]!r}); make another Operator(A, {k}={v!r})")
+
+
+def _layout(backend, precision, transpose, lsqr_loop, storage, reorder):
+    """The layout options of lsqr, lsmr and Operator as the native side takes them: one tuple
+    of strings (checked there)."""
+    return (str(backend), str(precision), str(transpose), str(lsqr_loop), str(storage),
+            str(reorder))
 
 
 def _threads(threads):
@@ -415,10 +420,9 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         shape, ip, ix, data = _csr_parts(A)
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
-        r = _native.lsqr(shape, ip, ix, data, bb, tol, iter_lim, bool(calc_var), x0b, str(backend),
-                         str(precision), str(transpose), str(lsqr_loop), callback,
-                         int(callback_every), str(storage), str(reorder), method,
-                         _threads(threads))
+        layout = _layout(backend, precision, transpose, lsqr_loop, storage, reorder)
+        r = _native.lsqr(shape, ip, ix, data, bb, tol, iter_lim, bool(calc_var), x0b, layout,
+                         callback, int(callback_every), method, _threads(threads))
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
     r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
@@ -621,15 +625,14 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     elif callback is not None and callback_type in ("pr_norm", "legacy"):
         bnrm2 = float(np.linalg.norm(np.frombuffer(bb, dtype=np.float64)))
         cb = lambda _it, resnorm, _rel: callback(resnorm / bnrm2)  # noqa: E731
+    limits = (float(rtol), float(atol), restart, max_iter, max_cycles, str(orthog))
+    watch = (cb, int(callback_every), cb_x)
     if operator:
-        r = _native.gmres_operator(prods, n, bb, x0b, float(rtol), float(atol), restart,
-                                   max_iter, max_cycles, pc, str(orthog), str(backend), cb,
-                                   int(callback_every), m_prods, cb_x, _threads(threads))
+        r = _native.gmres_operator(prods, n, bb, x0b, limits, pc, str(backend), watch, m_prods,
+                                   _threads(threads))
     else:
-        r = _native.gmres(n, ip, ix, data, bb, x0b, float(rtol), float(atol), restart, max_iter,
-                          max_cycles, pc, str(orthog), str(backend), str(precision), cb,
-                          int(callback_every), str(storage), m_prods, cb_x,
-                          _threads(threads))
+        r = _native.gmres(n, ip, ix, data, bb, x0b, limits, pc, str(backend), str(precision),
+                          watch, str(storage), m_prods, _threads(threads))
     x = _array(r.pop("x"))
     info = 0 if r["converged"] else (maxiter if callback_type == "legacy" else int(r["cycles"]))
     last_info.clear()

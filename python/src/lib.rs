@@ -208,6 +208,10 @@ fn solve_on<T: Send>(
     })
 }
 
+/// What the caller watches a GMRES solve with: (callback, call it every so many iterations,
+/// call it with x after every cycle instead).
+type GmresWatch = (Option<Py<PyAny>>, usize, bool);
+
 /// Takes the GIL back every `every` iterations (callback) and at most every 50 ms (signals).
 /// With `wants_x` (GMRES's `callback_type="x"`) the callback gets x after every cycle instead
 /// of the iteration records.
@@ -236,6 +240,18 @@ impl PyMonitor {
             cancel: None,
             ordering: None,
         }
+    }
+
+    /// GMRES's monitor for a `watch` (callback, every, x wanted) and the flag that stops it
+    /// when the solve runs on a worker thread (`elsewhere`).
+    fn watching(
+        (callback, every, wants_x): GmresWatch,
+        elsewhere: bool,
+    ) -> (Self, Arc<AtomicBool>) {
+        let mut mon = PyMonitor::new(callback, every);
+        mon.wants_x = wants_x;
+        let cancel = mon.stop_from_waiter(elsewhere);
+        (mon, cancel)
     }
 
     /// The callback called with x (bytes; the Python half makes it an array).
@@ -421,9 +437,8 @@ pub(crate) fn lsq_params(
 /// LSQR on one process. Returns a dict: x (bytes), var (bytes or None), istop, itn, r1norm,
 /// r2norm, anorm, acond, arnorm, xnorm, seconds, backend.
 #[pyfunction]
-#[pyo3(signature = (shape, indptr, indices, data, b, tol, iter_lim, calc_var, x0, backend,
-    precision, transpose, lsqr_loop, callback, callback_every, storage, reorder, method="lsqr",
-    threads=None))]
+#[pyo3(signature = (shape, indptr, indices, data, b, tol, iter_lim, calc_var, x0, layout,
+    callback, callback_every, method="lsqr", threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn lsqr<'py>(
     py: Python<'py>,
@@ -436,14 +451,9 @@ fn lsqr<'py>(
     iter_lim: Option<usize>,
     calc_var: bool,
     x0: Option<&[u8]>,
-    backend: &str,
-    precision: &str,
-    transpose: &str,
-    lsqr_loop: &str,
+    layout: LsqLayout,
     callback: Option<Py<PyAny>>,
     callback_every: usize,
-    storage: &str,
-    reorder: &str,
     method: &str,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -452,7 +462,7 @@ fn lsqr<'py>(
     let (method, params) = lsq_params(method, tol, iter_lim, calc_var)?;
     let a = csr(shape, indptr, indices, data)?;
     let (b, x0) = vectors(a.nrows(), a.ncols(), b, x0)?;
-    let (spec, reorder) = lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
+    let (spec, reorder) = lsq_layout(layout)?;
     let mut mon = PyMonitor::new(callback, callback_every);
     let cancel = mon.stop_from_waiter(threads.is_some());
     let out = solve_on(py, threads, &cancel, || {
@@ -483,18 +493,17 @@ fn lsqr<'py>(
     lsq_dict(py, &sol, backend_used)
 }
 
+/// The layout options of lsqr, lsmr and `Operator` as they cross from Python: (backend,
+/// precision, transpose, lsqr_loop, storage, reorder).
+pub(crate) type LsqLayout = (String, String, String, String, String, String);
+
 /// The operator and layout options of lsqr and lsmr on a matrix (and of a prepared
 /// `Operator`), checked: the spec and the reordering.
 fn lsq_layout(
-    backend: &str,
-    precision: &str,
-    transpose: &str,
-    lsqr_loop: &str,
-    storage: &str,
-    reorder: &str,
+    (backend, precision, transpose, lsqr_loop, storage, reorder): LsqLayout,
 ) -> PyResult<(OperatorSpec, Reorder)> {
-    let choice = backend_of(backend)?;
-    let prec = precision_of(precision)?;
+    let choice = backend_of(&backend)?;
+    let prec = precision_of(&precision)?;
     let strategy = transpose
         .parse::<TransposeStrategy>()
         .map_err(PyValueError::new_err)?;
@@ -604,9 +613,8 @@ fn lsq_operator<'py>(
     let (b, x0) = vectors(m, n, b, x0)?;
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (m, n));
-    let mut mon = PyMonitor::new(callback, callback_every);
-    mon.wants_x = callback_x;
-    let cancel = mon.stop_from_waiter(threads.is_some());
+    let (mut mon, cancel) =
+        PyMonitor::watching((callback, callback_every, callback_x), threads.is_some());
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();
@@ -663,9 +671,8 @@ fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
 /// host. `max_iter` limits inner iterations, `max_cycles` cycles. With `callback_x` the
 /// callback gets x (bytes) after every cycle instead of the iteration records.
 #[pyfunction]
-#[pyo3(signature = (n, indptr, indices, data, b, x0, rtol, atol, restart, max_iter, max_cycles,
-    precond, orthog, backend, precision, callback, callback_every, storage="auto",
-    m_products=None, callback_x=false, threads=None))]
+#[pyo3(signature = (n, indptr, indices, data, b, x0, limits, precond, backend, precision,
+    watch, storage="auto", m_products=None, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres<'py>(
     py: Python<'py>,
@@ -675,20 +682,13 @@ fn gmres<'py>(
     data: &[u8],
     b: &[u8],
     x0: Option<&[u8]>,
-    rtol: f64,
-    atol: f64,
-    restart: usize,
-    max_iter: usize,
-    max_cycles: Option<usize>,
+    limits: GmresLimits,
     precond: &str,
-    orthog: &str,
     backend: &str,
     precision: &str,
-    callback: Option<Py<PyAny>>,
-    callback_every: usize,
+    watch: GmresWatch,
     storage: &str,
     m_products: Option<Py<PyAny>>,
-    callback_x: bool,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
@@ -696,7 +696,7 @@ fn gmres<'py>(
     let storage = storage.parse::<Storage>().map_err(PyValueError::new_err)?;
     let (b, x0) = vectors(n, n, b, x0)?;
     let pc = square_precond_of(precond)?;
-    let params = gmres_params(restart, (max_iter, max_cycles), rtol, atol, orthog)?;
+    let params = gmres_params(limits)?;
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
     if prec == Precision::F32 && choice == BackendChoice::Cpu {
@@ -717,9 +717,7 @@ fn gmres<'py>(
             kept.clone(),
         )) as Box<dyn HostPreconditioner>
     });
-    let mut mon = PyMonitor::new(callback, callback_every);
-    mon.wants_x = callback_x;
-    let cancel = mon.stop_from_waiter(threads.is_some());
+    let (mut mon, cancel) = PyMonitor::watching(watch, threads.is_some());
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let (kind, why) = choose_backend(choice).map_err(py_err)?;
@@ -779,14 +777,14 @@ fn square_precond_of(precond: &str) -> PyResult<SquarePrecond> {
     }
 }
 
+/// GMRES's limits as they cross from Python: (rtol, atol, restart, max inner iterations,
+/// max cycles, orthogonalisation).
+type GmresLimits = (f64, f64, usize, usize, Option<usize>, String);
+
 /// GMRES's parameters as SciPy 1.10 runs it: left preconditioning, its stopping rule;
 /// `max_iter` inner iterations and `max_cycles` cycles at most.
 fn gmres_params(
-    restart: usize,
-    (max_iter, max_cycles): (usize, Option<usize>),
-    rtol: f64,
-    atol: f64,
-    orthog: &str,
+    (rtol, atol, restart, max_iter, max_cycles, orthog): GmresLimits,
 ) -> PyResult<GmresParams> {
     if restart == 0 {
         return Err(PyValueError::new_err("restart must be >= 1"));
@@ -826,8 +824,7 @@ fn gmres_dict(
 /// GMRES on an operator given by its products in Python (`products`), on the CPU backend:
 /// M none, or the caller's (`m_products`); otherwise as [`gmres`].
 #[pyfunction]
-#[pyo3(signature = (products, n, b, x0, rtol, atol, restart, max_iter, max_cycles, precond,
-    orthog, backend, callback, callback_every, m_products=None, callback_x=false,
+#[pyo3(signature = (products, n, b, x0, limits, precond, backend, watch, m_products=None,
     threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn gmres_operator<'py>(
@@ -836,18 +833,11 @@ fn gmres_operator<'py>(
     n: usize,
     b: &[u8],
     x0: Option<&[u8]>,
-    rtol: f64,
-    atol: f64,
-    restart: usize,
-    max_iter: usize,
-    max_cycles: Option<usize>,
+    limits: GmresLimits,
     precond: &str,
-    orthog: &str,
     backend: &str,
-    callback: Option<Py<PyAny>>,
-    callback_every: usize,
+    watch: GmresWatch,
     m_products: Option<Py<PyAny>>,
-    callback_x: bool,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (n, _) = nonempty((n, n))?;
@@ -857,15 +847,13 @@ fn gmres_operator<'py>(
             "M='{precond}' needs the matrix's entries; with A given by its products pass M as a LinearOperator or a callable"
         )));
     }
-    let params = gmres_params(restart, (max_iter, max_cycles), rtol, atol, orthog)?;
+    let params = gmres_params(limits)?;
     operator_backend(backend)?;
     let op = products::PyOperator::new(products, (n, n));
     let kept = std::sync::Arc::new(products::Kept::default());
     let m = m_products.map(|obj| products::PyPrecond::new(obj, "M (Python)".into(), kept.clone()));
     let pc_name = if m.is_some() { "M (Python)" } else { "none" };
-    let mut mon = PyMonitor::new(callback, callback_every);
-    mon.wants_x = callback_x;
-    let cancel = mon.stop_from_waiter(threads.is_some());
+    let (mut mon, cancel) = PyMonitor::watching(watch, threads.is_some());
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let engine = Engine::cpu_on_calling_thread();

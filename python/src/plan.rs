@@ -35,7 +35,8 @@ use seistomo::solver::{LsqMethod, LsqrParams, LsqrSolution};
 use seistomo::sparse::{Csr, System};
 
 use crate::{
-    csr, engine_for, guarded, layout_for, lsq_dict, lsq_layout, py_err, vectors, PyMonitor,
+    csr, engine_for, guarded, layout_for, lsq_dict, lsq_layout, py_err, vectors, LsqLayout,
+    PyMonitor,
 };
 
 /// One solve asked of the worker: b and x0 in A's order, the parameters, the callback.
@@ -212,29 +213,21 @@ impl Plan {
     /// Copy and check A (CSR as bytes, as `lsqr` takes it), start the backend, lay A out and
     /// build its operator, with lsqr's options; returns once the operator is ready.
     #[new]
-    #[pyo3(signature = (shape, indptr, indices, data, backend, precision, transpose, lsqr_loop,
-        storage, reorder, threads=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (shape, indptr, indices, data, layout, threads=None))]
     fn new(
         py: Python<'_>,
         shape: (usize, usize),
         indptr: &[u8],
         indices: &[u8],
         data: &[u8],
-        backend: &str,
-        precision: &str,
-        transpose: &str,
-        lsqr_loop: &str,
-        storage: &str,
-        reorder: &str,
+        layout: LsqLayout,
         threads: Option<usize>,
     ) -> PyResult<Plan> {
         let started = Instant::now();
         seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
         // its own pool: the serving loop waits on one of its workers between solves
         let pool = threads.map(crate::new_pool).transpose()?;
-        let (spec, reorder) =
-            lsq_layout(backend, precision, transpose, lsqr_loop, storage, reorder)?;
+        let (spec, reorder) = lsq_layout(layout)?;
         let a = csr(shape, indptr, indices, data)?;
         let (ready_tx, ready_rx) = channel::<PyResult<Built>>();
         let (jobs_tx, jobs_rx) = channel::<Job>();

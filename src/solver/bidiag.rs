@@ -6,7 +6,7 @@
 use super::robust_norm;
 use crate::backend::{Backend, Operator, Scale};
 use crate::comm::Comm;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The global operations LSQR and LSMR need, built from a backend, a rank-local operator and
 /// a Comm.
@@ -47,6 +47,28 @@ impl<'a, B: Backend, O: Operator<B>> Dist<'a, B, O> {
                 self.be.axpby(1.0, t, beta, x)
             }
         }
+    }
+    /// The bidiagonalisation's start from u = b - A x0 (its norm `beta`): u normalised, and
+    /// alpha v = A^T u. Returns (v, alpha). Where beta = 0, v is `at_zero` (LSQR: x0) or zero.
+    pub(crate) fn start(
+        &mut self,
+        u: &mut B::Vector,
+        beta: f64,
+        at_zero: Option<&B::Vector>,
+    ) -> Result<(B::Vector, f64)> {
+        let mut v = self.be.zeros(self.op.ncols())?;
+        let mut alpha = 0.0;
+        if beta > 0.0 {
+            self.be.scale(u, 1.0 / beta)?;
+            self.apply_t(u, 0.0, &mut v)?;
+            alpha = self.col_norm(&v)?;
+        } else if let Some(x) = at_zero {
+            self.be.copy(x, &mut v)?;
+        }
+        if alpha > 0.0 {
+            self.be.scale(&mut v, 1.0 / alpha)?;
+        }
+        Ok((v, alpha))
     }
     /// One Golub-Kahan step from the normalised u, v and the last alpha: beta u = A v - alpha
     /// u, then (where beta > 0) alpha v = A^T u - beta v. Returns (beta, alpha); alpha stays
@@ -139,4 +161,16 @@ pub(crate) fn istop_of(t: &Tests, atol: f64, ctol: f64, limit_reached: bool) -> 
         istop = 1;
     }
     istop
+}
+
+/// A norm that overflowed (or a NaN) ends the solve: never a result. `norms` are ||r||,
+/// ||A^T r||, ||x|| and ||A|| after iteration `itn` of `method`.
+pub(crate) fn norms_finite(method: &str, itn: usize, norms: [f64; 4]) -> Result<()> {
+    if norms.iter().all(|v| v.is_finite()) {
+        return Ok(());
+    }
+    let [r, ar, x, a] = norms;
+    Err(Error::Invalid(format!(
+        "{method} iteration {itn}: a norm is not finite (||r|| {r:e}, ||A^T r|| {ar:e}, ||x|| {x:e}, ||A|| {a:e}); the system or damp exceeds double precision"
+    )))
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::bidiag::{istop_of, sym_ortho, Dist, Tests};
+use super::bidiag::{istop_of, norms_finite, sym_ortho, Dist, Tests};
 use super::lsqr::{check_params, stop_reason, LsqrInfo, LsqrMonitor, LsqrNorms};
 use super::{IterRecord, LsqrParams, LsqrSolution};
 use crate::backend::{Backend, Operator, Scale};
@@ -277,16 +277,7 @@ fn start<B: Backend, O: Operator<B>>(
             d.row_norm(&u)?
         }
     };
-    let mut v = be.zeros(n)?;
-    let mut alpha = 0.0;
-    if beta > 0.0 {
-        be.scale(&mut u, 1.0 / beta)?;
-        d.apply_t(&u, 0.0, &mut v)?;
-        alpha = d.col_norm(&v)?;
-    }
-    if alpha > 0.0 {
-        be.scale(&mut v, 1.0 / alpha)?;
-    }
+    let (v, alpha) = d.start(&mut u, beta, None)?;
     let mut h = be.zeros(n)?;
     be.copy(&v, &mut h)?;
     let hbar = be.zeros(n)?;
@@ -345,31 +336,30 @@ fn step<B: Backend, O: Operator<B>>(
     s.conda = s.maxrbar.max(r.rhotemp) / s.minrbar.min(r.rhotemp);
     s.normar = s.zetabar.abs();
     s.normx = d.col_norm(&vecs.x)?;
-    if ![s.normr, s.normar, s.normx, s.norma]
-        .iter()
-        .all(|v| v.is_finite())
-    {
-        return Err(Error::Invalid(format!(
-            "LSMR iteration {}: a norm is not finite (||r|| {:e}, ||A^T r|| {:e}, ||x|| {:e}, ||A|| {:e}); the system or damp exceeds double precision",
-            s.itn, s.normr, s.normar, s.normx, s.norma
-        )));
-    }
+    norms_finite("LSMR", s.itn, [s.normr, s.normar, s.normx, s.norma])?;
     stopping_tests(s, lim);
     Ok(())
 }
 
 /// What the rotations of one iteration hand on to the updates and estimates.
 struct Rotations {
-    chat: f64,
-    shat: f64,
-    c: f64,
-    s: f64,
+    /// Qhat: the damping folded in.
+    qhat: Givens,
+    /// Q: B to R.
+    q: Givens,
     rhoold: f64,
     rhobarold: f64,
     zetaold: f64,
     thetanew: f64,
     thetabar: f64,
     rhotemp: f64,
+}
+
+/// One plane rotation: cosine and sine.
+#[derive(Clone, Copy)]
+struct Givens {
+    c: f64,
+    s: f64,
 }
 
 /// Qhat (the damping), Q (B to R) and Qbar (R^T to Rbar), updating rho, rhobar, cbar, sbar,
@@ -389,14 +379,12 @@ fn rotations(st: &mut State, damp: f64) -> Rotations {
     st.zeta = cbar * st.zetabar;
     st.zetabar *= -sbar;
     Rotations {
-        chat,
-        shat,
-        c,
-        s,
         rhoold,
         rhobarold,
+        qhat: Givens { c: chat, s: shat },
         zetaold,
         thetanew,
+        q: Givens { c, s },
         thetabar,
         rhotemp,
     }
@@ -404,10 +392,10 @@ fn rotations(st: &mut State, damp: f64) -> Rotations {
 
 /// The estimate of ||r|| (Qhat, Q, then Qtilde applied to the right-hand side).
 fn estimate_normr(st: &mut State, r: &Rotations) {
-    let betaacute = r.chat * st.betadd;
-    let betacheck = -r.shat * st.betadd;
-    let betahat = r.c * betaacute;
-    st.betadd = -r.s * betaacute;
+    let betaacute = r.qhat.c * st.betadd;
+    let betacheck = -r.qhat.s * st.betadd;
+    let betahat = r.q.c * betaacute;
+    st.betadd = -r.q.s * betaacute;
     let thetatildeold = st.thetatilde;
     let (ctildeold, stildeold, rhotildeold) = sym_ortho(st.rhodold, r.thetabar);
     st.thetatilde = stildeold * st.rhobar;

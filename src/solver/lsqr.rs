@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::bidiag::{istop_of, sym_ortho, Dist, Tests};
+use super::bidiag::{istop_of, norms_finite, sym_ortho, Dist, Tests};
 pub use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Backend, Operator, Scale, XwState, XwStep};
 use crate::comm::Comm;
@@ -140,18 +140,7 @@ pub fn lsqr_start<B: Backend, O: Operator<B>>(
     if comm.size() > 1 {
         d.tmp = Some(be.zeros(n)?);
     }
-    let mut v = be.zeros(n)?;
-    let mut alpha = 0.0;
-    if beta > 0.0 {
-        be.scale(&mut u, 1.0 / beta)?;
-        d.apply_t(&u, 0.0, &mut v)?;
-        alpha = d.col_norm(&v)?;
-    } else {
-        be.copy(&x, &mut v)?;
-    }
-    if alpha > 0.0 {
-        be.scale(&mut v, 1.0 / alpha)?;
-    }
+    let (v, alpha) = d.start(&mut u, beta, Some(&x))?;
     let mut w = be.zeros(n)?;
     be.copy(&v, &mut w)?;
     let var = if params.calc_var {
@@ -369,17 +358,7 @@ fn lsqr_step<B: Backend, O: Operator<B>>(
     estimate_xnorm(s, &r);
     estimate_norms(s, &r, lim.damp, lim.dampsq);
     stopping_tests(s, params, lim.iter_lim, lim.ctol);
-    // A norm that overflowed (or a NaN) ends the solve: never a result.
-    if ![s.rnorm, s.arnorm, s.xnorm, s.anorm]
-        .iter()
-        .all(|v| v.is_finite())
-    {
-        return Err(Error::Invalid(format!(
-            "LSQR iteration {}: a norm is not finite (||r|| {:e}, ||A^T r|| {:e}, ||x|| {:e}, ||A|| {:e}); the system or damp exceeds double precision",
-            s.itn, s.rnorm, s.arnorm, s.xnorm, s.anorm
-        )));
-    }
-    Ok(())
+    norms_finite("LSQR", s.itn, [s.rnorm, s.arnorm, s.xnorm, s.anorm])
 }
 
 /// The Golub-Kahan step: beta u = A v - alpha u; alpha v = A^T u - beta v (and ||A||'s
