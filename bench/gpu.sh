@@ -24,6 +24,7 @@
 #                                                                                 -> gmres.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
+#   timeline  one defaults invert's wall time stamped (timeline.py) and its file calls (strace)
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop);
@@ -215,14 +216,22 @@ if has tts; then
   [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
     --flattening 0.5,0.5,0.5 --format-version $fv > /dev/null 2>> "$OUT/log.txt"
   ngpu=$(nvidia-smi -L | wc -l)
+  # The prepared runs (prep*) read the storage `seistomo prepare` kept in the dataset (issue 30
+  # item 2): written once for one rank and once for two, timed, before them.
+  rm -rf $ds/prepared
   runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
-  for run in $runs; do
+  for run in $runs prepare prepdefaults prepf32 prepnp2; do
     cfg=/tmp/tts-$run.toml
-    extra=""; [ $run = f32 ] && extra='precision = "f32"'; [ $run = csr ] && extra='storage = "csr"'
+    extra=""; [ ${run#prep} = f32 ] && extra='precision = "f32"'; [ $run = csr ] && extra='storage = "csr"'
     [ $run = np2host ] && extra='lsqr_loop = "host"'
     printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
       $ds "$extra" $run > $cfg
-    if [ $run = np2 ] || [ $run = np2host ]; then
+    if [ $run = prepare ]; then
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg > "$OUT/tts_prepare.txt" 2>&1
+      [ "$ngpu" -ge 2 ] && wall $MR "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
+      continue
+    fi
+    if [ $run = np2 ] || [ $run = np2host ] || [ $run = prepnp2 ]; then
       [ "$ngpu" -ge 2 ] || continue
       wall $MR "$BIN/seistomo" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
     elif [ $run = base ]; then
@@ -250,12 +259,39 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
     wall = open(f[:-5] + ".txt").read().strip().splitlines()[-1]
     print(f"{os.path.basename(f)}: ranks {r['ranks']} {r.get('lsqr_loop', '?')} loop, storage {r['storage'][:40]} its {r['iterations']} r1 {r['r1norm']:.12e} x {r['xnorm']:.12e} "
           f"load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} ({wall}) "
-          f"ms/it {r['ms_per_iter']:.3f}\n   phases {r.get('setup_phases')}")
+          f"ms/it {r['ms_per_iter']:.3f} prepared: {r.get('prepared', '-')}\n   phases {r.get('setup_phases')}")
     for x in r.get("rank_timing") or []:
         print(f"   rank {x['rank']}: rows {x.get('rows')} nnz {x.get('nnz')} product {x.get('product_ms', -1):.3f} ms "
               f"allreduce {x.get('allreduce_ms', -1):.3f} ms wait {x.get('wait_s', -1):.3f} s")
 PY
   [ -f "$OUT/tts_cupy.txt" ] && { echo "## cupy_tts"; cat "$OUT/tts_cupy.txt"; } >> "$OUT/tts.txt"
+  { echo "## prepare"; cat "$OUT/tts_prepare.txt"; } >> "$OUT/tts.txt"
+fi
+
+if has timeline; then
+  # Where the wall time goes after the solve: every open, fsync and rename of one defaults
+  # `invert` with wall-clock stamps (strace), and the same run writing to /dev/shm (no disk).
+  [ -d /tmp/tts600k ] || "$BIN/seistomo" -q synth -o /tmp/tts600k --grid 128,128,80 --rays 600000 \
+    --norm-damping 0.1 --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  [ -d /tmp/tts600k/prepared ] || CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q prepare /tmp/tts600k > /dev/null 2>&1
+  for dir in /tmp/tl-o /dev/shm/tl-o; do
+    cfg=/tmp/tl.toml; tag=$(basename $(dirname $dir))
+    printf '[dataset]\npath = "/tmp/tts600k/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "%s"\n' $dir > $cfg
+    for i in 1 2; do
+      rm -rf $dir
+      CUDA_VISIBLE_DEVICES=0 python3 bench/timeline.py "$BIN/seistomo" invert $cfg > "$OUT/timeline_$tag.txt" 2>&1
+      cp $dir/report.json "$OUT/timeline_$tag.json" 2>/dev/null
+    done
+    if command -v strace > /dev/null; then
+      rm -rf $dir
+      CUDA_VISIBLE_DEVICES=0 strace -f -tt -T -e trace=openat,fsync,rename,exit_group,munmap \
+        -o "$OUT/strace_$tag.txt" "$BIN/seistomo" -q invert $cfg > /dev/null 2>&1
+      grep -v ENOENT "$OUT/strace_$tag.txt" | grep -E "fsync|rename|exit_group|/tmp/|/dev/shm/|tts600k" \
+        > "$OUT/strace_${tag}_short.txt"
+      rm -f "$OUT/strace_$tag.txt"
+    fi
+    rm -rf $dir
+  done
 fi
 
 if has auto; then

@@ -6,30 +6,15 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{pipeline_on_thread_ranks, seistomo};
+use common::pipeline_on_thread_ranks;
 use seistomo::backend::storage::Storage;
 use seistomo::io::dataset::{LoadOptions, OpenDataset};
 use seistomo::partition::RowCost;
 use seistomo::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
 use seistomo::solver::LsqrParams;
 
-/// A synthetic dataset with norm damping and flattening (4 stencil blocks) in a fresh folder.
 fn synth(name: &str, grid: &str, rays: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("seistomo-balance-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = seistomo()
-        .args(["-q", "synth", "-o"])
-        .arg(&dir)
-        .args(["--grid", grid, "--rays", rays, "--seed", "5"])
-        .args(["--norm-damping", "0.1", "--flattening", "0.5,0.5,0.5"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
+    common::synth_dataset("balance", name, grid, rays)
 }
 
 fn rel(a: &[f64], b: &[f64]) -> f64 {
@@ -44,6 +29,7 @@ fn compact_storage_with_stencils_on_1_to_4_ranks_gives_one_ranks_solution() {
     let source = SystemSource::Dataset {
         path: dir.join("dataset.toml"),
         options: LoadOptions::default(),
+        prepared: Default::default(),
     };
     let params = LsqrParams {
         atol: 1e-12,

@@ -10,6 +10,7 @@ mod inspect;
 mod invert;
 mod lcurve;
 mod plot;
+mod prepare;
 mod solve;
 mod solve_gmres;
 mod square;
@@ -56,6 +57,9 @@ pub enum Command {
     Square(square::SquareArgs),
     /// Check a whole dataset (structure, values, checksums) without solving.
     Verify(verify::VerifyArgs),
+    /// Lay a config's dataset out as `invert` would and keep it in the dataset: later runs
+    /// skip the set-up.
+    Prepare(prepare::PrepareArgs),
 }
 
 /// Run the parsed command line (on every rank of an MPI job).
@@ -77,6 +81,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Square(a) => square::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Prepare(a) => prepare::run(a, &*comm),
     };
     end_job(comm, result)
 }

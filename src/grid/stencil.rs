@@ -48,7 +48,7 @@ pub struct Block {
 }
 
 /// Regularisation generated from an nx x ny x nz grid of cells (cell c = i + nx (j + ny k)).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Stencil {
     pub n: [usize; 3],
     /// Norm damping weight (0: no norm rows).

@@ -4,7 +4,8 @@
 //!   verify)
 //! - transport ([`rowio`]: byte ranges, coalescing, trait `RangeSource`; [`mpiio`]: MPI-IO
 //!   calls; [`mmap`])
-//! - foreign formats ([`mtx`]: Matrix Market; [`petsc`]; [`npy`])
+//! - foreign formats ([`mtx`]: Matrix Market; [`petsc`]; [`npy`]); [`prepared`] (a rank's
+//!   prepared storage, checksummed arrays)
 //! - publishing outputs ([`publish`]: outputs as one set, locks; [`outpaths`]; `tidy`;
 //!   [`limits`]: memory plan)
 //!
@@ -25,6 +26,7 @@ pub mod mtx;
 pub mod npy;
 pub mod outpaths;
 pub mod petsc;
+pub mod prepared;
 pub mod publish;
 pub mod rowio;
 mod tidy;

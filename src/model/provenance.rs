@@ -95,6 +95,11 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
             if e.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
+            if p.is_dir() && e.file_name() == crate::io::prepared::DIR {
+                // a dataset's prepared storage: derived from its files (report.json's
+                // `prepared` says when a run read it), not an input of its own
+                continue;
+            }
             if p.is_dir() {
                 stack.push(p);
             } else if p.is_file() {
@@ -106,10 +111,30 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// CRC-32 and length of a file.
+/// CRC-32 and length of a file: 16 MiB pieces read and summed on the thread pool, combined in
+/// order (one thread took 0.2 s of a 1.2 GB dataset's outputs).
 pub fn crc32_file(path: &Path) -> Result<(u32, u64)> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    const PIECE: u64 = 16 << 20;
+    let f = crate::io::open_input(path)?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    let pieces: Vec<flate2::Crc> = (0..len.div_ceil(PIECE))
+        .into_par_iter()
+        .map(|k| -> Result<flate2::Crc> {
+            let at = k * PIECE;
+            let mut buf = vec![0u8; PIECE.min(len - at) as usize];
+            f.read_exact_at(&mut buf, at)
+                .map_err(|e| Error::io(path, e))?;
+            let mut c = flate2::Crc::new();
+            c.update(&buf);
+            Ok(c)
+        })
+        .collect::<Result<_>>()?;
     let mut crc = flate2::Crc::new();
-    crate::io::read_pieces(path, |piece| crc.update(piece))?;
+    for p in &pieces {
+        crc.combine(p);
+    }
     Ok((crc.sum(), crc.amount() as u64))
 }
 
@@ -248,15 +273,16 @@ pub fn annotate(f: &::hdf5::File, path: &Path, report: &Report) -> Result<()> {
         let n = notes();
         (n.inputs.clone(), n.manifest.clone())
     };
-    let mut names = Vec::with_capacity(inputs.len());
-    let mut sizes = Vec::with_capacity(inputs.len());
-    let mut crcs = Vec::with_capacity(inputs.len());
-    for p in &inputs {
-        let (crc, len) = crc32_file(p)?;
-        names.push(p.display().to_string());
-        sizes.push(len);
-        crcs.push(format!("{crc:08x}"));
-    }
+    let sums: Vec<(u32, u64)> = {
+        use rayon::prelude::*;
+        inputs
+            .par_iter()
+            .map(|p| crc32_file(p))
+            .collect::<Result<_>>()?
+    };
+    let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
+    let sizes: Vec<u64> = sums.iter().map(|s| s.1).collect();
+    let crcs: Vec<String> = sums.iter().map(|s| format!("{:08x}", s.0)).collect();
     if !inputs.is_empty() {
         a.list(&g, "input_files", &names)?;
         a.num(&g, "input_bytes", &sizes)?;

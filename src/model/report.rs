@@ -77,6 +77,10 @@ pub struct Report {
     /// How dataset rows were read: "mmap" or "mpiio" (empty, and left out, for other inputs).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub load_io: String,
+    /// Prepared storage (`seistomo prepare`): "used FILE (read in S s)", or why a file that
+    /// exists was not used (left out where there was none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prepared: String,
     /// The run id of the output set this report belongs to (src/io/publish.rs).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub run_id: String,

@@ -60,6 +60,8 @@ struct RawDataset {
     progress: Option<bool>,
     /// How rows are read: "auto" (MPI-IO on several ranks), "mmap" or "mpiio".
     io: Option<String>,
+    /// Prepared storage (`seistomo prepare`): "auto" (used when valid) or "off".
+    prepared: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -454,6 +456,12 @@ fn dataset_source(
         SystemSource::Dataset {
             path: manifest,
             options,
+            prepared: match ds.prepared.as_deref() {
+                None => Default::default(),
+                Some(s) => s
+                    .parse()
+                    .map_err(|e| bad(format!("[dataset] prepared: {e}")))?,
+            },
         },
         x0,
     ))

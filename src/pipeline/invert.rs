@@ -10,10 +10,11 @@ use crate::error::Result;
 use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::{load, Loaded};
-use crate::pipeline::model::RunModel;
-use crate::pipeline::operators::{choose_backend, row_cost, Engine};
+use crate::pipeline::model::{Known, RunModel};
+use crate::pipeline::operators::{choose_backend, resolve_storage, row_cost, Engine};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
-use crate::pipeline::prepare::prepare;
+use crate::pipeline::prepare::{finish, prepare};
+use crate::pipeline::prepared::{reuse, Asked, Reused, UsePrepared};
 use crate::pipeline::publish::publish;
 use crate::pipeline::solve::{layout_for, solve, LsqrJob, Watch};
 
@@ -148,44 +149,94 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     )?;
     crate::ui::phases::take();
     let (kind, why) = choose_backend(opts.operator.backend)?;
-    let loaded = load(
-        job.source,
-        comm,
-        &opts.operator.tuning,
-        row_cost(kind, opts.operator.storage),
-    )?;
-    crate::ui::phases::record("read", loaded.seconds);
-    let setup_started = std::time::Instant::now();
-    let (rows, nnz) = (loaded.system.a.nrows(), loaded.system.a.nnz());
-    let run_model = match job.model {
-        None => None,
-        Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
-            run_model(cfg, &loaded, resume, comm)
-        })?),
+    let cost = row_cost(kind, opts.operator.storage);
+    let (mut start, mut prepared_note) = match job.source {
+        SystemSource::Dataset {
+            path,
+            options,
+            prepared: UsePrepared::Auto,
+        } => {
+            let asked = Asked {
+                kind,
+                opts,
+                load: options,
+                row_cost: cost,
+            };
+            let (r, why) = reuse(path, &asked, comm)?;
+            (r.map(Start::Reused), why.map(|w| format!("not used: {w}")))
+        }
+        _ => (None, None),
     };
-    // The grid (when the unknowns are its cells) lets reorder = "auto" renumber the cells.
+    // The model side (checked before the solve; the grid it gives lets reorder = "auto"
+    // renumber the cells), and the layout. Prepared storage made for another grid or storage
+    // than this run resolves to is not used.
+    let mut run_model;
     let mut opts = opts.clone();
-    if let Some(m) = &run_model {
-        if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
-            opts.grid = Some(g.n);
+    loop {
+        let s = match start.take() {
+            Some(s) => s,
+            None => Start::Fresh(load(job.source, comm, &opts.operator.tuning, cost)?),
+        };
+        crate::ui::phases::record("read", s.seconds());
+        run_model = match job.model {
+            None => None,
+            Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
+                run_model_of(&s, cfg, resume, comm)
+            })?),
+        };
+        if let Some(m) = &run_model {
+            if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
+                opts.grid = Some(g.n);
+            }
+        }
+        if let Start::Reused(r) = &s {
+            let storage = resolve_storage(
+                kind,
+                opts.operator.storage,
+                opts.operator.transpose,
+                r.loaded_nnz,
+            );
+            let fits = comm.allreduce_scalar(f64::from(u8::from(
+                r.grid != opts.grid || r.storage != storage,
+            )))? == 0.0;
+            if !fits {
+                prepared_note = Some(format!(
+                    "not used: {}: made for another grid or storage than this run's",
+                    crate::io::tidy(&r.path).display()
+                ));
+                crate::ui::phases::take();
+                continue;
+            }
+            prepared_note = Some(format!(
+                "used {} (read in {:.3} s)",
+                crate::io::tidy(&r.path).display(),
+                r.seconds
+            ));
+        }
+        start = Some(s);
+        break;
+    }
+    let start = start.expect("the loop leaves a start");
+    if let Some(note) = prepared_note.as_ref().filter(|n| n.starts_with("not used")) {
+        if comm.is_root() && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet {
+            eprintln!("prepared storage {note}; setting up from the rows (`seistomo prepare` rewrites it)");
         }
     }
+    let setup_started = std::time::Instant::now();
+    let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
-    let Loaded {
-        system,
-        io,
-        seconds: load_s,
-        cost,
-        ..
-    } = loaded;
+    let (io, load_s, cost) = start.load_facts();
     let engine = Engine::start(kind, &timed, opts.operator.allreduce, &opts.operator.tuning)?;
     if kind == BackendChoice::Cuda && timed.size() > 1 && timed.is_root() {
         if let Some(path) = engine.path() {
             eprintln!("allreduce of A^T u over ranks: {path}");
         }
     }
-    let layout = layout_for(&opts, &engine, system.a.nnz());
-    let prepared = prepare(system, &layout, &timed)?;
+    let layout = layout_for(&opts, &engine, nnz);
+    let prepared = match start {
+        Start::Fresh(loaded) => prepare(loaded.system, &layout, &timed)?,
+        Start::Reused(r) => finish(r.prepared, &layout, &timed, std::time::Instant::now())?,
+    };
     let lsqr = LsqrJob {
         method: opts.method,
         params: &opts.params,
@@ -196,6 +247,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let watch = Watch::Progress(job.progress_every);
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s, watch)?;
     outcome.report.load_io = io;
+    outcome.report.prepared = prepared_note.unwrap_or_default();
     let red = timed.totals();
     let (its, cal) = (outcome.solution.info.itn, outcome.calibration);
     let (compute_s, allreduce_s) = (
@@ -238,10 +290,56 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     Ok(comm.is_root().then_some(outcome))
 }
 
+/// Where a run's system comes from: this rank's rows, loaded, or its prepared storage (one
+/// value a run, moved once: the sizes need no box).
+#[allow(clippy::large_enum_variant)]
+enum Start {
+    Fresh(Loaded),
+    Reused(Reused),
+}
+
+impl Start {
+    /// Seconds it took to get.
+    fn seconds(&self) -> f64 {
+        match self {
+            Start::Fresh(l) => l.seconds,
+            Start::Reused(r) => r.seconds,
+        }
+    }
+    /// This rank's rows and nonzeros as loaded.
+    fn size(&self) -> (usize, usize) {
+        match self {
+            Start::Fresh(l) => (l.system.a.nrows(), l.system.a.nnz()),
+            Start::Reused(r) => (r.prepared.matrix.nrows(), r.loaded_nnz),
+        }
+    }
+    /// How the rows were read, the seconds, and this rank's cost in the load plan.
+    fn load_facts(&self) -> (String, f64, u64) {
+        match self {
+            Start::Fresh(l) => (l.io.clone(), l.seconds, l.cost),
+            Start::Reused(r) => ("prepared".into(), r.seconds, 0),
+        }
+    }
+}
+
 /// The model side of an `invert` run on every rank: checked before the solve; the coverage
 /// (hit count, DWS) summed over every rank's kernel rows.
-fn run_model(cfg: &RunConfig, loaded: &Loaded, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
-    let mut m = agree(comm, RunModel::prepare(cfg, loaded, resume))?;
+fn run_model_of(s: &Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
+    let made = match s {
+        Start::Fresh(loaded) => RunModel::prepare(cfg, loaded, resume),
+        Start::Reused(r) => RunModel::with_coverage(
+            cfg,
+            Known {
+                ncols: r.prepared.matrix.ncols(),
+                grid: r.dataset_grid.as_ref(),
+                true_model: r.true_model.as_ref(),
+                kernel_rows: r.kernel_rows,
+            },
+            r.coverage.clone(),
+            resume,
+        ),
+    };
+    let mut m = agree(comm, made)?;
     if comm.size() > 1 {
         let cov = m.coverage_mut();
         let mut hits: Vec<f64> = cov.hit_count.iter().map(|&h| h as f64).collect();

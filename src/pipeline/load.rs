@@ -49,7 +49,7 @@ pub fn load(
 ) -> Result<Loaded> {
     let t = Instant::now();
     let mut loaded = match source {
-        SystemSource::Dataset { path, options } => {
+        SystemSource::Dataset { path, options, .. } => {
             let options = LoadOptions {
                 io_max_gap: tuning.io_max_gap.or(options.io_max_gap),
                 row_cost: Some(options.row_cost.unwrap_or(row_cost)),
@@ -94,7 +94,7 @@ pub fn load_mtx(source: &SystemSource) -> Result<System> {
             crate::io::finite::check_vector(b_from, what, &s.b[..k])?;
             Ok(s)
         }
-        SystemSource::Dataset { path, options } => {
+        SystemSource::Dataset { path, options, .. } => {
             crate::io::load_dataset_with(path, 0, 1, options).map(|(s, _)| s)
         }
     }

@@ -32,6 +32,7 @@ pub mod monitor;
 pub mod operators;
 pub mod options;
 pub mod prepare;
+pub mod prepared;
 pub mod publish;
 pub mod solve;
 pub mod square;

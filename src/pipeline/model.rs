@@ -5,6 +5,15 @@ use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::Loaded;
 
+/// What the loaded system says about the model: its columns, the dataset's grid and true
+/// model, the kernel rows.
+pub struct Known<'a> {
+    pub ncols: usize,
+    pub grid: Option<&'a crate::grid::Grid>,
+    pub true_model: Option<&'a Vec<f64>>,
+    pub kernel_rows: usize,
+}
+
 /// The model side of an `invert` run: validated before the solve (so a bad `[model]` table fails
 /// fast), written after it.
 /// With several ranks, sum `coverage` over ranks.
@@ -22,24 +31,40 @@ impl RunModel {
     /// `[model]` table does not.
     pub fn prepare(cfg: &RunConfig, loaded: &Loaded, resume: bool) -> Result<RunModel> {
         let sys = &loaded.system;
-        let n = sys.a.ncols();
+        let coverage = crate::grid::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
+        let known = Known {
+            ncols: sys.a.ncols(),
+            grid: loaded.grid.as_ref(),
+            true_model: loaded.true_model.as_ref(),
+            kernel_rows: sys.kernel_rows,
+        };
+        RunModel::with_coverage(cfg, known, coverage, resume)
+    }
+
+    /// [`RunModel::prepare`] with the coverage already computed (prepared storage keeps it).
+    pub fn with_coverage(
+        cfg: &RunConfig,
+        known: Known,
+        coverage: crate::grid::Coverage,
+        resume: bool,
+    ) -> Result<RunModel> {
+        let n = known.ncols;
         let mut spec = cfg.model.spec(n)?;
         if let crate::pipeline::options::SystemSource::Dataset { path, .. } = &cfg.system {
             // The parts the dataset gives are named by its manifest in errors.
             let mut src = cfg.model.sources();
             if matches!(spec.param, crate::model::spec::Parameterisation::Vector) {
-                if let Some(g) = &loaded.grid {
+                if let Some(g) = known.grid {
                     spec.param = crate::model::spec::Parameterisation::Grid(g.clone());
                     src.grid = Some(path);
                 }
             }
             if spec.true_model.is_none() {
-                spec.true_model = loaded.true_model.clone();
+                spec.true_model = known.true_model.cloned();
                 src.true_model = Some(path);
             }
             spec.check_from(n, &src)?;
         }
-        let coverage = crate::grid::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows);
         let ckpt = (cfg.model.checkpoint_every > 0 || resume).then(|| {
             crate::model::checkpoint::Checkpointing::new(
                 cfg.model.checkpoint.clone(),
@@ -50,7 +75,7 @@ impl RunModel {
         Ok(RunModel {
             spec,
             coverage,
-            kernel_rows: sys.kernel_rows,
+            kernel_rows: known.kernel_rows,
             ckpt,
         })
     }

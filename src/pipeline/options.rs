@@ -40,6 +40,8 @@ pub enum SystemSource {
     Dataset {
         path: PathBuf,
         options: crate::io::LoadOptions,
+        /// Whether `invert` reads the dataset's prepared storage when it has a valid one.
+        prepared: crate::pipeline::prepared::UsePrepared,
     },
 }
 

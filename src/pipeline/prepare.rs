@@ -61,11 +61,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
     let t = Instant::now();
     crate::backend::cpu::keep_freed_memory();
     let System { a, b, kernel_rows } = sys;
-    let storage::Prepared {
-        mut matrix,
-        b,
-        ordering,
-    } = storage::prepare(
+    let stored = storage::prepare(
         a,
         b,
         kernel_rows,
@@ -74,6 +70,23 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
         layout.reorder,
         !layout.col_scale,
     );
+    finish(stored, layout, comm, t)
+}
+
+/// The rest of [`prepare`] on a system already stored (or read back from prepared storage,
+/// [`super::prepared`]): x0 read and mapped, the columns scaled when asked, the sizes summed
+/// over ranks. `t`: when the stage started.
+pub fn finish(
+    stored: storage::Prepared,
+    layout: &Layout,
+    comm: &dyn Comm,
+    t: Instant,
+) -> Result<Prepared> {
+    let storage::Prepared {
+        mut matrix,
+        b,
+        ordering,
+    } = stored;
     let n = matrix.ncols();
     let x0 = match &layout.x0 {
         Some(p) => {

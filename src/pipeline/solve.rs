@@ -367,6 +367,7 @@ fn report(r: &ReportParts) -> Report {
         setup_phases: crate::ui::phases::take(),
         rank_timing: Vec::new(),
         load_io: String::new(),
+        prepared: String::new(),
         run_id: String::new(),
     }
 }

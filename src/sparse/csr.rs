@@ -58,7 +58,8 @@ impl Csr {
                 nnz: indices.len(),
             });
         }
-        for row in 0..nrows {
+        // Rows checked in parallel blocks; the first bad row (in row order) is the error.
+        let check_row = |row: usize| -> Result<(), StructureError> {
             let (s, e) = (indptr[row] as usize, indptr[row + 1] as usize);
             let mut prev: Option<u32> = None;
             for k in s..e {
@@ -82,6 +83,16 @@ impl Csr {
                 }
                 prev = Some(col);
             }
+            Ok(())
+        };
+        let block = 4096;
+        let first_bad = (0..nrows.div_ceil(block))
+            .into_par_iter()
+            .find_map_first(|b| {
+                (b * block..((b + 1) * block).min(nrows)).find_map(|row| check_row(row).err())
+            });
+        if let Some(e) = first_bad {
+            return Err(e);
         }
         Ok(Csr {
             nrows,

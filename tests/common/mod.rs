@@ -264,3 +264,23 @@ pub fn iterations_within(got: usize, want: usize, band: usize, what: &str) {
         "{what}: {got} vs {want} iterations"
     );
 }
+
+/// A synthetic dataset (seed 5) with norm damping and flattening (4 stencil blocks) in a fresh
+/// folder `seistomo-{tag}-{name}-{pid}` of the temporary directory.
+pub fn synth_dataset(tag: &str, name: &str, grid: &str, rays: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("seistomo-{tag}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = seistomo()
+        .args(["-q", "synth", "-o"])
+        .arg(&dir)
+        .args(["--grid", grid, "--rays", rays, "--seed", "5"])
+        .args(["--norm-damping", "0.1", "--flattening", "0.5,0.5,0.5"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
