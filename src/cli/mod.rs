@@ -64,6 +64,7 @@ pub enum Command {
 
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    crate::ui::phases::mark_process_start();
     // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.
     crate::backend::cpu::env_threads()?;
     let comm = crate::comm::init()?;

@@ -11,6 +11,18 @@ pub struct Seconds {
     pub setup: f64,
     pub solve: f64,
     pub total: f64,
+    /// `invert`: from the process's start to the load (the config read, the outputs locked,
+    /// the GPU probed); not in `total`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub start: f64,
+    /// `invert`: writing the outputs staged before report.json (which is written last); not in
+    /// `total`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub write: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// The first keys of every report.json: the program, its version and the method that ran.

@@ -148,8 +148,9 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         },
     )?;
     crate::ui::phases::take();
-    let (kind, why) = choose_backend(opts.operator.backend)?;
+    let (kind, why) = crate::ui::phases::time("probe", || choose_backend(opts.operator.backend))?;
     let cost = row_cost(kind, opts.operator.storage);
+    let start_s = crate::ui::phases::since_process_start();
     let (mut start, mut prepared_note) = match job.source {
         SystemSource::Dataset {
             path,
@@ -247,6 +248,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let watch = Watch::Progress(job.progress_every);
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s, watch)?;
     outcome.report.load_io = io;
+    outcome.report.seconds.start = start_s;
     outcome.report.prepared = prepared_note.unwrap_or_default();
     let red = timed.totals();
     let (its, cal) = (outcome.solution.info.itn, outcome.calibration);

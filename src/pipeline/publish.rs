@@ -77,11 +77,22 @@ pub fn publish(
     outcome: &mut Outcome,
     model: Option<(&RunModel, &RunConfig)>,
 ) -> Result<()> {
+    let t = std::time::Instant::now();
     let mut publ = Publication::new(if model.is_some() { "invert" } else { "solve" });
     outcome.report.run_id = publ.run_id().to_string();
-    stage_outputs(&mut publ, out, outcome)?;
+    // report.json last, with the seconds the others took (`seconds.write`)
+    let report = out.report.clone();
+    let rest = OutputPaths {
+        report: None,
+        ..out.clone()
+    };
+    stage_outputs(&mut publ, &rest, outcome)?;
     if let Some((m, cfg)) = model {
         m.stage(&mut publ, cfg, outcome)?;
+    }
+    if let Some(p) = &report {
+        outcome.report.seconds.write = t.elapsed().as_secs_f64();
+        publ.write(p, |w| json_text(w, &outcome.report))?;
     }
     // (`invert` says "model file written to ..." after its summary line.)
     publ.commit()

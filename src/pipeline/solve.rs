@@ -357,6 +357,7 @@ fn report(r: &ReportParts) -> Report {
             setup,
             solve: info.seconds,
             total: load + setup + info.seconds,
+            ..Default::default()
         },
         // Over the iterations run in this process (a resumed run started at start_itn).
         ms_per_iter: if info.itn > info.start_itn {

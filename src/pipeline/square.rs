@@ -381,6 +381,7 @@ fn square_report(
             setup,
             solve: info.seconds,
             total: load + setup + info.seconds,
+            ..Default::default()
         },
         ms_per_iter: info.ms_per_iter,
         arnoldi_loop: info.arnoldi_loop,

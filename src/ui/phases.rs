@@ -8,6 +8,19 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 static PHASES: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
+static PROCESS_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Note the process's start (the CLI calls it first; later calls keep the first).
+pub fn mark_process_start() {
+    PROCESS_START.get_or_init(Instant::now);
+}
+
+/// Seconds since [`mark_process_start`] (0 where it was never called: library use).
+pub fn since_process_start() -> f64 {
+    PROCESS_START
+        .get()
+        .map_or(0.0, |t| t.elapsed().as_secs_f64())
+}
 
 fn phases() -> std::sync::MutexGuard<'static, Vec<(&'static str, f64)>> {
     PHASES.lock().unwrap_or_else(|p| p.into_inner())
