@@ -24,7 +24,8 @@
 #                                                                                 -> gmres.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
-#   timeline  one defaults invert's wall time stamped (timeline.py) and its file calls (strace)
+#   timeline  a defaults invert (prepared storage) stamped line by line (timeline.py), this
+#             binary and seistomo-prev beside it
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop);
@@ -269,29 +270,22 @@ PY
 fi
 
 if has timeline; then
-  # Where the wall time goes after the solve: every open, fsync and rename of one defaults
-  # `invert` with wall-clock stamps (strace), and the same run writing to /dev/shm (no disk).
+  # Where the wall time goes: a defaults `invert` (prepared storage) with every output line
+  # stamped (timeline.py) and report.json's seconds (start, load, setup, solve, write), the
+  # second of two runs, by this binary and by $BIN/seistomo-prev when it is there (a same-call
+  # comparison of one change).
   [ -d /tmp/tts600k ] || "$BIN/seistomo" -q synth -o /tmp/tts600k --grid 128,128,80 --rays 600000 \
     --norm-damping 0.1 --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
   [ -d /tmp/tts600k/prepared ] || CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q prepare /tmp/tts600k > /dev/null 2>&1
-  for dir in /tmp/tl-o /dev/shm/tl-o; do
-    cfg=/tmp/tl.toml; tag=$(basename $(dirname $dir))
-    printf '[dataset]\npath = "/tmp/tts600k/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "%s"\n' $dir > $cfg
-    for i in 1 2; do
-      rm -rf $dir
-      CUDA_VISIBLE_DEVICES=0 python3 bench/timeline.py "$BIN/seistomo" invert $cfg > "$OUT/timeline_$tag.txt" 2>&1
-      cp $dir/report.json "$OUT/timeline_$tag.json" 2>/dev/null
-    done
-    if command -v strace > /dev/null; then
-      rm -rf $dir
-      CUDA_VISIBLE_DEVICES=0 strace -f -tt -T -e trace=openat,fsync,rename,exit_group,munmap \
-        -o "$OUT/strace_$tag.txt" "$BIN/seistomo" -q invert $cfg > /dev/null 2>&1
-      grep -v ENOENT "$OUT/strace_$tag.txt" | grep -E "fsync|rename|exit_group|/tmp/|/dev/shm/|tts600k" \
-        > "$OUT/strace_${tag}_short.txt"
-      rm -f "$OUT/strace_$tag.txt"
-    fi
+  cfg=/tmp/tl.toml; dir=/tmp/tl-o
+  printf '[dataset]\npath = "/tmp/tts600k/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "%s"\n' $dir > $cfg
+  for b in seistomo seistomo-prev seistomo seistomo-prev; do
+    [ -x "$BIN/$b" ] || continue
     rm -rf $dir
+    CUDA_VISIBLE_DEVICES=0 python3 bench/timeline.py "$BIN/$b" invert $cfg > "$OUT/timeline_$b.txt" 2>&1
+    cp $dir/report.json "$OUT/timeline_$b.json" 2>/dev/null
   done
+  rm -rf $dir
 fi
 
 if has auto; then

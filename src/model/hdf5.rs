@@ -132,8 +132,8 @@ pub fn stage_model(
     path: &Path,
     inp: &ModelInputs,
 ) -> Result<()> {
-    let image = model_image(path, inp)?;
-    publ.write_bytes(path, &image)?;
+    let image = crate::ui::phases::time_exclusive("hdf5", || model_image(path, inp))?;
+    crate::ui::phases::time("model.h5", || publ.write_bytes(path, &image))?;
     drop(image);
     if let Parameterisation::Grid(g) = &inp.spec.param {
         let name = path
@@ -253,7 +253,9 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
     let rj = serde_json::to_string_pretty(&o.report)
         .map_err(|e| Error::format(path, format!("report: {e}")))?;
     w.str_dataset(&rg, "report_json", &rj)?;
-    crate::model::provenance::annotate(f, path, &o.report)?;
+    crate::ui::phases::time("provenance", || {
+        crate::model::provenance::annotate(f, path, &o.report)
+    })?;
     // netCDF-4 / CF view (src/model/cf.rs)
     crate::model::cf::annotate(f, spec, o.solution.x.len(), path)
 }
@@ -306,7 +308,7 @@ fn write_model_group(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) ->
         }
         _ => vec![x.len()],
     };
-    let fields = Fields::derive(spec, x);
+    let fields = crate::ui::phases::time("fields", || Fields::derive(spec, x));
     let su = spec.slowness_unit.as_str();
     let m = FieldWriter { w, g, shape };
     m.put(

@@ -82,6 +82,9 @@ pub struct Report {
     /// The set-up's phases on rank 0, seconds each (src/ui/phases.rs): read (the load),
     /// backend, nvrtc, module, stencil, order, permute, scale, layout, encode, transpose, upload.
     pub setup_phases: crate::ui::phases::Phases,
+    /// `invert`: the phases of `seconds.write` (solution, fields, provenance, hdf5, model.h5).
+    #[serde(skip_serializing_if = "crate::ui::phases::Phases::is_empty")]
+    pub write_phases: crate::ui::phases::Phases,
     pub ms_per_iter: f64,
     /// Per-rank load / compute / allreduce seconds (filled by the distributed pipeline).
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
 use crate::backend::cuda::{
-    CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator,
+    CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator, Prestart,
 };
 use crate::backend::precond::Preconditioner;
 use crate::backend::storage::{Storage, StoredMatrix};
@@ -220,6 +220,17 @@ impl Engine {
             }
             _ => Ok(Engine::cpu()),
         })
+    }
+
+    /// For one process on one GPU: start the GPU's context and kernel compilation on another
+    /// thread while the system is read ([`Engine::start`] then finds them made). Several ranks
+    /// (each picks its GPU in `start`) and the CPU: nothing.
+    pub fn prestart(kind: BackendChoice, ranks: usize, tuning: &Tuning) -> Prestart {
+        if kind == BackendChoice::Cuda && ranks == 1 {
+            CudaBackend::prestart(0, tuning.nvrtc_defines.clone())
+        } else {
+            Prestart::none()
+        }
     }
 
     /// The CPU backend, solves driven from rayon's pool.

@@ -48,7 +48,9 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// order: solution, variance, history, report.
 pub fn stage_outputs(publ: &mut Publication, out: &OutputPaths, o: &Outcome) -> Result<()> {
     if let Some(p) = &out.solution {
-        publ.write(p, |w| vector_text(w, &o.solution.x))?;
+        crate::ui::phases::time("solution", || {
+            publ.write(p, |w| vector_text(w, &o.solution.x))
+        })?;
     }
     if let (Some(p), Some(var)) = (&out.variance, &o.solution.var) {
         publ.write(p, |w| vector_text(w, var))?;
@@ -78,6 +80,7 @@ pub fn publish(
     model: Option<(&RunModel, &RunConfig)>,
 ) -> Result<()> {
     let t = std::time::Instant::now();
+    crate::ui::phases::take();
     let mut publ = Publication::new(if model.is_some() { "invert" } else { "solve" });
     outcome.report.run_id = publ.run_id().to_string();
     // report.json last, with the seconds the others took (`seconds.write`)
@@ -92,6 +95,7 @@ pub fn publish(
     }
     if let Some(p) = &report {
         outcome.report.seconds.write = t.elapsed().as_secs_f64();
+        outcome.report.write_phases = crate::ui::phases::take();
         publ.write(p, |w| json_text(w, &outcome.report))?;
     }
     // (`invert` says "model file written to ..." after its summary line.)

@@ -366,6 +366,7 @@ fn report(r: &ReportParts) -> Report {
             0.0
         },
         setup_phases: crate::ui::phases::take(),
+        write_phases: Default::default(),
         rank_timing: Vec::new(),
         load_io: String::new(),
         prepared: String::new(),

@@ -86,6 +86,12 @@ pub fn snapshot() -> Phases {
 pub struct Phases(pub Vec<(&'static str, f64)>);
 
 impl Phases {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Phases {
     /// The sum of every phase but `except`.
     pub fn total_except(&self, except: &str) -> f64 {
         self.0

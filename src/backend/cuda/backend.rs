@@ -93,13 +93,28 @@ impl CudaBackend {
         Self::with_defines(ordinal, &[])
     }
 
+    /// Start creating GPU `ordinal`'s context and compiling its kernels (with `defines`) on
+    /// another thread, while the caller reads its system: the backend made later for the same
+    /// device and defines finds both done (the context is the device's primary one, the
+    /// kernels are cached). Errors are left for that backend to meet and report.
+    pub fn prestart(ordinal: usize, defines: Vec<String>) -> Prestart {
+        Prestart(Some(std::thread::spawn(move || {
+            let info = probe_checked(ordinal).ok()?;
+            let ctx = CudaContext::new(ordinal).ok()?;
+            check_defines(&defines).ok()?;
+            kernels_for(&ctx, info.compute_capability, &defines).ok()?;
+            Some(ctx)
+        })))
+    }
+
     /// [`CudaBackend::new`] with the kernels compiled with preprocessor `defines` (tuning
     /// `nvrtc_defines`: each `NAME` or `NAME=VALUE`, checked first); the compiled module is
     /// cached per device and set of defines.
     pub fn with_defines(ordinal: usize, defines: &[String]) -> Result<Self> {
         check_defines(defines)?;
-        let info = probe_checked(ordinal).map_err(|why| CudaError::NoDevice(Box::new(why)))?;
+        let mut info = probe_checked(ordinal).map_err(|why| CudaError::NoDevice(Box::new(why)))?;
         let ctx = CudaContext::new(ordinal).doing("creating the context")?;
+        info.free_bytes = Some(ctx.mem_get_info().doing("memory info")?.0);
         // SAFETY: this backend uses a single stream for every buffer and kernel, so cudarc's
         // per-buffer event tracking (cross-stream synchronisation) is not needed.
         unsafe { ctx.disable_event_tracking() };
@@ -282,5 +297,25 @@ impl CudaBackend {
             )
         }
         .doing("kernel launch")
+    }
+}
+
+/// A GPU context and kernels being made on another thread ([`CudaBackend::prestart`]); dropping
+/// it waits for that thread and releases its hold on the context (a backend made meanwhile
+/// holds its own).
+pub struct Prestart(Option<std::thread::JoinHandle<Option<Arc<CudaContext>>>>);
+
+impl Prestart {
+    /// Nothing started.
+    pub fn none() -> Prestart {
+        Prestart(None)
+    }
+}
+
+impl Drop for Prestart {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
     }
 }

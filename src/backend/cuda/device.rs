@@ -1,6 +1,6 @@
 //! Whether CUDA is usable here: the libraries, the device and what it offers ([`probe`]).
 
-use cudarc::driver::{sys as dsys, CudaContext};
+use cudarc::driver::{result as dres, sys as dsys, CudaContext};
 
 use super::error::CudaError;
 
@@ -11,7 +11,8 @@ pub struct DeviceInfo {
     pub name: String,
     pub compute_capability: (i32, i32),
     pub total_bytes: usize,
-    pub free_bytes: usize,
+    /// Free memory, once a context exists (the probe itself creates none).
+    pub free_bytes: Option<usize>,
     pub multiprocessors: i32,
     pub device_count: i32,
 }
@@ -20,7 +21,7 @@ impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "GPU {} of {}: {} (sm_{}{}, {} SMs, {:.1} GiB, {:.1} GiB free)",
+            "GPU {} of {}: {} (sm_{}{}, {} SMs, {:.1} GiB{})",
             self.ordinal,
             self.device_count,
             self.name,
@@ -28,7 +29,10 @@ impl std::fmt::Display for DeviceInfo {
             self.compute_capability.1,
             self.multiprocessors,
             self.total_bytes as f64 / (1u64 << 30) as f64,
-            self.free_bytes as f64 / (1u64 << 30) as f64
+            match self.free_bytes {
+                Some(b) => format!(", {:.1} GiB free", b as f64 / (1u64 << 30) as f64),
+                None => String::new(),
+            }
         )
     }
 }
@@ -83,20 +87,30 @@ pub(super) fn probe_checked(ordinal: usize) -> Result<DeviceInfo, CudaError> {
             "device {ordinal} requested but only {count} present"
         ));
     }
-    let ctx = CudaContext::new(ordinal)
-        .map_err(|e| CudaError::during(format!("context on device {ordinal}"), e))?;
-    let name = ctx
-        .name()
-        .map_err(|e| CudaError::during("device name", e))?;
-    let cc = ctx
-        .compute_capability()
-        .map_err(|e| CudaError::during("compute capability", e))?;
-    let (free, total) = ctx
-        .mem_get_info()
-        .map_err(|e| CudaError::during("memory info", e))?;
-    let sms = ctx
-        .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| CudaError::during("SM count", e))?;
+    // Device queries only: a context costs 0.1-0.4 s to create and would be destroyed again
+    // before the backend creates its own (measured on an H200, 2026-11-26).
+    let dev = dres::device::get(ordinal as i32)
+        .map_err(|e| CudaError::during(format!("device {ordinal}"), e))?;
+    let name = dres::device::get_name(dev).map_err(|e| CudaError::during("device name", e))?;
+    let attr = |a: dsys::CUdevice_attribute, what: &'static str| {
+        // SAFETY: cuInit ran (device_count above) and `dev` is a device handle it returned.
+        unsafe { dres::device::get_attribute(dev, a) }.map_err(|e| CudaError::during(what, e))
+    };
+    use dsys::CUdevice_attribute as At;
+    let cc = (
+        attr(
+            At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            "compute capability",
+        )?,
+        attr(
+            At::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            "compute capability",
+        )?,
+    );
+    let sms = attr(At::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "SM count")?;
+    // SAFETY: as above.
+    let total =
+        unsafe { dres::device::total_mem(dev) }.map_err(|e| CudaError::during("memory size", e))?;
     if cc.0 < 6 {
         return unusable(format!(
             "{name} has compute capability {}.{}; f64 atomics need 6.0 or newer",
@@ -108,7 +122,7 @@ pub(super) fn probe_checked(ordinal: usize) -> Result<DeviceInfo, CudaError> {
         name,
         compute_capability: cc,
         total_bytes: total,
-        free_bytes: free,
+        free_bytes: None,
         multiprocessors: sms,
         device_count: count,
     })
