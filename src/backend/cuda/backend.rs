@@ -57,6 +57,9 @@ impl MappedScalar {
 /// A vector on the device: the CUDA backend's `Backend::Vector`.
 pub type DeviceVec = CudaSlice<f64>;
 
+/// Bytes of one page-locked staging buffer of [`CudaBackend::upload_staged`].
+pub const STAGE: usize = 8 << 20;
+
 /// Device vectors and fused kernels on one GPU (one stream; no host synchronisation except
 /// where a scalar comes back).
 pub struct CudaBackend {
@@ -80,6 +83,9 @@ pub struct CudaBackend {
     pub(super) multi_mapped: Option<MappedScalar>,
     /// Page-locked host staging for the multi-rank vector reduction (host path).
     pub(super) pinned: Mutex<Option<cudarc::driver::PinnedHostSlice<f64>>>,
+    /// Two page-locked buffers of [`STAGE`] bytes for large uploads ([`Self::upload_staged`]),
+    /// allocated at the first.
+    staging: Mutex<Option<[cudarc::driver::PinnedHostSlice<u8>; 2]>>,
     /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
     pub(crate) nccl: Nccl,
     /// The preprocessor defines the kernels were compiled with.
@@ -150,9 +156,73 @@ impl CudaBackend {
             multi_result,
             multi_mapped,
             pinned: Mutex::new(None),
+            staging: Mutex::new(None),
             nccl: Nccl::default(),
             defines: defines.to_vec(),
         })
+    }
+
+    /// Upload `v` through two page-locked staging buffers: the host copies one piece into a
+    /// buffer (on the thread pool) while the GPU pulls the previous one, instead of the
+    /// driver's copy from pageable memory (measured 5 GB/s on an H200 host, 2026-11-26). The
+    /// upload is complete when this returns. Large arrays take this path through `up`.
+    pub fn upload_staged<T: cudarc::driver::DeviceRepr + Copy>(
+        &self,
+        v: &[T],
+    ) -> Result<CudaSlice<T>> {
+        use rayon::prelude::*;
+        // SAFETY: the allocation is written by the copies below before any kernel reads it.
+        let d = unsafe { self.stream.alloc::<T>(v.len().max(1)) }
+            .doing("allocating device memory for an upload")?;
+        // SAFETY: DeviceRepr types are plain data (no padding the copy could expose matters:
+        // bytes go to the device as they are); the length is the slice's size in bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+        };
+        let mut guard = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            // SAFETY: the buffers are written before each copy reads them; flags 0: ordinary
+            // page-locked memory.
+            let a = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0) };
+            let b = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(STAGE, 0) };
+            *guard = Some([
+                a.doing("allocating page-locked staging")?,
+                b.doing("allocating page-locked staging")?,
+            ]);
+        }
+        let bufs = guard.as_mut().expect("allocated above");
+        let base = self.ptr(&d);
+        let mut done: [Option<cudarc::driver::CudaEvent>; 2] = [None, None];
+        for (k, piece) in bytes.chunks(STAGE).enumerate() {
+            let slot = k % 2;
+            if let Some(e) = done[slot].take() {
+                e.synchronize().doing("waiting for a staged copy")?;
+            }
+            let host = bufs[slot].as_mut_ptr().doing("page-locked staging")?;
+            // SAFETY: the buffer holds STAGE >= piece.len() bytes and no copy reads it now (its
+            // last one was waited for above).
+            let host = unsafe { std::slice::from_raw_parts_mut(host, piece.len()) };
+            host.par_chunks_mut(1 << 20)
+                .zip(piece.par_chunks(1 << 20))
+                .for_each(|(h, p)| h.copy_from_slice(p));
+            // SAFETY: the destination range lies inside `d` (k * STAGE + piece.len() <= its
+            // size in bytes); the source stays untouched until the event recorded after it.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    base + (k * STAGE) as u64,
+                    host,
+                    self.stream.cu_stream(),
+                )
+            }
+            .doing("staged upload")?;
+            done[slot] = Some(
+                self.stream
+                    .record_event(None)
+                    .doing("recording a staged copy")?,
+            );
+        }
+        self.synchronize()?;
+        Ok(d)
     }
 
     /// The backend of this rank of a job: one GPU per rank, GPU = local rank on the node

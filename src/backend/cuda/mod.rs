@@ -45,7 +45,7 @@ mod tiled;
 mod util;
 mod vector;
 
-pub use backend::{CudaBackend, DeviceVec, Prestart};
+pub use backend::{CudaBackend, DeviceVec, Prestart, STAGE};
 pub use compact::CudaCompactOperator;
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};

@@ -104,11 +104,18 @@ pub(super) fn check_vectors(
     Ok(())
 }
 
+/// Arrays of at least this many bytes are uploaded through page-locked staging
+/// ([`CudaBackend::upload_staged`]).
+const STAGED_MIN: usize = 4 * super::backend::STAGE;
+
 /// Upload a host slice (a one-element dummy for an empty one: no zero-byte allocations).
 pub(super) fn up<T: cudarc::driver::DeviceRepr + Default + Copy>(
     be: &CudaBackend,
     v: &[T],
 ) -> Result<CudaSlice<T>> {
+    if std::mem::size_of_val(v) >= STAGED_MIN {
+        return be.upload_staged(v);
+    }
     let dummy = [T::default()];
     let src = if v.is_empty() { &dummy[..] } else { v };
     be.stream
