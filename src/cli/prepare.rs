@@ -18,7 +18,7 @@ pub struct PrepareArgs {
     config: PathBuf,
     /// The backend the runs will use (default: as `invert` chooses here). Lets a machine
     /// without a GPU prepare for GPU runs.
-    #[arg(long)]
+    #[arg(long, value_parser = super::args::pick::backend())]
     backend: Option<BackendChoice>,
 }
 

@@ -41,7 +41,7 @@ pub enum SystemSource {
         path: PathBuf,
         options: crate::io::LoadOptions,
         /// Whether `invert` reads the dataset's prepared storage when it has a valid one.
-        prepared: crate::pipeline::prepared::UsePrepared,
+        prepared: UsePrepared,
     },
 }
 
@@ -117,3 +117,17 @@ pub struct OutputPaths {
     pub history: Option<PathBuf>,
     pub variance: Option<PathBuf>,
 }
+
+/// Whether a run uses a dataset's prepared storage (`[dataset] prepared`;
+/// [`crate::pipeline::prepared`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UsePrepared {
+    /// Use a valid prepared file when there is one (the default).
+    #[default]
+    Auto,
+    /// Always set up from the rows.
+    Off,
+}
+
+choice_from_str!(UsePrepared, "prepared", "auto" => Self::Auto, "off" => Self::Off);

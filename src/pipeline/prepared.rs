@@ -35,18 +35,7 @@ use crate::sparse::Csr;
 pub const LAYOUT_VERSION: u32 = 1;
 pub use crate::io::prepared::DIR;
 
-/// Whether a run uses prepared storage (`[dataset] prepared`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UsePrepared {
-    /// Use a valid prepared file when there is one (the default).
-    #[default]
-    Auto,
-    /// Always set up from the rows.
-    Off,
-}
-
-choice_from_str!(UsePrepared, "prepared", "auto" => Self::Auto, "off" => Self::Off);
+pub use crate::pipeline::options::UsePrepared;
 
 /// A rank's prepared file of the dataset whose manifest is `manifest`.
 pub fn file_of(manifest: &Path, rank: usize, ranks: usize) -> PathBuf {
