@@ -21,6 +21,19 @@ pub struct Seconds {
     pub write: f64,
 }
 
+impl Seconds {
+    /// The phases of a solve, `total` their sum (`start` and `write` left for `invert`).
+    pub fn new(load: f64, setup: f64, solve: f64) -> Seconds {
+        Seconds {
+            load,
+            setup,
+            solve,
+            total: load + setup + solve,
+            ..Default::default()
+        }
+    }
+}
+
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }

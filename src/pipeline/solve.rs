@@ -352,13 +352,7 @@ fn report(r: &ReportParts) -> Report {
         stop_reason: info.stop_reason.clone(),
         iterations: info.itn,
         norms: info.norms,
-        seconds: Seconds {
-            load,
-            setup,
-            solve: info.seconds,
-            total: load + setup + info.seconds,
-            ..Default::default()
-        },
+        seconds: Seconds::new(load, setup, info.seconds),
         // Over the iterations run in this process (a resumed run started at start_itn).
         ms_per_iter: if info.itn > info.start_itn {
             1e3 * info.seconds / (info.itn - info.start_itn) as f64

@@ -376,13 +376,7 @@ fn square_report(
         ilu_replaced_pivots: sol.ilu_replaced_pivots,
         ilu_inserted_diagonals: sol.ilu_inserted_diagonals,
         stop: info.stop.clone(),
-        seconds: Seconds {
-            load,
-            setup,
-            solve: info.seconds,
-            total: load + setup + info.seconds,
-            ..Default::default()
-        },
+        seconds: Seconds::new(load, setup, info.seconds),
         ms_per_iter: info.ms_per_iter,
         arnoldi_loop: info.arnoldi_loop,
         partition: c.partition,
