@@ -149,8 +149,8 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     )?;
     crate::ui::phases::take();
     let (kind, why) = crate::ui::phases::time("probe", || choose_backend(opts.operator.backend))?;
-    // One GPU: its context and kernels made on another thread while the system is read.
-    let _prestart = Engine::prestart(kind, comm.size(), &opts.operator.tuning);
+    // The GPU's context and kernels made on another thread while the system is read.
+    let _prestart = Engine::prestart(kind, comm, &opts.operator.tuning);
     let cost = row_cost(kind, opts.operator.storage);
     let start_s = crate::ui::phases::since_process_start();
     let (mut start, mut prepared_note) = match job.source {

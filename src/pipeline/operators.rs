@@ -222,14 +222,15 @@ impl Engine {
         })
     }
 
-    /// For one process on one GPU: start the GPU's context and kernel compilation on another
-    /// thread while the system is read ([`Engine::start`] then finds them made). Several ranks
-    /// (each picks its GPU in `start`) and the CPU: nothing.
-    pub fn prestart(kind: BackendChoice, ranks: usize, tuning: &Tuning) -> Prestart {
-        if kind == BackendChoice::Cuda && ranks == 1 {
-            CudaBackend::prestart(0, tuning.nvrtc_defines.clone())
-        } else {
-            Prestart::none()
+    /// On the GPU: start this rank's GPU context and kernel compilation on another thread
+    /// while the system is read ([`Engine::start`] then finds them made). The CPU: nothing.
+    pub fn prestart(kind: BackendChoice, comm: &dyn Comm, tuning: &Tuning) -> Prestart {
+        if kind != BackendChoice::Cuda {
+            return Prestart::none();
+        }
+        match CudaBackend::ordinal_for(comm) {
+            Ok((ordinal, _)) => CudaBackend::prestart(ordinal, tuning.nvrtc_defines.clone()),
+            Err(_) => Prestart::none(),
         }
     }
 

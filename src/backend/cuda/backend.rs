@@ -234,15 +234,7 @@ impl CudaBackend {
     /// [`CudaBackend::for_rank`] with the kernels compiled with `defines`
     /// ([`CudaBackend::with_defines`]).
     pub fn for_rank_with_defines(comm: &dyn Comm, defines: &[String]) -> Result<Self> {
-        let count = CudaContext::device_count()
-            .doing("cuInit/device count")?
-            .max(1) as usize;
-        // More ranks on a node than GPUs: ranks share them round-robin (said once per rank).
-        let ordinal = if comm.size() > 1 {
-            comm.local_rank() % count
-        } else {
-            0
-        };
+        let (ordinal, count) = Self::ordinal_for(comm)?;
         let be = CudaBackend::with_defines(ordinal, defines)?;
         if comm.size() > 1 {
             let shared = if comm.local_rank() >= count {
@@ -257,6 +249,20 @@ impl CudaBackend {
             );
         }
         Ok(be)
+    }
+
+    /// The GPU this rank of `comm` uses: its local rank on the node, round-robin where a node
+    /// has more ranks than GPUs (device 0 alone); and the node's GPU count.
+    pub fn ordinal_for(comm: &dyn Comm) -> Result<(usize, usize)> {
+        let count = CudaContext::device_count()
+            .doing("cuInit/device count")?
+            .max(1) as usize;
+        let ordinal = if comm.size() > 1 {
+            comm.local_rank() % count
+        } else {
+            0
+        };
+        Ok((ordinal, count))
     }
 
     /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
