@@ -26,6 +26,7 @@
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 #   timeline  a defaults invert (prepared storage) stamped line by line (timeline.py), this
 #             binary and seistomo-prev beside it
+#   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop);
@@ -267,6 +268,28 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
 PY
   [ -f "$OUT/tts_cupy.txt" ] && { echo "## cupy_tts"; cat "$OUT/tts_cupy.txt"; } >> "$OUT/tts.txt"
   { echo "## prepare"; cat "$OUT/tts_prepare.txt"; } >> "$OUT/tts.txt"
+fi
+
+if has tts4; then
+  # Time to solution on the 4x dataset (2.4M rays, 369M nonzeros), GPU 0: the defaults fresh,
+  # then `prepare` and the defaults again reading it (issue 30's second "must show").
+  ds=/tmp/tts2400k
+  [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 2400000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  rm -rf $ds/prepared
+  for run in fresh prepare prepared; do
+    cfg=/tmp/tts4-$run.toml
+    printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "/tmp/tts4-o-%s"\n' \
+      $ds $run > $cfg
+    if [ $run = prepare ]; then
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg > "$OUT/tts4_prepare.txt" 2>&1
+      continue
+    fi
+    CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" -q invert $cfg > "$OUT/tts4_$run.txt" 2>&1
+    cp /tmp/tts4-o-$run/report.json "$OUT/tts4_$run.json" 2>/dev/null
+    rm -rf /tmp/tts4-o-$run
+  done
+  rm -rf $ds/prepared
 fi
 
 if has timeline; then
