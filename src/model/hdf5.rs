@@ -132,9 +132,18 @@ pub fn stage_model(
     path: &Path,
     inp: &ModelInputs,
 ) -> Result<()> {
-    let image = crate::ui::phases::time_exclusive("hdf5", || model_image(path, inp))?;
-    crate::ui::phases::time("model.h5", || publ.write_bytes(path, &image))?;
-    drop(image);
+    for (p, bytes) in model_files(path, inp)? {
+        crate::ui::phases::time("model.h5", || publ.write_bytes(&p, &bytes))?;
+    }
+    Ok(())
+}
+
+/// The model file's bytes and (grids) its XDMF sidecar's, with their paths: what
+/// [`stage_model`] stages (built apart, so that a run can build them while it writes its other
+/// outputs).
+pub fn model_files(path: &Path, inp: &ModelInputs) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let image = crate::ui::phases::time("hdf5", || model_image(path, inp))?;
+    let mut out = vec![(path.to_path_buf(), image)];
     if let Parameterisation::Grid(g) = &inp.spec.param {
         let name = path
             .file_name()
@@ -149,9 +158,9 @@ pub fn stage_model(
                 inp.outcome.solution.var.is_some(),
             ),
         );
-        publ.write_bytes(&xdmf_path(path), text.as_bytes())?;
+        out.push((xdmf_path(path), text.into_bytes()));
     }
-    Ok(())
+    Ok(out)
 }
 
 extern "C" {

@@ -95,7 +95,9 @@ pub struct Report {
     /// The set-up's phases on rank 0, seconds each (src/ui/phases.rs): read (the load),
     /// backend, nvrtc, module, stencil, order, permute, scale, layout, encode, transpose, upload.
     pub setup_phases: crate::ui::phases::Phases,
-    /// `invert`: the phases of `seconds.write` (solution, fields, provenance, hdf5, model.h5).
+    /// `invert`: the phases of `seconds.write`: solution, hdf5 (the model file built in memory,
+    /// its fields and provenance included; on a thread of its own, beside the solution), model.h5
+    /// (written and synced).
     #[serde(skip_serializing_if = "crate::ui::phases::Phases::is_empty")]
     pub write_phases: crate::ui::phases::Phases,
     pub ms_per_iter: f64,

@@ -1,5 +1,7 @@
 //! The model side of an `invert` run: validated before the solve, written after it.
 
+use std::path::PathBuf;
+
 use crate::error::Result;
 use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
@@ -89,31 +91,26 @@ impl RunModel {
         self.ckpt.as_ref()
     }
 
-    /// Stage the model file (when configured) into the run's output set.
-    pub fn stage(
-        &self,
-        publ: &mut crate::io::publish::Publication,
-        cfg: &RunConfig,
-        o: &Outcome,
-    ) -> Result<()> {
-        if let Some(p) = &cfg.model.path {
-            let pb = crate::ui::progress::open_ended("writing");
-            pb.set_message(crate::io::tidy(p).display().to_string());
-            let staged = crate::model::hdf5::stage_model(
-                publ,
-                p,
-                &crate::model::hdf5::ModelInputs {
-                    spec: &self.spec,
-                    outcome: o,
-                    coverage: Some(&self.coverage),
-                    kernel_rows: self.kernel_rows,
-                    config_text: &cfg.text,
-                },
-            );
-            pb.finish_and_clear();
-            staged?;
-        }
-        Ok(())
+    /// The model file (when configured) and its sidecar as bytes, with their paths, for the
+    /// run's output set.
+    pub fn files(&self, cfg: &RunConfig, o: &Outcome) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+        let Some(p) = &cfg.model.path else {
+            return Ok(Vec::new());
+        };
+        let pb = crate::ui::progress::open_ended("writing");
+        pb.set_message(crate::io::tidy(p).display().to_string());
+        let files = crate::model::hdf5::model_files(
+            p,
+            &crate::model::hdf5::ModelInputs {
+                spec: &self.spec,
+                outcome: o,
+                coverage: Some(&self.coverage),
+                kernel_rows: self.kernel_rows,
+                config_text: &cfg.text,
+            },
+        );
+        pb.finish_and_clear();
+        files
     }
 
     /// Remove this rank's checkpoint of the finished run (every rank, after the outputs were
