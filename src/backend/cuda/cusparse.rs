@@ -61,6 +61,9 @@ pub(crate) struct CuSparse {
 
 impl CuSparse {
     pub fn new(be: &CudaBackend, a: &Csr, dev: &DevCsr) -> Result<Self> {
+        if let Some(why) = super::device::cusparse_missing() {
+            return Err(Error::backend("cuda", why));
+        }
         let ip32: Vec<i32> = a.indptr().iter().map(|&p| p as i32).collect();
         let ip32 = be.stream.clone_htod(&ip32).doing("uploading row offsets")?;
         let vals = match &dev.values {
