@@ -368,6 +368,7 @@ fn report(r: &ReportParts) -> Report {
         rank_timing: Vec::new(),
         load_io: String::new(),
         run_id: String::new(),
+        weight_choice: None,
     }
 }
 
