@@ -65,6 +65,9 @@ pub trait BlockOperator<B: BatchBackend> {
     fn ncols(&self) -> usize;
     /// Whether some rows are weighted (else `w` is ignored).
     fn has_weighted_rows(&self) -> bool;
+    /// Member matrix A_j for row weight `w` (this rank's rows), as its single solve stores it:
+    /// each weighted entry `a w` (so single products of it sum as the block products do).
+    fn member_matrix(&self, w: f64) -> crate::sparse::Csr;
     /// Y_j = alpha A_j X_j + beta[j] Y_j (Y_j not read where beta[j] == 0).
     fn apply_block(
         &self,

@@ -19,11 +19,11 @@ use super::lsqr::{
 };
 use super::{BIG, SMALL};
 use crate::backend::batch::{BatchBackend, BlockOperator};
-use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars};
-use crate::backend::XwStep;
+use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::backend::{Backend, Operator, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::solver::{LsqrInfo, LsqrSolution};
+use crate::solver::{download_solution, lsqr_iterate, History, LsqrInfo, LsqrSolution};
 
 /// What makes one member of a batch: its row weight (the weighted rows' factor) and damping.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,6 +40,72 @@ pub struct Member {
 pub struct MemberResult {
     pub solution: LsqrSolution,
     pub history: Vec<IterRecord>,
+}
+
+/// A member the batch handed over to the single solver ([`resume`]) once few were left (a
+/// batch of one or two costs more than their single solves): its state after `scalars.itn`
+/// iterations, its vectors (u: this rank's rows), its history so far and the seconds spent.
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub scalars: LsqrScalars,
+    pub u: Vec<f64>,
+    pub v: Vec<f64>,
+    pub w: Vec<f64>,
+    pub x: Vec<f64>,
+    pub var: Option<Vec<f64>>,
+    pub history: Vec<IterRecord>,
+    pub seconds: f64,
+}
+
+/// How a member left the batch.
+#[derive(Debug, Clone)]
+pub enum MemberEnd {
+    /// Stopped in the batch.
+    Done(MemberResult),
+    /// Handed over to go on alone ([`resume`]).
+    Handed(Box<Handover>),
+}
+
+/// Go on with a handed-over member on the single solver's operator `op` (member j's matrix,
+/// [`BlockOperator::member_matrix`], stored as its own solve stores it): its iterations go on
+/// where the batch left them, so the result is its single solve's. `params` with its damping.
+pub fn resume<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    h: Handover,
+    params: &LsqrParams,
+) -> Result<MemberResult> {
+    let mut vecs = LsqrVectors {
+        u: be.upload(&h.u)?,
+        v: be.upload(&h.v)?,
+        w: be.upload(&h.w)?,
+        x: be.upload(&h.x)?,
+        var: h.var.as_deref().map(|v| be.upload(v)).transpose()?,
+    };
+    let mut s = h.scalars;
+    let itn0 = s.itn;
+    let mut mon = History::default();
+    let info = lsqr_iterate(be, op, comm, params, &mut s, &mut vecs, &mut mon)?;
+    let mut history = h.history;
+    history.extend(
+        mon.0
+            .into_iter()
+            .filter(|r| r.itn > itn0)
+            .map(|r| IterRecord {
+                seconds: r.seconds + h.seconds,
+                ..r
+            }),
+    );
+    let info = LsqrInfo {
+        start_itn: 0,
+        seconds: h.seconds + info.seconds,
+        ..info
+    };
+    Ok(MemberResult {
+        solution: download_solution(be, &vecs, info)?,
+        history,
+    })
 }
 
 /// The blocks of the active members.
@@ -97,6 +163,28 @@ pub fn lsqr_batch<B: BatchBackend, O: BlockOperator<B>>(
     params: &LsqrParams,
     finished: &mut dyn FnMut(usize, &MemberResult),
 ) -> Result<Vec<MemberResult>> {
+    lsqr_batch_handoff(be, op, comm, (rhs, members), params, 0, finished)?
+        .into_iter()
+        .map(|e| match e {
+            MemberEnd::Done(r) => Ok(r),
+            MemberEnd::Handed(_) => Err(Error::Invalid(
+                "batched LSQR: a member was handed over".into(),
+            )),
+        })
+        .collect()
+}
+
+/// [`lsqr_batch`], handing the members over ([`MemberEnd::Handed`], to go on with [`resume`])
+/// once no more than `handoff` are left (0: never).
+pub fn lsqr_batch_handoff<B: BatchBackend, O: BlockOperator<B>>(
+    be: &B,
+    op: &O,
+    comm: &dyn Comm,
+    (rhs, members): (&[&[f64]], &[Member]),
+    params: &LsqrParams,
+    handoff: usize,
+    finished: &mut dyn FnMut(usize, &MemberResult),
+) -> Result<Vec<MemberEnd>> {
     let k = members.len();
     if rhs.len() != k {
         return Err(Error::Invalid(format!(
@@ -115,7 +203,7 @@ pub fn lsqr_batch<B: BatchBackend, O: BlockOperator<B>>(
         .iter()
         .map(|s| vec![record_of(s, 0.0)])
         .collect();
-    let mut results: Vec<Option<MemberResult>> = vec![None; k];
+    let mut results: Vec<Option<MemberEnd>> = vec![None; k];
     // Solved at the start (alpha or beta 0) or no iterations allowed: done before the loop.
     let done: Vec<bool> = (0..k)
         .map(|j| {
@@ -128,7 +216,7 @@ pub fn lsqr_batch<B: BatchBackend, O: BlockOperator<B>>(
         })
         .collect();
     batch.retire(&done, &mut hist, &mut results, start, finished)?;
-    while !batch.cols.is_empty() {
+    while batch.cols.len() > handoff {
         batch.iteration(members, &lims, &per)?;
         let t = start.elapsed().as_secs_f64();
         let mut stop = vec![false; batch.cols.len()];
@@ -139,6 +227,7 @@ pub fn lsqr_batch<B: BatchBackend, O: BlockOperator<B>>(
         }
         batch.retire(&stop, &mut hist, &mut results, start, finished)?;
     }
+    batch.hand_over(&mut hist, &mut results, start)?;
     results
         .into_iter()
         .map(|r| r.ok_or_else(|| Error::Invalid("batched LSQR: a member has no result".into())))
@@ -346,13 +435,39 @@ impl<'a, B: BatchBackend, O: BlockOperator<B>> Batch<'a, B, O> {
         Ok(())
     }
 
+    /// Every member still in the batch handed over with its state.
+    fn hand_over(
+        &mut self,
+        hist: &mut [Vec<IterRecord>],
+        results: &mut [Option<MemberEnd>],
+        start: Instant,
+    ) -> Result<()> {
+        let be = self.be;
+        let bl = &self.blocks;
+        for (c, &j) in self.cols.iter().enumerate() {
+            let h = Handover {
+                scalars: self.scalars[c].clone(),
+                u: be.block_column(&bl.u, c)?,
+                v: be.block_column(&bl.v, c)?,
+                w: be.block_column(&bl.w, c)?,
+                x: be.block_column(&bl.x, c)?,
+                var: bl.var.as_ref().map(|v| be.block_column(v, c)).transpose()?,
+                history: std::mem::take(&mut hist[j]),
+                seconds: start.elapsed().as_secs_f64(),
+            };
+            results[j] = Some(MemberEnd::Handed(Box::new(h)));
+        }
+        self.cols.clear();
+        Ok(())
+    }
+
     /// Take the columns where `stop` is true out of the batch: their results are made and
     /// handed to `finished`, the blocks keep the others.
     fn retire(
         &mut self,
         stop: &[bool],
         hist: &mut [Vec<IterRecord>],
-        results: &mut [Option<MemberResult>],
+        results: &mut [Option<MemberEnd>],
         start: Instant,
         finished: &mut dyn FnMut(usize, &MemberResult),
     ) -> Result<()> {
@@ -377,7 +492,7 @@ impl<'a, B: BatchBackend, O: BlockOperator<B>> Batch<'a, B, O> {
                 history: std::mem::take(&mut hist[j]),
             };
             finished(j, &r);
-            results[j] = Some(r);
+            results[j] = Some(MemberEnd::Done(r));
         }
         let keep: Vec<usize> = (0..self.cols.len()).filter(|&c| !stop[c]).collect();
         let bl = &mut self.blocks;
@@ -650,6 +765,61 @@ mod tests {
                 let nx: f64 = x1.iter().map(|p| p * p).sum();
                 assert!(d.sqrt() <= 1e-10 * nx.sqrt(), "member {j}");
             }
+        }
+    }
+
+    #[test]
+    fn handed_over_members_go_on_alone_to_their_single_solves() {
+        let g = random(300, 120, 5, 9);
+        let r = random(150, 120, 2, 10);
+        let a = g.vstack_scaled(&r, 1.0).unwrap();
+        let flags = (0..a.nrows()).map(|i| i >= 300).collect();
+        let op = CpuBlockOperator::new(a, Some(flags)).unwrap();
+        let mut b: Vec<f64> = (0..300).map(|i| (i as f64 * 0.3).sin()).collect();
+        b.resize(450, 0.0);
+        let members: Vec<Member> = [1e-3, 0.03, 0.3, 3.0, 30.0]
+            .iter()
+            .map(|&w| Member {
+                weight: w,
+                damp: 0.0,
+            })
+            .collect();
+        let p = params(None);
+        let be = CpuBackend::new();
+        let refs = vec![b.as_slice(); 5];
+        let ends = lsqr_batch_handoff(
+            &be,
+            &op,
+            &SerialComm,
+            (&refs, &members),
+            &p,
+            2,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let handed = ends
+            .iter()
+            .filter(|e| matches!(e, MemberEnd::Handed(_)))
+            .count();
+        assert!(handed >= 1, "the test needs a member handed over");
+        for (j, e) in ends.into_iter().enumerate() {
+            let got = match e {
+                MemberEnd::Done(r) => r,
+                MemberEnd::Handed(h) => {
+                    assert!(h.scalars.itn > 0);
+                    let single = CpuCsrOperator::new(
+                        op.member_matrix(members[j].weight),
+                        TransposeStrategy::Auto,
+                    );
+                    resume(&be, &single, &SerialComm, *h, &p).unwrap()
+                }
+            };
+            let want = single(&g, Some(&r), &b, members[j], &p, &SerialComm);
+            let (gi, wi) = (&got.solution.info, &want.info);
+            assert_eq!((gi.istop, gi.itn), (wi.istop, wi.itn), "member {j}");
+            assert_eq!(bits(&got.solution.x), bits(&want.x), "member {j}");
+            assert_eq!(got.history.len(), gi.itn + 1, "member {j}");
+            assert!(got.history.iter().enumerate().all(|(i, h)| h.itn == i));
         }
     }
 

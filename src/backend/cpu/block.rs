@@ -42,7 +42,7 @@ type UpdateJob<'a> = (
 );
 
 /// Members per pass over a row: 4 lanes of W sums stay in registers.
-const GROUP: usize = 8;
+const GROUP: usize = 12;
 
 fn check_shape(what: &str, x: &CpuBlock, rows: usize, k: usize) -> Result<()> {
     if x.rows != rows || x.k != k {
@@ -54,36 +54,39 @@ fn check_shape(what: &str, x: &CpuBlock, rows: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// `lane_sum` of `term(i, j)` over the rows i of one chunk for every member j at once: out[j]
-/// is bitwise `lane_sum(rows, |i| term(i, j))`.
-fn lane_sums(rows: usize, k: usize, out: &mut [f64], term: impl Fn(usize, usize) -> f64) {
+/// `lane_sum` of `term(row i, j)` over the rows of one chunk (`d`: rows of k values) for every
+/// member j at once: out[j] is bitwise `lane_sum(rows, |i| term(d[i * k + j], j))`. Row i goes
+/// into lane i % 8, the lanes combined as `lane_sum` does; the inner loops run over a row's k
+/// contiguous values.
+#[inline(always)]
+fn lane_sums(d: &[f64], k: usize, out: &mut [f64], term: impl Fn(f64, usize) -> f64) {
+    let rows = d.len() / k;
     let mut acc = vec![0.0f64; 8 * k];
     let n8 = rows - rows % 8;
-    let mut i = 0;
-    while i < n8 {
-        for (l, a) in acc.chunks_exact_mut(k).enumerate() {
-            for (j, aj) in a.iter_mut().enumerate() {
-                *aj += term(i + l, j);
+    for block in d[..n8 * k].chunks_exact(8 * k) {
+        for (a, row) in acc.chunks_exact_mut(k).zip(block.chunks_exact(k)) {
+            for (j, (aj, &v)) in a.iter_mut().zip(row).enumerate() {
+                *aj += term(v, j);
             }
         }
-        i += 8;
     }
     for (j, o) in out.iter_mut().enumerate() {
         let a = |l: usize| acc[l * k + j];
         let p = [a(0) + a(4), a(1) + a(5), a(2) + a(6), a(3) + a(7)];
-        let mut s = (p[0] + p[2]) + (p[1] + p[3]);
-        for r in n8..rows {
-            s += term(r, j);
+        *o = (p[0] + p[2]) + (p[1] + p[3]);
+    }
+    for row in d[n8 * k..].chunks_exact(k) {
+        for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+            *o += term(v, j);
         }
-        *o = s;
     }
 }
 
-/// Per chunk of [`CHUNK`] rows, `f(rows in the chunk, the chunk's values, its partial sums)`;
+/// Per chunk of [`CHUNK`] rows, `f(the chunk's values, its partial sums)`;
 /// then out[j] = member j's chunk sums added in chunk order (as `CpuBackend::reduce` adds them).
 fn chunked_sums<F>(rows: usize, k: usize, data: &[f64], out: &mut [f64], f: F)
 where
-    F: Fn(usize, &[f64], &mut [f64]) + Sync,
+    F: Fn(&[f64], &mut [f64]) + Sync,
 {
     if k == 0 {
         return;
@@ -93,7 +96,7 @@ where
     let per = CHUNK * k;
     let one = |(c, p): (usize, &mut [f64])| {
         let d = &data[c * per..((c + 1) * per).min(data.len())];
-        f(d.len() / k, d, p)
+        f(d, p)
     };
     if nchunks <= 2 {
         parts.chunks_mut(k).enumerate().for_each(one);
@@ -179,10 +182,10 @@ impl BatchBackend for CpuBackend {
         if out.len() != k || factor.is_some_and(|f| f.len() != k) {
             return Err(Error::Invalid("block norms: one value per column".into()));
         }
-        chunked_sums(x.rows, k, &x.data, out, |n, d, p| match factor {
-            None => lane_sums(n, k, p, |i, j| d[i * k + j] * d[i * k + j]),
-            Some(f) => lane_sums(n, k, p, |i, j| {
-                let v = d[i * k + j] * f[j];
+        chunked_sums(x.rows, k, &x.data, out, |d, p| match factor {
+            None => lane_sums(d, k, p, |v, _| v * v),
+            Some(f) => lane_sums(d, k, p, |v, j| {
+                let v = v * f[j];
                 v * v
             }),
         });
@@ -261,8 +264,8 @@ impl BatchBackend for CpuBackend {
             .collect();
         let one = |((((ws, xs), vs), var), p): UpdateJob<'_>| {
             // ||dk||^2 = ||w / rho||^2 of the old w, in lanes (as `lsqr_update`).
-            lane_sums(ws.len() / k, k, p, |i, j| {
-                let d = steps[j].inv_rho * ws[i * k + j];
+            lane_sums(ws, k, p, |w, j| {
+                let d = steps[j].inv_rho * w;
                 d * d
             });
             if let Some(vr) = var {
@@ -372,13 +375,35 @@ enum Classes<'a> {
 }
 
 impl Product<'_> {
-    /// The rows `r0..` of the product into `out` (their k values each), member groups of up to
-    /// [`GROUP`].
+    /// The rows `r0..` of the product into `out` (their k values each): with AVX2 where the CPU
+    /// has it (four members per instruction; the same sums: IEEE products and sums element by
+    /// element, never fused), else SSE2.
     fn rows(&self, r0: usize, out: &mut [f64]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { self.rows_avx2(r0, out) };
+            return;
+        }
+        self.rows_any(r0, out)
+    }
+
+    /// [`Self::rows`] compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, r0: usize, out: &mut [f64]) {
+        self.rows_any(r0, out)
+    }
+
+    /// The rows in member groups of up to [`GROUP`].
+    #[inline(always)]
+    fn rows_any(&self, r0: usize, out: &mut [f64]) {
         let k = self.k;
+        // one group up to GROUP members (its lanes fit AVX2's registers), else groups of 8
+        let most = if k <= GROUP { GROUP } else { 8 };
         let mut j0 = 0;
         while j0 < k {
-            let g = (k - j0).min(GROUP);
+            let g = (k - j0).min(most);
             match g {
                 1 => self.group::<1>(r0, j0, out),
                 2 => self.group::<2>(r0, j0, out),
@@ -387,12 +412,17 @@ impl Product<'_> {
                 5 => self.group::<5>(r0, j0, out),
                 6 => self.group::<6>(r0, j0, out),
                 7 => self.group::<7>(r0, j0, out),
-                _ => self.group::<8>(r0, j0, out),
+                8 => self.group::<8>(r0, j0, out),
+                9 => self.group::<9>(r0, j0, out),
+                10 => self.group::<10>(r0, j0, out),
+                11 => self.group::<11>(r0, j0, out),
+                _ => self.group::<12>(r0, j0, out),
             }
             j0 += g;
         }
     }
 
+    #[inline(always)]
     fn group<const W: usize>(&self, r0: usize, j0: usize, out: &mut [f64]) {
         let (k, alpha) = (self.k, self.alpha);
         let fac = factors::<W>(self.w, j0);
@@ -422,7 +452,8 @@ impl Product<'_> {
     /// The sums of entries s..e for W members: term t of the row into lane t % 4, the lanes
     /// added as `(l0 + l1) + (l2 + l3)` ([`crate::sparse::Lanes`]). Weighted terms are
     /// `(a w_j) x_j`: with entry classes the factor is 1 (exact) or w_j by entry; without, all
-    /// entries of a weighted row take w_j (`fac[1]`).
+    /// entries of a weighted row take w_j (`fac[1]`). The lanes are four local arrays indexed
+    /// by constants only, so they stay in registers.
     #[inline(always)]
     fn sums<const W: usize, const WEIGHTED: bool>(
         &self,
@@ -433,40 +464,53 @@ impl Product<'_> {
         entry_class: Option<&[u8]>,
     ) -> [f64; W] {
         let (k, x, cols, vals) = (self.k, self.x, self.cols, self.vals);
-        let mut l = [[0.0f64; W]; 4];
-        let term = |p: usize, lane: &mut [f64; W]| {
-            let a = vals[p];
-            let base = cols[p] as usize * k + j0;
-            let xs: &[f64; W] = x[base..base + W].try_into().expect("W values");
+        debug_assert!(e <= cols.len() && e <= vals.len());
+        #[inline(always)]
+        fn add<const W: usize>(lane: &mut [f64; W], t: [f64; W]) {
+            for j in 0..W {
+                lane[j] += t[j];
+            }
+        }
+        let term = |p: usize| -> [f64; W] {
+            // SAFETY: p < e <= nnz (the rows' offsets are a Csr's); a Csr's columns are < its
+            // ncols, and `product` checked that x has ncols rows of k values, j0 + W <= k.
+            let (a, xs) = unsafe {
+                let c = *cols.get_unchecked(p) as usize;
+                debug_assert!((c + 1) * k <= x.len() && j0 + W <= k);
+                let xs: &[f64; W] = &*(x.as_ptr().add(c * k + j0) as *const [f64; W]);
+                (*vals.get_unchecked(p), xs)
+            };
             if WEIGHTED {
                 let f = match entry_class {
-                    Some(c) => &fac[usize::from(c[p] != 0)],
+                    // SAFETY: entry classes have one per entry (made with the matrix).
+                    Some(c) => &fac[usize::from(unsafe { *c.get_unchecked(p) } != 0)],
                     None => &fac[1],
                 };
-                for j in 0..W {
-                    lane[j] += (a * f[j]) * xs[j];
-                }
+                std::array::from_fn(|j| (a * f[j]) * xs[j])
             } else {
-                for j in 0..W {
-                    lane[j] += a * xs[j];
-                }
+                std::array::from_fn(|j| a * xs[j])
             }
         };
+        let (mut l0, mut l1, mut l2, mut l3) = ([0.0f64; W], [0.0f64; W], [0.0f64; W], [0.0f64; W]);
+        let n4 = s + ((e - s) & !3);
         let mut p = s;
-        while p + 4 <= e {
-            term(p, &mut l[0]);
-            term(p + 1, &mut l[1]);
-            term(p + 2, &mut l[2]);
-            term(p + 3, &mut l[3]);
+        while p < n4 {
+            add(&mut l0, term(p));
+            add(&mut l1, term(p + 1));
+            add(&mut l2, term(p + 2));
+            add(&mut l3, term(p + 3));
             p += 4;
         }
-        let mut lane = 0;
-        while p < e {
-            term(p, &mut l[lane]);
-            lane += 1;
-            p += 1;
+        if n4 < e {
+            add(&mut l0, term(n4));
         }
-        std::array::from_fn(|j| (l[0][j] + l[1][j]) + (l[2][j] + l[3][j]))
+        if n4 + 1 < e {
+            add(&mut l1, term(n4 + 1));
+        }
+        if n4 + 2 < e {
+            add(&mut l2, term(n4 + 2));
+        }
+        std::array::from_fn(|j| (l0[j] + l1[j]) + (l2[j] + l3[j]))
     }
 
     /// All rows, split across rayon's threads by entries.
@@ -535,6 +579,20 @@ impl BlockOperator<CpuBackend> for CpuBlockOperator {
     }
     fn has_weighted_rows(&self) -> bool {
         self.row_class.is_some()
+    }
+    fn member_matrix(&self, w: f64) -> Csr {
+        let mut a = self.a.clone();
+        if let Some(c) = &self.row_class {
+            let ptr = self.a.indptr().to_vec();
+            let vals = a.data_mut();
+            for (r, &cl) in c.iter().enumerate() {
+                if cl != 0 {
+                    let seg = &mut vals[ptr[r] as usize..ptr[r + 1] as usize];
+                    seg.iter_mut().for_each(|v| *v *= w);
+                }
+            }
+        }
+        a
     }
     fn apply_block(
         &self,
