@@ -83,7 +83,7 @@ pub struct Report {
     /// The regularisation weight chosen from several tried (`lcurve`; `invert` with `[solver]
     /// weight = "lcurve" | "gcv" | "discrepancy"`): every rule's choice and the one used.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub weight_choice: Option<crate::model::lcurve::WeightChoice>,
+    pub weight_choice: Option<crate::model::weight::WeightChoice>,
 }
 
 /// Everything a run produced.

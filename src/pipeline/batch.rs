@@ -8,16 +8,18 @@ use std::time::Instant;
 
 use crate::backend::batch::{BatchBackend, BlockOperator};
 use crate::backend::storage::Storage;
+use crate::backend::storage::StoredMatrix;
+use crate::backend::{Backend, Operator};
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::report::{Calibration, Outcome, Report, ReportHeader, Seconds};
-use crate::pipeline::operators::{choose_backend, BatchVisitor, Engine};
+use crate::pipeline::operators::{choose_backend, BatchVisitor, Engine, LsqrVisitor};
 use crate::pipeline::options::{BackendChoice, SolveOptions};
 use crate::pipeline::prepare::{prepare, Unmap};
 use crate::pipeline::solve::layout_for;
 pub use crate::solver::lsqr_batch::Member;
-use crate::solver::lsqr_batch::{lsqr_batch, MemberResult};
+use crate::solver::lsqr_batch::{lsqr_batch_handoff, resume, Handover, MemberEnd, MemberResult};
 use crate::solver::{LsqMethod, LsqrParams};
 use crate::sparse::{Csr, System};
 
@@ -111,6 +113,8 @@ pub fn solve_batch(
         params: &opts.params,
         unmap: &p.unmap,
         comm,
+        engine: &engine,
+        spec: &opts.operator,
         facts: Facts {
             m: p.m,
             n,
@@ -141,6 +145,9 @@ struct Run<'a, 'f> {
     params: &'a LsqrParams,
     unmap: &'a Unmap,
     comm: &'a dyn Comm,
+    /// The engine (the single solver's operators for handed-over members).
+    engine: &'a Engine,
+    spec: &'a crate::pipeline::options::OperatorSpec,
     facts: Facts<'a>,
     finished: &'f mut (dyn FnMut(usize, Outcome) + Send),
 }
@@ -159,6 +166,8 @@ impl BatchVisitor for Run<'_, '_> {
             params,
             unmap,
             comm,
+            engine,
+            spec,
             facts,
             finished,
             ..
@@ -185,8 +194,47 @@ impl BatchVisitor for Run<'_, '_> {
                 },
             );
         };
-        lsqr_batch(be, op, comm, &refs, members, params, &mut each)?;
+        let ends = lsqr_batch_handoff(be, op, comm, (&refs, members), params, HANDOFF, &mut each)?;
+        for (j, end) in ends.into_iter().enumerate() {
+            if let MemberEnd::Handed(h) = end {
+                let p = LsqrParams {
+                    damp: members[j].damp,
+                    ..params.clone()
+                };
+                let rows = StoredMatrix {
+                    rows: op.member_matrix(members[j].weight),
+                    stencil: None,
+                    storage: Storage::Csr,
+                };
+                let v = Resume {
+                    h: *h,
+                    params: &p,
+                    comm,
+                };
+                let (r, _) = engine.lsqr(spec, comm, rows, false, v)?;
+                each(j, &r);
+            }
+        }
         Ok(())
+    }
+}
+
+/// Members left in a batch that go on alone: measured on australia (2 cores), a batch of one
+/// or two costs more than their single solves (the single products' loops for runs of equal
+/// short rows), from three on less.
+const HANDOFF: usize = 2;
+
+/// A handed-over member on the single solver's operator.
+struct Resume<'a> {
+    h: Handover,
+    params: &'a LsqrParams,
+    comm: &'a dyn Comm,
+}
+
+impl LsqrVisitor for Resume<'_> {
+    type Output = MemberResult;
+    fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<MemberResult> {
+        resume(be, op, self.comm, self.h, self.params)
     }
 }
 

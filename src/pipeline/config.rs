@@ -146,6 +146,8 @@ pub struct WeightSettings {
     pub tau: f64,
     /// Random probes per weight for GCV's trace (0: no GCV).
     pub gcv_probes: usize,
+    /// The choice made by `invert` before its solve (report.json `weight_choice`).
+    pub chosen: Option<crate::model::lcurve::WeightChoice>,
 }
 
 impl Default for WeightSettings {
@@ -156,6 +158,7 @@ impl Default for WeightSettings {
             noise: None,
             tau: 1.0,
             gcv_probes: 1,
+            chosen: None,
         }
     }
 }

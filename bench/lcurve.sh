@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The L-curve in one batch against one solve per weight (docs/performance.md, "L-curve in one
+# batch"): `seistomo lcurve` on australia ([G; w R], tol 1e-8, configs/australia-model.toml),
+# batched and with --separate, on the CPU. From the repository root:
+#
+#   bash bench/lcurve.sh [BIN] [RANGE ...]    BIN default target/release/seistomo,
+#                                             RANGE default 1e-4:1:11 (FROM:TO:COUNT)
+#
+# For each range: the wall time of each mode (best of REPS runs, default 1), their ratio, and a
+# check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
+# the same iterations, istop and corner). PROBES (default 0) sets [solver] gcv_probes: 0 times
+# the L-curve alone, 1 adds GCV's probes (twice the solves, in both modes). THREADS sets
+# --threads through the config's [backend] threads.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-target/release/seistomo}
+shift || true
+RANGES=("$@")
+[ ${#RANGES[@]} -eq 0 ] && RANGES=(1e-4:1:11)
+reps=${REPS:-1}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+root=$(pwd)
+cfg="$OUT/australia-lcurve.toml"
+sed -e "s#\.\./datasets#$root/datasets#g" -e "s#\"\.\./out/australia-model\"#\"$OUT/out\"#" \
+  -e "s#^\[solver\]#[solver]\ngcv_probes = ${PROBES:-0}#" configs/australia-model.toml > "$cfg"
+if [ -n "${THREADS:-}" ]; then printf '\n[backend]\nthreads = %s\n' "$THREADS" >> "$cfg"; fi
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}"
+echo "| range | batched s | separate s | ratio | iterations (min-max, sum) | same curve |"
+echo "|---|---|---|---|---|---|"
+for range in "${RANGES[@]}"; do
+  declare -A best=()
+  for mode in batch separate; do
+    flag=""; [ "$mode" = separate ] && flag="--separate"
+    for i in $(seq "$reps"); do
+      t0=$(date +%s.%N)
+      "$BIN" lcurve "$cfg" --log-range "$range" $flag -o "$OUT/$mode" 2> "$OUT/$mode.log"
+      t=$(echo "$(date +%s.%N) - $t0" | bc -l)
+      if [ -z "${best[$mode]:-}" ] || (( $(echo "$t < ${best[$mode]}" | bc -l) )); then best[$mode]=$t; fi
+    done
+  done
+  python3 - "$OUT" "$range" "${best[batch]}" "${best[separate]}" <<'PY'
+import csv, sys
+d, rng, tb, ts = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+rows = {m: list(csv.DictReader(open(f"{d}/{m}/lcurve.csv"))) for m in ("batch", "separate")}
+same = len(rows["batch"]) == len(rows["separate"])
+for a, b in zip(rows["batch"], rows["separate"]):
+    for k in ("residual_norm", "model_norm"):
+        x, y = float(a[k]), float(b[k])
+        same &= abs(x - y) <= 1e-10 * abs(y)
+    same &= all(a[k] == b[k] for k in ("iterations", "istop", "corner"))
+its = [int(r["iterations"]) for r in rows["batch"]]
+print(f"| {rng} | {tb:.2f} | {ts:.2f} | {tb / ts:.3f} | {min(its)}-{max(its)}, {sum(its)} | {'yes' if same else 'NO'} |")
+PY
+  unset best
+done
