@@ -6,8 +6,9 @@
 #   bash bench/lcurve.sh [BIN] [RANGE ...]    BIN default target/release/seistomo,
 #                                             RANGE default 1e-4:1:11 (FROM:TO:COUNT)
 #
-# For each range: the wall time of each mode (best of REPS runs, default 1), their ratio, and a
-# check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
+# For each range: the wall time of each mode (best of REPS runs, default 1; the data's load,
+# about 0.2 s, is in both), their ratio, the ratio of the solves alone (`solved in` of the
+# best runs: the sweep without the load), and a check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
 # the same iterations, istop and corner). PROBES (default 0) sets [solver] gcv_probes: 0 times
 # the L-curve alone, 1 adds GCV's probes (twice the solves, in both modes). THREADS sets
 # --threads through the config's [backend] threads.
@@ -27,22 +28,26 @@ sed -e "s#\.\./datasets#$root/datasets#g" -e "s#\"\.\./out/australia-model\"#\"$
 if [ -n "${THREADS:-}" ]; then printf '\n[backend]\nthreads = %s\n' "$THREADS" >> "$cfg"; fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}"
-echo "| range | batched s | separate s | ratio | iterations (min-max, sum) | same curve |"
-echo "|---|---|---|---|---|---|"
+echo "| range | batched s | separate s | ratio | solves alone: batched s, separate s, ratio | iterations (min-max, sum) | same curve |"
+echo "|---|---|---|---|---|---|---|"
 for range in "${RANGES[@]}"; do
-  declare -A best=()
-  for mode in batch separate; do
-    flag=""; [ "$mode" = separate ] && flag="--separate"
-    for i in $(seq "$reps"); do
+  declare -A best=() solved=()
+  for i in $(seq "$reps"); do   # the modes alternate: a shared machine's load hits both alike
+    for mode in batch separate; do
+      flag=""; [ "$mode" = separate ] && flag="--separate"
       t0=$(date +%s.%N)
       "$BIN" lcurve "$cfg" --log-range "$range" $flag -o "$OUT/$mode" 2> "$OUT/$mode.log"
       t=$(echo "$(date +%s.%N) - $t0" | bc -l)
-      if [ -z "${best[$mode]:-}" ] || (( $(echo "$t < ${best[$mode]}" | bc -l) )); then best[$mode]=$t; fi
+      if [ -z "${best[$mode]:-}" ] || (( $(echo "$t < ${best[$mode]}" | bc -l) )); then
+        best[$mode]=$t
+        solved[$mode]=$(sed -n 's/^solved in \([0-9.]*\) s$/\1/p' "$OUT/$mode.log")
+      fi
     done
   done
-  python3 - "$OUT" "$range" "${best[batch]}" "${best[separate]}" <<'PY'
+  python3 - "$OUT" "$range" "${best[batch]}" "${best[separate]}" "${solved[batch]}" "${solved[separate]}" <<'PY'
 import csv, sys
-d, rng, tb, ts = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+d, rng = sys.argv[1], sys.argv[2]
+tb, ts, sb, ss = (float(v) for v in sys.argv[3:7])
 rows = {m: list(csv.DictReader(open(f"{d}/{m}/lcurve.csv"))) for m in ("batch", "separate")}
 same = len(rows["batch"]) == len(rows["separate"])
 for a, b in zip(rows["batch"], rows["separate"]):
@@ -51,7 +56,7 @@ for a, b in zip(rows["batch"], rows["separate"]):
         same &= abs(x - y) <= 1e-10 * abs(y)
     same &= all(a[k] == b[k] for k in ("iterations", "istop", "corner"))
 its = [int(r["iterations"]) for r in rows["batch"]]
-print(f"| {rng} | {tb:.2f} | {ts:.2f} | {tb / ts:.3f} | {min(its)}-{max(its)}, {sum(its)} | {'yes' if same else 'NO'} |")
+print(f"| {rng} | {tb:.2f} | {ts:.2f} | {tb / ts:.3f} | {sb:.2f}, {ss:.2f}, {sb / ss:.3f} | {min(its)}-{max(its)}, {sum(its)} | {'yes' if same else 'NO'} |")
 PY
-  unset best
+  unset best solved
 done

@@ -65,7 +65,6 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             ", one batch"
         }
     );
-    let t = std::time::Instant::now();
     let (curve, files) = lcurve(&cfg, &weights, &out, a.separate, |i, p| {
         eprintln!(
             "  {what} {:.4e}: ||Gm-d|| {:.6e}  {} {:.6e}  ({} its, istop {})",
@@ -87,7 +86,7 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             );
         }
     })?;
-    eprintln!("solved in {:.2} s", t.elapsed().as_secs_f64());
+    eprintln!("solved in {:.2} s", curve.seconds);
     let (pts, c, ch) = (&curve.points, curve.corner, &curve.choice);
     let unconverged = pts.iter().filter(|p| p.outcome.report.istop == 7).count();
     if unconverged > 0 {

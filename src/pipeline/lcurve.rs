@@ -52,6 +52,8 @@ pub struct Curve {
     pub points: Vec<LPoint>,
     pub corner: Option<usize>,
     pub choice: WeightChoice,
+    /// Seconds of the solves (set-up included, the data's load not).
+    pub seconds: f64,
 }
 
 /// The seed of GCV's probes (the same probes for every weight: GCV's curve is smooth in w).
@@ -132,6 +134,7 @@ impl Sweep {
         mode: SweepMode,
         mut each: impl FnMut(usize, &LPoint) + Send,
     ) -> Result<Curve> {
+        let started = std::time::Instant::now();
         let p = mode.gcv_probes;
         let per = 1 + p;
         let member = |w: f64| match &self.r {
@@ -192,7 +195,9 @@ impl Sweep {
             .map(|p| p.ok_or_else(|| Error::Invalid("lcurve: a weight has no solution".into())))
             .collect::<Result<_>>()?;
         self.fill_gcv(&mut pts, &probes, &probe_x, per);
-        Ok(self.choose(pts, weights, mode))
+        let mut c = self.choose(pts, weights, mode);
+        c.seconds = started.elapsed().as_secs_f64();
+        Ok(c)
     }
 
     /// Each point's trace estimate (1/p sum_q z_q^T G x_q, x_q the solve of [z_q; 0]) and GCV.
@@ -253,6 +258,7 @@ impl Sweep {
             points: pts,
             corner: c,
             choice,
+            seconds: 0.0,
         }
     }
 }

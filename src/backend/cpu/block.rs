@@ -54,20 +54,26 @@ fn check_shape(what: &str, x: &CpuBlock, rows: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
-/// `lane_sum` of `term(row i, j)` over the rows of one chunk (`d`: rows of k values) for every
-/// member j at once: out[j] is bitwise `lane_sum(rows, |i| term(d[i * k + j], j))`. Row i goes
-/// into lane i % 8, the lanes combined as `lane_sum` does; the inner loops run over a row's k
-/// contiguous values.
+/// `f` (one value per member) repeated for 8 rows: the factors of a flat loop over 8 rows of a
+/// block, so per-member kernels run as long loops over contiguous values.
+fn rep8(f: &[f64]) -> Vec<f64> {
+    (0..8 * f.len()).map(|i| f[i % f.len()]).collect()
+}
+
+/// `lane_sum` of `term(value, fac[j])` over the rows of one chunk (`d`: rows of k values) for
+/// every member j at once: out[j] is bitwise `lane_sum(rows, |i| term(d[i * k + j], fac[j]))`.
+/// Row i goes into lane i % 8, the lanes combined as `lane_sum` does; 8 rows are one flat
+/// loop (lane l of member j at l k + j).
 #[inline(always)]
-fn lane_sums(d: &[f64], k: usize, out: &mut [f64], term: impl Fn(f64, usize) -> f64) {
+fn lane_sums(d: &[f64], fac: &[f64], out: &mut [f64], term: impl Fn(f64, f64) -> f64) {
+    let k = fac.len();
     let rows = d.len() / k;
+    let rep = rep8(fac);
     let mut acc = vec![0.0f64; 8 * k];
     let n8 = rows - rows % 8;
     for block in d[..n8 * k].chunks_exact(8 * k) {
-        for (a, row) in acc.chunks_exact_mut(k).zip(block.chunks_exact(k)) {
-            for (j, (aj, &v)) in a.iter_mut().zip(row).enumerate() {
-                *aj += term(v, j);
-            }
+        for ((a, &v), &f) in acc.iter_mut().zip(block).zip(&rep) {
+            *a += term(v, f);
         }
     }
     for (j, o) in out.iter_mut().enumerate() {
@@ -76,8 +82,8 @@ fn lane_sums(d: &[f64], k: usize, out: &mut [f64], term: impl Fn(f64, usize) -> 
         *o = (p[0] + p[2]) + (p[1] + p[3]);
     }
     for row in d[n8 * k..].chunks_exact(k) {
-        for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
-            *o += term(v, j);
+        for ((o, &v), &f) in out.iter_mut().zip(row).zip(fac) {
+            *o += term(v, f);
         }
     }
 }
@@ -182,10 +188,11 @@ impl BatchBackend for CpuBackend {
         if out.len() != k || factor.is_some_and(|f| f.len() != k) {
             return Err(Error::Invalid("block norms: one value per column".into()));
         }
+        let ones = vec![1.0; k];
         chunked_sums(x.rows, k, &x.data, out, |d, p| match factor {
-            None => lane_sums(d, k, p, |v, _| v * v),
-            Some(f) => lane_sums(d, k, p, |v, j| {
-                let v = v * f[j];
+            None => lane_sums(d, &ones, p, |v, _| v * v),
+            Some(f) => lane_sums(d, f, p, |v, f| {
+                let v = v * f;
                 v * v
             }),
         });
@@ -197,9 +204,10 @@ impl BatchBackend for CpuBackend {
             return Err(Error::Invalid("block scale: one value per column".into()));
         }
         if k > 0 {
+            let rep = rep8(a);
             par_rows(x, |d| {
-                for r in d.chunks_exact_mut(k) {
-                    r.iter_mut().zip(a).for_each(|(v, &s)| *v *= s);
+                for r in d.chunks_mut(8 * k) {
+                    r.iter_mut().zip(&rep).for_each(|(v, &s)| *v *= s);
                 }
             });
         }
@@ -215,12 +223,13 @@ impl BatchBackend for CpuBackend {
             return Ok(());
         }
         let per = CHUNK * k;
+        let rep = rep8(b);
         y.data
             .par_chunks_mut(per)
             .zip(x.data.par_chunks(per))
             .for_each(|(ys, xs)| {
-                for (yr, xr) in ys.chunks_exact_mut(k).zip(xs.chunks_exact(k)) {
-                    for ((yi, &xi), &bj) in yr.iter_mut().zip(xr).zip(b) {
+                for (yr, xr) in ys.chunks_mut(8 * k).zip(xs.chunks(8 * k)) {
+                    for ((yi, &xi), &bj) in yr.iter_mut().zip(xr).zip(&rep) {
                         *yi = a * xi + bj * *yi;
                     }
                 }
@@ -262,26 +271,30 @@ impl BatchBackend for CpuBackend {
             .zip(vars)
             .zip(parts.chunks_mut(k))
             .collect();
+        let inv_rho: Vec<f64> = steps.iter().map(|st| st.inv_rho).collect();
+        let (r_inv, r_t1, r_t2) = (
+            rep8(&inv_rho),
+            rep8(&steps.iter().map(|st| st.t1).collect::<Vec<_>>()),
+            rep8(&steps.iter().map(|st| st.t2).collect::<Vec<_>>()),
+        );
         let one = |((((ws, xs), vs), var), p): UpdateJob<'_>| {
             // ||dk||^2 = ||w / rho||^2 of the old w, in lanes (as `lsqr_update`).
-            lane_sums(ws, k, p, |w, j| {
-                let d = steps[j].inv_rho * w;
-                d * d
-            });
+            lane_sums(ws, &inv_rho, p, |w, f| (f * w) * (f * w));
             if let Some(vr) = var {
-                for (vrow, wrow) in vr.chunks_exact_mut(k).zip(ws.chunks_exact(k)) {
-                    for ((vi, &wi), st) in vrow.iter_mut().zip(wrow).zip(steps) {
-                        let dk = st.inv_rho * wi;
+                for (vb, wb) in vr.chunks_mut(8 * k).zip(ws.chunks(8 * k)) {
+                    for ((vi, &wi), &f) in vb.iter_mut().zip(wb).zip(&r_inv) {
+                        let dk = f * wi;
                         *vi += dk * dk;
                     }
                 }
             }
-            let rows = xs.chunks_exact_mut(k).zip(ws.chunks_exact_mut(k));
-            for ((xrow, wrow), vrow) in rows.zip(vs.chunks_exact(k)) {
-                for (((xi, wi), &vi), st) in xrow.iter_mut().zip(wrow).zip(vrow).zip(steps) {
+            let blocks = xs.chunks_mut(8 * k).zip(ws.chunks_mut(8 * k));
+            for ((xb, wb), vb) in blocks.zip(vs.chunks(8 * k)) {
+                let it = xb.iter_mut().zip(wb.iter_mut()).zip(vb);
+                for ((((xi, wi), &vi), &t1), &t2) in it.zip(&r_t1).zip(&r_t2) {
                     let w0 = *wi;
-                    *xi += st.t1 * w0;
-                    *wi = vi + st.t2 * w0;
+                    *xi += t1 * w0;
+                    *wi = vi + t2 * w0;
                 }
             }
         };
@@ -399,11 +412,12 @@ impl Product<'_> {
     #[inline(always)]
     fn rows_any(&self, r0: usize, out: &mut [f64]) {
         let k = self.k;
-        // one group up to GROUP members (its lanes fit AVX2's registers), else groups of 8
-        let most = if k <= GROUP { GROUP } else { 8 };
+        // groups of at most GROUP members (their lanes stay in AVX2's registers), as equal as
+        // can be (11 members: 6 + 5)
+        let groups = k.div_ceil(GROUP);
         let mut j0 = 0;
-        while j0 < k {
-            let g = (k - j0).min(most);
+        for gi in 0..groups {
+            let g = k / groups + usize::from(gi < k % groups);
             match g {
                 1 => self.group::<1>(r0, j0, out),
                 2 => self.group::<2>(r0, j0, out),
@@ -420,6 +434,7 @@ impl Product<'_> {
             }
             j0 += g;
         }
+        debug_assert_eq!(j0, k);
     }
 
     #[inline(always)]
@@ -431,12 +446,12 @@ impl Product<'_> {
             let r = r0 + i;
             let (s, e) = (self.ptr[r] as usize, self.ptr[r + 1] as usize);
             let sums = match self.class {
-                Classes::None => self.sums::<W, false>(s, e, j0, &fac, None),
+                Classes::None => self.sums::<W, false>((s, e), j0, &fac, None),
                 Classes::Rows(c) => match c[r] {
-                    0 => self.sums::<W, false>(s, e, j0, &fac, None),
-                    _ => self.sums::<W, true>(s, e, j0, &fac, None),
+                    0 => self.sums::<W, false>((s, e), j0, &fac, None),
+                    _ => self.sums::<W, true>((s, e), j0, &fac, None),
                 },
-                Classes::Entries(c) => self.sums::<W, true>(s, e, j0, &fac, Some(c)),
+                Classes::Entries(c) => self.sums::<W, true>((s, e), j0, &fac, Some(c)),
             };
             let o = &mut orow[j0..j0 + W];
             for j in 0..W {
@@ -449,48 +464,72 @@ impl Product<'_> {
         }
     }
 
-    /// The sums of entries s..e for W members: term t of the row into lane t % 4, the lanes
-    /// added as `(l0 + l1) + (l2 + l3)` ([`crate::sparse::Lanes`]). Weighted terms are
-    /// `(a w_j) x_j`: with entry classes the factor is 1 (exact) or w_j by entry; without, all
-    /// entries of a weighted row take w_j (`fac[1]`). The lanes are four local arrays indexed
-    /// by constants only, so they stay in registers.
+    /// Term p (an entry) for W members: `a x_j`, or `(a w_j) x_j` where weighted: with entry
+    /// classes the factor is 1 (exact) or w_j by entry; without, w_j (`fac[1]`: all entries of
+    /// a weighted row).
     #[inline(always)]
-    fn sums<const W: usize, const WEIGHTED: bool>(
+    fn term<const W: usize, const WEIGHTED: bool>(
         &self,
-        s: usize,
-        e: usize,
+        p: usize,
         j0: usize,
         fac: &[[f64; W]; 2],
         entry_class: Option<&[u8]>,
     ) -> [f64; W] {
-        let (k, x, cols, vals) = (self.k, self.x, self.cols, self.vals);
-        debug_assert!(e <= cols.len() && e <= vals.len());
+        let (k, x) = (self.k, self.x);
+        // SAFETY: p < nnz (the rows' offsets are a Csr's); a Csr's columns are < its ncols,
+        // and `product` checked that x has ncols rows of k values, j0 + W <= k.
+        let (a, xs) = unsafe {
+            let c = *self.cols.get_unchecked(p) as usize;
+            debug_assert!((c + 1) * k <= x.len() && j0 + W <= k);
+            let xs: &[f64; W] = &*(x.as_ptr().add(c * k + j0) as *const [f64; W]);
+            (*self.vals.get_unchecked(p), xs)
+        };
+        if WEIGHTED {
+            let f = match entry_class {
+                // SAFETY: entry classes have one per entry (made with the matrix).
+                Some(c) => &fac[usize::from(unsafe { *c.get_unchecked(p) } != 0)],
+                None => &fac[1],
+            };
+            std::array::from_fn(|j| (a * f[j]) * xs[j])
+        } else {
+            std::array::from_fn(|j| a * xs[j])
+        }
+    }
+
+    /// The sums of entries s..e for W members: term t of the row into lane t % 4, the lanes
+    /// added as `(l0 + l1) + (l2 + l3)` ([`crate::sparse::Lanes`]). The lanes are four local
+    /// arrays indexed by constants only, so they stay in registers. Rows of 1 to 4 entries sum
+    /// as [`crate::sparse::Lanes::sum_fixed`] writes them out (bitwise the lanes' sums).
+    #[inline(always)]
+    fn sums<const W: usize, const WEIGHTED: bool>(
+        &self,
+        (s, e): (usize, usize),
+        j0: usize,
+        fac: &[[f64; W]; 2],
+        entry_class: Option<&[u8]>,
+    ) -> [f64; W] {
+        debug_assert!(e <= self.cols.len() && e <= self.vals.len());
+        let term = |p: usize| self.term::<W, WEIGHTED>(p, j0, fac, entry_class);
+        let zero_plus = |t: [f64; W]| -> [f64; W] { std::array::from_fn(|j| 0.0 + t[j]) };
+        let plus = |a: [f64; W], t: [f64; W]| -> [f64; W] { std::array::from_fn(|j| a[j] + t[j]) };
+        match e - s {
+            0 => return [0.0; W],
+            1 => return zero_plus(term(s)),
+            2 => return plus(zero_plus(term(s)), term(s + 1)),
+            3 => return plus(plus(zero_plus(term(s)), term(s + 1)), term(s + 2)),
+            4 => {
+                let a = plus(zero_plus(term(s)), term(s + 1));
+                let b = plus(zero_plus(term(s + 2)), term(s + 3));
+                return plus(a, b);
+            }
+            _ => {}
+        }
         #[inline(always)]
         fn add<const W: usize>(lane: &mut [f64; W], t: [f64; W]) {
             for j in 0..W {
                 lane[j] += t[j];
             }
         }
-        let term = |p: usize| -> [f64; W] {
-            // SAFETY: p < e <= nnz (the rows' offsets are a Csr's); a Csr's columns are < its
-            // ncols, and `product` checked that x has ncols rows of k values, j0 + W <= k.
-            let (a, xs) = unsafe {
-                let c = *cols.get_unchecked(p) as usize;
-                debug_assert!((c + 1) * k <= x.len() && j0 + W <= k);
-                let xs: &[f64; W] = &*(x.as_ptr().add(c * k + j0) as *const [f64; W]);
-                (*vals.get_unchecked(p), xs)
-            };
-            if WEIGHTED {
-                let f = match entry_class {
-                    // SAFETY: entry classes have one per entry (made with the matrix).
-                    Some(c) => &fac[usize::from(unsafe { *c.get_unchecked(p) } != 0)],
-                    None => &fac[1],
-                };
-                std::array::from_fn(|j| (a * f[j]) * xs[j])
-            } else {
-                std::array::from_fn(|j| a * xs[j])
-            }
-        };
         let (mut l0, mut l1, mut l2, mut l3) = ([0.0f64; W], [0.0f64; W], [0.0f64; W], [0.0f64; W]);
         let n4 = s + ((e - s) & !3);
         let mut p = s;
@@ -735,7 +774,7 @@ mod tests {
         let a = a.select_rows(&perm);
         let flags: Vec<bool> = perm.iter().map(|&i| i >= g.nrows()).collect();
         let mut rng = crate::grid::Rng::new(9);
-        for k in [1usize, 5, 11] {
+        for k in [1usize, 5, 11, 13] {
             let w: Vec<f64> = (0..k).map(|j| 0.01 * (j as f64 + 1.0).powi(2)).collect();
             let op = CpuBlockOperator::new(a.clone(), Some(flags.clone())).unwrap();
             let xs: Vec<Vec<f64>> = (0..k)
