@@ -8,7 +8,8 @@
 #
 # For each range: the wall time of each mode (best of REPS runs, default 1; the data's load,
 # about 0.2 s, is in both), their ratio, the ratio of the solves alone (`solved in` of the
-# best runs: the sweep without the load), and a check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
+# best runs: the sweep without the load), the CPU seconds (user + sys, least of the runs: on a
+# shared machine steadier than the wall time), and a check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
 # the same iterations, istop and corner). PROBES (default 0) sets [solver] gcv_probes: 0 times
 # the L-curve alone, 1 adds GCV's probes (twice the solves, in both modes). THREADS sets
 # --threads through the config's [backend] threads.
@@ -28,26 +29,31 @@ sed -e "s#\.\./datasets#$root/datasets#g" -e "s#\"\.\./out/australia-model\"#\"$
 if [ -n "${THREADS:-}" ]; then printf '\n[backend]\nthreads = %s\n' "$THREADS" >> "$cfg"; fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}"
-echo "| range | batched s | separate s | ratio | solves alone: batched s, separate s, ratio | iterations (min-max, sum) | same curve |"
-echo "|---|---|---|---|---|---|---|"
+echo "| range | batched s | separate s | ratio | solves alone: batched s, separate s, ratio | CPU s (user + sys): batched, separate, ratio | iterations (min-max, sum) | same curve |"
+echo "|---|---|---|---|---|---|---|---|"
 for range in "${RANGES[@]}"; do
-  declare -A best=() solved=()
+  declare -A best=() solved=() cpus=()
   for i in $(seq "$reps"); do   # the modes alternate: a shared machine's load hits both alike
     for mode in batch separate; do
       flag=""; [ "$mode" = separate ] && flag="--separate"
       t0=$(date +%s.%N)
-      "$BIN" lcurve "$cfg" --log-range "$range" $flag -o "$OUT/$mode" 2> "$OUT/$mode.log"
+      cpu=$(python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=open(sys.argv[-1] + ".log", "w"))
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(r.ru_utime + r.ru_stime)' "$BIN" lcurve "$cfg" --log-range "$range" $flag -o "$OUT/$mode")
       t=$(echo "$(date +%s.%N) - $t0" | bc -l)
+      cpus[$mode]="${cpus[$mode]:-} $cpu"
       if [ -z "${best[$mode]:-}" ] || (( $(echo "$t < ${best[$mode]}" | bc -l) )); then
         best[$mode]=$t
         solved[$mode]=$(sed -n 's/^solved in \([0-9.]*\) s$/\1/p' "$OUT/$mode.log")
       fi
     done
   done
-  python3 - "$OUT" "$range" "${best[batch]}" "${best[separate]}" "${solved[batch]}" "${solved[separate]}" <<'PY'
+  python3 - "$OUT" "$range" "${best[batch]}" "${best[separate]}" "${solved[batch]}" "${solved[separate]}" "${cpus[batch]}" "${cpus[separate]}" <<'PY'
 import csv, sys
 d, rng = sys.argv[1], sys.argv[2]
 tb, ts, sb, ss = (float(v) for v in sys.argv[3:7])
+cb, cs = (min(float(v) for v in a.split()) for a in sys.argv[7:9])
 rows = {m: list(csv.DictReader(open(f"{d}/{m}/lcurve.csv"))) for m in ("batch", "separate")}
 same = len(rows["batch"]) == len(rows["separate"])
 for a, b in zip(rows["batch"], rows["separate"]):
@@ -56,7 +62,7 @@ for a, b in zip(rows["batch"], rows["separate"]):
         same &= abs(x - y) <= 1e-10 * abs(y)
     same &= all(a[k] == b[k] for k in ("iterations", "istop", "corner"))
 its = [int(r["iterations"]) for r in rows["batch"]]
-print(f"| {rng} | {tb:.2f} | {ts:.2f} | {tb / ts:.3f} | {sb:.2f}, {ss:.2f}, {sb / ss:.3f} | {min(its)}-{max(its)}, {sum(its)} | {'yes' if same else 'NO'} |")
+print(f"| {rng} | {tb:.2f} | {ts:.2f} | {tb / ts:.3f} | {sb:.2f}, {ss:.2f}, {sb / ss:.3f} | {cb:.2f}, {cs:.2f}, {cb / cs:.3f} | {min(its)}-{max(its)}, {sum(its)} | {'yes' if same else 'NO'} |")
 PY
-  unset best solved
+  unset best solved cpus
 done
