@@ -490,16 +490,21 @@ mod tests {
         let g = mtx::read_matrix(dir.join("G.mtx.gz")).unwrap();
         let d = mtx::read_vector(dir.join("d.txt")).unwrap();
         let r = mtx::read_matrix(dir.join("R.mtx.gz")).unwrap();
-        let sweep = Sweep { g, d, r: Some(r) };
+        let mut sweep = Sweep { g, d, r: Some(r) };
+        let iterations = |c: &Curve| -> std::collections::BTreeSet<usize> {
+            c.points
+                .iter()
+                .map(|p| p.outcome.report.iterations)
+                .collect()
+        };
         // weights about the corner (1e-3), whose solves stop at different iterations
         let c = same_curve(&sweep, &[3e-4, 1e-3, 3e-3, 1e-2], &opts(1e-6), 1);
-        let itn: std::collections::BTreeSet<usize> = c
-            .points
-            .iter()
-            .map(|p| p.outcome.report.iterations)
-            .collect();
-        assert!(itn.len() >= 3, "{itn:?}");
+        assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
         assert!(c.corner.is_some());
+        // G alone, the weight LSQR's damping
+        sweep.r = None;
+        let c = same_curve(&sweep, &[0.03, 0.1, 0.3, 1.0], &opts(1e-6), 0);
+        assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
     }
 
     /// A synthetic with known noise: G random, x smooth, d = G x + sigma e.
