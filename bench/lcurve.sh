@@ -26,9 +26,34 @@ root=$(pwd)
 cfg="$OUT/australia-lcurve.toml"
 sed -e "s#\.\./datasets#$root/datasets#g" -e "s#\"\.\./out/australia-model\"#\"$OUT/out\"#" \
   -e "s#^\[solver\]#[solver]\ngcv_probes = ${PROBES:-0}#" configs/australia-model.toml > "$cfg"
+if [ -n "${SYNTH:-}" ]; then
+  s="$OUT/synth"
+  rm -rf "$s" && mkdir -p "$s"
+  "$BIN" synth -q --grid 32,32,16 --rays 40000 --noise 0.01 --flattening 1,1,1 -o "$s/ds" > /dev/null 2>&1
+  "$BIN" export -q "$s/ds" --format mtx -o "$s/mtx" > /dev/null 2>&1
+  python3 - "$s" 40000 <<'PY'
+import sys
+d, kr = sys.argv[1], int(sys.argv[2])
+body = [l for l in open(f"{d}/mtx/A.mtx") if l.strip() and not l.startswith("%")]
+m, n, _ = map(int, body[0].split())
+g, r = [], []
+for l in body[1:]:
+    i, j, v = l.split()
+    (g if int(i) <= kr else r).append(f"{int(i) if int(i) <= kr else int(i) - kr} {j} {v}")
+for name, rows, ents in (("G", kr, g), ("R", m - kr, r)):
+    with open(f"{d}/{name}.mtx", "w") as f:
+        f.write(f"%%MatrixMarket matrix coordinate real general\n{rows} {n} {len(ents)}\n")
+        f.write("\n".join(ents) + "\n")
+b = [l.strip() for l in open(f"{d}/mtx/b.mtx") if l.strip() and not l.startswith("%")][1:]
+open(f"{d}/d.txt", "w").write("\n".join(b[:kr]) + "\n")
+PY
+  cfg="$s/lcurve.toml"
+  printf '[system]\nmatrix = "G.mtx"\nrhs = "d.txt"\nreg = "R.mtx"\n[solver]\natol = 1e-8\nbtol = 1e-8\ngcv_probes = %s\nnoise = 0.01\n[output]\ndir = "out"\n' "${PROBES:-0}" > "$cfg"
+fi
 if [ -n "${THREADS:-}" ]; then printf '\n[backend]\nthreads = %s\n' "$THREADS" >> "$cfg"; fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}"
+system=australia; [ -n "${SYNTH:-}" ] && system="synthetic 32x32x16, 40000 rays"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}   system: $system"
 echo "| range | batched s | separate s | ratio | solves alone: batched s, separate s, ratio | CPU s (user + sys): batched, separate, ratio | iterations (min-max, sum) | same curve |"
 echo "|---|---|---|---|---|---|---|---|"
 for range in "${RANGES[@]}"; do
