@@ -400,6 +400,67 @@ fn lcurve_on_australia_finds_a_corner() {
     assert!(c > 0 && c < 4 && rows[c][3] > 0.0, "{csv}");
     assert!(is_png(&out.join("lcurve.png")));
     assert!(out.join("model.h5").is_file() && out.join("report.json").is_file());
+    // every rule's choice in report.json (no noise level: no discrepancy weight); GCV's
+    // columns in the CSV
+    assert!(csv
+        .lines()
+        .next()
+        .unwrap()
+        .ends_with(",trace,gcv,gcv_min,misfit_over_noise"));
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let ch = &rep["weight_choice"];
+    assert_eq!(ch["corner"].as_f64(), Some(rows[c][0]), "{ch}");
+    let g = ch["gcv"].as_f64().unwrap();
+    assert!((1e-4..=1.0).contains(&g), "{ch}");
+    assert!(ch["discrepancy"].is_null() && ch["tried"].as_array().unwrap().len() == 5);
+}
+
+#[test]
+fn invert_picks_its_weight_by_rule() {
+    let dir = tmp("invert-rule");
+    let cfg = australia_config(&dir, "");
+    // ||G m - d|| is 9.7e-4 at w = 1e-2 and 1.25e-3 at 3.2e-2: aim at 1e-3 (sigma sqrt(m))
+    let sigma = 1e-3 / (15661f64).sqrt();
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[solver]\n",
+        &format!(
+            "[solver]\nweight = \"discrepancy\"\nweights = \"1e-3:1e-1:5\"\nnoise = {sigma:e}\n"
+        ),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (ok, err) = seistomo(&["invert", cfg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(err.contains("by discrepancy"), "{err}");
+    let rep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/report.json")).unwrap())
+            .unwrap();
+    let ch = &rep["weight_choice"];
+    assert_eq!(ch["rule"], "discrepancy", "{ch}");
+    let w = ch["weight"].as_f64().unwrap();
+    assert_eq!(ch["discrepancy"].as_f64(), Some(w));
+    assert!(w > 1e-2 && w < 3.2e-2, "{ch}");
+    assert!(
+        (ch["noise_norm"].as_f64().unwrap() - 1e-3).abs() < 1e-12,
+        "{ch}"
+    );
+    // a rule without weights to try, or discrepancy without a noise level, is refused
+    for (keys, words) in [
+        ("weight = \"gcv\"\n", "give at least 3"),
+        (
+            "weight = \"discrepancy\"\nweights = [0.1, 1, 10]\n",
+            "noise level",
+        ),
+        ("weight = \"best\"\nweights = [0.1, 1, 10]\n", "weight rule"),
+    ] {
+        let bad = dir.join("bad.toml");
+        let text = std::fs::read_to_string(australia_config(&dir, ""))
+            .unwrap()
+            .replace("[solver]\n", &format!("[solver]\n{keys}"));
+        std::fs::write(&bad, text).unwrap();
+        let (ok, err) = seistomo(&["invert", bad.to_str().unwrap()]);
+        assert!(!ok && err.contains(words), "{keys}: {err}");
+    }
 }
 
 #[test]

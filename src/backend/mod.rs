@@ -2,6 +2,7 @@
 //! for CUDA) and the vector kernels the solvers need; an [`Operator`] applies a matrix held by
 //! that backend. Solvers are written once over these two traits.
 
+pub mod batch;
 pub mod cpu;
 pub mod cuda;
 pub mod lsqr;

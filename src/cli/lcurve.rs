@@ -1,6 +1,7 @@
-//! `seistomo lcurve CONFIG --damping 0.001,0.01,0.1,1` (or `--log-range 1e-3:1:9`): one
-//! inversion per damping / regularisation weight, the data loaded once; writes lcurve.csv,
-//! lcurve.png, and the corner's model.h5 + report.json.
+//! `seistomo lcurve CONFIG --damping 0.001,0.01,0.1,1` (or `--log-range 1e-3:1:9`): every
+//! damping / regularisation weight solved in one batch (`--separate`: one inversion after
+//! another), the data loaded once; writes lcurve.csv, lcurve.png, and the corner's model.h5 +
+//! report.json; prints the corner, GCV's and the discrepancy principle's weights.
 
 use std::path::PathBuf;
 
@@ -22,6 +23,9 @@ pub struct LcurveArgs {
     /// FROM:TO:COUNT weights evenly spaced in log, e.g. 1e-3:1:9.
     #[arg(long)]
     log_range: Option<String>,
+    /// Solve the weights one after another instead of as one batch (the same curve; slower).
+    #[arg(long)]
+    separate: bool,
     /// Output directory (default: the config's output dir + /lcurve).
     #[arg(short = 'o', long, alias = "output")]
     out: Option<PathBuf>,
@@ -34,7 +38,8 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     let weights = match (&a.damping, &a.log_range) {
         (Some(d), None) => parse_list(d)?,
         (None, Some(r)) => parse_log_range(r)?,
-        _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT"),
+        (None, None) if !cfg.weight.weights.is_empty() => cfg.weight.weights.clone(),
+        _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT (or [solver] weights)"),
     };
     let out = match &a.out {
         Some(o) => o.clone(),
@@ -51,8 +56,16 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     } else {
         "damp"
     };
-    eprintln!("L-curve over {} values of {what}", weights.len());
-    let (pts, c, files) = lcurve(&cfg, &weights, &out, |i, p| {
+    eprintln!(
+        "L-curve over {} values of {what}{}",
+        weights.len(),
+        if a.separate {
+            ", one solve after another"
+        } else {
+            ", one batch"
+        }
+    );
+    let (curve, files) = lcurve(&cfg, &weights, &out, a.separate, |i, p| {
         eprintln!(
             "  {what} {:.4e}: ||Gm-d|| {:.6e}  {} {:.6e}  ({} its, istop {})",
             weights[i],
@@ -73,6 +86,8 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             );
         }
     })?;
+    eprintln!("solved in {:.2} s", curve.seconds);
+    let (pts, c, ch) = (&curve.points, curve.corner, &curve.choice);
     let unconverged = pts.iter().filter(|p| p.outcome.report.istop == 7).count();
     if unconverged > 0 {
         eprintln!(
@@ -94,6 +109,23 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             );
         }
         _ => eprintln!("no corner found (the curve has no left turn): widen the range"),
+    }
+    match ch.gcv {
+        Some(g) => eprintln!(
+            "gcv: {what} = {g:.6e} (minimum of GCV; trace by {} random probe(s) per weight)",
+            ch.gcv_probes
+        ),
+        None if ch.gcv_probes == 0 => eprintln!("gcv: off ([solver] gcv_probes = 0)"),
+        None => eprintln!("gcv: no minimum (no finite GCV value)"),
+    }
+    match (ch.discrepancy, ch.noise_norm) {
+        (Some(d), Some(t)) => {
+            eprintln!("discrepancy: {what} = {d:.6e} (||Gm-d|| = noise norm {t:.6e})")
+        }
+        (None, Some(t)) => eprintln!(
+            "discrepancy: no two tried weights bracket ||Gm-d|| = {t:.6e}: widen the range"
+        ),
+        _ => eprintln!("discrepancy: no noise level ([solver] noise = SIGMA)"),
     }
     Ok(())
 }

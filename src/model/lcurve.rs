@@ -1,11 +1,15 @@
 //! The L-curve: solve for a list of damping / regularisation weights, reusing the loaded data,
-//! and find the corner of log ||G m - d|| against log ||L m|| by maximum curvature.
+//! and choose one three ways: the corner of log ||G m - d|| against log ||L m|| by maximum
+//! curvature, the minimum of generalised cross-validation (GCV) and the discrepancy principle.
 //!
 //! With a regularisation matrix R in the config the swept weight is the weight w of the rows
 //! w R (L = R); without one it is LSQR's damping (L = I).
 
 use crate::error::{Error, Result};
 use crate::model::report::Outcome;
+pub use crate::model::weight::{
+    discrepancy_weight, gcv_minimum, gcv_value, WeightChoice, WeightRule,
+};
 
 /// One point of the L-curve.
 pub struct LPoint {
@@ -16,6 +20,10 @@ pub struct LPoint {
     pub model_norm: f64,
     /// Signed curvature of the log-log curve (NaN at the ends).
     pub curvature: f64,
+    /// The estimate of trace(H_w), H_w the influence matrix of the data rows (NaN: no GCV).
+    pub trace: f64,
+    /// GCV(w) = m ||G m - d||^2 / (m - trace)^2 (NaN: no GCV).
+    pub gcv: f64,
     pub outcome: Outcome,
 }
 

@@ -114,6 +114,10 @@ pub struct Report {
     /// The run id of the output set this report belongs to (src/io/publish.rs).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub run_id: String,
+    /// The regularisation weight chosen from several tried (`lcurve`; `invert` with `[solver]
+    /// weight = "lcurve" | "gcv" | "discrepancy"`): every rule's choice and the one used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_choice: Option<crate::model::weight::WeightChoice>,
 }
 
 /// Everything a run produced.

@@ -76,6 +76,16 @@ struct RawSolver {
     col_scale: Option<bool>,
     calc_var: Option<bool>,
     reorder: Option<String>,
+    /// `invert` picks its weight: "lcurve", "gcv" or "discrepancy".
+    weight: Option<toml::Value>,
+    /// The weights tried: a list, or "FROM:TO:COUNT" evenly spaced in log.
+    weights: Option<toml::Value>,
+    /// The data's noise level sigma (a number, in data units), or "whitened" (sigma = 1).
+    noise: Option<toml::Value>,
+    /// The discrepancy principle's safety factor tau (default 1).
+    noise_tau: Option<f64>,
+    /// Random probes per weight of GCV's trace estimate (default 1; 0: no GCV).
+    gcv_probes: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +130,131 @@ pub struct RunConfig {
     pub text: String,
     /// The model description ([model] table) and model/checkpoint outputs.
     pub model: crate::model::spec::ModelOutput,
+    /// How a weight is chosen from several (`[solver] weight`, `weights`, `noise`, ...).
+    pub weight: WeightSettings,
+}
+
+/// `[solver] weight`, `weights`, `noise`, `noise_tau`, `gcv_probes`: choosing the
+/// regularisation weight (`lcurve` reports every rule; `invert` uses `rule`).
+#[derive(Debug, Clone)]
+pub struct WeightSettings {
+    /// The rule `invert` picks its weight by (None: the config's weight).
+    pub rule: Option<crate::model::lcurve::WeightRule>,
+    /// The weights tried (`invert` with a rule; empty: none given).
+    pub weights: Vec<f64>,
+    /// The data's noise level sigma (None: not given; no discrepancy choice).
+    pub noise: Option<f64>,
+    /// The discrepancy principle's factor tau.
+    pub tau: f64,
+    /// Random probes per weight for GCV's trace (0: no GCV).
+    pub gcv_probes: usize,
+    /// The choice made by `invert` before its solve (report.json `weight_choice`).
+    pub chosen: Option<crate::model::lcurve::WeightChoice>,
+}
+
+impl Default for WeightSettings {
+    fn default() -> Self {
+        WeightSettings {
+            rule: None,
+            weights: Vec::new(),
+            noise: None,
+            tau: 1.0,
+            gcv_probes: 1,
+            chosen: None,
+        }
+    }
+}
+
+impl WeightSettings {
+    /// tau sqrt(m) sigma for `m` data (None without a noise level).
+    pub fn noise_norm(&self, m: usize) -> Option<f64> {
+        self.noise.map(|s| self.tau * (m as f64).sqrt() * s)
+    }
+}
+
+/// The most GCV probes per weight (each is a solve per weight).
+pub const MAX_GCV_PROBES: usize = 64;
+
+/// `[solver] weight`, `weights`, `noise`, `noise_tau`, `gcv_probes` -> [`WeightSettings`].
+fn weight_settings(s: &RawSolver, bad: &dyn Fn(String) -> Error) -> Result<WeightSettings> {
+    use crate::model::lcurve::{parse_log_range, WeightRule, MAX_POINTS};
+    let mut w = WeightSettings::default();
+    match &s.weight {
+        None => {}
+        Some(toml::Value::String(r)) => {
+            w.rule = Some(
+                r.parse::<WeightRule>()
+                    .map_err(|e| bad(format!("[solver] weight: {e}")))?,
+            )
+        }
+        Some(v) => {
+            return Err(bad(format!(
+                "[solver] weight: expected \"lcurve\", \"gcv\" or \"discrepancy\" (got {v}); a fixed weight is [system] reg_weight or [solver] damp"
+            )))
+        }
+    }
+    match &s.weights {
+        None => {}
+        Some(toml::Value::String(r)) => {
+            w.weights = parse_log_range(r).map_err(|e| bad(format!("[solver] weights: {e}")))?
+        }
+        Some(toml::Value::Array(a)) => {
+            if a.len() > MAX_POINTS {
+                return Err(bad(format!("[solver] weights: at most {MAX_POINTS}")));
+            }
+            for v in a {
+                match v.as_float().or_else(|| v.as_integer().map(|i| i as f64)) {
+                    Some(x) if x.is_finite() && x >= 0.0 => w.weights.push(x),
+                    _ => return Err(bad(format!("[solver] weights: '{v}' is not a number >= 0"))),
+                }
+            }
+        }
+        Some(v) => {
+            return Err(bad(format!(
+                "[solver] weights: a list of numbers or \"FROM:TO:COUNT\" (got {v})"
+            )))
+        }
+    }
+    if w.rule.is_some() && w.weights.len() < 3 {
+        return Err(bad(
+            "[solver] weight picks from [solver] weights: give at least 3 (a list or \"FROM:TO:COUNT\")".into(),
+        ));
+    }
+    w.noise = match &s.noise {
+        None => None,
+        Some(toml::Value::String(t)) if t == "whitened" => Some(1.0),
+        Some(v) => match v.as_float().or_else(|| v.as_integer().map(|i| i as f64)) {
+            Some(x) if x.is_finite() && x > 0.0 => Some(x),
+            _ => {
+                return Err(bad(format!(
+                    "[solver] noise: a noise level > 0 or \"whitened\" (got {v})"
+                )))
+            }
+        },
+    };
+    if let Some(t) = s.noise_tau {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(bad(format!("[solver] noise_tau must be > 0 (got {t})")));
+        }
+        w.tau = t;
+    }
+    if let Some(p) = s.gcv_probes {
+        if !(0..=MAX_GCV_PROBES as i64).contains(&p) {
+            return Err(bad(format!(
+                "[solver] gcv_probes must be in 0..={MAX_GCV_PROBES} (got {p})"
+            )));
+        }
+        w.gcv_probes = p as usize;
+    }
+    if w.rule == Some(WeightRule::Discrepancy) && w.noise.is_none() {
+        return Err(bad(
+            "[solver] weight = \"discrepancy\" needs the noise level: [solver] noise = SIGMA (or \"whitened\")".into(),
+        ));
+    }
+    if w.rule == Some(WeightRule::Gcv) && w.gcv_probes == 0 {
+        return Err(bad("[solver] weight = \"gcv\" needs gcv_probes >= 1".into()));
+    }
+    Ok(w)
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -224,6 +359,7 @@ impl RunConfig {
         };
         let s = raw.solver;
         let params = solver_params(&s, &bad)?;
+        let weight = weight_settings(&s, &bad)?;
         let (operator, threads) = operator_spec(&raw.backend, &bad)?;
         let reorder = choice(s.reorder.as_deref(), "[solver] reorder", &bad)?
             .unwrap_or(crate::grid::reorder::Reorder::Auto);
@@ -260,6 +396,7 @@ impl RunConfig {
             output,
             text: text.to_string(),
             model,
+            weight,
         })
     }
 }

@@ -97,6 +97,10 @@ fn invert_config(
     if comm.is_root() {
         crate::pipeline::config::note_config(&cfg);
     }
+    let mut cfg = cfg;
+    if cfg.weight.rule.is_some() {
+        choose_weight(&mut cfg, comm)?;
+    }
     let outcome = run_lsqr(
         &LsqrRun {
             source: &cfg.system,
@@ -108,6 +112,81 @@ fn invert_config(
         comm,
     )?;
     Ok(outcome.map(|o| (o, cfg.output)))
+}
+
+/// `[solver] weight = "lcurve" | "gcv" | "discrepancy"`: every weight of `[solver] weights`
+/// solved as one batch (src/pipeline/lcurve.rs), the rule's weight put into the config (the
+/// reg rows' weight, or LSQR's damping without them) and the choice kept for report.json.
+/// Matrix Market systems on one rank.
+fn choose_weight(cfg: &mut RunConfig, comm: &dyn Comm) -> Result<()> {
+    use crate::model::lcurve::WeightRule;
+    use crate::pipeline::lcurve::{Sweep, SweepMode};
+    let Some(rule) = cfg.weight.rule else {
+        return Ok(());
+    };
+    if comm.size() > 1 {
+        return Err(crate::Error::Invalid(
+            "[solver] weight: the weight is chosen on one rank (run without MPI)".into(),
+        ));
+    }
+    let sweep = Sweep::from_config(cfg)?;
+    let mode = SweepMode {
+        separate: false,
+        gcv_probes: cfg.weight.gcv_probes,
+        noise_norm: cfg.weight.noise_norm(sweep.g.nrows()),
+    };
+    let what = sweep.weight_name();
+    eprintln!(
+        "choosing {what} by {}: {} weights in one batch",
+        rule.name(),
+        cfg.weight.weights.len()
+    );
+    let curve = sweep.run(
+        &cfg.weight.weights,
+        &cfg.options,
+        &crate::comm::SerialComm,
+        mode,
+        |_, _| {},
+    )?;
+    let mut ch = curve.choice;
+    let w = match rule {
+        WeightRule::Lcurve => ch.corner,
+        WeightRule::Gcv => ch.gcv,
+        WeightRule::Discrepancy => ch.discrepancy,
+    }
+    .ok_or_else(|| {
+        crate::Error::Invalid(format!(
+            "[solver] weight = \"{}\": no weight found among [solver] weights {:?} (corner {:?}, gcv {:?}, discrepancy {:?}); widen the range",
+            rule.name(),
+            cfg.weight.weights,
+            ch.corner,
+            ch.gcv,
+            ch.discrepancy
+        ))
+    })?;
+    eprintln!(
+        "{what} = {w:.6e} by {} (corner {}, gcv {}, discrepancy {})",
+        rule.name(),
+        opt_e(ch.corner),
+        opt_e(ch.gcv),
+        opt_e(ch.discrepancy)
+    );
+    match &mut cfg.system {
+        SystemSource::Mtx {
+            reg: Some(_),
+            reg_weight,
+            ..
+        } => *reg_weight = w,
+        _ => cfg.options.params.damp = w,
+    }
+    ch.rule = Some(rule);
+    ch.weight = Some(w);
+    cfg.weight.chosen = Some(ch);
+    Ok(())
+}
+
+fn opt_e(v: Option<f64>) -> String {
+    v.map_or_else(|| "none".into(), |v| format!("{v:.4e}"))
 }
 
 /// On rank 0 of a multi-rank job, say how the job is laid out (stderr).
@@ -272,6 +351,9 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         allreduce_calls: red.vector_calls + red.scalar_calls,
         stencil_rows: cal.stencil_rows,
     };
+    if let Some((cfg, _)) = job.model {
+        outcome.report.weight_choice = cfg.weight.chosen.clone();
+    }
     let written = match mine.gather(comm)? {
         Some(all) => {
             outcome.report.rank_timing = all;

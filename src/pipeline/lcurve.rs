@@ -1,4 +1,8 @@
-//! An L-curve sweep: one LSQR solve per regularisation weight (the corner: [`crate::model::lcurve`]).
+//! An L-curve sweep: every weight solved, by default as one batch of LSQR solves sharing each
+//! pass over the matrix (src/pipeline/batch.rs), or one solve after another (`--separate`,
+//! the same numbers); the corner ([`crate::model::lcurve`]), GCV's minimum (the trace of the
+//! influence matrix estimated by Hutchinson's method: random probes solved in the same batch)
+//! and the discrepancy principle's weight.
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +11,11 @@ use crate::error::{Error, Result};
 use crate::grid::Coverage;
 use crate::io::mtx;
 use crate::model::hdf5::{stage_model, ModelInputs};
-use crate::model::lcurve::{corner, LPoint};
+use crate::model::lcurve::{
+    corner, discrepancy_weight, gcv_minimum, gcv_value, LPoint, WeightChoice,
+};
+use crate::model::report::Outcome;
+use crate::pipeline::batch::{batch_blocker, solve_batch, BatchSystem, Member};
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::options::{SolveOptions, SystemSource};
 use crate::pipeline::solve::solve_system;
@@ -26,65 +34,232 @@ fn norm(v: &[f64]) -> f64 {
     v.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
+/// How a sweep runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SweepMode {
+    /// One solve after another instead of one batch (the same numbers; for comparison, and
+    /// what runs where the batch cannot: [`batch_blocker`]).
+    pub separate: bool,
+    /// Random probes per weight for GCV's trace estimate (0: no GCV).
+    pub gcv_probes: usize,
+    /// tau sqrt(m) sigma: the discrepancy principle's target (None: not chosen).
+    pub noise_norm: Option<f64>,
+}
+
+/// A finished sweep: the points in the order of the weights, the corner's index and every
+/// rule's choice.
+pub struct Curve {
+    pub points: Vec<LPoint>,
+    pub corner: Option<usize>,
+    pub choice: WeightChoice,
+    /// Seconds of the solves (set-up included, the data's load not).
+    pub seconds: f64,
+}
+
+/// The seed of GCV's probes (the same probes for every weight: GCV's curve is smooth in w).
+const PROBE_SEED: u64 = 0x6763_7633;
+
 impl Sweep {
-    /// Solve for every weight; `each` is called after every solve (for progress).
+    /// GCV's probes: `p` vectors of +-1 over the data rows (Rademacher).
+    fn probes(&self, p: usize) -> Vec<Vec<f64>> {
+        let mut rng = crate::grid::Rng::new(PROBE_SEED);
+        (0..p)
+            .map(|_| {
+                (0..self.g.nrows())
+                    .map(|_| if rng.uniform() < 0.5 { -1.0 } else { 1.0 })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// All rows of a right-hand side: `data` on G's rows, 0 on R's.
+    fn full_rhs(&self, data: &[f64]) -> Vec<f64> {
+        let mut b = data.to_vec();
+        b.resize(
+            self.g.nrows() + self.r.as_ref().map_or(0, |r| r.nrows()),
+            0.0,
+        );
+        b
+    }
+
+    /// The point of weight `w` solved as `outcome` (norms; no curvature or GCV yet).
+    fn point(&self, w: f64, outcome: Outcome) -> LPoint {
+        let x = &outcome.solution.x;
+        let gx = self.g.matvec(x);
+        let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
+        let lm = match &self.r {
+            Some(r) => norm(&r.matvec(x)),
+            None => norm(x),
+        };
+        LPoint {
+            weight: w,
+            residual_norm: norm(&res),
+            model_norm: lm,
+            curvature: f64::NAN,
+            trace: f64::NAN,
+            gcv: f64::NAN,
+            outcome,
+        }
+    }
+
+    /// One member solved on its own (`--separate`): [G; w R] or G with damp w.
+    fn solve_one(
+        &self,
+        m: Member,
+        b: &[f64],
+        opts: &SolveOptions,
+        comm: &dyn Comm,
+    ) -> Result<Outcome> {
+        let mut o = opts.clone();
+        o.params.damp = m.damp;
+        let a = match &self.r {
+            Some(r) => self.g.vstack_scaled(r, m.weight)?,
+            None => self.g.clone(),
+        };
+        let sys = System {
+            a,
+            b: b.to_vec(),
+            kernel_rows: self.g.nrows(),
+        };
+        solve_system(sys, &o, comm, 0.0, 0)
+    }
+
+    /// Solve for every weight; `each` is called as each weight's data solve finishes (in the
+    /// order they finish).
     pub fn run(
         &self,
         weights: &[f64],
         opts: &SolveOptions,
         comm: &dyn Comm,
-        mut each: impl FnMut(usize, &LPoint),
-    ) -> Result<Vec<LPoint>> {
-        let mut pts = Vec::with_capacity(weights.len());
-        for (i, &w) in weights.iter().enumerate() {
-            let mut o = opts.clone();
-            let sys = match &self.r {
-                Some(r) => {
-                    let a = self.g.vstack_scaled(r, w)?;
-                    let mut b = self.d.clone();
-                    b.resize(a.nrows(), 0.0);
-                    System {
-                        a,
-                        b,
-                        kernel_rows: self.g.nrows(),
-                    }
-                }
-                None => {
-                    o.params.damp = w;
-                    System {
-                        a: self.g.clone(),
-                        b: self.d.clone(),
-                        kernel_rows: self.g.nrows(),
-                    }
-                }
-            };
-            let outcome = solve_system(sys, &o, comm, 0.0, 0)?;
-            let x = &outcome.solution.x;
-            let gx = self.g.matvec(x);
-            let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
-            let lm = match &self.r {
-                Some(r) => norm(&r.matvec(x)),
-                None => norm(x),
-            };
-            let p = LPoint {
+        mode: SweepMode,
+        mut each: impl FnMut(usize, &LPoint) + Send,
+    ) -> Result<Curve> {
+        let started = std::time::Instant::now();
+        let p = mode.gcv_probes;
+        let per = 1 + p;
+        let member = |w: f64| match &self.r {
+            Some(_) => Member {
                 weight: w,
-                residual_norm: norm(&res),
-                model_norm: lm,
-                curvature: f64::NAN,
-                outcome,
+                damp: opts.params.damp,
+            },
+            None => Member {
+                weight: 1.0,
+                damp: w,
+            },
+        };
+        let members: Vec<Member> = weights
+            .iter()
+            .flat_map(|&w| std::iter::repeat_n(member(w), per))
+            .collect();
+        let probes = self.probes(p);
+        let data = self.full_rhs(&self.d);
+        let probe_rhs: Vec<Vec<f64>> = probes.iter().map(|z| self.full_rhs(z)).collect();
+        let rhs_of = |j: usize| match j % per {
+            0 => &data,
+            q => &probe_rhs[q - 1],
+        };
+        let mut points: Vec<Option<LPoint>> = (0..weights.len()).map(|_| None).collect();
+        let mut probe_x: Vec<Option<Vec<f64>>> = vec![None; members.len()];
+        let mut take = |j: usize, out: Outcome| {
+            let i = j / per;
+            if j % per == 0 {
+                let pt = self.point(weights[i], out);
+                each(i, &pt);
+                points[i] = Some(pt);
+            } else {
+                probe_x[j] = Some(out.solution.x);
+            }
+        };
+        let blocker = batch_blocker(opts);
+        if mode.separate || blocker.is_some() {
+            if let (false, Some(why)) = (mode.separate, &blocker) {
+                eprintln!("note: the weights are solved one by one ({why})");
+            }
+            for (j, &m) in members.iter().enumerate() {
+                take(j, self.solve_one(m, rhs_of(j), opts, comm)?);
+            }
+        } else {
+            let a = match &self.r {
+                Some(r) => self.g.vstack_scaled(r, 1.0)?,
+                None => self.g.clone(),
             };
-            each(i, &p);
-            pts.push(p);
+            let sys = BatchSystem {
+                a,
+                reg_from: self.r.as_ref().map(|_| self.g.nrows()),
+            };
+            let rhs: Vec<Vec<f64>> = (0..members.len()).map(|j| rhs_of(j).clone()).collect();
+            solve_batch(sys, &rhs, &members, opts, comm, &mut take)?;
         }
+        let mut pts: Vec<LPoint> = points
+            .into_iter()
+            .map(|p| p.ok_or_else(|| Error::Invalid("lcurve: a weight has no solution".into())))
+            .collect::<Result<_>>()?;
+        self.fill_gcv(&mut pts, &probes, &probe_x, per);
+        let mut c = self.choose(pts, weights, mode);
+        c.seconds = started.elapsed().as_secs_f64();
+        Ok(c)
+    }
+
+    /// Each point's trace estimate (1/p sum_q z_q^T G x_q, x_q the solve of [z_q; 0]) and GCV.
+    fn fill_gcv(
+        &self,
+        pts: &mut [LPoint],
+        probes: &[Vec<f64>],
+        xs: &[Option<Vec<f64>>],
+        per: usize,
+    ) {
+        if probes.is_empty() {
+            return;
+        }
+        let m = self.g.nrows();
+        for (i, pt) in pts.iter_mut().enumerate() {
+            let t: f64 = probes
+                .iter()
+                .enumerate()
+                .map(|(q, z)| match &xs[i * per + q + 1] {
+                    Some(x) => self.g.matvec(x).iter().zip(z).map(|(a, b)| a * b).sum(),
+                    None => f64::NAN,
+                })
+                .sum::<f64>()
+                / probes.len() as f64;
+            pt.trace = t;
+            pt.gcv = gcv_value(m, pt.residual_norm, t);
+        }
+    }
+
+    /// The curvatures, the corner and every rule's choice.
+    fn choose(&self, mut pts: Vec<LPoint>, weights: &[f64], mode: SweepMode) -> Curve {
         let triples: Vec<(f64, f64, f64)> = pts
             .iter()
             .map(|p| (p.weight, p.residual_norm, p.model_norm))
             .collect();
-        let (_, k) = corner(&triples);
+        let (c, k) = corner(&triples);
         for (p, k) in pts.iter_mut().zip(k) {
             p.curvature = k;
         }
-        Ok(pts)
+        let gcv: Vec<(f64, f64)> = pts.iter().map(|p| (p.weight, p.gcv)).collect();
+        let res: Vec<(f64, f64)> = pts.iter().map(|p| (p.weight, p.residual_norm)).collect();
+        let choice = WeightChoice {
+            what: self.weight_name().to_string(),
+            rule: None,
+            weight: None,
+            corner: c.map(|i| pts[i].weight),
+            gcv: if mode.gcv_probes > 0 {
+                gcv_minimum(&gcv)
+            } else {
+                None
+            },
+            discrepancy: mode.noise_norm.and_then(|t| discrepancy_weight(&res, t)),
+            noise_norm: mode.noise_norm,
+            gcv_probes: mode.gcv_probes,
+            tried: weights.to_vec(),
+        };
+        Curve {
+            points: pts,
+            corner: c,
+            choice,
+            seconds: 0.0,
+        }
     }
 }
 
@@ -145,15 +320,17 @@ pub struct LcurveFiles {
     pub model: Option<PathBuf>,
 }
 
-/// The whole `lcurve` run: the data loaded once, one solve per weight (`each` after every
-/// solve), lcurve.csv and lcurve.png, and the corner's model.h5 + report.json in `out`, all
-/// published as one set. Outputs are checked against the inputs before any work.
+/// The whole `lcurve` run: the data loaded once, every weight solved (one batch, or one by one
+/// with `separate`; `each` as each weight's solve finishes), lcurve.csv and lcurve.png, and the
+/// corner's model.h5 + report.json (with every rule's choice) in `out`, all published as one
+/// set. Outputs are checked against the inputs before any work.
 pub fn lcurve(
     cfg: &RunConfig,
     weights: &[f64],
     out: &Path,
-    each: impl FnMut(usize, &LPoint),
-) -> Result<(Vec<LPoint>, Option<usize>, LcurveFiles)> {
+    separate: bool,
+    each: impl FnMut(usize, &LPoint) + Send,
+) -> Result<(Curve, LcurveFiles)> {
     if weights.len() < 3 {
         return Err(Error::Invalid(format!(
             "an L-curve needs at least 3 weights (got {})",
@@ -173,30 +350,43 @@ pub fn lcurve(
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sweep = Sweep::from_config(cfg)?;
     let what = sweep.weight_name();
-    let pts = sweep.run(weights, &cfg.options, &SerialComm, each)?;
+    let mode = SweepMode {
+        separate,
+        gcv_probes: cfg.weight.gcv_probes,
+        noise_norm: cfg.weight.noise_norm(sweep.g.nrows()),
+    };
+    let curve = sweep.run(weights, &cfg.options, &SerialComm, mode, each)?;
+    let (pts, c) = (&curve.points, curve.corner);
     let triples: Vec<(f64, f64, f64)> = pts
         .iter()
         .map(|p| (p.weight, p.residual_norm, p.model_norm))
         .collect();
-    let (c, _) = corner(&triples);
+    let gmin = (0..pts.len())
+        .filter(|&i| pts[i].gcv.is_finite())
+        .min_by(|&a, &b| pts[a].gcv.total_cmp(&pts[b].gcv));
     let mut publ = crate::io::publish::Publication::new("lcurve");
     let csv = out.join("lcurve.csv");
     publ.write(&csv, |w| {
         writeln!(
             w,
-            "{what},residual_norm,model_norm,curvature,iterations,istop,corner"
+            "{what},residual_norm,model_norm,curvature,iterations,istop,corner,trace,gcv,gcv_min,misfit_over_noise"
         )?;
         for (i, p) in pts.iter().enumerate() {
+            let ratio = mode.noise_norm.map_or(f64::NAN, |t| p.residual_norm / t);
             writeln!(
                 w,
-                "{:e},{:e},{:e},{:e},{},{},{}",
+                "{:e},{:e},{:e},{:e},{},{},{},{:e},{:e},{},{:e}",
                 p.weight,
                 p.residual_norm,
                 p.model_norm,
                 p.curvature,
                 p.outcome.report.iterations,
                 p.outcome.report.istop,
-                u8::from(c == Some(i))
+                u8::from(c == Some(i)),
+                p.trace,
+                p.gcv,
+                u8::from(gmin == Some(i)),
+                ratio
             )?;
         }
         Ok(())
@@ -227,11 +417,198 @@ pub fn lcurve(
         )?;
         let mut report = p.outcome.report.clone();
         report.run_id = publ.run_id().to_string();
+        report.weight_choice = Some(curve.choice.clone());
         publ.write(&out.join("report.json"), |w| {
             crate::pipeline::publish::json_text(w, &report)
         })?;
         model = Some(path);
     }
     publ.commit()?;
-    Ok((pts, c, LcurveFiles { csv, png, model }))
+    Ok((curve, LcurveFiles { csv, png, model }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::options::BackendChoice;
+    use crate::solver::LsqrParams;
+
+    fn opts(tol: f64) -> SolveOptions {
+        let p = LsqrParams {
+            atol: tol,
+            btol: tol,
+            conlim: 1e14,
+            ..Default::default()
+        };
+        let mut o = SolveOptions::new(p, BackendChoice::Cpu);
+        o.reorder = crate::grid::reorder::Reorder::Auto;
+        o
+    }
+
+    fn rel(a: f64, b: f64) -> f64 {
+        (a - b).abs() / b.abs().max(f64::MIN_POSITIVE)
+    }
+
+    /// The batched sweep against the separate one: the same points (norms within 1e-10, the
+    /// same iterations and istop), corner and choices.
+    fn same_curve(sweep: &Sweep, weights: &[f64], o: &SolveOptions, probes: usize) -> Curve {
+        let mut mode = SweepMode {
+            separate: false,
+            gcv_probes: probes,
+            noise_norm: Some(1.1 * norm(&sweep.d) * 0.1),
+        };
+        let batch = sweep.run(weights, o, &SerialComm, mode, |_, _| {}).unwrap();
+        mode.separate = true;
+        let sep = sweep.run(weights, o, &SerialComm, mode, |_, _| {}).unwrap();
+        for (p, q) in batch.points.iter().zip(&sep.points) {
+            let (rp, rq) = (&p.outcome.report, &q.outcome.report);
+            assert_eq!(
+                (rp.iterations, rp.istop),
+                (rq.iterations, rq.istop),
+                "w {}",
+                p.weight
+            );
+            assert!(
+                rel(p.residual_norm, q.residual_norm) <= 1e-10,
+                "w {}",
+                p.weight
+            );
+            assert!(rel(p.model_norm, q.model_norm) <= 1e-10, "w {}", p.weight);
+            if probes > 0 {
+                assert!(rel(p.gcv, q.gcv) <= 1e-10, "w {}", p.weight);
+            }
+        }
+        assert_eq!(batch.corner, sep.corner);
+        assert_eq!(batch.choice.gcv, sep.choice.gcv);
+        assert_eq!(batch.choice.discrepancy, sep.choice.discrepancy);
+        batch
+    }
+
+    #[test]
+    fn australia_batched_curve_equals_the_separate_solves() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/australia");
+        let g = mtx::read_matrix(dir.join("G.mtx.gz")).unwrap();
+        let d = mtx::read_vector(dir.join("d.txt")).unwrap();
+        let r = mtx::read_matrix(dir.join("R.mtx.gz")).unwrap();
+        let mut sweep = Sweep { g, d, r: Some(r) };
+        let iterations = |c: &Curve| -> std::collections::BTreeSet<usize> {
+            c.points
+                .iter()
+                .map(|p| p.outcome.report.iterations)
+                .collect()
+        };
+        // weights about the corner (1e-3), whose solves stop at different iterations
+        let c = same_curve(&sweep, &[3e-4, 1e-3, 3e-3, 1e-2], &opts(1e-6), 1);
+        assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
+        assert!(c.corner.is_some());
+        // G alone, the weight LSQR's damping
+        sweep.r = None;
+        let c = same_curve(&sweep, &[0.03, 0.1, 0.3, 1.0], &opts(1e-6), 0);
+        assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
+    }
+
+    /// A synthetic with known noise: G random, x smooth, d = G x + sigma e.
+    fn synthetic(with_r: bool) -> (Sweep, Vec<f64>, f64) {
+        let (m, n) = (600usize, 120usize);
+        let mut rng = crate::grid::Rng::new(42);
+        let (mut ri, mut ci, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..m {
+            for _ in 0..8 {
+                ri.push(i as u64);
+                ci.push(rng.below(n as u64));
+                v.push(rng.uniform());
+            }
+        }
+        let g = Csr::from_triplets(m, n, &ri, &ci, &v).unwrap();
+        let x: Vec<f64> = (0..n).map(|j| (j as f64 / 15.0).sin()).collect();
+        let sigma = 0.05;
+        let d: Vec<f64> = g
+            .matvec(&x)
+            .iter()
+            .map(|y| y + sigma * crate::grid::random::gaussian(&mut rng))
+            .collect();
+        let r = with_r.then(|| {
+            // first differences
+            let (mut ri, mut ci, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for j in 0..n - 1 {
+                ri.extend([j as u64, j as u64]);
+                ci.extend([j as u64, j as u64 + 1]);
+                v.extend([-1.0, 1.0]);
+            }
+            Csr::from_triplets(n - 1, n, &ri, &ci, &v).unwrap()
+        });
+        (Sweep { g, d, r }, x, sigma)
+    }
+
+    #[test]
+    fn discrepancy_weight_fits_the_noise_and_gcv_is_near_the_best_model() {
+        for with_r in [true, false] {
+            let (sweep, x_true, sigma) = synthetic(with_r);
+            let m = sweep.g.nrows();
+            let target = (m as f64).sqrt() * sigma;
+            let weights = crate::model::lcurve::parse_log_range("1e-2:1e2:13").unwrap();
+            let o = opts(1e-12);
+            let mode = SweepMode {
+                separate: false,
+                gcv_probes: 4,
+                noise_norm: Some(target),
+            };
+            let c = sweep
+                .run(&weights, &o, &SerialComm, mode, |_, _| {})
+                .unwrap();
+            let solve_at = |w: f64| {
+                let mem = match &sweep.r {
+                    Some(_) => Member {
+                        weight: w,
+                        damp: 0.0,
+                    },
+                    None => Member {
+                        weight: 1.0,
+                        damp: w,
+                    },
+                };
+                let b = sweep.full_rhs(&sweep.d);
+                sweep.point(w, sweep.solve_one(mem, &b, &o, &SerialComm).unwrap())
+            };
+            let wd = c.choice.discrepancy.expect("a discrepancy weight");
+            let p = solve_at(wd);
+            assert!(
+                rel(p.residual_norm, target) < 0.05,
+                "r {}: ||r|| {} vs noise norm {target}",
+                with_r,
+                p.residual_norm
+            );
+            // GCV: an interior minimum whose model error is near the best of the tried weights
+            let wg = c.choice.gcv.expect("a GCV minimum");
+            assert!(wg > weights[0] && wg < weights[12], "{wg}");
+            let err = |x: &[f64]| {
+                x.iter()
+                    .zip(&x_true)
+                    .map(|(a, b)| (a - b).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            };
+            let best = c
+                .points
+                .iter()
+                .map(|p| err(&p.outcome.solution.x))
+                .fold(f64::INFINITY, f64::min);
+            let eg = err(&solve_at(wg).outcome.solution.x);
+            assert!(
+                eg <= 1.5 * best,
+                "r {with_r}: GCV's error {eg}, best tried {best}"
+            );
+            // the trace estimate lies in (0, n]: the influence matrix's eigenvalues are in [0, 1]
+            assert!(c
+                .points
+                .iter()
+                .all(|p| p.trace > 0.0 && p.trace < 1.2 * 120.0));
+        }
+    }
+
+    #[test]
+    fn separate_and_batched_synthetic_curves_agree_with_damping() {
+        let (sweep, _, _) = synthetic(false);
+        same_curve(&sweep, &[0.01, 0.1, 1.0, 10.0], &opts(1e-10), 2);
+    }
 }

@@ -18,6 +18,7 @@
 //! - [`lcurve`], [`compare`], [`bench`], [`export`], [`import`]: the other commands' work;
 //!   [`timing`]: medians and copy bandwidths for `bench` and the factory
 
+pub mod batch;
 pub mod bench;
 pub mod checkpoint;
 pub mod compare;

@@ -14,8 +14,11 @@
 
 use std::time::Instant;
 
+use crate::backend::batch::{BatchBackend, BlockOperator};
 use crate::backend::cpu::square::DistSquareOperator;
-use crate::backend::cpu::{on_pool, CpuBackend, CpuCompactOperator, CpuCsrOperator};
+use crate::backend::cpu::{
+    on_pool, CpuBackend, CpuBlockOperator, CpuCompactOperator, CpuCsrOperator,
+};
 use crate::backend::cuda::{
     CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator, Prestart,
 };
@@ -662,5 +665,44 @@ fn layout_tag(o: &Tuning, desc: &str) -> String {
         (Some(t), Some(x)) if kind == "split" => format!("{kind}:{t}:{x}"),
         (Some(t), _) if kind != "rows" => format!("{kind}:{t}"),
         _ => kind,
+    }
+}
+
+/// Work on a batch's block operator (batched LSQR, src/solver/lsqr_batch.rs), whatever backend
+/// it is (a closure cannot be generic).
+pub trait BatchVisitor {
+    type Output;
+    fn visit<B: BatchBackend, O: BlockOperator<B>>(self, be: &B, op: &O) -> Result<Self::Output>;
+}
+
+impl Engine {
+    /// The block operator of a batch of solves on `rows` (rows flagged in `weighted` take each
+    /// member's weight), handed to `v`: the CPU's (CSR and its explicit transpose, the single
+    /// CPU operator's sums); a GPU engine has none yet.
+    pub fn batch<V>(
+        &self,
+        comm: &dyn Comm,
+        rows: Csr,
+        weighted: Option<Vec<bool>>,
+        v: V,
+    ) -> Result<V::Output>
+    where
+        V: BatchVisitor + Send,
+        V::Output: Send,
+    {
+        match self {
+            Engine::Cpu { be, pool } => {
+                let op = phases::time("transpose", || CpuBlockOperator::new(rows, weighted))?;
+                let f = move || v.visit(be, &op);
+                if *pool {
+                    on_pool(comm, f)
+                } else {
+                    f()
+                }
+            }
+            Engine::Cuda { .. } => Err(Error::Invalid(
+                "batched LSQR runs on the CPU backend (the GPU's batch is not built yet)".into(),
+            )),
+        }
     }
 }

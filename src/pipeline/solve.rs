@@ -365,6 +365,7 @@ fn report(r: &ReportParts) -> Report {
         load_io: String::new(),
         prepared: String::new(),
         run_id: String::new(),
+        weight_choice: None,
     }
 }
 

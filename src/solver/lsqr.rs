@@ -215,16 +215,16 @@ fn stopping_tests(s: &mut LsqrScalars, params: &LsqrParams, iter_lim: usize, cto
 }
 
 /// The constants of one call's iterations.
-struct Limits {
-    iter_lim: usize,
-    damp: f64,
-    dampsq: f64,
+pub(crate) struct Limits {
+    pub(crate) iter_lim: usize,
+    pub(crate) damp: f64,
+    pub(crate) dampsq: f64,
     /// 1 / conlim (0 where conlim is 0: no condition limit).
     ctol: f64,
 }
 
 impl Limits {
-    fn new(params: &LsqrParams, n: usize) -> Limits {
+    pub(crate) fn new(params: &LsqrParams, n: usize) -> Limits {
         Limits {
             iter_lim: params.iter_lim.unwrap_or(2 * n),
             damp: params.damp,
@@ -239,7 +239,7 @@ impl Limits {
 }
 
 /// The history record of the state `s`, `t` seconds into the call.
-fn record_of(s: &LsqrScalars, t: f64) -> IterRecord {
+pub(crate) fn record_of(s: &LsqrScalars, t: f64) -> IterRecord {
     IterRecord {
         itn: s.itn,
         r1norm: s.r1norm,
@@ -253,7 +253,7 @@ fn record_of(s: &LsqrScalars, t: f64) -> IterRecord {
 }
 
 /// What a call that started at `start_itn` reports at the state `s`, after `t` seconds.
-fn info_of(s: &LsqrScalars, start_itn: usize, t: f64) -> LsqrInfo {
+pub(crate) fn info_of(s: &LsqrScalars, start_itn: usize, t: f64) -> LsqrInfo {
     LsqrInfo {
         start_itn,
         istop: s.istop,
@@ -339,24 +339,51 @@ fn lsqr_step<B: Backend, O: Operator<B>>(
 ) -> Result<()> {
     s.itn += 1;
     bidiagonalise(d, lim.dampsq, s, vecs)?;
-    let r = rotations(s, lim.damp, lim.dampsq);
-    // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
-    let t1 = r.phi / r.rho;
-    let t2 = -r.theta / r.rho;
-    let k = XwStep {
-        t1,
-        t2,
-        inv_rho: 1.0 / r.rho,
-    };
+    let (r, k) = begin_update(s, lim);
     let xw = XwState {
         x: &mut vecs.x,
         w: &mut vecs.w,
         var: vecs.var.as_mut(),
     };
     let dk2 = d.be.lsqr_update(k, &vecs.v, xw)?;
+    finish_update(s, &r, dk2, lim, params)
+}
+
+/// The scalar side of the Golub-Kahan step: the new beta and alpha (from [`Dist::step`] or a
+/// batch's block step) and ||A||'s estimate.
+pub(crate) fn take_bidiag(s: &mut LsqrScalars, (beta, new_alpha): (f64, f64), dampsq: f64) {
+    let alpha = s.alpha;
+    s.beta = beta;
+    if beta > 0.0 {
+        s.anorm = (s.anorm * s.anorm + alpha * alpha + beta * beta + dampsq).sqrt();
+    }
+    s.alpha = new_alpha;
+}
+
+/// After the bidiagonalisation: the rotations and the scalars of the x and w update.
+pub(crate) fn begin_update(s: &mut LsqrScalars, lim: &Limits) -> (Rotations, XwStep) {
+    let r = rotations(s, lim.damp, lim.dampsq);
+    // Update x and w (one fused pass); ||dk||^2 = ||w||^2 / rho^2.
+    let k = XwStep {
+        t1: r.phi / r.rho,
+        t2: -r.theta / r.rho,
+        inv_rho: 1.0 / r.rho,
+    };
+    (r, k)
+}
+
+/// After the x and w update (`dk2` = ||d_k||^2 it returned): the estimates and the stopping
+/// tests. A norm that is not finite is an error.
+pub(crate) fn finish_update(
+    s: &mut LsqrScalars,
+    r: &Rotations,
+    dk2: f64,
+    lim: &Limits,
+    params: &LsqrParams,
+) -> Result<()> {
     s.ddnorm += dk2;
-    estimate_xnorm(s, &r);
-    estimate_norms(s, &r, lim.damp, lim.dampsq);
+    estimate_xnorm(s, r);
+    estimate_norms(s, r, lim.damp, lim.dampsq);
     stopping_tests(s, params, lim.iter_lim, lim.ctol);
     norms_finite("LSQR", s.itn, [s.rnorm, s.arnorm, s.xnorm, s.anorm])
 }
@@ -369,18 +396,13 @@ fn bidiagonalise<B: Backend, O: Operator<B>>(
     s: &mut LsqrScalars,
     vecs: &mut LsqrVectors<B::Vector>,
 ) -> Result<()> {
-    let alpha = s.alpha;
-    let (beta, new_alpha) = d.step(alpha, &mut vecs.u, &mut vecs.v)?;
-    s.beta = beta;
-    if beta > 0.0 {
-        s.anorm = (s.anorm * s.anorm + alpha * alpha + beta * beta + dampsq).sqrt();
-    }
-    s.alpha = new_alpha;
+    let ba = d.step(s.alpha, &mut vecs.u, &mut vecs.v)?;
+    take_bidiag(s, ba, dampsq);
     Ok(())
 }
 
 /// An iteration's plane rotations (SciPy's names).
-struct Rotations {
+pub(crate) struct Rotations {
     rho: f64,
     theta: f64,
     phi: f64,

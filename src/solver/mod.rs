@@ -6,6 +6,7 @@ pub mod dist_square;
 pub mod gmres;
 pub mod lsmr;
 pub mod lsqr;
+pub mod lsqr_batch;
 
 pub use lsmr::{lsmr, LsmrInfo, LsmrSolution};
 pub use lsqr::{

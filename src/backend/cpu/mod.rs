@@ -3,9 +3,11 @@
 //! Reductions sum fixed-size chunks and then the chunk sums in order, so every result is the
 //! same whatever the thread count or scheduling (bitwise reproducible runs and resumes).
 
+mod block;
 mod compact;
 mod rows;
 
+pub use block::{CpuBlock, CpuBlockOperator};
 pub use compact::CpuCompactOperator;
 
 pub mod square;

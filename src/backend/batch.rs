@@ -1,0 +1,89 @@
+//! Blocks of k vectors and the products of a batch of k least-squares problems that share one
+//! matrix (batched LSQR: src/solver/lsqr_batch.rs).
+//!
+//! A block holds `rows x k` values **row-major**: entry (i, j) of member j at `i * k + j`, so
+//! the k values a matrix entry multiplies lie side by side and one pass over the matrix serves
+//! every member (a GPU kernel reads them the same way: one nonzero, k contiguous values). The
+//! members' matrices differ only by a weight on some rows: member j applies
+//! `A_j = [G; w_j R]`, the rows a [`BlockOperator`] calls weighted taken times `w_j` (with no
+//! weighted rows every member has the same A and differs by LSQR's damping, which the solver
+//! applies).
+//!
+//! Each member's numbers are those of the single-vector kernels on its column: the same sums in
+//! the same order ([`crate::backend::cpu`]'s lanes and chunks), so a batch member is bitwise
+//! the single solve on the CPU.
+
+use super::{Backend, XwStep};
+use crate::comm::Comm;
+use crate::error::Result;
+
+/// The block kernels batched LSQR needs, column by column (`out[j]`, `a[j]`: member j).
+pub trait BatchBackend: Backend {
+    /// `rows x k` values, row-major.
+    type Block: Send;
+
+    /// A zero block.
+    fn block_zeros(&self, rows: usize, k: usize) -> Result<Self::Block>;
+    /// (rows, k).
+    fn block_shape(&self, x: &Self::Block) -> (usize, usize);
+    /// Column j on the host.
+    fn block_column(&self, x: &Self::Block, j: usize) -> Result<Vec<f64>>;
+    /// Column j = `col`.
+    fn block_set_column(&self, x: &mut Self::Block, j: usize, col: &[f64]) -> Result<()>;
+    /// Keep the columns `keep` (in that order) and drop the others: finished members leave the
+    /// block, and the products stop computing them.
+    fn block_keep(&self, x: &mut Self::Block, keep: &[usize]) -> Result<()>;
+    /// out[j] = this rank's sum of squares of `factor[j] * x_j` (without factors, of x_j), in
+    /// the order [`Backend::norm_sq`] sums one vector (bitwise its value).
+    fn block_norms_sq(
+        &self,
+        x: &Self::Block,
+        factor: Option<&[f64]>,
+        out: &mut [f64],
+    ) -> Result<()>;
+    /// x_j = a[j] x_j
+    fn block_scale(&self, x: &mut Self::Block, a: &[f64]) -> Result<()>;
+    /// y_j = a x_j + b[j] y_j
+    fn block_axpby(&self, a: f64, x: &Self::Block, b: &[f64], y: &mut Self::Block) -> Result<()>;
+    /// [`Backend::lsqr_update`] on every column: out[j] = ||d_k||^2 of member j.
+    fn block_lsqr_update(
+        &self,
+        k: &[XwStep],
+        v: &Self::Block,
+        xw: (&mut Self::Block, &mut Self::Block),
+        var: Option<&mut Self::Block>,
+        out: &mut [f64],
+    ) -> Result<()>;
+    /// Sum the block over all ranks, in place (one allreduce of rows x k values).
+    fn block_allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Block) -> Result<()>;
+}
+
+/// A matrix applied to blocks, member j's rows weighted by `w[j]` where the operator has
+/// weighted rows. `nrows` is this rank's share of the rows.
+pub trait BlockOperator<B: BatchBackend> {
+    fn nrows(&self) -> usize;
+    fn ncols(&self) -> usize;
+    /// Whether some rows are weighted (else `w` is ignored).
+    fn has_weighted_rows(&self) -> bool;
+    /// Member matrix A_j for row weight `w` (this rank's rows), as its single solve stores it:
+    /// each weighted entry `a w` (so single products of it sum as the block products do).
+    fn member_matrix(&self, w: f64) -> crate::sparse::Csr;
+    /// Y_j = alpha A_j X_j + beta[j] Y_j (Y_j not read where beta[j] == 0).
+    fn apply_block(
+        &self,
+        be: &B,
+        w: &[f64],
+        ab: (f64, &[f64]),
+        x: &B::Block,
+        y: &mut B::Block,
+    ) -> Result<()>;
+    /// X_j = alpha A_j^T Y_j + beta[j] X_j with this rank's rows only (no sum over ranks).
+    fn apply_t_block(
+        &self,
+        be: &B,
+        w: &[f64],
+        ab: (f64, &[f64]),
+        y: &B::Block,
+        x: &mut B::Block,
+    ) -> Result<()>;
+}

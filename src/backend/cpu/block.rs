@@ -1,0 +1,832 @@
+//! Blocks of k vectors on the CPU (row-major, [`crate::backend::batch`]) and the block products
+//! of a CSR matrix with weighted rows ([`CpuBlockOperator`]).
+//!
+//! Every member's numbers are bitwise those of the single-vector kernels on its column: a row
+//! sum adds its terms in [`crate::sparse::Lanes`]' four lanes, a weighted entry is `(a w_j)
+//! x_j` (the single solve stores `a w_j`), and norms sum [`CHUNK`] rows at a time in
+//! `lane_sum`'s eight lanes, the chunk sums in order. Rows are split across rayon's threads by
+//! entries; a block's rows are contiguous, so each thread writes its own slice.
+
+use rayon::prelude::*;
+
+use super::{CpuBackend, CHUNK};
+use crate::backend::batch::{BatchBackend, BlockOperator};
+use crate::backend::XwStep;
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::sparse::par::{blocks_for, row_blocks, split_parts};
+use crate::sparse::Csr;
+
+/// `rows x k` values, row-major: entry (i, j) at `i * k + j`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuBlock {
+    data: Vec<f64>,
+    rows: usize,
+    k: usize,
+}
+
+impl CpuBlock {
+    /// The values, row-major.
+    pub fn data(&self) -> &[f64] {
+        &self.data
+    }
+}
+
+/// One chunk of the LSQR update: w, x, v, var and the partial sums.
+type UpdateJob<'a> = (
+    (
+        ((&'a mut [f64], &'a mut [f64]), &'a [f64]),
+        Option<&'a mut [f64]>,
+    ),
+    &'a mut [f64],
+);
+
+/// Members per pass over a row: 4 lanes of W sums stay in registers.
+const GROUP: usize = 12;
+
+fn check_shape(what: &str, x: &CpuBlock, rows: usize, k: usize) -> Result<()> {
+    if x.rows != rows || x.k != k {
+        return Err(Error::Invalid(format!(
+            "{what}: block of {} x {}, expected {rows} x {k}",
+            x.rows, x.k
+        )));
+    }
+    Ok(())
+}
+
+/// `f` (one value per member) repeated for 8 rows: the factors of a flat loop over 8 rows of a
+/// block, so per-member kernels run as long loops over contiguous values.
+fn rep8(f: &[f64]) -> Vec<f64> {
+    (0..8 * f.len()).map(|i| f[i % f.len()]).collect()
+}
+
+/// `lane_sum` of `term(value, fac[j])` over the rows of one chunk (`d`: rows of k values) for
+/// every member j at once: out[j] is bitwise `lane_sum(rows, |i| term(d[i * k + j], fac[j]))`.
+/// Row i goes into lane i % 8, the lanes combined as `lane_sum` does; 8 rows are one flat
+/// loop (lane l of member j at l k + j).
+#[inline(always)]
+fn lane_sums(d: &[f64], fac: &[f64], out: &mut [f64], term: impl Fn(f64, f64) -> f64) {
+    let k = fac.len();
+    let rows = d.len() / k;
+    let rep = rep8(fac);
+    let mut acc = vec![0.0f64; 8 * k];
+    let n8 = rows - rows % 8;
+    for block in d[..n8 * k].chunks_exact(8 * k) {
+        for ((a, &v), &f) in acc.iter_mut().zip(block).zip(&rep) {
+            *a += term(v, f);
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        let a = |l: usize| acc[l * k + j];
+        let p = [a(0) + a(4), a(1) + a(5), a(2) + a(6), a(3) + a(7)];
+        *o = (p[0] + p[2]) + (p[1] + p[3]);
+    }
+    for row in d[n8 * k..].chunks_exact(k) {
+        for ((o, &v), &f) in out.iter_mut().zip(row).zip(fac) {
+            *o += term(v, f);
+        }
+    }
+}
+
+/// Per chunk of [`CHUNK`] rows, `f(the chunk's values, its partial sums)`;
+/// then out[j] = member j's chunk sums added in chunk order (as `CpuBackend::reduce` adds them).
+fn chunked_sums<F>(rows: usize, k: usize, data: &[f64], out: &mut [f64], f: F)
+where
+    F: Fn(&[f64], &mut [f64]) + Sync,
+{
+    if k == 0 {
+        return;
+    }
+    let nchunks = rows.div_ceil(CHUNK);
+    let mut parts = vec![0.0; nchunks * k];
+    let per = CHUNK * k;
+    let one = |(c, p): (usize, &mut [f64])| {
+        let d = &data[c * per..((c + 1) * per).min(data.len())];
+        f(d, p)
+    };
+    if nchunks <= 2 {
+        parts.chunks_mut(k).enumerate().for_each(one);
+    } else {
+        parts.par_chunks_mut(k).enumerate().for_each(one);
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = (0..nchunks).map(|c| parts[c * k + j]).sum();
+    }
+}
+
+/// Apply `f(values)` to the block's rows in parallel chunks of [`CHUNK`] rows.
+fn par_rows(x: &mut CpuBlock, f: impl Fn(&mut [f64]) + Sync) {
+    let per = (CHUNK * x.k).max(1);
+    if x.data.len() <= 2 * per {
+        f(&mut x.data);
+    } else {
+        x.data.par_chunks_mut(per).for_each(&f);
+    }
+}
+
+impl BatchBackend for CpuBackend {
+    type Block = CpuBlock;
+
+    fn block_zeros(&self, rows: usize, k: usize) -> Result<CpuBlock> {
+        let len = rows
+            .checked_mul(k)
+            .ok_or_else(|| Error::Invalid(format!("a block of {rows} x {k} is too large")))?;
+        Ok(CpuBlock {
+            data: vec![0.0; len],
+            rows,
+            k,
+        })
+    }
+    fn block_shape(&self, x: &CpuBlock) -> (usize, usize) {
+        (x.rows, x.k)
+    }
+    fn block_column(&self, x: &CpuBlock, j: usize) -> Result<Vec<f64>> {
+        if j >= x.k {
+            return Err(Error::Invalid(format!("column {j} of a block of {}", x.k)));
+        }
+        Ok(x.data.iter().skip(j).step_by(x.k).copied().collect())
+    }
+    fn block_set_column(&self, x: &mut CpuBlock, j: usize, col: &[f64]) -> Result<()> {
+        if j >= x.k || col.len() != x.rows {
+            return Err(Error::Invalid(format!(
+                "column {j} of {} values into a block of {} x {}",
+                col.len(),
+                x.rows,
+                x.k
+            )));
+        }
+        for (r, &v) in x.data.chunks_exact_mut(x.k).zip(col) {
+            r[j] = v;
+        }
+        Ok(())
+    }
+    fn block_keep(&self, x: &mut CpuBlock, keep: &[usize]) -> Result<()> {
+        if keep.iter().any(|&j| j >= x.k) {
+            return Err(Error::Invalid(format!(
+                "keep {keep:?} of a block of {} columns",
+                x.k
+            )));
+        }
+        if keep.len() == x.k && keep.iter().enumerate().all(|(i, &j)| i == j) {
+            return Ok(());
+        }
+        let k2 = keep.len();
+        let mut data = vec![0.0; x.rows * k2];
+        if k2 > 0 {
+            for (dst, src) in data.chunks_exact_mut(k2).zip(x.data.chunks_exact(x.k)) {
+                for (d, &j) in dst.iter_mut().zip(keep) {
+                    *d = src[j];
+                }
+            }
+        }
+        x.data = data;
+        x.k = k2;
+        Ok(())
+    }
+    fn block_norms_sq(&self, x: &CpuBlock, factor: Option<&[f64]>, out: &mut [f64]) -> Result<()> {
+        let k = x.k;
+        if out.len() != k || factor.is_some_and(|f| f.len() != k) {
+            return Err(Error::Invalid("block norms: one value per column".into()));
+        }
+        let ones = vec![1.0; k];
+        chunked_sums(x.rows, k, &x.data, out, |d, p| match factor {
+            None => lane_sums(d, &ones, p, |v, _| v * v),
+            Some(f) => lane_sums(d, f, p, |v, f| {
+                let v = v * f;
+                v * v
+            }),
+        });
+        Ok(())
+    }
+    fn block_scale(&self, x: &mut CpuBlock, a: &[f64]) -> Result<()> {
+        let k = x.k;
+        if a.len() != k {
+            return Err(Error::Invalid("block scale: one value per column".into()));
+        }
+        if k > 0 {
+            let rep = rep8(a);
+            par_rows(x, |d| {
+                for r in d.chunks_mut(8 * k) {
+                    r.iter_mut().zip(&rep).for_each(|(v, &s)| *v *= s);
+                }
+            });
+        }
+        Ok(())
+    }
+    fn block_axpby(&self, a: f64, x: &CpuBlock, b: &[f64], y: &mut CpuBlock) -> Result<()> {
+        check_shape("block axpby", y, x.rows, x.k)?;
+        let k = x.k;
+        if b.len() != k {
+            return Err(Error::Invalid("block axpby: one value per column".into()));
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        let per = CHUNK * k;
+        let rep = rep8(b);
+        y.data
+            .par_chunks_mut(per)
+            .zip(x.data.par_chunks(per))
+            .for_each(|(ys, xs)| {
+                for (yr, xr) in ys.chunks_mut(8 * k).zip(xs.chunks(8 * k)) {
+                    for ((yi, &xi), &bj) in yr.iter_mut().zip(xr).zip(&rep) {
+                        *yi = a * xi + bj * *yi;
+                    }
+                }
+            });
+        Ok(())
+    }
+    fn block_lsqr_update(
+        &self,
+        steps: &[XwStep],
+        v: &CpuBlock,
+        (x, w): (&mut CpuBlock, &mut CpuBlock),
+        var: Option<&mut CpuBlock>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        let (rows, k) = (v.rows, v.k);
+        check_shape("block update x", x, rows, k)?;
+        check_shape("block update w", w, rows, k)?;
+        if steps.len() != k || out.len() != k {
+            return Err(Error::Invalid("block update: one step per column".into()));
+        }
+        if k == 0 {
+            return Ok(());
+        }
+        if let Some(vr) = var.as_deref() {
+            check_shape("block update var", vr, rows, k)?;
+        }
+        let per = CHUNK * k;
+        let nchunks = rows.div_ceil(CHUNK);
+        let mut parts = vec![0.0; nchunks * k];
+        let vars: Vec<Option<&mut [f64]>> = match var {
+            Some(vr) => vr.data.chunks_mut(per).map(Some).collect(),
+            None => (0..nchunks).map(|_| None).collect(),
+        };
+        let jobs: Vec<_> = w
+            .data
+            .chunks_mut(per)
+            .zip(x.data.chunks_mut(per))
+            .zip(v.data.chunks(per))
+            .zip(vars)
+            .zip(parts.chunks_mut(k))
+            .collect();
+        let inv_rho: Vec<f64> = steps.iter().map(|st| st.inv_rho).collect();
+        let (r_inv, r_t1, r_t2) = (
+            rep8(&inv_rho),
+            rep8(&steps.iter().map(|st| st.t1).collect::<Vec<_>>()),
+            rep8(&steps.iter().map(|st| st.t2).collect::<Vec<_>>()),
+        );
+        let one = |((((ws, xs), vs), var), p): UpdateJob<'_>| {
+            // ||dk||^2 = ||w / rho||^2 of the old w, in lanes (as `lsqr_update`).
+            lane_sums(ws, &inv_rho, p, |w, f| (f * w) * (f * w));
+            if let Some(vr) = var {
+                for (vb, wb) in vr.chunks_mut(8 * k).zip(ws.chunks(8 * k)) {
+                    for ((vi, &wi), &f) in vb.iter_mut().zip(wb).zip(&r_inv) {
+                        let dk = f * wi;
+                        *vi += dk * dk;
+                    }
+                }
+            }
+            let blocks = xs.chunks_mut(8 * k).zip(ws.chunks_mut(8 * k));
+            for ((xb, wb), vb) in blocks.zip(vs.chunks(8 * k)) {
+                let it = xb.iter_mut().zip(wb.iter_mut()).zip(vb);
+                for ((((xi, wi), &vi), &t1), &t2) in it.zip(&r_t1).zip(&r_t2) {
+                    let w0 = *wi;
+                    *xi += t1 * w0;
+                    *wi = vi + t2 * w0;
+                }
+            }
+        };
+        if nchunks <= 2 {
+            jobs.into_iter().for_each(one);
+        } else {
+            jobs.into_par_iter().for_each(one);
+        }
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = (0..nchunks).map(|c| parts[c * k + j]).sum();
+        }
+        Ok(())
+    }
+    fn block_allreduce_sum(&self, comm: &dyn Comm, x: &mut CpuBlock) -> Result<()> {
+        comm.allreduce_sum(&mut x.data)
+    }
+}
+
+/// A CSR matrix applied to blocks: its rows for A X, an explicit transpose (CSR of A^T, the
+/// single CPU operator's CSC copy) for A^T Y; rows of class 1 are weighted (member j's
+/// `w[j]`).
+pub struct CpuBlockOperator {
+    a: Csr,
+    at: Csr,
+    /// Per row of `a`: 1 where weighted (None: no weighted rows).
+    row_class: Option<Vec<u8>>,
+    /// Per entry of `at`: the class of the row it came from.
+    entry_class: Option<Vec<u8>>,
+}
+
+impl CpuBlockOperator {
+    /// `a` with the rows where `weighted[r]` is true weighted per member (None: no weighted
+    /// rows, the members differ by LSQR's damping only).
+    pub fn new(a: Csr, weighted: Option<Vec<bool>>) -> Result<Self> {
+        if let Some(w) = &weighted {
+            if w.len() != a.nrows() {
+                return Err(Error::Invalid(format!(
+                    "{} row weights flags for {} rows",
+                    w.len(),
+                    a.nrows()
+                )));
+            }
+        }
+        let at = a.transpose();
+        let row_class: Option<Vec<u8>> = weighted.map(|w| w.iter().map(|&b| u8::from(b)).collect());
+        let entry_class = row_class
+            .as_ref()
+            .map(|c| at.indices().iter().map(|&r| c[r as usize]).collect());
+        Ok(CpuBlockOperator {
+            a,
+            at,
+            row_class,
+            entry_class,
+        })
+    }
+    /// The matrix (rows as stored).
+    pub fn matrix(&self) -> &Csr {
+        &self.a
+    }
+}
+
+/// The factors of a group of W members: [ones, weights].
+fn factors<const W: usize>(w: &[f64], j0: usize) -> [[f64; W]; 2] {
+    let mut f = [[1.0; W]; 2];
+    if !w.is_empty() {
+        f[1].copy_from_slice(&w[j0..j0 + W]);
+    }
+    f
+}
+
+/// One product's rows: `src` rows (offsets, columns, values), entry classes (None: none
+/// weighted), the multiplied block `x` (k columns), members' weights `w`, and (alpha, beta).
+struct Product<'a> {
+    ptr: &'a [u64],
+    cols: &'a [u32],
+    vals: &'a [f64],
+    /// Weighted rows by row (A X) or by entry (A^T Y).
+    class: Classes<'a>,
+    x: &'a [f64],
+    k: usize,
+    w: &'a [f64],
+    alpha: f64,
+    beta: &'a [f64],
+}
+
+#[derive(Clone, Copy)]
+enum Classes<'a> {
+    None,
+    Rows(&'a [u8]),
+    Entries(&'a [u8]),
+}
+
+impl Product<'_> {
+    /// The rows `r0..` of the product into `out` (their k values each): with AVX2 where the CPU
+    /// has it (four members per instruction; the same sums: IEEE products and sums element by
+    /// element, never fused), else SSE2.
+    fn rows(&self, r0: usize, out: &mut [f64]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { self.rows_avx2(r0, out) };
+            return;
+        }
+        self.rows_any(r0, out)
+    }
+
+    /// [`Self::rows`] compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, r0: usize, out: &mut [f64]) {
+        self.rows_any(r0, out)
+    }
+
+    /// The rows in member groups of up to [`GROUP`].
+    #[inline(always)]
+    fn rows_any(&self, r0: usize, out: &mut [f64]) {
+        let k = self.k;
+        // groups of at most GROUP members (their lanes stay in AVX2's registers), as equal as
+        // can be (11 members: 6 + 5)
+        let groups = k.div_ceil(GROUP);
+        let mut j0 = 0;
+        for gi in 0..groups {
+            let g = k / groups + usize::from(gi < k % groups);
+            match g {
+                1 => self.group::<1>(r0, j0, out),
+                2 => self.group::<2>(r0, j0, out),
+                3 => self.group::<3>(r0, j0, out),
+                4 => self.group::<4>(r0, j0, out),
+                5 => self.group::<5>(r0, j0, out),
+                6 => self.group::<6>(r0, j0, out),
+                7 => self.group::<7>(r0, j0, out),
+                8 => self.group::<8>(r0, j0, out),
+                9 => self.group::<9>(r0, j0, out),
+                10 => self.group::<10>(r0, j0, out),
+                11 => self.group::<11>(r0, j0, out),
+                _ => self.group::<12>(r0, j0, out),
+            }
+            j0 += g;
+        }
+        debug_assert_eq!(j0, k);
+    }
+
+    #[inline(always)]
+    fn group<const W: usize>(&self, r0: usize, j0: usize, out: &mut [f64]) {
+        let (k, alpha) = (self.k, self.alpha);
+        let fac = factors::<W>(self.w, j0);
+        let beta: [f64; W] = std::array::from_fn(|j| self.beta[j0 + j]);
+        for (i, orow) in out.chunks_exact_mut(k).enumerate() {
+            let r = r0 + i;
+            let (s, e) = (self.ptr[r] as usize, self.ptr[r + 1] as usize);
+            let sums = match self.class {
+                Classes::None => self.sums::<W, false>((s, e), j0, &fac, None),
+                Classes::Rows(c) => match c[r] {
+                    0 => self.sums::<W, false>((s, e), j0, &fac, None),
+                    _ => self.sums::<W, true>((s, e), j0, &fac, None),
+                },
+                Classes::Entries(c) => self.sums::<W, true>((s, e), j0, &fac, Some(c)),
+            };
+            let o = &mut orow[j0..j0 + W];
+            for j in 0..W {
+                o[j] = if beta[j] == 0.0 {
+                    alpha * sums[j]
+                } else {
+                    alpha * sums[j] + beta[j] * o[j]
+                };
+            }
+        }
+    }
+
+    /// Term p (an entry) for W members: `a x_j`, or `(a w_j) x_j` where weighted: with entry
+    /// classes the factor is 1 (exact) or w_j by entry; without, w_j (`fac[1]`: all entries of
+    /// a weighted row).
+    #[inline(always)]
+    fn term<const W: usize, const WEIGHTED: bool>(
+        &self,
+        p: usize,
+        j0: usize,
+        fac: &[[f64; W]; 2],
+        entry_class: Option<&[u8]>,
+    ) -> [f64; W] {
+        let (k, x) = (self.k, self.x);
+        // SAFETY: p < nnz (the rows' offsets are a Csr's); a Csr's columns are < its ncols,
+        // and `product` checked that x has ncols rows of k values, j0 + W <= k.
+        let (a, xs) = unsafe {
+            let c = *self.cols.get_unchecked(p) as usize;
+            debug_assert!((c + 1) * k <= x.len() && j0 + W <= k);
+            let xs: &[f64; W] = &*(x.as_ptr().add(c * k + j0) as *const [f64; W]);
+            (*self.vals.get_unchecked(p), xs)
+        };
+        if WEIGHTED {
+            let f = match entry_class {
+                // SAFETY: entry classes have one per entry (made with the matrix).
+                Some(c) => &fac[usize::from(unsafe { *c.get_unchecked(p) } != 0)],
+                None => &fac[1],
+            };
+            std::array::from_fn(|j| (a * f[j]) * xs[j])
+        } else {
+            std::array::from_fn(|j| a * xs[j])
+        }
+    }
+
+    /// The sums of entries s..e for W members: term t of the row into lane t % 4, the lanes
+    /// added as `(l0 + l1) + (l2 + l3)` ([`crate::sparse::Lanes`]). The lanes are four local
+    /// arrays indexed by constants only, so they stay in registers. Rows of 1 to 4 entries sum
+    /// as [`crate::sparse::Lanes::sum_fixed`] writes them out (bitwise the lanes' sums).
+    #[inline(always)]
+    fn sums<const W: usize, const WEIGHTED: bool>(
+        &self,
+        (s, e): (usize, usize),
+        j0: usize,
+        fac: &[[f64; W]; 2],
+        entry_class: Option<&[u8]>,
+    ) -> [f64; W] {
+        debug_assert!(e <= self.cols.len() && e <= self.vals.len());
+        let term = |p: usize| self.term::<W, WEIGHTED>(p, j0, fac, entry_class);
+        let zero_plus = |t: [f64; W]| -> [f64; W] { std::array::from_fn(|j| 0.0 + t[j]) };
+        let plus = |a: [f64; W], t: [f64; W]| -> [f64; W] { std::array::from_fn(|j| a[j] + t[j]) };
+        match e - s {
+            0 => return [0.0; W],
+            1 => return zero_plus(term(s)),
+            2 => return plus(zero_plus(term(s)), term(s + 1)),
+            3 => return plus(plus(zero_plus(term(s)), term(s + 1)), term(s + 2)),
+            4 => {
+                let a = plus(zero_plus(term(s)), term(s + 1));
+                let b = plus(zero_plus(term(s + 2)), term(s + 3));
+                return plus(a, b);
+            }
+            _ => {}
+        }
+        #[inline(always)]
+        fn add<const W: usize>(lane: &mut [f64; W], t: [f64; W]) {
+            for j in 0..W {
+                lane[j] += t[j];
+            }
+        }
+        let (mut l0, mut l1, mut l2, mut l3) = ([0.0f64; W], [0.0f64; W], [0.0f64; W], [0.0f64; W]);
+        let n4 = s + ((e - s) & !3);
+        let mut p = s;
+        while p < n4 {
+            add(&mut l0, term(p));
+            add(&mut l1, term(p + 1));
+            add(&mut l2, term(p + 2));
+            add(&mut l3, term(p + 3));
+            p += 4;
+        }
+        if n4 < e {
+            add(&mut l0, term(n4));
+        }
+        if n4 + 1 < e {
+            add(&mut l1, term(n4 + 1));
+        }
+        if n4 + 2 < e {
+            add(&mut l2, term(n4 + 2));
+        }
+        std::array::from_fn(|j| (l0[j] + l1[j]) + (l2[j] + l3[j]))
+    }
+
+    /// All rows, split across rayon's threads by entries.
+    fn run(&self, out: &mut [f64]) {
+        let nrows = self.ptr.len() - 1;
+        let k = self.k;
+        if k == 0 || nrows == 0 {
+            return;
+        }
+        let work = (self.ptr[nrows] - self.ptr[0]) as usize * k.min(GROUP) + nrows;
+        let parts = blocks_for(work, 4);
+        if parts <= 1 {
+            self.rows(0, out);
+            return;
+        }
+        let bounds = row_blocks(self.ptr, parts);
+        let pieces = split_parts(out, bounds.windows(2).map(|b| (b[1] - b[0]) * k));
+        pieces
+            .into_par_iter()
+            .zip(bounds.par_windows(2))
+            .for_each(|(o, b)| self.rows(b[0], o));
+    }
+}
+
+impl CpuBlockOperator {
+    fn product(
+        &self,
+        (m, classes): (&Csr, Classes<'_>),
+        w: &[f64],
+        (alpha, beta): (f64, &[f64]),
+        x: &CpuBlock,
+        y: &mut CpuBlock,
+    ) -> Result<()> {
+        let k = x.k;
+        check_shape("block product x", x, m.ncols(), k)?;
+        check_shape("block product y", y, m.nrows(), k)?;
+        if beta.len() != k || (self.row_class.is_some() && w.len() != k) {
+            return Err(Error::Invalid(format!(
+                "block product: {} betas and {} weights for {k} members",
+                beta.len(),
+                w.len()
+            )));
+        }
+        let p = Product {
+            ptr: m.indptr(),
+            cols: m.indices(),
+            vals: m.data(),
+            class: classes,
+            x: &x.data,
+            k,
+            w: if self.row_class.is_some() { w } else { &[] },
+            alpha,
+            beta,
+        };
+        p.run(&mut y.data);
+        Ok(())
+    }
+}
+
+impl BlockOperator<CpuBackend> for CpuBlockOperator {
+    fn nrows(&self) -> usize {
+        self.a.nrows()
+    }
+    fn ncols(&self) -> usize {
+        self.a.ncols()
+    }
+    fn has_weighted_rows(&self) -> bool {
+        self.row_class.is_some()
+    }
+    fn member_matrix(&self, w: f64) -> Csr {
+        let mut a = self.a.clone();
+        if let Some(c) = &self.row_class {
+            let ptr = self.a.indptr().to_vec();
+            let vals = a.data_mut();
+            for (r, &cl) in c.iter().enumerate() {
+                if cl != 0 {
+                    let seg = &mut vals[ptr[r] as usize..ptr[r + 1] as usize];
+                    seg.iter_mut().for_each(|v| *v *= w);
+                }
+            }
+        }
+        a
+    }
+    fn apply_block(
+        &self,
+        _be: &CpuBackend,
+        w: &[f64],
+        ab: (f64, &[f64]),
+        x: &CpuBlock,
+        y: &mut CpuBlock,
+    ) -> Result<()> {
+        let c = match &self.row_class {
+            Some(c) => Classes::Rows(c),
+            None => Classes::None,
+        };
+        self.product((&self.a, c), w, ab, x, y)
+    }
+    fn apply_t_block(
+        &self,
+        _be: &CpuBackend,
+        w: &[f64],
+        ab: (f64, &[f64]),
+        y: &CpuBlock,
+        x: &mut CpuBlock,
+    ) -> Result<()> {
+        let c = match &self.entry_class {
+            Some(c) => Classes::Entries(c),
+            None => Classes::None,
+        };
+        self.product((&self.at, c), w, ab, y, x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{cpu::CpuCsrOperator, TransposeStrategy};
+    use crate::backend::{Backend, Operator, Scale, XwState};
+
+    fn bits(x: &[f64]) -> Vec<u64> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn block_kernels_equal_the_single_kernels_column_by_column_bitwise() {
+        let be = CpuBackend::new();
+        let mut rng = crate::grid::Rng::new(3);
+        // 3 chunks and a tail: the chunked sums in parallel; k over a group of 8
+        for (rows, k) in [(2 * CHUNK + 77, 11usize), (1000, 3), (5, 1)] {
+            let cols: Vec<Vec<f64>> = (0..k)
+                .map(|_| crate::testproblems::with_negative_zeros(rows, 7, &mut rng))
+                .collect();
+            let mut x = be.block_zeros(rows, k).unwrap();
+            for (j, c) in cols.iter().enumerate() {
+                be.block_set_column(&mut x, j, c).unwrap();
+            }
+            let mut out = vec![0.0; k];
+            be.block_norms_sq(&x, None, &mut out).unwrap();
+            let f: Vec<f64> = (0..k).map(|j| 0.5 + j as f64).collect();
+            let mut outf = vec![0.0; k];
+            be.block_norms_sq(&x, Some(&f), &mut outf).unwrap();
+            for j in 0..k {
+                assert_eq!(out[j].to_bits(), be.norm_sq(&cols[j]).unwrap().to_bits());
+                let mut y = vec![0.0; rows];
+                be.copy_scaled(f[j], &cols[j], &mut y).unwrap();
+                assert_eq!(outf[j].to_bits(), be.norm_sq(&y).unwrap().to_bits());
+            }
+            // the fused update, with var
+            let steps: Vec<XwStep> = (0..k)
+                .map(|j| XwStep {
+                    t1: 0.3 + j as f64,
+                    t2: -0.7 / (1.0 + j as f64),
+                    inv_rho: 1.5 - 0.1 * j as f64,
+                })
+                .collect();
+            let (mut xb, mut wb, mut vb) = (
+                be.block_zeros(rows, k).unwrap(),
+                be.block_zeros(rows, k).unwrap(),
+                be.block_zeros(rows, k).unwrap(),
+            );
+            let mut var = be.block_zeros(rows, k).unwrap();
+            let vs: Vec<Vec<f64>> = (0..k)
+                .map(|_| (0..rows).map(|_| rng.uniform()).collect())
+                .collect();
+            for j in 0..k {
+                be.block_set_column(&mut wb, j, &cols[j]).unwrap();
+                be.block_set_column(&mut vb, j, &vs[j]).unwrap();
+                be.block_set_column(&mut xb, j, &vs[(j + 1) % k]).unwrap();
+            }
+            let mut dk = vec![0.0; k];
+            be.block_lsqr_update(&steps, &vb, (&mut xb, &mut wb), Some(&mut var), &mut dk)
+                .unwrap();
+            for j in 0..k {
+                let (mut x1, mut w1, mut v1) =
+                    (vs[(j + 1) % k].clone(), cols[j].clone(), vec![0.0; rows]);
+                let s = be
+                    .lsqr_update(
+                        steps[j],
+                        &vs[j],
+                        XwState {
+                            x: &mut x1,
+                            w: &mut w1,
+                            var: Some(&mut v1),
+                        },
+                    )
+                    .unwrap();
+                assert_eq!(dk[j].to_bits(), s.to_bits(), "rows {rows} k {k} j {j}");
+                assert_eq!(bits(&be.block_column(&xb, j).unwrap()), bits(&x1));
+                assert_eq!(bits(&be.block_column(&wb, j).unwrap()), bits(&w1));
+                assert_eq!(bits(&be.block_column(&var, j).unwrap()), bits(&v1));
+            }
+            // keep: columns dropped and reordered
+            let keep: Vec<usize> = (0..k).rev().step_by(2).collect();
+            be.block_keep(&mut xb, &keep).unwrap();
+            assert_eq!(be.block_shape(&xb), (rows, keep.len()));
+            for (c, &j) in keep.iter().enumerate() {
+                let mut x1 = vs[(j + 1) % k].clone();
+                let (mut w1, mut v1) = (cols[j].clone(), vec![0.0; rows]);
+                be.lsqr_update(
+                    steps[j],
+                    &vs[j],
+                    XwState {
+                        x: &mut x1,
+                        w: &mut w1,
+                        var: Some(&mut v1),
+                    },
+                )
+                .unwrap();
+                assert_eq!(bits(&be.block_column(&xb, c).unwrap()), bits(&x1));
+            }
+        }
+    }
+
+    #[test]
+    fn block_products_with_weighted_rows_equal_the_single_products_bitwise() {
+        let be = CpuBackend::new();
+        let g = crate::testproblems::awkward_csr(30_000, 900, 5);
+        let r = crate::testproblems::awkward_csr(5000, 900, 6);
+        let a = g.vstack_scaled(&r, 1.0).unwrap();
+        // rows mixed: weighted rows between the others, as a row reordering leaves them
+        let perm: Vec<usize> = (0..a.nrows()).map(|i| (i * 7919) % a.nrows()).collect();
+        let a = a.select_rows(&perm);
+        let flags: Vec<bool> = perm.iter().map(|&i| i >= g.nrows()).collect();
+        let mut rng = crate::grid::Rng::new(9);
+        for k in [1usize, 5, 11, 13] {
+            let w: Vec<f64> = (0..k).map(|j| 0.01 * (j as f64 + 1.0).powi(2)).collect();
+            let op = CpuBlockOperator::new(a.clone(), Some(flags.clone())).unwrap();
+            let xs: Vec<Vec<f64>> = (0..k)
+                .map(|_| crate::testproblems::with_negative_zeros(900, 5, &mut rng))
+                .collect();
+            let ys: Vec<Vec<f64>> = (0..k)
+                .map(|_| (0..a.nrows()).map(|_| rng.uniform() - 0.5).collect())
+                .collect();
+            let (mut xb, mut yb) = (
+                be.block_zeros(900, k).unwrap(),
+                be.block_zeros(a.nrows(), k).unwrap(),
+            );
+            for j in 0..k {
+                be.block_set_column(&mut xb, j, &xs[j]).unwrap();
+                be.block_set_column(&mut yb, j, &ys[j]).unwrap();
+            }
+            let beta: Vec<f64> = (0..k)
+                .map(|j| if j == 1 { 0.0 } else { -0.5 * j as f64 })
+                .collect();
+            let (mut yo, mut xo) = (yb.clone(), xb.clone());
+            op.apply_block(&be, &w, (1.0, &beta), &xb, &mut yo).unwrap();
+            op.apply_t_block(&be, &w, (1.0, &beta), &yb, &mut xo)
+                .unwrap();
+            for j in 0..k {
+                let mut aw = a.clone();
+                let vals: Vec<f64> = (0..aw.nrows())
+                    .flat_map(|i| {
+                        let f = if flags[i] { w[j] } else { 1.0 };
+                        a.row(i).1.iter().map(move |v| v * f).collect::<Vec<_>>()
+                    })
+                    .collect();
+                aw.data_mut().copy_from_slice(&vals);
+                let single = CpuCsrOperator::new(aw, TransposeStrategy::Csc);
+                let mut y1 = ys[j].clone();
+                single
+                    .apply(&be, Scale::new(1.0, beta[j]), &xs[j], &mut y1)
+                    .unwrap();
+                let mut x1 = xs[j].clone();
+                single
+                    .apply_t(&be, Scale::new(1.0, beta[j]), &ys[j], &mut x1)
+                    .unwrap();
+                assert_eq!(
+                    bits(&be.block_column(&yo, j).unwrap()),
+                    bits(&y1),
+                    "A x, k {k} j {j}"
+                );
+                assert_eq!(
+                    bits(&be.block_column(&xo, j).unwrap()),
+                    bits(&x1),
+                    "A^T y, k {k} j {j}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! A batch of LSQR solves of one system that differ by the weight of its regularisation rows, by
+//! LSQR's damping or by the right-hand side: laid out once (the single solve's preparation, so
+//! the same row order and sums), solved by batched LSQR on one block operator
+//! (src/solver/lsqr_batch.rs), each member's solution mapped back and reported as its own solve
+//! would be. `lcurve` (all weights in one run) and `invert`'s weight choice run it.
+
+use std::time::Instant;
+
+use crate::backend::batch::{BatchBackend, BlockOperator};
+use crate::backend::storage::Storage;
+use crate::backend::storage::StoredMatrix;
+use crate::backend::{Backend, Operator};
+use crate::backend::{Precision, TransposeStrategy};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::model::report::{Calibration, Outcome, Report, ReportHeader, Seconds};
+use crate::pipeline::operators::{choose_backend, BatchVisitor, Engine, LsqrVisitor};
+use crate::pipeline::options::{BackendChoice, SolveOptions};
+use crate::pipeline::prepare::{prepare, Unmap};
+use crate::pipeline::solve::layout_for;
+pub use crate::solver::lsqr_batch::Member;
+use crate::solver::lsqr_batch::{lsqr_batch_handoff, resume, Handover, MemberEnd, MemberResult};
+use crate::solver::{LsqMethod, LsqrParams};
+use crate::sparse::{Csr, System};
+
+/// A batch's matrix: [G; R] with R's rows unweighted and the row where R starts (None: no R,
+/// the members differ by damping).
+pub struct BatchSystem {
+    pub a: Csr,
+    pub reg_from: Option<usize>,
+}
+
+/// Why the solves of `opts` cannot run as one batch (None: they can; then each member equals
+/// its own solve): the batch is LSQR on the CPU with CSR storage and the explicit transpose,
+/// no column scaling (its factors depend on the weight) and no x0.
+pub fn batch_blocker(opts: &SolveOptions) -> Option<String> {
+    if opts.method != LsqMethod::Lsqr {
+        return Some("the batch is LSQR's (method = lsmr)".into());
+    }
+    if opts.col_scale {
+        return Some("col_scale: the column scales differ per weight".into());
+    }
+    if opts.x0.is_some() {
+        return Some("x0 is set".into());
+    }
+    if opts.operator.transpose == TransposeStrategy::Scatter {
+        return Some("transpose = scatter".into());
+    }
+    if opts.operator.storage == Storage::Compact {
+        return Some("storage = compact (the batch stores CSR)".into());
+    }
+    match choose_backend(opts.operator.backend) {
+        Ok((BackendChoice::Cuda, _)) => Some("the GPU's batch is not built yet".into()),
+        Err(e) => Some(e.to_string()),
+        _ => None,
+    }
+}
+
+/// Solve the members of a batch: `rhs[j]` is member j's right-hand side (all rows, the system's
+/// order), `members[j]` its weight and damping; `opts` as a single solve's (its damp is each
+/// member's). `finished(j, outcome)` gets each member's outcome as it stops: x in the original
+/// columns and a report as its own solve's, with the batch's times.
+pub fn solve_batch(
+    sys: BatchSystem,
+    rhs: &[Vec<f64>],
+    members: &[Member],
+    opts: &SolveOptions,
+    comm: &dyn Comm,
+    finished: &mut (dyn FnMut(usize, Outcome) + Send),
+) -> Result<()> {
+    let setup_started = Instant::now();
+    crate::ui::phases::take();
+    if let Some(why) = batch_blocker(opts) {
+        return Err(Error::Invalid(format!("no batched solve: {why}")));
+    }
+    let BatchSystem { a, reg_from } = sys;
+    let m = a.nrows();
+    if rhs.len() != members.len() || rhs.iter().any(|b| b.len() != m) {
+        return Err(Error::Invalid(format!(
+            "a batch of {} members needs as many right-hand sides of {m} values",
+            members.len()
+        )));
+    }
+    let engine = Engine::cpu();
+    let layout = layout_for(opts, &engine, a.nnz());
+    if layout.storage != Storage::Csr {
+        return Err(Error::Invalid(
+            "no batched solve: storage is not CSR".into(),
+        ));
+    }
+    let kernel_rows = reg_from.unwrap_or(m);
+    let b0 = rhs.first().cloned().unwrap_or_else(|| vec![0.0; m]);
+    let p = prepare(
+        System {
+            a,
+            b: b0,
+            kernel_rows,
+        },
+        &layout,
+        comm,
+    )?;
+    let old = |i: usize| p.unmap.ordering.rows.as_ref().map_or(i, |r| r[i]);
+    let rows = p.matrix.rows;
+    let weighted = reg_from.map(|g| (0..rows.nrows()).map(|i| old(i) >= g).collect());
+    let rhs: Vec<Vec<f64>> = rhs
+        .iter()
+        .map(|b| (0..m).map(|i| b[old(i)]).collect())
+        .collect();
+    let (n, nnz) = (rows.ncols(), p.nnz);
+    let v = Run {
+        rhs: &rhs,
+        members,
+        params: &opts.params,
+        unmap: &p.unmap,
+        comm,
+        engine: &engine,
+        spec: &opts.operator,
+        facts: Facts {
+            m: p.m,
+            n,
+            nnz,
+            k: members.len(),
+            tuning: &opts.operator.tuning,
+            setup_started,
+        },
+        finished,
+    };
+    engine.batch(comm, rows, weighted, v)
+}
+
+/// What every member's report shares.
+struct Facts<'a> {
+    m: usize,
+    n: usize,
+    nnz: usize,
+    k: usize,
+    tuning: &'a crate::settings::tuning::Tuning,
+    setup_started: Instant,
+}
+
+/// The batch on the block operator the factory built.
+struct Run<'a, 'f> {
+    rhs: &'a [Vec<f64>],
+    members: &'a [Member],
+    params: &'a LsqrParams,
+    unmap: &'a Unmap,
+    comm: &'a dyn Comm,
+    /// The engine (the single solver's operators for handed-over members).
+    engine: &'a Engine,
+    spec: &'a crate::pipeline::options::OperatorSpec,
+    facts: Facts<'a>,
+    finished: &'f mut (dyn FnMut(usize, Outcome) + Send),
+}
+
+impl BatchVisitor for Run<'_, '_> {
+    type Output = ();
+    fn visit<B: BatchBackend, O: BlockOperator<B>>(self, be: &B, op: &O) -> Result<()> {
+        let started = Instant::now();
+        let setup = started
+            .duration_since(self.facts.setup_started)
+            .as_secs_f64();
+        let phases = crate::ui::phases::take();
+        let refs: Vec<&[f64]> = self.rhs.iter().map(|b| b.as_slice()).collect();
+        let Run {
+            members,
+            params,
+            unmap,
+            comm,
+            engine,
+            spec,
+            facts,
+            finished,
+            ..
+        } = self;
+        let describe = be.describe();
+        let mut each = |j: usize, r: &MemberResult| {
+            let mut solution = r.solution.clone();
+            unmap.restore(&mut solution.x, solution.var.as_mut());
+            let p = LsqrParams {
+                damp: members[j].damp,
+                ..params.clone()
+            };
+            let mut report = member_report(&facts, &p, &solution.info, (setup, comm.size()));
+            report.backend_detail = describe.clone();
+            report.reorder = unmap.ordering.what.clone();
+            report.setup_phases = phases.clone();
+            finished(
+                j,
+                Outcome {
+                    solution,
+                    history: r.history.clone(),
+                    report,
+                    calibration: Calibration::default(),
+                },
+            );
+        };
+        let ends = lsqr_batch_handoff(be, op, comm, (&refs, members), params, HANDOFF, &mut each)?;
+        for (j, end) in ends.into_iter().enumerate() {
+            if let MemberEnd::Handed(h) = end {
+                let p = LsqrParams {
+                    damp: members[j].damp,
+                    ..params.clone()
+                };
+                let rows = StoredMatrix {
+                    rows: op.member_matrix(members[j].weight),
+                    stencil: None,
+                    storage: Storage::Csr,
+                };
+                let v = Resume {
+                    h: *h,
+                    params: &p,
+                    comm,
+                };
+                let (r, _) = engine.lsqr(spec, comm, rows, false, v)?;
+                each(j, &r);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Members left in a batch that go on alone: measured on australia (2 cores), a batch of one
+/// or two costs more than their single solves (the single products' loops for runs of equal
+/// short rows), from three on less.
+const HANDOFF: usize = 2;
+
+/// A handed-over member on the single solver's operator.
+struct Resume<'a> {
+    h: Handover,
+    params: &'a LsqrParams,
+    comm: &'a dyn Comm,
+}
+
+impl LsqrVisitor for Resume<'_> {
+    type Output = MemberResult;
+    fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<MemberResult> {
+        resume(be, op, self.comm, self.h, self.params)
+    }
+}
+
+/// A member's report.json: as its own solve's, the solve's seconds those of the batch until
+/// the member stopped.
+fn member_report(
+    f: &Facts,
+    p: &LsqrParams,
+    info: &crate::solver::LsqrInfo,
+    (setup, ranks): (f64, usize),
+) -> Report {
+    Report {
+        header: ReportHeader::new("lsqr"),
+        backend: "cpu".into(),
+        backend_detail: String::new(),
+        backend_reason: format!("batched LSQR ({} members on one pass over the matrix)", f.k),
+        transpose: "csc".into(),
+        lsqr_loop: "host (batched)".into(),
+        reorder: String::new(),
+        storage: crate::backend::storage::describe_csr(Precision::F64),
+        tuning: f.tuning.clone(),
+        ranks,
+        threads: rayon::current_num_threads(),
+        m: f.m,
+        n: f.n,
+        nnz: f.nnz,
+        damp: p.damp,
+        atol: p.atol,
+        btol: p.btol,
+        conlim: p.conlim,
+        iter_lim: p.iter_lim.unwrap_or(2 * f.n),
+        col_scale: false,
+        istop: info.istop,
+        stop_reason: info.stop_reason.clone(),
+        iterations: info.itn,
+        norms: info.norms,
+        seconds: Seconds {
+            load: 0.0,
+            setup,
+            solve: info.seconds,
+            total: setup + info.seconds,
+        },
+        setup_phases: Default::default(),
+        ms_per_iter: if info.itn > 0 {
+            1e3 * info.seconds / info.itn as f64
+        } else {
+            0.0
+        },
+        rank_timing: Vec::new(),
+        load_io: String::new(),
+        run_id: String::new(),
+        weight_choice: None,
+    }
+}
