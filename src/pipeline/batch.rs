@@ -271,13 +271,9 @@ fn member_report(
         stop_reason: info.stop_reason.clone(),
         iterations: info.itn,
         norms: info.norms,
-        seconds: Seconds {
-            load: 0.0,
-            setup,
-            solve: info.seconds,
-            total: setup + info.seconds,
-        },
+        seconds: Seconds::new(0.0, setup, info.seconds),
         setup_phases: Default::default(),
+        write_phases: Default::default(),
         ms_per_iter: if info.itn > 0 {
             1e3 * info.seconds / info.itn as f64
         } else {
@@ -285,6 +281,7 @@ fn member_report(
         },
         rank_timing: Vec::new(),
         load_io: String::new(),
+        prepared: String::new(),
         run_id: String::new(),
         weight_choice: None,
     }

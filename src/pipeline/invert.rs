@@ -232,78 +232,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let _prestart = Engine::prestart(kind, comm, &opts.operator.tuning);
     let cost = row_cost(kind, opts.operator.storage);
     let start_s = crate::ui::phases::since_process_start();
-    let (mut start, mut prepared_note) = match job.source {
-        SystemSource::Dataset {
-            path,
-            options,
-            prepared: UsePrepared::Auto,
-        } => {
-            let asked = Asked {
-                kind,
-                opts,
-                load: options,
-                row_cost: cost,
-            };
-            let (r, why) = reuse(path, &asked, comm)?;
-            (r.map(Start::Reused), why.map(|w| format!("not used: {w}")))
-        }
-        _ => (None, None),
-    };
-    // The model side (checked before the solve; the grid it gives lets reorder = "auto"
-    // renumber the cells), and the layout. Prepared storage made for another grid or storage
-    // than this run resolves to is not used.
-    let mut run_model;
-    let mut opts = opts.clone();
-    loop {
-        let s = match start.take() {
-            Some(s) => s,
-            None => Start::Fresh(load(job.source, comm, &opts.operator.tuning, cost)?),
-        };
-        crate::ui::phases::record("read", s.seconds());
-        run_model = match job.model {
-            None => None,
-            Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
-                run_model_of(&s, cfg, resume, comm)
-            })?),
-        };
-        if let Some(m) = &run_model {
-            if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
-                opts.grid = Some(g.n);
-            }
-        }
-        if let Start::Reused(r) = &s {
-            let storage = resolve_storage(
-                kind,
-                opts.operator.storage,
-                opts.operator.transpose,
-                r.loaded_nnz,
-            );
-            let fits = comm.allreduce_scalar(f64::from(u8::from(
-                r.grid != opts.grid || r.storage != storage,
-            )))? == 0.0;
-            if !fits {
-                prepared_note = Some(format!(
-                    "not used: {}: made for another grid or storage than this run's",
-                    crate::io::tidy(&r.path).display()
-                ));
-                crate::ui::phases::take();
-                continue;
-            }
-            prepared_note = Some(format!(
-                "used {} (read in {:.3} s)",
-                crate::io::tidy(&r.path).display(),
-                r.seconds
-            ));
-        }
-        start = Some(s);
-        break;
-    }
-    let start = start.expect("the loop leaves a start");
-    if let Some(note) = prepared_note.as_ref().filter(|n| n.starts_with("not used")) {
-        if comm.is_root() && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet {
-            eprintln!("prepared storage {note}; setting up from the rows (`seistomo prepare` rewrites it)");
-        }
-    }
+    let (start, run_model, opts, prepared_note) = begin(job, kind, cost, comm)?;
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
@@ -374,6 +303,91 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         say_backend_fallback(opts.operator.backend, kind, &why);
     }
     Ok(comm.is_root().then_some(outcome))
+}
+
+/// The system of a run and its model side: this rank's prepared storage when it fits the run,
+/// else its rows loaded; the model checked (the grid it gives lets reorder = "auto" renumber
+/// the cells). Returns them with the options (the grid set) and what became of prepared
+/// storage (report.json `prepared`).
+fn begin(
+    job: &LsqrRun,
+    kind: BackendChoice,
+    cost: crate::partition::RowCost,
+    comm: &dyn Comm,
+) -> Result<(Start, Option<RunModel>, SolveOptions, Option<String>)> {
+    let (mut start, mut prepared_note) = match job.source {
+        SystemSource::Dataset {
+            path,
+            options,
+            prepared: UsePrepared::Auto,
+        } => {
+            let asked = Asked {
+                kind,
+                opts: job.options,
+                load: options,
+                row_cost: cost,
+            };
+            let (r, why) = reuse(path, &asked, comm)?;
+            (r.map(Start::Reused), why.map(|w| format!("not used: {w}")))
+        }
+        _ => (None, None),
+    };
+    // The model side (checked before the solve; the grid it gives lets reorder = "auto"
+    // renumber the cells), and the layout. Prepared storage made for another grid or storage
+    // than this run resolves to is not used.
+    let mut run_model;
+    let mut opts = job.options.clone();
+    loop {
+        let s = match start.take() {
+            Some(s) => s,
+            None => Start::Fresh(load(job.source, comm, &opts.operator.tuning, cost)?),
+        };
+        crate::ui::phases::record("read", s.seconds());
+        run_model = match job.model {
+            None => None,
+            Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
+                run_model_of(&s, cfg, resume, comm)
+            })?),
+        };
+        if let Some(m) = &run_model {
+            if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
+                opts.grid = Some(g.n);
+            }
+        }
+        if let Start::Reused(r) = &s {
+            let storage = resolve_storage(
+                kind,
+                opts.operator.storage,
+                opts.operator.transpose,
+                r.loaded_nnz,
+            );
+            let fits = comm.allreduce_scalar(f64::from(u8::from(
+                r.grid != opts.grid || r.storage != storage,
+            )))? == 0.0;
+            if !fits {
+                prepared_note = Some(format!(
+                    "not used: {}: made for another grid or storage than this run's",
+                    crate::io::tidy(&r.path).display()
+                ));
+                crate::ui::phases::take();
+                continue;
+            }
+            prepared_note = Some(format!(
+                "used {} (read in {:.3} s)",
+                crate::io::tidy(&r.path).display(),
+                r.seconds
+            ));
+        }
+        start = Some(s);
+        break;
+    }
+    let start = start.expect("the loop leaves a start");
+    if let Some(note) = prepared_note.as_ref().filter(|n| n.starts_with("not used")) {
+        if comm.is_root() && crate::ui::progress::mode() != crate::ui::progress::Mode::Quiet {
+            eprintln!("prepared storage {note}; setting up from the rows (`seistomo prepare` rewrites it)");
+        }
+    }
+    Ok((start, run_model, opts, prepared_note))
 }
 
 /// Where a run's system comes from: this rank's rows, loaded, or its prepared storage (one

@@ -602,6 +602,16 @@ mod tests {
         got
     }
 
+    /// Members that weigh the rows by `ws` (no damping).
+    fn weighted(ws: &[f64]) -> Vec<Member> {
+        ws.iter()
+            .map(|&w| Member {
+                weight: w,
+                damp: 0.0,
+            })
+            .collect()
+    }
+
     fn params(iter_lim: Option<usize>) -> LsqrParams {
         LsqrParams {
             atol: 1e-10,
@@ -642,13 +652,7 @@ mod tests {
         let b: Vec<f64> = (0..300).map(|i| (i as f64 * 0.11).cos()).collect();
         let mut rhs: Vec<f64> = b.clone();
         rhs.resize(550, 0.0);
-        let members: Vec<Member> = [1e-4, 0.01, 0.1, 1.0, 3.0]
-            .iter()
-            .map(|&w| Member {
-                weight: w,
-                damp: 0.0,
-            })
-            .collect();
+        let members = weighted(&[1e-4, 0.01, 0.1, 1.0, 3.0]);
         // Free: each member's own stop; then a limit that only the slowest member reaches.
         let free = check_batch(&g, Some(&r), &vec![rhs.clone(); 5], &members, &params(None));
         let itns: Vec<usize> = free.iter().map(|r| r.solution.info.itn).collect();
@@ -705,13 +709,7 @@ mod tests {
         let a = g.vstack_scaled(&r, 1.0).unwrap();
         let mut b: Vec<f64> = (0..360).map(|i| (i as f64 * 0.7).sin()).collect();
         b.resize(560, 0.0);
-        let members: Vec<Member> = [0.01, 0.1, 1.0]
-            .iter()
-            .map(|&w| Member {
-                weight: w,
-                damp: 0.0,
-            })
-            .collect();
+        let members = weighted(&[0.01, 0.1, 1.0]);
         let p = params(None);
         let serial = check_batch(&g, Some(&r), &vec![b.clone(); 3], &members, &p);
         let ranks = 3;
@@ -777,13 +775,7 @@ mod tests {
         let op = CpuBlockOperator::new(a, Some(flags)).unwrap();
         let mut b: Vec<f64> = (0..300).map(|i| (i as f64 * 0.3).sin()).collect();
         b.resize(450, 0.0);
-        let members: Vec<Member> = [1e-3, 0.03, 0.3, 3.0, 30.0]
-            .iter()
-            .map(|&w| Member {
-                weight: w,
-                damp: 0.0,
-            })
-            .collect();
+        let members = weighted(&[1e-3, 0.03, 0.3, 3.0, 30.0]);
         let p = params(None);
         let be = CpuBackend::new();
         let refs = vec![b.as_slice(); 5];
