@@ -66,9 +66,9 @@ for range in "${RANGES[@]}"; do
 subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=open(sys.argv[-1] + ".log", "w"))
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(r.ru_utime + r.ru_stime)' "$BIN" lcurve "$cfg" --log-range "$range" $flag -o "$OUT/$mode")
-      t=$(echo "$(date +%s.%N) - $t0" | bc -l)
+      t=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.4f", b - a }')
       cpus[$mode]="${cpus[$mode]:-} $cpu"
-      if [ -z "${best[$mode]:-}" ] || (( $(echo "$t < ${best[$mode]}" | bc -l) )); then
+      if [ -z "${best[$mode]:-}" ] || awk -v a="$t" -v b="${best[$mode]}" 'BEGIN { exit !(a < b) }'; then
         best[$mode]=$t
         solved[$mode]=$(sed -n 's/^solved in \([0-9.]*\) s$/\1/p' "$OUT/$mode.log")
       fi
