@@ -1104,18 +1104,22 @@ fn cuda_available() -> (bool, String) {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", seistomo::VERSION)?;
-    m.add_function(wrap_pyfunction!(lsqr, m)?)?;
-    m.add_function(wrap_pyfunction!(gmres, m)?)?;
-    m.add_function(wrap_pyfunction!(lsq_operator, m)?)?;
-    m.add_function(wrap_pyfunction!(gmres_operator, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset_create, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset_info, m)?)?;
-    m.add_function(wrap_pyfunction!(dataset_system, m)?)?;
-    m.add_function(wrap_pyfunction!(invert, m)?)?;
-    m.add_function(wrap_pyfunction!(invert_text, m)?)?;
-    m.add_function(wrap_pyfunction!(model_fields, m)?)?;
-    m.add_function(wrap_pyfunction!(model_info, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    for f in [
+        wrap_pyfunction!(lsqr, m)?,
+        wrap_pyfunction!(gmres, m)?,
+        wrap_pyfunction!(lsq_operator, m)?,
+        wrap_pyfunction!(gmres_operator, m)?,
+        wrap_pyfunction!(dataset_create, m)?,
+        wrap_pyfunction!(dataset_info, m)?,
+        wrap_pyfunction!(dataset_system, m)?,
+        wrap_pyfunction!(invert, m)?,
+        wrap_pyfunction!(invert_text, m)?,
+        wrap_pyfunction!(model_fields, m)?,
+        wrap_pyfunction!(model_info, m)?,
+        wrap_pyfunction!(cuda_available, m)?,
+    ] {
+        m.add_function(f)?;
+    }
     m.add_class::<plan::Plan>()?;
     Ok(())
 }
