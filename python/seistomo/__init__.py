@@ -440,7 +440,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     (x, istop, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, var).
 
     A: scipy.sparse matrix/array (csr, csc, coo, ...; int32/int64 indices; float32/float64) or
-    a dense 2-D array; b: 1-D array (any stride). backend: "auto" (CUDA when usable, else the
+    a dense 2-D array; b: 1-D array (any stride), or B of shape (m, k): k solves in one batch
+    on the CPU, each equal to its own (x, var (n, k); istop, itn and the norms arrays of k;
+    SciPy takes one b only). backend: "auto" (CUDA when usable, else the
     CPU), "cpu" or "cuda"; precision "f32" stores the matrix values in f32 (GPU; CPU with
     compact storage). storage ("auto", "csr", "compact": 16-bit column deltas), reorder ("auto",
     "rows", "none") and lsqr_loop ("auto", "host", "device") are the CLI's options of the same
@@ -463,6 +465,10 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
+    if _columns(b):
+        return _lsqr_columns(A, np.asarray(b), damp, atol, btol, conlim, iter_lim, show,
+                             calc_var, x0, backend, precision, callback, transpose, storage,
+                             reorder, threads)
     callback, cb_x = _callback(callback, callback_type, "lsqr")
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
                     precision, callback, callback_every, transpose, lsqr_loop, storage, reorder,
@@ -483,6 +489,64 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
               f"   xnorm  ={r['xnorm']:8.1e}")
     return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
                       r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
+
+
+def _columns(b):
+    """Whether b is a block of right-hand sides: 2-D with two or more columns (an (m, 1) or
+    (1, m) b is one vector, as SciPy takes it)."""
+    shape = getattr(b, "shape", None)
+    if shape is None and isinstance(b, (list, tuple)):
+        shape = np.shape(b)
+    return shape is not None and len(shape) == 2 and min(shape) >= 2
+
+
+def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, backend,
+                  precision, callback, transpose, storage, reorder, threads):
+    """lsqr for every column of B (m x k) in one batch: k LSQR recurrences sharing each pass
+    over A on the CPU (docs/python.md, "Many right-hand sides"). Returns lsqr's 10-tuple with a
+    column per solve: x and var (n, k), istop, itn and the norms arrays of k; .info a list of
+    the columns' reports. Each column equals its own seistomo.lsqr(A, B[:, j]) on the CPU."""
+    refused = [
+        (x0 is not None, "x0"),
+        (callback is not None, "callback"),
+        (isinstance(A, Operator) or _is_operator(A), "A given as an operator"),
+        (str(backend) == "cuda", "backend='cuda' (the GPU's batch is not built yet)"),
+        (str(precision) != "f64", f"precision={precision!r}"),
+        (str(storage) == "compact", "storage='compact'"),
+        (str(transpose) == "scatter", "transpose='scatter'"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"lsqr with B of {B.shape[1]} columns runs them as one batch on "
+                             f"the CPU, which does not take {what}: solve the columns one by "
+                             f"one instead")
+    if B.dtype == object:
+        raise TypeError("B: dtype object is not a real number type")
+    _check_dtype(B.dtype, "B")
+    shape, ip, ix, data = _csr_parts(A)
+    m, k = B.shape
+    if m != shape[0]:
+        raise ValueError(f"shape mismatch: B has {m} rows but A has {shape[0]}")
+    bb = np.ascontiguousarray(B.T, dtype=np.float64).tobytes()
+    tol = (float(damp), float(atol), float(btol), float(conlim))
+    rs = _native.lsqr_columns(shape, ip, ix, data, bb, k, tol, iter_lim, bool(calc_var),
+                              str(reorder), _threads(threads))
+    X = np.stack([_array(r["x"]) for r in rs], axis=1)
+    var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var
+           else np.zeros((shape[1], k)))
+    infos = [{key: v for key, v in r.items() if key not in ("x", "var")} for r in rs]
+    last_info.clear()
+    last_info.update({"columns": infos, "backend": rs[0]["backend"]})
+    col = lambda key, t=float: np.array([t(r[key]) for r in rs])  # noqa: E731
+    if show:
+        print(f"LSQR of {k} right-hand sides in one batch; A has {shape[0]} rows and "
+              f"{shape[1]} columns; {rs[0]['backend']}")
+        for j, r in enumerate(rs):
+            print(f"column {j:4d}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
+                  f"r1norm ={r['r1norm']:9.2e}  arnorm ={r['arnorm']:9.2e}  "
+                  f"xnorm ={r['xnorm']:9.2e}")
+    return LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
+                      col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
 
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,

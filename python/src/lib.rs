@@ -10,6 +10,7 @@
 //! by their products in Python (LinearOperator, PyLops) run through products.rs; a matrix
 //! prepared once for many solves (`seistomo.Operator`) through plan.rs.
 
+mod columns;
 mod plan;
 mod products;
 
@@ -1117,6 +1118,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(model_fields, m)?,
         wrap_pyfunction!(model_info, m)?,
         wrap_pyfunction!(cuda_available, m)?,
+        wrap_pyfunction!(columns::lsqr_columns, m)?,
     ] {
         m.add_function(f)?;
     }

@@ -1,0 +1,61 @@
+"""seistomo.lsqr(A, B) with B of k columns: k solves in one batch (SciPy takes one b). Each
+column equals seistomo's own single solve bit for bit and SciPy's lsqr on that column (istop,
+iterations within 2 %, x within 1e-8 at tight tolerances)."""
+import numpy as np
+import pytest
+from scipy.sparse.linalg import lsqr as scipy_lsqr
+
+import seistomo
+from test_seistomo import rel, system, within_2pct
+
+
+def block(A, k, seed=3):
+    """B of k columns: the data b and k - 1 random right-hand sides of A's rows."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((A.shape[0], k))
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("australia", dict(atol=1e-10, btol=1e-10, conlim=1e14)),
+    ("well1850", dict(damp=0.01, atol=1e-10, btol=1e-10, conlim=1e14, calc_var=True)),
+    ("well1033", dict(iter_lim=15)),
+])
+def test_columns_equal_their_single_solves_and_scipy(name, kw):
+    A, b = system(name)
+    B = block(A, 4)
+    B[:, 0] = b
+    out = seistomo.lsqr(A, B, backend="cpu", **kw)
+    X, istop, itn, r1, r2, anorm, acond, arnorm, xnorm, var = out
+    assert X.shape == (A.shape[1], 4) and var.shape == X.shape
+    assert istop.shape == itn.shape == r1.shape == (4,)
+    assert len(out.info) == 4 and "batched" in seistomo.last_info["backend"]
+    for j in range(4):
+        one = seistomo.lsqr(A, B[:, j], backend="cpu", **kw)
+        assert np.array_equal(X[:, j], one[0]), f"{name} column {j}: not the single solve"
+        assert (istop[j], itn[j]) == (one[1], one[2])
+        assert (r1[j], arnorm[j], xnorm[j]) == (one[3], one[7], one[8])
+        assert np.array_equal(var[:, j], one[9])
+        ref = scipy_lsqr(A, B[:, j], **kw)
+        assert istop[j] == ref[1], f"{name} column {j}: istop {istop[j]} vs SciPy {ref[1]}"
+        assert within_2pct(itn[j], ref[2]), f"{name} column {j}: {itn[j]} vs {ref[2]}"
+        if "iter_lim" in kw or kw.get("atol", 1) <= 1e-10:
+            assert rel(X[:, j], ref[0]) <= 1e-8, f"{name} column {j}"
+
+
+def test_one_column_is_the_single_solve_and_bad_options_are_refused():
+    A, b = system("well1033")
+    one = seistomo.lsqr(A, b[:, None], backend="cpu")
+    assert one[0].shape == (A.shape[1],) and isinstance(one[1], int)
+    B = block(A, 3)
+    for kw, what in [(dict(x0=np.zeros(A.shape[1])), "x0"),
+                     (dict(callback=lambda *a: None), "callback"),
+                     (dict(backend="cuda"), "backend='cuda'"),
+                     (dict(precision="f32"), "precision"),
+                     (dict(storage="compact"), "storage='compact'")]:
+        with pytest.raises(ValueError, match=what):
+            seistomo.lsqr(A, B, **kw)
+    with pytest.raises(ValueError, match="B has 5 rows"):
+        seistomo.lsqr(A, B[:5], backend="cpu")
+    B[2, 1] = np.nan
+    with pytest.raises(ValueError):
+        seistomo.lsqr(A, B, backend="cpu")
