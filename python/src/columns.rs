@@ -75,7 +75,9 @@ pub(crate) fn lsqr_columns<'py>(
     got.into_iter()
         .map(|s| match s {
             Some(s) => lsq_dict(py, &s, what.clone()),
-            None => Err(PyValueError::new_err("a column of the batch gave no solution")),
+            None => Err(PyValueError::new_err(
+                "a column of the batch gave no solution",
+            )),
         })
         .collect()
 }
