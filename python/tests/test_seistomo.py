@@ -220,8 +220,10 @@ def test_bad_inputs_raise_the_right_exception():
         seistomo.lsqr(sp.csr_matrix((0, 5)), np.zeros(0))
     with pytest.raises(ValueError, match="2-D"):
         seistomo.lsqr(np.ones(5), np.ones(5))
+    with pytest.raises(ValueError, match="1-D"):  # B of columns: lsqr only (test_columns.py)
+        seistomo.lsmr(A, np.ones((A.shape[0], 2)))
     with pytest.raises(ValueError, match="1-D"):
-        seistomo.lsqr(A, np.ones((A.shape[0], 2)))
+        seistomo.lsqr(A, np.ones((A.shape[0], 2, 2)))
     with pytest.raises(TypeError, match="complex"):
         seistomo.lsqr(A.astype(np.complex128), b)
     with pytest.raises(TypeError):
