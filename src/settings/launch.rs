@@ -100,6 +100,16 @@ pub fn home_dir() -> Option<std::path::PathBuf> {
         .map(std::path::PathBuf::from)
 }
 
+/// Where seistomo keeps what it can make again (compiled GPU kernels):
+/// `$XDG_CACHE_HOME/seistomo`, else `$HOME/.cache/seistomo`; None when neither is set.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| home_dir().map(|h| h.join(".cache")))
+        .map(|d| d.join("seistomo"))
+}
+
 /// `$HOSTNAME`, where /proc does not say.
 pub fn hostname() -> Option<String> {
     var("HOSTNAME")
