@@ -470,25 +470,109 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
                              calc_var, x0, backend, precision, callback, transpose, storage,
                              reorder, threads)
     callback, cb_x = _callback(callback, callback_type, "lsqr")
+    table = None
+    if show:
+        table = _LsqrTable(A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0)
+        if not cb_x:  # the table needs every iteration's norms (callback_type="x": none)
+            callback, callback_every = table.watch(callback, callback_every), 1
     shape, r = _lsq("lsqr", A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend,
                     precision, callback, callback_every, transpose, lsqr_loop, storage, reorder,
                     threads, cb_x)
     x = _array(r["x"])
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
-    if show:
-        print("LSQR            Least-squares solution of  Ax = b")
-        print(f"The matrix A has {shape[0]} rows and {shape[1]} columns")
-        print(f"damp = {damp:20.14e}   calc_var = {int(bool(calc_var)):8d}")
-        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}")
-        print(f"btol = {btol:8.2e}               iter_lim = {iter_lim}")
-        print(f"backend: {r['backend']}")
-        print(f"LSQR finished: {r['stop_reason']}")
-        print(f"istop ={r['istop']:8d}   r1norm ={r['r1norm']:8.1e}   anorm ={r['anorm']:8.1e}"
-              f"   arnorm ={r['arnorm']:8.1e}")
-        print(f"itn   ={r['itn']:8d}   r2norm ={r['r2norm']:8.1e}   acond ={r['acond']:8.1e}"
-              f"   xnorm  ={r['xnorm']:8.1e}")
+    if table is not None:
+        table.finish(r)
     return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
                       r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
+
+
+class _LsqrTable:
+    """lsqr's show=True: SciPy's header, its table of iterations (the same rows: the first 10,
+    the last 10 before iter_lim, every one when n <= 40 or near a stopping test, and the last)
+    printed as the solve goes, and its closing lines. SciPy's x[0] column is left out: the
+    native loop hands Python the norms, not x."""
+
+    def __init__(self, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0=None):
+        m, n = (int(v) for v in A.shape)
+        self.n, self.atol, self.btol = n, float(atol), float(btol)
+        self.ctol = 1.0 / conlim if conlim > 0 else 0.0
+        self.iter_lim = 2 * n if iter_lim is None else int(iter_lim)
+        bv = np.asarray(b, dtype=np.float64).reshape(-1)
+        self.bnorm = float(np.linalg.norm(bv))
+        self.last = None
+        print(" ")
+        print("LSQR            Least-squares solution of  Ax = b")
+        print(f"The matrix A has {m} rows and {n} columns")
+        print(f"damp = {damp:20.14e}   calc_var = {int(bool(calc_var)):8g}")
+        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}")
+        print(f"btol = {btol:8.2e}               iter_lim = {self.iter_lim:8g}")
+        print(" ")
+        print("   Itn      r1norm     r2norm   Compatible    LS      Norm A   Cond A")
+        # Iteration 0 (the native loop reports from iteration 1): beta = ||b - A x0||, and
+        # SciPy's test2 = alpha / beta with alpha = ||A^T r0|| / beta, where A allows it.
+        r0 = bv if x0 is None else bv - _apply(A, np.asarray(x0, dtype=np.float64), False)
+        beta = float(np.linalg.norm(r0)) if r0 is not None else self.bnorm
+        atr = _apply(A, r0, True) if r0 is not None and beta > 0 else None
+        test2 = "" if atr is None else f" {float(np.linalg.norm(atr)) / beta ** 2:8.1e}"
+        test1 = 1.0 if beta > 0 else 0.0
+        print(f"{0:6g}  {beta:10.3e} {beta:10.3e}   {test1:8.1e}{test2}")
+        self.last = 0
+
+    def row(self, itn, r1norm, r2norm, anorm, acond, arnorm, xnorm, last=False):
+        rnorm = r1norm
+        test1 = rnorm / self.bnorm if self.bnorm > 0 else 0.0
+        if anorm > 0 and rnorm > 0:
+            test2 = arnorm / (anorm * rnorm)
+        else:
+            test2 = arnorm / (rnorm * rnorm) if rnorm > 0 else 0.0
+        test3 = 1.0 / acond if acond > 0 else 0.0
+        rtol = self.btol + self.atol * anorm * xnorm / self.bnorm if self.bnorm > 0 else 0.0
+        show = (last or itn == 0 or self.n <= 40 or itn <= 10 or itn >= self.iter_lim - 10
+                or test3 <= 2 * self.ctol or test2 <= 10 * self.atol or test1 <= 10 * rtol)
+        if show and itn != self.last:
+            tail = "" if itn == 0 else f" {anorm:8.1e} {acond:8.1e}"
+            print(f"{itn:6g}  {r1norm:10.3e} {r2norm:10.3e}   {test1:8.1e} {test2:8.1e}{tail}")
+            self.last = itn
+
+    def watch(self, callback, every):
+        """A callback for every iteration that prints its row and calls the caller's one every
+        `every` iterations."""
+        every = max(int(every), 1)
+
+        def cb(itn, *norms):
+            self.row(itn, *norms)
+            if callback is not None and itn % every == 0:
+                callback(itn, *norms)
+        return cb
+
+    def finish(self, r):
+        self.row(int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"], r["acond"], r["arnorm"],
+                 r["xnorm"], last=True)
+        print(" ")
+        print("LSQR finished")
+        print(r["stop_reason"])
+        print(f"(seistomo, {r['backend']})")
+        print(" ")
+        print(f"istop ={int(r['istop']):8g}   r1norm ={r['r1norm']:8.1e}   "
+              f"anorm ={r['anorm']:8.1e}   arnorm ={r['arnorm']:8.1e}")
+        print(f"itn   ={int(r['itn']):8g}   r2norm ={r['r2norm']:8.1e}   "
+              f"acond ={r['acond']:8.1e}   xnorm  ={r['xnorm']:8.1e}")
+        print(" ")
+
+
+def _apply(A, v, transpose):
+    """A v (A^T v) for lsqr's show=True table, where A is a matrix or an operator with
+    matvec/rmatvec; None where it is neither (a prepared Operator)."""
+    try:
+        if hasattr(A, "rmatvec") and hasattr(A, "matvec"):
+            out = A.rmatvec(v) if transpose else A.matvec(v)
+        elif isinstance(A, Operator):
+            return None
+        else:
+            out = (A.T @ v) if transpose else (A @ v)
+        return np.asarray(out, dtype=np.float64).reshape(-1)
+    except Exception:  # the table is a courtesy: never the solve's error
+        return None
 
 
 def _columns(b):

@@ -157,6 +157,52 @@ def test_lsqr_zero_rhs_and_show(capsys):
     assert "LSQR" in capsys.readouterr().out
 
 
+def _table_rows(text):
+    """The iteration numbers of lsqr's show=True table (SciPy's or seistomo's)."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.strip().startswith("Itn"):
+            inside = True
+            continue
+        if inside:
+            if not line.strip():
+                break
+            rows.append(int(line.split()[0]))
+    return rows
+
+
+@pytest.mark.parametrize("kw", [dict(atol=1e-10, btol=1e-10, conlim=1e14),
+                                dict(iter_lim=30, damp=0.01)])
+def test_show_prints_scipys_header_and_table_rows(capsys, kw):
+    A, b = system("well1033")
+    got = seistomo.lsqr(A, b, show=True, backend="cpu", **kw)
+    ours = capsys.readouterr().out
+    ref = scipy_lsqr(A, b, show=True, **kw)
+    theirs = capsys.readouterr().out
+    head = lambda t: [line for line in t.splitlines() if "=" in line][:4]  # noqa: E731
+    assert head(ours) == head(theirs), (ours, theirs)
+    rows, ref_rows = _table_rows(ours), _table_rows(theirs)
+    assert rows[:11] == list(range(11)) and rows[-1] == got[2]
+    # the same rule picks the rows: nothing between the first ten and the rows near the end,
+    # where the stopping tests come near (within a few iterations of SciPy's: the iteration
+    # counts agree within 2 %, the test values in their rounding)
+    first, ref_first = (next((r for r in x if r > 10), None) for x in (rows, ref_rows))
+    if ref_first is None:
+        assert first is None or first >= got[2] - 10
+    else:
+        assert abs(first - ref_first) <= max(3, 0.03 * ref[2]), (first, ref_first)
+    assert "LSQR finished" in ours and f"itn   ={got[2]:8g}" in ours
+
+
+def test_show_keeps_the_callers_callback_and_its_cadence(capsys):
+    A, b = system("well1033")
+    seen = []
+    seistomo.lsqr(A, b, iter_lim=20, show=True, backend="cpu", callback_every=5,
+                  callback=lambda itn, *norms: seen.append(itn))
+    assert seen == [5, 10, 15, 20]
+    assert "LSQR finished" in capsys.readouterr().out
+
+
 def test_every_input_type_gives_the_same_answer():
     A, b = system("well1033")
     base = seistomo.lsqr(A, b, atol=1e-10, btol=1e-10)
