@@ -421,8 +421,14 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
         layout = _layout(backend, precision, transpose, lsqr_loop, storage, reorder)
-        r = _native.lsqr(shape, ip, ix, data, bb, tol, iter_lim, bool(calc_var), x0b, layout,
-                         callback, int(callback_every), method, _threads(threads))
+        try:
+            r = _native.lsqr(shape, ip, ix, data, bb, tol, iter_lim, bool(calc_var), x0b,
+                             layout, callback, int(callback_every), method, _threads(threads))
+        except BaseException as e:
+            # Ctrl-C or a callback's exception: the iterate it stopped at, in A's columns
+            if isinstance(getattr(e, "x", None), bytes):
+                e.x = _array(e.x)
+            raise
     if iter_lim == 0 and r["itn"] == 0:
         r["istop"] = 0  # SciPy's loop never runs, so its istop stays 0
     r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
@@ -457,7 +463,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     options are fixed when it is made; the result is the plain call's).
     callback(itn, r1norm, r2norm, anorm, acond, arnorm, xnorm) runs every `callback_every`
     iterations (with callback_type="x": callback(x), x a copy of the iterate in A's column
-    order); an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve.
+    order); an exception it raises (and Ctrl-C, as KeyboardInterrupt) stops the solve, and on a
+    matrix without threads= the exception carries the iterate it stopped at: e.x (A's column
+    order) and e.itn, what iter_lim=e.itn returns.
     threads: CPU threads for this call (None: rayon's pool, RAYON_NUM_THREADS or the cores).
     Returns SciPy's tuple (a LsqResult: a tuple) with this call's own report as .info
     (backend used, solve seconds, stop reason); seistomo.last_info holds the last call's.

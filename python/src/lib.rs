@@ -228,6 +228,14 @@ struct PyMonitor {
     cancel: Option<Arc<AtomicBool>>,
     /// LSQR's x (`callback_type="x"`) in the stored column order is put back into A's by this.
     ordering: Option<seistomo::grid::reorder::Ordering>,
+    /// The solve hands over its iterate when Python stops it (Ctrl-C, a callback's exception):
+    /// the exception then carries it (`.x`, `.itn`). Set where the monitor sees the solver's
+    /// state ([`seistomo::pipeline::solve::Recorder::wants_iterate`]).
+    keep_iterate: bool,
+    /// Python stopped the solve; the next iterate ends it.
+    stopping: bool,
+    /// The iterate when it stopped (A's column order) and its iteration.
+    iterate: Option<(usize, Vec<f64>)>,
 }
 
 impl PyMonitor {
@@ -240,6 +248,9 @@ impl PyMonitor {
             wants_x: false,
             cancel: None,
             ordering: None,
+            keep_iterate: false,
+            stopping: false,
+            iterate: None,
         }
     }
 
@@ -304,6 +315,11 @@ impl PyMonitor {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.err = Some(e);
+                if self.keep_iterate {
+                    // stop at the iterate this record belongs to, which the solver hands over next
+                    self.stopping = true;
+                    return Ok(());
+                }
                 Err(Error::Invalid("stopped from Python".into()))
             }
         }
@@ -320,9 +336,29 @@ impl PyMonitor {
         flag
     }
 
-    /// The Python error that stopped the solve, else the library error.
+    /// The Python error that stopped the solve (carrying the iterate as `.x` and `.itn` where
+    /// the solve handed it over), else the library error.
     fn error(&mut self, e: Error) -> PyErr {
-        self.err.take().unwrap_or_else(|| py_err(e))
+        let err = self.err.take().unwrap_or_else(|| py_err(e));
+        if let Some((itn, x)) = self.iterate.take() {
+            Python::with_gil(|py| {
+                let v = err.value(py);
+                // best effort: an exception that takes no attributes is raised as it is
+                let _ = v.setattr("x", f64_bytes(py, &x));
+                let _ = v.setattr("itn", itn);
+            });
+        }
+        err
+    }
+
+    /// After a solve that returned: the Python error that asked it to stop, carrying the
+    /// solution it returned (it stopped at its last iteration before it could hand over).
+    fn stopped_at_end(&mut self, itn: usize, x: &[f64]) -> Option<PyErr> {
+        if !self.stopping || self.err.is_none() {
+            return None;
+        }
+        self.iterate = Some((itn, x.to_vec()));
+        Some(self.error(Error::Invalid("stopped from Python".into())))
     }
 
     /// The error of a solve whose products or M called back into Python: a Python exception
@@ -376,7 +412,7 @@ impl PyMonitor {
 
 impl Recorder for PyMonitor {
     fn record(&mut self, r: &IterRecord) -> seistomo::Result<()> {
-        if r.itn == 0 {
+        if r.itn == 0 || self.stopping {
             return Ok(());
         }
         let r = *r;
@@ -385,6 +421,17 @@ impl Recorder for PyMonitor {
                 r.itn, r.r1norm, r.r2norm, r.anorm, r.acond, r.arnorm, r.xnorm,
             )
         })
+    }
+    fn wants_iterate(&self) -> bool {
+        self.stopping
+    }
+    fn iterate(&mut self, itn: usize, x: &[f64]) -> seistomo::Result<()> {
+        let x = match &self.ordering {
+            Some(o) => o.to_old(x),
+            None => x.to_vec(),
+        };
+        self.iterate = Some((itn, x));
+        Err(Error::Invalid("stopped from Python".into()))
     }
 }
 
@@ -466,6 +513,9 @@ fn lsqr<'py>(
     let (spec, reorder) = lsq_layout(layout)?;
     let mut mon = PyMonitor::new(callback, callback_every);
     let cancel = mon.stop_from_waiter(threads.is_some());
+    // Stopped by Python on this thread (Ctrl-C, a callback's exception): the exception
+    // carries the iterate (with threads=, the waiting thread raises it and it carries none).
+    mon.keep_iterate = threads.is_none();
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
@@ -476,6 +526,7 @@ fn lsqr<'py>(
             let setup_started = std::time::Instant::now();
             let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
             p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
+            mon.ordering = Some(p.unmap.ordering.clone());
             let job = LsqrJob {
                 method,
                 params: &params,
@@ -486,6 +537,10 @@ fn lsqr<'py>(
             let watch = Watch::Recorder(&mut mon);
             let o = solve(&engine, &why, p, &job, &SerialComm, 0.0, watch);
             let o = o.map_err(|e| mon.error(e))?;
+            let (itn, x) = (o.solution.info.itn, &o.solution.x);
+            if let Some(e) = mon.stopped_at_end(itn, x) {
+                return Err(e);
+            }
             let what = format!("{}: {} ({why})", engine.name(), engine.describe());
             Ok((o.solution, what))
         })

@@ -372,21 +372,45 @@ def ctrl_c_during(solve):
     t = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     t.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as caught:
             solve(callback)
     finally:
         t.cancel()
         if previous is not signal.default_int_handler:
             signal.signal(signal.SIGINT, previous)
     assert not seen or seen[-1] < 10**8
+    ctrl_c_during.interrupt = caught.value
     return seen
 
 
 def test_ctrl_c_raises_keyboard_interrupt():
-    # SIGINT arrives from another thread while the solve runs with the GIL released.
+    # SIGINT arrives from another thread while the solve runs with the GIL released. The
+    # KeyboardInterrupt carries the iterate it stopped at (.x, .itn): what iter_lim=itn gives.
     A, b = second_difference()
     ctrl_c_during(lambda cb: seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=10**8,
                                            callback=cb, callback_every=1000))
+    e = ctrl_c_during.interrupt
+    assert e.itn >= 1 and e.x.shape == (A.shape[1],)
+    again = seistomo.lsqr(A, b, atol=0, btol=0, conlim=0, iter_lim=e.itn, backend="auto")
+    assert np.array_equal(e.x, again[0]) or rel(e.x, again[0]) <= 1e-12
+
+
+def test_a_callbacks_exception_carries_the_iterate():
+    A, b = system("well1033")
+
+    def stop(itn, *norms):
+        if itn == 17:
+            raise RuntimeError("enough")
+
+    for reorder in ("none", "auto"):
+        with pytest.raises(RuntimeError, match="enough") as caught:
+            seistomo.lsqr(A, b, backend="cpu", callback=stop, reorder=reorder)
+        e = caught.value
+        want = seistomo.lsqr(A, b, backend="cpu", iter_lim=17, reorder=reorder)
+        assert e.itn == 17 and np.array_equal(e.x, want[0]), reorder
+    with pytest.raises(RuntimeError) as caught:
+        seistomo.lsmr(A, b, callback=stop)
+    assert caught.value.itn == 17 and np.array_equal(caught.value.x, seistomo.lsmr(A, b, maxiter=17)[0])
 
 
 def scipy_gmres_run(A, b, M, restart, rtol, maxiter):

@@ -34,6 +34,16 @@ pub struct LsqrJob<'a> {
 /// test. Implemented by any `FnMut(&IterRecord) -> Result<()>`.
 pub trait Recorder: Send {
     fn record(&mut self, rec: &IterRecord) -> Result<()>;
+    /// Whether the solve should hand over its iterate now (after this iteration's record):
+    /// the Python module's interrupted solve, which returns it with the exception.
+    fn wants_iterate(&self) -> bool {
+        false
+    }
+    /// The iterate after iteration `itn` (this rank's stored column order, on the host), when
+    /// [`Recorder::wants_iterate`] said so; an error ends the solve.
+    fn iterate(&mut self, _itn: usize, _x: &[f64]) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<F: FnMut(&IterRecord) -> Result<()> + Send> Recorder for F {
@@ -52,6 +62,28 @@ impl<B: Backend> LsqrMonitor<B> for Recording<'_> {
     fn record(&mut self, rec: &IterRecord) -> Result<()> {
         self.history.push(*rec);
         self.inner.record(rec)
+    }
+    fn state(
+        &mut self,
+        be: &B,
+        s: &crate::solver::LsqrScalars,
+        v: &crate::solver::LsqrVectors<B::Vector>,
+    ) -> Result<()> {
+        self.hand_over(be, s.itn, &v.x)
+    }
+    fn lsmr_iterate(&mut self, be: &B, itn: usize, x: &B::Vector) -> Result<()> {
+        self.hand_over(be, itn, x)
+    }
+}
+
+impl Recording<'_> {
+    /// x to the recorder when it asks for it.
+    fn hand_over<B: Backend>(&mut self, be: &B, itn: usize, x: &B::Vector) -> Result<()> {
+        if !self.inner.wants_iterate() {
+            return Ok(());
+        }
+        let x = be.to_host(x)?;
+        self.inner.iterate(itn, &x)
     }
 }
 
