@@ -621,7 +621,7 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
         raise ValueError(f"shape mismatch: B has {m} rows but A has {shape[0]}")
     bb = np.ascontiguousarray(B.T, dtype=np.float64).tobytes()
     tol = (float(damp), float(atol), float(btol), float(conlim))
-    rs = _native.lsqr_columns(shape, ip, ix, data, bb, k, tol, iter_lim, bool(calc_var),
+    rs = _native.lsqr_columns(bb, k, shape, ip, ix, data, tol, iter_lim, bool(calc_var),
                               str(reorder), _threads(threads))
     X = np.stack([_array(r["x"]) for r in rs], axis=1)
     var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var

@@ -20,17 +20,17 @@ use crate::{csr, f64s, finite, guarded, lsq_dict, lsq_params, py_err, solve_on};
 /// LSQR for every column of `b` (k columns of A's m rows, one after another, as bytes) with
 /// the same damping and tolerances; one dict a column, as `lsqr` returns.
 #[pyfunction]
-#[pyo3(signature = (shape, indptr, indices, data, b, k, tol, iter_lim, calc_var, reorder,
+#[pyo3(signature = (b, k, shape, indptr, indices, data, tol, iter_lim, calc_var, reorder,
     threads=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lsqr_columns<'py>(
     py: Python<'py>,
+    b: &[u8],
+    k: usize,
     shape: (usize, usize),
     indptr: &[u8],
     indices: &[u8],
     data: &[u8],
-    b: &[u8],
-    k: usize,
     tol: (f64, f64, f64, f64),
     iter_lim: Option<usize>,
     calc_var: bool,
