@@ -132,18 +132,9 @@ pub fn stage_model(
     path: &Path,
     inp: &ModelInputs,
 ) -> Result<()> {
-    for (p, bytes) in model_files(path, inp)? {
-        crate::ui::phases::time("model.h5", || publ.write_bytes(&p, &bytes))?;
-    }
-    Ok(())
-}
-
-/// The model file's bytes and (grids) its XDMF sidecar's, with their paths: what
-/// [`stage_model`] stages (built apart, so that a run can build them while it writes its other
-/// outputs).
-pub fn model_files(path: &Path, inp: &ModelInputs) -> Result<Vec<(PathBuf, Vec<u8>)>> {
     let image = crate::ui::phases::time("hdf5", || model_image(path, inp))?;
-    let mut out = vec![(path.to_path_buf(), image)];
+    crate::ui::phases::time("model.h5", || publ.write_bytes(path, &image))?;
+    drop(image);
     if let Parameterisation::Grid(g) = &inp.spec.param {
         let name = path
             .file_name()
@@ -158,9 +149,9 @@ pub fn model_files(path: &Path, inp: &ModelInputs) -> Result<Vec<(PathBuf, Vec<u
                 inp.outcome.solution.var.is_some(),
             ),
         );
-        out.push((xdmf_path(path), text.into_bytes()));
+        publ.write_bytes(&xdmf_path(path), text.as_bytes())?;
     }
-    Ok(out)
+    Ok(())
 }
 
 extern "C" {

@@ -96,8 +96,7 @@ pub struct Report {
     /// backend, nvrtc, module, stencil, order, permute, scale, layout, encode, transpose, upload.
     pub setup_phases: crate::ui::phases::Phases,
     /// `invert`: the phases of `seconds.write`: solution, hdf5 (the model file built in memory,
-    /// its fields and provenance included; on a thread of its own, beside the solution), model.h5
-    /// (written and synced).
+    /// its fields and provenance included), model.h5 (written and synced).
     #[serde(skip_serializing_if = "crate::ui::phases::Phases::is_empty")]
     pub write_phases: crate::ui::phases::Phases,
     pub ms_per_iter: f64,

@@ -338,7 +338,7 @@ fn begin(
     let mut run_model;
     let mut opts = job.options.clone();
     loop {
-        let s = match start.take() {
+        let mut s = match start.take() {
             Some(s) => s,
             None => Start::Fresh(load(job.source, comm, &opts.operator.tuning, cost)?),
         };
@@ -346,13 +346,11 @@ fn begin(
         run_model = match job.model {
             None => None,
             Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
-                run_model_of(&s, cfg, resume, comm)
+                run_model_of(&mut s, cfg, resume, comm)
             })?),
         };
-        if let Some(m) = &run_model {
-            if let crate::model::spec::Parameterisation::Grid(g) = &m.spec.param {
-                opts.grid = Some(g.n);
-            }
+        if let Some(g) = run_model.as_ref().and_then(RunModel::grid) {
+            opts.grid = Some(g);
         }
         if let Start::Reused(r) = &s {
             let storage = resolve_storage(
@@ -424,7 +422,8 @@ impl Start {
 
 /// The model side of an `invert` run on every rank: checked before the solve; the coverage
 /// (hit count, DWS) summed over every rank's kernel rows.
-fn run_model_of(s: &Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
+/// A reused start hands its coverage over (the run needs it once).
+fn run_model_of(s: &mut Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
     let made = match s {
         Start::Fresh(loaded) => RunModel::prepare(cfg, loaded, resume),
         Start::Reused(r) => RunModel::with_coverage(
@@ -435,7 +434,13 @@ fn run_model_of(s: &Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -> Re
                 true_model: r.true_model.as_ref(),
                 kernel_rows: r.kernel_rows,
             },
-            r.coverage.clone(),
+            std::mem::replace(
+                &mut r.coverage,
+                crate::grid::Coverage {
+                    hit_count: Vec::new(),
+                    dws: Vec::new(),
+                },
+            ),
             resume,
         ),
     };

@@ -1,7 +1,5 @@
 //! The model side of an `invert` run: validated before the solve, written after it.
 
-use std::path::PathBuf;
-
 use crate::error::Result;
 use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
@@ -82,6 +80,15 @@ impl RunModel {
         })
     }
 
+    /// The cells along x, y, z when the unknowns are a grid's (reorder = "auto" then renumbers
+    /// them, and compact storage splits the grid's damping rows off as stencils).
+    pub fn grid(&self) -> Option<[usize; 3]> {
+        match &self.spec.param {
+            crate::model::spec::Parameterisation::Grid(g) => Some(g.n),
+            _ => None,
+        }
+    }
+
     /// The coverage, to be summed over ranks.
     pub fn coverage_mut(&mut self) -> &mut crate::grid::Coverage {
         &mut self.coverage
@@ -91,15 +98,20 @@ impl RunModel {
         self.ckpt.as_ref()
     }
 
-    /// The model file (when configured) and its sidecar as bytes, with their paths, for the
-    /// run's output set.
-    pub fn files(&self, cfg: &RunConfig, o: &Outcome) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    /// Stage the model file (when configured) into the run's output set.
+    pub fn stage(
+        &self,
+        publ: &mut crate::io::publish::Publication,
+        cfg: &RunConfig,
+        o: &Outcome,
+    ) -> Result<()> {
         let Some(p) = &cfg.model.path else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let pb = crate::ui::progress::open_ended("writing");
         pb.set_message(crate::io::tidy(p).display().to_string());
-        let files = crate::model::hdf5::model_files(
+        let staged = crate::model::hdf5::stage_model(
+            publ,
             p,
             &crate::model::hdf5::ModelInputs {
                 spec: &self.spec,
@@ -110,7 +122,7 @@ impl RunModel {
             },
         );
         pb.finish_and_clear();
-        files
+        staged
     }
 
     /// Remove this rank's checkpoint of the finished run (every rank, after the outputs were

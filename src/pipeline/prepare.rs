@@ -59,9 +59,15 @@ pub fn column_scaling(a: &Csr, comm: &dyn Comm) -> Result<Vec<f64>> {
 /// stencils unless the columns are scaled.
 pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared> {
     let t = Instant::now();
+    finish(store(sys, layout), layout, comm, t)
+}
+
+/// The part of [`prepare`] that `seistomo prepare` keeps ([`super::prepared`]): the storage,
+/// the stencil split and the ordering of this rank's rows.
+pub fn store(sys: System, layout: &Layout) -> storage::Prepared {
     crate::backend::cpu::keep_freed_memory();
     let System { a, b, kernel_rows } = sys;
-    let stored = storage::prepare(
+    storage::prepare(
         a,
         b,
         kernel_rows,
@@ -69,8 +75,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
         layout.storage,
         layout.reorder,
         !layout.col_scale,
-    );
-    finish(stored, layout, comm, t)
+    )
 }
 
 /// The rest of [`prepare`] on a system already stored (or read back from prepared storage,

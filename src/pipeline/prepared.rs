@@ -60,8 +60,7 @@ fn dataset_dir(manifest: &Path) -> PathBuf {
 /// The files the dataset's manifest names (itself, the metadata, every file in the kernel
 /// folder, the vectors and the damping blocks): name, size and modification time in
 /// nanoseconds. Outputs written beside them do not count.
-fn dataset_files(manifest: &Path) -> Result<Vec<(String, u64, u128)>> {
-    let dm = DatasetManifest::load(manifest)?;
+fn dataset_files(dm: &DatasetManifest) -> Result<Vec<(String, u64, u128)>> {
     let m = &dm.m;
     let mut names: Vec<PathBuf> =
         vec![dm.path.clone(), dm.resolve(&m.metadata), dm.resolve(&m.rhs)];
@@ -109,8 +108,8 @@ pub struct Asked<'a> {
 }
 
 /// What this rank's prepared file of `manifest` must have been made from.
-fn inputs(manifest: &Path, a: &Asked, comm: &dyn Comm) -> Result<Value> {
-    let files: Vec<Value> = dataset_files(manifest)?
+fn inputs(dm: &DatasetManifest, a: &Asked, comm: &dyn Comm) -> Result<Value> {
+    let files: Vec<Value> = dataset_files(dm)?
         .into_iter()
         .map(|(n, len, t)| json!([n, len, t.to_string()]))
         .collect();
@@ -147,10 +146,7 @@ fn differs(was: &Value, now: &Value) -> Option<String> {
         "rank",
         "load",
     ];
-    let keys = now
-        .as_object()
-        .map(|o| o.keys().cloned().collect::<Vec<_>>())?;
-    let mut keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    let mut keys: Vec<&str> = now.as_object()?.keys().map(String::as_str).collect();
     keys.sort_by_key(|k| ORDER.iter().position(|o| o == k).unwrap_or(ORDER.len()));
     let k = keys.into_iter().find(|k| was.get(k) != now.get(k))?;
     Some(match k {
@@ -188,7 +184,8 @@ pub type NotUsed = Option<String>;
 pub fn reuse(manifest: &Path, a: &Asked, comm: &dyn Comm) -> Result<(Option<Reused>, NotUsed)> {
     let t = Instant::now();
     let path = file_of(manifest, comm.rank(), comm.size());
-    let mine: Result<std::result::Result<Reader, Option<String>>> = (|| {
+    type Usable = std::result::Result<(Reader, DatasetManifest), Option<String>>;
+    let mine: Result<Usable> = (|| {
         if !path.exists() {
             return Ok(Err(None));
         }
@@ -196,15 +193,16 @@ pub fn reuse(manifest: &Path, a: &Asked, comm: &dyn Comm) -> Result<(Option<Reus
             Ok(r) => r,
             Err(e) => return Ok(Err(Some(e.to_string()))),
         };
-        let now = inputs(manifest, a, comm)?;
+        let dm = DatasetManifest::load(manifest)?;
+        let now = inputs(&dm, a, comm)?;
         Ok(match differs(&r.header.inputs, &now) {
-            None => Ok(r),
+            None => Ok((r, dm)),
             Some(why) => Err(Some(format!("{}: {why}", crate::io::tidy(&path).display()))),
         })
     })();
     let mine = agree(comm, mine)?;
     let ok = comm.allreduce_scalar(if mine.is_ok() { 0.0 } else { 1.0 })? == 0.0;
-    let reader = match (mine, ok) {
+    let (reader, dm) = match (mine, ok) {
         (Ok(r), true) => r,
         (Err(why), _) => return Ok((None, why)),
         (Ok(_), false) => {
@@ -214,7 +212,7 @@ pub fn reuse(manifest: &Path, a: &Asked, comm: &dyn Comm) -> Result<(Option<Reus
             ))
         }
     };
-    let read = agree(comm, read_back(&reader, manifest));
+    let read = agree(comm, read_back(&reader, &dm));
     match read {
         Ok(mut r) => {
             r.seconds = t.elapsed().as_secs_f64();
@@ -231,7 +229,7 @@ fn meta_usize(m: &Value, k: &str, path: &Path) -> Result<usize> {
 }
 
 /// The arrays of an opened file into the prepared system.
-fn read_back(r: &Reader, manifest: &Path) -> Result<Reused> {
+fn read_back(r: &Reader, dm: &DatasetManifest) -> Result<Reused> {
     let path = r.path().to_path_buf();
     let m = &r.header.meta;
     let (nrows, ncols) = (
@@ -284,7 +282,6 @@ fn read_back(r: &Reader, manifest: &Path) -> Result<Reused> {
             "b or the coverage does not fit the rows",
         ));
     }
-    let dm = DatasetManifest::load(manifest)?;
     Ok(Reused {
         prepared: storage::Prepared {
             matrix: StoredMatrix {
@@ -301,7 +298,7 @@ fn read_back(r: &Reader, manifest: &Path) -> Result<Reused> {
         storage,
         grid: serde_json::from_value(m["grid"].clone()).unwrap_or(None),
         dataset_grid: dm.m.grid.clone(),
-        true_model: crate::io::dataset::true_model_of(&dm)?,
+        true_model: crate::io::dataset::true_model_of(dm)?,
         path,
         seconds: 0.0,
     })
@@ -322,7 +319,7 @@ pub fn write(manifest: &Path, a: &Asked, w: &ToWrite, comm: &dyn Comm) -> Result
     let path = file_of(manifest, comm.rank(), comm.size());
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let inputs = inputs(manifest, a, comm)?;
+    let inputs = inputs(&DatasetManifest::load(manifest)?, a, comm)?;
     let p = w.prepared;
     let rows = &p.matrix.rows;
     let stencil = p.matrix.stencil.as_ref();
@@ -419,10 +416,7 @@ pub fn prepare_dataset(
         comm,
         crate::pipeline::model::RunModel::prepare(cfg, &loaded, false),
     )?;
-    let mut grid = opts.grid;
-    if let crate::model::spec::Parameterisation::Grid(g) = &model.spec.param {
-        grid = Some(g.n);
-    }
+    let grid = model.grid().or(opts.grid);
     let sys = loaded.system;
     let (kernel_rows, loaded_nnz) = (sys.kernel_rows, sys.a.nnz());
     let layout = Layout {
@@ -437,16 +431,7 @@ pub fn prepare_dataset(
         col_scale: opts.col_scale,
         x0: None,
     };
-    crate::backend::cpu::keep_freed_memory();
-    let stored = storage::prepare(
-        sys.a,
-        sys.b,
-        kernel_rows,
-        layout.grid,
-        layout.storage,
-        layout.reorder,
-        !layout.col_scale,
-    );
+    let stored = crate::pipeline::prepare::store(sys, &layout);
     let asked = Asked {
         kind,
         opts,

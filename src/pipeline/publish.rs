@@ -89,24 +89,10 @@ pub fn publish(
         report: None,
         ..out.clone()
     };
-    // The model file is built (HDF5 in memory, one thread) while the others are written.
-    let o: &Outcome = outcome;
-    let files = std::thread::scope(|sc| -> Result<Vec<(std::path::PathBuf, Vec<u8>)>> {
-        let built = model.map(|(m, cfg)| sc.spawn(move || m.files(cfg, o)));
-        let staged = stage_outputs(&mut publ, &rest, o);
-        let files = match built {
-            Some(h) => h.join().map_err(|_| {
-                crate::error::Error::Invalid("the thread writing the model file panicked".into())
-            })?,
-            None => Ok(Vec::new()),
-        };
-        staged?;
-        files
-    })?;
-    for (p, bytes) in &files {
-        crate::ui::phases::time("model.h5", || publ.write_bytes(p, bytes))?;
+    stage_outputs(&mut publ, &rest, outcome)?;
+    if let Some((m, cfg)) = model {
+        m.stage(&mut publ, cfg, outcome)?;
     }
-    drop(files);
     if let Some(p) = &report {
         outcome.report.seconds.write = t.elapsed().as_secs_f64();
         outcome.report.write_phases = crate::ui::phases::take();
