@@ -14,7 +14,7 @@ use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
 use seistomo::pipeline::operators::choose_backend;
 use seistomo::pipeline::options::BackendChoice;
-use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::solver::{LeastSquares, LsqrParams, NoMonitor};
 use seistomo::sparse::Csr;
 use seistomo::testproblems::awkward_csr;
 
@@ -326,7 +326,7 @@ fn gpu_order_lsqr(a: &Csr, b: &[f64], params: &LsqrParams) -> seistomo::solver::
         at: a.transpose(),
         a: a.clone(),
     };
-    lsqr(&g, &op, &SerialComm, b, None, params, &mut NoMonitor).unwrap()
+    common::serial_lsqr(&g, &op, b, params)
 }
 
 #[test]
@@ -455,7 +455,7 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
                     outside: std::cell::Cell::new(0),
                 };
                 let g = GpuOrderCpu(CpuBackend::new());
-                let s = lsqr(&g, &op, &SerialComm, b, None, params, &mut NoMonitor).unwrap();
+                let s = common::serial_lsqr(&g, &op, b, params);
                 dx.push(rel(&s.x, &r.0));
                 dv.push(rel(s.var.as_ref().unwrap(), &r.1));
                 outside += op.outside.get();
@@ -486,8 +486,7 @@ fn lsqr_iterates_match_cpu_after_50_iterations() {
                 let (mut ex, mut ev) = (Vec::new(), Vec::new());
                 let mut first: Option<Vec<f64>> = None;
                 for _ in 0..runs {
-                    let gs =
-                        lsqr(&g, &gop, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+                    let gs = common::serial_lsqr(&g, &gop, &b, &params);
                     if gs.info.itn != plain.info.itn {
                         bad.push(format!("{m}x{n} {s} {p}: {} iterations", gs.info.itn));
                     }
@@ -535,7 +534,7 @@ fn lsqr_on_australia_and_well1850_matches_cpu() {
         let cs = cpu_csr_lsqr(&sys.a, TransposeStrategy::Csc, &sys.b, &params);
         for s in STRATEGIES {
             let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
-            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let gs = common::serial_lsqr(&g, &gop, &sys.b, &params);
             let e = rel(&gs.x, &cs.x);
             println!(
                 "{name} {s} f64: istop {} itn {} (cpu {} {}), r1norm {:.10e} (cpu {:.10e}), x rel diff {e:.2e}",
@@ -551,7 +550,7 @@ fn lsqr_on_australia_and_well1850_matches_cpu() {
         // The accuracy cost of f32 values (reported; LSQR must still converge).
         for s in [TransposeStrategy::Csc, TransposeStrategy::Scatter] {
             let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F32).unwrap();
-            let gs = lsqr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let gs = common::serial_lsqr(&g, &gop, &sys.b, &params);
             let e = rel(&gs.x, &cs.x);
             println!(
                 "{name} {s} f32: istop {} itn {}, r1norm {:.10e}, x rel diff to f64 CPU {e:.2e}",
@@ -760,7 +759,7 @@ fn cpu_with_gpu_summation_and_reduction_order() {
             at: a.transpose(),
             a,
         };
-        let s1 = lsqr(&g, &op, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+        let s1 = common::serial_lsqr(&g, &op, &b, &params);
         let e = rel(&s1.x, &s0.x);
         println!(
             "{m}x{n}: cpu with the GPU's sum and reduction orders: x rel diff {e:.2e}, var {:.2e}",
@@ -899,11 +898,7 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
         let cpu = CpuBackend::new();
         let cop = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
         let cs = lsmr(
-            &cpu,
-            &cop,
-            &SerialComm,
-            &sys.b,
-            None,
+            &LeastSquares::new(&cpu, &cop, &SerialComm, &sys.b),
             &params,
             &mut NoMonitor,
         )
@@ -924,7 +919,12 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
         };
         for s in STRATEGIES {
             let gop = CudaCsrOperator::new(&g, &sys.a, s, Precision::F64).unwrap();
-            let gs = lsmr(&g, &gop, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let gs = lsmr(
+                &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
+                &params,
+                &mut NoMonitor,
+            )
+            .unwrap();
             let i = &gs.info;
             check(&format!("csr {s}"), i.istop, i.itn, i.normr, &gs.x);
         }

@@ -15,8 +15,8 @@ use seistomo::grid::Rng;
 use seistomo::grid::{Stencil, StencilOp};
 use seistomo::settings::tuning::{GpuLayout, Tuning as CompactGpuOptions};
 use seistomo::solver::{
-    lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LsqrMonitor, LsqrParams, LsqrScalars,
-    LsqrVectors, NoMonitor,
+    lsqr, lsqr_iterate, lsqr_start, History, IterRecord, LeastSquares, LsqrMonitor, LsqrParams,
+    LsqrScalars, LsqrVectors,
 };
 use seistomo::sparse::Csr;
 use seistomo::testproblems::awkward_csr;
@@ -240,13 +240,14 @@ fn device_loop_matches_host_loop_and_stops_exactly() {
                 iter_lim,
                 calc_var: true,
             };
-            op.set_device_loop(false);
-            let mut hh = History::default();
-            let host = lsqr(&g, &op, &SerialComm, &b, None, &params, &mut hh).unwrap();
-            op.set_device_loop(true);
-            let mut hd = History::default();
-            let dev = lsqr(&g, &op, &SerialComm, &b, None, &params, &mut hd).unwrap();
-            let again = lsqr(&g, &op, &SerialComm, &b, None, &params, &mut NoMonitor).unwrap();
+            // the host loop, then the device loop, each with its history
+            let [(host, hh), (dev, hd)] = [false, true].map(|device| {
+                op.set_device_loop(device);
+                let mut h = History::default();
+                let p = LeastSquares::new(&g, &op, &SerialComm, &b);
+                (lsqr(&p, &params, &mut h).unwrap(), h)
+            });
+            let again = common::serial_lsqr(&g, &op, &b, &params);
             let ex = rel(&dev.x, &host.x);
             let ev = rel(dev.var.as_ref().unwrap(), host.var.as_ref().unwrap());
             println!(
@@ -350,11 +351,11 @@ fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
         let cs = common::cpu_lsqr(&cop, &sys.b, None, &params);
         let csr = CudaCsrOperator::new(&g, &sys.a, TransposeStrategy::Csc, Precision::F64).unwrap();
         csr.set_device_loop(true);
-        let gs = lsqr(&g, &csr, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+        let gs = common::serial_lsqr(&g, &csr, &sys.b, &params);
         for (p, tiles, o) in layouts() {
             let op = CudaCompactOperator::with_options(&g, &sys.a, None, p, &o).unwrap();
             op.set_device_loop(true);
-            let ds = lsqr(&g, &op, &SerialComm, &sys.b, None, &params, &mut NoMonitor).unwrap();
+            let ds = common::serial_lsqr(&g, &op, &sys.b, &params);
             let e = rel(&ds.x, &cs.x);
             println!(
                 "{name} compact {p} layout {tiles:?}: istop {} itn {} r1norm {:.10e} x vs cpu {e:.2e} | csr device loop: istop {} itn {} x vs cpu {:.2e} | cpu istop {} itn {}",

@@ -10,7 +10,7 @@ use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
-use seistomo::solver::{lsmr, History, LsmrSolution, LsqMethod, LsqrParams};
+use seistomo::solver::{lsmr, History, LeastSquares, LsmrSolution, LsqMethod, LsqrParams};
 use seistomo::testproblems::Lstp;
 
 /// SciPy's case `case` of lsmr_scipy.json run by seistomo on the CPU, with A^T u summed in
@@ -39,11 +39,7 @@ fn run_case(case: &str) -> (LsmrSolution, serde_json::Value, History) {
     let mut hist = History::default();
     let be = CpuBackend::new();
     let sol = lsmr(
-        &be,
-        &op,
-        &SerialComm,
-        &sys.b,
-        x0.as_deref(),
+        &LeastSquares::new(&be, &op, &SerialComm, &sys.b).x0(x0.as_deref()),
         &params,
         &mut hist,
     )
@@ -154,11 +150,7 @@ fn lstp_known_solutions_as_well_as_scipy() {
             ..Default::default()
         };
         let sol = lsmr(
-            &be,
-            &p,
-            &SerialComm,
-            &p.b,
-            None,
+            &LeastSquares::new(&be, &p, &SerialComm, &p.b),
             &params,
             &mut History::default(),
         )
@@ -313,11 +305,7 @@ fn tiny_rhs_scales() {
     let be = CpuBackend::new();
     let run = |b: &[f64]| {
         lsmr(
-            &be,
-            &op,
-            &SerialComm,
-            b,
-            None,
+            &LeastSquares::new(&be, &op, &SerialComm, b),
             &params,
             &mut History::default(),
         )

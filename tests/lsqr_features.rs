@@ -10,7 +10,7 @@ use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
 use seistomo::pipeline::options::SolveOptions;
 use seistomo::pipeline::solve::solve_system;
-use seistomo::solver::{lsqr, LsqrParams, NoMonitor};
+use seistomo::solver::{lsqr, LeastSquares, LsqrParams, NoMonitor};
 use seistomo::testproblems::Lstp;
 
 fn well(name: &str) -> seistomo::sparse::System {
@@ -142,13 +142,14 @@ fn zero_rhs_and_iteration_limit() {
         atol: -1.0,
         ..Default::default()
     };
-    assert!(lsqr(&be, &op, &SerialComm, &sys.b, None, &bad, &mut NoMonitor).is_err());
     assert!(lsqr(
-        &be,
-        &op,
-        &SerialComm,
-        &sys.b[..10],
-        None,
+        &LeastSquares::new(&be, &op, &SerialComm, &sys.b),
+        &bad,
+        &mut NoMonitor
+    )
+    .is_err());
+    assert!(lsqr(
+        &LeastSquares::new(&be, &op, &SerialComm, &sys.b[..10]),
         &LsqrParams::default(),
         &mut NoMonitor
     )
@@ -273,11 +274,7 @@ fn lsqr_huge_rhs_and_no_iterations() {
     let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
     let b: Vec<f64> = sys.b.iter().map(|v| v * 1e300).collect();
     let r = lsqr(
-        &be,
-        &op,
-        &SerialComm,
-        &b,
-        None,
+        &LeastSquares::new(&be, &op, &SerialComm, &b),
         &LsqrParams::default(),
         &mut NoMonitor,
     );

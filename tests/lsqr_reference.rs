@@ -7,7 +7,7 @@ use common::{reference_json as refjson, reference_vector, rel as rel_diff, syste
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::TransposeStrategy;
 use seistomo::comm::SerialComm;
-use seistomo::solver::{lsqr, History, LsqrParams};
+use seistomo::solver::{lsqr, History, LeastSquares, LsqrParams};
 use seistomo::sparse::System;
 
 fn check(name: &str, well_conditioned: bool) {
@@ -31,7 +31,12 @@ fn check(name: &str, well_conditioned: bool) {
     let be = CpuBackend::new();
     let op = CpuCsrOperator::new(sys.a.clone(), TransposeStrategy::Csc);
     let mut hist = History::default();
-    let sol = lsqr(&be, &op, &SerialComm, &sys.b, None, &params, &mut hist).unwrap();
+    let sol = lsqr(
+        &LeastSquares::new(&be, &op, &SerialComm, &sys.b),
+        &params,
+        &mut hist,
+    )
+    .unwrap();
     let (istop, itn) = (
         r["istop"].as_u64().unwrap() as u32,
         r["itn"].as_u64().unwrap() as f64,
@@ -118,11 +123,7 @@ fn csc_and_scatter_transposes_agree() {
     let run = |sys: &System, s, params: &LsqrParams| {
         let op = CpuCsrOperator::new(sys.a.clone(), s);
         lsqr(
-            &be,
-            &op,
-            &SerialComm,
-            &sys.b,
-            None,
+            &LeastSquares::new(&be, &op, &SerialComm, &sys.b),
             params,
             &mut History::default(),
         )

@@ -186,6 +186,14 @@ fn truncated_demo(dir: &Path, cut: u64) -> PathBuf {
     dst
 }
 
+/// A fresh directory `name` (None without mpirun) with [`truncated_demo`] in it.
+#[cfg(feature = "mpi")]
+fn mpi_truncated_demo(name: &str, cut: u64) -> Option<(PathBuf, PathBuf)> {
+    let dir = mpi_dir(name)?;
+    let ds = truncated_demo(&dir, cut);
+    Some((dir, ds))
+}
+
 /// Load rank 0 of `size` of the dataset `ds` through MPI-IO and through memory maps: both are
 /// one error line holding every one of `names`.
 fn assert_load_error(ds: &Path, size: usize, names: &[&str]) {
@@ -402,10 +410,9 @@ fn invert_solution_is_the_same_through_mpiio_and_mmap() {
 #[cfg(feature = "mpi")]
 #[test]
 fn truncated_pack_through_mpiio_ends_the_job_naming_the_file() {
-    let Some(dir) = mpi_dir("mpiio-truncated") else {
+    let Some((dir, ds)) = mpi_truncated_demo("mpiio-truncated", 100) else {
         return;
     };
-    let ds = truncated_demo(&dir, 100);
     for np in [1, 2] {
         let names = ["pack_00000.bin", "truncated"];
         failed_invert(&dir, &format!("np{np}"), &ds, "mpiio", np, &names);
@@ -437,11 +444,10 @@ fn failed_invert(dir: &Path, tag: &str, ds: &Path, io: &str, np: usize, names: &
 #[cfg(feature = "mpi")]
 #[test]
 fn broken_metadata_read_on_rank_0_ends_the_job_naming_the_file() {
-    let Some(dir) = mpi_dir("mpiio-metadata") else {
+    // a copy of demo with an intact pack and a metadata file 8 bytes short
+    let Some((dir, ds)) = mpi_truncated_demo("mpiio-metadata", 0) else {
         return;
     };
-    // a copy of demo with an intact pack and a metadata file 8 bytes short
-    let ds = truncated_demo(&dir, 0);
     cut_short(&ds.join("metadata.bin"), 8);
     for np in [1, 2, 3] {
         failed_invert(

@@ -40,7 +40,9 @@ use seistomo::solver::dist_square::SquarePrecond;
 use seistomo::solver::gmres::{
     ConvergenceTest, GmresInfo, GmresMonitor, GmresParams, GmresRecord, Orthog, PrecondSide,
 };
-use seistomo::solver::{IterRecord, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution};
+use seistomo::solver::{
+    IterRecord, LeastSquares, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution,
+};
 use seistomo::sparse::{Csr, System};
 use seistomo::Error;
 
@@ -677,9 +679,17 @@ fn lsq_operator<'py>(
             let be = engine.cpu_backend().map_err(py_err)?;
             let (x0, comm) = (x0.as_deref(), &SerialComm);
             let sol = match method {
-                LsqMethod::Lsqr => seistomo::solver::lsqr(be, &op, comm, &b, x0, &params, &mut mon),
-                LsqMethod::Lsmr => seistomo::solver::lsmr(be, &op, comm, &b, x0, &params, &mut mon)
-                    .map(|s| s.into_lsqr()),
+                LsqMethod::Lsqr => seistomo::solver::lsqr(
+                    &LeastSquares::new(be, &op, comm, &b).x0(x0),
+                    &params,
+                    &mut mon,
+                ),
+                LsqMethod::Lsmr => seistomo::solver::lsmr(
+                    &LeastSquares::new(be, &op, comm, &b).x0(x0),
+                    &params,
+                    &mut mon,
+                )
+                .map(|s| s.into_lsqr()),
             };
             let sol = sol.map_err(|e| mon.error_with(op.errors.take(), e))?;
             Ok((
@@ -1157,26 +1167,32 @@ fn cuda_available() -> (bool, String) {
     }
 }
 
+/// `m.add_function(wrap_pyfunction!(f, m)?)?` for every `f`.
+macro_rules! add_functions {
+    ($m:ident, $($f:path),+ $(,)?) => {
+        $($m.add_function(wrap_pyfunction!($f, $m)?)?;)+
+    };
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", seistomo::VERSION)?;
-    for f in [
-        wrap_pyfunction!(lsqr, m)?,
-        wrap_pyfunction!(gmres, m)?,
-        wrap_pyfunction!(lsq_operator, m)?,
-        wrap_pyfunction!(gmres_operator, m)?,
-        wrap_pyfunction!(dataset_create, m)?,
-        wrap_pyfunction!(dataset_info, m)?,
-        wrap_pyfunction!(dataset_system, m)?,
-        wrap_pyfunction!(invert, m)?,
-        wrap_pyfunction!(invert_text, m)?,
-        wrap_pyfunction!(model_fields, m)?,
-        wrap_pyfunction!(model_info, m)?,
-        wrap_pyfunction!(cuda_available, m)?,
-        wrap_pyfunction!(columns::lsqr_columns, m)?,
-    ] {
-        m.add_function(f)?;
-    }
+    add_functions!(
+        m,
+        lsqr,
+        gmres,
+        lsq_operator,
+        gmres_operator,
+        dataset_create,
+        dataset_info,
+        dataset_system,
+        invert,
+        invert_text,
+        model_fields,
+        model_info,
+        cuda_available,
+        columns::lsqr_columns,
+    );
     m.add_class::<plan::Plan>()?;
     Ok(())
 }

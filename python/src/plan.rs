@@ -31,7 +31,7 @@ use seistomo::backend::{Backend, Operator};
 use seistomo::comm::SerialComm;
 use seistomo::pipeline::operators::{choose_backend, use_device_loop, LsqrVisitor};
 use seistomo::pipeline::prepare::{prepare, Unmap};
-use seistomo::solver::{LsqMethod, LsqrParams, LsqrSolution};
+use seistomo::solver::{LeastSquares, LsqMethod, LsqrParams, LsqrSolution};
 use seistomo::sparse::{Csr, System};
 
 use crate::{
@@ -153,13 +153,17 @@ fn run<B: Backend, O: Operator<B>>(
     mon.ordering = Some(unmap.ordering.clone());
     let comm = &SerialComm;
     let sol = match method {
-        LsqMethod::Lsqr => {
-            seistomo::solver::lsqr(be, op, comm, &b, x0.as_deref(), &params, &mut mon)
-        }
-        LsqMethod::Lsmr => {
-            seistomo::solver::lsmr(be, op, comm, &b, x0.as_deref(), &params, &mut mon)
-                .map(|s| s.into_lsqr())
-        }
+        LsqMethod::Lsqr => seistomo::solver::lsqr(
+            &LeastSquares::new(be, op, comm, &b).x0(x0.as_deref()),
+            &params,
+            &mut mon,
+        ),
+        LsqMethod::Lsmr => seistomo::solver::lsmr(
+            &LeastSquares::new(be, op, comm, &b).x0(x0.as_deref()),
+            &params,
+            &mut mon,
+        )
+        .map(|s| s.into_lsqr()),
     };
     let mut sol = sol.map_err(|e| mon.error(e))?;
     unmap.restore(&mut sol.x, sol.var.as_mut());

@@ -58,6 +58,33 @@ pub trait BatchBackend: Backend {
     fn block_allreduce_sum(&self, comm: &dyn Comm, x: &mut Self::Block) -> Result<()>;
 }
 
+/// Which product of a [`BlockOperator`]: A or A^T.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    A,
+    At,
+}
+
+/// The scalars of a block product: member j's row weight `w[j]` (where the operator has
+/// weighted rows), one `alpha` for all members and member j's `beta[j]`.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockScale<'a> {
+    pub w: &'a [f64],
+    pub alpha: f64,
+    pub beta: &'a [f64],
+}
+
+impl<'a> BlockScale<'a> {
+    /// alpha = 1 (what LSQR's Golub-Kahan steps use).
+    pub fn new(w: &'a [f64], beta: &'a [f64]) -> Self {
+        BlockScale {
+            w,
+            alpha: 1.0,
+            beta,
+        }
+    }
+}
+
 /// A matrix applied to blocks, member j's rows weighted by `w[j]` where the operator has
 /// weighted rows. `nrows` is this rank's share of the rows.
 pub trait BlockOperator<B: BatchBackend> {
@@ -68,22 +95,15 @@ pub trait BlockOperator<B: BatchBackend> {
     /// Member matrix A_j for row weight `w` (this rank's rows), as its single solve stores it:
     /// each weighted entry `a w` (so single products of it sum as the block products do).
     fn member_matrix(&self, w: f64) -> crate::sparse::Csr;
-    /// Y_j = alpha A_j X_j + beta[j] Y_j (Y_j not read where beta[j] == 0).
+    /// `Side::A`: Y_j = alpha A_j X_j + beta[j] Y_j (Y_j not read where beta[j] == 0);
+    /// `Side::At`: X_j = alpha A_j^T Y_j + beta[j] X_j with this rank's rows only (no sum over
+    /// ranks). `input` is X (Y), `out` Y (X).
     fn apply_block(
         &self,
         be: &B,
-        w: &[f64],
-        ab: (f64, &[f64]),
-        x: &B::Block,
-        y: &mut B::Block,
-    ) -> Result<()>;
-    /// X_j = alpha A_j^T Y_j + beta[j] X_j with this rank's rows only (no sum over ranks).
-    fn apply_t_block(
-        &self,
-        be: &B,
-        w: &[f64],
-        ab: (f64, &[f64]),
-        y: &B::Block,
-        x: &mut B::Block,
+        side: Side,
+        s: BlockScale,
+        input: &B::Block,
+        out: &mut B::Block,
     ) -> Result<()>;
 }

@@ -144,6 +144,17 @@ impl Drop for SignalGuard {
     }
 }
 
+/// Err (the solve stops, the progress line cleared) where a signal asked for it.
+fn stop_if_signalled(shown: &mut IterationReporter, itn: usize) -> Result<()> {
+    match caught_signal() {
+        Some(sig) => {
+            shown.clear();
+            Err(stopped_by(sig, itn, ""))
+        }
+        None => Ok(()),
+    }
+}
+
 /// The signal that asked the solve to stop, if one did.
 pub fn caught_signal() -> Option<i32> {
     match CAUGHT.load(Ordering::Relaxed) {
@@ -252,10 +263,7 @@ impl LsqrProgress {
 
 impl<B: Backend> LsqrMonitor<B> for LsqrProgress {
     fn record(&mut self, rec: &IterRecord) -> Result<()> {
-        if let Some(sig) = caught_signal() {
-            self.shown.clear();
-            return Err(stopped_by(sig, rec.itn, ""));
-        }
+        stop_if_signalled(&mut self.shown, rec.itn)?;
         if self.shown.line_due(rec.itn) {
             eprintln!(
                 "  itn {:>7}  r1norm {:.6e}  arnorm {:.3e}  xnorm {:.6e}  acond {:.3e}",
@@ -294,10 +302,7 @@ impl GmresProgress {
 
 impl GmresMonitor for GmresProgress {
     fn record(&mut self, rec: &GmresRecord) -> Result<()> {
-        if let Some(sig) = caught_signal() {
-            self.shown.clear();
-            return Err(stopped_by(sig, rec.iteration, ""));
-        }
+        stop_if_signalled(&mut self.shown, rec.iteration)?;
         if self.shown.line_due(rec.iteration) {
             eprintln!(
                 "  it {:>7}  cycle {:>5}  resnorm {:.6e}  relres {:.3e}",

@@ -14,7 +14,9 @@ use crate::pipeline::operators::{
 };
 use crate::pipeline::options::{OperatorSpec, SolveOptions};
 use crate::pipeline::prepare::{prepare, Layout, Prepared};
-use crate::solver::{self, IterRecord, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution};
+use crate::solver::{
+    self, IterRecord, LeastSquares, LsqMethod, LsqrMonitor, LsqrParams, LsqrSolution,
+};
 use crate::sparse::System;
 
 /// LSQR's settings for one solve besides the system: the method (LSQR or LSMR), parameters,
@@ -191,7 +193,11 @@ impl Lsqr<'_> {
         mon: &mut dyn LsqrMonitor<B>,
     ) -> Result<(LsqrSolution, Option<Vec<IterRecord>>)> {
         if self.method == LsqMethod::Lsmr {
-            let sol = solver::lsmr(be, op, self.comm, self.b, self.x0, self.params, mon)?;
+            let sol = solver::lsmr(
+                &LeastSquares::new(be, op, self.comm, self.b).x0(self.x0),
+                self.params,
+                mon,
+            )?;
             return Ok((sol.into_lsqr(), None));
         }
         if let Some(ckpt) = self.ckpt {
@@ -208,7 +214,11 @@ impl Lsqr<'_> {
             )?;
             return Ok((sol, Some(h.history)));
         }
-        let sol = solver::lsqr(be, op, self.comm, self.b, self.x0, self.params, mon)?;
+        let sol = solver::lsqr(
+            &LeastSquares::new(be, op, self.comm, self.b).x0(self.x0),
+            self.params,
+            mon,
+        )?;
         Ok((sol, None))
     }
 }

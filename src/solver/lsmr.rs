@@ -15,9 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::bidiag::{istop_of, norms_finite, sym_ortho, Dist, Tests};
 use super::lsqr::{check_params, stop_reason, LsqrInfo, LsqrMonitor, LsqrNorms};
-use super::{IterRecord, LsqrParams, LsqrSolution};
+use super::{IterRecord, LeastSquares, LsqrParams, LsqrSolution};
 use crate::backend::{Backend, Operator, Scale};
-use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 /// What LSMR reports, with the names of SciPy's `lsmr` return tuple (x is downloaded
@@ -163,20 +162,22 @@ pub fn check_lsmr_params(p: &LsqrParams) -> Result<()> {
     Ok(())
 }
 
-/// LSMR on `op` (this rank's rows; b this rank's entries, x0 all columns, zero by default),
-/// run to a stop; x downloaded. `params.iter_lim` defaults to min(m, n) (SciPy's `maxiter`).
+/// LSMR on the problem `p`, run to a stop; x downloaded. `params.iter_lim` defaults to min(m, n) (SciPy's `maxiter`).
 /// The monitor sees every iteration's record (from iteration 0) in LSQR's fields (r1norm =
 /// r2norm = normr, arnorm = normar); its `state` is not called (no checkpoints).
 pub fn lsmr<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    comm: &dyn Comm,
-    b: &[f64],
-    x0: Option<&[f64]>,
+    p: &LeastSquares<'_, B, O>,
     params: &LsqrParams,
     monitor: &mut dyn LsqrMonitor<B>,
 ) -> Result<LsmrSolution> {
     check_lsmr_params(params)?;
+    let LeastSquares {
+        be,
+        op,
+        comm,
+        b,
+        x0,
+    } = *p;
     let (m, n) = (op.nrows(), op.ncols());
     if b.len() != m {
         return Err(Error::Invalid(format!(

@@ -18,7 +18,7 @@ use super::lsqr::{
     begin_update, check_params, finish_update, info_of, record_of, take_bidiag, Limits,
 };
 use super::{BIG, SMALL};
-use crate::backend::batch::{BatchBackend, BlockOperator};
+use crate::backend::batch::{BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::lsqr::{IterRecord, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::backend::{Backend, Operator, XwStep};
 use crate::comm::Comm;
@@ -367,10 +367,10 @@ impl<'a, B: BatchBackend, O: BlockOperator<B>> Batch<'a, B, O> {
     fn apply_t(&mut self, w: &[f64], beta: &[f64]) -> Result<()> {
         let (be, op, bl) = (self.be, self.op, &mut self.blocks);
         match bl.tmp.as_mut() {
-            None => op.apply_t_block(be, w, (1.0, beta), &bl.u, &mut bl.v),
+            None => op.apply_block(be, Side::At, BlockScale::new(w, beta), &bl.u, &mut bl.v),
             Some(t) => {
                 let zero = vec![0.0; beta.len()];
-                op.apply_t_block(be, w, (1.0, &zero), &bl.u, t)?;
+                op.apply_block(be, Side::At, BlockScale::new(w, &zero), &bl.u, t)?;
                 be.block_allreduce_sum(self.comm, t)?;
                 be.block_axpby(1.0, t, beta, &mut bl.v)
             }
@@ -385,8 +385,8 @@ impl<'a, B: BatchBackend, O: BlockOperator<B>> Batch<'a, B, O> {
         // The Golub-Kahan step: beta u = A v - alpha u; alpha v = A^T u - beta v.
         let neg_alpha: Vec<f64> = self.scalars.iter().map(|s| -s.alpha).collect();
         let bl = &mut self.blocks;
-        self.op
-            .apply_block(be, &w, (1.0, &neg_alpha), &bl.v, &mut bl.u)?;
+        let s = BlockScale::new(&w, &neg_alpha);
+        self.op.apply_block(be, Side::A, s, &bl.v, &mut bl.u)?;
         let beta = self.norms(true)?;
         self.scale_where_positive(true, &beta)?;
         let positive = |v: f64| v > 0.0;
@@ -514,7 +514,7 @@ mod tests {
     use crate::backend::cpu::{CpuBackend, CpuBlockOperator, CpuCsrOperator};
     use crate::backend::TransposeStrategy;
     use crate::comm::{SerialComm, ThreadComm};
-    use crate::solver::{lsqr, NoMonitor};
+    use crate::solver::{lsqr, LeastSquares, NoMonitor};
     use crate::sparse::Csr;
 
     /// A random m x n matrix with `per_row` entries a row (no empty columns on average).
@@ -553,7 +553,8 @@ mod tests {
             damp: m.damp,
             ..params.clone()
         };
-        lsqr(&CpuBackend::new(), &op, comm, b, None, &p, &mut NoMonitor).unwrap()
+        let be = CpuBackend::new();
+        lsqr(&LeastSquares::new(&be, &op, comm, b), &p, &mut NoMonitor).unwrap()
     }
 
     /// The batch of `members` on [G; R] (R's rows weighted) or G, against each member's single
@@ -743,7 +744,8 @@ mod tests {
                                     .collect();
                                 aw.data_mut().copy_from_slice(&scaled);
                                 let op = CpuCsrOperator::new(aw, TransposeStrategy::Auto);
-                                lsqr(&be, &op, c, &bl, None, p, &mut NoMonitor).unwrap()
+                                lsqr(&LeastSquares::new(&be, &op, c, &bl), p, &mut NoMonitor)
+                                    .unwrap()
                             })
                             .collect();
                         (got, singles)

@@ -50,18 +50,50 @@ pub struct LsqrSolution {
     pub info: LsqrInfo,
 }
 
+/// A least-squares problem as this rank holds it: min ||b - A x|| for A this rank's rows (`op`
+/// on `be`), b this rank's entries and x0 over all columns (zero by default), the ranks joined
+/// by `comm`. [`lsqr`] and [`lsmr`] solve it.
+pub struct LeastSquares<'a, B, O> {
+    pub be: &'a B,
+    pub op: &'a O,
+    pub comm: &'a dyn Comm,
+    pub b: &'a [f64],
+    pub x0: Option<&'a [f64]>,
+}
+
+impl<B, O> Clone for LeastSquares<'_, B, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B, O> Copy for LeastSquares<'_, B, O> {}
+
+impl<'a, B, O> LeastSquares<'a, B, O> {
+    /// The problem from x0 = 0.
+    pub fn new(be: &'a B, op: &'a O, comm: &'a dyn Comm, b: &'a [f64]) -> Self {
+        LeastSquares {
+            be,
+            op,
+            comm,
+            b,
+            x0: None,
+        }
+    }
+    /// The same problem from `x0` (None: zero).
+    pub fn x0(self, x0: Option<&'a [f64]>) -> Self {
+        LeastSquares { x0, ..self }
+    }
+}
+
 /// Upload b (this rank's rows) and x0, run LSQR to a stop, download x (and var).
 pub fn lsqr<B: Backend, O: Operator<B>>(
-    be: &B,
-    op: &O,
-    comm: &dyn Comm,
-    b: &[f64],
-    x0: Option<&[f64]>,
+    p: &LeastSquares<'_, B, O>,
     params: &LsqrParams,
     monitor: &mut dyn LsqrMonitor<B>,
 ) -> Result<LsqrSolution> {
-    let bd = be.upload(b)?;
-    let x0d = x0.map(|x| be.upload(x)).transpose()?;
+    let (be, op, comm) = (p.be, p.op, p.comm);
+    let bd = be.upload(p.b)?;
+    let x0d = p.x0.map(|x| be.upload(x)).transpose()?;
     let (mut s, mut v) = lsqr_start(be, op, comm, &bd, x0d.as_ref(), params)?;
     drop(bd);
     let info = lsqr_iterate(be, op, comm, params, &mut s, &mut v, monitor)?;

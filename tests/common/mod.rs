@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use seistomo::backend::cpu::CpuBackend;
-use seistomo::backend::{Operator, TransposeStrategy};
+use seistomo::backend::{Backend, Operator, TransposeStrategy};
 use seistomo::comm::SerialComm;
 use seistomo::pipeline::options::{BackendChoice, SolveOptions};
-use seistomo::solver::{lsqr, LsqrParams, LsqrSolution, NoMonitor};
+use seistomo::solver::{lsqr, LeastSquares, LsqrParams, LsqrSolution, NoMonitor};
 use seistomo::sparse::Csr;
 
 use seistomo::comm::ThreadComm;
@@ -180,6 +180,21 @@ pub const LSQR_SUMMARY: [&str; 9] = [
     "xnorm",
 ];
 
+/// LSQR of `b` from zero on one process, any backend and operator, no monitor.
+pub fn serial_lsqr<B: Backend, O: Operator<B>>(
+    be: &B,
+    op: &O,
+    b: &[f64],
+    params: &LsqrParams,
+) -> LsqrSolution {
+    lsqr(
+        &LeastSquares::new(be, op, &SerialComm, b),
+        params,
+        &mut NoMonitor,
+    )
+    .unwrap()
+}
+
 /// LSQR with `params` on the CPU backend, one process, no monitor.
 pub fn cpu_lsqr<O: Operator<CpuBackend>>(
     op: &O,
@@ -187,12 +202,9 @@ pub fn cpu_lsqr<O: Operator<CpuBackend>>(
     x0: Option<&[f64]>,
     params: &LsqrParams,
 ) -> LsqrSolution {
+    let be = CpuBackend::new();
     lsqr(
-        &CpuBackend::new(),
-        op,
-        &SerialComm,
-        b,
-        x0,
+        &LeastSquares::new(&be, op, &SerialComm, b).x0(x0),
         params,
         &mut NoMonitor,
     )

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::{CpuBackend, CHUNK};
-use crate::backend::batch::{BatchBackend, BlockOperator};
+use crate::backend::batch::{BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::XwStep;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -578,8 +578,7 @@ impl CpuBlockOperator {
     fn product(
         &self,
         (m, classes): (&Csr, Classes<'_>),
-        w: &[f64],
-        (alpha, beta): (f64, &[f64]),
+        BlockScale { w, alpha, beta }: BlockScale,
         x: &CpuBlock,
         y: &mut CpuBlock,
     ) -> Result<()> {
@@ -635,31 +634,27 @@ impl BlockOperator<CpuBackend> for CpuBlockOperator {
     }
     fn apply_block(
         &self,
-        _be: &CpuBackend,
-        w: &[f64],
-        ab: (f64, &[f64]),
-        x: &CpuBlock,
-        y: &mut CpuBlock,
+        _: &CpuBackend,
+        side: Side,
+        s: BlockScale,
+        input: &CpuBlock,
+        out: &mut CpuBlock,
     ) -> Result<()> {
-        let c = match &self.row_class {
-            Some(c) => Classes::Rows(c),
-            None => Classes::None,
+        let m = match side {
+            Side::A => (
+                &self.a,
+                self.row_class
+                    .as_deref()
+                    .map_or(Classes::None, Classes::Rows),
+            ),
+            Side::At => (
+                &self.at,
+                self.entry_class
+                    .as_deref()
+                    .map_or(Classes::None, Classes::Entries),
+            ),
         };
-        self.product((&self.a, c), w, ab, x, y)
-    }
-    fn apply_t_block(
-        &self,
-        _be: &CpuBackend,
-        w: &[f64],
-        ab: (f64, &[f64]),
-        y: &CpuBlock,
-        x: &mut CpuBlock,
-    ) -> Result<()> {
-        let c = match &self.entry_class {
-            Some(c) => Classes::Entries(c),
-            None => Classes::None,
-        };
-        self.product((&self.at, c), w, ab, y, x)
+        self.product(m, s, input, out)
     }
 }
 
@@ -722,21 +717,21 @@ mod tests {
             let mut dk = vec![0.0; k];
             be.block_lsqr_update(&steps, &vb, (&mut xb, &mut wb), Some(&mut var), &mut dk)
                 .unwrap();
-            for j in 0..k {
-                let (mut x1, mut w1, mut v1) =
-                    (vs[(j + 1) % k].clone(), cols[j].clone(), vec![0.0; rows]);
-                let s = be
-                    .lsqr_update(
-                        steps[j],
-                        &vs[j],
-                        XwState {
-                            x: &mut x1,
-                            w: &mut w1,
-                            var: Some(&mut v1),
-                        },
-                    )
-                    .unwrap();
-                assert_eq!(dk[j].to_bits(), s.to_bits(), "rows {rows} k {k} j {j}");
+            // member j's single update: (||d_k||^2, x, w, var)
+            let single = |j: usize| {
+                let (mut x1, mut w1) = (vs[(j + 1) % k].clone(), cols[j].clone());
+                let mut v1 = vec![0.0; rows];
+                let xw = XwState {
+                    x: &mut x1,
+                    w: &mut w1,
+                    var: Some(&mut v1),
+                };
+                let s = be.lsqr_update(steps[j], &vs[j], xw).unwrap();
+                (s, x1, w1, v1)
+            };
+            for (j, d) in dk.iter().enumerate() {
+                let (s, x1, w1, v1) = single(j);
+                assert_eq!(d.to_bits(), s.to_bits(), "rows {rows} k {k} j {j}");
                 assert_eq!(bits(&be.block_column(&xb, j).unwrap()), bits(&x1));
                 assert_eq!(bits(&be.block_column(&wb, j).unwrap()), bits(&w1));
                 assert_eq!(bits(&be.block_column(&var, j).unwrap()), bits(&v1));
@@ -746,18 +741,7 @@ mod tests {
             be.block_keep(&mut xb, &keep).unwrap();
             assert_eq!(be.block_shape(&xb), (rows, keep.len()));
             for (c, &j) in keep.iter().enumerate() {
-                let mut x1 = vs[(j + 1) % k].clone();
-                let (mut w1, mut v1) = (cols[j].clone(), vec![0.0; rows]);
-                be.lsqr_update(
-                    steps[j],
-                    &vs[j],
-                    XwState {
-                        x: &mut x1,
-                        w: &mut w1,
-                        var: Some(&mut v1),
-                    },
-                )
-                .unwrap();
+                let x1 = single(j).1;
                 assert_eq!(bits(&be.block_column(&xb, c).unwrap()), bits(&x1));
             }
         }
@@ -795,9 +779,13 @@ mod tests {
                 .map(|j| if j == 1 { 0.0 } else { -0.5 * j as f64 })
                 .collect();
             let (mut yo, mut xo) = (yb.clone(), xb.clone());
-            op.apply_block(&be, &w, (1.0, &beta), &xb, &mut yo).unwrap();
-            op.apply_t_block(&be, &w, (1.0, &beta), &yb, &mut xo)
-                .unwrap();
+            let s = BlockScale {
+                w: &w,
+                alpha: 1.0,
+                beta: &beta,
+            };
+            op.apply_block(&be, Side::A, s, &xb, &mut yo).unwrap();
+            op.apply_block(&be, Side::At, s, &yb, &mut xo).unwrap();
             for j in 0..k {
                 let mut aw = a.clone();
                 let vals: Vec<f64> = (0..aw.nrows())
