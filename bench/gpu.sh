@@ -20,8 +20,9 @@
 #   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU), host and NCCL allreduce (NCCL with the
 #             device loop, the default, and with the host loop), a 100M and a 4x larger
 #             synthetic dataset (nvidia-h100-x2)                            -> performance.md
-#   gmres2    GMRES on 1 and 2 GPUs, host/NCCL halo, nnz/METIS partitions (nvidia-h200-x2)
-#                                                                                 -> gmres.md
+#   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
+#             the 2-GPU defaults (NCCL) and the host path; $BASE's and $PREV's 2-GPU defaults
+#             beside them                                       -> performance.md, gmres.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 #   timeline  a defaults invert (prepared storage) stamped line by line (timeline.py), this
@@ -163,36 +164,45 @@ fi
 
 if has multigpu; then
   nccl_path
-  for scale in 1 4; do
+  # SCALES: which datasets (1: 600k rays, 4: 2.4M); EXTRA="nccl8": NCCL with nccl_max_ctas = 8
+  for scale in ${SCALES:-1 4}; do
     ds=/tmp/big$scale
     "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
       --flattening 0.5,0.5,0.5 --damping-blocks 2 > /dev/null 2>> "$OUT/log.txt"
-    for run in np1 host nccl ncclhost; do
-      cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}; path=${path/ncclhost/nccl}
+    for run in np1 host nccl ncclhost ${EXTRA:-}; do
+      cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}; path=${path/ncclhost/nccl}; path=${path/nccl8/nccl}
       lp=auto; [ $run = ncclhost ] && lp=host
       printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\nlsqr_loop = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \
         $ds $path $lp $run $scale > $cfg
+      [ $run = nccl8 ] && printf '[tuning]\nnccl_max_ctas = 8\n' >> $cfg
       if [ $run = np1 ]; then "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"
       else $MR "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"; fi
       cp /tmp/o-$run-$scale/report.json "$OUT/lsqr_x${scale}_$run.json" 2>/dev/null
     done
     rm -rf $ds
   done
+  lsqr_table "$OUT"/lsqr_x*.json > "$OUT/multigpu.txt"
 fi
 
 if has gmres2; then
   nccl_path
-  M=/tmp/cd128.mtx
-  [ -f $M ] || "$BIN/seistomo" square --kind convdiff --n 128 -o $M 2>> "$S"
-  G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --backend cuda"
-  for pc in jacobi "block-ilu0 --ilu-sweeps 3"; do
-    tag=$(echo $pc | cut -c1-6)
-    timeout 60 "$BIN/seistomo" $G --precond $pc --orthog cgs --report "$OUT/g1_$tag.json" 2>> "$OUT/log.txt"
-    for ar in host nccl; do for part in nnz metis; do
-      timeout 90 $MR "$BIN/seistomo" $G --precond $pc --orthog cgs --allreduce $ar --partition $part \
-        --report "$OUT/g2_${tag}_${ar}_$part.json" 2>> "$OUT/log.txt"
-    done; done
+  # GMRES(16) Jacobi on 1 GPU and on 2 (defaults: NCCL for the halo and the reductions, at most
+  # one thread block an NCCL operation; and the host path), 2.1M and 16.8M rows; with $BASE (an
+  # older binary) its 2-GPU defaults beside them, and $PREV's
+  for n in ${GMRES2_N:-128 256}; do
+    M=/tmp/cd$n.mtx
+    [ -f $M ] || "$BIN/seistomo" -q square --kind convdiff --n $n -o $M 2>> "$S"
+    G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi --backend cuda"
+    CUDA_VISIBLE_DEVICES=0 timeout 120 "$BIN/seistomo" $G --report "$OUT/g1_n$n.json" 2>> "$OUT/log.txt"
+    for ar in auto host; do
+      timeout 120 $MR "$BIN/seistomo" $G --allreduce $ar --report "$OUT/g2_n${n}_$ar.json" 2>> "$OUT/log.txt"
+    done
+    for b in ${BASE:-} ${PREV:-}; do
+      timeout 120 $MR "$b" $G --report "$OUT/g2_n${n}_$(basename $b).json" 2>> "$OUT/log.txt"
+    done
+    rm -f $M
   done
+  gmres_table "$OUT"/g1_n*.json "$OUT"/g2_n*.json > "$OUT/gmres2.txt"
 fi
 
 if has weak; then

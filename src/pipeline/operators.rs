@@ -215,7 +215,7 @@ impl Engine {
         phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
-                let path = be.setup_allreduce(comm, path)?;
+                let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas)?;
                 Ok(Engine::Cuda {
                     be: Box::new(be),
                     path,

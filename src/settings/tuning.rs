@@ -65,13 +65,18 @@ pub struct Tuning {
     /// `nvrtc_defines`: preprocessor defines the CUDA kernels are compiled with, `NAME` or
     /// `NAME=VALUE` (kernel constants for experiments, e.g. `CUNROLL=2`).
     pub nvrtc_defines: Vec<String>,
+    /// `nccl_max_ctas`: at most this many thread blocks (NCCL channels) per NCCL operation on
+    /// several GPUs, 1..=64. Default: NCCL's own choice for LSQR (its allreduce of A^T u is
+    /// large), 1 for GMRES (its halo and reductions are small, and NCCL's 24-32 channels cost
+    /// more than they move: docs/gmres.md).
+    pub nccl_max_ctas: Option<u32>,
     /// `io_max_gap`: dataset reads of records at most this many bytes apart are merged into one
     /// (0: only touching ones); default 64 KiB.
     pub io_max_gap: Option<u64>,
 }
 
 /// The keys [`Tuning::set`] takes, in the fields' order.
-pub const KEYS: [&str; 9] = [
+pub const KEYS: [&str; 10] = [
     "gpu_layout",
     "tile_bits",
     "ax_tile_bits",
@@ -80,6 +85,7 @@ pub const KEYS: [&str; 9] = [
     "tiled_s_cols",
     "lsqr_block",
     "nvrtc_defines",
+    "nccl_max_ctas",
     "io_max_gap",
 ];
 
@@ -122,12 +128,14 @@ impl Tuning {
         let bits: Allowed = |b| (4..=12).contains(&b);
         let width: Allowed = |s| SUB_WARPS.contains(&s);
         let rows: Allowed = |r| (1..=1 << 16).contains(&r);
+        let ctas: Allowed = |c| (1..=64).contains(&c);
         let knobs = [
             ("tile_bits", self.tile_bits, bits, "4..=12"),
             ("ax_tile_bits", self.ax_tile_bits, bits, "4..=12"),
             ("compact_s", self.compact_s, width, "4, 8, 16 or 32"),
             ("compact_r", self.compact_r, rows, "1..=65536"),
             ("tiled_s_cols", self.tiled_s_cols, width, "4, 8, 16 or 32"),
+            ("nccl_max_ctas", self.nccl_max_ctas, ctas, "1..=64"),
         ];
         for (key, value, ok, want) in knobs {
             if let Some(v) = value.filter(|&v| !ok(v)) {
@@ -174,6 +182,7 @@ impl Tuning {
             "compact_r" => t.compact_r = opt(key, v, auto)?,
             "tiled_s_cols" => t.tiled_s_cols = opt(key, v, auto)?,
             "lsqr_block" => t.lsqr_block = opt(key, v, auto)?,
+            "nccl_max_ctas" => t.nccl_max_ctas = opt(key, v, auto)?,
             "io_max_gap" => t.io_max_gap = opt(key, v, auto)?,
             "nvrtc_defines" => {
                 t.nvrtc_defines = v
@@ -261,6 +270,7 @@ mod tests {
             "tiled_s_cols=16",
             "lsqr_block=64",
             "nvrtc_defines=CUNROLL=2,CMINB",
+            "nccl_max_ctas=2",
             "io_max_gap=4096",
         ])
         .unwrap();
@@ -273,6 +283,7 @@ mod tests {
         assert_eq!(t.lsqr_block, Some(64));
         assert_eq!(t.nvrtc_defines, vec!["CUNROLL=2", "CMINB"]);
         assert_eq!(t.io_max_gap, Some(4096));
+        assert_eq!(t.nccl_max_ctas, Some(2));
         t.apply(&["gpu_layout=auto", "tile_bits=auto"]).unwrap();
         assert_eq!((t.gpu_layout, t.tile_bits), (None, None));
         for bad in [
@@ -285,6 +296,8 @@ mod tests {
             "nvrtc_defines=A;B",
             "nvrtc_defines=X=1 -G",
             "io_max_gap=-1",
+            "nccl_max_ctas=0",
+            "nccl_max_ctas=65",
             "speed=11",
             "tile_bits",
         ] {

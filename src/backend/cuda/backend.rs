@@ -272,8 +272,9 @@ impl CudaBackend {
         &self,
         comm: &dyn Comm,
         path: crate::backend::AllreducePath,
+        max_ctas: Option<u32>,
     ) -> Result<String> {
-        self.nccl.setup(&self.stream, comm, path)
+        self.nccl.setup(&self.stream, comm, path, max_ctas)
     }
 
     /// `x` summed over the ranks in place by NCCL on the backend's stream (also inside a graph

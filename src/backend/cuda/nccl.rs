@@ -2,20 +2,96 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
+use std::ffi::{c_char, c_int, c_uint};
 
-use cudarc::nccl::result::NcclError;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::result::{self, NcclError};
+use cudarc::nccl::sys;
 
 use super::error::{CudaError, Doing};
 use crate::backend::AllreducePath;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
-/// An NCCL communicator that can live in the backend.
-struct NcclComm(cudarc::nccl::safe::Comm);
+const F64: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat64;
+
+/// An NCCL communicator on the backend's stream that can live in the backend.
+struct NcclComm {
+    raw: sys::ncclComm_t,
+    stream: Arc<CudaStream>,
+}
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
 // concurrent; the backend keeps it behind a Mutex, so only one thread uses it at a time.
 unsafe impl Send for NcclComm {}
+
+impl NcclComm {
+    fn cu_stream(&self) -> sys::cudaStream_t {
+        self.stream.cu_stream() as sys::cudaStream_t
+    }
+
+    /// `x` summed over the ranks in place, on the stream.
+    fn sum<R: DevicePtrMut<f64>>(&self, x: &mut R) -> std::result::Result<(), NcclError> {
+        let count = x.len();
+        let (ptr, _record) = x.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` points at `count` f64 on this rank's device; in place is allowed.
+        unsafe {
+            result::all_reduce(
+                ptr as _,
+                ptr as _,
+                count,
+                F64,
+                sys::ncclRedOp_t::ncclSum,
+                self.raw,
+                self.cu_stream(),
+            )
+        }
+        .map(|_| ())
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from ncclCommInitRank(Config) and is released once, here. Abort
+        // (as cudarc's own communicator does) never waits for a peer that may have ended.
+        let _ = unsafe { result::comm_abort(self.raw) };
+    }
+}
+
+/// NCCL's communicator options as NCCL 2.17 laid them out (`ncclConfig_t` of nccl.h 2.17):
+/// every later NCCL reads a configuration of an older version by its `version` field.
+#[repr(C)]
+struct ConfigV21700 {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+}
+
+/// nccl.h's NCCL_CONFIG_UNDEF_INT: "NCCL's default".
+const UNDEF: c_int = c_int::MIN;
+
+impl ConfigV21700 {
+    /// NCCL_CONFIG_INITIALIZER of nccl.h 2.17 with at most `max_ctas` thread blocks (channels)
+    /// a collective or a point-to-point transfer.
+    fn with_max_ctas(max_ctas: u32) -> Self {
+        ConfigV21700 {
+            size: std::mem::size_of::<ConfigV21700>(),
+            magic: 0xcafe_beef,
+            version: 21700,
+            blocking: UNDEF,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: max_ctas as c_int,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+        }
+    }
+}
 
 /// A backend's NCCL communicator over the job's GPUs, once set up (`setup_allreduce`).
 #[derive(Default)]
@@ -26,12 +102,14 @@ impl Nccl {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`super::CudaBackend::setup_allreduce`] on `stream`.
+    /// [`super::CudaBackend::setup_allreduce`] on `stream`. `max_ctas`: at most this many
+    /// thread blocks per NCCL operation (None: NCCL's choice; needs NCCL >= 2.17).
     pub fn setup(
         &self,
         stream: &Arc<CudaStream>,
         comm: &dyn Comm,
         path: AllreducePath,
+        max_ctas: Option<u32>,
     ) -> Result<String> {
         if comm.size() <= 1 {
             return Ok("none (one rank)".into());
@@ -51,8 +129,8 @@ impl Nccl {
         let mut id_bytes = Vec::new();
         let mut local_err = None;
         if comm.rank() == 0 {
-            match cudarc::nccl::safe::Id::new() {
-                Ok(id) => id_bytes = id.internal().iter().map(|&c| c as u8).collect(),
+            match result::get_uniqueid() {
+                Ok(id) => id_bytes = id.internal.iter().map(|&c| c as u8).collect(),
                 Err(e) => local_err = Some(CudaError::during("ncclGetUniqueId", e)),
             }
         }
@@ -63,15 +141,49 @@ impl Nccl {
                 None => Error::backend("cuda", "rank 0 could not create an NCCL id"),
             });
         }
-        let mut internal = [0 as std::ffi::c_char; 128];
-        for (d, s) in internal.iter_mut().zip(&id_bytes) {
-            *d = *s as std::ffi::c_char;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        for (d, s) in id.internal.iter_mut().zip(&id_bytes) {
+            *d = *s as c_char;
         }
-        let id = cudarc::nccl::safe::Id::uninit(internal);
-        let c = cudarc::nccl::safe::Comm::from_rank(stream.clone(), comm.rank(), comm.size(), id)
-            .doing("ncclCommInitRank")?;
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(NcclComm(c));
-        Ok("nccl (GPU to GPU)".into())
+        let (rank, size) = (comm.rank() as c_int, comm.size() as c_int);
+        let mut raw = std::mem::MaybeUninit::uninit();
+        // ncclCommInitRank(Config) needs the rank's device current on this thread
+        stream
+            .context()
+            .bind_to_thread()
+            .doing("binding the GPU context")?;
+        match max_ctas {
+            None => {
+                // SAFETY: `raw` is written by NCCL on success; id and ranks are the job's.
+                unsafe { result::comm_init_rank(raw.as_mut_ptr(), size, id, rank) }
+                    .doing("ncclCommInitRank")?;
+            }
+            Some(c) => {
+                let mut config = ConfigV21700::with_max_ctas(c);
+                // SAFETY: as above; `config` is a valid nccl.h 2.17 configuration (NCCL reads
+                // it by its version field), alive for the call.
+                unsafe {
+                    result::comm_init_rank_config(
+                        raw.as_mut_ptr(),
+                        size,
+                        id,
+                        rank,
+                        (&mut config as *mut ConfigV21700).cast(),
+                    )
+                }
+                .doing("ncclCommInitRankConfig")?;
+            }
+        }
+        // SAFETY: initialised by the successful call above.
+        let raw = unsafe { raw.assume_init() };
+        *self.lock() = Some(NcclComm {
+            raw,
+            stream: stream.clone(),
+        });
+        Ok(match max_ctas {
+            None => "nccl (GPU to GPU)".into(),
+            Some(c) => format!("nccl (GPU to GPU, at most {c} thread blocks an operation)"),
+        })
     }
 
     /// Whether NCCL is set up for this backend's communicator (halo and reductions GPU to GPU).
@@ -106,7 +218,14 @@ impl Nccl {
             let mut off = 0;
             for (r, &c) in send_counts.iter().enumerate() {
                 if c > 0 && failed.is_none() {
-                    if let Err(e) = nc.0.send(&send.slice(off..off + c), r as i32) {
+                    let v = send.slice(off..off + c);
+                    let (ptr, _record) = v.device_ptr(&nc.stream);
+                    // SAFETY: `ptr` points at c f64 on this rank's device, alive until the
+                    // stream has run the send (the slice outlives the exchange's users).
+                    let sent = unsafe {
+                        result::send(ptr as _, c, F64, r as c_int, nc.raw, nc.cu_stream())
+                    };
+                    if let Err(e) = sent {
                         failed = Some(err("ncclSend", e));
                     }
                 }
@@ -116,7 +235,12 @@ impl Nccl {
         let mut off = recv_offset;
         for (r, &c) in recv_counts.iter().enumerate() {
             if c > 0 && failed.is_none() {
-                if let Err(e) = nc.0.recv(&mut recv.slice_mut(off..off + c), r as i32) {
+                let mut v = recv.slice_mut(off..off + c);
+                let (ptr, _record) = v.device_ptr_mut(&nc.stream);
+                // SAFETY: `ptr` points at c f64 of `recv` on this rank's device.
+                let got =
+                    unsafe { result::recv(ptr as _, c, F64, r as c_int, nc.raw, nc.cu_stream()) };
+                if let Err(e) = got {
                     failed = Some(err("ncclRecv", e));
                 }
             }
@@ -136,8 +260,7 @@ impl Nccl {
         let Some(nc) = guard.as_ref() else {
             return Ok(false);
         };
-        nc.0.all_reduce_in_place(x, &cudarc::nccl::safe::ReduceOp::Sum)
-            .doing("ncclAllReduce")?;
+        nc.sum(x).doing("ncclAllReduce")?;
         Ok(true)
     }
 }
