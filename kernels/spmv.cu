@@ -205,19 +205,21 @@ scatter_f32(u32 nseg, const u32* seg, const u64* ip, const u32* ci, const float*
 #ifndef PMINB
 #define PMINB 8
 #endif
-template <typename V>
-__device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__ sptr,
+template <typename V, bool GHOSTS>
+__device__ __forceinline__ void pattern_spmv_impl(u32 r0, u32 m, u32 nown,
+                                                  const u64* __restrict__ sptr,
                                                   const unsigned short* __restrict__ rpat,
                                                   const u32* __restrict__ pstart,
                                                   const int* __restrict__ poff,
                                                   const V* __restrict__ val,
                                                   const double* __restrict__ x,
+                                                  const double* __restrict__ gx,
                                                   double* __restrict__ y, double alpha,
                                                   double beta, const double* __restrict__ d,
                                                   const double* __restrict__ nsq,
                                                   double* __restrict__ vout) {
     // 64-bit: blockIdx.x * blockDim.x would wrap for m within a block of 2^32
-    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 r = (u64)r0 + (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= m) return;
     const double inv = nsq ? 1.0 / sqrt(fmax(*nsq, 0.0)) : 1.0;
     const u32 p = rpat[r];
@@ -234,8 +236,11 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
             xv[j] = 0.0;
             if (k < len) {
                 v[j] = (double)vr[(u64)k * PSLICE];
-                // inv == 1 without nsq: x * 1 is x exactly
-                xv[j] = inv * __ldg(&x[(u64)((long long)r + __ldg(&poff[pb + k]))]);
+                const u64 c = (u64)((long long)r + __ldg(&poff[pb + k]));
+                // inv == 1 without nsq: x * 1 is x exactly. With GHOSTS the columns from nown
+                // on are gx's (one address chosen, one load).
+                const double* at = (GHOSTS && c >= nown) ? gx + (c - nown) : x + c;
+                xv[j] = inv * __ldg(at);
             }
         }
 #pragma unroll
@@ -246,15 +251,18 @@ __device__ __forceinline__ void pattern_spmv_impl(u32 m, const u64* __restrict__
     if (vout) vout[r] = inv * x[r];
 }
 
-extern "C" __global__ void __launch_bounds__(256, PMINB)
-pattern_spmv_f64(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
-                 const int* poff, const double* val, const double* x, double* y, double alpha,
-                 double beta, const double* d, const double* nsq, double* vout) {
-    pattern_spmv_impl<double>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d, nsq, vout);
-}
-extern "C" __global__ void __launch_bounds__(256, PMINB)
-pattern_spmv_f32(u32 m, const u64* sptr, const unsigned short* rpat, const u32* pstart,
-                 const int* poff, const float* val, const double* x, double* y, double alpha,
-                 double beta, const double* d, const double* nsq, double* vout) {
-    pattern_spmv_impl<float>(m, sptr, rpat, pstart, poff, val, x, y, alpha, beta, d, nsq, vout);
-}
+// Rows r0..m of the patterns (x: every column); the _halo kernels read the columns from nown on
+// from gx (a rank's ghosts, received into a buffer of their own).
+#define PATTERN_KERNEL(NAME, V, GHOSTS)                                                          \
+    extern "C" __global__ void __launch_bounds__(256, PMINB)                                     \
+        NAME(u32 r0, u32 m, u32 nown, const u64* sptr, const unsigned short* rpat,              \
+             const u32* pstart, const int* poff, const V* val, const double* x,                  \
+             const double* gx, double* y, double alpha, double beta, const double* d,            \
+             const double* nsq, double* vout) {                                                  \
+        pattern_spmv_impl<V, GHOSTS>(r0, m, nown, sptr, rpat, pstart, poff, val, x, gx, y,     \
+                                     alpha, beta, d, nsq, vout);                                 \
+    }
+PATTERN_KERNEL(pattern_spmv_f64, double, false)
+PATTERN_KERNEL(pattern_spmv_f32, float, false)
+PATTERN_KERNEL(pattern_spmv_halo_f64, double, true)
+PATTERN_KERNEL(pattern_spmv_halo_f32, float, true)

@@ -193,10 +193,12 @@ impl Nccl {
 
     /// The point-to-point exchange of a halo GPU to GPU when NCCL is set up
     /// ([`super::CudaBackend::setup_allreduce`]): `send` holds the values for each rank in rank
-    /// order (`send_counts`), `recv` receives from each rank in rank order (`recv_counts`).
-    /// Returns false (nothing done) when there is no NCCL communicator.
+    /// order (`send_counts`), `recv` receives from each rank in rank order (`recv_counts`),
+    /// on `stream` (None: the backend's). Returns false (nothing done) when there is no NCCL
+    /// communicator.
     pub fn exchange(
         &self,
+        stream: Option<&CudaStream>,
         send: Option<&CudaSlice<f64>>,
         send_counts: &[usize],
         recv: &mut CudaSlice<f64>,
@@ -210,6 +212,7 @@ impl Nccl {
         let err = |what: &str, e: NcclError| {
             CudaError::during(format!("NCCL {what} in the halo exchange"), e)
         };
+        let on = stream.map_or_else(|| nc.cu_stream(), |s| s.cu_stream() as sys::cudaStream_t);
         cudarc::nccl::result::group_start().map_err(|e| err("ncclGroupStart", e))?;
         // Every send and receive is queued before ncclGroupEnd launches them together; the
         // group must be closed whatever happens, so errors are collected first.
@@ -222,9 +225,7 @@ impl Nccl {
                     let (ptr, _record) = v.device_ptr(&nc.stream);
                     // SAFETY: `ptr` points at c f64 on this rank's device, alive until the
                     // stream has run the send (the slice outlives the exchange's users).
-                    let sent = unsafe {
-                        result::send(ptr as _, c, F64, r as c_int, nc.raw, nc.cu_stream())
-                    };
+                    let sent = unsafe { result::send(ptr as _, c, F64, r as c_int, nc.raw, on) };
                     if let Err(e) = sent {
                         failed = Some(err("ncclSend", e));
                     }
@@ -238,8 +239,7 @@ impl Nccl {
                 let mut v = recv.slice_mut(off..off + c);
                 let (ptr, _record) = v.device_ptr_mut(&nc.stream);
                 // SAFETY: `ptr` points at c f64 of `recv` on this rank's device.
-                let got =
-                    unsafe { result::recv(ptr as _, c, F64, r as c_int, nc.raw, nc.cu_stream()) };
+                let got = unsafe { result::recv(ptr as _, c, F64, r as c_int, nc.raw, on) };
                 if let Err(e) = got {
                     failed = Some(err("ncclRecv", e));
                 }

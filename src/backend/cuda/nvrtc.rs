@@ -61,6 +61,9 @@ kernels! {
         /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
         pattern_spmv: [CudaFunction; 2] =
             named(f, PRECISIONS.map(|p| format!("pattern_spmv_{p}")))?,
+        /// pattern_spmv_halo [f64 = 0, f32 = 1]: the ghost columns from a buffer of their own
+        pattern_spmv_halo: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("pattern_spmv_halo_{p}")))?,
         /// multi_dot_K of vector.cu for K = 1, 2, 4, 8, 16, 32 (index: ceil(log2 k)).
         multi_dot: [CudaFunction; 6] =
             named(f, [1, 2, 4, 8, 16, 32].map(|k| format!("multi_dot_{k}")))?,

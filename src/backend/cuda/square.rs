@@ -16,14 +16,15 @@
 //!   L y = r and U z = y, a thread per row, in the same arithmetic order as the CPU's
 //!   [`BlockIlu0::solve`] (bitwise equal without FMA contraction).
 
-use std::sync::Mutex;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
 use super::backend::{CudaBackend, DeviceVec};
 use super::error::Doing;
 use super::operator::CudaCsrOperator;
-use super::patterns::DevPatterns;
+use super::patterns::{Cols, DevPatterns};
 use super::util::{up, Word};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
@@ -46,6 +47,45 @@ struct Halo {
     /// Row sums of the interior and boundary rows (split products only).
     t_interior: Option<CudaSlice<f64>>,
     t_boundary: Option<CudaSlice<f64>>,
+    /// Row patterns with NCCL: the halo travels on a stream of its own while the interior
+    /// rows are multiplied.
+    overlap: Option<PatternOverlap>,
+}
+
+/// The overlap of a row-pattern product with its NCCL halo exchange: the gather is recorded
+/// (`sent`), the exchange runs on `side` into `ghosts` (recorded: `arrived`) while the
+/// `interior` rows (no ghost column) are multiplied on the backend's stream; the rows before
+/// and after them read the ghosts from `ghosts` once it has arrived. No copy of x either way.
+struct PatternOverlap {
+    interior: Range<usize>,
+    ghosts: CudaSlice<f64>,
+    side: Arc<CudaStream>,
+    sent: CudaEvent,
+    arrived: CudaEvent,
+}
+
+impl PatternOverlap {
+    fn new(be: &CudaBackend, a: &Csr, n: usize, ghosts: usize) -> Result<Self> {
+        // the longest run of rows that read no ghost column
+        let (mut best, mut start) = (0..0, 0);
+        for r in 0..=a.nrows() {
+            if r == a.nrows() || a.row(r).0.iter().any(|&c| c as usize >= n) {
+                if r - start > best.len() {
+                    best = start..r;
+                }
+                start = r + 1;
+            }
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let ctx = be.stream.context();
+        Ok(PatternOverlap {
+            interior: best,
+            ghosts: be.zeros(ghosts.max(1))?,
+            side: be.stream.fork().doing("creating the halo's stream")?,
+            sent: ctx.new_event(flags).doing("creating an event")?,
+            arrived: ctx.new_event(flags).doing("creating an event")?,
+        })
+    }
 }
 
 /// This rank's rows split for overlapping the halo exchange with the product: interior rows
@@ -128,6 +168,12 @@ impl<'c> CudaSquareOperator<'c> {
         };
         let temp = |len: usize| (len > 0).then(|| be.zeros(len)).transpose();
         let send_counts: Vec<usize> = plan.send_idx.iter().map(|s| s.len()).collect();
+        let overlap = match &product {
+            Product::Patterns(_) if comm.size() > 1 && be.nccl.ready() => {
+                Some(PatternOverlap::new(be, a, n, plan.recv_volume())?)
+            }
+            _ => None,
+        };
         let halo = if comm.size() > 1 {
             let flat: Vec<u32> = plan.send_idx.iter().flatten().copied().collect();
             let (idx, send_dev) = if flat.is_empty() {
@@ -147,6 +193,7 @@ impl<'c> CudaSquareOperator<'c> {
                 ext: be.zeros(a.ncols().max(1))?,
                 t_interior: temp(n_interior)?,
                 t_boundary: temp(n_boundary)?,
+                overlap,
             }))
         } else {
             None
@@ -209,6 +256,7 @@ impl<'c> CudaSquareOperator<'c> {
             .doing("device copy")?;
         // GPU to GPU when NCCL is set up: no host copies.
         if be.nccl.exchange(
+            None,
             h.send_dev.as_ref(),
             &self.send_counts,
             &mut h.ext,
@@ -254,6 +302,66 @@ impl<'c> CudaSquareOperator<'c> {
                 .doing("copying the halo to the device")?;
         }
         Ok(())
+    }
+
+    /// The row-pattern product y = d .* (s A x) (normalised as [`DevPatterns::spmv`] says):
+    /// overlapped with the NCCL halo exchange where there is one ([`PatternOverlap`]), else
+    /// after the whole exchange.
+    fn pattern_product(
+        &self,
+        be: &CudaBackend,
+        p: &DevPatterns,
+        (s, x): (Scale, &DeviceVec),
+        mut normalized: Option<(u64, &mut DeviceVec)>,
+        d: Option<&DeviceVec>,
+        y: &mut DeviceVec,
+    ) -> Result<()> {
+        let Some(h) = &self.halo else {
+            return p.spmv(be, s, x, normalized, d, y);
+        };
+        let mut guard = h.lock().unwrap_or_else(|e| e.into_inner());
+        let h = &mut *guard;
+        let Some(ov) = h.overlap.as_mut() else {
+            drop(guard);
+            return self.with_columns(be, x, |xs| p.spmv(be, s, xs, normalized, d, y));
+        };
+        if let (Some(idx), Some(send)) = (&h.idx, &mut h.send_dev) {
+            be.gather(idx, x, send)?;
+        }
+        ov.sent
+            .record(&be.stream)
+            .doing("recording the halo's gather")?;
+        ov.side
+            .wait(&ov.sent)
+            .doing("waiting for the halo's gather")?;
+        let (send, counts) = (h.send_dev.as_ref(), &self.send_counts);
+        let by_nccl = be.nccl.exchange(
+            Some(&ov.side),
+            send,
+            counts,
+            &mut ov.ghosts,
+            0,
+            &self.recv_counts,
+        )?;
+        if !by_nccl {
+            return Err(Error::backend(
+                "cuda",
+                "the halo's NCCL communicator went away",
+            ));
+        }
+        ov.arrived
+            .record(&ov.side)
+            .doing("recording the halo's arrival")?;
+        let mut part = |cols: Cols, rows: Range<usize>| {
+            let v = normalized.as_mut().map(|(nsq, v)| (*nsq, &mut **v));
+            p.spmv_rows(be, s, cols, rows, v, d, y)
+        };
+        // SAFETY of Cols::Own: the interior rows read no column beyond x's (PatternOverlap::new)
+        part(Cols::Own(x), ov.interior.clone())?;
+        be.stream.wait(&ov.arrived).doing("waiting for the halo")?;
+        let (i, m) = (ov.interior.clone(), self.n_local);
+        part(Cols::Halo(x, &ov.ghosts), 0..i.start)?;
+        part(Cols::Halo(x, &ov.ghosts), i.end..m)
     }
 
     /// The split product: interior rows while MPI moves the ghosts, boundary rows after.
@@ -330,7 +438,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 self.apply_split(be, sp, s, x, &mut h, y)
             }
             Product::Whole(op) => self.with_columns(be, x, |xs| op.apply(be, s, xs, y)),
-            Product::Patterns(p) => self.with_columns(be, x, |xs| p.spmv(be, s, xs, None, None, y)),
+            Product::Patterns(p) => self.pattern_product(be, p, (s, x), None, None, y),
         }
     }
     fn apply_scaled_rows(
@@ -347,9 +455,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
                 Some(done) => done,
                 None => crate::backend::scaled_rows_by_pass(self, be, (x, d), (t, y)),
             },
-            (_, Product::Patterns(p)) => {
-                self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, None, d, y))
-            }
+            (_, Product::Patterns(p)) => self.pattern_product(be, p, (Scale::SET, x), None, d, y),
             _ => crate::backend::scaled_rows_by_pass(self, be, (x, d), (t, y)),
         }
     }
@@ -371,7 +477,7 @@ impl Operator<CudaBackend> for CudaSquareOperator<'_> {
         // the row-pattern kernel scales x as it gathers it and writes v (one pass fewer)
         let nsq = be.scalar_ptr("normalised product", sc, at, 1)?;
         let normalized = Some((nsq, v));
-        self.with_columns(be, x, |xs| p.spmv(be, Scale::SET, xs, normalized, d, y))
+        self.pattern_product(be, p, (Scale::SET, x), normalized, d, y)
     }
     fn apply_t(
         &self,
