@@ -356,7 +356,7 @@ impl<'c> CudaSquareOperator<'c> {
             let v = normalized.as_mut().map(|(nsq, v)| (*nsq, &mut **v));
             p.spmv_rows(be, s, cols, rows, v, d, y)
         };
-        // SAFETY of Cols::Own: the interior rows read no column beyond x's (PatternOverlap::new)
+        // Cols::Own is right here: the interior rows read no column beyond x (PatternOverlap::new)
         part(Cols::Own(x), ov.interior.clone())?;
         be.stream.wait(&ov.arrived).doing("waiting for the halo")?;
         let (i, m) = (ov.interior.clone(), self.n_local);
