@@ -164,7 +164,8 @@ fi
 
 if has multigpu; then
   nccl_path
-  # SCALES: which datasets (1: 600k rays, 4: 2.4M); EXTRA="nccl8": NCCL with nccl_max_ctas = 8
+  # SCALES: which datasets (1: 600k rays, 4: 2.4M); EXTRA="nccl8": NCCL with nccl_max_ctas = 8;
+  # PREV: an older binary whose host path runs too
   for scale in ${SCALES:-1 4}; do
     ds=/tmp/big$scale
     "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
@@ -179,6 +180,11 @@ if has multigpu; then
       else $MR "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"; fi
       cp /tmp/o-$run-$scale/report.json "$OUT/lsqr_x${scale}_$run.json" 2>/dev/null
     done
+    # $PREV (an older binary): its host path beside this one's
+    if [ -n "${PREV:-}" ]; then
+      $MR "$PREV" invert /tmp/host-$scale.toml 2>> "$OUT/log.txt"
+      cp /tmp/o-host-$scale/report.json "$OUT/lsqr_x${scale}_host_prev.json" 2>/dev/null
+    fi
     rm -rf $ds
   done
   lsqr_table "$OUT"/lsqr_x*.json > "$OUT/multigpu.txt"

@@ -81,6 +81,43 @@ fn staged_uploads_arrive_whole() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn host_path_allreduce_sums_every_rank() {
+    // Three "ranks" (threads, a backend each on GPU 0) sum vectors through the host path (no
+    // NCCL set up: page-locked copies and the communicator's sum) of 1, 1000 and 393,293
+    // values. Each rank's values are whole numbers, so the sum is exact in any order.
+    let _ = gpu();
+    for n in [1usize, 1000, (1 << 17) * 3 + 77] {
+        let comms = seistomo::comm::ThreadComm::create(3);
+        let got: Vec<Vec<f64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let g = seistomo::backend::cuda::CudaBackend::new(0).unwrap();
+                        let r = seistomo::comm::Comm::rank(c) as f64;
+                        let v: Vec<f64> = (0..n).map(|i| (i % 1000) as f64 + 1e6 * r).collect();
+                        let mut d = g.upload(&v).unwrap();
+                        g.allreduce_sum(c, &mut d).unwrap();
+                        let mut out = vec![0.0; n];
+                        g.download(&d, &mut out).unwrap();
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want: Vec<f64> = (0..n).map(|i| 3.0 * (i % 1000) as f64 + 3e6).collect();
+        for (rank, g) in got.iter().enumerate() {
+            assert!(
+                g == &want,
+                "n {n}, rank {rank}: the host path's sum differs"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn vector_kernels_match_cpu() {
     let g = gpu();
     let c = CpuBackend::new();
