@@ -21,12 +21,13 @@ The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (us
 import json
 import os
 import re
+import sys
 
 import numpy as np
 
-from . import _native
+from . import _native as _ext
 
-__version__ = _native.__version__
+__version__ = _ext.__version__
 __all__ = [
     "lsqr",
     "lsmr",
@@ -38,7 +39,48 @@ __all__ = [
     "cuda_available",
     "last_info",
     "LsqResult",
+    "set_console",
 ]
+
+def _flush_console():
+    """Write the console lines the native code queued to sys.stdout / sys.stderr."""
+    for to_err, text in _ext.console_drain():
+        (sys.stderr if to_err else sys.stdout).write(text)
+
+
+class _Native:
+    """The native module, each function followed by writing the console lines it queued to
+    Python's sys.stdout and sys.stderr (set_console)."""
+
+    def __getattr__(self, name):
+        f = getattr(_ext, name)
+        if not callable(f) or isinstance(f, type):
+            return f
+
+        def call(*args, **kwargs):
+            try:
+                return f(*args, **kwargs)
+            finally:
+                _flush_console()
+
+        return call
+
+
+_native = _Native()
+
+
+def set_console(where="python"):
+    """Where seistomo's own messages (notes, progress, warnings of the native code) go:
+    "python" (the default on import): Python's sys.stdout and sys.stderr, so that a notebook
+    or a redirected sys.stdout sees them, written after each call (and while a call with
+    threads= runs); "native": the process's stdout and stderr directly, as the CLI writes."""
+    if where not in ("python", "native"):
+        raise ValueError(f'set_console: where must be "python" or "native", not {where!r}')
+    _flush_console()
+    _ext.console_to_python(where == "python")
+
+
+set_console("python")
 
 #: What the last lsqr/lsmr/gmres call reported beyond SciPy's tuple (backend used, seconds,
 #: ...), in any thread. Each call's own is its result's .info (safe with threads).
@@ -312,6 +354,7 @@ class Operator:
         o = self._options
         self.threads = _threads(threads)
         self._plan = _native.Plan(shape, ip, ix, data, _layout(**o), self.threads)
+        _flush_console()
         del ip, ix, data
         info = self._plan.info()
         self.shape = tuple(int(v) for v in info["shape"])
@@ -406,8 +449,11 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
                              f"Operator(A, threads={threads})")
         bb = _vec(b, "b")
         x0b = None if x0 is None else _vec(x0, "x0")
-        r = A._plan.solve(method, bb, tol, iter_lim, bool(calc_var), x0b, callback,
-                          int(callback_every), bool(callback_x))
+        try:
+            r = A._plan.solve(method, bb, tol, iter_lim, bool(calc_var), x0b, callback,
+                              int(callback_every), bool(callback_x))
+        finally:
+            _flush_console()
         shape = A.shape
     elif _is_operator(A):
         shape, prods = _operator(A)

@@ -11,6 +11,7 @@
 //! prepared once for many solves (`seistomo.Operator`) through plan.rs.
 
 mod columns;
+mod console;
 mod plan;
 mod products;
 
@@ -1192,6 +1193,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         model_info,
         cuda_available,
         columns::lsqr_columns,
+        console::console_to_python,
+        console::console_drain,
     );
     m.add_class::<plan::Plan>()?;
     Ok(())

@@ -188,6 +188,7 @@ pub(crate) fn wait<T: Send>(
         match got {
             Ok(r) => return raised.map_or(r, Err),
             Err(RecvTimeoutError::Timeout) => {
+                crate::console::flush(py);
                 if raised.is_none() {
                     if let Err(e) = py.check_signals() {
                         cancel.store(true, Ordering::Relaxed);
