@@ -22,6 +22,8 @@ import json
 import os
 import re
 import sys
+import threading
+from collections.abc import MutableMapping
 
 import numpy as np
 
@@ -82,15 +84,45 @@ def set_console(where="python"):
 
 set_console("python")
 
-#: What the last lsqr/lsmr/gmres call reported beyond SciPy's tuple (backend used, seconds,
-#: ...), in any thread. Each call's own is its result's .info (safe with threads).
-last_info = {}
+class _ThreadInfo(MutableMapping):
+    """A dict of its own in each thread: what the thread's last call reported."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _d(self):
+        if not hasattr(self._local, "d"):
+            self._local.d = {}
+        return self._local.d
+
+    def __getitem__(self, k):
+        return self._d()[k]
+
+    def __setitem__(self, k, v):
+        self._d()[k] = v
+
+    def __delitem__(self, k):
+        del self._d()[k]
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self):
+        return len(self._d())
+
+    def __repr__(self):
+        return repr(self._d())
+
+
+#: What this thread's last lsqr/lsmr/gmres call reported beyond SciPy's tuple (backend used,
+#: seconds, ...): each thread sees its own. Each call's own is also its result's .info.
+last_info = _ThreadInfo()
 
 
 class LsqResult(tuple):
     """SciPy's tuple (lsqr's 10 values, lsmr's 8), unpacked and indexed as SciPy's, with this
     call's own report as .info: istop, itn, stop_reason, the norms, seconds (the solve) and
-    backend (what seistomo.last_info holds after the call, but not shared between threads)."""
+    backend (what seistomo.last_info holds in this thread after the call)."""
 
     def __new__(cls, values, info):
         self = super().__new__(cls, values)
@@ -729,7 +761,7 @@ class GmresResult(tuple):
     """(x, info) as scipy.sparse.linalg.gmres returns it, with the solve's numbers as
     attributes: iterations (inner, one operator application each), cycles, relres
     (||b - A x|| / ||b||), converged, reason, backend, seconds; and all of them as the dict
-    .info (this call's own: seistomo.last_info is shared between threads)."""
+    .info (this call's own, as seistomo.last_info in this thread)."""
 
     def __new__(cls, x, info, details):
         self = super().__new__(cls, (x, info))

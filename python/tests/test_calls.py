@@ -1,5 +1,5 @@
-"""Per call: the results carry their own report (.info), besides the module's last_info, so
-that threads do not share it. Run by `make test-python`."""
+"""Per call: the results carry their own report (.info), and the module's last_info is each
+thread's own. Run by `make test-python`."""
 
 import threading
 
@@ -32,14 +32,21 @@ def test_threads_get_their_own_info():
     A, b = system("australia")
     iters = {}
 
+    seen = {}
+    barrier = threading.Barrier(4)
+
     def work(k):
         r = seistomo.lsqr(A, b, backend="cpu", iter_lim=10 * k, atol=0, btol=0, conlim=0)
         iters[k] = r.info["itn"]
+        barrier.wait()  # every thread has made its call before any reads last_info
+        seen[k] = seistomo.last_info["itn"]
 
     ts = [threading.Thread(target=work, args=(k,)) for k in (1, 2, 3, 4)]
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert iters == {1: 10, 2: 20, 3: 30, 4: 40}
+    # last_info is each thread's own
+    assert seen == iters
 
 
 def test_threads_per_call():
