@@ -646,6 +646,77 @@ class _LsqrTable:
         print(" ")
 
 
+class _LsmrTable:
+    """lsmr's show=True as SciPy prints it: the header, the table of iterations (the same rows:
+    every one when n <= 40, the first and last 10, every 10th, near a stopping test and the
+    last; the heading again every 20 rows) as the solve goes, and the closing lines. SciPy's
+    x(1) column is left out: the native loop hands Python the norms, not x."""
+
+    HEADING = "   itn      norm r    norm Ar  compatible   LS      norm A   cond A"
+
+    def __init__(self, A, b, damp, atol, btol, conlim, maxiter, x0=None):
+        m, n = (int(v) for v in A.shape)
+        self.n, self.atol, self.btol = n, float(atol), float(btol)
+        self.ctol = 1.0 / conlim if conlim > 0 else 0.0
+        self.maxiter = min(m, n) if maxiter is None else int(maxiter)
+        bv = np.asarray(b, dtype=np.float64).reshape(-1)
+        self.bnorm = float(np.linalg.norm(bv))
+        # rows since the heading, as SciPy's pcount (the heading again after 20)
+        self.count, self.last, self.headed = 0, None, False
+        print(" ")
+        print("LSMR            Least-squares solution of  Ax = b\n")
+        print(f"The matrix A has {m} rows and {n} columns")
+        print(f"damp = {damp:20.14e}\n")
+        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}\n")
+        print(f"btol = {btol:8.2e}             maxiter = {self.maxiter:8g}\n")
+        # Iteration 0 (the native loop reports from iteration 1): normr = beta = ||b - A x0||,
+        # test2 = alpha / beta with alpha = ||A^T r0|| / beta, where A allows it.
+        r0 = bv if x0 is None else _apply(A, np.asarray(x0, dtype=np.float64), False)
+        if r0 is not None and x0 is not None:
+            r0 = bv - r0
+        beta = float(np.linalg.norm(r0)) if r0 is not None else self.bnorm
+        atr = _apply(A, r0, True) if r0 is not None and beta > 0 else None
+        if atr is None or beta == 0:
+            return
+        alpha = float(np.linalg.norm(atr)) / beta
+        print(" ")
+        print(self.HEADING)
+        print(f"{0:6g} {beta:10.3e} {alpha * beta:10.3e}  {1.0:8.1e} {alpha / beta:8.1e}")
+        self.last, self.headed = 0, True
+
+    def row(self, itn, normr, _normr, norma, conda, normar, normx, last=False):
+        test1 = normr / self.bnorm if self.bnorm > 0 else 0.0
+        test2 = normar / (norma * normr) if norma > 0 and normr > 0 else 0.0
+        test3 = 1.0 / conda if conda > 0 else 0.0
+        rtol = self.btol + self.atol * norma * normx / self.bnorm if self.bnorm > 0 else 0.0
+        show = (last or self.n <= 40 or itn <= 10 or itn >= self.maxiter - 10 or itn % 10 == 0
+                or test3 <= 1.1 * self.ctol or test2 <= 1.1 * self.atol or test1 <= 1.1 * rtol)
+        if not show or itn == self.last:
+            return
+        if not self.headed or self.count >= 20:
+            print(" ")
+            print(self.HEADING)
+            self.count, self.headed = 0, True
+        self.count += 1
+        print(f"{itn:6g} {normr:10.3e} {normar:10.3e}  {test1:8.1e} {test2:8.1e}"
+              f" {norma:8.1e} {conda:8.1e}")
+        self.last = itn
+
+    watch = _LsqrTable.watch
+
+    def finish(self, r):
+        self.row(int(r["itn"]), r["r1norm"], r["r1norm"], r["anorm"], r["acond"], r["arnorm"],
+                 r["xnorm"], last=True)
+        print(" ")
+        print("LSMR finished")
+        print(r["stop_reason"])
+        print(f"(seistomo, {r['backend']})")
+        print(f"istop ={int(r['istop']):8g}    normr ={r['r1norm']:8.1e}")
+        print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
+        print(f"itn   ={int(r['itn']):8g}    condA ={r['acond']:8.1e}")
+        print(f"    normx ={r['xnorm']:8.1e}")
+
+
 def _apply(A, v, transpose):
     """A v (A^T v) for lsqr's show=True table, where A is a matrix or an operator with
     matvec/rmatvec; None where it is neither (a prepared Operator)."""
@@ -737,22 +808,17 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
     callback, cb_x = _callback(callback, callback_type, "lsmr")
+    table = None
+    if show:
+        table = _LsmrTable(A, b, damp, atol, btol, conlim, maxiter, x0)
+        if not cb_x:  # the table needs every iteration's norms (callback_type="x": none)
+            callback, callback_every = table.watch(callback, callback_every), 1
     shape, r = _lsq("lsmr", A, b, damp, atol, btol, conlim, maxiter, False, x0, backend,
                     precision, callback, callback_every, transpose, "auto", storage, reorder,
                     threads, cb_x)
     x = _array(r["x"])
-    if show:
-        print("LSMR            Least-squares solution of  Ax = b")
-        print(f"The matrix A has {shape[0]} rows and {shape[1]} columns")
-        print(f"damp = {damp:20.14e}")
-        print(f"atol = {atol:8.2e}                 conlim = {conlim:8.2e}")
-        print(f"btol = {btol:8.2e}             maxiter = {maxiter}")
-        print(f"backend: {r['backend']}")
-        print(f"LSMR finished: {r['stop_reason']}")
-        print(f"istop ={r['istop']:8d}    normr ={r['r1norm']:8.1e}")
-        print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
-        print(f"itn   ={r['itn']:8d}    condA ={r['acond']:8.1e}")
-        print(f"    normx ={r['xnorm']:8.1e}")
+    if table is not None:
+        table.finish(r)
     return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
                       r["acond"], r["xnorm"]), r["info"])
 

@@ -295,3 +295,42 @@ def test_gmres_scipy_arguments():
 
     with pytest.raises(RuntimeError, match="M failed"):
         seistomo.gmres(A, b, M=bad_m)
+
+
+def _rows(text):
+    """The iteration numbers of a show=True table's rows."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].isdigit() and len(parts) >= 4 and "e" in parts[1].lower():
+            rows.append(int(parts[0]))
+    return rows
+
+
+def test_lsmr_show_prints_scipys_table(capsys):
+    # the same rows as SciPy's (iteration numbers), the heading every 20 rows, its summary
+    rng = np.random.default_rng(1)
+    from scipy.sparse.linalg import lsmr as scipy_lsmr
+
+    graded = sp.diags(np.logspace(0, -4, 40))
+    cases = [
+        (sp.random(300, 60, density=0.05, random_state=2, format="csr") + sp.eye(300, 60), 1e-10),
+        (sp.random(2000, 400, density=0.05, random_state=3, format="csr") + sp.eye(2000, 400),
+         1e-10),
+        # n <= 40: every row, more than 20 of them (the heading again)
+        ((sp.random(500, 40, density=0.3, random_state=4, format="csr") @ graded).tocsr(), 1e-12),
+    ]
+    for A, tol in cases:
+        m, n = A.shape
+        b = rng.standard_normal(m)
+        r = seistomo.lsmr(A, b, show=True, backend="cpu", atol=tol, btol=tol, conlim=1e12)
+        ours = capsys.readouterr().out
+        s = scipy_lsmr(A, b, show=True, atol=tol, btol=tol, conlim=1e12)
+        theirs = capsys.readouterr().out
+        assert r[2] == s[2] and r[1] == s[1]
+        # SciPy repeats the last row after its summary: leave that copy out
+        assert _rows(ours) == _rows(theirs)[:-1], (_rows(ours), _rows(theirs))
+        assert ours.count("norm Ar  compatible") == theirs.count("norm Ar  compatible")
+        for line in ["LSMR            Least-squares solution of  Ax = b", "LSMR finished",
+                     f"The matrix A has {m} rows and {n} columns", "istop ="]:
+            assert line in ours
