@@ -23,6 +23,8 @@
 #   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
 #             the 2-GPU defaults (NCCL) and the host path; $BASE's and $PREV's 2-GPU defaults
 #             beside them                                       -> performance.md, gmres.md
+#   scale     LSQR (101M nonzeros) and GMRES (16.8M rows) on 1, 2, 4, ... GPUs, the defaults
+#             (nvidia-h100-x4 for four)                                         -> performance.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 #   timeline  a defaults invert (prepared storage) stamped line by line (timeline.py), this
@@ -209,6 +211,33 @@ if has gmres2; then
     rm -f $M
   done
   gmres_table "$OUT"/g1_n*.json "$OUT"/g2_n*.json > "$OUT/gmres2.txt"
+fi
+
+if has scale; then
+  nccl_path
+  # LSQR (the 600k-ray dataset, 4 damping blocks, 200 iterations) and GMRES(16) Jacobi
+  # (16.8M rows) on 1, 2, 4, ... GPUs up to the machine's, the defaults
+  ng=$(nvidia-smi -L | wc -l); ps=1; p=2; while [ $p -le $ng ]; do ps="$ps $p"; p=$((2 * p)); done
+  ds=/tmp/scale600k
+  "$BIN/seistomo" -q synth --out $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 --damping-blocks 4 > /dev/null 2>> "$OUT/log.txt"
+  for p in $ps; do
+    printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\n[output]\ndir = "/tmp/o-scale%s"\nmodel = ""\n' \
+      $ds $p > /tmp/scale$p.toml
+    timeout 300 mpirun --allow-run-as-root --bind-to none -np $p -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+      "$BIN/seistomo" invert /tmp/scale$p.toml 2>> "$OUT/log.txt"
+    cp /tmp/o-scale$p/report.json "$OUT/lsqr_x1_np$p.json" 2>/dev/null
+  done
+  rm -rf $ds
+  M=/tmp/cd256.mtx
+  [ -f $M ] || "$BIN/seistomo" -q square --kind convdiff --n 256 -o $M 2>> "$S"
+  for p in $ps; do
+    timeout 300 mpirun --allow-run-as-root --bind-to none -np $p -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+      "$BIN/seistomo" solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi \
+      --backend cuda --report "$OUT/gs_n256_np$p.json" 2>> "$OUT/log.txt"
+  done
+  rm -f $M
+  { lsqr_table "$OUT"/lsqr_x1_np*.json; gmres_table "$OUT"/gs_n256_np*.json; } > "$OUT/scale.txt"
 fi
 
 if has weak; then
