@@ -107,12 +107,8 @@ fn host_path_allreduce_sums_every_rank() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let want: Vec<f64> = (0..n).map(|i| 3.0 * (i % 1000) as f64 + 3e6).collect();
-        for (rank, g) in got.iter().enumerate() {
-            assert!(
-                g == &want,
-                "n {n}, rank {rank}: the host path's sum differs"
-            );
-        }
+        let wrong: Vec<usize> = (0..3).filter(|&r| got[r] != want).collect();
+        assert!(wrong.is_empty(), "n {n}: wrong sums on ranks {wrong:?}");
     }
 }
 

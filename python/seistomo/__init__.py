@@ -572,7 +572,31 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
                       r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
 
 
-class _LsqrTable:
+class _Table:
+    """What lsqr's and lsmr's show=True tables share: the callback that prints each row, and
+    the last row with the first closing lines."""
+
+    def watch(self, callback, every):
+        """A callback for every iteration that prints its row and calls the caller's one every
+        `every` iterations."""
+        every = max(int(every), 1)
+
+        def cb(itn, *norms):
+            self.row(itn, *norms)
+            if callback is not None and itn % every == 0:
+                callback(itn, *norms)
+        return cb
+
+    def close(self, name, r, second_norm):
+        self.row(int(r["itn"]), r["r1norm"], second_norm, r["anorm"], r["acond"], r["arnorm"],
+                 r["xnorm"], last=True)
+        print(" ")
+        print(f"{name} finished")
+        print(r["stop_reason"])
+        print(f"(seistomo, {r['backend']})")
+
+
+class _LsqrTable(_Table):
     """lsqr's show=True: SciPy's header, its table of iterations (the same rows: the first 10,
     the last 10 before iter_lim, every one when n <= 40 or near a stopping test, and the last)
     printed as the solve goes, and its closing lines. SciPy's x[0] column is left out: the
@@ -620,24 +644,8 @@ class _LsqrTable:
             print(f"{itn:6g}  {r1norm:10.3e} {r2norm:10.3e}   {test1:8.1e} {test2:8.1e}{tail}")
             self.last = itn
 
-    def watch(self, callback, every):
-        """A callback for every iteration that prints its row and calls the caller's one every
-        `every` iterations."""
-        every = max(int(every), 1)
-
-        def cb(itn, *norms):
-            self.row(itn, *norms)
-            if callback is not None and itn % every == 0:
-                callback(itn, *norms)
-        return cb
-
     def finish(self, r):
-        self.row(int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"], r["acond"], r["arnorm"],
-                 r["xnorm"], last=True)
-        print(" ")
-        print("LSQR finished")
-        print(r["stop_reason"])
-        print(f"(seistomo, {r['backend']})")
+        self.close("LSQR", r, r["r2norm"])
         print(" ")
         print(f"istop ={int(r['istop']):8g}   r1norm ={r['r1norm']:8.1e}   "
               f"anorm ={r['anorm']:8.1e}   arnorm ={r['arnorm']:8.1e}")
@@ -646,7 +654,7 @@ class _LsqrTable:
         print(" ")
 
 
-class _LsmrTable:
+class _LsmrTable(_Table):
     """lsmr's show=True as SciPy prints it: the header, the table of iterations (the same rows:
     every one when n <= 40, the first and last 10, every 10th, near a stopping test and the
     last; the heading again every 20 rows) as the solve goes, and the closing lines. SciPy's
@@ -702,15 +710,8 @@ class _LsmrTable:
               f" {norma:8.1e} {conda:8.1e}")
         self.last = itn
 
-    watch = _LsqrTable.watch
-
     def finish(self, r):
-        self.row(int(r["itn"]), r["r1norm"], r["r1norm"], r["anorm"], r["acond"], r["arnorm"],
-                 r["xnorm"], last=True)
-        print(" ")
-        print("LSMR finished")
-        print(r["stop_reason"])
-        print(f"(seistomo, {r['backend']})")
+        self.close("LSMR", r, r["r1norm"])
         print(f"istop ={int(r['istop']):8g}    normr ={r['r1norm']:8.1e}")
         print(f"    normA ={r['anorm']:8.1e}    normAr ={r['arnorm']:8.1e}")
         print(f"itn   ={int(r['itn']):8g}    condA ={r['acond']:8.1e}")
