@@ -271,6 +271,40 @@ def _is_operator(A):
     return hasattr(A, "matvec") and hasattr(A, "shape")
 
 
+def _pylops_matrix(A):
+    """A PyLops operator built only of matrices (MatrixMult), diagonals (Diagonal) and
+    vertical stacks of them (VStack): the same matrix as scipy.sparse CSR, so that it runs
+    natively (every backend, no Python call per product). None for anything else (it then runs
+    through its products)."""
+    cls = type(A)
+    if not (getattr(cls, "__module__", "") or "").startswith("pylops"):
+        return None
+    sparse = _sparse()
+    kind = cls.__name__
+    try:
+        if np.dtype(A.dtype).kind != "f":
+            return None
+        if kind == "MatrixMult":
+            M = A.A
+            if tuple(M.shape) != tuple(A.shape):  # otherdims: a block-diagonal repeat
+                return None
+            return sparse.csr_matrix(M, dtype=np.float64)
+        if kind == "Diagonal":
+            d = np.asarray(A.diag, dtype=np.float64).reshape(-1)
+            if A.shape != (d.size, d.size):
+                return None
+            return sparse.diags(d, format="csr")
+        if kind == "VStack":
+            parts = [_pylops_matrix(op) for op in A.ops]
+            if any(p is None for p in parts) or not parts:
+                return None
+            M = sparse.vstack(parts, format="csr")
+            return M if tuple(M.shape) == tuple(A.shape) else None
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return None
+
+
 class _Products:
     """An operator's products as the native solver calls them: matvec(buf) and rmatvec(buf)
     take a bytearray of float64 (viewed by NumPy without a copy) and return bytes, after
@@ -464,6 +498,16 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
     given by its products, on its products. With callback_x a matrix goes through an Operator
     made for the call (the same stages: the result is the plain call's), whose solve loop
     shows x to the callback."""
+    native = _pylops_matrix(A)
+    if native is not None:
+        shape, r = _lsq(method, native, b, damp, atol, btol, conlim, iter_lim, calc_var, x0,
+                        backend, precision, callback, callback_every, transpose, lsqr_loop,
+                        storage, reorder, threads, callback_x)
+        note = f" (the PyLops {type(A).__name__}'s matrices, run natively)"
+        r["backend"] += note
+        r["info"]["backend"] += note
+        last_info["backend"] = r["info"]["backend"]
+        return shape, r
     if callback_x and not isinstance(A, Operator) and not _is_operator(A):
         with Operator(A, backend, precision=precision, transpose=transpose,
                       lsqr_loop=lsqr_loop, storage=storage, reorder=reorder,
@@ -893,6 +937,9 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     if isinstance(A, Operator):
         raise TypeError("a seistomo.Operator is prepared for lsqr and lsmr; gmres takes the "
                         "matrix itself (or an operator with matvec)")
+    native = _pylops_matrix(A)  # a PyLops operator of matrices runs as its sparse matrix
+    if native is not None:
+        A = native
     operator = _is_operator(A)
     if operator:
         shape, prods = _operator(A, transpose=False)

@@ -334,3 +334,19 @@ def test_lsmr_show_prints_scipys_table(capsys):
         for line in ["LSMR            Least-squares solution of  Ax = b", "LSMR finished",
                      f"The matrix A has {m} rows and {n} columns", "istop ="]:
             assert line in ours
+
+
+def test_pylops_operators_of_matrices_run_natively():
+    # VStack([MatrixMult(G), Diagonal(w)]) runs as its sparse matrix; an operator that is not
+    # made of matrices (a derivative stencil) through its products
+    pylops = pytest.importorskip("pylops")
+    op, b = pylops_system()
+    r = seistomo.lsqr(op, b, **TIGHT)
+    assert "run natively" in r.info["backend"], r.info["backend"]
+    assert "products in Python" not in r.info["backend"]
+    assert seistomo.last_info["backend"] == r.info["backend"]
+    d = pylops.FirstDerivative(30, dtype="float64")
+    r2 = seistomo.lsqr(d, np.linspace(0.0, 1.0, 30), iter_lim=5)
+    assert "products in Python" in r2.info["backend"], r2.info["backend"]
+    g = seistomo.gmres(pylops.Diagonal(np.arange(1.0, 21.0)), np.ones(20))
+    assert g[1] == 0 and np.allclose(g[0], 1.0 / np.arange(1.0, 21.0))
