@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BOOT = export CMAKE="$$(scripts/bootstrap.sh | tail -n 1)"
 
-.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels check-timeouts
+.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels check-timeouts check-install
 
 bootstrap:
 	@scripts/bootstrap.sh >/dev/null
@@ -58,6 +58,13 @@ test: lint
 	  timeout -k 30 $(TEST_LIMIT) $(CARGO) test --no-fail-fast --features fault-injection; \
 	fi
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory check-install
+
+# How a Python user installs it (scripts/check_install.sh): `pip install ./python[test]` in a
+# fresh venv with no variables set, the pytest suite against it; the built wheel in a second
+# fresh venv without Rust on PATH, the suite again. Needs PyPI (as bootstrap does).
+check-install:
+	@scripts/bootstrap.sh >/dev/null && timeout -k 30 2400 bash scripts/check_install.sh
 
 # The time limit itself: tests/hang_probe.rs hangs on purpose (SEISTOMO_FORCE_HANG=1); under
 # nextest's hang-check profile (2 s) it must be killed and reported as a failure (TIMEOUT).
