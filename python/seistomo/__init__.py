@@ -33,6 +33,7 @@ __version__ = _ext.__version__
 __all__ = [
     "lsqr",
     "lsmr",
+    "lcurve",
     "gmres",
     "Operator",
     "Dataset",
@@ -833,6 +834,44 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
                   f"xnorm ={r['xnorm']:9.2e}")
     return LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
                       col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
+
+
+def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_lim=None, *,
+           reorder="none", threads=None):
+    """The L-curve of min ||G x - d||^2 + w^2 ||R x||^2 (+ damp^2 ||x||^2) over `weights`, by
+    LSQR on [G; w R] x = [d; 0] for every weight in one batch: one pass over the matrix per
+    iteration serves every weight still running (the CPU; as `seistomo lcurve`). Each weight's
+    solution is the one seistomo.lsqr(vstack([G, w R]), [d; 0]) gives on the CPU, bit for bit.
+
+    G (m x n), R (p x n): scipy.sparse matrices or 2-D arrays; d: m values; weights: w >= 0.
+    Returns a dict: "weights", "residual_norm" (||G x - d||), "model_norm" (||R x||),
+    "curvature" (of the log-log curve, NaN at its ends), "corner" (the weight of maximum
+    curvature, None with fewer than three usable points), "x" (n x k, a column per weight),
+    "istop" and "itn" (arrays of k) and "info" (each weight's report, as lsqr's .info)."""
+    weights = [float(w) for w in np.atleast_1d(np.asarray(weights, dtype=np.float64))]
+    if not weights:
+        raise ValueError("weights: give at least one")
+    iter_lim = _check_iter_lim(iter_lim, "iter_lim")
+    g, r = _csr_parts(G, "G"), _csr_parts(R, "R")
+    db = _vec(d, "d")
+    tol = (float(damp), float(atol), float(btol), float(conlim))
+    rs, corner = _native.lcurve_batch(g, r, db, weights, tol, iter_lim, str(reorder),
+                                      _threads(threads))
+    infos = [{key: v for key, v in x.items() if key not in ("x", "var")} for x in rs]
+    last_info.clear()
+    last_info.update({"columns": infos, "backend": rs[0]["backend"]})
+    col = lambda key, t=float: np.array([t(x[key]) for x in rs])  # noqa: E731
+    return {
+        "weights": np.array(weights),
+        "residual_norm": col("residual_norm"),
+        "model_norm": col("model_norm"),
+        "curvature": col("curvature"),
+        "corner": corner,
+        "x": np.stack([_array(x["x"]) for x in rs], axis=1),
+        "istop": col("istop", int),
+        "itn": col("itn", int),
+        "info": infos,
+    }
 
 
 def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=False, x0=None,

@@ -1193,6 +1193,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         model_info,
         cuda_available,
         columns::lsqr_columns,
+        columns::lcurve_batch,
         console::console_to_python,
         console::console_drain,
     );

@@ -59,3 +59,54 @@ def test_one_column_is_the_single_solve_and_bad_options_are_refused():
     B[2, 1] = np.nan
     with pytest.raises(ValueError):
         seistomo.lsqr(A, B, backend="cpu")
+
+
+def test_lcurve_equals_its_single_solves_and_scipy():
+    # seistomo.lcurve(G, d, R, weights): every weight's solve in one batch equals its own
+    # seistomo.lsqr on [G; w R] bit for bit and SciPy's lsqr on it (istop, iterations within
+    # 2 %, x within 1e-8); the norms are ||G x - d|| and ||R x||; the corner is the weight of
+    # maximum curvature
+    import scipy.io as sio
+    import scipy.sparse as sp
+
+    from test_seistomo import DATA
+
+    a = DATA / "australia"
+    G = sio.mmread(str(a / "G.mtx.gz")).tocsr()
+    R = sio.mmread(str(a / "R.mtx.gz")).tocsr()
+    d = np.loadtxt(a / "d.txt", comments="#")
+    weights = np.logspace(-3, -1, 7)
+    kw = dict(atol=1e-10, btol=1e-10, conlim=1e14)
+    c = seistomo.lcurve(G, d, R, weights, **kw)
+    assert c["x"].shape == (G.shape[1], 7) and len(c["info"]) == 7
+    assert "batched" in c["info"][0]["backend"]
+    b = np.concatenate([d, np.zeros(R.shape[0])])
+    for j, w in enumerate(weights):
+        A = sp.vstack([G, w * R]).tocsr()
+        single = seistomo.lsqr(A, b, backend="cpu", **kw)
+        assert single[2] == c["itn"][j] and single[1] == c["istop"][j]
+        assert np.array_equal(single[0], c["x"][:, j]), f"weight {w}"
+        x = c["x"][:, j]
+        assert abs(c["residual_norm"][j] - np.linalg.norm(G @ x - d)) <= 1e-12 * c["residual_norm"][j]
+        assert abs(c["model_norm"][j] - np.linalg.norm(R @ x)) <= 1e-12 * c["model_norm"][j]
+        if j in (3, 6):  # the weakest weights are ill-conditioned: see test_seistomo for those
+            ref = scipy_lsqr(A, b, **kw)
+            assert ref[1] == c["istop"][j] and within_2pct(c["itn"][j], ref[2])
+            assert rel(x, ref[0]) <= 1e-8
+    k = c["curvature"]
+    assert np.isnan(k[0]) and np.isnan(k[-1])
+    assert c["corner"] == weights[int(np.nanargmax(k))]
+    # the norms trade off: more weight, a smaller model and a larger misfit
+    assert np.all(np.diff(c["model_norm"]) < 0) and np.all(np.diff(c["residual_norm"]) > 0)
+
+
+def test_lcurve_refuses_bad_input():
+    import scipy.sparse as sp
+
+    G, R = sp.eye(5, 3, format="csr"), sp.eye(3, format="csr")
+    with pytest.raises(ValueError, match="weights must be finite"):
+        seistomo.lcurve(G, np.ones(5), R, [0.1, -1.0])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        seistomo.lcurve(G, np.ones(4), R, [0.1])
+    with pytest.raises(ValueError, match="at least one"):
+        seistomo.lcurve(G, np.ones(5), R, [])
