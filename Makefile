@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 BOOT = export CMAKE="$$(scripts/bootstrap.sh | tail -n 1)"
 
-.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels check-timeouts check-install
+.PHONY: bootstrap build demo test test-quick lint clean-out python test-python check-kernels check-timeouts check-install wheel
 
 bootstrap:
 	@scripts/bootstrap.sh >/dev/null
@@ -65,6 +65,12 @@ test: lint
 # fresh venv without Rust on PATH, the suite again. Needs PyPI (as bootstrap does).
 check-install:
 	@scripts/bootstrap.sh >/dev/null && timeout -k 30 2400 bash scripts/check_install.sh
+
+# The manylinux_2_28 abi3 wheel in dist/ (scripts/build_wheel.sh: maturin with zig as the
+# linker, tools from PyPI in .venv-wheel; auditwheel checks the tag). Installs with no compiler:
+# pip install dist/seistomo-*.whl
+wheel:
+	@scripts/bootstrap.sh >/dev/null && bash scripts/build_wheel.sh >/dev/null
 
 # The time limit itself: tests/hang_probe.rs hangs on purpose (SEISTOMO_FORCE_HANG=1); under
 # nextest's hang-check profile (2 s) it must be killed and reported as a failure (TIMEOUT).

@@ -2,11 +2,12 @@
 # How a Python user installs seistomo, checked (issue 34; `make check-install`, which `make test`
 # runs): in a fresh virtual environment, `pip install "./python[test]"` with no seistomo or
 # CMake variable set (pip's isolated build brings CMake and maturin itself), then the pytest
-# suite against the installed package; then `pip wheel` builds the wheel, and a second fresh
-# environment, whose PATH has no Rust (no cargo, no rustc), installs that wheel and runs the
-# suite again. Needs network access to PyPI (as scripts/bootstrap.sh does) and a Rust toolchain
-# for the first half. Everything lives under $CHECK_INSTALL_DIR (default: a temporary folder,
-# removed afterwards); the build's Cargo target folder is kept in target/check-install so that a
+# suite against the installed package; then `make wheel` (scripts/build_wheel.sh) builds the
+# manylinux_2_28 abi3 wheel, and a second fresh environment, whose PATH has no Rust (no cargo,
+# no rustc), installs that wheel and runs the suite again. Needs network access to PyPI (as
+# scripts/bootstrap.sh does) and a Rust toolchain for the first half.
+# Everything lives under $CHECK_INSTALL_DIR (default: a temporary folder, removed afterwards);
+# the builds' Cargo target folders are kept in target/check-install and target/wheel so that a
 # second run is incremental.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,9 +23,8 @@ echo "check-install: pip install ./python[test] into a fresh venv" >&2
 "$work/build-venv/bin/pip" install "${pip_q[@]}" "$root/python[test]"
 (cd "$root" && "$work/build-venv/bin/python" -m pytest -q -p no:cacheprovider python/tests)
 
-echo "check-install: the wheel, into a fresh venv without Rust on PATH" >&2
-"$work/build-venv/bin/pip" wheel "${pip_q[@]}" --no-deps -w "$work/wheels" "$root/python"
-wheel=$(ls "$work"/wheels/seistomo-*.whl)
+echo "check-install: the manylinux wheel (make wheel), into a fresh venv without Rust on PATH" >&2
+wheel=$(WHEEL_DIR="$work/wheels" bash "$root/scripts/build_wheel.sh" | tail -n 1)
 echo "check-install: built $(basename "$wheel")" >&2
 "$py" -m venv "$work/wheel-venv"
 norust=$(echo "$PATH" | tr ':' '\n' | grep -v -e cargo -e rustup | paste -sd: -)

@@ -1027,6 +1027,29 @@ def gmres(A, b, x0=None, *, rtol=1e-5, atol=0.0, restart=20, maxiter=None, M=Non
     return GmresResult(x, info, r)
 
 
+def _grid_tuple(grid):
+    """A grid given as a dict (n, spacing[, origin, axes, units]; a Dataset's .grid) or a
+    Dataset, as it crosses to the native side (None stays None)."""
+    if grid is None:
+        return None
+    if isinstance(grid, Dataset):
+        grid = grid.grid
+        if grid is None:
+            raise ValueError("grid: the dataset has no grid")
+    if not isinstance(grid, dict) or "n" not in grid or "spacing" not in grid:
+        raise TypeError("grid must be a dict with n and spacing (and optionally origin, axes, "
+                        "units), or a seistomo.Dataset that has a grid")
+    if len(grid["n"]) != 3 or len(grid["spacing"]) != 3:
+        raise ValueError("grid: n and spacing need 3 values (x, y, z)")
+    return (
+        [int(v) for v in grid["n"]],
+        [float(v) for v in grid.get("origin", (0.0, 0.0, 0.0))],
+        [float(v) for v in grid["spacing"]],
+        [str(v) for v in grid.get("axes", ("x", "y", "z"))],
+        str(grid.get("units", "km")),
+    )
+
+
 class Dataset:
     """A dataset directory (docs/formats.md): Dataset.create(...) writes one from SciPy/NumPy,
     Dataset.open(path) reads its manifest; .system() loads [G; lam R], [d; 0]."""
@@ -1052,18 +1075,9 @@ class Dataset:
             if rs[1] != n:
                 raise ValueError(f"shape mismatch: R has {rs[1]} columns but G has {n}")
             damping = (rs, rip, rix, rdata)
-        g = None
-        if grid is not None:
-            g = (
-                [int(v) for v in grid["n"]],
-                [float(v) for v in grid.get("origin", (0.0, 0.0, 0.0))],
-                [float(v) for v in grid["spacing"]],
-                [str(v) for v in grid.get("axes", ("x", "y", "z"))],
-                str(grid.get("units", "km")),
-            )
         opt = lambda v, what, k: None if v is None else _vec(v, what, k)
         _native.dataset_create(os.fspath(path), shape, ip, ix, data, _vec(d, "d", m),
-                               damping, float(lam), g, opt(weights, "weights", m),
+                               damping, float(lam), _grid_tuple(grid), opt(weights, "weights", m),
                                opt(sigma, "sigma", m), opt(true_model, "true_model", n),
                                str(name), str(description))
         return cls(path)
@@ -1236,3 +1250,88 @@ def open_model(path, *, xarray=True):
         out["cell_columns"] = list(meta["cell_columns"])
     out["attrs"] = {k: v for k, v in meta.items() if k not in ("grid", "cells", "cell_columns")}
     return out
+
+
+def _solution_parts(x, var, info):
+    """(x, var, info as JSON, method) from an array or a result of lsqr/lsmr."""
+    method = "unknown"
+    if isinstance(x, LsqResult):
+        r, rinfo = x, x.info
+        if len(r) == 10:
+            method = "lsqr"
+            istop, itn, r1, r2, anorm, acond, arnorm, xnorm = r[1:9]
+            if var is None:
+                var = r[9]
+        else:
+            method = "lsmr"
+            istop, itn, r1, arnorm, anorm, acond, xnorm = r[1:8]
+            r2 = r1
+        if info is None:
+            info = dict(istop=istop, itn=itn, r1norm=r1, r2norm=r2, anorm=anorm, acond=acond,
+                        arnorm=arnorm, xnorm=xnorm, seconds=rinfo.get("seconds", 0.0),
+                        stop_reason=rinfo.get("stop_reason", ""))
+        x = r[0]
+    xa = np.asarray(x)
+    if xa.ndim != 1:
+        raise ValueError(f"x must be one solution (a 1-D array), not an array of shape "
+                         f"{xa.shape}: write each column of lsqr(A, B) on its own")
+    if info is not None:
+        if not isinstance(info, dict):
+            raise TypeError("info must be a dict (a result's .info, or seistomo.last_info)")
+        need = dict(istop=0, itn=0, r1norm=0.0, r2norm=0.0, anorm=0.0, acond=0.0,
+                    arnorm=0.0, xnorm=0.0, seconds=0.0, stop_reason="")
+        info = json.dumps({k: type(v)(info.get(k, v)) for k, v in need.items()})
+    n = xa.shape[0]
+    return (_vec(xa, "x"), None if var is None else _vec(var, "var", n), info, method)
+
+
+def write_model(path, x, grid=None, *, var=None, info=None, cells=None, unknowns="slowness",
+                slowness_unit="s/km", reference=None, reference_profile=None,
+                true_model=None):
+    """Write a solution as a model file, as `seistomo invert` writes one: HDF5 with the derived
+    fields (velocity, perturbation, ...), and for a grid its XDMF sidecar (ParaView); nothing is
+    written unless every byte is (docs/model-files.md). Read it back with open_model.
+
+    x: the solution (n values), or what seistomo.lsqr / lsmr returned (x, var and the solver's
+    report are taken from it). grid: a dict (n, spacing[, origin, axes, units]; cell (i, j, k)
+    is x[i + nx (j + ny k)]) or a seistomo.Dataset with a grid; cells instead: (columns, units,
+    rows of bounds), e.g. (["lat_min", "lat_max", "lon_min", "lon_max"], "degrees", rows);
+    neither: a bare vector. unknowns: "slowness" or "slowness_perturbation" (then a reference
+    is needed); reference: a velocity or "mean" (slowness only); reference_profile: (depth,
+    velocity) points with increasing depth (grids). info: a solver report (a result's .info)
+    when x is a bare array. true_model: a synthetic's true model (the same quantity as x)."""
+    xb, varb, info_json, method = _solution_parts(x, var, info)
+    n = len(xb) // 8
+    ref = None
+    if isinstance(reference, str):
+        if reference != "mean":
+            raise ValueError(f"reference: '{reference}' is neither a velocity nor \"mean\"")
+    elif reference is not None:
+        ref = float(reference)
+    prof = None
+    if reference_profile is not None:
+        prof = [[float(z), float(v)] for z, v in reference_profile]
+    cl = None
+    if cells is not None:
+        columns, units, rows = cells
+        cl = ([str(c) for c in columns], str(units),
+              [[float(v) for v in row] for row in np.asarray(rows, dtype=np.float64)])
+    tm = None if true_model is None else _vec(true_model, "true_model", n)
+    _native.write_model(os.fspath(path), xb, varb, info_json, method, _grid_tuple(grid), cl,
+                        str(unknowns), str(slowness_unit), ref, prof, tm)
+
+
+def to_xarray(x, grid=None, **model):
+    """A solution as an xarray.Dataset, exactly what open_model returns for the model file that
+    write_model(path, x, grid, **model) writes (the same fields, coordinates and units), held in
+    memory. Needs `pip install "seistomo[xarray]"`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="seistomo-") as tmp:
+        path = os.path.join(tmp, "model.h5")
+        write_model(path, x, grid, **model)
+        ds = open_model(path)
+        try:
+            return ds.load()
+        finally:
+            ds.close()

@@ -1159,6 +1159,105 @@ fn model_fields<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDi
     Ok(out)
 }
 
+/// A cell table as it crosses from Python: column names, units, one row of bounds per cell.
+type CellsTuple = (Vec<String>, String, Vec<Vec<f64>>);
+
+/// Write x (with var and its solver's report as JSON, where given) as a model file and, for a
+/// grid, its XDMF sidecar: `seistomo.write_model`. The reference is a velocity, "mean" or a
+/// profile of (depth, velocity) points (grids only).
+#[pyfunction]
+#[pyo3(signature = (path, x, var, info, method, grid, cells, unknowns, slowness_unit,
+    reference, reference_profile, true_model))]
+#[allow(clippy::too_many_arguments)]
+fn write_model(
+    py: Python<'_>,
+    path: PathBuf,
+    x: &[u8],
+    var: Option<&[u8]>,
+    info: Option<String>,
+    method: String,
+    grid: Option<GridTuple>,
+    cells: Option<CellsTuple>,
+    unknowns: String,
+    slowness_unit: String,
+    reference: Option<f64>,
+    reference_profile: Option<Vec<[f64; 2]>>,
+    true_model: Option<&[u8]>,
+) -> PyResult<()> {
+    use seistomo::model::spec::{CellTable, ModelSpec, Parameterisation, RawReference, Reference};
+    let x = finite(f64s(x, "x")?, "x")?;
+    let var = var.map(|v| f64s(v, "var")).transpose()?;
+    let true_model = true_model
+        .map(|v| f64s(v, "true_model").and_then(|t| finite(t, "true_model")))
+        .transpose()?;
+    let info: Option<seistomo::solver::LsqrInfo> = info
+        .map(|j| serde_json::from_str(&j))
+        .transpose()
+        .map_err(|e| PyValueError::new_err(format!("info: {e}")))?;
+    let method = match method.as_str() {
+        "lsqr" => "lsqr",
+        "lsmr" => "lsmr",
+        _ => "unknown",
+    };
+    let param = match (grid, cells) {
+        (Some(_), Some(_)) => return Err(PyValueError::new_err("give grid or cells, not both")),
+        (Some((n, origin, spacing, axes, units)), None) => {
+            Parameterisation::Grid(seistomo::grid::Grid {
+                n,
+                origin,
+                spacing,
+                axes,
+                units,
+            })
+        }
+        (None, Some((columns, units, rows))) => {
+            if let Some((i, r)) = rows
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.len() != columns.len())
+            {
+                return Err(PyValueError::new_err(format!(
+                    "cells: row {i} has {} bounds but there are {} columns",
+                    r.len(),
+                    columns.len()
+                )));
+            }
+            Parameterisation::Cells(CellTable {
+                columns,
+                units,
+                rows,
+            })
+        }
+        (None, None) => Parameterisation::Vector,
+    };
+    let reference = Reference::from_raw(
+        reference.map(RawReference::Velocity).as_ref(),
+        reference_profile.as_deref(),
+    )
+    .map_err(PyValueError::new_err)?;
+    if matches!(reference, Reference::Profile(_)) && !matches!(param, Parameterisation::Grid(_)) {
+        return Err(PyValueError::new_err(
+            "reference_profile needs a grid (its depth axis is axis 2)",
+        ));
+    }
+    let spec = ModelSpec {
+        param,
+        unknowns: unknowns.parse().map_err(PyValueError::new_err)?,
+        slowness_unit,
+        reference,
+        true_model,
+    };
+    let solved = seistomo::pipeline::model::Solved {
+        x,
+        var,
+        info,
+        method,
+    };
+    py.allow_threads(|| {
+        guarded(|| seistomo::pipeline::model::write_solution(&path, &spec, solved).map_err(py_err))
+    })
+}
+
 /// Whether a usable CUDA GPU is present, and which (or why not).
 #[pyfunction]
 fn cuda_available() -> (bool, String) {
@@ -1191,6 +1290,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         invert_text,
         model_fields,
         model_info,
+        write_model,
         cuda_available,
         columns::lsqr_columns,
         columns::lcurve_batch,

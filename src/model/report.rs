@@ -119,6 +119,53 @@ pub struct Report {
     pub weight_choice: Option<crate::model::weight::WeightChoice>,
 }
 
+impl Report {
+    /// The report of a solution computed elsewhere (Python's `seistomo.write_model`): what its
+    /// solver reported (`info`, with `method`'s name) and the unknowns `n`; how it ran is not
+    /// known here, so the run's fields are empty or zero.
+    pub fn of_solution(method: &'static str, n: usize, info: &crate::solver::LsqrInfo) -> Report {
+        Report {
+            header: ReportHeader::new(method),
+            backend: String::new(),
+            backend_detail: String::new(),
+            backend_reason: String::new(),
+            transpose: String::new(),
+            lsqr_loop: String::new(),
+            reorder: String::new(),
+            storage: String::new(),
+            tuning: Default::default(),
+            ranks: 1,
+            threads: 0,
+            m: 0,
+            n,
+            nnz: 0,
+            damp: 0.0,
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            iter_lim: 0,
+            col_scale: false,
+            istop: info.istop,
+            stop_reason: info.stop_reason.clone(),
+            iterations: info.itn,
+            norms: info.norms,
+            seconds: Seconds::new(0.0, 0.0, info.seconds),
+            setup_phases: Default::default(),
+            write_phases: Default::default(),
+            ms_per_iter: if info.itn > 0 {
+                1e3 * info.seconds / info.itn as f64
+            } else {
+                0.0
+            },
+            rank_timing: Vec::new(),
+            load_io: String::new(),
+            prepared: String::new(),
+            run_id: String::new(),
+            weight_choice: None,
+        }
+    }
+}
+
 /// Everything a run produced.
 pub struct Outcome {
     pub solution: LsqrSolution,

@@ -47,6 +47,53 @@ pub enum Reference {
     Mean,
 }
 
+impl Reference {
+    /// The reference a model table (or Python's `write_model`) gives: `reference` (a velocity
+    /// or "mean") or `reference_profile` ((depth, velocity) points, depths increasing), not
+    /// both; neither is the mean. The error names the key.
+    pub fn from_raw(
+        reference: Option<&RawReference>,
+        profile: Option<&[[f64; 2]]>,
+    ) -> std::result::Result<Reference, String> {
+        Ok(match (reference, profile) {
+            (Some(_), Some(_)) => {
+                return Err("give reference or reference_profile, not both".into())
+            }
+            (None, None) => Reference::Mean,
+            (Some(RawReference::Velocity(v)), None) => {
+                if !(v.is_finite() && *v > 0.0) {
+                    return Err(format!("reference must be > 0 (got {v})"));
+                }
+                Reference::Constant(*v)
+            }
+            (Some(RawReference::Word(w)), None) if w == "mean" => Reference::Mean,
+            (Some(RawReference::Word(w)), None) => {
+                return Err(format!(
+                    "reference: '{w}' is neither a velocity nor \"mean\""
+                ))
+            }
+            (None, Some(p)) => {
+                if p.is_empty() {
+                    return Err("reference_profile is empty".into());
+                }
+                for (i, [z, v]) in p.iter().enumerate() {
+                    if !(z.is_finite() && v.is_finite() && *v > 0.0) {
+                        return Err(format!(
+                            "reference_profile point {i}: need finite depth and velocity > 0"
+                        ));
+                    }
+                    if i > 0 && *z <= p[i - 1][0] {
+                        return Err(format!(
+                            "reference_profile depths must increase (point {i})"
+                        ));
+                    }
+                }
+                Reference::Profile(p.iter().map(|[z, v]| (*z, *v)).collect())
+            }
+        })
+    }
+}
+
 /// Cell table of a non-grid parameterisation: the bounds of each cell.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CellTable {
@@ -263,44 +310,9 @@ impl ModelOutput {
                 .parse()
                 .map_err(|e: String| bad(format!("[model] unknowns: {e}")))?,
         };
-        let reference = match (&raw.reference, &raw.reference_profile) {
-            (Some(_), Some(_)) => {
-                return Err(bad(
-                    "[model] give reference or reference_profile, not both".into()
-                ))
-            }
-            (None, None) => Reference::Mean,
-            (Some(RawReference::Velocity(v)), None) => {
-                if !(v.is_finite() && *v > 0.0) {
-                    return Err(bad(format!("[model] reference must be > 0 (got {v})")));
-                }
-                Reference::Constant(*v)
-            }
-            (Some(RawReference::Word(w)), None) if w == "mean" => Reference::Mean,
-            (Some(RawReference::Word(w)), None) => {
-                return Err(bad(format!(
-                    "[model] reference: '{w}' is neither a velocity nor \"mean\""
-                )))
-            }
-            (None, Some(p)) => {
-                if p.is_empty() {
-                    return Err(bad("[model] reference_profile is empty".into()));
-                }
-                for (i, [z, v]) in p.iter().enumerate() {
-                    if !(z.is_finite() && v.is_finite() && *v > 0.0) {
-                        return Err(bad(format!(
-                            "[model] reference_profile point {i}: need finite depth and velocity > 0"
-                        )));
-                    }
-                    if i > 0 && *z <= p[i - 1][0] {
-                        return Err(bad(format!(
-                            "[model] reference_profile depths must increase (point {i})"
-                        )));
-                    }
-                }
-                Reference::Profile(p.iter().map(|[z, v]| (*z, *v)).collect())
-            }
-        };
+        let reference =
+            Reference::from_raw(raw.reference.as_ref(), raw.reference_profile.as_deref())
+                .map_err(|e| bad(format!("[model] {e}")))?;
         if unknowns == Unknowns::SlownessPerturbation && reference == Reference::Mean {
             return Err(bad(
                 "[model] unknowns = \"slowness_perturbation\" needs reference (a velocity) or reference_profile".into(),

@@ -1,9 +1,11 @@
 //! The model side of an `invert` run: validated before the solve, written after it.
 
 use crate::error::Result;
-use crate::model::report::Outcome;
+use crate::model::report::{Outcome, Report};
+use crate::model::spec::ModelSpec;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::Loaded;
+use crate::solver::{LsqrInfo, LsqrSolution};
 
 /// What the loaded system says about the model: its columns, the dataset's grid and true
 /// model, the kernel rows.
@@ -141,6 +143,62 @@ impl RunModel {
         }
         Ok(())
     }
+}
+
+/// A solution computed elsewhere (Python's `seistomo.write_model`): x, the variance estimate
+/// and what its solver reported (None: not known; the file says so in `stop_reason`).
+pub struct Solved {
+    pub x: Vec<f64>,
+    pub var: Option<Vec<f64>>,
+    pub info: Option<LsqrInfo>,
+    /// The solver's name ("lsqr", "lsmr").
+    pub method: &'static str,
+}
+
+/// Write `s` as the model file `path` (and, for a grid, its XDMF sidecar) as `invert` writes
+/// one, without the ray coverage (no kernel rows are known) and with an empty history. The spec
+/// is checked against x first.
+pub fn write_solution(path: &std::path::Path, spec: &ModelSpec, s: Solved) -> Result<()> {
+    spec.check(s.x.len())?;
+    if let Some(v) = &s.var {
+        if v.len() != s.x.len() {
+            return Err(crate::error::Error::Invalid(format!(
+                "var has {} values but x has {}",
+                v.len(),
+                s.x.len()
+            )));
+        }
+    }
+    let info = s.info.unwrap_or_else(|| LsqrInfo {
+        istop: 0,
+        stop_reason: "not known (a solution written from Python without its solver's report)"
+            .into(),
+        itn: 0,
+        norms: Default::default(),
+        seconds: 0.0,
+        start_itn: 0,
+    });
+    let report = Report::of_solution(s.method, s.x.len(), &info);
+    let outcome = Outcome {
+        solution: LsqrSolution {
+            x: s.x,
+            var: s.var,
+            info,
+        },
+        history: Vec::new(),
+        report,
+        calibration: Default::default(),
+    };
+    crate::model::hdf5::write_model(
+        path,
+        &crate::model::hdf5::ModelInputs {
+            spec,
+            outcome: &outcome,
+            coverage: None,
+            kernel_rows: 0,
+            config_text: "",
+        },
+    )
 }
 
 /// Say which checkpoints of other jobs (another number of ranks) lie beside this job's (`base`
