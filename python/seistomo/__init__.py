@@ -247,6 +247,16 @@ def _csr_parts(A, what="A"):
 
 
 def _vec(v, what, n=None):
+    arr = _vec_held(v, what)
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"shape mismatch: {what} has {arr.shape[0]} entries, expected {n}")
+    return arr.tobytes()
+
+
+def _vec_held(v, what):
+    """v as a C-contiguous, aligned float64 1-D array (v itself where it already is one, else a
+    copy): the caller keeps it and passes (arr.ctypes.data, len) to a native function that
+    copies it (one parallel copy of a large right-hand side instead of tobytes and another)."""
     arr = np.asarray(v)
     if arr.dtype == object:
         raise TypeError(f"{what}: dtype object is not a real number type")
@@ -255,9 +265,7 @@ def _vec(v, what, n=None):
         arr = arr.reshape(-1)
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array (got shape {arr.shape})")
-    if n is not None and arr.shape[0] != n:
-        raise ValueError(f"shape mismatch: {what} has {arr.shape[0]} entries, expected {n}")
-    return np.ascontiguousarray(arr, dtype=np.float64).tobytes()
+    return np.require(arr, dtype=np.float64, requirements=["C", "A"])
 
 
 def _array(b):
@@ -524,11 +532,12 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
             raise ValueError(f"threads={threads}: an Operator's threads are fixed when it is "
                              f"made (this one has threads={A.threads}); make another "
                              f"Operator(A, threads={threads})")
-        bb = _vec(b, "b")
+        bv = _vec_held(b, "b")  # held here for the call: the native side reads its address
         x0b = None if x0 is None else _vec(x0, "x0")
         try:
-            r = A._plan.solve(method, bb, tol, iter_lim, bool(calc_var), x0b, callback,
-                              int(callback_every), bool(callback_x))
+            r = A._plan.solve(method, (bv.ctypes.data, bv.shape[0]), tol, iter_lim,
+                              bool(calc_var), x0b, callback, int(callback_every),
+                              bool(callback_x))
         finally:
             _flush_console()
         shape = A.shape

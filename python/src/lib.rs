@@ -111,11 +111,40 @@ fn u32s(b: &[u8], what: &str) -> PyResult<Vec<u32>> {
 }
 
 fn f64_bytes<'py>(py: Python<'py>, v: &[f64]) -> Bound<'py, PyBytes> {
-    let mut out = Vec::with_capacity(v.len() * 8);
-    for x in v {
-        out.extend_from_slice(&x.to_ne_bytes());
+    // written in place: one copy of v, not two
+    PyBytes::new_with(py, v.len() * 8, |out| {
+        for (o, x) in out.chunks_exact_mut(8).zip(v) {
+            o.copy_from_slice(&x.to_ne_bytes());
+        }
+        Ok(())
+    })
+    .expect("filling a new bytes object cannot fail")
+}
+
+/// A float64 vector the caller gives by address, `(ptr, len)`: `numpy.ndarray.ctypes.data` of
+/// a C-contiguous, aligned float64 array and its length, which the caller keeps alive (and does
+/// not change) during this call (the Python side passes such an array and holds it). Copied on
+/// all threads and checked finite, with its name in the error: a large right-hand side costs
+/// one parallel copy instead of `tobytes` and a copy from the bytes.
+pub(crate) fn f64s_at((ptr, len): (usize, usize), what: &str) -> PyResult<Vec<f64>> {
+    use rayon::prelude::*;
+    if len == 0 {
+        return Ok(Vec::new());
     }
-    PyBytes::new(py, &out)
+    if ptr == 0 || ptr % std::mem::align_of::<f64>() != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{what}: not an aligned float64 buffer"
+        )));
+    }
+    // SAFETY: the Python caller passes the data address and length of a live, C-contiguous,
+    // aligned float64 array that it references for the whole call (checked non-null and
+    // aligned above), and nothing writes to it meanwhile: `len` f64s are readable there.
+    let src = unsafe { std::slice::from_raw_parts(ptr as *const f64, len) };
+    let v: Vec<f64> = src.par_iter().copied().collect();
+    if !v.par_iter().all(|x| x.is_finite()) {
+        return finite(v, what);
+    }
+    Ok(v)
 }
 
 /// A vector that must be finite, with its name in the error.
@@ -623,6 +652,23 @@ fn lsq_dict<'py>(
     Ok(d)
 }
 
+/// A finite f64 vector of `len` entries (A's `len` rows or columns: `dim`), named in errors.
+pub(crate) fn vector(v: &[u8], what: &str, len: usize, dim: &str) -> PyResult<Vec<f64>> {
+    let v = finite(f64s(v, what)?, what)?;
+    check_len(v, what, len, dim)
+}
+
+/// `v` of `len` entries (A's rows or columns: `dim`), or the error that names it.
+pub(crate) fn check_len(v: Vec<f64>, what: &str, len: usize, dim: &str) -> PyResult<Vec<f64>> {
+    if v.len() != len {
+        return Err(PyValueError::new_err(format!(
+            "shape mismatch: {what} has {} entries but A has {len} {dim}",
+            v.len()
+        )));
+    }
+    Ok(v)
+}
+
 /// b and x0 as f64 vectors, finite and of A's row (m) and column (n) counts.
 fn vectors(
     m: usize,
@@ -630,16 +676,6 @@ fn vectors(
     b: &[u8],
     x0: Option<&[u8]>,
 ) -> PyResult<(Vec<f64>, Option<Vec<f64>>)> {
-    let vector = |v: &[u8], what: &str, len: usize, dim: &str| -> PyResult<Vec<f64>> {
-        let v = finite(f64s(v, what)?, what)?;
-        if v.len() != len {
-            return Err(PyValueError::new_err(format!(
-                "shape mismatch: {what} has {} entries but A has {len} {dim}",
-                v.len()
-            )));
-        }
-        Ok(v)
-    };
     let b = vector(b, "b", m, "rows")?;
     let x0 = x0.map(|x| vector(x, "x0", n, "columns")).transpose()?;
     Ok((b, x0))

@@ -35,8 +35,7 @@ use seistomo::solver::{LeastSquares, LsqMethod, LsqrParams, LsqrSolution};
 use seistomo::sparse::{Csr, System};
 
 use crate::{
-    csr, engine_for, guarded, layout_for, lsq_dict, lsq_layout, py_err, vectors, LsqLayout,
-    PyMonitor,
+    csr, engine_for, guarded, layout_for, lsq_dict, lsq_layout, py_err, LsqLayout, PyMonitor,
 };
 
 /// One solve asked of the worker: b and x0 in A's order, the parameters, the callback.
@@ -275,7 +274,7 @@ impl Plan {
         &self,
         py: Python<'py>,
         method: &str,
-        b: &[u8],
+        b: (usize, usize),
         tol: (f64, f64, f64, f64),
         iter_lim: Option<usize>,
         calc_var: bool,
@@ -285,7 +284,11 @@ impl Plan {
         callback_x: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let (method, params) = crate::lsq_params(method, tol, iter_lim, calc_var)?;
-        let (b, x0) = vectors(self.built.m, self.built.n, b, x0)?;
+        let (m, n) = (self.built.m, self.built.n);
+        let b = crate::check_len(crate::f64s_at(b, "b")?, "b", m, "rows")?;
+        let x0 = x0
+            .map(|x| crate::vector(x, "x0", n, "columns"))
+            .transpose()?;
         let jobs = self
             .jobs
             .lock()

@@ -125,6 +125,31 @@ def test_operator_errors_are_clear():
     same(seistomo.lsqr(op, b), seistomo.lsqr(A, b, backend="cpu"))
 
 
+def test_b_in_any_layout_is_read_as_the_plain_call_reads_it():
+    # the Operator reads b where it lies (its address): strided, other dtypes, a column, a
+    # read-only view, each the same solve as a contiguous float64 copy
+    A, b = system("well1033")
+    op = seistomo.Operator(A, backend="cpu")
+    ref = seistomo.lsqr(op, b.copy())
+    wide = np.zeros((A.shape[0], 3))
+    wide[:, 1] = b
+    ro = b.copy()
+    ro.flags.writeable = False
+    for given in (wide[:, 1], b.reshape(-1, 1), ro, list(b), b.astype(np.float32)):
+        r = seistomo.lsqr(op, given)
+        ref_b = np.asarray(given, dtype=np.float64).reshape(-1)
+        same(r, seistomo.lsqr(A, ref_b, backend="cpu"))
+    same(seistomo.lsqr(op, wide[:, 1]), ref)
+    bad = b.copy()
+    bad[17] = np.inf
+    with pytest.raises(ValueError, match="b\\[17\\] is not finite"):
+        seistomo.lsqr(op, bad)
+    with pytest.raises(ValueError, match="B of 3 columns .* solve the columns one by one"):
+        seistomo.lsqr(op, wide)
+    with pytest.raises(TypeError, match="complex values are not supported"):
+        seistomo.lsqr(op, b.astype(complex))
+
+
 @pytest.mark.skipif(HAS_GPU, reason="a CUDA GPU is present")
 def test_operator_on_cuda_without_a_gpu_is_a_runtime_error():
     A, _ = system("well1033")
