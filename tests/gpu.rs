@@ -9,6 +9,7 @@ use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
+use seistomo::backend::storage::DeviceCsr;
 use seistomo::backend::{Backend, Operator, Precision, Scale, TransposeStrategy, XwState, XwStep};
 use seistomo::comm::SerialComm;
 use seistomo::grid::Rng;
@@ -971,4 +972,148 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
         let what = format!("pipeline, {}", o.report.storage);
         check(&what, i.istop, i.itn, i.norms.r1norm, &o.solution.x);
     }
+}
+
+/// A CSR matrix's arrays on the GPU as another library (CuPy) holds them: row offsets of
+/// `width` bytes (i32 or i64), i32 columns, values of `p`.
+struct ForeignCsr {
+    indptr: cudarc::driver::CudaSlice<u8>,
+    indices: cudarc::driver::CudaSlice<u32>,
+    values: cudarc::driver::CudaSlice<u8>,
+    shape: (usize, usize, usize),
+    width: usize,
+    p: Precision,
+}
+
+impl ForeignCsr {
+    fn upload(
+        g: &seistomo::backend::cuda::CudaBackend,
+        a: &Csr,
+        width: usize,
+        p: Precision,
+    ) -> Self {
+        let s = g.stream();
+        let indptr: Vec<u8> = a
+            .indptr()
+            .iter()
+            .flat_map(|&v| {
+                if width == 4 {
+                    (v as i32).to_ne_bytes().to_vec()
+                } else {
+                    (v as i64).to_ne_bytes().to_vec()
+                }
+            })
+            .collect();
+        let values: Vec<u8> = a
+            .data()
+            .iter()
+            .flat_map(|&v| match p {
+                Precision::F64 => v.to_ne_bytes().to_vec(),
+                Precision::F32 => (v as f32).to_ne_bytes().to_vec(),
+            })
+            .collect();
+        ForeignCsr {
+            indptr: s.clone_htod(&indptr).unwrap(),
+            indices: s.clone_htod(a.indices()).unwrap(),
+            values: s.clone_htod(&values).unwrap(),
+            shape: (a.nrows(), a.ncols(), a.nnz()),
+            width,
+            p,
+        }
+    }
+
+    fn device(&self, g: &seistomo::backend::cuda::CudaBackend) -> seistomo::Result<DeviceCsr> {
+        use cudarc::driver::DevicePtr;
+        let s = g.stream();
+        let (ip, _a) = self.indptr.device_ptr(s);
+        let (ix, _b) = self.indices.device_ptr(s);
+        let (v, _c) = self.values.device_ptr(s);
+        g.synchronize().unwrap();
+        let (m, n, nnz) = self.shape;
+        // SAFETY: the three buffers are this struct's live device allocations of m + 1 offsets
+        // of `width` bytes, nnz u32 columns and nnz values of `p`, written (synchronised above)
+        // and unchanged while the test uses the DeviceCsr.
+        unsafe { DeviceCsr::new((m, n), nnz, (ip, self.width), ix, v, self.p) }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn a_matrix_on_the_gpu_runs_as_the_uploaded_one() {
+    // CuPy's arrays (i32 or i64 row offsets, i32 columns, f64 or f32 values) copied device to
+    // device: the same products and the same LSQR solve, bit for bit, as the matrix uploaded
+    // from the host with the explicit transpose.
+    let g = gpu();
+    for (k, &(m, n)) in SHAPES.iter().enumerate() {
+        let a = awkward_csr(m, n, 300 + k as u64);
+        let at = a.transpose();
+        let b = rand_vec(m, 9);
+        for (p, width) in [(Precision::F64, 4), (Precision::F32, 8)] {
+            let (fa, fat) = (
+                ForeignCsr::upload(&g, &a, width, p),
+                ForeignCsr::upload(&g, &at, width, p),
+            );
+            let (da, dat) = (fa.device(&g).unwrap(), fat.device(&g).unwrap());
+            let dev = CudaCsrOperator::from_device(&g, &da, &dat, &Default::default()).unwrap();
+            let up = CudaCsrOperator::new(&g, &a, TransposeStrategy::Csc, p).unwrap();
+            for t in [false, true] {
+                let (inp, out) = if t {
+                    (rand_vec(m, 5), rand_vec(n, 6))
+                } else {
+                    (rand_vec(n, 5), rand_vec(m, 6))
+                };
+                let (gi, mut g1) = (g.upload(&inp).unwrap(), g.upload(&out).unwrap());
+                let mut g2 = g.upload(&out).unwrap();
+                let s = Scale::new(-0.5, 2.0);
+                if t {
+                    dev.apply_t(&g, s, &gi, &mut g1).unwrap();
+                    up.apply_t(&g, s, &gi, &mut g2).unwrap();
+                } else {
+                    dev.apply(&g, s, &gi, &mut g1).unwrap();
+                    up.apply(&g, s, &gi, &mut g2).unwrap();
+                }
+                assert_eq!(down(&g, &g1), down(&g, &g2), "{m}x{n} {p} transpose {t}");
+            }
+            let params = LsqrParams {
+                atol: 1e-10,
+                btol: 1e-10,
+                iter_lim: Some(60),
+                ..Default::default()
+            };
+            for op_loop in [false, true] {
+                dev.set_device_loop(op_loop);
+                up.set_device_loop(op_loop);
+                let solve = |op: &CudaCsrOperator| {
+                    seistomo::solver::lsqr(
+                        &LeastSquares::new(&g, op, &SerialComm, &b),
+                        &params,
+                        &mut NoMonitor,
+                    )
+                    .unwrap()
+                };
+                let (s1, s2) = (solve(&dev), solve(&up));
+                assert_eq!(s1.x, s2.x, "{m}x{n} {p} device loop {op_loop}");
+                assert_eq!(s1.info.itn, s2.info.itn);
+            }
+        }
+    }
+    // What the addresses cannot say is checked where it can be: a transpose of another shape,
+    // decreasing row offsets.
+    let a = awkward_csr(50, 20, 7);
+    let dat = ForeignCsr::upload(&g, &a.transpose(), 4, Precision::F64);
+    let dat = dat.device(&g).unwrap();
+    let e = CudaCsrOperator::from_device(&g, &dat, &dat, &Default::default());
+    assert!(e.err().unwrap().to_string().contains("is not that of the"));
+    let mut fb = ForeignCsr::upload(&g, &a, 8, Precision::F64);
+    let mut raw = a.indptr().to_vec();
+    let r = (0..50).find(|&r| raw[r + 1] > raw[r]).unwrap();
+    raw.swap(r, r + 1);
+    let bytes: Vec<u8> = raw.iter().flat_map(|&v| (v as i64).to_ne_bytes()).collect();
+    fb.indptr = g.stream().clone_htod(&bytes).unwrap();
+    let e = CudaCsrOperator::from_device(&g, &fb.device(&g).unwrap(), &dat, &Default::default());
+    let msg = e.err().unwrap().to_string();
+    assert!(msg.contains("bad row offsets"), "{msg}");
+    // SAFETY: never read: the constructor refuses the arguments before any use.
+    let w = unsafe { DeviceCsr::new((5, 5), 3, (8, 2), 8, 8, Precision::F64) };
+    assert!(w.err().unwrap().to_string().contains("32- or 64-bit"));
 }

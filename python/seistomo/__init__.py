@@ -500,6 +500,98 @@ def _callback(callback, callback_type, method):
     return (lambda xb: callback(_array(xb))), True
 
 
+def _is_cupy(v):
+    """Whether v is a CuPy array or a cupyx.scipy.sparse matrix (without importing CuPy)."""
+    mod = type(v).__module__ or ""
+    return mod == "cupy" or mod.startswith(("cupy.", "cupyx."))
+
+
+def _from_cupy(A, b, x0):
+    """CuPy inputs: b and x0 to the host (vectors pass through the host as in every solve), A
+    kept on the GPU (a dense CuPy array made a cupyx CSR matrix there). Returns (A, b, x0,
+    whether the caller gave CuPy objects: then x and var go back as CuPy arrays)."""
+    if not (_is_cupy(A) or _is_cupy(b) or _is_cupy(x0)):
+        return A, b, x0, False
+    import cupy
+
+    if _is_cupy(A) and isinstance(A, cupy.ndarray):
+        import cupyx.scipy.sparse as csp
+
+        if A.ndim != 2:
+            raise ValueError(f"A must be 2-D (got a CuPy array of shape {A.shape})")
+        A = csp.csr_matrix(A)
+    host = lambda v: cupy.asnumpy(v) if isinstance(v, cupy.ndarray) else v
+    return A, host(b), host(x0), True
+
+
+def _to_cupy(r, as_cupy):
+    """A result's x and var (the first and, for lsqr, last entries) as CuPy arrays."""
+    if not as_cupy:
+        return r
+    import cupy
+
+    vals = list(r)
+    vals[0] = cupy.asarray(vals[0])
+    if len(vals) == 10:
+        vals[9] = cupy.asarray(vals[9])
+    return LsqResult(tuple(vals), r.info)
+
+
+def _lsq_device(method, A, b, tol, iter_lim, calc_var, x0, backend, precision, callback,
+                callback_every, layout, threads, callback_x):
+    """lsqr / lsmr on a CuPy sparse matrix: A and its transpose (`A.T.tocsr()`, made by CuPy on
+    the GPU) handed over by their device addresses and copied on the GPU into the library's
+    storage (CSR with the explicit transpose, the device LSQR loop); the matrix never passes
+    through the host. Returns (shape, the native result)."""
+    import cupy
+
+    transpose, lsqr_loop, storage, reorder = layout
+    if backend not in ("auto", "cuda"):
+        raise ValueError(f"backend={backend!r}: a CuPy matrix lies on the GPU and runs on the "
+                         f"CUDA backend (A.get() gives it on the host for backend='cpu')")
+    for k, v, ok in (("transpose", transpose, ("auto", "csc")), ("storage", storage,
+                     ("auto", "csr")), ("reorder", reorder, ("none",))):
+        if v not in ok:
+            raise ValueError(f"{k}={v!r}: a CuPy matrix runs as CSR with its transpose as CuPy "
+                             f"makes it ({k} {' or '.join(repr(o) for o in ok)})")
+    if threads is not None or callback_x:
+        raise ValueError("threads= and callback_type='x' are for matrices on the host; a CuPy "
+                         "matrix runs without them")
+    if precision not in ("f64", "f32"):
+        raise ValueError(f"unknown precision '{precision}' (f64, f32)")
+    A = A.tocsr()
+    kind = A.dtype.kind
+    if kind == "c":
+        raise TypeError(f"A: complex values are not supported (dtype {A.dtype})")
+    if kind not in "fiub":
+        raise TypeError(f"A: dtype {A.dtype} is not a real number type")
+    want = cupy.float32 if (precision == "f32" or A.dtype == cupy.float32) else cupy.float64
+    if A.dtype != want:
+        A = A.astype(want)
+    if not A.has_canonical_format:
+        A = A.copy()
+        A.sum_duplicates()  # each row's columns sorted, repeats summed (on the GPU)
+    AT = A.T.tocsr()  # the transpose by CuPy (cuSPARSE) on the GPU: rows sorted per column
+    m, n = A.shape
+    for M in (A, AT):
+        if M.indices.dtype != cupy.int32:
+            M.indices = M.indices.astype(cupy.int32)
+        if M.indptr.dtype not in (cupy.int32, cupy.int64):
+            M.indptr = M.indptr.astype(cupy.int64)
+    parts = lambda M: (int(M.indptr.data.ptr), int(M.indptr.dtype.itemsize),
+                       int(M.indices.data.ptr) if M.nnz else 0,
+                       int(M.data.data.ptr) if M.nnz else 0)
+    bb = _vec(b, "b", m)
+    x0b = None if x0 is None else _vec(x0, "x0", n)
+    cupy.cuda.get_current_stream().synchronize()  # CuPy's work on A and AT done
+    prec = "f32" if want == cupy.float32 else "f64"
+    r = _native.lsqr_device((m, n), int(A.nnz), parts(A), parts(AT), prec,
+                            int(cupy.cuda.Device().id), bb, tol, iter_lim, bool(calc_var),
+                            x0b, str(lsqr_loop), callback, int(callback_every), method)
+    del A, AT  # held until the native call returned
+    return (m, n), r
+
+
 def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend, precision,
          callback, callback_every, transpose, lsqr_loop, storage, reorder, threads=None,
          callback_x=False):
@@ -516,6 +608,15 @@ def _lsq(method, A, b, damp, atol, btol, conlim, iter_lim, calc_var, x0, backend
         r["backend"] += note
         r["info"]["backend"] += note
         last_info["backend"] = r["info"]["backend"]
+        return shape, r
+    if _is_cupy(A):
+        tol = (float(damp), float(atol), float(btol), float(conlim))
+        shape, r = _lsq_device(method, A, b, tol, iter_lim, calc_var, x0, backend, precision,
+                               callback, callback_every,
+                               (transpose, lsqr_loop, storage, reorder), threads, callback_x)
+        r["info"] = {k: v for k, v in r.items() if k not in ("x", "var")}
+        last_info.clear()
+        last_info.update(r["info"])
         return shape, r
     if callback_x and not isinstance(A, Operator) and not _is_operator(A):
         with Operator(A, backend, precision=precision, transpose=transpose,
@@ -605,7 +706,11 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
+    A, b, x0, as_cupy = _from_cupy(A, b, x0)
     if _columns(b):
+        if as_cupy:
+            raise ValueError("lsqr(A, B) with k columns runs on the CPU: give A and B on the "
+                             "host (A.get(), B.get()), or solve the columns one by one")
         return _lsqr_columns(A, np.asarray(b), damp, atol, btol, conlim, iter_lim, show,
                              calc_var, x0, backend, precision, callback, transpose, storage,
                              reorder, threads)
@@ -622,8 +727,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     var = _array(r["var"]) if r["var"] is not None else np.zeros(shape[1])
     if table is not None:
         table.finish(r)
-    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"], r["anorm"],
-                      r["acond"], r["arnorm"], r["xnorm"], var), r["info"])
+    return _to_cupy(LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["r2norm"],
+                               r["anorm"], r["acond"], r["arnorm"], r["xnorm"], var), r["info"]),
+                    as_cupy)
 
 
 class _Table:
@@ -900,6 +1006,7 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     callback_type="x", callback(x) (x in A's column order).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
+    A, b, x0, as_cupy = _from_cupy(A, b, x0)
     callback, cb_x = _callback(callback, callback_type, "lsmr")
     table = None
     if show:
@@ -912,8 +1019,8 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     x = _array(r["x"])
     if table is not None:
         table.finish(r)
-    return LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"], r["anorm"],
-                      r["acond"], r["xnorm"]), r["info"])
+    return _to_cupy(LsqResult((x, int(r["istop"]), int(r["itn"]), r["r1norm"], r["arnorm"],
+                               r["anorm"], r["acond"], r["xnorm"]), r["info"]), as_cupy)
 
 
 class GmresResult(tuple):

@@ -12,6 +12,7 @@
 
 mod columns;
 mod console;
+mod device;
 mod plan;
 mod products;
 
@@ -1329,6 +1330,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         write_model,
         cuda_available,
         columns::lsqr_columns,
+        device::lsqr_device,
         columns::lcurve_batch,
         console::console_to_python,
         console::console_drain,

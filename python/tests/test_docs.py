@@ -2,7 +2,8 @@
 executed, each on its own in a fresh namespace, in a temporary directory that holds a copy of
 the bundled datasets/ and configs/ (so `datasets/demo/invert.toml` writes out/demo there). A
 block must define every name it uses. A block that imports a module not installed here
-(pylops, matplotlib: the `[plot]` extra) is skipped, naming it. Run by `make test-python`."""
+(pylops, matplotlib: the `[plot]` extra; cupy), or opens a model with xarray where the
+`[xarray]` extra is missing, is skipped, naming it. Run by `make test-python`."""
 
 import ast
 import importlib.util
@@ -55,9 +56,12 @@ def bundled(tmp_path_factory):
 @pytest.mark.parametrize("code", [c for _, c in BLOCKS], ids=[i for i, _ in BLOCKS])
 def test_doc_example_runs(code, bundled, tmp_path, monkeypatch):
     compiled = compile(code, "<doc example>", "exec")  # even where it is skipped
-    for mod in sorted(imported_modules(code)):
+    needs = set(imported_modules(code))
+    if re.search(r"\b(open_model|to_xarray)\(", code) and "xarray=False" not in code:
+        needs |= {"xarray", "h5netcdf", "h5py"}  # what open_model needs (the [xarray] extra)
+    for mod in sorted(needs):
         if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"the example imports {mod}, not installed here")
+            pytest.skip(f"the example imports or needs {mod}, not installed here")
     for d in ("datasets", "configs"):
         shutil.copytree(bundled / d, tmp_path / d)
     monkeypatch.chdir(tmp_path)

@@ -229,3 +229,88 @@ mod tests {
         }
     }
 }
+
+/// A CSR matrix that already lies on the GPU (another library's arrays: CuPy's
+/// `cupyx.scipy.sparse.csr_matrix`), given by device addresses in the device's primary context.
+/// The CUDA backend copies the entries device to device into its own storage
+/// ([`crate::backend::cuda::CudaCsrOperator::from_device`]); only the row offsets are read on the
+/// host (to cut the rows into warp segments). Made by [`DeviceCsr::new`], which is `unsafe`:
+/// nothing here can check that an address is what its caller says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCsr {
+    nrows: usize,
+    ncols: usize,
+    nnz: usize,
+    /// Row offsets: `nrows + 1` integers of `indptr_bytes` (4 or 8) bytes, signed.
+    indptr: u64,
+    indptr_bytes: usize,
+    /// Columns: `nnz` 32-bit integers, each row's sorted ascending, no repeats.
+    indices: u64,
+    /// Values: `nnz` f64 or f32.
+    values: u64,
+    precision: Precision,
+}
+
+impl DeviceCsr {
+    /// # Safety
+    /// `indptr`, `indices` and `values` must be device addresses in the primary context of the
+    /// GPU the backend runs on, of `nrows + 1` signed integers of `indptr_bytes` (4 or 8) bytes,
+    /// `nnz` 32-bit column numbers and `nnz` values of `precision`, all readable and unchanged
+    /// (no work still queued on them in another stream) for as long as the `DeviceCsr` is used.
+    /// The offsets are checked when they are read; the columns are not (each row's must be
+    /// sorted, unique and below `ncols`).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new(
+        (nrows, ncols): (usize, usize),
+        nnz: usize,
+        (indptr, indptr_bytes): (u64, usize),
+        indices: u64,
+        values: u64,
+        precision: Precision,
+    ) -> crate::error::Result<DeviceCsr> {
+        let bad = |what: String| Err(crate::error::Error::Invalid(what));
+        if nrows == 0 || ncols == 0 {
+            return bad(format!("a {nrows} x {ncols} matrix on the GPU is empty"));
+        }
+        if indptr_bytes != 4 && indptr_bytes != 8 {
+            return bad(format!(
+                "row offsets of {indptr_bytes} bytes: expected 32- or 64-bit integers"
+            ));
+        }
+        if indptr == 0 || (nnz > 0 && (indices == 0 || values == 0)) {
+            return bad("a null device address".into());
+        }
+        Ok(DeviceCsr {
+            nrows,
+            ncols,
+            nnz,
+            indptr,
+            indptr_bytes,
+            indices,
+            values,
+            precision,
+        })
+    }
+    pub fn nrows(&self) -> usize {
+        self.nrows
+    }
+    pub fn ncols(&self) -> usize {
+        self.ncols
+    }
+    pub fn nnz(&self) -> usize {
+        self.nnz
+    }
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+    /// (address, bytes per offset) of the row offsets.
+    pub fn indptr(&self) -> (u64, usize) {
+        (self.indptr, self.indptr_bytes)
+    }
+    pub fn indices(&self) -> u64 {
+        self.indices
+    }
+    pub fn values(&self) -> u64 {
+        self.values
+    }
+}

@@ -23,7 +23,7 @@ use crate::backend::cuda::{
     CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator, Prestart,
 };
 use crate::backend::precond::Preconditioner;
-use crate::backend::storage::{Storage, StoredMatrix};
+use crate::backend::storage::{DeviceCsr, Storage, StoredMatrix};
 use crate::backend::{
     AllreducePath, Backend, LsqrLoop, Operator, Precision, ScalarSlots, TransposeStrategy,
 };
@@ -377,6 +377,44 @@ impl Engine {
             Engine::Cpu { be, pool } => cpu_lsqr(be, *pool, comm, spec, parts, v),
             Engine::Cuda { be, path } => cuda_lsqr(be, path, comm, spec, parts, device_loop, v),
         }
+    }
+
+    /// LSQR's operator of a CSR matrix that lies on the GPU already, `a` with its transpose
+    /// `at` (CuPy's arrays; [`DeviceCsr`]), copied device to device (CSR with the explicit
+    /// transpose, the values' precision; the device loop where `device_loop` asks), handed to
+    /// `v`. One process only; the CPU engine refuses it.
+    pub fn lsqr_device<V: LsqrVisitor>(
+        &self,
+        spec: &OperatorSpec,
+        (a, at): (&DeviceCsr, &DeviceCsr),
+        device_loop: bool,
+        v: V,
+    ) -> Result<(V::Output, Built)> {
+        let Engine::Cuda { be, .. } = self else {
+            return Err(Error::Invalid(
+                "a matrix on the GPU needs the CUDA backend (backend = \"cuda\" or \"auto\" with a GPU)"
+                    .into(),
+            ));
+        };
+        let t = Instant::now();
+        let op = phases::time("upload", || {
+            CudaCsrOperator::from_device(be, a, at, &spec.tuning)
+        })?;
+        op.set_device_loop(device_loop);
+        let precision = a.precision();
+        let built = Built {
+            backend: self.name(),
+            backend_detail: self.describe(),
+            storage: Storage::Csr,
+            precision,
+            transpose: format!("csc ({precision} values; the matrix given on the GPU)"),
+            device_loop,
+            layout: "csc".into(),
+            bytes_per_nnz: (precision.bytes() + 4) as f64,
+            seconds: t.elapsed().as_secs_f64(),
+            ..Default::default()
+        };
+        Ok((v.visit(be.as_ref(), &op)?, built))
     }
 
     /// Build a square system's operator (this rank's rows with the halo) and its

@@ -3,6 +3,7 @@
 //! checkpoints when asked), LSMR in the host loop; the solution is mapped back to the original
 //! columns and the report written down.
 
+use crate::backend::storage::DeviceCsr;
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::Result;
@@ -273,38 +274,132 @@ pub fn solve(
     };
     // LSMR runs the host loop (the device loop is LSQR's)
     let device_loop = use_device_loop(job.spec.lsqr_loop) && job.method == LsqMethod::Lsqr;
-    let ((mut solution, history, started, calibration), built) =
-        engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
-    unmap.restore(&mut solution.x, solution.var.as_mut());
+    let (mut ran, built) = engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
+    unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
+    let facts = RunFacts {
+        storage: storage_words(&built, laid_out, described),
+        ordering: unmap.ordering.what.clone(),
+        col_scale: unmap.scale.is_some(),
+        stencil_rows,
+        shape: (m, n, nnz),
+        load_seconds,
+    };
+    Ok(outcome(
+        (engine, why, job, comm),
+        &params,
+        ran,
+        &built,
+        facts,
+    ))
+}
+
+/// A solve's outcome besides the operator's: the storage and ordering in words, column
+/// scaling, stencil rows, (m, n, nnz) and the load's seconds.
+struct RunFacts {
+    storage: String,
+    ordering: String,
+    col_scale: bool,
+    stencil_rows: usize,
+    shape: (usize, usize, usize),
+    load_seconds: f64,
+}
+
+/// The outcome of a finished run: its solution (in the original columns), history and
+/// calibration, and the report.
+fn outcome(
+    (engine, why, job, comm): (&Engine, &str, &LsqrJob, &dyn Comm),
+    params: &LsqrParams,
+    (solution, history, started, calibration): <Run as LsqrVisitor>::Output,
+    built: &Built,
+    f: RunFacts,
+) -> Outcome {
+    let (m, n, nnz) = f.shape;
     let report = report(&ReportParts {
         engine,
         tuning: &job.spec.tuning,
         why,
-        built: &built,
-        storage: storage_words(&built, laid_out, described),
-        ordering: unmap.ordering.what.clone(),
+        built,
+        storage: f.storage,
+        ordering: f.ordering,
         comm,
         m,
         n,
         nnz,
         method: job.method,
-        params: &params,
-        col_scale: unmap.scale.is_some(),
+        params,
+        col_scale: f.col_scale,
         info: &solution.info,
         seconds: (
-            load_seconds,
+            f.load_seconds,
             started.duration_since(job.setup_started).as_secs_f64(),
         ),
     });
-    Ok(Outcome {
+    Outcome {
         solution,
         history,
         report,
         calibration: Calibration {
-            stencil_rows,
+            stencil_rows: f.stencil_rows,
             ..calibration
         },
-    })
+    }
+}
+
+/// Solve with LSQR (or LSMR) on a CSR matrix that lies on the GPU already, `a` with its
+/// transpose `at` (CuPy's arrays: [`DeviceCsr`]), on the CUDA `engine`: the matrix is copied
+/// device to device, never to the host; b and x0 (host vectors, a's rows and columns) and the
+/// solution go through the host as in every solve. One process; no reordering, no checkpoints.
+#[allow(clippy::too_many_arguments)]
+pub fn solve_device(
+    engine: &Engine,
+    why: &str,
+    (a, at): (&DeviceCsr, &DeviceCsr),
+    b: &[f64],
+    x0: Option<&[f64]>,
+    job: &LsqrJob,
+    watch: Watch,
+) -> Result<Outcome> {
+    let (m, n, nnz) = (a.nrows(), a.ncols(), a.nnz());
+    let comm = &crate::comm::SerialComm;
+    if job.checkpoint.is_some() {
+        return Err(crate::Error::Invalid(
+            "a matrix on the GPU is solved without checkpoints".into(),
+        ));
+    }
+    if b.len() != m || x0.is_some_and(|x| x.len() != n) {
+        return Err(crate::Error::Invalid(format!(
+            "b needs the matrix's {m} rows and x0 its {n} columns"
+        )));
+    }
+    let params = method_params(job, m, n)?;
+    let run = Run {
+        lsqr: Lsqr {
+            method: job.method,
+            comm,
+            b,
+            x0,
+            params: &params,
+            ckpt: None,
+        },
+        watch,
+    };
+    let device_loop = use_device_loop(job.spec.lsqr_loop) && job.method == LsqMethod::Lsqr;
+    let (ran, built) = engine.lsqr_device(job.spec, (a, at), device_loop, run)?;
+    let facts = RunFacts {
+        storage: crate::backend::storage::describe_csr(a.precision()),
+        ordering: "none (the matrix given on the GPU)".into(),
+        col_scale: false,
+        stencil_rows: 0,
+        shape: (m, n, nnz),
+        load_seconds: 0.0,
+    };
+    Ok(outcome(
+        (engine, why, job, comm),
+        &params,
+        ran,
+        &built,
+        facts,
+    ))
 }
 
 /// The job's parameters for its method: LSMR checks its own (no variance, no checkpoints) and

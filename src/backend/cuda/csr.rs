@@ -6,8 +6,10 @@ use std::ffi::c_void;
 use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::{CudaBackend, DeviceVec};
+use super::error::Doing;
 use super::lsqr_loop::Epilogue;
 use super::util::{arg, check_row_numbers, fused_entries_per_block, up, DevValues};
+use crate::backend::storage::DeviceCsr;
 use crate::backend::{Precision, Scale};
 use crate::error::Result;
 use crate::sparse::Csr;
@@ -82,6 +84,95 @@ impl DevCsr {
             nnz: a.nnz(),
             indptr: up(be, a.indptr())?,
             indices: up(be, a.indices())?,
+            values,
+            seg: up(be, &seg)?,
+            nseg,
+        })
+    }
+
+    /// Copy a CSR matrix that lies on the GPU already (`d`, another library's arrays) into the
+    /// backend's storage, device to device: the columns (32-bit, the same bits as u32) and
+    /// values as they are, the row offsets widened to u64. The offsets are read on the host
+    /// (nrows + 1 integers: they cut the rows into warp segments) and checked there; the
+    /// entries never leave the GPU.
+    pub(super) fn from_device(be: &CudaBackend, d: &DeviceCsr) -> Result<Self> {
+        use cudarc::driver::sys as dsys;
+        check_row_numbers(d.nrows())?;
+        let (m, nnz) = (d.nrows(), d.nnz());
+        let (ip_addr, width) = d.indptr();
+        let mut raw = vec![0u8; (m + 1) * width];
+        be.synchronize()?;
+        // SAFETY: `raw` is a live host buffer of exactly the copied size; DeviceCsr's contract
+        // (its unsafe constructor) makes `ip_addr` a readable device buffer of m + 1 offsets
+        // of `width` bytes in this device's primary context.
+        unsafe {
+            dsys::cuMemcpyDtoH_v2(raw.as_mut_ptr().cast(), ip_addr, raw.len())
+                .result()
+                .doing("reading the row offsets of a matrix on the GPU")?;
+        }
+        let indptr: Vec<i64> = if width == 4 {
+            raw.chunks_exact(4)
+                .map(|c| i32::from_ne_bytes(c.try_into().expect("4 bytes")) as i64)
+                .collect()
+        } else {
+            raw.chunks_exact(8)
+                .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
+                .collect()
+        };
+        drop(raw);
+        let bad_row = indptr.windows(2).position(|w| w[1] < w[0]);
+        if indptr[0] != 0 || indptr[m] != nnz as i64 || bad_row.is_some() {
+            return Err(crate::error::Error::Invalid(format!(
+                "the matrix on the GPU has bad row offsets: {}",
+                match bad_row {
+                    Some(r) => format!("row {r} ends before it starts"),
+                    None => format!(
+                        "they run from {} to {}, not 0 to its {nnz} nonzeros",
+                        indptr[0], indptr[m]
+                    ),
+                }
+            )));
+        }
+        let indptr: Vec<u64> = indptr.into_iter().map(|v| v as u64).collect();
+        let seg = segments(&indptr);
+        let nseg = (seg.len() - 1) as u32;
+        // SAFETY: each allocation is written whole by the device copy below before any kernel
+        // reads it (the copies run on the same stream, first).
+        let indices =
+            unsafe { be.stream.alloc::<u32>(nnz.max(1)) }.doing("device memory for the columns")?;
+        let values = match d.precision() {
+            // SAFETY: as above.
+            Precision::F64 => DevValues::F64(
+                unsafe { be.stream.alloc::<f64>(nnz.max(1)) }
+                    .doing("device memory for the values")?,
+            ),
+            // SAFETY: as above.
+            Precision::F32 => DevValues::F32(
+                unsafe { be.stream.alloc::<f32>(nnz.max(1)) }
+                    .doing("device memory for the values")?,
+            ),
+        };
+        let (_, pv) = values.index_and_ptr(be);
+        let cs = be.stream.cu_stream();
+        if nnz > 0 {
+            // SAFETY: the destinations are the allocations above (at least nnz elements); the
+            // sources are DeviceCsr's nnz columns (4 bytes) and values (its precision's
+            // bytes), readable by its contract; both lie in this context.
+            unsafe {
+                dsys::cuMemcpyDtoDAsync_v2(be.ptr(&indices), d.indices(), nnz * 4, cs)
+                    .result()
+                    .doing("copying the columns of a matrix on the GPU")?;
+                dsys::cuMemcpyDtoDAsync_v2(pv, d.values(), nnz * d.precision().bytes(), cs)
+                    .result()
+                    .doing("copying the values of a matrix on the GPU")?;
+            }
+        }
+        Ok(DevCsr {
+            nrows: m,
+            ncols: d.ncols(),
+            nnz,
+            indptr: up(be, &indptr)?,
+            indices,
             values,
             seg: up(be, &seg)?,
             nseg,

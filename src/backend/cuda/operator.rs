@@ -6,6 +6,7 @@ use super::cusparse::CuSparse;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::util::check_vectors;
 use crate::backend::lsqr::LsqrDevice;
+use crate::backend::storage::DeviceCsr;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::settings::tuning::Tuning;
@@ -233,6 +234,57 @@ impl CudaCsrOperator {
         be.check_compiled_with(&t.nvrtc_defines)?;
         let op = Self::new(be, a, strategy, precision)?;
         op.set_lsqr_block(t.lsqr_block)?;
+        Ok(op)
+    }
+
+    /// The operator of a CSR matrix `a` that lies on the GPU already, with `at` its transpose
+    /// as a CSR matrix on the GPU too (another library's arrays: CuPy's `A` and `A.T.tocsr()`),
+    /// copied device to device into the backend's storage ([`DeviceCsr`]): the explicit
+    /// transpose (`csc`), so the device LSQR loop runs on it, with the values' precision.
+    /// Equal, array for array, to [`CudaCsrOperator::new`] with `csc` on the same matrix
+    /// uploaded from the host, when `at` holds each column's entries by ascending row.
+    pub fn from_device(
+        be: &CudaBackend,
+        a: &DeviceCsr,
+        at: &DeviceCsr,
+        tuning: &Tuning,
+    ) -> Result<Self> {
+        tuning.validate()?;
+        if (at.nrows(), at.ncols(), at.nnz()) != (a.ncols(), a.nrows(), a.nnz())
+            || at.precision() != a.precision()
+        {
+            return Err(Error::Invalid(format!(
+                "the transpose on the GPU ({} x {}, {} nonzeros, {}) is not that of the {} x {} matrix ({} nonzeros, {})",
+                at.nrows(),
+                at.ncols(),
+                at.nnz(),
+                at.precision(),
+                a.nrows(),
+                a.ncols(),
+                a.nnz(),
+                a.precision()
+            )));
+        }
+        let precision = a.precision();
+        let (free, _total) = be.mem_info()?;
+        let plan = plan_memory(
+            a.nrows(),
+            a.ncols(),
+            a.nnz(),
+            TransposeStrategy::Csc,
+            precision,
+            free as u64,
+        )?;
+        let dev = DevCsr::from_device(be, a)?;
+        let t = Transpose::Csc(DevCsr::from_device(be, at)?);
+        be.synchronize()?;
+        let op = CudaCsrOperator {
+            a: dev,
+            t,
+            plan,
+            device_loop: LoopSlot::default(),
+        };
+        op.set_lsqr_block(tuning.lsqr_block)?;
         Ok(op)
     }
 
