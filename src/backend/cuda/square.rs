@@ -42,7 +42,8 @@ struct Halo {
     send_dev: Option<CudaSlice<f64>>,
     send_host: Vec<f64>,
     recv_host: Vec<f64>,
-    /// [x_local, ghosts].
+    /// [x_local, ghosts] (one value where the row patterns' overlap reads x and the ghosts
+    /// where they lie).
     ext: CudaSlice<f64>,
     /// Row sums of the interior and boundary rows (split products only).
     t_interior: Option<CudaSlice<f64>>,
@@ -190,7 +191,13 @@ impl<'c> CudaSquareOperator<'c> {
                 send_dev,
                 send_host: vec![0.0; flat.len()],
                 recv_host: vec![0.0; plan.recv_volume()],
-                ext: be.zeros(a.ncols().max(1))?,
+                // With the overlap the ghosts land in `overlap.ghosts` and x is read where it
+                // lies: no [x, ghosts] copy (n_local values a rank, 67 MB at 16.8M rows).
+                ext: be.zeros(if overlap.is_some() {
+                    1
+                } else {
+                    a.ncols().max(1)
+                })?,
                 t_interior: temp(n_interior)?,
                 t_boundary: temp(n_boundary)?,
                 overlap,
