@@ -19,8 +19,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-nvrtc")
-# the order of src/backend/cuda/mod.rs KERNEL_SOURCES
-SOURCES = ["spmv.cu", "vector.cu", "compact.cu", "tiled.cu", "lsqr.cu"]
+# the order of src/backend/cuda/nvrtc.rs KERNEL_SOURCES
+SOURCES = ["spmv.cu", "vector.cu", "compact.cu", "tiled.cu", "lsqr.cu", "lsmr.cu"]
 WHEELS = ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvcc-cu12"]
 
 

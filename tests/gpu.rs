@@ -917,10 +917,12 @@ fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
     }
 }
 
-/// LSMR on the GPU (the host loop with the vectors on the device) against LSMR on the CPU:
-/// every CSR transpose directly, and compact storage through the pipeline (`solve --method
-/// lsmr --storage compact`). The same istop, iterations within 2 %, ||r|| within 1e-8, x within
-/// 1e-6 (as LSQR's test: the orders of the sums differ).
+/// LSMR on the GPU against LSMR on the CPU: every CSR transpose directly (the host loop with the
+/// vectors on the device), the explicit transpose with the device loop too (kernels/lsmr.cu;
+/// blocks of 32, and blocks ended every 7 iterations where a monitor asks for x), and compact
+/// storage through the pipeline (`solve --method lsmr --storage compact`, the device loop). The
+/// same istop, iterations within 2 %, ||r|| within 1e-8, x within 1e-6 (as LSQR's test: the
+/// orders of the sums differ).
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn lsmr_on_australia_and_well1850_matches_cpu() {
@@ -962,12 +964,43 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
             let i = &gs.info;
             check(&format!("csr {s}"), i.istop, i.itn, i.normr, &gs.x);
         }
+        // the device loop: whole blocks, and blocks that end where a monitor wants x
+        let gop = CudaCsrOperator::new(&g, &sys.a, TransposeStrategy::Csc, Precision::F64).unwrap();
+        gop.set_device_loop(true);
+        assert!(gop.lsmr_device().is_some());
+        let gs = lsmr(
+            &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
+            &params,
+            &mut NoMonitor,
+        )
+        .unwrap();
+        let i = &gs.info;
+        check("csr csc, device loop", i.istop, i.itn, i.normr, &gs.x);
+        let mut every7 = XEvery::default();
+        let g7 = lsmr(
+            &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
+            &params,
+            &mut every7,
+        )
+        .unwrap();
+        let i = &g7.info;
+        check(
+            "csr csc, device loop, blocks of 7",
+            i.istop,
+            i.itn,
+            i.normr,
+            &g7.x,
+        );
+        assert_eq!(every7.records, (0..=g7.info.itn).collect::<Vec<_>>());
+        let want: Vec<usize> = (7..=g7.info.itn).step_by(7).collect();
+        let got: Vec<usize> = every7.xs.iter().filter(|&&k| k % 7 == 0).copied().collect();
+        assert_eq!(got, want, "{name}: x shown at every multiple of 7");
         let mut opts = SolveOptions::new(params.clone(), BackendChoice::Cuda);
         opts.method = LsqMethod::Lsmr;
         opts.operator.storage = seistomo::backend::storage::Storage::Compact;
         let o = solve_system(sys.clone(), &opts, &SerialComm, 0.0, 0).unwrap();
         assert_eq!(o.report.header.method, "lsmr");
-        assert_eq!(o.report.lsqr_loop, "host");
+        assert_eq!(o.report.lsqr_loop, "device");
         let i = &o.solution.info;
         let what = format!("pipeline, {}", o.report.storage);
         check(&what, i.istop, i.itn, i.norms.r1norm, &o.solution.x);
@@ -1116,4 +1149,31 @@ fn a_matrix_on_the_gpu_runs_as_the_uploaded_one() {
     // SAFETY: never read: the constructor refuses the arguments before any use.
     let w = unsafe { DeviceCsr::new((5, 5), 3, (8, 2), 8, 8, Precision::F64) };
     assert!(w.err().unwrap().to_string().contains("32- or 64-bit"));
+}
+
+/// A monitor that wants x every 7 iterations (as Python's `callback_type="x"`): the records it
+/// saw and the iterations it was shown x at.
+#[derive(Default)]
+struct XEvery {
+    records: Vec<usize>,
+    xs: Vec<usize>,
+}
+
+impl seistomo::solver::LsqrMonitor<seistomo::backend::cuda::CudaBackend> for XEvery {
+    fn record(&mut self, rec: &seistomo::solver::IterRecord) -> seistomo::Result<()> {
+        self.records.push(rec.itn);
+        Ok(())
+    }
+    fn checkpoint_every(&self) -> usize {
+        7
+    }
+    fn lsmr_iterate(
+        &mut self,
+        _be: &seistomo::backend::cuda::CudaBackend,
+        itn: usize,
+        _x: &<seistomo::backend::cuda::CudaBackend as Backend>::Vector,
+    ) -> seistomo::Result<()> {
+        self.xs.push(itn);
+        Ok(())
+    }
 }

@@ -999,11 +999,11 @@ def lsmr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, maxiter=None, show=Fa
     LSMR runs the same bidiagonalisation as LSQR but makes ||A^T r|| fall monotonically, so it
     can stop earlier than LSQR on the least-squares test (atol). A, b, backend, precision,
     storage, reorder, transpose and callback as for seistomo.lsqr (A a sparse matrix, an array,
-    or an operator with matvec, rmatvec and shape, or a prepared seistomo.Operator); on a GPU
-    the vectors stay on the device and the host drives the iterations (there is no device
-    loop). callback(itn, normr, normr, norma,
-    conda, normar, normx) every `callback_every` iterations (lsqr's order of fields); with
-    callback_type="x", callback(x) (x in A's column order).
+    or an operator with matvec, rmatvec and shape, or a prepared seistomo.Operator, or a CuPy
+    matrix); on a GPU the iterations run in LSMR's device loop (blocks of iterations as CUDA
+    graphs, docs/lsmr.md). callback(itn, normr, normr, norma, conda, normar, normx) every
+    `callback_every` iterations (lsqr's order of fields); with callback_type="x", callback(x)
+    (x in A's column order).
     """
     maxiter = _check_iter_lim(maxiter, "maxiter")
     A, b, x0, as_cupy = _from_cupy(A, b, x0)

@@ -5,6 +5,7 @@
 pub mod batch;
 pub mod cpu;
 pub mod cuda;
+pub mod lsmr;
 pub mod lsqr;
 pub mod precond;
 pub mod storage;
@@ -280,6 +281,11 @@ pub trait Operator<B: Backend> {
     /// A device-resident LSQR loop for this operator, if its backend has one (None: the
     /// solver's host loop runs).
     fn lsqr_device(&self) -> Option<&dyn lsqr::LsqrDevice<B>> {
+        None
+    }
+    /// A device-resident LSMR loop for this operator (one rank), if its backend has one (None:
+    /// the solver's host loop runs).
+    fn lsmr_device(&self) -> Option<&dyn lsmr::LsmrDevice<B>> {
         None
     }
 }

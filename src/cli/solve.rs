@@ -79,7 +79,7 @@ pub struct SolveArgs {
     /// GPU: drive LSQR's iterations from the host (three synchronisations per iteration) or as
     /// CUDA graphs with the scalars on the device (one per block of iterations); auto: device
     /// on one rank (CSR with the explicit transpose, or compact storage), host under MPI.
-    /// LSMR always runs the host loop.
+    /// LSMR the same on one rank (its own device loop); under MPI always the host loop.
     #[arg(long, default_value = "auto", value_parser = super::args::pick::lsqr_loop())]
     lsqr_loop: crate::backend::LsqrLoop,
     /// Solution file: one value per line.

@@ -1,7 +1,7 @@
 //! Stage 3, solve: LSQR (or LSMR) on a prepared system. The operator factory builds the
 //! operator the spec asks for; LSQR runs on it (the host loop or the backend's device loop, with
-//! checkpoints when asked), LSMR in the host loop; the solution is mapped back to the original
-//! columns and the report written down.
+//! checkpoints when asked), LSMR too (its device loop on one rank); the solution is mapped back
+//! to the original columns and the report written down.
 
 use crate::backend::storage::DeviceCsr;
 use crate::backend::{Backend, Operator};
@@ -272,8 +272,9 @@ pub fn solve(
         },
         watch,
     };
-    // LSMR runs the host loop (the device loop is LSQR's)
-    let device_loop = use_device_loop(job.spec.lsqr_loop) && job.method == LsqMethod::Lsqr;
+    // LSMR's device loop runs on one rank (several: the host loop)
+    let device_loop =
+        use_device_loop(job.spec.lsqr_loop) && (job.method == LsqMethod::Lsqr || comm.size() == 1);
     let (mut ran, built) = engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
     unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
     let facts = RunFacts {
@@ -383,7 +384,7 @@ pub fn solve_device(
         },
         watch,
     };
-    let device_loop = use_device_loop(job.spec.lsqr_loop) && job.method == LsqMethod::Lsqr;
+    let device_loop = use_device_loop(job.spec.lsqr_loop);
     let (ran, built) = engine.lsqr_device(job.spec, (a, at), device_loop, run)?;
     let facts = RunFacts {
         storage: crate::backend::storage::describe_csr(a.precision()),

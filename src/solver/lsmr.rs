@@ -5,9 +5,10 @@
 //! bidiagonalisation as LSQR ([`super::bidiag::Dist`]: u split by rows over ranks, v, h, hbar
 //! and x replicated; ||u|| a scalar sum and A^T u one vector reduction per iteration), with
 //! x chosen to make ||A^T r|| decrease monotonically (MINRES on the normal equations) rather
-//! than ||r||. It runs on any [`Backend`] with the host driving the scalar recurrences (on a
-//! GPU the vectors stay on the device; there is no device loop). Nothing here calls rayon, MPI
-//! or CUDA.
+//! than ||r||. It runs on any [`Backend`] with the host driving the scalar recurrences, or, on
+//! one rank where the operator has one ([`crate::backend::Operator::lsmr_device`]: a GPU's),
+//! in the backend's device loop, whole blocks of iterations with the scalars on the device
+//! (kernels/lsmr.cu). Nothing here calls rayon, MPI or CUDA.
 
 use std::time::Instant;
 
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::bidiag::{istop_of, norms_finite, sym_ortho, Dist, Tests};
 use super::lsqr::{check_params, stop_reason, LsqrInfo, LsqrMonitor, LsqrNorms};
 use super::{IterRecord, LeastSquares, LsqrParams, LsqrSolution};
+pub use crate::backend::lsmr::{LsmrLimits, LsmrScalars, LsmrVectors};
 use crate::backend::{Backend, Operator, Scale};
 use crate::error::{Error, Result};
 
@@ -80,62 +82,14 @@ impl LsmrSolution {
     }
 }
 
-/// LSMR's vectors: u this rank's rows, the others all columns.
-struct Vectors<V> {
-    u: V,
-    v: V,
-    h: V,
-    hbar: V,
-    x: V,
+type Vectors<V> = LsmrVectors<V>;
+type State = LsmrScalars;
+
+trait Info {
+    fn info(&self, seconds: f64) -> LsmrInfo;
 }
 
-/// LSMR's scalars (SciPy's names).
-#[derive(Debug, Clone, Default)]
-struct State {
-    itn: usize,
-    istop: u32,
-    alpha: f64,
-    beta: f64,
-    normb: f64,
-    // the rotations
-    zetabar: f64,
-    alphabar: f64,
-    rho: f64,
-    rhobar: f64,
-    cbar: f64,
-    sbar: f64,
-    zeta: f64,
-    // the estimate of ||r||
-    betadd: f64,
-    betad: f64,
-    rhodold: f64,
-    tautildeold: f64,
-    thetatilde: f64,
-    d: f64,
-    // the estimates of ||A|| and cond(A)
-    norma2: f64,
-    maxrbar: f64,
-    minrbar: f64,
-    norma: f64,
-    conda: f64,
-    normx: f64,
-    normr: f64,
-    normar: f64,
-}
-
-impl State {
-    fn record(&self, seconds: f64) -> IterRecord {
-        IterRecord {
-            itn: self.itn,
-            r1norm: self.normr,
-            r2norm: self.normr,
-            arnorm: self.normar,
-            anorm: self.norma,
-            acond: self.conda,
-            xnorm: self.normx,
-            seconds,
-        }
-    }
+impl Info for State {
     fn info(&self, seconds: f64) -> LsmrInfo {
         LsmrInfo {
             istop: self.istop,
@@ -222,6 +176,21 @@ pub fn lsmr<B: Backend, O: Operator<B>>(
             0.0
         },
     };
+    if let Some(dev) = op.lsmr_device().filter(|_| comm.size() == 1) {
+        // whole blocks on the device; x shown where the monitor asks (its checkpoint interval)
+        let every = monitor.checkpoint_every();
+        dev.iterate_lsmr(be, &lim, (&mut s, &mut vecs), every, &mut |recs, st, v| {
+            let t = t0.elapsed().as_secs_f64();
+            for r in recs {
+                monitor.record(&IterRecord { seconds: t, ..*r })?;
+            }
+            monitor.lsmr_iterate(be, st.itn, &v.x)
+        })?;
+        if s.istop == 0 && s.itn >= lim.maxiter {
+            s.istop = 7;
+        }
+        return finish(be, &vecs, &s, t0);
+    }
     while s.itn < lim.maxiter {
         step(&mut d, &lim, &mut s, &mut vecs)?;
         monitor.record(&s.record(t0.elapsed().as_secs_f64()))?;
@@ -246,15 +215,7 @@ fn finish<B: Backend>(
     })
 }
 
-/// The constants of the iterations.
-struct Limits {
-    maxiter: usize,
-    damp: f64,
-    atol: f64,
-    btol: f64,
-    /// 1 / conlim (0 where conlim is 0: no condition limit).
-    ctol: f64,
-}
+type Limits = LsmrLimits;
 
 /// Set up: u = b - A x0 normalised (beta), v = A^T u normalised (alpha), h = v, hbar = 0;
 /// every vector allocated here, none in the iterations.

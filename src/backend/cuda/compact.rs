@@ -12,6 +12,7 @@ use super::tiled::DevTiled;
 use super::util::{
     arg, check_row_numbers, check_vectors, fused_entries_per_block, up, width_index, DevValues,
 };
+use crate::backend::lsmr::LsmrDevice;
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
@@ -482,6 +483,13 @@ impl Operator<CudaBackend> for CudaCompactOperator {
         self.atu_launch(be, be.ptr(y), be.ptr(x), &e).map(|_| ())
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
+        if self.device_loop.is_on() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+    fn lsmr_device(&self) -> Option<&dyn LsmrDevice<CudaBackend>> {
         if self.device_loop.is_on() {
             Some(self)
         } else {

@@ -25,12 +25,12 @@ use crate::backend::lsqr::{
 use crate::error::{Error, Result};
 
 /// Doubles per history record and records kept on the device (kernels/lsqr.cu).
-const REC: usize = 8;
-const RECMAX: usize = crate::settings::tuning::MAX_LSQR_BLOCK;
+pub(super) const REC: usize = 8;
+pub(super) const RECMAX: usize = crate::settings::tuning::MAX_LSQR_BLOCK;
 /// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
-const STEP_THREADS: u32 = 1024;
+pub(super) const STEP_THREADS: u32 = 1024;
 
 /// kernels/lsqr.cu's `LsqrState`.
 #[repr(C)]
@@ -230,6 +230,8 @@ pub(crate) struct LoopSlot {
     on: AtomicBool,
     block: AtomicUsize,
     lp: std::sync::Mutex<Option<DeviceLoop>>,
+    /// LSMR's loop (src/backend/cuda/lsmr_loop.rs), behind the same switch and block size.
+    pub(super) lsmr: std::sync::Mutex<Option<super::lsmr_loop::LsmrLoop>>,
 }
 
 impl Default for LoopSlot {
@@ -238,6 +240,7 @@ impl Default for LoopSlot {
             on: AtomicBool::new(false),
             block: AtomicUsize::new(BLOCK),
             lp: Default::default(),
+            lsmr: Default::default(),
         }
     }
 }
@@ -256,7 +259,7 @@ impl LoopSlot {
         self.block.store(k, Ordering::Relaxed);
         Ok(())
     }
-    fn block(&self) -> usize {
+    pub(super) fn block(&self) -> usize {
         self.block.load(Ordering::Relaxed)
     }
 }
@@ -297,7 +300,7 @@ struct RankSums {
 }
 
 /// Block partials the fused x/w update writes (its grid, as the backend's reductions).
-fn update_blocks(n: usize) -> u32 {
+pub(super) fn update_blocks(n: usize) -> u32 {
     n.div_ceil(THREADS as usize * 4).clamp(1, 1024) as u32
 }
 

@@ -5,6 +5,7 @@ use super::csr::DevCsr;
 use super::cusparse::CuSparse;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::util::check_vectors;
+use crate::backend::lsmr::LsmrDevice;
 use crate::backend::lsqr::LsqrDevice;
 use crate::backend::storage::DeviceCsr;
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
@@ -381,6 +382,13 @@ impl Operator<CudaBackend> for CudaCsrOperator {
         }
     }
     fn lsqr_device(&self) -> Option<&dyn LsqrDevice<CudaBackend>> {
+        let on = self.device_loop.is_on();
+        match &self.t {
+            Transpose::Csc(_) if on => Some(self),
+            _ => None,
+        }
+    }
+    fn lsmr_device(&self) -> Option<&dyn LsmrDevice<CudaBackend>> {
         let on = self.device_loop.is_on();
         match &self.t {
             Transpose::Csc(_) if on => Some(self),

@@ -1,0 +1,408 @@
+//! LSMR with its scalars on the GPU (one rank), as src/backend/cuda/lsqr_loop.rs is LSQR's:
+//! blocks of iterations captured once as a CUDA graph and replayed, one host synchronisation
+//! per block instead of three per iteration.
+//!
+//! A replay copies the state in (page-locked host -> device), runs up to `k` iterations (the
+//! operator's fused products with their partial sums of squares, the step kernels of
+//! kernels/lsmr.cu and the fused h / hbar / x update), normalises u and v, and copies the state
+//! and the history records out. Each kernel does nothing once the state says stop, so an
+//! iteration that stops early inside a block leaves the state the host loop would have left.
+
+use std::mem::offset_of;
+
+use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
+
+use super::backend::CudaBackend;
+use super::error::Doing;
+use super::lsqr_loop::{update_blocks, Epilogue, FusedLsqr, REC, RECMAX, STEP_THREADS};
+use super::util::arg;
+use super::vector::THREADS;
+use crate::backend::lsmr::{LsmrBlockCallback, LsmrDevice, LsmrLimits, LsmrScalars, LsmrVectors};
+use crate::backend::lsqr::IterRecord;
+use crate::error::{Error, Result};
+
+/// kernels/lsmr.cu's `LsmrState`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LsmrDevState {
+    alpha: f64,
+    beta: f64,
+    normb: f64,
+    zetabar: f64,
+    alphabar: f64,
+    rho: f64,
+    rhobar: f64,
+    cbar: f64,
+    sbar: f64,
+    zeta: f64,
+    betadd: f64,
+    betad: f64,
+    rhodold: f64,
+    tautildeold: f64,
+    thetatilde: f64,
+    d: f64,
+    norma2: f64,
+    maxrbar: f64,
+    minrbar: f64,
+    norma: f64,
+    conda: f64,
+    normx: f64,
+    normr: f64,
+    normar: f64,
+    su: f64,
+    sv: f64,
+    c_av: [f64; 2],
+    c_atu: [f64; 2],
+    c_upd: [f64; 4],
+    damp: f64,
+    atol: f64,
+    btol: f64,
+    ctol: f64,
+    itn: i64,
+    istop: i64,
+    iter_lim: i64,
+    stop_at: i64,
+    done: i32,
+    skip_atu: i32,
+    error: i32,
+    pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<LsmrDevState>() == 352);
+
+// SAFETY: LsmrDevState is plain old data (f64, i64 and i32 fields, repr(C), no padding: 352
+// bytes as asserted above), valid for any bit pattern the device writes.
+unsafe impl cudarc::driver::DeviceRepr for LsmrDevState {}
+// SAFETY: all-zero bits are a valid LsmrDevState.
+unsafe impl cudarc::driver::ValidAsZeroBits for LsmrDevState {}
+
+/// The scalars both ways: the host state with the limits into the device's, and back.
+fn to_device(s: &LsmrScalars, lim: &LsmrLimits) -> LsmrDevState {
+    LsmrDevState {
+        alpha: s.alpha,
+        beta: s.beta,
+        normb: s.normb,
+        zetabar: s.zetabar,
+        alphabar: s.alphabar,
+        rho: s.rho,
+        rhobar: s.rhobar,
+        cbar: s.cbar,
+        sbar: s.sbar,
+        zeta: s.zeta,
+        betadd: s.betadd,
+        betad: s.betad,
+        rhodold: s.rhodold,
+        tautildeold: s.tautildeold,
+        thetatilde: s.thetatilde,
+        d: s.d,
+        norma2: s.norma2,
+        maxrbar: s.maxrbar,
+        minrbar: s.minrbar,
+        norma: s.norma,
+        conda: s.conda,
+        normx: s.normx,
+        normr: s.normr,
+        normar: s.normar,
+        su: 1.0,
+        sv: 1.0,
+        c_av: [1.0, -s.alpha],
+        damp: lim.damp,
+        atol: lim.atol,
+        btol: lim.btol,
+        ctol: lim.ctol,
+        itn: s.itn as i64,
+        istop: s.istop as i64,
+        iter_lim: lim.maxiter as i64,
+        stop_at: s.itn as i64,
+        ..Default::default()
+    }
+}
+
+fn to_host(d: &LsmrDevState, s: &mut LsmrScalars) {
+    *s = LsmrScalars {
+        itn: d.itn as usize,
+        istop: d.istop as u32,
+        alpha: d.alpha,
+        beta: d.beta,
+        normb: d.normb,
+        zetabar: d.zetabar,
+        alphabar: d.alphabar,
+        rho: d.rho,
+        rhobar: d.rhobar,
+        cbar: d.cbar,
+        sbar: d.sbar,
+        zeta: d.zeta,
+        betadd: d.betadd,
+        betad: d.betad,
+        rhodold: d.rhodold,
+        tautildeold: d.tautildeold,
+        thetatilde: d.thetatilde,
+        d: d.d,
+        norma2: d.norma2,
+        maxrbar: d.maxrbar,
+        minrbar: d.minrbar,
+        norma: d.norma,
+        conda: d.conda,
+        normx: d.normx,
+        normr: d.normr,
+        normar: d.normar,
+    };
+}
+
+/// The device buffers and the captured graph of one operator's LSMR loop.
+pub(crate) struct LsmrLoop {
+    state: CudaSlice<LsmrDevState>,
+    partial: CudaSlice<f64>,
+    rec: CudaSlice<f64>,
+    host_state: PinnedHostSlice<LsmrDevState>,
+    host_rec: PinnedHostSlice<f64>,
+    host_state_ptr: usize,
+    host_rec_ptr: usize,
+    /// The vectors and block size the graph was captured for.
+    key: [u64; 6],
+    graph: Option<CudaGraph>,
+}
+
+impl LsmrLoop {
+    fn new(be: &CudaBackend, partials: usize) -> Result<LsmrLoop> {
+        let st = &be.stream;
+        // SAFETY: the page-locked buffers are fully written (host_state before each replay,
+        // host_rec by the graph's copy) before they are read. Flags 0: ordinary page-locked
+        // memory, which the host reads fast.
+        let mut host_state = unsafe { be.ctx.alloc_pinned_with_flags::<LsmrDevState>(1, 0) }
+            .doing("page-locked memory for the LSMR state")?;
+        // SAFETY: as above.
+        let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
+            .doing("page-locked memory for the LSMR history")?;
+        let host_state_ptr = host_state.as_mut_ptr().doing("page-locked state")? as usize;
+        let host_rec_ptr = host_rec.as_mut_ptr().doing("page-locked history")? as usize;
+        Ok(LsmrLoop {
+            state: st
+                .alloc_zeros::<LsmrDevState>(1)
+                .doing("device memory for the LSMR state")?,
+            partial: st
+                .alloc_zeros::<f64>(partials.max(1))
+                .doing("device memory for partial sums")?,
+            rec: st
+                .alloc_zeros::<f64>(REC * RECMAX)
+                .doing("device memory for the LSMR history")?,
+            host_state,
+            host_rec,
+            host_state_ptr,
+            host_rec_ptr,
+            key: [0; 6],
+            graph: None,
+        })
+    }
+
+    /// Record one replay of `k` iterations on the stream (captured into a graph by the caller).
+    fn record_replay(
+        &mut self,
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        v: &LsmrVectors<CudaSlice<f64>>,
+        k: usize,
+    ) -> Result<()> {
+        let (m, n) = (op.fused_rows(), op.fused_cols());
+        let ps = be.ptr(&self.state);
+        let pp = be.ptr(&self.partial);
+        let prec = be.ptr(&self.rec);
+        let at = |off: usize| ps + off as u64;
+        let (pu, pv) = (be.ptr(&v.u), be.ptr(&v.v));
+        let (ph, phb, px) = (be.ptr(&v.h), be.ptr(&v.hbar), be.ptr(&v.x));
+        let hs = self.host_state_ptr as *const LsmrDevState;
+        let cs = be.stream.cu_stream();
+        // SAFETY: `hs` is a live page-locked LsmrDevState owned by self (it outlives the
+        // graph, which self also owns); the device buffer holds one LsmrDevState.
+        unsafe {
+            dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<LsmrDevState>(), cs)
+                .result()
+                .doing("copying the LSMR state in")?;
+        }
+        let one = 1u32;
+        let n64 = n as u64;
+        let gu = update_blocks(n);
+        let fused = |coef: usize, skip: usize| Epilogue::fused(at(coef), at(skip), pp);
+        let step = |f: &CudaFunction, np: u32, more: &[*mut std::ffi::c_void]| {
+            let mut args = [&[arg(&ps), arg(&pp), arg(&np)][..], more].concat();
+            be.launch(f, one, STEP_THREADS, &mut args)
+        };
+        let (av, atu) = (
+            fused(
+                offset_of!(LsmrDevState, c_av),
+                offset_of!(LsmrDevState, done),
+            ),
+            fused(
+                offset_of!(LsmrDevState, c_atu),
+                offset_of!(LsmrDevState, skip_atu),
+            ),
+        );
+        for _ in 0..k {
+            step(&be.k.lsmr_step1, op.av_fused(be, pv, pu, &av)?, &[])?;
+            step(&be.k.lsmr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
+            be.launch(
+                &be.k.lsmr_update,
+                gu,
+                THREADS,
+                &mut [
+                    arg(&px),
+                    arg(&ph),
+                    arg(&phb),
+                    arg(&pv),
+                    arg(&n64),
+                    arg(&ps),
+                    arg(&pp),
+                ],
+            )?;
+            step(&be.k.lsmr_step3, gu, &[arg(&prec)])?;
+        }
+        let m64 = m as u64;
+        be.launch_elementwise(
+            &be.k.lsmr_normalize,
+            m.max(n),
+            &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
+        )?;
+        be.launch(&be.k.lsmr_rescaled, one, 32, &mut [arg(&ps)])?;
+        let hs = self.host_state_ptr as *mut LsmrDevState;
+        let hr = self.host_rec_ptr as *mut f64;
+        // SAFETY: both host buffers are live page-locked allocations of the copied sizes,
+        // owned by self; the device buffers hold one LsmrDevState and REC * RECMAX f64.
+        unsafe {
+            dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<LsmrDevState>(), cs)
+                .result()
+                .doing("copying the LSMR state out")?;
+            dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
+                .result()
+                .doing("copying the LSMR history out")?;
+        }
+        Ok(())
+    }
+
+    /// The graph for these vectors and block size, captured where it is not yet.
+    fn capture(
+        &mut self,
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        v: &LsmrVectors<CudaSlice<f64>>,
+        k: usize,
+    ) -> Result<()> {
+        let key = [
+            be.ptr(&v.u),
+            be.ptr(&v.v),
+            be.ptr(&v.h),
+            be.ptr(&v.hbar),
+            be.ptr(&v.x),
+            k as u64,
+        ];
+        if self.graph.is_some() && self.key == key {
+            return Ok(());
+        }
+        self.graph = None;
+        be.synchronize()?;
+        be.stream
+            .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .doing("starting a graph capture")?;
+        let recorded = self.record_replay(be, op, v, k);
+        let graph = be
+            .stream
+            .end_capture(dsys::CUgraphInstantiate_flags(0))
+            .doing("capturing the LSMR graph");
+        recorded?;
+        self.graph = Some(
+            graph?
+                .ok_or_else(|| Error::backend("cuda", "capturing the LSMR graph gave no graph"))?,
+        );
+        self.key = key;
+        Ok(())
+    }
+
+    /// The history records of iterations `from + 1 ..= to` (the last replay's).
+    fn records(&self, from: usize, to: usize) -> Result<Vec<IterRecord>> {
+        let h = self.host_rec.as_slice().doing("page-locked history")?;
+        Ok((from + 1..=to)
+            .map(|itn| {
+                let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];
+                IterRecord {
+                    itn,
+                    r1norm: r[1],
+                    r2norm: r[2],
+                    arnorm: r[3],
+                    anorm: r[4],
+                    acond: r[5],
+                    xnorm: r[6],
+                    seconds: 0.0,
+                }
+            })
+            .collect())
+    }
+}
+
+/// Every fused operator runs LSMR on the device (one rank) through its loop slot's LSMR loop,
+/// behind the same switch as its LSQR loop.
+impl<T: FusedLsqr> LsmrDevice<CudaBackend> for T {
+    fn iterate_lsmr(
+        &self,
+        be: &CudaBackend,
+        lim: &LsmrLimits,
+        (s, v): (&mut LsmrScalars, &mut LsmrVectors<CudaSlice<f64>>),
+        boundary: usize,
+        on_block: &mut LsmrBlockCallback<'_, CudaSlice<f64>>,
+    ) -> Result<()> {
+        let op: &dyn FusedLsqr = self;
+        let slot = self.loop_slot();
+        let mut guard = slot.lsmr.lock().unwrap_or_else(|e| e.into_inner());
+        if s.itn >= lim.maxiter || s.istop != 0 {
+            return Ok(());
+        }
+        let n = op.fused_cols();
+        let partials = op.max_partials().max(update_blocks(n) as usize);
+        if guard.as_ref().is_none_or(|l| l.partial.len() < partials) {
+            *guard = Some(LsmrLoop::new(be, partials)?);
+        }
+        let lp = guard.as_mut().expect("set above");
+        let k = slot.block();
+        lp.capture(be, op, v, k)?;
+        let mut st = to_device(s, lim);
+        loop {
+            let mut next = (s.itn + k).min(lim.maxiter);
+            if let Some(blocks) = s.itn.checked_div(boundary) {
+                next = next.min((blocks + 1) * boundary);
+            }
+            st.done = 0;
+            st.skip_atu = 0;
+            st.error = 0;
+            st.stop_at = next as i64;
+            lp.host_state.as_mut_slice().doing("page-locked state")?[0] = st;
+            lp.graph
+                .as_ref()
+                .expect("captured above")
+                .launch()
+                .doing("launching the LSMR graph")?;
+            be.synchronize()?;
+            let before = s.itn;
+            st = lp.host_state.as_slice().doing("page-locked state")?[0];
+            to_host(&st, s);
+            let recs = lp.records(before, s.itn)?;
+            if st.error != 0 {
+                let what = match st.error {
+                    1 => "||u|| (beta)",
+                    2 => "||v|| (alpha)",
+                    _ => "a norm estimate",
+                };
+                return Err(Error::Invalid(format!(
+                    "LSMR iteration {}: {what} is not finite; the system or damp exceeds double precision",
+                    s.itn
+                )));
+            }
+            on_block(&recs, s, v)?;
+            if s.istop != 0 || s.itn >= lim.maxiter {
+                return Ok(());
+            }
+            if s.itn == before {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("the LSMR graph made no progress at iteration {}", s.itn),
+                ));
+            }
+        }
+    }
+}
