@@ -33,34 +33,10 @@ __device__ __forceinline__ void lsmr_stop(LsmrState* st, int how) {
     st->skip_atu = 1;
 }
 
-#define LSMR_STEP(SUM, BODY)                         \
-    const double SUM = ordered_sum(partial, np);     \
-    if (threadIdx.x != 0 || gst->done) return;       \
-    LsmrState cp = *gst;                             \
-    BODY;                                            \
-    *gst = cp;
+#define LSMR_STEP(SUM, BODY) SOLVER_STEP(LsmrState, SUM, BODY)
 
-// After A v: beta = ||u||; the coefficients of A^T u (LSQR's step1 without its ||A||).
-__device__ __forceinline__ void lsmr_s1(LsmrState* st, double ss) {
-    st->itn += 1;
-    const double beta = sqrt(ss);
-    if (!isfinite(beta)) {
-        st->error = 1;
-        lsmr_stop(st, 3);
-        return;
-    }
-    st->beta = beta;
-    if (beta > 0.0) {
-        st->su = 1.0 / beta;
-        // v = A^T u_true - beta v_true = su (A^T u) - beta sv v
-        st->c_atu[0] = st->su;
-        st->c_atu[1] = -(beta * st->sv);
-        st->skip_atu = 0;
-    } else {
-        st->su = 1.0;
-        st->skip_atu = 1;
-    }
-}
+// After A v: beta = ||u||; the coefficients of A^T u (lsqr.cu's bidiag_beta).
+__device__ __forceinline__ void lsmr_s1(LsmrState* st, double ss) { bidiag_beta(st, ss); }
 extern "C" __global__ void __launch_bounds__(STEP_THREADS)
 lsmr_step1(LsmrState* gst, const double* partial, u32 np) {
     LSMR_STEP(ss, lsmr_s1(&cp, ss))
@@ -69,16 +45,7 @@ lsmr_step1(LsmrState* gst, const double* partial, u32 np) {
 // After A^T u: alpha = ||v||; the rotations Qhat, Q, Qbar; the estimates of ||r||, ||A||,
 // cond(A) and ||A^T r||; the coefficients of the h / hbar / x update.
 __device__ __forceinline__ void lsmr_s2(LsmrState* st, double ss) {
-    if (!st->skip_atu) {
-        const double alpha = sqrt(ss);
-        if (!isfinite(alpha)) {
-            st->error = 2;
-            lsmr_stop(st, 3);
-            return;
-        }
-        st->alpha = alpha;
-        st->sv = alpha > 0.0 ? 1.0 / alpha : 1.0;
-    }
+    if (!bidiag_alpha(st, ss)) return;
     // rotations (src/solver/lsmr.rs `rotations`)
     double chat, shat, alphahat;
     sym_ortho(st->alphabar, st->damp, &chat, &shat, &alphahat);
@@ -162,15 +129,8 @@ lsmr_update(double* __restrict__ x, double* __restrict__ h, double* __restrict__
 // coefficients of the next A v.
 __device__ __forceinline__ void lsmr_s3(LsmrState* st, double xx, double* rec) {
     st->normx = sqrt(xx);
-    double* r = rec + (st->itn % LSQR_RECMAX) * LSQR_REC;
-    r[0] = (double)st->itn;
-    r[1] = st->normr;
-    r[2] = st->normr;
-    r[3] = st->normar;
-    r[4] = st->norma;
-    r[5] = st->conda;
-    r[6] = st->normx;
-    r[7] = 0.0;
+    write_record(rec, st->itn, st->normr, st->normr, st->normar, st->norma, st->conda,
+                 st->normx);
     if (!isfinite(st->normr) || !isfinite(st->normar) || !isfinite(st->normx) ||
         !isfinite(st->norma)) {
         st->error = 3;
@@ -183,14 +143,8 @@ __device__ __forceinline__ void lsmr_s3(LsmrState* st, double xx, double* rec) {
     const double test3 = 1.0 / st->conda;
     const double t1 = test1 / (1.0 + st->norma * st->normx / st->normb);
     const double rtol = st->btol + st->atol * st->norma * st->normx / st->normb;
-    long long istop = 0;
-    if (st->itn >= st->iter_lim) istop = 7;
-    if (1.0 + test3 <= 1.0) istop = 6;
-    if (1.0 + test2 <= 1.0) istop = 5;
-    if (1.0 + t1 <= 1.0) istop = 4;
-    if (test3 <= st->ctol) istop = 3;
-    if (test2 <= st->atol) istop = 2;
-    if (test1 <= rtol) istop = 1;
+    const long long istop = stop_cascade(test1, test2, test3, t1, rtol, st->atol, st->ctol,
+                                         st->itn >= st->iter_lim);
     st->istop = istop;
     // u = A v_true - alpha u_true = sv (A v) - alpha su u
     st->c_av[0] = st->sv;
@@ -205,23 +159,11 @@ lsmr_step3(LsmrState* gst, const double* partial, u32 np, double* rec) {
     LSMR_STEP(xx, lsmr_s3(&cp, xx, rec))
 }
 
-// u *= su, v *= sv (true unit vectors again), then the scales reset (one thread, after every
-// block has read them: lsmr_rescaled, launched next).
+// u *= su, v *= sv (true unit vectors again); lsmr_rescaled then resets the scales.
 extern "C" __global__ void __launch_bounds__(256)
 lsmr_normalize(double* __restrict__ u, u64 m, double* __restrict__ v, u64 n,
                const LsmrState* __restrict__ st) {
-    const double su = st->su, sv = st->sv;
-    const u64 stride = (u64)gridDim.x * 256ull;
-    if (su != 1.0)
-        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < m; i += stride) u[i] *= su;
-    if (sv != 1.0)
-        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += stride) v[i] *= sv;
+    normalize_uv(u, m, v, n, st);
 }
 
-extern "C" __global__ void lsmr_rescaled(LsmrState* st) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    st->su = 1.0;
-    st->sv = 1.0;
-    st->c_av[0] = 1.0;
-    st->c_av[1] = -st->alpha;
-}
+extern "C" __global__ void lsmr_rescaled(LsmrState* st) { rescaled(st); }

@@ -99,26 +99,33 @@ __device__ __forceinline__ void stop_error(LsqrState* st, int what) {
 // then thread 0, unless the loop is done, runs BODY on a register copy `cp` of the state (one
 // wide load, one wide store: the scalar chain would otherwise wait on a global load per field)
 // and stores it back.
-#define LSQR_STEP(SUM, BODY)                         \
+#define SOLVER_STEP(STATE, SUM, BODY)                \
     const double SUM = ordered_sum(partial, np);     \
     if (threadIdx.x != 0 || gst->done) return;       \
-    LsqrState cp = *gst;                             \
+    STATE cp = *gst;                                 \
     BODY;                                            \
     *gst = cp;
+#define LSQR_STEP(SUM, BODY) SOLVER_STEP(LsqrState, SUM, BODY)
 
-// After A v: beta = ||u||; the coefficients of A^T u.
-__device__ __forceinline__ void step1(LsqrState* st, double ss) {
+// What LSQR's and LSMR's loops share (their states have these fields): the two halves of a
+// Golub-Kahan step with u and v kept unnormalised (u_true = su u, v_true = sv v), SciPy's
+// stopping cascade and the history record. Each half returns 0 where a norm is not finite
+// (the loop stopped with that error).
+
+// After A v: itn + 1, beta = ||u||, the coefficients of A^T u (skipped where beta == 0).
+template <typename S>
+__device__ __forceinline__ int bidiag_beta(S* st, double ss) {
     st->itn += 1;
     const double beta = sqrt(ss);
     if (!isfinite(beta)) {
-        stop_error(st, 1);
-        return;
+        st->error = 1;
+        st->done = 3;
+        st->skip_atu = 1;
+        return 0;
     }
     st->beta = beta;
     if (beta > 0.0) {
         st->su = 1.0 / beta;
-        const double dampsq = st->damp * st->damp;
-        st->anorm = sqrt(st->anorm * st->anorm + st->alpha * st->alpha + beta * beta + dampsq);
         // v = A^T u_true - beta v_true = su (A^T u) - beta sv v
         st->c_atu[0] = st->su;
         st->c_atu[1] = -(beta * st->sv);
@@ -127,6 +134,83 @@ __device__ __forceinline__ void step1(LsqrState* st, double ss) {
         st->su = 1.0;
         st->skip_atu = 1;
     }
+    return 1;
+}
+
+// After A^T u (unless skipped): alpha = ||v||.
+template <typename S>
+__device__ __forceinline__ int bidiag_alpha(S* st, double ss) {
+    if (!st->skip_atu) {
+        const double alpha = sqrt(ss);
+        if (!isfinite(alpha)) {
+            st->error = 2;
+            st->done = 3;
+            st->skip_atu = 1;
+            return 0;
+        }
+        st->alpha = alpha;
+        st->sv = alpha > 0.0 ? 1.0 / alpha : 1.0;
+    }
+    return 1;
+}
+
+// SciPy's stopping cascade (src/solver/bidiag.rs istop_of): later tests override earlier ones.
+__device__ __forceinline__ long long stop_cascade(double test1, double test2, double test3,
+                                                  double t1, double rtol, double atol,
+                                                  double ctol, bool at_limit) {
+    long long istop = 0;
+    if (at_limit) istop = 7;
+    if (1.0 + test3 <= 1.0) istop = 6;
+    if (1.0 + test2 <= 1.0) istop = 5;
+    if (1.0 + t1 <= 1.0) istop = 4;
+    if (test3 <= ctol) istop = 3;
+    if (test2 <= atol) istop = 2;
+    if (test1 <= rtol) istop = 1;
+    return istop;
+}
+
+// Iteration itn's history record (LSQR's fields).
+__device__ __forceinline__ void write_record(double* rec, long long itn, double r1, double r2,
+                                             double ar, double an, double ac, double xn) {
+    double* r = rec + (itn % LSQR_RECMAX) * LSQR_REC;
+    r[0] = (double)itn;
+    r[1] = r1;
+    r[2] = r2;
+    r[3] = ar;
+    r[4] = an;
+    r[5] = ac;
+    r[6] = xn;
+    r[7] = 0.0;
+}
+
+// u *= su, v *= sv (true unit vectors again); the loop's `rescaled` kernel then resets the
+// scales.
+template <typename S>
+__device__ __forceinline__ void normalize_uv(double* __restrict__ u, u64 m,
+                                             double* __restrict__ v, u64 n, const S* st) {
+    const double su = st->su, sv = st->sv;
+    const u64 stride = (u64)gridDim.x * 256ull;
+    if (su != 1.0)
+        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < m; i += stride) u[i] *= su;
+    if (sv != 1.0)
+        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += stride) v[i] *= sv;
+}
+
+template <typename S>
+__device__ __forceinline__ void rescaled(S* st) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    st->su = 1.0;
+    st->sv = 1.0;
+    st->c_av[0] = 1.0;
+    st->c_av[1] = -st->alpha;
+}
+
+// After A v: beta = ||u||; ||A||; the coefficients of A^T u.
+__device__ __forceinline__ void step1(LsqrState* st, double ss) {
+    if (!bidiag_beta(st, ss) || st->beta == 0.0) return;
+    const double dampsq = st->damp * st->damp;
+    st->anorm =
+        sqrt(st->anorm * st->anorm + st->alpha * st->alpha + st->beta * st->beta + dampsq);
 }
 extern "C" __global__ void __launch_bounds__(STEP_THREADS)
 lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
@@ -135,15 +219,7 @@ lsqr_step1(LsqrState* gst, const double* partial, u32 np) {
 
 // After A^T u: alpha = ||v||; the two plane rotations; the coefficients of the x/w update.
 __device__ __forceinline__ void step2(LsqrState* st, double ss) {
-    if (!st->skip_atu) {
-        const double alpha = sqrt(ss);
-        if (!isfinite(alpha)) {
-            stop_error(st, 2);
-            return;
-        }
-        st->alpha = alpha;
-        st->sv = alpha > 0.0 ? 1.0 / alpha : 1.0;
-    }
+    if (!bidiag_alpha(st, ss)) return;
     const double damp = st->damp, dampsq = damp * damp;
     double rhobar1, psi;
     if (damp > 0.0) {
@@ -232,24 +308,11 @@ __device__ __forceinline__ void step3(LsqrState* st, double dk2, double* rec) {
     const double test3 = 1.0 / (st->acond + eps);
     const double t1n = test1 / (1.0 + st->anorm * st->xnorm / st->bnorm);
     const double rtol = st->btol + st->atol * st->anorm * st->xnorm / st->bnorm;
-    long long istop = 0;
-    if (st->itn >= st->iter_lim) istop = 7;
-    if (1.0 + test3 <= 1.0) istop = 6;
-    if (1.0 + test2 <= 1.0) istop = 5;
-    if (1.0 + t1n <= 1.0) istop = 4;
-    if (test3 <= st->ctol) istop = 3;
-    if (test2 <= st->atol) istop = 2;
-    if (test1 <= rtol) istop = 1;
+    const long long istop = stop_cascade(test1, test2, test3, t1n, rtol, st->atol, st->ctol,
+                                         st->itn >= st->iter_lim);
     st->istop = istop;
-    double* r = rec + (st->itn % LSQR_RECMAX) * LSQR_REC;
-    r[0] = (double)st->itn;
-    r[1] = st->r1norm;
-    r[2] = st->r2norm;
-    r[3] = st->arnorm;
-    r[4] = st->anorm;
-    r[5] = st->acond;
-    r[6] = st->xnorm;
-    r[7] = 0.0;
+    write_record(rec, st->itn, st->r1norm, st->r2norm, st->arnorm, st->anorm, st->acond,
+                 st->xnorm);
     if (!isfinite(st->r1norm) || !isfinite(st->arnorm) || !isfinite(st->xnorm) ||
         !isfinite(st->acond)) {
         stop_error(st, 3);
@@ -297,18 +360,7 @@ lsqr_combine(double* __restrict__ v, const double* __restrict__ t, u64 n,
 extern "C" __global__ void __launch_bounds__(256)
 lsqr_normalize(double* __restrict__ u, u64 m, double* __restrict__ v, u64 n,
                const LsqrState* __restrict__ st) {
-    const double su = st->su, sv = st->sv;
-    const u64 stride = (u64)gridDim.x * 256ull;
-    if (su != 1.0)
-        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < m; i += stride) u[i] *= su;
-    if (sv != 1.0)
-        for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += stride) v[i] *= sv;
+    normalize_uv(u, m, v, n, st);
 }
 
-extern "C" __global__ void lsqr_rescaled(LsqrState* st) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    st->su = 1.0;
-    st->sv = 1.0;
-    st->c_av[0] = 1.0;
-    st->c_av[1] = -st->alpha;
-}
+extern "C" __global__ void lsqr_rescaled(LsqrState* st) { rescaled(st); }

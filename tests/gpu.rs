@@ -968,31 +968,25 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
         let gop = CudaCsrOperator::new(&g, &sys.a, TransposeStrategy::Csc, Precision::F64).unwrap();
         gop.set_device_loop(true);
         assert!(gop.lsmr_device().is_some());
-        let gs = lsmr(
-            &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
-            &params,
-            &mut NoMonitor,
-        )
-        .unwrap();
-        let i = &gs.info;
-        check("csr csc, device loop", i.istop, i.itn, i.normr, &gs.x);
         let mut every7 = XEvery::default();
-        let g7 = lsmr(
-            &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
-            &params,
-            &mut every7,
-        )
-        .unwrap();
-        let i = &g7.info;
-        check(
-            "csr csc, device loop, blocks of 7",
-            i.istop,
-            i.itn,
-            i.normr,
-            &g7.x,
-        );
-        assert_eq!(every7.records, (0..=g7.info.itn).collect::<Vec<_>>());
-        let want: Vec<usize> = (7..=g7.info.itn).step_by(7).collect();
+        let mut itn = 0;
+        let monitors: [(&str, &mut dyn seistomo::solver::LsqrMonitor<_>); 2] = [
+            ("csr csc, device loop", &mut NoMonitor),
+            ("csr csc, device loop, blocks of 7", &mut every7),
+        ];
+        for (what, mon) in monitors {
+            let gs = lsmr(
+                &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
+                &params,
+                mon,
+            )
+            .unwrap();
+            let i = &gs.info;
+            check(what, i.istop, i.itn, i.normr, &gs.x);
+            itn = i.itn;
+        }
+        assert_eq!(every7.records, (0..=itn).collect::<Vec<_>>());
+        let want: Vec<usize> = (7..=itn).step_by(7).collect();
         let got: Vec<usize> = every7.xs.iter().filter(|&&k| k % 7 == 0).copied().collect();
         assert_eq!(got, want, "{name}: x shown at every multiple of 7");
         let mut opts = SolveOptions::new(params.clone(), BackendChoice::Cuda);

@@ -32,6 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(system):
+    """(A, b): australia's [G; 0.015 R], [d; 0]; a dataset directory's [G; lam R], [d; 0]
+    (seistomo.Dataset.system()); or a directory of .npy arrays (`seistomo bench
+    --export-npy`)."""
+    if os.path.exists(os.path.join(system, "dataset.toml")):
+        import seistomo
+
+        return seistomo.Dataset.open(system).system()
     if system == "australia":
         a = ROOT / "datasets" / "australia"
         G = sio.mmread(str(a / "G.mtx.gz")).tocsr()

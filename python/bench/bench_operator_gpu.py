@@ -26,26 +26,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(system):
-    import scipy.io as sio
-    import scipy.sparse as sp
-
-    import seistomo
-
-    if system == "australia":
-        a = ROOT / "datasets" / "australia"
-        G = sio.mmread(str(a / "G.mtx.gz")).tocsr()
-        R = sio.mmread(str(a / "R.mtx.gz")).tocsr()
-        d = np.loadtxt(a / "d.txt", comments="#")
-        return sp.vstack([G, 0.015 * R]).tocsr(), np.concatenate([d, np.zeros(R.shape[0])])
-    return seistomo.Dataset.open(system).system()
+from bench_lsqr_gpu import load  # australia, a dataset directory, or exported .npy arrays
 
 
 def run(way, target, b, kw, repeat):

@@ -13,7 +13,7 @@ use crate::backend::{Backend, Operator};
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::report::{Calibration, Outcome, Report, ReportHeader, Seconds};
+use crate::model::report::{Calibration, Outcome, Report, Seconds};
 use crate::pipeline::operators::{choose_backend, BatchVisitor, Engine, LsqrVisitor};
 use crate::pipeline::options::{BackendChoice, SolveOptions};
 use crate::pipeline::prepare::{prepare, Unmap};
@@ -247,42 +247,22 @@ fn member_report(
     (setup, ranks): (f64, usize),
 ) -> Report {
     Report {
-        header: ReportHeader::new("lsqr"),
         backend: "cpu".into(),
-        backend_detail: String::new(),
         backend_reason: format!("batched LSQR ({} members on one pass over the matrix)", f.k),
         transpose: "csc".into(),
         lsqr_loop: "host (batched)".into(),
-        reorder: String::new(),
         storage: crate::backend::storage::describe_csr(Precision::F64),
         tuning: f.tuning.clone(),
         ranks,
         threads: rayon::current_num_threads(),
         m: f.m,
-        n: f.n,
         nnz: f.nnz,
         damp: p.damp,
         atol: p.atol,
         btol: p.btol,
         conlim: p.conlim,
         iter_lim: p.iter_lim.unwrap_or(2 * f.n),
-        col_scale: false,
-        istop: info.istop,
-        stop_reason: info.stop_reason.clone(),
-        iterations: info.itn,
-        norms: info.norms,
         seconds: Seconds::new(0.0, setup, info.seconds),
-        setup_phases: Default::default(),
-        write_phases: Default::default(),
-        ms_per_iter: if info.itn > 0 {
-            1e3 * info.seconds / info.itn as f64
-        } else {
-            0.0
-        },
-        rank_timing: Vec::new(),
-        load_io: String::new(),
-        prepared: String::new(),
-        run_id: String::new(),
-        weight_choice: None,
+        ..Report::of_solution("lsqr", f.n, info)
     }
 }

@@ -10,16 +10,15 @@
 
 use std::mem::offset_of;
 
-use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::CudaBackend;
-use super::error::Doing;
-use super::lsqr_loop::{update_blocks, Epilogue, FusedLsqr, REC, RECMAX, STEP_THREADS};
+use super::graph_loop::{Graphed, LoopState};
+use super::lsqr_loop::{update_blocks, Epilogue, FusedLsqr, STEP_THREADS};
 use super::util::arg;
 use super::vector::THREADS;
 use crate::backend::lsmr::{LsmrBlockCallback, LsmrDevice, LsmrLimits, LsmrScalars, LsmrVectors};
-use crate::backend::lsqr::IterRecord;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// kernels/lsmr.cu's `LsmrState`.
 #[repr(C)]
@@ -148,192 +147,81 @@ fn to_host(d: &LsmrDevState, s: &mut LsmrScalars) {
     };
 }
 
-/// The device buffers and the captured graph of one operator's LSMR loop.
-pub(crate) struct LsmrLoop {
-    state: CudaSlice<LsmrDevState>,
-    partial: CudaSlice<f64>,
-    rec: CudaSlice<f64>,
-    host_state: PinnedHostSlice<LsmrDevState>,
-    host_rec: PinnedHostSlice<f64>,
-    host_state_ptr: usize,
-    host_rec_ptr: usize,
-    /// The vectors and block size the graph was captured for.
-    key: [u64; 6],
-    graph: Option<CudaGraph>,
+impl LoopState for LsmrDevState {
+    fn itn(&self) -> usize {
+        self.itn as usize
+    }
+    fn error(&self) -> i32 {
+        self.error
+    }
+    fn resume_until(&mut self, stop_at: usize) {
+        self.done = 0;
+        self.skip_atu = 0;
+        self.error = 0;
+        self.stop_at = stop_at as i64;
+    }
 }
 
-impl LsmrLoop {
-    fn new(be: &CudaBackend, partials: usize) -> Result<LsmrLoop> {
-        let st = &be.stream;
-        // SAFETY: the page-locked buffers are fully written (host_state before each replay,
-        // host_rec by the graph's copy) before they are read. Flags 0: ordinary page-locked
-        // memory, which the host reads fast.
-        let mut host_state = unsafe { be.ctx.alloc_pinned_with_flags::<LsmrDevState>(1, 0) }
-            .doing("page-locked memory for the LSMR state")?;
-        // SAFETY: as above.
-        let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
-            .doing("page-locked memory for the LSMR history")?;
-        let host_state_ptr = host_state.as_mut_ptr().doing("page-locked state")? as usize;
-        let host_rec_ptr = host_rec.as_mut_ptr().doing("page-locked history")? as usize;
-        Ok(LsmrLoop {
-            state: st
-                .alloc_zeros::<LsmrDevState>(1)
-                .doing("device memory for the LSMR state")?,
-            partial: st
-                .alloc_zeros::<f64>(partials.max(1))
-                .doing("device memory for partial sums")?,
-            rec: st
-                .alloc_zeros::<f64>(REC * RECMAX)
-                .doing("device memory for the LSMR history")?,
-            host_state,
-            host_rec,
-            host_state_ptr,
-            host_rec_ptr,
-            key: [0; 6],
-            graph: None,
-        })
-    }
+/// The device buffers and the captured graph of one operator's LSMR loop.
+pub(crate) type LsmrLoop = Graphed<LsmrDevState>;
 
-    /// Record one replay of `k` iterations on the stream (captured into a graph by the caller).
-    fn record_replay(
-        &mut self,
-        be: &CudaBackend,
-        op: &dyn FusedLsqr,
-        v: &LsmrVectors<CudaSlice<f64>>,
-        k: usize,
-    ) -> Result<()> {
-        let (m, n) = (op.fused_rows(), op.fused_cols());
-        let ps = be.ptr(&self.state);
-        let pp = be.ptr(&self.partial);
-        let prec = be.ptr(&self.rec);
-        let at = |off: usize| ps + off as u64;
-        let (pu, pv) = (be.ptr(&v.u), be.ptr(&v.v));
-        let (ph, phb, px) = (be.ptr(&v.h), be.ptr(&v.hbar), be.ptr(&v.x));
-        let hs = self.host_state_ptr as *const LsmrDevState;
-        let cs = be.stream.cu_stream();
-        // SAFETY: `hs` is a live page-locked LsmrDevState owned by self (it outlives the
-        // graph, which self also owns); the device buffer holds one LsmrDevState.
-        unsafe {
-            dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<LsmrDevState>(), cs)
-                .result()
-                .doing("copying the LSMR state in")?;
-        }
-        let one = 1u32;
-        let n64 = n as u64;
-        let gu = update_blocks(n);
-        let fused = |coef: usize, skip: usize| Epilogue::fused(at(coef), at(skip), pp);
-        let step = |f: &CudaFunction, np: u32, more: &[*mut std::ffi::c_void]| {
-            let mut args = [&[arg(&ps), arg(&pp), arg(&np)][..], more].concat();
-            be.launch(f, one, STEP_THREADS, &mut args)
-        };
-        let (av, atu) = (
-            fused(
-                offset_of!(LsmrDevState, c_av),
-                offset_of!(LsmrDevState, done),
-            ),
-            fused(
-                offset_of!(LsmrDevState, c_atu),
-                offset_of!(LsmrDevState, skip_atu),
-            ),
-        );
-        for _ in 0..k {
-            step(&be.k.lsmr_step1, op.av_fused(be, pv, pu, &av)?, &[])?;
-            step(&be.k.lsmr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
-            be.launch(
-                &be.k.lsmr_update,
-                gu,
-                THREADS,
-                &mut [
-                    arg(&px),
-                    arg(&ph),
-                    arg(&phb),
-                    arg(&pv),
-                    arg(&n64),
-                    arg(&ps),
-                    arg(&pp),
-                ],
-            )?;
-            step(&be.k.lsmr_step3, gu, &[arg(&prec)])?;
-        }
-        let m64 = m as u64;
-        be.launch_elementwise(
-            &be.k.lsmr_normalize,
-            m.max(n),
-            &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
-        )?;
-        be.launch(&be.k.lsmr_rescaled, one, 32, &mut [arg(&ps)])?;
-        let hs = self.host_state_ptr as *mut LsmrDevState;
-        let hr = self.host_rec_ptr as *mut f64;
-        // SAFETY: both host buffers are live page-locked allocations of the copied sizes,
-        // owned by self; the device buffers hold one LsmrDevState and REC * RECMAX f64.
-        unsafe {
-            dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<LsmrDevState>(), cs)
-                .result()
-                .doing("copying the LSMR state out")?;
-            dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
-                .result()
-                .doing("copying the LSMR history out")?;
-        }
-        Ok(())
-    }
-
-    /// The graph for these vectors and block size, captured where it is not yet.
-    fn capture(
-        &mut self,
-        be: &CudaBackend,
-        op: &dyn FusedLsqr,
-        v: &LsmrVectors<CudaSlice<f64>>,
-        k: usize,
-    ) -> Result<()> {
-        let key = [
-            be.ptr(&v.u),
-            be.ptr(&v.v),
-            be.ptr(&v.h),
-            be.ptr(&v.hbar),
-            be.ptr(&v.x),
-            k as u64,
+/// Record one replay of `k` iterations on the stream (captured into a graph by the caller).
+fn record_replay(
+    g: &LsmrLoop,
+    be: &CudaBackend,
+    op: &dyn FusedLsqr,
+    v: &LsmrVectors<CudaSlice<f64>>,
+    k: usize,
+) -> Result<()> {
+    let (m, n) = (op.fused_rows(), op.fused_cols());
+    let ps = be.ptr(&g.state);
+    let pp = be.ptr(&g.partial);
+    let prec = be.ptr(&g.rec);
+    let at = |off: usize| ps + off as u64;
+    let (pu, pv) = (be.ptr(&v.u), be.ptr(&v.v));
+    let (ph, phb, px) = (be.ptr(&v.h), be.ptr(&v.hbar), be.ptr(&v.x));
+    g.copy_in(be)?;
+    let one = 1u32;
+    let n64 = n as u64;
+    let gu = update_blocks(n);
+    let fused = |coef: usize, skip: usize| Epilogue::fused(at(coef), at(skip), pp);
+    let step = |f: &CudaFunction, np: u32, more: &[*mut std::ffi::c_void]| {
+        let mut args = [&[arg(&ps), arg(&pp), arg(&np)][..], more].concat();
+        be.launch(f, one, STEP_THREADS, &mut args)
+    };
+    let (av, atu) = (
+        fused(
+            offset_of!(LsmrDevState, c_av),
+            offset_of!(LsmrDevState, done),
+        ),
+        fused(
+            offset_of!(LsmrDevState, c_atu),
+            offset_of!(LsmrDevState, skip_atu),
+        ),
+    );
+    for _ in 0..k {
+        step(&be.k.lsmr_step1, op.av_fused(be, pv, pu, &av)?, &[])?;
+        step(&be.k.lsmr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
+        let mut args = [
+            arg(&px),
+            arg(&ph),
+            arg(&phb),
+            arg(&pv),
+            arg(&n64),
+            arg(&ps),
+            arg(&pp),
         ];
-        if self.graph.is_some() && self.key == key {
-            return Ok(());
-        }
-        self.graph = None;
-        be.synchronize()?;
-        be.stream
-            .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .doing("starting a graph capture")?;
-        let recorded = self.record_replay(be, op, v, k);
-        let graph = be
-            .stream
-            .end_capture(dsys::CUgraphInstantiate_flags(0))
-            .doing("capturing the LSMR graph");
-        recorded?;
-        self.graph = Some(
-            graph?
-                .ok_or_else(|| Error::backend("cuda", "capturing the LSMR graph gave no graph"))?,
-        );
-        self.key = key;
-        Ok(())
+        be.launch(&be.k.lsmr_update, gu, THREADS, &mut args)?;
+        step(&be.k.lsmr_step3, gu, &[arg(&prec)])?;
     }
-
-    /// The history records of iterations `from + 1 ..= to` (the last replay's).
-    fn records(&self, from: usize, to: usize) -> Result<Vec<IterRecord>> {
-        let h = self.host_rec.as_slice().doing("page-locked history")?;
-        Ok((from + 1..=to)
-            .map(|itn| {
-                let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];
-                IterRecord {
-                    itn,
-                    r1norm: r[1],
-                    r2norm: r[2],
-                    arnorm: r[3],
-                    anorm: r[4],
-                    acond: r[5],
-                    xnorm: r[6],
-                    seconds: 0.0,
-                }
-            })
-            .collect())
-    }
+    let m64 = m as u64;
+    be.launch_elementwise(
+        &be.k.lsmr_normalize,
+        m.max(n),
+        &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
+    )?;
+    be.launch(&be.k.lsmr_rescaled, one, 32, &mut [arg(&ps)])?;
+    g.copy_out(be)
 }
 
 /// Every fused operator runs LSMR on the device (one rank) through its loop slot's LSMR loop,
@@ -358,51 +246,22 @@ impl<T: FusedLsqr> LsmrDevice<CudaBackend> for T {
         if guard.as_ref().is_none_or(|l| l.partial.len() < partials) {
             *guard = Some(LsmrLoop::new(be, partials)?);
         }
-        let lp = guard.as_mut().expect("set above");
+        let g = guard.as_mut().expect("set above");
         let k = slot.block();
-        lp.capture(be, op, v, k)?;
-        let mut st = to_device(s, lim);
-        loop {
-            let mut next = (s.itn + k).min(lim.maxiter);
-            if let Some(blocks) = s.itn.checked_div(boundary) {
-                next = next.min((blocks + 1) * boundary);
-            }
-            st.done = 0;
-            st.skip_atu = 0;
-            st.error = 0;
-            st.stop_at = next as i64;
-            lp.host_state.as_mut_slice().doing("page-locked state")?[0] = st;
-            lp.graph
-                .as_ref()
-                .expect("captured above")
-                .launch()
-                .doing("launching the LSMR graph")?;
-            be.synchronize()?;
-            let before = s.itn;
-            st = lp.host_state.as_slice().doing("page-locked state")?[0];
-            to_host(&st, s);
-            let recs = lp.records(before, s.itn)?;
-            if st.error != 0 {
-                let what = match st.error {
-                    1 => "||u|| (beta)",
-                    2 => "||v|| (alpha)",
-                    _ => "a norm estimate",
-                };
-                return Err(Error::Invalid(format!(
-                    "LSMR iteration {}: {what} is not finite; the system or damp exceeds double precision",
-                    s.itn
-                )));
-            }
-            on_block(&recs, s, v)?;
-            if s.istop != 0 || s.itn >= lim.maxiter {
-                return Ok(());
-            }
-            if s.itn == before {
-                return Err(Error::backend(
-                    "cuda",
-                    format!("the LSMR graph made no progress at iteration {}", s.itn),
-                ));
-            }
-        }
+        let key = vec![
+            be.ptr(&v.u),
+            be.ptr(&v.v),
+            be.ptr(&v.h),
+            be.ptr(&v.hbar),
+            be.ptr(&v.x),
+            k as u64,
+        ];
+        g.capture(be, key, |g| record_replay(g, be, op, v, k))?;
+        let st = to_device(s, lim);
+        g.run(be, st, (k, lim.maxiter, boundary), "LSMR", |st, recs| {
+            to_host(st, s);
+            on_block(recs, s, v)?;
+            Ok(s.istop == 0 && s.itn < lim.maxiter)
+        })
     }
 }

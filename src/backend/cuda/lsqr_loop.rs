@@ -13,20 +13,16 @@ use std::ffi::c_void;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use cudarc::driver::{sys as dsys, CudaFunction, CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::CudaBackend;
 use super::error::Doing;
 use super::util::arg;
 use super::vector::THREADS;
-use crate::backend::lsqr::{
-    BlockCallback, IterRecord, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors,
-};
+use crate::backend::lsqr::{BlockCallback, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
 use crate::error::{Error, Result};
 
-/// Doubles per history record and records kept on the device (kernels/lsqr.cu).
-pub(super) const REC: usize = 8;
-pub(super) const RECMAX: usize = crate::settings::tuning::MAX_LSQR_BLOCK;
+use super::graph_loop::{Graphed, LoopState, RECMAX};
 /// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
@@ -277,20 +273,25 @@ pub(super) fn check_lsqr_block(k: usize) -> Result<()> {
 
 /// The device buffers and the captured graph of one operator's loop.
 pub(crate) struct DeviceLoop {
-    state: CudaSlice<DevState>,
-    partial: CudaSlice<f64>,
-    rec: CudaSlice<f64>,
-    host_state: PinnedHostSlice<DevState>,
-    host_rec: PinnedHostSlice<f64>,
-    /// Their addresses, taken once (reading them waits on an event, which a capture forbids).
-    host_state_ptr: usize,
-    host_rec_ptr: usize,
+    g: Graphed<DevState>,
     /// Several ranks: A^T u of this rank's rows (n), and the sum of u^2 (1), each summed over
     /// the ranks by NCCL inside the graph.
     ranks: Option<RankSums>,
-    /// The vectors, block size and rank buffers the graph was captured for.
-    key: [u64; 7],
-    graph: Option<CudaGraph>,
+}
+
+impl LoopState for DevState {
+    fn itn(&self) -> usize {
+        self.itn as usize
+    }
+    fn error(&self) -> i32 {
+        self.error
+    }
+    fn resume_until(&mut self, stop_at: usize) {
+        self.done = 0;
+        self.skip_atu = 0;
+        self.error = 0;
+        self.stop_at = stop_at as i64;
+    }
 }
 
 /// The buffers the device loop of several ranks sums over them (see [`DeviceLoop::ranks`]).
@@ -320,61 +321,29 @@ impl DeviceLoop {
         } else {
             None
         };
-        // SAFETY: the page-locked buffers are fully written (host_state below, host_rec by the
-        // graph's copy) before they are read.
-        // Flags 0: ordinary (not write-combined) page-locked memory, which the host reads fast.
-        let host_state = unsafe { be.ctx.alloc_pinned_with_flags::<DevState>(1, 0) }
-            .doing("page-locked memory for the LSQR state")?;
-        // SAFETY: as above.
-        let mut host_rec = unsafe { be.ctx.alloc_pinned_with_flags::<f64>(REC * RECMAX, 0) }
-            .doing("page-locked memory for the LSQR history")?;
-        let mut host_state = host_state;
-        let host_state_ptr = host_state.as_mut_ptr().doing("page-locked state")? as usize;
-        let host_rec_ptr = host_rec.as_mut_ptr().doing("page-locked history")? as usize;
         Ok(DeviceLoop {
-            host_state_ptr,
-            host_rec_ptr,
-            state: st
-                .alloc_zeros::<DevState>(1)
-                .doing("device memory for the LSQR state")?,
-            partial: st
-                .alloc_zeros::<f64>(partials.max(1))
-                .doing("device memory for partial sums")?,
-            rec: st
-                .alloc_zeros::<f64>(REC * RECMAX)
-                .doing("device memory for the LSQR history")?,
-            host_state,
-            host_rec,
+            g: Graphed::new(be, partials)?,
             ranks: sums,
-            key: [0; 7],
-            graph: None,
         })
     }
 
     /// Record one replay on the stream (captured into a graph by the caller).
     fn record_replay(
-        &mut self,
+        g: &Graphed<DevState>,
+        ranks: Option<&mut RankSums>,
         be: &CudaBackend,
         op: &dyn FusedLsqr,
         v: &LsqrVectors<CudaSlice<f64>>,
         k: usize,
     ) -> Result<()> {
         let (m, n) = (op.fused_rows(), op.fused_cols());
-        let ps = be.ptr(&self.state);
-        let pp = be.ptr(&self.partial);
-        let prec = be.ptr(&self.rec);
+        let ps = be.ptr(&g.state);
+        let pp = be.ptr(&g.partial);
+        let prec = be.ptr(&g.rec);
         let at = |off: usize| ps + off as u64;
         let (pu, pv, pw, px) = (be.ptr(&v.u), be.ptr(&v.v), be.ptr(&v.w), be.ptr(&v.x));
         let pvar = v.var.as_ref().map_or(0u64, |d| be.ptr(d));
-        let hs = self.host_state_ptr as *const DevState;
-        let cs = be.stream.cu_stream();
-        // SAFETY: `hs` is a live page-locked DevState owned by self (it outlives the graph,
-        // which self also owns); the device buffer holds one DevState.
-        unsafe {
-            dsys::cuMemcpyHtoDAsync_v2(ps, hs as *const _, size_of::<DevState>(), cs)
-                .result()
-                .doing("copying the LSQR state in")?;
-        }
+        g.copy_in(be)?;
         let one = 1u32;
         let n64 = n as u64;
         let gu = update_blocks(n);
@@ -395,11 +364,10 @@ impl DeviceLoop {
             offset_of!(DevState, one_zero),
             offset_of!(DevState, skip_atu),
         );
-        let (patu, pusq) = self
-            .ranks
+        let (patu, pusq) = ranks
             .as_ref()
             .map_or((0, 0), |r| (be.ptr(&r.atu), be.ptr(&r.usq)));
-        let mut sums = self.ranks.as_mut();
+        let mut sums = ranks;
         for _ in 0..k {
             let np = op.av_fused(be, pv, pu, &av)?;
             match &mut sums {
@@ -454,19 +422,7 @@ impl DeviceLoop {
             &mut [arg(&pu), arg(&m64), arg(&pv), arg(&n64), arg(&ps)],
         )?;
         be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
-        let hs = self.host_state_ptr as *mut DevState;
-        let hr = self.host_rec_ptr as *mut f64;
-        // SAFETY: both host buffers are live page-locked allocations of the copied sizes,
-        // owned by self; the device buffers hold one DevState and REC * RECMAX f64.
-        unsafe {
-            dsys::cuMemcpyDtoHAsync_v2(hs as *mut _, ps, size_of::<DevState>(), cs)
-                .result()
-                .doing("copying the LSQR state out")?;
-            dsys::cuMemcpyDtoHAsync_v2(hr as *mut _, prec, size_of::<f64>() * REC * RECMAX, cs)
-                .result()
-                .doing("copying the LSQR history out")?;
-        }
-        Ok(())
+        g.copy_out(be)
     }
 }
 
@@ -501,12 +457,12 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         let partials = op.max_partials().max(update_blocks(n) as usize);
         if slot
             .as_ref()
-            .is_none_or(|l| l.partial.len() < partials || l.ranks.is_some() != (ranks > 1))
+            .is_none_or(|l| l.g.partial.len() < partials || l.ranks.is_some() != (ranks > 1))
         {
             *slot = Some(DeviceLoop::new(be, partials, (ranks, n))?);
         }
-        let lp = slot.as_mut().expect("set above");
-        let key = [
+        let DeviceLoop { g, ranks: sums } = slot.as_mut().expect("set above");
+        let key = vec![
             be.ptr(&v.u),
             be.ptr(&v.v),
             be.ptr(&v.w),
@@ -515,81 +471,14 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             k as u64,
             ranks as u64,
         ];
-        if lp.graph.is_none() || lp.key != key {
-            lp.graph = None;
-            be.synchronize()?;
-            be.stream
-                .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .doing("starting a graph capture")?;
-            let recorded = lp.record_replay(be, op, v, k);
-            let graph = be
-                .stream
-                .end_capture(dsys::CUgraphInstantiate_flags(0))
-                .doing("capturing the LSQR graph");
-            recorded?;
-            lp.graph =
-                Some(graph?.ok_or_else(|| {
-                    Error::backend("cuda", "capturing the LSQR graph gave no graph")
-                })?);
-            lp.key = key;
-        }
-        let mut st = DevState::from_scalars(s, params, iter_lim);
-        let mut recs = Vec::with_capacity(k);
-        loop {
-            let mut next = (s.itn + k).min(iter_lim);
-            if let Some(blocks) = s.itn.checked_div(boundary) {
-                next = next.min((blocks + 1) * boundary);
-            }
-            st.done = 0;
-            st.skip_atu = 0;
-            st.error = 0;
-            st.stop_at = next as i64;
-            lp.host_state.as_mut_slice().doing("page-locked state")?[0] = st;
-            lp.graph
-                .as_ref()
-                .expect("captured above")
-                .launch()
-                .doing("launching the LSQR graph")?;
-            be.synchronize()?;
-            let before = s.itn;
-            st = lp.host_state.as_slice().doing("page-locked state")?[0];
+        g.capture(be, key, |g| {
+            DeviceLoop::record_replay(g, sums.as_mut(), be, op, v, k)
+        })?;
+        let st = DevState::from_scalars(s, params, iter_lim);
+        g.run(be, st, (k, iter_lim, boundary), "LSQR", |st, recs| {
             st.to_scalars(s);
-            let h = lp.host_rec.as_slice().doing("page-locked history")?;
-            recs.clear();
-            for itn in before + 1..=s.itn {
-                let r = &h[(itn % RECMAX) * REC..(itn % RECMAX + 1) * REC];
-                recs.push(IterRecord {
-                    itn,
-                    r1norm: r[1],
-                    r2norm: r[2],
-                    arnorm: r[3],
-                    anorm: r[4],
-                    acond: r[5],
-                    xnorm: r[6],
-                    seconds: 0.0,
-                });
-            }
-            if st.error != 0 {
-                let what = match st.error {
-                    1 => "||u|| (beta)",
-                    2 => "||v|| (alpha)",
-                    _ => "a norm estimate",
-                };
-                return Err(Error::Invalid(format!(
-                    "LSQR: {what} is not finite at iteration {} (values overflow f64: check the matrix, the right-hand side and damp)",
-                    s.itn
-                )));
-            }
-            on_block(&recs, s, v)?;
-            if s.istop != 0 || s.itn >= iter_lim {
-                return Ok(());
-            }
-            if s.itn == before {
-                return Err(Error::backend(
-                    "cuda",
-                    format!("the LSQR graph made no progress at iteration {}", s.itn),
-                ));
-            }
-        }
+            on_block(recs, s, v)?;
+            Ok(s.istop == 0 && s.itn < iter_lim)
+        })
     }
 }

@@ -34,6 +34,7 @@ mod csr;
 mod cusparse;
 mod device;
 mod error;
+mod graph_loop;
 mod lsmr_loop;
 mod lsqr_loop;
 mod nccl;
