@@ -243,10 +243,17 @@ impl<T: FusedLsqr> LsmrDevice<CudaBackend> for T {
         }
         let n = op.fused_cols();
         let partials = op.max_partials().max(update_blocks(n) as usize);
-        if guard.as_ref().is_none_or(|l| l.partial.len() < partials) {
-            *guard = Some(LsmrLoop::new(be, partials)?);
+        let fits = guard
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<LsmrLoop>())
+            .is_some_and(|l| l.partial.len() >= partials);
+        if !fits {
+            *guard = Some(Box::new(LsmrLoop::new(be, partials)?));
         }
-        let g = guard.as_mut().expect("set above");
+        let g = guard
+            .as_mut()
+            .and_then(|b| b.downcast_mut::<LsmrLoop>())
+            .expect("set above");
         let k = slot.block();
         let key = vec![
             be.ptr(&v.u),

@@ -226,8 +226,9 @@ pub(crate) struct LoopSlot {
     on: AtomicBool,
     block: AtomicUsize,
     lp: std::sync::Mutex<Option<DeviceLoop>>,
-    /// LSMR's loop (src/backend/cuda/lsmr_loop.rs), behind the same switch and block size.
-    pub(super) lsmr: std::sync::Mutex<Option<super::lsmr_loop::LsmrLoop>>,
+    /// LSMR's loop (src/backend/cuda/lsmr_loop.rs's `LsmrLoop`), behind the same switch and
+    /// block size; opaque here, so that the two loops' files do not import each other.
+    pub(super) lsmr: std::sync::Mutex<Option<Box<dyn std::any::Any>>>,
 }
 
 impl Default for LoopSlot {
