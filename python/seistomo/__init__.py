@@ -952,26 +952,42 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
 
 
 def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_lim=None, *,
-           reorder="none", threads=None):
+           reorder="none", threads=None, gcv_probes=1, noise=None, noise_tau=1.0):
     """The L-curve of min ||G x - d||^2 + w^2 ||R x||^2 (+ damp^2 ||x||^2) over `weights`, by
     LSQR on [G; w R] x = [d; 0] for every weight in one batch: one pass over the matrix per
-    iteration serves every weight still running (the CPU; as `seistomo lcurve`). Each weight's
-    solution is the one seistomo.lsqr(vstack([G, w R]), [d; 0]) gives on the CPU, bit for bit.
+    iteration serves every weight still running (the CPU; what `seistomo lcurve` runs). Each
+    weight's solution is the one seistomo.lsqr(vstack([G, w R]), [d; 0]) gives on the CPU, bit
+    for bit.
 
     G (m x n), R (p x n): scipy.sparse matrices or 2-D arrays; d: m values; weights: w >= 0.
+    Three rules choose a weight, as `seistomo lcurve` and `invert`'s `[solver] weight` do
+    (docs/lsqr.md): the corner (maximum curvature of the log-log curve), GCV (generalised
+    cross-validation, its trace by `gcv_probes` random probes per weight solved in the same
+    batch; 0: no GCV) and the discrepancy principle (with `noise`, the data's standard
+    deviation sigma: the weight whose ||G x - d|| is noise_tau sqrt(m) sigma).
     Returns a dict: "weights", "residual_norm" (||G x - d||), "model_norm" (||R x||),
-    "curvature" (of the log-log curve, NaN at its ends), "corner" (the weight of maximum
-    curvature, None with fewer than three usable points), "x" (n x k, a column per weight),
-    "istop" and "itn" (arrays of k) and "info" (each weight's report, as lsqr's .info)."""
+    "curvature" (NaN at the ends), "trace" and "gcv" (NaN without probes), "corner", "gcv_min",
+    "discrepancy" (each a weight, or None where the rule finds none), "x" (n x k, a column per
+    weight), "istop" and "itn" (arrays of k) and "info" (each weight's report)."""
     weights = [float(w) for w in np.atleast_1d(np.asarray(weights, dtype=np.float64))]
     if not weights:
         raise ValueError("weights: give at least one")
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
+    if not (isinstance(gcv_probes, (int, np.integer)) and 0 <= gcv_probes <= 64):
+        raise ValueError(f"gcv_probes must be an integer from 0 to 64 (got {gcv_probes!r})")
     g, r = _csr_parts(G, "G"), _csr_parts(R, "R")
     db = _vec(d, "d")
+    m = len(db) // 8
+    target = None
+    if noise is not None:
+        if not (np.isfinite(noise) and noise > 0 and np.isfinite(noise_tau) and noise_tau > 0):
+            raise ValueError(f"noise and noise_tau must be finite and > 0 (got {noise!r}, "
+                             f"{noise_tau!r})")
+        target = float(noise_tau) * float(np.sqrt(m)) * float(noise)
     tol = (float(damp), float(atol), float(btol), float(conlim))
-    rs, corner = _native.lcurve_batch(g, r, db, weights, tol, iter_lim, str(reorder),
-                                      _threads(threads))
+    rs, (corner, gcv_min, discrepancy) = _native.lcurve_batch(
+        g, r, db, weights, tol, iter_lim, str(reorder), _threads(threads), int(gcv_probes),
+        target)
     infos = [{key: v for key, v in x.items() if key not in ("x", "var")} for x in rs]
     last_info.clear()
     last_info.update({"columns": infos, "backend": rs[0]["backend"]})
@@ -981,7 +997,11 @@ def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_li
         "residual_norm": col("residual_norm"),
         "model_norm": col("model_norm"),
         "curvature": col("curvature"),
+        "trace": col("trace"),
+        "gcv": col("gcv"),
         "corner": corner,
+        "gcv_min": gcv_min,
+        "discrepancy": discrepancy,
         "x": np.stack([_array(x["x"]) for x in rs], axis=1),
         "istop": col("istop", int),
         "itn": col("itn", int),

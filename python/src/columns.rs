@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::pipeline::batch::{solve_batch, BatchSystem, Member};
+use seistomo::pipeline::lcurve::{Sweep, SweepMode};
 use seistomo::pipeline::options::{BackendChoice, SolveOptions};
 use seistomo::solver::LsqrSolution;
 
@@ -96,13 +97,16 @@ fn run_batch(
         .collect()
 }
 
-/// The L-curve of min ||[G; w R] x - [d; 0]|| over `weights`, all weights as one batch
-/// (`seistomo.lcurve`): per weight the solve's dict (as `lsqr` returns it) with ||G x - d||
-/// (`residual_norm`) and ||R x|| (`model_norm`) added, and the corner (the weight of maximum
-/// curvature of the log-log curve, as `seistomo lcurve` finds it; None with fewer than 3
-/// usable points) and each point's curvature.
+/// The L-curve of min ||[G; w R] x - [d; 0]|| over `weights` (`seistomo.lcurve`), run as the
+/// CLI's `seistomo lcurve` runs it (`pipeline::lcurve::Sweep::run`): every weight, and
+/// `gcv_probes` GCV probes per weight, as one batch. Returns per weight the solve's dict (as
+/// `lsqr` returns it) with ||G x - d|| (`residual_norm`), ||R x|| (`model_norm`), the curvature,
+/// GCV's trace estimate and value (NaN without probes) added, and the rules' choices: the corner
+/// (maximum curvature), GCV's minimum and the discrepancy principle's weight (for
+/// `noise_norm`, the target ||G x - d||), each None where it finds none.
 #[pyfunction]
-#[pyo3(signature = (g, r, d, weights, tol, iter_lim, reorder, threads=None))]
+#[pyo3(signature = (g, r, d, weights, tol, iter_lim, reorder, threads=None, gcv_probes=0,
+    noise_norm=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lcurve_batch<'py>(
     py: Python<'py>,
@@ -114,7 +118,9 @@ pub(crate) fn lcurve_batch<'py>(
     iter_lim: Option<usize>,
     reorder: &str,
     threads: Option<usize>,
-) -> PyResult<(Vec<Bound<'py, PyDict>>, Option<f64>)> {
+    gcv_probes: usize,
+    noise_norm: Option<f64>,
+) -> PyResult<(Vec<Bound<'py, PyDict>>, Choices)> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let (_, params) = lsq_params("lsqr", tol, iter_lim, false)?;
     let matrix =
@@ -137,62 +143,56 @@ pub(crate) fn lcurve_batch<'py>(
             "weights must be finite and >= 0 (got {w})"
         )));
     }
-    let a = g
-        .vstack_scaled(&r, 1.0)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let mut b = d.clone();
-    b.resize(a.nrows(), 0.0);
-    let rhs = vec![b; weights.len()];
-    let mut opts = SolveOptions::new(params.clone(), BackendChoice::Cpu);
+    if let Some(t) = noise_norm.filter(|t| !(t.is_finite() && *t > 0.0)) {
+        return Err(PyValueError::new_err(format!(
+            "noise: the target ||G x - d|| must be finite and > 0 (got {t})"
+        )));
+    }
+    let mut opts = SolveOptions::new(params, BackendChoice::Cpu);
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
-    let members: Vec<Member> = weights
-        .iter()
-        .map(|&weight| Member {
-            weight,
-            damp: params.damp,
-        })
-        .collect();
-    let sys = BatchSystem {
-        a,
-        reg_from: Some(g.nrows()),
+    let sweep = Sweep { g, d, r: Some(r) };
+    let mode = SweepMode {
+        separate: false,
+        gcv_probes,
+        noise_norm,
     };
-    let got = run_batch(py, sys, &rhs, &members, &opts, threads)?;
-    let norms: Vec<(f64, f64)> = got
-        .iter()
-        .map(|s| {
-            let gx = g.matvec(&s.x);
-            let res = gx
-                .iter()
-                .zip(&d)
-                .map(|(a, b)| (a - b) * (a - b))
-                .sum::<f64>();
-            let rx = r.matvec(&s.x);
-            (res.sqrt(), rx.iter().map(|v| v * v).sum::<f64>().sqrt())
+    // The batch checks for signals between no iterations: Ctrl-C ends it when it returns.
+    let cancel = AtomicBool::new(false);
+    let curve = solve_on(py, threads, &cancel, || {
+        guarded(|| {
+            sweep
+                .run(&weights, &opts, &SerialComm, mode, |_, _| {})
+                .map_err(py_err)
         })
-        .collect();
-    let points: Vec<(f64, f64, f64)> = weights
-        .iter()
-        .zip(&norms)
-        .map(|(&w, &(a, b))| (w, a, b))
-        .collect();
-    let (corner, curvature) = seistomo::model::lcurve::corner(&points);
+    })?;
     let what = format!(
-        "cpu: batched LSQR ({} weights on one pass over [G; R])",
-        weights.len()
+        "cpu: batched LSQR ({} weights{} on one pass over [G; R])",
+        weights.len(),
+        if gcv_probes > 0 {
+            format!(" and {} GCV probes each", gcv_probes)
+        } else {
+            String::new()
+        }
     );
-    let dicts = got
+    let dicts = curve
+        .points
         .iter()
-        .zip(norms.iter().zip(&curvature))
-        .map(|(s, (&(res, model), &k))| {
-            let dict = lsq_dict(py, s, what.clone())?;
-            dict.set_item("residual_norm", res)?;
-            dict.set_item("model_norm", model)?;
-            dict.set_item("curvature", k)?;
+        .map(|p| {
+            let dict = lsq_dict(py, &p.outcome.solution, what.clone())?;
+            dict.set_item("residual_norm", p.residual_norm)?;
+            dict.set_item("model_norm", p.model_norm)?;
+            dict.set_item("curvature", p.curvature)?;
+            dict.set_item("trace", p.trace)?;
+            dict.set_item("gcv", p.gcv)?;
             Ok(dict)
         })
         .collect::<PyResult<Vec<_>>>()?;
-    Ok((dicts, corner.map(|i| weights[i])))
+    let c = &curve.choice;
+    Ok((dicts, (c.corner, c.gcv, c.discrepancy)))
 }
+
+/// The rules' choices of weight: (corner, GCV's minimum, the discrepancy principle's).
+type Choices = (Option<f64>, Option<f64>, Option<f64>);
 
 /// A CSR matrix from Python: (shape, indptr, indices, data) as bytes.
 type CsrParts<'py> = (

@@ -110,3 +110,41 @@ def test_lcurve_refuses_bad_input():
         seistomo.lcurve(G, np.ones(4), R, [0.1])
     with pytest.raises(ValueError, match="at least one"):
         seistomo.lcurve(G, np.ones(5), R, [])
+
+
+def test_lcurve_gcv_and_discrepancy_on_a_synthetic_with_known_noise():
+    # the CLI's rules (`seistomo lcurve`, invert's [solver] weight) from Python: the
+    # discrepancy weight's ||G x - d|| is the noise's norm within 5 %, GCV picks a weight whose
+    # model error is near the best of the curve
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(3)
+    m, n, sigma = 600, 120, 0.05
+    G = sp.random(m, n, density=0.08, random_state=5, format="csr")
+    x_true = np.sin(np.linspace(0, 3 * np.pi, n))
+    d = G @ x_true + sigma * rng.standard_normal(m)
+    R = sp.diags([-1.0, 1.0], [0, 1], shape=(n - 1, n), format="csr")
+    weights = np.logspace(-2, 1.5, 15)
+    c = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=4)
+    assert c["corner"] is not None and c["gcv_min"] is not None
+    assert c["discrepancy"] is not None
+    target = np.sqrt(m) * sigma
+    w = c["discrepancy"]
+    A = sp.vstack([G, w * R]).tocsr()
+    x = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8)[0]
+    assert abs(np.linalg.norm(G @ x - d) - target) <= 0.05 * target
+    # GCV: its trace estimates lie between 0 and n, the minimum's model is near the best one
+    assert np.all((c["trace"] > 0) & (c["trace"] < n)) and np.all(np.isfinite(c["gcv"]))
+    errs = [np.linalg.norm(c["x"][:, i] - x_true) for i in range(len(weights))]
+    A = sp.vstack([G, c["gcv_min"] * R]).tocsr()
+    xg = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8)[0]
+    assert np.linalg.norm(xg - x_true) <= 2.0 * min(errs)
+    # without probes no GCV; the other choices and every x are unchanged
+    c0 = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=0)
+    assert c0["gcv_min"] is None and np.all(np.isnan(c0["gcv"]))
+    assert c0["corner"] == c["corner"] and c0["discrepancy"] == c["discrepancy"]
+    assert np.array_equal(c0["x"], c["x"])
+    for bad, msg in ((dict(gcv_probes=-1), "gcv_probes"), (dict(noise=0.0), "noise"),
+                     (dict(noise=0.1, noise_tau=-1.0), "noise")):
+        with pytest.raises(ValueError, match=msg):
+            seistomo.lcurve(G, d, R, weights, **bad)
