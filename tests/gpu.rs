@@ -986,6 +986,32 @@ fn lsmr_on_australia_and_well1850_matches_cpu() {
             itn = i.itn;
         }
         assert_eq!(every7.records, (0..=itn).collect::<Vec<_>>());
+        // maxiter 0 and 1: the device loop stops as the CPU's host loop does (istop 0 and 7)
+        for k in [0, 1] {
+            let p = LsqrParams {
+                iter_lim: Some(k),
+                ..params.clone()
+            };
+            let gi = lsmr(
+                &LeastSquares::new(&g, &gop, &SerialComm, &sys.b),
+                &p,
+                &mut NoMonitor,
+            )
+            .unwrap()
+            .info;
+            let ci = lsmr(
+                &LeastSquares::new(&cpu, &cop, &SerialComm, &sys.b),
+                &p,
+                &mut NoMonitor,
+            )
+            .unwrap()
+            .info;
+            assert_eq!(
+                (gi.istop, gi.itn),
+                (ci.istop, ci.itn),
+                "{name}: maxiter {k}"
+            );
+        }
         let want: Vec<usize> = (7..=itn).step_by(7).collect();
         let got: Vec<usize> = every7.xs.iter().filter(|&&k| k % 7 == 0).copied().collect();
         assert_eq!(got, want, "{name}: x shown at every multiple of 7");

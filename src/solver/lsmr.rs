@@ -186,9 +186,8 @@ pub fn lsmr<B: Backend, O: Operator<B>>(
             }
             monitor.lsmr_iterate(be, st.itn, &v.x)
         })?;
-        if s.istop == 0 && s.itn >= lim.maxiter {
-            s.istop = 7;
-        }
+        // (the loop's last step sets istop 7 at maxiter; with maxiter 0 no step runs and istop
+        // stays 0, as in the host loop and SciPy)
         return finish(be, &vecs, &s, t0);
     }
     while s.itn < lim.maxiter {
