@@ -573,22 +573,27 @@ def _lsq_device(method, A, b, tol, iter_lim, calc_var, x0, backend, precision, c
         A.sum_duplicates()  # each row's columns sorted, repeats summed (on the GPU)
     AT = A.T.tocsr()  # the transpose by CuPy (cuSPARSE) on the GPU: rows sorted per column
     m, n = A.shape
-    for M in (A, AT):
-        if M.indices.dtype != cupy.int32:
-            M.indices = M.indices.astype(cupy.int32)
-        if M.indptr.dtype not in (cupy.int32, cupy.int64):
-            M.indptr = M.indptr.astype(cupy.int64)
-    parts = lambda M: (int(M.indptr.data.ptr), int(M.indptr.dtype.itemsize),
-                       int(M.indices.data.ptr) if M.nnz else 0,
-                       int(M.data.data.ptr) if M.nnz else 0)
+    held = []  # the arrays whose addresses the native side reads, held until it returns
+
+    def parts(M):
+        """M's device addresses, its offsets as int32/int64 and columns as int32 (converted
+        copies where M has other types: the caller's matrix is never changed)."""
+        ip = M.indptr if M.indptr.dtype in (cupy.int32, cupy.int64) else M.indptr.astype(
+            cupy.int64)
+        ix = M.indices if M.indices.dtype == cupy.int32 else M.indices.astype(cupy.int32)
+        held.extend((ip, ix, M.data))
+        return (int(ip.data.ptr), int(ip.dtype.itemsize), int(ix.data.ptr) if M.nnz else 0,
+                int(M.data.data.ptr) if M.nnz else 0)
+
+    pa, pat = parts(A), parts(AT)
     bb = _vec(b, "b", m)
     x0b = None if x0 is None else _vec(x0, "x0", n)
-    cupy.cuda.get_current_stream().synchronize()  # CuPy's work on A and AT done
+    cupy.cuda.get_current_stream().synchronize()  # CuPy's work on A, AT and the copies done
     prec = "f32" if want == cupy.float32 else "f64"
-    r = _native.lsqr_device((m, n), int(A.nnz), parts(A), parts(AT), prec,
+    r = _native.lsqr_device((m, n), int(A.nnz), pa, pat, prec,
                             int(cupy.cuda.Device().id), bb, tol, iter_lim, bool(calc_var),
                             x0b, str(lsqr_loop), callback, int(callback_every), method)
-    del A, AT  # held until the native call returned
+    del A, AT, held  # held until the native call returned
     return (m, n), r
 
 

@@ -39,6 +39,8 @@ def test_a_cupy_matrix_solves_as_the_scipy_one(name):
         same(r, seistomo.lsqr(A, b, damp=damp, calc_var=True, **tight, **SAME))
         assert "the matrix given on the GPU" in r.info["backend"]
         same(seistomo.lsmr(Ac, bc, damp=damp, **tight), seistomo.lsmr(A, b, damp=damp, **tight, **SAME))
+    # the caller's matrix is left as it was (arrays, dtypes)
+    assert Ac.indices.dtype == cupy.int32 and np.array_equal(cupy.asnumpy(Ac.data), A.data)
     # x0 as a CuPy array, SciPy's defaults, an iteration limit, the host loop
     x0 = x0_for(A)
     same(seistomo.lsqr(Ac, bc, x0=cupy.asarray(x0)), seistomo.lsqr(A, b, x0=x0, **SAME))
