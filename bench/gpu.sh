@@ -267,16 +267,24 @@ if has tts; then
   # item 2): written once for one rank and once for two, timed, before them.
   rm -rf $ds/prepared
   runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
-  for run in $runs prepare prepdefaults prepf32 prepnp2; do
+  # prepf32 reads a file prepared with precision f32 (the GPU encoding is made for one
+  # precision); prepold reads a file that seistomo-prev prepared (rows only, when that binary is
+  # there), so that the same binary's prepared run is timed with and without the kept encoding.
+  for run in $runs prepare prepdefaults prepnp2 preparef32 prepf32 prepold; do
     cfg=/tmp/tts-$run.toml
-    extra=""; [ ${run#prep} = f32 ] && extra='precision = "f32"'; [ $run = csr ] && extra='storage = "csr"'
+    extra=""; [ $run = f32 ] || [ $run = prepf32 ] || [ $run = preparef32 ] && extra='precision = "f32"'
+    [ $run = csr ] && extra='storage = "csr"'
     [ $run = np2host ] && extra='lsqr_loop = "host"'
     printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
       $ds "$extra" $run > $cfg
-    if [ $run = prepare ]; then
-      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg > "$OUT/tts_prepare.txt" 2>&1
-      [ "$ngpu" -ge 2 ] && wall $MR "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
+    if [ $run = prepare ] || [ $run = preparef32 ]; then
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
+      [ $run = prepare ] && [ "$ngpu" -ge 2 ] && wall $MR "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
       continue
+    fi
+    if [ $run = prepold ]; then
+      [ -x "$BIN/seistomo-prev" ] || continue
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo-prev" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
     fi
     if [ $run = np2 ] || [ $run = np2host ] || [ $run = prepnp2 ]; then
       [ "$ngpu" -ge 2 ] || continue
@@ -344,13 +352,16 @@ if has timeline; then
   # comparison of one change).
   [ -d /tmp/tts600k ] || "$BIN/seistomo" -q synth -o /tmp/tts600k --grid 128,128,80 --rays 600000 \
     --norm-damping 0.1 --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
-  [ -d /tmp/tts600k/prepared ] || CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q prepare /tmp/tts600k > /dev/null 2>&1
   cfg=/tmp/tl.toml; dir=/tmp/tl-o
   printf '[dataset]\npath = "/tmp/tts600k/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "%s"\n' $dir > $cfg
-  for b in seistomo seistomo-prev seistomo seistomo-prev; do
+  # each binary reads the prepared storage it wrote itself
+  for b in seistomo seistomo seistomo-prev seistomo-prev; do
     [ -x "$BIN/$b" ] || continue
+    [ "$(cat /tmp/tl-prepared-by 2>/dev/null)" = $b ] || {
+      CUDA_VISIBLE_DEVICES=0 "$BIN/$b" -q prepare $cfg > /dev/null 2>&1; echo $b > /tmp/tl-prepared-by; }
     rm -rf $dir
-    CUDA_VISIBLE_DEVICES=0 python3 bench/timeline.py "$BIN/$b" invert $cfg > "$OUT/timeline_$b.txt" 2>&1
+    CUDA_VISIBLE_DEVICES=0 SEISTOMO_TRACE_PHASES=1 python3 bench/timeline.py "$BIN/$b" invert $cfg \
+      > "$OUT/timeline_$b.txt" 2>&1
     cp $dir/report.json "$OUT/timeline_$b.json" 2>/dev/null
   done
   rm -rf $dir

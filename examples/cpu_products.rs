@@ -126,7 +126,7 @@ fn synthetic(g: &str, rays: usize) -> Result<Csr, Box<dyn std::error::Error>> {
         seistomo::grid::reorder::Reorder::Auto,
         true,
     );
-    Ok(p.matrix.rows)
+    Ok(p.matrix.rows.into_csr()?)
 }
 
 /// Prints the least times of A x and A^T y by `rows` with row sums `row` (`at`: A^T as rows).

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::gpu::{down, gpu, products, rand_vec, real_systems, rel};
+use common::gpu::{down, gpu, products, rand_vec, real_systems, rel, seistomo_bin};
 
 use seistomo::backend::cpu::{CpuBackend, CpuCsrOperator};
 use seistomo::backend::cuda::{probe, segments, CudaCsrOperator};
@@ -804,13 +804,6 @@ fn cpu_with_gpu_summation_and_reduction_order() {
             assert!(e <= 1e-10, "{m}x{n}: {e}");
         }
     }
-}
-
-/// The seistomo binary (SEISTOMO_BIN overrides, for a copied test binary).
-fn seistomo_bin() -> std::path::PathBuf {
-    std::env::var_os("SEISTOMO_BIN")
-        .map(Into::into)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_seistomo").into())
 }
 
 /// `seistomo solve` on australia on `np` GPUs (one rank each, NCCL between them when np > 1)

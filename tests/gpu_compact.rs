@@ -372,3 +372,169 @@ fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
         assert!(rel(&gs.x, &cs.x) <= 1e-6);
     }
 }
+
+/// The split layout's encoding made ahead (`seistomo prepare` keeps it) uploads to the operator
+/// the rows would have made: the same products and the same LSQR solution bit for bit, f64 and
+/// f32, with the stencil; an encoding of another precision is refused.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn an_encoding_made_ahead_uploads_to_the_same_operator() {
+    use seistomo::backend::cuda::encode_ahead;
+    use seistomo::backend::storage::EncodedRows;
+    use std::sync::Arc;
+    let g = gpu();
+    let (k, st, b) = tall_system(60);
+    let sop = StencilOp::new(st, Some(random_perm(st.ncells(), 61)));
+    let o = CompactGpuOptions {
+        gpu_layout: Some(GpuLayout::Split),
+        ..Default::default()
+    };
+    let params = LsqrParams {
+        damp: 0.05,
+        atol: 1e-10,
+        btol: 1e-10,
+        conlim: 0.0,
+        iter_lim: Some(30),
+        calc_var: false,
+    };
+    for p in [Precision::F64, Precision::F32] {
+        let enc = encode_ahead(&k, p, &o).expect("split asked for");
+        let kc = k.clone();
+        let rows = EncodedRows {
+            nrows: k.nrows(),
+            ncols: k.ncols(),
+            nnz: k.nnz(),
+            encoding: Arc::new(enc),
+            described: String::new(),
+            csr: Arc::new(move || Ok(kc.clone())),
+        };
+        let made = CudaCompactOperator::with_options(&g, &k, Some(&sop), p, &o).unwrap();
+        let ahead = CudaCompactOperator::from_encoded(&g, &rows, Some(&sop), p, &o).unwrap();
+        assert_eq!(made.layout(), ahead.layout());
+        assert_eq!(made.pass_bytes(), ahead.pass_bytes());
+        let x = rand_vec(k.ncols(), 62);
+        let y = rand_vec(k.nrows() + st.nrows(), 63);
+        let (xd, yd) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+        for op in [&made, &ahead] {
+            op.set_device_loop(true);
+        }
+        let prods = |op: &CudaCompactOperator| {
+            let (mut ax, mut aty) = (g.zeros(y.len()).unwrap(), g.zeros(x.len()).unwrap());
+            op.apply(&g, Scale::SET, &xd, &mut ax).unwrap();
+            op.apply_t(&g, Scale::SET, &yd, &mut aty).unwrap();
+            (down(&g, &ax), down(&g, &aty))
+        };
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (pm, pa) = (prods(&made), prods(&ahead));
+        assert!(
+            bits(&pm.0) == bits(&pa.0) && bits(&pm.1) == bits(&pa.1),
+            "{p}: products"
+        );
+        let (sm, sa) = (
+            common::serial_lsqr(&g, &made, &b, &params),
+            common::serial_lsqr(&g, &ahead, &b, &params),
+        );
+        assert_eq!((sm.info.istop, sm.info.itn), (sa.info.istop, sa.info.itn));
+        assert!(bits(&sm.x) == bits(&sa.x), "{p}: LSQR's x");
+        println!(
+            "{p}: made ahead = made now, bit for bit ({} iterations)",
+            sa.info.itn
+        );
+        // asked for the other precision: refused (the run encodes the rows instead)
+        let other = if p == Precision::F64 {
+            Precision::F32
+        } else {
+            Precision::F64
+        };
+        let e = CudaCompactOperator::from_encoded(&g, &rows, Some(&sop), other, &o)
+            .err()
+            .expect("another precision is refused")
+            .to_string();
+        assert!(e.contains("not what this run asks for"), "{e}");
+    }
+}
+
+/// `seistomo prepare` on the GPU keeps the encoding; the next `invert` uploads it (no `encode`
+/// phase in report.json) and writes the fresh run's solution bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
+    let bin = common::gpu::seistomo_bin();
+    let dir = std::env::temp_dir().join(format!("seistomo-gpu-prep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |args: &[&std::ffi::OsStr]| {
+        let o = std::process::Command::new(&bin)
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.status.success(), "{text}");
+        text
+    };
+    let ds = dir.join("ds");
+    run(&[
+        "-q".as_ref(),
+        "synth".as_ref(),
+        "-o".as_ref(),
+        ds.as_os_str(),
+        "--grid".as_ref(),
+        "24,24,16".as_ref(),
+        "--rays".as_ref(),
+        "6000".as_ref(),
+        "--norm-damping".as_ref(),
+        "0.1".as_ref(),
+        "--flattening".as_ref(),
+        "0.5,0.5,0.5".as_ref(),
+    ]);
+    for (name, precision) in [("f64", "f64"), ("f32", "f32")] {
+        let out = dir.join(format!("out-{name}"));
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 80\n[backend]\nkind = \"cuda\"\nstorage = \"compact\"\nprecision = \"{precision}\"\n[tuning]\ngpu_layout = \"split\"\n[output]\ndir = \"{}\"\n",
+                ds.join("dataset.toml").display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        let invert = || {
+            let _ = std::fs::remove_dir_all(&out);
+            run(&["-q".as_ref(), "invert".as_ref(), cfg.as_os_str()]);
+            let r: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+            (std::fs::read(out.join("solution.txt")).unwrap(), r)
+        };
+        let _ = std::fs::remove_dir_all(ds.join("prepared"));
+        let (fresh, rf) = invert();
+        assert!(
+            rf["setup_phases"].get("encode").is_some(),
+            "{name}: {}",
+            rf["setup_phases"]
+        );
+        let said = run(&["prepare".as_ref(), cfg.as_os_str()]);
+        assert!(said.contains("encoded for the GPU"), "{name}: {said}");
+        let (again, ra) = invert();
+        let note = ra["prepared"].as_str().unwrap_or_default();
+        assert!(note.starts_with("used "), "{name}: {note}");
+        assert!(
+            ra["setup_phases"].get("encode").is_none(),
+            "{name}: {}",
+            ra["setup_phases"]
+        );
+        assert_eq!(rf["storage"], ra["storage"], "{name}");
+        assert_eq!(rf["transpose"], ra["transpose"], "{name}");
+        assert!(
+            fresh == again,
+            "{name}: the prepared run's solution differs"
+        );
+        println!(
+            "{name}: prepared run bit for bit; setup {} s fresh, {} s prepared",
+            rf["seconds"]["setup"], ra["seconds"]["setup"]
+        );
+    }
+}

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::gpu::{down, gpu, rand_vec, rel};
+use common::gpu::{down, gpu, rand_vec, rel, seistomo_bin as bin};
 use common::{iterations_within, on_thread_ranks, GMRES_JACOBI_CLI};
 use std::path::PathBuf;
 
@@ -35,13 +35,6 @@ fn root() -> PathBuf {
     std::env::var_os("SEISTOMO_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
-
-/// The seistomo binary (SEISTOMO_BIN overrides, for a copied test binary).
-fn bin() -> PathBuf {
-    std::env::var_os("SEISTOMO_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_seistomo")))
 }
 
 /// |got - want| small against the sum of the magnitudes of the summed products.

@@ -8,10 +8,15 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{on_thread_ranks, seistomo, synth_dataset};
+use seistomo::backend::storage::StoredRows;
+use seistomo::comm::SerialComm;
 use seistomo::pipeline::config::RunConfig;
 use seistomo::pipeline::invert::{run_lsqr, LsqrRun};
+use seistomo::pipeline::operators::row_cost;
+use seistomo::pipeline::options::SystemSource;
 use seistomo::pipeline::options::{BackendChoice, OutputPaths};
-use seistomo::pipeline::prepared::{file_of, prepare_dataset};
+use seistomo::pipeline::prepared::{file_of, prepare_dataset, reuse, Asked};
+use seistomo::sparse::Precision;
 
 /// A run config of `dataset` with `extra` TOML lines, writing into `out`.
 fn config(dataset: &Path, name: &str, extra: &str, out: &Path) -> PathBuf {
@@ -118,6 +123,61 @@ fn two_ranks_each_read_their_own_prepared_file() {
     // one rank's run has no file of its own: set up from the rows, no note
     let (_, note) = invert(&cfg_path, &out);
     assert_eq!(note, "");
+}
+
+#[test]
+fn a_file_prepared_for_the_gpu_keeps_its_encoding_and_reads_the_rows_only_when_asked() {
+    // No GPU needed: `prepare` encodes on the CPU, and reading a file back is I/O.
+    let ds = synth_dataset("prepared", "encoded", "16,16,16", "3000");
+    let out = ds.with_extension("out");
+    let extra = "[backend]\nstorage = \"compact\"\n[tuning]\ngpu_layout = \"split\"";
+    let cfg_path = config(&ds, "enc", extra, &out);
+    let cfg = RunConfig::load(&cfg_path).unwrap();
+    let w = prepare_dataset(&cfg, Some(BackendChoice::Cuda), &SerialComm).unwrap();
+    assert!(w.storage.contains("encoded for the GPU"), "{}", w.storage);
+    let SystemSource::Dataset { path, options, .. } = &cfg.system else {
+        panic!("a dataset config")
+    };
+    let read = |opts: &seistomo::pipeline::options::SolveOptions| {
+        let asked = Asked {
+            kind: BackendChoice::Cuda,
+            opts,
+            load: options,
+            row_cost: row_cost(BackendChoice::Cuda, opts.operator.storage),
+        };
+        let (r, why) = reuse(path, &asked, &SerialComm).unwrap();
+        assert!(why.is_none(), "{why:?}");
+        r.expect("the file is used")
+    };
+    let r = read(&cfg.options);
+    let StoredRows::Encoded(e) = &r.prepared.matrix.rows else {
+        panic!("the encoding is read instead of the rows")
+    };
+    assert!(r
+        .prepared
+        .matrix
+        .describe(Precision::F64)
+        .starts_with("compact (f64 values"));
+    // the rows, read when asked for, encode to what the file holds
+    let rows = (e.csr)().unwrap();
+    assert_eq!(
+        (rows.nrows(), rows.ncols(), rows.nnz()),
+        (e.nrows, e.ncols, e.nnz)
+    );
+    let tuning = &cfg.options.operator.tuning;
+    let again = seistomo::backend::cuda::encode_ahead(&rows, Precision::F64, tuning).unwrap();
+    assert_eq!(e.encoding.key, again.key);
+    assert!(e.encoding.ax == again.ax && e.encoding.at == again.at);
+    assert!(!e.encoding.ax.a_lcol.is_empty() && e.encoding.ax.b_lseg.is_empty());
+    assert!(e.encoding.at.a_lcol.is_empty() && !e.encoding.at.b_lseg.is_empty());
+    // another precision: the encoding does not fit, so the rows are read (the same rows)
+    let mut f32 = cfg.options.clone();
+    f32.operator.precision = Precision::F32;
+    let r32 = read(&f32);
+    assert_eq!(r32.prepared.matrix.rows.as_csr(), Some(&rows));
+    // the CPU's run does not use a file made for the GPU
+    let (_, note) = invert(&cfg_path, &out);
+    assert!(note.contains("another backend"), "{note}");
 }
 
 #[test]

@@ -10,10 +10,13 @@
 //! with 16-bit column deltas (src/sparse/compact.rs). The stencil rows keep their canonical order
 //! and follow the stored rows in u. With `csr` everything stays stored, as before.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::grid::reorder::{Ordering, Reorder};
 use crate::grid::{Stencil, StencilOp};
+use crate::sparse::tiled::Tiled;
 use crate::sparse::{CompactCsr, Csr, Precision};
 use crate::ui::phases;
 
@@ -54,11 +57,142 @@ impl Storage {
     }
 }
 
+/// What decides a GPU encoding made ahead of the run: the device layout (only `split` is
+/// made ahead), the values' precision and both tile sizes. A run uses an encoding made ahead
+/// only where it would make the same one now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodingKey {
+    pub precision: Precision,
+    /// A^T y's tiles: 2^tile_bits columns.
+    pub tile_bits: u32,
+    /// A x's tiles.
+    pub ax_tile_bits: u32,
+}
+
+/// The GPU's compact encoding of stored rows (the `split` device layout: column tiles of the
+/// row entries for A x, of the column entries for A^T y), made by `seistomo prepare` and kept
+/// in the dataset so that a run uploads it without encoding.
+#[derive(Debug, Clone)]
+pub struct DeviceEncoding {
+    pub key: EncodingKey,
+    /// A x's tiles (row half only).
+    pub ax: Tiled,
+    /// A^T y's tiles (column half only).
+    pub at: Tiled,
+}
+
+/// A source of the rows in CSR when only their encoding is in memory (the prepared file).
+pub type CsrSource = Arc<dyn Fn() -> crate::error::Result<Csr> + Send + Sync>;
+
+/// Rows known by their GPU encoding: the shape, the encoding, the words that describe the
+/// storage, and where to read the rows themselves when something needs them (a CSR fallback,
+/// a checkpoint's fingerprint).
+#[derive(Clone)]
+pub struct EncodedRows {
+    pub nrows: usize,
+    pub ncols: usize,
+    pub nnz: usize,
+    pub encoding: Arc<DeviceEncoding>,
+    /// [`StoredMatrix::describe`]'s words for the stored rows, made when they were encoded.
+    pub described: String,
+    pub csr: CsrSource,
+}
+
+impl std::fmt::Debug for EncodedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodedRows")
+            .field("nrows", &self.nrows)
+            .field("ncols", &self.ncols)
+            .field("nnz", &self.nnz)
+            .field("key", &self.encoding.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stored rows: in memory as CSR, or as their GPU encoding read from prepared storage
+/// (the CSR rows then read only if asked for).
+#[derive(Debug, Clone)]
+pub enum StoredRows {
+    Csr(Csr),
+    Encoded(Box<EncodedRows>),
+}
+
+impl crate::sparse::par::GiveBack for StoredRows {
+    /// The CSR rows' pages, or the encoding's where this value holds it alone (an encoding
+    /// shared with a clone is left to the last owner's drop).
+    fn give_back(&mut self) {
+        match self {
+            Self::Csr(a) => a.give_back(),
+            Self::Encoded(e) => {
+                if let Some(enc) = Arc::get_mut(&mut e.encoding) {
+                    enc.ax.give_back();
+                    enc.at.give_back();
+                }
+            }
+        }
+    }
+}
+
+impl StoredRows {
+    pub fn nrows(&self) -> usize {
+        match self {
+            Self::Csr(a) => a.nrows(),
+            Self::Encoded(e) => e.nrows,
+        }
+    }
+    pub fn ncols(&self) -> usize {
+        match self {
+            Self::Csr(a) => a.ncols(),
+            Self::Encoded(e) => e.ncols,
+        }
+    }
+    pub fn nnz(&self) -> usize {
+        match self {
+            Self::Csr(a) => a.nnz(),
+            Self::Encoded(e) => e.nnz,
+        }
+    }
+    /// The rows in CSR if they are in memory.
+    pub fn as_csr(&self) -> Option<&Csr> {
+        match self {
+            Self::Csr(a) => Some(a),
+            Self::Encoded(_) => None,
+        }
+    }
+    /// The rows in CSR, read from their source where only the encoding is in memory (the
+    /// encoding is then dropped).
+    pub fn csr(&mut self) -> crate::error::Result<&mut Csr> {
+        if let Self::Encoded(e) = self {
+            *self = Self::Csr((e.csr)()?);
+        }
+        match self {
+            Self::Csr(a) => Ok(a),
+            Self::Encoded(_) => unreachable!("replaced above"),
+        }
+    }
+    /// [`Self::csr`], by value.
+    pub fn into_csr(mut self) -> crate::error::Result<Csr> {
+        self.csr()?;
+        match self {
+            Self::Csr(a) => Ok(a),
+            Self::Encoded(_) => unreachable!("read by csr()"),
+        }
+    }
+    /// `f` of the rows in CSR, read for the call where only the encoding is in memory (the
+    /// encoding stays).
+    pub fn with_csr<R>(&self, f: impl FnOnce(&Csr) -> R) -> crate::error::Result<R> {
+        match self {
+            Self::Csr(a) => Ok(f(a)),
+            Self::Encoded(e) => Ok(f(&(e.csr)()?)),
+        }
+    }
+}
+
 /// A rank's matrix as an operator will store it: the stored rows (reordered), the stencil rows
 /// after them, and the storage (`Csr` or `Compact`, never `Auto`).
 #[derive(Debug, Clone)]
 pub struct StoredMatrix {
-    pub rows: Csr,
+    pub rows: StoredRows,
     pub stencil: Option<StencilOp>,
     pub storage: Storage,
 }
@@ -81,15 +215,10 @@ impl StoredMatrix {
         match self.storage {
             Storage::Csr => describe_csr(precision),
             _ => {
-                let _s = phases::span("describe");
-                let h = crate::sparse::GapHistogram::of(&self.rows);
-                let entries = self.rows.nnz() as u64 + h.fillers;
-                let bytes = CompactCsr::bytes_for(self.rows.nrows(), entries, precision);
-                let mut s = format!(
-                    "compact ({precision} values, 16-bit column deltas: {:.2} B/stored nonzero, {:.3} % of steps escaped)",
-                    bytes as f64 / self.rows.nnz().max(1) as f64,
-                    100.0 * h.escape_fraction()
-                );
+                let mut s = match &self.rows {
+                    StoredRows::Csr(a) => describe_compact(a, precision),
+                    StoredRows::Encoded(e) => e.described.clone(),
+                };
                 if let Some(st) = &self.stencil {
                     s.push_str(&format!(
                         " + stencil damping ({} rows, {} blocks on the {}x{}x{} grid)",
@@ -112,6 +241,19 @@ impl StoredMatrix {
             Some(st) => format!("storage={};stencil={:?}", self.storage, st.stencil()),
         }
     }
+}
+
+/// Compact storage of `rows` in words: bytes per stored nonzero and the escaped steps.
+pub fn describe_compact(rows: &Csr, precision: Precision) -> String {
+    let _s = phases::span("describe");
+    let h = crate::sparse::GapHistogram::of(rows);
+    let entries = rows.nnz() as u64 + h.fillers;
+    let bytes = CompactCsr::bytes_for(rows.nrows(), entries, precision);
+    format!(
+        "compact ({precision} values, 16-bit column deltas: {:.2} B/stored nonzero, {:.3} % of steps escaped)",
+        bytes as f64 / rows.nnz().max(1) as f64,
+        100.0 * h.escape_fraction()
+    )
 }
 
 /// CSR storage in words, with bytes per nonzero.
@@ -176,7 +318,7 @@ pub fn prepare(
     b.extend(b_tail);
     Prepared {
         matrix: StoredMatrix {
-            rows: a,
+            rows: StoredRows::Csr(a),
             stencil,
             storage,
         },
@@ -225,7 +367,7 @@ mod tests {
         ] {
             let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok);
             assert!(p.matrix.stencil.is_none());
-            assert_eq!(p.matrix.rows, a);
+            assert_eq!(p.matrix.rows.as_csr(), Some(&a));
         }
     }
 }

@@ -116,7 +116,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         if !p.ordering.is_identity() {
             eprintln!("reordered: {}", p.ordering.what);
         }
-        crate::io::npy::export_system(dir, &p.matrix.rows, &p.b)?;
+        p.matrix
+            .rows
+            .with_csr(|a| crate::io::npy::export_system(dir, a, &p.b))??;
         eprintln!(
             "wrote {}/{{indptr,indices,data,b,shape}}.npy",
             dir.display()

@@ -65,6 +65,7 @@ pub enum Command {
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     crate::ui::phases::mark_process_start();
+    crate::ui::phases::set_trace(crate::settings::launch::trace_phases());
     // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.
     crate::backend::cpu::env_threads()?;
     let comm = crate::comm::init()?;
@@ -84,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(a) => verify::run(a),
         Command::Prepare(a) => prepare::run(a, &*comm),
     };
+    crate::ui::phases::trace(format_args!("command done"));
     end_job(comm, result)
 }
 

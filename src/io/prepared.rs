@@ -36,16 +36,19 @@ const MAX_HEADER: u32 = 64 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Elem {
+    U16,
     U32,
     U64,
+    F32,
     F64,
 }
 
 impl Elem {
     fn size(self) -> usize {
         match self {
-            Elem::U32 => 4,
-            _ => 8,
+            Elem::U16 => 2,
+            Elem::U32 | Elem::F32 => 4,
+            Elem::U64 | Elem::F64 => 8,
         }
     }
 }
@@ -73,8 +76,14 @@ pub struct Header {
 pub trait Plain: Copy + Default + Send + Sync + 'static {
     const ELEM: Elem;
 }
+impl Plain for u16 {
+    const ELEM: Elem = Elem::U16;
+}
 impl Plain for u32 {
     const ELEM: Elem = Elem::U32;
+}
+impl Plain for f32 {
+    const ELEM: Elem = Elem::F32;
 }
 impl Plain for u64 {
     const ELEM: Elem = Elem::U64;
@@ -84,13 +93,13 @@ impl Plain for f64 {
 }
 
 fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
-    // SAFETY: T is u32, u64 or f64 (the only `Plain` types): no padding, every byte initialised;
+    // SAFETY: T is u16, u32, u64, f32 or f64 (the only `Plain` types): no padding, every byte initialised;
     // the length is the slice's size in bytes and u8 has alignment 1.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: as in `bytes_of`; also every bit pattern is a valid u32, u64 or f64, so any bytes
+    // SAFETY: as in `bytes_of`; also every bit pattern is a valid u16, u32, u64, f32 or f64, so any bytes
     // written through the view leave valid values.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
@@ -276,8 +285,10 @@ impl Reader {
         let mut bytes = 0;
         for s in &self.header.sections {
             bytes += match s.elem {
+                Elem::U16 => self.read::<u16>(&s.name)?.len() * 2,
                 Elem::U32 => self.read::<u32>(&s.name)?.len() * 4,
                 Elem::U64 => self.read::<u64>(&s.name)?.len() * 8,
+                Elem::F32 => self.read::<f32>(&s.name)?.len() * 4,
                 Elem::F64 => self.read::<f64>(&s.name)?.len() * 8,
             } as u64;
         }

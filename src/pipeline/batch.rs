@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::backend::batch::{BatchBackend, BlockOperator};
 use crate::backend::storage::Storage;
-use crate::backend::storage::StoredMatrix;
+use crate::backend::storage::{StoredMatrix, StoredRows};
 use crate::backend::{Backend, Operator};
 use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
@@ -100,7 +100,7 @@ pub fn solve_batch(
         comm,
     )?;
     let old = |i: usize| p.unmap.ordering.rows.as_ref().map_or(i, |r| r[i]);
-    let rows = p.matrix.rows;
+    let rows = p.matrix.rows.into_csr()?;
     let weighted = reg_from.map(|g| (0..rows.nrows()).map(|i| old(i) >= g).collect());
     let rhs: Vec<Vec<f64>> = rhs
         .iter()
@@ -202,7 +202,7 @@ impl BatchVisitor for Run<'_, '_> {
                     ..params.clone()
                 };
                 let rows = StoredMatrix {
-                    rows: op.member_matrix(members[j].weight),
+                    rows: StoredRows::Csr(op.member_matrix(members[j].weight)),
                     stencil: None,
                     storage: Storage::Csr,
                 };

@@ -332,7 +332,7 @@ pub fn run(plan: &Plan, sys: &BenchSystem) -> Result<Table> {
         let p = sys.prepared(storage, plan.reorder);
         eprintln!("{storage}: {}", p.matrix.describe(Precision::F32));
         if storage == Storage::Compact {
-            note_steps(&p.matrix.rows);
+            p.matrix.rows.with_csr(note_steps)?;
         }
         for engine in &engines {
             for (spec, device_loop) in specs(plan, engine.kind(), storage) {

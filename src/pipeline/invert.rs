@@ -257,6 +257,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     };
     let watch = Watch::Progress(job.progress_every);
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s, watch)?;
+    crate::ui::phases::trace(format_args!("solved"));
     outcome.report.load_io = io;
     outcome.report.seconds.start = start_s;
     outcome.report.prepared = prepared_note.unwrap_or_default();
@@ -295,6 +296,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         None => Ok(()),
     };
     agree(comm, written)?;
+    crate::ui::phases::trace(format_args!("outputs published"));
     // Each rank removes the checkpoint it wrote, once the outputs are published.
     if let Some(m) = &run_model {
         agree(comm, m.remove_checkpoint(comm))?;

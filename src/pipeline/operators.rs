@@ -20,10 +20,13 @@ use crate::backend::cpu::{
     on_pool, CpuBackend, CpuBlockOperator, CpuCompactOperator, CpuCsrOperator,
 };
 use crate::backend::cuda::{
-    CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps, CudaSquareOperator, Prestart,
+    encoding_key, CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps,
+    CudaSquareOperator, Prestart,
 };
 use crate::backend::precond::Preconditioner;
-use crate::backend::storage::{DeviceCsr, Storage, StoredMatrix};
+use crate::backend::storage::{
+    describe_compact, DeviceCsr, DeviceEncoding, EncodingKey, Storage, StoredMatrix, StoredRows,
+};
 use crate::backend::{
     AllreducePath, Backend, LsqrLoop, Operator, Precision, ScalarSlots, TransposeStrategy,
 };
@@ -519,6 +522,7 @@ where
             f()
         }
     };
+    let rows = rows.into_csr()?;
     if built.storage == Storage::Compact {
         let nnz = rows.nnz().max(1) as f64;
         let op = phases::time("encode", || {
@@ -545,7 +549,7 @@ where
 
 /// What an LSQR operator is built from: the stored rows, the stencil rows, the report so far
 /// and when the building began.
-type Parts = (Csr, Option<crate::grid::StencilOp>, Built, Instant);
+type Parts = (StoredRows, Option<crate::grid::StencilOp>, Built, Instant);
 
 /// LSQR's operator on the GPU: compact storage (falling back to CSR, with a note, where it
 /// does not fit) or CSR with the transpose asked for. With `storage = "auto"` and a matrix of
@@ -557,7 +561,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
     path: &str,
     comm: &dyn Comm,
     spec: &OperatorSpec,
-    (rows, stencil, mut built, t): Parts,
+    (mut rows, stencil, mut built, t): Parts,
     device_loop: bool,
     v: V,
 ) -> Result<(V::Output, Built)> {
@@ -565,24 +569,35 @@ fn cuda_lsqr<V: LsqrVisitor>(
     let device_loop = device_loop && (comm.size() == 1 || path.starts_with("nccl"));
     let mut compact = None;
     if built.storage == Storage::Compact {
-        let o = &spec.tuning;
-        match CudaCompactOperator::with_options(be, &rows, stencil.as_ref(), spec.precision, o) {
+        let (o, st, precision) = (&spec.tuning, stencil.as_ref(), spec.precision);
+        let made = match &rows {
+            // Encoded ahead (prepared storage) as this run would encode it: uploaded as it is.
+            StoredRows::Encoded(e) if encoding_key(precision, o) == Some(e.encoding.key) => {
+                CudaCompactOperator::from_encoded(be, e, st, precision, o)
+            }
+            _ => CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o),
+        };
+        match made {
             Ok(op) => compact = Some(op),
             Err(e) if comm.is_root() => eprintln!("compact storage: {e}; using csr"),
             Err(_) => {}
         }
     }
     let nnz = rows.nnz() + stencil.as_ref().map_or(0, |s| s.stencil().nnz());
-    let probe = spec.storage == Storage::Auto && nnz <= PROBE_MAX_NNZ;
+    let probe = probes_storage(spec.storage, nnz);
     if let (Some(op), false) = (&compact, probe) {
         finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
-        drop(rows);
+        crate::sparse::par::drop_in_background(rows);
         built.seconds = t.elapsed().as_secs_f64();
-        return Ok((v.visit(be, op)?, built));
+        let out = v.visit(be, op)?;
+        phases::trace(format_args!("operator done"));
+        drop(compact);
+        phases::trace(format_args!("operator freed"));
+        return Ok((out, built));
     }
     let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.
-    let rows = restack(rows, stencil.as_ref())?;
+    let rows = restack(rows.into_csr()?, stencil.as_ref())?;
     let csr = phases::time("upload", || {
         CudaCsrOperator::with_tuning(be, &rows, spec.transpose, spec.precision, &spec.tuning)
     })?;
@@ -639,6 +654,44 @@ fn cuda_lsqr<V: LsqrVisitor>(
 /// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact
 /// (measured 1.4x CSR's iteration at 100M nonzeros, docs/performance.md).
 pub const PROBE_MAX_NNZ: usize = 16_000_000;
+
+/// The key of the GPU encoding made ahead that a run on `kind` with `spec` would upload as it
+/// is (None: it would not use one).
+pub fn wanted_encoding(kind: BackendChoice, spec: &OperatorSpec) -> Option<EncodingKey> {
+    match kind {
+        BackendChoice::Cuda => encoding_key(spec.precision, &spec.tuning),
+        _ => None,
+    }
+}
+
+/// The GPU encoding of `rows` (the stored rows of `m`, its stencil split off) that `seistomo
+/// prepare` keeps, with the words describing the storage, where a run on `kind` with `spec`
+/// would make it: compact storage on the GPU, not probed against CSR, the split layout. The
+/// caller leaves it out where the columns are scaled (the values change after the file).
+pub fn encode_ahead(
+    kind: BackendChoice,
+    spec: &OperatorSpec,
+    m: &StoredMatrix,
+    rows: &Csr,
+) -> Option<(DeviceEncoding, String)> {
+    let stencil_nnz = m.stencil.as_ref().map_or(0, |s| s.stencil().nnz());
+    if kind != BackendChoice::Cuda
+        || m.storage != Storage::Compact
+        || probes_storage(spec.storage, rows.nnz() + stencil_nnz)
+    {
+        return None;
+    }
+    let e = phases::time("encode", || {
+        crate::backend::cuda::encode_ahead(rows, spec.precision, &spec.tuning)
+    })?;
+    Some((e, describe_compact(rows, spec.precision)))
+}
+
+/// Whether a GPU run with `storage` asked for times both storages of a rank's `nnz` nonzeros
+/// (stencil rows counted) and keeps the faster.
+pub fn probes_storage(storage: Storage, nnz: usize) -> bool {
+    storage == Storage::Auto && nnz <= PROBE_MAX_NNZ
+}
 
 /// Milliseconds of one A x and one A^T y on the GPU (the median of 5, after one to warm up).
 fn pair_ms<O: Operator<CudaBackend>>(be: &CudaBackend, op: &O) -> Result<f64> {

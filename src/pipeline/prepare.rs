@@ -109,7 +109,7 @@ pub fn finish(
     };
     let scale = if layout.col_scale {
         let _s = crate::ui::phases::span("scale");
-        Some(column_scaling(&matrix.rows, comm)?)
+        Some(column_scaling(matrix.rows.csr()?, comm)?)
     } else {
         None
     };
@@ -118,7 +118,7 @@ pub fn finish(
         (_, x0) => x0,
     };
     if let Some(d) = &scale {
-        matrix.rows.scale_columns(d);
+        matrix.rows.csr()?.scale_columns(d);
     }
     let m = comm.allreduce_scalar(matrix.nrows() as f64)? as usize;
     let nnz = comm.allreduce_scalar(matrix.nnz() as f64)? as usize;

@@ -17,7 +17,9 @@ use std::time::{Instant, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::backend::storage::{self, Storage, StoredMatrix};
+use crate::backend::storage::{
+    self, DeviceEncoding, EncodedRows, EncodingKey, Storage, StoredMatrix, StoredRows,
+};
 use crate::comm::{agree, Comm};
 use crate::error::{Error, Result};
 use crate::grid::reorder::Ordering;
@@ -29,7 +31,8 @@ use crate::io::prepared::{Reader, Writer};
 use crate::partition::RowCost;
 use crate::pipeline::options::{BackendChoice, SolveOptions};
 use crate::pipeline::prepare::Layout;
-use crate::sparse::Csr;
+use crate::sparse::tiled::{Tiled, TiledValues};
+use crate::sparse::{Csr, Precision};
 
 /// The meaning of the sections (bumped when the pipeline stores something else).
 pub const LAYOUT_VERSION: u32 = 1;
@@ -212,7 +215,10 @@ pub fn reuse(manifest: &Path, a: &Asked, comm: &dyn Comm) -> Result<(Option<Reus
             ))
         }
     };
-    let read = agree(comm, read_back(&reader, &dm));
+    // The GPU encoding in the file is read instead of the rows where this run would make the
+    // same one.
+    let want = crate::pipeline::operators::wanted_encoding(a.kind, &a.opts.operator);
+    let read = agree(comm, read_back(reader, &dm, want));
     match read {
         Ok(mut r) => {
             r.seconds = t.elapsed().as_secs_f64();
@@ -228,8 +234,23 @@ fn meta_usize(m: &Value, k: &str, path: &Path) -> Result<usize> {
         .ok_or_else(|| Error::format(path, format!("meta: no '{k}'")))
 }
 
-/// The arrays of an opened file into the prepared system.
-fn read_back(r: &Reader, dm: &DatasetManifest) -> Result<Reused> {
+/// The stored rows in CSR, read from the file.
+fn read_rows(r: &Reader, (nrows, ncols): (usize, usize)) -> Result<Csr> {
+    Csr::try_new(
+        nrows,
+        ncols,
+        r.read("indptr")?,
+        r.read("indices")?,
+        r.read("values")?,
+    )
+    .map_err(|e| Error::format(r.path(), format!("stored rows: {e}")))
+}
+
+/// The arrays of an opened file into the prepared system: the rows' GPU encoding where the
+/// file has one made with `want`'s key (the CSR rows then read only if asked for), else the
+/// rows.
+fn read_back(r: Reader, dm: &DatasetManifest, want: Option<EncodingKey>) -> Result<Reused> {
+    let r = std::sync::Arc::new(r);
     let path = r.path().to_path_buf();
     let m = &r.header.meta;
     let (nrows, ncols) = (
@@ -238,14 +259,33 @@ fn read_back(r: &Reader, dm: &DatasetManifest) -> Result<Reused> {
     );
     let storage: Storage = serde_json::from_value(m["storage"].clone())
         .map_err(|e| Error::format(&path, format!("meta: storage: {e}")))?;
-    let rows = Csr::try_new(
-        nrows,
-        ncols,
-        r.read("indptr")?,
-        r.read("indices")?,
-        r.read("values")?,
-    )
-    .map_err(|e| Error::format(&path, format!("stored rows: {e}")))?;
+    let encoded = match m.get("encoding").filter(|e| !e.is_null()) {
+        Some(e) if want.is_some() => {
+            let key: EncodingKey = serde_json::from_value(e["key"].clone())
+                .map_err(|e| Error::format(&path, format!("meta: encoding: {e}")))?;
+            (Some(key) == want).then_some(e)
+        }
+        _ => None,
+    };
+    let rows = match encoded {
+        Some(e) => {
+            let encoding = read_encoding(&r, e)?;
+            let nnz = meta_usize(m, "stored_nnz", &path)?;
+            if encoding.ax.nrows != nrows || encoding.ax.ncols != ncols || encoding.ax.nnz != nnz {
+                return Err(Error::format(&path, "the encoding does not fit the rows"));
+            }
+            let rd = r.clone();
+            StoredRows::Encoded(Box::new(EncodedRows {
+                nrows,
+                ncols,
+                nnz,
+                encoding: std::sync::Arc::new(encoding),
+                described: e["described"].as_str().unwrap_or_default().to_string(),
+                csr: std::sync::Arc::new(move || read_rows(&rd, (nrows, ncols))),
+            }))
+        }
+        None => StoredRows::Csr(read_rows(&r, (nrows, ncols))?),
+    };
     let stencil = match m.get("stencil").filter(|s| !s.is_null()) {
         None => None,
         Some(s) => {
@@ -304,6 +344,99 @@ fn read_back(r: &Reader, dm: &DatasetManifest) -> Result<Reused> {
     })
 }
 
+/// The scalars of a tiled matrix (its arrays are sections `<prefix>.<array>`).
+fn tiled_meta(t: &Tiled) -> Value {
+    json!({"nrows": t.nrows, "ncols": t.ncols, "nnz": t.nnz, "tile_bits": t.tile_bits})
+}
+
+/// The arrays of a tiled matrix as sections `<p>.<array>` (the halves not built: empty).
+fn add_tiled<'a>(out: &mut Writer<'a>, p: &str, t: &'a Tiled) {
+    let n = |k: &str| format!("{p}.{k}");
+    for (k, v) in [
+        ("chunk_tile", &t.chunk_tile),
+        ("chunk_seg", &t.chunk_seg),
+        ("tile_chunk", &t.tile_chunk),
+        ("seg_row", &t.seg_row),
+        ("seg_slot", &t.seg_slot),
+        ("seg_pos", &t.seg_pos),
+    ] {
+        out.add(&n(k), v);
+    }
+    for (k, v) in [
+        ("seg_ent", &t.seg_ent),
+        ("row_seg", &t.row_seg),
+        ("b_colptr", &t.b_colptr),
+    ] {
+        out.add(&n(k), v);
+    }
+    out.add(&n("a_lcol"), &t.a_lcol);
+    out.add(&n("b_lseg"), &t.b_lseg);
+    for (k, v) in [("a_val", &t.a_val), ("b_val", &t.b_val)] {
+        match v {
+            TiledValues::F64(v) => out.add(&n(k), v),
+            TiledValues::F32(v) => out.add(&n(k), v),
+        }
+    }
+}
+
+/// A tiled matrix written by [`add_tiled`] with the scalars `m`, its tables checked against
+/// each other (the GPU indexes with them).
+fn read_tiled(r: &Reader, p: &str, m: &Value, precision: Precision) -> Result<Tiled> {
+    let path = r.path();
+    let n = |k: &str| format!("{p}.{k}");
+    let vals = |k: &str| -> Result<TiledValues> {
+        Ok(match precision {
+            Precision::F64 => TiledValues::F64(r.read(&n(k))?),
+            Precision::F32 => TiledValues::F32(r.read(&n(k))?),
+        })
+    };
+    let tile_bits = meta_usize(m, "tile_bits", path)? as u32;
+    if !(1..=15).contains(&tile_bits) {
+        return Err(Error::format(path, format!("{p}: tile_bits {tile_bits}")));
+    }
+    let t = Tiled {
+        nrows: meta_usize(m, "nrows", path)?,
+        ncols: meta_usize(m, "ncols", path)?,
+        nnz: meta_usize(m, "nnz", path)?,
+        tile_bits,
+        chunk_tile: r.read(&n("chunk_tile"))?,
+        chunk_seg: r.read(&n("chunk_seg"))?,
+        tile_chunk: r.read(&n("tile_chunk"))?,
+        seg_row: r.read(&n("seg_row"))?,
+        seg_slot: r.read(&n("seg_slot"))?,
+        seg_pos: r.read(&n("seg_pos"))?,
+        seg_ent: r.read(&n("seg_ent"))?,
+        row_seg: r.read(&n("row_seg"))?,
+        a_lcol: r.read(&n("a_lcol"))?,
+        a_val: vals("a_val")?,
+        b_colptr: r.read(&n("b_colptr"))?,
+        b_lseg: r.read(&n("b_lseg"))?,
+        b_val: vals("b_val")?,
+    };
+    t.check()
+        .map_err(|e| Error::format(path, format!("encoding {p}: {e}")))?;
+    Ok(t)
+}
+
+/// The GPU encoding a file's meta `e` describes.
+fn read_encoding(r: &Reader, e: &Value) -> Result<DeviceEncoding> {
+    let key: EncodingKey = serde_json::from_value(e["key"].clone())
+        .map_err(|err| Error::format(r.path(), format!("meta: encoding: {err}")))?;
+    let ax = read_tiled(r, "ax", &e["ax"], key.precision)?;
+    let at = read_tiled(r, "at", &e["at"], key.precision)?;
+    if ax.a_lcol.len() != ax.nnz
+        || at.b_lseg.len() != at.nnz
+        || ax.tile_bits != key.ax_tile_bits
+        || at.tile_bits != key.tile_bits
+    {
+        return Err(Error::format(
+            r.path(),
+            "the encoding's halves do not fit its key",
+        ));
+    }
+    Ok(DeviceEncoding { key, ax, at })
+}
+
 /// What a rank writes: its prepared system and coverage.
 pub struct ToWrite<'a> {
     pub prepared: &'a storage::Prepared,
@@ -311,6 +444,8 @@ pub struct ToWrite<'a> {
     pub kernel_rows: usize,
     pub loaded_nnz: usize,
     pub layout: &'a Layout,
+    /// The rows' GPU encoding made ahead, and the words that describe the storage.
+    pub encoding: Option<(&'a DeviceEncoding, &'a str)>,
 }
 
 /// Write this rank's prepared file of the dataset `manifest` (atomically). Returns its path
@@ -321,11 +456,23 @@ pub fn write(manifest: &Path, a: &Asked, w: &ToWrite, comm: &dyn Comm) -> Result
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let inputs = inputs(&DatasetManifest::load(manifest)?, a, comm)?;
     let p = w.prepared;
-    let rows = &p.matrix.rows;
     let stencil = p.matrix.stencil.as_ref();
+    let rows = p.matrix.rows.as_csr().ok_or_else(|| {
+        Error::Invalid("prepare: the rows are not in memory (read from prepared storage)".into())
+    })?;
+    let encoding = w.encoding.map(|(e, described)| {
+        json!({
+            "key": e.key,
+            "described": described,
+            "ax": tiled_meta(&e.ax),
+            "at": tiled_meta(&e.at),
+        })
+    });
     let meta = json!({
         "nrows": rows.nrows(),
         "ncols": rows.ncols(),
+        "stored_nnz": rows.nnz(),
+        "encoding": encoding,
         "storage": p.matrix.storage,
         "stencil": stencil.map(|s| *s.stencil()),
         "ordering": p.ordering.what,
@@ -351,6 +498,10 @@ pub fn write(manifest: &Path, a: &Asked, w: &ToWrite, comm: &dyn Comm) -> Result
     }
     if let Some(v) = stencil.and_then(|s| s.new_of_old()) {
         out.add("stencil_perm", v);
+    }
+    if let Some((e, _)) = w.encoding {
+        add_tiled(&mut out, "ax", &e.ax);
+        add_tiled(&mut out, "at", &e.at);
     }
     out.add("hit_count", &w.coverage.hit_count);
     out.add("dws", &w.coverage.dws);
@@ -432,6 +583,14 @@ pub fn prepare_dataset(
         x0: None,
     };
     let stored = crate::pipeline::prepare::store(sys, &layout);
+    // The GPU encoding made now where the runs would make it (compact storage on the GPU, not
+    // probed against CSR, no column scaling: scaling changes the values after this file).
+    let encoding = match stored.matrix.rows.as_csr() {
+        Some(rows) if !layout.col_scale => {
+            crate::pipeline::operators::encode_ahead(kind, &opts.operator, &stored.matrix, rows)
+        }
+        _ => None,
+    };
     let asked = Asked {
         kind,
         opts,
@@ -444,22 +603,29 @@ pub fn prepare_dataset(
         kernel_rows,
         loaded_nnz,
         layout: &layout,
+        encoding: encoding.as_ref().map(|(e, d)| (e, d.as_str())),
     };
     let (path, bytes) = agree(comm, write(path, &asked, &w, comm))?;
     Ok(Written {
         path,
         bytes,
         storage: format!(
-            "{:?}{}, {}",
-            stored.matrix.storage,
+            "{}{}, {}{}",
+            format!("{:?}", stored.matrix.storage).to_lowercase(),
             if stored.matrix.stencil.is_some() {
                 " with grid stencils"
             } else {
                 ""
             },
-            stored.ordering.what
-        )
-        .to_lowercase(),
+            stored.ordering.what,
+            match &encoding {
+                Some((e, _)) => format!(
+                    "; encoded for the GPU (split tiles of 2^{} and 2^{} columns, {} values)",
+                    e.key.ax_tile_bits, e.key.tile_bits, e.key.precision
+                ),
+                None => String::new(),
+            }
+        ),
         seconds: t.elapsed().as_secs_f64(),
     })
 }

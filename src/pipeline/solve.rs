@@ -157,6 +157,11 @@ impl LsqrVisitor for Run<'_, '_> {
         let l = &self.lsqr;
         let cal = crate::ui::phases::time("calibrate", || calibrate(be, op, l.comm))?;
         let started = std::time::Instant::now();
+        crate::ui::phases::trace(format_args!("iterations start"));
+        // the model file's input checksums taken while the iterations run
+        if l.comm.is_root() {
+            crate::model::provenance::checksum_inputs_ahead();
+        }
         // where the set-up went, on a terminal (batch logs have it in report.json)
         if l.comm.is_root()
             && matches!(self.watch, Watch::Progress(_))
@@ -170,6 +175,7 @@ impl LsqrVisitor for Run<'_, '_> {
                 let mut mon =
                     LsqrProgress::new(name, l.params, op.ncols(), l.comm.is_root(), every);
                 let (sol, h) = l.run(be, op, &mut mon)?;
+                crate::ui::phases::trace(format_args!("lsqr returned"));
                 Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
             Watch::Recorder(inner) => {
@@ -178,6 +184,7 @@ impl LsqrVisitor for Run<'_, '_> {
                     history: Vec::new(),
                 };
                 let (sol, h) = l.run(be, op, &mut mon)?;
+                crate::ui::phases::trace(format_args!("lsqr returned"));
                 Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
         }
@@ -242,13 +249,16 @@ pub fn solve(
         _ => crate::backend::Precision::F64,
     };
     let (laid_out, described) = (p.matrix.storage, p.matrix.describe(precision));
-    let fp = job.checkpoint.map(|_| {
-        format!(
-            "{}:{}",
-            crate::model::checkpoint::fingerprint(&p.matrix.rows, &p.b),
-            p.matrix.stencil_tag()
-        )
-    });
+    let fp = job
+        .checkpoint
+        .map(|_| -> Result<String> {
+            let rows = p
+                .matrix
+                .rows
+                .with_csr(|a| crate::model::checkpoint::fingerprint(a, &p.b))?;
+            Ok(format!("{rows}:{}", p.matrix.stencil_tag()))
+        })
+        .transpose()?;
     let Prepared {
         matrix,
         b,
@@ -276,6 +286,7 @@ pub fn solve(
     let device_loop =
         use_device_loop(job.spec.lsqr_loop) && (job.method == LsqMethod::Lsqr || comm.size() == 1);
     let (mut ran, built) = engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
+    crate::ui::phases::trace(format_args!("operator returned"));
     unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
     let facts = RunFacts {
         storage: storage_words(&built, laid_out, described),

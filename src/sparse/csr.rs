@@ -18,6 +18,15 @@ pub struct Csr {
     data: Vec<f64>,
 }
 
+impl crate::sparse::par::GiveBack for Csr {
+    fn give_back(&mut self) {
+        use crate::sparse::par::give_back_pages;
+        give_back_pages(&mut self.indptr);
+        give_back_pages(&mut self.indices);
+        give_back_pages(&mut self.data);
+    }
+}
+
 impl Csr {
     /// Validating constructor: the arrays must describe a well-formed CSR matrix with sorted,
     /// unique column indices and finite values.

@@ -211,6 +211,92 @@ pub fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// Host copies of a matrix (gigabytes) that can give their memory back to the system in
+/// pieces before they are dropped: see [`drop_in_background`].
+pub trait GiveBack: Send + 'static {
+    /// Give the pages of every large buffer back ([`give_back_pages`]); the values are then
+    /// zero and the value is only fit to be dropped.
+    fn give_back(&mut self);
+}
+
+/// Give the pages of `v` back to the system in 64 MiB pieces (`madvise(MADV_DONTNEED)`: the
+/// memory stays mapped and reads as zeros), so that dropping `v` afterwards unmaps an empty
+/// range. Each piece holds the process's memory-map lock only for reading, where one `munmap`
+/// of gigabytes holds it for writing throughout (~0.1 s per GB), stalling every other thread
+/// that pins or maps memory meanwhile: the GPU driver's copies, page faults. Buffers below
+/// 64 MiB are left to the drop. Elsewhere than Linux it does nothing.
+pub fn give_back_pages<T: Zeroable>(v: &mut [T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PIECE: usize = 64 << 20;
+        let bytes = std::mem::size_of_val(v);
+        if bytes < PIECE {
+            return;
+        }
+        // SAFETY: sysconf only reads a system constant.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let start = v.as_mut_ptr() as usize;
+        let (first, end) = (start.div_ceil(page) * page, (start + bytes) / page * page);
+        let mut at = first;
+        while at < end {
+            let len = PIECE.min(end - at);
+            // SAFETY: [at, at + len) lies inside `v`'s allocation, which this function borrows
+            // mutably (no other reference reads it meanwhile), and is page-aligned. After
+            // MADV_DONTNEED private anonymous pages read as zeros, and an all-zero value is a
+            // valid T (`Zeroable`); file-backed or shared memory is never a Vec's. A failed
+            // call changes nothing.
+            unsafe {
+                libc::madvise(at as *mut libc::c_void, len, libc::MADV_DONTNEED);
+            }
+            at += len;
+        }
+    }
+}
+
+/// Types whose all-zero bytes are a valid value (the numbers sparse arrays hold).
+///
+/// # Safety
+/// The all-zero bit pattern must be a valid value of the type.
+pub unsafe trait Zeroable: Copy {}
+// SAFETY: zero is a valid u16, u32, u64, f32 (+0.0) and f64 (+0.0).
+unsafe impl Zeroable for u16 {}
+// SAFETY: as above.
+unsafe impl Zeroable for u32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for u64 {}
+// SAFETY: as above.
+unsafe impl Zeroable for f32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for f64 {}
+
+impl<A: GiveBack, B: GiveBack> GiveBack for (A, B) {
+    fn give_back(&mut self) {
+        self.0.give_back();
+        self.1.give_back();
+    }
+}
+
+/// Drop `v` (host copies of a matrix, gigabytes) on a thread of its own, its pages given back
+/// in pieces first ([`GiveBack`]): the caller need not wait for the memory to go back to the
+/// system (~0.1 s per GB), and the pieces never stall the threads that go on (the GPU's
+/// set-up and solve). Where no thread can be started, it is dropped here.
+pub fn drop_in_background<T: GiveBack>(v: T) {
+    let cell = std::sync::Arc::new(std::sync::Mutex::new(Some(v)));
+    let theirs = cell.clone();
+    let started = std::thread::Builder::new()
+        .name("seistomo-free".into())
+        .spawn(move || {
+            if let Ok(mut g) = theirs.lock() {
+                if let Some(mut v) = g.take() {
+                    v.give_back();
+                }
+            }
+        });
+    if started.is_err() {
+        drop(cell.lock().map(|mut g| g.take()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

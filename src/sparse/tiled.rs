@@ -58,7 +58,7 @@ pub enum TiledHalf {
 }
 
 /// A matrix in column tiles (see the module documentation).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tiled {
     pub nrows: usize,
     pub ncols: usize,
@@ -93,6 +93,33 @@ pub struct Tiled {
     pub b_val: TiledValues,
 }
 
+impl par::GiveBack for Tiled {
+    fn give_back(&mut self) {
+        use par::give_back_pages as g;
+        for v in [
+            &mut self.chunk_tile,
+            &mut self.chunk_seg,
+            &mut self.tile_chunk,
+            &mut self.seg_row,
+            &mut self.seg_slot,
+            &mut self.seg_pos,
+        ] {
+            g(v);
+        }
+        for v in [&mut self.seg_ent, &mut self.row_seg, &mut self.b_colptr] {
+            g(v);
+        }
+        g(&mut self.a_lcol);
+        g(&mut self.b_lseg);
+        for v in [&mut self.a_val, &mut self.b_val] {
+            match v {
+                TiledValues::F64(v) => g(v),
+                TiledValues::F32(v) => g(v),
+            }
+        }
+    }
+}
+
 impl Tiled {
     pub fn tile(&self) -> usize {
         1 << self.tile_bits
@@ -121,6 +148,79 @@ impl Tiled {
             + (self.nrows as u64 + 1) * 8
             + (self.nchunks() * self.tile() + 1) as u64 * 8
             + self.nchunks() as u64 * 8
+    }
+
+    /// Check that the tables fit each other and the shape (what a GPU kernel indexes with):
+    /// lengths, offsets ascending from 0 to their ends, rows, tiles and segment numbers in
+    /// range. For a matrix read back from a file (made by [`Self::from_csr_half`] there).
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=15).contains(&self.tile_bits) {
+            return Err(format!("tile_bits {}", self.tile_bits));
+        }
+        let ntiles = self.ncols.div_ceil(self.tile()).max(1);
+        let (nseg, nchunks) = (self.seg_row.len(), self.chunk_tile.len());
+        let offsets = |what: &str, v: &[u64], len: usize, end: u64| -> Result<(), String> {
+            let ok = v.len() == len
+                && v.first() == Some(&0)
+                && v.last() == Some(&end)
+                && v.par_windows(2).all(|w| w[0] <= w[1]);
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what}: not {len} ascending offsets from 0 to {end}"
+                ))
+            }
+        };
+        let wide = |v: &[u32]| v.iter().map(|&x| x as u64).collect::<Vec<u64>>();
+        offsets(
+            "chunk_seg",
+            &wide(&self.chunk_seg),
+            nchunks + 1,
+            nseg as u64,
+        )?;
+        offsets(
+            "tile_chunk",
+            &wide(&self.tile_chunk),
+            ntiles + 1,
+            nchunks as u64,
+        )?;
+        offsets("row_seg", &self.row_seg, self.nrows + 1, nseg as u64)?;
+        offsets("seg_ent", &self.seg_ent, nseg + 1, self.nnz as u64)?;
+        let below = |what: &str, v: &[u32], len: usize, lim: usize| -> Result<(), String> {
+            if v.len() == len && v.par_iter().all(|&x| (x as usize) < lim) {
+                Ok(())
+            } else {
+                Err(format!("{what}: not {len} numbers below {lim}"))
+            }
+        };
+        below("chunk_tile", &self.chunk_tile, nchunks, ntiles)?;
+        below("seg_row", &self.seg_row, nseg, self.nrows)?;
+        below("seg_slot", &self.seg_slot, nseg, nseg)?;
+        below("seg_pos", &self.seg_pos, nseg, nseg)?;
+        if (self.chunk_seg.windows(2)).any(|w| (w[1] - w[0]) as usize > CHUNK_SEGS) {
+            return Err(format!("a chunk of more than {CHUNK_SEGS} segments"));
+        }
+        let len = |v: &TiledValues| match v {
+            TiledValues::F64(v) => v.len(),
+            TiledValues::F32(v) => v.len(),
+        };
+        let rows = !self.a_lcol.is_empty() || len(&self.a_val) > 0;
+        if rows && (self.a_lcol.len() != self.nnz || len(&self.a_val) != self.nnz) {
+            return Err(format!("row entries: not {} of each", self.nnz));
+        }
+        let cols = !self.b_lseg.is_empty() || len(&self.b_val) > 0 || !self.b_colptr.is_empty();
+        if cols {
+            let n = nchunks * self.tile() + 1;
+            offsets("b_colptr", &self.b_colptr, n, self.nnz as u64)?;
+            if self.b_lseg.len() != self.nnz || len(&self.b_val) != self.nnz {
+                return Err(format!("column entries: not {} of each", self.nnz));
+            }
+            if !self.b_lseg.par_iter().all(|&x| (x as usize) < CHUNK_SEGS) {
+                return Err(format!("a column entry's segment beyond {CHUNK_SEGS}"));
+            }
+        }
+        Ok(())
     }
 
     /// Cut `a` into tiles of `1 << tile_bits` columns (both halves).

@@ -26,8 +26,29 @@ fn phases() -> std::sync::MutexGuard<'static, Vec<(&'static str, f64)>> {
     PHASES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Print every recorded span from now on (the CLI turns it on for `SEISTOMO_TRACE_PHASES=1`: a
+/// developer's aid for finding where a run's time goes, bench/gpu.sh `timeline`).
+pub fn set_trace(on: bool) {
+    TRACE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn tracing() -> bool {
+    TRACE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// With the trace on ([`set_trace`]): one line on stderr, stamped with the seconds since the
+/// process started.
+pub fn trace(what: std::fmt::Arguments) {
+    if tracing() {
+        eprintln!("trace {:8.3} {what}", since_process_start());
+    }
+}
+
 /// Add `seconds` to phase `name` (a phase met twice adds up).
 pub fn record(name: &'static str, seconds: f64) {
+    trace(format_args!("{name} took {seconds:.3} s"));
     let mut p = phases();
     match p.iter_mut().find(|(n, _)| *n == name) {
         Some((_, s)) => *s += seconds,

@@ -14,6 +14,7 @@ use super::util::{
 };
 use crate::backend::lsmr::LsmrDevice;
 use crate::backend::lsqr::LsqrDevice;
+use crate::backend::storage::{DeviceEncoding, EncodedRows, EncodingKey};
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::StencilOp;
@@ -116,15 +117,15 @@ impl DevCompact {
 
 /// Device bytes of compact storage: both compact copies, the stencil tables, LSQR's vectors.
 fn compact_plan(
-    stored: &Csr,
+    (nrows, ncols): (usize, usize),
     matrix_bytes: u64,
     precision: Precision,
     stencil: Option<&StencilOp>,
     free_bytes: u64,
 ) -> MemoryPlan {
     let (m, n) = (
-        (stored.nrows() + stencil.map_or(0, |s| s.nrows())) as u64,
-        stored.ncols() as u64,
+        (nrows + stencil.map_or(0, |s| s.nrows())) as u64,
+        ncols as u64,
     );
     let matrix_bytes = matrix_bytes + stencil.map_or(0, |s| 8 * s.ncols() as u64);
     MemoryPlan::of(
@@ -192,6 +193,46 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
     }
 }
 
+/// What an encoding made ahead must be for a run with values in `precision` and the tuning
+/// `o` to use it: None where the tuning asks for a device layout other than split (only split
+/// is made ahead).
+pub fn encoding_key(precision: Precision, o: &Tuning) -> Option<EncodingKey> {
+    match o.gpu_layout {
+        None | Some(GpuLayout::Split) => Some(EncodingKey {
+            precision,
+            tile_bits: o.tile_bits.unwrap_or(TILE_BITS),
+            ax_tile_bits: o.ax_tile_bits.unwrap_or(AX_TILE_BITS),
+        }),
+        Some(_) => None,
+    }
+}
+
+/// The split layout's tiles of `stored`, encoded as [`CudaCompactOperator::with_options`]
+/// would encode them (the same arrays), where it would choose that layout; None where it would
+/// choose another (the encoding is then left to the run). CPU work only: `seistomo prepare`
+/// makes it without a GPU.
+pub fn encode_ahead(stored: &Csr, precision: Precision, o: &Tuning) -> Option<DeviceEncoding> {
+    let key = encoding_key(precision, o)?;
+    let layout = o
+        .gpu_layout
+        .unwrap_or_else(|| choose_layout(stored, key.tile_bits));
+    if layout != GpuLayout::Split {
+        return None;
+    }
+    let (ax, at) = rayon::join(
+        || Tiled::from_csr_half(stored, precision, key.ax_tile_bits, TiledHalf::Rows),
+        || Tiled::from_csr_half(stored, precision, key.tile_bits, TiledHalf::Cols),
+    );
+    Some(DeviceEncoding { key, ax, at })
+}
+
+/// Where a compact operator's rows come from: CSR rows to encode, or an encoding made ahead.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Rows(&'a Csr),
+    Ahead(&'a EncodedRows),
+}
+
 /// LSQR's operator on one GPU with compact storage: [stored rows; stencil rows].
 pub struct CudaCompactOperator {
     layout: Layout,
@@ -225,27 +266,65 @@ impl CudaCompactOperator {
         precision: Precision,
         o: &Tuning,
     ) -> Result<Self> {
+        Self::build(be, Source::Rows(stored), stencil, precision, o)
+    }
+
+    /// The operator of rows whose split-layout encoding was made ahead ([`encode_ahead`], kept
+    /// in prepared storage): uploaded as it is, nothing encoded. The encoding must be the one
+    /// this run would make ([`encoding_key`] of `precision` and `o`), else an error.
+    pub fn from_encoded(
+        be: &CudaBackend,
+        rows: &EncodedRows,
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+        o: &Tuning,
+    ) -> Result<Self> {
+        if encoding_key(precision, o) != Some(rows.encoding.key) {
+            return Err(Error::Invalid(format!(
+                "the encoding made ahead ({:?}) is not what this run asks for ({precision} values, tuning {:?} / {:?} / {:?})",
+                rows.encoding.key, o.gpu_layout, o.tile_bits, o.ax_tile_bits
+            )));
+        }
+        Self::build(be, Source::Ahead(rows), stencil, precision, o)
+    }
+
+    fn build(
+        be: &CudaBackend,
+        src: Source,
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+        o: &Tuning,
+    ) -> Result<Self> {
         o.validate()?;
         be.check_compiled_with(&o.nvrtc_defines)?;
         let bits = o.tile_bits.unwrap_or(TILE_BITS);
-        let layout_kind = o
-            .gpu_layout
-            .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits)));
+        let (nrows, ncols, nnz) = match src {
+            Source::Rows(a) => (a.nrows(), a.ncols(), a.nnz()),
+            Source::Ahead(e) => (e.nrows, e.ncols, e.nnz),
+        };
+        let layout_kind = match src {
+            Source::Rows(stored) => o
+                .gpu_layout
+                .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits))),
+            Source::Ahead(_) => GpuLayout::Split,
+        };
+        // The CSR rows, for the layouts never made ahead.
+        let csr = || match src {
+            Source::Rows(a) => a,
+            Source::Ahead(_) => unreachable!("only the split layout is made ahead"),
+        };
         let (free, _) = be.mem_info()?;
         let too_big = |plan: &MemoryPlan| {
             Error::backend(
                 "cuda",
                 format!(
-                    "the system ({} x {}, {} nonzeros) does not fit on the GPU with compact storage: {plan}; try --storage csr --transpose scatter, or more MPI ranks",
-                    stored.nrows(),
-                    stored.ncols(),
-                    stored.nnz()
+                    "the system ({nrows} x {ncols}, {nnz} nonzeros) does not fit on the GPU with compact storage: {plan}; try --storage csr --transpose scatter, or more MPI ranks"
                 ),
             )
         };
         // The plan for `bytes` of matrix storage, or why it does not fit.
         let planned = |bytes: u64| {
-            let plan = compact_plan(stored, bytes, precision, stencil, free as u64);
+            let plan = compact_plan((nrows, ncols), bytes, precision, stencil, free as u64);
             if plan.fits() {
                 Ok(plan)
             } else {
@@ -256,7 +335,7 @@ impl CudaCompactOperator {
             |c: CompactCsr| phases::time("upload", || DevCompact::upload(be, &c, o)).map(Box::new);
         let encode = |bits, half| {
             phases::time("encode", || {
-                Tiled::from_csr_half(stored, precision, bits, half)
+                Tiled::from_csr_half(csr(), precision, bits, half)
             })
         };
         let tiles = |t: &Tiled, r, c| {
@@ -264,13 +343,13 @@ impl CudaCompactOperator {
         };
         let (layout, plan) = match layout_kind {
             GpuLayout::Tiles => {
-                let t = phases::time("encode", || Tiled::from_csr(stored, precision, bits));
+                let t = phases::time("encode", || Tiled::from_csr(csr(), precision, bits));
                 let scratch = 8 * (t.nseg() + t.nchunks() * t.tile()) as u64;
                 let plan = planned(t.bytes() + scratch)?;
                 (Layout::Tiles(tiles(&t, true, true)?), plan)
             }
             GpuLayout::Mixed => {
-                let ca = phases::time("encode", || CompactCsr::from_csr(stored, precision));
+                let ca = phases::time("encode", || CompactCsr::from_csr(csr(), precision));
                 let t = encode(bits, TiledHalf::Cols);
                 // the tiles' column half only: entries, column offsets, segment rows
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
@@ -281,19 +360,31 @@ impl CudaCompactOperator {
             }
             GpuLayout::Split => {
                 let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
-                let tx = encode(xbits, TiledHalf::Rows);
-                let t = encode(bits, TiledHalf::Cols);
+                let mut made: Option<(Tiled, Tiled)> = None;
+                let (tx, t) = match src {
+                    Source::Ahead(e) => (&e.encoding.ax, &e.encoding.at),
+                    Source::Rows(_) => {
+                        let m = made.insert((
+                            encode(xbits, TiledHalf::Rows),
+                            encode(bits, TiledHalf::Cols),
+                        ));
+                        (&m.0, &m.1)
+                    }
+                };
                 // A x's row half and segment partials; A^T's column half and column partials
                 let xbytes = tx.bytes() / 2 + 8 * tx.nseg() as u64;
                 let tbytes = t.bytes() / 2 + 8 * (t.nchunks() * t.tile()) as u64;
                 let plan = planned(xbytes + tbytes)?;
-                let ax = tiles(&tx, true, false)?;
-                drop(tx);
-                let at = tiles(&t, false, true)?;
+                let ax = tiles(tx, true, false)?;
+                let at = tiles(t, false, true)?;
+                if let Some(made) = made.take() {
+                    crate::sparse::par::drop_in_background(made);
+                }
                 (Layout::Split { ax, at }, plan)
             }
             GpuLayout::Rows => {
                 let (ca, cat) = phases::time("encode", || {
+                    let stored = csr();
                     let at = stored.transpose();
                     (
                         CompactCsr::from_csr(stored, precision),
@@ -311,9 +402,9 @@ impl CudaCompactOperator {
         let device_loop = LoopSlot::default();
         device_loop.set_block(o.lsqr_block)?;
         Ok(CudaCompactOperator {
-            m_stored: stored.nrows(),
-            ncols: stored.ncols(),
-            nnz: stored.nnz(),
+            m_stored: nrows,
+            ncols,
+            nnz,
             layout,
             stencil,
             plan,

@@ -48,7 +48,7 @@ mod util;
 mod vector;
 
 pub use backend::{CudaBackend, DeviceVec, Prestart, STAGE};
-pub use compact::CudaCompactOperator;
+pub use compact::{encode_ahead, encoding_key, CudaCompactOperator};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
 pub use error::CudaError;
