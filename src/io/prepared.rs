@@ -73,33 +73,43 @@ pub struct Header {
 }
 
 /// A numeric array a section holds.
-pub trait Plain: Copy + Default + Send + Sync + 'static {
+///
+/// # Safety
+/// The type must have no padding and every bit pattern must be a valid value (its bytes are
+/// read and written directly).
+pub unsafe trait Plain: Copy + Default + Send + Sync + 'static {
     const ELEM: Elem;
 }
-impl Plain for u16 {
+// SAFETY: u16, u32, u64, f32 and f64 have no padding and no invalid bit patterns.
+unsafe impl Plain for u16 {
     const ELEM: Elem = Elem::U16;
 }
-impl Plain for u32 {
+// SAFETY: as above.
+unsafe impl Plain for u32 {
     const ELEM: Elem = Elem::U32;
 }
-impl Plain for f32 {
+// SAFETY: as above.
+unsafe impl Plain for f32 {
     const ELEM: Elem = Elem::F32;
 }
-impl Plain for u64 {
+// SAFETY: as above.
+unsafe impl Plain for u64 {
     const ELEM: Elem = Elem::U64;
 }
-impl Plain for f64 {
+// SAFETY: as above.
+unsafe impl Plain for f64 {
     const ELEM: Elem = Elem::F64;
 }
 
 fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
-    // SAFETY: T is u16, u32, u64, f32 or f64 (the only `Plain` types): no padding, every byte initialised;
-    // the length is the slice's size in bytes and u8 has alignment 1.
+    // SAFETY: T is `Plain`: no padding, so every byte is initialised; the length is the
+    // slice's size in bytes and u8 has alignment 1.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: as in `bytes_of`; also every bit pattern is a valid u16, u32, u64, f32 or f64, so any bytes
+/// The bytes of `v`, to be filled by [`Reader::fill`].
+pub fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; also every bit pattern is a valid `Plain` value, so any bytes
     // written through the view leave valid values.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
@@ -247,6 +257,15 @@ impl Reader {
     /// Read array `name` (chunks read in parallel, each checked against its CRC32C as it
     /// lands). Missing, of another type or damaged: an error naming the file and the section.
     pub fn read<T: Plain>(&self, name: &str) -> Result<Vec<T>> {
+        let mut v = self.empty::<T>(name)?;
+        self.fill(vec![(name, bytes_of_mut(&mut v))])?;
+        Ok(v)
+    }
+
+    /// A zeroed array of section `name`'s length, for [`Self::fill`]: missing or of another
+    /// type than T is an error naming the file and the section. Large arrays are asked to be
+    /// backed by huge pages (Linux), so that reading faults them in 2 MiB at a time.
+    pub fn empty<T: Plain>(&self, name: &str) -> Result<Vec<T>> {
         let s = self
             .section(name)
             .ok_or_else(|| Error::format(&self.path, format!("no section '{name}'")))?;
@@ -257,12 +276,31 @@ impl Reader {
             ));
         }
         let mut v = vec![T::default(); s.len as usize];
-        bytes_of_mut(&mut v)
-            .par_chunks_mut(CHUNK)
-            .zip(&s.crcs)
-            .enumerate()
-            .try_for_each(|(k, (buf, &crc))| -> Result<()> {
-                let at = s.offset + (k * CHUNK) as u64;
+        advise_huge(bytes_of_mut(&mut v));
+        Ok(v)
+    }
+
+    /// Read sections into their arrays (`(name, bytes)`, each as long as its section: made by
+    /// [`Self::empty`]): every chunk of every section in parallel, each checked against its
+    /// CRC32C as it lands.
+    pub fn fill(&self, parts: Vec<(&str, &mut [u8])>) -> Result<()> {
+        let mut jobs: Vec<(&str, u64, u32, &mut [u8])> = Vec::new();
+        for (name, bytes) in parts {
+            let s = self
+                .section(name)
+                .ok_or_else(|| Error::format(&self.path, format!("no section '{name}'")))?;
+            if bytes.len() as u64 != s.len * s.elem.size() as u64 {
+                return Err(Error::format(
+                    &self.path,
+                    format!("section '{name}': {} bytes asked for", bytes.len()),
+                ));
+            }
+            for (k, (buf, &crc)) in bytes.chunks_mut(CHUNK).zip(&s.crcs).enumerate() {
+                jobs.push((name, s.offset + (k * CHUNK) as u64, crc, buf));
+            }
+        }
+        jobs.into_par_iter()
+            .try_for_each(|(name, at, crc, buf)| -> Result<()> {
                 self.file
                     .read_exact_at(buf, at)
                     .map_err(|e| Error::io(&self.path, e))?;
@@ -276,8 +314,7 @@ impl Reader {
                     ));
                 }
                 Ok(())
-            })?;
-        Ok(v)
+            })
     }
 
     /// Read and check every section (`seistomo verify`); returns the bytes checked.
@@ -293,6 +330,24 @@ impl Reader {
             } as u64;
         }
         Ok(bytes)
+    }
+}
+
+/// Ask for huge pages behind a large buffer not yet touched (Linux; advice only: nothing
+/// changes where the kernel does not follow it).
+fn advise_huge(b: &mut [u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = b.as_mut_ptr() as usize;
+        let (first, end) = (start.div_ceil(HUGE) * HUGE, (start + b.len()) / HUGE * HUGE);
+        if end > first {
+            // SAFETY: [first, end) lies inside `b`, which is borrowed mutably; MADV_HUGEPAGE only
+            // advises how to back the range, its contents stay as they are.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
     }
 }
 

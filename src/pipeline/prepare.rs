@@ -87,6 +87,9 @@ pub fn finish(
     comm: &dyn Comm,
     t: Instant,
 ) -> Result<Prepared> {
+    // (again, for a system read back from prepared storage: the outputs' buffers then reuse
+    // each other's pages)
+    crate::backend::cpu::keep_freed_memory();
     let storage::Prepared {
         mut matrix,
         b,

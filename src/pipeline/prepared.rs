@@ -236,14 +236,19 @@ fn meta_usize(m: &Value, k: &str, path: &Path) -> Result<usize> {
 
 /// The stored rows in CSR, read from the file.
 fn read_rows(r: &Reader, (nrows, ncols): (usize, usize)) -> Result<Csr> {
-    Csr::try_new(
-        nrows,
-        ncols,
-        r.read("indptr")?,
-        r.read("indices")?,
-        r.read("values")?,
-    )
-    .map_err(|e| Error::format(r.path(), format!("stored rows: {e}")))
+    use crate::io::prepared::bytes_of_mut as b;
+    let (mut ip, mut ci, mut v) = (
+        r.empty::<u64>("indptr")?,
+        r.empty::<u32>("indices")?,
+        r.empty::<f64>("values")?,
+    );
+    r.fill(vec![
+        ("indptr", b(&mut ip)),
+        ("indices", b(&mut ci)),
+        ("values", b(&mut v)),
+    ])?;
+    Csr::try_new(nrows, ncols, ip, ci, v)
+        .map_err(|e| Error::format(r.path(), format!("stored rows: {e}")))
 }
 
 /// The arrays of an opened file into the prepared system: the rows' GPU encoding where the
@@ -379,51 +384,83 @@ fn add_tiled<'a>(out: &mut Writer<'a>, p: &str, t: &'a Tiled) {
     }
 }
 
-/// A tiled matrix written by [`add_tiled`] with the scalars `m`, its tables checked against
-/// each other (the GPU indexes with them).
-fn read_tiled(r: &Reader, p: &str, m: &Value, precision: Precision) -> Result<Tiled> {
+/// A tiled matrix written by [`add_tiled`] with the scalars `m`, its arrays allocated
+/// (zeroed) to their sections' lengths, for [`fill_tiled`].
+fn empty_tiled(r: &Reader, p: &str, m: &Value, precision: Precision) -> Result<Tiled> {
     let path = r.path();
     let n = |k: &str| format!("{p}.{k}");
     let vals = |k: &str| -> Result<TiledValues> {
         Ok(match precision {
-            Precision::F64 => TiledValues::F64(r.read(&n(k))?),
-            Precision::F32 => TiledValues::F32(r.read(&n(k))?),
+            Precision::F64 => TiledValues::F64(r.empty(&n(k))?),
+            Precision::F32 => TiledValues::F32(r.empty(&n(k))?),
         })
     };
     let tile_bits = meta_usize(m, "tile_bits", path)? as u32;
     if !(1..=15).contains(&tile_bits) {
         return Err(Error::format(path, format!("{p}: tile_bits {tile_bits}")));
     }
-    let t = Tiled {
+    Ok(Tiled {
         nrows: meta_usize(m, "nrows", path)?,
         ncols: meta_usize(m, "ncols", path)?,
         nnz: meta_usize(m, "nnz", path)?,
         tile_bits,
-        chunk_tile: r.read(&n("chunk_tile"))?,
-        chunk_seg: r.read(&n("chunk_seg"))?,
-        tile_chunk: r.read(&n("tile_chunk"))?,
-        seg_row: r.read(&n("seg_row"))?,
-        seg_slot: r.read(&n("seg_slot"))?,
-        seg_pos: r.read(&n("seg_pos"))?,
-        seg_ent: r.read(&n("seg_ent"))?,
-        row_seg: r.read(&n("row_seg"))?,
-        a_lcol: r.read(&n("a_lcol"))?,
+        chunk_tile: r.empty(&n("chunk_tile"))?,
+        chunk_seg: r.empty(&n("chunk_seg"))?,
+        tile_chunk: r.empty(&n("tile_chunk"))?,
+        seg_row: r.empty(&n("seg_row"))?,
+        seg_slot: r.empty(&n("seg_slot"))?,
+        seg_pos: r.empty(&n("seg_pos"))?,
+        seg_ent: r.empty(&n("seg_ent"))?,
+        row_seg: r.empty(&n("row_seg"))?,
+        a_lcol: r.empty(&n("a_lcol"))?,
         a_val: vals("a_val")?,
-        b_colptr: r.read(&n("b_colptr"))?,
-        b_lseg: r.read(&n("b_lseg"))?,
+        b_colptr: r.empty(&n("b_colptr"))?,
+        b_lseg: r.empty(&n("b_lseg"))?,
         b_val: vals("b_val")?,
-    };
-    t.check()
-        .map_err(|e| Error::format(path, format!("encoding {p}: {e}")))?;
-    Ok(t)
+    })
 }
 
-/// The GPU encoding a file's meta `e` describes.
+/// The arrays of `t` as (section name, bytes) for [`Reader::fill`].
+fn tiled_parts<'a>(p: &str, t: &'a mut Tiled) -> Vec<(String, &'a mut [u8])> {
+    use crate::io::prepared::bytes_of_mut as b;
+    let n = |k: &str| format!("{p}.{k}");
+    let vals = |v: &'a mut TiledValues| match v {
+        TiledValues::F64(v) => b(v),
+        TiledValues::F32(v) => b(v),
+    };
+    vec![
+        (n("chunk_tile"), b(&mut t.chunk_tile)),
+        (n("chunk_seg"), b(&mut t.chunk_seg)),
+        (n("tile_chunk"), b(&mut t.tile_chunk)),
+        (n("seg_row"), b(&mut t.seg_row)),
+        (n("seg_slot"), b(&mut t.seg_slot)),
+        (n("seg_pos"), b(&mut t.seg_pos)),
+        (n("seg_ent"), b(&mut t.seg_ent)),
+        (n("row_seg"), b(&mut t.row_seg)),
+        (n("a_lcol"), b(&mut t.a_lcol)),
+        (n("a_val"), vals(&mut t.a_val)),
+        (n("b_colptr"), b(&mut t.b_colptr)),
+        (n("b_lseg"), b(&mut t.b_lseg)),
+        (n("b_val"), vals(&mut t.b_val)),
+    ]
+}
+
+/// The GPU encoding a file's meta `e` describes: both halves' arrays read in one parallel
+/// pass, then their tables checked against each other (the GPU indexes with them).
 fn read_encoding(r: &Reader, e: &Value) -> Result<DeviceEncoding> {
     let key: EncodingKey = serde_json::from_value(e["key"].clone())
         .map_err(|err| Error::format(r.path(), format!("meta: encoding: {err}")))?;
-    let ax = read_tiled(r, "ax", &e["ax"], key.precision)?;
-    let at = read_tiled(r, "at", &e["at"], key.precision)?;
+    let mut ax = empty_tiled(r, "ax", &e["ax"], key.precision)?;
+    let mut at = empty_tiled(r, "at", &e["at"], key.precision)?;
+    {
+        let mut parts = tiled_parts("ax", &mut ax);
+        parts.extend(tiled_parts("at", &mut at));
+        r.fill(parts.iter_mut().map(|(n, b)| (n.as_str(), &mut **b)).collect())?;
+    }
+    for (p, t) in [("ax", &ax), ("at", &at)] {
+        t.check()
+            .map_err(|err| Error::format(r.path(), format!("encoding {p}: {err}")))?;
+    }
     if ax.a_lcol.len() != ax.nnz
         || at.b_lseg.len() != at.nnz
         || ax.tile_bits != key.ax_tile_bits
