@@ -276,7 +276,7 @@ impl Reader {
             ));
         }
         let mut v = vec![T::default(); s.len as usize];
-        advise_huge(bytes_of_mut(&mut v));
+        crate::sparse::par::advise_huge(bytes_of_mut(&mut v));
         Ok(v)
     }
 
@@ -330,24 +330,6 @@ impl Reader {
             } as u64;
         }
         Ok(bytes)
-    }
-}
-
-/// Ask for huge pages behind a large buffer not yet touched (Linux; advice only: nothing
-/// changes where the kernel does not follow it).
-fn advise_huge(b: &mut [u8]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = b.as_mut_ptr() as usize;
-        let (first, end) = (start.div_ceil(HUGE) * HUGE, (start + b.len()) / HUGE * HUGE);
-        if end > first {
-            // SAFETY: [first, end) lies inside `b`, which is borrowed mutably; MADV_HUGEPAGE only
-            // advises how to back the range, its contents stay as they are.
-            unsafe {
-                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
-            }
-        }
     }
 }
 
