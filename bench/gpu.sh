@@ -269,8 +269,10 @@ if has tts; then
   runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
   # prepf32 reads a file prepared with precision f32 (the GPU encoding is made for one
   # precision); prepold reads a file that seistomo-prev prepared (rows only, when that binary is
-  # there), so that the same binary's prepared run is timed with and without the kept encoding.
-  for run in $runs prepare prepdefaults prepnp2 preparef32 prepf32 prepold; do
+  # there), so that the same binary's prepared run is timed with and without the kept encoding;
+  # prevdefaults and prevprep are seistomo-prev's own fresh and prepared runs.
+  [ -x "$BIN/seistomo-prev" ] && runs="$runs prevdefaults"
+  for run in $runs prepare prepdefaults prepnp2 preparef32 prepf32 prepold prevprep; do
     cfg=/tmp/tts-$run.toml
     extra=""; [ $run = f32 ] || [ $run = prepf32 ] || [ $run = preparef32 ] && extra='precision = "f32"'
     [ $run = csr ] && extra='storage = "csr"'
@@ -289,6 +291,9 @@ if has tts; then
     if [ $run = np2 ] || [ $run = np2host ] || [ $run = prepnp2 ]; then
       [ "$ngpu" -ge 2 ] || continue
       wall $MR "$BIN/seistomo" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
+    elif [ $run = prevdefaults ] || [ $run = prevprep ]; then
+      [ -x "$BIN/seistomo-prev" ] || continue
+      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo-prev" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
     elif [ $run = base ]; then
       CUDA_VISIBLE_DEVICES=0 wall "$BASE" -q invert $cfg 2>> "$OUT/tts_$run.txt" >> "$OUT/tts_$run.txt"
     else
@@ -313,7 +318,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
     r = json.load(open(f)); s = r["seconds"]
     wall = open(f[:-5] + ".txt").read().strip().splitlines()[-1]
     print(f"{os.path.basename(f)}: ranks {r['ranks']} {r.get('lsqr_loop', '?')} loop, storage {r['storage'][:40]} its {r['iterations']} r1 {r['r1norm']:.12e} x {r['xnorm']:.12e} "
-          f"load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} ({wall}) "
+          f"start {s.get('start', 0):.2f} load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} write {s.get('write', 0):.2f} ({wall}) "
           f"ms/it {r['ms_per_iter']:.3f} prepared: {r.get('prepared', '-')}\n   phases {r.get('setup_phases')}")
     for x in r.get("rank_timing") or []:
         print(f"   rank {x['rank']}: rows {x.get('rows')} nnz {x.get('nnz')} product {x.get('product_ms', -1):.3f} ms "

@@ -66,6 +66,8 @@ pub enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     crate::ui::phases::mark_process_start();
     crate::ui::phases::set_trace(crate::settings::launch::trace_phases());
+    // SAFETY: the seistomo binary declares no global allocator: Rust's is the system malloc.
+    unsafe { crate::sparse::par::assume_system_allocator() };
     // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.
     crate::backend::cpu::env_threads()?;
     let comm = crate::comm::init()?;

@@ -455,7 +455,12 @@ fn read_encoding(r: &Reader, e: &Value) -> Result<DeviceEncoding> {
     {
         let mut parts = tiled_parts("ax", &mut ax);
         parts.extend(tiled_parts("at", &mut at));
-        r.fill(parts.iter_mut().map(|(n, b)| (n.as_str(), &mut **b)).collect())?;
+        r.fill(
+            parts
+                .iter_mut()
+                .map(|(n, b)| (n.as_str(), &mut **b))
+                .collect(),
+        )?;
     }
     for (p, t) in [("ax", &ax), ("at", &at)] {
         t.check()

@@ -647,8 +647,8 @@ impl Csr {
             }
         };
         let total = indptr[m] as usize;
-        let mut indices = par::zeroed::<u32>(total);
-        let mut data = par::zeroed::<f64>(total);
+        let mut indices = vec![0u32; total];
+        let mut data = vec![0f64; total];
         let parts = par::blocks_for(total + m, 4);
         let bounds = par::row_blocks(&indptr, parts);
         let is = par::split_rows(&mut indices, &indptr, &bounds);

@@ -219,22 +219,47 @@ pub trait GiveBack: Send + 'static {
     fn give_back(&mut self);
 }
 
+static SYSTEM_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Let [`give_back_pages`] ask glibc about the blocks it gets (without it, it does nothing).
+///
+/// # Safety
+/// The process's global allocator must be the system allocator (glibc's malloc): the seistomo
+/// binary's is; a program that links the library with another allocator must not call this.
+pub unsafe fn assume_system_allocator() {
+    SYSTEM_ALLOCATOR.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Give the pages of `v` back to the system in 64 MiB pieces (`madvise(MADV_DONTNEED)`: the
 /// memory stays mapped and reads as zeros), so that dropping `v` afterwards unmaps an empty
 /// range. Each piece holds the process's memory-map lock only for reading, where one `munmap`
 /// of gigabytes holds it for writing throughout (~0.1 s per GB), stalling every other thread
 /// that pins or maps memory meanwhile: the GPU driver's copies, page faults. Buffers below
 /// 64 MiB are left to the drop. Elsewhere than Linux it does nothing.
-pub fn give_back_pages<T: Zeroable>(v: &mut [T]) {
-    #[cfg(target_os = "linux")]
+pub fn give_back_pages<T: Zeroable>(v: &mut Vec<T>) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         const PIECE: usize = 64 << 20;
-        let bytes = std::mem::size_of_val(v);
+        let bytes = std::mem::size_of_val(v.as_slice());
         if bytes < PIECE {
             return;
         }
         // SAFETY: sysconf only reads a system constant.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        // Only a buffer in its own mapping: one from the heap (glibc hands out blocks below
+        // its mmap threshold there, 1 GiB once the set-up keeps freed memory,
+        // `backend::cpu::keep_freed_memory`) is not unmapped when freed, and its pages are
+        // reused by the next allocation. glibc's mapped chunks span whole pages: their usable
+        // size is a page multiple less the two-word header.
+        if !SYSTEM_ALLOCATOR.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: `v` holds at least PIECE bytes, so its pointer is the start of a live block
+        // of the global allocator, which is the system's malloc (`assume_system_allocator`).
+        let usable = unsafe { libc::malloc_usable_size(v.as_mut_ptr().cast()) };
+        if (usable + 2 * std::mem::size_of::<usize>()) % page != 0 {
+            return;
+        }
         let start = v.as_mut_ptr() as usize;
         let (first, end) = (start.div_ceil(page) * page, (start + bytes) / page * page);
         let mut at = first;
@@ -271,14 +296,6 @@ pub fn advise_huge<T>(v: &mut [T]) {
             }
         }
     }
-}
-
-/// `n` zeros in a buffer advised to huge pages ([`advise_huge`]; the zeros come from the
-/// allocator's zeroed memory, so nothing is written before the caller fills it).
-pub fn zeroed<T: Zeroable + Default>(n: usize) -> Vec<T> {
-    let mut v = vec![T::default(); n];
-    advise_huge(&mut v);
-    v
 }
 
 /// Types whose all-zero bytes are a valid value (the numbers sparse arrays hold).

@@ -530,11 +530,11 @@ impl Entries<'_> {
     /// The row entries in tile order, segment by segment: the column within the tile (with
     /// [`LCOL_END`] on each segment's last entry) and the value (`conv`erted), filled per chunk
     /// in parallel (chunks own disjoint entry ranges).
-    fn rows<V: par::Zeroable + Default + Send>(&self, conv: impl Fn(f64) -> V + Sync) -> (Vec<u16>, Vec<V>) {
+    fn rows<V: Copy + Default + Send>(&self, conv: impl Fn(f64) -> V + Sync) -> (Vec<u16>, Vec<V>) {
         let (ci, va, nnz) = (self.a.indices(), self.a.data(), self.a.nnz());
         let mask = (1u32 << self.tile_bits) - 1;
-        let mut a_lcol = par::zeroed::<u16>(nnz);
-        let mut vals = par::zeroed::<V>(nnz);
+        let mut a_lcol = vec![0u16; nnz];
+        let mut vals = vec![V::default(); nnz];
         let lcols = par::split_parts(&mut a_lcol, chunk_entries(self.chunk_seg, self.seg_ent));
         let values = par::split_parts(&mut vals, chunk_entries(self.chunk_seg, self.seg_ent));
         lcols
@@ -559,7 +559,7 @@ impl Entries<'_> {
     /// The column entries: within each chunk, its segments' entries sorted by local column
     /// (stable: segment order within a column). Returns the column offsets (chunks x tile
     /// columns + 1), the segment within the chunk and the value (`conv`erted).
-    fn columns<V: par::Zeroable + Default + Send>(
+    fn columns<V: Copy + Default + Send>(
         &self,
         conv: impl Fn(f64) -> V + Sync,
     ) -> (Vec<u64>, Vec<u16>, Vec<V>) {
@@ -569,8 +569,8 @@ impl Entries<'_> {
         let mask = (tsz - 1) as u32;
         let nchunks = chunk_seg.len() - 1;
         let mut b_colptr = vec![0u64; nchunks * tsz + 1];
-        let mut b_lseg = par::zeroed::<u16>(nnz);
-        let mut b_vals = par::zeroed::<V>(nnz);
+        let mut b_lseg = vec![0u16; nnz];
+        let mut b_vals = vec![V::default(); nnz];
         let colptrs = par::split_parts(&mut b_colptr[..nchunks * tsz], (0..nchunks).map(|_| tsz));
         let lsegs = par::split_parts(&mut b_lseg, chunk_entries(chunk_seg, seg_ent));
         let values = par::split_parts(&mut b_vals, chunk_entries(chunk_seg, seg_ent));

@@ -1,7 +1,6 @@
 //! Kernel rows on disk: the metadata file (rows with their nnz, descending), per-row files and
 //! packed files (docs/formats.md), written from a CSR and read back into a local CSR.
 
-use crate::sparse::par::zeroed;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -895,9 +894,10 @@ fn read_mapped(
     pb: &indicatif::ProgressBar,
 ) -> Result<(Vec<u32>, Vec<f64>, u64)> {
     let bytes_read = AtomicU64::new(0);
-    // Every row's place at once: zeros the allocator hands out untouched, on huge pages.
+    // Every row's place at once: zeros the allocator hands out untouched (a resize per batch
+    // wrote every byte on one thread first).
     let total = local.iter().map(|e| e.nnz as usize).sum();
-    let (mut indices, mut data) = (zeroed::<u32>(total), zeroed::<f64>(total));
+    let (mut indices, mut data) = (vec![0u32; total], vec![0f64; total]);
     let (mut start, mut base) = (0, 0);
     while start < local.len() {
         let (mut end, mut bnnz) = (start, 0usize);
@@ -973,8 +973,8 @@ fn read_spans(
     reader: &RangeReader,
     pb: &indicatif::ProgressBar,
 ) -> Result<(Vec<u32>, Vec<f64>, u64)> {
-    let mut indices = zeroed::<u32>(plan.nnz);
-    let mut data = zeroed::<f64>(plan.nnz);
+    let mut indices = vec![0u32; plan.nnz];
+    let mut data = vec![0f64; plan.nnz];
     let bytes_read = AtomicU64::new(0);
     let per_row = packs.is_none();
     let mut jobs = span_jobs(
