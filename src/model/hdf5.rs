@@ -170,6 +170,9 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<Vec<u8>> {
     let n = inp.outcome.solution.x.len();
     let guess = 16 * 8 * n + 8 * 8 * inp.outcome.history.len() + 4 * inp.config_text.len();
     let increment = guess.clamp(1 << 20, 1 << 30);
+    // HDF5's buffer, the fields' arrays and the image's copy: ~2.5 x the buffer, faulted in
+    // huge pages first.
+    crate::backend::cpu::warm_heap(increment * 5 / 2);
     // A name that no file system has: the core driver never opens it (no backing store).
     let name = format!(
         "/nonexistent-seistomo-in-memory/{}-{}.h5",

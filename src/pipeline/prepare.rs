@@ -66,6 +66,7 @@ pub fn prepare(sys: System, layout: &Layout, comm: &dyn Comm) -> Result<Prepared
 /// the stencil split and the ordering of this rank's rows.
 pub fn store(sys: System, layout: &Layout) -> storage::Prepared {
     crate::backend::cpu::keep_freed_memory();
+    crate::backend::cpu::set_up_on_heap();
     let System { a, b, kernel_rows } = sys;
     storage::prepare(
         a,
