@@ -27,12 +27,15 @@
 #             (nvidia-h100-x4 for four)                                         -> performance.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
-#   timeline  a defaults invert (prepared storage) stamped line by line (timeline.py), this
-#             binary and seistomo-prev beside it
+#   timeline  a defaults invert (prepared storage, each binary's own file) stamped line by
+#             line (timeline.py) with every phase traced (SEISTOMO_TRACE_PHASES=1), this binary
+#             and seistomo-prev beside it
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
-#             defaults: device loop with NCCL; and the host loop);
+#             defaults: device loop with NCCL; and the host loop); then from prepared storage
+#             (f64, f32 prepared in f32, 2 ranks; a file seistomo-prev prepared; and
+#             seistomo-prev's own fresh and prepared runs when BIN_DIR has it);
 #             load / set-up (each phase) / solve / total from report.json; with $BASE (another
 #             binary) its defaults too; the CuPy user's time to solution on the same system
 #             (bench/peers/cupy_tts.py)                                       -> performance.md
