@@ -303,7 +303,9 @@ pub fn advise_huge<T>(v: &mut [T]) {
 /// # Safety
 /// The all-zero bit pattern must be a valid value of the type.
 pub unsafe trait Zeroable: Copy {}
-// SAFETY: zero is a valid u16, u32, u64, f32 (+0.0) and f64 (+0.0).
+// SAFETY: zero is a valid u8, u16, u32, u64, f32 (+0.0) and f64 (+0.0).
+unsafe impl Zeroable for u8 {}
+// SAFETY: as above.
 unsafe impl Zeroable for u16 {}
 // SAFETY: as above.
 unsafe impl Zeroable for u32 {}
@@ -345,6 +347,35 @@ pub fn drop_in_background<T: GiveBack>(v: T) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_given_back_read_as_zeros_and_small_or_unknown_blocks_are_left() {
+        // Blocks from 1 GiB on are glibc's own mappings whatever the thresholds: given back.
+        let mut big = vec![0u8; (1 << 30) + (3 << 20)];
+        for k in (0..big.len()).step_by(1 << 20) {
+            big[k] = 7;
+        }
+        let touched = |v: &[u8]| (0..v.len()).step_by(1 << 20).filter(|&k| v[k] == 7).count();
+        // without the allocator's word nothing happens
+        give_back_pages(&mut big);
+        assert_eq!(touched(&big), big.len().div_ceil(1 << 20));
+        // SAFETY: the test binary's global allocator is the system's.
+        unsafe { assume_system_allocator() };
+        let mut small = vec![7u64; 1000];
+        give_back_pages(&mut small);
+        assert!(small.iter().all(|&x| x == 7));
+        give_back_pages(&mut big);
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            // the pages wholly inside the block are zeros again (the first and last may be
+            // shared with the allocator's header and are kept)
+            let inner = (0..big.len())
+                .step_by(1 << 20)
+                .filter(|&k| k >= 4096 && k + 4096 < big.len());
+            assert!(inner.clone().all(|k| big[k] == 0));
+            assert!(inner.count() > 1000);
+        }
+        drop(big);
+    }
 
     #[test]
     fn blocks_cover_the_rows_in_order_and_offsets_add_up() {

@@ -614,6 +614,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn check_accepts_what_is_made_and_names_what_is_damaged() {
+        let a = crate::testproblems::awkward_csr(3000, 5000, 6);
+        for half in [TiledHalf::Both, TiledHalf::Rows, TiledHalf::Cols] {
+            let t = Tiled::from_csr_half(&a, Precision::F32, 9, half);
+            assert_eq!(t.check(), Ok(()), "{half:?}");
+        }
+        let good = Tiled::from_csr(&a, Precision::F64, 9);
+        type Damage = Box<dyn Fn(&mut Tiled)>;
+        let damaged: Vec<(&str, Damage)> = vec![
+            ("tile_bits", Box::new(|t| t.tile_bits = 0)),
+            (
+                "chunk_seg",
+                Box::new(|t| *t.chunk_seg.last_mut().unwrap() += 1),
+            ),
+            (
+                "tile_chunk",
+                Box::new(|t| t.tile_chunk.pop().map(drop).unwrap()),
+            ),
+            ("row_seg", Box::new(|t| t.row_seg[1] = t.row_seg[2] + 1)),
+            ("seg_ent", Box::new(|t| *t.seg_ent.last_mut().unwrap() -= 1)),
+            ("chunk_tile", Box::new(|t| t.chunk_tile[0] = u32::MAX)),
+            ("seg_row", Box::new(|t| t.seg_row[0] = t.nrows as u32)),
+            ("seg_pos", Box::new(|t| t.seg_pos.truncate(1))),
+            ("row entries", Box::new(|t| t.a_lcol.truncate(1))),
+            ("b_colptr", Box::new(|t| t.b_colptr[1] = u64::MAX)),
+            ("column entries", Box::new(|t| t.b_lseg.push(0))),
+            (
+                "segment beyond",
+                Box::new(|t| t.b_lseg[0] = CHUNK_SEGS as u16),
+            ),
+        ];
+        for (what, damage) in damaged {
+            let mut t = good.clone();
+            damage(&mut t);
+            let e = t.check().expect_err(what);
+            assert!(e.contains(what), "{what}: {e}");
+        }
+    }
+
+    #[test]
     fn a_half_is_that_half_of_the_whole() {
         let a = crate::testproblems::awkward_csr(3000, 5000, 5);
         for p in [Precision::F64, Precision::F32] {
