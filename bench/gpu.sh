@@ -30,7 +30,8 @@
 #   timeline  a defaults invert (prepared storage, each binary's own file) stamped line by
 #             line (timeline.py) with every phase traced (SEISTOMO_TRACE_PHASES=1), this binary
 #             and seistomo-prev beside it
-#   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared
+#   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
+#             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
 #             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop); then from prepared storage
@@ -338,15 +339,18 @@ if has tts4; then
   [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 2400000 --norm-damping 0.1 \
     --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
   rm -rf $ds/prepared
-  for run in fresh prepare prepared; do
+  ngpu=$(nvidia-smi -L | wc -l)
+  # np2*: the same on two GPUs (one rank each, NCCL) when there are two
+  for run in fresh prepare prepared np2fresh np2prepare np2prepared; do
+    case $run in np2*) [ "$ngpu" -ge 2 ] || continue; nccl_path; L=$MR ;; *) L="env CUDA_VISIBLE_DEVICES=0" ;; esac
     cfg=/tmp/tts4-$run.toml
     printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "/tmp/tts4-o-%s"\n' \
       $ds $run > $cfg
-    if [ $run = prepare ]; then
-      CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg > "$OUT/tts4_prepare.txt" 2>&1
+    if [ ${run#np2} = prepare ]; then
+      wall $L "$BIN/seistomo" prepare $cfg >> "$OUT/tts4_prepare.txt" 2>&1
       continue
     fi
-    CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" -q invert $cfg > "$OUT/tts4_$run.txt" 2>&1
+    wall $L "$BIN/seistomo" -q invert $cfg > "$OUT/tts4_$run.txt" 2>&1
     cp /tmp/tts4-o-$run/report.json "$OUT/tts4_$run.json" 2>/dev/null
     rm -rf /tmp/tts4-o-$run
   done
