@@ -364,13 +364,10 @@ impl CudaCompactOperator {
                 let (tx, t) = match src {
                     Source::Ahead(e) => (&e.encoding.ax, &e.encoding.at),
                     Source::Rows(_) => {
-                        // both halves at once: each has steps that use few threads
-                        let m = made.insert(phases::time("encode", || {
-                            rayon::join(
-                                || Tiled::from_csr_half(csr(), precision, xbits, TiledHalf::Rows),
-                                || Tiled::from_csr_half(csr(), precision, bits, TiledHalf::Cols),
-                            )
-                        }));
+                        let m = made.insert((
+                            encode(xbits, TiledHalf::Rows),
+                            encode(bits, TiledHalf::Cols),
+                        ));
                         (&m.0, &m.1)
                     }
                 };
