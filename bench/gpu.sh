@@ -28,7 +28,7 @@
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
 #             (P = $GPUS, default 2; z-slabs, contiguous partition)              -> gmres.md
 #   timeline  a defaults invert (prepared storage, each binary's own file) stamped line by
-#             line (timeline.py) with every phase traced (SEISTOMO_TRACE_PHASES=1), this binary
+#             line (timeline.py) with every phase traced (--trace-phases), this binary
 #             and seistomo-prev beside it
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
@@ -372,7 +372,7 @@ if has timeline; then
     [ "$(cat /tmp/tl-prepared-by 2>/dev/null)" = $b ] || {
       CUDA_VISIBLE_DEVICES=0 "$BIN/$b" -q prepare $cfg > /dev/null 2>&1; echo $b > /tmp/tl-prepared-by; }
     rm -rf $dir
-    CUDA_VISIBLE_DEVICES=0 SEISTOMO_TRACE_PHASES=1 python3 bench/timeline.py "$BIN/$b" invert $cfg \
+    CUDA_VISIBLE_DEVICES=0 python3 bench/timeline.py "$BIN/$b" --trace-phases invert $cfg \
       > "$OUT/timeline_$b.txt" 2>&1
     cp $dir/report.json "$OUT/timeline_$b.json" 2>/dev/null
   done

@@ -26,6 +26,10 @@ pub struct Cli {
     /// No progress (by default: bars on a terminal, one line every 10 s otherwise; rank 0).
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+    /// Print each set-up and output phase as it ends, stamped with the seconds since the
+    /// process started (stderr; for finding where a run's time goes).
+    #[arg(long, global = true)]
+    pub trace_phases: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -65,7 +69,7 @@ pub enum Command {
 /// Run the parsed command line (on every rank of an MPI job).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     crate::ui::phases::mark_process_start();
-    crate::ui::phases::set_trace(crate::settings::launch::trace_phases());
+    crate::ui::phases::set_trace(cli.trace_phases);
     // SAFETY: the seistomo binary declares no global allocator: Rust's is the system malloc.
     unsafe { crate::sparse::par::assume_system_allocator() };
     // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.

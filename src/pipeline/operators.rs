@@ -589,11 +589,7 @@ fn cuda_lsqr<V: LsqrVisitor>(
         finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
         crate::sparse::par::drop_in_background(rows);
         built.seconds = t.elapsed().as_secs_f64();
-        let out = v.visit(be, op)?;
-        phases::trace(format_args!("operator done"));
-        drop(compact);
-        phases::trace(format_args!("operator freed"));
-        return Ok((out, built));
+        return Ok((v.visit(be, op)?, built));
     }
     let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.

@@ -175,7 +175,6 @@ impl LsqrVisitor for Run<'_, '_> {
                 let mut mon =
                     LsqrProgress::new(name, l.params, op.ncols(), l.comm.is_root(), every);
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                crate::ui::phases::trace(format_args!("lsqr returned"));
                 Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
             Watch::Recorder(inner) => {
@@ -184,7 +183,6 @@ impl LsqrVisitor for Run<'_, '_> {
                     history: Vec::new(),
                 };
                 let (sol, h) = l.run(be, op, &mut mon)?;
-                crate::ui::phases::trace(format_args!("lsqr returned"));
                 Ok((sol, h.unwrap_or(mon.history), started, cal))
             }
         }
@@ -286,7 +284,6 @@ pub fn solve(
     let device_loop =
         use_device_loop(job.spec.lsqr_loop) && (job.method == LsqMethod::Lsqr || comm.size() == 1);
     let (mut ran, built) = engine.lsqr(job.spec, comm, matrix, device_loop, run)?;
-    crate::ui::phases::trace(format_args!("operator returned"));
     unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
     let facts = RunFacts {
         storage: storage_words(&built, laid_out, described),

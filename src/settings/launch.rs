@@ -2,7 +2,7 @@
 //! module that reads environment variables (tests/layers.rs holds it to that): the MPI
 //! launcher's variables (Open MPI, MPICH/Intel MPI's hydra, PMIx/PMI-2 launchers such as
 //! Slurm's srun), `SEISTOMO_MPI` (force MPI on or off), `RAYON_NUM_THREADS`, the memory the job
-//! may use (`SEISTOMO_MEMORY_LIMIT`), the host name, the phase trace (`SEISTOMO_TRACE_PHASES`), and, in builds with the
+//! may use (`SEISTOMO_MEMORY_LIMIT`), the host name, and, in builds with the
 //! `fault-injection` feature only, the test hooks `SEISTOMO_FAULT_*`. Everything that tunes a
 //! run is configuration instead ([`super::tuning`]).
 
@@ -108,12 +108,6 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
         .map(std::path::PathBuf::from)
         .or_else(|| home_dir().map(|h| h.join(".cache")))
         .map(|d| d.join("seistomo"))
-}
-
-/// `SEISTOMO_TRACE_PHASES=1`: print every set-up phase as it ends, stamped (src/ui/phases.rs;
-/// a developer's aid for finding where a run's time goes, bench/gpu.sh `timeline`).
-pub fn trace_phases() -> bool {
-    var("SEISTOMO_TRACE_PHASES").is_some_and(|v| v == "1")
 }
 
 /// `$HOSTNAME`, where /proc does not say.

@@ -28,7 +28,7 @@ fn phases() -> std::sync::MutexGuard<'static, Vec<(&'static str, f64)>> {
 
 static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Print every recorded span from now on (the CLI turns it on for `SEISTOMO_TRACE_PHASES=1`: a
+/// Print every recorded span from now on (the CLI turns it on for `--trace-phases`: a
 /// developer's aid for finding where a run's time goes, bench/gpu.sh `timeline`).
 pub fn set_trace(on: bool) {
     TRACE.store(on, std::sync::atomic::Ordering::Relaxed);
