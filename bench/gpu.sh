@@ -5,7 +5,7 @@
 #   bash bench/gpu.sh BIN_DIR OUT [parts]
 #
 # BIN_DIR: a folder with `seistomo` (release build) and, for the `tests` part, the release test
-#          binaries `gpu`, `gpu_compact`, `gpu_gmres` (cargo test --release --no-run --test NAME;
+#          binaries `gpu`, `gpu_compact`, `gpu_gmres`, `gpu_batch` (cargo test --release --no-run --test NAME;
 #          cargo prints their paths). OUT: a folder for the logs and tables (created).
 # parts (comma-separated, default lsqr,gmres):
 #   tests     the GPU test binaries (every CUDA kernel against the CPU backend), with
@@ -30,6 +30,13 @@
 #   timeline  a defaults invert (prepared storage, each binary's own file) stamped line by
 #             line (timeline.py) with every phase traced (--trace-phases), this binary
 #             and seistomo-prev beside it
+#   batch     batched LSQR (issue 33) on the 600k-ray dataset (the tts part's): its L-curve over 8
+#             and 16 weights of the damping rows as one batch (`seistomo lcurve` with [tuning]
+#             gpu_batch = true; atol = btol = 0, so every member runs 300 iterations), f32 and
+#             f64, beside one `invert` of the same system (the defaults, compact storage; and
+#             csr); three of the weights solved one by one (`lcurve --separate`, each its own
+#             default solve), their points compared with the batch's; australia's L-curve (11
+#             weights) batched and one solve after another                  -> performance.md
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
@@ -97,7 +104,7 @@ MR="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x LD_LI
 
 if has tests; then
   nccl_path  # the two-GPU test of LSQR's device loop (NCCL inside its graph)
-  for t in gpu gpu_compact gpu_gmres; do
+  for t in gpu gpu_compact gpu_gmres gpu_batch; do
     [ -x "$BIN/$t" ] || { echo "test $t: not in $BIN" >> "$S"; continue; }
     timeout 240 "$BIN/$t" --include-ignored --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
     echo "test $t: rc $? $(grep -E '^test result' "$OUT/test_$t.txt")" >> "$S"
@@ -330,6 +337,76 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
 PY
   [ -f "$OUT/tts_cupy.txt" ] && { echo "## cupy_tts"; cat "$OUT/tts_cupy.txt"; } >> "$OUT/tts.txt"
   { echo "## prepare"; cat "$OUT/tts_prepare.txt"; } >> "$OUT/tts.txt"
+fi
+
+if has batch; then
+  ds=/tmp/tts600k
+  [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  W8="0.1,0.2,0.5,1,2,5,10,20"
+  W16="0.05,0.1,0.15,0.2,0.3,0.5,0.7,1,1.5,2,3,5,7,10,15,20"
+  for p in f32 f64; do
+    for run in single singlecsr b8 b16 sep3 sep3csr; do
+      cfg=/tmp/batch-$p-$run.toml
+      extra="precision = \"$p\""
+      [[ $run = *csr ]] && extra="$extra\nstorage = \"csr\""
+      printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\natol = 0\nbtol = 0\ngcv_probes = 0\n[backend]\n%b\n[output]\ndir = "/tmp/batch-o-%s"\n' \
+        $ds "$extra" $run > $cfg
+      [[ $run = b* ]] && printf '[tuning]\ngpu_batch = true\n' >> $cfg
+      o=/tmp/batch-o-$run; rm -rf $o
+      case $run in
+        single*) CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q invert $cfg > /dev/null 2>> "$OUT/log.txt"
+          python3 -c "import json; r=json.load(open('$o/report.json')); print('$p $run: %d its, %.4f ms/it, setup %.3f s, storage %s, r1norm %.15e' % (r['iterations'], r['ms_per_iter'], r['seconds']['setup'], r['storage'], r['r1norm']))" >> "$OUT/batch.txt" ;;
+        b8|b16) w=$W8; [ $run = b16 ] && w=$W16
+          CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" lcurve $cfg --damping $w -o $o > "$OUT/batch_${p}_$run.log" 2>&1
+          echo "$p $run: $(grep -E '^batch:' "$OUT/batch_${p}_$run.log")" >> "$OUT/batch.txt"
+          cp $o/lcurve.csv "$OUT/batch_${p}_$run.csv" 2>/dev/null ;;
+        sep3*) CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" lcurve $cfg --damping 0.1,1,10 --separate -o $o > "$OUT/batch_${p}_$run.log" 2>&1
+          echo "$p $run: $(grep -E '^longest solve:' "$OUT/batch_${p}_$run.log")" >> "$OUT/batch.txt"
+          cp $o/lcurve.csv "$OUT/batch_${p}_$run.csv" 2>/dev/null ;;
+      esac
+      rm -rf $o
+    done
+    # each of the three weights: the batch's point against its own solve, and the spread of two
+    # single solves (compact against csr storage: another order of the same sums)
+    for pair in "b16 sep3" "sep3csr sep3"; do
+      set -- $pair
+      echo "  $p: $1 against $2" >> "$OUT/batch.txt"
+      python3 - "$OUT/batch_${p}_$1.csv" "$OUT/batch_${p}_$2.csv" >> "$OUT/batch.txt" <<'PY'
+import csv, sys
+rows = lambda f: {float(r[0]): r for r in csv.reader(open(f)) if r[0][0].isdigit()}
+b, s = rows(sys.argv[1]), rows(sys.argv[2])
+for w, r in sorted(s.items()):
+    q = b[w]
+    rel = lambda i: abs(float(q[i]) - float(r[i])) / abs(float(r[i]))
+    print(f"    weight {w:g}: its {q[4]} istop {q[5]} against its {r[4]} istop {r[5]}; "
+          f"||Gm-d|| rel {rel(1):.2e}, ||Rm|| rel {rel(2):.2e}")
+PY
+    done
+  done
+  # australia (the real 140,792 x 2,921 system, 1.4M nonzeros): the L-curve's 11 weights as
+  # one batch against one GPU solve after another (the latency-bound end)
+  cfg=/tmp/batch-au.toml
+  sed -e "s#\.\./datasets#$(pwd)/datasets#g" -e "s#^\[solver\]#[solver]\ngcv_probes = 0#" \
+    configs/australia-model.toml > $cfg
+  printf '[backend]\nkind = "cuda"\n' >> $cfg
+  cp $cfg /tmp/batch-au-b.toml; printf '[tuning]\ngpu_batch = true\n' >> /tmp/batch-au-b.toml
+  for mode in batch separate; do
+    flag=""; c=/tmp/batch-au-b.toml; [ $mode = separate ] && flag=--separate && c=$cfg
+    rm -rf /tmp/batch-au-$mode
+    CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" lcurve $c --log-range 1e-4:1:11 $flag \
+      -o /tmp/batch-au-$mode > "$OUT/batch_au_$mode.log" 2>&1
+    echo "australia $mode: $(grep -E '^(solved in|batch:|longest solve:)|s wall$' "$OUT/batch_au_$mode.log" | tr '\n' ' ')" >> "$OUT/batch.txt"
+  done
+  python3 - /tmp/batch-au-batch/lcurve.csv /tmp/batch-au-separate/lcurve.csv >> "$OUT/batch.txt" <<'PY'
+import csv, sys
+rows = lambda f: [r for r in csv.reader(open(f)) if r[0][0].isdigit()]
+b, s = rows(sys.argv[1]), rows(sys.argv[2])
+worst = max(max(abs(float(q[i]) - float(r[i])) / abs(float(r[i])) for i in (1, 2)) for q, r in zip(b, s))
+its = sum(q[4] == r[4] and q[5] == r[5] for q, r in zip(b, s))
+print(f"  australia: {its} of {len(s)} weights with the same iterations and istop; norms within {worst:.2e}")
+PY
+  cat "$OUT/batch.txt" >> "$S"
 fi
 
 if has tts4; then

@@ -150,7 +150,12 @@ pub(crate) fn lcurve_batch<'py>(
     }
     let mut opts = SolveOptions::new(params, BackendChoice::Cpu);
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
-    let sweep = Sweep { g, d, r: Some(r) };
+    let sweep = Sweep {
+        g,
+        d,
+        r: Some(r),
+        grid: None,
+    };
     let mode = SweepMode {
         separate: false,
         gcv_probes,

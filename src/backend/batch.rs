@@ -92,6 +92,8 @@ pub trait BlockOperator<B: BatchBackend> {
     fn ncols(&self) -> usize;
     /// Whether some rows are weighted (else `w` is ignored).
     fn has_weighted_rows(&self) -> bool;
+    /// What is stored, in words (report.json's `storage`).
+    fn describe(&self) -> String;
     /// Member matrix A_j for row weight `w` (this rank's rows), as its single solve stores it:
     /// each weighted entry `a w` (so single products of it sum as the block products do).
     fn member_matrix(&self, w: f64) -> crate::sparse::Csr;
@@ -106,4 +108,21 @@ pub trait BlockOperator<B: BatchBackend> {
         input: &B::Block,
         out: &mut B::Block,
     ) -> Result<()>;
+}
+
+/// `a` with the rows of class 1 (`class[r] != 0`) times `w`: member j's matrix as its own solve
+/// stores it (each weighted entry `a w`). None: `a` as it is.
+pub fn weighted_rows(a: &crate::sparse::Csr, class: Option<&[u8]>, w: f64) -> crate::sparse::Csr {
+    let mut out = a.clone();
+    if let Some(c) = class {
+        let ptr = a.indptr();
+        let vals = out.data_mut();
+        for (r, &cl) in c.iter().enumerate() {
+            if cl != 0 {
+                let seg = &mut vals[ptr[r] as usize..ptr[r + 1] as usize];
+                seg.iter_mut().for_each(|v| *v *= w);
+            }
+        }
+    }
+    out
 }

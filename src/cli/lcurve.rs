@@ -51,13 +51,8 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             .map(|d| d.join("lcurve"))
             .unwrap_or_else(|| PathBuf::from("lcurve")),
     };
-    let what = if cfg.system.has_reg() {
-        "reg_weight"
-    } else {
-        "damp"
-    };
     eprintln!(
-        "L-curve over {} values of {what}{}",
+        "L-curve over {} weights{}",
         weights.len(),
         if a.separate {
             ", one solve after another"
@@ -65,7 +60,9 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             ", one batch"
         }
     );
-    let (curve, files) = lcurve(&cfg, &weights, &out, a.separate, |i, p| {
+    let mut what = "damp";
+    let (curve, files) = lcurve(&cfg, &weights, &out, a.separate, |name, i, p| {
+        what = name;
         eprintln!(
             "  {what} {:.4e}: ||Gm-d|| {:.6e}  {} {:.6e}  ({} its, istop {})",
             weights[i],
@@ -88,6 +85,20 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
     })?;
     eprintln!("solved in {:.2} s", curve.seconds);
     let (pts, c, ch) = (&curve.points, curve.corner, &curve.choice);
+    // The longest solve: with one batch its seconds are the batch's until it stopped.
+    if let Some(p) = pts.iter().max_by_key(|p| p.outcome.report.iterations) {
+        let r = &p.outcome.report;
+        eprintln!(
+            "{}: set-up {:.3} s; {} iterations in {:.3} s ({:.4} ms each; {}; {})",
+            if a.separate { "longest solve" } else { "batch" },
+            r.seconds.setup,
+            r.iterations,
+            r.seconds.solve,
+            r.ms_per_iter,
+            r.backend,
+            r.storage
+        );
+    }
     let unconverged = pts.iter().filter(|p| p.outcome.report.istop == 7).count();
     if unconverged > 0 {
         eprintln!(

@@ -9,8 +9,8 @@ use std::time::Instant;
 use crate::backend::batch::{BatchBackend, BlockOperator};
 use crate::backend::storage::Storage;
 use crate::backend::storage::{StoredMatrix, StoredRows};
+use crate::backend::TransposeStrategy;
 use crate::backend::{Backend, Operator};
-use crate::backend::{Precision, TransposeStrategy};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::report::{Calibration, Outcome, Report, Seconds};
@@ -30,9 +30,19 @@ pub struct BatchSystem {
     pub reg_from: Option<usize>,
 }
 
+/// Why a batch on the GPU runs only where `[tuning] gpu_batch = true` asks for it: measured on
+/// an H100 (docs/performance.md, "Batched LSQR on the GPU"), 16 members of the 101M-nonzero
+/// system took 18.6 ms an iteration against 16 x 0.745 ms for their single solves, and
+/// australia's 11 weights 2.98 s against 1.58 s: the block products gather k values per entry
+/// through L2 (not the single solve's compact tiles), and the batch's host loop costs 0.19 ms
+/// an iteration against the single solve's device loop (0.03 ms).
+pub const GPU_BATCH_SLOWER: &str =
+    "on the GPU one solve after another measured faster than the batch ([tuning] gpu_batch = true runs it)";
+
 /// Why the solves of `opts` cannot run as one batch (None: they can; then each member equals
-/// its own solve): the batch is LSQR on the CPU with CSR storage and the explicit transpose,
-/// no column scaling (its factors depend on the weight) and no x0.
+/// its own solve): the batch is LSQR with the explicit transpose, CSR storage on the CPU (the
+/// GPU's batch stores its own block CSR with any `storage`), no column scaling (its factors
+/// depend on the weight) and no x0.
 pub fn batch_blocker(opts: &SolveOptions) -> Option<String> {
     if opts.method != LsqMethod::Lsqr {
         return Some("the batch is LSQR's (method = lsmr)".into());
@@ -46,11 +56,14 @@ pub fn batch_blocker(opts: &SolveOptions) -> Option<String> {
     if opts.operator.transpose == TransposeStrategy::Scatter {
         return Some("transpose = scatter".into());
     }
-    if opts.operator.storage == Storage::Compact {
-        return Some("storage = compact (the batch stores CSR)".into());
-    }
     match choose_backend(opts.operator.backend) {
-        Ok((BackendChoice::Cuda, _)) => Some("the GPU's batch is not built yet".into()),
+        // The GPU's batch keeps its own block CSR whatever the single solve would store; it
+        // runs where asked for: one solve after another measured faster (GPU_BATCH_SLOWER).
+        Ok((BackendChoice::Cuda, _)) if opts.operator.tuning.gpu_batch == Some(true) => None,
+        Ok((BackendChoice::Cuda, _)) => Some(GPU_BATCH_SLOWER.into()),
+        Ok(_) if opts.operator.storage == Storage::Compact => {
+            Some("storage = compact (the CPU's batch stores CSR)".into())
+        }
         Err(e) => Some(e.to_string()),
         _ => None,
     }
@@ -81,13 +94,20 @@ pub fn solve_batch(
             members.len()
         )));
     }
-    let engine = Engine::cpu();
+    let (kind, _) = choose_backend(opts.operator.backend)?;
+    let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
+    let gpu = kind == BackendChoice::Cuda;
     let layout = layout_for(opts, &engine, a.nnz());
-    if layout.storage != Storage::Csr {
+    if layout.storage != Storage::Csr && !gpu {
         return Err(Error::Invalid(
             "no batched solve: storage is not CSR".into(),
         ));
     }
+    // The batch lays the rows out as a CSR solve does (the same row and cell order).
+    let layout = crate::pipeline::prepare::Layout {
+        storage: Storage::Csr,
+        ..layout
+    };
     let kernel_rows = reg_from.unwrap_or(m);
     let b0 = rhs.first().cloned().unwrap_or_else(|| vec![0.0; m]);
     let p = prepare(
@@ -115,6 +135,7 @@ pub fn solve_batch(
         comm,
         engine: &engine,
         spec: &opts.operator,
+        handoff: if gpu { 0 } else { HANDOFF },
         facts: Facts {
             m: p.m,
             n,
@@ -125,7 +146,7 @@ pub fn solve_batch(
         },
         finished,
     };
-    engine.batch(comm, rows, weighted, v)
+    engine.batch(comm, rows, weighted, opts.operator.precision, v)
 }
 
 /// What every member's report shares.
@@ -148,6 +169,9 @@ struct Run<'a, 'f> {
     /// The engine (the single solver's operators for handed-over members).
     engine: &'a Engine,
     spec: &'a crate::pipeline::options::OperatorSpec,
+    /// Members left that go on alone ([`HANDOFF`] on the CPU; never on the GPU, where a batch
+    /// of one or two costs less than a new operator's set-up).
+    handoff: usize,
     facts: Facts<'a>,
     finished: &'f mut (dyn FnMut(usize, Outcome) + Send),
 }
@@ -168,11 +192,13 @@ impl BatchVisitor for Run<'_, '_> {
             comm,
             engine,
             spec,
+            handoff,
             facts,
             finished,
             ..
         } = self;
         let describe = be.describe();
+        let (backend, storage) = (be.name(), op.describe());
         let mut each = |j: usize, r: &MemberResult| {
             let mut solution = r.solution.clone();
             unmap.restore(&mut solution.x, solution.var.as_mut());
@@ -181,6 +207,8 @@ impl BatchVisitor for Run<'_, '_> {
                 ..params.clone()
             };
             let mut report = member_report(&facts, &p, &solution.info, (setup, comm.size()));
+            report.backend = backend.into();
+            report.storage = storage.clone();
             report.backend_detail = describe.clone();
             report.reorder = unmap.ordering.what.clone();
             report.setup_phases = phases.clone();
@@ -194,7 +222,7 @@ impl BatchVisitor for Run<'_, '_> {
                 },
             );
         };
-        let ends = lsqr_batch_handoff(be, op, comm, (&refs, members), params, HANDOFF, &mut each)?;
+        let ends = lsqr_batch_handoff(be, op, comm, (&refs, members), params, handoff, &mut each)?;
         for (j, end) in ends.into_iter().enumerate() {
             if let MemberEnd::Handed(h) = end {
                 let p = LsqrParams {
@@ -219,7 +247,7 @@ impl BatchVisitor for Run<'_, '_> {
     }
 }
 
-/// Members left in a batch that go on alone: measured on australia (2 cores), a batch of one
+/// Members left in a CPU batch that go on alone: measured on australia (2 cores), a batch of one
 /// or two costs more than their single solves (the single products' loops for runs of equal
 /// short rows), from three on less.
 const HANDOFF: usize = 2;
@@ -247,11 +275,9 @@ fn member_report(
     (setup, ranks): (f64, usize),
 ) -> Report {
     Report {
-        backend: "cpu".into(),
         backend_reason: format!("batched LSQR ({} members on one pass over the matrix)", f.k),
         transpose: "csc".into(),
         lsqr_loop: "host (batched)".into(),
-        storage: crate::backend::storage::describe_csr(Precision::F64),
         tuning: f.tuning.clone(),
         ranks,
         threads: rayon::current_num_threads(),

@@ -28,6 +28,9 @@ pub struct Sweep {
     pub d: Vec<f64>,
     /// Regularisation rows R (None: the weight is LSQR's damping).
     pub r: Option<Csr>,
+    /// Cells along x, y, z of a dataset's grid (lets `reorder = "auto"` number the cells as an
+    /// inversion of the dataset does).
+    pub grid: Option<[usize; 3]>,
 }
 
 fn norm(v: &[f64]) -> f64 {
@@ -135,6 +138,10 @@ impl Sweep {
         mut each: impl FnMut(usize, &LPoint) + Send,
     ) -> Result<Curve> {
         let started = std::time::Instant::now();
+        let opts = &SolveOptions {
+            grid: opts.grid.or(self.grid),
+            ..opts.clone()
+        };
         let p = mode.gcv_probes;
         let per = 1 + p;
         let member = |w: f64| match &self.r {
@@ -264,7 +271,9 @@ impl Sweep {
 }
 
 impl Sweep {
-    /// The sweep's data from a config's Matrix Market system (kernel, data, optional reg rows).
+    /// The sweep's data from a config's system: Matrix Market (kernel, data, optional reg rows)
+    /// or a dataset (its kernel rows and data; its damping rows are R, each weight a factor on
+    /// them, so weight 1 is the dataset as written).
     pub fn from_config(cfg: &RunConfig) -> Result<Sweep> {
         match &cfg.system {
             SystemSource::Mtx {
@@ -294,11 +303,35 @@ impl Sweep {
                         ));
                     }
                 }
-                Ok(Sweep { g, d, r })
+                Ok(Sweep {
+                    g,
+                    d,
+                    r,
+                    grid: None,
+                })
             }
-            _ => Err(Error::Invalid(
-                "lcurve supports Matrix Market systems ([system] matrix/rhs/reg)".into(),
-            )),
+            SystemSource::Dataset { .. } => {
+                let o = &cfg.options.operator;
+                let loaded = crate::pipeline::load::load(
+                    &cfg.system,
+                    &SerialComm,
+                    &o.tuning,
+                    crate::partition::RowCost::CSR,
+                )?;
+                let System {
+                    a,
+                    mut b,
+                    kernel_rows,
+                } = loaded.system;
+                b.truncate(kernel_rows);
+                let (g, r) = a.split_at_row(kernel_rows);
+                Ok(Sweep {
+                    g,
+                    d: b,
+                    r: (r.nrows() > 0).then_some(r),
+                    grid: loaded.grid.map(|g| g.n),
+                })
+            }
         }
     }
 
@@ -321,7 +354,8 @@ pub struct LcurveFiles {
 }
 
 /// The whole `lcurve` run: the data loaded once, every weight solved (one batch, or one by one
-/// with `separate`; `each` as each weight's solve finishes), lcurve.csv and lcurve.png, and the
+/// with `separate`; `each(what the weights weigh, i, point)` as each weight's solve finishes),
+/// lcurve.csv and lcurve.png, and the
 /// corner's model.h5 + report.json (with every rule's choice) in `out`, all published as one
 /// set. Outputs are checked against the inputs before any work.
 pub fn lcurve(
@@ -329,7 +363,7 @@ pub fn lcurve(
     weights: &[f64],
     out: &Path,
     separate: bool,
-    each: impl FnMut(usize, &LPoint) + Send,
+    mut each: impl FnMut(&'static str, usize, &LPoint) + Send,
 ) -> Result<(Curve, LcurveFiles)> {
     if weights.len() < 3 {
         return Err(Error::Invalid(format!(
@@ -355,7 +389,9 @@ pub fn lcurve(
         gcv_probes: cfg.weight.gcv_probes,
         noise_norm: cfg.weight.noise_norm(sweep.g.nrows()),
     };
-    let curve = sweep.run(weights, &cfg.options, &SerialComm, mode, each)?;
+    let curve = sweep.run(weights, &cfg.options, &SerialComm, mode, |i, p| {
+        each(what, i, p)
+    })?;
     let (pts, c) = (&curve.points, curve.corner);
     let triples: Vec<(f64, f64, f64)> = pts
         .iter()
@@ -490,7 +526,12 @@ mod tests {
         let g = mtx::read_matrix(dir.join("G.mtx.gz")).unwrap();
         let d = mtx::read_vector(dir.join("d.txt")).unwrap();
         let r = mtx::read_matrix(dir.join("R.mtx.gz")).unwrap();
-        let mut sweep = Sweep { g, d, r: Some(r) };
+        let mut sweep = Sweep {
+            g,
+            d,
+            r: Some(r),
+            grid: None,
+        };
         let iterations = |c: &Curve| -> std::collections::BTreeSet<usize> {
             c.points
                 .iter()
@@ -537,7 +578,16 @@ mod tests {
             }
             Csr::from_triplets(n - 1, n, &ri, &ci, &v).unwrap()
         });
-        (Sweep { g, d, r }, x, sigma)
+        (
+            Sweep {
+                g,
+                d,
+                r,
+                grid: None,
+            },
+            x,
+            sigma,
+        )
     }
 
     #[test]

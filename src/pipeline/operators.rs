@@ -20,8 +20,8 @@ use crate::backend::cpu::{
     on_pool, CpuBackend, CpuBlockOperator, CpuCompactOperator, CpuCsrOperator,
 };
 use crate::backend::cuda::{
-    encoding_key, CudaBackend, CudaCompactOperator, CudaCsrOperator, CudaIluSweeps,
-    CudaSquareOperator, Prestart,
+    encoding_key, CudaBackend, CudaBlockOperator, CudaCompactOperator, CudaCsrOperator,
+    CudaIluSweeps, CudaSquareOperator, Prestart,
 };
 use crate::backend::precond::Preconditioner;
 use crate::backend::storage::{
@@ -765,12 +765,14 @@ pub trait BatchVisitor {
 impl Engine {
     /// The block operator of a batch of solves on `rows` (rows flagged in `weighted` take each
     /// member's weight), handed to `v`: the CPU's (CSR and its explicit transpose, the single
-    /// CPU operator's sums); a GPU engine has none yet.
+    /// CPU operator's sums; `precision` ignored) or the GPU's (block CSR, its unweighted values
+    /// in `precision`).
     pub fn batch<V>(
         &self,
         comm: &dyn Comm,
         rows: Csr,
         weighted: Option<Vec<bool>>,
+        precision: Precision,
         v: V,
     ) -> Result<V::Output>
     where
@@ -787,9 +789,12 @@ impl Engine {
                     f()
                 }
             }
-            Engine::Cuda { .. } => Err(Error::Invalid(
-                "batched LSQR runs on the CPU backend (the GPU's batch is not built yet)".into(),
-            )),
+            Engine::Cuda { be, .. } => {
+                let op = phases::time("upload", || {
+                    CudaBlockOperator::new(be, rows, weighted, precision)
+                })?;
+                v.visit(be.as_ref(), &op)
+            }
         }
     }
 }

@@ -39,7 +39,7 @@ impl std::fmt::Display for GpuLayout {
 /// Every tuning knob (see the module docs); `None`/empty: chosen automatically. Each field's
 /// doc starts with its key. Where each goes: the GPU's compact operator takes `gpu_layout` to
 /// `tiled_s_cols`; the device LSQR loop `lsqr_block`; the CUDA backend, which compiles the
-/// kernels, `nvrtc_defines`; the dataset loader `io_max_gap`.
+/// kernels, `nvrtc_defines`; the dataset loader `io_max_gap`; a batch of solves `gpu_batch`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Tuning {
     /// `gpu_layout`: auto picks split when the matrix has at least 1M nonzeros and its rows
@@ -73,10 +73,14 @@ pub struct Tuning {
     /// `io_max_gap`: dataset reads of records at most this many bytes apart are merged into one
     /// (0: only touching ones); default 64 KiB.
     pub io_max_gap: Option<u64>,
+    /// `gpu_batch`: `true` runs a batch of LSQR solves (an L-curve's weights) on the GPU as one
+    /// batched solve; default false: one solve after another, which measured faster
+    /// (docs/performance.md, "Batched LSQR on the GPU").
+    pub gpu_batch: Option<bool>,
 }
 
 /// The keys [`Tuning::set`] takes, in the fields' order.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "gpu_layout",
     "tile_bits",
     "ax_tile_bits",
@@ -87,6 +91,7 @@ pub const KEYS: [&str; 10] = [
     "nvrtc_defines",
     "nccl_max_ctas",
     "io_max_gap",
+    "gpu_batch",
 ];
 
 /// Sub-warp widths the kernels are compiled for (kernels/compact.cu, tiled.cu).
@@ -184,6 +189,12 @@ impl Tuning {
             "lsqr_block" => t.lsqr_block = opt(key, v, auto)?,
             "nccl_max_ctas" => t.nccl_max_ctas = opt(key, v, auto)?,
             "io_max_gap" => t.io_max_gap = opt(key, v, auto)?,
+            "gpu_batch" if auto => t.gpu_batch = None,
+            "gpu_batch" => {
+                t.gpu_batch = Some(v.parse().map_err(|_| {
+                    Error::Invalid(format!("tuning {key} = {v}: expected true or false"))
+                })?)
+            }
             "nvrtc_defines" => {
                 t.nvrtc_defines = v
                     .split(',')
@@ -232,6 +243,7 @@ impl Tuning {
             let text = match v {
                 toml::Value::String(s) => s.clone(),
                 toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
                 toml::Value::Array(a) if k == "nvrtc_defines" => a
                     .iter()
                     .map(|d| match d {
@@ -244,7 +256,7 @@ impl Tuning {
                     .join(","),
                 other => {
                     return Err(Error::Invalid(format!(
-                        "tuning {k} = {other}: expected a string or a whole number"
+                        "tuning {k} = {other}: expected a string, a whole number or true/false"
                     )))
                 }
             };

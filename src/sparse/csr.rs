@@ -476,6 +476,26 @@ impl Csr {
         let (s, e) = (self.indptr[i] as usize, self.indptr[i + 1] as usize);
         (&self.indices[s..e], &self.data[s..e])
     }
+    /// Rows `..at` and rows `at..` as two matrices of the same columns.
+    pub fn split_at_row(self, at: usize) -> (Csr, Csr) {
+        assert!(at <= self.nrows, "split at row {at} of {}", self.nrows);
+        let Csr {
+            nrows,
+            ncols,
+            mut indptr,
+            mut indices,
+            mut data,
+        } = self;
+        let cut = indptr[at];
+        let tail_ptr: Vec<u64> = indptr[at..].iter().map(|&p| p - cut).collect();
+        let tail_idx = indices.split_off(cut as usize);
+        let tail_val = data.split_off(cut as usize);
+        indptr.truncate(at + 1);
+        (
+            Csr::from_trusted(at, ncols, indptr, indices, data),
+            Csr::from_trusted(nrows - at, ncols, tail_ptr, tail_idx, tail_val),
+        )
+    }
     pub fn into_parts(self) -> (usize, usize, Vec<u64>, Vec<u32>, Vec<f64>) {
         (self.nrows, self.ncols, self.indptr, self.indices, self.data)
     }

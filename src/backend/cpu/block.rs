@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::{CpuBackend, CHUNK};
-use crate::backend::batch::{BatchBackend, BlockOperator, BlockScale, Side};
+use crate::backend::batch::{weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::XwStep;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -618,19 +618,11 @@ impl BlockOperator<CpuBackend> for CpuBlockOperator {
     fn has_weighted_rows(&self) -> bool {
         self.row_class.is_some()
     }
+    fn describe(&self) -> String {
+        crate::backend::storage::describe_csr(crate::backend::Precision::F64)
+    }
     fn member_matrix(&self, w: f64) -> Csr {
-        let mut a = self.a.clone();
-        if let Some(c) = &self.row_class {
-            let ptr = self.a.indptr().to_vec();
-            let vals = a.data_mut();
-            for (r, &cl) in c.iter().enumerate() {
-                if cl != 0 {
-                    let seg = &mut vals[ptr[r] as usize..ptr[r + 1] as usize];
-                    seg.iter_mut().for_each(|v| *v *= w);
-                }
-            }
-        }
-        a
+        weighted_rows(&self.a, self.row_class.as_deref(), w)
     }
     fn apply_block(
         &self,

@@ -26,9 +26,11 @@
 //! - stencil.rs: damping stencils on the device; tiled.rs: column tiles; compact.rs:
 //!   [`CudaCompactOperator`] over delta rows or tiles, and the stencil;
 //! - lsqr_loop.rs: the device-resident LSQR loop;
+//! - block.rs: blocks of k vectors and [`CudaBlockOperator`], batched LSQR's products;
 //! - square.rs, patterns.rs: GMRES's [`CudaSquareOperator`] and [`CudaIluSweeps`].
 
 mod backend;
+mod block;
 mod compact;
 mod csr;
 mod cusparse;
@@ -48,6 +50,7 @@ mod util;
 mod vector;
 
 pub use backend::{CudaBackend, DeviceVec, Prestart, STAGE};
+pub use block::{CudaBlock, CudaBlockOperator, MAX_MEMBERS};
 pub use compact::{encode_ahead, encoding_key, CudaCompactOperator};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};

@@ -8,13 +8,14 @@ use super::error::{CudaError, Doing};
 use crate::error::Result;
 
 /// The kernel sources, compiled together as one NVRTC program.
-const KERNEL_SOURCES: [&str; 6] = [
+const KERNEL_SOURCES: [&str; 7] = [
     include_str!("../../../kernels/spmv.cu"),
     include_str!("../../../kernels/vector.cu"),
     include_str!("../../../kernels/compact.cu"),
     include_str!("../../../kernels/tiled.cu"),
     include_str!("../../../kernels/lsqr.cu"),
     include_str!("../../../kernels/lsmr.cu"),
+    include_str!("../../../kernels/batch.cu"),
 ];
 
 /// `Kernels`, the compiled kernels of one device, and their loader: one field per kernel named
@@ -58,7 +59,9 @@ kernels! {
         pmul, copy_scaled, copy_inv_sqrt, multi_axpy, tri_sweep, gather, scatter_rows, stencil_av,
         tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
         lsqr_update_dev, lsqr_normalize, lsqr_rescaled, lsqr_sum, lsqr_combine, lsmr_step1,
-        lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled;
+        lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled, block_norms,
+        block_sum_partials, block_scale, block_axpby, block_update, block_keep, block_column,
+        block_spmm_f64, block_spmm_f32;
     families:
         /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
         pattern_spmv: [CudaFunction; 2] =

@@ -1,0 +1,607 @@
+//! Blocks of k vectors on the GPU and the block products of batched LSQR (kernels/batch.cu):
+//! `impl BatchBackend for CudaBackend` and [`CudaBlockOperator`].
+//!
+//! A block is `rows x k` f64 values on the device, row-major ([`crate::backend::batch`]). The
+//! element-wise and reduction kernels run in blocks of a multiple of k threads, so each thread
+//! stays on one member's column; per-member coefficients go to the device as one small array
+//! per launch. Reductions write one partial sum per block and member, added in block order by a
+//! second launch: deterministic, but summed in another order than the CPU's kernels, so a
+//! member equals its single solve within rounding (not bitwise, as on the CPU).
+//!
+//! The operator keeps the matrix as two CSR parts over the same rows: G, the unweighted rows'
+//! entries (f64 or f32 values), and R, the weighted rows' entries (always f64: member j's entry
+//! `a w_j` is formed, and rounded to f32 in an f32 batch, as its own solve stores it), each
+//! with its transpose for A^T Y. One warp sums a row for every member at once, each nonzero
+//! read once for all k.
+
+use cudarc::driver::CudaSlice;
+
+use super::backend::{CudaBackend, DeviceVec};
+use super::error::Doing;
+use super::util::{arg, check_row_numbers, up, DevValues};
+use crate::backend::batch::{weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
+use crate::backend::{Backend, Precision, XwStep};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::sparse::Csr;
+
+/// Members a GPU batch holds at most (threads of one kernel block in the column reductions).
+pub const MAX_MEMBERS: usize = 1024;
+
+/// `rows x k` values on the device, row-major: entry (i, j) at `i * k + j`.
+pub struct CudaBlock {
+    data: DeviceVec,
+    rows: usize,
+    k: usize,
+}
+
+impl CudaBlock {
+    fn len(&self) -> usize {
+        self.rows * self.k
+    }
+}
+
+fn check_shape(what: &str, x: &CudaBlock, rows: usize, k: usize) -> Result<()> {
+    if x.rows != rows || x.k != k {
+        return Err(Error::Invalid(format!(
+            "{what}: block of {} x {}, expected {rows} x {k}",
+            x.rows, x.k
+        )));
+    }
+    Ok(())
+}
+
+fn one_per_column(what: &str, got: usize, k: usize) -> Result<()> {
+    if got != k {
+        return Err(Error::Invalid(format!(
+            "{what}: {got} values for a block of {k} columns"
+        )));
+    }
+    Ok(())
+}
+
+/// Threads per kernel block for a block of k columns: a multiple of k (thread t works on
+/// column t % k), at least 256 where k allows.
+fn block_threads(k: usize) -> u32 {
+    let k = k.max(1);
+    (if k >= 256 { k } else { k * (256 / k) }) as u32
+}
+
+impl CudaBackend {
+    /// The grid of an element-wise or reduction block kernel over `n` values.
+    fn block_grid(&self, n: usize, threads: u32) -> u32 {
+        let max = (self.info.multiprocessors.max(1) as usize) * 8;
+        n.div_ceil(threads as usize * 4).clamp(1, max) as u32
+    }
+
+    /// Coefficients of a launch on the device (one small stream-ordered copy).
+    fn coefficients<T: cudarc::driver::DeviceRepr + Default + Copy>(
+        &self,
+        c: &[T],
+    ) -> Result<CudaSlice<T>> {
+        up(self, c)
+    }
+
+    /// A column reduction kernel (`f(grid, threads, smem, partials)` launches it), its
+    /// partials added per column on the device, and the k sums on the host.
+    fn column_sums(
+        &self,
+        n: usize,
+        k: usize,
+        out: &mut [f64],
+        f: impl FnOnce(u32, u32, u32, u64) -> Result<()>,
+    ) -> Result<()> {
+        if k == 0 {
+            return Ok(());
+        }
+        let threads = block_threads(k);
+        let grid = self.block_grid(n, threads);
+        // SAFETY: every partial is written by the reduction kernel (each block writes its k)
+        // before the sum reads it.
+        let partial = unsafe { self.stream.alloc::<f64>(grid as usize * k) }
+            .doing("allocating block partial sums")?;
+        // SAFETY: written by block_sum_partials before the copy reads it.
+        let sums = unsafe { self.stream.alloc::<f64>(k) }.doing("allocating block sums")?;
+        f(grid, threads, threads * 8, self.ptr(&partial))?;
+        let (blocks, kk) = (grid as i32, k as i32);
+        let (pp, ps) = (self.ptr(&partial), self.ptr(&sums));
+        let mut args = [arg(&blocks), arg(&kk), arg(&pp), arg(&ps)];
+        self.launch(
+            &self.k.block_sum_partials,
+            k.div_ceil(128) as u32,
+            128,
+            &mut args,
+        )?;
+        self.stream
+            .memcpy_dtoh(&sums, out)
+            .doing("copying block sums to the host")?;
+        self.synchronize()
+    }
+
+    /// Launch an element-wise block kernel over `n` values of a k-column block.
+    fn block_elementwise(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        n: usize,
+        k: usize,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        if n == 0 || k == 0 {
+            return Ok(());
+        }
+        let threads = block_threads(k);
+        self.launch(f, self.block_grid(n, threads), threads, args)
+    }
+}
+
+impl BatchBackend for CudaBackend {
+    type Block = CudaBlock;
+
+    fn block_zeros(&self, rows: usize, k: usize) -> Result<CudaBlock> {
+        if k > MAX_MEMBERS {
+            return Err(Error::Invalid(format!(
+                "a GPU batch holds at most {MAX_MEMBERS} members (asked for {k})"
+            )));
+        }
+        let len = rows
+            .checked_mul(k)
+            .ok_or_else(|| Error::Invalid(format!("a block of {rows} x {k} is too large")))?;
+        Ok(CudaBlock {
+            data: self.zeros(len.max(1))?,
+            rows,
+            k,
+        })
+    }
+    fn block_shape(&self, x: &CudaBlock) -> (usize, usize) {
+        (x.rows, x.k)
+    }
+    fn block_column(&self, x: &CudaBlock, j: usize) -> Result<Vec<f64>> {
+        if j >= x.k {
+            return Err(Error::Invalid(format!("column {j} of a block of {}", x.k)));
+        }
+        let mut col = self.zeros(x.rows.max(1))?;
+        self.column_copy(x, j, &mut col, false)?;
+        let mut out = vec![0.0; x.rows.max(1)];
+        self.download(&col, &mut out)?;
+        out.truncate(x.rows);
+        Ok(out)
+    }
+    fn block_set_column(&self, x: &mut CudaBlock, j: usize, col: &[f64]) -> Result<()> {
+        if j >= x.k || col.len() != x.rows {
+            return Err(Error::Invalid(format!(
+                "column {j} of {} values into a block of {} x {}",
+                col.len(),
+                x.rows,
+                x.k
+            )));
+        }
+        let mut c = up(self, col)?;
+        self.column_copy(&*x, j, &mut c, true)
+    }
+    fn block_keep(&self, x: &mut CudaBlock, keep: &[usize]) -> Result<()> {
+        if keep.iter().any(|&j| j >= x.k) {
+            return Err(Error::Invalid(format!(
+                "keep {keep:?} of a block of {} columns",
+                x.k
+            )));
+        }
+        if keep.len() == x.k && keep.iter().enumerate().all(|(i, &j)| i == j) {
+            return Ok(());
+        }
+        let k2 = keep.len();
+        let out = self.block_zeros(x.rows, k2)?;
+        if k2 > 0 && x.rows > 0 {
+            let idx: Vec<i32> = keep.iter().map(|&j| j as i32).collect();
+            let d = self.coefficients(&idx)?;
+            let n = (x.rows * k2) as u64;
+            let (k, k2i) = (x.k as i32, k2 as i32);
+            let (ps, pk, pd) = (self.ptr(&x.data), self.ptr(&d), self.ptr(&out.data));
+            let mut args = [arg(&n), arg(&k), arg(&k2i), arg(&ps), arg(&pk), arg(&pd)];
+            self.block_elementwise(&self.k.block_keep, x.rows * k2, k2, &mut args)?;
+        }
+        *x = out;
+        Ok(())
+    }
+    fn block_norms_sq(&self, x: &CudaBlock, factor: Option<&[f64]>, out: &mut [f64]) -> Result<()> {
+        let k = x.k;
+        one_per_column("block norms", out.len(), k)?;
+        if let Some(f) = factor {
+            one_per_column("block norms", f.len(), k)?;
+        }
+        if x.rows == 0 {
+            out.iter_mut().for_each(|o| *o = 0.0);
+            return Ok(());
+        }
+        let f = factor.map(|f| self.coefficients(f)).transpose()?;
+        let pf = f.as_ref().map_or(0, |f| self.ptr(f));
+        let n = x.len() as u64;
+        let (kk, px) = (k as i32, self.ptr(&x.data));
+        self.column_sums(x.len(), k, out, |grid, threads, smem, pp| {
+            let mut args = [arg(&n), arg(&kk), arg(&px), arg(&pf), arg(&pp)];
+            self.launch_smem(&self.k.block_norms, grid, threads, smem, &mut args)
+        })
+    }
+    fn block_scale(&self, x: &mut CudaBlock, a: &[f64]) -> Result<()> {
+        one_per_column("block scale", a.len(), x.k)?;
+        if x.len() == 0 {
+            return Ok(());
+        }
+        let d = self.coefficients(a)?;
+        let n = x.len() as u64;
+        let (kk, px, pa) = (x.k as i32, self.ptr(&x.data), self.ptr(&d));
+        let mut args = [arg(&n), arg(&kk), arg(&px), arg(&pa)];
+        self.block_elementwise(&self.k.block_scale, x.len(), x.k, &mut args)
+    }
+    fn block_axpby(&self, a: f64, x: &CudaBlock, b: &[f64], y: &mut CudaBlock) -> Result<()> {
+        check_shape("block axpby", y, x.rows, x.k)?;
+        one_per_column("block axpby", b.len(), x.k)?;
+        if x.len() == 0 {
+            return Ok(());
+        }
+        let d = self.coefficients(b)?;
+        let n = x.len() as u64;
+        let kk = x.k as i32;
+        let (px, pb, py) = (self.ptr(&x.data), self.ptr(&d), self.ptr(&y.data));
+        let mut args = [arg(&n), arg(&kk), arg(&a), arg(&px), arg(&pb), arg(&py)];
+        self.block_elementwise(&self.k.block_axpby, x.len(), x.k, &mut args)
+    }
+    fn block_lsqr_update(
+        &self,
+        steps: &[XwStep],
+        v: &CudaBlock,
+        (x, w): (&mut CudaBlock, &mut CudaBlock),
+        var: Option<&mut CudaBlock>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        let (rows, k) = (v.rows, v.k);
+        check_shape("block update x", x, rows, k)?;
+        check_shape("block update w", w, rows, k)?;
+        one_per_column("block update", steps.len(), k)?;
+        one_per_column("block update", out.len(), k)?;
+        if let Some(vr) = var.as_deref() {
+            check_shape("block update var", vr, rows, k)?;
+        }
+        if v.len() == 0 {
+            out.iter_mut().for_each(|o| *o = 0.0);
+            return Ok(());
+        }
+        let mut c = Vec::with_capacity(3 * k);
+        c.extend(steps.iter().map(|s| s.t1));
+        c.extend(steps.iter().map(|s| s.t2));
+        c.extend(steps.iter().map(|s| s.inv_rho));
+        let d = self.coefficients(&c)?;
+        let n = v.len() as u64;
+        let kk = k as i32;
+        let (px, pw, pv) = (self.ptr(&x.data), self.ptr(&w.data), self.ptr(&v.data));
+        let pvar = var.map_or(0, |vr| self.ptr(&vr.data));
+        let pc = self.ptr(&d);
+        self.column_sums(v.len(), k, out, |grid, threads, smem, pp| {
+            let mut args = [
+                arg(&n),
+                arg(&kk),
+                arg(&px),
+                arg(&pw),
+                arg(&pv),
+                arg(&pvar),
+                arg(&pc),
+                arg(&pp),
+            ];
+            self.launch_smem(&self.k.block_update, grid, threads, smem, &mut args)
+        })
+    }
+    fn block_allreduce_sum(&self, comm: &dyn Comm, x: &mut CudaBlock) -> Result<()> {
+        if x.len() == 0 {
+            return Ok(());
+        }
+        self.allreduce_sum(comm, &mut x.data)
+    }
+}
+
+impl CudaBackend {
+    /// Column j of `x` into `col` (`to_block`: from `col` into the block; the caller holds the
+    /// block mutably then).
+    fn column_copy(
+        &self,
+        x: &CudaBlock,
+        j: usize,
+        col: &mut DeviceVec,
+        to_block: bool,
+    ) -> Result<()> {
+        if x.rows == 0 {
+            return Ok(());
+        }
+        let rows = x.rows as u64;
+        let (kk, jj, tb) = (x.k as i32, j as i32, i32::from(to_block));
+        let (pb, pc) = (self.ptr(&x.data), self.ptr(col));
+        let mut args = [arg(&rows), arg(&kk), arg(&jj), arg(&tb), arg(&pb), arg(&pc)];
+        self.launch_elementwise(&self.k.block_column, x.rows, &mut args)
+    }
+}
+
+/// One part of a block operator's matrix on the device: CSR offsets, columns and values.
+struct Part {
+    ptr: CudaSlice<u64>,
+    cols: CudaSlice<u32>,
+    vals: DevValues,
+    nnz: usize,
+}
+
+impl Part {
+    fn upload(be: &CudaBackend, a: &Csr, precision: Precision) -> Result<Part> {
+        let vals = match precision {
+            Precision::F64 => DevValues::F64(up(be, a.data())?),
+            Precision::F32 => {
+                let v: Vec<f32> = a.data().iter().map(|&x| x as f32).collect();
+                DevValues::F32(up(be, &v)?)
+            }
+        };
+        Ok(Part {
+            ptr: up(be, a.indptr())?,
+            cols: up(be, a.indices())?,
+            vals,
+            nnz: a.nnz(),
+        })
+    }
+}
+
+/// Rows of at most this many entries are summed by a group of lanes each (kernels/batch.cu
+/// `spmm_short`), longer ones by a warp each.
+const SHORT_ROW: u64 = 16;
+
+/// One side of the operator (A or A^T): G's part, and R's (None: no weighted rows), and its
+/// rows split into long and short ones (None: all long, in order).
+struct Sided {
+    nrows: usize,
+    ncols: usize,
+    g: Part,
+    r: Option<Part>,
+    rows: Option<RowLists>,
+}
+
+/// The long and the short rows of a side, in the matrix's order.
+struct RowLists {
+    long: CudaSlice<u32>,
+    nlong: usize,
+    short: CudaSlice<u32>,
+    nshort: usize,
+}
+
+impl Sided {
+    /// `g` and `r` (same rows) on the device, the rows sorted into long and short.
+    fn new(be: &CudaBackend, g: &Csr, r: Option<&Csr>, precision: Precision) -> Result<Sided> {
+        let len = |i: usize| {
+            let (gp, rp) = (g.indptr(), r.map(|r| r.indptr()));
+            gp[i + 1] - gp[i] + rp.map_or(0, |p| p[i + 1] - p[i])
+        };
+        let (mut long, mut short) = (Vec::new(), Vec::new());
+        for i in 0..g.nrows() {
+            if len(i) > SHORT_ROW {
+                long.push(i as u32);
+            } else {
+                short.push(i as u32);
+            }
+        }
+        let rows = if short.is_empty() {
+            None
+        } else {
+            Some(RowLists {
+                long: up(be, &long)?,
+                nlong: long.len(),
+                short: up(be, &short)?,
+                nshort: short.len(),
+            })
+        };
+        Ok(Sided {
+            nrows: g.nrows(),
+            ncols: g.ncols(),
+            g: Part::upload(be, g, precision)?,
+            r: r.map(|r| Part::upload(be, r, Precision::F64)).transpose()?,
+            rows,
+        })
+    }
+}
+
+/// A CSR matrix applied to blocks on the GPU, rows flagged as weighted taking member j's
+/// weight (module documentation).
+pub struct CudaBlockOperator {
+    a: Sided,
+    at: Sided,
+    precision: Precision,
+    /// The rows as given (a handed-over member's own matrix, [`BlockOperator::member_matrix`]).
+    host: Csr,
+    row_class: Option<Vec<u8>>,
+}
+
+/// `a`'s rows where `keep(row)` holds, the others empty (same shape).
+fn rows_where(a: &Csr, keep: impl Fn(usize) -> bool) -> Csr {
+    let mut ptr = Vec::with_capacity(a.nrows() + 1);
+    ptr.push(0u64);
+    let (mut cols, mut vals) = (Vec::new(), Vec::new());
+    for r in 0..a.nrows() {
+        if keep(r) {
+            let (c, v) = a.row(r);
+            cols.extend_from_slice(c);
+            vals.extend_from_slice(v);
+        }
+        ptr.push(cols.len() as u64);
+    }
+    Csr::from_trusted(a.nrows(), a.ncols(), ptr, cols, vals)
+}
+
+impl CudaBlockOperator {
+    /// `a` on the device with the rows where `weighted[r]` is true weighted per member (None:
+    /// no weighted rows), its unweighted values stored in `precision`.
+    pub fn new(
+        be: &CudaBackend,
+        a: Csr,
+        weighted: Option<Vec<bool>>,
+        precision: Precision,
+    ) -> Result<Self> {
+        check_row_numbers(a.nrows())?;
+        check_row_numbers(a.ncols())?;
+        if let Some(w) = &weighted {
+            if w.len() != a.nrows() {
+                return Err(Error::Invalid(format!(
+                    "{} row weights flags for {} rows",
+                    w.len(),
+                    a.nrows()
+                )));
+            }
+        }
+        let weighted = weighted.filter(|w| w.iter().any(|&b| b));
+        let (a_side, at_side) = match &weighted {
+            None => (
+                Sided::new(be, &a, None, precision)?,
+                Sided::new(be, &a.transpose(), None, precision)?,
+            ),
+            Some(w) => {
+                let g = rows_where(&a, |r| !w[r]);
+                let r = rows_where(&a, |r| w[r]);
+                let (gt, rt) = (g.transpose(), r.transpose());
+                (
+                    Sided::new(be, &g, Some(&r), precision)?,
+                    Sided::new(be, &gt, Some(&rt), precision)?,
+                )
+            }
+        };
+        let row_class = weighted.map(|w| w.iter().map(|&b| u8::from(b)).collect());
+        be.synchronize()?;
+        Ok(CudaBlockOperator {
+            a: a_side,
+            at: at_side,
+            precision,
+            host: a,
+            row_class,
+        })
+    }
+
+    /// What the batch stores, in words (report.json's `storage`).
+    fn stored(&self) -> String {
+        let p = match self.precision {
+            Precision::F64 => "f64",
+            Precision::F32 => "f32",
+        };
+        let nnz = self.a.g.nnz + self.a.r.as_ref().map_or(0, |r| r.nnz);
+        match &self.a.r {
+            Some(r) => format!(
+                "block CSR + explicit transpose ({p} values; {} weighted entries f64; {nnz} nonzeros)",
+                r.nnz
+            ),
+            None => format!("block CSR + explicit transpose ({p} values; {nnz} nonzeros)"),
+        }
+    }
+
+    fn product(
+        &self,
+        be: &CudaBackend,
+        side: &Sided,
+        BlockScale { w, alpha, beta }: BlockScale,
+        x: &CudaBlock,
+        y: &mut CudaBlock,
+    ) -> Result<()> {
+        let k = x.k;
+        check_shape("block product x", x, side.ncols, k)?;
+        check_shape("block product y", y, side.nrows, k)?;
+        if beta.len() != k || (side.r.is_some() && w.len() != k) {
+            return Err(Error::Invalid(format!(
+                "block product: {} betas and {} weights for {k} members",
+                beta.len(),
+                w.len()
+            )));
+        }
+        if k == 0 || side.nrows == 0 {
+            return Ok(());
+        }
+        let db = be.coefficients(beta)?;
+        let dw = match &side.r {
+            Some(_) => Some(be.coefficients(w)?),
+            None => None,
+        };
+        let (vi, pgv) = side.g.vals.index_and_ptr(be);
+        let (pgp, pgc) = (be.ptr(&side.g.ptr), be.ptr(&side.g.cols));
+        let (prp, prc, prv) = match &side.r {
+            Some(r) => (be.ptr(&r.ptr), be.ptr(&r.cols), r.vals.index_and_ptr(be).1),
+            None => (0, 0, 0),
+        };
+        let pw = dw.as_ref().map_or(0, |d| be.ptr(d));
+        let (px, py, pb) = (be.ptr(&x.data), be.ptr(&y.data), be.ptr(&db));
+        let f = if vi == 0 {
+            &be.k.block_spmm_f64
+        } else {
+            &be.k.block_spmm_f32
+        };
+        let kk = k as i32;
+        // lanes a short row takes: one per member, a power of two (k > 16: a warp)
+        let gw_short = if k <= 16 {
+            k.next_power_of_two() as i32
+        } else {
+            32
+        };
+        const THREADS: u32 = 256;
+        let grid = (be.info.multiprocessors.max(1) as u32) * 16;
+        let run = |nlist: usize, list: u64, gw: i32| -> Result<()> {
+            if nlist == 0 {
+                return Ok(());
+            }
+            let n = nlist as u32;
+            let mut args = [
+                arg(&n),
+                arg(&list),
+                arg(&kk),
+                arg(&gw),
+                arg(&pgp),
+                arg(&pgc),
+                arg(&pgv),
+                arg(&prp),
+                arg(&prc),
+                arg(&prv),
+                arg(&px),
+                arg(&py),
+                arg(&alpha),
+                arg(&pb),
+                arg(&pw),
+            ];
+            // blocks that give every row a warp (a lane group) at most
+            let needed = nlist.div_ceil(THREADS as usize / gw as usize).max(1);
+            be.launch(f, grid.min(needed as u32), THREADS, &mut args)
+        };
+        match &side.rows {
+            None => run(side.nrows, 0, 32),
+            Some(l) => {
+                run(l.nlong, be.ptr(&l.long), 32)?;
+                run(l.nshort, be.ptr(&l.short), gw_short)
+            }
+        }
+    }
+}
+
+impl BlockOperator<CudaBackend> for CudaBlockOperator {
+    fn nrows(&self) -> usize {
+        self.host.nrows()
+    }
+    fn ncols(&self) -> usize {
+        self.host.ncols()
+    }
+    fn has_weighted_rows(&self) -> bool {
+        self.row_class.is_some()
+    }
+    fn describe(&self) -> String {
+        self.stored()
+    }
+    fn member_matrix(&self, w: f64) -> Csr {
+        weighted_rows(&self.host, self.row_class.as_deref(), w)
+    }
+    fn apply_block(
+        &self,
+        be: &CudaBackend,
+        side: Side,
+        s: BlockScale,
+        input: &CudaBlock,
+        out: &mut CudaBlock,
+    ) -> Result<()> {
+        match side {
+            Side::A => self.product(be, &self.a, s, input, out),
+            Side::At => self.product(be, &self.at, s, input, out),
+        }
+    }
+}
