@@ -59,6 +59,7 @@ fn write_grid_model(
         coverage: Some(&cov),
         kernel_rows: x.len(),
         config_text,
+        resolution: &[],
     };
     write_model(p, &inputs).unwrap();
     o

@@ -39,6 +39,7 @@ fn write(dir: &std::path::Path, spec: &ModelSpec, o: &Outcome) -> PathBuf {
             coverage: None,
             kernel_rows: o.solution.x.len(),
             config_text: "# test",
+            resolution: &[],
         },
     )
     .unwrap();

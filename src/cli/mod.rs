@@ -11,6 +11,7 @@ mod invert;
 mod lcurve;
 mod plot;
 mod prepare;
+mod resolution;
 mod solve;
 mod solve_gmres;
 mod square;
@@ -45,6 +46,9 @@ pub enum Command {
     Plot(plot::PlotArgs),
     /// L-curve: one inversion per damping/regularisation weight; finds the corner.
     Lcurve(lcurve::LcurveArgs),
+    /// Resolution tests of a config's `[resolution]` table (checkerboards, spikes) inverted
+    /// with its data as one batch.
+    Resolution(resolution::ResolutionArgs),
     /// Run seistomo and its peers (SciPy, PETSc) on the same system and print one table.
     Compare(compare::CompareArgs),
     /// Generate a synthetic straight-ray travel-time dataset and its true model.
@@ -81,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Invert(a) => invert::run(a, &*comm),
         Command::Plot(a) => plot::run(a),
         Command::Lcurve(a) => lcurve::run(a),
+        Command::Resolution(a) => resolution::run(a),
         Command::Compare(a) => compare::run(a),
         Command::Synth(a) => synth::run(a),
         Command::Import(a) => import::run(a),

@@ -28,6 +28,11 @@ pub struct PlotArgs {
     /// velocity, perturbation, solution).
     #[arg(long)]
     compare_true: bool,
+    /// Resolution tests (`seistomo resolution`'s model.h5): each test's true and recovered
+    /// model side by side, one PNG per test named after -o (OUT_TEST.png), at --depth or at the
+    /// layer where the test's true model is strongest.
+    #[arg(long, conflicts_with_all = ["section", "convergence", "compare_true"])]
+    resolution: bool,
     /// Sections: vertical exaggeration (1: to scale, 2: depth drawn twice as tall as
     /// horizontal distance). Stated in the title when not 1.
     #[arg(long, default_value_t = 1.0)]
@@ -58,6 +63,9 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
         bail!("--depth must be a finite number (got {d})");
     }
     let mf = ModelFile::open(&a.model)?;
+    if a.resolution {
+        return plot_resolution(&a, &mf);
+    }
     let view = if a.convergence {
         View::Convergence
     } else if let Some(s) = &a.section {
@@ -94,5 +102,43 @@ pub fn run(a: PlotArgs) -> anyhow::Result<()> {
     };
     plot_model_with(&mf, &view, &a.field, a.compare_true, &a.out, &style)?;
     eprintln!("wrote {}", crate::io::tidy(&a.out).display());
+    Ok(())
+}
+
+/// `--resolution`: one PNG per test of the file's /resolution group.
+fn plot_resolution(a: &PlotArgs, mf: &ModelFile) -> anyhow::Result<()> {
+    let tests = mf.resolution_tests()?;
+    let shown = crate::io::tidy(&a.model);
+    if tests.is_empty() {
+        bail!(
+            "{}: --resolution: the file has no /resolution group (seistomo resolution writes one)",
+            shown.display()
+        );
+    }
+    let Some(g) = &mf.grid else {
+        bail!("{}: --resolution needs a grid model", shown.display());
+    };
+    let layer = match a.depth {
+        None => None,
+        Some(d) => {
+            let k = ((d - g.origin[2]) / g.spacing[2]).floor();
+            if !(k >= 0.0 && k < g.n[2] as f64) {
+                bail!(
+                    "--depth {d} is outside the grid ({} to {} {})",
+                    g.origin[2],
+                    g.origin[2] + g.n[2] as f64 * g.spacing[2],
+                    g.units
+                );
+            }
+            Some(k as usize)
+        }
+    };
+    let stem = a.out.with_extension("");
+    for (name, truth, recovered) in &tests {
+        let k = layer.unwrap_or_else(|| crate::model::resolution::display_layer(g, truth));
+        let out = PathBuf::from(format!("{}_{name}.png", stem.display()));
+        crate::model::plot::resolution_png(&out, g, name, (truth, recovered), k)?;
+        eprintln!("wrote {}", crate::io::tidy(&out).display());
+    }
     Ok(())
 }

@@ -43,6 +43,8 @@ pub struct ModelInputs<'a> {
     pub kernel_rows: usize,
     /// The run configuration, echoed.
     pub config_text: &'a str,
+    /// Resolution tests, written to /resolution/NAME (empty: no group).
+    pub resolution: &'a [crate::model::resolution::TestResult],
 }
 
 fn h5err(path: &Path, e: ::hdf5::Error) -> Error {
@@ -244,6 +246,9 @@ fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()
         w.str_attr(cl, "units", &c.units)?;
     }
 
+    if !inp.resolution.is_empty() {
+        write_resolution(&w, f, inp)?;
+    }
     // Solver diagnostics: every report key as an attribute.
     let sg = f.create_group("solver").map_err(|e| h5err(path, e))?;
     let report =
@@ -451,6 +456,73 @@ fn write_history(w: &W, f: &::hdf5::File, h: &[IterRecord]) -> Result<()> {
     Ok(())
 }
 
+/// /resolution/NAME per test: its true and recovered models (the model's shape), the
+/// correlation per depth layer, and what it is and how it came back as attributes.
+fn write_resolution(w: &W, f: &::hdf5::File, inp: &ModelInputs) -> Result<()> {
+    use crate::model::resolution::TestKind;
+    let n = inp.outcome.solution.x.len();
+    let shape: Vec<usize> = match &inp.spec.param {
+        Parameterisation::Grid(grid) => vec![grid.n[2], grid.n[1], grid.n[0]],
+        _ => vec![n],
+    };
+    let su = inp.spec.slowness_unit.as_str();
+    let rg = f.create_group("resolution").map_err(|e| h5err(w.path, e))?;
+    w.str_attr(
+        &rg,
+        "description",
+        "resolution tests: synthetic models inverted with the run's settings (seistomo resolution)",
+    )?;
+    for t in inp.resolution {
+        let g = rg.create_group(&t.name).map_err(|e| h5err(w.path, e))?;
+        w.dataset(
+            &g,
+            "true",
+            &shape,
+            &t.true_model,
+            su,
+            "the test's true model (as x)",
+        )?;
+        w.dataset(
+            &g,
+            "recovered",
+            &shape,
+            &t.recovered,
+            su,
+            "the model recovered from the test's data (as x)",
+        )?;
+        w.dataset(
+            &g,
+            "depth_correlation",
+            &[t.depth_correlation.len()],
+            &t.depth_correlation,
+            "1",
+            "correlation of true and recovered per depth layer (k = 0 first; NaN where the true layer is constant)",
+        )?;
+        let l: &Location = &g;
+        w.scalar_attr(l, "correlation", t.correlation)?;
+        w.scalar_attr(l, "iterations", t.iterations as u64)?;
+        w.scalar_attr(l, "istop", u64::from(t.istop))?;
+        match &t.kind {
+            TestKind::Checkerboard(c) => {
+                w.str_attr(l, "kind", "checkerboard")?;
+                w.vec_attr(l, "cells_per_checker", &c.map(|v| v as u64))?;
+            }
+            TestKind::Spike { at, width } => {
+                w.str_attr(l, "kind", "spike")?;
+                w.vec_attr(l, "centre_cell", &at.map(|v| v as u64))?;
+                w.scalar_attr(l, "half_width_cells", *width as u64)?;
+            }
+        }
+        if let Some(s) = &t.spike {
+            w.scalar_attr(l, "peak_recovery", s.peak)?;
+            w.scalar_attr(l, "spread_cells", s.spread)?;
+            w.scalar_attr(l, "true_spread_cells", s.true_spread)?;
+            w.scalar_attr(l, "leakage", s.leakage)?;
+        }
+    }
+    Ok(())
+}
+
 fn write_grid_attrs(w: &W, g: &Group, grid: &Grid) -> Result<()> {
     let l: &Location = g;
     w.vec_attr(l, "n_xyz", &grid.n.map(|v| v as u64))?;
@@ -490,6 +562,9 @@ fn write_json_attrs(w: &W, g: &Group, prefix: &str, v: &serde_json::Value) -> Re
     }
     Ok(())
 }
+
+/// A resolution test read back from a model file: its name, true and recovered models.
+pub type ResolutionModels = (String, Vec<f64>, Vec<f64>);
 
 /// A model file read back (for plots and tests).
 #[derive(Debug, Clone)]
@@ -632,6 +707,26 @@ impl ModelFile {
     }
 
     /// A field of /model, flattened in solution order, with its shape.
+    /// The resolution tests in the file (/resolution): per test its name, true and recovered
+    /// models; empty when the file has none.
+    pub fn resolution_tests(&self) -> Result<Vec<ResolutionModels>> {
+        let Ok(rg) = self.file.group("resolution") else {
+            return Ok(Vec::new());
+        };
+        let e = |er: ::hdf5::Error| Error::format(&self.path, format!("/resolution: {er}"));
+        let mut out = Vec::new();
+        for name in rg.member_names().map_err(e)? {
+            let g = rg.group(&name).map_err(e)?;
+            let read = |d: &str| -> Result<Vec<f64>> {
+                g.dataset(d).and_then(|d| d.read_raw()).map_err(|er| {
+                    Error::format(&self.path, format!("/resolution/{name}/{d}: {er}"))
+                })
+            };
+            out.push((name.clone(), read("true")?, read("recovered")?));
+        }
+        Ok(out)
+    }
+
     pub fn field(&self, name: &str) -> Result<(Vec<f64>, Vec<usize>)> {
         let e = |er: ::hdf5::Error| Error::format(&self.path, format!("/model/{name}: {er}"));
         let ds = self

@@ -11,6 +11,7 @@ pub mod lcurve;
 pub mod plot;
 pub mod provenance;
 pub mod report;
+pub mod resolution;
 pub mod spec;
 pub mod weight;
 pub mod xdmf;

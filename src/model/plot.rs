@@ -11,6 +11,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 
 use crate::error::{Error, Result};
+use crate::grid::Grid;
 use crate::model::hdf5::ModelFile;
 use crate::solver::IterRecord;
 
@@ -332,6 +333,53 @@ pub fn heatmap_png(path: &Path, panels: &[Panel], scale: &Scale, bar_label: &str
         }
         draw_colorbar(&bar, path, scale, bar_label)
     })
+}
+
+/// The cells of depth layer `k` of a grid model `v` (map view).
+fn layer_cells(g: &Grid, v: &[f64], k: usize) -> Vec<Cell> {
+    let edge = |a: usize, i: usize| g.origin[a] + i as f64 * g.spacing[a];
+    let mut cells = Vec::with_capacity(g.n[0] * g.n[1]);
+    for j in 0..g.n[1] {
+        for i in 0..g.n[0] {
+            cells.push(Cell {
+                x0: edge(0, i),
+                x1: edge(0, i + 1),
+                y0: edge(1, j),
+                y1: edge(1, j + 1),
+                value: v[g.index(i, j, k)],
+            });
+        }
+    }
+    cells
+}
+
+/// A resolution test side by side: its true and its recovered model at depth layer `k`, one
+/// colour scale (diverging, symmetric about 0).
+pub fn resolution_png(
+    path: &Path,
+    g: &Grid,
+    name: &str,
+    (truth, recovered): (&[f64], &[f64]),
+    k: usize,
+) -> Result<()> {
+    let depth = g.origin[2] + (k as f64 + 0.5) * g.spacing[2];
+    let at = format!(" ({} = {:.4} {}, layer {k})", g.axes[2], depth, g.units);
+    let (t, r) = (layer_cells(g, truth, k), layer_cells(g, recovered, k));
+    let all: Vec<f64> = t.iter().chain(&r).map(|c| c.value).collect();
+    let scale = Scale::for_values(&all, true);
+    let panel = |title: String, cells| Panel {
+        title,
+        x_label: format!("{} ({})", g.axes[0], g.units),
+        y_label: format!("{} ({})", g.axes[1], g.units),
+        cells,
+        y_down: false,
+        aspect: 1.0,
+    };
+    let panels = [
+        panel(format!("{name}: true{at}"), &t[..]),
+        panel(format!("{name}: recovered"), &r[..]),
+    ];
+    heatmap_png(path, &panels, &scale, "model (as x)")
 }
 
 /// Log-scale convergence plot: r1norm and arnorm (relative to their first values) against

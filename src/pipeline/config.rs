@@ -29,6 +29,8 @@ struct RawConfig {
     model: Option<crate::model::spec::RawModel>,
     /// Performance knobs (src/settings/tuning.rs): checked by `Tuning::from_table`.
     tuning: Option<toml::Table>,
+    /// Resolution tests (`seistomo resolution`, src/model/resolution.rs).
+    resolution: Option<crate::model::resolution::RawResolution>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,6 +134,8 @@ pub struct RunConfig {
     pub model: crate::model::spec::ModelOutput,
     /// How a weight is chosen from several (`[solver] weight`, `weights`, `noise`, ...).
     pub weight: WeightSettings,
+    /// `[resolution]`: the tests `seistomo resolution` runs (None: no table).
+    pub resolution: Option<crate::model::resolution::ResolutionSpec>,
 }
 
 /// `[solver] weight`, `weights`, `noise`, `noise_tau`, `gcv_probes`: choosing the
@@ -389,6 +393,11 @@ impl RunConfig {
             reorder,
             grid: None,
         };
+        let resolution = raw
+            .resolution
+            .map(crate::model::resolution::ResolutionSpec::from_raw)
+            .transpose()
+            .map_err(bad)?;
         Ok(RunConfig {
             path: path.to_path_buf(),
             system,
@@ -397,6 +406,7 @@ impl RunConfig {
             text: text.to_string(),
             model,
             weight,
+            resolution,
         })
     }
 }

@@ -28,9 +28,11 @@ pub struct Sweep {
     pub d: Vec<f64>,
     /// Regularisation rows R (None: the weight is LSQR's damping).
     pub r: Option<Csr>,
-    /// Cells along x, y, z of a dataset's grid (lets `reorder = "auto"` number the cells as an
-    /// inversion of the dataset does).
-    pub grid: Option<[usize; 3]>,
+    /// A dataset's grid (lets `reorder = "auto"` number the cells as an inversion of the
+    /// dataset does; resolution tests are made on it).
+    pub grid: Option<crate::grid::Grid>,
+    /// A synthetic dataset's true model.
+    pub true_model: Option<Vec<f64>>,
 }
 
 fn norm(v: &[f64]) -> f64 {
@@ -127,6 +129,45 @@ impl Sweep {
         solve_system(sys, &o, comm, 0.0, 0)
     }
 
+    /// Solve `members` (their weights and damping) for right-hand sides `rhs` (all rows): as one
+    /// batch, or one by one where `separate` asks or the batch cannot run ([`batch_blocker`],
+    /// said on stderr). `take(j, outcome)` as member j finishes.
+    pub fn solve_members(
+        &self,
+        members: &[Member],
+        rhs: &[&[f64]],
+        opts: &SolveOptions,
+        comm: &dyn Comm,
+        separate: bool,
+        take: &mut (dyn FnMut(usize, Outcome) + Send),
+    ) -> Result<()> {
+        let blocker = batch_blocker(opts);
+        if separate || blocker.is_some() {
+            if let (false, Some(why)) = (separate, &blocker) {
+                eprintln!("note: the solves run one by one ({why})");
+            }
+            for (j, &m) in members.iter().enumerate() {
+                take(j, self.solve_one(m, rhs[j], opts, comm)?);
+            }
+            return Ok(());
+        }
+        let a = match &self.r {
+            Some(r) => self.g.vstack_scaled(r, 1.0)?,
+            None => self.g.clone(),
+        };
+        let sys = BatchSystem {
+            a,
+            reg_from: self.r.as_ref().map(|_| self.g.nrows()),
+        };
+        let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| b.to_vec()).collect();
+        solve_batch(sys, &rhs, members, opts, comm, take)
+    }
+
+    /// All rows of a right-hand side: `data` on G's rows, 0 on R's.
+    pub fn rhs_of(&self, data: &[f64]) -> Vec<f64> {
+        self.full_rhs(data)
+    }
+
     /// Solve for every weight; `each` is called as each weight's data solve finishes (in the
     /// order they finish).
     pub fn run(
@@ -139,7 +180,7 @@ impl Sweep {
     ) -> Result<Curve> {
         let started = std::time::Instant::now();
         let opts = &SolveOptions {
-            grid: opts.grid.or(self.grid),
+            grid: opts.grid.or(self.grid.as_ref().map(|g| g.n)),
             ..opts.clone()
         };
         let p = mode.gcv_probes;
@@ -177,26 +218,8 @@ impl Sweep {
                 probe_x[j] = Some(out.solution.x);
             }
         };
-        let blocker = batch_blocker(opts);
-        if mode.separate || blocker.is_some() {
-            if let (false, Some(why)) = (mode.separate, &blocker) {
-                eprintln!("note: the weights are solved one by one ({why})");
-            }
-            for (j, &m) in members.iter().enumerate() {
-                take(j, self.solve_one(m, rhs_of(j), opts, comm)?);
-            }
-        } else {
-            let a = match &self.r {
-                Some(r) => self.g.vstack_scaled(r, 1.0)?,
-                None => self.g.clone(),
-            };
-            let sys = BatchSystem {
-                a,
-                reg_from: self.r.as_ref().map(|_| self.g.nrows()),
-            };
-            let rhs: Vec<Vec<f64>> = (0..members.len()).map(|j| rhs_of(j).clone()).collect();
-            solve_batch(sys, &rhs, &members, opts, comm, &mut take)?;
-        }
+        let rhs: Vec<&[f64]> = (0..members.len()).map(|j| rhs_of(j).as_slice()).collect();
+        self.solve_members(&members, &rhs, opts, comm, mode.separate, &mut take)?;
         let mut pts: Vec<LPoint> = points
             .into_iter()
             .map(|p| p.ok_or_else(|| Error::Invalid("lcurve: a weight has no solution".into())))
@@ -308,6 +331,7 @@ impl Sweep {
                     d,
                     r,
                     grid: None,
+                    true_model: None,
                 })
             }
             SystemSource::Dataset { .. } => {
@@ -329,7 +353,8 @@ impl Sweep {
                     g,
                     d: b,
                     r: (r.nrows() > 0).then_some(r),
-                    grid: loaded.grid.map(|g| g.n),
+                    grid: loaded.grid,
+                    true_model: loaded.true_model,
                 })
             }
         }
@@ -449,6 +474,7 @@ pub fn lcurve(
                 coverage: Some(&cov),
                 kernel_rows: sweep.g.nrows(),
                 config_text: &cfg.text,
+                resolution: &[],
             },
         )?;
         let mut report = p.outcome.report.clone();
@@ -531,6 +557,7 @@ mod tests {
             d,
             r: Some(r),
             grid: None,
+            true_model: None,
         };
         let iterations = |c: &Curve| -> std::collections::BTreeSet<usize> {
             c.points
@@ -584,6 +611,7 @@ mod tests {
                 d,
                 r,
                 grid: None,
+                true_model: None,
             },
             x,
             sigma,

@@ -35,6 +35,7 @@ pub mod options;
 pub mod prepare;
 pub mod prepared;
 pub mod publish;
+pub mod resolution;
 pub mod solve;
 pub mod square;
 pub mod timing;

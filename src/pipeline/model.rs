@@ -121,6 +121,7 @@ impl RunModel {
                 coverage: Some(&self.coverage),
                 kernel_rows: self.kernel_rows,
                 config_text: &cfg.text,
+                resolution: &[],
             },
         );
         pb.finish_and_clear();
@@ -197,6 +198,7 @@ pub fn write_solution(path: &std::path::Path, spec: &ModelSpec, s: Solved) -> Re
             coverage: None,
             kernel_rows: 0,
             config_text: "",
+            resolution: &[],
         },
     )
 }
