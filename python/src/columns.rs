@@ -155,6 +155,7 @@ pub(crate) fn lcurve_batch<'py>(
         d,
         r: Some(r),
         grid: None,
+        true_model: None,
     };
     let mode = SweepMode {
         separate: false,
