@@ -406,6 +406,24 @@ worst = max(max(abs(float(q[i]) - float(r[i])) / abs(float(r[i])) for i in (1, 2
 its = sum(q[4] == r[4] and q[5] == r[5] for q, r in zip(b, s))
 print(f"  australia: {its} of {len(s)} weights with the same iterations and istop; norms within {worst:.2e}")
 PY
+  # resolution tests on the GPU with the defaults: the 600k dataset's data and 4 tests solved
+  # one after another on one operator (set up once), beside one `invert` of the same config
+  cfg=/tmp/batch-res.toml; rm -rf /tmp/batch-res-o
+  printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[output]\ndir = "/tmp/batch-res-o"\n[resolution]\ncheckerboard = [[8, 8, 4], [16, 16, 8]]\nspikes = [[64, 64, 40], [20, 100, 10]]\n' \
+    $ds > $cfg
+  CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" resolution $cfg > "$OUT/batch_res.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" -q invert $cfg > "$OUT/batch_res_invert.log" 2>&1
+  echo "resolution, data + 4 tests: $(grep -E '^solved|s wall$' "$OUT/batch_res.log" | tr '\n' ' ')" >> "$OUT/batch.txt"
+  echo "  invert of the same config: $(grep -E 's wall$' "$OUT/batch_res_invert.log")" >> "$OUT/batch.txt"
+  grep -E "correlation" "$OUT/batch_res.log" | sed 's/^/  /' >> "$OUT/batch.txt"
+  python3 - /tmp/batch-res-o/resolution/report.json /tmp/batch-res-o/report.json >> "$OUT/batch.txt" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+print(f"  data member: set-up {a['seconds']['setup']:.3f} s, solve {a['seconds']['solve']:.3f} s, "
+      f"r1norm {a['r1norm']:.15e}; invert: set-up {b['seconds']['setup']:.3f} s, "
+      f"r1norm {b['r1norm']:.15e} (equal: {a['r1norm'] == b['r1norm']})")
+PY
+  cp /tmp/batch-res-o/resolution/resolution.csv "$OUT/batch_res.csv" 2>/dev/null
   cat "$OUT/batch.txt" >> "$S"
 fi
 

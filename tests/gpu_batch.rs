@@ -573,3 +573,61 @@ fn time_block_kernels_on_a_dataset() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
+    use seistomo::pipeline::config::RunConfig;
+    use seistomo::pipeline::lcurve::Sweep;
+    let _g = gpu();
+    let d = std::env::temp_dir().join(format!("seistomo-gpu-shared-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let st = std::process::Command::new(common::gpu::seistomo_bin())
+        .args(["synth", "-q", "--grid", "32,32,16", "--rays", "20000"])
+        .args(["--norm-damping", "0.1", "--flattening", "0.5,0.5,0.5", "-o"])
+        .arg(d.join("s"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // compact storage with stencil damping and the device loop (a GPU's defaults from 1M
+    // nonzeros), and CSR
+    for storage in ["compact", "csr"] {
+        let cfg = d.join(format!("{storage}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"s/dataset.toml\"\n[solver]\niter_lim = 200\n[backend]\nkind = \"cuda\"\nstorage = \"{storage}\"\n"
+            ),
+        )
+        .unwrap();
+        let cfg = RunConfig::load(&cfg).unwrap();
+        let sweep = Sweep::from_config(&cfg).unwrap();
+        let o = seistomo::pipeline::options::SolveOptions {
+            grid: sweep.grid.as_ref().map(|g| g.n),
+            ..cfg.options.clone()
+        };
+        let n = sweep.g.ncols();
+        let data = sweep.rhs_of(&sweep.d);
+        let other = sweep.rhs_of(&sweep.g.matvec(&rand_vec(n, 5)));
+        let rhs: Vec<&[f64]> = vec![&data, &other, &data];
+        let members = [0.0, 0.0, 0.05].map(|damp| Member { weight: 1.0, damp });
+        let comm = SerialComm;
+        let shared = sweep
+            .solve_shared(1.0, &members, &rhs, &o, &comm)
+            .unwrap()
+            .expect("the rows can be followed");
+        for (j, s) in shared.iter().enumerate() {
+            let one = sweep.solve_one(members[j], rhs[j], &o, &comm).unwrap();
+            println!(
+                "{storage} member {j}: {} its, storage {}",
+                s.report.iterations, s.report.storage
+            );
+            let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&s.solution.x), bits(&one.solution.x), "{storage} {j}");
+            assert_eq!(s.report.storage, one.report.storage);
+            assert_eq!(s.report.lsqr_loop, one.report.lsqr_loop);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

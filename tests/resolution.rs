@@ -189,3 +189,58 @@ fn bad_resolution_tables_fail_with_one_line_and_write_nothing() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("on a grid"), "{}", stderr(&out));
 }
+
+#[test]
+fn members_of_one_matrix_share_a_set_up_and_equal_their_own_solves() {
+    use seistomo::pipeline::batch::Member;
+    use seistomo::pipeline::config::RunConfig;
+    use seistomo::pipeline::lcurve::Sweep;
+    let d = scratch("resolution-shared");
+    // CSR, and compact storage on the CPU (its damping rows split off as a stencil: the
+    // right-hand sides follow the stored rows' order and the stencil rows' places)
+    for storage in ["csr", "compact"] {
+        let cfg = setup(&d, &format!("[backend]\nstorage = \"{storage}\"\n"));
+        let cfg = RunConfig::load(&cfg).unwrap();
+        let sweep = Sweep::from_config(&cfg).unwrap();
+        let n = sweep.g.ncols();
+        let data = sweep.rhs_of(&sweep.d);
+        let other: Vec<Vec<f64>> = (0..2)
+            .map(|j| {
+                let m: Vec<f64> = (0..n).map(|c| ((c * (j + 3)) % 7) as f64 * 0.01).collect();
+                sweep.rhs_of(&sweep.g.matvec(&m))
+            })
+            .collect();
+        let rhs: Vec<&[f64]> = [&data, &other[0], &other[1]]
+            .iter()
+            .map(|b| b.as_slice())
+            .collect();
+        let members: Vec<Member> = [0.0, 0.01, 0.0]
+            .iter()
+            .map(|&damp| Member { weight: 1.0, damp })
+            .collect();
+        // the dataset's grid, as resolution and lcurve set it (cell order, stencils)
+        let o = &seistomo::pipeline::options::SolveOptions {
+            grid: sweep.grid.as_ref().map(|g| g.n),
+            ..cfg.options.clone()
+        };
+        let comm = seistomo::comm::SerialComm;
+        let shared = sweep
+            .solve_shared(1.0, &members, &rhs, o, &comm)
+            .unwrap()
+            .expect("the rows can be followed");
+        for (j, s) in shared.iter().enumerate() {
+            let one = sweep.solve_one(members[j], rhs[j], o, &comm).unwrap();
+            let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&s.solution.x),
+                bits(&one.solution.x),
+                "{storage}: member {j}"
+            );
+            assert_eq!(s.report.iterations, one.report.iterations);
+            assert_eq!(s.report.storage, one.report.storage, "{storage}");
+            if storage == "compact" {
+                assert!(s.report.storage.contains("stencil"), "{}", s.report.storage);
+            }
+        }
+    }
+}

@@ -107,8 +107,32 @@ impl Sweep {
         }
     }
 
+    /// Members of one matrix [G; w R] (or G), differing by right-hand side and damping, solved
+    /// one after another on one operator: each its own solve ([`Self::solve_one`]'s numbers),
+    /// the set-up paid once. None where the layout's rows cannot be followed (then one by one).
+    pub fn solve_shared(
+        &self,
+        w: f64,
+        members: &[Member],
+        rhs: &[&[f64]],
+        opts: &SolveOptions,
+        comm: &dyn Comm,
+    ) -> Result<Option<Vec<Outcome>>> {
+        let a = match &self.r {
+            Some(r) => self.g.vstack_scaled(r, w)?,
+            None => self.g.clone(),
+        };
+        let sys = System {
+            a,
+            b: rhs[0].to_vec(),
+            kernel_rows: self.g.nrows(),
+        };
+        let damps: Vec<f64> = members.iter().map(|m| m.damp).collect();
+        crate::pipeline::solve::solve_system_many(sys, (rhs, &damps), opts, comm)
+    }
+
     /// One member solved on its own (`--separate`): [G; w R] or G with damp w.
-    fn solve_one(
+    pub fn solve_one(
         &self,
         m: Member,
         b: &[f64],
@@ -145,6 +169,15 @@ impl Sweep {
         if separate || blocker.is_some() {
             if let (false, Some(why)) = (separate, &blocker) {
                 eprintln!("note: the solves run one by one ({why})");
+            }
+            // Members of one matrix (the same weight, or no weighted rows) share one set-up.
+            let w0 = members.first().map_or(1.0, |m| m.weight);
+            let shared = self.r.is_none() || members.iter().all(|m| m.weight == w0);
+            if shared && members.len() > 1 {
+                if let Some(outs) = self.solve_shared(w0, members, rhs, opts, comm)? {
+                    outs.into_iter().enumerate().for_each(|(j, o)| take(j, o));
+                    return Ok(());
+                }
             }
             for (j, &m) in members.iter().enumerate() {
                 take(j, self.solve_one(m, rhs[j], opts, comm)?);

@@ -229,6 +229,159 @@ impl Lsqr<'_> {
     }
 }
 
+/// Many right-hand sides on one operator: the visitor of [`solve_many`]. Each solve is the
+/// single solve of its right-hand side and parameters on that operator (the same numbers as a
+/// [`solve`] of that system); the calibration and the set-up are shared.
+struct Many<'a> {
+    method: LsqMethod,
+    comm: &'a dyn Comm,
+    rhs: &'a [Vec<f64>],
+    params: &'a [LsqrParams],
+}
+
+impl LsqrVisitor for Many<'_> {
+    type Output = Vec<<Run<'static, 'static> as LsqrVisitor>::Output>;
+    fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<Self::Output> {
+        let cal = crate::ui::phases::time("calibrate", || calibrate(be, op, self.comm))?;
+        // the set-up ends here for every solve: its seconds are the shared set-up's
+        let started = std::time::Instant::now();
+        let mut out = Vec::with_capacity(self.rhs.len());
+        for (b, params) in self.rhs.iter().zip(self.params) {
+            let l = Lsqr {
+                method: self.method,
+                comm: self.comm,
+                b,
+                x0: None,
+                params,
+                ckpt: None,
+            };
+            let mut mon = solver::History::default();
+            let (sol, h) = l.run(be, op, &mut mon)?;
+            out.push((sol, h.unwrap_or(mon.0), started, cal.clone()));
+        }
+        Ok(out)
+    }
+}
+
+/// Solve the prepared system for each right-hand side of `rhs` (its rows in the prepared
+/// order, as `p.b`; one process) with `damps[j]` as member j's damping, on one operator: the
+/// set-up paid once. Each outcome is that of [`solve`] with that b and damping.
+pub fn solve_many(
+    engine: &Engine,
+    why: &str,
+    p: Prepared,
+    job: &LsqrJob,
+    comm: &dyn Comm,
+    (rhs, damps): (&[Vec<f64>], &[f64]),
+) -> Result<Vec<Outcome>> {
+    if rhs.len() != damps.len() || rhs.iter().any(|b| b.len() != p.b.len()) {
+        return Err(crate::Error::Invalid(format!(
+            "{} right-hand sides of {} rows and {} dampings",
+            rhs.len(),
+            p.b.len(),
+            damps.len()
+        )));
+    }
+    let precision = match (engine.kind(), p.matrix.storage) {
+        (crate::pipeline::options::BackendChoice::Cuda, _)
+        | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
+        _ => crate::backend::Precision::F64,
+    };
+    let (laid_out, described) = (p.matrix.storage, p.matrix.describe(precision));
+    let Prepared {
+        matrix,
+        unmap,
+        m,
+        nnz,
+        ..
+    } = p;
+    let n = matrix.ncols();
+    let stencil_rows = matrix.stencil.as_ref().map_or(0, |s| s.nrows());
+    let base = method_params(job, m, n)?;
+    let params: Vec<LsqrParams> = damps
+        .iter()
+        .map(|&damp| LsqrParams {
+            damp,
+            ..base.clone()
+        })
+        .collect();
+    let many = Many {
+        method: job.method,
+        comm,
+        rhs,
+        params: &params,
+    };
+    let device_loop =
+        use_device_loop(job.spec.lsqr_loop) && (job.method == LsqMethod::Lsqr || comm.size() == 1);
+    let (runs, built) = engine.lsqr(job.spec, comm, matrix, device_loop, many)?;
+    let storage = storage_words(&built, laid_out, described);
+    Ok(runs
+        .into_iter()
+        .zip(&params)
+        .map(|(mut ran, params)| {
+            unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
+            let facts = RunFacts {
+                storage: storage.clone(),
+                ordering: unmap.ordering.what.clone(),
+                col_scale: unmap.scale.is_some(),
+                stencil_rows,
+                shape: (m, n, nnz),
+                load_seconds: 0.0,
+            };
+            outcome((engine, why, job, comm), params, ran, &built, facts)
+        })
+        .collect())
+}
+
+/// [`solve_system`] for many right-hand sides of one matrix (all rows, the system's order;
+/// `sys.b` is the first), member j with damping `damps[j]`: laid out and set up once, solved
+/// one after another on one operator. None where the layout moved rows in a way the
+/// right-hand sides cannot follow (then solve them one by one).
+pub fn solve_system_many(
+    sys: System,
+    (rhs, damps): (&[&[f64]], &[f64]),
+    opts: &SolveOptions,
+    comm: &dyn Comm,
+) -> Result<Option<Vec<Outcome>>> {
+    let setup_started = std::time::Instant::now();
+    crate::ui::phases::take();
+    if comm.size() > 1 {
+        return Ok(None);
+    }
+    let (kind, why) = choose_backend(opts.operator.backend)?;
+    let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
+    let layout = layout_for(opts, &engine, sys.a.nnz());
+    let first = sys.b.clone();
+    let prepared = prepare(sys, &layout, comm)?;
+    // The stored rows are permuted (new row i is old row rows[i]); rows split off as a
+    // stencil after them keep their places (backend::storage::prepare).
+    let old = |i: usize| match prepared.unmap.ordering.rows.as_ref() {
+        Some(r) if i < r.len() => r[i],
+        _ => i,
+    };
+    let m = prepared.b.len();
+    let mapped = |b: &[f64]| -> Vec<f64> { (0..m).map(|i| b[old(i)]).collect() };
+    // The rows must be a permutation the right-hand sides can follow: the first one mapped is
+    // the prepared b, bit for bit.
+    let same = first.len() == m
+        && mapped(&first)
+            .iter()
+            .zip(&prepared.b)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+    if !same || rhs.iter().any(|b| b.len() != m) {
+        return Ok(None);
+    }
+    let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| mapped(b)).collect();
+    let job = LsqrJob {
+        method: opts.method,
+        params: &opts.params,
+        spec: &opts.operator,
+        checkpoint: None,
+        setup_started,
+    };
+    solve_many(&engine, &why, prepared, &job, comm, (&rhs, damps)).map(Some)
+}
+
 /// Solve a prepared system with LSQR on `engine` (chosen for `why`), the iterations watched as
 /// `watch` says (the CLI's progress, or a caller's recorder). `load_seconds` goes into the
 /// report.
