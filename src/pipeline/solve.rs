@@ -257,7 +257,7 @@ impl LsqrVisitor for Many<'_> {
             };
             let mut mon = solver::History::default();
             let (sol, h) = l.run(be, op, &mut mon)?;
-            out.push((sol, h.unwrap_or(mon.0), started, cal.clone()));
+            out.push((sol, h.unwrap_or(mon.0), started, cal));
         }
         Ok(out)
     }
