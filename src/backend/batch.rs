@@ -126,3 +126,58 @@ pub fn weighted_rows(a: &crate::sparse::Csr, class: Option<&[u8]>, w: f64) -> cr
     }
     out
 }
+
+/// The argument checks every backend's block kernels make, with the same words.
+pub mod check {
+    use crate::error::{Error, Result};
+
+    /// A block of `got` = (rows, k) where (rows, k) is expected.
+    pub fn shape(what: &str, got: (usize, usize), rows: usize, k: usize) -> Result<()> {
+        if got != (rows, k) {
+            return Err(Error::Invalid(format!(
+                "{what}: block of {} x {}, expected {rows} x {k}",
+                got.0, got.1
+            )));
+        }
+        Ok(())
+    }
+    /// `got` values where the block has k columns.
+    pub fn one_per_column(what: &str, got: usize, k: usize) -> Result<()> {
+        if got != k {
+            return Err(Error::Invalid(format!(
+                "{what}: {got} values for a block of {k} columns"
+            )));
+        }
+        Ok(())
+    }
+    /// The values of a rows x k block.
+    pub fn len(rows: usize, k: usize) -> Result<usize> {
+        rows.checked_mul(k)
+            .ok_or_else(|| Error::Invalid(format!("a block of {rows} x {k} is too large")))
+    }
+    /// Column j of a block of k.
+    pub fn column(j: usize, k: usize) -> Result<()> {
+        if j >= k {
+            return Err(Error::Invalid(format!("column {j} of a block of {k}")));
+        }
+        Ok(())
+    }
+    /// Column j set from `len` values in a rows x k block.
+    pub fn set_column(j: usize, len: usize, (rows, k): (usize, usize)) -> Result<()> {
+        if j >= k || len != rows {
+            return Err(Error::Invalid(format!(
+                "column {j} of {len} values into a block of {rows} x {k}"
+            )));
+        }
+        Ok(())
+    }
+    /// The columns `keep` of a block of k: false where they are all, in order (nothing to do).
+    pub fn keep(keep: &[usize], k: usize) -> Result<bool> {
+        if keep.iter().any(|&j| j >= k) {
+            return Err(Error::Invalid(format!(
+                "keep {keep:?} of a block of {k} columns"
+            )));
+        }
+        Ok(!(keep.len() == k && keep.iter().enumerate().all(|(i, &j)| i == j)))
+    }
+}

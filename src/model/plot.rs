@@ -710,7 +710,7 @@ fn axis_labels(mf: &ModelFile, view: &View) -> (String, String, bool) {
 /// The rectangles of a view and a title suffix.
 fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String)> {
     if let Some(g) = &mf.grid {
-        let [nx, ny, nz] = g.n;
+        let nz = g.n[2];
         let edge = |a: usize, i: usize| g.origin[a] + i as f64 * g.spacing[a];
         let layer = |a: usize, at: f64| -> Result<usize> {
             let k = ((at - g.origin[a]) / g.spacing[a]).floor();
@@ -733,18 +733,7 @@ fn cells_of(mf: &ModelFile, v: &[f64], view: &View) -> Result<(Vec<Cell>, String
                     )
                 })?;
                 let k = layer(2, d)?;
-                let mut cells = Vec::with_capacity(nx * ny);
-                for j in 0..ny {
-                    for i in 0..nx {
-                        cells.push(Cell {
-                            x0: edge(0, i),
-                            x1: edge(0, i + 1),
-                            y0: edge(1, j),
-                            y1: edge(1, j + 1),
-                            value: v[g.index(i, j, k)],
-                        });
-                    }
-                }
+                let cells = layer_cells(g, v, k);
                 let suffix = format!(
                     ", {} {} to {} {}",
                     g.axes[2],

@@ -33,6 +33,19 @@ pub struct LsqrJob<'a> {
     pub setup_started: std::time::Instant,
 }
 
+impl<'a> LsqrJob<'a> {
+    /// `opts`' method, parameters and operator, without checkpoints; set-up from `started`.
+    pub fn of(opts: &'a SolveOptions, started: std::time::Instant) -> LsqrJob<'a> {
+        LsqrJob {
+            method: opts.method,
+            params: &opts.params,
+            spec: &opts.operator,
+            checkpoint: None,
+            setup_started: started,
+        }
+    }
+}
+
 /// Where a solve's iteration records go when they do not go to a bar: Python's callback, a
 /// test. Implemented by any `FnMut(&IterRecord) -> Result<()>`.
 pub trait Recorder: Send {
@@ -229,6 +242,17 @@ impl Lsqr<'_> {
     }
 }
 
+/// The prepared storage in words, in the precision its values will have: the job's on the GPU
+/// and in compact storage, f64 in the CPU's CSR.
+fn stored_words(engine: &Engine, p: &Prepared, job: &LsqrJob) -> String {
+    let precision = match (engine.kind(), p.matrix.storage) {
+        (crate::pipeline::options::BackendChoice::Cuda, _)
+        | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
+        _ => crate::backend::Precision::F64,
+    };
+    p.matrix.describe(precision)
+}
+
 /// Many right-hand sides on one operator: the visitor of [`solve_many`]. Each solve is the
 /// single solve of its right-hand side and parameters on that operator (the same numbers as a
 /// [`solve`] of that system); the calibration and the set-up are shared.
@@ -282,12 +306,7 @@ pub fn solve_many(
             damps.len()
         )));
     }
-    let precision = match (engine.kind(), p.matrix.storage) {
-        (crate::pipeline::options::BackendChoice::Cuda, _)
-        | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
-        _ => crate::backend::Precision::F64,
-    };
-    let (laid_out, described) = (p.matrix.storage, p.matrix.describe(precision));
+    let (laid_out, described) = (p.matrix.storage, stored_words(engine, &p, job));
     let Prepared {
         matrix,
         unmap,
@@ -372,13 +391,7 @@ pub fn solve_system_many(
         return Ok(None);
     }
     let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| mapped(b)).collect();
-    let job = LsqrJob {
-        method: opts.method,
-        params: &opts.params,
-        spec: &opts.operator,
-        checkpoint: None,
-        setup_started,
-    };
+    let job = LsqrJob::of(opts, setup_started);
     solve_many(&engine, &why, prepared, &job, comm, (&rhs, damps)).map(Some)
 }
 
@@ -394,12 +407,7 @@ pub fn solve(
     load_seconds: f64,
     watch: Watch,
 ) -> Result<Outcome> {
-    let precision = match (engine.kind(), p.matrix.storage) {
-        (crate::pipeline::options::BackendChoice::Cuda, _)
-        | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
-        _ => crate::backend::Precision::F64,
-    };
-    let (laid_out, described) = (p.matrix.storage, p.matrix.describe(precision));
+    let (laid_out, described) = (p.matrix.storage, stored_words(engine, &p, job));
     let fp = job
         .checkpoint
         .map(|_| -> Result<String> {
@@ -688,13 +696,7 @@ pub fn solve_system(
     }
     let layout = layout_for(opts, &engine, sys.a.nnz());
     let prepared = prepare(sys, &layout, comm)?;
-    let job = LsqrJob {
-        method: opts.method,
-        params: &opts.params,
-        spec: &opts.operator,
-        checkpoint: None,
-        setup_started,
-    };
+    let job = LsqrJob::of(opts, setup_started);
     let watch = Watch::Progress(progress_every);
     solve(&engine, &why, prepared, &job, comm, load_seconds, watch)
 }

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::{CpuBackend, CHUNK};
-use crate::backend::batch::{weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
+use crate::backend::batch::{check, weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::XwStep;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -45,13 +45,7 @@ type UpdateJob<'a> = (
 const GROUP: usize = 12;
 
 fn check_shape(what: &str, x: &CpuBlock, rows: usize, k: usize) -> Result<()> {
-    if x.rows != rows || x.k != k {
-        return Err(Error::Invalid(format!(
-            "{what}: block of {} x {}, expected {rows} x {k}",
-            x.rows, x.k
-        )));
-    }
-    Ok(())
+    check::shape(what, (x.rows, x.k), rows, k)
 }
 
 /// `f` (one value per member) repeated for 8 rows: the factors of a flat loop over 8 rows of a
@@ -128,9 +122,7 @@ impl BatchBackend for CpuBackend {
     type Block = CpuBlock;
 
     fn block_zeros(&self, rows: usize, k: usize) -> Result<CpuBlock> {
-        let len = rows
-            .checked_mul(k)
-            .ok_or_else(|| Error::Invalid(format!("a block of {rows} x {k} is too large")))?;
+        let len = check::len(rows, k)?;
         Ok(CpuBlock {
             data: vec![0.0; len],
             rows,
@@ -141,33 +133,18 @@ impl BatchBackend for CpuBackend {
         (x.rows, x.k)
     }
     fn block_column(&self, x: &CpuBlock, j: usize) -> Result<Vec<f64>> {
-        if j >= x.k {
-            return Err(Error::Invalid(format!("column {j} of a block of {}", x.k)));
-        }
+        check::column(j, x.k)?;
         Ok(x.data.iter().skip(j).step_by(x.k).copied().collect())
     }
     fn block_set_column(&self, x: &mut CpuBlock, j: usize, col: &[f64]) -> Result<()> {
-        if j >= x.k || col.len() != x.rows {
-            return Err(Error::Invalid(format!(
-                "column {j} of {} values into a block of {} x {}",
-                col.len(),
-                x.rows,
-                x.k
-            )));
-        }
+        check::set_column(j, col.len(), (x.rows, x.k))?;
         for (r, &v) in x.data.chunks_exact_mut(x.k).zip(col) {
             r[j] = v;
         }
         Ok(())
     }
     fn block_keep(&self, x: &mut CpuBlock, keep: &[usize]) -> Result<()> {
-        if keep.iter().any(|&j| j >= x.k) {
-            return Err(Error::Invalid(format!(
-                "keep {keep:?} of a block of {} columns",
-                x.k
-            )));
-        }
-        if keep.len() == x.k && keep.iter().enumerate().all(|(i, &j)| i == j) {
+        if !check::keep(keep, x.k)? {
             return Ok(());
         }
         let k2 = keep.len();

@@ -19,7 +19,7 @@ use cudarc::driver::CudaSlice;
 use super::backend::{CudaBackend, DeviceVec};
 use super::error::Doing;
 use super::util::{arg, check_row_numbers, up, DevValues};
-use crate::backend::batch::{weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
+use crate::backend::batch::{check, weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::{Backend, Precision, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -42,22 +42,7 @@ impl CudaBlock {
 }
 
 fn check_shape(what: &str, x: &CudaBlock, rows: usize, k: usize) -> Result<()> {
-    if x.rows != rows || x.k != k {
-        return Err(Error::Invalid(format!(
-            "{what}: block of {} x {}, expected {rows} x {k}",
-            x.rows, x.k
-        )));
-    }
-    Ok(())
-}
-
-fn one_per_column(what: &str, got: usize, k: usize) -> Result<()> {
-    if got != k {
-        return Err(Error::Invalid(format!(
-            "{what}: {got} values for a block of {k} columns"
-        )));
-    }
-    Ok(())
+    check::shape(what, (x.rows, x.k), rows, k)
 }
 
 /// Threads per kernel block for a block of k columns: a multiple of k (thread t works on
@@ -143,9 +128,7 @@ impl BatchBackend for CudaBackend {
                 "a GPU batch holds at most {MAX_MEMBERS} members (asked for {k})"
             )));
         }
-        let len = rows
-            .checked_mul(k)
-            .ok_or_else(|| Error::Invalid(format!("a block of {rows} x {k} is too large")))?;
+        let len = check::len(rows, k)?;
         Ok(CudaBlock {
             data: self.zeros(len.max(1))?,
             rows,
@@ -156,9 +139,7 @@ impl BatchBackend for CudaBackend {
         (x.rows, x.k)
     }
     fn block_column(&self, x: &CudaBlock, j: usize) -> Result<Vec<f64>> {
-        if j >= x.k {
-            return Err(Error::Invalid(format!("column {j} of a block of {}", x.k)));
-        }
+        check::column(j, x.k)?;
         let mut col = self.zeros(x.rows.max(1))?;
         self.column_copy(x, j, &mut col, false)?;
         let mut out = vec![0.0; x.rows.max(1)];
@@ -167,25 +148,12 @@ impl BatchBackend for CudaBackend {
         Ok(out)
     }
     fn block_set_column(&self, x: &mut CudaBlock, j: usize, col: &[f64]) -> Result<()> {
-        if j >= x.k || col.len() != x.rows {
-            return Err(Error::Invalid(format!(
-                "column {j} of {} values into a block of {} x {}",
-                col.len(),
-                x.rows,
-                x.k
-            )));
-        }
+        check::set_column(j, col.len(), (x.rows, x.k))?;
         let mut c = up(self, col)?;
         self.column_copy(&*x, j, &mut c, true)
     }
     fn block_keep(&self, x: &mut CudaBlock, keep: &[usize]) -> Result<()> {
-        if keep.iter().any(|&j| j >= x.k) {
-            return Err(Error::Invalid(format!(
-                "keep {keep:?} of a block of {} columns",
-                x.k
-            )));
-        }
-        if keep.len() == x.k && keep.iter().enumerate().all(|(i, &j)| i == j) {
+        if !check::keep(keep, x.k)? {
             return Ok(());
         }
         let k2 = keep.len();
@@ -204,9 +172,9 @@ impl BatchBackend for CudaBackend {
     }
     fn block_norms_sq(&self, x: &CudaBlock, factor: Option<&[f64]>, out: &mut [f64]) -> Result<()> {
         let k = x.k;
-        one_per_column("block norms", out.len(), k)?;
+        check::one_per_column("block norms", out.len(), k)?;
         if let Some(f) = factor {
-            one_per_column("block norms", f.len(), k)?;
+            check::one_per_column("block norms", f.len(), k)?;
         }
         if x.rows == 0 {
             out.iter_mut().for_each(|o| *o = 0.0);
@@ -222,7 +190,7 @@ impl BatchBackend for CudaBackend {
         })
     }
     fn block_scale(&self, x: &mut CudaBlock, a: &[f64]) -> Result<()> {
-        one_per_column("block scale", a.len(), x.k)?;
+        check::one_per_column("block scale", a.len(), x.k)?;
         if x.len() == 0 {
             return Ok(());
         }
@@ -234,7 +202,7 @@ impl BatchBackend for CudaBackend {
     }
     fn block_axpby(&self, a: f64, x: &CudaBlock, b: &[f64], y: &mut CudaBlock) -> Result<()> {
         check_shape("block axpby", y, x.rows, x.k)?;
-        one_per_column("block axpby", b.len(), x.k)?;
+        check::one_per_column("block axpby", b.len(), x.k)?;
         if x.len() == 0 {
             return Ok(());
         }
@@ -256,8 +224,8 @@ impl BatchBackend for CudaBackend {
         let (rows, k) = (v.rows, v.k);
         check_shape("block update x", x, rows, k)?;
         check_shape("block update w", w, rows, k)?;
-        one_per_column("block update", steps.len(), k)?;
-        one_per_column("block update", out.len(), k)?;
+        check::one_per_column("block update", steps.len(), k)?;
+        check::one_per_column("block update", out.len(), k)?;
         if let Some(vr) = var.as_deref() {
             check_shape("block update var", vr, rows, k)?;
         }
