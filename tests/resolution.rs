@@ -244,3 +244,46 @@ fn members_of_one_matrix_share_a_set_up_and_equal_their_own_solves() {
         }
     }
 }
+
+#[test]
+fn lcurve_on_a_dataset_weighs_its_damping_rows_and_writes_a_grid_model() {
+    let d = scratch("lcurve-dataset");
+    run_ok(
+        bin()
+            .args(["synth", "-q", "--grid", "16,16,8", "--rays", "3000"])
+            .args([
+                "--norm-damping",
+                "0.1",
+                "--flattening",
+                "0.5,0.5,0.5",
+                "--noise",
+                "0.02",
+                "-o",
+                d.join("s").to_str().unwrap(),
+            ]),
+    );
+    let cfg = d.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[dataset]\npath = \"s/dataset.toml\"\n[solver]\niter_lim = 500\ngcv_probes = 0\n",
+    )
+    .unwrap();
+    let o = d.join("l");
+    let out = run_ok(
+        bin()
+            .arg("lcurve")
+            .arg(&cfg)
+            .args(["--log-range", "0.01:100:13", "-o"])
+            .arg(&o),
+    );
+    let err = stderr(&out);
+    assert!(err.contains("reg_weight 1.0000e0"), "{err}");
+    assert!(err.contains("corner: reg_weight"), "{err}");
+    let csv = std::fs::read_to_string(o.join("lcurve.csv")).unwrap();
+    assert!(csv.starts_with("reg_weight,"), "{csv}");
+    // the corner's model has the dataset's grid and true model, as invert's does
+    let mf = ModelFile::open(&o.join("model.h5")).unwrap();
+    assert_eq!(mf.grid.as_ref().map(|g| g.n), Some([16, 16, 8]));
+    assert!(mf.has_field("true_solution"));
+    assert!(o.join("model.xdmf").exists());
+}

@@ -441,6 +441,19 @@ pub fn lcurve(
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sweep = Sweep::from_config(cfg)?;
+    // The model side, checked before the solves: a dataset's grid and true model describe it
+    // where `[model]` does not, as in `invert`.
+    let (kernel_rows, coverage) = (
+        sweep.g.nrows(),
+        Coverage::from_kernel_rows(&sweep.g, sweep.g.nrows()),
+    );
+    let known = crate::pipeline::model::Known {
+        ncols: sweep.g.ncols(),
+        grid: sweep.grid.as_ref(),
+        true_model: sweep.true_model.as_ref(),
+        kernel_rows,
+    };
+    let run_model = crate::pipeline::model::RunModel::with_coverage(cfg, known, coverage, false)?;
     let what = sweep.weight_name();
     let mode = SweepMode {
         separate,
@@ -495,17 +508,15 @@ pub fn lcurve(
     let mut model = None;
     if let Some(i) = c {
         let p = &pts[i];
-        let spec = cfg.model.spec(sweep.g.ncols())?;
-        let cov = Coverage::from_kernel_rows(&sweep.g, sweep.g.nrows());
         let path = out.join("model.h5");
         stage_model(
             &mut publ,
             &path,
             &ModelInputs {
-                spec: &spec,
+                spec: &run_model.spec,
                 outcome: &p.outcome,
-                coverage: Some(&cov),
-                kernel_rows: sweep.g.nrows(),
+                coverage: Some(&run_model.coverage),
+                kernel_rows,
                 config_text: &cfg.text,
                 resolution: &[],
             },
