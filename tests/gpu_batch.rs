@@ -608,8 +608,8 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
             ..cfg.options.clone()
         };
         let n = sweep.g.ncols();
-        let data = sweep.rhs_of(&sweep.d);
-        let other = sweep.rhs_of(&sweep.g.matvec(&rand_vec(n, 5)));
+        let data = sweep.full_rhs(&sweep.d);
+        let other = sweep.full_rhs(&sweep.g.matvec(&rand_vec(n, 5)));
         let rhs: Vec<&[f64]> = vec![&data, &other, &data];
         let members = [0.0, 0.0, 0.05].map(|damp| Member { weight: 1.0, damp });
         let comm = SerialComm;

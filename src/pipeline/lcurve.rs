@@ -78,7 +78,7 @@ impl Sweep {
     }
 
     /// All rows of a right-hand side: `data` on G's rows, 0 on R's.
-    fn full_rhs(&self, data: &[f64]) -> Vec<f64> {
+    pub fn full_rhs(&self, data: &[f64]) -> Vec<f64> {
         let mut b = data.to_vec();
         b.resize(
             self.g.nrows() + self.r.as_ref().map_or(0, |r| r.nrows()),
@@ -118,17 +118,26 @@ impl Sweep {
         opts: &SolveOptions,
         comm: &dyn Comm,
     ) -> Result<Option<Vec<Outcome>>> {
+        let damps: Vec<f64> = members.iter().map(|m| m.damp).collect();
+        crate::pipeline::solve::solve_system_many(
+            self.system(w, rhs[0])?,
+            (rhs, &damps),
+            opts,
+            comm,
+        )
+    }
+
+    /// The system [G; w R] (or G) with right-hand side `b` (all rows).
+    fn system(&self, w: f64, b: &[f64]) -> Result<System> {
         let a = match &self.r {
             Some(r) => self.g.vstack_scaled(r, w)?,
             None => self.g.clone(),
         };
-        let sys = System {
+        Ok(System {
             a,
-            b: rhs[0].to_vec(),
+            b: b.to_vec(),
             kernel_rows: self.g.nrows(),
-        };
-        let damps: Vec<f64> = members.iter().map(|m| m.damp).collect();
-        crate::pipeline::solve::solve_system_many(sys, (rhs, &damps), opts, comm)
+        })
     }
 
     /// One member solved on its own (`--separate`): [G; w R] or G with damp w.
@@ -141,16 +150,7 @@ impl Sweep {
     ) -> Result<Outcome> {
         let mut o = opts.clone();
         o.params.damp = m.damp;
-        let a = match &self.r {
-            Some(r) => self.g.vstack_scaled(r, m.weight)?,
-            None => self.g.clone(),
-        };
-        let sys = System {
-            a,
-            b: b.to_vec(),
-            kernel_rows: self.g.nrows(),
-        };
-        solve_system(sys, &o, comm, 0.0, 0)
+        solve_system(self.system(m.weight, b)?, &o, comm, 0.0, 0)
     }
 
     /// Solve `members` (their weights and damping) for right-hand sides `rhs` (all rows): as one
@@ -194,11 +194,6 @@ impl Sweep {
         };
         let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| b.to_vec()).collect();
         solve_batch(sys, &rhs, members, opts, comm, take)
-    }
-
-    /// All rows of a right-hand side: `data` on G's rows, 0 on R's.
-    pub fn rhs_of(&self, data: &[f64]) -> Vec<f64> {
-        self.full_rhs(data)
     }
 
     /// Solve for every weight; `each` is called as each weight's data solve finishes (in the

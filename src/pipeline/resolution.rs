@@ -82,10 +82,10 @@ pub fn resolution(
     let tests = spec.tests(grid)?;
     let started = std::time::Instant::now();
     // member 0: the data; then each test's synthetic data (noise seeded per test)
-    let mut rhs = vec![sweep.rhs_of(&sweep.d)];
+    let mut rhs = vec![sweep.full_rhs(&sweep.d)];
     for (j, (_, _, m)) in tests.iter().enumerate() {
         let d = travel_times(g, m, spec.noise, spec.seed.wrapping_add(j as u64));
-        rhs.push(sweep.rhs_of(&d));
+        rhs.push(sweep.full_rhs(&d));
     }
     let damp = cfg.options.params.damp;
     let member = match (&sweep.r, &cfg.system) {

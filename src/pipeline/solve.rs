@@ -367,11 +367,8 @@ pub fn solve_system_many(
     if comm.size() > 1 {
         return Ok(None);
     }
-    let (kind, why) = choose_backend(opts.operator.backend)?;
-    let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
-    let layout = layout_for(opts, &engine, sys.a.nnz());
     let first = sys.b.clone();
-    let prepared = prepare(sys, &layout, comm)?;
+    let (engine, why, prepared) = start_and_prepare(sys, opts, comm)?;
     // The stored rows are permuted (new row i is old row rows[i]); rows split off as a
     // stencil after them keep their places (backend::storage::prepare).
     let old = |i: usize| match prepared.unmap.ordering.rows.as_ref() {
@@ -687,6 +684,18 @@ pub fn solve_system(
 ) -> Result<Outcome> {
     let setup_started = std::time::Instant::now();
     crate::ui::phases::take();
+    let (engine, why, prepared) = start_and_prepare(sys, opts, comm)?;
+    let job = LsqrJob::of(opts, setup_started);
+    let watch = Watch::Progress(progress_every);
+    solve(&engine, &why, prepared, &job, comm, load_seconds, watch)
+}
+
+/// The backend `opts` asks for started (and why it was chosen), and `sys` laid out for it.
+fn start_and_prepare(
+    sys: System,
+    opts: &SolveOptions,
+    comm: &dyn Comm,
+) -> Result<(Engine, String, Prepared)> {
     let (kind, why) = choose_backend(opts.operator.backend)?;
     let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
     if kind == crate::pipeline::options::BackendChoice::Cuda && comm.size() > 1 && comm.is_root() {
@@ -696,9 +705,7 @@ pub fn solve_system(
     }
     let layout = layout_for(opts, &engine, sys.a.nnz());
     let prepared = prepare(sys, &layout, comm)?;
-    let job = LsqrJob::of(opts, setup_started);
-    let watch = Watch::Progress(progress_every);
-    solve(&engine, &why, prepared, &job, comm, load_seconds, watch)
+    Ok((engine, why, prepared))
 }
 
 /// The layout `opts` asks for on `engine`: the storage resolved for its backend and size.
