@@ -41,16 +41,10 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
         (None, None) if !cfg.weight.weights.is_empty() => cfg.weight.weights.clone(),
         _ => bail!("give --damping W1,W2,... or --log-range FROM:TO:COUNT (or [solver] weights)"),
     };
-    let out = match &a.out {
-        Some(o) => o.clone(),
-        None => cfg
-            .output
-            .report
-            .as_ref()
-            .and_then(|p| p.parent())
-            .map(|d| d.join("lcurve"))
-            .unwrap_or_else(|| PathBuf::from("lcurve")),
-    };
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| super::output_subdir(&cfg, "lcurve"));
     eprintln!(
         "L-curve over {} weights{}",
         weights.len(),

@@ -135,6 +135,20 @@ fn end_job(comm: Box<dyn crate::comm::Comm>, result: anyhow::Result<()>) -> anyh
     std::process::exit(1);
 }
 
+/// A command's default output directory: `name` in the config's output directory (in the
+/// working directory where the config names none).
+pub(crate) fn output_subdir(
+    cfg: &crate::pipeline::config::RunConfig,
+    name: &str,
+) -> std::path::PathBuf {
+    cfg.output
+        .report
+        .as_ref()
+        .and_then(|p| p.parent())
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| std::path::PathBuf::from(name))
+}
+
 /// Use `threads` rayon workers for the rest of the process (when given).
 pub(crate) fn init_threads(threads: Option<usize>) -> anyhow::Result<()> {
     Ok(crate::backend::cpu::init_threads(threads)?)

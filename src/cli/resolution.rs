@@ -26,16 +26,10 @@ pub fn run(a: ResolutionArgs) -> anyhow::Result<()> {
     let cfg = RunConfig::load(&a.config)?;
     crate::pipeline::config::note_config(&cfg);
     super::init_threads(cfg.options.threads)?;
-    let out = match &a.out {
-        Some(o) => o.clone(),
-        None => cfg
-            .output
-            .report
-            .as_ref()
-            .and_then(|p| p.parent())
-            .map(|d| d.join("resolution"))
-            .unwrap_or_else(|| PathBuf::from("resolution")),
-    };
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| super::output_subdir(&cfg, "resolution"));
     let (run, files) = resolution(&cfg, &out, a.separate, |name, o| {
         eprintln!(
             "  {name}: {} iterations, istop {}",
