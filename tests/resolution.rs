@@ -8,22 +8,22 @@ use std::path::{Path, PathBuf};
 use common::{rel, run_ok, run_seistomo, scratch, seistomo as bin, stderr};
 use seistomo::model::hdf5::ModelFile;
 
-/// A noise-free synthetic dataset on a 16 x 16 x 8 grid (2048 cells, 3000 rays) with norm
-/// damping and flattening, and a config with `resolution` as its [resolution] table.
+/// A synthetic dataset `d/s` on a 16 x 16 x 8 grid (2048 cells, 3000 rays) with norm damping
+/// and flattening, its data with Gaussian noise of sd `noise` (0: none).
+fn synth(d: &Path, noise: &str) {
+    run_ok(
+        bin()
+            .args(["synth", "-q", "--grid", "16,16,8", "--rays", "3000"])
+            .args(["--norm-damping", "0.1", "--flattening", "0.5,0.5,0.5"])
+            .args(["--noise", noise, "-o", d.join("s").to_str().unwrap()]),
+    );
+}
+
+/// A noise-free [`synth`] dataset (made once per directory), and a config with `resolution`
+/// as its [resolution] table.
 fn setup(d: &Path, resolution: &str) -> PathBuf {
     if !d.join("s").exists() {
-        run_ok(
-            bin()
-                .args(["synth", "-q", "--grid", "16,16,8", "--rays", "3000"])
-                .args([
-                    "--norm-damping",
-                    "0.1",
-                    "--flattening",
-                    "0.5,0.5,0.5",
-                    "-o",
-                    d.join("s").to_str().unwrap(),
-                ]),
-        );
+        synth(d, "0");
     }
     let cfg = d.join("r.toml");
     let text = format!(
@@ -203,11 +203,11 @@ fn members_of_one_matrix_share_a_set_up_and_equal_their_own_solves() {
         let cfg = RunConfig::load(&cfg).unwrap();
         let sweep = Sweep::from_config(&cfg).unwrap();
         let n = sweep.g.ncols();
-        let data = sweep.rhs_of(&sweep.d);
+        let data = sweep.full_rhs(&sweep.d);
         let other: Vec<Vec<f64>> = (0..2)
             .map(|j| {
                 let m: Vec<f64> = (0..n).map(|c| ((c * (j + 3)) % 7) as f64 * 0.01).collect();
-                sweep.rhs_of(&sweep.g.matvec(&m))
+                sweep.full_rhs(&sweep.g.matvec(&m))
             })
             .collect();
         let rhs: Vec<&[f64]> = [&data, &other[0], &other[1]]
@@ -248,20 +248,7 @@ fn members_of_one_matrix_share_a_set_up_and_equal_their_own_solves() {
 #[test]
 fn lcurve_on_a_dataset_weighs_its_damping_rows_and_writes_a_grid_model() {
     let d = scratch("lcurve-dataset");
-    run_ok(
-        bin()
-            .args(["synth", "-q", "--grid", "16,16,8", "--rays", "3000"])
-            .args([
-                "--norm-damping",
-                "0.1",
-                "--flattening",
-                "0.5,0.5,0.5",
-                "--noise",
-                "0.02",
-                "-o",
-                d.join("s").to_str().unwrap(),
-            ]),
-    );
+    synth(&d, "0.02");
     let cfg = d.join("c.toml");
     std::fs::write(
         &cfg,

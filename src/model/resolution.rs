@@ -110,32 +110,31 @@ impl ResolutionSpec {
     /// The tests on `grid`, in the table's order (checkerboards, then spikes), each with its
     /// name and true model; an error naming a spike outside the grid.
     pub fn tests(&self, grid: &Grid) -> Result<Vec<(String, TestKind, Vec<f64>)>> {
-        let mut out = Vec::new();
-        for &c in &self.checkerboards {
-            out.push((
-                String::new(),
-                TestKind::Checkerboard(c),
-                checkerboard(grid, c, self.amplitude),
-            ));
+        if let Some(at) = self
+            .spikes
+            .iter()
+            .find(|at| (0..3).any(|a| at[a] >= grid.n[a]))
+        {
+            return Err(Error::Invalid(format!(
+                "[resolution] spike at cell {at:?} is outside the grid of {:?} cells",
+                grid.n
+            )));
         }
-        for &at in &self.spikes {
-            if (0..3).any(|a| at[a] >= grid.n[a]) {
-                return Err(Error::Invalid(format!(
-                    "[resolution] spike at cell {at:?} is outside the grid of {:?} cells",
-                    grid.n
-                )));
-            }
-            let width = self.spike_width;
-            out.push((
-                String::new(),
-                TestKind::Spike { at, width },
-                spike(grid, at, width, self.spike_amplitude),
-            ));
-        }
-        for (t, name) in out.iter_mut().zip(self.names()) {
-            t.0 = name;
-        }
-        Ok(out)
+        let width = self.spike_width;
+        let checkers = self.checkerboards.iter().map(|&c| {
+            let m = checkerboard(grid, c, self.amplitude);
+            (TestKind::Checkerboard(c), m)
+        });
+        let spikes = self.spikes.iter().map(|&at| {
+            let m = spike(grid, at, width, self.spike_amplitude);
+            (TestKind::Spike { at, width }, m)
+        });
+        Ok(self
+            .names()
+            .into_iter()
+            .zip(checkers.chain(spikes))
+            .map(|(name, (kind, m))| (name, kind, m))
+            .collect())
     }
 }
 
@@ -175,22 +174,15 @@ pub struct TestResult {
 /// where the true layer is constant (a spike's empty layers: nothing to recover), 0 where only
 /// the recovered one is.
 pub fn depth_correlation(grid: &Grid, a: &[f64], b: &[f64]) -> Vec<f64> {
-    let [nx, ny, nz] = grid.n;
-    (0..nz)
-        .map(|k| {
-            let idx = |i, j| grid.index(i, j, k);
-            let la: Vec<f64> = (0..ny)
-                .flat_map(|j| (0..nx).map(move |i| (i, j)))
-                .map(|(i, j)| a[idx(i, j)])
-                .collect();
-            let lb: Vec<f64> = (0..ny)
-                .flat_map(|j| (0..nx).map(move |i| (i, j)))
-                .map(|(i, j)| b[idx(i, j)])
-                .collect();
+    // a depth layer's cells are contiguous (Grid::index: x fastest, then y)
+    let per = (grid.n[0] * grid.n[1]).max(1);
+    a.chunks(per)
+        .zip(b.chunks(per))
+        .map(|(la, lb)| {
             if la.iter().all(|&v| v == la[0]) {
                 f64::NAN
             } else {
-                correlation(&la, &lb)
+                correlation(la, lb)
             }
         })
         .collect()
@@ -294,13 +286,12 @@ impl TestResult {
 /// (a spike's own layer), the one nearest the middle among equals (a checkerboard's).
 pub fn display_layer(grid: &Grid, truth: &[f64]) -> usize {
     let nz = grid.n[2];
-    let per = grid.n[0] * grid.n[1];
-    let energy = |k: usize| -> f64 {
-        (0..per)
-            .map(|c| truth[grid.index(c % grid.n[0], c / grid.n[0], k)].powi(2))
-            .sum()
-    };
-    let e: Vec<f64> = (0..nz).map(energy).collect();
+    // a depth layer's cells are contiguous (Grid::index: x fastest, then y)
+    let per = (grid.n[0] * grid.n[1]).max(1);
+    let e: Vec<f64> = truth
+        .chunks(per)
+        .map(|l| l.iter().map(|v| v * v).sum())
+        .collect();
     let max = e.iter().copied().fold(0.0, f64::max);
     (0..nz)
         .filter(|&k| e[k] >= max * (1.0 - 1e-12))
