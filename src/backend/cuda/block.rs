@@ -59,14 +59,6 @@ impl CudaBackend {
         n.div_ceil(threads as usize * 4).clamp(1, max) as u32
     }
 
-    /// Coefficients of a launch on the device (one small stream-ordered copy).
-    fn coefficients<T: cudarc::driver::DeviceRepr + Default + Copy>(
-        &self,
-        c: &[T],
-    ) -> Result<CudaSlice<T>> {
-        up(self, c)
-    }
-
     /// A column reduction kernel (`f(grid, threads, smem, partials)` launches it), its
     /// partials added per column on the device, and the k sums on the host.
     fn column_sums(
@@ -160,7 +152,7 @@ impl BatchBackend for CudaBackend {
         let out = self.block_zeros(x.rows, k2)?;
         if k2 > 0 && x.rows > 0 {
             let idx: Vec<i32> = keep.iter().map(|&j| j as i32).collect();
-            let d = self.coefficients(&idx)?;
+            let d = up(self, &idx)?;
             let n = (x.rows * k2) as u64;
             let (k, k2i) = (x.k as i32, k2 as i32);
             let (ps, pk, pd) = (self.ptr(&x.data), self.ptr(&d), self.ptr(&out.data));
@@ -180,7 +172,7 @@ impl BatchBackend for CudaBackend {
             out.iter_mut().for_each(|o| *o = 0.0);
             return Ok(());
         }
-        let f = factor.map(|f| self.coefficients(f)).transpose()?;
+        let f = factor.map(|f| up(self, f)).transpose()?;
         let pf = f.as_ref().map_or(0, |f| self.ptr(f));
         let n = x.len() as u64;
         let (kk, px) = (k as i32, self.ptr(&x.data));
@@ -194,7 +186,7 @@ impl BatchBackend for CudaBackend {
         if x.len() == 0 {
             return Ok(());
         }
-        let d = self.coefficients(a)?;
+        let d = up(self, a)?;
         let n = x.len() as u64;
         let (kk, px, pa) = (x.k as i32, self.ptr(&x.data), self.ptr(&d));
         let mut args = [arg(&n), arg(&kk), arg(&px), arg(&pa)];
@@ -206,7 +198,7 @@ impl BatchBackend for CudaBackend {
         if x.len() == 0 {
             return Ok(());
         }
-        let d = self.coefficients(b)?;
+        let d = up(self, b)?;
         let n = x.len() as u64;
         let kk = x.k as i32;
         let (px, pb, py) = (self.ptr(&x.data), self.ptr(&d), self.ptr(&y.data));
@@ -237,7 +229,7 @@ impl BatchBackend for CudaBackend {
         c.extend(steps.iter().map(|s| s.t1));
         c.extend(steps.iter().map(|s| s.t2));
         c.extend(steps.iter().map(|s| s.inv_rho));
-        let d = self.coefficients(&c)?;
+        let d = up(self, &c)?;
         let n = v.len() as u64;
         let kk = k as i32;
         let (px, pw, pv) = (self.ptr(&x.data), self.ptr(&w.data), self.ptr(&v.data));
@@ -296,13 +288,7 @@ struct Part {
 
 impl Part {
     fn upload(be: &CudaBackend, a: &Csr, precision: Precision) -> Result<Part> {
-        let vals = match precision {
-            Precision::F64 => DevValues::F64(up(be, a.data())?),
-            Precision::F32 => {
-                let v: Vec<f32> = a.data().iter().map(|&x| x as f32).collect();
-                DevValues::F32(up(be, &v)?)
-            }
-        };
+        let vals = DevValues::of(be, a.data(), precision)?;
         Ok(Part {
             ptr: up(be, a.indptr())?,
             cols: up(be, a.indices())?,
@@ -480,9 +466,9 @@ impl CudaBlockOperator {
         if k == 0 || side.nrows == 0 {
             return Ok(());
         }
-        let db = be.coefficients(beta)?;
+        let db = up(be, beta)?;
         let dw = match &side.r {
-            Some(_) => Some(be.coefficients(w)?),
+            Some(_) => Some(up(be, w)?),
             None => None,
         };
         let (vi, pgv) = side.g.vals.index_and_ptr(be);

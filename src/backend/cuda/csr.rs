@@ -71,13 +71,7 @@ impl DevCsr {
         check_row_numbers(a.nrows())?;
         let seg = segments(a.indptr());
         let nseg = (seg.len() - 1) as u32;
-        let values = match precision {
-            Precision::F64 => DevValues::F64(up(be, a.data())?),
-            Precision::F32 => {
-                let v: Vec<f32> = a.data().iter().map(|&x| x as f32).collect();
-                DevValues::F32(up(be, &v)?)
-            }
-        };
+        let values = DevValues::of(be, a.data(), precision)?;
         Ok(DevCsr {
             nrows: a.nrows(),
             ncols: a.ncols(),

@@ -58,6 +58,17 @@ impl DevValues {
         })
     }
 
+    /// Matrix values on the device in `precision` (f32: each rounded once).
+    pub fn of(be: &CudaBackend, v: &[f64], precision: crate::backend::Precision) -> Result<Self> {
+        Ok(match precision {
+            crate::backend::Precision::F64 => DevValues::F64(up(be, v)?),
+            crate::backend::Precision::F32 => {
+                let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                DevValues::F32(up(be, &v)?)
+            }
+        })
+    }
+
     /// The kernel index of the values' precision (f64 = 0, f32 = 1) and their device address.
     pub fn index_and_ptr(&self, be: &CudaBackend) -> (usize, u64) {
         match self {
