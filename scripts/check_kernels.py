@@ -20,7 +20,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-nvrtc")
 # the order of src/backend/cuda/nvrtc.rs KERNEL_SOURCES
-SOURCES = ["spmv.cu", "vector.cu", "compact.cu", "tiled.cu", "lsqr.cu", "lsmr.cu"]
+SOURCES = ["spmv.cu", "vector.cu", "compact.cu", "tiled.cu", "lsqr.cu", "lsmr.cu", "batch.cu", "encode.cu"]
 WHEELS = ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvcc-cu12"]
 
 

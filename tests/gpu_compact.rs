@@ -376,6 +376,66 @@ fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
 /// The split layout's encoding made ahead (`seistomo prepare` keeps it) uploads to the operator
 /// the rows would have made: the same products and the same LSQR solution bit for bit, f64 and
 /// f32, with the stencil; an encoding of another precision is refused.
+/// The tiles the GPU encodes from uploaded rows (the default of a fresh run, `gpu_encode`) are
+/// the CPU's, array for array: every half, precision and tile size from 1 to 15 bits, on the
+/// awkward shapes, a tile hit by more rows than a chunk holds, and a system large enough for
+/// the sorts' blocks and passes to matter.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn the_gpu_encodes_the_tiles_the_cpu_does() {
+    use seistomo::backend::cuda::encode_on_gpu;
+    use seistomo::sparse::tiled::{Tiled, TiledHalf};
+    let g = gpu();
+    let mut mats = awkward();
+    // 5000 rows in columns 3 and 9: one tile of 3 chunks at small tile sizes
+    let r: Vec<u64> = (0..10_000u64).map(|i| i / 2).collect();
+    let c: Vec<u64> = (0..10_000u64).map(|i| if i % 2 == 0 { 3 } else { 9 }).collect();
+    let v: Vec<f64> = (0..10_000).map(|i| 1.0 + i as f64 / 7.0).collect();
+    mats.push(Csr::from_triplets(5000, 12, &r, &c, &v).unwrap());
+    mats.push(awkward_csr(60_000, 400_000, 17));
+    // 20,000 rays of 100 cells each, clustered as a ray's cells are: 2M nonzeros
+    let mut rng = Rng::new(64);
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..20_000u64 {
+        let start = rng.below(290_000);
+        for k in 0..100 {
+            r.push(i);
+            c.push(start + 97 * k + rng.below(90));
+            v.push(rng.uniform() - 0.5);
+        }
+    }
+    mats.push(Csr::from_triplets(20_000, 300_000, &r, &c, &v).unwrap());
+    for (mi, a) in mats.iter().enumerate() {
+        for bits in [1u32, 4, 9, 12, 15] {
+            for p in [Precision::F64, Precision::F32] {
+                for half in [TiledHalf::Rows, TiledHalf::Cols] {
+                    let want = Tiled::from_csr_half(a, p, bits, half);
+                    let got = encode_on_gpu(&g, a, p, bits, half).unwrap();
+                    let what = format!("#{mi} {}x{} {p} 2^{bits} {half:?}", a.nrows(), a.ncols());
+                    assert_eq!(got.check(), Ok(()), "{what}");
+                    assert_eq!(
+                        (&got.chunk_tile, &got.chunk_seg, &got.tile_chunk),
+                        (&want.chunk_tile, &want.chunk_seg, &want.tile_chunk),
+                        "{what}: chunks"
+                    );
+                    assert_eq!(
+                        (&got.seg_row, &got.seg_slot, &got.seg_pos),
+                        (&want.seg_row, &want.seg_slot, &want.seg_pos),
+                        "{what}: segments"
+                    );
+                    assert_eq!(
+                        (&got.seg_ent, &got.row_seg),
+                        (&want.seg_ent, &want.row_seg),
+                        "{what}: offsets"
+                    );
+                    assert!(got == want, "{what}: entries");
+                }
+            }
+        }
+        println!("#{mi} {}x{}: the GPU's tiles are the CPU's", a.nrows(), a.ncols());
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn an_encoding_made_ahead_uploads_to_the_same_operator() {
@@ -455,7 +515,7 @@ fn an_encoding_made_ahead_uploads_to_the_same_operator() {
 }
 
 /// `seistomo prepare` on the GPU keeps the encoding; the next `invert` uploads it (no `encode`
-/// phase in report.json) and writes the fresh run's solution bit for bit.
+/// or `gpu_encode` phase in report.json) and writes the fresh run's solution bit for bit.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
@@ -511,8 +571,10 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
         };
         let _ = std::fs::remove_dir_all(ds.join("prepared"));
         let (fresh, rf) = invert();
+        // a fresh run encodes on the GPU (the default, `gpu_encode`)
         assert!(
-            rf["setup_phases"].get("encode").is_some(),
+            rf["setup_phases"].get("gpu_encode").is_some()
+                && rf["setup_phases"].get("encode").is_none(),
             "{name}: {}",
             rf["setup_phases"]
         );
@@ -522,7 +584,8 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
         let note = ra["prepared"].as_str().unwrap_or_default();
         assert!(note.starts_with("used "), "{name}: {note}");
         assert!(
-            ra["setup_phases"].get("encode").is_none(),
+            ra["setup_phases"].get("encode").is_none()
+                && ra["setup_phases"].get("gpu_encode").is_none(),
             "{name}: {}",
             ra["setup_phases"]
         );

@@ -39,7 +39,8 @@ impl std::fmt::Display for GpuLayout {
 /// Every tuning knob (see the module docs); `None`/empty: chosen automatically. Each field's
 /// doc starts with its key. Where each goes: the GPU's compact operator takes `gpu_layout` to
 /// `tiled_s_cols`; the device LSQR loop `lsqr_block`; the CUDA backend, which compiles the
-/// kernels, `nvrtc_defines`; the dataset loader `io_max_gap`; a batch of solves `gpu_batch`.
+/// kernels, `nvrtc_defines`; the dataset loader `io_max_gap`; a batch of solves `gpu_batch`;
+/// where the split layout's tiles are encoded `gpu_encode`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Tuning {
     /// `gpu_layout`: auto picks split when the matrix has at least 1M nonzeros and its rows
@@ -77,10 +78,15 @@ pub struct Tuning {
     /// batched solve; default false: one solve after another, which measured faster
     /// (docs/performance.md, "Batched LSQR on the GPU").
     pub gpu_batch: Option<bool>,
+    /// `gpu_encode`: where a fresh run encodes the split layout's column tiles: default true,
+    /// on the GPU from the uploaded CSR rows (kernels/encode.cu; the same arrays as the CPU's);
+    /// false on the CPU, then uploaded. The GPU falls back to the CPU where the encoder's
+    /// working memory does not fit.
+    pub gpu_encode: Option<bool>,
 }
 
 /// The keys [`Tuning::set`] takes, in the fields' order.
-pub const KEYS: [&str; 11] = [
+pub const KEYS: [&str; 12] = [
     "gpu_layout",
     "tile_bits",
     "ax_tile_bits",
@@ -92,6 +98,7 @@ pub const KEYS: [&str; 11] = [
     "nccl_max_ctas",
     "io_max_gap",
     "gpu_batch",
+    "gpu_encode",
 ];
 
 /// Sub-warp widths the kernels are compiled for (kernels/compact.cu, tiled.cu).
@@ -103,6 +110,17 @@ fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T> {
     v.trim()
         .parse()
         .map_err(|_| Error::Invalid(format!("tuning {key} = {v}: expected a whole number")))
+}
+
+/// A true/false key (None: auto).
+fn flag(key: &str, v: &str, auto: bool) -> Result<Option<bool>> {
+    if auto {
+        return Ok(None);
+    }
+    v.trim()
+        .parse()
+        .map(Some)
+        .map_err(|_| Error::Invalid(format!("tuning {key} = {v}: expected true or false")))
 }
 
 /// An error unless `d` is a preprocessor define: NAME (a C identifier) or NAME=VALUE (a value
@@ -189,12 +207,8 @@ impl Tuning {
             "lsqr_block" => t.lsqr_block = opt(key, v, auto)?,
             "nccl_max_ctas" => t.nccl_max_ctas = opt(key, v, auto)?,
             "io_max_gap" => t.io_max_gap = opt(key, v, auto)?,
-            "gpu_batch" if auto => t.gpu_batch = None,
-            "gpu_batch" => {
-                t.gpu_batch = Some(v.parse().map_err(|_| {
-                    Error::Invalid(format!("tuning {key} = {v}: expected true or false"))
-                })?)
-            }
+            "gpu_batch" => t.gpu_batch = flag(key, v, auto)?,
+            "gpu_encode" => t.gpu_encode = flag(key, v, auto)?,
             "nvrtc_defines" => {
                 t.nvrtc_defines = v
                     .split(',')

@@ -142,12 +142,28 @@ impl Tiled {
 
     /// Device bytes: both entry copies, the per-segment, per-row and per-chunk tables.
     pub fn bytes(&self) -> u64 {
-        let vb = self.precision().bytes() as u64 + 2;
-        2 * self.nnz as u64 * vb
-            + self.nseg() as u64 * (4 + 4 + 8)
-            + (self.nrows as u64 + 1) * 8
-            + (self.nchunks() * self.tile() + 1) as u64 * 8
-            + self.nchunks() as u64 * 8
+        Self::bytes_for(
+            (self.nrows, self.nnz),
+            (self.nseg(), self.nchunks()),
+            self.tile(),
+            self.precision(),
+        )
+    }
+
+    /// [`Self::bytes`] of a matrix of `nrows` rows and `nnz` nonzeros in `nseg` segments and
+    /// `nchunks` chunks of tiles of `tile` columns.
+    pub fn bytes_for(
+        (nrows, nnz): (usize, usize),
+        (nseg, nchunks): (usize, usize),
+        tile: usize,
+        precision: Precision,
+    ) -> u64 {
+        let vb = precision.bytes() as u64 + 2;
+        2 * nnz as u64 * vb
+            + nseg as u64 * (4 + 4 + 8)
+            + (nrows as u64 + 1) * 8
+            + (nchunks * tile + 1) as u64 * 8
+            + nchunks as u64 * 8
     }
 
     /// Check that the tables fit each other and the shape (what a GPU kernel indexes with):
@@ -485,7 +501,7 @@ impl Segments {
 /// Chunks: each tile's segments (`tile_seg`: the first of each tile) in runs of at most
 /// [`CHUNK_SEGS`]. Returns the tile and first segment of each chunk (with `nseg` after the
 /// last) and the first chunk of each tile (with the chunk count after the last).
-fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+pub(crate) fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let ntiles = tile_seg.len() - 1;
     let mut chunk_tile = Vec::new();
     let mut chunk_seg = Vec::new();

@@ -5,6 +5,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, DeviceVec};
+use super::encode;
 use super::lsqr_loop::{Epilogue, FusedLsqr, LoopSlot};
 use super::operator::MemoryPlan;
 use super::stencil::{stencil_parts, DevStencil, StencilArgs};
@@ -226,6 +227,36 @@ pub fn encode_ahead(stored: &Csr, precision: Precision, o: &Tuning) -> Option<De
     Some(DeviceEncoding { key, ax, at })
 }
 
+/// The split layout's two halves (A x's tiles of `1 << xbits` columns, A^T's of `1 << bits`)
+/// encoded on the GPU from `stored`'s rows uploaded once, where the tuning lets it
+/// (`gpu_encode`, default true), its working memory fits and its counts stay within the
+/// encoder's 32-bit positions; None where not, and the CPU encodes. Phases `upload` (the CSR
+/// rows) and `gpu_encode`.
+fn encode_on_device(
+    be: &CudaBackend,
+    stored: &Csr,
+    precision: Precision,
+    xbits: u32,
+    bits: u32,
+    o: &Tuning,
+) -> Result<Option<(encode::Encoded, encode::Encoded)>> {
+    if o.gpu_encode == Some(false) || !encode::fits(stored, be.mem_info()?.0 as u64) {
+        return Ok(None);
+    }
+    let rows = phases::time("upload", || encode::DevRows::upload(be, stored))?;
+    let made = phases::time("gpu_encode", || {
+        let ax = encode::encode(be, &rows, precision, xbits, TiledHalf::Rows)?;
+        let at = encode::encode(be, &rows, precision, bits, TiledHalf::Cols)?;
+        be.synchronize()?;
+        Ok((ax, at))
+    });
+    match made {
+        // counts beyond the encoder's 32-bit positions: the CPU encodes
+        Err(Error::Invalid(_)) => Ok(None),
+        made => made.map(Some),
+    }
+}
+
 /// Where a compact operator's rows come from: CSR rows to encode, or an encoding made ahead.
 #[derive(Clone, Copy)]
 enum Source<'a> {
@@ -360,6 +391,17 @@ impl CudaCompactOperator {
             }
             GpuLayout::Split => {
                 let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
+                if let Source::Rows(stored) = src {
+                    if let Some((ax, at)) = encode_on_device(be, stored, precision, xbits, bits, o)?
+                    {
+                        let xbytes = ax.bytes() / 2 + 8 * ax.nseg() as u64;
+                        let tbytes = at.bytes() / 2 + 8 * (at.nchunks() << bits) as u64;
+                        let plan = planned(xbytes + tbytes)?;
+                        let ax = Box::new(ax.into_dev_tiled(be, o.tiled_s_cols)?);
+                        let at = Box::new(at.into_dev_tiled(be, o.tiled_s_cols)?);
+                        return Self::finish(be, Layout::Split { ax, at }, plan, stencil, o, (nrows, ncols, nnz));
+                    }
+                }
                 let mut made: Option<(Tiled, Tiled)> = None;
                 let (tx, t) = match src {
                     Source::Ahead(e) => (&e.encoding.ax, &e.encoding.at),
@@ -396,6 +438,18 @@ impl CudaCompactOperator {
                 (Layout::Rows { a, at: rows(cat)? }, plan)
             }
         };
+        Self::finish(be, layout, plan, stencil, o, (nrows, ncols, nnz))
+    }
+
+    /// The operator of `layout`: the stencil uploaded beside it.
+    fn finish(
+        be: &CudaBackend,
+        layout: Layout,
+        plan: MemoryPlan,
+        stencil: Option<&StencilOp>,
+        o: &Tuning,
+        (nrows, ncols, nnz): (usize, usize, usize),
+    ) -> Result<Self> {
         let _upload = phases::span("upload");
         let stencil = stencil.map(|s| DevStencil::upload(be, s)).transpose()?;
         be.synchronize()?;

@@ -23,8 +23,9 @@
 //! - util.rs: small helpers of the launch wrappers (uploads, kernel arguments, checks);
 //! - csr.rs: CSR arrays on the device and their kernels; operator.rs, cusparse.rs:
 //!   [`CudaCsrOperator`] and its memory plan;
-//! - stencil.rs: damping stencils on the device; tiled.rs: column tiles; compact.rs:
-//!   [`CudaCompactOperator`] over delta rows or tiles, and the stencil;
+//! - stencil.rs: damping stencils on the device; tiled.rs: column tiles; encode.rs: the
+//!   tiles encoded on the device from uploaded CSR rows; compact.rs: [`CudaCompactOperator`]
+//!   over delta rows or tiles, and the stencil;
 //! - lsqr_loop.rs: the device-resident LSQR loop;
 //! - block.rs: blocks of k vectors and [`CudaBlockOperator`], batched LSQR's products;
 //! - square.rs, patterns.rs: GMRES's [`CudaSquareOperator`] and [`CudaIluSweeps`].
@@ -35,6 +36,7 @@ mod compact;
 mod csr;
 mod cusparse;
 mod device;
+mod encode;
 mod error;
 mod graph_loop;
 mod lsmr_loop;
@@ -54,6 +56,7 @@ pub use block::{CudaBlock, CudaBlockOperator, MAX_MEMBERS};
 pub use compact::{encode_ahead, encoding_key, CudaCompactOperator};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
+pub use encode::encode_on_gpu;
 pub use error::CudaError;
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};

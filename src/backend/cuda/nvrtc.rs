@@ -8,7 +8,7 @@ use super::error::{CudaError, Doing};
 use crate::error::Result;
 
 /// The kernel sources, compiled together as one NVRTC program.
-const KERNEL_SOURCES: [&str; 7] = [
+const KERNEL_SOURCES: [&str; 8] = [
     include_str!("../../../kernels/spmv.cu"),
     include_str!("../../../kernels/vector.cu"),
     include_str!("../../../kernels/compact.cu"),
@@ -16,6 +16,7 @@ const KERNEL_SOURCES: [&str; 7] = [
     include_str!("../../../kernels/lsqr.cu"),
     include_str!("../../../kernels/lsmr.cu"),
     include_str!("../../../kernels/batch.cu"),
+    include_str!("../../../kernels/encode.cu"),
 ];
 
 /// `Kernels`, the compiled kernels of one device, and their loader: one field per kernel named
@@ -61,7 +62,9 @@ kernels! {
         lsqr_update_dev, lsqr_normalize, lsqr_rescaled, lsqr_sum, lsqr_combine, lsmr_step1,
         lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled, block_norms,
         block_sum_partials, block_scale, block_axpby, block_update, block_keep, block_column,
-        block_spmm_f64, block_spmm_f32;
+        block_spmm_f64, block_spmm_f32, enc_seg_count, enc_seg_fill, enc_seg_len, rs_hist,
+        rs_scatter, scan_local, scan_add, bounds_sorted, enc_gather_u32, enc_gather_u64, enc_seg_pos,
+        enc_col_keys;
     families:
         /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
         pattern_spmv: [CudaFunction; 2] =
@@ -83,6 +86,12 @@ kernels! {
         /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
         tiled_axf: [CudaFunction; 2] =
             named(f, PRECISIONS.map(|p| format!("tiled_axf_{p}")))?,
+        /// enc_fill_rows [f64 = 0, f32 = 1] (kernels/encode.cu: A x's tile entries)
+        enc_fill_rows: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("enc_fill_rows_{p}")))?,
+        /// enc_fill_cols [f64 = 0, f32 = 1] (kernels/encode.cu: A^T y's tile entries)
+        enc_fill_cols: [CudaFunction; 2] =
+            named(f, PRECISIONS.map(|p| format!("enc_fill_cols_{p}")))?,
 }
 
 /// A kernel of the module by its name.

@@ -24,7 +24,7 @@ fn width_for(mean: f64) -> u32 {
 
 /// Entries per lane and round of the flat A x kernel (kernels/tiled.cu AXF_P): the row entries
 /// are uploaded padded to a multiple of it.
-const AXF_P: usize = 8;
+pub(super) const AXF_P: usize = 8;
 /// Rows per thread of the row pass (kernels/tiled.cu TILED_ROWPASS_RPT).
 const ROWPASS_RPT: u64 = 2;
 
@@ -56,6 +56,32 @@ fn values(be: &CudaBackend, on: bool, v: &TiledValues, pad: bool) -> Result<DevV
         TiledValues::F64(v) => DevValues::F64(up_padded(be, on, v, pad)?),
         TiledValues::F32(v) => DevValues::F32(up_padded(be, on, v, pad)?),
     })
+}
+
+/// The tables of a tiled matrix made on the device ([`DevTiled::assemble`]): the arrays of
+/// [`Tiled`] that the products read, with the row entries (`a_lcol`, `a_val`) padded to a
+/// multiple of [`AXF_P`].
+pub(super) struct DevTiledParts {
+    pub nrows: usize,
+    pub ncols: usize,
+    pub nnz: usize,
+    pub nseg: usize,
+    pub nchunks: usize,
+    pub tile_bits: u32,
+    pub chunk_tile: CudaSlice<u32>,
+    pub chunk_seg: CudaSlice<u32>,
+    pub tile_chunk: CudaSlice<u32>,
+    pub seg_row: CudaSlice<u32>,
+    pub seg_pos: CudaSlice<u32>,
+    pub seg_ent: CudaSlice<u64>,
+    pub row_seg: CudaSlice<u64>,
+    pub a_lcol: CudaSlice<u16>,
+    pub a_val: DevValues,
+    pub b_colptr: CudaSlice<u64>,
+    pub b_lseg: CudaSlice<u16>,
+    pub b_val: DevValues,
+    pub rows: bool,
+    pub cols: bool,
 }
 
 /// A tiled matrix on the device, with its scratch (segment partials, chunk column sums).
@@ -139,6 +165,48 @@ impl DevTiled {
             rows,
             cols,
             s_cols,
+        })
+    }
+
+    /// A tiled matrix from tables already on the device (kernels/encode.cu made them:
+    /// src/backend/cuda/encode.rs), with its scratch; the halves as [`Self::upload`]'s `rows`
+    /// and `cols` (a half not made holds one-element dummies).
+    pub(super) fn assemble(
+        be: &CudaBackend,
+        p: DevTiledParts,
+        s_cols: Option<u32>,
+    ) -> Result<Self> {
+        let tile = 1usize << p.tile_bits;
+        let mean_col = p.nnz as f64 / (p.nchunks * tile).max(1) as f64;
+        let zeros = |n: usize| {
+            be.stream
+                .alloc_zeros::<f64>(n.max(1))
+                .doing("allocating tile scratch")
+        };
+        Ok(DevTiled {
+            nrows: p.nrows,
+            ncols: p.ncols,
+            nseg: p.nseg,
+            chunk_cols: p.nchunks * tile,
+            tile_bits: p.tile_bits,
+            nchunks: p.nchunks as u32,
+            seg_partial: zeros(if p.rows { p.nseg } else { 1 })?,
+            cpart: zeros(if p.cols { p.nchunks * tile } else { 1 })?,
+            chunk_tile: p.chunk_tile,
+            chunk_seg: p.chunk_seg,
+            tile_chunk: p.tile_chunk,
+            seg_row: p.seg_row,
+            seg_pos: p.seg_pos,
+            seg_ent: p.seg_ent,
+            row_seg: p.row_seg,
+            a_lcol: p.a_lcol,
+            a_val: p.a_val,
+            b_colptr: p.b_colptr,
+            b_lseg: p.b_lseg,
+            b_val: p.b_val,
+            rows: p.rows,
+            cols: p.cols,
+            s_cols: s_cols.unwrap_or_else(|| width_for(mean_col)),
         })
     }
 
