@@ -314,3 +314,29 @@ extern "C" __global__ void enc_fill_cols_f32(u64 nnz, const u32* order, const u1
                                              float* out) {
     enc_fill_cols_impl<float>(nnz, order, lseg_t, ent, val, lseg, out);
 }
+
+// The reordering of the rows (src/grid/reorder.rs) on the GPU, before the encoding: each entry's
+// new row and new column as sort keys (a stable sort by column, then by row, gives the rows in
+// their new order with their columns ascending), then the entries gathered in that order.
+//   perm_entry_rows  warp per row: new_row[r] for each of row r's entries
+//   perm_col_keys    thread per entry: new_col[ci[j]]
+extern "C" __global__ void perm_entry_rows(u32 m, const u64* __restrict__ ip,
+                                           const u32* __restrict__ new_row,
+                                           u32* __restrict__ out) {
+    const u64 r = enc_warp();
+    if (r >= m) return;
+    const u32 nr = new_row[r];
+    for (u64 j = ip[r] + enc_lane(); j < ip[r + 1]; j += 32) out[j] = nr;
+}
+
+extern "C" __global__ void perm_col_keys(u64 nnz, const u32* __restrict__ ci,
+                                         const u32* __restrict__ new_col, u32* __restrict__ out) {
+    const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < nnz) out[j] = new_col[ci[j]];
+}
+
+extern "C" __global__ void enc_gather_f64(u64 n, const double* __restrict__ src,
+                                          const u32* __restrict__ idx, double* __restrict__ dst) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[idx[i]];
+}

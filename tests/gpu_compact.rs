@@ -376,6 +376,177 @@ fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
 /// The split layout's encoding made ahead (`seistomo prepare` keeps it) uploads to the operator
 /// the rows would have made: the same products and the same LSQR solution bit for bit, f64 and
 /// f32, with the stencil; an encoding of another precision is refused.
+/// `m` rays of 100 cells each in 300,000 columns, clustered as a ray's cells are (100 m
+/// nonzeros).
+fn rays(m: u64, seed: u64) -> Csr {
+    let mut rng = Rng::new(seed);
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..m {
+        let start = rng.below(290_000);
+        for k in 0..100 {
+            r.push(i);
+            c.push(start + 97 * k + rng.below(90));
+            v.push(rng.uniform() - 0.5);
+        }
+    }
+    Csr::from_triplets(m as usize, 300_000, &r, &c, &v).unwrap()
+}
+
+/// A random permutation of 0..n as row numbers.
+fn random_rows(n: usize, seed: u64) -> Vec<usize> {
+    random_perm(n, seed)
+        .into_iter()
+        .map(|i| i as usize)
+        .collect()
+}
+
+/// The GPU reorders rows and renames columns (src/grid/reorder.rs's ordering, before it encodes
+/// them) into the matrix the host's `Csr::permuted` makes, on every shape, with and without a
+/// column permutation.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn the_gpu_reorders_the_rows_the_host_does() {
+    use seistomo::backend::cuda::permute_on_gpu;
+    let g = gpu();
+    let mut mats = awkward();
+    mats.push(rays(20_000, 65));
+    for (mi, a) in mats.iter().enumerate() {
+        let rows = random_rows(a.nrows(), 70 + mi as u64);
+        let cols = random_perm(a.ncols(), 80 + mi as u64);
+        for cols in [Some(&cols[..]), None] {
+            let want = a.clone().permuted(Some(&rows), cols);
+            let got = permute_on_gpu(&g, a, &rows, cols).unwrap();
+            assert!(
+                got == want,
+                "#{mi} {}x{} columns renamed: {}",
+                a.nrows(),
+                a.ncols(),
+                cols.is_some()
+            );
+        }
+        println!(
+            "#{mi} {}x{}: reordered as the host does",
+            a.nrows(),
+            a.ncols()
+        );
+    }
+}
+
+/// The operator of rows reordered and encoded on the GPU (a fresh run's default) is the one made
+/// from the rows reordered on the host: the same products and LSQR iterates, bit for bit; where
+/// it would get another layout the GPU leaves it to the host.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
+    use seistomo::backend::storage::ReorderedRows;
+    use seistomo::grid::reorder::Ordering;
+    let g = gpu();
+    let params = LsqrParams {
+        damp: 0.05,
+        atol: 1e-10,
+        btol: 1e-10,
+        conlim: 0.0,
+        iter_lim: Some(25),
+        calc_var: false,
+    };
+    let (k, st, _) = tall_system(66);
+    let big = rays(20_000, 67);
+    let renamed = |a: &Csr| Some(random_perm(a.ncols(), 69));
+    // the split layout asked for; auto on rays whose cells stay together (split) and on rays
+    // whose cells are scattered by the renaming (rows: left to the host)
+    for (a, layout, cols, split) in [
+        (&k, Some(GpuLayout::Split), renamed(&k), true),
+        (&big, None, None, true),
+        (&big, None, renamed(&big), false),
+    ] {
+        let ordering = Ordering {
+            rows: Some(random_rows(a.nrows(), 68)),
+            cols,
+            what: String::new(),
+        };
+        let sop = stencil_for(a.ncols())
+            .filter(|_| a.ncols() == st.ncells())
+            .map(|s| StencilOp::new(s, ordering.cols.clone()));
+        let host = a
+            .clone()
+            .permuted(ordering.rows.as_deref(), ordering.cols.as_deref());
+        let r = ReorderedRows {
+            rows: a.clone(),
+            ordering,
+        };
+        let o = CompactGpuOptions {
+            gpu_layout: layout,
+            ..Default::default()
+        };
+        for p in [Precision::F64, Precision::F32] {
+            let made = CudaCompactOperator::with_options(&g, &host, sop.as_ref(), p, &o).unwrap();
+            let dev = CudaCompactOperator::from_reordered(&g, &r, sop.as_ref(), p, &o).unwrap();
+            assert_eq!(
+                made.layout().starts_with("split"),
+                split,
+                "{}",
+                made.layout()
+            );
+            let Some(dev) = dev else {
+                assert!(
+                    !split,
+                    "{p} {layout:?}: the GPU left a split layout to the host"
+                );
+                println!(
+                    "{} x {} {p}: {}, left to the host",
+                    a.nrows(),
+                    a.ncols(),
+                    made.layout()
+                );
+                continue;
+            };
+            assert!(
+                split,
+                "{p}: the GPU made what the host makes in {}",
+                made.layout()
+            );
+            assert_eq!(made.layout(), dev.layout());
+            let x = rand_vec(dev.ncols(), 71);
+            let y = rand_vec(dev.nrows(), 72);
+            let (xd, yd) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+            let prods = |op: &CudaCompactOperator| {
+                let (mut ax, mut aty) = (g.zeros(y.len()).unwrap(), g.zeros(x.len()).unwrap());
+                op.apply(&g, Scale::SET, &xd, &mut ax).unwrap();
+                op.apply_t(&g, Scale::SET, &yd, &mut aty).unwrap();
+                (down(&g, &ax), down(&g, &aty))
+            };
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (pm, pd) = (prods(&made), prods(&dev));
+            assert!(
+                bits(&pm.0) == bits(&pd.0) && bits(&pm.1) == bits(&pd.1),
+                "{p} {layout:?}: products"
+            );
+            let b = rand_vec(dev.nrows(), 73);
+            let (sm, sd) = (
+                common::serial_lsqr(&g, &made, &b, &params),
+                common::serial_lsqr(&g, &dev, &b, &params),
+            );
+            assert_eq!((sm.info.istop, sm.info.itn), (sd.info.istop, sd.info.itn));
+            assert!(bits(&sm.x) == bits(&sd.x), "{p} {layout:?}: LSQR's x");
+            println!(
+                "{} x {} {p} {}: reordered on the GPU = on the host, bit for bit",
+                a.nrows(),
+                a.ncols(),
+                dev.layout()
+            );
+        }
+        // another layout asked for: left to the host
+        let rows_layout = CompactGpuOptions {
+            gpu_layout: Some(GpuLayout::Rows),
+            ..Default::default()
+        };
+        let none =
+            CudaCompactOperator::from_reordered(&g, &r, sop.as_ref(), Precision::F64, &rows_layout)
+                .unwrap();
+        assert!(none.is_none());
+    }
+}
+
 /// The tiles the GPU encodes from uploaded rows (the default of a fresh run, `gpu_encode`) are
 /// the CPU's, array for array: every half, precision and tile size from 1 to 15 bits, on the
 /// awkward shapes, a tile hit by more rows than a chunk holds, and a system large enough for
@@ -389,22 +560,13 @@ fn the_gpu_encodes_the_tiles_the_cpu_does() {
     let mut mats = awkward();
     // 5000 rows in columns 3 and 9: one tile of 3 chunks at small tile sizes
     let r: Vec<u64> = (0..10_000u64).map(|i| i / 2).collect();
-    let c: Vec<u64> = (0..10_000u64).map(|i| if i % 2 == 0 { 3 } else { 9 }).collect();
+    let c: Vec<u64> = (0..10_000u64)
+        .map(|i| if i % 2 == 0 { 3 } else { 9 })
+        .collect();
     let v: Vec<f64> = (0..10_000).map(|i| 1.0 + i as f64 / 7.0).collect();
     mats.push(Csr::from_triplets(5000, 12, &r, &c, &v).unwrap());
     mats.push(awkward_csr(60_000, 400_000, 17));
-    // 20,000 rays of 100 cells each, clustered as a ray's cells are: 2M nonzeros
-    let mut rng = Rng::new(64);
-    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..20_000u64 {
-        let start = rng.below(290_000);
-        for k in 0..100 {
-            r.push(i);
-            c.push(start + 97 * k + rng.below(90));
-            v.push(rng.uniform() - 0.5);
-        }
-    }
-    mats.push(Csr::from_triplets(20_000, 300_000, &r, &c, &v).unwrap());
+    mats.push(rays(20_000, 64));
     for (mi, a) in mats.iter().enumerate() {
         for bits in [1u32, 4, 9, 12, 15] {
             for p in [Precision::F64, Precision::F32] {
@@ -432,7 +594,11 @@ fn the_gpu_encodes_the_tiles_the_cpu_does() {
                 }
             }
         }
-        println!("#{mi} {}x{}: the GPU's tiles are the CPU's", a.nrows(), a.ncols());
+        println!(
+            "#{mi} {}x{}: the GPU's tiles are the CPU's",
+            a.nrows(),
+            a.ncols()
+        );
     }
 }
 
@@ -589,7 +755,26 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
             "{name}: {}",
             ra["setup_phases"]
         );
-        assert_eq!(rf["storage"], ra["storage"], "{name}");
+        // the same storage; its words come from the host's encoding in the prepared file and
+        // from the GPU's in the fresh run
+        let words = |r: &serde_json::Value| {
+            let s = r["storage"].as_str().unwrap_or_default().to_string();
+            let kind = s.split(',').next().unwrap_or_default().to_string();
+            let stencil = s.split(" + ").nth(1).unwrap_or_default().to_string();
+            (kind, stencil)
+        };
+        assert_eq!(
+            words(&rf),
+            words(&ra),
+            "{name}: {} / {}",
+            rf["storage"],
+            ra["storage"]
+        );
+        assert!(
+            words(&rf).1.starts_with("stencil damping"),
+            "{name}: {}",
+            rf["storage"]
+        );
         assert_eq!(rf["transpose"], ra["transpose"], "{name}");
         assert!(
             fresh == again,

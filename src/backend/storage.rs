@@ -109,12 +109,35 @@ impl std::fmt::Debug for EncodedRows {
     }
 }
 
-/// The stored rows: in memory as CSR, or as their GPU encoding read from prepared storage
-/// (the CSR rows then read only if asked for).
+/// Rows as read and the ordering that the operator applies to them where it is made (on the
+/// GPU, which reorders and encodes the uploaded rows: src/backend/cuda/encode.rs); reordered on
+/// the host only if something asks for them in CSR. `ordering.rows` is always a permutation
+/// (what [`prepare`] leaves this way).
+#[derive(Debug, Clone)]
+pub struct ReorderedRows {
+    /// The rows in their original order and columns.
+    pub rows: Csr,
+    /// New row i is `rows`' row `ordering.rows[i]`; old column j becomes `ordering.cols[j]`.
+    pub ordering: Ordering,
+}
+
+impl ReorderedRows {
+    /// The rows in the new order on the host ([`Ordering::apply`]'s matrix).
+    pub fn apply(self) -> Csr {
+        let o = &self.ordering;
+        phases::time("permute", || {
+            self.rows.permuted(o.rows.as_deref(), o.cols.as_deref())
+        })
+    }
+}
+
+/// The stored rows: in memory as CSR, as their GPU encoding read from prepared storage (the
+/// CSR rows then read only if asked for), or as read with the ordering still to apply.
 #[derive(Debug, Clone)]
 pub enum StoredRows {
     Csr(Csr),
     Encoded(Box<EncodedRows>),
+    Reordered(Box<ReorderedRows>),
 }
 
 impl crate::sparse::par::GiveBack for StoredRows {
@@ -123,6 +146,7 @@ impl crate::sparse::par::GiveBack for StoredRows {
     fn give_back(&mut self) {
         match self {
             Self::Csr(a) => a.give_back(),
+            Self::Reordered(r) => r.rows.give_back(),
             Self::Encoded(e) => {
                 if let Some(enc) = Arc::get_mut(&mut e.encoding) {
                     enc.ax.give_back();
@@ -138,52 +162,70 @@ impl StoredRows {
         match self {
             Self::Csr(a) => a.nrows(),
             Self::Encoded(e) => e.nrows,
+            Self::Reordered(r) => r.rows.nrows(),
         }
     }
     pub fn ncols(&self) -> usize {
         match self {
             Self::Csr(a) => a.ncols(),
             Self::Encoded(e) => e.ncols,
+            Self::Reordered(r) => r.rows.ncols(),
         }
     }
     pub fn nnz(&self) -> usize {
         match self {
             Self::Csr(a) => a.nnz(),
             Self::Encoded(e) => e.nnz,
+            Self::Reordered(r) => r.rows.nnz(),
         }
     }
-    /// The rows in CSR if they are in memory.
+    /// The rows in CSR if they are in memory in their order.
     pub fn as_csr(&self) -> Option<&Csr> {
         match self {
             Self::Csr(a) => Some(a),
-            Self::Encoded(_) => None,
+            Self::Encoded(_) | Self::Reordered(_) => None,
         }
     }
     /// The rows in CSR, read from their source where only the encoding is in memory (the
-    /// encoding is then dropped).
+    /// encoding is then dropped), or reordered on the host where they are as read.
     pub fn csr(&mut self) -> crate::error::Result<&mut Csr> {
-        if let Self::Encoded(e) = self {
-            *self = Self::Csr((e.csr)()?);
+        match self {
+            Self::Encoded(e) => *self = Self::Csr((e.csr)()?),
+            Self::Reordered(_) => {
+                let empty = Self::Csr(
+                    Csr::try_new(0, 0, vec![0], Vec::new(), Vec::new())
+                        .map_err(|e| crate::error::Error::Invalid(e.to_string()))?,
+                );
+                if let Self::Reordered(r) = std::mem::replace(self, empty) {
+                    *self = Self::Csr(r.apply());
+                }
+            }
+            Self::Csr(_) => {}
         }
         match self {
             Self::Csr(a) => Ok(a),
-            Self::Encoded(_) => unreachable!("replaced above"),
+            _ => unreachable!("replaced above"),
         }
     }
     /// [`Self::csr`], by value.
-    pub fn into_csr(mut self) -> crate::error::Result<Csr> {
-        self.csr()?;
+    pub fn into_csr(self) -> crate::error::Result<Csr> {
         match self {
             Self::Csr(a) => Ok(a),
-            Self::Encoded(_) => unreachable!("read by csr()"),
+            Self::Encoded(e) => (e.csr)(),
+            Self::Reordered(r) => Ok(r.apply()),
         }
     }
-    /// `f` of the rows in CSR, read for the call where only the encoding is in memory (the
-    /// encoding stays).
+    /// `f` of the rows in CSR, read (or reordered) for the call where they are not in memory in
+    /// their order (the encoding or the rows as read stay).
     pub fn with_csr<R>(&self, f: impl FnOnce(&Csr) -> R) -> crate::error::Result<R> {
         match self {
             Self::Csr(a) => Ok(f(a)),
             Self::Encoded(e) => Ok(f(&(e.csr)()?)),
+            Self::Reordered(r) => {
+                let o = &r.ordering;
+                let rows = o.rows.as_deref().unwrap_or(&[]);
+                Ok(f(&r.rows.rows_permuted(rows, o.cols.as_deref())))
+            }
         }
     }
 }
@@ -218,6 +260,9 @@ impl StoredMatrix {
                 let mut s = match &self.rows {
                     StoredRows::Csr(a) => describe_compact(a, precision),
                     StoredRows::Encoded(e) => e.described.clone(),
+                    StoredRows::Reordered(_) => format!(
+                        "compact ({precision} values, 16-bit column indices; reordered and encoded on the GPU)"
+                    ),
                 };
                 if let Some(st) = &self.stencil {
                     s.push_str(&format!(
@@ -277,7 +322,10 @@ pub struct Prepared {
 ///
 /// `damping_from`: rows from here on are damping rows (the stencil is looked for among them);
 /// `grid`: the cells along x, y, z when the unknowns are a regular grid's cells; `stencils`:
-/// whether this run may take damping rows out as stencils (one rank, no column scaling).
+/// whether this run may take damping rows out as stencils (one rank, no column scaling);
+/// `on_device`: compact rows are left as read, with their ordering, for the GPU to reorder
+/// ([`StoredRows::Reordered`]; b is reordered here).
+#[allow(clippy::too_many_arguments)]
 pub fn prepare(
     a: Csr,
     b: Vec<f64>,
@@ -286,6 +334,7 @@ pub fn prepare(
     storage: Storage,
     reorder: Reorder,
     stencils: bool,
+    on_device: bool,
 ) -> Prepared {
     let storage = match storage {
         Storage::Auto => Storage::Compact,
@@ -313,12 +362,22 @@ pub fn prepare(
         None => (a, b, None, Vec::new()),
     };
     let ordering = phases::time("order", || Ordering::plan(&a, reorder, grid));
-    let (a, mut b) = phases::time("permute", || ordering.apply(a, b));
+    let (rows, mut b) = if on_device && storage == Storage::Compact && ordering.rows.is_some() {
+        let b = phases::time("permute", || ordering.apply_to_rhs(b));
+        let ordering = ordering.clone();
+        (
+            StoredRows::Reordered(Box::new(ReorderedRows { rows: a, ordering })),
+            b,
+        )
+    } else {
+        let (a, b) = phases::time("permute", || ordering.apply(a, b));
+        (StoredRows::Csr(a), b)
+    };
     let stencil = stencil.map(|st| StencilOp::new(st, ordering.cols.clone()));
     b.extend(b_tail);
     Prepared {
         matrix: StoredMatrix {
-            rows: StoredRows::Csr(a),
+            rows,
             stencil,
             storage,
         },
@@ -350,6 +409,7 @@ mod tests {
             Storage::Auto,
             Reorder::Auto,
             true,
+            false,
         );
         let m = &p.matrix;
         assert_eq!(m.storage, Storage::Compact);
@@ -359,13 +419,45 @@ mod tests {
         assert_eq!(m.stencil.as_ref().unwrap().stencil(), &st);
         assert_eq!(&p.b[50..], &b[50..]);
         assert!(m.describe(Precision::F32).contains("stencil damping"));
+        // left for the GPU to reorder: the same rows wherever they are asked for in CSR
+        let q = prepare(
+            a.clone(),
+            b.clone(),
+            50,
+            Some(st.n),
+            Storage::Auto,
+            Reorder::Auto,
+            true,
+            true,
+        );
+        assert!(matches!(q.matrix.rows, StoredRows::Reordered(_)));
+        assert_eq!(q.b, p.b);
+        assert_eq!((q.matrix.nrows(), q.matrix.nnz()), (m.nrows(), m.nnz()));
+        let want = m.rows.as_csr().unwrap();
+        assert_eq!(q.matrix.rows.with_csr(|c| c.clone()).unwrap(), *want);
+        assert!(q.matrix.rows.as_csr().is_none());
+        let mut rows = q.matrix.rows.clone();
+        assert_eq!(rows.csr().unwrap(), want);
+        assert_eq!(q.matrix.rows.into_csr().unwrap(), *want);
+        // csr storage is reordered here whatever is asked
+        let q = prepare(
+            a.clone(),
+            b.clone(),
+            50,
+            Some(st.n),
+            Storage::Csr,
+            Reorder::Auto,
+            true,
+            true,
+        );
+        assert!(matches!(q.matrix.rows, StoredRows::Csr(_)));
         // csr, no grid, or not allowed: nothing split
         for (s, g, ok) in [
             (Storage::Csr, Some(st.n), true),
             (Storage::Compact, None, true),
             (Storage::Compact, Some(st.n), false),
         ] {
-            let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok);
+            let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok, true);
             assert!(p.matrix.stencil.is_none());
             assert_eq!(p.matrix.rows.as_csr(), Some(&a));
         }

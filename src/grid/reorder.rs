@@ -115,11 +115,16 @@ impl Ordering {
     /// ([`Csr::permuted`]: one new copy of the matrix beside the old one, which is then freed;
     /// none when only the columns change).
     pub fn apply(&self, a: Csr, b: Vec<f64>) -> (Csr, Vec<f64>) {
-        let b = match &self.rows {
+        let b = self.apply_to_rhs(b);
+        (a.permuted(self.rows.as_deref(), self.cols.as_deref()), b)
+    }
+
+    /// A right-hand side in the new row order.
+    pub fn apply_to_rhs(&self, b: Vec<f64>) -> Vec<f64> {
+        match &self.rows {
             Some(r) => r.par_iter().map(|&i| b[i]).collect(),
             None => b,
-        };
-        (a.permuted(self.rows.as_deref(), self.cols.as_deref()), b)
+        }
     }
 
     /// A vector of the original columns in the new numbering (x0).

@@ -126,6 +126,7 @@ impl BenchSystem {
             storage,
             reorder,
             true,
+            false,
         )
     }
 }

@@ -573,9 +573,18 @@ fn cuda_lsqr<V: LsqrVisitor>(
         let made = match &rows {
             // Encoded ahead (prepared storage) as this run would encode it: uploaded as it is.
             StoredRows::Encoded(e) if encoding_key(precision, o) == Some(e.encoding.key) => {
-                CudaCompactOperator::from_encoded(be, e, st, precision, o)
+                Some(CudaCompactOperator::from_encoded(be, e, st, precision, o))
             }
-            _ => CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o),
+            // Rows as read: reordered and encoded on the GPU where it makes them.
+            StoredRows::Reordered(r) => {
+                CudaCompactOperator::from_reordered(be, r, st, precision, o).transpose()
+            }
+            _ => None,
+        };
+        // Else the rows in CSR (reordered on the host where they were not), encoded here.
+        let made = match made {
+            Some(made) => made,
+            None => CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o),
         };
         match made {
             Ok(op) => compact = Some(op),

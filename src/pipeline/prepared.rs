@@ -623,6 +623,8 @@ pub fn prepare_dataset(
         grid,
         col_scale: opts.col_scale,
         x0: None,
+        // the file keeps the reordered rows
+        permute_on_device: false,
     };
     let stored = crate::pipeline::prepare::store(sys, &layout);
     // The GPU encoding made now where the runs would make it (compact storage on the GPU, not

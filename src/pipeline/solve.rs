@@ -708,9 +708,12 @@ fn start_and_prepare(
     Ok((engine, why, prepared))
 }
 
-/// The layout `opts` asks for on `engine`: the storage resolved for its backend and size.
+/// The layout `opts` asks for on `engine`: the storage resolved for its backend and size; on
+/// the GPU the rows reordered there (unless `[tuning] gpu_encode = false`).
 pub fn layout_for(opts: &SolveOptions, engine: &Engine, nnz: usize) -> Layout {
+    let gpu = engine.kind() == crate::pipeline::options::BackendChoice::Cuda;
     Layout {
+        permute_on_device: gpu && opts.operator.tuning.gpu_encode != Some(false),
         storage: resolve_storage(
             engine.kind(),
             opts.operator.storage,

@@ -648,6 +648,11 @@ impl Csr {
         }
     }
 
+    /// [`Self::permuted`] with the rows `rows` as a new matrix beside this one.
+    pub fn rows_permuted(&self, rows: &[usize], cols: Option<&[u32]>) -> Csr {
+        self.gather(Some(rows), cols)
+    }
+
     /// Rows `rows` (all, in order, when none) with columns renamed by `cols` (when given) as a
     /// new matrix, filled by blocks of rows in parallel.
     fn gather(&self, rows: Option<&[usize]>, cols: Option<&[u32]>) -> Csr {

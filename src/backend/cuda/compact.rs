@@ -15,7 +15,7 @@ use super::util::{
 };
 use crate::backend::lsmr::LsmrDevice;
 use crate::backend::lsqr::LsqrDevice;
-use crate::backend::storage::{DeviceEncoding, EncodedRows, EncodingKey};
+use crate::backend::storage::{DeviceEncoding, EncodedRows, EncodingKey, ReorderedRows};
 use crate::backend::{Operator, Precision, Scale, TransposeStrategy};
 use crate::error::{Error, Result};
 use crate::grid::StencilOp;
@@ -138,6 +138,27 @@ fn compact_plan(
     )
 }
 
+/// [`compact_plan`] of a `shape` = (rows, columns, nonzeros) system, or the error that says
+/// why it does not fit.
+fn fitting_plan(
+    (nrows, ncols, nnz): (usize, usize, usize),
+    matrix_bytes: u64,
+    precision: Precision,
+    stencil: Option<&StencilOp>,
+    free_bytes: u64,
+) -> Result<MemoryPlan> {
+    let plan = compact_plan((nrows, ncols), matrix_bytes, precision, stencil, free_bytes);
+    if plan.fits() {
+        return Ok(plan);
+    }
+    Err(Error::backend(
+        "cuda",
+        format!(
+            "the system ({nrows} x {ncols}, {nnz} nonzeros) does not fit on the GPU with compact storage: {plan}; try --storage csr --transpose scatter, or more MPI ranks"
+        ),
+    ))
+}
+
 /// How compact storage is laid out on the device.
 enum Layout {
     /// Rows with 16-bit deltas and their transpose in the same form (a gather per nonzero).
@@ -236,17 +257,27 @@ fn encode_on_device(
     be: &CudaBackend,
     stored: &Csr,
     precision: Precision,
-    xbits: u32,
-    bits: u32,
+    (xbits, bits): (u32, u32),
     o: &Tuning,
 ) -> Result<Option<(encode::Encoded, encode::Encoded)>> {
     if o.gpu_encode == Some(false) || !encode::fits(stored, be.mem_info()?.0 as u64) {
         return Ok(None);
     }
     let rows = phases::time("upload", || encode::DevRows::upload(be, stored))?;
+    encode_split(be, &rows, precision, (xbits, bits))
+}
+
+/// Both halves of the split layout encoded from rows on the device (phase `gpu_encode`); None
+/// where their counts exceed the encoder's 32-bit positions.
+fn encode_split(
+    be: &CudaBackend,
+    rows: &encode::DevRows,
+    precision: Precision,
+    (xbits, bits): (u32, u32),
+) -> Result<Option<(encode::Encoded, encode::Encoded)>> {
     let made = phases::time("gpu_encode", || {
-        let ax = encode::encode(be, &rows, precision, xbits, TiledHalf::Rows)?;
-        let at = encode::encode(be, &rows, precision, bits, TiledHalf::Cols)?;
+        let ax = encode::encode(be, rows, precision, xbits, TiledHalf::Rows)?;
+        let at = encode::encode(be, rows, precision, bits, TiledHalf::Cols)?;
         be.synchronize()?;
         Ok((ax, at))
     });
@@ -345,23 +376,9 @@ impl CudaCompactOperator {
             Source::Ahead(_) => unreachable!("only the split layout is made ahead"),
         };
         let (free, _) = be.mem_info()?;
-        let too_big = |plan: &MemoryPlan| {
-            Error::backend(
-                "cuda",
-                format!(
-                    "the system ({nrows} x {ncols}, {nnz} nonzeros) does not fit on the GPU with compact storage: {plan}; try --storage csr --transpose scatter, or more MPI ranks"
-                ),
-            )
-        };
         // The plan for `bytes` of matrix storage, or why it does not fit.
-        let planned = |bytes: u64| {
-            let plan = compact_plan((nrows, ncols), bytes, precision, stencil, free as u64);
-            if plan.fits() {
-                Ok(plan)
-            } else {
-                Err(too_big(&plan))
-            }
-        };
+        let planned =
+            |bytes: u64| fitting_plan((nrows, ncols, nnz), bytes, precision, stencil, free as u64);
         let rows =
             |c: CompactCsr| phases::time("upload", || DevCompact::upload(be, &c, o)).map(Box::new);
         let encode = |bits, half| {
@@ -392,14 +409,8 @@ impl CudaCompactOperator {
             GpuLayout::Split => {
                 let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
                 if let Source::Rows(stored) = src {
-                    if let Some((ax, at)) = encode_on_device(be, stored, precision, xbits, bits, o)?
-                    {
-                        let xbytes = ax.bytes() / 2 + 8 * ax.nseg() as u64;
-                        let tbytes = at.bytes() / 2 + 8 * (at.nchunks() << bits) as u64;
-                        let plan = planned(xbytes + tbytes)?;
-                        let ax = Box::new(ax.into_dev_tiled(be, o.tiled_s_cols)?);
-                        let at = Box::new(at.into_dev_tiled(be, o.tiled_s_cols)?);
-                        return Self::finish(be, Layout::Split { ax, at }, plan, stencil, o, (nrows, ncols, nnz));
+                    if let Some(made) = encode_on_device(be, stored, precision, (xbits, bits), o)? {
+                        return Self::from_split(be, made, stencil, precision, o, free as u64);
                     }
                 }
                 let mut made: Option<(Tiled, Tiled)> = None;
@@ -439,6 +450,81 @@ impl CudaCompactOperator {
             }
         };
         Self::finish(be, layout, plan, stencil, o, (nrows, ncols, nnz))
+    }
+
+    /// The operator of rows still to reorder (`r`: as read, with their ordering): uploaded as
+    /// they are, reordered and encoded in the split layout on the GPU, the same operator as
+    /// [`Self::with_options`] of the rows reordered on the host. None where the GPU does not
+    /// make it (the tuning asks for another layout or `gpu_encode = false`, the rows would get
+    /// another layout, the working memory does not fit): the caller reorders on the host.
+    pub fn from_reordered(
+        be: &CudaBackend,
+        r: &ReorderedRows,
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+        o: &Tuning,
+    ) -> Result<Option<Self>> {
+        o.validate()?;
+        be.check_compiled_with(&o.nvrtc_defines)?;
+        let (a, order) = match &r.ordering.rows {
+            Some(order) => (&r.rows, order),
+            None => return Ok(None),
+        };
+        let split = matches!(o.gpu_layout, None | Some(GpuLayout::Split));
+        // choose_layout's rule: split from 1M nonzeros (then by segments, below)
+        let large = o.gpu_layout.is_some() || a.nnz() >= 1_000_000;
+        let free = be.mem_info()?.0 as u64;
+        if o.gpu_encode == Some(false) || !split || !large || !encode::fits(a, free) {
+            return Ok(None);
+        }
+        let bits = o.tile_bits.unwrap_or(TILE_BITS);
+        let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
+        let rows = phases::time("upload", || encode::DevRows::upload(be, a))?;
+        let rows = phases::time("gpu_permute", || -> Result<encode::DevRows> {
+            let p = encode::permute(be, rows, order, r.ordering.cols.as_deref())?;
+            be.synchronize()?;
+            Ok(p)
+        })?;
+        if o.gpu_layout.is_none() {
+            let segs = phases::time("layout", || encode::segments(be, &rows, bits))?;
+            if (a.nnz() as u64) < 4 * segs {
+                return Ok(None);
+            }
+        }
+        match encode_split(be, &rows, precision, (xbits, bits))? {
+            Some(made) => {
+                drop(rows);
+                Self::from_split(be, made, stencil, precision, o, free).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The split layout's operator from both halves encoded on the device; an error with the
+    /// numbers where it does not fit in `free` bytes.
+    fn from_split(
+        be: &CudaBackend,
+        (ax, at): (encode::Encoded, encode::Encoded),
+        stencil: Option<&StencilOp>,
+        precision: Precision,
+        o: &Tuning,
+        free: u64,
+    ) -> Result<Self> {
+        let (nrows, ncols, nnz) = ax.shape();
+        // as the split layout's plan in build(): each half and its partials
+        let xbytes = ax.bytes() / 2 + 8 * ax.nseg() as u64;
+        let tbytes = at.bytes() / 2 + 8 * (at.nchunks() * at.tile()) as u64;
+        let plan = fitting_plan(ax.shape(), xbytes + tbytes, precision, stencil, free)?;
+        let ax = Box::new(ax.into_dev_tiled(be, o.tiled_s_cols)?);
+        let at = Box::new(at.into_dev_tiled(be, o.tiled_s_cols)?);
+        Self::finish(
+            be,
+            Layout::Split { ax, at },
+            plan,
+            stencil,
+            o,
+            (nrows, ncols, nnz),
+        )
     }
 
     /// The operator of `layout`: the stencil uploaded beside it.

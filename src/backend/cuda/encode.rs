@@ -115,11 +115,26 @@ fn radix_sort(
     n: u64,
     key_bits: u32,
 ) -> Result<(CudaSlice<u32>, CudaSlice<u32>)> {
+    radix_sort_with(be, keys, None, n, key_bits)
+}
+
+/// [`radix_sort`] carrying `payload` (None: each key's position) with the keys.
+fn radix_sort_with(
+    be: &CudaBackend,
+    keys: CudaSlice<u32>,
+    payload: Option<CudaSlice<u32>>,
+    n: u64,
+    key_bits: u32,
+) -> Result<(CudaSlice<u32>, CudaSlice<u32>)> {
     let nb = grid(n, RS_TILE).max(1);
     let counts = zeros::<u32>(be, 256 * nb as usize)?;
+    let given = payload.is_some();
     let mut k_in = keys;
     let mut k_out = zeros::<u32>(be, n as usize)?;
-    let mut v_in = zeros::<u32>(be, n as usize)?;
+    let mut v_in = match payload {
+        Some(p) => p,
+        None => zeros::<u32>(be, n as usize)?,
+    };
     let mut v_out = zeros::<u32>(be, n as usize)?;
     let passes = key_bits.div_ceil(8).max(1);
     for pass in 0..passes {
@@ -132,8 +147,12 @@ fn radix_sort(
             &mut [arg(&n), arg(&pk), arg(&shift), arg(&nb), arg(&pc)],
         )?;
         let (offs, _) = scan(be, &counts, 256 * nb as u64)?;
-        // the first pass's payload is each key's position (a null `vin`)
-        let pv = if pass == 0 { 0u64 } else { be.ptr(&v_in) };
+        // without a payload given, the first pass's is each key's position (a null `vin`)
+        let pv = if pass == 0 && !given {
+            0u64
+        } else {
+            be.ptr(&v_in)
+        };
         let (pko, pvo, po) = (be.ptr(&k_out), be.ptr(&v_out), be.ptr(&offs));
         be.launch(
             &be.k.rs_scatter,
@@ -186,6 +205,103 @@ fn gather_u32(
         &mut [arg(&n), arg(&ps), arg(&pi), arg(&pd)],
     )?;
     Ok(dst)
+}
+
+/// The rows `a` in a new order on the device: new row i is old row `rows[i]` (a permutation),
+/// old column j becomes `cols[j]` (None: unchanged), each row's columns ascending. The same
+/// matrix as [`Csr::permuted`] on the host (src/grid/reorder.rs `Ordering::apply`): a stable
+/// radix sort of the entries by new column, then by new row.
+pub(crate) fn permute(
+    be: &CudaBackend,
+    a: DevRows,
+    rows: &[usize],
+    cols: Option<&[u32]>,
+) -> Result<DevRows> {
+    let (m, n, nnz) = (a.nrows, a.ncols, a.nnz as u64);
+    if rows.len() != m || cols.is_some_and(|c| c.len() != n) {
+        return Err(Error::Invalid(format!(
+            "cuda: an ordering of {} rows and {:?} columns for a {m} x {n} matrix",
+            rows.len(),
+            cols.map(<[u32]>::len)
+        )));
+    }
+    let mut new_row = vec![0u32; m];
+    for (new, &old) in rows.iter().enumerate() {
+        new_row[old] = new as u32;
+    }
+    let new_row = up(be, &new_row)?;
+    let m32 = m as u32;
+    let (pip, pci, pnr) = (be.ptr(&a.ip), be.ptr(&a.ci), be.ptr(&new_row));
+    // each entry's new row
+    let row_key = zeros::<u32>(be, nnz as usize)?;
+    let prk = be.ptr(&row_key);
+    be.launch(
+        &be.k.perm_entry_rows,
+        grid(m as u64, ENC_WARPS),
+        32 * ENC_WARPS as u32,
+        &mut [arg(&m32), arg(&pip), arg(&pnr), arg(&prk)],
+    )?;
+    drop(new_row);
+    // the entries in new-column order (stable), then in new-row order (stable): the rows in
+    // their new order, columns ascending
+    let (col_key, by_col) = match cols {
+        Some(c) => {
+            let new_col = up(be, c)?;
+            let col_key = zeros::<u32>(be, nnz as usize)?;
+            let (pnc, pck) = (be.ptr(&new_col), be.ptr(&col_key));
+            be.launch(
+                &be.k.perm_col_keys,
+                grid(nnz, THREADS as u64),
+                THREADS,
+                &mut [arg(&nnz), arg(&pci), arg(&pnc), arg(&pck)],
+            )?;
+            drop(new_col);
+            let (_, order) = radix_sort(be, col_key.clone(), nnz, bits_for(n.max(1) as u64 - 1))?;
+            (col_key, Some(order))
+        }
+        None => (a.ci, None),
+    };
+    let row_key = match &by_col {
+        Some(order) => gather_u32(be, &row_key, order, nnz)?,
+        None => row_key,
+    };
+    let (row_sorted, order) =
+        radix_sort_with(be, row_key, by_col, nnz, bits_for(m.max(1) as u64 - 1))?;
+    let ip = bounds(be, &row_sorted, nnz, m as u64)?;
+    drop(row_sorted);
+    let ci = gather_u32(be, &col_key, &order, nnz)?;
+    drop(col_key);
+    let val = zeros::<f64>(be, nnz as usize)?;
+    let (pv, po, pval) = (be.ptr(&a.val), be.ptr(&order), be.ptr(&val));
+    be.launch(
+        &be.k.enc_gather_f64,
+        grid(nnz, THREADS as u64),
+        THREADS,
+        &mut [arg(&nnz), arg(&pv), arg(&po), arg(&pval)],
+    )?;
+    Ok(DevRows {
+        nrows: m,
+        ncols: n,
+        nnz: a.nnz,
+        ip,
+        ci,
+        val,
+    })
+}
+
+/// Segments of the rows `a` in tiles of `1 << tile_bits` columns (one per tile a row touches).
+pub(crate) fn segments(be: &CudaBackend, a: &DevRows, tile_bits: u32) -> Result<u64> {
+    let m = a.nrows as u64;
+    let m32 = a.nrows as u32;
+    let count = zeros::<u32>(be, a.nrows)?;
+    let (pip, pci, pc) = (be.ptr(&a.ip), be.ptr(&a.ci), be.ptr(&count));
+    be.launch(
+        &be.k.enc_seg_count,
+        grid(m, ENC_WARPS),
+        32 * ENC_WARPS as u32,
+        &mut [arg(&m32), arg(&pip), arg(&pci), arg(&tile_bits), arg(&pc)],
+    )?;
+    Ok(scan(be, &count, m)?.1)
 }
 
 /// Values of `precision` on the device, `n` zeros.
@@ -445,6 +561,13 @@ pub(crate) fn encode(
 }
 
 impl Encoded {
+    /// Rows, columns and nonzeros of the matrix.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.nrows, self.ncols, self.nnz)
+    }
+    pub fn tile(&self) -> usize {
+        1 << self.tile_bits
+    }
     pub fn nseg(&self) -> usize {
         self.nseg
     }
@@ -558,6 +681,24 @@ impl Encoded {
         be.synchronize()?;
         Ok(t)
     }
+}
+
+/// [`Csr::permuted`] of `a` (new row i = old row `rows[i]`, old column j -> `cols[j]`) made on
+/// the GPU ([`permute`]) and copied back (for the GPU tests).
+pub fn permute_on_gpu(
+    be: &CudaBackend,
+    a: &Csr,
+    rows: &[usize],
+    cols: Option<&[u32]>,
+) -> Result<Csr> {
+    let d = permute(be, DevRows::upload(be, a)?, rows, cols)?;
+    let ip = be.stream.clone_dtoh(&d.ip).doing("copying rows")?;
+    let mut ci = be.stream.clone_dtoh(&d.ci).doing("copying columns")?;
+    let mut val = be.stream.clone_dtoh(&d.val).doing("copying values")?;
+    be.synchronize()?;
+    ci.truncate(d.nnz);
+    val.truncate(d.nnz);
+    Csr::try_new(d.nrows, d.ncols, ip, ci, val).map_err(|e| Error::Invalid(e.to_string()))
 }
 
 /// [`Tiled::from_csr_half`] of `a` made on the GPU and copied back (for the GPU tests, which

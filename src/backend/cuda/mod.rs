@@ -56,7 +56,7 @@ pub use block::{CudaBlock, CudaBlockOperator, MAX_MEMBERS};
 pub use compact::{encode_ahead, encoding_key, CudaCompactOperator};
 pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
-pub use encode::encode_on_gpu;
+pub use encode::{encode_on_gpu, permute_on_gpu};
 pub use error::CudaError;
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};
