@@ -40,7 +40,8 @@
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
-#             (300 iterations): 1 GPU defaults, f32, csr, and 2 GPUs when there are two (the
+#             (300 iterations): 1 GPU defaults, f32, the CPU's encoding (gpu_encode = false),
+#             csr, and 2 GPUs when there are two (the
 #             defaults: device loop with NCCL; and the host loop); then from prepared storage
 #             (f64, f32 prepared in f32, 2 ranks; a file seistomo-prev prepared; and
 #             seistomo-prev's own fresh and prepared runs when BIN_DIR has it);
@@ -277,7 +278,9 @@ if has tts; then
   # The prepared runs (prep*) read the storage `seistomo prepare` kept in the dataset (issue 30
   # item 2): written once for one rank and once for two, timed, before them.
   rm -rf $ds/prepared
-  runs="defaults f32 csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
+  # cpuenc: the rows reordered and encoded on the CPU (`[tuning] gpu_encode = false`), as
+  # before the GPU did it
+  runs="defaults f32 cpuenc csr np2 np2host"; [ -n "${BASE:-}" ] && runs="$runs base"
   # prepf32 reads a file prepared with precision f32 (the GPU encoding is made for one
   # precision); prepold reads a file that seistomo-prev prepared (rows only, when that binary is
   # there), so that the same binary's prepared run is timed with and without the kept encoding;
@@ -288,8 +291,9 @@ if has tts; then
     extra=""; [ $run = f32 ] || [ $run = prepf32 ] || [ $run = preparef32 ] && extra='precision = "f32"'
     [ $run = csr ] && extra='storage = "csr"'
     [ $run = np2host ] && extra='lsqr_loop = "host"'
-    printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
-      $ds "$extra" $run > $cfg
+    tun=""; [ $run = cpuenc ] && tun='gpu_encode = false'
+    printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\n[backend]\n%s\n[tuning]\n%s\n[output]\ndir = "/tmp/tts-o-%s"\n' \
+      $ds "$extra" "$tun" $run > $cfg
     if [ $run = prepare ] || [ $run = preparef32 ]; then
       CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
       [ $run = prepare ] && [ "$ngpu" -ge 2 ] && wall $MR "$BIN/seistomo" prepare $cfg >> "$OUT/tts_prepare.txt" 2>&1
