@@ -4,6 +4,10 @@ use rayon::prelude::*;
 
 use crate::sparse::{par, Csr};
 
+/// Entries of the kernel rows a block of [`Coverage::from_kernel_rows`] holds (12 bytes each:
+/// about 4 MB, which stays in the shared cache while every task walks it).
+const BLOCK_ENTRIES: usize = 1 << 18;
+
 /// Per-cell ray coverage from the kernel rows of a system.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Coverage {
@@ -19,9 +23,12 @@ impl Coverage {
     /// damping/regularisation and are not counted).
     ///
     /// A cell's DWS is summed over the rows in row order. In parallel every task takes a range
-    /// of cells and walks all the rows, each row's entries in its range found by bisection (a
+    /// of cells and walks the rows, each row's entries in its range found by bisection (a
     /// row's columns are sorted): each cell still sums its rows in order, so the result is the
-    /// sequential loop's bit for bit.
+    /// sequential loop's bit for bit. The tasks walk the rows block by block, all of them
+    /// through one block (about 4 MB of entries, in the shared cache) before the next, so that
+    /// the matrix comes from memory about once, not once per task (measured on 32 cores,
+    /// 369M nonzeros: 0.84 s when every task walked all the rows on its own).
     pub fn from_kernel_rows(a: &Csr, kernel_rows: usize) -> Coverage {
         let n = a.ncols();
         let m = kernel_rows.min(a.nrows());
@@ -38,31 +45,41 @@ impl Coverage {
             1
         };
         let width = n.div_ceil(tasks).max(1);
-        hit_count
-            .par_chunks_mut(width)
-            .zip(dws.par_chunks_mut(width))
-            .enumerate()
-            .for_each(|(t, (hits, dws))| {
-                let (c0, c1) = ((t * width) as u32, (t * width + hits.len()) as u32);
-                for i in 0..m {
-                    let (cols, vals) = a.row(i);
-                    let (s, e) = if tasks == 1 {
-                        (0, cols.len())
-                    } else {
-                        (
-                            cols.partition_point(|&c| c < c0),
-                            cols.partition_point(|&c| c < c1),
-                        )
-                    };
-                    for (&c, &v) in cols[s..e].iter().zip(&vals[s..e]) {
-                        if v != 0.0 {
-                            let c = (c - c0) as usize;
-                            hits[c] = hits[c].saturating_add(1);
-                            dws[c] += v.abs();
+        // row blocks of about BLOCK_ENTRIES entries (one block when there is one task)
+        let blocks = if tasks == 1 {
+            1
+        } else {
+            (nnz / BLOCK_ENTRIES).max(1)
+        };
+        let bounds = par::row_blocks(&a.indptr()[..=m], blocks);
+        for rows in bounds.windows(2) {
+            let (r0, r1) = (rows[0], rows[1]);
+            hit_count
+                .par_chunks_mut(width)
+                .zip(dws.par_chunks_mut(width))
+                .enumerate()
+                .for_each(|(t, (hits, dws))| {
+                    let (c0, c1) = ((t * width) as u32, (t * width + hits.len()) as u32);
+                    for i in r0..r1 {
+                        let (cols, vals) = a.row(i);
+                        let (s, e) = if tasks == 1 {
+                            (0, cols.len())
+                        } else {
+                            (
+                                cols.partition_point(|&c| c < c0),
+                                cols.partition_point(|&c| c < c1),
+                            )
+                        };
+                        for (&c, &v) in cols[s..e].iter().zip(&vals[s..e]) {
+                            if v != 0.0 {
+                                let c = (c - c0) as usize;
+                                hits[c] = hits[c].saturating_add(1);
+                                dws[c] += v.abs();
+                            }
                         }
                     }
-                }
-            });
+                });
+        }
         Coverage { hit_count, dws }
     }
     /// Sum the coverage of several ranks' kernel rows (element-wise).
@@ -79,6 +96,49 @@ impl Coverage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_and_tasks_give_the_sequential_loop_bit_for_bit() {
+        // long rows (rays), enough of them for several blocks, on 4 and 8 threads
+        let a = crate::testproblems::awkward_csr(20_000, 3000, 21);
+        let mut r = Vec::new();
+        let (mut c, mut v) = (Vec::new(), Vec::new());
+        let mut x = 0.37f64;
+        for i in 0..40_000u64 {
+            for k in 0..40u64 {
+                r.push(i);
+                c.push((i * 7 + k * 61) % 3000);
+                x = (x * 3.9).fract() + 1e-3;
+                v.push(if k % 13 == 0 { 0.0 } else { x - 0.5 });
+            }
+        }
+        let b = Csr::from_triplets(40_000, 3000, &r, &c, &v).unwrap();
+        for (a, kr) in [(&a, 15_000), (&b, 39_000)] {
+            let mut want = Coverage {
+                hit_count: vec![0; a.ncols()],
+                dws: vec![0.0; a.ncols()],
+            };
+            for i in 0..kr {
+                let (cols, vals) = a.row(i);
+                for (&c, &v) in cols.iter().zip(vals) {
+                    if v != 0.0 {
+                        want.hit_count[c as usize] += 1;
+                        want.dws[c as usize] += v.abs();
+                    }
+                }
+            }
+            for threads in [1, 4, 8] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool.install(|| Coverage::from_kernel_rows(a, kr));
+                assert_eq!(got.hit_count, want.hit_count, "{threads} threads");
+                let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.dws), bits(&want.dws), "{threads} threads");
+            }
+        }
+    }
 
     #[test]
     fn coverage_counts_kernel_rows_only() {
