@@ -156,11 +156,19 @@ fn byte_range_loads_equal_mmap_loads_on_every_rank_split() {
         for size in 1..=4 {
             for rank in 0..size {
                 let (m, sm) = load_dataset_with(&ds, rank, size, &opts(IoChoice::Mmap)).unwrap();
-                let (r, sr) = load_dataset_with(&ds, rank, size, &opts(IoChoice::MpiIo)).unwrap();
-                assert_eq!((sm.io, sr.io), (IoPath::Mmap, IoPath::MpiIo));
-                assert!(sr.read_calls > 0 || r.a.nrows() == 0);
-                if let Err(e) = same_system(&m, &r) {
-                    panic!("{}: rank {rank} of {size}: {e}", ds.display());
+                // the default coalescing, and none (every record a read of its own: many
+                // spans a file, read and decoded in groups by several tasks)
+                for gap in [None, Some(0)] {
+                    let o = LoadOptions {
+                        io_max_gap: gap,
+                        ..opts(IoChoice::MpiIo)
+                    };
+                    let (r, sr) = load_dataset_with(&ds, rank, size, &o).unwrap();
+                    assert_eq!((sm.io, sr.io), (IoPath::Mmap, IoPath::MpiIo));
+                    assert!(sr.read_calls > 0 || r.a.nrows() == 0);
+                    if let Err(e) = same_system(&m, &r) {
+                        panic!("{}: rank {rank} of {size}, gap {gap:?}: {e}", ds.display());
+                    }
                 }
             }
         }
