@@ -964,9 +964,8 @@ struct Span<'s> {
 
 /// [`read_kernel_rows`] through byte-range reads: for each file this rank needs, its rows'
 /// records sorted by offset are coalesced into spans ([`crate::io::rowio::coalesce`]), each
-/// span read with `reader` and decoded; groups of [`SPANS_PER_GROUP`] spans in parallel, each
-/// group's file opened once and its spans read in offset order. Returns (indices, data, bytes
-/// read).
+/// span read with `reader` and decoded; files in parallel, each opened once and its spans read
+/// in offset order. Returns (indices, data, bytes read).
 fn read_spans(
     plan: &Plan,
     local: &[MetaEntry],
@@ -978,15 +977,12 @@ fn read_spans(
     let mut data = vec![0f64; plan.nnz];
     let bytes_read = AtomicU64::new(0);
     let per_row = packs.is_none();
-    let mut jobs = in_groups(
-        span_jobs(
-            plan,
-            local,
-            packs,
-            row_slots(local, &mut indices, &mut data),
-            reader,
-        ),
-        SPANS_PER_GROUP,
+    let mut jobs = span_jobs(
+        plan,
+        local,
+        packs,
+        row_slots(local, &mut indices, &mut data),
+        reader,
     );
     let what = |e: &MetaEntry| format!("kernel row {} (record at byte {})", e.row, e.offset);
     // Decode the rows of one span, read into `buf`.
@@ -1030,25 +1026,6 @@ fn read_spans(
         })?;
     drop(jobs);
     Ok((indices, data, bytes_read.into_inner()))
-}
-
-/// Spans a task reads and decodes in turn (about 2 x 20-64 MiB): a file's spans are cut into
-/// groups of this many, each group read through its own handle by a task of its own, so that
-/// one group's decoding overlaps another's read (MPI's reads are serialized, the decoding is
-/// not; one task per file read and decoded one pack at about 1.2 GB/s a rank).
-const SPANS_PER_GROUP: usize = 2;
-
-/// `jobs` with each file's spans cut into groups of at most `per` (in offset order; the same
-/// file in several jobs).
-fn in_groups<'s>(jobs: Vec<(PathBuf, Vec<Span<'s>>)>, per: usize) -> Vec<(PathBuf, Vec<Span<'s>>)> {
-    let mut out = Vec::with_capacity(jobs.len());
-    for (path, spans) in jobs {
-        let mut spans = spans.into_iter().peekable();
-        while spans.peek().is_some() {
-            out.push((path.clone(), spans.by_ref().take(per.max(1)).collect()));
-        }
-    }
-    out
 }
 
 /// Per file this rank reads: its path and its spans, each holding the output slots of its rows.
