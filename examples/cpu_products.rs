@@ -125,7 +125,7 @@ fn synthetic(g: &str, rays: usize) -> Result<Csr, Box<dyn std::error::Error>> {
         seistomo::backend::storage::Storage::Csr,
         seistomo::grid::reorder::Reorder::Auto,
         true,
-        false,
+        Default::default(),
     );
     Ok(p.matrix.rows.into_csr()?)
 }

@@ -504,7 +504,7 @@ fn time_block_kernels_on_a_dataset() {
         grid: Some([128, 128, 80]),
         col_scale: false,
         x0: None,
-        permute_on_device: false,
+        deferred: Default::default(),
     };
     let p = prepare(sys, &layout, &SerialComm).unwrap();
     let old = |i: usize| p.unmap.ordering.rows.as_ref().map_or(i, |r| r[i]);

@@ -473,6 +473,7 @@ fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
         let r = ReorderedRows {
             rows: a.clone(),
             ordering,
+            coverage_rows: None,
         };
         let o = CompactGpuOptions {
             gpu_layout: layout,
@@ -728,15 +729,37 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
             ),
         )
         .unwrap();
-        let invert = || {
+        // the solution file, report.json, and the coverage in model.h5 (hit count, DWS bits)
+        let invert_with = |extra: &[&std::ffi::OsStr]| {
             let _ = std::fs::remove_dir_all(&out);
-            run(&["-q".as_ref(), "invert".as_ref(), cfg.as_os_str()]);
+            let mut args: Vec<&std::ffi::OsStr> = vec!["-q".as_ref(), "invert".as_ref()];
+            args.extend_from_slice(extra);
+            args.push(cfg.as_os_str());
+            run(&args);
             let r: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
-            (std::fs::read(out.join("solution.txt")).unwrap(), r)
+            let f = hdf5::File::open(out.join("model.h5")).unwrap();
+            let hits: Vec<u32> = f.dataset("model/hit_count").unwrap().read_raw().unwrap();
+            let dws: Vec<f64> = f.dataset("model/dws").unwrap().read_raw().unwrap();
+            let dws: Vec<u64> = dws.iter().map(|v| v.to_bits()).collect();
+            (
+                std::fs::read(out.join("solution.txt")).unwrap(),
+                r,
+                (hits, dws),
+            )
         };
+        let invert = || invert_with(&[]);
         let _ = std::fs::remove_dir_all(ds.join("prepared"));
-        let (fresh, rf) = invert();
+        // the rows reordered and encoded on the CPU, the coverage computed before the set-up
+        let (on_cpu, rc, cov_cpu) = invert_with(&["--tune".as_ref(), "gpu_encode=false".as_ref()]);
+        assert!(rc["setup_phases"].get("encode").is_some(), "{name}");
+        let (fresh, rf, cov_fresh) = invert();
+        // the coverage computed from the rows as read while the GPU solved: the same bits
+        assert!(cov_fresh == cov_cpu, "{name}: the coverage differs");
+        assert!(
+            on_cpu == fresh,
+            "{name}: gpu_encode = false's solution differs"
+        );
         // a fresh run encodes on the GPU (the default, `gpu_encode`)
         assert!(
             rf["setup_phases"].get("gpu_encode").is_some()
@@ -746,7 +769,11 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
         );
         let said = run(&["prepare".as_ref(), cfg.as_os_str()]);
         assert!(said.contains("encoded for the GPU"), "{name}: {said}");
-        let (again, ra) = invert();
+        let (again, ra, cov_again) = invert();
+        assert!(
+            cov_again == cov_cpu,
+            "{name}: the prepared run's coverage differs"
+        );
         let note = ra["prepared"].as_str().unwrap_or_default();
         assert!(note.starts_with("used "), "{name}: {note}");
         assert!(

@@ -509,7 +509,7 @@ fn the_stencil_split_and_the_cpu_operators_store_the_sequential_matrices() {
                 Storage::Compact,
                 Reorder::Auto,
                 true,
-                false,
+                Default::default(),
             );
             assert_eq!(p.matrix.rows.as_csr(), Some(&want), "{name}: prepared rows");
             assert_eq!(p.matrix.stencil.as_ref().unwrap().stencil(), &st);

@@ -627,7 +627,10 @@ fn layout_for(kind: BackendChoice, spec: &OperatorSpec, reorder: Reorder, nnz: u
         col_scale: false,
         x0: None,
         // on the GPU the rows are reordered where they are encoded (as the CLI does)
-        permute_on_device: kind == BackendChoice::Cuda && spec.tuning.gpu_encode != Some(false),
+        deferred: seistomo::backend::storage::Deferred {
+            permute: kind == BackendChoice::Cuda && spec.tuning.gpu_encode != Some(false),
+            coverage: false,
+        },
     }
 }
 

@@ -119,6 +119,36 @@ pub struct ReorderedRows {
     pub rows: Csr,
     /// New row i is `rows`' row `ordering.rows[i]`; old column j becomes `ordering.cols[j]`.
     pub ordering: Ordering,
+    /// Where the run left the ray coverage of its first rows to whoever holds these rows last
+    /// ([`Deferred::coverage`]): how many rows are kernel rows.
+    pub coverage_rows: Option<usize>,
+}
+
+impl ReorderedRows {
+    /// The ray coverage the run left to these rows, if it did ([`Self::coverage_rows`]).
+    pub fn coverage(&self) -> Option<crate::grid::Coverage> {
+        self.coverage_rows
+            .map(|k| crate::grid::Coverage::from_kernel_rows(&self.rows, k))
+    }
+}
+
+/// What a GPU run leaves undone in [`prepare`]: compact rows left as read for the GPU to
+/// reorder where it encodes them (`permute`, [`StoredRows::Reordered`]), and with them the ray
+/// coverage of the kernel rows (`coverage`), computed from the rows as read once the operator
+/// holds them, while the GPU solves (pipeline/operators.rs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deferred {
+    pub permute: bool,
+    pub coverage: bool,
+}
+
+impl Deferred {
+    /// Whether [`prepare`] leaves the rows of a system of `storage`, reordered as `reorder`
+    /// says, as read ([`StoredRows::Reordered`]): compact storage with a row order. (A run that
+    /// defers its coverage checks this first: only such rows carry it.)
+    pub fn leaves_rows(&self, storage: Storage, reorder: Reorder) -> bool {
+        self.permute && storage.resolve(false) == Storage::Compact && reorder != Reorder::None
+    }
 }
 
 impl ReorderedRows {
@@ -323,8 +353,8 @@ pub struct Prepared {
 /// `damping_from`: rows from here on are damping rows (the stencil is looked for among them);
 /// `grid`: the cells along x, y, z when the unknowns are a regular grid's cells; `stencils`:
 /// whether this run may take damping rows out as stencils (one rank, no column scaling);
-/// `on_device`: compact rows are left as read, with their ordering, for the GPU to reorder
-/// ([`StoredRows::Reordered`]; b is reordered here).
+/// `deferred`: what is left to a GPU run ([`Deferred`]: compact rows left as read, with their
+/// ordering, [`StoredRows::Reordered`]; b is reordered here).
 #[allow(clippy::too_many_arguments)]
 pub fn prepare(
     a: Csr,
@@ -334,7 +364,7 @@ pub fn prepare(
     storage: Storage,
     reorder: Reorder,
     stencils: bool,
-    on_device: bool,
+    deferred: Deferred,
 ) -> Prepared {
     let storage = match storage {
         Storage::Auto => Storage::Compact,
@@ -362,13 +392,14 @@ pub fn prepare(
         None => (a, b, None, Vec::new()),
     };
     let ordering = phases::time("order", || Ordering::plan(&a, reorder, grid));
-    let (rows, mut b) = if on_device && storage == Storage::Compact && ordering.rows.is_some() {
+    let (rows, mut b) = if deferred.leaves_rows(storage, reorder) && ordering.rows.is_some() {
         let b = phases::time("permute", || ordering.apply_to_rhs(b));
-        let ordering = ordering.clone();
-        (
-            StoredRows::Reordered(Box::new(ReorderedRows { rows: a, ordering })),
-            b,
-        )
+        let r = ReorderedRows {
+            rows: a,
+            ordering: ordering.clone(),
+            coverage_rows: deferred.coverage.then_some(damping_from),
+        };
+        (StoredRows::Reordered(Box::new(r)), b)
     } else {
         let (a, b) = phases::time("permute", || ordering.apply(a, b));
         (StoredRows::Csr(a), b)
@@ -409,7 +440,7 @@ mod tests {
             Storage::Auto,
             Reorder::Auto,
             true,
-            false,
+            Deferred::default(),
         );
         let m = &p.matrix;
         assert_eq!(m.storage, Storage::Compact);
@@ -420,6 +451,10 @@ mod tests {
         assert_eq!(&p.b[50..], &b[50..]);
         assert!(m.describe(Precision::F32).contains("stencil damping"));
         // left for the GPU to reorder: the same rows wherever they are asked for in CSR
+        let on = Deferred {
+            permute: true,
+            coverage: true,
+        };
         let q = prepare(
             a.clone(),
             b.clone(),
@@ -428,9 +463,17 @@ mod tests {
             Storage::Auto,
             Reorder::Auto,
             true,
-            true,
+            on,
         );
         assert!(matches!(q.matrix.rows, StoredRows::Reordered(_)));
+        // the coverage left to the rows: that of the kernel rows as read
+        if let StoredRows::Reordered(r) = &q.matrix.rows {
+            let want = crate::grid::Coverage::from_kernel_rows(&a, 50);
+            assert_eq!(r.coverage(), Some(want));
+        }
+        assert!(on.leaves_rows(Storage::Auto, Reorder::Rows));
+        assert!(!on.leaves_rows(Storage::Csr, Reorder::Auto));
+        assert!(!on.leaves_rows(Storage::Compact, Reorder::None));
         assert_eq!(q.b, p.b);
         assert_eq!((q.matrix.nrows(), q.matrix.nnz()), (m.nrows(), m.nnz()));
         let want = m.rows.as_csr().unwrap();
@@ -448,7 +491,7 @@ mod tests {
             Storage::Csr,
             Reorder::Auto,
             true,
-            true,
+            on,
         );
         assert!(matches!(q.matrix.rows, StoredRows::Csr(_)));
         // csr, no grid, or not allowed: nothing split
@@ -457,7 +500,7 @@ mod tests {
             (Storage::Compact, None, true),
             (Storage::Compact, Some(st.n), false),
         ] {
-            let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok, true);
+            let p = prepare(a.clone(), b.clone(), 50, g, s, Reorder::None, ok, on);
             assert!(p.matrix.stencil.is_none());
             assert_eq!(p.matrix.rows.as_csr(), Some(&a));
         }

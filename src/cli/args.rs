@@ -189,7 +189,8 @@ impl MtxSystemArgs {
 pub struct TuneArgs {
     /// A tuning knob, KEY=VALUE (repeatable; overrides the config's [tuning] table): gpu_layout,
     /// tile_bits, ax_tile_bits, compact_s, compact_r, tiled_s_cols, lsqr_block, nvrtc_defines,
-    /// nccl_max_ctas, io_max_gap (docs/configuration.md). Never changes the solution's meaning.
+    /// nccl_max_ctas, io_max_gap, gpu_batch, gpu_encode (docs/configuration.md). Never changes
+    /// the solution's meaning.
     #[arg(long = "tune", value_name = "KEY=VALUE")]
     pub tune: Vec<String>,
 }

@@ -8,6 +8,34 @@ use crate::sparse::{par, Csr};
 /// about 4 MB, which stays in the shared cache while every task walks it).
 const BLOCK_ENTRIES: usize = 1 << 18;
 
+/// A coverage computed on a thread of its own (from rows it owns and drops after), for a run
+/// that has other work to do meanwhile: a GPU run's coverage while the GPU solves.
+#[derive(Clone)]
+pub struct PendingCoverage(
+    std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<Coverage>>>>,
+);
+
+impl std::fmt::Debug for PendingCoverage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingCoverage")
+    }
+}
+
+impl PendingCoverage {
+    /// `work` started on a thread of its own.
+    pub fn spawn(work: impl FnOnce() -> Coverage + Send + 'static) -> PendingCoverage {
+        PendingCoverage(std::sync::Arc::new(std::sync::Mutex::new(Some(
+            std::thread::spawn(work),
+        ))))
+    }
+    /// The coverage, once (waiting for the thread); None after the first call or if the
+    /// thread panicked.
+    pub fn take(&self) -> Option<Coverage> {
+        let handle = self.0.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        handle.join().ok()
+    }
+}
+
 /// Per-cell ray coverage from the kernel rows of a system.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Coverage {

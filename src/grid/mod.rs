@@ -19,7 +19,7 @@ pub mod stencil;
 pub mod synthetic;
 
 pub use cells::Grid;
-pub use coverage::Coverage;
+pub use coverage::{Coverage, PendingCoverage};
 pub use difference::regularisation;
 pub use random::{gaussian, Rng};
 pub use stencil::{Stencil, StencilOp};

@@ -173,6 +173,9 @@ pub struct Outcome {
     pub report: Report,
     /// This rank's products and vector sum timed alone before the solve.
     pub calibration: Calibration,
+    /// The ray coverage of this rank's kernel rows where the run left it to the operator's
+    /// build ([`crate::backend::storage::Deferred::coverage`]), computed meanwhile.
+    pub coverage: Option<crate::grid::PendingCoverage>,
 }
 
 /// One rank's products and vector sum, timed alone before the solve (report.json

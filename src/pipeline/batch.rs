@@ -219,6 +219,7 @@ impl BatchVisitor for Run<'_, '_> {
                     history: r.history.clone(),
                     report,
                     calibration: Calibration::default(),
+                    coverage: None,
                 },
             );
         };

@@ -126,7 +126,7 @@ impl BenchSystem {
             storage,
             reorder,
             true,
-            false,
+            Default::default(),
         )
     }
 }

@@ -232,7 +232,7 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let _prestart = Engine::prestart(kind, comm, &opts.operator.tuning);
     let cost = row_cost(kind, opts.operator.storage);
     let start_s = crate::ui::phases::since_process_start();
-    let (start, run_model, opts, prepared_note) = begin(job, kind, cost, comm)?;
+    let (start, mut run_model, opts, prepared_note) = begin(job, kind, cost, comm)?;
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
@@ -243,7 +243,22 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
             eprintln!("allreduce of A^T u over ranks: {path}");
         }
     }
-    let layout = layout_for(&opts, &engine, nnz);
+    let mut layout = layout_for(&opts, &engine, nnz);
+    // A GPU run's ray coverage: computed from the rows as read while the GPU solves where they
+    // reach the operator as read, else now; summed over the ranks after the solve.
+    let mut coverage_now = None;
+    if let (Some(m), Start::Fresh(loaded)) = (&run_model, &start) {
+        if m.coverage_later {
+            if layout.deferred.leaves_rows(layout.storage, layout.reorder) {
+                layout.deferred.coverage = true;
+            } else {
+                let sys = &loaded.system;
+                coverage_now = Some(crate::ui::phases::time("model", || {
+                    crate::grid::Coverage::from_kernel_rows(&sys.a, sys.kernel_rows)
+                }));
+            }
+        }
+    }
     let prepared = match start {
         Start::Fresh(loaded) => prepare(loaded.system, &layout, &timed)?,
         Start::Reused(r) => finish(r.prepared, &layout, &timed, std::time::Instant::now())?,
@@ -258,6 +273,19 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let watch = Watch::Progress(job.progress_every);
     let mut outcome = solve(&engine, &why, prepared, &lsqr, &timed, load_s, watch)?;
     crate::ui::phases::trace(format_args!("solved"));
+    if let Some(m) = run_model.as_mut().filter(|m| m.coverage_later) {
+        let pending = outcome.coverage.take();
+        let got = coverage_now
+            .or_else(|| pending.and_then(|p| p.take()))
+            .ok_or_else(|| {
+                crate::error::Error::Invalid(
+                    "the ray coverage of the kernel rows was not computed".into(),
+                )
+            });
+        m.coverage = agree(comm, got)?;
+        m.coverage_later = false;
+        sum_coverage(m, comm)?;
+    }
     outcome.report.load_io = io;
     outcome.report.seconds.start = start_s;
     outcome.report.prepared = prepared_note.unwrap_or_default();
@@ -348,7 +376,7 @@ fn begin(
         run_model = match job.model {
             None => None,
             Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {
-                run_model_of(&mut s, cfg, resume, comm)
+                run_model_of(&mut s, cfg, resume, kind == BackendChoice::Cuda, comm)
             })?),
         };
         if let Some(g) = run_model.as_ref().and_then(RunModel::grid) {
@@ -425,8 +453,17 @@ impl Start {
 /// The model side of an `invert` run on every rank: checked before the solve; the coverage
 /// (hit count, DWS) summed over every rank's kernel rows.
 /// A reused start hands its coverage over (the run needs it once).
-fn run_model_of(s: &mut Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -> Result<RunModel> {
+/// On the GPU (`gpu`) a fresh start's coverage is left for later ([`RunModel::prepare_later`]:
+/// run_lsqr computes it while the GPU solves where it can) and summed over the ranks there.
+fn run_model_of(
+    s: &mut Start,
+    cfg: &RunConfig,
+    resume: bool,
+    gpu: bool,
+    comm: &dyn Comm,
+) -> Result<RunModel> {
     let made = match s {
+        Start::Fresh(loaded) if gpu => RunModel::prepare_later(cfg, loaded, resume),
         Start::Fresh(loaded) => RunModel::prepare(cfg, loaded, resume),
         Start::Reused(r) => RunModel::with_coverage(
             cfg,
@@ -447,6 +484,14 @@ fn run_model_of(s: &mut Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -
         ),
     };
     let mut m = agree(comm, made)?;
+    if !m.coverage_later {
+        sum_coverage(&mut m, comm)?;
+    }
+    Ok(m)
+}
+
+/// The coverage of `m` summed over the ranks (collective; nothing on one rank).
+fn sum_coverage(m: &mut RunModel, comm: &dyn Comm) -> Result<()> {
     if comm.size() > 1 {
         let cov = m.coverage_mut();
         let mut hits: Vec<f64> = cov.hit_count.iter().map(|&h| h as f64).collect();
@@ -454,5 +499,5 @@ fn run_model_of(s: &mut Start, cfg: &RunConfig, resume: bool, comm: &dyn Comm) -
         comm.allreduce_sum(&mut cov.dws)?;
         cov.hit_count = hits.iter().map(|&h| h as u32).collect();
     }
-    Ok(m)
+    Ok(())
 }

@@ -24,6 +24,9 @@ pub struct RunModel {
     pub coverage: crate::grid::Coverage,
     pub kernel_rows: usize,
     pub ckpt: Option<crate::model::checkpoint::Checkpointing>,
+    /// The coverage is not computed yet: the run fills it in after the solve
+    /// ([`RunModel::prepare_later`]).
+    pub coverage_later: bool,
 }
 
 impl RunModel {
@@ -41,6 +44,25 @@ impl RunModel {
             kernel_rows: sys.kernel_rows,
         };
         RunModel::with_coverage(cfg, known, coverage, resume)
+    }
+
+    /// [`RunModel::prepare`] without the coverage, which the run computes later (a GPU run: while
+    /// the GPU solves) and puts in [`RunModel::coverage`] before the outputs.
+    pub fn prepare_later(cfg: &RunConfig, loaded: &Loaded, resume: bool) -> Result<RunModel> {
+        let sys = &loaded.system;
+        let known = Known {
+            ncols: sys.a.ncols(),
+            grid: loaded.grid.as_ref(),
+            true_model: loaded.true_model.as_ref(),
+            kernel_rows: sys.kernel_rows,
+        };
+        let empty = crate::grid::Coverage {
+            hit_count: Vec::new(),
+            dws: Vec::new(),
+        };
+        let mut m = RunModel::with_coverage(cfg, known, empty, resume)?;
+        m.coverage_later = true;
+        Ok(m)
     }
 
     /// [`RunModel::prepare`] with the coverage already computed (prepared storage keeps it).
@@ -79,6 +101,7 @@ impl RunModel {
             coverage,
             kernel_rows: known.kernel_rows,
             ckpt,
+            coverage_later: false,
         })
     }
 
@@ -189,6 +212,7 @@ pub fn write_solution(path: &std::path::Path, spec: &ModelSpec, s: Solved) -> Re
         history: Vec::new(),
         report,
         calibration: Default::default(),
+        coverage: None,
     };
     crate::model::hdf5::write_model(
         path,

@@ -148,6 +148,9 @@ pub struct Built {
     pub bytes_per_nnz: f64,
     /// Seconds spent building the operator (encoding, transposes, uploads).
     pub seconds: f64,
+    /// The ray coverage the run left to the rows ([`crate::backend::storage::Deferred`]),
+    /// being computed from them while the solve runs.
+    pub coverage: Option<crate::grid::PendingCoverage>,
 }
 
 /// Work on LSQR's operator, whatever backend and storage it is (a closure cannot be generic).
@@ -596,9 +599,16 @@ fn cuda_lsqr<V: LsqrVisitor>(
     let probe = probes_storage(spec.storage, nnz);
     if let (Some(op), false) = (&compact, probe) {
         finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
-        crate::sparse::par::drop_in_background(rows);
+        built.coverage = coverage_then_drop(rows);
         built.seconds = t.elapsed().as_secs_f64();
         return Ok((v.visit(be, op)?, built));
+    }
+    // The rows are reordered on the host below: the coverage left to them first, from the rows
+    // as read.
+    if let StoredRows::Reordered(r) = &rows {
+        built.coverage = r
+            .coverage()
+            .map(|c| crate::grid::PendingCoverage::spawn(move || c));
     }
     let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.
@@ -654,6 +664,29 @@ fn cuda_lsqr<V: LsqrVisitor>(
     built.bytes_per_nnz = (csr.precision().bytes() + 4) as f64;
     built.seconds = t.elapsed().as_secs_f64();
     Ok((v.visit(be, &csr)?, built))
+}
+
+/// The ray coverage the run left to `rows` ([`crate::backend::storage::Deferred`]), computed
+/// from the rows as read on a thread of its own, which then drops them (while the GPU
+/// solves); without one, the rows dropped in the background.
+fn coverage_then_drop(rows: StoredRows) -> Option<crate::grid::PendingCoverage> {
+    match rows {
+        StoredRows::Reordered(r) => match r.coverage_rows {
+            Some(k) => Some(crate::grid::PendingCoverage::spawn(move || {
+                let c = crate::grid::Coverage::from_kernel_rows(&r.rows, k);
+                crate::sparse::par::drop_in_background(StoredRows::Reordered(r));
+                c
+            })),
+            None => {
+                crate::sparse::par::drop_in_background(StoredRows::Reordered(r));
+                None
+            }
+        },
+        rows => {
+            crate::sparse::par::drop_in_background(rows);
+            None
+        }
+    }
 }
 
 /// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact

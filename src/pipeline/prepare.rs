@@ -25,9 +25,9 @@ pub struct Layout {
     pub col_scale: bool,
     /// Starting guess x0 (a text or Matrix Market vector of n values).
     pub x0: Option<PathBuf>,
-    /// Leave compact rows as read for the GPU to reorder where it encodes them
-    /// ([`storage::StoredRows::Reordered`]).
-    pub permute_on_device: bool,
+    /// What is left to a GPU run: compact rows as read for the GPU to reorder where it encodes
+    /// them ([`storage::StoredRows::Reordered`]), and with them the ray coverage.
+    pub deferred: storage::Deferred,
 }
 
 /// A rank's system ready for the operator factory, and what maps the solution back.
@@ -79,7 +79,7 @@ pub fn store(sys: System, layout: &Layout) -> storage::Prepared {
         layout.storage,
         layout.reorder,
         !layout.col_scale,
-        layout.permute_on_device,
+        layout.deferred,
     )
 }
 

@@ -624,7 +624,7 @@ pub fn prepare_dataset(
         col_scale: opts.col_scale,
         x0: None,
         // the file keeps the reordered rows
-        permute_on_device: false,
+        deferred: Default::default(),
     };
     let stored = crate::pipeline::prepare::store(sys, &layout);
     // The GPU encoding made now where the runs would make it (compact storage on the GPU, not

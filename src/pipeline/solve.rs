@@ -509,6 +509,7 @@ fn outcome(
             stencil_rows: f.stencil_rows,
             ..calibration
         },
+        coverage: built.coverage.clone(),
     }
 }
 
@@ -713,7 +714,10 @@ fn start_and_prepare(
 pub fn layout_for(opts: &SolveOptions, engine: &Engine, nnz: usize) -> Layout {
     let gpu = engine.kind() == crate::pipeline::options::BackendChoice::Cuda;
     Layout {
-        permute_on_device: gpu && opts.operator.tuning.gpu_encode != Some(false),
+        deferred: crate::backend::storage::Deferred {
+            permute: gpu && opts.operator.tuning.gpu_encode != Some(false),
+            coverage: false,
+        },
         storage: resolve_storage(
             engine.kind(),
             opts.operator.storage,
