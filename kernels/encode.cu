@@ -13,7 +13,7 @@
 //   scan_add       blocks' totals scanned on the host, added back
 //   bounds_sorted  the first position of each key value in a sorted key array (offsets
 //                  without atomics)
-//   enc_gather_*   dst[i] = src[idx[i]]
+//   enc_gather_*   dst[i] = src[idx[i]] (u32; u64 and f64 as 8-byte words)
 //   enc_seg_pos    pos[slot[s]] = s
 //   enc_fill_rows  warp per segment: row entries (column in tile, end bit; value)
 //   enc_col_keys   warp per segment: each entry's (chunk, column in tile) key, its segment
@@ -223,6 +223,7 @@ extern "C" __global__ void enc_gather_u32(u64 n, const u32* __restrict__ src,
     if (i < n) dst[i] = src[idx[i]];
 }
 
+// (also f64 values, moved as their bits)
 extern "C" __global__ void enc_gather_u64(u64 n, const u64* __restrict__ src,
                                           const u32* __restrict__ idx, u64* __restrict__ dst) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -333,10 +334,4 @@ extern "C" __global__ void perm_col_keys(u64 nnz, const u32* __restrict__ ci,
                                          const u32* __restrict__ new_col, u32* __restrict__ out) {
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (j < nnz) out[j] = new_col[ci[j]];
-}
-
-extern "C" __global__ void enc_gather_f64(u64 n, const double* __restrict__ src,
-                                          const u32* __restrict__ idx, double* __restrict__ dst) {
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = src[idx[i]];
 }

@@ -376,6 +376,40 @@ fn compact_and_csr_device_loops_on_real_systems_match_cpu() {
 /// The split layout's encoding made ahead (`seistomo prepare` keeps it) uploads to the operator
 /// the rows would have made: the same products and the same LSQR solution bit for bit, f64 and
 /// f32, with the stencil; an encoding of another precision is refused.
+/// Two operators that must be one: the same products (random x and y) and the same LSQR
+/// iterates (`params`, random b) bit for bit. Returns LSQR's iterations.
+fn assert_same_operator(
+    g: &CudaBackend,
+    (one, other): (&CudaCompactOperator, &CudaCompactOperator),
+    params: &LsqrParams,
+    what: &str,
+) -> usize {
+    assert_eq!(one.layout(), other.layout(), "{what}");
+    let x = rand_vec(one.ncols(), 62);
+    let y = rand_vec(one.nrows(), 63);
+    let (xd, yd) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
+    let prods = |op: &CudaCompactOperator| {
+        let (mut ax, mut aty) = (g.zeros(y.len()).unwrap(), g.zeros(x.len()).unwrap());
+        op.apply(g, Scale::SET, &xd, &mut ax).unwrap();
+        op.apply_t(g, Scale::SET, &yd, &mut aty).unwrap();
+        (down(g, &ax), down(g, &aty))
+    };
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let (p1, p2) = (prods(one), prods(other));
+    assert!(
+        bits(&p1.0) == bits(&p2.0) && bits(&p1.1) == bits(&p2.1),
+        "{what}: products"
+    );
+    let b = rand_vec(one.nrows(), 73);
+    let (s1, s2) = (
+        common::serial_lsqr(g, one, &b, params),
+        common::serial_lsqr(g, other, &b, params),
+    );
+    assert_eq!((s1.info.istop, s1.info.itn), (s2.info.istop, s2.info.itn));
+    assert!(bits(&s1.x) == bits(&s2.x), "{what}: LSQR's x");
+    s2.info.itn
+}
+
 /// `m` rays of 100 cells each in 300,000 columns, clustered as a ray's cells are (100 m
 /// nonzeros).
 fn rays(m: u64, seed: u64) -> Csr {
@@ -506,29 +540,7 @@ fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
                 "{p}: the GPU made what the host makes in {}",
                 made.layout()
             );
-            assert_eq!(made.layout(), dev.layout());
-            let x = rand_vec(dev.ncols(), 71);
-            let y = rand_vec(dev.nrows(), 72);
-            let (xd, yd) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
-            let prods = |op: &CudaCompactOperator| {
-                let (mut ax, mut aty) = (g.zeros(y.len()).unwrap(), g.zeros(x.len()).unwrap());
-                op.apply(&g, Scale::SET, &xd, &mut ax).unwrap();
-                op.apply_t(&g, Scale::SET, &yd, &mut aty).unwrap();
-                (down(&g, &ax), down(&g, &aty))
-            };
-            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let (pm, pd) = (prods(&made), prods(&dev));
-            assert!(
-                bits(&pm.0) == bits(&pd.0) && bits(&pm.1) == bits(&pd.1),
-                "{p} {layout:?}: products"
-            );
-            let b = rand_vec(dev.nrows(), 73);
-            let (sm, sd) = (
-                common::serial_lsqr(&g, &made, &b, &params),
-                common::serial_lsqr(&g, &dev, &b, &params),
-            );
-            assert_eq!((sm.info.istop, sm.info.itn), (sd.info.istop, sd.info.itn));
-            assert!(bits(&sm.x) == bits(&sd.x), "{p} {layout:?}: LSQR's x");
+            assert_same_operator(&g, (&made, &dev), &params, &format!("{p} {layout:?}"));
             println!(
                 "{} x {} {p} {}: reordered on the GPU = on the host, bit for bit",
                 a.nrows(),
@@ -610,7 +622,7 @@ fn an_encoding_made_ahead_uploads_to_the_same_operator() {
     use seistomo::backend::storage::EncodedRows;
     use std::sync::Arc;
     let g = gpu();
-    let (k, st, b) = tall_system(60);
+    let (k, st, _) = tall_system(60);
     let sop = StencilOp::new(st, Some(random_perm(st.ncells(), 61)));
     let o = CompactGpuOptions {
         gpu_layout: Some(GpuLayout::Split),
@@ -637,36 +649,11 @@ fn an_encoding_made_ahead_uploads_to_the_same_operator() {
         };
         let made = CudaCompactOperator::with_options(&g, &k, Some(&sop), p, &o).unwrap();
         let ahead = CudaCompactOperator::from_encoded(&g, &rows, Some(&sop), p, &o).unwrap();
-        assert_eq!(made.layout(), ahead.layout());
-        assert_eq!(made.pass_bytes(), ahead.pass_bytes());
-        let x = rand_vec(k.ncols(), 62);
-        let y = rand_vec(k.nrows() + st.nrows(), 63);
-        let (xd, yd) = (g.upload(&x).unwrap(), g.upload(&y).unwrap());
         for op in [&made, &ahead] {
             op.set_device_loop(true);
         }
-        let prods = |op: &CudaCompactOperator| {
-            let (mut ax, mut aty) = (g.zeros(y.len()).unwrap(), g.zeros(x.len()).unwrap());
-            op.apply(&g, Scale::SET, &xd, &mut ax).unwrap();
-            op.apply_t(&g, Scale::SET, &yd, &mut aty).unwrap();
-            (down(&g, &ax), down(&g, &aty))
-        };
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let (pm, pa) = (prods(&made), prods(&ahead));
-        assert!(
-            bits(&pm.0) == bits(&pa.0) && bits(&pm.1) == bits(&pa.1),
-            "{p}: products"
-        );
-        let (sm, sa) = (
-            common::serial_lsqr(&g, &made, &b, &params),
-            common::serial_lsqr(&g, &ahead, &b, &params),
-        );
-        assert_eq!((sm.info.istop, sm.info.itn), (sa.info.istop, sa.info.itn));
-        assert!(bits(&sm.x) == bits(&sa.x), "{p}: LSQR's x");
-        println!(
-            "{p}: made ahead = made now, bit for bit ({} iterations)",
-            sa.info.itn
-        );
+        let itn = assert_same_operator(&g, (&made, &ahead), &params, &format!("{p}"));
+        println!("{p}: made ahead = made now, bit for bit ({itn} iterations)");
         // asked for the other precision: refused (the run encodes the rows instead)
         let other = if p == Precision::F64 {
             Precision::F32

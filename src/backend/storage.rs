@@ -432,16 +432,20 @@ mod tests {
         let k = crate::testproblems::awkward_csr(50, st.ncells(), 7);
         let a = k.vstack_scaled(&st.to_csr(), 1.0).unwrap();
         let b: Vec<f64> = (0..a.nrows()).map(|i| i as f64).collect();
-        let p = prepare(
-            a.clone(),
-            b.clone(),
-            50,
-            Some(st.n),
-            Storage::Auto,
-            Reorder::Auto,
-            true,
-            Deferred::default(),
-        );
+        // the grid known, reordered, stencils allowed
+        let on_grid = |storage, deferred| {
+            prepare(
+                a.clone(),
+                b.clone(),
+                50,
+                Some(st.n),
+                storage,
+                Reorder::Auto,
+                true,
+                deferred,
+            )
+        };
+        let p = on_grid(Storage::Auto, Deferred::default());
         let m = &p.matrix;
         assert_eq!(m.storage, Storage::Compact);
         assert_eq!(m.rows.nrows(), 50);
@@ -455,16 +459,7 @@ mod tests {
             permute: true,
             coverage: true,
         };
-        let q = prepare(
-            a.clone(),
-            b.clone(),
-            50,
-            Some(st.n),
-            Storage::Auto,
-            Reorder::Auto,
-            true,
-            on,
-        );
+        let q = on_grid(Storage::Auto, on);
         assert!(matches!(q.matrix.rows, StoredRows::Reordered(_)));
         // the coverage left to the rows: that of the kernel rows as read
         if let StoredRows::Reordered(r) = &q.matrix.rows {
@@ -483,16 +478,7 @@ mod tests {
         assert_eq!(rows.csr().unwrap(), want);
         assert_eq!(q.matrix.rows.into_csr().unwrap(), *want);
         // csr storage is reordered here whatever is asked
-        let q = prepare(
-            a.clone(),
-            b.clone(),
-            50,
-            Some(st.n),
-            Storage::Csr,
-            Reorder::Auto,
-            true,
-            on,
-        );
+        let q = on_grid(Storage::Csr, on);
         assert!(matches!(q.matrix.rows, StoredRows::Csr(_)));
         // csr, no grid, or not allowed: nothing split
         for (s, g, ok) in [

@@ -273,8 +273,9 @@ pub(crate) fn permute(
     drop(col_key);
     let val = zeros::<f64>(be, nnz as usize)?;
     let (pv, po, pval) = (be.ptr(&a.val), be.ptr(&order), be.ptr(&val));
+    // the values moved as 8-byte words
     be.launch(
-        &be.k.enc_gather_f64,
+        &be.k.enc_gather_u64,
         grid(nnz, THREADS as u64),
         THREADS,
         &mut [arg(&nnz), arg(&pv), arg(&po), arg(&pval)],

@@ -64,7 +64,7 @@ kernels! {
         block_sum_partials, block_scale, block_axpby, block_update, block_keep, block_column,
         block_spmm_f64, block_spmm_f32, enc_seg_count, enc_seg_fill, enc_seg_len, rs_hist,
         rs_scatter, scan_local, scan_add, bounds_sorted, enc_gather_u32, enc_gather_u64, enc_seg_pos,
-        enc_col_keys, perm_entry_rows, perm_col_keys, enc_gather_f64;
+        enc_col_keys, perm_entry_rows, perm_col_keys;
     families:
         /// pattern_spmv [f64 = 0, f32 = 1] (kernels/spmv.cu: row patterns)
         pattern_spmv: [CudaFunction; 2] =
