@@ -262,7 +262,11 @@ pub(crate) fn permute(
         None => (a.ci, None),
     };
     let row_key = match &by_col {
-        Some(order) => gather_u32(be, &row_key, order, nnz)?,
+        Some(order) => {
+            let in_column_order = gather_u32(be, &row_key, order, nnz)?;
+            drop(row_key);
+            in_column_order
+        }
         None => row_key,
     };
     let (row_sorted, order) =
