@@ -333,7 +333,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/tts_*.json")):
     r = json.load(open(f)); s = r["seconds"]
     wall = open(f[:-5] + ".txt").read().strip().splitlines()[-1]
     print(f"{os.path.basename(f)}: ranks {r['ranks']} {r.get('lsqr_loop', '?')} loop, storage {r['storage'][:40]} its {r['iterations']} r1 {r['r1norm']:.12e} x {r['xnorm']:.12e} "
-          f"start {s.get('start', 0):.2f} load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} write {s.get('write', 0):.2f} ({wall}) "
+          f"start {s.get('start', 0):.2f} load {s['load']:.2f} setup {s['setup']:.2f} solve {s['solve']:.2f} total {s['total']:.2f} write {s.get('write', 0):.2f} elapsed {s.get('elapsed', 0):.2f} ({wall}) "
           f"ms/it {r['ms_per_iter']:.3f} prepared: {r.get('prepared', '-')}\n   phases {r.get('setup_phases')}")
     for x in r.get("rank_timing") or []:
         print(f"   rank {x['rank']}: rows {x.get('rows')} nnz {x.get('nnz')} product {x.get('product_ms', -1):.3f} ms "

@@ -77,9 +77,12 @@ fn solve_writes_solution_report_history() {
     for k in keys.into_iter().chain(LSQR_SUMMARY).chain(["ms_per_iter"]) {
         assert!(rep.get(k).is_some(), "report lacks {k}");
     }
-    for k in ["load", "setup", "solve"] {
-        assert!(rep["seconds"].get(k).is_some());
+    for k in ["load", "setup", "solve", "elapsed"] {
+        assert!(rep["seconds"].get(k).is_some(), "seconds lack {k}");
     }
+    // the process's time to report.json holds the solve's phases
+    let secs = |k: &str| rep["seconds"][k].as_f64().unwrap();
+    assert!(secs("elapsed") >= secs("total"), "{}", rep["seconds"]);
     assert_eq!(rep["m"], 1850);
     assert_eq!(rep["istop"], 2);
     let xs: Vec<f64> = std::fs::read_to_string(&x)

@@ -19,6 +19,11 @@ pub struct Seconds {
     /// `total`.
     #[serde(skip_serializing_if = "is_zero")]
     pub write: f64,
+    /// From the process's start to report.json (written last): the time to solution a user
+    /// waits for, everything but the process's exit (`total` leaves out `start`, `write` and
+    /// the model side's checks before the set-up).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub elapsed: f64,
 }
 
 impl Seconds {

@@ -95,6 +95,7 @@ pub fn publish(
     }
     if let Some(p) = &report {
         outcome.report.seconds.write = t.elapsed().as_secs_f64();
+        outcome.report.seconds.elapsed = crate::ui::phases::since_process_start();
         outcome.report.write_phases = crate::ui::phases::take();
         publ.write(p, |w| json_text(w, &outcome.report))?;
     }
