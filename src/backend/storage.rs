@@ -130,6 +130,14 @@ impl ReorderedRows {
         self.coverage_rows
             .map(|k| crate::grid::Coverage::from_kernel_rows(&self.rows, k))
     }
+
+    /// The rows in the new order on the host ([`Ordering::apply`]'s matrix).
+    pub fn apply(self) -> Csr {
+        let o = &self.ordering;
+        phases::time("permute", || {
+            self.rows.permuted(o.rows.as_deref(), o.cols.as_deref())
+        })
+    }
 }
 
 /// What a GPU run leaves undone in [`prepare`]: compact rows left as read for the GPU to
@@ -148,16 +156,6 @@ impl Deferred {
     /// defers its coverage checks this first: only such rows carry it.)
     pub fn leaves_rows(&self, storage: Storage, reorder: Reorder) -> bool {
         self.permute && storage.resolve(false) == Storage::Compact && reorder != Reorder::None
-    }
-}
-
-impl ReorderedRows {
-    /// The rows in the new order on the host ([`Ordering::apply`]'s matrix).
-    pub fn apply(self) -> Csr {
-        let o = &self.ordering;
-        phases::time("permute", || {
-            self.rows.permuted(o.rows.as_deref(), o.cols.as_deref())
-        })
     }
 }
 
@@ -222,11 +220,7 @@ impl StoredRows {
         match self {
             Self::Encoded(e) => *self = Self::Csr((e.csr)()?),
             Self::Reordered(_) => {
-                let empty = Self::Csr(
-                    Csr::try_new(0, 0, vec![0], Vec::new(), Vec::new())
-                        .map_err(|e| crate::error::Error::Invalid(e.to_string()))?,
-                );
-                if let Self::Reordered(r) = std::mem::replace(self, empty) {
+                if let Self::Reordered(r) = std::mem::replace(self, Self::Csr(Csr::zeros(0, 0))) {
                     *self = Self::Csr(r.apply());
                 }
             }
@@ -253,8 +247,9 @@ impl StoredRows {
             Self::Encoded(e) => Ok(f(&(e.csr)()?)),
             Self::Reordered(r) => {
                 let o = &r.ordering;
-                let rows = o.rows.as_deref().unwrap_or(&[]);
-                Ok(f(&r.rows.rows_permuted(rows, o.cols.as_deref())))
+                Ok(f(&r
+                    .rows
+                    .permuted_copy(o.rows.as_deref(), o.cols.as_deref())))
             }
         }
     }

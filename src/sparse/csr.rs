@@ -648,9 +648,9 @@ impl Csr {
         }
     }
 
-    /// [`Self::permuted`] with the rows `rows` as a new matrix beside this one.
-    pub fn rows_permuted(&self, rows: &[usize], cols: Option<&[u32]>) -> Csr {
-        self.gather(Some(rows), cols)
+    /// [`Self::permuted`] as a new matrix beside this one.
+    pub fn permuted_copy(&self, rows: Option<&[usize]>, cols: Option<&[u32]>) -> Csr {
+        self.gather(rows, cols)
     }
 
     /// Rows `rows` (all, in order, when none) with columns renamed by `cols` (when given) as a

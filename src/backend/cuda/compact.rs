@@ -182,12 +182,27 @@ enum Layout {
     },
 }
 
+/// Nonzeros from which a matrix is bound by its gathers (below: the rows layout).
+const SPLIT_MIN_NNZ: usize = 1_000_000;
+
+/// [`choose_layout`]'s rule for a matrix of `nnz` nonzeros in `segs` segments (one per tile of
+/// A^T's size a row touches): split from [`SPLIT_MIN_NNZ`] nonzeros and 4 nonzeros a segment.
+fn split_by_segments(nnz: usize, segs: u64) -> bool {
+    nnz >= SPLIT_MIN_NNZ && nnz as u64 >= 4 * segs
+}
+
+/// Whether the tuning lets the GPU encode `rows` (`gpu_encode`, default true) and its working
+/// memory fits in the device's free memory now.
+fn gpu_may_encode(be: &CudaBackend, rows: &Csr, o: &Tuning) -> Result<bool> {
+    Ok(o.gpu_encode != Some(false) && encode::fits(rows, be.mem_info()?.0 as u64))
+}
+
 /// The device layout for `stored` where the tuning (`gpu_layout`) does not fix it: split
 /// (tiles of 2^12 columns for A x, of 2^tile_bits for A^T) when the matrix is large enough to
 /// be bound by its gathers (>= 1M nonzeros) and its rows have on average at least 4 nonzeros
 /// per tile of 2^tile_bits they touch; else rows.
 fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
-    if stored.nnz() < 1_000_000 {
+    if stored.nnz() < SPLIT_MIN_NNZ {
         return GpuLayout::Rows;
     }
     use rayon::prelude::*;
@@ -208,7 +223,7 @@ fn choose_layout(stored: &Csr, tile_bits: u32) -> GpuLayout {
         .with_min_len(1024)
         .map(segs_of)
         .sum();
-    if stored.nnz() as u64 >= 4 * segs {
+    if split_by_segments(stored.nnz(), segs) {
         GpuLayout::Split
     } else {
         GpuLayout::Rows
@@ -260,7 +275,7 @@ fn encode_on_device(
     (xbits, bits): (u32, u32),
     o: &Tuning,
 ) -> Result<Option<(encode::Encoded, encode::Encoded)>> {
-    if o.gpu_encode == Some(false) || !encode::fits(stored, be.mem_info()?.0 as u64) {
+    if !gpu_may_encode(be, stored, o)? {
         return Ok(None);
     }
     let rows = phases::time("upload", || encode::DevRows::upload(be, stored))?;
@@ -471,12 +486,12 @@ impl CudaCompactOperator {
             None => return Ok(None),
         };
         let split = matches!(o.gpu_layout, None | Some(GpuLayout::Split));
-        // choose_layout's rule: split from 1M nonzeros (then by segments, below)
-        let large = o.gpu_layout.is_some() || a.nnz() >= 1_000_000;
-        let free = be.mem_info()?.0 as u64;
-        if o.gpu_encode == Some(false) || !split || !large || !encode::fits(a, free) {
+        // choose_layout's rule: split from SPLIT_MIN_NNZ nonzeros (then by segments, below)
+        let large = o.gpu_layout.is_some() || a.nnz() >= SPLIT_MIN_NNZ;
+        if !split || !large || !gpu_may_encode(be, a, o)? {
             return Ok(None);
         }
+        let free = be.mem_info()?.0 as u64;
         let bits = o.tile_bits.unwrap_or(TILE_BITS);
         let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
         let rows = phases::time("upload", || encode::DevRows::upload(be, a))?;
@@ -487,7 +502,7 @@ impl CudaCompactOperator {
         })?;
         if o.gpu_layout.is_none() {
             let segs = phases::time("layout", || encode::segments(be, &rows, bits))?;
-            if (a.nnz() as u64) < 4 * segs {
+            if !split_by_segments(a.nnz(), segs) {
                 return Ok(None);
             }
         }
