@@ -239,6 +239,13 @@ impl StoredRows {
             Self::Reordered(r) => Ok(r.apply()),
         }
     }
+    /// The ray coverage the run left to these rows ([`Deferred::coverage`]), if it did.
+    pub fn left_coverage(&self) -> Option<crate::grid::Coverage> {
+        match self {
+            Self::Reordered(r) => r.coverage(),
+            _ => None,
+        }
+    }
     /// `f` of the rows in CSR, read (or reordered) for the call where they are not in memory in
     /// their order (the encoding or the rows as read stay).
     pub fn with_csr<R>(&self, f: impl FnOnce(&Csr) -> R) -> crate::error::Result<R> {
@@ -459,8 +466,10 @@ mod tests {
         // the coverage left to the rows: that of the kernel rows as read
         if let StoredRows::Reordered(r) = &q.matrix.rows {
             let want = crate::grid::Coverage::from_kernel_rows(&a, 50);
-            assert_eq!(r.coverage(), Some(want));
+            assert_eq!(r.coverage(), Some(want.clone()));
+            assert_eq!(q.matrix.rows.left_coverage(), Some(want));
         }
+        assert_eq!(p.matrix.rows.left_coverage(), None);
         assert!(on.leaves_rows(Storage::Auto, Reorder::Rows));
         assert!(!on.leaves_rows(Storage::Csr, Reorder::Auto));
         assert!(!on.leaves_rows(Storage::Compact, Reorder::None));

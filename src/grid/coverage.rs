@@ -9,11 +9,15 @@ use crate::sparse::{par, Csr};
 const BLOCK_ENTRIES: usize = 1 << 18;
 
 /// A coverage computed on a thread of its own (from rows it owns and drops after), for a run
-/// that has other work to do meanwhile: a GPU run's coverage while the GPU solves.
+/// that has other work to do meanwhile: a GPU run's coverage while the GPU solves; or one
+/// already computed.
 #[derive(Clone)]
-pub struct PendingCoverage(
-    std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<Coverage>>>>,
-);
+pub struct PendingCoverage(std::sync::Arc<std::sync::Mutex<Option<Pending>>>);
+
+enum Pending {
+    Ready(Coverage),
+    Running(std::thread::JoinHandle<Option<Coverage>>),
+}
 
 impl std::fmt::Debug for PendingCoverage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -23,16 +27,23 @@ impl std::fmt::Debug for PendingCoverage {
 
 impl PendingCoverage {
     /// `work` started on a thread of its own.
-    pub fn spawn(work: impl FnOnce() -> Coverage + Send + 'static) -> PendingCoverage {
-        PendingCoverage(std::sync::Arc::new(std::sync::Mutex::new(Some(
-            std::thread::spawn(work),
-        ))))
+    pub fn spawn(work: impl FnOnce() -> Option<Coverage> + Send + 'static) -> PendingCoverage {
+        Self::of(Pending::Running(std::thread::spawn(work)))
     }
-    /// The coverage, once (waiting for the thread); None after the first call or if the
-    /// thread panicked.
+    /// A coverage already computed.
+    pub fn ready(c: Coverage) -> PendingCoverage {
+        Self::of(Pending::Ready(c))
+    }
+    fn of(p: Pending) -> PendingCoverage {
+        PendingCoverage(std::sync::Arc::new(std::sync::Mutex::new(Some(p))))
+    }
+    /// The coverage, once (waiting for the thread); None after the first call, where the work
+    /// gave none, or if the thread panicked.
     pub fn take(&self) -> Option<Coverage> {
-        let handle = self.0.lock().unwrap_or_else(|e| e.into_inner()).take()?;
-        handle.join().ok()
+        match self.0.lock().unwrap_or_else(|e| e.into_inner()).take()? {
+            Pending::Ready(c) => Some(c),
+            Pending::Running(h) => h.join().ok().flatten(),
+        }
     }
 }
 

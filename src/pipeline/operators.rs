@@ -605,11 +605,9 @@ fn cuda_lsqr<V: LsqrVisitor>(
     }
     // The rows are reordered on the host below: the coverage left to them first, from the rows
     // as read.
-    if let StoredRows::Reordered(r) = &rows {
-        built.coverage = r
-            .coverage()
-            .map(|c| crate::grid::PendingCoverage::spawn(move || c));
-    }
+    built.coverage = rows
+        .left_coverage()
+        .map(crate::grid::PendingCoverage::ready);
     let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.
     let rows = restack(rows.into_csr()?, stencil.as_ref())?;
@@ -670,23 +668,15 @@ fn cuda_lsqr<V: LsqrVisitor>(
 /// from the rows as read on a thread of its own, which then drops them (while the GPU
 /// solves); without one, the rows dropped in the background.
 fn coverage_then_drop(rows: StoredRows) -> Option<crate::grid::PendingCoverage> {
-    match rows {
-        StoredRows::Reordered(r) => match r.coverage_rows {
-            Some(k) => Some(crate::grid::PendingCoverage::spawn(move || {
-                let c = crate::grid::Coverage::from_kernel_rows(&r.rows, k);
-                crate::sparse::par::drop_in_background(StoredRows::Reordered(r));
-                c
-            })),
-            None => {
-                crate::sparse::par::drop_in_background(StoredRows::Reordered(r));
-                None
-            }
-        },
-        rows => {
-            crate::sparse::par::drop_in_background(rows);
-            None
-        }
+    if !matches!(&rows, StoredRows::Reordered(r) if r.coverage_rows.is_some()) {
+        crate::sparse::par::drop_in_background(rows);
+        return None;
     }
+    Some(crate::grid::PendingCoverage::spawn(move || {
+        let c = rows.left_coverage();
+        crate::sparse::par::drop_in_background(rows);
+        c
+    }))
 }
 
 /// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact
