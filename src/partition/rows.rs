@@ -98,6 +98,15 @@ impl RowCost {
     pub fn damping(&self, rows: u64, nnz: u64) -> u64 {
         self.damping_row * rows + self.damping_nnz * nnz
     }
+    /// A whole system's cost (kernel rows first): what [`partition`] gives a single rank.
+    pub fn of_system(&self, sys: &crate::sparse::System) -> u64 {
+        let ip = sys.a.indptr();
+        let (k, m) = (sys.kernel_rows, sys.a.nrows());
+        let (knnz, nnz) = (ip[k], ip[m]);
+        self.kernel_row * k as u64
+            + self.kernel_nnz * knnz
+            + self.damping(m as u64 - k as u64, nnz - knnz)
+    }
 }
 
 /// The damping rows of a system: how many, their nonzeros (exact per range where known), and
@@ -222,6 +231,53 @@ mod tests {
     use super::*;
     use crate::grid::Rng;
     use crate::io::dataset::kernel_rows::descending_order;
+
+    #[test]
+    fn a_systems_cost_is_what_one_rank_is_given() {
+        for seed in 0..20u64 {
+            let mut rng = Rng::new(seed);
+            let (k, d) = (rng.below(200) as usize, rng.below(300) as usize);
+            let counts: Vec<u64> = (0..k + d)
+                .map(|i| {
+                    if i < k {
+                        rng.below(500)
+                    } else {
+                        1 + rng.below(4)
+                    }
+                })
+                .collect();
+            let mut indptr = vec![0u64];
+            for c in &counts {
+                indptr.push(indptr.last().unwrap() + c);
+            }
+            let nnz = *indptr.last().unwrap() as usize;
+            let a =
+                crate::sparse::Csr::from_trusted(k + d, 1, indptr, vec![0; nnz], vec![1.0; nnz]);
+            let sys = crate::sparse::System {
+                a,
+                b: vec![0.0; k + d],
+                kernel_rows: k,
+            };
+            let ip = sys.a.indptr().to_vec();
+            let exact = |r: Range<u64>| ip[k + r.end as usize] - ip[k + r.start as usize];
+            let damping = Damping {
+                rows: d as u64,
+                nnz: ip[k + d] - ip[k],
+                range_nnz: Some(&exact),
+                cuts: None,
+            };
+            let rows: Vec<u64> = (0..k as u64).collect();
+            for cost in [
+                RowCost::NONZEROS,
+                RowCost::CSR,
+                RowCost::COMPACT_GPU,
+                RowCost::COMPACT_CPU,
+            ] {
+                let p = partition(&rows, &counts[..k], &damping, 1, cost);
+                assert_eq!(p.load, vec![cost.of_system(&sys)], "seed {seed}");
+            }
+        }
+    }
 
     #[test]
     fn every_row_exactly_once_for_1_to_8_ranks() {

@@ -11,7 +11,7 @@ use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::{load, Loaded};
 use crate::pipeline::model::{Known, RunModel};
-use crate::pipeline::operators::{choose_backend, resolve_storage, row_cost, Engine};
+use crate::pipeline::operators::{resolve_storage, row_cost, BackendProbe, Engine};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::pipeline::prepare::{finish, prepare};
 use crate::pipeline::prepared::{reuse, Asked, Reused, UsePrepared};
@@ -227,12 +227,12 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
         },
     )?;
     crate::ui::phases::take();
-    let (kind, why) = crate::ui::phases::time("probe", || choose_backend(opts.operator.backend))?;
-    // The GPU's context and kernels made on another thread while the system is read.
-    let _prestart = Engine::prestart(kind, comm, &opts.operator.tuning);
-    let cost = row_cost(kind, opts.operator.storage);
+    // The backend chosen, and the GPU's context and kernels made, on another thread while the
+    // system is read.
+    let mut probe = BackendProbe::start(opts.operator.backend, comm, &opts.operator.tuning);
     let start_s = crate::ui::phases::since_process_start();
-    let (start, mut run_model, opts, prepared_note) = begin(job, kind, cost, comm)?;
+    let (start, mut run_model, opts, prepared_note) = begin(job, &mut probe, comm)?;
+    let (kind, why) = probe.kind()?;
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
@@ -339,28 +339,39 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
 /// else its rows loaded; the model checked (the grid it gives lets reorder = "auto" renumber
 /// the cells). Returns them with the options (the grid set) and what became of prepared
 /// storage (report.json `prepared`).
+///
+/// The backend (`probe`) is waited for only where the system's read depends on it: prepared
+/// storage to check, or rows balanced over several ranks by their cost on it. A single rank
+/// reads its rows while the backend is chosen.
 fn begin(
     job: &LsqrRun,
-    kind: BackendChoice,
-    cost: crate::partition::RowCost,
+    probe: &mut BackendProbe,
     comm: &dyn Comm,
 ) -> Result<(Start, Option<RunModel>, SolveOptions, Option<String>)> {
+    let storage = job.options.operator.storage;
     let (mut start, mut prepared_note) = match job.source {
         SystemSource::Dataset {
             path,
             options,
             prepared: UsePrepared::Auto,
-        } => {
+        } if comm.size() > 1 || crate::pipeline::prepared::file_of(path, 0, 1).exists() => {
+            let kind = probe.kind()?.0;
             let asked = Asked {
                 kind,
                 opts: job.options,
                 load: options,
-                row_cost: cost,
+                row_cost: row_cost(kind, storage),
             };
             let (r, why) = reuse(path, &asked, comm)?;
             (r.map(Start::Reused), why.map(|w| format!("not used: {w}")))
         }
         _ => (None, None),
+    };
+    // One rank's rows are all of them whatever they cost: its cost is counted once the
+    // backend is known.
+    let cost = match comm.size() {
+        1 => None,
+        _ => Some(row_cost(probe.kind()?.0, storage)),
     };
     // The model side (checked before the solve; the grid it gives lets reorder = "auto"
     // renumber the cells), and the layout. Prepared storage made for another grid or storage
@@ -370,9 +381,18 @@ fn begin(
     loop {
         let mut s = match start.take() {
             Some(s) => s,
-            None => Start::Fresh(load(job.source, comm, &opts.operator.tuning, cost)?),
+            None => {
+                let rc = cost.unwrap_or(crate::partition::RowCost::CSR);
+                let mut loaded = load(job.source, comm, &opts.operator.tuning, rc)?;
+                if cost.is_none() {
+                    let rc = row_cost(probe.kind()?.0, storage);
+                    loaded.cost = rc.of_system(&loaded.system);
+                }
+                Start::Fresh(loaded)
+            }
         };
         crate::ui::phases::record("read", s.seconds());
+        let kind = probe.kind()?.0;
         run_model = match job.model {
             None => None,
             Some((cfg, resume)) => Some(crate::ui::phases::time("model", || {

@@ -51,6 +51,69 @@ pub fn gpu_here() -> std::result::Result<String, String> {
     crate::backend::cuda::probe().map(|d| d.to_string())
 }
 
+/// A backend and why it was chosen ([`choose_backend`]).
+type Chosen = (BackendChoice, String);
+
+/// A run's backend chosen ([`choose_backend`]) on another thread while the run reads its
+/// system: the CUDA driver's start (0.14-0.24 s on an H100 machine) is most of that choice. On
+/// a GPU the same thread then makes this rank's context and compiles its kernels
+/// ([`CudaBackend::prestart_after`]; [`Engine::start`] finds them made). Dropping it waits for
+/// that thread.
+pub struct BackendProbe {
+    answer: std::sync::mpsc::Receiver<Result<Chosen>>,
+    /// The answer once received; an error kept as (backend, message) to be given again.
+    got: Option<std::result::Result<Chosen, (&'static str, String)>>,
+    _prestart: Prestart,
+}
+
+impl BackendProbe {
+    /// Start choosing among `choice` (`cpu`: chosen at once, no thread).
+    pub fn start(choice: BackendChoice, comm: &dyn Comm, tuning: &Tuning) -> BackendProbe {
+        let (tx, answer) = std::sync::mpsc::channel();
+        let prestart = if choice == BackendChoice::Cpu {
+            let _ = tx.send(choose_backend(choice));
+            Prestart::none()
+        } else {
+            let local = (comm.size() > 1).then(|| comm.local_rank());
+            let first = move || {
+                let chosen = choose_backend(choice);
+                let cuda = matches!(chosen, Ok((BackendChoice::Cuda, _)));
+                let _ = tx.send(chosen);
+                // (An error here is met again, and reported, by the backend's own start.)
+                cuda.then(|| CudaBackend::ordinal_of(local).ok().map(|(o, _)| o))
+                    .flatten()
+            };
+            CudaBackend::prestart_after(first, tuning.nvrtc_defines.clone())
+        };
+        BackendProbe {
+            answer,
+            got: None,
+            _prestart: prestart,
+        }
+    }
+
+    /// The backend and why (waits for the choice the first time; the wait is the `probe`
+    /// phase).
+    pub fn kind(&mut self) -> Result<Chosen> {
+        let got = self.got.get_or_insert_with(|| {
+            let t = Instant::now();
+            let r = self.answer.recv().unwrap_or_else(|_| {
+                Err(Error::backend(
+                    "cuda",
+                    "the backend probe ended without an answer",
+                ))
+            });
+            phases::record("probe", t.elapsed().as_secs_f64());
+            r.map_err(|e| match e {
+                Error::Backend { backend, msg } => (backend, msg),
+                other => ("cuda", other.to_string()),
+            })
+        });
+        got.clone()
+            .map_err(|(backend, msg)| Error::backend(backend, msg))
+    }
+}
+
 /// Resolve `Auto` and check that the chosen backend can run here; the string says why.
 pub fn choose_backend(choice: BackendChoice) -> Result<(BackendChoice, String)> {
     match choice {
@@ -229,18 +292,6 @@ impl Engine {
             }
             _ => Ok(Engine::cpu()),
         })
-    }
-
-    /// On the GPU: start this rank's GPU context and kernel compilation on another thread
-    /// while the system is read ([`Engine::start`] then finds them made). The CPU: nothing.
-    pub fn prestart(kind: BackendChoice, comm: &dyn Comm, tuning: &Tuning) -> Prestart {
-        if kind != BackendChoice::Cuda {
-            return Prestart::none();
-        }
-        match CudaBackend::ordinal_for(comm) {
-            Ok((ordinal, _)) => CudaBackend::prestart(ordinal, tuning.nvrtc_defines.clone()),
-            Err(_) => Prestart::none(),
-        }
     }
 
     /// The CPU backend, solves driven from rayon's pool.

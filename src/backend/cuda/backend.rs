@@ -104,7 +104,18 @@ impl CudaBackend {
     /// device and defines finds both done (the context is the device's primary one, the
     /// kernels are cached). Errors are left for that backend to meet and report.
     pub fn prestart(ordinal: usize, defines: Vec<String>) -> Prestart {
+        Self::prestart_after(move || Some(ordinal), defines)
+    }
+
+    /// [`Self::prestart`] on the device `first` names, `first` run on the same thread before
+    /// (a run's choice of backend, whose driver start is most of its wait, beside the read of
+    /// the system); nothing is made where it names none.
+    pub fn prestart_after(
+        first: impl FnOnce() -> Option<usize> + Send + 'static,
+        defines: Vec<String>,
+    ) -> Prestart {
         Prestart(Some(std::thread::spawn(move || {
+            let ordinal = first()?;
             let info = probe_checked(ordinal).ok()?;
             let ctx = CudaContext::new(ordinal).ok()?;
             check_defines(&defines).ok()?;
@@ -254,15 +265,15 @@ impl CudaBackend {
     /// The GPU this rank of `comm` uses: its local rank on the node, round-robin where a node
     /// has more ranks than GPUs (device 0 alone); and the node's GPU count.
     pub fn ordinal_for(comm: &dyn Comm) -> Result<(usize, usize)> {
+        Self::ordinal_of((comm.size() > 1).then(|| comm.local_rank()))
+    }
+
+    /// [`Self::ordinal_for`] from the rank's place on its node (`None`: a job of one rank).
+    pub fn ordinal_of(local_rank: Option<usize>) -> Result<(usize, usize)> {
         let count = CudaContext::device_count()
             .doing("cuInit/device count")?
             .max(1) as usize;
-        let ordinal = if comm.size() > 1 {
-            comm.local_rank() % count
-        } else {
-            0
-        };
-        Ok((ordinal, count))
+        Ok((local_rank.map_or(0, |l| l % count), count))
     }
 
     /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
