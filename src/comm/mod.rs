@@ -58,6 +58,10 @@ pub trait Comm: Send + Sync {
     fn local_rank(&self) -> usize {
         local_rank()
     }
+    /// Ranks on this rank's node (the launcher's count where the communicator has none).
+    fn local_size(&self) -> usize {
+        local_size()
+    }
     /// One line for logs and reports: which communicator, how many ranks.
     fn describe(&self) -> String {
         format!("{} rank(s)", self.size())

@@ -210,6 +210,9 @@ impl Comm for MpiComm {
     fn local_rank(&self) -> usize {
         self.local_rank
     }
+    fn local_size(&self) -> usize {
+        self.local_size
+    }
     fn describe(&self) -> String {
         format!(
             "mpi: {} ranks ({} on this node), {}",

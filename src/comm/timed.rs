@@ -104,6 +104,9 @@ impl Comm for TimedComm<'_> {
     fn alltoallv_u64(&self, send: &[Vec<u64>]) -> Result<Vec<Vec<u64>>> {
         self.inner.alltoallv_u64(send)
     }
+    fn local_size(&self) -> usize {
+        self.inner.local_size()
+    }
     fn local_rank(&self) -> usize {
         self.inner.local_rank()
     }

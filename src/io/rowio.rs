@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IoChoice {
-    /// Memory maps in a single process, MPI-IO when there are several ranks.
+    /// Memory maps where every rank is on one node (one process, or a job on one machine: the
+    /// node's page cache serves every rank), MPI-IO when the ranks span several nodes.
     #[default]
     Auto,
     /// Memory maps on every rank.
@@ -31,12 +32,16 @@ pub enum IoChoice {
 choice_from_str!(IoChoice, "io", "auto" => IoChoice::Auto, "mmap" => IoChoice::Mmap, "mpiio" | "mpi-io" => IoChoice::MpiIo);
 
 impl IoChoice {
-    /// The path used on a job of `size` ranks: `Auto` is `Mmap` for one rank, else `MpiIo`.
-    pub fn resolve(self, size: usize) -> IoPath {
+    /// The path used on a job of `size` ranks, `node` of them on this rank's node: `Auto` is
+    /// `Mmap` where they are all on one node, else `MpiIo`. Two ranks on one 2 x H100 machine
+    /// read the 369M-nonzero dataset's rows in 2.7-2.9 s through maps against 5.3-5.7 s through
+    /// MPI-IO (Open MPI's `MPI_File_read_at`, serialized within a rank), 0.71 against 1.56 s at
+    /// 600k rays (2026-11-26).
+    pub fn resolve(self, size: usize, node: usize) -> IoPath {
         match self {
             IoChoice::Mmap => IoPath::Mmap,
             IoChoice::MpiIo => IoPath::MpiIo,
-            IoChoice::Auto if size > 1 => IoPath::MpiIo,
+            IoChoice::Auto if size > 1 && node < size => IoPath::MpiIo,
             IoChoice::Auto => IoPath::Mmap,
         }
     }
@@ -432,10 +437,13 @@ mod tests {
     fn io_choice_parses_and_resolves() {
         assert_eq!("mpiio".parse::<IoChoice>().unwrap(), IoChoice::MpiIo);
         assert!("posix".parse::<IoChoice>().unwrap_err().contains("auto"));
-        assert_eq!(IoChoice::Auto.resolve(1), IoPath::Mmap);
-        assert_eq!(IoChoice::Auto.resolve(2), IoPath::MpiIo);
-        assert_eq!(IoChoice::MpiIo.resolve(1), IoPath::MpiIo);
-        assert_eq!(IoChoice::Mmap.resolve(4), IoPath::Mmap);
+        assert_eq!(IoChoice::Auto.resolve(1, 1), IoPath::Mmap);
+        assert_eq!(IoChoice::Auto.resolve(2, 1), IoPath::MpiIo);
+        assert_eq!(IoChoice::Auto.resolve(4, 2), IoPath::MpiIo);
+        assert_eq!(IoChoice::Auto.resolve(2, 2), IoPath::Mmap);
+        assert_eq!(IoChoice::MpiIo.resolve(1, 1), IoPath::MpiIo);
+        assert_eq!(IoChoice::MpiIo.resolve(2, 2), IoPath::MpiIo);
+        assert_eq!(IoChoice::Mmap.resolve(4, 1), IoPath::Mmap);
     }
 
     #[test]

@@ -60,7 +60,7 @@ struct RawDataset {
     x0: Option<PathBuf>,
     /// Progress bar while loading.
     progress: Option<bool>,
-    /// How rows are read: "auto" (MPI-IO on several ranks), "mmap" or "mpiio".
+    /// How rows are read: "auto" (maps on one node, MPI-IO across nodes), "mmap" or "mpiio".
     io: Option<String>,
     /// Prepared storage (`seistomo prepare`): "auto" (used when valid) or "off".
     prepared: Option<String>,

@@ -125,7 +125,10 @@ fn load_dataset(path: &Path, comm: &dyn Comm, options: &LoadOptions) -> Result<L
         system,
         grid: manifest.m.grid.clone(),
         true_model: crate::io::dataset::true_model_of(&manifest)?,
-        io: options.io.resolve(comm.size()).to_string(),
+        io: options
+            .io
+            .resolve(comm.size(), comm.local_size())
+            .to_string(),
         seconds: 0.0,
         cost: st.cost,
     })
@@ -151,8 +154,8 @@ pub fn open_dataset_on(path: &Path, opts: &LoadOptions, comm: &dyn Comm) -> Resu
 }
 
 /// Load this rank's rows of the dataset at `path` in a job described by `comm`: through memory
-/// maps or through `comm`'s MPI-IO reads, as `opts.io` says (`Auto`: MPI-IO on several ranks,
-/// memory maps in one). The statistics say which path was taken; the manifest comes back for
+/// maps or through `comm`'s MPI-IO reads, as `opts.io` says (`Auto`: MPI-IO across nodes,
+/// memory maps on one node). The statistics say which path was taken; the manifest comes back for
 /// what it says about the unknowns.
 pub fn load_dataset_comm(
     path: &Path,
@@ -166,7 +169,7 @@ pub fn load_dataset_comm(
         OpenDataset::open(path, opts)?
     };
     let reader = RangeReader::new(comm.reader()).with_max_gap(opts.io_max_gap);
-    let via = match opts.io.resolve(comm.size()) {
+    let via = match opts.io.resolve(comm.size(), comm.local_size()) {
         IoPath::Mmap => None,
         IoPath::MpiIo => Some(&reader),
     };

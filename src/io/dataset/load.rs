@@ -42,7 +42,7 @@ pub struct LoadOptions {
     pub damping_weight: Option<f64>,
     /// Damping rows generated from the grid, appended after the stored damping blocks.
     pub regularisation: Option<Regularisation>,
-    /// How rows are read: memory maps or MPI-IO byte ranges (`Auto`: MPI-IO on several ranks).
+    /// How rows are read: memory maps or MPI-IO byte ranges (`Auto`: MPI-IO across nodes).
     pub io: IoChoice,
     /// Byte-range reads: records at most this many bytes apart are read as one (`[tuning]
     /// io_max_gap`; 0: only touching records); `None`: [`crate::io::rowio::MAX_GAP`].
