@@ -384,7 +384,8 @@ fn begin(
             None => {
                 let rc = cost.unwrap_or(crate::partition::RowCost::CSR);
                 let mut loaded = load(job.source, comm, &opts.operator.tuning, rc)?;
-                if cost.is_none() {
+                // (0: Matrix Market rows, split by nonzeros, are left at 0.)
+                if cost.is_none() && loaded.cost > 0 {
                     let rc = row_cost(probe.kind()?.0, storage);
                     loaded.cost = rc.of_system(&loaded.system);
                 }
