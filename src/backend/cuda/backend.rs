@@ -99,17 +99,12 @@ impl CudaBackend {
         Self::with_defines(ordinal, &[])
     }
 
-    /// Start creating GPU `ordinal`'s context and compiling its kernels (with `defines`) on
-    /// another thread, while the caller reads its system: the backend made later for the same
-    /// device and defines finds both done (the context is the device's primary one, the
-    /// kernels are cached). Errors are left for that backend to meet and report.
-    pub fn prestart(ordinal: usize, defines: Vec<String>) -> Prestart {
-        Self::prestart_after(move || Some(ordinal), defines)
-    }
-
-    /// [`Self::prestart`] on the device `first` names, `first` run on the same thread before
-    /// (a run's choice of backend, whose driver start is most of its wait, beside the read of
-    /// the system); nothing is made where it names none.
+    /// Run `first` on another thread (a run's choice of backend, whose driver start is most
+    /// of its wait), then create the context of the GPU it names and compile its kernels (with
+    /// `defines`) there, while the caller reads its system: the backend made later for the
+    /// same device and defines finds both done (the context is the device's primary one, the
+    /// kernels are cached). Nothing is made where `first` names no GPU; errors are left for
+    /// that backend to meet and report.
     pub fn prestart_after(
         first: impl FnOnce() -> Option<usize> + Send + 'static,
         defines: Vec<String>,
@@ -388,7 +383,7 @@ impl CudaBackend {
     }
 }
 
-/// A GPU context and kernels being made on another thread ([`CudaBackend::prestart`]); dropping
+/// A GPU context and kernels being made on another thread ([`CudaBackend::prestart_after`]); dropping
 /// it waits for that thread and releases its hold on the context (a backend made meanwhile
 /// holds its own).
 pub struct Prestart(Option<std::thread::JoinHandle<Option<Arc<CudaContext>>>>);
