@@ -11,7 +11,7 @@ use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::{load, Loaded};
 use crate::pipeline::model::{Known, RunModel};
-use crate::pipeline::operators::{resolve_storage, row_cost, BackendProbe, Engine};
+use crate::pipeline::operators::{likely_backend, resolve_storage, row_cost, BackendProbe, Engine};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::pipeline::prepare::{finish, prepare};
 use crate::pipeline::prepared::{reuse, Asked, Reused, UsePrepared};
@@ -340,21 +340,27 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
 /// the cells). Returns them with the options (the grid set) and what became of prepared
 /// storage (report.json `prepared`).
 ///
-/// The backend (`probe`) is waited for only where the system's read depends on it: prepared
-/// storage to check, or rows balanced over several ranks by their cost on it. A single rank
-/// reads its rows while the backend is chosen.
+/// The backend (`probe`) is waited for before the read only where prepared storage is there
+/// to check (its file records the backend). Several ranks balance their rows by their cost on
+/// the backend they are likely to get ([`likely_backend`]) and exchange NCCL's id, so that
+/// the communicator is made beside the read.
 fn begin(
     job: &LsqrRun,
     probe: &mut BackendProbe,
     comm: &dyn Comm,
 ) -> Result<(Start, Option<RunModel>, SolveOptions, Option<String>)> {
     let storage = job.options.operator.storage;
+    let several = comm.size() > 1;
+    let prepared_here = |path: &Path| -> Result<bool> {
+        let mine = crate::pipeline::prepared::file_of(path, comm.rank(), comm.size()).exists();
+        Ok(comm.allreduce_max(f64::from(u8::from(mine)))? > 0.0)
+    };
     let (mut start, mut prepared_note) = match job.source {
         SystemSource::Dataset {
             path,
             options,
             prepared: UsePrepared::Auto,
-        } if comm.size() > 1 || crate::pipeline::prepared::file_of(path, 0, 1).exists() => {
+        } if prepared_here(path)? => {
             let kind = probe.kind()?.0;
             let asked = Asked {
                 kind,
@@ -367,12 +373,16 @@ fn begin(
         }
         _ => (None, None),
     };
-    // One rank's rows are all of them whatever they cost: its cost is counted once the
-    // backend is known.
-    let cost = match comm.size() {
-        1 => None,
-        _ => Some(row_cost(probe.kind()?.0, storage)),
-    };
+    if several {
+        probe.start_nccl(
+            comm,
+            &job.options.operator.tuning,
+            job.options.operator.allreduce,
+        )?;
+    }
+    // The cost the rows are balanced by (one rank's rows are all of them whatever it is); the
+    // rank's cost is counted again once the backend is known.
+    let guess = row_cost(likely_backend(job.options.operator.backend), storage);
     // The model side (checked before the solve; the grid it gives lets reorder = "auto"
     // renumber the cells), and the layout. Prepared storage made for another grid or storage
     // than this run resolves to is not used.
@@ -382,12 +392,11 @@ fn begin(
         let mut s = match start.take() {
             Some(s) => s,
             None => {
-                let rc = cost.unwrap_or(crate::partition::RowCost::CSR);
-                let mut loaded = load(job.source, comm, &opts.operator.tuning, rc)?;
+                let mut loaded = load(job.source, comm, &opts.operator.tuning, guess)?;
+                let kind = probe.kind()?.0;
                 // (0: Matrix Market rows, split by nonzeros, are left at 0.)
-                if cost.is_none() && loaded.cost > 0 {
-                    let rc = row_cost(probe.kind()?.0, storage);
-                    loaded.cost = rc.of_system(&loaded.system);
+                if loaded.cost > 0 && row_cost(kind, storage) != guess {
+                    loaded.cost = row_cost(kind, storage).of_system(&loaded.system);
                 }
                 Start::Fresh(loaded)
             }

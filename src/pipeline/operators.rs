@@ -21,7 +21,7 @@ use crate::backend::cpu::{
 };
 use crate::backend::cuda::{
     encoding_key, CudaBackend, CudaBlockOperator, CudaCompactOperator, CudaCsrOperator,
-    CudaIluSweeps, CudaSquareOperator, Prestart,
+    CudaIluSweeps, CudaSquareOperator, EarlyNccl, Prestart,
 };
 use crate::backend::precond::Preconditioner;
 use crate::backend::storage::{
@@ -63,6 +63,9 @@ pub struct BackendProbe {
     answer: std::sync::mpsc::Receiver<Result<Chosen>>,
     /// The answer once received; an error kept as (backend, message) to be given again.
     got: Option<std::result::Result<Chosen, (&'static str, String)>>,
+    /// Several ranks: where the NCCL communicator to make ahead goes to the thread (dropped
+    /// before the thread is waited for).
+    early: Option<std::sync::mpsc::Sender<Option<EarlyNccl>>>,
     _prestart: Prestart,
 }
 
@@ -70,6 +73,8 @@ impl BackendProbe {
     /// Start choosing among `choice` (`cpu`: chosen at once, no thread).
     pub fn start(choice: BackendChoice, comm: &dyn Comm, tuning: &Tuning) -> BackendProbe {
         let (tx, answer) = std::sync::mpsc::channel();
+        let (early, early_rx) = std::sync::mpsc::channel::<Option<EarlyNccl>>();
+        let several = comm.size() > 1 && choice != BackendChoice::Cpu;
         let prestart = if choice == BackendChoice::Cpu {
             let _ = tx.send(choose_backend(choice));
             Prestart::none()
@@ -83,13 +88,38 @@ impl BackendProbe {
                 cuda.then(|| CudaBackend::ordinal_of(local).ok().map(|(o, _)| o))
                     .flatten()
             };
-            CudaBackend::prestart_after(first, tuning.nvrtc_defines.clone())
+            let then = move |ctx: &_| {
+                if several {
+                    if let Ok(Some(e)) = early_rx.recv() {
+                        e.make(ctx);
+                    }
+                }
+            };
+            CudaBackend::prestart_after(first, tuning.nvrtc_defines.clone(), then)
         };
         BackendProbe {
             answer,
             got: None,
+            early: several.then_some(early),
             _prestart: prestart,
         }
+    }
+
+    /// Several ranks (collective; every rank calls it, a no-op on one rank or the CPU): NCCL's
+    /// id exchanged now and the communicator made on the probe's thread once the context is
+    /// there, beside the read of the rows; [`Engine::start`]'s allreduce set-up takes it.
+    pub fn start_nccl(
+        &mut self,
+        comm: &dyn Comm,
+        tuning: &Tuning,
+        path: AllreducePath,
+    ) -> Result<()> {
+        let Some(tx) = self.early.take() else {
+            return Ok(());
+        };
+        let made = EarlyNccl::start(comm, path, tuning.nccl_max_ctas)?;
+        let _ = tx.send(made);
+        Ok(())
     }
 
     /// The backend and why (waits for the choice the first time; the wait is the `probe`
@@ -111,6 +141,19 @@ impl BackendProbe {
         });
         got.clone()
             .map_err(|(backend, msg)| Error::backend(backend, msg))
+    }
+}
+
+/// The backend a run is likely to get, before the probe answers: the one asked for, `auto`
+/// CUDA where its libraries are here (several ranks balance their rows by the cost on it
+/// before the probe has answered; a wrong guess only balances them less well).
+pub fn likely_backend(asked: BackendChoice) -> BackendChoice {
+    match asked {
+        BackendChoice::Auto if crate::backend::cuda::missing_libraries().is_empty() => {
+            BackendChoice::Cuda
+        }
+        BackendChoice::Auto => BackendChoice::Cpu,
+        k => k,
     }
 }
 

@@ -103,11 +103,13 @@ impl CudaBackend {
     /// of its wait), then create the context of the GPU it names and compile its kernels (with
     /// `defines`) there, while the caller reads its system: the backend made later for the
     /// same device and defines finds both done (the context is the device's primary one, the
-    /// kernels are cached). Nothing is made where `first` names no GPU; errors are left for
-    /// that backend to meet and report.
+    /// kernels are cached). `then` runs after, on the same thread with the context made (an
+    /// NCCL communicator made ahead, [`super::EarlyNccl`]). Nothing is made where `first`
+    /// names no GPU; errors are left for that backend to meet and report.
     pub fn prestart_after(
         first: impl FnOnce() -> Option<usize> + Send + 'static,
         defines: Vec<String>,
+        then: impl FnOnce(&CudaContext) + Send + 'static,
     ) -> Prestart {
         Prestart(Some(std::thread::spawn(move || {
             let ordinal = first()?;
@@ -115,6 +117,7 @@ impl CudaBackend {
             let ctx = CudaContext::new(ordinal).ok()?;
             check_defines(&defines).ok()?;
             kernels_for(&ctx, info.compute_capability, &defines).ok()?;
+            then(&ctx);
             Some(ctx)
         })))
     }

@@ -93,6 +93,164 @@ impl ConfigV21700 {
     }
 }
 
+/// A communicator as NCCL made it, not yet on a stream.
+struct RawComm(sys::ncclComm_t);
+// SAFETY: made on one thread and handed once to the backend, which keeps it (as NcclComm)
+// behind a Mutex; NCCL communicators may be used from any thread, one call at a time.
+unsafe impl Send for RawComm {}
+
+impl Drop for RawComm {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a communicator never adopted is released once, here (abort: never waits
+            // for a peer).
+            let _ = unsafe { result::comm_abort(self.0) };
+        }
+    }
+}
+
+impl RawComm {
+    /// The communicator, handed on (this value no longer releases it).
+    fn take(mut self) -> sys::ncclComm_t {
+        std::mem::replace(&mut self.0, std::ptr::null_mut())
+    }
+}
+
+/// Collective: whether NCCL carries the job's sums (libnccl on every rank and not `allreduce
+/// = "host"`), and then rank 0's NCCL id, broadcast. `allreduce = "nccl"` without libnccl on
+/// every rank is an error.
+fn exchange_id(comm: &dyn Comm, path: AllreducePath) -> Result<Option<sys::ncclUniqueId>> {
+    // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
+    let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
+    let everywhere = comm.allreduce_max(if here { 0.0 } else { 1.0 })? == 0.0;
+    if !everywhere {
+        if path == AllreducePath::Nccl {
+            return Err(Error::backend(
+                "cuda",
+                "allreduce = nccl, but libnccl cannot be loaded on every rank (set LD_LIBRARY_PATH, or use allreduce = \"host\")",
+            ));
+        }
+        return Ok(None);
+    }
+    let mut id_bytes = Vec::new();
+    let mut local_err = None;
+    if comm.rank() == 0 {
+        match result::get_uniqueid() {
+            Ok(id) => id_bytes = id.internal.iter().map(|&c| c as u8).collect(),
+            Err(e) => local_err = Some(CudaError::during("ncclGetUniqueId", e)),
+        }
+    }
+    comm.broadcast_bytes(0, &mut id_bytes)?;
+    if id_bytes.len() != 128 {
+        return Err(match local_err {
+            Some(e) => e.into(),
+            None => Error::backend("cuda", "rank 0 could not create an NCCL id"),
+        });
+    }
+    let mut id = sys::ncclUniqueId { internal: [0; 128] };
+    for (d, s) in id.internal.iter_mut().zip(&id_bytes) {
+        *d = *s as c_char;
+    }
+    Ok(Some(id))
+}
+
+/// This rank's communicator of the job `id` names (collective over the job's ranks, through
+/// NCCL's own connections); the rank's GPU context must be current on this thread.
+fn init_rank(
+    id: sys::ncclUniqueId,
+    rank: usize,
+    size: usize,
+    max_ctas: Option<u32>,
+) -> Result<RawComm> {
+    let (rank, size) = (rank as c_int, size as c_int);
+    let mut raw = std::mem::MaybeUninit::uninit();
+    match max_ctas {
+        None => {
+            // SAFETY: `raw` is written by NCCL on success; id and ranks are the job's.
+            unsafe { result::comm_init_rank(raw.as_mut_ptr(), size, id, rank) }
+                .doing("ncclCommInitRank")?;
+        }
+        Some(c) => {
+            let mut config = ConfigV21700::with_max_ctas(c);
+            // SAFETY: as above; `config` is a valid nccl.h 2.17 configuration (NCCL reads
+            // it by its version field), alive for the call.
+            unsafe {
+                result::comm_init_rank_config(
+                    raw.as_mut_ptr(),
+                    size,
+                    id,
+                    rank,
+                    (&mut config as *mut ConfigV21700).cast(),
+                )
+            }
+            .doing("ncclCommInitRankConfig")?;
+        }
+    }
+    // SAFETY: initialised by the successful call above.
+    Ok(RawComm(unsafe { raw.assume_init() }))
+}
+
+/// (rank, ranks, max_ctas) of a communicator made ahead.
+type EarlyKey = (usize, usize, Option<u32>);
+type Made = std::sync::mpsc::Receiver<Result<RawComm>>;
+
+/// The communicators being made ahead, with the job shape each is for (one per rank of this
+/// process: ranks as threads share it).
+static EARLY: Mutex<Vec<(EarlyKey, Made)>> = Mutex::new(Vec::new());
+
+/// The communicator made ahead for `key`, if one is being made (the next setup takes it).
+fn take_early(key: EarlyKey) -> Option<Made> {
+    let mut slots = EARLY.lock().unwrap_or_else(|e| e.into_inner());
+    let at = slots.iter().position(|(k, _)| *k == key)?;
+    Some(slots.swap_remove(at).1)
+}
+
+/// An NCCL communicator to be made ahead of its backend, on the thread that makes the rank's
+/// GPU context, while the rank reads its rows ([`EarlyNccl::start`] on every rank, then
+/// [`EarlyNccl::make`] there): NCCL's start (0.5-0.7 s on 2 x H100) beside the read. The
+/// backend's `setup_allreduce` for the same job takes it.
+pub struct EarlyNccl {
+    id: sys::ncclUniqueId,
+    key: EarlyKey,
+    made: std::sync::mpsc::Sender<Result<RawComm>>,
+}
+
+// SAFETY: the id is plain bytes; the sender is Send.
+unsafe impl Send for EarlyNccl {}
+
+impl EarlyNccl {
+    /// Collective (every rank of a job of several, with the same `path`): NCCL's id exchanged
+    /// as the backend's setup would; None where the sums will not go through NCCL.
+    pub fn start(
+        comm: &dyn Comm,
+        path: AllreducePath,
+        max_ctas: Option<u32>,
+    ) -> Result<Option<EarlyNccl>> {
+        if comm.size() <= 1 {
+            return Ok(None);
+        }
+        let Some(id) = exchange_id(comm, path)? else {
+            return Ok(None);
+        };
+        let key = (comm.rank(), comm.size(), max_ctas);
+        let (made, rx) = std::sync::mpsc::channel();
+        let mut slots = EARLY.lock().unwrap_or_else(|e| e.into_inner());
+        slots.retain(|(k, _)| *k != key);
+        slots.push((key, rx));
+        Ok(Some(EarlyNccl { id, key, made }))
+    }
+
+    /// Make the communicator with `ctx` current on this thread (the result goes to the
+    /// backend's setup, an error included). Dropped unmade, the setup reports that.
+    pub fn make(self, ctx: &cudarc::driver::CudaContext) {
+        let r = ctx
+            .bind_to_thread()
+            .doing("binding the GPU context")
+            .and_then(|_| init_rank(self.id, self.key.0, self.key.1, self.key.2));
+        let _ = self.made.send(r);
+    }
+}
+
 /// A backend's NCCL communicator over the job's GPUs, once set up (`setup_allreduce`).
 #[derive(Default)]
 pub(crate) struct Nccl(Mutex<Option<NcclComm>>);
@@ -103,7 +261,8 @@ impl Nccl {
     }
 
     /// [`super::CudaBackend::setup_allreduce`] on `stream`. `max_ctas`: at most this many
-    /// thread blocks per NCCL operation (None: NCCL's choice; needs NCCL >= 2.17).
+    /// thread blocks per NCCL operation (None: NCCL's choice; needs NCCL >= 2.17). A
+    /// communicator made ahead ([`EarlyNccl`]) for this job is taken instead of a new one.
     pub fn setup(
         &self,
         stream: &Arc<CudaStream>,
@@ -114,68 +273,24 @@ impl Nccl {
         if comm.size() <= 1 {
             return Ok("none (one rank)".into());
         }
-        // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
-        let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
-        let everywhere = comm.allreduce_max(if here { 0.0 } else { 1.0 })? == 0.0;
-        if !everywhere {
-            if path == AllreducePath::Nccl {
-                return Err(Error::backend(
-                    "cuda",
-                    "allreduce = nccl, but libnccl cannot be loaded on every rank (set LD_LIBRARY_PATH, or use allreduce = \"host\")",
-                ));
-            }
-            return Ok("host (page-locked buffer + MPI_Allreduce)".into());
-        }
-        let mut id_bytes = Vec::new();
-        let mut local_err = None;
-        if comm.rank() == 0 {
-            match result::get_uniqueid() {
-                Ok(id) => id_bytes = id.internal.iter().map(|&c| c as u8).collect(),
-                Err(e) => local_err = Some(CudaError::during("ncclGetUniqueId", e)),
-            }
-        }
-        comm.broadcast_bytes(0, &mut id_bytes)?;
-        if id_bytes.len() != 128 {
-            return Err(match local_err {
-                Some(e) => e.into(),
-                None => Error::backend("cuda", "rank 0 could not create an NCCL id"),
-            });
-        }
-        let mut id = sys::ncclUniqueId { internal: [0; 128] };
-        for (d, s) in id.internal.iter_mut().zip(&id_bytes) {
-            *d = *s as c_char;
-        }
-        let (rank, size) = (comm.rank() as c_int, comm.size() as c_int);
-        let mut raw = std::mem::MaybeUninit::uninit();
-        // ncclCommInitRank(Config) needs the rank's device current on this thread
-        stream
-            .context()
-            .bind_to_thread()
-            .doing("binding the GPU context")?;
-        match max_ctas {
+        let raw = match take_early((comm.rank(), comm.size(), max_ctas)) {
+            Some(made) => made
+                .recv()
+                .map_err(|_| {
+                    Error::backend("cuda", "the NCCL communicator made ahead was not made")
+                })??
+                .take(),
             None => {
-                // SAFETY: `raw` is written by NCCL on success; id and ranks are the job's.
-                unsafe { result::comm_init_rank(raw.as_mut_ptr(), size, id, rank) }
-                    .doing("ncclCommInitRank")?;
+                let Some(id) = exchange_id(comm, path)? else {
+                    return Ok("host (page-locked buffer + MPI_Allreduce)".into());
+                };
+                stream
+                    .context()
+                    .bind_to_thread()
+                    .doing("binding the GPU context")?;
+                init_rank(id, comm.rank(), comm.size(), max_ctas)?.take()
             }
-            Some(c) => {
-                let mut config = ConfigV21700::with_max_ctas(c);
-                // SAFETY: as above; `config` is a valid nccl.h 2.17 configuration (NCCL reads
-                // it by its version field), alive for the call.
-                unsafe {
-                    result::comm_init_rank_config(
-                        raw.as_mut_ptr(),
-                        size,
-                        id,
-                        rank,
-                        (&mut config as *mut ConfigV21700).cast(),
-                    )
-                }
-                .doing("ncclCommInitRankConfig")?;
-            }
-        }
-        // SAFETY: initialised by the successful call above.
-        let raw = unsafe { raw.assume_init() };
+        };
         *self.lock() = Some(NcclComm {
             raw,
             stream: stream.clone(),
