@@ -282,9 +282,11 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
                     "the ray coverage of the kernel rows was not computed".into(),
                 )
             });
+        crate::ui::phases::trace(format_args!("coverage in"));
         m.coverage = agree(comm, got)?;
         m.coverage_later = false;
         sum_coverage(m, comm)?;
+        crate::ui::phases::trace(format_args!("coverage summed"));
     }
     outcome.report.load_io = io;
     outcome.report.seconds.start = start_s;

@@ -91,7 +91,9 @@ impl BackendProbe {
             let then = move |ctx: &_| {
                 if several {
                     if let Ok(Some(e)) = early_rx.recv() {
+                        crate::ui::phases::trace(format_args!("nccl: context made, connecting"));
                         e.make(ctx);
+                        crate::ui::phases::trace(format_args!("nccl: connected"));
                     }
                 }
             };
@@ -767,7 +769,12 @@ fn coverage_then_drop(rows: StoredRows) -> Option<crate::grid::PendingCoverage> 
         return None;
     }
     Some(crate::grid::PendingCoverage::spawn(move || {
+        let t = std::time::Instant::now();
         let c = rows.left_coverage();
+        crate::ui::phases::trace(format_args!(
+            "coverage computed beside the solve in {:.3} s",
+            t.elapsed().as_secs_f64()
+        ));
         crate::sparse::par::drop_in_background(rows);
         c
     }))

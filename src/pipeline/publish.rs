@@ -80,6 +80,7 @@ pub fn publish(
     model: Option<(&RunModel, &RunConfig)>,
 ) -> Result<()> {
     let t = std::time::Instant::now();
+    crate::ui::phases::trace(format_args!("publishing"));
     crate::ui::phases::take();
     let mut publ = Publication::new(if model.is_some() { "invert" } else { "solve" });
     outcome.report.run_id = publ.run_id().to_string();

@@ -109,7 +109,7 @@ impl CudaBackend {
     pub fn prestart_after(
         first: impl FnOnce() -> Option<usize> + Send + 'static,
         defines: Vec<String>,
-        then: impl FnOnce(&CudaContext) + Send + 'static,
+        then: impl FnOnce(&Arc<CudaContext>) + Send + 'static,
     ) -> Prestart {
         Prestart(Some(std::thread::spawn(move || {
             let ordinal = first()?;

@@ -19,6 +19,8 @@ const F64: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat64;
 struct NcclComm {
     raw: sys::ncclComm_t,
     stream: Arc<CudaStream>,
+    /// The job shape it was made for (the key it is kept under once its backend is dropped).
+    key: EarlyKey,
 }
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
 // concurrent; the backend keeps it behind a Mutex, so only one thread uses it at a time.
@@ -51,10 +53,54 @@ impl NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // SAFETY: `raw` came from ncclCommInitRank(Config) and is released once, here. Abort
-        // (as cudarc's own communicator does) never waits for a peer that may have ended.
-        let _ = unsafe { result::comm_abort(self.raw) };
+        // Kept for the next run of this process on the same device ([`KEPT`]); one kept
+        // before under the same key is released (RawComm's drop aborts it).
+        let raw = RawComm(std::mem::replace(&mut self.raw, std::ptr::null_mut()));
+        let ordinal = self.stream.context().ordinal();
+        let old = {
+            let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+            let old = kept
+                .iter()
+                .position(|(k, o, _)| *k == self.key && *o == ordinal)
+                .map(|at| kept.swap_remove(at));
+            kept.push((self.key, ordinal, raw));
+            old
+        };
+        drop(old);
     }
+}
+
+/// The communicators of backends that were dropped, with the job shape and the device each
+/// was made for: the next backend of this process for the same shape and device takes its
+/// communicator from here (every rank must have one: [`take_kept`]), and the process's exit
+/// releases the rest. Releasing a communicator (ncclCommAbort) cost 0.2-0.5 s at the end of
+/// every two-rank run on 2 x H100; making one 0.5-0.7 s.
+static KEPT: Mutex<Vec<(EarlyKey, usize, RawComm)>> = Mutex::new(Vec::new());
+
+/// Collective: this rank's kept communicator for `key` on device `ordinal` (None: any
+/// device), taken where every rank has one; else None on every rank.
+fn take_kept(comm: &dyn Comm, key: EarlyKey, ordinal: Option<usize>) -> Result<Option<RawComm>> {
+    let at = |kept: &Vec<(EarlyKey, usize, RawComm)>| {
+        kept.iter()
+            .position(|(k, o, _)| *k == key && ordinal.is_none_or(|d| d == *o))
+    };
+    let mine = at(&KEPT.lock().unwrap_or_else(|e| e.into_inner())).is_some();
+    let everywhere = comm.allreduce_max(if mine { 0.0 } else { 1.0 })? == 0.0;
+    if !everywhere || ordinal.is_none() {
+        return Ok(None);
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(at(&kept).map(|i| kept.swap_remove(i).2))
+}
+
+/// Collective: whether every rank keeps a communicator for `key` (on whichever device).
+fn kept_everywhere(comm: &dyn Comm, key: EarlyKey) -> Result<bool> {
+    let mine = KEPT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .any(|(k, _, _)| *k == key);
+    Ok(comm.allreduce_max(if mine { 0.0 } else { 1.0 })? == 0.0)
 }
 
 /// NCCL's communicator options as NCCL 2.17 laid them out (`ncclConfig_t` of nccl.h 2.17):
@@ -229,10 +275,14 @@ impl EarlyNccl {
         if comm.size() <= 1 {
             return Ok(None);
         }
+        let key = (comm.rank(), comm.size(), max_ctas);
+        // (A run before this one in the process left its communicator: the setup takes it.)
+        if path != AllreducePath::Host && kept_everywhere(comm, key)? {
+            return Ok(None);
+        }
         let Some(id) = exchange_id(comm, path)? else {
             return Ok(None);
         };
-        let key = (comm.rank(), comm.size(), max_ctas);
         let (made, rx) = std::sync::mpsc::channel();
         let mut slots = EARLY.lock().unwrap_or_else(|e| e.into_inner());
         slots.retain(|(k, _)| *k != key);
@@ -240,15 +290,53 @@ impl EarlyNccl {
         Ok(Some(EarlyNccl { id, key, made }))
     }
 
-    /// Make the communicator with `ctx` current on this thread (the result goes to the
-    /// backend's setup, an error included). Dropped unmade, the setup reports that.
-    pub fn make(self, ctx: &cudarc::driver::CudaContext) {
+    /// Make the communicator with `ctx` current on this thread, and connect it: NCCL links
+    /// the ranks at a communicator's first sum of each size class (0.2 s on 2 x H100), so a
+    /// sum of one value and one of [`WARM_VALUES`] run here, beside the read, rather than in
+    /// the first product. The result goes to the backend's setup, an error included; dropped
+    /// unmade, the setup reports that.
+    pub fn make(self, ctx: &Arc<cudarc::driver::CudaContext>) {
         let r = ctx
             .bind_to_thread()
             .doing("binding the GPU context")
-            .and_then(|_| init_rank(self.id, self.key.0, self.key.1, self.key.2));
+            .and_then(|_| init_rank(self.id, self.key.0, self.key.1, self.key.2))
+            .and_then(|raw| {
+                warm(ctx, &raw)?;
+                Ok(raw)
+            });
         let _ = self.made.send(r);
     }
+}
+
+/// The values of the sum that connects a communicator made ahead for every size its job sums
+/// (8 MiB of f64: NCCL's ring with its bulk protocol, as a vector of a million cells takes).
+pub const WARM_VALUES: usize = 1 << 20;
+
+/// One sum of one value and one of [`WARM_VALUES`] over `raw` on a stream of its own (collective).
+fn warm(ctx: &Arc<cudarc::driver::CudaContext>, raw: &RawComm) -> Result<()> {
+    let stream = ctx.new_stream().doing("creating a stream")?;
+    let mut buf = stream
+        .alloc_zeros::<f64>(WARM_VALUES)
+        .doing("allocating the NCCL warm-up buffer")?;
+    for count in [1, WARM_VALUES] {
+        let (ptr, _record) = buf.device_ptr_mut(&stream);
+        // SAFETY: `ptr` points at WARM_VALUES >= count f64 on this rank's device, alive until
+        // the stream is synchronised below; in place is allowed.
+        unsafe {
+            result::all_reduce(
+                ptr as _,
+                ptr as _,
+                count,
+                F64,
+                sys::ncclRedOp_t::ncclSum,
+                raw.0,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .doing("ncclAllReduce (warm-up)")?;
+    }
+    stream.synchronize().doing("the NCCL warm-up")?;
+    Ok(())
 }
 
 /// A backend's NCCL communicator over the job's GPUs, once set up (`setup_allreduce`).
@@ -273,14 +361,21 @@ impl Nccl {
         if comm.size() <= 1 {
             return Ok("none (one rank)".into());
         }
-        let raw = match take_early((comm.rank(), comm.size(), max_ctas)) {
-            Some(made) => made
+        let key = (comm.rank(), comm.size(), max_ctas);
+        let ordinal = stream.context().ordinal();
+        let kept = match path {
+            AllreducePath::Host => None,
+            _ => take_kept(comm, key, Some(ordinal))?,
+        };
+        let raw = match (take_early(key), kept) {
+            (Some(made), _) => made
                 .recv()
                 .map_err(|_| {
                     Error::backend("cuda", "the NCCL communicator made ahead was not made")
                 })??
                 .take(),
-            None => {
+            (None, Some(kept)) => kept.take(),
+            (None, None) => {
                 let Some(id) = exchange_id(comm, path)? else {
                     return Ok("host (page-locked buffer + MPI_Allreduce)".into());
                 };
@@ -294,6 +389,7 @@ impl Nccl {
         *self.lock() = Some(NcclComm {
             raw,
             stream: stream.clone(),
+            key,
         });
         Ok(match max_ctas {
             None => "nccl (GPU to GPU)".into(),
