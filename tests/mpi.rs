@@ -283,6 +283,27 @@ fn more_ranks_than_rows_leaves_a_rank_without_rows() {
     );
 }
 
+/// `lcurve` (one process) under mpirun: one clear line, exit 1, nothing written (each rank
+/// used to run the whole L-curve and the second stopped on the first's output lock).
+#[test]
+fn one_process_commands_refuse_several_ranks() {
+    let Some(dir) = mpi_dir("mpi-one-process") else {
+        return;
+    };
+    let (_a, _b) = well1033_run_toml(&dir, "solution = \"x.txt\"\n");
+    let mut c = mpirun();
+    c.args(["-np", "2", BIN, "lcurve", "--damping", "0.1,0.2,0.4"])
+        .arg(dir.join("run.toml"));
+    let out = finish(c);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let line = the_error_line(&stderr(&out), "lcurve on 2 ranks").to_string();
+    assert!(
+        line.contains("`seistomo lcurve` runs in one process, not on 2 MPI ranks"),
+        "{line}"
+    );
+    assert!(!dir.join("out").exists(), "nothing is written");
+}
+
 #[test]
 fn invert_on_2_ranks_writes_the_outputs_once() {
     let Some(dir) = mpi_dir("mpi-invert") else {

@@ -80,6 +80,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     crate::backend::cpu::env_threads()?;
     let comm = crate::comm::init()?;
     crate::ui::progress::configure(cli.quiet, comm.is_root());
+    if let (Some(name), true) = (one_process(&cli.command), comm.size() > 1) {
+        // Every rank would run the whole command and write the same outputs.
+        let msg = format!(
+            "`seistomo {name}` runs in one process, not on {} MPI ranks: run it without mpirun (invert, solve and prepare are the commands that run on several ranks)",
+            comm.size()
+        );
+        return end_job(comm, Err(crate::Error::Rank { rank: 0, msg }.into()));
+    }
     let result = match cli.command {
         Command::Solve(a) => solve::run(a, &*comm),
         Command::Invert(a) => invert::run(a, &*comm),
@@ -98,6 +106,24 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     };
     crate::ui::phases::trace(format_args!("command done"));
     end_job(comm, result)
+}
+
+/// The name of a command that runs in one process (None: it runs on every rank of a job).
+fn one_process(c: &Command) -> Option<&'static str> {
+    match c {
+        Command::Solve(_) | Command::Invert(_) | Command::Prepare(_) => None,
+        Command::Plot(_) => Some("plot"),
+        Command::Lcurve(_) => Some("lcurve"),
+        Command::Resolution(_) => Some("resolution"),
+        Command::Compare(_) => Some("compare"),
+        Command::Synth(_) => Some("synth"),
+        Command::Import(_) => Some("import"),
+        Command::Export(_) => Some("export"),
+        Command::Inspect(_) => Some("inspect"),
+        Command::Bench(_) => Some("bench"),
+        Command::Square(_) => Some("square"),
+        Command::Verify(_) => Some("verify"),
+    }
 }
 
 /// End a command on every rank. One process: errors go back to `main`. Several ranks: an error
