@@ -80,6 +80,49 @@ fn staged_uploads_arrive_whole() {
     }
 }
 
+/// NCCL over two GPUs from two thread ranks of one process, three backends one after another:
+/// every sum is right, and only the first makes communicators; the next backends take the ones
+/// the backend before left (kept for the process's next run instead of aborted). On a machine
+/// with one GPU it says so and returns.
+#[test]
+#[ignore = "needs two CUDA GPUs and libnccl: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn nccl_communicators_are_kept_for_the_next_backend() {
+    use seistomo::backend::cuda::{communicators_made, probe_device, CudaBackend};
+    drop(gpu());
+    if let Err(why) = probe_device(1) {
+        println!("one GPU only: this test needs two ({why})");
+        return;
+    }
+    let n = 1000;
+    let want: Vec<f64> = (0..n).map(|i| 2.0 * i as f64 + 1e6).collect();
+    let before = communicators_made();
+    for round in 0..3 {
+        let got = common::on_thread_ranks(2, |c| {
+            let rank = seistomo::comm::Comm::rank(c);
+            let be = CudaBackend::new(rank).unwrap();
+            let path = be
+                .setup_allreduce(c, seistomo::backend::AllreducePath::Nccl, None)
+                .unwrap();
+            let v: Vec<f64> = (0..n).map(|i| i as f64 + 1e6 * rank as f64).collect();
+            let mut d = be.upload(&v).unwrap();
+            be.allreduce_sum(c, &mut d).unwrap();
+            (path, be.to_host(&d).unwrap())
+        });
+        for (rank, (path, x)) in got.iter().enumerate() {
+            assert!(
+                path.starts_with("nccl"),
+                "round {round} rank {rank}: {path}"
+            );
+            assert_eq!(x, &want, "round {round} rank {rank}: wrong sums");
+        }
+        assert_eq!(
+            communicators_made() - before,
+            2,
+            "round {round}: the first backends make one communicator a rank, the next none"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn host_path_allreduce_sums_every_rank() {

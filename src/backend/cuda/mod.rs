@@ -58,6 +58,6 @@ pub use csr::segments;
 pub use device::{missing_libraries, probe, probe_device, DeviceInfo};
 pub use encode::{encode_on_gpu, permute_on_gpu};
 pub use error::CudaError;
-pub use nccl::EarlyNccl;
+pub use nccl::{communicators_made, EarlyNccl};
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
 pub use square::{CudaIluSweeps, CudaSquareOperator};

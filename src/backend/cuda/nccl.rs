@@ -200,6 +200,15 @@ fn exchange_id(comm: &dyn Comm, path: AllreducePath) -> Result<Option<sys::ncclU
     Ok(Some(id))
 }
 
+/// Communicators this process has made (ncclCommInitRank calls that succeeded).
+static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many NCCL communicators this process has made so far (a backend that takes one kept
+/// from an earlier backend makes none): for tests and diagnostics.
+pub fn communicators_made() -> usize {
+    MADE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// This rank's communicator of the job `id` names (collective over the job's ranks, through
 /// NCCL's own connections); the rank's GPU context must be current on this thread.
 fn init_rank(
@@ -232,6 +241,7 @@ fn init_rank(
             .doing("ncclCommInitRankConfig")?;
         }
     }
+    MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: initialised by the successful call above.
     Ok(RawComm(unsafe { raw.assume_init() }))
 }
