@@ -78,6 +78,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     unsafe { crate::sparse::par::assume_system_allocator() };
     // Before rayon's pool exists: it would read RAYON_NUM_THREADS unchecked.
     crate::backend::cpu::env_threads()?;
+    // A rank of a job of several that may use a GPU: CUDA's start and its context beside MPI's.
+    let ranks = crate::settings::launch::world_size().unwrap_or(1);
+    if crate::comm::launched_by_mpi() && ranks > 1 && one_process(&cli.command).is_none() {
+        crate::pipeline::operators::gpu_head_start(crate::comm::local_rank());
+    }
     let comm = crate::comm::init()?;
     crate::ui::progress::configure(cli.quiet, comm.is_root());
     if let (Some(name), true) = (one_process(&cli.command), comm.size() > 1) {

@@ -146,6 +146,13 @@ impl BackendProbe {
     }
 }
 
+/// A rank started by a launcher, before MPI's start: CUDA's start and this rank's GPU context
+/// made on a thread of their own ([`crate::backend::cuda::head_start`]); [`Engine::start`]
+/// lets go of it.
+pub fn gpu_head_start(local_rank: usize) {
+    crate::backend::cuda::head_start(local_rank);
+}
+
 /// The backend a run is likely to get, before the probe answers: the one asked for, `auto`
 /// CUDA where its libraries are here (several ranks balance their rows by the cost on it
 /// before the probe has answered; a wrong guess only balances them less well).
@@ -326,7 +333,7 @@ impl Engine {
         path: AllreducePath,
         tuning: &Tuning,
     ) -> Result<Engine> {
-        phases::time_exclusive("backend", || match kind {
+        let engine = phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
                 let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas)?;
@@ -336,7 +343,10 @@ impl Engine {
                 })
             }
             _ => Ok(Engine::cpu()),
-        })
+        });
+        // (the backend holds its own context where it is the head start's)
+        crate::backend::cuda::end_head_start();
+        engine
     }
 
     /// The CPU backend, solves driven from rayon's pool.

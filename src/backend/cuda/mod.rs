@@ -51,7 +51,7 @@ mod tiled;
 mod util;
 mod vector;
 
-pub use backend::{CudaBackend, DeviceVec, Prestart, STAGE};
+pub use backend::{end_head_start, head_start, CudaBackend, DeviceVec, Prestart, STAGE};
 pub use block::{CudaBlock, CudaBlockOperator, MAX_MEMBERS};
 pub use compact::{encode_ahead, encoding_key, CudaCompactOperator};
 pub use csr::segments;
