@@ -35,20 +35,36 @@ impl NcclComm {
     fn sum<R: DevicePtrMut<f64>>(&self, x: &mut R) -> std::result::Result<(), NcclError> {
         let count = x.len();
         let (ptr, _record) = x.device_ptr_mut(&self.stream);
-        // SAFETY: `ptr` points at `count` f64 on this rank's device; in place is allowed.
-        unsafe {
-            result::all_reduce(
-                ptr as _,
-                ptr as _,
-                count,
-                F64,
-                sys::ncclRedOp_t::ncclSum,
-                self.raw,
-                self.cu_stream(),
-            )
-        }
-        .map(|_| ())
+        // SAFETY: `ptr` points at `count` f64 on this rank's device, alive while the stream
+        // runs the sum (the caller's buffer outlives its use).
+        unsafe { sum_in_place(self.raw, ptr, count, self.cu_stream()) }
     }
+}
+
+/// `count` f64 at device address `ptr` summed over the ranks of `comm` in place, on `stream`.
+///
+/// # Safety
+/// `ptr` must point at `count` f64 on the communicator's device, alive until `stream` has run
+/// the sum; `comm` must be a live communicator.
+unsafe fn sum_in_place(
+    comm: sys::ncclComm_t,
+    ptr: u64,
+    count: usize,
+    stream: sys::cudaStream_t,
+) -> std::result::Result<(), NcclError> {
+    // SAFETY: the caller's contract; NCCL allows in place.
+    unsafe {
+        result::all_reduce(
+            ptr as _,
+            ptr as _,
+            count,
+            F64,
+            sys::ncclRedOp_t::ncclSum,
+            comm,
+            stream,
+        )
+    }
+    .map(|_| ())
 }
 
 impl Drop for NcclComm {
@@ -331,19 +347,9 @@ fn warm(ctx: &Arc<cudarc::driver::CudaContext>, raw: &RawComm) -> Result<()> {
     for count in [1, WARM_VALUES] {
         let (ptr, _record) = buf.device_ptr_mut(&stream);
         // SAFETY: `ptr` points at WARM_VALUES >= count f64 on this rank's device, alive until
-        // the stream is synchronised below; in place is allowed.
-        unsafe {
-            result::all_reduce(
-                ptr as _,
-                ptr as _,
-                count,
-                F64,
-                sys::ncclRedOp_t::ncclSum,
-                raw.0,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .doing("ncclAllReduce (warm-up)")?;
+        // the stream is synchronised below; `raw` is the live communicator just made.
+        unsafe { sum_in_place(raw.0, ptr, count, stream.cu_stream() as sys::cudaStream_t) }
+            .doing("ncclAllReduce (warm-up)")?;
     }
     stream.synchronize().doing("the NCCL warm-up")?;
     Ok(())
