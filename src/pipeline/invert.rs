@@ -11,7 +11,9 @@ use crate::model::report::Outcome;
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::load::{load, Loaded};
 use crate::pipeline::model::{Known, RunModel};
-use crate::pipeline::operators::{likely_backend, resolve_storage, row_cost, BackendProbe, Engine};
+use crate::pipeline::operators::{
+    likely_backend, resolve_storage, row_cost, same_backend_everywhere, BackendProbe, Engine,
+};
 use crate::pipeline::options::{BackendChoice, OutputPaths, SolveOptions, SystemSource};
 use crate::pipeline::prepare::{finish, prepare};
 use crate::pipeline::prepared::{reuse, Asked, Reused, UsePrepared};
@@ -233,6 +235,11 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let start_s = crate::ui::phases::since_process_start();
     let (start, mut run_model, opts, prepared_note) = begin(job, &mut probe, comm)?;
     let (kind, why) = probe.kind()?;
+    if let Err(e) = same_backend_everywhere(comm, kind, &why) {
+        // (this rank's GPU thread may be waiting in NCCL's start for the CPU ranks)
+        probe.detach();
+        return Err(e);
+    }
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);

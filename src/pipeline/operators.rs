@@ -124,6 +124,13 @@ impl BackendProbe {
         Ok(())
     }
 
+    /// Stop waiting for the thread that makes the GPU's context (and NCCL's communicator) when
+    /// this value is dropped: a run that ends in an error before its backend is made, where
+    /// that thread may wait for ranks that will not come. The process's exit ends it.
+    pub fn detach(&mut self) {
+        self._prestart.detach();
+    }
+
     /// The backend and why (waits for the choice the first time; the wait is the `probe`
     /// phase).
     pub fn kind(&mut self) -> Result<Chosen> {
@@ -144,6 +151,27 @@ impl BackendProbe {
         got.clone()
             .map_err(|(backend, msg)| Error::backend(backend, msg))
     }
+}
+
+/// Collective: every rank's backend the same, else the same one-line error on every rank,
+/// naming the first rank without a GPU among ranks with one (`why`: this rank's reason). A
+/// job cannot mix them: the GPU ranks would wait for NCCL, or in its sums, for ranks that
+/// never come.
+pub fn same_backend_everywhere(comm: &dyn Comm, kind: BackendChoice, why: &str) -> Result<()> {
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let gpu = f64::from(u8::from(kind == BackendChoice::Cuda));
+    let (most, least) = (comm.allreduce_max(gpu)?, -comm.allreduce_max(-gpu)?);
+    let mine = if most != least && kind != BackendChoice::Cuda {
+        Err(crate::Error::Invalid(format!(
+            "the other ranks run on GPUs but this one on the CPU ({why}); give every rank a \
+             usable GPU, or run them all on the CPU ([backend] kind = \"cpu\")"
+        )))
+    } else {
+        Ok(())
+    };
+    crate::comm::agree(comm, mine)
 }
 
 /// A rank started by a launcher, before MPI's start: CUDA's start and this rank's GPU context
@@ -938,6 +966,37 @@ impl Engine {
                 })?;
                 v.visit(be.as_ref(), &op)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranks on different backends get one error naming the first CPU rank; the same backend
+    /// everywhere passes.
+    #[test]
+    fn a_job_mixing_gpu_and_cpu_ranks_is_one_error_on_every_rank() {
+        let run = |kinds: Vec<BackendChoice>| -> Vec<Result<()>> {
+            let comms = crate::comm::ThreadComm::create(kinds.len());
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .iter()
+                    .zip(&kinds)
+                    .map(|(c, &k)| s.spawn(move || same_backend_everywhere(c, k, "no GPU here")))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let (gpu, cpu) = (BackendChoice::Cuda, BackendChoice::Cpu);
+        for kinds in [vec![gpu, gpu, gpu], vec![cpu, cpu]] {
+            assert!(run(kinds.clone()).iter().all(|r| r.is_ok()), "{kinds:?}");
+        }
+        for got in run(vec![gpu, cpu, cpu]) {
+            let e = got.expect_err("mixed backends").to_string();
+            assert!(e.starts_with("rank 1: "), "{e}");
+            assert!(e.contains("on the CPU (no GPU here)"), "{e}");
         }
     }
 }

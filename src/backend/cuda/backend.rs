@@ -423,6 +423,11 @@ impl Prestart {
     pub fn none() -> Prestart {
         Prestart(None)
     }
+
+    /// Let the thread run on its own: dropping this value no longer waits for it.
+    pub fn detach(&mut self) {
+        drop(self.0.take());
+    }
 }
 
 impl Drop for Prestart {
