@@ -235,11 +235,6 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let start_s = crate::ui::phases::since_process_start();
     let (start, mut run_model, opts, prepared_note) = begin(job, &mut probe, comm)?;
     let (kind, why) = probe.kind()?;
-    if let Err(e) = same_backend_everywhere(comm, kind, &why) {
-        // (this rank's GPU thread may be waiting in NCCL's start for the CPU ranks)
-        probe.detach();
-        return Err(e);
-    }
     let setup_started = std::time::Instant::now();
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
@@ -344,6 +339,18 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     Ok(comm.is_root().then_some(outcome))
 }
 
+/// The backend, the same on every rank (collective: where it is not, the same one-line error
+/// on every rank before any step that differs by backend; this rank's GPU thread, which may be
+/// waiting in NCCL's start for the CPU ranks, is then not waited for).
+fn agreed_kind(probe: &mut BackendProbe, comm: &dyn Comm) -> Result<BackendChoice> {
+    let (kind, why) = probe.kind()?;
+    if let Err(e) = same_backend_everywhere(comm, kind, &why) {
+        probe.detach();
+        return Err(e);
+    }
+    Ok(kind)
+}
+
 /// The system of a run and its model side: this rank's prepared storage when it fits the run,
 /// else its rows loaded; the model checked (the grid it gives lets reorder = "auto" renumber
 /// the cells). Returns them with the options (the grid set) and what became of prepared
@@ -370,7 +377,7 @@ fn begin(
             options,
             prepared: UsePrepared::Auto,
         } if prepared_here(path)? => {
-            let kind = probe.kind()?.0;
+            let kind = agreed_kind(probe, comm)?;
             let asked = Asked {
                 kind,
                 opts: job.options,
@@ -402,7 +409,7 @@ fn begin(
             Some(s) => s,
             None => {
                 let mut loaded = load(job.source, comm, &opts.operator.tuning, guess)?;
-                let kind = probe.kind()?.0;
+                let kind = agreed_kind(probe, comm)?;
                 // (0: Matrix Market rows, split by nonzeros, are left at 0.)
                 if loaded.cost > 0 && row_cost(kind, storage) != guess {
                     loaded.cost = row_cost(kind, storage).of_system(&loaded.system);
