@@ -361,6 +361,8 @@ impl Engine {
         path: AllreducePath,
         tuning: &Tuning,
     ) -> Result<Engine> {
+        // (invert checks this as soon as the backend is known, with the probe's reason)
+        same_backend_everywhere(comm, kind, "the backend chosen on this rank")?;
         let engine = phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
