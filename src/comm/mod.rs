@@ -79,6 +79,16 @@ pub trait Comm: Send + Sync {
     }
 }
 
+/// Collective: whether `holds` is true on every rank.
+pub fn on_every_rank(comm: &dyn Comm, holds: bool) -> Result<bool> {
+    Ok(comm.allreduce_max(f64::from(u8::from(!holds)))? == 0.0)
+}
+
+/// Collective: whether `holds` is true on at least one rank.
+pub fn on_any_rank(comm: &dyn Comm, holds: bool) -> Result<bool> {
+    Ok(comm.allreduce_max(f64::from(u8::from(holds)))? > 0.0)
+}
+
 /// True when this process was started by an MPI launcher (mpirun, mpiexec, srun).
 pub fn launched_by_mpi() -> bool {
     crate::settings::launch::launched_by_mpi()

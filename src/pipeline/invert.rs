@@ -369,7 +369,7 @@ fn begin(
     let several = comm.size() > 1;
     let prepared_here = |path: &Path| -> Result<bool> {
         let mine = crate::pipeline::prepared::file_of(path, comm.rank(), comm.size()).exists();
-        Ok(comm.allreduce_max(f64::from(u8::from(mine)))? > 0.0)
+        crate::comm::on_any_rank(comm, mine)
     };
     let (mut start, mut prepared_note) = match job.source {
         SystemSource::Dataset {

@@ -161,9 +161,9 @@ pub fn same_backend_everywhere(comm: &dyn Comm, kind: BackendChoice, why: &str) 
     if comm.size() == 1 {
         return Ok(());
     }
-    let gpu = f64::from(u8::from(kind == BackendChoice::Cuda));
-    let (most, least) = (comm.allreduce_max(gpu)?, -comm.allreduce_max(-gpu)?);
-    let mine = if most != least && kind != BackendChoice::Cuda {
+    let gpu = kind == BackendChoice::Cuda;
+    let mixed = crate::comm::on_any_rank(comm, gpu)? && !crate::comm::on_every_rank(comm, gpu)?;
+    let mine = if mixed && !gpu {
         Err(crate::Error::Invalid(format!(
             "the other ranks run on GPUs but this one on the CPU ({why}); give every rank a \
              usable GPU, or run them all on the CPU ([backend] kind = \"cpu\")"

@@ -93,30 +93,36 @@ impl Drop for NcclComm {
 /// every two-rank run on 2 x H100; making one 0.5-0.7 s.
 static KEPT: Mutex<Vec<(EarlyKey, usize, RawComm)>> = Mutex::new(Vec::new());
 
-/// Collective: this rank's kept communicator for `key` on device `ordinal` (None: any
-/// device), taken where every rank has one; else None on every rank.
-fn take_kept(comm: &dyn Comm, key: EarlyKey, ordinal: Option<usize>) -> Result<Option<RawComm>> {
-    let at = |kept: &Vec<(EarlyKey, usize, RawComm)>| {
-        kept.iter()
-            .position(|(k, o, _)| *k == key && ordinal.is_none_or(|d| d == *o))
-    };
-    let mine = at(&KEPT.lock().unwrap_or_else(|e| e.into_inner())).is_some();
-    let everywhere = comm.allreduce_max(if mine { 0.0 } else { 1.0 })? == 0.0;
-    if !everywhere || ordinal.is_none() {
+/// Where this rank keeps a communicator for `key` on device `ordinal` (None: any device).
+fn kept_at(
+    kept: &[(EarlyKey, usize, RawComm)],
+    key: EarlyKey,
+    ordinal: Option<usize>,
+) -> Option<usize> {
+    kept.iter()
+        .position(|(k, o, _)| *k == key && ordinal.is_none_or(|d| d == *o))
+}
+
+/// Collective: whether every rank keeps a communicator for `key` on device `ordinal` (None:
+/// on whichever device).
+fn kept_everywhere(comm: &dyn Comm, key: EarlyKey, ordinal: Option<usize>) -> Result<bool> {
+    let mine = kept_at(
+        &KEPT.lock().unwrap_or_else(|e| e.into_inner()),
+        key,
+        ordinal,
+    )
+    .is_some();
+    crate::comm::on_every_rank(comm, mine)
+}
+
+/// Collective: this rank's kept communicator for `key` on device `ordinal`, taken where every
+/// rank has one; else None on every rank.
+fn take_kept(comm: &dyn Comm, key: EarlyKey, ordinal: usize) -> Result<Option<RawComm>> {
+    if !kept_everywhere(comm, key, Some(ordinal))? {
         return Ok(None);
     }
     let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-    Ok(at(&kept).map(|i| kept.swap_remove(i).2))
-}
-
-/// Collective: whether every rank keeps a communicator for `key` (on whichever device).
-fn kept_everywhere(comm: &dyn Comm, key: EarlyKey) -> Result<bool> {
-    let mine = KEPT
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .any(|(k, _, _)| *k == key);
-    Ok(comm.allreduce_max(if mine { 0.0 } else { 1.0 })? == 0.0)
+    Ok(kept_at(&kept, key, Some(ordinal)).map(|i| kept.swap_remove(i).2))
 }
 
 /// NCCL's communicator options as NCCL 2.17 laid them out (`ncclConfig_t` of nccl.h 2.17):
@@ -184,8 +190,7 @@ impl RawComm {
 fn exchange_id(comm: &dyn Comm, path: AllreducePath) -> Result<Option<sys::ncclUniqueId>> {
     // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
     let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
-    let everywhere = comm.allreduce_max(if here { 0.0 } else { 1.0 })? == 0.0;
-    if !everywhere {
+    if !crate::comm::on_every_rank(comm, here)? {
         if path == AllreducePath::Nccl {
             return Err(Error::backend(
                 "cuda",
@@ -303,7 +308,7 @@ impl EarlyNccl {
         }
         let key = (comm.rank(), comm.size(), max_ctas);
         // (A run before this one in the process left its communicator: the setup takes it.)
-        if path != AllreducePath::Host && kept_everywhere(comm, key)? {
+        if path != AllreducePath::Host && kept_everywhere(comm, key, None)? {
             return Ok(None);
         }
         let Some(id) = exchange_id(comm, path)? else {
@@ -381,7 +386,7 @@ impl Nccl {
         let ordinal = stream.context().ordinal();
         let kept = match path {
             AllreducePath::Host => None,
-            _ => take_kept(comm, key, Some(ordinal))?,
+            _ => take_kept(comm, key, ordinal)?,
         };
         let raw = match (take_early(key), kept) {
             (Some(made), _) => made
