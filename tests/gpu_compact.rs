@@ -743,6 +743,16 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
         let (fresh, rf, cov_fresh) = invert();
         // the coverage computed from the rows as read while the GPU solved: the same bits
         assert!(cov_fresh == cov_cpu, "{name}: the coverage differs");
+        // a layout the GPU does not encode from the rows as read (they are reordered on the
+        // host): the coverage taken from them first, the same bits
+        for layout in ["gpu_layout=tiles", "gpu_layout=rows"] {
+            let (_, rt, cov) = invert_with(&["--tune".as_ref(), layout.as_ref()]);
+            assert!(cov == cov_cpu, "{name} {layout}: the coverage differs");
+            assert!(
+                rt["setup_phases"].get("gpu_encode").is_none(),
+                "{name} {layout}"
+            );
+        }
         assert!(
             on_cpu == fresh,
             "{name}: gpu_encode = false's solution differs"

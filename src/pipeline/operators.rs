@@ -720,10 +720,14 @@ fn cuda_lsqr<V: LsqrVisitor>(
             }
             _ => None,
         };
-        // Else the rows in CSR (reordered on the host where they were not), encoded here.
+        // Else the rows in CSR (reordered on the host where they were not), encoded here; the
+        // coverage left to the rows as read is computed first (reordering them drops them).
         let made = match made {
             Some(made) => made,
-            None => CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o),
+            None => {
+                built.coverage = left_coverage_now(&rows);
+                CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o)
+            }
         };
         match made {
             Ok(op) => compact = Some(op),
@@ -735,15 +739,16 @@ fn cuda_lsqr<V: LsqrVisitor>(
     let probe = probes_storage(spec.storage, nnz);
     if let (Some(op), false) = (&compact, probe) {
         finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
-        built.coverage = coverage_then_drop(rows);
+        let later = coverage_then_drop(rows);
+        built.coverage = built.coverage.take().or(later);
         built.seconds = t.elapsed().as_secs_f64();
         return Ok((v.visit(be, op)?, built));
     }
     // The rows are reordered on the host below: the coverage left to them first, from the rows
-    // as read.
-    built.coverage = rows
-        .left_coverage()
-        .map(crate::grid::PendingCoverage::ready);
+    // as read (unless computed above).
+    if built.coverage.is_none() {
+        built.coverage = left_coverage_now(&rows);
+    }
     let stored_nnz = rows.nnz();
     // CSR: the stencil rows (if any were split off) go back into the matrix.
     let rows = restack(rows.into_csr()?, stencil.as_ref())?;
@@ -798,6 +803,13 @@ fn cuda_lsqr<V: LsqrVisitor>(
     built.bytes_per_nnz = (csr.precision().bytes() + 4) as f64;
     built.seconds = t.elapsed().as_secs_f64();
     Ok((v.visit(be, &csr)?, built))
+}
+
+/// The ray coverage the run left to `rows` ([`crate::backend::storage::Deferred`]), computed
+/// now from the rows as read (before they are reordered on the host, which drops them).
+fn left_coverage_now(rows: &StoredRows) -> Option<crate::grid::PendingCoverage> {
+    rows.left_coverage()
+        .map(crate::grid::PendingCoverage::ready)
 }
 
 /// The ray coverage the run left to `rows` ([`crate::backend::storage::Deferred`]), computed
