@@ -52,13 +52,13 @@ __device__ __forceinline__ double subwarp_dot(u64 e0, u64 e1, int sl, const V* _
 
 template <typename V, int S>
 __device__ __forceinline__ void tiled_atu_impl(
-    u32 tile_bits, const u32* __restrict__ chunk_seg, const u32* __restrict__ seg_row,
+    u32 tile_bits, u32 q0, const u32* __restrict__ chunk_seg, const u32* __restrict__ seg_row,
     const u64* __restrict__ colptr, const u16* __restrict__ lseg, const V* __restrict__ val,
     const double* __restrict__ y, double* __restrict__ cpart, const int* __restrict__ skip) {
     __shared__ double ys[TILED_CHUNK_SEGS];
     extern __shared__ u32 cps[];  // the tile's column offsets, relative to its first: T + 1
     if (skip && *skip) return;
-    const u32 q = blockIdx.x;
+    const u32 q = q0 + blockIdx.x;  // chunks q0.. (a piece of the columns: tiled.rs atu_range)
     const u32 T = 1u << tile_bits;
     const u64 cb = (u64)q << tile_bits;
     const u64 eb = colptr[cb];
@@ -194,10 +194,11 @@ __device__ __forceinline__ void tiled_axf_impl(
 
 #define TILED_KERNELS(SUF, V, S)                                                                \
     extern "C" __global__ void __launch_bounds__(TILED_THREADS)                                 \
-        tiled_atu_##SUF(u32 tile_bits, const u32* chunk_seg, const u32* seg_row,                \
+        tiled_atu_##SUF(u32 tile_bits, u32 q0, const u32* chunk_seg, const u32* seg_row,        \
                         const u64* colptr, const u16* lseg, const V* val, const double* y,      \
                         double* cpart, const int* skip) {                                       \
-        tiled_atu_impl<V, S>(tile_bits, chunk_seg, seg_row, colptr, lseg, val, y, cpart, skip); \
+        tiled_atu_impl<V, S>(tile_bits, q0, chunk_seg, seg_row, colptr, lseg, val, y, cpart,    \
+                             skip);                                                             \
     }
 
 TILED_KERNELS(s32_f64, double, 32)
@@ -241,9 +242,10 @@ tiled_rows(u32 nrows, const u64* __restrict__ row_seg, const u32* __restrict__ s
 }
 
 // x[j] = a * (sum of column j's chunk sums, in chunk order, then the stencil rows' terms)
-// + b * x[j].
+// + b * x[j], for the columns j0..ncols (j0 a multiple of TILED_THREADS *
+// TILED_ROWS_PER_THREAD: block b writes partial[b] for its columns).
 extern "C" __global__ void __launch_bounds__(TILED_THREADS)
-tiled_cols(u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
+tiled_cols(u32 j0, u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
            const double* __restrict__ cpart, double* __restrict__ x, double a, double b,
            const double* __restrict__ coef, const int* __restrict__ skip,
            double* __restrict__ partial, StencilArgs st, const double* __restrict__ yd,
@@ -252,7 +254,8 @@ tiled_cols(u32 ncols, u32 tile_bits, const u32* __restrict__ tile_chunk,
     const u32 mask = (1u << tile_bits) - 1;
     double acc = 0.0;
     for (int t = 0; t < TILED_ROWS_PER_THREAD; ++t) {
-        const u64 j = ((u64)blockIdx.x * TILED_ROWS_PER_THREAD + t) * TILED_THREADS + threadIdx.x;
+        const u64 j =
+            j0 + ((u64)blockIdx.x * TILED_ROWS_PER_THREAD + t) * TILED_THREADS + threadIdx.x;
         if (j >= ncols) break;
         const u32 tile = (u32)(j >> tile_bits), c = (u32)j & mask;
         double s = 0.0;

@@ -953,6 +953,94 @@ fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
     }
 }
 
+/// A^T u in pieces of the columns on two GPUs (tuning `atu_pieces`): each piece is summed over
+/// the ranks by NCCL on a stream of its own while the next is made. A synthetic dataset of
+/// 16,384 cells (four pieces of 4096 columns at most), `invert` on two ranks with the device
+/// loop: every piece count and layout gives the solution of the whole product summed after it
+/// byte for byte (a sum of two values does not depend on their order), and the same iterations.
+#[test]
+#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
+    use common::mpi::{finish, mpirun};
+    drop(gpu());
+    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
+        println!("one GPU only: this test needs two ({why})");
+        return;
+    }
+    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
+    let dir = std::env::temp_dir().join("seistomo-gpu2-atu-pieces");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ds = dir.join("ds");
+    let synth = std::process::Command::new(seistomo_bin())
+        .args(["-q", "synth", "-o"])
+        .arg(&ds)
+        .args([
+            "--grid",
+            "32,32,16",
+            "--rays",
+            "20000",
+            "--norm-damping",
+            "0.1",
+        ])
+        .args(["--flattening", "0.5,0.5,0.5"])
+        .output()
+        .unwrap();
+    assert!(
+        synth.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synth.stderr)
+    );
+    let run = |layout: &str, pieces: &str| {
+        let out = dir.join(format!("out-{layout}-{pieces}"));
+        let cfg = dir.join(format!("{layout}-{pieces}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 120\n[backend]\nkind = \"cuda\"\nstorage = \"compact\"\nlsqr_loop = \"device\"\nallreduce = \"nccl\"\n[tuning]\ngpu_layout = \"{layout}\"\natu_pieces = {pieces}\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
+                ds.join("dataset.toml").display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        let mut c = mpirun();
+        for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
+            if std::env::var_os(var).is_some() {
+                c.args(["-x", var]);
+            }
+        }
+        c.args(["-np", "2"])
+            .arg(seistomo_bin())
+            .args(["-q", "invert"])
+            .arg(&cfg);
+        let o = finish(c);
+        assert!(
+            o.status.success(),
+            "{layout} {pieces}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = common::read_json(&out.join("report.json"));
+        assert_eq!(
+            r["lsqr_loop"], "device",
+            "{layout} {pieces}: the host loop ran"
+        );
+        let its = r["iterations"].as_u64().unwrap();
+        (std::fs::read(out.join("solution.txt")).unwrap(), its)
+    };
+    for layout in ["split", "tiles", "rows"] {
+        let (whole, its) = run(layout, "1");
+        for pieces in ["2", "3", "4", "64"] {
+            let (x, i) = run(layout, pieces);
+            assert_eq!(i, its, "{layout} {pieces}: iterations");
+            assert!(
+                x == whole,
+                "{layout}, {pieces} pieces: the solution differs from one piece's"
+            );
+            println!("2 GPUs, {layout}, atu_pieces = {pieces}: {i} iterations, the same solution");
+        }
+    }
+}
+
 /// LSMR on the GPU against LSMR on the CPU: every CSR transpose directly (the host loop with the
 /// vectors on the device), the explicit transpose with the device loop too (kernels/lsmr.cu;
 /// blocks of 32, and blocks ended every 7 iterations where a monitor asks for x), and compact

@@ -188,9 +188,9 @@ impl MtxSystemArgs {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TuneArgs {
     /// A tuning knob, KEY=VALUE (repeatable; overrides the config's [tuning] table): gpu_layout,
-    /// tile_bits, ax_tile_bits, compact_s, compact_r, tiled_s_cols, lsqr_block, nvrtc_defines,
-    /// nccl_max_ctas, io_max_gap, gpu_batch, gpu_encode (docs/configuration.md). Never changes
-    /// the solution's meaning.
+    /// tile_bits, ax_tile_bits, compact_s, compact_r, tiled_s_cols, lsqr_block, atu_pieces,
+    /// nvrtc_defines, nccl_max_ctas, io_max_gap, gpu_batch, gpu_encode (docs/configuration.md).
+    /// Never changes the solution's meaning.
     #[arg(long = "tune", value_name = "KEY=VALUE")]
     pub tune: Vec<String>,
 }

@@ -63,6 +63,11 @@ pub struct Tuning {
     /// `lsqr_block`: iterations per replay of the device LSQR loop's CUDA graph, 1..=256;
     /// default 32.
     pub lsqr_block: Option<usize>,
+    /// `atu_pieces`: on several ranks, the device LSQR loop makes A^T u in this many pieces
+    /// of the columns (column tiles), each summed over the ranks (NCCL, on a stream of its
+    /// own) while the next is made, 1..=64; default 1: the whole product, then its sum (more
+    /// pieces measured slower on two NVLink-joined GPUs).
+    pub atu_pieces: Option<usize>,
     /// `nvrtc_defines`: preprocessor defines the CUDA kernels are compiled with, `NAME` or
     /// `NAME=VALUE` (kernel constants for experiments, e.g. `CUNROLL=2`).
     pub nvrtc_defines: Vec<String>,
@@ -86,7 +91,7 @@ pub struct Tuning {
 }
 
 /// The keys [`Tuning::set`] takes, in the fields' order.
-pub const KEYS: [&str; 12] = [
+pub const KEYS: [&str; 13] = [
     "gpu_layout",
     "tile_bits",
     "ax_tile_bits",
@@ -94,6 +99,7 @@ pub const KEYS: [&str; 12] = [
     "compact_r",
     "tiled_s_cols",
     "lsqr_block",
+    "atu_pieces",
     "nvrtc_defines",
     "nccl_max_ctas",
     "io_max_gap",
@@ -121,6 +127,20 @@ fn flag(key: &str, v: &str, auto: bool) -> Result<Option<bool>> {
         .parse()
         .map(Some)
         .map_err(|_| Error::Invalid(format!("tuning {key} = {v}: expected true or false")))
+}
+
+/// Pieces of A^T u the device loop of several ranks makes at most.
+pub const MAX_ATU_PIECES: usize = 64;
+
+/// An error unless `p` is a count of A^T u's pieces (tuning `atu_pieces`, 1..=64).
+pub fn check_atu_pieces(p: usize) -> Result<()> {
+    if (1..=MAX_ATU_PIECES).contains(&p) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "tuning atu_pieces = {p}: expected 1..={MAX_ATU_PIECES}"
+        )))
+    }
 }
 
 /// An error unless `d` is a preprocessor define: NAME (a C identifier) or NAME=VALUE (a value
@@ -175,6 +195,9 @@ impl Tuning {
                 "tuning lsqr_block = {k}: expected 1..={MAX_LSQR_BLOCK}"
             )));
         }
+        if let Some(p) = self.atu_pieces {
+            check_atu_pieces(p)?;
+        }
         self.nvrtc_defines.iter().try_for_each(|d| check_define(d))
     }
 
@@ -205,6 +228,7 @@ impl Tuning {
             "compact_r" => t.compact_r = opt(key, v, auto)?,
             "tiled_s_cols" => t.tiled_s_cols = opt(key, v, auto)?,
             "lsqr_block" => t.lsqr_block = opt(key, v, auto)?,
+            "atu_pieces" => t.atu_pieces = opt(key, v, auto)?,
             "nccl_max_ctas" => t.nccl_max_ctas = opt(key, v, auto)?,
             "io_max_gap" => t.io_max_gap = opt(key, v, auto)?,
             "gpu_batch" => t.gpu_batch = flag(key, v, auto)?,

@@ -286,10 +286,15 @@ impl CudaBackend {
         self.nccl.setup(&self.stream, comm, path, max_ctas)
     }
 
-    /// `x` summed over the ranks in place by NCCL on the backend's stream (also inside a graph
-    /// capture: the device LSQR loop of several ranks); an error where NCCL is not set up.
-    pub(crate) fn nccl_sum(&self, x: &mut CudaSlice<f64>) -> Result<()> {
-        if self.nccl.all_reduce(x)? {
+    /// `x` (a vector or a piece of one) summed over the ranks in place by NCCL, GPU to GPU,
+    /// on `stream` (None: the backend's; also inside a graph capture: the device LSQR loop of
+    /// several ranks); an error where NCCL is not set up.
+    pub(crate) fn nccl_sum_on<R: cudarc::driver::DevicePtrMut<f64>>(
+        &self,
+        stream: Option<&cudarc::driver::CudaStream>,
+        x: &mut R,
+    ) -> Result<()> {
+        if self.nccl.all_reduce_on(stream, x)? {
             Ok(())
         } else {
             Err(Error::backend(

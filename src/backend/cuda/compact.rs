@@ -556,6 +556,7 @@ impl CudaCompactOperator {
         be.synchronize()?;
         let device_loop = LoopSlot::default();
         device_loop.set_block(o.lsqr_block)?;
+        device_loop.set_pieces(o.atu_pieces)?;
         Ok(CudaCompactOperator {
             m_stored: nrows,
             ncols,
@@ -770,6 +771,33 @@ impl FusedLsqr for CudaCompactOperator {
     }
     fn atu_fused(&self, be: &CudaBackend, u: u64, v: u64, e: &Epilogue) -> Result<u32> {
         self.atu_launch(be, u, v, e)
+    }
+    /// The column tiles' A^T piece by piece ([`DevTiled::atu_piece`]); the delta rows'
+    /// (layout `rows`) whole before the first piece is handed on.
+    fn atu_in_pieces(
+        &self,
+        be: &CudaBackend,
+        (u, v): (u64, u64),
+        e: &Epilogue,
+        pieces: &[std::ops::Range<usize>],
+        done: &mut dyn FnMut(std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<()> {
+        let t = match &self.layout {
+            Layout::Tiles(t) | Layout::Mixed { t, .. } | Layout::Split { at: t, .. } => t,
+            Layout::Rows { .. } => {
+                self.atu_launch(be, u, v, e)?;
+                return pieces.iter().try_for_each(|p| done(p.clone()));
+            }
+        };
+        let st = self
+            .stencil
+            .as_ref()
+            .map(|s| (&s.args, u + 8 * self.m_stored as u64));
+        for cols in pieces {
+            t.atu_range(be, u, v, e, st, &t.atu_piece(cols.clone())?)?;
+            done(cols.clone())?;
+        }
+        Ok(())
     }
     fn loop_slot(&self) -> &LoopSlot {
         &self.device_loop

@@ -612,6 +612,7 @@ impl Encoded {
             chunk_tile: up(be, &self.chunk_tile)?,
             chunk_seg: up(be, &self.chunk_seg)?,
             tile_chunk: up(be, if cols { &self.tile_chunk[..] } else { &[] })?,
+            tile_chunk_host: if cols { self.tile_chunk } else { Vec::new() },
             seg_row: if cols { self.seg_row } else { up(be, &[])? },
             seg_pos: if rows { self.seg_pos } else { up(be, &[])? },
             seg_ent: if rows { self.seg_ent } else { up(be, &[])? },

@@ -11,9 +11,11 @@
 
 use std::ffi::c_void;
 use std::mem::offset_of;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 
 use super::backend::CudaBackend;
 use super::error::Doing;
@@ -23,8 +25,14 @@ use crate::backend::lsqr::{BlockCallback, LsqrDevice, LsqrParams, LsqrScalars, L
 use crate::error::{Error, Result};
 
 use super::graph_loop::{Graphed, LoopState, RECMAX};
+use super::tiled::column_pieces;
 /// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
+/// Pieces of A^T u on several ranks by default (tuning `atu_pieces`; more: each summed over
+/// the ranks while the next is made). One: on two H100s joined by NVLink every further piece
+/// cost about 0.02-0.07 ms an iteration more than its overlap saved (docs/performance.md,
+/// "Two GPUs").
+const PIECES: usize = 1;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
 pub(super) const STEP_THREADS: u32 = 1024;
 
@@ -216,6 +224,22 @@ pub(crate) trait FusedLsqr {
     fn max_partials(&self) -> usize;
     fn av_fused(&self, be: &CudaBackend, v: u64, u: u64, e: &Epilogue) -> Result<u32>;
     fn atu_fused(&self, be: &CudaBackend, u: u64, v: u64, e: &Epilogue) -> Result<u32>;
+    /// A^T u as [`Self::atu_fused`] (no partials: `e.partial` must be 0) made piece by piece
+    /// of the columns `pieces` ([`column_pieces`]: the same on every rank), `done(piece)`
+    /// called once each piece's columns are queued (the loop of several ranks sums a piece
+    /// over them while the next is made). Operators that cannot cut their product make it
+    /// whole before the first `done`.
+    fn atu_in_pieces(
+        &self,
+        be: &CudaBackend,
+        (u, v): (u64, u64),
+        e: &Epilogue,
+        pieces: &[Range<usize>],
+        done: &mut dyn FnMut(Range<usize>) -> Result<()>,
+    ) -> Result<()> {
+        self.atu_fused(be, u, v, e)?;
+        pieces.iter().try_for_each(|p| done(p.clone()))
+    }
     /// The operator's device-loop switch and captured loop.
     fn loop_slot(&self) -> &LoopSlot;
 }
@@ -225,6 +249,8 @@ pub(crate) trait FusedLsqr {
 pub(crate) struct LoopSlot {
     on: AtomicBool,
     block: AtomicUsize,
+    /// Pieces of A^T u on several ranks (tuning `atu_pieces`).
+    pieces: AtomicUsize,
     lp: std::sync::Mutex<Option<DeviceLoop>>,
     /// LSMR's loop (src/backend/cuda/lsmr_loop.rs's `LsmrLoop`), behind the same switch and
     /// block size; opaque here, so that the two loops' files do not import each other.
@@ -236,6 +262,7 @@ impl Default for LoopSlot {
         LoopSlot {
             on: AtomicBool::new(false),
             block: AtomicUsize::new(BLOCK),
+            pieces: AtomicUsize::new(PIECES),
             lp: Default::default(),
             lsmr: Default::default(),
         }
@@ -258,6 +285,17 @@ impl LoopSlot {
     }
     pub(super) fn block(&self) -> usize {
         self.block.load(Ordering::Relaxed)
+    }
+    /// Pieces of A^T u on several ranks (None: the default, 1: the whole product, then its
+    /// sum).
+    pub fn set_pieces(&self, pieces: Option<usize>) -> Result<()> {
+        let p = pieces.unwrap_or(PIECES);
+        crate::settings::tuning::check_atu_pieces(p)?;
+        self.pieces.store(p, Ordering::Relaxed);
+        Ok(())
+    }
+    pub(super) fn pieces(&self) -> usize {
+        self.pieces.load(Ordering::Relaxed)
     }
 }
 
@@ -295,10 +333,16 @@ impl LoopState for DevState {
     }
 }
 
-/// The buffers the device loop of several ranks sums over them (see [`DeviceLoop::ranks`]).
+/// The buffers the device loop of several ranks sums over them (see [`DeviceLoop::ranks`]),
+/// and the stream that sums them (NCCL) beside the backend's, which goes on computing: the
+/// sum of u^2 and each piece of A^T u are handed to it through `forked`, and the backend's
+/// stream waits for all of them through `joined` before it needs them.
 struct RankSums {
     atu: CudaSlice<f64>,
     usq: CudaSlice<f64>,
+    side: Arc<CudaStream>,
+    forked: CudaEvent,
+    joined: CudaEvent,
 }
 
 /// Block partials the fused x/w update writes (its grid, as the backend's reductions).
@@ -311,6 +355,10 @@ impl DeviceLoop {
     fn new(be: &CudaBackend, partials: usize, (ranks, n): (usize, usize)) -> Result<DeviceLoop> {
         let st = &be.stream;
         let sums = if ranks > 1 {
+            // The sums' stream at the highest priority: NCCL's blocks take the next free
+            // multiprocessors ahead of the product's.
+            let (_, greatest) =
+                cudarc::driver::result::stream::get_priority_range().doing("stream priorities")?;
             Some(RankSums {
                 atu: st
                     .alloc_zeros::<f64>(n.max(1))
@@ -318,6 +366,12 @@ impl DeviceLoop {
                 usq: st
                     .alloc_zeros::<f64>(1)
                     .doing("device memory for ||u||^2")?,
+                side: be
+                    .ctx
+                    .new_stream_with_priority(greatest)
+                    .doing("creating the sums' stream")?,
+                forked: be.ctx.new_event(None).doing("creating an event")?,
+                joined: be.ctx.new_event(None).doing("creating an event")?,
             })
         } else {
             None
@@ -335,7 +389,7 @@ impl DeviceLoop {
         be: &CudaBackend,
         op: &dyn FusedLsqr,
         v: &LsqrVectors<CudaSlice<f64>>,
-        k: usize,
+        (k, pieces): (usize, usize),
     ) -> Result<()> {
         let (m, n) = (op.fused_rows(), op.fused_cols());
         let ps = be.ptr(&g.state);
@@ -359,62 +413,59 @@ impl DeviceLoop {
             fused(offset_of!(DevState, c_av), offset_of!(DevState, done)),
             fused(offset_of!(DevState, c_atu), offset_of!(DevState, skip_atu)),
         );
-        // Several ranks: A^T u into a buffer of its own (coefficients (1, 0)), summed with the
-        // sum of u^2 over the ranks by NCCL on the captured stream.
-        let plain_atu = fused(
-            offset_of!(DevState, one_zero),
-            offset_of!(DevState, skip_atu),
+        // Several ranks: A^T u into a buffer of its own (coefficients (1, 0), no partials)
+        // before beta is known (u is kept unnormalised: lsqr_combine scales it), guarded by
+        // `done` instead of `skip_atu` (which lsqr_step1 sets; an A^T u it would skip is made
+        // and not used). Its pieces and the sum of u^2 are summed over the ranks by NCCL on
+        // the side stream while the next piece is made.
+        let raw_atu = Epilogue::fused(
+            at(offset_of!(DevState, one_zero)),
+            at(offset_of!(DevState, done)),
+            0,
         );
         let (patu, pusq) = ranks
             .as_ref()
             .map_or((0, 0), |r| (be.ptr(&r.atu), be.ptr(&r.usq)));
         let mut sums = ranks;
+        let cut = column_pieces(n, pieces);
         for _ in 0..k {
             let np = op.av_fused(be, pv, pu, &av)?;
-            match &mut sums {
-                None => step(&be.k.lsqr_step1, np, &[])?,
-                Some(r) => {
-                    be.launch(
-                        &be.k.lsqr_sum,
-                        one,
-                        STEP_THREADS,
-                        &mut [arg(&pp), arg(&np), arg(&pusq)],
-                    )?;
-                    be.nccl_sum(&mut r.usq)?;
-                    let np1 = 1u32;
-                    let mut args = [arg(&ps), arg(&pusq), arg(&np1)];
-                    be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
-                }
-            }
-            match &mut sums {
-                None => step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?,
-                Some(r) => {
-                    op.atu_fused(be, pu, patu, &plain_atu)?;
-                    be.nccl_sum(&mut r.atu)?;
-                    be.launch(
-                        &be.k.lsqr_combine,
-                        gu,
-                        THREADS,
-                        &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
-                    )?;
-                    step(&be.k.lsqr_step2, gu, &[])?;
-                }
-            }
+            let Some(r) = &mut sums else {
+                step(&be.k.lsqr_step1, np, &[])?;
+                step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
+                Self::record_update(be, (px, pw, pv, pvar, n64, ps, pp), gu, prec)?;
+                continue;
+            };
             be.launch(
-                &be.k.lsqr_update_dev,
+                &be.k.lsqr_sum,
+                one,
+                STEP_THREADS,
+                &mut [arg(&pp), arg(&np), arg(&pusq)],
+            )?;
+            r.hand_over(be)?;
+            be.nccl_sum_on(Some(&r.side), &mut r.usq)?;
+            op.atu_in_pieces(be, (pu, patu), &raw_atu, &cut, &mut |cols| {
+                r.hand_over(be)?;
+                let mut piece = r.atu.slice_mut(cols);
+                be.nccl_sum_on(Some(&r.side), &mut piece)
+            })?;
+            r.joined
+                .record(&r.side)
+                .doing("recording the sums over the ranks")?;
+            be.stream
+                .wait(&r.joined)
+                .doing("waiting for the sums over the ranks")?;
+            let np1 = 1u32;
+            let mut args = [arg(&ps), arg(&pusq), arg(&np1)];
+            be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
+            be.launch(
+                &be.k.lsqr_combine,
                 gu,
                 THREADS,
-                &mut [
-                    arg(&px),
-                    arg(&pw),
-                    arg(&pv),
-                    arg(&pvar),
-                    arg(&n64),
-                    arg(&ps),
-                    arg(&pp),
-                ],
+                &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
             )?;
-            step(&be.k.lsqr_step3, gu, &[arg(&prec)])?;
+            step(&be.k.lsqr_step2, gu, &[])?;
+            Self::record_update(be, (px, pw, pv, pvar, n64, ps, pp), gu, prec)?;
         }
         let m64 = m as u64;
         be.launch_elementwise(
@@ -424,6 +475,40 @@ impl DeviceLoop {
         )?;
         be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
         g.copy_out(be)
+    }
+
+    /// The fused x/w update and the third step kernel (the stopping tests and the history
+    /// record at `prec`); the addresses are x, w, v, var, then n, the state and the partials.
+    fn record_update(
+        be: &CudaBackend,
+        (px, pw, pv, pvar, n64, ps, pp): (u64, u64, u64, u64, u64, u64, u64),
+        gu: u32,
+        prec: u64,
+    ) -> Result<()> {
+        let mut args = [
+            arg(&px),
+            arg(&pw),
+            arg(&pv),
+            arg(&pvar),
+            arg(&n64),
+            arg(&ps),
+            arg(&pp),
+        ];
+        be.launch(&be.k.lsqr_update_dev, gu, THREADS, &mut args)?;
+        let mut args = [arg(&ps), arg(&pp), arg(&gu), arg(&prec)];
+        be.launch(&be.k.lsqr_step3, 1, STEP_THREADS, &mut args)
+    }
+}
+
+impl RankSums {
+    /// Make the side stream wait for what the backend's stream has queued so far.
+    fn hand_over(&self, be: &CudaBackend) -> Result<()> {
+        self.forked
+            .record(&be.stream)
+            .doing("recording a vector for the sums over the ranks")?;
+        self.side
+            .wait(&self.forked)
+            .doing("handing a vector to the sums over the ranks")
     }
 }
 
@@ -455,6 +540,7 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             return Ok(());
         }
         let k = self.loop_slot().block();
+        let pieces = self.loop_slot().pieces();
         let partials = op.max_partials().max(update_blocks(n) as usize);
         if slot
             .as_ref()
@@ -471,9 +557,10 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             v.var.as_ref().map_or(0, |d| be.ptr(d)),
             k as u64,
             ranks as u64,
+            pieces as u64,
         ];
         g.capture(be, key, |g| {
-            DeviceLoop::record_replay(g, sums.as_mut(), be, op, v, k)
+            DeviceLoop::record_replay(g, sums.as_mut(), be, op, v, (k, pieces))
         })?;
         let st = DevState::from_scalars(s, params, iter_lim);
         g.run(be, st, (k, iter_lim, boundary), "LSQR", |st, recs| {

@@ -31,13 +31,18 @@ impl NcclComm {
         self.stream.cu_stream() as sys::cudaStream_t
     }
 
-    /// `x` summed over the ranks in place, on the stream.
-    fn sum<R: DevicePtrMut<f64>>(&self, x: &mut R) -> std::result::Result<(), NcclError> {
+    /// `x` summed over the ranks in place, on `stream` (None: the communicator's).
+    fn sum<R: DevicePtrMut<f64>>(
+        &self,
+        x: &mut R,
+        stream: Option<&CudaStream>,
+    ) -> std::result::Result<(), NcclError> {
         let count = x.len();
         let (ptr, _record) = x.device_ptr_mut(&self.stream);
+        let on = stream.map_or_else(|| self.cu_stream(), |s| s.cu_stream() as sys::cudaStream_t);
         // SAFETY: `ptr` points at `count` f64 on this rank's device, alive while the stream
         // runs the sum (the caller's buffer outlives its use).
-        unsafe { sum_in_place(self.raw, ptr, count, self.cu_stream()) }
+        unsafe { sum_in_place(self.raw, ptr, count, on) }
     }
 }
 
@@ -488,11 +493,21 @@ impl Nccl {
     /// `x` summed over the ranks in place, on the stream, GPU to GPU; false (nothing done) when
     /// there is no NCCL communicator.
     pub fn all_reduce<R: DevicePtrMut<f64>>(&self, x: &mut R) -> Result<bool> {
+        self.all_reduce_on(None, x)
+    }
+
+    /// [`Self::all_reduce`] on `stream` (None: the backend's), e.g. a side stream that sums
+    /// one piece of a vector while the backend's stream computes the next.
+    pub fn all_reduce_on<R: DevicePtrMut<f64>>(
+        &self,
+        stream: Option<&CudaStream>,
+        x: &mut R,
+    ) -> Result<bool> {
         let guard = self.lock();
         let Some(nc) = guard.as_ref() else {
             return Ok(false);
         };
-        nc.sum(x).doing("ncclAllReduce")?;
+        nc.sum(x, stream).doing("ncclAllReduce")?;
         Ok(true)
     }
 }

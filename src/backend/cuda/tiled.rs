@@ -13,6 +13,17 @@ use crate::sparse::tiled::{Tiled, TiledValues};
 
 const THREADS: u32 = 256;
 const ROWS_PER_THREAD: u64 = 4;
+/// Columns of one block of the column pass (kernels/tiled.cu TILED_THREADS x
+/// TILED_ROWS_PER_THREAD): the pieces of A^T start at multiples of it.
+const COLS_ALIGN: usize = THREADS as usize * ROWS_PER_THREAD as usize;
+
+/// A piece of A^T y's columns ([`DevTiled::atu_pieces`]): the chunks of their tiles, and
+/// the columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AtuPiece {
+    pub chunks: std::ops::Range<u32>,
+    pub cols: std::ops::Range<u32>,
+}
 
 fn width_for(mean: f64) -> u32 {
     let mut s = 4u32;
@@ -71,6 +82,9 @@ pub(super) struct DevTiledParts {
     pub chunk_tile: CudaSlice<u32>,
     pub chunk_seg: CudaSlice<u32>,
     pub tile_chunk: CudaSlice<u32>,
+    /// `tile_chunk` on the host (empty when the column pass is not made): where the pieces
+    /// of A^T ([`DevTiled::atu_pieces`]) start and end.
+    pub tile_chunk_host: Vec<u32>,
     pub seg_row: CudaSlice<u32>,
     pub seg_pos: CudaSlice<u32>,
     pub seg_ent: CudaSlice<u64>,
@@ -96,6 +110,9 @@ pub(crate) struct DevTiled {
     chunk_tile: CudaSlice<u32>,
     chunk_seg: CudaSlice<u32>,
     tile_chunk: CudaSlice<u32>,
+    /// The first chunk of each tile and the end (tile count + 1 values) on the host; empty
+    /// when the column pass was not uploaded.
+    tile_chunk_host: Vec<u32>,
     seg_row: CudaSlice<u32>,
     seg_pos: CudaSlice<u32>,
     seg_ent: CudaSlice<u64>,
@@ -160,6 +177,11 @@ impl DevTiled {
             b_lseg: up_if(be, cols, &t.b_lseg)?,
             b_val: values(be, cols, &t.b_val, false)?,
             tile_chunk: up_if(be, cols, &t.tile_chunk)?,
+            tile_chunk_host: if cols {
+                t.tile_chunk.clone()
+            } else {
+                Vec::new()
+            },
             seg_partial: zeros(if rows { t.nseg() } else { 1 })?,
             cpart: zeros(if cols { t.nchunks() * t.tile() } else { 1 })?,
             rows,
@@ -195,6 +217,7 @@ impl DevTiled {
             chunk_tile: p.chunk_tile,
             chunk_seg: p.chunk_seg,
             tile_chunk: p.tile_chunk,
+            tile_chunk_host: p.tile_chunk_host,
             seg_row: p.seg_row,
             seg_pos: p.seg_pos,
             seg_ent: p.seg_ent,
@@ -260,6 +283,30 @@ impl DevTiled {
         e: &Epilogue,
         st: Option<(&StencilArgs, u64)>,
     ) -> Result<()> {
+        let all = AtuPiece {
+            chunks: 0..self.nchunks,
+            cols: 0..self.ncols as u32,
+        };
+        self.atu_range(be, y, x, e, st, &all)
+    }
+
+    /// The chunks and columns of A^T's piece `cols` (boundaries from [`column_pieces`]).
+    pub fn atu_piece(&self, cols: std::ops::Range<usize>) -> Result<AtuPiece> {
+        piece_of(&self.tile_chunk_host, self.tile_bits, self.ncols, cols)
+    }
+
+    /// The columns `piece.cols` of x = a A^T y + b x (+ the stencil rows' terms) from the
+    /// chunks `piece.chunks` (those of the columns' tiles: [`Self::atu_pieces`]), with the
+    /// epilogue `e` (its block partials at their places among all the columns').
+    pub fn atu_range(
+        &self,
+        be: &CudaBackend,
+        y: u64,
+        x: u64,
+        e: &Epilogue,
+        st: Option<(&StencilArgs, u64)>,
+        piece: &AtuPiece,
+    ) -> Result<()> {
         if !self.cols {
             return Err(Error::backend(
                 "cuda",
@@ -271,30 +318,50 @@ impl DevTiled {
         let pcpart = be.ptr(&self.cpart);
         let (seg, row) = (be.ptr(&self.chunk_seg), be.ptr(&self.seg_row));
         let (colptr, lseg) = (be.ptr(&self.b_colptr), be.ptr(&self.b_lseg));
-        let words = [seg, row, colptr, lseg, pv, y, pcpart];
         // the tile's column offsets in shared memory (u32, relative to the chunk's first entry:
         // a chunk holds at most CHUNK_SEGS segments of at most one tile each, < 2^32 entries)
         let smem = 4 * ((1u32 << self.tile_bits) + 1);
-        self.launch_chunks(be, f, smem, &words, &e.skip)?;
+        let nq = piece.chunks.len() as u32;
+        if nq > 0 {
+            let q0 = piece.chunks.start;
+            let mut args = [
+                arg(&self.tile_bits),
+                arg(&q0),
+                arg(&seg),
+                arg(&row),
+                arg(&colptr),
+                arg(&lseg),
+                arg(&pv),
+                arg(&y),
+                arg(&pcpart),
+                arg(&e.skip),
+            ];
+            be.launch_smem(f, nq, THREADS, smem, &mut args)?;
+        }
         let (has, sargs, yd) = stencil_parts(st);
         let has = i32::from(has);
-        let ncols = self.ncols as u32;
+        let (j0, j1) = (piece.cols.start, piece.cols.end);
         let ptc = be.ptr(&self.tile_chunk);
         let lead = [
-            arg(&ncols),
+            arg(&j0),
+            arg(&j1),
             arg(&self.tile_bits),
             arg(&ptc),
             arg(&pcpart),
             arg(&x),
         ];
         let tail = [arg(&sargs), arg(&yd), arg(&has)];
-        e.launch(
-            be,
-            &be.k.tiled_cols,
-            (self.col_blocks(), THREADS),
-            &lead,
-            &tail,
-        )
+        let first_block = j0 as u64 / COLS_ALIGN as u64;
+        let e = Epilogue {
+            partial: if e.partial == 0 {
+                0
+            } else {
+                e.partial + 8 * first_block
+            },
+            ..*e
+        };
+        let blocks = ((j1 - j0) as u64).div_ceil(COLS_ALIGN as u64) as u32;
+        e.launch(be, &be.k.tiled_cols, (blocks.max(1), THREADS), &lead, &tail)
     }
 
     /// Launch the chunk kernel `f` (a block per chunk, `smem` bytes of shared memory): its
@@ -316,5 +383,114 @@ impl DevTiled {
         }
         args[words.len() + 1] = arg(skip);
         be.launch_smem(f, self.nchunks, THREADS, smem, &mut args[..words.len() + 2])
+    }
+}
+
+/// Columns a piece of A^T starts at a multiple of: the widest tile (2^12 columns: tuning
+/// `tile_bits` <= 12) and a column-pass block ([`COLS_ALIGN`]) both divide it, so the pieces
+/// are the same on every rank whatever its layout.
+pub(crate) const PIECE_ALIGN: usize = 1 << 12;
+
+/// `ncols` columns cut into at most `pieces` pieces of about as many columns, in order, each
+/// starting at a multiple of [`PIECE_ALIGN`] (fewer where the columns are too few): the same
+/// on every rank (they depend on nothing else), so each piece's sum over the ranks has the
+/// same length everywhere.
+pub(crate) fn column_pieces(ncols: usize, pieces: usize) -> Vec<std::ops::Range<usize>> {
+    let blocks = ncols.div_ceil(PIECE_ALIGN).max(1);
+    let pieces = pieces.clamp(1, blocks);
+    (0..pieces)
+        .map(|p| {
+            let at = |p: usize| (blocks * p / pieces * PIECE_ALIGN).min(ncols);
+            at(p)..at(p + 1)
+        })
+        .collect()
+}
+
+/// The chunks of the tiles of columns `cols` (a piece of [`column_pieces`]) of a matrix of
+/// `ncols` columns in tiles of 2^`tile_bits` whose chunks start at `tile_chunk` (one value per
+/// tile and the end; empty: the column pass was not uploaded).
+fn piece_of(
+    tile_chunk: &[u32],
+    tile_bits: u32,
+    ncols: usize,
+    cols: std::ops::Range<usize>,
+) -> Result<AtuPiece> {
+    let ntiles = tile_chunk.len().saturating_sub(1);
+    let tile = |c: usize| {
+        if c >= ncols {
+            Some(ntiles)
+        } else if c % PIECE_ALIGN == 0 {
+            Some(c >> tile_bits)
+        } else {
+            None
+        }
+    };
+    match (tile(cols.start), tile(cols.end), ntiles) {
+        (Some(t0), Some(t1), 1..) if t0 <= t1 && t1 <= ntiles && cols.end <= ncols => {
+            Ok(AtuPiece {
+                chunks: tile_chunk[t0]..tile_chunk[t1],
+                cols: cols.start as u32..cols.end as u32,
+            })
+        }
+        _ => Err(Error::backend(
+            "cuda",
+            format!(
+                "A^T's piece of columns {cols:?} does not fall on tiles of {} of the {ncols} columns",
+                1usize << tile_bits
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_pieces_cover_the_columns_on_aligned_boundaries() {
+        for (ncols, pieces, want) in [
+            (1_310_720, 4, 4),
+            (1_310_720, 1, 1),
+            (1_310_720, 64, 64),
+            (2921, 4, 1),
+            (9000, 4, 3),
+            (0, 4, 1),
+        ] {
+            let out = column_pieces(ncols, pieces);
+            assert_eq!(out.len(), want, "{ncols} {pieces}: {out:?}");
+            assert_eq!(out[0].start, 0);
+            assert_eq!(out.last().unwrap().end, ncols);
+            for w in out.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].start < w[0].end);
+                assert_eq!(w[0].end % PIECE_ALIGN, 0);
+            }
+            let sizes: Vec<usize> = out.iter().map(|r| r.len()).collect();
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(hi - lo <= PIECE_ALIGN || ncols < PIECE_ALIGN, "{sizes:?}");
+        }
+    }
+
+    #[test]
+    fn a_piece_takes_the_chunks_of_its_tiles() {
+        // 20 tiles of 512 columns (the last short); tile i has 1 + i % 3 chunks
+        let (bits, ncols) = (9, 19 * 512 + 100);
+        let mut tc = vec![0u32];
+        for i in 0..20 {
+            tc.push(tc[i] + 1 + (i as u32 % 3));
+        }
+        let pieces = column_pieces(ncols, 2);
+        assert_eq!(pieces, vec![0..4096, 4096..ncols]);
+        let a = piece_of(&tc, bits, ncols, pieces[0].clone()).unwrap();
+        let b = piece_of(&tc, bits, ncols, pieces[1].clone()).unwrap();
+        assert_eq!((a.chunks, a.cols), (0..tc[8], 0..4096));
+        assert_eq!((b.chunks, b.cols), (tc[8]..tc[20], 4096..ncols as u32));
+        // tiles of 4096: the same boundaries
+        let tc4k = [0u32, 7, 9, 12];
+        let p = piece_of(&tc4k, 12, 3 * 4096 - 5, 4096..3 * 4096 - 5).unwrap();
+        assert_eq!(p.chunks, 7..12);
+        // off a boundary, or without the column pass: an error
+        assert!(piece_of(&tc, bits, ncols, 0..1000).is_err());
+        assert!(piece_of(&[], bits, ncols, 0..ncols).is_err());
     }
 }
