@@ -296,7 +296,7 @@ impl DevTiled {
     }
 
     /// The columns `piece.cols` of x = a A^T y + b x (+ the stencil rows' terms) from the
-    /// chunks `piece.chunks` (those of the columns' tiles: [`Self::atu_pieces`]), with the
+    /// chunks `piece.chunks` (those of the columns' tiles: [`Self::atu_piece`]), with the
     /// epilogue `e` (its block partials at their places among all the columns').
     pub fn atu_range(
         &self,
