@@ -17,7 +17,7 @@ const ROWS_PER_THREAD: u64 = 4;
 /// TILED_ROWS_PER_THREAD): the pieces of A^T start at multiples of it.
 const COLS_ALIGN: usize = THREADS as usize * ROWS_PER_THREAD as usize;
 
-/// A piece of A^T y's columns ([`DevTiled::atu_pieces`]): the chunks of their tiles, and
+/// A piece of A^T y's columns ([`DevTiled::atu_piece`]): the chunks of their tiles, and
 /// the columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AtuPiece {
@@ -83,7 +83,7 @@ pub(super) struct DevTiledParts {
     pub chunk_seg: CudaSlice<u32>,
     pub tile_chunk: CudaSlice<u32>,
     /// `tile_chunk` on the host (empty when the column pass is not made): where the pieces
-    /// of A^T ([`DevTiled::atu_pieces`]) start and end.
+    /// of A^T ([`DevTiled::atu_piece`]) start and end.
     pub tile_chunk_host: Vec<u32>,
     pub seg_row: CudaSlice<u32>,
     pub seg_pos: CudaSlice<u32>,
