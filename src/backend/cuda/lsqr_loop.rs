@@ -25,7 +25,6 @@ use crate::backend::lsqr::{BlockCallback, LsqrDevice, LsqrParams, LsqrScalars, L
 use crate::error::{Error, Result};
 
 use super::graph_loop::{Graphed, LoopState, RECMAX};
-use super::tiled::column_pieces;
 /// Iterations per graph replay by default (tuning `lsqr_block`, 1..=RECMAX).
 const BLOCK: usize = 32;
 /// Pieces of A^T u on several ranks by default (tuning `atu_pieces`; more: each summed over
@@ -571,5 +570,55 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             on_block(recs, s, v)?;
             Ok(s.istop == 0 && s.itn < iter_lim)
         })
+    }
+}
+
+/// Columns a piece of A^T starts at a multiple of: the widest tile (2^12 columns: tuning
+/// `tile_bits` <= 12) and a block of the tiles' column pass (kernels/tiled.cu: 1024 columns) both divide it, so the pieces
+/// are the same on every rank whatever its layout.
+pub(crate) const PIECE_ALIGN: usize = 1 << 12;
+
+/// `ncols` columns cut into at most `pieces` pieces of about as many columns, in order, each
+/// starting at a multiple of [`PIECE_ALIGN`] (fewer where the columns are too few): the same
+/// on every rank (they depend on nothing else), so each piece's sum over the ranks has the
+/// same length everywhere.
+pub(crate) fn column_pieces(ncols: usize, pieces: usize) -> Vec<std::ops::Range<usize>> {
+    let blocks = ncols.div_ceil(PIECE_ALIGN).max(1);
+    let pieces = pieces.clamp(1, blocks);
+    (0..pieces)
+        .map(|p| {
+            let at = |p: usize| (blocks * p / pieces * PIECE_ALIGN).min(ncols);
+            at(p)..at(p + 1)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_pieces_cover_the_columns_on_aligned_boundaries() {
+        for (ncols, pieces, want) in [
+            (1_310_720, 4, 4),
+            (1_310_720, 1, 1),
+            (1_310_720, 64, 64),
+            (2921, 4, 1),
+            (9000, 4, 3),
+            (0, 4, 1),
+        ] {
+            let out = column_pieces(ncols, pieces);
+            assert_eq!(out.len(), want, "{ncols} {pieces}: {out:?}");
+            assert_eq!(out[0].start, 0);
+            assert_eq!(out.last().unwrap().end, ncols);
+            for w in out.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].start < w[0].end);
+                assert_eq!(w[0].end % PIECE_ALIGN, 0);
+            }
+            let sizes: Vec<usize> = out.iter().map(|r| r.len()).collect();
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(hi - lo <= PIECE_ALIGN || ncols < PIECE_ALIGN, "{sizes:?}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::CudaBackend;
 use super::error::Doing;
-use super::lsqr_loop::Epilogue;
+use super::lsqr_loop::{Epilogue, PIECE_ALIGN};
 use super::stencil::{stencil_parts, StencilArgs};
 use super::util::{arg, up, up_if, width_index, DevValues};
 use crate::error::{Error, Result};
@@ -16,6 +16,8 @@ const ROWS_PER_THREAD: u64 = 4;
 /// Columns of one block of the column pass (kernels/tiled.cu TILED_THREADS x
 /// TILED_ROWS_PER_THREAD): the pieces of A^T start at multiples of it.
 const COLS_ALIGN: usize = THREADS as usize * ROWS_PER_THREAD as usize;
+// A^T's pieces start on column-pass blocks and on tiles of any size (tile_bits <= 12).
+const _: () = assert!(PIECE_ALIGN % COLS_ALIGN == 0 && PIECE_ALIGN % (1 << 12) == 0);
 
 /// A piece of A^T y's columns ([`DevTiled::atu_piece`]): the chunks of their tiles, and
 /// the columns.
@@ -290,7 +292,8 @@ impl DevTiled {
         self.atu_range(be, y, x, e, st, &all)
     }
 
-    /// The chunks and columns of A^T's piece `cols` (boundaries from [`column_pieces`]).
+    /// The chunks and columns of A^T's piece `cols` (boundaries from
+    /// [`super::lsqr_loop::column_pieces`]).
     pub fn atu_piece(&self, cols: std::ops::Range<usize>) -> Result<AtuPiece> {
         piece_of(&self.tile_chunk_host, self.tile_bits, self.ncols, cols)
     }
@@ -386,27 +389,7 @@ impl DevTiled {
     }
 }
 
-/// Columns a piece of A^T starts at a multiple of: the widest tile (2^12 columns: tuning
-/// `tile_bits` <= 12) and a column-pass block ([`COLS_ALIGN`]) both divide it, so the pieces
-/// are the same on every rank whatever its layout.
-pub(crate) const PIECE_ALIGN: usize = 1 << 12;
-
-/// `ncols` columns cut into at most `pieces` pieces of about as many columns, in order, each
-/// starting at a multiple of [`PIECE_ALIGN`] (fewer where the columns are too few): the same
-/// on every rank (they depend on nothing else), so each piece's sum over the ranks has the
-/// same length everywhere.
-pub(crate) fn column_pieces(ncols: usize, pieces: usize) -> Vec<std::ops::Range<usize>> {
-    let blocks = ncols.div_ceil(PIECE_ALIGN).max(1);
-    let pieces = pieces.clamp(1, blocks);
-    (0..pieces)
-        .map(|p| {
-            let at = |p: usize| (blocks * p / pieces * PIECE_ALIGN).min(ncols);
-            at(p)..at(p + 1)
-        })
-        .collect()
-}
-
-/// The chunks of the tiles of columns `cols` (a piece of [`column_pieces`]) of a matrix of
+/// The chunks of the tiles of columns `cols` (a piece of [`super::lsqr_loop::column_pieces`]) of a matrix of
 /// `ncols` columns in tiles of 2^`tile_bits` whose chunks start at `tile_chunk` (one value per
 /// tile and the end; empty: the column pass was not uploaded).
 fn piece_of(
@@ -444,32 +427,8 @@ fn piece_of(
 
 #[cfg(test)]
 mod tests {
+    use super::super::lsqr_loop::column_pieces;
     use super::*;
-
-    #[test]
-    fn column_pieces_cover_the_columns_on_aligned_boundaries() {
-        for (ncols, pieces, want) in [
-            (1_310_720, 4, 4),
-            (1_310_720, 1, 1),
-            (1_310_720, 64, 64),
-            (2921, 4, 1),
-            (9000, 4, 3),
-            (0, 4, 1),
-        ] {
-            let out = column_pieces(ncols, pieces);
-            assert_eq!(out.len(), want, "{ncols} {pieces}: {out:?}");
-            assert_eq!(out[0].start, 0);
-            assert_eq!(out.last().unwrap().end, ncols);
-            for w in out.windows(2) {
-                assert_eq!(w[0].end, w[1].start);
-                assert!(w[0].start < w[0].end);
-                assert_eq!(w[0].end % PIECE_ALIGN, 0);
-            }
-            let sizes: Vec<usize> = out.iter().map(|r| r.len()).collect();
-            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-            assert!(hi - lo <= PIECE_ALIGN || ncols < PIECE_ALIGN, "{sizes:?}");
-        }
-    }
 
     #[test]
     fn a_piece_takes_the_chunks_of_its_tiles() {
