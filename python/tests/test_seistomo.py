@@ -98,6 +98,16 @@ def within_2pct(got, want):
     return abs(got - want) <= max(np.ceil(0.02 * want), 0)
 
 
+def within_scipys_spread(name, got, want):
+    """Iterations against SciPy's: within 2 % on the well-conditioned systems; on the
+    ill-conditioned ones within 5 %, SciPy's own spread: its stopping iteration there moves with
+    the rounding of its sums (docs/lsmr.md: illc1033's LSMR stops after 3389-3489 iterations with
+    its products perturbed by 1e-16, and SciPy 1.10.1 stopped after 3344 on an AMD EPYC build
+    machine with AVX-512, 3469 on the one the 2 % were measured on)."""
+    pct = 0.05 if name in ILL else 0.02
+    return abs(got - want) <= np.ceil(pct * want)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("name", WELL + ILL)
 def test_lsqr_matches_scipy(name, variant):
@@ -190,7 +200,9 @@ def test_show_prints_scipys_header_and_table_rows(capsys, kw):
     if ref_first is None:
         assert first is None or first >= got[2] - 10
     else:
-        assert abs(first - ref_first) <= max(3, 0.03 * ref[2]), (first, ref_first)
+        # (within 5 %: SciPy's own rows move with its rounding; 184 against 191 on an AVX-512
+        # build machine, where SciPy's stopping iteration moves too: docs/lsmr.md)
+        assert abs(first - ref_first) <= max(3, 0.05 * ref[2]), (first, ref_first)
     assert "LSQR finished" in ours and f"itn   ={got[2]:8g}" in ours
 
 
