@@ -161,10 +161,93 @@ extern "C" {
     fn H5Fget_file_image(file_id: i64, buf_ptr: *mut std::ffi::c_void, buf_len: usize) -> isize;
 }
 
-/// The complete model file as bytes: HDF5's core driver without a backing store, every HDF5
-/// call's error checked, the file flushed, its image copied out, every handle closed and the
-/// file closed explicitly (a close error is an error).
-pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<Vec<u8>> {
+/// The model file's bytes: the buffer of HDF5's core driver, kept when the file closed (no copy),
+/// freed on drop.
+pub struct ModelImage {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl std::ops::Deref for ModelImage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is the core driver's buffer (allocated by `image_realloc` below with
+        // libc), holding at least `len` bytes of the file written by HDF5, owned by this value
+        // alone since the file closed.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for ModelImage {
+    fn drop(&mut self) {
+        // SAFETY: allocated with libc (`image_realloc`), freed once, here.
+        unsafe { libc::free(self.ptr.cast()) }
+    }
+}
+
+/// Where the core driver's buffer goes when its file closes (the callbacks' `udata`).
+struct KeptBuffer(*mut std::ffi::c_void);
+
+mod image_callbacks {
+    //! HDF5's file-image callbacks (H5Pset_file_image_callbacks) for the core driver: its
+    //! buffer allocated with libc, and kept at the file's close instead of freed.
+    use super::KeptBuffer;
+    use hdf5_sys::h5fd::H5FD_file_image_op_t as Op;
+    use libc::{c_void, size_t};
+
+    pub extern "C" fn malloc(size: size_t, _op: Op, _udata: *mut c_void) -> *mut c_void {
+        // SAFETY: plain allocation.
+        unsafe { libc::malloc(size.max(1)) }
+    }
+    pub extern "C" fn memcpy(
+        dest: *mut c_void,
+        src: *const c_void,
+        size: size_t,
+        _op: Op,
+        _udata: *mut c_void,
+    ) -> *mut c_void {
+        // SAFETY: HDF5 passes buffers of at least `size` bytes that do not overlap.
+        unsafe { libc::memcpy(dest, src, size) }
+    }
+    pub extern "C" fn realloc(
+        ptr: *mut c_void,
+        size: size_t,
+        _op: Op,
+        _udata: *mut c_void,
+    ) -> *mut c_void {
+        // SAFETY: `ptr` is null or a buffer these callbacks allocated.
+        unsafe { libc::realloc(ptr, size.max(1)) }
+    }
+    pub extern "C" fn free(ptr: *mut c_void, op: Op, udata: *mut c_void) -> i32 {
+        if op == Op::H5FD_FILE_IMAGE_OP_FILE_CLOSE && !udata.is_null() {
+            // SAFETY: `udata` is the KeptBuffer that `model_image` set and outlives the file.
+            let kept = unsafe { &mut *(udata as *mut KeptBuffer) };
+            if kept.0.is_null() {
+                kept.0 = ptr;
+                return 0;
+            }
+        }
+        // SAFETY: `ptr` is null or a buffer these callbacks allocated.
+        unsafe { libc::free(ptr) };
+        0
+    }
+    pub extern "C" fn udata_copy(udata: *mut c_void) -> *mut c_void {
+        udata // shared, not copied: `model_image` owns it
+    }
+    pub extern "C" fn udata_free(_udata: *mut c_void) -> i32 {
+        0
+    }
+}
+
+/// The complete model file as bytes: HDF5's core driver without a backing store, its buffer
+/// allocated through file-image callbacks and kept when the file closes (no copy of the file),
+/// every HDF5 call's error checked, every handle closed and the file closed explicitly (a close
+/// error is an error).
+pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
+    use hdf5_sys::{h5f, h5fd, h5p};
     use std::sync::atomic::{AtomicUsize, Ordering};
     static SEQ: AtomicUsize = AtomicUsize::new(0);
     inp.spec.check(inp.outcome.solution.x.len())?;
@@ -172,38 +255,80 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<Vec<u8>> {
     let n = inp.outcome.solution.x.len();
     let guess = 16 * 8 * n + 8 * 8 * inp.outcome.history.len() + 4 * inp.config_text.len();
     let increment = guess.clamp(1 << 20, 1 << 30);
-    // HDF5's buffer, the fields' arrays and the image's copy: ~2.5 x the buffer, faulted in
-    // huge pages first.
-    crate::backend::cpu::warm_heap(increment * 5 / 2);
+    // HDF5's buffer and the fields' arrays: ~1.5 x the buffer, faulted in huge pages first.
+    crate::backend::cpu::warm_heap(increment * 3 / 2);
     // A name that no file system has: the core driver never opens it (no backing store).
     let name = format!(
         "/nonexistent-seistomo-in-memory/{}-{}.h5",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
-    let f = ::hdf5::File::with_options()
-        .with_fapl(|p| p.core_options(increment, false))
-        .create(&name)
+    let cname = std::ffi::CString::new(name).map_err(|e| Error::format(path, e.to_string()))?;
+    let fapl = ::hdf5::file::FileAccess::build()
+        .core_options(increment, false)
+        .finish()
         .map_err(|e| h5err(path, e))?;
-    write_model_to(&f, path, inp)?;
-    f.flush().map_err(|e| h5err(path, e))?;
-    let id = f.id();
-    let image = ::hdf5::sync::sync(|| -> Result<Vec<u8>> {
-        // SAFETY: `id` is the open file `f` (alive for this call); a null buffer with length 0
-        // asks for the size only.
-        let size = unsafe { H5Fget_file_image(id, std::ptr::null_mut(), 0) };
+    let mut kept = Box::new(KeptBuffer(std::ptr::null_mut()));
+    let mut callbacks = h5fd::H5FD_file_image_callbacks_t {
+        image_malloc: Some(image_callbacks::malloc),
+        image_memcpy: Some(image_callbacks::memcpy),
+        image_realloc: Some(image_callbacks::realloc),
+        image_free: Some(image_callbacks::free),
+        udata_copy: Some(image_callbacks::udata_copy),
+        udata_free: Some(image_callbacks::udata_free),
+        udata: (&mut *kept as *mut KeptBuffer).cast(),
+    };
+    let size = ::hdf5::sync::sync(|| -> Result<usize> {
+        // SAFETY: `fapl` is a live file-access list; `callbacks` is read during the call;
+        // `kept` (its udata) outlives every copy of the list and the file, which are all
+        // closed before this function returns.
+        if unsafe { h5p::H5Pset_file_image_callbacks(fapl.id(), &mut callbacks) } < 0 {
+            return Err(Error::format(
+                path,
+                "HDF5: could not set the file-image callbacks",
+            ));
+        }
+        // SAFETY: a valid name and lists; the identifier returned is owned by `f` below.
+        let id = unsafe {
+            h5f::H5Fcreate(
+                cname.as_ptr(),
+                h5f::H5F_ACC_TRUNC,
+                h5p::H5P_DEFAULT,
+                fapl.id(),
+            )
+        };
+        if id < 0 {
+            return Err(Error::format(
+                path,
+                "HDF5: could not create the in-memory file",
+            ));
+        }
+        // SAFETY: `id` is a new file identifier (reference count 1), owned by `f` from here.
+        let f: ::hdf5::File = unsafe { ::hdf5::from_id(id) }.map_err(|e| h5err(path, e))?;
+        write_model_to(&f, path, inp)?;
+        f.flush().map_err(|e| h5err(path, e))?;
+        // SAFETY: `id` is the open file `f`; a null buffer with length 0 asks for the size.
+        let size = unsafe { H5Fget_file_image(f.id(), std::ptr::null_mut(), 0) };
         if size <= 0 {
             return Err(Error::format(path, "HDF5: could not get the file image"));
         }
-        let mut buf = vec![0u8; size as usize];
-        // SAFETY: `buf` is a live, writable allocation of exactly `buf.len()` bytes.
-        let got = unsafe { H5Fget_file_image(id, buf.as_mut_ptr().cast(), buf.len()) };
-        if got != size {
-            return Err(Error::format(path, "HDF5: could not copy the file image"));
-        }
-        Ok(buf)
-    })?;
-    f.close().map_err(|e| h5err(path, e))?;
+        f.close().map_err(|e| h5err(path, e))?;
+        Ok(size as usize)
+    });
+    drop(fapl);
+    let ptr = std::mem::replace(&mut kept.0, std::ptr::null_mut());
+    let image = ModelImage {
+        ptr: ptr.cast(),
+        len: size.as_ref().map_or(0, |&s| s),
+    };
+    let size = size?;
+    if image.ptr.is_null() {
+        return Err(Error::format(
+            path,
+            "HDF5: the file image was not kept at its close",
+        ));
+    }
+    debug_assert_eq!(image.len, size);
     Ok(image)
 }
 
