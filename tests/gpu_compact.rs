@@ -753,6 +753,18 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
                 "{name} {layout}"
             );
         }
+        // scaled columns (`col_scale`: the rows reordered on the host for the scaling): the
+        // same coverage
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let scaled = text.replace("[solver]\n", "[solver]\ncol_scale = true\n");
+        assert_ne!(scaled, text, "{name}: no [solver] table to scale in");
+        std::fs::write(&cfg, scaled).unwrap();
+        let (_, _, cov_scaled) = invert();
+        std::fs::write(&cfg, text).unwrap();
+        assert!(
+            cov_scaled == cov_cpu,
+            "{name} col_scale: the coverage differs"
+        );
         assert!(
             on_cpu == fresh,
             "{name}: gpu_encode = false's solution differs"

@@ -710,12 +710,14 @@ fn start_and_prepare(
 }
 
 /// The layout `opts` asks for on `engine`: the storage resolved for its backend and size; on
-/// the GPU the rows reordered there (unless `[tuning] gpu_encode = false`).
+/// the GPU the rows reordered there (unless `[tuning] gpu_encode = false`, or `col_scale`,
+/// whose scaling of the columns reorders the rows on the host first: rows left as read would
+/// only be converted there, and the ray coverage left to them lost).
 pub fn layout_for(opts: &SolveOptions, engine: &Engine, nnz: usize) -> Layout {
     let gpu = engine.kind() == crate::pipeline::options::BackendChoice::Cuda;
     Layout {
         deferred: crate::backend::storage::Deferred {
-            permute: gpu && opts.operator.tuning.gpu_encode != Some(false),
+            permute: gpu && opts.operator.tuning.gpu_encode != Some(false) && !opts.col_scale,
             coverage: false,
         },
         storage: resolve_storage(
