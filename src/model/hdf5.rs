@@ -174,8 +174,8 @@ impl std::ops::Deref for ModelImage {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: `ptr` is the core driver's buffer (allocated by `image_realloc` below with
-        // libc), holding at least `len` bytes of the file written by HDF5, owned by this value
+        // SAFETY: `ptr` is the core driver's buffer (allocated with libc by `image_callbacks`),
+        // holding at least `len` bytes of the file written by HDF5, owned by this value
         // alone since the file closed.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
@@ -183,7 +183,7 @@ impl std::ops::Deref for ModelImage {
 
 impl Drop for ModelImage {
     fn drop(&mut self) {
-        // SAFETY: allocated with libc (`image_realloc`), freed once, here.
+        // SAFETY: null or allocated with libc (`image_callbacks`), freed once, here.
         unsafe { libc::free(self.ptr.cast()) }
     }
 }
@@ -316,19 +316,18 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
         Ok(size as usize)
     });
     drop(fapl);
-    let ptr = std::mem::replace(&mut kept.0, std::ptr::null_mut());
+    // (owned from here: freed on an error too)
     let image = ModelImage {
-        ptr: ptr.cast(),
-        len: size.as_ref().map_or(0, |&s| s),
+        ptr: std::mem::replace(&mut kept.0, std::ptr::null_mut()).cast(),
+        len: *size.as_ref().unwrap_or(&0),
     };
-    let size = size?;
+    size?;
     if image.ptr.is_null() {
         return Err(Error::format(
             path,
             "HDF5: the file image was not kept at its close",
         ));
     }
-    debug_assert_eq!(image.len, size);
     Ok(image)
 }
 

@@ -287,14 +287,14 @@ impl CudaBackend {
     }
 
     /// `x` (a vector or a piece of one) summed over the ranks in place by NCCL, GPU to GPU,
-    /// on `stream` (None: the backend's; also inside a graph capture: the device LSQR loop of
-    /// several ranks); an error where NCCL is not set up.
+    /// on `stream` (also inside a graph capture: the device LSQR loop of several ranks); an
+    /// error where NCCL is not set up.
     pub(crate) fn nccl_sum_on<R: cudarc::driver::DevicePtrMut<f64>>(
         &self,
-        stream: Option<&cudarc::driver::CudaStream>,
+        stream: &cudarc::driver::CudaStream,
         x: &mut R,
     ) -> Result<()> {
-        if self.nccl.all_reduce_on(stream, x)? {
+        if self.nccl.all_reduce_on(Some(stream), x)? {
             Ok(())
         } else {
             Err(Error::backend(

@@ -442,14 +442,14 @@ impl DeviceLoop {
                 &mut [arg(&pp), arg(&np), arg(&pusq)],
             )?;
             r.hand_over(be)?;
-            be.nccl_sum_on(Some(&r.side), &mut r.usq)?;
+            be.nccl_sum_on(&r.side, &mut r.usq)?;
             op.atu_in_pieces(be, (pu, patu), &raw_atu, &cut, &mut |cols| {
                 if cols.is_empty() {
                     return Ok(()); // no columns (the same on every rank)
                 }
                 r.hand_over(be)?;
                 let mut piece = r.atu.slice_mut(cols);
-                be.nccl_sum_on(Some(&r.side), &mut piece)
+                be.nccl_sum_on(&r.side, &mut piece)
             })?;
             r.joined
                 .record(&r.side)
