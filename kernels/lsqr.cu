@@ -364,3 +364,119 @@ lsqr_normalize(double* __restrict__ u, u64 m, double* __restrict__ v, u64 n,
 }
 
 extern "C" __global__ void lsqr_rescaled(LsqrState* st) { rescaled(st); }
+
+// ---- Several ranks on one node: the sums over the ranks through each other's memory (CUDA IPC)
+//
+// Every rank owns one buffer that the others have mapped (src/backend/cuda/peer.rs): a control
+// block of PEER_CTRL bytes, then two slots of n + 1 doubles, used by turns: this rank's A^T u
+// (t) and its part of ||u||^2. `bases` holds every rank's buffer address in rank order (its own
+// included); `off` is the byte offset of an iteration's slot from a buffer's start (the same on
+// every rank). Control words: [0] exchanges this rank has published, [1] exchanges it has
+// finished reading (its combine ran). One exchange per iteration:
+//   lsqr_peer_usq     writes ||u||^2's part after t (the first iteration of a graph replay
+//                     first waits until every rank has read every earlier exchange: the slots
+//                     take turns only inside a replay);
+//   (A^T u into t)
+//   lsqr_peer_step1   publishes (count + 1), waits for every rank's, sums ||u||^2 in rank order,
+//                     then LSQR's step 1;
+//   lsqr_peer_combine sums t in rank order from every buffer into v (as lsqr_combine).
+// A slot is written again two exchanges later, and a rank publishes an exchange only after its
+// combine has read the one before, so no other wait is needed inside a replay. The sums run in
+// rank order on every rank, so every rank gets the same bits (for two ranks the same as NCCL's).
+// Nothing runs once the loop is done (the same on every rank). A peer that does not come within
+// PEER_WAIT_NS stops the loop with error 4 instead of hanging.
+
+#define PEER_CTRL 256ull
+#define PEER_WAIT_NS 120000000000ull  // 120 s
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Thread 0: wait until control word `word` of every other rank's buffer is >= want; 0 on
+// timeout (the loop then stops with error 4).
+__device__ int peer_wait(const u64* __restrict__ bases, u32 ranks, u32 me, int word, u64 want) {
+    const u64 start = global_ns();
+    for (u32 r = 0; r < ranks; ++r) {
+        if (r == me) continue;
+        const volatile u64* f = (const volatile u64*)bases[r] + word;
+        while (*f < want) {
+            if (global_ns() - start > PEER_WAIT_NS) return 0;
+#if __CUDA_ARCH__ >= 700
+            __nanosleep(32);
+#endif
+        }
+    }
+    __threadfence_system();
+    return 1;
+}
+
+__device__ __forceinline__ void peer_timeout(LsqrState* st) {
+    st->error = 4;
+    stop_all(st, 3);
+}
+
+__device__ __forceinline__ double* peer_slot(const u64* bases, u32 r, u64 off) {
+    return (double*)(bases[r] + off);
+}
+
+extern "C" __global__ void __launch_bounds__(STEP_THREADS)
+lsqr_peer_usq(const double* partial, u32 np, const u64* __restrict__ bases, u32 ranks, u32 me,
+              u64 n, u64 off, u32 first, LsqrState* st) {
+    const double s = ordered_sum(partial, np);
+    if (threadIdx.x != 0 || st->done) return;
+    volatile u64* mine = (volatile u64*)bases[me];
+    const u64 e = mine[0];
+    mine[1] = e;  // every exchange up to e read: this kernel follows this rank's combine
+    if (first) {
+        __threadfence_system();
+        if (!peer_wait(bases, ranks, me, 1, e)) {
+            peer_timeout(st);
+            return;
+        }
+    }
+    ((volatile double*)peer_slot(bases, me, off))[n] = s;
+}
+
+extern "C" __global__ void lsqr_peer_step1(LsqrState* gst, const u64* __restrict__ bases,
+                                           u32 ranks, u32 me, u64 n, u64 off) {
+    if (threadIdx.x != 0 || gst->done) return;
+    volatile u64* mine = (volatile u64*)bases[me];
+    const u64 e = mine[0] + 1;
+    __threadfence_system();  // t and ||u||^2's part (earlier kernels) before the count
+    mine[0] = e;
+    LsqrState cp = *gst;
+    if (!peer_wait(bases, ranks, me, 0, e)) {
+        peer_timeout(&cp);
+        *gst = cp;
+        return;
+    }
+    double ss = ((const volatile double*)peer_slot(bases, 0, off))[n];
+    for (u32 r = 1; r < ranks; ++r) ss += ((const volatile double*)peer_slot(bases, r, off))[n];
+    step1(&cp, ss);
+    *gst = cp;
+}
+
+// The other ranks' values are loaded with ld.global.cv (never from a cached line: they change
+// every exchange).
+extern "C" __global__ void __launch_bounds__(256)
+lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ranks, u32 me,
+                  u64 n, u64 off, const LsqrState* __restrict__ st, double* __restrict__ partial) {
+    if (st->skip_atu) return;
+    const double a = st->c_atu[0], b = st->c_atu[1];
+    double s = 0.0;
+    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
+        const double* t0 = peer_slot(bases, 0, off) + i;
+        double t = me == 0 ? *t0 : __ldcv(t0);
+        for (u32 r = 1; r < ranks; ++r) {
+            const double* tr = peer_slot(bases, r, off) + i;
+            t += r == me ? *tr : __ldcv(tr);
+        }
+        const double vi = b == 0.0 ? a * t : a * t + b * v[i];
+        v[i] = vi;
+        s += vi * vi;
+    }
+    block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
+}

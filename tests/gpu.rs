@@ -101,7 +101,7 @@ fn nccl_communicators_are_kept_for_the_next_backend() {
             let rank = seistomo::comm::Comm::rank(c);
             let be = CudaBackend::new(rank).unwrap();
             let path = be
-                .setup_allreduce(c, seistomo::backend::AllreducePath::Nccl, None)
+                .setup_allreduce(c, seistomo::backend::AllreducePath::Nccl, None, false)
                 .unwrap();
             let v: Vec<f64> = (0..n).map(|i| i as f64 + 1e6 * rank as f64).collect();
             let mut d = be.upload(&v).unwrap();
@@ -953,22 +953,10 @@ fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
     }
 }
 
-/// A^T u in pieces of the columns on two GPUs (tuning `atu_pieces`): each piece is summed over
-/// the ranks by NCCL on a stream of its own while the next is made. A synthetic dataset of
-/// 16,384 cells (four pieces of 4096 columns at most), `invert` on two ranks with the device
-/// loop: every piece count and layout gives the solution of the whole product summed after it
-/// byte for byte (a sum of two values does not depend on their order), and the same iterations.
-#[test]
-#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
-fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
-    use common::mpi::{finish, mpirun};
-    drop(gpu());
-    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
-        println!("one GPU only: this test needs two ({why})");
-        return;
-    }
-    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
-    let dir = std::env::temp_dir().join("seistomo-gpu2-atu-pieces");
+/// A fresh directory `name` with a synthetic dataset of 16,384 cells (32 x 32 x 16: four pieces
+/// of 4096 columns at most) and 20,000 rays in `ds` (the two-GPU tests' system).
+fn small_synthetic(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let ds = dir.join("ds");
@@ -991,6 +979,53 @@ fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
         "{}",
         String::from_utf8_lossy(&synth.stderr)
     );
+    (dir, ds)
+}
+
+/// `invert` of the config file `cfg` (whose output goes to `out`) on `np` ranks under mpirun:
+/// its report.json and solution.txt's bytes; `what` names the run in failures.
+fn invert_under_mpirun(
+    np: usize,
+    cfg: &std::path::Path,
+    out: &std::path::Path,
+    what: &str,
+) -> (serde_json::Value, Vec<u8>) {
+    use common::mpi::{finish, mpirun};
+    let mut c = mpirun();
+    for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
+        if std::env::var_os(var).is_some() {
+            c.args(["-x", var]);
+        }
+    }
+    c.args(["-np", &np.to_string()])
+        .arg(seistomo_bin())
+        .args(["-q", "invert"])
+        .arg(cfg);
+    let o = finish(c);
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = common::read_json(&out.join("report.json"));
+    (r, std::fs::read(out.join("solution.txt")).unwrap())
+}
+
+/// A^T u in pieces of the columns on two GPUs (tuning `atu_pieces`): each piece is summed over
+/// the ranks by NCCL on a stream of its own while the next is made. A synthetic dataset of
+/// 16,384 cells (four pieces of 4096 columns at most), `invert` on two ranks with the device
+/// loop: every piece count and layout gives the solution of the whole product summed after it
+/// byte for byte (a sum of two values does not depend on their order), and the same iterations.
+#[test]
+#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
+    drop(gpu());
+    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
+        println!("one GPU only: this test needs two ({why})");
+        return;
+    }
+    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
+    let (dir, ds) = small_synthetic("seistomo-gpu2-atu-pieces");
     let run = |layout: &str, pieces: &str| {
         let out = dir.join(format!("out-{layout}-{pieces}"));
         let cfg = dir.join(format!("{layout}-{pieces}.toml"));
@@ -1003,29 +1038,12 @@ fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
             ),
         )
         .unwrap();
-        let mut c = mpirun();
-        for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
-            if std::env::var_os(var).is_some() {
-                c.args(["-x", var]);
-            }
-        }
-        c.args(["-np", "2"])
-            .arg(seistomo_bin())
-            .args(["-q", "invert"])
-            .arg(&cfg);
-        let o = finish(c);
-        assert!(
-            o.status.success(),
-            "{layout} {pieces}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let r = common::read_json(&out.join("report.json"));
+        let (r, x) = invert_under_mpirun(2, &cfg, &out, &format!("{layout} {pieces}"));
         assert_eq!(
             r["lsqr_loop"], "device",
             "{layout} {pieces}: the host loop ran"
         );
-        let its = r["iterations"].as_u64().unwrap();
-        (std::fs::read(out.join("solution.txt")).unwrap(), its)
+        (x, r["iterations"].as_u64().unwrap())
     };
     for layout in ["split", "tiles", "rows"] {
         let (whole, its) = run(layout, "1");
@@ -1039,6 +1057,106 @@ fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
             println!("2 GPUs, {layout}, atu_pieces = {pieces}: {i} iterations, the same solution");
         }
     }
+}
+
+/// LSQR's sums through the other GPUs' memory (`allreduce = "peer"`, CUDA IPC, the default on
+/// one node): on two ranks the same solution as NCCL's byte for byte (a sum of two values does
+/// not depend on their order) and the same iterations, for the compact storage (split and rows
+/// layouts) and CSR, with blocks of 32 iterations and of 7 (an odd count: the exchange's
+/// counters run on across replays); report.json says which path ran. On three ranks on two
+/// GPUs (two share one: NCCL refuses that, `peer` does not start NCCL) the host loop's solution
+/// with MPI's sums, within rounding (see below), and the same istop.
+#[test]
+#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn peer_sums_on_two_gpus_give_nccls_solution() {
+    drop(gpu());
+    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
+        println!("one GPU only: this test needs two ({why})");
+        return;
+    }
+    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
+    let (dir, ds) = small_synthetic("seistomo-gpu2-peer");
+    let run = |np: usize, allreduce: &str, backend: &str| {
+        let name = format!(
+            "{np}-{allreduce}-{}",
+            backend.replace(['\n', ' ', '"', '='], "")
+        );
+        let out = dir.join(format!("out-{name}"));
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 150\n[backend]\nkind = \"cuda\"\nallreduce = \"{allreduce}\"\n{backend}\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
+                ds.join("dataset.toml").display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        let (r, x) = invert_under_mpirun(np, &cfg, &out, &name);
+        let path = r["allreduce"].as_str().unwrap_or_default().to_string();
+        (r, x, path)
+    };
+    let variants = [
+        "storage = \"compact\"\nlsqr_loop = \"device\"\n[tuning]\ngpu_layout = \"split\"",
+        "storage = \"compact\"\nlsqr_loop = \"device\"\n[tuning]\ngpu_layout = \"rows\"\nlsqr_block = 7",
+        "storage = \"csr\"\nlsqr_loop = \"device\"",
+        "storage = \"csr\"\nlsqr_loop = \"device\"\n[tuning]\nlsqr_block = 7",
+    ];
+    for v in variants {
+        let (rn, xn, pn) = run(2, "nccl", v);
+        let (rp, xp, pp) = run(2, "peer", v);
+        let (ra, xa, pa) = run(2, "auto", v);
+        let what = v.replace('\n', " ");
+        assert!(pn.starts_with("nccl"), "{what}: nccl ran {pn:?}");
+        assert!(pp.starts_with("peer"), "{what}: peer ran {pp:?}");
+        assert!(
+            pa.starts_with("peer"),
+            "{what}: auto ran {pa:?} on one node"
+        );
+        for r in [&rn, &rp, &ra] {
+            assert_eq!(r["lsqr_loop"], "device", "{what}: the host loop ran");
+        }
+        assert_eq!(rp["iterations"], rn["iterations"], "{what}: iterations");
+        assert_eq!(rp["istop"], rn["istop"], "{what}: istop");
+        assert!(xp == xn, "{what}: peer sums' solution differs from NCCL's");
+        assert!(xa == xp, "{what}: auto's solution differs from peer's");
+        println!(
+            "2 GPUs, {what}: peer = nccl byte for byte, {} iterations",
+            rp["iterations"]
+        );
+    }
+    let parse = |x: &[u8]| -> Vec<f64> {
+        String::from_utf8_lossy(x)
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    };
+    // Three ranks: a sum of three values depends on their order (MPI's differs from the rank
+    // order), so the host loop is matched within LSQR's sensitivity to rounding on this system
+    // (x within 1e-6, ||r|| within 1e-9: measured 1.6e-8 for x).
+    let v = variants[0];
+    let (rh, xh, ph) = run(3, "host", v);
+    let (rp, xp, pp) = run(3, "peer", v);
+    assert!(ph.starts_with("host"), "3 ranks: host ran {ph:?}");
+    assert!(pp.starts_with("peer"), "3 ranks: peer ran {pp:?}");
+    assert_eq!(rp["lsqr_loop"], "device", "3 ranks: peer ran the host loop");
+    assert_eq!(rp["istop"], rh["istop"], "3 ranks: istop");
+    let (ip, ih) = (
+        rp["iterations"].as_u64().unwrap(),
+        rh["iterations"].as_u64().unwrap(),
+    );
+    assert!(
+        ip.abs_diff(ih) <= 2,
+        "3 ranks: {ip} against {ih} iterations"
+    );
+    let e = rel(&parse(&xp), &parse(&xh));
+    let r1 = |r: &serde_json::Value| r["r1norm"].as_f64().unwrap();
+    let er = (r1(&rp) - r1(&rh)).abs() / r1(&rh);
+    println!(
+        "3 ranks on 2 GPUs: peer {ip} iterations, host {ih}, x rel {e:.2e}, r1norm rel {er:.2e}"
+    );
+    assert!(e <= 1e-6, "3 ranks: x rel diff {e:e}");
+    assert!(er <= 1e-9, "3 ranks: r1norm rel diff {er:e}");
 }
 
 /// LSMR on the GPU against LSMR on the CPU: every CSR transpose directly (the host loop with the

@@ -96,16 +96,17 @@ pub type BlockCallback<'a, V> =
 /// `u` this rank's rows, and the loop sums A^T u and ||u||^2 over the ranks itself.
 pub trait LsqrDevice<B: Backend> {
     /// Iterate from the started (or resumed) `state` (scalars, vectors) until a stopping test
-    /// fires, on `boundary_ranks.1` ranks. After each block, `on_block` gets the block's
-    /// history records, the state and the vectors (u and v normalised, as the host loop keeps
-    /// them). Blocks end at every multiple of `boundary_ranks.0` (when > 0: checkpoints land
-    /// there) and are otherwise the loop's own size.
+    /// fires, on the ranks of `boundary_comm.1` (collective: every rank calls it). After each
+    /// block, `on_block` gets the block's history records, the state and the vectors (u and v
+    /// normalised, as the host loop keeps them). Blocks end at every multiple of
+    /// `boundary_comm.0` (when > 0: checkpoints land there) and are otherwise the loop's own
+    /// size.
     fn iterate(
         &self,
         be: &B,
         params: &LsqrParams,
         state: (&mut LsqrScalars, &mut LsqrVectors<B::Vector>),
-        boundary_ranks: (usize, usize),
+        boundary_comm: (usize, &dyn crate::comm::Comm),
         on_block: &mut BlockCallback<'_, B::Vector>,
     ) -> Result<()>;
     /// Whether this loop can run LSQR on `ranks` ranks with `be` (one rank always; several

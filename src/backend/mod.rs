@@ -372,13 +372,19 @@ choice_from_str!(LsqrLoop, "LSQR loop", "auto" => Self::Auto, "host" => Self::Ho
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AllreducePath {
-    /// NCCL (GPU to GPU) when every rank can load it, else the host path.
+    /// LSQR's device loop on ranks all on one node: as [`AllreducePath::Peer`] where the GPUs
+    /// can map each other's memory. Everything else: NCCL (GPU to GPU) when every rank can
+    /// load it, else the host path.
     #[default]
     Auto,
     /// Copy to page-locked host memory, MPI_Allreduce, copy back (works with any MPI).
     Host,
     /// NCCL only (an error when it cannot be loaded).
     Nccl,
+    /// LSQR's device loop sums through the other ranks' GPU memory (CUDA IPC: ranks on one
+    /// node; an error where they cannot map it); the few sums outside it through the host (no
+    /// NCCL, so no NCCL start). Other solvers: as `auto`.
+    Peer,
 }
 
-choice_from_str!(AllreducePath, "allreduce path", "auto" => Self::Auto, "host" | "mpi" => Self::Host, "nccl" => Self::Nccl);
+choice_from_str!(AllreducePath, "allreduce path", "auto" => Self::Auto, "host" | "mpi" => Self::Host, "nccl" => Self::Nccl, "peer" | "ipc" => Self::Peer);

@@ -112,7 +112,7 @@ pub(crate) mod pick {
         choice(&["f64", "f32"], &["double", "single"])
     }
     pub fn allreduce() -> impl TypedValueParser<Value = crate::backend::AllreducePath> {
-        choice(&["auto", "host", "nccl"], &["mpi"])
+        choice(&["auto", "host", "nccl", "peer"], &["mpi", "ipc"])
     }
     pub fn reorder() -> impl TypedValueParser<Value = crate::grid::reorder::Reorder> {
         choice(&["none", "rows", "auto"], &[])

@@ -72,8 +72,13 @@ pub struct Report {
     pub backend_reason: String,
     pub transpose: String,
     /// Where LSQR's iterations ran: "device" (the GPU's loop, a CUDA graph of a block of
-    /// iterations; on several ranks with NCCL inside it) or "host" (the host loop).
+    /// iterations; on several ranks with the sums over them inside it) or "host" (the host
+    /// loop).
     pub lsqr_loop: String,
+    /// How vectors are summed over the GPU ranks (`[backend] allreduce`), in words; absent on
+    /// one rank and on the CPU.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub allreduce: String,
     /// The row/column reordering applied (src/grid/reorder.rs).
     pub reorder: String,
     /// The matrix storage, with bytes per nonzero (src/backend/storage.rs).
@@ -136,6 +141,7 @@ impl Report {
             backend_reason: String::new(),
             transpose: String::new(),
             lsqr_loop: String::new(),
+            allreduce: String::new(),
             reorder: String::new(),
             storage: String::new(),
             tuning: Default::default(),

@@ -95,7 +95,12 @@ pub fn solve_batch(
         )));
     }
     let (kind, _) = choose_backend(opts.operator.backend)?;
-    let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
+    let engine = Engine::start(
+        kind,
+        comm,
+        (opts.operator.allreduce, false),
+        &opts.operator.tuning,
+    )?;
     let gpu = kind == BackendChoice::Cuda;
     let layout = layout_for(opts, &engine, a.nnz());
     if layout.storage != Storage::Csr && !gpu {
@@ -279,6 +284,7 @@ fn member_report(
         backend_reason: format!("batched LSQR ({} members on one pass over the matrix)", f.k),
         transpose: "csc".into(),
         lsqr_loop: "host (batched)".into(),
+        allreduce: String::new(),
         tuning: f.tuning.clone(),
         ranks,
         threads: rayon::current_num_threads(),

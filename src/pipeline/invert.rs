@@ -239,7 +239,15 @@ pub fn run_lsqr(job: &LsqrRun, comm: &dyn Comm) -> Result<Option<Outcome>> {
     let (rows, nnz) = start.size();
     let timed = TimedComm::new(comm);
     let (io, load_s, cost) = start.load_facts();
-    let engine = Engine::start(kind, &timed, opts.operator.allreduce, &opts.operator.tuning)?;
+    let engine = Engine::start(
+        kind,
+        &timed,
+        (
+            opts.operator.allreduce,
+            crate::pipeline::operators::lsqr_device_loop(&opts),
+        ),
+        &opts.operator.tuning,
+    )?;
     if kind == BackendChoice::Cuda && timed.size() > 1 && timed.is_root() {
         if let Some(path) = engine.path() {
             eprintln!("allreduce of A^T u over ranks: {path}");
@@ -393,7 +401,10 @@ fn begin(
         probe.start_nccl(
             comm,
             &job.options.operator.tuning,
-            job.options.operator.allreduce,
+            (
+                job.options.operator.allreduce,
+                crate::pipeline::operators::lsqr_device_loop(job.options),
+            ),
         )?;
     }
     // The cost the rows are balanced by (one rank's rows are all of them whatever it is); the

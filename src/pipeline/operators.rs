@@ -20,7 +20,7 @@ use crate::backend::cpu::{
     on_pool, CpuBackend, CpuBlockOperator, CpuCompactOperator, CpuCsrOperator,
 };
 use crate::backend::cuda::{
-    encoding_key, CudaBackend, CudaBlockOperator, CudaCompactOperator, CudaCsrOperator,
+    encoding_key, peer_first, CudaBackend, CudaBlockOperator, CudaCompactOperator, CudaCsrOperator,
     CudaIluSweeps, CudaSquareOperator, EarlyNccl, Prestart,
 };
 use crate::backend::precond::Preconditioner;
@@ -110,16 +110,22 @@ impl BackendProbe {
     /// Several ranks (collective; every rank calls it, a no-op on one rank or the CPU): NCCL's
     /// id exchanged now and the communicator made on the probe's thread once the context is
     /// there, beside the read of the rows; [`Engine::start`]'s allreduce set-up takes it.
+    /// Nothing where LSQR's device loop (`lsqr_loop`) will sum through the GPUs' memory
+    /// instead ([`peer_first`]).
     pub fn start_nccl(
         &mut self,
         comm: &dyn Comm,
         tuning: &Tuning,
-        path: AllreducePath,
+        (path, lsqr_loop): (AllreducePath, bool),
     ) -> Result<()> {
         let Some(tx) = self.early.take() else {
             return Ok(());
         };
-        let made = EarlyNccl::start(comm, path, tuning.nccl_max_ctas)?;
+        let made = if peer_first(comm, path, lsqr_loop)? {
+            None
+        } else {
+            EarlyNccl::start(comm, path, tuning.nccl_max_ctas)?
+        };
         let _ = tx.send(made);
         Ok(())
     }
@@ -262,6 +268,12 @@ pub fn use_device_loop(lsqr_loop: LsqrLoop) -> bool {
     }
 }
 
+/// Whether a solve with `opts` runs LSQR's device loop where the GPU has one (several ranks:
+/// LSMR runs the host loop).
+pub fn lsqr_device_loop(opts: &crate::pipeline::options::SolveOptions) -> bool {
+    opts.method == crate::solver::LsqMethod::Lsqr && use_device_loop(opts.operator.lsqr_loop)
+}
+
 /// What the factory built, in words and numbers (reports, `bench`).
 #[derive(Debug, Clone, Default)]
 pub struct Built {
@@ -354,11 +366,13 @@ pub enum Engine {
 
 impl Engine {
     /// Start `kind` (resolved: `Cpu` or `Cuda`) for this rank. On the GPU, `path` says how
-    /// vectors cross between ranks (collective: every rank calls it).
+    /// vectors cross between ranks (collective: every rank calls it); `lsqr_loop`: the job
+    /// runs LSQR's device loop, which may sum through the other GPUs' memory
+    /// ([`peer_first`]).
     pub fn start(
         kind: BackendChoice,
         comm: &dyn Comm,
-        path: AllreducePath,
+        (path, lsqr_loop): (AllreducePath, bool),
         tuning: &Tuning,
     ) -> Result<Engine> {
         // (invert checks this as soon as the backend is known, with the probe's reason)
@@ -366,7 +380,7 @@ impl Engine {
         let engine = phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
-                let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas)?;
+                let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas, lsqr_loop)?;
                 Ok(Engine::Cuda {
                     be: Box::new(be),
                     path,
@@ -704,8 +718,9 @@ fn cuda_lsqr<V: LsqrVisitor>(
     device_loop: bool,
     v: V,
 ) -> Result<(V::Output, Built)> {
-    // Several ranks: the device loop sums over them with NCCL only.
-    let device_loop = device_loop && (comm.size() == 1 || path.starts_with("nccl"));
+    // Several ranks: the device loop where the GPUs sum over them inside it (peer memory or
+    // NCCL), not through the host.
+    let device_loop = device_loop && (comm.size() == 1 || be.sums_on_device());
     let mut compact = None;
     if built.storage == Storage::Compact {
         let (o, st, precision) = (&spec.tuning, stencil.as_ref(), spec.precision);

@@ -639,6 +639,10 @@ fn report(r: &ReportParts) -> Report {
             "host"
         }
         .into(),
+        allreduce: match r.engine.path() {
+            Some(path) if r.comm.size() > 1 => path.into(),
+            _ => String::new(),
+        },
         reorder: r.ordering.clone(),
         storage: r.storage.clone(),
         tuning: r.tuning.clone(),
@@ -698,7 +702,15 @@ fn start_and_prepare(
     comm: &dyn Comm,
 ) -> Result<(Engine, String, Prepared)> {
     let (kind, why) = choose_backend(opts.operator.backend)?;
-    let engine = Engine::start(kind, comm, opts.operator.allreduce, &opts.operator.tuning)?;
+    let engine = Engine::start(
+        kind,
+        comm,
+        (
+            opts.operator.allreduce,
+            crate::pipeline::operators::lsqr_device_loop(opts),
+        ),
+        &opts.operator.tuning,
+    )?;
     if kind == crate::pipeline::options::BackendChoice::Cuda && comm.size() > 1 && comm.is_root() {
         if let Some(path) = engine.path() {
             eprintln!("allreduce of A^T u over ranks: {path}");

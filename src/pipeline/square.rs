@@ -307,7 +307,7 @@ fn start_square_engine(
 ) -> Result<Engine> {
     let mut tuning = spec.tuning.clone();
     tuning.nccl_max_ctas.get_or_insert(SQUARE_NCCL_CTAS);
-    let engine = Engine::start(kind, comm, spec.allreduce, &tuning)?;
+    let engine = Engine::start(kind, comm, (spec.allreduce, false), &tuning)?;
     if let (Some(path), true) = (engine.path(), comm.size() > 1 && comm.is_root()) {
         let how = if path.starts_with("nccl") {
             format!("{path}: halo by send/recv, reductions by all-reduce")

@@ -302,7 +302,7 @@ pub fn lsqr_iterate<B: Backend, O: Operator<B>>(
     }
     let device = op.lsqr_device().filter(|d| d.runs_on(be, comm.size()));
     if let Some(dev) = device {
-        let every = (monitor.checkpoint_every(), comm.size());
+        let every = (monitor.checkpoint_every(), comm);
         dev.iterate(be, params, (s, vecs), every, &mut |recs, st, v| {
             let t = start.elapsed().as_secs_f64();
             for r in recs {

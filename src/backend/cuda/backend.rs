@@ -11,6 +11,7 @@ use super::device::{probe_checked, DeviceInfo};
 use super::error::{CudaError, Doing};
 use super::nccl::Nccl;
 use super::nvrtc::{check_defines, kernels_for, Kernels};
+use super::peer::PeerSwitch;
 use crate::backend::Backend;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -88,6 +89,9 @@ pub struct CudaBackend {
     staging: Mutex<Option<[cudarc::driver::PinnedHostSlice<u8>; 2]>>,
     /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
     pub(crate) nccl: Nccl,
+    /// Whether LSQR's device loop sums over the ranks through their GPUs' memory (CUDA IPC),
+    /// set up by `setup_allreduce`.
+    pub(crate) peer: PeerSwitch,
     /// The preprocessor defines the kernels were compiled with.
     defines: Vec<String>,
 }
@@ -167,6 +171,7 @@ impl CudaBackend {
             pinned: Mutex::new(None),
             staging: Mutex::new(None),
             nccl: Nccl::default(),
+            peer: PeerSwitch::default(),
             defines: defines.to_vec(),
         })
     }
@@ -275,15 +280,27 @@ impl CudaBackend {
     }
 
     /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
-    /// it). NCCL needs libnccl on every rank (LD_LIBRARY_PATH); the unique id travels over
-    /// `comm`. Returns the path in words.
+    /// it). `lsqr_loop`: the job runs LSQR's device loop, which sums through the other GPUs'
+    /// memory where they are on one node ([`super::peer_first`]; the other sums then go
+    /// through the host); else NCCL, which needs libnccl on every rank (LD_LIBRARY_PATH; the
+    /// unique id travels over `comm`), else the host. Returns the path in words.
     pub fn setup_allreduce(
         &self,
         comm: &dyn Comm,
         path: crate::backend::AllreducePath,
         max_ctas: Option<u32>,
+        lsqr_loop: bool,
     ) -> Result<String> {
+        if super::peer_first(comm, path, lsqr_loop)? && self.peer.setup(&self.stream, comm, path)? {
+            return Ok("peer (LSQR's sums through the other GPUs' memory, CUDA IPC; the other sums through the host: page-locked buffer + MPI_Allreduce)".into());
+        }
         self.nccl.setup(&self.stream, comm, path, max_ctas)
+    }
+
+    /// Whether the device loops of several ranks can sum over them on the GPUs, inside the
+    /// loop (peer memory or NCCL: [`Self::setup_allreduce`]), rather than through the host.
+    pub fn sums_on_device(&self) -> bool {
+        self.peer.is_on() || self.nccl.ready()
     }
 
     /// `x` (a vector or a piece of one) summed over the ranks in place by NCCL, GPU to GPU,

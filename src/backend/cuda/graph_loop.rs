@@ -195,6 +195,12 @@ impl<S: LoopState> Graphed<S> {
                     seconds: 0.0,
                 }
             }));
+            if st.error() == 4 {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("{method}: another rank's GPU did not publish its part of a sum over the ranks within 120 s (iteration {}): has another rank failed?", st.itn()),
+                ));
+            }
             if st.error() != 0 {
                 let what = match st.error() {
                     1 => "||u|| (beta)",

@@ -19,9 +19,11 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream};
 
 use super::backend::CudaBackend;
 use super::error::Doing;
+use super::peer::PeerBuffers;
 use super::util::arg;
 use super::vector::THREADS;
 use crate::backend::lsqr::{BlockCallback, LsqrDevice, LsqrParams, LsqrScalars, LsqrVectors};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 use super::graph_loop::{Graphed, LoopState, RECMAX};
@@ -313,7 +315,7 @@ pub(super) fn check_lsqr_block(k: usize) -> Result<()> {
 pub(crate) struct DeviceLoop {
     g: Graphed<DevState>,
     /// Several ranks: A^T u of this rank's rows (n), and the sum of u^2 (1), each summed over
-    /// the ranks by NCCL inside the graph.
+    /// the ranks inside the graph.
     ranks: Option<RankSums>,
 }
 
@@ -332,11 +334,73 @@ impl LoopState for DevState {
     }
 }
 
-/// The buffers the device loop of several ranks sums over them (see [`DeviceLoop::ranks`]),
-/// and the stream that sums them (NCCL) beside the backend's, which goes on computing: the
-/// sum of u^2 and each piece of A^T u are handed to it through `forked`, and the backend's
-/// stream waits for all of them through `joined` before it needs them.
-struct RankSums {
+/// How the device loop of several ranks sums A^T u and ||u||^2 over them: through the other
+/// ranks' GPU memory (CUDA IPC, ranks on one node: kernels/lsqr.cu `lsqr_peer_*`), or by NCCL.
+enum RankSums {
+    /// The buffers and the columns they were made for.
+    Peer(PeerBuffers, usize),
+    Nccl(NcclSums),
+}
+
+impl RankSums {
+    /// Collective: the sums of a loop over `comm`'s ranks with `n` columns (None: one rank).
+    /// Through peer memory where the backend's set-up found it possible, else NCCL.
+    fn new(be: &CudaBackend, comm: &dyn Comm, n: usize) -> Result<Option<RankSums>> {
+        if comm.size() <= 1 {
+            return Ok(None);
+        }
+        if be.peer.is_on() {
+            // Two slots, used by turns: A^T u's n values, then this rank's part of ||u||^2.
+            if let Some(p) = PeerBuffers::new(&be.stream, comm, 2 * peer_slot_values(n))? {
+                return Ok(Some(RankSums::Peer(p, n)));
+            }
+            if !be.nccl.ready() {
+                return Err(Error::backend(
+                    "cuda",
+                    "the ranks' GPUs could not map each other's buffers for LSQR's sums, and NCCL is not set up",
+                ));
+            }
+        }
+        NcclSums::new(be, comm.size(), n).map(|s| Some(RankSums::Nccl(s)))
+    }
+
+    /// Where this rank's A^T u is written before its sum in iteration `i` of a replay.
+    fn atu(&self, be: &CudaBackend, i: usize) -> u64 {
+        match self {
+            RankSums::Peer(p, _) => p.own_base() + peer_slot_offset(p, i),
+            RankSums::Nccl(s) => be.ptr(&s.atu),
+        }
+    }
+
+    /// (ranks, columns): a loop's sums are made again only where these change (the same on
+    /// every rank, so every rank makes them again together).
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            RankSums::Peer(p, n) => (p.ranks, *n),
+            RankSums::Nccl(s) => (s.ranks, s.n),
+        }
+    }
+}
+
+/// f64 of one slot of the peer buffers for `n` columns: A^T u, then ||u||^2's part, padded to
+/// 256 bytes.
+fn peer_slot_values(n: usize) -> usize {
+    (n + 1).next_multiple_of(32)
+}
+
+/// Bytes from a peer buffer's start to the slot of iteration `i` of a replay (kernels/lsqr.cu:
+/// the slots take turns).
+fn peer_slot_offset(p: &PeerBuffers, i: usize) -> u64 {
+    (super::peer::CTRL + (i % 2) * (p.values / 2) * 8) as u64
+}
+
+/// The buffers NCCL sums over the ranks (see [`RankSums`]), and the stream that sums them
+/// beside the backend's, which goes on computing: the sum of u^2 and each piece of A^T u are
+/// handed to it through `forked`, and the backend's stream waits for all of them through
+/// `joined` before it needs them.
+struct NcclSums {
+    ranks: usize,
+    n: usize,
     atu: CudaSlice<f64>,
     usq: CudaSlice<f64>,
     side: Arc<CudaStream>,
@@ -349,38 +413,34 @@ pub(super) fn update_blocks(n: usize) -> u32 {
     n.div_ceil(THREADS as usize * 4).clamp(1, 1024) as u32
 }
 
-impl DeviceLoop {
-    /// The loop's buffers; with `ranks` > 1 those of the sums over the ranks too (n columns).
-    fn new(be: &CudaBackend, partials: usize, (ranks, n): (usize, usize)) -> Result<DeviceLoop> {
+impl NcclSums {
+    /// The buffers and the sums' stream of a loop over `ranks` ranks with `n` columns.
+    fn new(be: &CudaBackend, ranks: usize, n: usize) -> Result<NcclSums> {
         let st = &be.stream;
-        let sums = if ranks > 1 {
-            // The sums' stream at the highest priority: NCCL's blocks take the next free
-            // multiprocessors ahead of the product's.
-            let (_, greatest) =
-                cudarc::driver::result::stream::get_priority_range().doing("stream priorities")?;
-            Some(RankSums {
-                atu: st
-                    .alloc_zeros::<f64>(n.max(1))
-                    .doing("device memory for A^T u")?,
-                usq: st
-                    .alloc_zeros::<f64>(1)
-                    .doing("device memory for ||u||^2")?,
-                side: be
-                    .ctx
-                    .new_stream_with_priority(greatest)
-                    .doing("creating the sums' stream")?,
-                forked: be.ctx.new_event(None).doing("creating an event")?,
-                joined: be.ctx.new_event(None).doing("creating an event")?,
-            })
-        } else {
-            None
-        };
-        Ok(DeviceLoop {
-            g: Graphed::new(be, partials)?,
-            ranks: sums,
+        // The sums' stream at the highest priority: NCCL's blocks take the next free
+        // multiprocessors ahead of the product's.
+        let (_, greatest) =
+            cudarc::driver::result::stream::get_priority_range().doing("stream priorities")?;
+        Ok(NcclSums {
+            ranks,
+            n,
+            atu: st
+                .alloc_zeros::<f64>(n.max(1))
+                .doing("device memory for A^T u")?,
+            usq: st
+                .alloc_zeros::<f64>(1)
+                .doing("device memory for ||u||^2")?,
+            side: be
+                .ctx
+                .new_stream_with_priority(greatest)
+                .doing("creating the sums' stream")?,
+            forked: be.ctx.new_event(None).doing("creating an event")?,
+            joined: be.ctx.new_event(None).doing("creating an event")?,
         })
     }
+}
 
+impl DeviceLoop {
     /// Record one replay on the stream (captured into a graph by the caller).
     fn record_replay(
         g: &Graphed<DevState>,
@@ -415,58 +475,78 @@ impl DeviceLoop {
         // Several ranks: A^T u into a buffer of its own (coefficients (1, 0), no partials)
         // before beta is known (u is kept unnormalised: lsqr_combine scales it), guarded by
         // `done` instead of `skip_atu` (which lsqr_step1 sets; an A^T u it would skip is made
-        // and not used). Its pieces and the sum of u^2 are summed over the ranks by NCCL on
-        // the side stream while the next piece is made.
+        // and not used). Then the sums over the ranks: through the other ranks' memory
+        // (kernels/lsqr.cu lsqr_peer_*), or by NCCL on the side stream, each piece while the
+        // next is made.
         let raw_atu = Epilogue::fused(
             at(offset_of!(DevState, one_zero)),
             at(offset_of!(DevState, done)),
             0,
         );
-        let (patu, pusq) = ranks
-            .as_ref()
-            .map_or((0, 0), |r| (be.ptr(&r.atu), be.ptr(&r.usq)));
         let mut sums = ranks;
         let cut = column_pieces(n, pieces);
-        for _ in 0..k {
+        for i in 0..k {
+            let patu = sums.as_ref().map_or(0, |r| r.atu(be, i));
             let np = op.av_fused(be, pv, pu, &av)?;
-            let Some(r) = &mut sums else {
-                step(&be.k.lsqr_step1, np, &[])?;
-                step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
-                Self::record_update(be, (px, pw, pv, pvar, n64, ps, pp), gu, prec)?;
-                continue;
-            };
-            be.launch(
-                &be.k.lsqr_sum,
-                one,
-                STEP_THREADS,
-                &mut [arg(&pp), arg(&np), arg(&pusq)],
-            )?;
-            r.hand_over(be)?;
-            be.nccl_sum_on(&r.side, &mut r.usq)?;
-            op.atu_in_pieces(be, (pu, patu), &raw_atu, &cut, &mut |cols| {
-                if cols.is_empty() {
-                    return Ok(()); // no columns (the same on every rank)
+            match &mut sums {
+                None => {
+                    step(&be.k.lsqr_step1, np, &[])?;
+                    step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
                 }
-                r.hand_over(be)?;
-                let mut piece = r.atu.slice_mut(cols);
-                be.nccl_sum_on(&r.side, &mut piece)
-            })?;
-            r.joined
-                .record(&r.side)
-                .doing("recording the sums over the ranks")?;
-            be.stream
-                .wait(&r.joined)
-                .doing("waiting for the sums over the ranks")?;
-            let np1 = 1u32;
-            let mut args = [arg(&ps), arg(&pusq), arg(&np1)];
-            be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
-            be.launch(
-                &be.k.lsqr_combine,
-                gu,
-                THREADS,
-                &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
-            )?;
-            step(&be.k.lsqr_step2, gu, &[])?;
+                Some(RankSums::Peer(p, _)) => {
+                    // (kernels/lsqr.cu: the exchange's order; the pieces are NCCL's only)
+                    let (pb, ranks, me) = (be.ptr(&p.bases), p.ranks as u32, p.rank as u32);
+                    let (off, first) = (peer_slot_offset(p, i), u32::from(i == 0));
+                    let mut args = [
+                        arg(&pp),
+                        arg(&np),
+                        arg(&pb),
+                        arg(&ranks),
+                        arg(&me),
+                        arg(&n64),
+                        arg(&off),
+                        arg(&first),
+                        arg(&ps),
+                    ];
+                    be.launch(&be.k.lsqr_peer_usq, one, STEP_THREADS, &mut args)?;
+                    op.atu_fused(be, pu, patu, &raw_atu)?;
+                    let mut args = [
+                        arg(&ps),
+                        arg(&pb),
+                        arg(&ranks),
+                        arg(&me),
+                        arg(&n64),
+                        arg(&off),
+                    ];
+                    be.launch(&be.k.lsqr_peer_step1, one, 32, &mut args)?;
+                    let mut args = [
+                        arg(&pv),
+                        arg(&pb),
+                        arg(&ranks),
+                        arg(&me),
+                        arg(&n64),
+                        arg(&off),
+                        arg(&ps),
+                        arg(&pp),
+                    ];
+                    be.launch(&be.k.lsqr_peer_combine, gu, THREADS, &mut args)?;
+                    step(&be.k.lsqr_step2, gu, &[])?;
+                }
+                Some(RankSums::Nccl(r)) => {
+                    Self::record_nccl_sums(be, op, r, (pp, np, pu, patu), (&raw_atu, &cut))?;
+                    let np1 = 1u32;
+                    let pusq = be.ptr(&r.usq);
+                    let mut args = [arg(&ps), arg(&pusq), arg(&np1)];
+                    be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
+                    be.launch(
+                        &be.k.lsqr_combine,
+                        gu,
+                        THREADS,
+                        &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
+                    )?;
+                    step(&be.k.lsqr_step2, gu, &[])?;
+                }
+            }
             Self::record_update(be, (px, pw, pv, pvar, n64, ps, pp), gu, prec)?;
         }
         let m64 = m as u64;
@@ -477,6 +557,41 @@ impl DeviceLoop {
         )?;
         be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
         g.copy_out(be)
+    }
+
+    /// NCCL's sums of one iteration: ||u||^2 from the `np` partials of A v, then A^T u (made
+    /// from `u` into `atu` with `raw`, piece by piece of `cut`), each summed on the side
+    /// stream while the next is made; the backend's stream waits for all of them.
+    fn record_nccl_sums(
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        r: &mut NcclSums,
+        (pp, np, pu, patu): (u64, u32, u64, u64),
+        (raw, cut): (&Epilogue, &[Range<usize>]),
+    ) -> Result<()> {
+        let pusq = be.ptr(&r.usq);
+        be.launch(
+            &be.k.lsqr_sum,
+            1,
+            STEP_THREADS,
+            &mut [arg(&pp), arg(&np), arg(&pusq)],
+        )?;
+        r.hand_over(be)?;
+        be.nccl_sum_on(&r.side, &mut r.usq)?;
+        op.atu_in_pieces(be, (pu, patu), raw, cut, &mut |cols| {
+            if cols.is_empty() {
+                return Ok(()); // no columns (the same on every rank)
+            }
+            r.hand_over(be)?;
+            let mut piece = r.atu.slice_mut(cols);
+            be.nccl_sum_on(&r.side, &mut piece)
+        })?;
+        r.joined
+            .record(&r.side)
+            .doing("recording the sums over the ranks")?;
+        be.stream
+            .wait(&r.joined)
+            .doing("waiting for the sums over the ranks")
     }
 
     /// The fused x/w update and the third step kernel (the stopping tests and the history
@@ -502,7 +617,7 @@ impl DeviceLoop {
     }
 }
 
-impl RankSums {
+impl NcclSums {
     /// Make the side stream wait for what the backend's stream has queued so far.
     fn hand_over(&self, be: &CudaBackend) -> Result<()> {
         self.forked
@@ -515,10 +630,11 @@ impl RankSums {
 }
 
 /// Every fused operator runs LSQR on the device through its [`LoopSlot`]'s loop (captured on
-/// first use); on several ranks where NCCL sums over them inside the graph.
+/// first use); on several ranks where their GPUs' memory or NCCL sums over them inside the
+/// graph.
 impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
     fn runs_on(&self, be: &CudaBackend, ranks: usize) -> bool {
-        ranks == 1 || be.nccl.ready()
+        ranks == 1 || be.sums_on_device()
     }
 
     /// Run LSQR from `s`, `v` to a stop (see [`LsqrDevice::iterate`]).
@@ -527,9 +643,10 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         be: &CudaBackend,
         params: &LsqrParams,
         (s, v): (&mut LsqrScalars, &mut LsqrVectors<CudaSlice<f64>>),
-        (boundary, ranks): (usize, usize),
+        (boundary, comm): (usize, &dyn Comm),
         on_block: &mut BlockCallback<'_, CudaSlice<f64>>,
     ) -> Result<()> {
+        let ranks = comm.size();
         let op: &dyn FusedLsqr = self;
         let slot: &mut Option<DeviceLoop> = &mut self
             .loop_slot()
@@ -544,13 +661,25 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         let k = self.loop_slot().block();
         let pieces = self.loop_slot().pieces();
         let partials = op.max_partials().max(update_blocks(n) as usize);
-        if slot
-            .as_ref()
-            .is_none_or(|l| l.g.partial.len() < partials || l.ranks.is_some() != (ranks > 1))
-        {
-            *slot = Some(DeviceLoop::new(be, partials, (ranks, n))?);
+        // The sums over the ranks are made again only where the job's shape changes (the same
+        // on every rank: making them is collective); the graph's buffers where this rank's
+        // operator needs more partials.
+        let shape = (ranks > 1).then_some((ranks, n));
+        let l = match slot {
+            Some(l) => l,
+            None => slot.insert(DeviceLoop {
+                g: Graphed::new(be, partials)?,
+                ranks: RankSums::new(be, comm, n)?,
+            }),
+        };
+        if l.ranks.as_ref().map(RankSums::shape) != shape {
+            l.ranks = None; // (the old buffers go first)
+            l.ranks = RankSums::new(be, comm, n)?;
         }
-        let DeviceLoop { g, ranks: sums } = slot.as_mut().expect("set above");
+        if l.g.partial.len() < partials {
+            l.g = Graphed::new(be, partials)?;
+        }
+        let DeviceLoop { g, ranks: sums } = l;
         let key = vec![
             be.ptr(&v.u),
             be.ptr(&v.v),
@@ -560,6 +689,7 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
             k as u64,
             ranks as u64,
             pieces as u64,
+            sums.as_ref().map_or(0, |r| r.atu(be, 0)),
         ];
         g.capture(be, key, |g| {
             DeviceLoop::record_replay(g, sums.as_mut(), be, op, v, (k, pieces))

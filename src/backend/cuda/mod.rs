@@ -19,6 +19,7 @@
 //! - backend.rs: [`CudaBackend`] (context, stream, kernels) and the kernel launch;
 //! - vector.rs: `impl Backend for CudaBackend` and the vector kernels' launches;
 //! - nccl.rs: the NCCL communicator, halo exchange and vector sums;
+//! - peer.rs: the ranks' buffers mapped by each other (CUDA IPC), LSQR's sums on one node;
 //! - error.rs: [`CudaError`], the typed errors, and their bridge to `crate::Error::Device`;
 //! - util.rs: small helpers of the launch wrappers (uploads, kernel arguments, checks);
 //! - csr.rs: CSR arrays on the device and their kernels; operator.rs, cusparse.rs:
@@ -45,6 +46,7 @@ mod nccl;
 mod nvrtc;
 mod operator;
 mod patterns;
+mod peer;
 mod square;
 mod stencil;
 mod tiled;
@@ -60,4 +62,5 @@ pub use encode::{encode_on_gpu, permute_on_gpu};
 pub use error::CudaError;
 pub use nccl::{communicators_made, EarlyNccl};
 pub use operator::{plan_for, plan_memory, CudaCsrOperator, MemoryPlan};
+pub use peer::peer_first;
 pub use square::{CudaIluSweeps, CudaSquareOperator};
