@@ -393,15 +393,14 @@ impl Nccl {
             AllreducePath::Host => None,
             _ => take_kept(comm, key, ordinal)?,
         };
-        let made: Result<sys::ncclComm_t> = match (take_early(key), kept) {
+        let raw = match (take_early(key), kept) {
             (Some(made), _) => made
                 .recv()
                 .map_err(|_| {
                     Error::backend("cuda", "the NCCL communicator made ahead was not made")
-                })
-                .and_then(|r| r)
-                .map(RawComm::take),
-            (None, Some(kept)) => Ok(kept.take()),
+                })??
+                .take(),
+            (None, Some(kept)) => kept.take(),
             (None, None) => {
                 let Some(id) = exchange_id(comm, path)? else {
                     return Ok("host (page-locked buffer + MPI_Allreduce)".into());
@@ -409,29 +408,8 @@ impl Nccl {
                 stream
                     .context()
                     .bind_to_thread()
-                    .doing("binding the GPU context")
-                    .and_then(|_| init_rank(id, comm.rank(), comm.size(), max_ctas))
-                    .map(RawComm::take)
-            }
-        };
-        // NCCL refuses some jobs on every rank alike (two ranks on one GPU: "duplicate GPU");
-        // `auto` then sums through the host instead of failing.
-        let raw = match (crate::comm::on_every_rank(comm, made.is_ok())?, made) {
-            (true, Ok(raw)) => raw,
-            (_, made) => {
-                if let Ok(raw) = made {
-                    drop(RawComm(raw)); // (released: the others could not make theirs)
-                }
-                if path == AllreducePath::Nccl {
-                    return Err(Error::backend(
-                        "cuda",
-                        "allreduce = nccl, but NCCL could not start on every rank (two ranks on one GPU? NCCL needs a GPU per rank; use allreduce = \"host\" or \"auto\")",
-                    ));
-                }
-                return Ok(
-                    "host (page-locked buffer + MPI_Allreduce; NCCL could not start on every rank: two ranks on one GPU?)"
-                        .into(),
-                );
+                    .doing("binding the GPU context")?;
+                init_rank(id, comm.rank(), comm.size(), max_ctas)?.take()
             }
         };
         *self.lock() = Some(NcclComm {
