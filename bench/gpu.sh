@@ -17,9 +17,10 @@
 #   orders    CSR transpose strategies (csc, scatter, cuSPARSE) and orderings     -> gpu.md
 #   gmres     GMRES(16) on the 2.1M-row convection-diffusion system, every orthogonalisation,
 #             beside CuPy's gmres                                     -> performance.md, gmres.md
-#   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU), host and NCCL allreduce (NCCL with the
-#             device loop, the default, and with the host loop), a 100M and a 4x larger
-#             synthetic dataset (nvidia-h100-x2)                            -> performance.md
+#   multigpu  LSQR on 1 and 2 GPUs (one MPI rank per GPU): the defaults (the device loop summing
+#             through the GPUs' memory), host and NCCL allreduce (NCCL with the device loop and
+#             with the host loop), a 100M and a 4x larger synthetic dataset
+#             (nvidia-h100-x2)                                                -> performance.md
 #   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
 #             the 2-GPU defaults (NCCL) and the host path; $BASE's and $PREV's 2-GPU defaults
 #             beside them                                       -> performance.md, gmres.md
@@ -104,7 +105,7 @@ wall() { local t0; t0=$(date +%s.%N); "$@"; local rc=$?; awk -v a="$t0" -v b="$(
 MR="mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
 
 if has tests; then
-  nccl_path  # the two-GPU test of LSQR's device loop (NCCL inside its graph)
+  nccl_path  # the two-GPU tests of LSQR's device loop (NCCL or the GPUs' memory inside its graph)
   for t in gpu gpu_compact gpu_gmres gpu_batch; do
     [ -x "$BIN/$t" ] || { echo "test $t: not in $BIN" >> "$S"; continue; }
     timeout 240 "$BIN/$t" --include-ignored --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
@@ -184,7 +185,7 @@ if has multigpu; then
     ds=/tmp/big$scale
     "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
       --flattening 0.5,0.5,0.5 --damping-blocks 2 > /dev/null 2>> "$OUT/log.txt"
-    for run in np1 host nccl ncclhost ${EXTRA:-}; do
+    for run in np1 auto host nccl ncclhost ${EXTRA:-}; do
       cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}; path=${path/ncclhost/nccl}; path=${path/nccl8/nccl}
       lp=auto; [ $run = ncclhost ] && lp=host
       printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\nlsqr_loop = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \

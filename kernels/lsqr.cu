@@ -480,3 +480,42 @@ lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ran
     }
     block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
 }
+
+// ---- A vector summed over the ranks through their buffers outside a graph (the backend's
+// allreduce_sum where the GPUs map each other's memory: src/backend/cuda/vector.rs). One slot
+// (PEER_CTRL bytes in): peer_vec_begin waits until every rank has read the last sum (word 1),
+// the vector is copied into the slot, peer_vec_publish publishes and waits for every rank's,
+// peer_vec_sum adds the slots in rank order. A wait that times out sets word 2 of this rank's
+// control block (the host reads it after the sum).
+
+extern "C" __global__ void peer_vec_begin(const u64* __restrict__ bases, u32 ranks, u32 me) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    volatile u64* mine = (volatile u64*)bases[me];
+    const u64 e = mine[0];
+    mine[1] = e;  // every sum up to e read: this kernel follows this rank's last peer_vec_sum
+    __threadfence_system();
+    if (!peer_wait(bases, ranks, me, 1, e)) mine[2] = 1;
+}
+
+extern "C" __global__ void peer_vec_publish(const u64* __restrict__ bases, u32 ranks, u32 me) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    volatile u64* mine = (volatile u64*)bases[me];
+    const u64 e = mine[0] + 1;
+    __threadfence_system();  // the copy into the slot (an earlier operation) before the count
+    mine[0] = e;
+    if (!peer_wait(bases, ranks, me, 0, e)) mine[2] = 1;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+peer_vec_sum(double* __restrict__ x, u64 n, const u64* __restrict__ bases, u32 ranks, u32 me) {
+    if (((const volatile u64*)bases[me])[2]) return;  // a wait timed out: the host says so
+    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
+        const double* t0 = peer_slot(bases, 0, PEER_CTRL) + i;
+        double t = me == 0 ? *t0 : __ldcv(t0);
+        for (u32 r = 1; r < ranks; ++r) {
+            const double* tr = peer_slot(bases, r, PEER_CTRL) + i;
+            t += r == me ? *tr : __ldcv(tr);
+        }
+        x[i] = t;
+    }
+}

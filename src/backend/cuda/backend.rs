@@ -92,6 +92,9 @@ pub struct CudaBackend {
     /// Whether LSQR's device loop sums over the ranks through their GPUs' memory (CUDA IPC),
     /// set up by `setup_allreduce`.
     pub(crate) peer: PeerSwitch,
+    /// The buffers of the vector sums outside the loops where `peer` is on
+    /// ([`crate::backend::Backend::allreduce_sum`]), made at the first.
+    pub(super) peer_vec: Mutex<Option<super::peer::PeerBuffers>>,
     /// The preprocessor defines the kernels were compiled with.
     defines: Vec<String>,
 }
@@ -172,6 +175,7 @@ impl CudaBackend {
             staging: Mutex::new(None),
             nccl: Nccl::default(),
             peer: PeerSwitch::default(),
+            peer_vec: Mutex::new(None),
             defines: defines.to_vec(),
         })
     }

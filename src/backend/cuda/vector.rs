@@ -7,6 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::{CudaBackend, DeviceVec, MULTI_MAX, RED_MAX_BLOCKS};
 use super::error::Doing;
+use super::peer::{PeerBuffers, CTRL};
 use super::util::{arg, Word};
 use crate::backend::{Backend, Measure, ScalarSlots, XwState, XwStep};
 use crate::comm::Comm;
@@ -494,6 +495,9 @@ impl Backend for CudaBackend {
         if self.nccl.all_reduce(x)? {
             return Ok(());
         }
+        if self.peer.is_on() {
+            return self.peer_sum(comm, x);
+        }
         let mut guard = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
         if guard.as_ref().is_none_or(|p| p.len() != x.len()) {
             // SAFETY: the buffer is fully overwritten by the device-to-host copy below before
@@ -516,6 +520,60 @@ impl Backend for CudaBackend {
             .memcpy_htod(p, x)
             .doing("copying a vector to the device")?;
         self.synchronize()
+    }
+}
+
+impl CudaBackend {
+    /// `x` summed over the ranks through the buffers they map of each other (kernels/lsqr.cu
+    /// `peer_vec_*`; collective), where the backend's set-up turned the peer sums on and made
+    /// no NCCL communicator: LSQR's sums outside its loop, and its host loop's.
+    fn peer_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
+        let mut guard = self.peer_vec.lock().unwrap_or_else(|e| e.into_inner());
+        // (every rank sums the same length, so every rank makes new buffers together)
+        if guard.as_ref().is_none_or(|p| p.values < x.len()) {
+            *guard = None;
+            *guard = Some(
+                PeerBuffers::new(&self.stream, comm, x.len())?.ok_or_else(|| {
+                    Error::backend(
+                    "cuda",
+                    "the ranks' GPUs could not map each other's buffers for a sum over the ranks",
+                )
+                })?,
+            );
+        }
+        let p = guard.as_ref().expect("made above");
+        let (pb, ranks, me) = (self.ptr(&p.bases), p.ranks as u32, p.rank as u32);
+        let one = |f: &CudaFunction| self.launch(f, 1, 32, &mut [arg(&pb), arg(&ranks), arg(&me)]);
+        one(&self.k.peer_vec_begin)?;
+        let slot = p.own_base() + CTRL as u64;
+        // SAFETY: the slot holds at least x.len() f64 (made above) and is this rank's own
+        // device memory; `x` is alive until the synchronisation below; both are on this
+        // backend's stream, after peer_vec_begin (no rank reads the slot until it is published).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                slot,
+                self.ptr(x),
+                x.len() * 8,
+                self.stream.cu_stream(),
+            )
+        }
+        .doing("copying a vector into the sums' buffer")?;
+        one(&self.k.peer_vec_publish)?;
+        let (px, n) = (self.ptr(x), x.len() as u64);
+        let mut args = [arg(&px), arg(&n), arg(&pb), arg(&ranks), arg(&me)];
+        self.launch_elementwise(&self.k.peer_vec_sum, x.len(), &mut args)?;
+        self.synchronize()?;
+        let mut late = [0u64];
+        // SAFETY: word 2 of this rank's control block, read after the stream finished with it.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut late, p.own_base() + 16) }
+            .doing("reading the sums' state")?;
+        if late[0] != 0 {
+            return Err(Error::backend(
+                "cuda",
+                "a sum over the ranks: another rank's GPU did not publish its part within 120 s (has another rank failed?)",
+            ));
+        }
+        Ok(())
     }
 }
 
