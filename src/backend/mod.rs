@@ -381,9 +381,9 @@ pub enum AllreducePath {
     Host,
     /// NCCL only (an error when it cannot be loaded).
     Nccl,
-    /// LSQR's device loop sums through the other ranks' GPU memory (CUDA IPC: ranks on one
-    /// node; an error where they cannot map it); the few sums outside it through the host (no
-    /// NCCL, so no NCCL start). Other solvers: as `auto`.
+    /// LSQR's device loop, and LSQR's other sums, through the other ranks' GPU memory (CUDA
+    /// IPC: ranks on one node; an error where they cannot map it); no NCCL, so no NCCL start.
+    /// Other solvers: as `auto`.
     Peer,
 }
 

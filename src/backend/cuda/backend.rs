@@ -296,7 +296,7 @@ impl CudaBackend {
         lsqr_loop: bool,
     ) -> Result<String> {
         if super::peer_first(comm, path, lsqr_loop)? && self.peer.setup(&self.stream, comm, path)? {
-            return Ok("peer (LSQR's sums through the other GPUs' memory, CUDA IPC; the other sums through the host: page-locked buffer + MPI_Allreduce)".into());
+            return Ok("peer (LSQR's sums through the other GPUs' memory, CUDA IPC)".into());
         }
         self.nccl.setup(&self.stream, comm, path, max_ctas)
     }

@@ -33,7 +33,8 @@ pub(crate) struct PeerSwitch(AtomicBool);
 /// Collective: whether a job's sums try the GPUs' memory first, before NCCL is made:
 /// `allreduce = "peer"`, or `auto` where the job runs LSQR's device loop (`lsqr_loop`) on
 /// several ranks all on one node. NCCL is then not started at all where the peer sums come up
-/// (its start costs 0.5-0.7 s on 2 x H100); the few sums outside the loop go through the host.
+/// (its start costs 0.5-0.7 s on 2 x H100); the sums outside the loop go through mapped buffers
+/// too (the backend's `allreduce_sum`).
 pub fn peer_first(comm: &dyn Comm, path: AllreducePath, lsqr_loop: bool) -> Result<bool> {
     Ok(match path {
         AllreducePath::Peer => comm.size() > 1,
