@@ -422,6 +422,19 @@ __device__ __forceinline__ double* peer_slot(const u64* bases, u32 r, u64 off) {
     return (double*)(bases[r] + off);
 }
 
+// Value i of the ranks' slots at `off`, added in rank order (the others' with ld.global.cv:
+// never from a cached line, they change every exchange).
+__device__ __forceinline__ double peer_sum_at(const u64* __restrict__ bases, u32 ranks, u32 me,
+                                              u64 off, u64 i) {
+    const double* t0 = peer_slot(bases, 0, off) + i;
+    double t = me == 0 ? *t0 : __ldcv(t0);
+    for (u32 r = 1; r < ranks; ++r) {
+        const double* tr = peer_slot(bases, r, off) + i;
+        t += r == me ? *tr : __ldcv(tr);
+    }
+    return t;
+}
+
 extern "C" __global__ void __launch_bounds__(STEP_THREADS)
 lsqr_peer_usq(const double* partial, u32 np, const u64* __restrict__ bases, u32 ranks, u32 me,
               u64 n, u64 off, u32 first, LsqrState* st) {
@@ -459,8 +472,6 @@ extern "C" __global__ void lsqr_peer_step1(LsqrState* gst, const u64* __restrict
     *gst = cp;
 }
 
-// The other ranks' values are loaded with ld.global.cv (never from a cached line: they change
-// every exchange).
 extern "C" __global__ void __launch_bounds__(256)
 lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ranks, u32 me,
                   u64 n, u64 off, const LsqrState* __restrict__ st, double* __restrict__ partial) {
@@ -468,12 +479,7 @@ lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ran
     const double a = st->c_atu[0], b = st->c_atu[1];
     double s = 0.0;
     for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
-        const double* t0 = peer_slot(bases, 0, off) + i;
-        double t = me == 0 ? *t0 : __ldcv(t0);
-        for (u32 r = 1; r < ranks; ++r) {
-            const double* tr = peer_slot(bases, r, off) + i;
-            t += r == me ? *tr : __ldcv(tr);
-        }
+        const double t = peer_sum_at(bases, ranks, me, off, i);
         const double vi = b == 0.0 ? a * t : a * t + b * v[i];
         v[i] = vi;
         s += vi * vi;
@@ -509,13 +515,6 @@ extern "C" __global__ void peer_vec_publish(const u64* __restrict__ bases, u32 r
 extern "C" __global__ void __launch_bounds__(256)
 peer_vec_sum(double* __restrict__ x, u64 n, const u64* __restrict__ bases, u32 ranks, u32 me) {
     if (((const volatile u64*)bases[me])[2]) return;  // a wait timed out: the host says so
-    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
-        const double* t0 = peer_slot(bases, 0, PEER_CTRL) + i;
-        double t = me == 0 ? *t0 : __ldcv(t0);
-        for (u32 r = 1; r < ranks; ++r) {
-            const double* tr = peer_slot(bases, r, PEER_CTRL) + i;
-            t += r == me ? *tr : __ldcv(tr);
-        }
-        x[i] = t;
-    }
+    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull)
+        x[i] = peer_sum_at(bases, ranks, me, PEER_CTRL, i);
 }

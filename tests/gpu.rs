@@ -849,24 +849,30 @@ fn cpu_with_gpu_summation_and_reduction_order() {
     }
 }
 
-/// `seistomo solve` on australia on `np` GPUs (one rank each, NCCL between them when np > 1)
-/// with `storage` and `loop_`: (x, iterations, istop, the loop report.json says ran).
-fn australia_on_gpus(np: usize, storage: &str, loop_: &str) -> (Vec<f64>, u64, u64, bool) {
-    use common::mpi::{finish, mpirun};
-    let root = common::gpu::data_root();
-    let dir = std::env::temp_dir().join(format!("seistomo-gpu2-{np}-{storage}-{loop_}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (sol, rep) = (dir.join("x.txt"), dir.join("report.json"));
-    let mut c = mpirun();
+/// `mpirun -np NP seistomo` with the GPU libraries' environment passed on; the caller adds the
+/// command.
+fn mpirun_seistomo(np: usize) -> std::process::Command {
+    let mut c = common::mpi::mpirun();
     for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
         if std::env::var_os(var).is_some() {
             c.args(["-x", var]);
         }
     }
-    c.args(["-np", &np.to_string()])
-        .arg(seistomo_bin())
-        .arg("solve");
+    c.args(["-np", &np.to_string()]).arg(seistomo_bin());
+    c
+}
+
+/// `seistomo solve` on australia on `np` GPUs (one rank each, NCCL between them when np > 1)
+/// with `storage` and `loop_`: (x, iterations, istop, the loop report.json says ran).
+fn australia_on_gpus(np: usize, storage: &str, loop_: &str) -> (Vec<f64>, u64, u64, bool) {
+    use common::mpi::finish;
+    let root = common::gpu::data_root();
+    let dir = std::env::temp_dir().join(format!("seistomo-gpu2-{np}-{storage}-{loop_}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sol, rep) = (dir.join("x.txt"), dir.join("report.json"));
+    let mut c = mpirun_seistomo(np);
+    c.arg("solve");
     for (flag, rel) in [
         ("--matrix", "datasets/australia/G.mtx.gz"),
         ("--rhs", "datasets/australia/d.txt"),
@@ -923,12 +929,9 @@ fn australia_on_gpus(np: usize, storage: &str, loop_: &str) -> (Vec<f64>, u64, u
 #[test]
 #[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
 fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
-    drop(gpu());
-    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
-        println!("one GPU only: this test needs two ({why})");
+    if !two_gpus_and_mpirun() {
         return;
     }
-    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
     for storage in ["csr", "compact"] {
         let (x1, its1, stop1, dev1) = australia_on_gpus(1, storage, "device");
         assert!(dev1, "{storage}: one GPU ran the host loop");
@@ -951,6 +954,18 @@ fn device_loop_on_two_gpus_matches_the_host_loop_and_one_gpu() {
             assert!(e <= 1e-10, "{storage} {loop_}: x rel diff {e:e}");
         }
     }
+}
+
+/// Whether this machine has a second GPU (the first is checked as every test here does: a
+/// panic where there is none); two GPUs without mpirun fail the test.
+fn two_gpus_and_mpirun() -> bool {
+    drop(gpu());
+    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
+        println!("one GPU only: this test needs two ({why})");
+        return false;
+    }
+    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
+    true
 }
 
 /// A fresh directory `name` with a synthetic dataset of 16,384 cells (32 x 32 x 16: four pieces
@@ -990,17 +1005,9 @@ fn invert_under_mpirun(
     out: &std::path::Path,
     what: &str,
 ) -> (serde_json::Value, Vec<u8>) {
-    use common::mpi::{finish, mpirun};
-    let mut c = mpirun();
-    for var in ["LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE"] {
-        if std::env::var_os(var).is_some() {
-            c.args(["-x", var]);
-        }
-    }
-    c.args(["-np", &np.to_string()])
-        .arg(seistomo_bin())
-        .args(["-q", "invert"])
-        .arg(cfg);
+    use common::mpi::finish;
+    let mut c = mpirun_seistomo(np);
+    c.args(["-q", "invert"]).arg(cfg);
     let o = finish(c);
     assert!(
         o.status.success(),
@@ -1019,12 +1026,9 @@ fn invert_under_mpirun(
 #[test]
 #[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
 fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
-    drop(gpu());
-    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
-        println!("one GPU only: this test needs two ({why})");
+    if !two_gpus_and_mpirun() {
         return;
     }
-    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
     let (dir, ds) = small_synthetic("seistomo-gpu2-atu-pieces");
     let run = |layout: &str, pieces: &str| {
         let out = dir.join(format!("out-{layout}-{pieces}"));
@@ -1069,12 +1073,9 @@ fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
 #[test]
 #[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
 fn peer_sums_on_two_gpus_give_nccls_solution() {
-    drop(gpu());
-    if let Err(why) = seistomo::backend::cuda::probe_device(1) {
-        println!("one GPU only: this test needs two ({why})");
+    if !two_gpus_and_mpirun() {
         return;
     }
-    assert!(common::mpi::have_mpirun(), "two GPUs but no mpirun");
     let (dir, ds) = small_synthetic("seistomo-gpu2-peer");
     let run = |np: usize, allreduce: &str, backend: &str| {
         let name = format!(

@@ -586,12 +586,7 @@ impl DeviceLoop {
             let mut piece = r.atu.slice_mut(cols);
             be.nccl_sum_on(&r.side, &mut piece)
         })?;
-        r.joined
-            .record(&r.side)
-            .doing("recording the sums over the ranks")?;
-        be.stream
-            .wait(&r.joined)
-            .doing("waiting for the sums over the ranks")
+        wait_for(&be.stream, &r.side, &r.joined, "the sums over the ranks")
     }
 
     /// The fused x/w update and the third step kernel (the stopping tests and the history
@@ -620,13 +615,20 @@ impl DeviceLoop {
 impl NcclSums {
     /// Make the side stream wait for what the backend's stream has queued so far.
     fn hand_over(&self, be: &CudaBackend) -> Result<()> {
-        self.forked
-            .record(&be.stream)
-            .doing("recording a vector for the sums over the ranks")?;
-        self.side
-            .wait(&self.forked)
-            .doing("handing a vector to the sums over the ranks")
+        wait_for(
+            &self.side,
+            &be.stream,
+            &self.forked,
+            "a vector for the sums over the ranks",
+        )
     }
+}
+
+/// Make `waits` wait for what `first` has queued so far, through `ev` (`what`: for errors).
+fn wait_for(waits: &CudaStream, first: &CudaStream, ev: &CudaEvent, what: &str) -> Result<()> {
+    ev.record(first)
+        .doing_with(|| format!("recording an event after {what}"))?;
+    waits.wait(ev).doing_with(|| format!("waiting for {what}"))
 }
 
 /// Every fused operator runs LSQR on the device through its [`LoopSlot`]'s loop (captured on
