@@ -1160,6 +1160,90 @@ fn peer_sums_on_two_gpus_give_nccls_solution() {
     assert!(er <= 1e-9, "3 ranks: r1norm rel diff {er:e}");
 }
 
+/// More ranks than GPUs (three ranks on two: ranks 0 and 2 share GPU 0). NCCL refuses such a
+/// job (one rank fails, the others wait for it), so the ranks say so before NCCL starts:
+/// GMRES with the defaults and LSQR with its host loop (NCCL made ahead of the read under
+/// `auto`) sum through the host instead, and converge as on one rank; `allreduce = "nccl"` is
+/// one clear error, not a hang.
+#[test]
+#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn more_ranks_than_gpus_sum_through_the_host_instead_of_nccl() {
+    use common::mpi::finish;
+    if !two_gpus_and_mpirun() {
+        return;
+    }
+    let (dir, ds) = small_synthetic("seistomo-gpu3-shared");
+    let m = dir.join("cd.mtx");
+    let sq = std::process::Command::new(seistomo_bin())
+        .args(["-q", "square", "--kind", "convdiff", "--n", "24", "-o"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert!(
+        sq.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sq.stderr)
+    );
+    let gmres = |np: usize, extra: &[&str]| {
+        let rep = dir.join(format!("g{np}{}.json", extra.join("")));
+        let mut c = mpirun_seistomo(np);
+        c.args(["-q", "solve", "--method", "gmres", "--matrix"])
+            .arg(&m)
+            .args(["--restart", "16", "--rtol", "1e-10", "--precond", "jacobi"])
+            .args(["--backend", "cuda", "--report"])
+            .arg(&rep)
+            .args(extra);
+        let o = finish(c);
+        let r = o.status.success().then(|| common::read_json(&rep));
+        (o, r)
+    };
+    let (o1, r1) = gmres(1, &[]);
+    let r1 = r1.unwrap_or_else(|| panic!("1 rank: {}", String::from_utf8_lossy(&o1.stderr)));
+    let (o3, r3) = gmres(3, &[]);
+    let err3 = String::from_utf8_lossy(&o3.stderr).to_string();
+    let r3 = r3.unwrap_or_else(|| panic!("3 ranks: {err3}"));
+    assert!(err3.contains("two ranks share a GPU"), "3 ranks: {err3}");
+    assert_eq!(r3["converged"], true, "3 ranks: {r3}");
+    let (i1, i3) = (
+        r1["iterations"].as_u64().unwrap(),
+        r3["iterations"].as_u64().unwrap(),
+    );
+    assert!(
+        i3.abs_diff(i1) <= 2,
+        "GMRES: {i3} iterations on 3 ranks, {i1} on one"
+    );
+    println!("GMRES on 3 ranks of 2 GPUs: host sums, {i3} iterations (1 rank {i1})");
+    let (on, _) = gmres(3, &["--allreduce", "nccl"]);
+    let err = String::from_utf8_lossy(&on.stderr);
+    assert!(!on.status.success(), "allreduce = nccl on a shared GPU ran");
+    assert!(err.contains("two ranks share a GPU"), "{err}");
+    // LSQR's host loop: NCCL would be made ahead of the read.
+    let out = dir.join("out-lsqr-host");
+    let cfg = dir.join("lsqr-host.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 60\n[backend]\nkind = \"cuda\"\nlsqr_loop = \"host\"\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
+            ds.join("dataset.toml").display(),
+            out.display()
+        ),
+    )
+    .unwrap();
+    let (r, _) = invert_under_mpirun(3, &cfg, &out, "LSQR host loop on 3 ranks");
+    assert!(
+        r["allreduce"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("host"),
+        "{}",
+        r["allreduce"]
+    );
+    println!(
+        "LSQR's host loop on 3 ranks of 2 GPUs: {} iterations, host sums",
+        r["iterations"]
+    );
+}
+
 /// LSMR on the GPU against LSMR on the CPU: every CSR transpose directly (the host loop with the
 /// vectors on the device), the explicit transpose with the device loop too (kernels/lsmr.cu;
 /// blocks of 32, and blocks ended every 7 iterations where a monitor asks for x), and compact

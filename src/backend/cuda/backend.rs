@@ -277,10 +277,7 @@ impl CudaBackend {
 
     /// [`Self::ordinal_for`] from the rank's place on its node (`None`: a job of one rank).
     pub fn ordinal_of(local_rank: Option<usize>) -> Result<(usize, usize)> {
-        let count = CudaContext::device_count()
-            .doing("cuInit/device count")?
-            .max(1) as usize;
-        Ok((local_rank.map_or(0, |l| l % count), count))
+        Ok(super::device::rank_ordinal(local_rank)?)
     }
 
     /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls

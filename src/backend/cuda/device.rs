@@ -37,6 +37,44 @@ impl std::fmt::Display for DeviceInfo {
     }
 }
 
+/// The GPU a rank uses: its local rank on the node (`None`: a job of one rank, GPU 0),
+/// round-robin where a node has more ranks than GPUs; and the node's GPU count.
+pub fn rank_ordinal(local_rank: Option<usize>) -> Result<(usize, usize), CudaError> {
+    let count = CudaContext::device_count()
+        .map_err(|e| CudaError::during("cuInit/device count", e))?
+        .max(1) as usize;
+    Ok((local_rank.map_or(0, |l| l % count), count))
+}
+
+/// Which physical GPU `ordinal` is, as two words: a hash of this host's name, and the GPU's PCI
+/// domain, bus and device. Two ranks have the same words exactly where they share a GPU.
+pub fn gpu_identity(ordinal: usize) -> Result<[u64; 2], CudaError> {
+    use dsys::CUdevice_attribute as A;
+    let dev = dres::device::get(ordinal as i32).map_err(|e| CudaError::during("cuDeviceGet", e))?;
+    let attr = |a: A| -> Result<u64, CudaError> {
+        // SAFETY: `dev` is a valid device handle; the attribute is a plain integer query.
+        unsafe { dres::device::get_attribute(dev, a) }
+            .map(|v| v as u32 as u64)
+            .map_err(|e| CudaError::during("cuDeviceGetAttribute", e))
+    };
+    let pci = attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)? << 32
+        | attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)? << 16
+        | attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+    Ok([host_hash(), pci])
+}
+
+/// FNV-1a of this host's name (0 where it cannot be read).
+fn host_hash() -> u64 {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `name.len()` bytes into the buffer it is given.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let bytes = if ok { &name[..end] } else { &[][..] };
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The CUDA libraries every GPU run needs that cannot be loaded here (empty when all are
 /// present): the driver and NVRTC. cuSPARSE is looked for only where it is used
 /// (`transpose = "library"`: [`cusparse_missing`]); cuBLAS is not used. Opening cuBLAS and

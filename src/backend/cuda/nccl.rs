@@ -192,7 +192,23 @@ impl RawComm {
 /// Collective: whether NCCL carries the job's sums (libnccl on every rank and not `allreduce
 /// = "host"`), and then rank 0's NCCL id, broadcast. `allreduce = "nccl"` without libnccl on
 /// every rank is an error.
-fn exchange_id(comm: &dyn Comm, path: AllreducePath) -> Result<Option<sys::ncclUniqueId>> {
+fn exchange_id(
+    comm: &dyn Comm,
+    path: AllreducePath,
+    ordinal: Option<usize>,
+) -> Result<Option<sys::ncclUniqueId>> {
+    if path != AllreducePath::Host && shares_a_gpu(comm, ordinal)? {
+        if path == AllreducePath::Nccl {
+            return Err(Error::backend(
+                "cuda",
+                "allreduce = nccl, but two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank; use allreduce = \"auto\" or \"host\"",
+            ));
+        }
+        if comm.is_root() && ordinal.is_some() {
+            eprintln!("two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank, so the sums go through the host");
+        }
+        return Ok(None);
+    }
     // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
     let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
     if !crate::comm::on_every_rank(comm, here)? {
@@ -224,6 +240,24 @@ fn exchange_id(comm: &dyn Comm, path: AllreducePath) -> Result<Option<sys::ncclU
         *d = *s as c_char;
     }
     Ok(Some(id))
+}
+
+/// Collective: whether two ranks of the job use one GPU (NCCL refuses such a job: the rank
+/// that shares fails its ncclCommInitRank while the others wait for it). This rank's GPU is
+/// `ordinal`, or where None the one its place on the node gives ([`super::device::rank_ordinal`],
+/// as the backend's start picks it). A rank whose GPU cannot be identified counts as one of
+/// its own.
+fn shares_a_gpu(comm: &dyn Comm, ordinal: Option<usize>) -> Result<bool> {
+    let local = (comm.size() > 1).then(|| comm.local_rank());
+    let mine = ordinal
+        .map_or_else(|| super::device::rank_ordinal(local).map(|(o, _)| o), Ok)
+        .and_then(super::device::gpu_identity)
+        .map_or_else(|_| vec![1, comm.rank() as u64, 0], |[h, p]| vec![0, h, p]);
+    let all = comm.alltoallv_u64(&vec![mine; comm.size()])?;
+    Ok(all
+        .iter()
+        .enumerate()
+        .any(|(i, a)| all[..i].iter().any(|b| b == a)))
 }
 
 /// Communicators this process has made (ncclCommInitRank calls that succeeded).
@@ -316,7 +350,7 @@ impl EarlyNccl {
         if path != AllreducePath::Host && kept_everywhere(comm, key, None)? {
             return Ok(None);
         }
-        let Some(id) = exchange_id(comm, path)? else {
+        let Some(id) = exchange_id(comm, path, None)? else {
             return Ok(None);
         };
         let (made, rx) = std::sync::mpsc::channel();
@@ -402,7 +436,7 @@ impl Nccl {
                 .take(),
             (None, Some(kept)) => kept.take(),
             (None, None) => {
-                let Some(id) = exchange_id(comm, path)? else {
+                let Some(id) = exchange_id(comm, path, Some(ordinal))? else {
                     return Ok("host (page-locked buffer + MPI_Allreduce)".into());
                 };
                 stream
