@@ -189,26 +189,14 @@ impl RawComm {
     }
 }
 
-/// Collective: whether NCCL carries the job's sums (libnccl on every rank and not `allreduce
-/// = "host"`), and then rank 0's NCCL id, broadcast. `allreduce = "nccl"` without libnccl on
-/// every rank is an error.
+/// Collective: whether NCCL carries the job's sums (libnccl on every rank, not `allreduce =
+/// "host"`, and a GPU for each rank of its own: [`shares_a_gpu`]), and then rank 0's NCCL id,
+/// broadcast. `allreduce = "nccl"` where one of those fails is an error.
 fn exchange_id(
     comm: &dyn Comm,
     path: AllreducePath,
     ordinal: Option<usize>,
 ) -> Result<Option<sys::ncclUniqueId>> {
-    if path != AllreducePath::Host && shares_a_gpu(comm, ordinal)? {
-        if path == AllreducePath::Nccl {
-            return Err(Error::backend(
-                "cuda",
-                "allreduce = nccl, but two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank; use allreduce = \"auto\" or \"host\"",
-            ));
-        }
-        if comm.is_root() && ordinal.is_some() {
-            eprintln!("two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank, so the sums go through the host");
-        }
-        return Ok(None);
-    }
     // SAFETY: only tries to dlopen libnccl; no NCCL call is made unless it loads.
     let here = path != AllreducePath::Host && unsafe { cudarc::nccl::sys::is_culib_present() };
     if !crate::comm::on_every_rank(comm, here)? {
@@ -217,6 +205,18 @@ fn exchange_id(
                 "cuda",
                 "allreduce = nccl, but libnccl cannot be loaded on every rank (set LD_LIBRARY_PATH, or use allreduce = \"host\")",
             ));
+        }
+        return Ok(None);
+    }
+    if shares_a_gpu(comm, ordinal)? {
+        if path == AllreducePath::Nccl {
+            return Err(Error::backend(
+                "cuda",
+                "allreduce = nccl, but two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank; use allreduce = \"auto\" or \"host\"",
+            ));
+        }
+        if comm.is_root() && ordinal.is_some() {
+            eprintln!("two ranks share a GPU (more ranks than GPUs on a node): NCCL needs a GPU per rank, so the sums go through the host");
         }
         return Ok(None);
     }
@@ -249,10 +249,18 @@ fn exchange_id(
 /// its own.
 fn shares_a_gpu(comm: &dyn Comm, ordinal: Option<usize>) -> Result<bool> {
     let local = (comm.size() > 1).then(|| comm.local_rank());
-    let mine = ordinal
-        .map_or_else(|| super::device::rank_ordinal(local).map(|(o, _)| o), Ok)
-        .and_then(super::device::gpu_identity)
-        .map_or_else(|_| vec![1, comm.rank() as u64, 0], |[h, p]| vec![0, h, p]);
+    let identity = || {
+        // SAFETY: only tries to dlopen the driver (cudarc panics at a driver call without it).
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        let o = match ordinal {
+            Some(o) => o,
+            None => super::device::rank_ordinal(local).ok()?.0,
+        };
+        super::device::gpu_identity(o).ok()
+    };
+    let mine = identity().map_or_else(|| vec![1, comm.rank() as u64, 0], |[h, p]| vec![0, h, p]);
     let all = comm.alltoallv_u64(&vec![mine; comm.size()])?;
     Ok(all
         .iter()
