@@ -584,7 +584,7 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
     let d = std::env::temp_dir().join(format!("seistomo-gpu-shared-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    let st = std::process::Command::new(common::gpu::seistomo_bin())
+    let st = common::seistomo()
         .args(["synth", "-q", "--grid", "32,32,16", "--rays", "20000"])
         .args(["--norm-damping", "0.1", "--flattening", "0.5,0.5,0.5", "-o"])
         .arg(d.join("s"))

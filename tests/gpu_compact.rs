@@ -673,7 +673,7 @@ fn an_encoding_made_ahead_uploads_to_the_same_operator() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
-    let bin = common::gpu::seistomo_bin();
+    let bin = common::seistomo_path();
     let dir = std::env::temp_dir().join(format!("seistomo-gpu-prep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let run = |args: &[&std::ffi::OsStr]| {

@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::gpu::{down, gpu, rand_vec, rel, seistomo_bin as bin};
+use common::gpu::{down, gpu, rand_vec, rel};
+use common::seistomo_path as bin;
 use common::{iterations_within, on_thread_ranks, GMRES_JACOBI_CLI};
 use std::path::PathBuf;
 

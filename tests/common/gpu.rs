@@ -78,13 +78,6 @@ pub fn products<C: Operator<CpuBackend>, G: Operator<CudaBackend>>(
     (down(g, &go), co)
 }
 
-/// The seistomo binary (SEISTOMO_BIN overrides, for a copied test binary).
-pub fn seistomo_bin() -> PathBuf {
-    std::env::var_os("SEISTOMO_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_seistomo")))
-}
-
 /// The repository (SEISTOMO_ROOT overrides, so that a copied test binary finds the datasets on
 /// another machine).
 pub fn data_root() -> PathBuf {

@@ -140,9 +140,16 @@ pub fn agreed<T: PartialEq + Clone>(per_rank: impl IntoIterator<Item = T>, what:
     v[0].clone()
 }
 
-/// The seistomo binary, as a command to add arguments to.
+/// The seistomo binary (SEISTOMO_BIN overrides, for a test binary copied to another machine).
+pub fn seistomo_path() -> PathBuf {
+    std::env::var_os("SEISTOMO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_seistomo")))
+}
+
+/// The seistomo binary ([`seistomo_path`]), as a command to add arguments to.
 pub fn seistomo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_seistomo"))
+    Command::new(seistomo_path())
 }
 
 /// `seistomo ARGS` run to the end.
