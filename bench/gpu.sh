@@ -22,8 +22,8 @@
 #             with the host loop), a 100M and a 4x larger synthetic dataset
 #             (nvidia-h100-x2)                                                -> performance.md
 #   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
-#             the 2-GPU defaults (NCCL) and the host path; $BASE's and $PREV's 2-GPU defaults
-#             beside them                                       -> performance.md, gmres.md
+#             the 2-GPU defaults (through the GPUs' memory), NCCL and the host path; $BASE's
+#             and $PREV's 2-GPU defaults beside them            -> performance.md, gmres.md
 #   scale     LSQR (101M nonzeros) and GMRES (16.8M rows) on 1, 2, 4, ... GPUs, the defaults
 #             (nvidia-h100-x4 for four)                                         -> performance.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
@@ -207,15 +207,15 @@ fi
 
 if has gmres2; then
   nccl_path
-  # GMRES(16) Jacobi on 1 GPU and on 2 (defaults: NCCL for the halo and the reductions, at most
-  # one thread block an NCCL operation; and the host path), 2.1M and 16.8M rows; with $BASE (an
-  # older binary) its 2-GPU defaults beside them, and $PREV's
+  # GMRES(16) Jacobi on 1 GPU and on 2 (defaults: the halo and the reductions through the GPUs'
+  # memory; NCCL, at most one thread block an operation; and the host path), 2.1M and 16.8M
+  # rows; with $BASE (an older binary) its 2-GPU defaults beside them, and $PREV's
   for n in ${GMRES2_N:-128 256}; do
     M=/tmp/cd$n.mtx
     [ -f $M ] || "$BIN/seistomo" -q square --kind convdiff --n $n -o $M 2>> "$S"
     G="solve --method gmres --matrix $M --restart 16 --rtol 1e-10 --precond jacobi --backend cuda"
     CUDA_VISIBLE_DEVICES=0 timeout 120 "$BIN/seistomo" $G --report "$OUT/g1_n$n.json" 2>> "$OUT/log.txt"
-    for ar in auto host; do
+    for ar in auto nccl host; do
       timeout 120 $MR "$BIN/seistomo" $G --allreduce $ar --report "$OUT/g2_n${n}_$ar.json" 2>> "$OUT/log.txt"
     done
     for b in ${BASE:-} ${PREV:-}; do

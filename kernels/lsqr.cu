@@ -384,55 +384,12 @@ extern "C" __global__ void lsqr_rescaled(LsqrState* st) { rescaled(st); }
 // combine has read the one before, so no other wait is needed inside a replay. The sums run in
 // rank order on every rank, so every rank gets the same bits (for two ranks the same as NCCL's).
 // Nothing runs once the loop is done (the same on every rank). A peer that does not come within
-// PEER_WAIT_NS stops the loop with error 4 instead of hanging.
-
-#define PEER_CTRL 256ull
-#define PEER_WAIT_NS 120000000000ull  // 120 s
-
-__device__ __forceinline__ u64 global_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// Thread 0: wait until control word `word` of every other rank's buffer is >= want; 0 on
-// timeout (the loop then stops with error 4).
-__device__ int peer_wait(const u64* __restrict__ bases, u32 ranks, u32 me, int word, u64 want) {
-    const u64 start = global_ns();
-    for (u32 r = 0; r < ranks; ++r) {
-        if (r == me) continue;
-        const volatile u64* f = (const volatile u64*)bases[r] + word;
-        while (*f < want) {
-            if (global_ns() - start > PEER_WAIT_NS) return 0;
-#if __CUDA_ARCH__ >= 700
-            __nanosleep(32);
-#endif
-        }
-    }
-    __threadfence_system();
-    return 1;
-}
+// PEER_WAIT_NS stops the loop with error 4 instead of hanging. (The buffer's helpers, peer_wait,
+// peer_slot and peer_sum_at, are kernels/peer.cu's.)
 
 __device__ __forceinline__ void peer_timeout(LsqrState* st) {
     st->error = 4;
     stop_all(st, 3);
-}
-
-__device__ __forceinline__ double* peer_slot(const u64* bases, u32 r, u64 off) {
-    return (double*)(bases[r] + off);
-}
-
-// Value i of the ranks' slots at `off`, added in rank order (the others' with ld.global.cv:
-// never from a cached line, they change every exchange).
-__device__ __forceinline__ double peer_sum_at(const u64* __restrict__ bases, u32 ranks, u32 me,
-                                              u64 off, u64 i) {
-    const double* t0 = peer_slot(bases, 0, off) + i;
-    double t = me == 0 ? *t0 : __ldcv(t0);
-    for (u32 r = 1; r < ranks; ++r) {
-        const double* tr = peer_slot(bases, r, off) + i;
-        t += r == me ? *tr : __ldcv(tr);
-    }
-    return t;
 }
 
 extern "C" __global__ void __launch_bounds__(STEP_THREADS)
@@ -485,36 +442,4 @@ lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ran
         s += vi * vi;
     }
     block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
-}
-
-// ---- A vector summed over the ranks through their buffers outside a graph (the backend's
-// allreduce_sum where the GPUs map each other's memory: src/backend/cuda/vector.rs). One slot
-// (PEER_CTRL bytes in): peer_vec_begin waits until every rank has read the last sum (word 1),
-// the vector is copied into the slot, peer_vec_publish publishes and waits for every rank's,
-// peer_vec_sum adds the slots in rank order. A wait that times out sets word 2 of this rank's
-// control block (the host reads it after the sum).
-
-extern "C" __global__ void peer_vec_begin(const u64* __restrict__ bases, u32 ranks, u32 me) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    volatile u64* mine = (volatile u64*)bases[me];
-    const u64 e = mine[0];
-    mine[1] = e;  // every sum up to e read: this kernel follows this rank's last peer_vec_sum
-    __threadfence_system();
-    if (!peer_wait(bases, ranks, me, 1, e)) mine[2] = 1;
-}
-
-extern "C" __global__ void peer_vec_publish(const u64* __restrict__ bases, u32 ranks, u32 me) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    volatile u64* mine = (volatile u64*)bases[me];
-    const u64 e = mine[0] + 1;
-    __threadfence_system();  // the copy into the slot (an earlier operation) before the count
-    mine[0] = e;
-    if (!peer_wait(bases, ranks, me, 0, e)) mine[2] = 1;
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-peer_vec_sum(double* __restrict__ x, u64 n, const u64* __restrict__ bases, u32 ranks, u32 me) {
-    if (((const volatile u64*)bases[me])[2]) return;  // a wait timed out: the host says so
-    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull)
-        x[i] = peer_sum_at(bases, ranks, me, PEER_CTRL, i);
 }

@@ -63,7 +63,9 @@ pub struct SolveArgs {
     /// Matrix value precision: f64 or f32 (GPU; CPU with compact storage). Vectors and sums stay f64.
     #[arg(long, default_value = "f64", value_parser = super::args::pick::precision())]
     precision: Precision,
-    /// GPU runs on several ranks: how A^T u is summed (auto: NCCL if loadable, else host).
+    /// GPU runs on several ranks: how sums (LSQR's A^T u; GMRES's halo and reductions) cross
+    /// between the GPUs (auto: through each other's memory where LSQR's device loop or GMRES
+    /// runs on one node, else NCCL if loadable, else host).
     #[arg(long, default_value = "auto", value_parser = super::args::pick::allreduce())]
     allreduce: crate::backend::AllreducePath,
     /// Reorder for cache locality: none, rows (sorted by their end columns) or auto (rows; Morton

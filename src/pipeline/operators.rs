@@ -110,18 +110,18 @@ impl BackendProbe {
     /// Several ranks (collective; every rank calls it, a no-op on one rank or the CPU): NCCL's
     /// id exchanged now and the communicator made on the probe's thread once the context is
     /// there, beside the read of the rows; [`Engine::start`]'s allreduce set-up takes it.
-    /// Nothing where LSQR's device loop (`lsqr_loop`) will sum through the GPUs' memory
-    /// instead ([`peer_first`]).
+    /// Nothing where the job's sums on the GPUs (`device_sums`: LSQR's device loop) will go
+    /// through the GPUs' memory instead ([`peer_first`]).
     pub fn start_nccl(
         &mut self,
         comm: &dyn Comm,
         tuning: &Tuning,
-        (path, lsqr_loop): (AllreducePath, bool),
+        (path, device_sums): (AllreducePath, bool),
     ) -> Result<()> {
         let Some(tx) = self.early.take() else {
             return Ok(());
         };
-        let made = if peer_first(comm, path, lsqr_loop)? {
+        let made = if peer_first(comm, path, device_sums)? {
             None
         } else {
             EarlyNccl::start(comm, path, tuning.nccl_max_ctas)?
@@ -366,13 +366,13 @@ pub enum Engine {
 
 impl Engine {
     /// Start `kind` (resolved: `Cpu` or `Cuda`) for this rank. On the GPU, `path` says how
-    /// vectors cross between ranks (collective: every rank calls it); `lsqr_loop`: the job
-    /// runs LSQR's device loop, which may sum through the other GPUs' memory
-    /// ([`peer_first`]).
+    /// vectors cross between ranks (collective: every rank calls it); `device_sums`: the job's
+    /// sums over the ranks run on the GPUs (LSQR's device loop, GMRES), which may go through
+    /// the other GPUs' memory ([`peer_first`]).
     pub fn start(
         kind: BackendChoice,
         comm: &dyn Comm,
-        (path, lsqr_loop): (AllreducePath, bool),
+        (path, device_sums): (AllreducePath, bool),
         tuning: &Tuning,
     ) -> Result<Engine> {
         // (invert checks this as soon as the backend is known, with the probe's reason)
@@ -380,7 +380,7 @@ impl Engine {
         let engine = phases::time_exclusive("backend", || match kind {
             BackendChoice::Cuda => {
                 let be = CudaBackend::for_rank_with_defines(comm, &tuning.nvrtc_defines)?;
-                let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas, lsqr_loop)?;
+                let path = be.setup_allreduce(comm, path, tuning.nccl_max_ctas, device_sums)?;
                 Ok(Engine::Cuda {
                     be: Box::new(be),
                     path,

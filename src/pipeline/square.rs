@@ -55,7 +55,7 @@ pub struct GmresJob {
     pub partition: PartitionMethod,
     /// Backend; on the GPU the value precision (vectors stay f64) and the storage (csr,
     /// compact = row patterns, auto = row patterns where the rows qualify; the CPU stores
-    /// CSR); on several GPU ranks how the halo crosses (NCCL or through the host).
+    /// CSR); on several GPU ranks how the halo crosses (peer memory, NCCL or through the host).
     pub operator: OperatorSpec,
     pub solution: Option<PathBuf>,
     pub report: Option<PathBuf>,
@@ -74,6 +74,10 @@ pub struct GmresReport {
     pub backend_detail: String,
     /// How the matrix rows were stored: "csr", or the GPU's row patterns described.
     pub storage: String,
+    /// How the halo and the reductions cross between GPU ranks (`[backend] allreduce`: peer,
+    /// nccl or host), in words; absent on one rank and on the CPU.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub allreduce: String,
     /// The tuning knobs of the run (src/settings/tuning.rs; null: chosen automatically).
     pub tuning: crate::settings::tuning::Tuning,
     pub ranks: usize,
@@ -297,9 +301,10 @@ pub fn check_restart(restart: usize, n: usize, n_local: usize) -> Result<()> {
 /// GMRES(16) step on 2.1M rows 0.71 ms against 0.21 with one (docs/gmres.md).
 pub const SQUARE_NCCL_CTAS: u32 = 1;
 
-/// The engine of a square solve: NCCL (GPU to GPU) for the halo and the reductions where every
-/// rank can load it, with at most [`SQUARE_NCCL_CTAS`] thread blocks an operation by default;
-/// else the host path.
+/// The engine of a square solve: the other GPUs' memory (CUDA IPC) for the halo and the
+/// reductions where the ranks are on one node and their GPUs map each other's buffers; else NCCL
+/// (GPU to GPU) where every rank can load it, with at most [`SQUARE_NCCL_CTAS`] thread blocks an
+/// operation by default; else the host path.
 fn start_square_engine(
     kind: BackendChoice,
     spec: &OperatorSpec,
@@ -307,10 +312,12 @@ fn start_square_engine(
 ) -> Result<Engine> {
     let mut tuning = spec.tuning.clone();
     tuning.nccl_max_ctas.get_or_insert(SQUARE_NCCL_CTAS);
-    let engine = Engine::start(kind, comm, (spec.allreduce, false), &tuning)?;
+    let engine = Engine::start(kind, comm, (spec.allreduce, true), &tuning)?;
     if let (Some(path), true) = (engine.path(), comm.size() > 1 && comm.is_root()) {
         let how = if path.starts_with("nccl") {
             format!("{path}: halo by send/recv, reductions by all-reduce")
+        } else if path.starts_with("peer") {
+            "peer (halo and reductions read from the other GPUs' memory, CUDA IPC)".into()
         } else {
             "host (device gather, copy to host, MPI all-to-all and all-reduce, copy back)".into()
         };
@@ -361,6 +368,10 @@ fn square_report(
         backend: engine.name().into(),
         backend_detail: format!("{} ({why})", engine.describe()),
         storage: sol.storage.clone(),
+        allreduce: match engine.path() {
+            Some(p) if comm.size() > 1 => p.to_string(),
+            _ => String::new(),
+        },
         tuning: c.operator.tuning.clone(),
         ranks: comm.size(),
         threads: rayon::current_num_threads(),

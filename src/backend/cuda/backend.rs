@@ -89,12 +89,19 @@ pub struct CudaBackend {
     staging: Mutex<Option<[cudarc::driver::PinnedHostSlice<u8>; 2]>>,
     /// NCCL communicator over the job's GPUs (NCCL path), set up by `setup_allreduce`.
     pub(crate) nccl: Nccl,
-    /// Whether LSQR's device loop sums over the ranks through their GPUs' memory (CUDA IPC),
-    /// set up by `setup_allreduce`.
+    /// Whether the sums over the ranks (LSQR's device loop, GMRES's sums and halo) go through
+    /// their GPUs' memory (CUDA IPC), set up by `setup_allreduce`.
     pub(crate) peer: PeerSwitch,
     /// The buffers of the vector sums outside the loops where `peer` is on
     /// ([`crate::backend::Backend::allreduce_sum`]), made at the first.
     pub(super) peer_vec: Mutex<Option<super::peer::PeerBuffers>>,
+    /// The buffers of the sums of a few scalars kept on the device where `peer` is on
+    /// ([`crate::backend::ScalarSlots::allreduce_scalars`]: GMRES's device loop), made at the
+    /// first.
+    pub(super) peer_sc: Mutex<Option<super::peer::PeerBuffers>>,
+    /// One device word that the peer kernels outside LSQR's loop (GMRES's sums and halo) set
+    /// where a wait for another rank timed out; read with the scalars ([`Self::peer_fault`]).
+    pub(super) peer_fault: Mutex<Option<CudaSlice<u64>>>,
     /// The preprocessor defines the kernels were compiled with.
     defines: Vec<String>,
 }
@@ -176,6 +183,8 @@ impl CudaBackend {
             nccl: Nccl::default(),
             peer: PeerSwitch::default(),
             peer_vec: Mutex::new(None),
+            peer_sc: Mutex::new(None),
+            peer_fault: Mutex::new(None),
             defines: defines.to_vec(),
         })
     }
@@ -281,19 +290,22 @@ impl CudaBackend {
     }
 
     /// Choose and set up how a job of several ranks sums vectors (collective: every rank calls
-    /// it). `lsqr_loop`: the job runs LSQR's device loop, which sums through the other GPUs'
-    /// memory where they are on one node ([`super::peer_first`]; the other sums then go
-    /// through the host); else NCCL, which needs libnccl on every rank (LD_LIBRARY_PATH; the
-    /// unique id travels over `comm`), else the host. Returns the path in words.
+    /// it). `device_sums`: the job's sums over the ranks run on the GPUs (LSQR's device loop,
+    /// GMRES), which then go through the other GPUs' memory where they are on one node
+    /// ([`super::peer_first`]; LSQR's sums outside its loop too, the others through the host);
+    /// else NCCL, which needs libnccl on every rank (LD_LIBRARY_PATH; the unique id travels over
+    /// `comm`), else the host. Returns the path in words.
     pub fn setup_allreduce(
         &self,
         comm: &dyn Comm,
         path: crate::backend::AllreducePath,
         max_ctas: Option<u32>,
-        lsqr_loop: bool,
+        device_sums: bool,
     ) -> Result<String> {
-        if super::peer_first(comm, path, lsqr_loop)? && self.peer.setup(&self.stream, comm, path)? {
-            return Ok("peer (LSQR's sums through the other GPUs' memory, CUDA IPC)".into());
+        if super::peer_first(comm, path, device_sums)?
+            && self.peer.setup(&self.stream, comm, path)?
+        {
+            return Ok("peer (sums through the other GPUs' memory, CUDA IPC)".into());
         }
         self.nccl.setup(&self.stream, comm, path, max_ctas)
     }
@@ -385,6 +397,18 @@ impl CudaBackend {
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        self.launch_on(&self.stream, f, (grid, block, smem), args)
+    }
+
+    /// Launch `f` on `stream` (this backend's or one forked from it) with `(grid, block,
+    /// smem)`: blocks, threads a block, bytes of dynamic shared memory.
+    pub(crate) fn launch_on(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        (grid, block, smem): (u32, u32, u32),
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         if grid == 0 {
             return Ok(());
         }
@@ -401,7 +425,7 @@ impl CudaBackend {
                 (grid, 1, 1),
                 (block, 1, 1),
                 smem,
-                self.stream.cu_stream(),
+                stream.cu_stream(),
                 args,
             )
         }

@@ -8,11 +8,12 @@ use super::error::{CudaError, Doing};
 use crate::error::Result;
 
 /// The kernel sources, compiled together as one NVRTC program.
-const KERNEL_SOURCES: [&str; 8] = [
+const KERNEL_SOURCES: [&str; 9] = [
     include_str!("../../../kernels/spmv.cu"),
     include_str!("../../../kernels/vector.cu"),
     include_str!("../../../kernels/compact.cu"),
     include_str!("../../../kernels/tiled.cu"),
+    include_str!("../../../kernels/peer.cu"),
     include_str!("../../../kernels/lsqr.cu"),
     include_str!("../../../kernels/lsmr.cu"),
     include_str!("../../../kernels/batch.cu"),
@@ -61,6 +62,7 @@ kernels! {
         tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
         lsqr_update_dev, lsqr_normalize, lsqr_rescaled, lsqr_sum, lsqr_combine, lsqr_peer_usq,
         lsqr_peer_step1, lsqr_peer_combine, peer_vec_begin, peer_vec_publish, peer_vec_sum,
+        peer_scalars_sum, peer_halo_publish, peer_halo_pull,
         lsmr_step1,
         lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled, block_norms,
         block_sum_partials, block_scale, block_axpby, block_update, block_keep, block_column,

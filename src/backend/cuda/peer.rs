@@ -2,7 +2,9 @@
 //! owns one buffer that every other rank maps, and the device LSQR loop's kernels
 //! (kernels/lsqr.cu `lsqr_peer_*`) publish, wait for and add the ranks' vectors there in rank
 //! order, inside the loop's graph. No NCCL call, no host round trip: one read of the other
-//! ranks' vectors over NVLink (or PCIe) per iteration.
+//! ranks' vectors over NVLink (or PCIe) per iteration. GMRES's sums of a few scalars and its
+//! halo exchange use buffers of the same kind (kernels/peer.cu; src/backend/cuda/vector.rs
+//! and square.rs).
 //!
 //! Set-up is collective over the job's [`Comm`]: the IPC handles travel over it. A rank that
 //! cannot export or open a buffer makes every rank fall back (None), so the job takes NCCL or
@@ -25,20 +27,21 @@ pub(super) const CTRL: usize = 256;
 /// u64 words of an IPC memory handle (64 bytes).
 const HANDLE_WORDS: usize = 8;
 
-/// Whether this backend's device LSQR loop sums over the ranks through peer memory, decided
-/// once for the job by [`PeerSwitch::setup`] (the same on every rank).
+/// Whether this backend's sums over the ranks (LSQR's device loop, GMRES's sums and halo) go
+/// through peer memory, decided once for the job by [`PeerSwitch::setup`] (the same on every
+/// rank).
 #[derive(Default)]
 pub(crate) struct PeerSwitch(AtomicBool);
 
 /// Collective: whether a job's sums try the GPUs' memory first, before NCCL is made:
-/// `allreduce = "peer"`, or `auto` where the job runs LSQR's device loop (`lsqr_loop`) on
-/// several ranks all on one node. NCCL is then not started at all where the peer sums come up
-/// (its start costs 0.5-0.7 s on 2 x H100); the sums outside the loop go through mapped buffers
-/// too (the backend's `allreduce_sum`).
-pub fn peer_first(comm: &dyn Comm, path: AllreducePath, lsqr_loop: bool) -> Result<bool> {
+/// `allreduce = "peer"`, or `auto` where the job's sums run on the GPUs (`device_sums`: LSQR's
+/// device loop, or GMRES) on several ranks all on one node. NCCL is then not started at all
+/// where the peer sums come up (its start costs 0.5-0.7 s on 2 x H100); LSQR's sums outside its
+/// loop go through mapped buffers too (the backend's `allreduce_sum`).
+pub fn peer_first(comm: &dyn Comm, path: AllreducePath, device_sums: bool) -> Result<bool> {
     Ok(match path {
         AllreducePath::Peer => comm.size() > 1,
-        AllreducePath::Auto if lsqr_loop && comm.size() > 1 => {
+        AllreducePath::Auto if device_sums && comm.size() > 1 => {
             on_every_rank(comm, comm.local_size() == comm.size())?
         }
         _ => false,

@@ -5,7 +5,10 @@
 //!   the x entries other ranks need are gathered on the device, copied to the host, exchanged
 //!   with one all-to-all over [`Comm`], and copied behind the local entries of an extended
 //!   vector [x_local, ghosts] that the local CSR product reads (columns renumbered as in
-//!   [`crate::comm::halo::localize`]). With the exchange through the host, the rows split in two
+//!   [`crate::comm::halo::localize`]). Where the backend sums through the GPUs' memory (ranks
+//!   of one node), each rank reads its ghosts from the other ranks' mapped buffers instead
+//!   ([`PeerHalo`]); with NCCL they go GPU to GPU. With the exchange through the host, the rows
+//!   split in two
 //!   ([`SplitRows`]): rows without ghost columns are multiplied while MPI moves the ghosts, the
 //!   others after they arrive.
 //!   On one product per application (no overlap split) the rows may be stored as row patterns
@@ -25,7 +28,8 @@ use super::backend::{CudaBackend, DeviceVec};
 use super::error::Doing;
 use super::operator::CudaCsrOperator;
 use super::patterns::{Cols, DevPatterns};
-use super::util::{up, Word};
+use super::peer::PeerBuffers;
+use super::util::{arg, up, Word};
 use crate::backend::cpu::square::DistSquareOperator;
 use crate::backend::precond::{BlockIlu0, Preconditioner, TriSolve};
 use crate::backend::storage::Storage;
@@ -48,15 +52,130 @@ struct Halo {
     /// Row sums of the interior and boundary rows (split products only).
     t_interior: Option<CudaSlice<f64>>,
     t_boundary: Option<CudaSlice<f64>>,
-    /// Row patterns with NCCL: the halo travels on a stream of its own while the interior
-    /// rows are multiplied.
+    /// Row patterns with NCCL or peer memory: the halo travels on a stream of its own while
+    /// the interior rows are multiplied.
     overlap: Option<PatternOverlap>,
+    /// The halo through the other GPUs' memory, where the backend sums that way.
+    peer: Option<PeerHalo>,
 }
 
-/// The overlap of a row-pattern product with its NCCL halo exchange: the gather is recorded
-/// (`sent`), the exchange runs on `side` into `ghosts` (recorded: `arrived`) while the
-/// `interior` rows (no ghost column) are multiplied on the backend's stream; the rows before
-/// and after them read the ghosts from `ghosts` once it has arrived. No copy of x either way.
+/// The halo through the other GPUs' memory (CUDA IPC; kernels/peer.cu `peer_halo_*`): each
+/// rank gathers the values the others need into its own buffer, which they have mapped, and
+/// reads its ghosts from theirs. No NCCL kernel, no host copy.
+struct PeerHalo {
+    bufs: PeerBuffers,
+    /// Four words per rank this rank receives from, in rank order: its rank, where this
+    /// rank's values start in its buffer, where they go among the ghosts, how many.
+    table: CudaSlice<u64>,
+    senders: u32,
+    nsend: u64,
+    nrecv: u64,
+    /// The ranks that read this rank's values, and those it reads from (bit r for rank r;
+    /// ranks from 64 on are always waited for).
+    readers: u64,
+    from: u64,
+}
+
+/// Bit r of a rank mask for each rank with a nonzero count.
+fn rank_mask(counts: &[usize]) -> u64 {
+    counts
+        .iter()
+        .enumerate()
+        .filter(|&(r, &c)| c > 0 && r < 64)
+        .fold(0, |m, (r, _)| m | 1u64 << r)
+}
+
+impl PeerHalo {
+    /// Collective: the buffers and the table of where each rank's ghosts lie; an error where
+    /// the GPUs cannot map each other's buffers (the backend found that they could).
+    fn new(be: &CudaBackend, comm: &dyn Comm, send: &[usize], recv: &[usize]) -> Result<Self> {
+        // where each rank's values start in this rank's buffer, sent to it
+        let mut starts = Vec::with_capacity(send.len());
+        let mut off = 0u64;
+        for &c in send {
+            starts.push(vec![off]);
+            off += c as u64;
+        }
+        let got = comm.alltoallv_u64(&starts)?;
+        let (mut table, mut at, mut senders) = (Vec::new(), 0u64, 0u32);
+        for (r, &c) in recv.iter().enumerate() {
+            if c > 0 {
+                let from =
+                    got.get(r).and_then(|g| g.first()).copied().ok_or_else(|| {
+                        Error::Comm(format!("halo set-up: rank {r} sent no offset"))
+                    })?;
+                table.extend([r as u64, from, at, c as u64]);
+                senders += 1;
+            }
+            at += c as u64;
+        }
+        let bufs = PeerBuffers::new(&be.stream, comm, off as usize)?.ok_or_else(|| {
+            Error::backend(
+                "cuda",
+                "the ranks' GPUs could not map each other's buffers for the halo exchange",
+            )
+        })?;
+        table.resize(table.len().max(4), 0);
+        Ok(PeerHalo {
+            bufs,
+            table: up(be, &table)?,
+            senders,
+            nsend: off,
+            nrecv: at,
+            readers: rank_mask(send),
+            from: rank_mask(recv),
+        })
+    }
+
+    /// One exchange on `stream`: x[idx] published from this rank's buffer, the ghosts (at
+    /// device address `ghosts`) read from the others'. Waits on the device only.
+    fn exchange(
+        &self,
+        be: &CudaBackend,
+        stream: &CudaStream,
+        (x, idx): (&CudaSlice<f64>, Option<&CudaSlice<u32>>),
+        ghosts: u64,
+    ) -> Result<()> {
+        let fault = be.peer_fault()?;
+        let (pb, ranks, me) = (
+            be.ptr(&self.bufs.bases),
+            self.bufs.ranks as u32,
+            self.bufs.rank as u32,
+        );
+        let (px, pi) = (be.ptr(x), idx.map_or(0, |i| be.ptr(i)));
+        let mut args = [
+            arg(&px),
+            arg(&pi),
+            arg(&self.nsend),
+            arg(&pb),
+            arg(&ranks),
+            arg(&me),
+            arg(&self.readers),
+            arg(&fault),
+        ];
+        be.launch_on(stream, &be.k.peer_halo_publish, (1, 1024, 0), &mut args)?;
+        let pt = be.ptr(&self.table);
+        let grid = self.nrecv.div_ceil(256).clamp(1, 1024) as u32;
+        let mut args = [
+            arg(&ghosts),
+            arg(&self.nrecv),
+            arg(&pt),
+            arg(&self.senders),
+            arg(&pb),
+            arg(&ranks),
+            arg(&me),
+            arg(&self.from),
+            arg(&fault),
+        ];
+        be.launch_on(stream, &be.k.peer_halo_pull, (grid, 256, 0), &mut args)
+    }
+}
+
+/// The overlap of a row-pattern product with its halo exchange (NCCL or peer memory): the
+/// gather (NCCL) or x (peer) is recorded (`sent`), the exchange runs on `side` into `ghosts`
+/// (recorded: `arrived`) while the `interior` rows (no ghost column) are multiplied on the
+/// backend's stream; the rows before and after them read the ghosts from `ghosts` once it has
+/// arrived. No copy of x either way.
 struct PatternOverlap {
     interior: Range<usize>,
     ghosts: CudaSlice<f64>,
@@ -79,10 +198,16 @@ impl PatternOverlap {
         }
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let ctx = be.stream.context();
+        // The halo's stream at the highest priority: its few small kernels start as soon as an
+        // SM is free instead of after the interior rows' thousands of blocks.
+        let (_, highest) = cudarc::driver::result::stream::get_priority_range()
+            .doing("reading the streams' priorities")?;
         Ok(PatternOverlap {
             interior: best,
             ghosts: be.zeros(ghosts.max(1))?,
-            side: be.stream.fork().doing("creating the halo's stream")?,
+            side: ctx
+                .new_stream_with_priority(highest)
+                .doing("creating the halo's stream")?,
             sent: ctx.new_event(flags).doing("creating an event")?,
             arrived: ctx.new_event(flags).doing("creating an event")?,
         })
@@ -137,7 +262,7 @@ impl<'c> CudaSquareOperator<'c> {
         (precision, storage): (Precision, Storage),
         overlap: Option<bool>,
     ) -> Result<Self> {
-        let overlap = overlap.unwrap_or(comm.size() > 1 && !be.nccl.ready());
+        let overlap = overlap.unwrap_or(comm.size() > 1 && !be.sums_on_device());
         let a = cpu.local_matrix();
         let plan = cpu.plan();
         let n = plan.n_local;
@@ -170,7 +295,7 @@ impl<'c> CudaSquareOperator<'c> {
         let temp = |len: usize| (len > 0).then(|| be.zeros(len)).transpose();
         let send_counts: Vec<usize> = plan.send_idx.iter().map(|s| s.len()).collect();
         let overlap = match &product {
-            Product::Patterns(_) if comm.size() > 1 && be.nccl.ready() => {
+            Product::Patterns(_) if comm.size() > 1 && be.sums_on_device() => {
                 Some(PatternOverlap::new(be, a, n, plan.recv_volume())?)
             }
             _ => None,
@@ -201,6 +326,11 @@ impl<'c> CudaSquareOperator<'c> {
                 t_interior: temp(n_interior)?,
                 t_boundary: temp(n_boundary)?,
                 overlap,
+                peer: if be.peer.is_on() {
+                    Some(PeerHalo::new(be, comm, &send_counts, &plan.recv_counts)?)
+                } else {
+                    None
+                },
             }))
         } else {
             None
@@ -251,10 +381,18 @@ impl<'c> CudaSquareOperator<'c> {
     }
 
     /// The first half of the exchange: ext[..n] = x and the entries other ranks need gathered
-    /// and copied to the host (the copy is waited for). Returns true when NCCL did the whole
-    /// exchange on the stream instead.
+    /// and copied to the host (the copy is waited for). Returns true when peer memory or NCCL
+    /// did the whole exchange on the stream instead.
     fn send_halo(&self, be: &CudaBackend, x: &CudaSlice<f64>, h: &mut Halo) -> Result<bool> {
         let n = self.n_local;
+        if let Some(p) = &h.peer {
+            be.stream
+                .memcpy_dtod(x, &mut h.ext.slice_mut(..n))
+                .doing("device copy")?;
+            let ghosts = be.ptr(&h.ext) + 8 * n as u64;
+            p.exchange(be, &be.stream, (x, h.idx.as_ref()), ghosts)?;
+            return Ok(true);
+        }
         if let (Some(idx), Some(send)) = (&h.idx, &mut h.send_dev) {
             be.gather(idx, x, send)?;
         }
@@ -312,8 +450,8 @@ impl<'c> CudaSquareOperator<'c> {
     }
 
     /// The row-pattern product y = d .* (s A x) (normalised as [`DevPatterns::spmv`] says):
-    /// overlapped with the NCCL halo exchange where there is one ([`PatternOverlap`]), else
-    /// after the whole exchange.
+    /// overlapped with the halo exchange through NCCL or peer memory where there is one
+    /// ([`PatternOverlap`]), else after the whole exchange.
     fn pattern_product(
         &self,
         be: &CudaBackend,
@@ -332,7 +470,7 @@ impl<'c> CudaSquareOperator<'c> {
             drop(guard);
             return self.with_columns(be, x, |xs| p.spmv(be, s, xs, normalized, d, y));
         };
-        if let (Some(idx), Some(send)) = (&h.idx, &mut h.send_dev) {
+        if let (None, Some(idx), Some(send)) = (&h.peer, &h.idx, &mut h.send_dev) {
             be.gather(idx, x, send)?;
         }
         ov.sent
@@ -341,20 +479,26 @@ impl<'c> CudaSquareOperator<'c> {
         ov.side
             .wait(&ov.sent)
             .doing("waiting for the halo's gather")?;
-        let (send, counts) = (h.send_dev.as_ref(), &self.send_counts);
-        let by_nccl = be.nccl.exchange(
-            Some(&ov.side),
-            send,
-            counts,
-            &mut ov.ghosts,
-            0,
-            &self.recv_counts,
-        )?;
-        if !by_nccl {
-            return Err(Error::backend(
-                "cuda",
-                "the halo's NCCL communicator went away",
-            ));
+        if let Some(p) = &h.peer {
+            // (x is not written on the stream before `arrived`: the rows after the interior
+            // ones wait for it)
+            p.exchange(be, &ov.side, (x, h.idx.as_ref()), be.ptr(&ov.ghosts))?;
+        } else {
+            let (send, counts) = (h.send_dev.as_ref(), &self.send_counts);
+            let by_nccl = be.nccl.exchange(
+                Some(&ov.side),
+                send,
+                counts,
+                &mut ov.ghosts,
+                0,
+                &self.recv_counts,
+            )?;
+            if !by_nccl {
+                return Err(Error::backend(
+                    "cuda",
+                    "the halo's NCCL communicator went away",
+                ));
+            }
         }
         ov.arrived
             .record(&ov.side)

@@ -575,6 +575,85 @@ impl CudaBackend {
         }
         Ok(())
     }
+
+    /// The device address of the word that GMRES's peer kernels set where a wait for another
+    /// rank timed out (made zeroed at the first call; [`Self::check_peer_fault`] reads it).
+    pub(crate) fn peer_fault(&self) -> Result<u64> {
+        let mut guard = self.peer_fault.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.stream.alloc_zeros::<u64>(1).doing("device memory")?);
+        }
+        Ok(self.ptr(guard.as_ref().expect("made above")))
+    }
+
+    /// An error where a peer kernel's wait for another rank timed out (after the stream's
+    /// work up to here; nothing to read where no peer kernel ran).
+    fn check_peer_fault(&self) -> Result<()> {
+        let guard = self.peer_fault.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(f) = guard.as_ref() else {
+            return Ok(());
+        };
+        let got = self
+            .stream
+            .clone_dtoh(f)
+            .doing("reading the peer sums' state")?;
+        self.synchronize()?;
+        if got.first().copied().unwrap_or(0) != 0 {
+            return Err(Error::backend(
+                "cuda",
+                "a sum or halo exchange over the ranks: another rank's GPU did not publish its part within 120 s (has another rank failed?)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// sc[at..at + len] summed over the ranks through the GPUs' memory, on the stream
+    /// (kernels/peer.cu `peer_scalars_sum`): no host round trip, no wait here.
+    fn peer_scalars(
+        &self,
+        comm: &dyn Comm,
+        sc: &mut CudaSlice<f64>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let mut guard = self.peer_sc.lock().unwrap_or_else(|e| e.into_inner());
+        // Two slots of `cap` values take turns; every rank sums the same lengths in the same
+        // order, so every rank makes larger buffers together.
+        if guard.as_ref().is_none_or(|p| p.values < 2 * len) {
+            if let Some(old) = guard.take() {
+                // no kernel may still read the old buffers when they go
+                self.synchronize()?;
+                old.close(comm)?;
+            }
+            let cap = len.max(64);
+            *guard = Some(
+                PeerBuffers::new(&self.stream, comm, 2 * cap)?.ok_or_else(|| {
+                    Error::backend(
+                        "cuda",
+                        "the ranks' GPUs could not map each other's buffers for a sum over the ranks",
+                    )
+                })?,
+            );
+        }
+        let p = guard.as_ref().expect("made above");
+        let fault = self.peer_fault()?;
+        let (pb, ranks, me) = (self.ptr(&p.bases), p.ranks as u32, p.rank as u32);
+        let (ps, n, cap) = (
+            self.ptr(sc) + 8 * at as u64,
+            len as u32,
+            (p.values / 2) as u32,
+        );
+        let mut args = [
+            arg(&ps),
+            arg(&n),
+            arg(&cap),
+            arg(&pb),
+            arg(&ranks),
+            arg(&me),
+            arg(&fault),
+        ];
+        self.launch(&self.k.peer_scalars_sum, 1, 256, &mut args)
+    }
 }
 
 impl ScalarSlots for CudaBackend {
@@ -633,6 +712,9 @@ impl ScalarSlots for CudaBackend {
         if self.nccl.all_reduce(&mut sc.slice_mut(at..at + len))? {
             return Ok(());
         }
+        if self.peer.is_on() {
+            return self.peer_scalars(comm, sc, at, len);
+        }
         let mut h = vec![0.0; len];
         self.read_scalars(sc, at, &mut h)?;
         comm.allreduce_sum(&mut h)?;
@@ -646,7 +728,8 @@ impl ScalarSlots for CudaBackend {
         self.stream
             .memcpy_dtoh(&sc.slice(at..at + out.len()), out)
             .doing("copying scalars to the host")?;
-        self.synchronize()
+        self.synchronize()?;
+        self.check_peer_fault()
     }
     fn write_scalars(&self, sc: &mut CudaSlice<f64>, at: usize, vals: &[f64]) -> Result<()> {
         self.scalar_ptr("write_scalars", sc, at, vals.len())?;
