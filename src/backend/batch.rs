@@ -33,7 +33,7 @@ pub trait BatchBackend: Backend {
     /// Keep the columns `keep` (in that order) and drop the others: finished members leave the
     /// block, and the products stop computing them.
     fn block_keep(&self, x: &mut Self::Block, keep: &[usize]) -> Result<()>;
-    /// out[j] = this rank's sum of squares of `factor[j] * x_j` (without factors, of x_j), in
+    /// `out[j]` = this rank's sum of squares of `factor[j] * x_j` (without factors, of x_j), in
     /// the order [`Backend::norm_sq`] sums one vector (bitwise its value).
     fn block_norms_sq(
         &self,
@@ -41,11 +41,11 @@ pub trait BatchBackend: Backend {
         factor: Option<&[f64]>,
         out: &mut [f64],
     ) -> Result<()>;
-    /// x_j = a[j] x_j
+    /// `x_j = a[j] x_j`
     fn block_scale(&self, x: &mut Self::Block, a: &[f64]) -> Result<()>;
-    /// y_j = a x_j + b[j] y_j
+    /// `y_j = a x_j + b[j] y_j`
     fn block_axpby(&self, a: f64, x: &Self::Block, b: &[f64], y: &mut Self::Block) -> Result<()>;
-    /// [`Backend::lsqr_update`] on every column: out[j] = ||d_k||^2 of member j.
+    /// [`Backend::lsqr_update`] on every column: `out[j]` = ||d_k||^2 of member j.
     fn block_lsqr_update(
         &self,
         k: &[XwStep],

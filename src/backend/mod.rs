@@ -63,14 +63,14 @@ pub trait Backend: Send + Sync {
     /// `x += t1 w`; `w = v + t2 w`.
     fn lsqr_update(&self, k: XwStep, v: &Self::Vector, s: XwState<Self::Vector>) -> Result<f64>;
 
-    /// out[j] = basis[j] . w for every j (classical Gram-Schmidt's batched inner products).
+    /// `out[j] = basis[j] . w` for every j (classical Gram-Schmidt's batched inner products).
     fn multi_dot(&self, basis: &[Self::Vector], w: &Self::Vector, out: &mut [f64]) -> Result<()> {
         for (o, b) in out.iter_mut().zip(basis) {
             *o = self.dot(b, w)?;
         }
         Ok(())
     }
-    /// w -= sum_j coeffs[j] basis[j]
+    /// `w -= sum_j coeffs[j] basis[j]`
     fn multi_axpy(
         &self,
         coeffs: &[f64],
@@ -83,9 +83,9 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// w -= sum_j coeffs[j] basis[j], then `then` of the updated w into `out`, in one pass
-    /// over the basis: `Dots`, out[j] = basis[j] . w for every j (CGS2's first update fused
-    /// with its second pass of inner products); `NormSq`, out[0] = the local sum of squares of w
+    /// `w -= sum_j coeffs[j] basis[j]`, then `then` of the updated w into `out`, in one pass
+    /// over the basis: `Dots`, `out[j] = basis[j] . w` for every j (CGS2's first update fused
+    /// with its second pass of inner products); `NormSq`, `out[0]` = the local sum of squares of w
     /// (the next basis vector's norm).
     fn multi_axpy_measure(
         &self,

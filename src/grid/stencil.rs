@@ -36,7 +36,7 @@ pub enum BlockKind {
 
 /// One block of rows: which stencil, its weight, where its rows start, and the box of cells
 /// its rows enumerate (`lo` is the first cell coordinate, `dims` the extent; row index within
-/// the block = x + dims[0] (y + dims[1] z) of the cell's coordinates minus `lo`).
+/// the block = `x + dims[0] (y + dims[1] z)` of the cell's coordinates minus `lo`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Block {
     pub kind: BlockKind,

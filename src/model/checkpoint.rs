@@ -10,7 +10,7 @@
 //! then u (m_local f64), v, w, x (n f64 each), [var (n f64)], each followed by u32 CRC32C of
 //! its bytes and u32 0
 //! ```
-//! Version 1 (still read): magic | version u32 = 1 | H u64 | header | u | v | w | x | [var] |
+//! Version 1 (still read): magic | version u32 = 1 | H u64 | header | u | v | w | x | `[var]` |
 //! FNV-1a 64 of all bytes before it.
 //! The JSON header holds the scalars, the LSQR parameters, the history so far, the sizes and a
 //! fingerprint of the system, all of which must match on resume (serde_json is built with

@@ -11,8 +11,8 @@
 //! /run         config_toml, report_json (strings)
 //! ```
 //!
-//! Grid fields are C-ordered datasets of shape [nz][ny][nx]: cell (i, j, k) is element
-//! [k][j][i], which is exactly the linear index i + nx (j + ny k) of the solution vector.
+//! Grid fields are C-ordered datasets of shape `[nz][ny][nx]`: cell (i, j, k) is element
+//! `[k][j][i]`, which is exactly the linear index i + nx (j + ny k) of the solution vector.
 //! The file is built in memory and published with the run's other outputs as one set
 //! (src/io/publish.rs).
 

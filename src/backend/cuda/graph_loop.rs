@@ -198,7 +198,11 @@ impl<S: LoopState> Graphed<S> {
             if st.error() == 4 {
                 return Err(Error::backend(
                     "cuda",
-                    format!("{method}: another rank's GPU did not publish its part of a sum over the ranks within 120 s (iteration {}): has another rank failed?", st.itn()),
+                    format!(
+                        "{method}, iteration {}: a sum over the ranks: {}",
+                        st.itn(),
+                        super::peer::PEER_TIMEOUT
+                    ),
                 ));
             }
             if st.error() != 0 {

@@ -24,6 +24,10 @@ use crate::error::{Error, Result};
 /// counts the exchanges the rank has published, word 1 those it has finished reading.
 pub(super) const CTRL: usize = 256;
 
+/// What a sum through peer memory says when another rank never published its part.
+pub(super) const PEER_TIMEOUT: &str =
+    "another rank's GPU did not publish its part within 120 s (has another rank failed?)";
+
 /// u64 words of an IPC memory handle (64 bytes).
 const HANDLE_WORDS: usize = 8;
 
@@ -49,21 +53,17 @@ pub fn peer_first(comm: &dyn Comm, path: AllreducePath, device_sums: bool) -> Re
 }
 
 impl PeerSwitch {
-    /// Collective: peer sums for this job where `path` allows them (`auto` or `peer`), there
-    /// are several ranks, all on one node, and every rank can export a buffer and open every
-    /// other's (a small buffer is tried). `peer` where that fails is an error. Returns whether
-    /// they are on.
+    /// Collective, after [`peer_first`] said yes on every rank (several ranks, all on one
+    /// node, a path that allows it): peer sums for this job where every rank can export a
+    /// buffer and open every other's (a small buffer is tried). `peer` where that fails is an
+    /// error. Returns whether they are on.
     pub fn setup(
         &self,
         stream: &Arc<CudaStream>,
         comm: &dyn Comm,
         path: AllreducePath,
     ) -> Result<bool> {
-        let wanted = matches!(path, AllreducePath::Auto | AllreducePath::Peer);
-        let on = comm.size() > 1
-            && wanted
-            && on_every_rank(comm, comm.local_size() == comm.size())?
-            && PeerBuffers::new(stream, comm, 1)?.is_some_and(|p| p.close(comm).is_ok());
+        let on = PeerBuffers::new(stream, comm, 1)?.is_some_and(|p| p.close(comm).is_ok());
         if path == AllreducePath::Peer && !on {
             return Err(Error::backend(
                 "cuda",

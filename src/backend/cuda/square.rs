@@ -8,9 +8,8 @@
 //!   [`crate::comm::halo::localize`]). Where the backend sums through the GPUs' memory (ranks
 //!   of one node), each rank reads its ghosts from the other ranks' mapped buffers instead
 //!   ([`PeerHalo`]); with NCCL they go GPU to GPU. With the exchange through the host, the rows
-//!   split in two
-//!   ([`SplitRows`]): rows without ghost columns are multiplied while MPI moves the ghosts, the
-//!   others after they arrive.
+//!   split in two ([`SplitRows`]): rows without ghost columns are multiplied while MPI moves
+//!   the ghosts, the others after they arrive.
 //!   On one product per application (no overlap split) the rows may be stored as row patterns
 //!   ([`crate::sparse::patterns`]: a table of column-offset lists, a 16-bit pattern number per
 //!   row and the values in slices of 32 rows) instead of CSR: `storage` compact or auto.

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaFunction, CudaSlice};
 
 use super::backend::{CudaBackend, DeviceVec, MULTI_MAX, RED_MAX_BLOCKS};
 use super::error::Doing;
-use super::peer::{PeerBuffers, CTRL};
+use super::peer::{PeerBuffers, CTRL, PEER_TIMEOUT};
 use super::util::{arg, Word};
 use crate::backend::{Backend, Measure, ScalarSlots, XwState, XwStep};
 use crate::comm::Comm;
@@ -570,7 +570,7 @@ impl CudaBackend {
         if late[0] != 0 {
             return Err(Error::backend(
                 "cuda",
-                "a sum over the ranks: another rank's GPU did not publish its part within 120 s (has another rank failed?)",
+                format!("a sum over the ranks: {PEER_TIMEOUT}"),
             ));
         }
         Ok(())
@@ -601,7 +601,7 @@ impl CudaBackend {
         if got.first().copied().unwrap_or(0) != 0 {
             return Err(Error::backend(
                 "cuda",
-                "a sum or halo exchange over the ranks: another rank's GPU did not publish its part within 120 s (has another rank failed?)",
+                format!("a sum or halo exchange over the ranks: {PEER_TIMEOUT}"),
             ));
         }
         Ok(())
