@@ -24,6 +24,10 @@
 #   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
 #             the 2-GPU defaults (through the GPUs' memory), NCCL and the host path; $BASE's
 #             and $PREV's 2-GPU defaults beside them            -> performance.md, gmres.md
+#   sums      one vector summed over the GPUs by every path (the GPUs' memory, NCCL's all-reduce,
+#             the host): `seistomo bench --allreduce` on all GPUs, nccl-tests' algbw/busbw;
+#             LSQR's A^T u (1.31M values) and a 128 MB vector (SUMS="1310720 16777216")
+#                                                                              -> performance.md
 #   scale     LSQR (101M nonzeros) and GMRES (16.8M rows) on 1, 2, 4, ... GPUs, the defaults
 #             (nvidia-h100-x4 for four)                                         -> performance.md
 #   weak      GMRES weak scaling, N^3 rows per GPU (N=128), cgs vs dcgs2 on 1 and P GPUs
@@ -224,6 +228,16 @@ if has gmres2; then
     rm -f $M
   done
   gmres_table "$OUT"/g1_n*.json "$OUT"/g2_n*.json > "$OUT/gmres2.txt"
+fi
+
+if has sums; then
+  nccl_path
+  ng=$(nvidia-smi -L | wc -l)
+  for v in ${SUMS:-1310720 16777216}; do
+    timeout 120 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np $ng \
+      "$BIN/seistomo" bench --allreduce $v --iters 200 --json "$OUT/sums_$v.json" > "$OUT/sums_$v.txt" 2>> "$OUT/log.txt"
+    cat "$OUT/sums_$v.txt" >> "$S"
+  done
 fi
 
 if has scale; then

@@ -1634,3 +1634,38 @@ fn gmres_peer_halo_and_sums_give_nccls_solution() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `seistomo bench --allreduce` on two GPUs: every path (the GPUs' memory, NCCL, the host)
+/// sums the vector right (the command checks every value) and reports its times and nccl-tests'
+/// bandwidths.
+#[test]
+#[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
+fn bench_allreduce_times_every_path_on_two_gpus() {
+    use common::mpi::finish;
+    if !two_gpus_and_mpirun() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("seistomo-gpu2-bench-sums");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sums.json");
+    let mut c = mpirun_seistomo(2);
+    c.args(["bench", "--allreduce", "131073", "--iters", "20", "--json"])
+        .arg(&json);
+    let o = finish(c);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    println!("{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(paths, ["peer", "nccl", "host"], "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["values"], 131073);
+        assert!(r["median_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["busbw_gbs"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

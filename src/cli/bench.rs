@@ -71,6 +71,13 @@ pub struct BenchArgs {
     /// or split[:T[:X]] (tiles of 2^X columns for A x, of 2^T for A^T).
     #[arg(long, default_value = "auto")]
     layouts: String,
+    /// Instead of LSQR: time a sum of this many f64 values over the ranks of an MPI job (run
+    /// under mpirun, one rank per GPU) by every path it can take: the other GPUs' memory
+    /// (peer), NCCL's all-reduce and the host (MPI), `--iters` sums each; prints the median,
+    /// the fastest and nccl-tests' algbw and busbw. 1310720 is LSQR's A^T u on the 128 x 128 x
+    /// 80 grid.
+    #[arg(long, value_name = "VALUES")]
+    pub allreduce: Option<usize>,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
     #[arg(long)]
     export_npy: Option<PathBuf>,
@@ -86,6 +93,61 @@ fn list<T: std::str::FromStr<Err = String>>(s: &str) -> anyhow::Result<Vec<T>> {
         .filter(|t| !t.trim().is_empty())
         .map(|t| t.trim().parse::<T>().map_err(anyhow::Error::msg))
         .collect()
+}
+
+/// `seistomo bench --allreduce VALUES`: the sums over the ranks, path by path (every rank
+/// calls it; rank 0 prints).
+pub fn run_sums(a: &BenchArgs, values: usize, comm: &dyn crate::comm::Comm) -> anyhow::Result<()> {
+    let mut paths = crate::io::outpaths::PathCheck::new();
+    paths.output_opt("--json", a.json.as_deref());
+    paths.check()?;
+    if comm.size() < 2 {
+        bail!("--allreduce times sums over the ranks of an MPI job: run it under mpirun with two ranks or more (one per GPU)");
+    }
+    // (no driver call where CUDA is missing: the same one-line error on every rank)
+    let be = crate::comm::agree(
+        comm,
+        crate::backend::cuda::probe()
+            .map_err(|why| {
+                crate::Error::backend(
+                    "cuda",
+                    format!(
+                        "--allreduce times the GPUs' sums, but there is no usable CUDA GPU ({why})"
+                    ),
+                )
+            })
+            .and_then(|_| crate::backend::cuda::CudaBackend::for_rank(comm)),
+    )?;
+    let (rows, skipped) = be.time_sum_paths(comm, values, a.iters)?;
+    if !comm.is_root() {
+        return Ok(());
+    }
+    let mb = 8.0 * values as f64 / 1e6;
+    println!(
+        "sum of {values} f64 ({mb:.1} MB) over {} ranks, {} sums each (median / fastest ms, algbw / busbw GB/s):",
+        comm.size(),
+        a.iters.max(1)
+    );
+    println!("| path | median ms | fastest ms | algbw GB/s | busbw GB/s |");
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.4} | {:.4} | {:.1} | {:.1} |",
+            r.path, r.median_ms, r.min_ms, r.algbw_gbs, r.busbw_gbs
+        );
+    }
+    for s in &skipped {
+        println!("not timed: {s}");
+    }
+    if let Some(p) = &a.json {
+        let mut text = String::new();
+        for r in &rows {
+            text.push_str(&serde_json::to_string(r)?);
+            text.push('\n');
+        }
+        write_atomic(p, |w| w.write_all(text.as_bytes()))?;
+    }
+    Ok(())
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {

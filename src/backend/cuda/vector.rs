@@ -498,6 +498,14 @@ impl Backend for CudaBackend {
         if self.peer.is_on() {
             return self.peer_sum(comm, x);
         }
+        self.host_sum(comm, x)
+    }
+}
+
+impl CudaBackend {
+    /// `x` summed over the ranks through the host: copied to page-locked memory, summed by
+    /// MPI ([`Comm::allreduce_sum`]), copied back (collective; waits for the device).
+    pub(super) fn host_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         let mut guard = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
         if guard.as_ref().is_none_or(|p| p.len() != x.len()) {
             // SAFETY: the buffer is fully overwritten by the device-to-host copy below before
@@ -521,13 +529,11 @@ impl Backend for CudaBackend {
             .doing("copying a vector to the device")?;
         self.synchronize()
     }
-}
 
-impl CudaBackend {
-    /// `x` summed over the ranks through the buffers they map of each other (kernels/lsqr.cu
+    /// `x` summed over the ranks through the buffers they map of each other (kernels/peer.cu
     /// `peer_vec_*`; collective), where the backend's set-up turned the peer sums on and made
     /// no NCCL communicator: LSQR's sums outside its loop, and its host loop's.
-    fn peer_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
+    pub(super) fn peer_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         let mut guard = self.peer_vec.lock().unwrap_or_else(|e| e.into_inner());
         // (every rank sums the same length, so every rank makes new buffers together)
         if guard.as_ref().is_none_or(|p| p.values < x.len()) {
