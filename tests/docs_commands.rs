@@ -12,8 +12,8 @@
 //! README explains) when the `mpi` feature is on and mpirun is installed.
 //!
 //! Not run, and why (printed):
-//! - GPU-only commands (`--backend cuda`, `--backend all`) where there is no usable GPU
-//!   (tests/gpu*.rs run them where there is one).
+//! - GPU-only commands (`--backend cuda`, `--backend all`, `bench --allreduce`) where there is
+//!   no usable GPU (tests/gpu*.rs run them where there is one).
 //! - `mpirun` lines without the `mpi` feature or without mpirun.
 //! - `seistomo compare` when /usr/bin/python3 cannot import SciPy and petsc4py.
 //!
@@ -211,7 +211,11 @@ fn bounded(mut c: Command, what: &str) -> Output {
 fn not_run_here(c: &str, gpu: bool, peers: bool, mpi: bool) -> Option<&'static str> {
     if c.starts_with("mpirun") && !mpi {
         Some("no mpirun, or built without the mpi feature")
-    } else if (c.contains("--backend cuda") || c.contains("--backend all")) && !gpu {
+    } else if (c.contains("--backend cuda")
+        || c.contains("--backend all")
+        || c.contains("bench --allreduce"))
+        && !gpu
+    {
         Some("needs a GPU")
     } else if c.starts_with("seistomo compare") && !peers {
         Some("no SciPy/petsc4py in /usr/bin/python3")
