@@ -25,7 +25,7 @@
 #             the 2-GPU defaults (through the GPUs' memory), NCCL and the host path; $BASE's
 #             and $PREV's 2-GPU defaults beside them            -> performance.md, gmres.md
 #   sums      one vector summed over the GPUs by every path (the GPUs' memory, NCCL's all-reduce,
-#             the host): `seistomo bench --allreduce` on all GPUs, nccl-tests' algbw/busbw;
+#             the host): `seistomo bench --sums` on all GPUs, nccl-tests' algbw/busbw;
 #             LSQR's A^T u (1.31M values) and a 128 MB vector (SUMS="1310720 16777216")
 #                                                                              -> performance.md
 #   scale     LSQR (101M nonzeros) and GMRES (16.8M rows) on 1, 2, 4, ... GPUs, the defaults
@@ -235,7 +235,7 @@ if has sums; then
   ng=$(nvidia-smi -L | wc -l)
   for v in ${SUMS:-1310720 16777216}; do
     timeout 120 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np $ng \
-      "$BIN/seistomo" bench --allreduce $v --iters 200 --json "$OUT/sums_$v.json" > "$OUT/sums_$v.txt" 2>> "$OUT/log.txt"
+      "$BIN/seistomo" bench --sums $v --iters 200 --json "$OUT/sums_$v.json" > "$OUT/sums_$v.txt" 2>> "$OUT/log.txt"
     cat "$OUT/sums_$v.txt" >> "$S"
   done
 fi

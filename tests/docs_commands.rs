@@ -12,7 +12,7 @@
 //! README explains) when the `mpi` feature is on and mpirun is installed.
 //!
 //! Not run, and why (printed):
-//! - GPU-only commands (`--backend cuda`, `--backend all`, `bench --allreduce`) where there is
+//! - GPU-only commands (`--backend cuda`, `--backend all`, `bench --sums`) where there is
 //!   no usable GPU (tests/gpu*.rs run them where there is one).
 //! - `mpirun` lines without the `mpi` feature or without mpirun.
 //! - `seistomo compare` when /usr/bin/python3 cannot import SciPy and petsc4py.
@@ -213,7 +213,7 @@ fn not_run_here(c: &str, gpu: bool, peers: bool, mpi: bool) -> Option<&'static s
         Some("no mpirun, or built without the mpi feature")
     } else if (c.contains("--backend cuda")
         || c.contains("--backend all")
-        || c.contains("bench --allreduce"))
+        || c.contains("bench --sums"))
         && !gpu
     {
         Some("needs a GPU")

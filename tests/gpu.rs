@@ -1635,12 +1635,12 @@ fn gmres_peer_halo_and_sums_give_nccls_solution() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `seistomo bench --allreduce` on two GPUs: every path (the GPUs' memory, NCCL, the host)
+/// `seistomo bench --sums` on two GPUs: every path (the GPUs' memory, NCCL, the host)
 /// sums the vector right (the command checks every value) and reports its times and nccl-tests'
 /// bandwidths.
 #[test]
 #[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
-fn bench_allreduce_times_every_path_on_two_gpus() {
+fn bench_sums_times_every_path_on_two_gpus() {
     use common::mpi::finish;
     if !two_gpus_and_mpirun() {
         return;
@@ -1650,7 +1650,7 @@ fn bench_allreduce_times_every_path_on_two_gpus() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("sums.json");
     let mut c = mpirun_seistomo(2);
-    c.args(["bench", "--allreduce", "131073", "--iters", "20", "--json"])
+    c.args(["bench", "--sums", "131073", "--iters", "20", "--json"])
         .arg(&json);
     let o = finish(c);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -304,17 +304,17 @@ fn one_process_commands_refuse_several_ranks() {
     assert!(!dir.join("out").exists(), "nothing is written");
 }
 
-/// `bench --allreduce` runs on several ranks (the sums over them are what it times): on one
+/// `bench --sums` runs on several ranks (the sums over them are what it times): on one
 /// process it says to use mpirun; where there is no GPU (CI) every rank stops with the same
 /// one-line error, exit 1, not a panic of the CUDA loader. On a GPU machine the GPU tests
 /// (tests/gpu.rs) run it.
 #[test]
-fn bench_allreduce_needs_ranks_and_gpus() {
-    let Some(_dir) = mpi_dir("mpi-bench-allreduce") else {
+fn bench_sums_needs_ranks_and_gpus() {
+    let Some(_dir) = mpi_dir("mpi-bench-sums") else {
         return;
     };
     let one = std::process::Command::new(BIN)
-        .args(["bench", "--allreduce", "1000"])
+        .args(["bench", "--sums", "1000"])
         .output()
         .unwrap();
     assert_eq!(one.status.code(), Some(1), "{}", stderr(&one));
@@ -327,10 +327,10 @@ fn bench_allreduce_needs_ranks_and_gpus() {
         return;
     }
     let mut c = mpirun();
-    c.args(["-np", "2", BIN, "bench", "--allreduce", "1000"]);
+    c.args(["-np", "2", BIN, "bench", "--sums", "1000"]);
     let out = finish(c);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let line = the_error_line(&stderr(&out), "bench --allreduce on 2 ranks").to_string();
+    let line = the_error_line(&stderr(&out), "bench --sums on 2 ranks").to_string();
     assert!(line.contains("no usable CUDA GPU"), "{line}");
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }

@@ -77,7 +77,7 @@ pub struct BenchArgs {
     /// the fastest and nccl-tests' algbw and busbw. 1310720 is LSQR's A^T u on the 128 x 128 x
     /// 80 grid.
     #[arg(long, value_name = "VALUES")]
-    pub allreduce: Option<usize>,
+    pub sums: Option<usize>,
     /// Write the system as DIR/{indptr,indices,data,b,shape}.npy and stop (for cupy_lsqr.py).
     #[arg(long)]
     export_npy: Option<PathBuf>,
@@ -95,30 +95,16 @@ fn list<T: std::str::FromStr<Err = String>>(s: &str) -> anyhow::Result<Vec<T>> {
         .collect()
 }
 
-/// `seistomo bench --allreduce VALUES`: the sums over the ranks, path by path (every rank
+/// `seistomo bench --sums VALUES`: the sums over the ranks, path by path (every rank
 /// calls it; rank 0 prints).
 pub fn run_sums(a: &BenchArgs, values: usize, comm: &dyn crate::comm::Comm) -> anyhow::Result<()> {
     let mut paths = crate::io::outpaths::PathCheck::new();
     paths.output_opt("--json", a.json.as_deref());
     paths.check()?;
     if comm.size() < 2 {
-        bail!("--allreduce times sums over the ranks of an MPI job: run it under mpirun with two ranks or more (one per GPU)");
+        bail!("--sums times sums over the ranks of an MPI job: run it under mpirun with two ranks or more (one per GPU)");
     }
-    // (no driver call where CUDA is missing: the same one-line error on every rank)
-    let be = crate::comm::agree(
-        comm,
-        crate::backend::cuda::probe()
-            .map_err(|why| {
-                crate::Error::backend(
-                    "cuda",
-                    format!(
-                        "--allreduce times the GPUs' sums, but there is no usable CUDA GPU ({why})"
-                    ),
-                )
-            })
-            .and_then(|_| crate::backend::cuda::CudaBackend::for_rank(comm)),
-    )?;
-    let (rows, skipped) = be.time_sum_paths(comm, values, a.iters)?;
+    let (rows, skipped) = crate::pipeline::operators::time_sums(comm, values, a.iters)?;
     if !comm.is_root() {
         return Ok(());
     }

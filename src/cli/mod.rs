@@ -88,7 +88,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     if let (Some(name), true) = (one_process(&cli.command), comm.size() > 1) {
         // Every rank would run the whole command and write the same outputs.
         let msg = format!(
-            "`seistomo {name}` runs in one process, not on {} MPI ranks: run it without mpirun (invert, solve, prepare and bench --allreduce are the commands that run on several ranks)",
+            "`seistomo {name}` runs in one process, not on {} MPI ranks: run it without mpirun (invert, solve, prepare and bench --sums are the commands that run on several ranks)",
             comm.size()
         );
         return end_job(comm, Err(crate::Error::Rank { rank: 0, msg }.into()));
@@ -104,7 +104,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Import(a) => import::run(a),
         Command::Export(a) => export::run(a),
         Command::Inspect(a) => inspect::run(a),
-        Command::Bench(a) => match a.allreduce {
+        Command::Bench(a) => match a.sums {
             Some(values) => bench::run_sums(&a, values, &*comm),
             None => bench::run(a),
         },
@@ -120,7 +120,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 fn one_process(c: &Command) -> Option<&'static str> {
     match c {
         Command::Solve(_) | Command::Invert(_) | Command::Prepare(_) => None,
-        Command::Bench(a) if a.allreduce.is_some() => None,
+        Command::Bench(a) if a.sums.is_some() => None,
         Command::Plot(_) => Some("plot"),
         Command::Lcurve(_) => Some("lcurve"),
         Command::Resolution(_) => Some("resolution"),

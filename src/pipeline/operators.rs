@@ -1029,3 +1029,29 @@ mod tests {
         }
     }
 }
+
+pub use crate::backend::cuda::SumTiming;
+
+/// `seistomo bench --sums VALUES` (collective): a vector of `values` f64 summed over `comm`'s
+/// ranks `reps` times by every path the job can take on its GPUs
+/// ([`crate::backend::cuda::CudaBackend::time_sum_paths`]); the timings and, for each path
+/// that could not run, why. Without a usable GPU, the same one-line error on every rank (and no
+/// driver call where CUDA is missing).
+pub fn time_sums(
+    comm: &dyn crate::comm::Comm,
+    values: usize,
+    reps: usize,
+) -> Result<(Vec<SumTiming>, Vec<String>)> {
+    let be = crate::comm::agree(
+        comm,
+        crate::backend::cuda::probe()
+            .map_err(|why| {
+                Error::backend(
+                    "cuda",
+                    format!("--sums times the GPUs' sums, but there is no usable CUDA GPU ({why})"),
+                )
+            })
+            .and_then(|_| crate::backend::cuda::CudaBackend::for_rank(comm)),
+    )?;
+    be.time_sum_paths(comm, values, reps)
+}

@@ -1,5 +1,5 @@
 //! One vector summed over the ranks by every path a job can take (the other GPUs' memory,
-//! NCCL, the host), timed the way nccl-tests times an all-reduce: `seistomo bench --allreduce
+//! NCCL, the host), timed the way nccl-tests times an all-reduce: `seistomo bench --sums
 //! VALUES` under mpirun (issue 31: each path against NCCL's own all-reduce on the same vector).
 //!
 //! Every path sums the same f64 vector in place, the stream synchronised after each sum; a sum
