@@ -999,6 +999,32 @@ impl Engine {
     }
 }
 
+pub use crate::backend::cuda::SumTiming;
+
+/// `seistomo bench --sums VALUES` (collective): a vector of `values` f64 summed over `comm`'s
+/// ranks `reps` times by every path the job can take on its GPUs
+/// ([`crate::backend::cuda::CudaBackend::time_sum_paths`]); the timings and, for each path
+/// that could not run, why. Without a usable GPU, the same one-line error on every rank (and no
+/// driver call where CUDA is missing).
+pub fn time_sums(
+    comm: &dyn crate::comm::Comm,
+    values: usize,
+    reps: usize,
+) -> Result<(Vec<SumTiming>, Vec<String>)> {
+    let be = crate::comm::agree(
+        comm,
+        crate::backend::cuda::probe()
+            .map_err(|why| {
+                Error::backend(
+                    "cuda",
+                    format!("--sums times the GPUs' sums, but there is no usable CUDA GPU ({why})"),
+                )
+            })
+            .and_then(|_| crate::backend::cuda::CudaBackend::for_rank(comm)),
+    )?;
+    be.time_sum_paths(comm, values, reps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1028,30 +1054,4 @@ mod tests {
             assert!(e.contains("on the CPU (no GPU here)"), "{e}");
         }
     }
-}
-
-pub use crate::backend::cuda::SumTiming;
-
-/// `seistomo bench --sums VALUES` (collective): a vector of `values` f64 summed over `comm`'s
-/// ranks `reps` times by every path the job can take on its GPUs
-/// ([`crate::backend::cuda::CudaBackend::time_sum_paths`]); the timings and, for each path
-/// that could not run, why. Without a usable GPU, the same one-line error on every rank (and no
-/// driver call where CUDA is missing).
-pub fn time_sums(
-    comm: &dyn crate::comm::Comm,
-    values: usize,
-    reps: usize,
-) -> Result<(Vec<SumTiming>, Vec<String>)> {
-    let be = crate::comm::agree(
-        comm,
-        crate::backend::cuda::probe()
-            .map_err(|why| {
-                Error::backend(
-                    "cuda",
-                    format!("--sums times the GPUs' sums, but there is no usable CUDA GPU ({why})"),
-                )
-            })
-            .and_then(|_| crate::backend::cuda::CudaBackend::for_rank(comm)),
-    )?;
-    be.time_sum_paths(comm, values, reps)
 }
