@@ -868,9 +868,7 @@ fn mpirun_seistomo(np: usize) -> std::process::Command {
 fn australia_on_gpus(np: usize, storage: &str, loop_: &str) -> (Vec<f64>, u64, u64, bool) {
     use common::mpi::finish;
     let root = common::gpu::data_root();
-    let dir = std::env::temp_dir().join(format!("seistomo-gpu2-{np}-{storage}-{loop_}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir(&format!("seistomo-gpu2-{np}-{storage}-{loop_}"));
     let (sol, rep) = (dir.join("x.txt"), dir.join("report.json"));
     let mut c = mpirun_seistomo(np);
     c.arg("solve");
@@ -969,14 +967,44 @@ fn two_gpus_and_mpirun() -> bool {
     true
 }
 
+/// An empty directory `name` in the temporary directory (what an earlier run left removed).
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `seistomo square --kind convdiff --n N` written to DIR/cd.mtx (N^3 rows); its path.
+fn convdiff_in(dir: &std::path::Path, n: u32) -> std::path::PathBuf {
+    let m = dir.join("cd.mtx");
+    let sq = common::seistomo()
+        .args([
+            "-q",
+            "square",
+            "--kind",
+            "convdiff",
+            "--n",
+            &n.to_string(),
+            "-o",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert!(
+        sq.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sq.stderr)
+    );
+    m
+}
+
 /// A fresh directory `name` with a synthetic dataset of 16,384 cells (32 x 32 x 16: four pieces
 /// of 4096 columns at most) and 20,000 rays in `ds` (the two-GPU tests' system; synth's default
 /// seed, not [`common::synth_dataset`]'s: the three-rank comparison's bounds were measured on
 /// this one).
 fn small_synthetic(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir(name);
     let ds = dir.join("ds");
     let synth = common::seistomo()
         .args(["-q", "synth", "-o"])
@@ -1170,17 +1198,7 @@ fn more_ranks_than_gpus_sum_through_the_host_instead_of_nccl() {
         return;
     }
     let (dir, ds) = small_synthetic("seistomo-gpu3-shared");
-    let m = dir.join("cd.mtx");
-    let sq = common::seistomo()
-        .args(["-q", "square", "--kind", "convdiff", "--n", "24", "-o"])
-        .arg(&m)
-        .output()
-        .unwrap();
-    assert!(
-        sq.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sq.stderr)
-    );
+    let m = convdiff_in(&dir, 24);
     let gmres = |np: usize, extra: &[&str]| {
         let rep = dir.join(format!("g{np}{}.json", extra.join("")));
         let mut c = mpirun_seistomo(np);
@@ -1537,20 +1555,8 @@ fn gmres_peer_halo_and_sums_give_nccls_solution() {
     if !two_gpus_and_mpirun() {
         return;
     }
-    let dir = std::env::temp_dir().join("seistomo-gpu2-gmres-peer");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let m = dir.join("cd.mtx");
-    let sq = common::seistomo()
-        .args(["-q", "square", "--kind", "convdiff", "--n", "32", "-o"])
-        .arg(&m)
-        .output()
-        .unwrap();
-    assert!(
-        sq.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sq.stderr)
-    );
+    let dir = fresh_dir("seistomo-gpu2-gmres-peer");
+    let m = convdiff_in(&dir, 32);
     let run = |np: usize, allreduce: &str, storage: &str, orthog: &str| {
         let name = format!("{np}-{allreduce}-{storage}-{orthog}");
         let (rep, sol) = (
@@ -1645,9 +1651,7 @@ fn bench_sums_times_every_path_on_two_gpus() {
     if !two_gpus_and_mpirun() {
         return;
     }
-    let dir = std::env::temp_dir().join("seistomo-gpu2-bench-sums");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("seistomo-gpu2-bench-sums");
     let json = dir.join("sums.json");
     let mut c = mpirun_seistomo(2);
     c.args(["bench", "--sums", "131073", "--iters", "20", "--json"])
