@@ -97,8 +97,8 @@ pub trait BlockOperator<B: BatchBackend> {
     /// Member matrix A_j for row weight `w` (this rank's rows), as its single solve stores it:
     /// each weighted entry `a w` (so single products of it sum as the block products do).
     fn member_matrix(&self, w: f64) -> crate::sparse::Csr;
-    /// `Side::A`: Y_j = alpha A_j X_j + beta[j] Y_j (Y_j not read where beta[j] == 0);
-    /// `Side::At`: X_j = alpha A_j^T Y_j + beta[j] X_j with this rank's rows only (no sum over
+    /// `Side::A`: `Y_j = alpha A_j X_j + beta[j] Y_j` (Y_j not read where `beta[j] == 0`);
+    /// `Side::At`: `X_j = alpha A_j^T Y_j + beta[j] X_j` with this rank's rows only (no sum over
     /// ranks). `input` is X (Y), `out` Y (X).
     fn apply_block(
         &self,

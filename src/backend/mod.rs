@@ -114,7 +114,7 @@ pub trait Backend: Send + Sync {
 /// What [`Backend::multi_axpy_measure`] writes of the updated w.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Measure {
-    /// basis[j] . w for every j (CGS2's first update fused with its second pass).
+    /// `basis[j] . w` for every j (CGS2's first update fused with its second pass).
     Dots,
     /// The local sum of squares of w (the next basis vector's norm).
     NormSq,
@@ -127,7 +127,7 @@ pub enum Measure {
 /// (correct for any backend); the CPU and CUDA backends work in place. An extension of the
 /// BLAS-1 core ([`Backend`]) that the solvers needing it ask for.
 pub trait ScalarSlots: Backend {
-    /// sc[at..at + k] = basis[j] . w (local), k = basis.len(): [`Backend::multi_dot`]'s values.
+    /// `sc[at..at + k] = basis[j] . w` (local), k = basis.len(): [`Backend::multi_dot`]'s values.
     fn multi_dot_to(
         &self,
         basis: &[Self::Vector],
@@ -139,7 +139,7 @@ pub trait ScalarSlots: Backend {
         self.multi_dot(basis, w, &mut c)?;
         self.write_scalars(sc, at, &c)
     }
-    /// w -= sum_j sc[coef_at + j] basis[j], then `then` of the updated w into sc[out_at..]:
+    /// `w -= sum_j sc[coef_at + j] basis[j]`, then `then` of the updated w into `sc[out_at..]`:
     /// [`Backend::multi_axpy_measure`] with its coefficients and results in `sc`.
     fn multi_axpy_measure_to(
         &self,
@@ -156,7 +156,7 @@ pub trait ScalarSlots: Backend {
         self.multi_axpy_measure(then, &c, basis, w, &mut out)?;
         self.write_scalars(sc, out_at, &out)
     }
-    /// y = x / sqrt(max(sc[at], 0)), the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.
+    /// `y = x / sqrt(max(sc[at], 0))`, the scale computed as `1.0 / sc[at].max(0.0).sqrt()`.
     fn copy_inv_sqrt(
         &self,
         sc: &Self::Vector,
@@ -197,7 +197,7 @@ pub trait ScalarSlots: Backend {
         *sc = self.upload(&h)?;
         Ok(())
     }
-    /// Whether solvers should keep their scalars on this backend ([`Backend::multi_dot_to`]
+    /// Whether solvers should keep their scalars on this backend ([`ScalarSlots::multi_dot_to`]
     /// and friends) rather than read each one as it is computed: true where reading one waits
     /// for a device (a GPU), false where scalars are computed on the host anyway.
     fn defers_scalars(&self) -> bool {
@@ -259,8 +259,9 @@ pub trait Operator<B: Backend> {
     ) -> Result<()> {
         scaled_rows_by_pass(self, backend, (x, d), (t, y))
     }
-    /// GMRES's next basis vector normalised by the product that reads it: v = x / sqrt(max(
-    /// sc[at], 0)) (the scale as [`Backend::copy_inv_sqrt`] computes it) is written to `v`, and
+    /// GMRES's next basis vector normalised by the product that reads it:
+    /// `v = x / sqrt(max(sc[at], 0))` (the scale as [`ScalarSlots::copy_inv_sqrt`] computes it)
+    /// is written to `v`, and
     /// y = d .* (A v) as [`Self::apply_scaled_rows`]. `x` is scratch afterwards. The default
     /// normalises in a pass of its own; an operator may scale x as its product gathers it and
     /// write v from the same loads (the same numbers bit for bit, one pass fewer).
@@ -308,8 +309,8 @@ pub fn scaled_rows_by_pass<B: Backend, O: Operator<B> + ?Sized>(
     }
 }
 
-/// [`Operator::apply_normalized_scaled_rows`] in two steps: v = x / sqrt(max(sc[at], 0)) by
-/// [`Backend::copy_inv_sqrt`], then [`Operator::apply_scaled_rows`] of v (x as its scratch). The
+/// [`Operator::apply_normalized_scaled_rows`] in two steps: `v = x / sqrt(max(sc[at], 0))` by
+/// [`ScalarSlots::copy_inv_sqrt`], then [`Operator::apply_scaled_rows`] of v (x as its scratch). The
 /// default, and the fallback of operators that fuse the normalisation where they can.
 pub fn normalized_by_pass<B: ScalarSlots, O: Operator<B> + ?Sized>(
     op: &O,

@@ -164,7 +164,7 @@ fn interleave2(a: u32, b: u32) -> u64 {
     (spread(a) << 1) | spread(b)
 }
 
-/// new_of_old[c] for the cells c = i + nx (j + ny k) of a grid: the rank of c in Morton
+/// `new_of_old[c]` for the cells c = i + nx (j + ny k) of a grid: the rank of c in Morton
 /// (bit-interleaved i, j, k) order.
 pub fn morton_order(nx: usize, ny: usize, nz: usize) -> Vec<u32> {
     fn spread(mut v: u64) -> u64 {

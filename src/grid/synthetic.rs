@@ -12,7 +12,7 @@
 //! nonzero plus one chunk per thread: the kernel of 600k rays on a 128 x 128 x 80 grid (~100 M
 //! nonzeros) takes ~1.3 GB.
 //!
-//! The regularisation ([`regularisation`]) and true models ([`checkerboard`], [`spike`]) use the
+//! The regularisation (`regularisation`) and true models (`checkerboard`, `spike`) use the
 //! same column order as the grid (`i + nx * (j + ny * k)`).
 
 use rayon::prelude::*;

@@ -1,7 +1,7 @@
 //! XDMF sidecar for grid models, so that ParaView and VisIt open model.h5's fields directly.
 //!
 //! The axis order is the classic trap. XDMF (like HDF5) lists array dimensions slowest first, so
-//! a C-ordered dataset of shape [nz][ny][nx] is `Dimensions="nz ny nx"`. The `3DCoRectMesh`
+//! a C-ordered dataset of shape `[nz][ny][nx]` is `Dimensions="nz ny nx"`. The `3DCoRectMesh`
 //! topology counts *points* (`nz+1 ny+1 nx+1`) and the fields are cell-centred. For
 //! `ORIGIN_DXDYDZ` geometry the origin and spacing are also read slowest axis first, i.e. in
 //! z y x order (VTK's vtkXdmfReader sets `ORIGIN = (origin[2], origin[1], origin[0])`), despite the

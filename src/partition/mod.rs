@@ -2,7 +2,7 @@
 //!
 //! - [`rows`]: kernel rows by nonzeros (greedy LPT, Huang et al. 2012) and damping rows in
 //!   contiguous ranges: the LSQR load plan
-//! - [`blocks`]: contiguous row blocks ([`RowPartition`]), the one type of every contiguous
+//! - [`blocks`]: contiguous row blocks ([`graph::RowPartition`]), the one type of every contiguous
 //!   split: equal rows, or about equal nonzeros
 //! - [`graph`]: the rows of a square system: contiguous, by nonzeros, or a METIS graph
 //!   partition turned into a symmetric permutation (GMRES)

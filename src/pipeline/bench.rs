@@ -150,7 +150,7 @@ pub struct Plan {
     pub tuning: Tuning,
 }
 
-/// A `--layouts` item: auto | rows | mixed[:T] | tiles[:T] | split[:T[:X]] (T: tile bits of
+/// A `--layouts` item: `auto | rows | mixed[:T] | tiles[:T] | split[:T[:X]]` (T: tile bits of
 /// A^T, X: of A x), as tuning knobs over `base`.
 pub fn parse_layout(t: &str, base: &Tuning) -> Result<Tuning> {
     let bad = || {

@@ -95,8 +95,8 @@ pub struct RunHistory {
     pub resumed_from: Option<usize>,
 }
 
-/// LSQR with checkpoints (and resume): [`crate::solver::lsqr`] with `(ck, fp)`, where to
-/// checkpoint and the fingerprint of the system (see [`fingerprint`]).
+/// LSQR with checkpoints (and resume): [`crate::solver::lsqr()`] with `(ck, fp)`, where to
+/// checkpoint and the fingerprint of the system (see `fingerprint`).
 #[allow(clippy::too_many_arguments)]
 pub fn lsqr_checkpointed<B: Backend, O: Operator<B>>(
     be: &B,

@@ -130,7 +130,7 @@ pub struct RunConfig {
     pub output: OutputPaths,
     /// The TOML text, echoed into outputs.
     pub text: String,
-    /// The model description ([model] table) and model/checkpoint outputs.
+    /// The model description (`[model]` table) and model/checkpoint outputs.
     pub model: crate::model::spec::ModelOutput,
     /// How a weight is chosen from several (`[solver] weight`, `weights`, `noise`, ...).
     pub weight: WeightSettings,

@@ -15,7 +15,7 @@
 //! - [`monitor`]: progress and history of LSQR and GMRES
 //! - [`checkpoint`]: LSQR with checkpoints; [`model`]: the model side of `invert`
 //! - [`square`]: GMRES on square systems over ranks (`solve --method gmres`)
-//! - [`lcurve`], [`compare`], [`bench`], [`export`], [`import`]: the other commands' work;
+//! - [`lcurve`], [`compare`], [`mod@bench`], [`export`], [`import`]: the other commands' work;
 //!   [`timing`]: medians and copy bandwidths for `bench` and the factory
 
 pub mod batch;

@@ -258,7 +258,7 @@ pub fn row_cost(kind: BackendChoice, storage: Storage) -> RowCost {
 /// Whether the GPU runs LSQR's device loop: `auto` = yes, with either storage (CSR with the
 /// explicit transpose; a CSR operator with another transpose runs the host loop). On several
 /// ranks the loop needs the vectors summed by NCCL (inside its graph); where they go through
-/// the host (`allreduce = "host"`, or no libnccl) the host loop runs ([`cuda_lsqr`] decides).
+/// the host (`allreduce = "host"`, or no libnccl) the host loop runs (`cuda_lsqr` decides).
 /// Measured on an H100 (docs/performance.md): australia 0.030 ms/iter against 0.065 with the
 /// host loop, the 100.7M system 1.01 against 1.09 ms.
 pub fn use_device_loop(lsqr_loop: LsqrLoop) -> bool {

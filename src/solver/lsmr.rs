@@ -2,7 +2,7 @@
 //! step for step so that istop, iterations and norms agree with it.
 //!
 //! Solves min ||b - A x||^2 + damp^2 ||x - x0||^2 (with no x0, ||x||) by the same Golub-Kahan
-//! bidiagonalisation as LSQR ([`super::bidiag::Dist`]: u split by rows over ranks, v, h, hbar
+//! bidiagonalisation as LSQR (`super::bidiag::Dist`: u split by rows over ranks, v, h, hbar
 //! and x replicated; ||u|| a scalar sum and A^T u one vector reduction per iteration), with
 //! x chosen to make ||A^T r|| decrease monotonically (MINRES on the normal equations) rather
 //! than ||r||. It runs on any [`Backend`] with the host driving the scalar recurrences, or, on

@@ -3,7 +3,7 @@
 //! Member j solves min ||b_j - A_j x||^2 + damp_j^2 ||x||^2 with A_j = [G; w_j R] (the rows a
 //! [`BlockOperator`] calls weighted, times w_j) or, without weighted rows, A_j = A. The members
 //! keep their own scalars (alpha, beta, rho, phi, ..., the stopping tests, istop, itn: the
-//! single solver's recurrence, [`super::lsqr`], called per member), while their vectors live in
+//! single solver's recurrence, [`super::lsqr()`], called per member), while their vectors live in
 //! blocks (u: this rank's rows x k, v, w, x: n x k, row-major) so each product reads a nonzero
 //! once for all members. A member that stops leaves the blocks: the products stop computing it.
 //!
@@ -34,7 +34,7 @@ pub struct Member {
     pub damp: f64,
 }
 
-/// A member's result: the solution (x, var, info, as [`super::lsqr`] returns it) and its
+/// A member's result: the solution (x, var, info, as [`super::lsqr()`] returns it) and its
 /// history from iteration 0.
 #[derive(Debug, Clone)]
 pub struct MemberResult {

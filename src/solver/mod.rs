@@ -52,7 +52,7 @@ pub struct LsqrSolution {
 
 /// A least-squares problem as this rank holds it: min ||b - A x|| for A this rank's rows (`op`
 /// on `be`), b this rank's entries and x0 over all columns (zero by default), the ranks joined
-/// by `comm`. [`lsqr`] and [`lsmr`] solve it.
+/// by `comm`. [`lsqr()`] and [`lsmr()`] solve it.
 pub struct LeastSquares<'a, B, O> {
     pub be: &'a B,
     pub op: &'a O,

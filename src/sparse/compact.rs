@@ -334,7 +334,7 @@ impl CompactCsr {
 /// fillers).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct GapHistogram {
-    /// counts[b] = steps g with 2^b <= g < 2^(b+1), b = 0..16; counts[16] = steps >= 65536.
+    /// `counts[b]` = steps g with 2^b <= g < 2^(b+1), b = 0..16; `counts[16]` = steps >= 65536.
     pub counts: [u64; 17],
     /// Fillers the escapes need (a step g takes (g - 1) / 65535 of them).
     pub fillers: u64,

@@ -77,7 +77,7 @@ fn host_hash() -> u64 {
 
 /// The CUDA libraries every GPU run needs that cannot be loaded here (empty when all are
 /// present): the driver and NVRTC. cuSPARSE is looked for only where it is used
-/// (`transpose = "library"`: [`cusparse_missing`]); cuBLAS is not used. Opening cuBLAS and
+/// (`transpose = "library"`: `cusparse_missing`); cuBLAS is not used. Opening cuBLAS and
 /// cuSPARSE only to close them again took part of the 0.2-0.3 s the probe cost (H200 host,
 /// 2026-11-26).
 pub fn missing_libraries() -> Vec<&'static str> {

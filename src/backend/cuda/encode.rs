@@ -690,7 +690,7 @@ impl Encoded {
 }
 
 /// [`Csr::permuted`] of `a` (new row i = old row `rows[i]`, old column j -> `cols[j]`) made on
-/// the GPU ([`permute`]) and copied back (for the GPU tests).
+/// the GPU (`permute`) and copied back (for the GPU tests).
 pub fn permute_on_gpu(
     be: &CudaBackend,
     a: &Csr,

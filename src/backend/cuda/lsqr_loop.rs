@@ -631,7 +631,7 @@ fn wait_for(waits: &CudaStream, first: &CudaStream, ev: &CudaEvent, what: &str) 
     waits.wait(ev).doing_with(|| format!("waiting for {what}"))
 }
 
-/// Every fused operator runs LSQR on the device through its [`LoopSlot`]'s loop (captured on
+/// Every fused operator runs LSQR on the device through its `LoopSlot`'s loop (captured on
 /// first use); on several ranks where their GPUs' memory or NCCL sums over them inside the
 /// graph.
 impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {

@@ -370,7 +370,7 @@ impl EarlyNccl {
 
     /// Make the communicator with `ctx` current on this thread, and connect it: NCCL links
     /// the ranks at a communicator's first sum of each size class (0.2 s on 2 x H100), so a
-    /// sum of one value and one of [`WARM_VALUES`] run here, beside the read, rather than in
+    /// sum of one value and one of `WARM_VALUES` run here, beside the read, rather than in
     /// the first product. The result goes to the backend's setup, an error included; dropped
     /// unmade, the setup reports that.
     pub fn make(self, ctx: &Arc<cudarc::driver::CudaContext>) {

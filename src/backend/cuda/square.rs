@@ -250,7 +250,7 @@ impl<'c> CudaSquareOperator<'c> {
     /// Upload the local matrix of `cpu` (owned columns first, then ghosts) and its halo plan.
     /// `storage`: csr; compact (row patterns, an error when the rows do not qualify); auto
     /// (row patterns where they qualify, else CSR). `overlap`: split the rows to overlap the
-    /// halo exchange ([`SplitRows`]; needs several ranks and CSR storage; false: one product
+    /// halo exchange (`SplitRows`; needs several ranks and CSR storage; false: one product
     /// after the whole exchange); None: split with several ranks unless NCCL moves the halo
     /// (its exchange runs on the product's stream: nothing to overlap). Row patterns (compact,
     /// or auto where they qualify) take one product after the exchange.

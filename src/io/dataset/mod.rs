@@ -6,7 +6,7 @@
 //! - [`manifest`] (`dataset.toml`)
 //! - [`kernel_rows`] (the metadata file, row files and packs)
 //! - [`damping`] (damping block files), [`vectors`] (b, weights, σ, true model)
-//! - [`load`] (open a dataset, load one rank's rows), [`write`] (write one), [`verify`] (check
+//! - [`load`] (open a dataset, load one rank's rows), [`mod@write`] (write one), [`verify`] (check
 //!   every byte)
 
 pub mod binfmt;

@@ -4,7 +4,7 @@
 //! - Arnoldi by modified Gram-Schmidt (one reduction per basis vector) or by classical
 //!   Gram-Schmidt applied twice (CGS2: each pass is one batch of j+1 inner products and ONE
 //!   [`Comm::allreduce_sum`] of them; the update of one pass is fused with the inner products
-//!   of the next, [`crate::backend::Backend::multi_axpy_dot`] and [`crate::backend::Backend::multi_axpy_norm_sq`], so a step
+//!   of the next, `multi_axpy_dot` and `multi_axpy_norm_sq`, so a step
 //!   reads the basis three times).
 //! - Givens rotations and the small triangular solve on the host.
 //! - Left (minimise ||M^-1 (b - A x)||) or right (A M^-1 u = b, x = M^-1 u) preconditioning.
