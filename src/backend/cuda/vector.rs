@@ -535,19 +535,7 @@ impl CudaBackend {
     /// no NCCL communicator: LSQR's sums outside its loop, and its host loop's.
     pub(super) fn peer_sum(&self, comm: &dyn Comm, x: &mut CudaSlice<f64>) -> Result<()> {
         let mut guard = self.peer_vec.lock().unwrap_or_else(|e| e.into_inner());
-        // (every rank sums the same length, so every rank makes new buffers together)
-        if guard.as_ref().is_none_or(|p| p.values < x.len()) {
-            *guard = None;
-            *guard = Some(
-                PeerBuffers::new(&self.stream, comm, x.len())?.ok_or_else(|| {
-                    Error::backend(
-                    "cuda",
-                    "the ranks' GPUs could not map each other's buffers for a sum over the ranks",
-                )
-                })?,
-            );
-        }
-        let p = guard.as_ref().expect("made above");
+        let p = self.peer_buffers(comm, &mut guard, x.len(), x.len())?;
         let (pb, ranks, me) = (self.ptr(&p.bases), p.ranks as u32, p.rank as u32);
         let one = |f: &CudaFunction| self.launch(f, 1, 32, &mut [arg(&pb), arg(&ranks), arg(&me)]);
         one(&self.k.peer_vec_begin)?;
@@ -580,6 +568,32 @@ impl CudaBackend {
             ));
         }
         Ok(())
+    }
+
+    /// Collective: the mapped buffers in `slot`, made (again, with `make` values) where they
+    /// hold fewer than `need`. Every rank sums the same lengths in the same order, so every
+    /// rank makes them together. Old buffers go only once no rank's kernel can still read
+    /// them: this rank's stream is synchronised, then `close` waits for every rank.
+    fn peer_buffers<'g>(
+        &self,
+        comm: &dyn Comm,
+        slot: &'g mut Option<PeerBuffers>,
+        need: usize,
+        make: usize,
+    ) -> Result<&'g PeerBuffers> {
+        if slot.as_ref().is_none_or(|p| p.values < need) {
+            if let Some(old) = slot.take() {
+                self.synchronize()?;
+                old.close(comm)?;
+            }
+            *slot = Some(PeerBuffers::new(&self.stream, comm, make)?.ok_or_else(|| {
+                Error::backend(
+                    "cuda",
+                    "the ranks' GPUs could not map each other's buffers for a sum over the ranks",
+                )
+            })?);
+        }
+        Ok(slot.as_ref().expect("made above"))
     }
 
     /// The device address of the word that GMRES's peer kernels set where a wait for another
@@ -623,25 +637,8 @@ impl CudaBackend {
         len: usize,
     ) -> Result<()> {
         let mut guard = self.peer_sc.lock().unwrap_or_else(|e| e.into_inner());
-        // Two slots of `cap` values take turns; every rank sums the same lengths in the same
-        // order, so every rank makes larger buffers together.
-        if guard.as_ref().is_none_or(|p| p.values < 2 * len) {
-            if let Some(old) = guard.take() {
-                // no kernel may still read the old buffers when they go
-                self.synchronize()?;
-                old.close(comm)?;
-            }
-            let cap = len.max(64);
-            *guard = Some(
-                PeerBuffers::new(&self.stream, comm, 2 * cap)?.ok_or_else(|| {
-                    Error::backend(
-                        "cuda",
-                        "the ranks' GPUs could not map each other's buffers for a sum over the ranks",
-                    )
-                })?,
-            );
-        }
-        let p = guard.as_ref().expect("made above");
+        // two slots of `cap` values take turns
+        let p = self.peer_buffers(comm, &mut guard, 2 * len, 2 * len.max(64))?;
         let fault = self.peer_fault()?;
         let (pb, ranks, me) = (self.ptr(&p.bases), p.ranks as u32, p.rank as u32);
         let (ps, n, cap) = (
