@@ -19,8 +19,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-nvrtc")
-# the order of src/backend/cuda/nvrtc.rs KERNEL_SOURCES
-SOURCES = ["spmv.cu", "vector.cu", "compact.cu", "tiled.cu", "lsqr.cu", "lsmr.cu", "batch.cu", "encode.cu"]
+# the order of src/backend/cuda/nvrtc.rs KERNEL_SOURCES, read from it (one list to keep)
+SOURCES = re.findall(
+    r'include_str!\("\.\./\.\./\.\./kernels/([a-z_]+\.cu)"\)',
+    open(os.path.join(ROOT, "src", "backend", "cuda", "nvrtc.rs")).read(),
+)
 WHEELS = ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvcc-cu12"]
 
 
