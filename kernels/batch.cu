@@ -227,3 +227,141 @@ __device__ __forceinline__ void spmm_short(unsigned nlist, const unsigned* __res
 
 BLOCK_SPMM(block_spmm_f64, double, false)
 BLOCK_SPMM(block_spmm_f32, float, true)
+
+// ---- The block product A X on column tiles (src/backend/cuda/block.rs `BlockTiles`) ----
+//
+// The unweighted rows G in column tiles (src/sparse/tiled.rs, the row entries of A x), so the
+// k values of X a nonzero multiplies come from shared memory, not from L2 (the block CSR above
+// gathers k values per nonzero from an X that does not fit the L2). Two passes:
+//
+//   bt_axf:  a block per chunk and group of at most BT_KB members: those members' columns of
+//            X's rows in the chunk's tile (T x kb values) staged in shared memory; each group of
+//            kb lanes (one lane a member) walks its share of the chunk's segments entry by
+//            entry, in order, and writes each segment's sums to seg_partial[segment * k + j]
+//            (tile order). The blocks of one chunk are neighbours, so its entries are read
+//            from HBM once for all member groups.
+//   bt_rows: a group of lanes a row: the row's segment sums in tile order, then its weighted
+//            entries (R, member j's entry a w_j as in block_spmm), then
+//            y_j = alpha sum + beta_j y_j (y_j not read where beta_j == 0). Groups: k <= 32:
+//            k lanes a group, 32 / k groups a warp; k > 32: a warp a group, lane l taking
+//            members l, l + 32, ...
+
+#define BT_KB 16  // members a block of bt_axf serves at most (src/backend/cuda/block.rs BT_KB)
+
+// Lanes of a group (gw: at most 32), groups a warp, and this lane's group and place in it.
+__device__ __forceinline__ void bt_lanes(int k, int lane, int* gw, int* groups, int* grp, int* j) {
+    *gw = k < 32 ? k : 32;
+    *groups = 32 / *gw;
+    *grp = lane / *gw;
+    *j = lane % *gw;
+}
+
+template <typename V>
+__device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
+                                            const u32* __restrict__ chunk_tile,
+                                            const u32* __restrict__ chunk_seg,
+                                            const u64* __restrict__ seg_ent,
+                                            const u16* __restrict__ lcol, const V* __restrict__ val,
+                                            const double* __restrict__ x,
+                                            double* __restrict__ seg_partial) {
+    extern __shared__ double xs[];  // the tile's rows of X, the group's members: T x kb
+    const u32 nmg = (u32)(k + BT_KB - 1) / BT_KB;
+    const u32 q = blockIdx.x / nmg, jb = (blockIdx.x % nmg) * BT_KB;
+    const int kb = min(BT_KB, k - (int)jb);
+    const u32 T = 1u << tile_bits;
+    const u64 c0 = (u64)chunk_tile[q] << tile_bits;
+    for (u32 i = threadIdx.x; i < T * (u32)kb; i += blockDim.x) {
+        const u64 c = c0 + i / (u32)kb;
+        xs[i] = c < ncols ? x[c * (u64)k + jb + i % (u32)kb] : 0.0;
+    }
+    __syncthreads();
+    const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
+    int gw, groups, grp, j;
+    bt_lanes(kb, threadIdx.x & 31, &gw, &groups, &grp, &j);
+    if (grp >= groups) return;  // lanes beyond the last whole group; no barrier follows
+    const u32 ng = (blockDim.x >> 5) * groups;
+    const u32 g = (threadIdx.x >> 5) * groups + grp;
+    const u32 sa = (u32)(((u64)ns * g) / ng), sb = (u32)(((u64)ns * (g + 1)) / ng);
+    if (sa == sb) return;
+    const u64 ea = seg_ent[s0 + sa], eb = seg_ent[s0 + sb];
+    u64 seg = (u64)s0 + sa;
+    double acc = 0.0;
+    const u64 g0 = ea & ~(u64)(AXF_P - 1);
+    AxfRaw<V> cur{};
+    axf_load(lcol, val, g0, cur);
+    for (u64 r = g0; r < eb; r += AXF_P) {
+        AxfRaw<V> nxt{};
+        if (r + AXF_P < eb) axf_load(lcol, val, r + AXF_P, nxt);
+        const u32 cw[4] = {cur.c.x, cur.c.y, cur.c.z, cur.c.w};
+#pragma unroll
+        for (int i = 0; i < AXF_P; ++i) {
+            const u64 e = r + (u64)i;
+            if (e < ea || e >= eb) continue;
+            const u32 c = (cw[i >> 1] >> (16 * (i & 1))) & 0xffffu;
+            acc += (double)cur.v[i] * xs[(c & LCOL_MASK) * (u32)kb + (u32)j];
+            if (c & LCOL_END) {
+                seg_partial[seg * k + jb + j] = acc;
+                ++seg;
+                acc = 0.0;
+            }
+        }
+        cur = nxt;
+    }
+}
+
+#define BT_AXF(SUF, V)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        bt_axf_##SUF(int k, u32 tile_bits, u64 ncols, const u32* chunk_tile,                    \
+                     const u32* chunk_seg, const u64* seg_ent, const u16* lcol, const V* val,   \
+                     const double* x, double* seg_partial) {                                    \
+        bt_axf_impl<V>(k, tile_bits, ncols, chunk_tile, chunk_seg, seg_ent, lcol, val, x,       \
+                       seg_partial);                                                            \
+    }
+BT_AXF(f64, double)
+BT_AXF(f32, float)
+
+template <bool F32>
+__device__ __forceinline__ void bt_rows_impl(u32 nrows, int k, const u64* __restrict__ row_seg,
+                                             const u32* __restrict__ seg_pos,
+                                             const double* __restrict__ seg_partial,
+                                             const u64* __restrict__ rptr,
+                                             const u32* __restrict__ rcols,
+                                             const double* __restrict__ rvals,
+                                             const double* __restrict__ x, double* __restrict__ y,
+                                             double alpha, const double* __restrict__ beta,
+                                             const double* __restrict__ w) {
+    int gw, groups, grp, jl;
+    bt_lanes(k, threadIdx.x & 31, &gw, &groups, &grp, &jl);
+    if (grp >= groups) return;
+    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
+    for (u32 r = warp * groups + grp; r < nrows; r += nwarps * groups) {
+        const u64 sa = row_seg[r], sb = row_seg[r + 1];
+        const u64 ra = rptr ? rptr[r] : 0, rb = rptr ? rptr[r + 1] : 0;
+        for (int j = jl; j < k; j += gw) {
+            double acc = 0.0;
+            for (u64 s = sa; s < sb; ++s) acc += seg_partial[(u64)seg_pos[s] * k + j];
+            if (rb > ra) {
+                const double wj = w[j];
+                for (u64 p = ra; p < rb; ++p) {
+                    double v = rvals[p] * wj;
+                    if (F32) v = (double)(float)v;
+                    acc += v * x[(u64)rcols[p] * k + j];
+                }
+            }
+            put(y, r, k, j, alpha, acc, beta);
+        }
+    }
+}
+
+#define BT_ROWS(SUF, F32)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        bt_rows_##SUF(u32 nrows, int k, const u64* row_seg, const u32* seg_pos,                 \
+                      const double* seg_partial, const u64* rptr, const u32* rcols,              \
+                      const double* rvals, const double* x, double* y, double alpha,             \
+                      const double* beta, const double* w) {                                     \
+        bt_rows_impl<F32>(nrows, k, row_seg, seg_pos, seg_partial, rptr, rcols, rvals, x, y,     \
+                          alpha, beta, w);                                                       \
+    }
+BT_ROWS(f64, false)
+BT_ROWS(f32, true)

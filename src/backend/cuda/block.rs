@@ -8,21 +8,25 @@
 //! second launch: deterministic, but summed in another order than the CPU's kernels, so a
 //! member equals its single solve within rounding (not bitwise, as on the CPU).
 //!
-//! The operator keeps the matrix as two CSR parts over the same rows: G, the unweighted rows'
+//! The operator keeps the matrix in two parts over the same rows: G, the unweighted rows'
 //! entries (f64 or f32 values), and R, the weighted rows' entries (always f64: member j's entry
-//! `a w_j` is formed, and rounded to f32 in an f32 batch, as its own solve stores it), each
-//! with its transpose for A^T Y. One warp sums a row for every member at once, each nonzero
-//! read once for all k.
+//! `a w_j` is formed, and rounded to f32 in an f32 batch, as its own solve stores it). A X takes
+//! G from column tiles ([`BlockTiles`]: the k values of X an entry multiplies come from shared
+//! memory) and R from CSR; A^T Y takes both from CSR of their transposes, one warp summing a
+//! row for every member at once. Each nonzero is read once for all k (at most [`BT_KB`]
+//! members a block in A X's tiles).
 
 use cudarc::driver::CudaSlice;
 
 use super::backend::{CudaBackend, DeviceVec};
 use super::error::Doing;
+use super::tiled::{up_padded, values};
 use super::util::{arg, check_row_numbers, up, DevValues};
 use crate::backend::batch::{check, weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::{Backend, Precision, XwStep};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::sparse::tiled::{Tiled, TiledHalf};
 use crate::sparse::Csr;
 
 /// Members a GPU batch holds at most (threads of one kernel block in the column reductions).
@@ -355,10 +359,172 @@ impl Sided {
     }
 }
 
+/// Members one block of A X's tile kernel serves at most (kernels/batch.cu BT_KB): a batch of
+/// more takes one block per chunk and group of members.
+const BT_KB: usize = 16;
+/// A X's tiles: 2^9 columns, so a block stages at most 512 x [`BT_KB`] values of X (64 KiB).
+const BT_TILE_BITS: u32 = 9;
+/// The largest shared memory a block of `bt_axf` asks for (bytes).
+const BT_SMEM: usize = (1 << BT_TILE_BITS) * BT_KB * 8;
+
+/// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns: the row entries of
+/// [`Tiled`] (A x's half) on the device, for the block product A X (kernels/batch.cu `bt_axf`,
+/// `bt_rows`).
+struct BlockTiles {
+    nrows: usize,
+    ncols: usize,
+    nseg: usize,
+    nchunks: usize,
+    chunk_tile: CudaSlice<u32>,
+    chunk_seg: CudaSlice<u32>,
+    seg_ent: CudaSlice<u64>,
+    row_seg: CudaSlice<u64>,
+    seg_pos: CudaSlice<u32>,
+    lcol: CudaSlice<u16>,
+    vals: DevValues,
+    /// The segment sums of the last product (nseg x k values; grown where a product has more
+    /// members): kept, as a new allocation every product costs more than the product where the
+    /// memory pool hands the memory back at each synchronisation.
+    partial: std::sync::Mutex<Option<CudaSlice<f64>>>,
+}
+
+impl BlockTiles {
+    fn upload(be: &CudaBackend, g: &Csr, precision: Precision) -> Result<BlockTiles> {
+        let t = Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Rows);
+        // bt_axf stages up to BT_SMEM bytes: more than the default 48 KiB of a block.
+        for f in &be.k.bt_axf {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                BT_SMEM as i32,
+            )
+            .doing("allowing the batch's tile kernel its shared memory")?;
+        }
+        Ok(BlockTiles {
+            nrows: t.nrows,
+            ncols: t.ncols,
+            nseg: t.nseg(),
+            nchunks: t.nchunks(),
+            chunk_tile: up(be, &t.chunk_tile)?,
+            chunk_seg: up(be, &t.chunk_seg)?,
+            seg_ent: up(be, &t.seg_ent)?,
+            row_seg: up(be, &t.row_seg)?,
+            seg_pos: up(be, &t.seg_pos)?,
+            // the entries padded as the flat kernel's 16-byte loads read them
+            lcol: up_padded(be, true, &t.a_lcol, true)?,
+            vals: values(be, true, &t.a_val, true)?,
+            partial: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Y_j = alpha (G + w_j R) X_j + beta_j Y_j: G's segment sums per tile chunk, then per
+    /// row their sum in tile order and R's entries (`r`: the weighted rows, None: none).
+    fn product(
+        &self,
+        be: &CudaBackend,
+        r: Option<&Part>,
+        BlockScale { w, alpha, beta }: BlockScale,
+        x: &CudaBlock,
+        y: &mut CudaBlock,
+    ) -> Result<()> {
+        let k = x.k;
+        check_shape("block product x", x, self.ncols, k)?;
+        check_shape("block product y", y, self.nrows, k)?;
+        if beta.len() != k || (r.is_some() && w.len() != k) {
+            return Err(Error::Invalid(format!(
+                "block product: {} betas and {} weights for {k} members",
+                beta.len(),
+                w.len()
+            )));
+        }
+        if k == 0 || self.nrows == 0 {
+            return Ok(());
+        }
+        let kk = k as i32;
+        let (vi, pv) = self.vals.index_and_ptr(be);
+        let (px, py) = (be.ptr(&x.data), be.ptr(&y.data));
+        let mut scratch = self
+            .partial
+            .lock()
+            .map_err(|_| Error::backend("cuda", "the batch's segment sums were poisoned"))?;
+        let len = (self.nseg * k).max(1);
+        if scratch.as_ref().is_none_or(|p| p.len() < len) {
+            *scratch = None;
+            // SAFETY: bt_axf writes every segment's k sums before bt_rows reads them.
+            *scratch = Some(
+                unsafe { be.stream.alloc::<f64>(len) }
+                    .doing("allocating the batch's segment sums")?,
+            );
+        }
+        let pp = scratch.as_ref().map_or(0, |p| be.ptr(p));
+        if self.nseg > 0 {
+            let bits = BT_TILE_BITS;
+            let ncols = self.ncols as u64;
+            let (pt, ps) = (be.ptr(&self.chunk_tile), be.ptr(&self.chunk_seg));
+            let (pe, pl) = (be.ptr(&self.seg_ent), be.ptr(&self.lcol));
+            let mut args = [
+                arg(&kk),
+                arg(&bits),
+                arg(&ncols),
+                arg(&pt),
+                arg(&ps),
+                arg(&pe),
+                arg(&pl),
+                arg(&pv),
+                arg(&px),
+                arg(&pp),
+            ];
+            let groups = k.div_ceil(BT_KB);
+            let grid = u32::try_from(self.nchunks * groups).map_err(|_| {
+                Error::Invalid(format!(
+                    "a GPU batch of {k} members on {} tile chunks needs too many blocks",
+                    self.nchunks
+                ))
+            })?;
+            let smem = ((1usize << bits) * k.min(BT_KB) * 8) as u32;
+            be.launch_smem(&be.k.bt_axf[vi], grid, 256, smem, &mut args)?;
+        }
+        let db = up(be, beta)?;
+        let dw = match r {
+            Some(_) => Some(up(be, w)?),
+            None => None,
+        };
+        let (prp, prc, prv) = match r {
+            Some(r) => (be.ptr(&r.ptr), be.ptr(&r.cols), r.vals.index_and_ptr(be).1),
+            None => (0, 0, 0),
+        };
+        let pw = dw.as_ref().map_or(0, |d| be.ptr(d));
+        let pb = be.ptr(&db);
+        let nrows = self.nrows as u32;
+        let (prs, psp) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
+        let mut args = [
+            arg(&nrows),
+            arg(&kk),
+            arg(&prs),
+            arg(&psp),
+            arg(&pp),
+            arg(&prp),
+            arg(&prc),
+            arg(&prv),
+            arg(&px),
+            arg(&py),
+            arg(&alpha),
+            arg(&pb),
+            arg(&pw),
+        ];
+        // a group of min(k, 32) lanes a row
+        let rows_per_block = 8 * (32 / k.min(32));
+        let needed = self.nrows.div_ceil(rows_per_block).max(1);
+        let grid = (be.info.multiprocessors.max(1) as usize * 16).min(needed) as u32;
+        be.launch(&be.k.bt_rows[vi], grid, 256, &mut args)
+    }
+}
+
 /// A CSR matrix applied to blocks on the GPU, rows flagged as weighted taking member j's
 /// weight (module documentation).
 pub struct CudaBlockOperator {
-    a: Sided,
+    /// A X: G in column tiles, R (the weighted rows) in CSR.
+    ax: BlockTiles,
+    r: Option<Part>,
     at: Sided,
     precision: Precision,
     /// The rows as given (a handed-over member's own matrix, [`BlockOperator::member_matrix`]).
@@ -403,9 +569,10 @@ impl CudaBlockOperator {
             }
         }
         let weighted = weighted.filter(|w| w.iter().any(|&b| b));
-        let (a_side, at_side) = match &weighted {
+        let (ax, r, at_side) = match &weighted {
             None => (
-                Sided::new(be, &a, None, precision)?,
+                BlockTiles::upload(be, &a, precision)?,
+                None,
                 Sided::new(be, &a.transpose(), None, precision)?,
             ),
             Some(w) => {
@@ -413,7 +580,8 @@ impl CudaBlockOperator {
                 let r = rows_where(&a, |r| w[r]);
                 let (gt, rt) = (g.transpose(), r.transpose());
                 (
-                    Sided::new(be, &g, Some(&r), precision)?,
+                    BlockTiles::upload(be, &g, precision)?,
+                    Some(Part::upload(be, &r, Precision::F64)?),
                     Sided::new(be, &gt, Some(&rt), precision)?,
                 )
             }
@@ -421,7 +589,8 @@ impl CudaBlockOperator {
         let row_class = weighted.map(|w| w.iter().map(|&b| u8::from(b)).collect());
         be.synchronize()?;
         Ok(CudaBlockOperator {
-            a: a_side,
+            ax,
+            r,
             at: at_side,
             precision,
             host: a,
@@ -435,13 +604,14 @@ impl CudaBlockOperator {
             Precision::F64 => "f64",
             Precision::F32 => "f32",
         };
-        let nnz = self.a.g.nnz + self.a.r.as_ref().map_or(0, |r| r.nnz);
-        match &self.a.r {
+        let nnz = self.at.g.nnz + self.at.r.as_ref().map_or(0, |r| r.nnz);
+        let tiles = 1usize << BT_TILE_BITS;
+        match &self.r {
             Some(r) => format!(
-                "block CSR + explicit transpose ({p} values; {} weighted entries f64; {nnz} nonzeros)",
+                "block tiles of {tiles} columns + block CSR transpose ({p} values; {} weighted entries f64 in CSR; {nnz} nonzeros)",
                 r.nnz
             ),
-            None => format!("block CSR + explicit transpose ({p} values; {nnz} nonzeros)"),
+            None => format!("block tiles of {tiles} columns + block CSR transpose ({p} values; {nnz} nonzeros)"),
         }
     }
 
@@ -554,7 +724,7 @@ impl BlockOperator<CudaBackend> for CudaBlockOperator {
         out: &mut CudaBlock,
     ) -> Result<()> {
         match side {
-            Side::A => self.product(be, &self.a, s, input, out),
+            Side::A => self.ax.product(be, self.r.as_ref(), s, input, out),
             Side::At => self.product(be, &self.at, s, input, out),
         }
     }

@@ -90,6 +90,10 @@ kernels! {
         /// tiled_axf [f64 = 0, f32 = 1]: A x's segment sums as one flat stream per chunk
         tiled_axf: [CudaFunction; 2] =
             named(f, PRECISIONS.map(|p| format!("tiled_axf_{p}")))?,
+        /// bt_axf [f64 = 0, f32 = 1] (kernels/batch.cu: a batch's A X on column tiles)
+        bt_axf: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_axf_{p}")))?,
+        /// bt_rows [f64 = 0, f32 = 1] (kernels/batch.cu: its row pass and weighted rows)
+        bt_rows: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_rows_{p}")))?,
         /// enc_fill_rows [f64 = 0, f32 = 1] (kernels/encode.cu: A x's tile entries)
         enc_fill_rows: [CudaFunction; 2] =
             named(f, PRECISIONS.map(|p| format!("enc_fill_rows_{p}")))?,

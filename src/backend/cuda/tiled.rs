@@ -44,7 +44,9 @@ const ROWPASS_RPT: u64 = 2;
 /// `v` on the device when `on`, else a one-element dummy; with `pad`, padded with zeros to a
 /// multiple of [`AXF_P`] (the row entries the flat A x kernel reads in vector loads): copied
 /// into the front of a zeroed device array of the padded length (no padded copy on the host).
-fn up_padded<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy>(
+pub(super) fn up_padded<
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy,
+>(
     be: &CudaBackend,
     on: bool,
     v: &[T],
@@ -64,7 +66,7 @@ fn up_padded<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + D
 }
 
 /// The values `v` as [`up_padded`] (a dummy of their precision when not `on`).
-fn values(be: &CudaBackend, on: bool, v: &TiledValues, pad: bool) -> Result<DevValues> {
+pub(super) fn values(be: &CudaBackend, on: bool, v: &TiledValues, pad: bool) -> Result<DevValues> {
     Ok(match v {
         TiledValues::F64(v) => DevValues::F64(up_padded(be, on, v, pad)?),
         TiledValues::F32(v) => DevValues::F32(up_padded(be, on, v, pad)?),
