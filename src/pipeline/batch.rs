@@ -228,7 +228,37 @@ impl BatchVisitor for Run<'_, '_> {
                 },
             );
         };
-        let ends = lsqr_batch_handoff(be, op, comm, (&refs, members), params, handoff, &mut each)?;
+        // Each member's outcome (its x mapped back, and whatever `finished` does with it: an
+        // L-curve point's norms on the host) is made on a thread of its own while the batch
+        // goes on (measured: 16 members of the 101M-nonzero system spent 1.2-1.6 s of a 4.4 s
+        // GPU batch in `finished` between iterations).
+        let (ends, mut each) = std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, MemberResult)>();
+            let consumer = s.spawn(move || {
+                for (j, r) in rx {
+                    each(j, &r);
+                }
+                each
+            });
+            let ends = lsqr_batch_handoff(
+                be,
+                op,
+                comm,
+                (&refs, members),
+                params,
+                handoff,
+                &mut |j, r| {
+                    // the receiver lives until the sender is dropped below
+                    let _ = tx.send((j, r.clone()));
+                },
+            );
+            drop(tx);
+            match consumer.join() {
+                Ok(each) => (ends, each),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        });
+        let ends = ends?;
         for (j, end) in ends.into_iter().enumerate() {
             if let MemberEnd::Handed(h) = end {
                 let p = LsqrParams {
