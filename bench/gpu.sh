@@ -40,8 +40,9 @@
 #             gpu_batch = true; atol = btol = 0, so every member runs 300 iterations), f32 and
 #             f64, beside one `invert` of the same system (the defaults, compact storage; and
 #             csr); three of the weights solved one by one (`lcurve --separate`, each its own
-#             default solve), their points compared with the batch's; australia's L-curve (11
-#             weights) batched and one solve after another                  -> performance.md
+#             default solve), their points compared with the batch's; f32: the 16 weights one
+#             solve after another (wall beside the batch's); australia's L-curve (11 weights)
+#             batched and one solve after another                            -> performance.md
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
@@ -365,7 +366,10 @@ if has batch; then
   W8="0.1,0.2,0.5,1,2,5,10,20"
   W16="0.05,0.1,0.15,0.2,0.3,0.5,0.7,1,1.5,2,3,5,7,10,15,20"
   for p in f32 f64; do
-    for run in single singlecsr b8 b16 sep3 sep3csr; do
+    runs="single singlecsr b8 b16 sep3 sep3csr"
+    # the whole L-curve of 16 weights one solve after another (f32: the batch's wall beside it)
+    [ $p = f32 ] && runs="$runs sep16"
+    for run in $runs; do
       cfg=/tmp/batch-$p-$run.toml
       extra="precision = \"$p\""
       [[ $run = *csr ]] && extra="$extra\nstorage = \"csr\""
@@ -377,9 +381,11 @@ if has batch; then
         single*) CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q invert $cfg > /dev/null 2>> "$OUT/log.txt"
           python3 -c "import json; r=json.load(open('$o/report.json')); print('$p $run: %d its, %.4f ms/it, setup %.3f s, storage %s, r1norm %.15e' % (r['iterations'], r['ms_per_iter'], r['seconds']['setup'], r['storage'], r['r1norm']))" >> "$OUT/batch.txt" ;;
         b8|b16) w=$W8; [ $run = b16 ] && w=$W16
-          CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" lcurve $cfg --damping $w -o $o > "$OUT/batch_${p}_$run.log" 2>&1
-          echo "$p $run: $(grep -E '^batch:' "$OUT/batch_${p}_$run.log")" >> "$OUT/batch.txt"
+          CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" lcurve $cfg --damping $w -o $o > "$OUT/batch_${p}_$run.log" 2>&1
+          echo "$p $run: $(grep -E '^batch:|s wall$' "$OUT/batch_${p}_$run.log" | tr '\n' ' ')" >> "$OUT/batch.txt"
           cp $o/lcurve.csv "$OUT/batch_${p}_$run.csv" 2>/dev/null ;;
+        sep16) CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" lcurve $cfg --damping $W16 --separate -o $o > "$OUT/batch_${p}_$run.log" 2>&1
+          echo "$p $run: $(grep -E '^longest solve:|s wall$' "$OUT/batch_${p}_$run.log" | tr '\n' ' ')" >> "$OUT/batch.txt" ;;
         sep3*) CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" lcurve $cfg --damping 0.1,1,10 --separate -o $o > "$OUT/batch_${p}_$run.log" 2>&1
           echo "$p $run: $(grep -E '^longest solve:' "$OUT/batch_${p}_$run.log")" >> "$OUT/batch.txt"
           cp $o/lcurve.csv "$OUT/batch_${p}_$run.csv" 2>/dev/null ;;

@@ -110,52 +110,7 @@ extern "C" __global__ void block_column(unsigned long long rows, int k, int j, i
     }
 }
 
-// The block product of a matrix in two parts that share its rows: G (values of type T, taken
-// as they are) and R (f64 values, member j's entries times w[j]; rptr null: no R), each in CSR
-// (u64 offsets, u32 columns). Y_j = alpha (G + w_j R) X_j + beta[j] Y_j, Y_j not read where
-// beta[j] == 0. With F32, R's weighted entry is rounded to f32 as a single solve of member j
-// stores it (a w_j, then f32), so a member's numbers are those of its f32 solve.
-//
-// The rows come from a list (`list`; null: rows 0..nlist), in the matrix's order, the grid's
-// warps (or lane groups) on neighbouring rows at once: rows in that order (reordered for
-// locality) share most of their columns, so the X rows they gather stay in L2 while the grid
-// sweeps over them (measured: giving each kernel block a contiguous piece of the rows instead
-// made A X 30-60 % slower on the 101M-nonzero system, k = 8 and 16).
-
-struct Parts {
-    const unsigned long long* gptr;
-    const unsigned* gcols;
-    const void* gvals;
-    const unsigned long long* rptr;
-    const unsigned* rcols;
-    const double* rvals;
-};
-
-// Row `row`'s sum for member j over entries p0, p0 + step, ... of both parts.
-template <typename T, bool F32>
-__device__ __forceinline__ double row_sum(const Parts& a, unsigned row, int k, int j, unsigned p0,
-                                          unsigned step, const double* __restrict__ x,
-                                          const double* __restrict__ w) {
-    const T* __restrict__ gv = (const T*)a.gvals;
-    const unsigned long long gs = a.gptr[row], ge = a.gptr[row + 1];
-    double acc = 0.0;
-#pragma unroll 4
-    for (unsigned long long p = gs + p0; p < ge; p += step)
-        acc += (double)gv[p] * __ldg(&x[(unsigned long long)a.gcols[p] * k + j]);
-    if (a.rptr) {
-        const unsigned long long rs = a.rptr[row], re = a.rptr[row + 1];
-        if (re > rs) {
-            const double wj = w[j];
-            for (unsigned long long p = rs + p0; p < re; p += step) {
-                double v = a.rvals[p] * wj;
-                if (F32) v = (double)(float)v;
-                acc += v * __ldg(&x[(unsigned long long)a.rcols[p] * k + j]);
-            }
-        }
-    }
-    return acc;
-}
-
+// y_j of row `row` = alpha acc + beta_j y_j (y_j not read where beta_j == 0).
 __device__ __forceinline__ void put(double* __restrict__ y, unsigned row, int k, int j,
                                     double alpha, double acc, const double* __restrict__ beta) {
     const unsigned long long e = (unsigned long long)row * k + j;
@@ -163,76 +118,14 @@ __device__ __forceinline__ void put(double* __restrict__ y, unsigned row, int k,
     y[e] = b == 0.0 ? alpha * acc : alpha * acc + b * y[e];
 }
 
-// Long rows: one warp a row; per chunk of up to 32 members, kw lanes (one member each) per
-// entry and 32 / kw entries at once (the slots), the slots' sums added by shuffles.
-template <typename T, bool F32>
-__device__ __forceinline__ void spmm_long(unsigned nlist, const unsigned* __restrict__ list,
-                                          int k, const Parts& a, const double* __restrict__ x,
-                                          double* __restrict__ y, double alpha,
-                                          const double* __restrict__ beta,
-                                          const double* __restrict__ w) {
-    const int lane = threadIdx.x & 31;
-    const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const unsigned nwarps = (gridDim.x * blockDim.x) >> 5;
-    for (unsigned i = warp; i < nlist; i += nwarps) {
-        const unsigned row = list ? list[i] : i;
-        for (int j0 = 0; j0 < k; j0 += 32) {
-            const int kw = min(32, k - j0);
-            const int slots = 32 / kw;
-            const int slot = lane / kw;
-            const int j = j0 + lane % kw;
-            const bool active = slot < slots;
-            double acc = 0.0;
-            if (active) acc = row_sum<T, F32>(a, row, k, j, slot, slots, x, w);
-            for (int off = 1; off < slots; off <<= 1) {
-                const double o = __shfl_down_sync(0xffffffffu, acc, off * kw);
-                if ((slot % (2 * off)) == 0 && slot + off < slots) acc += o;
-            }
-            if (active && slot == 0) put(y, row, k, j, alpha, acc, beta);
-        }
-    }
-}
-
-// Short rows: a group of gw lanes (a power of two, one member each) a row, 32 / gw rows per
-// warp; each lane sums its member over the row's entries in order.
-template <typename T, bool F32>
-__device__ __forceinline__ void spmm_short(unsigned nlist, const unsigned* __restrict__ list,
-                                           int k, int gw, const Parts& a,
-                                           const double* __restrict__ x, double* __restrict__ y,
-                                           double alpha, const double* __restrict__ beta,
-                                           const double* __restrict__ w) {
-    const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
-    const unsigned groups = gridDim.x * blockDim.x / gw, g = t / gw;
-    const int jl = threadIdx.x % gw;
-    for (unsigned i = g; i < nlist; i += groups) {
-        const unsigned row = list ? list[i] : i;
-        for (int j = jl; j < k; j += gw)
-            put(y, row, k, j, alpha, row_sum<T, F32>(a, row, k, j, 0, 1, x, w), beta);
-    }
-}
-
-#define BLOCK_SPMM(name, T, F32)                                                               \
-    extern "C" __global__ void name(unsigned nlist, const unsigned* list, int k, int gw,      \
-                                    const unsigned long long* gptr, const unsigned* gcols,     \
-                                    const T* gvals, const unsigned long long* rptr,            \
-                                    const unsigned* rcols, const double* rvals,                \
-                                    const double* x, double* y, double alpha,                  \
-                                    const double* beta, const double* w) {                     \
-        const Parts a = {gptr, gcols, gvals, rptr, rcols, rvals};                              \
-        if (gw >= 32)                                                                          \
-            spmm_long<T, F32>(nlist, list, k, a, x, y, alpha, beta, w);                        \
-        else                                                                                   \
-            spmm_short<T, F32>(nlist, list, k, gw, a, x, y, alpha, beta, w);                   \
-    }
-
-BLOCK_SPMM(block_spmm_f64, double, false)
-BLOCK_SPMM(block_spmm_f32, float, true)
-
 // ---- The block product A X on column tiles (src/backend/cuda/block.rs `BlockTiles`) ----
 //
-// The unweighted rows G in column tiles (src/sparse/tiled.rs, the row entries of A x), so the
-// k values of X a nonzero multiplies come from shared memory, not from L2 (the block CSR above
-// gathers k values per nonzero from an X that does not fit the L2). Two passes:
+// The matrix is in two parts over the same rows: G, the unweighted rows, in column tiles
+// (src/sparse/tiled.rs, both halves), so the k values of X (of Y) an entry multiplies come from
+// shared memory, not from L2 (a block CSR product gathers k values per entry, from an X of
+// 168 MB at k = 16 on the 101M-nonzero system that does not fit the 50 MB L2: 6.7 ms for A X
+// against 3.9 here); and R, the weighted rows (f64: member j's entry a w_j, rounded to f32 in an
+// f32 batch as its own solve stores it), in CSR and CSR of R^T. A X in two passes:
 //
 //   bt_axf:  a block per chunk and group of at most BT_KB members: those members' columns of
 //            X's rows in the chunk's tile (T x kb values) staged in shared memory; each group of
@@ -241,7 +134,7 @@ BLOCK_SPMM(block_spmm_f32, float, true)
 //            (tile order). The blocks of one chunk are neighbours, so its entries are read
 //            from HBM once for all member groups.
 //   bt_rows: a group of lanes a row: the row's segment sums in tile order, then its weighted
-//            entries (R, member j's entry a w_j as in block_spmm), then
+//            entries (R, member j's entry a w_j), then
 //            y_j = alpha sum + beta_j y_j (y_j not read where beta_j == 0). Groups: k <= 32:
 //            k lanes a group, 32 / k groups a warp; k > 32: a warp a group, lane l taking
 //            members l, l + 32, ...
@@ -365,3 +258,106 @@ __device__ __forceinline__ void bt_rows_impl(u32 nrows, int k, const u64* __rest
     }
 BT_ROWS(f64, false)
 BT_ROWS(f32, true)
+
+// ---- The block product A^T Y on the same column tiles (the column entries of src/sparse/tiled.rs) ----
+//
+//   bt_atu:  a block per chunk and group of at most BT_KBT members: those members' values of Y
+//            on the rows of the chunk's segments (ns x kb values, one gather of kb contiguous
+//            values a segment) staged in shared memory; a group of kb lanes (one lane a member)
+//            a column of the tile, its entries in order; the column's sum to
+//            cpart[(chunk * T + column) * k + j].
+//   bt_cols: a group of lanes a column: its chunks' sums in chunk order, then its entries in the
+//            weighted rows (R^T in CSR, member j's entry a w_j), then
+//            x_j = alpha sum + beta_j x_j (x_j not read where beta_j == 0).
+
+#define BT_KBT 4  // members a block of bt_atu serves at most (src/backend/cuda/block.rs BT_KBT)
+
+template <typename V>
+__device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __restrict__ chunk_seg,
+                                            const u32* __restrict__ seg_row,
+                                            const u64* __restrict__ colptr,
+                                            const u16* __restrict__ lseg, const V* __restrict__ val,
+                                            const double* __restrict__ y,
+                                            double* __restrict__ cpart) {
+    extern __shared__ double ys[];  // the chunk's segments' rows of Y, the group's members
+    const u32 nmg = (u32)(k + BT_KBT - 1) / BT_KBT;
+    const u32 q = blockIdx.x / nmg, jb = (blockIdx.x % nmg) * BT_KBT;
+    const int kb = min(BT_KBT, k - (int)jb);
+    const u32 T = 1u << tile_bits;
+    const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
+    for (u32 i = threadIdx.x; i < ns * (u32)kb; i += blockDim.x) {
+        const u32 s = i / (u32)kb, jj = i % (u32)kb;
+        ys[i] = y[(u64)seg_row[s0 + s] * k + jb + jj];
+    }
+    __syncthreads();
+    const u64 col0 = (u64)q << tile_bits;  // this chunk's first place in colptr and cpart
+    int gw, groups, grp, j;
+    bt_lanes(kb, threadIdx.x & 31, &gw, &groups, &grp, &j);
+    if (grp >= groups) return;  // no barrier follows
+    const u32 ng = (blockDim.x >> 5) * groups;
+    for (u32 c = (threadIdx.x >> 5) * groups + grp; c < T; c += ng) {
+        const u64 e0 = colptr[col0 + c], e1 = colptr[col0 + c + 1];
+        double acc = 0.0;
+#pragma unroll 4
+        for (u64 e = e0; e < e1; ++e) acc += (double)val[e] * ys[(u32)lseg[e] * (u32)kb + (u32)j];
+        cpart[(col0 + c) * k + jb + j] = acc;
+    }
+}
+
+#define BT_ATU(SUF, V)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        bt_atu_##SUF(int k, u32 tile_bits, const u32* chunk_seg, const u32* seg_row,            \
+                     const u64* colptr, const u16* lseg, const V* val, const double* y,         \
+                     double* cpart) {                                                            \
+        bt_atu_impl<V>(k, tile_bits, chunk_seg, seg_row, colptr, lseg, val, y, cpart);          \
+    }
+BT_ATU(f64, double)
+BT_ATU(f32, float)
+
+template <bool F32>
+__device__ __forceinline__ void bt_cols_impl(u32 ncols, int k, u32 tile_bits,
+                                             const u32* __restrict__ tile_chunk,
+                                             const double* __restrict__ cpart,
+                                             const u64* __restrict__ rptr,
+                                             const u32* __restrict__ rcols,
+                                             const double* __restrict__ rvals,
+                                             const double* __restrict__ y, double* __restrict__ x,
+                                             double alpha, const double* __restrict__ beta,
+                                             const double* __restrict__ w) {
+    int gw, groups, grp, jl;
+    bt_lanes(k, threadIdx.x & 31, &gw, &groups, &grp, &jl);
+    if (grp >= groups) return;
+    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
+    const u32 mask = (1u << tile_bits) - 1;
+    for (u32 c = warp * groups + grp; c < ncols; c += nwarps * groups) {
+        const u32 tile = c >> tile_bits, cc = c & mask;
+        const u32 qa = tile_chunk[tile], qb = tile_chunk[tile + 1];
+        const u64 ra = rptr ? rptr[c] : 0, rb = rptr ? rptr[c + 1] : 0;
+        for (int j = jl; j < k; j += gw) {
+            double acc = 0.0;
+            for (u32 q = qa; q < qb; ++q) acc += cpart[(((u64)q << tile_bits) + cc) * k + j];
+            if (rb > ra) {
+                const double wj = w[j];
+                for (u64 p = ra; p < rb; ++p) {
+                    double v = rvals[p] * wj;
+                    if (F32) v = (double)(float)v;
+                    acc += v * y[(u64)rcols[p] * k + j];
+                }
+            }
+            put(x, c, k, j, alpha, acc, beta);
+        }
+    }
+}
+
+#define BT_COLS(SUF, F32)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        bt_cols_##SUF(u32 ncols, int k, u32 tile_bits, const u32* tile_chunk,                   \
+                      const double* cpart, const u64* rptr, const u32* rcols,                    \
+                      const double* rvals, const double* y, double* x, double alpha,             \
+                      const double* beta, const double* w) {                                     \
+        bt_cols_impl<F32>(ncols, k, tile_bits, tile_chunk, cpart, rptr, rcols, rvals, y, x,      \
+                          alpha, beta, w);                                                       \
+    }
+BT_COLS(f64, false)
+BT_COLS(f32, true)

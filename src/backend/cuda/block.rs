@@ -9,12 +9,11 @@
 //! member equals its single solve within rounding (not bitwise, as on the CPU).
 //!
 //! The operator keeps the matrix in two parts over the same rows: G, the unweighted rows'
-//! entries (f64 or f32 values), and R, the weighted rows' entries (always f64: member j's entry
-//! `a w_j` is formed, and rounded to f32 in an f32 batch, as its own solve stores it). A X takes
-//! G from column tiles ([`BlockTiles`]: the k values of X an entry multiplies come from shared
-//! memory) and R from CSR; A^T Y takes both from CSR of their transposes, one warp summing a
-//! row for every member at once. Each nonzero is read once for all k (at most [`BT_KB`]
-//! members a block in A X's tiles).
+//! entries (f64 or f32 values), in column tiles ([`BlockTiles`]: the k values of X or Y an
+//! entry multiplies come from shared memory), and R, the weighted rows' entries, in CSR and CSR
+//! of R^T (always f64: member j's entry `a w_j` is formed, and rounded to f32 in an f32 batch,
+//! as its own solve stores it). Each nonzero is read once for up to [`BT_KB`] members (A X) or
+//! [`BT_KBT`] (A^T Y) from HBM; the blocks of the other members' groups read it from L2.
 
 use cudarc::driver::CudaSlice;
 
@@ -282,79 +281,29 @@ impl CudaBackend {
     }
 }
 
-/// One part of a block operator's matrix on the device: CSR offsets, columns and values.
+/// The weighted rows R (or their transpose) on the device in CSR: offsets, columns and f64
+/// values (member j's entry `a w_j` is formed in the kernels, as its own solve stores it).
 struct Part {
     ptr: CudaSlice<u64>,
     cols: CudaSlice<u32>,
-    vals: DevValues,
+    vals: CudaSlice<f64>,
     nnz: usize,
 }
 
 impl Part {
-    fn upload(be: &CudaBackend, a: &Csr, precision: Precision) -> Result<Part> {
-        let vals = DevValues::of(be, a.data(), precision)?;
+    fn upload(be: &CudaBackend, a: &Csr) -> Result<Part> {
         Ok(Part {
             ptr: up(be, a.indptr())?,
             cols: up(be, a.indices())?,
-            vals,
+            vals: up(be, a.data())?,
             nnz: a.nnz(),
         })
     }
-}
 
-/// Rows of at most this many entries are summed by a group of lanes each (kernels/batch.cu
-/// `spmm_short`), longer ones by a warp each.
-const SHORT_ROW: u64 = 16;
-
-/// One side of the operator (A or A^T): G's part, and R's (None: no weighted rows), and its
-/// rows split into long and short ones (None: all long, in order).
-struct Sided {
-    nrows: usize,
-    ncols: usize,
-    g: Part,
-    r: Option<Part>,
-    rows: Option<RowLists>,
-}
-
-/// The long and the short rows of a side, in the matrix's order.
-struct RowLists {
-    long: CudaSlice<u32>,
-    nlong: usize,
-    short: CudaSlice<u32>,
-    nshort: usize,
-}
-
-impl Sided {
-    /// `g` and `r` (same rows) on the device, the rows sorted into long and short.
-    fn new(be: &CudaBackend, g: &Csr, r: Option<&Csr>, precision: Precision) -> Result<Sided> {
-        let len = |i: usize| {
-            let (gp, rp) = (g.indptr(), r.map(|r| r.indptr()));
-            gp[i + 1] - gp[i] + rp.map_or(0, |p| p[i + 1] - p[i])
-        };
-        let (mut long, mut short) = (Vec::new(), Vec::new());
-        for i in 0..g.nrows() {
-            if len(i) > SHORT_ROW {
-                long.push(i as u32);
-            } else {
-                short.push(i as u32);
-            }
-        }
-        let rows = if short.is_empty() {
-            None
-        } else {
-            Some(RowLists {
-                long: up(be, &long)?,
-                nlong: long.len(),
-                short: up(be, &short)?,
-                nshort: short.len(),
-            })
-        };
-        Ok(Sided {
-            nrows: g.nrows(),
-            ncols: g.ncols(),
-            g: Part::upload(be, g, precision)?,
-            r: r.map(|r| Part::upload(be, r, Precision::F64)).transpose()?,
-            rows,
+    /// The device addresses of the offsets, columns and values; zeros for no part.
+    fn ptrs(be: &CudaBackend, p: Option<&Part>) -> (u64, u64, u64) {
+        p.map_or((0, 0, 0), |p| {
+            (be.ptr(&p.ptr), be.ptr(&p.cols), be.ptr(&p.vals))
         })
     }
 }
@@ -362,73 +311,139 @@ impl Sided {
 /// Members one block of A X's tile kernel serves at most (kernels/batch.cu BT_KB): a batch of
 /// more takes one block per chunk and group of members.
 const BT_KB: usize = 16;
-/// A X's tiles: 2^9 columns, so a block stages at most 512 x [`BT_KB`] values of X (64 KiB).
+/// Members one block of A^T Y's tile kernel serves at most (kernels/batch.cu BT_KBT).
+const BT_KBT: usize = 4;
+/// The tiles: 2^9 columns, so a block of A X stages at most 512 x [`BT_KB`] values of X
+/// (64 KiB).
 const BT_TILE_BITS: u32 = 9;
 /// The largest shared memory a block of `bt_axf` asks for (bytes).
-const BT_SMEM: usize = (1 << BT_TILE_BITS) * BT_KB * 8;
+const BT_SMEM_AX: usize = (1 << BT_TILE_BITS) * BT_KB * 8;
+/// The largest a block of `bt_atu` asks for: Y on a chunk's segments (bytes).
+const BT_SMEM_AT: usize = crate::sparse::tiled::CHUNK_SEGS * BT_KBT * 8;
 
-/// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns: the row entries of
-/// [`Tiled`] (A x's half) on the device, for the block product A X (kernels/batch.cu `bt_axf`,
-/// `bt_rows`).
+/// Threads a block of the batch's tile kernels.
+const BT_THREADS: u32 = 256;
+
+/// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns ([`Tiled`], both
+/// halves) on the device, for the block products (kernels/batch.cu `bt_axf` and `bt_rows` for
+/// A X, `bt_atu` and `bt_cols` for A^T Y).
 struct BlockTiles {
     nrows: usize,
     ncols: usize,
+    nnz: usize,
     nseg: usize,
     nchunks: usize,
     chunk_tile: CudaSlice<u32>,
     chunk_seg: CudaSlice<u32>,
+    tile_chunk: CudaSlice<u32>,
+    seg_row: CudaSlice<u32>,
     seg_ent: CudaSlice<u64>,
     row_seg: CudaSlice<u64>,
     seg_pos: CudaSlice<u32>,
     lcol: CudaSlice<u16>,
     vals: DevValues,
-    /// The segment sums of the last product (nseg x k values; grown where a product has more
-    /// members): kept, as a new allocation every product costs more than the product where the
-    /// memory pool hands the memory back at each synchronisation.
-    partial: std::sync::Mutex<Option<CudaSlice<f64>>>,
+    colptr: CudaSlice<u64>,
+    lseg: CudaSlice<u16>,
+    cvals: DevValues,
+    /// The segment sums of A X (nseg x k values) and the chunk column sums of A^T Y
+    /// (nchunks x tile x k), grown where a product has more members: kept, as a new
+    /// allocation every product cost more than the product (the memory pool hands memory
+    /// back at each synchronisation).
+    scratch: std::sync::Mutex<[Option<CudaSlice<f64>>; 2]>,
+}
+
+/// Blocks of a grid-stride kernel that gives `items` a group of min(k, 32) lanes each.
+fn group_grid(be: &CudaBackend, items: usize, k: usize) -> u32 {
+    let per_block = (BT_THREADS as usize / 32) * (32 / k.clamp(1, 32));
+    let needed = items.div_ceil(per_block).max(1);
+    (be.info.multiprocessors.max(1) as usize * 16).min(needed) as u32
 }
 
 impl BlockTiles {
     fn upload(be: &CudaBackend, g: &Csr, precision: Precision) -> Result<BlockTiles> {
-        let t = Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Rows);
-        // bt_axf stages up to BT_SMEM bytes: more than the default 48 KiB of a block.
-        for f in &be.k.bt_axf {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                BT_SMEM as i32,
-            )
-            .doing("allowing the batch's tile kernel its shared memory")?;
+        let t = Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Both);
+        // The tile kernels stage more than the default 48 KiB a block.
+        for (fs, bytes) in [(&be.k.bt_axf, BT_SMEM_AX), (&be.k.bt_atu, BT_SMEM_AT)] {
+            for f in fs {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .doing("allowing the batch's tile kernels their shared memory")?;
+            }
         }
         Ok(BlockTiles {
             nrows: t.nrows,
             ncols: t.ncols,
+            nnz: t.nnz,
             nseg: t.nseg(),
             nchunks: t.nchunks(),
             chunk_tile: up(be, &t.chunk_tile)?,
             chunk_seg: up(be, &t.chunk_seg)?,
+            tile_chunk: up(be, &t.tile_chunk)?,
+            seg_row: up(be, &t.seg_row)?,
             seg_ent: up(be, &t.seg_ent)?,
             row_seg: up(be, &t.row_seg)?,
             seg_pos: up(be, &t.seg_pos)?,
-            // the entries padded as the flat kernel's 16-byte loads read them
+            // the row entries padded as the flat kernel's 16-byte loads read them
             lcol: up_padded(be, true, &t.a_lcol, true)?,
             vals: values(be, true, &t.a_val, true)?,
-            partial: std::sync::Mutex::new(None),
+            colptr: up(be, &t.b_colptr)?,
+            lseg: up(be, &t.b_lseg)?,
+            cvals: values(be, true, &t.b_val, false)?,
+            scratch: std::sync::Mutex::new([None, None]),
         })
     }
 
-    /// Y_j = alpha (G + w_j R) X_j + beta_j Y_j: G's segment sums per tile chunk, then per
-    /// row their sum in tile order and R's entries (`r`: the weighted rows, None: none).
+    /// Scratch `which` (0: segment sums, 1: chunk column sums) of at least `len` values, its
+    /// device address.
+    fn scratch(&self, be: &CudaBackend, which: usize, len: usize) -> Result<u64> {
+        let mut s = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::backend("cuda", "the batch's scratch was poisoned"))?;
+        let slot = &mut s[which];
+        if slot.as_ref().is_none_or(|p| p.len() < len) {
+            *slot = None;
+            // SAFETY: the tile kernels write every value a product reads from it before the
+            // second pass reads it.
+            *slot = Some(
+                unsafe { be.stream.alloc::<f64>(len.max(1)) }
+                    .doing("allocating the batch's tile sums")?,
+            );
+        }
+        Ok(slot.as_ref().map_or(0, |p| be.ptr(p)))
+    }
+
+    /// The grid of a tile kernel: a block per chunk and group of `kb` members.
+    fn chunk_grid(&self, k: usize, kb: usize) -> Result<u32> {
+        u32::try_from(self.nchunks * k.div_ceil(kb)).map_err(|_| {
+            Error::Invalid(format!(
+                "a GPU batch of {k} members on {} tile chunks needs too many blocks",
+                self.nchunks
+            ))
+        })
+    }
+
+    /// `out_j = alpha (G + w_j R) in_j + beta_j out_j` (`Side::A`; `r`: R's rows in CSR) or
+    /// `alpha (G + w_j R)^T in_j + beta_j out_j` (`Side::At`; `r`: R^T's rows): G's sums per
+    /// tile chunk, then per row (column) their sum in tile (chunk) order and R's entries.
     fn product(
         &self,
         be: &CudaBackend,
+        side: Side,
         r: Option<&Part>,
         BlockScale { w, alpha, beta }: BlockScale,
-        x: &CudaBlock,
-        y: &mut CudaBlock,
+        input: &CudaBlock,
+        out: &mut CudaBlock,
     ) -> Result<()> {
-        let k = x.k;
-        check_shape("block product x", x, self.ncols, k)?;
-        check_shape("block product y", y, self.nrows, k)?;
+        let k = input.k;
+        let (ni, no) = match side {
+            Side::A => (self.ncols, self.nrows),
+            Side::At => (self.nrows, self.ncols),
+        };
+        check_shape("block product input", input, ni, k)?;
+        check_shape("block product output", out, no, k)?;
         if beta.len() != k || (r.is_some() && w.len() != k) {
             return Err(Error::Invalid(format!(
                 "block product: {} betas and {} weights for {k} members",
@@ -436,96 +451,125 @@ impl BlockTiles {
                 w.len()
             )));
         }
-        if k == 0 || self.nrows == 0 {
+        if k == 0 || no == 0 {
             return Ok(());
         }
         let kk = k as i32;
-        let (vi, pv) = self.vals.index_and_ptr(be);
-        let (px, py) = (be.ptr(&x.data), be.ptr(&y.data));
-        let mut scratch = self
-            .partial
-            .lock()
-            .map_err(|_| Error::backend("cuda", "the batch's segment sums were poisoned"))?;
-        let len = (self.nseg * k).max(1);
-        if scratch.as_ref().is_none_or(|p| p.len() < len) {
-            *scratch = None;
-            // SAFETY: bt_axf writes every segment's k sums before bt_rows reads them.
-            *scratch = Some(
-                unsafe { be.stream.alloc::<f64>(len) }
-                    .doing("allocating the batch's segment sums")?,
-            );
-        }
-        let pp = scratch.as_ref().map_or(0, |p| be.ptr(p));
-        if self.nseg > 0 {
-            let bits = BT_TILE_BITS;
-            let ncols = self.ncols as u64;
-            let (pt, ps) = (be.ptr(&self.chunk_tile), be.ptr(&self.chunk_seg));
-            let (pe, pl) = (be.ptr(&self.seg_ent), be.ptr(&self.lcol));
-            let mut args = [
-                arg(&kk),
-                arg(&bits),
-                arg(&ncols),
-                arg(&pt),
-                arg(&ps),
-                arg(&pe),
-                arg(&pl),
-                arg(&pv),
-                arg(&px),
-                arg(&pp),
-            ];
-            let groups = k.div_ceil(BT_KB);
-            let grid = u32::try_from(self.nchunks * groups).map_err(|_| {
-                Error::Invalid(format!(
-                    "a GPU batch of {k} members on {} tile chunks needs too many blocks",
-                    self.nchunks
-                ))
-            })?;
-            let smem = ((1usize << bits) * k.min(BT_KB) * 8) as u32;
-            be.launch_smem(&be.k.bt_axf[vi], grid, 256, smem, &mut args)?;
-        }
+        let bits = BT_TILE_BITS;
+        let (pin, pout) = (be.ptr(&input.data), be.ptr(&out.data));
+        let (pcs, psr) = (be.ptr(&self.chunk_seg), be.ptr(&self.seg_row));
+        let tile = 1usize << bits;
+        // the first pass: G's sums per segment (A) or per chunk and column (A^T)
+        let (vi, sums) = match side {
+            Side::A => {
+                let (vi, pv) = self.vals.index_and_ptr(be);
+                let sums = self.scratch(be, 0, self.nseg * k)?;
+                if self.nseg > 0 {
+                    let ncols = self.ncols as u64;
+                    let pt = be.ptr(&self.chunk_tile);
+                    let (pe, pl) = (be.ptr(&self.seg_ent), be.ptr(&self.lcol));
+                    let mut args = [
+                        arg(&kk),
+                        arg(&bits),
+                        arg(&ncols),
+                        arg(&pt),
+                        arg(&pcs),
+                        arg(&pe),
+                        arg(&pl),
+                        arg(&pv),
+                        arg(&pin),
+                        arg(&sums),
+                    ];
+                    let smem = (tile * k.min(BT_KB) * 8) as u32;
+                    let grid = self.chunk_grid(k, BT_KB)?;
+                    be.launch_smem(&be.k.bt_axf[vi], grid, BT_THREADS, smem, &mut args)?;
+                }
+                (vi, sums)
+            }
+            Side::At => {
+                let (vi, pv) = self.cvals.index_and_ptr(be);
+                let sums = self.scratch(be, 1, self.nchunks * tile * k)?;
+                if self.nchunks > 0 {
+                    let (pc, pl) = (be.ptr(&self.colptr), be.ptr(&self.lseg));
+                    let mut args = [
+                        arg(&kk),
+                        arg(&bits),
+                        arg(&pcs),
+                        arg(&psr),
+                        arg(&pc),
+                        arg(&pl),
+                        arg(&pv),
+                        arg(&pin),
+                        arg(&sums),
+                    ];
+                    let smem = (crate::sparse::tiled::CHUNK_SEGS * k.min(BT_KBT) * 8) as u32;
+                    let grid = self.chunk_grid(k, BT_KBT)?;
+                    be.launch_smem(&be.k.bt_atu[vi], grid, BT_THREADS, smem, &mut args)?;
+                }
+                (vi, sums)
+            }
+        };
+        // the second pass: each output row's sums, R's entries and the epilogue
         let db = up(be, beta)?;
         let dw = match r {
             Some(_) => Some(up(be, w)?),
             None => None,
         };
-        let (prp, prc, prv) = match r {
-            Some(r) => (be.ptr(&r.ptr), be.ptr(&r.cols), r.vals.index_and_ptr(be).1),
-            None => (0, 0, 0),
-        };
+        let (prp, prc, prv) = Part::ptrs(be, r);
         let pw = dw.as_ref().map_or(0, |d| be.ptr(d));
         let pb = be.ptr(&db);
-        let nrows = self.nrows as u32;
-        let (prs, psp) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
-        let mut args = [
-            arg(&nrows),
-            arg(&kk),
-            arg(&prs),
-            arg(&psp),
-            arg(&pp),
-            arg(&prp),
-            arg(&prc),
-            arg(&prv),
-            arg(&px),
-            arg(&py),
-            arg(&alpha),
-            arg(&pb),
-            arg(&pw),
-        ];
-        // a group of min(k, 32) lanes a row
-        let rows_per_block = 8 * (32 / k.min(32));
-        let needed = self.nrows.div_ceil(rows_per_block).max(1);
-        let grid = (be.info.multiprocessors.max(1) as usize * 16).min(needed) as u32;
-        be.launch(&be.k.bt_rows[vi], grid, 256, &mut args)
+        let nout = no as u32;
+        let grid = group_grid(be, no, k);
+        match side {
+            Side::A => {
+                let (prs, psp) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
+                let mut args = [
+                    arg(&nout),
+                    arg(&kk),
+                    arg(&prs),
+                    arg(&psp),
+                    arg(&sums),
+                    arg(&prp),
+                    arg(&prc),
+                    arg(&prv),
+                    arg(&pin),
+                    arg(&pout),
+                    arg(&alpha),
+                    arg(&pb),
+                    arg(&pw),
+                ];
+                be.launch(&be.k.bt_rows[vi], grid, BT_THREADS, &mut args)
+            }
+            Side::At => {
+                let ptc = be.ptr(&self.tile_chunk);
+                let mut args = [
+                    arg(&nout),
+                    arg(&kk),
+                    arg(&bits),
+                    arg(&ptc),
+                    arg(&sums),
+                    arg(&prp),
+                    arg(&prc),
+                    arg(&prv),
+                    arg(&pin),
+                    arg(&pout),
+                    arg(&alpha),
+                    arg(&pb),
+                    arg(&pw),
+                ];
+                be.launch(&be.k.bt_cols[vi], grid, BT_THREADS, &mut args)
+            }
+        }
     }
 }
 
 /// A CSR matrix applied to blocks on the GPU, rows flagged as weighted taking member j's
 /// weight (module documentation).
 pub struct CudaBlockOperator {
-    /// A X: G in column tiles, R (the weighted rows) in CSR.
-    ax: BlockTiles,
-    r: Option<Part>,
-    at: Sided,
+    /// G (the unweighted rows) in column tiles.
+    tiles: BlockTiles,
+    /// R (the weighted rows) and R^T in CSR; None: no weighted rows.
+    r: Option<(Part, Part)>,
     precision: Precision,
     /// The rows as given (a handed-over member's own matrix, [`BlockOperator::member_matrix`]).
     host: Csr,
@@ -569,29 +613,21 @@ impl CudaBlockOperator {
             }
         }
         let weighted = weighted.filter(|w| w.iter().any(|&b| b));
-        let (ax, r, at_side) = match &weighted {
-            None => (
-                BlockTiles::upload(be, &a, precision)?,
-                None,
-                Sided::new(be, &a.transpose(), None, precision)?,
-            ),
+        let (tiles, r) = match &weighted {
+            None => (BlockTiles::upload(be, &a, precision)?, None),
             Some(w) => {
-                let g = rows_where(&a, |r| !w[r]);
                 let r = rows_where(&a, |r| w[r]);
-                let (gt, rt) = (g.transpose(), r.transpose());
-                (
-                    BlockTiles::upload(be, &g, precision)?,
-                    Some(Part::upload(be, &r, Precision::F64)?),
-                    Sided::new(be, &gt, Some(&rt), precision)?,
-                )
+                let parts = (Part::upload(be, &r)?, Part::upload(be, &r.transpose())?);
+                drop(r);
+                let g = rows_where(&a, |r| !w[r]);
+                (BlockTiles::upload(be, &g, precision)?, Some(parts))
             }
         };
         let row_class = weighted.map(|w| w.iter().map(|&b| u8::from(b)).collect());
         be.synchronize()?;
         Ok(CudaBlockOperator {
-            ax,
+            tiles,
             r,
-            at: at_side,
             precision,
             host: a,
             row_class,
@@ -604,97 +640,14 @@ impl CudaBlockOperator {
             Precision::F64 => "f64",
             Precision::F32 => "f32",
         };
-        let nnz = self.at.g.nnz + self.at.r.as_ref().map_or(0, |r| r.nnz);
-        let tiles = 1usize << BT_TILE_BITS;
+        let tile = 1usize << BT_TILE_BITS;
+        let nnz = self.tiles.nnz + self.r.as_ref().map_or(0, |(r, _)| r.nnz);
         match &self.r {
-            Some(r) => format!(
-                "block tiles of {tiles} columns + block CSR transpose ({p} values; {} weighted entries f64 in CSR; {nnz} nonzeros)",
+            Some((r, _)) => format!(
+                "block tiles of {tile} columns ({p} values; {} weighted entries f64 in CSR; {nnz} nonzeros)",
                 r.nnz
             ),
-            None => format!("block tiles of {tiles} columns + block CSR transpose ({p} values; {nnz} nonzeros)"),
-        }
-    }
-
-    fn product(
-        &self,
-        be: &CudaBackend,
-        side: &Sided,
-        BlockScale { w, alpha, beta }: BlockScale,
-        x: &CudaBlock,
-        y: &mut CudaBlock,
-    ) -> Result<()> {
-        let k = x.k;
-        check_shape("block product x", x, side.ncols, k)?;
-        check_shape("block product y", y, side.nrows, k)?;
-        if beta.len() != k || (side.r.is_some() && w.len() != k) {
-            return Err(Error::Invalid(format!(
-                "block product: {} betas and {} weights for {k} members",
-                beta.len(),
-                w.len()
-            )));
-        }
-        if k == 0 || side.nrows == 0 {
-            return Ok(());
-        }
-        let db = up(be, beta)?;
-        let dw = match &side.r {
-            Some(_) => Some(up(be, w)?),
-            None => None,
-        };
-        let (vi, pgv) = side.g.vals.index_and_ptr(be);
-        let (pgp, pgc) = (be.ptr(&side.g.ptr), be.ptr(&side.g.cols));
-        let (prp, prc, prv) = match &side.r {
-            Some(r) => (be.ptr(&r.ptr), be.ptr(&r.cols), r.vals.index_and_ptr(be).1),
-            None => (0, 0, 0),
-        };
-        let pw = dw.as_ref().map_or(0, |d| be.ptr(d));
-        let (px, py, pb) = (be.ptr(&x.data), be.ptr(&y.data), be.ptr(&db));
-        let f = if vi == 0 {
-            &be.k.block_spmm_f64
-        } else {
-            &be.k.block_spmm_f32
-        };
-        let kk = k as i32;
-        // lanes a short row takes: one per member, a power of two (k > 16: a warp)
-        let gw_short = if k <= 16 {
-            k.next_power_of_two() as i32
-        } else {
-            32
-        };
-        const THREADS: u32 = 256;
-        let grid = (be.info.multiprocessors.max(1) as u32) * 16;
-        let run = |nlist: usize, list: u64, gw: i32| -> Result<()> {
-            if nlist == 0 {
-                return Ok(());
-            }
-            let n = nlist as u32;
-            let mut args = [
-                arg(&n),
-                arg(&list),
-                arg(&kk),
-                arg(&gw),
-                arg(&pgp),
-                arg(&pgc),
-                arg(&pgv),
-                arg(&prp),
-                arg(&prc),
-                arg(&prv),
-                arg(&px),
-                arg(&py),
-                arg(&alpha),
-                arg(&pb),
-                arg(&pw),
-            ];
-            // blocks that give every row a warp (a lane group) at most
-            let needed = nlist.div_ceil(THREADS as usize / gw as usize).max(1);
-            be.launch(f, grid.min(needed as u32), THREADS, &mut args)
-        };
-        match &side.rows {
-            None => run(side.nrows, 0, 32),
-            Some(l) => {
-                run(l.nlong, be.ptr(&l.long), 32)?;
-                run(l.nshort, be.ptr(&l.short), gw_short)
-            }
+            None => format!("block tiles of {tile} columns ({p} values; {nnz} nonzeros)"),
         }
     }
 }
@@ -723,9 +676,10 @@ impl BlockOperator<CudaBackend> for CudaBlockOperator {
         input: &CudaBlock,
         out: &mut CudaBlock,
     ) -> Result<()> {
-        match side {
-            Side::A => self.ax.product(be, self.r.as_ref(), s, input, out),
-            Side::At => self.product(be, &self.at, s, input, out),
-        }
+        let r = self.r.as_ref().map(|(r, rt)| match side {
+            Side::A => r,
+            Side::At => rt,
+        });
+        self.tiles.product(be, side, r, s, input, out)
     }
 }

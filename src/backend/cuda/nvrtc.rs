@@ -66,7 +66,7 @@ kernels! {
         lsmr_step1,
         lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled, block_norms,
         block_sum_partials, block_scale, block_axpby, block_update, block_keep, block_column,
-        block_spmm_f64, block_spmm_f32, enc_seg_count, enc_seg_fill, enc_seg_len, rs_hist,
+        enc_seg_count, enc_seg_fill, enc_seg_len, rs_hist,
         rs_scatter, scan_local, scan_add, bounds_sorted, enc_gather_u32, enc_gather_u64, enc_seg_pos,
         enc_col_keys, perm_entry_rows, perm_col_keys;
     families:
@@ -94,6 +94,10 @@ kernels! {
         bt_axf: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_axf_{p}")))?,
         /// bt_rows [f64 = 0, f32 = 1] (kernels/batch.cu: its row pass and weighted rows)
         bt_rows: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_rows_{p}")))?,
+        /// bt_atu [f64 = 0, f32 = 1] (kernels/batch.cu: a batch's A^T Y on column tiles)
+        bt_atu: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_atu_{p}")))?,
+        /// bt_cols [f64 = 0, f32 = 1] (kernels/batch.cu: its column pass and weighted rows)
+        bt_cols: [CudaFunction; 2] = named(f, PRECISIONS.map(|p| format!("bt_cols_{p}")))?,
         /// enc_fill_rows [f64 = 0, f32 = 1] (kernels/encode.cu: A x's tile entries)
         enc_fill_rows: [CudaFunction; 2] =
             named(f, PRECISIONS.map(|p| format!("enc_fill_rows_{p}")))?,
