@@ -30,20 +30,25 @@ pub struct BatchSystem {
     pub reg_from: Option<usize>,
 }
 
-/// Why a batch on the GPU runs only where `[tuning] gpu_batch = true` asks for it: measured on
-/// an H100 (docs/performance.md, "Batched LSQR on the GPU"), 16 members of the 101M-nonzero
-/// system took 19.2 ms an iteration against 16 x 0.746 ms for their single solves (f32), and
-/// australia's 11 weights 2.77 s against 1.64 s: the block products gather k values per entry
-/// through L2 (not the single solve's compact tiles), and the batch's host loop costs 0.18 ms
-/// an iteration against the single solve's device loop (0.03 ms).
-pub const GPU_BATCH_SLOWER: &str =
-    "on the GPU one solve after another measured faster than the batch ([tuning] gpu_batch = true runs it)";
+/// Nonzeros from which the GPU runs a batch of solves (an L-curve's weights) as one batch by
+/// default (`[tuning] gpu_batch` unset). Measured on an H100 (docs/performance.md, "Batched LSQR
+/// on the GPU"), the L-curve of 16 weights, 300 iterations each, defaults: the 101M-nonzero
+/// system 14.0 s wall batched against 31.0 s one solve after another; the 12.7M-nonzero one
+/// 9.9 s against 7.0 s (the batch's set-up on the host, 8 s, outweighs its iterations); australia
+/// (1.4M) 4.0 s against 1.6 s (the batch's host loop costs 0.26 ms an iteration, the single
+/// solve's device loop 0.03 ms).
+pub const GPU_BATCH_MIN_NNZ: usize = 50_000_000;
 
-/// Why the solves of `opts` cannot run as one batch (None: they can; then each member equals
-/// its own solve): the batch is LSQR with the explicit transpose, CSR storage on the CPU (the
-/// GPU's batch stores its own block CSR with any `storage`), no column scaling (its factors
-/// depend on the weight) and no x0.
-pub fn batch_blocker(opts: &SolveOptions) -> Option<String> {
+/// Why a batch on the GPU does not run below [`GPU_BATCH_MIN_NNZ`] unless asked for.
+pub const GPU_BATCH_SLOWER: &str =
+    "on the GPU one solve after another measured faster than the batch below 50M nonzeros ([tuning] gpu_batch = true runs it)";
+
+/// Why the solves of `opts` on a matrix of `nnz` nonzeros cannot run as one batch (None: they
+/// can; then each member equals its own solve): the batch is LSQR with the explicit transpose,
+/// CSR storage on the CPU (the GPU's batch stores its own column tiles with any `storage`), no
+/// column scaling (its factors depend on the weight) and no x0; on the GPU, where `[tuning]
+/// gpu_batch` asks for it or from [`GPU_BATCH_MIN_NNZ`] nonzeros.
+pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
     if opts.method != LsqMethod::Lsqr {
         return Some("the batch is LSQR's (method = lsmr)".into());
     }
@@ -57,10 +62,14 @@ pub fn batch_blocker(opts: &SolveOptions) -> Option<String> {
         return Some("transpose = scatter".into());
     }
     match choose_backend(opts.operator.backend) {
-        // The GPU's batch keeps its own block CSR whatever the single solve would store; it
-        // runs where asked for: one solve after another measured faster (GPU_BATCH_SLOWER).
-        Ok((BackendChoice::Cuda, _)) if opts.operator.tuning.gpu_batch == Some(true) => None,
-        Ok((BackendChoice::Cuda, _)) => Some(GPU_BATCH_SLOWER.into()),
+        // The GPU's batch keeps its own column tiles whatever the single solve would store; it
+        // runs where asked for, or by default on large matrices (GPU_BATCH_MIN_NNZ).
+        Ok((BackendChoice::Cuda, _)) => match opts.operator.tuning.gpu_batch {
+            Some(true) => None,
+            Some(false) => Some("[tuning] gpu_batch = false".into()),
+            None if nnz >= GPU_BATCH_MIN_NNZ => None,
+            None => Some(GPU_BATCH_SLOWER.into()),
+        },
         Ok(_) if opts.operator.storage == Storage::Compact => {
             Some("storage = compact (the CPU's batch stores CSR)".into())
         }
@@ -83,7 +92,7 @@ pub fn solve_batch(
 ) -> Result<()> {
     let setup_started = Instant::now();
     crate::ui::phases::take();
-    if let Some(why) = batch_blocker(opts) {
+    if let Some(why) = batch_blocker(opts, sys.a.nnz()) {
         return Err(Error::Invalid(format!("no batched solve: {why}")));
     }
     let BatchSystem { a, reg_from } = sys;

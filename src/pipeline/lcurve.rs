@@ -165,7 +165,8 @@ impl Sweep {
         separate: bool,
         take: &mut (dyn FnMut(usize, Outcome) + Send),
     ) -> Result<()> {
-        let blocker = batch_blocker(opts);
+        let nnz = self.g.nnz() + self.r.as_ref().map_or(0, |r| r.nnz());
+        let blocker = batch_blocker(opts, nnz);
         if separate || blocker.is_some() {
             if let (false, Some(why)) = (separate, &blocker) {
                 eprintln!("note: the solves run one by one ({why})");

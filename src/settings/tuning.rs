@@ -80,8 +80,9 @@ pub struct Tuning {
     /// (0: only touching ones); default 64 KiB.
     pub io_max_gap: Option<u64>,
     /// `gpu_batch`: `true` runs a batch of LSQR solves (an L-curve's weights) on the GPU as one
-    /// batched solve; default false: one solve after another, which measured faster
-    /// (docs/performance.md, "Batched LSQR on the GPU").
+    /// batched solve, `false` one solve after another; default: batched from 50M nonzeros
+    /// (`pipeline::batch::GPU_BATCH_MIN_NNZ`), where it measured faster (docs/performance.md,
+    /// "Batched LSQR on the GPU").
     pub gpu_batch: Option<bool>,
     /// `gpu_encode`: where a fresh run encodes the split layout's column tiles: default true,
     /// on the GPU from the uploaded CSR rows (kernels/encode.cu; the same arrays as the CPU's);
