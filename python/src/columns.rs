@@ -85,7 +85,8 @@ fn run_batch(
     let got = solve_on(py, threads, &cancel, || {
         guarded(|| {
             let mut got: Vec<Option<LsqrSolution>> = members.iter().map(|_| None).collect();
-            solve_batch(sys, rhs, members, opts, &SerialComm, &mut |j, o| {
+            let refs: Vec<&[f64]> = rhs.iter().map(|b| b.as_slice()).collect();
+            solve_batch(sys, &refs, members, opts, &SerialComm, &mut |j, o| {
                 got[j] = Some(o.solution)
             })
             .map_err(py_err)?;

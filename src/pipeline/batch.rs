@@ -84,7 +84,7 @@ pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
 /// columns and a report as its own solve's, with the batch's times.
 pub fn solve_batch(
     sys: BatchSystem,
-    rhs: &[Vec<f64>],
+    rhs: &[&[f64]],
     members: &[Member],
     opts: &SolveOptions,
     comm: &dyn Comm,
@@ -123,7 +123,7 @@ pub fn solve_batch(
         ..layout
     };
     let kernel_rows = reg_from.unwrap_or(m);
-    let b0 = rhs.first().cloned().unwrap_or_else(|| vec![0.0; m]);
+    let b0 = rhs.first().map_or_else(|| vec![0.0; m], |b| b.to_vec());
     let p = prepare(
         System {
             a,
@@ -136,10 +136,12 @@ pub fn solve_batch(
     let old = |i: usize| p.unmap.ordering.rows.as_ref().map_or(i, |r| r[i]);
     let rows = p.matrix.rows.into_csr()?;
     let weighted = reg_from.map(|g| (0..rows.nrows()).map(|i| old(i) >= g).collect());
-    let rhs: Vec<Vec<f64>> = rhs
-        .iter()
-        .map(|b| (0..m).map(|i| b[old(i)]).collect())
-        .collect();
+    let rhs: Vec<Vec<f64>> = {
+        use rayon::prelude::*;
+        rhs.par_iter()
+            .map(|b| (0..m).map(|i| b[old(i)]).collect())
+            .collect()
+    };
     let (n, nnz) = (rows.ncols(), p.nnz);
     let v = Run {
         rhs: &rhs,

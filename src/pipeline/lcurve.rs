@@ -90,10 +90,12 @@ impl Sweep {
     /// The point of weight `w` solved as `outcome` (norms; no curvature or GCV yet).
     fn point(&self, w: f64, outcome: Outcome) -> LPoint {
         let x = &outcome.solution.x;
-        let gx = self.g.matvec(x);
+        // the rows in parallel (the same sums): 16 points of the 101M-nonzero system took 4 s
+        // one row after another
+        let gx = self.g.par_matvec(x);
         let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
         let lm = match &self.r {
-            Some(r) => norm(&r.matvec(x)),
+            Some(r) => norm(&r.par_matvec(x)),
             None => norm(x),
         };
         LPoint {
@@ -193,8 +195,7 @@ impl Sweep {
             a,
             reg_from: self.r.as_ref().map(|_| self.g.nrows()),
         };
-        let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| b.to_vec()).collect();
-        solve_batch(sys, &rhs, members, opts, comm, take)
+        solve_batch(sys, rhs, members, opts, comm, take)
     }
 
     /// Solve for every weight; `each` is called as each weight's data solve finishes (in the

@@ -753,14 +753,25 @@ impl Csr {
         s
     }
 
+    /// Row i of A x.
+    fn row_dot(&self, i: usize, x: &[f64]) -> f64 {
+        let (c, v) = self.row(i);
+        Lanes::of(c.len(), |k| v[k] * x[c[k] as usize]).sum()
+    }
+
     /// y = A x computed serially (reference implementation for tests and small work).
     pub fn matvec(&self, x: &[f64]) -> Vec<f64> {
         assert_eq!(x.len(), self.ncols);
+        (0..self.nrows).map(|i| self.row_dot(i, x)).collect()
+    }
+
+    /// [`Self::matvec`] with the rows in parallel: each row's sum the same, bit for bit.
+    pub fn par_matvec(&self, x: &[f64]) -> Vec<f64> {
+        assert_eq!(x.len(), self.ncols);
         (0..self.nrows)
-            .map(|i| {
-                let (c, v) = self.row(i);
-                Lanes::of(c.len(), |k| v[k] * x[c[k] as usize]).sum()
-            })
+            .into_par_iter()
+            .with_min_len(1024)
+            .map(|i| self.row_dot(i, x))
             .collect()
     }
 

@@ -27,6 +27,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::sparse::tiled::{Tiled, TiledHalf};
 use crate::sparse::Csr;
+use crate::ui::phases;
 
 /// Members a GPU batch holds at most (threads of one kernel block in the column reductions).
 pub const MAX_MEMBERS: usize = 1024;
@@ -361,7 +362,10 @@ fn group_grid(be: &CudaBackend, items: usize, k: usize) -> u32 {
 
 impl BlockTiles {
     fn upload(be: &CudaBackend, g: &Csr, precision: Precision) -> Result<BlockTiles> {
-        let t = Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Both);
+        let t = phases::time("tiles", || {
+            Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Both)
+        });
+        let _s = phases::span("upload");
         // The tile kernels stage more than the default 48 KiB a block.
         for (fs, bytes) in [(&be.k.bt_axf, BT_SMEM_AX), (&be.k.bt_atu, BT_SMEM_AT)] {
             for f in fs {
@@ -576,20 +580,37 @@ pub struct CudaBlockOperator {
     row_class: Option<Vec<u8>>,
 }
 
-/// `a`'s rows where `keep(row)` holds, the others empty (same shape).
-fn rows_where(a: &Csr, keep: impl Fn(usize) -> bool) -> Csr {
-    let mut ptr = Vec::with_capacity(a.nrows() + 1);
-    ptr.push(0u64);
-    let (mut cols, mut vals) = (Vec::new(), Vec::new());
-    for r in 0..a.nrows() {
-        if keep(r) {
-            let (c, v) = a.row(r);
-            cols.extend_from_slice(c);
-            vals.extend_from_slice(v);
-        }
-        ptr.push(cols.len() as u64);
-    }
-    Csr::from_trusted(a.nrows(), a.ncols(), ptr, cols, vals)
+/// `a`'s rows where `keep(row)` holds, the others empty (same shape); the rows copied in
+/// parallel blocks (one after another it took 1.6 s for the 92M entries of the 600k-ray
+/// dataset's rays).
+fn rows_where(a: &Csr, keep: impl Fn(usize) -> bool + Sync) -> Csr {
+    use crate::sparse::par;
+    use rayon::prelude::*;
+    let (m, ip) = (a.nrows(), a.indptr());
+    let lens: Vec<u64> = (0..m)
+        .into_par_iter()
+        .with_min_len(4096)
+        .map(|r| if keep(r) { ip[r + 1] - ip[r] } else { 0 })
+        .collect();
+    let ptr = par::offsets(&lens);
+    drop(lens);
+    let nnz = ptr[m] as usize;
+    let (mut cols, mut vals) = (vec![0u32; nnz], vec![0.0f64; nnz]);
+    let bounds = par::row_blocks(&ptr, par::blocks_for(nnz + m, 4));
+    par::split_rows(&mut cols, &ptr, &bounds)
+        .into_par_iter()
+        .zip(par::split_rows(&mut vals, &ptr, &bounds))
+        .zip(bounds.par_windows(2))
+        .for_each(|((cs, vs), w)| {
+            let mut at = 0;
+            for r in (w[0]..w[1]).filter(|&r| keep(r)) {
+                let (c, v) = a.row(r);
+                cs[at..at + c.len()].copy_from_slice(c);
+                vs[at..at + c.len()].copy_from_slice(v);
+                at += c.len();
+            }
+        });
+    Csr::from_trusted(m, a.ncols(), ptr, cols, vals)
 }
 
 impl CudaBlockOperator {
@@ -616,10 +637,11 @@ impl CudaBlockOperator {
         let (tiles, r) = match &weighted {
             None => (BlockTiles::upload(be, &a, precision)?, None),
             Some(w) => {
-                let r = rows_where(&a, |r| w[r]);
-                let parts = (Part::upload(be, &r)?, Part::upload(be, &r.transpose())?);
-                drop(r);
-                let g = rows_where(&a, |r| !w[r]);
+                let r = phases::time("split rows", || rows_where(&a, |r| w[r]));
+                let rt = phases::time("transpose", || r.transpose());
+                let parts = (Part::upload(be, &r)?, Part::upload(be, &rt)?);
+                drop((r, rt));
+                let g = phases::time("split rows", || rows_where(&a, |r| !w[r]));
                 (BlockTiles::upload(be, &g, precision)?, Some(parts))
             }
         };
