@@ -84,7 +84,11 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
         let r = &p.outcome.report;
         eprintln!(
             "{}: set-up {:.3} s; {} iterations in {:.3} s ({:.4} ms each; {}; {})",
-            if a.separate { "longest solve" } else { "batch" },
+            if r.lsqr_loop.contains("batched") {
+                "batch"
+            } else {
+                "longest solve"
+            },
             r.seconds.setup,
             r.iterations,
             r.seconds.solve,

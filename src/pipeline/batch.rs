@@ -32,16 +32,16 @@ pub struct BatchSystem {
 
 /// Nonzeros from which the GPU runs a batch of solves (an L-curve's weights) as one batch by
 /// default (`[tuning] gpu_batch` unset). Measured on an H100 (docs/performance.md, "Batched LSQR
-/// on the GPU"), the L-curve of 16 weights, 300 iterations each, defaults: the 101M-nonzero
-/// system 14.0 s wall batched against 31.0 s one solve after another; the 12.7M-nonzero one
-/// 9.9 s against 7.0 s (the batch's set-up on the host, 8 s, outweighs its iterations); australia
-/// (1.4M) 4.0 s against 1.6 s (the batch's host loop costs 0.26 ms an iteration, the single
-/// solve's device loop 0.03 ms).
-pub const GPU_BATCH_MIN_NNZ: usize = 50_000_000;
+/// on the GPU"), the L-curve of 16 weights, 300 iterations each, f64 defaults, wall time batched
+/// against one solve after another: 5.0M nonzeros 1.0 s against 4.1 s, 12.7M 1.4 against 6.3,
+/// 55M 5.2 against 9.7, 101M 7.8 against 31.0; australia (1.4M nonzeros, 11 weights to
+/// convergence) 4.1 against 1.7: there the batch's host loop (0.28 ms an iteration) outweighs
+/// its work, the single solve's device loop takes 0.03 ms.
+pub const GPU_BATCH_MIN_NNZ: usize = 4_000_000;
 
 /// Why a batch on the GPU does not run below [`GPU_BATCH_MIN_NNZ`] unless asked for.
 pub const GPU_BATCH_SLOWER: &str =
-    "on the GPU one solve after another measured faster than the batch below 50M nonzeros ([tuning] gpu_batch = true runs it)";
+    "on the GPU one solve after another measured faster than the batch below 4M nonzeros ([tuning] gpu_batch = true runs it)";
 
 /// Why the solves of `opts` on a matrix of `nnz` nonzeros cannot run as one batch (None: they
 /// can; then each member equals its own solve): the batch is LSQR with the explicit transpose,

@@ -80,7 +80,7 @@ pub struct Tuning {
     /// (0: only touching ones); default 64 KiB.
     pub io_max_gap: Option<u64>,
     /// `gpu_batch`: `true` runs a batch of LSQR solves (an L-curve's weights) on the GPU as one
-    /// batched solve, `false` one solve after another; default: batched from 50M nonzeros
+    /// batched solve, `false` one solve after another; default: batched from 4M nonzeros
     /// (`pipeline::batch::GPU_BATCH_MIN_NNZ`), where it measured faster (docs/performance.md,
     /// "Batched LSQR on the GPU").
     pub gpu_batch: Option<bool>,
