@@ -213,36 +213,42 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
 BT_AXF(f64, double)
 BT_AXF(f32, float)
 
-template <bool F32>
-__device__ __forceinline__ void bt_rows_impl(u32 nrows, int k, const u64* __restrict__ row_seg,
-                                             const u32* __restrict__ seg_pos,
-                                             const double* __restrict__ seg_partial,
-                                             const u64* __restrict__ rptr,
-                                             const u32* __restrict__ rcols,
-                                             const double* __restrict__ rvals,
-                                             const double* __restrict__ x, double* __restrict__ y,
-                                             double alpha, const double* __restrict__ beta,
-                                             const double* __restrict__ w) {
+// What the second passes share: the weighted entries (R for A X, R^T for A^T Y, in CSR; null
+// rptr: none), the input and output blocks and the epilogue's coefficients.
+struct BtTail {
+    const u64* rptr;
+    const u32* rcols;
+    const double* rvals;
+    const double* in;
+    double* out;
+    double alpha;
+    const double* beta;
+    const double* w;
+};
+
+// A second pass over `n` outputs, a lane group an output: output i of member j is `gsum(i, j)`
+// (its G sums), plus its weighted entries in order (member j's entry a w_j, rounded to f32 in
+// an f32 batch), then out_j = alpha sum + beta_j out_j.
+template <bool F32, typename GSum>
+__device__ __forceinline__ void bt_second(u32 n, int k, const BtTail& t, GSum gsum) {
     int gw, groups, grp, jl;
     bt_lanes(k, threadIdx.x & 31, &gw, &groups, &grp, &jl);
     if (grp >= groups) return;
     const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
-    for (u32 r = warp * groups + grp; r < nrows; r += nwarps * groups) {
-        const u64 sa = row_seg[r], sb = row_seg[r + 1];
-        const u64 ra = rptr ? rptr[r] : 0, rb = rptr ? rptr[r + 1] : 0;
+    for (u32 i = warp * groups + grp; i < n; i += nwarps * groups) {
+        const u64 ra = t.rptr ? t.rptr[i] : 0, rb = t.rptr ? t.rptr[i + 1] : 0;
         for (int j = jl; j < k; j += gw) {
-            double acc = 0.0;
-            for (u64 s = sa; s < sb; ++s) acc += seg_partial[(u64)seg_pos[s] * k + j];
+            double acc = gsum(i, j);
             if (rb > ra) {
-                const double wj = w[j];
+                const double wj = t.w[j];
                 for (u64 p = ra; p < rb; ++p) {
-                    double v = rvals[p] * wj;
+                    double v = t.rvals[p] * wj;
                     if (F32) v = (double)(float)v;
-                    acc += v * x[(u64)rcols[p] * k + j];
+                    acc += v * t.in[(u64)t.rcols[p] * k + j];
                 }
             }
-            put(y, r, k, j, alpha, acc, beta);
+            put(t.out, i, k, j, t.alpha, acc, t.beta);
         }
     }
 }
@@ -253,8 +259,13 @@ __device__ __forceinline__ void bt_rows_impl(u32 nrows, int k, const u64* __rest
                       const double* seg_partial, const u64* rptr, const u32* rcols,              \
                       const double* rvals, const double* x, double* y, double alpha,             \
                       const double* beta, const double* w) {                                     \
-        bt_rows_impl<F32>(nrows, k, row_seg, seg_pos, seg_partial, rptr, rcols, rvals, x, y,     \
-                          alpha, beta, w);                                                       \
+        const BtTail t = {rptr, rcols, rvals, x, y, alpha, beta, w};                             \
+        bt_second<F32>(nrows, k, t, [&](u32 r, int j) {                                          \
+            double acc = 0.0;                                                                    \
+            for (u64 s = row_seg[r]; s < row_seg[r + 1]; ++s)                                    \
+                acc += seg_partial[(u64)seg_pos[s] * k + j];                                     \
+            return acc;                                                                          \
+        });                                                                                      \
     }
 BT_ROWS(f64, false)
 BT_ROWS(f32, true)
@@ -314,50 +325,22 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
 BT_ATU(f64, double)
 BT_ATU(f32, float)
 
-template <bool F32>
-__device__ __forceinline__ void bt_cols_impl(u32 ncols, int k, u32 tile_bits,
-                                             const u32* __restrict__ tile_chunk,
-                                             const double* __restrict__ cpart,
-                                             const u64* __restrict__ rptr,
-                                             const u32* __restrict__ rcols,
-                                             const double* __restrict__ rvals,
-                                             const double* __restrict__ y, double* __restrict__ x,
-                                             double alpha, const double* __restrict__ beta,
-                                             const double* __restrict__ w) {
-    int gw, groups, grp, jl;
-    bt_lanes(k, threadIdx.x & 31, &gw, &groups, &grp, &jl);
-    if (grp >= groups) return;
-    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const u32 nwarps = (gridDim.x * blockDim.x) >> 5;
-    const u32 mask = (1u << tile_bits) - 1;
-    for (u32 c = warp * groups + grp; c < ncols; c += nwarps * groups) {
-        const u32 tile = c >> tile_bits, cc = c & mask;
-        const u32 qa = tile_chunk[tile], qb = tile_chunk[tile + 1];
-        const u64 ra = rptr ? rptr[c] : 0, rb = rptr ? rptr[c + 1] : 0;
-        for (int j = jl; j < k; j += gw) {
-            double acc = 0.0;
-            for (u32 q = qa; q < qb; ++q) acc += cpart[(((u64)q << tile_bits) + cc) * k + j];
-            if (rb > ra) {
-                const double wj = w[j];
-                for (u64 p = ra; p < rb; ++p) {
-                    double v = rvals[p] * wj;
-                    if (F32) v = (double)(float)v;
-                    acc += v * y[(u64)rcols[p] * k + j];
-                }
-            }
-            put(x, c, k, j, alpha, acc, beta);
-        }
-    }
-}
-
 #define BT_COLS(SUF, F32)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         bt_cols_##SUF(u32 ncols, int k, u32 tile_bits, const u32* tile_chunk,                   \
                       const double* cpart, const u64* rptr, const u32* rcols,                    \
                       const double* rvals, const double* y, double* x, double alpha,             \
                       const double* beta, const double* w) {                                     \
-        bt_cols_impl<F32>(ncols, k, tile_bits, tile_chunk, cpart, rptr, rcols, rvals, y, x,      \
-                          alpha, beta, w);                                                       \
+        const BtTail t = {rptr, rcols, rvals, y, x, alpha, beta, w};                             \
+        const u32 mask = (1u << tile_bits) - 1;                                                  \
+        bt_second<F32>(ncols, k, t, [&](u32 c, int j) {                                          \
+            const u32 tile = c >> tile_bits;                                                     \
+            const u64 cc = c & mask;                                                             \
+            double acc = 0.0;                                                                    \
+            for (u32 q = tile_chunk[tile]; q < tile_chunk[tile + 1]; ++q)                        \
+                acc += cpart[(((u64)q << tile_bits) + cc) * k + j];                              \
+            return acc;                                                                          \
+        });                                                                                      \
     }
 BT_COLS(f64, false)
 BT_COLS(f32, true)

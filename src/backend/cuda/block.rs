@@ -524,46 +524,29 @@ impl BlockTiles {
         let pb = be.ptr(&db);
         let nout = no as u32;
         let grid = group_grid(be, no, k);
-        match side {
-            Side::A => {
-                let (prs, psp) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
-                let mut args = [
-                    arg(&nout),
-                    arg(&kk),
-                    arg(&prs),
-                    arg(&psp),
-                    arg(&sums),
-                    arg(&prp),
-                    arg(&prc),
-                    arg(&prv),
-                    arg(&pin),
-                    arg(&pout),
-                    arg(&alpha),
-                    arg(&pb),
-                    arg(&pw),
-                ];
-                be.launch(&be.k.bt_rows[vi], grid, BT_THREADS, &mut args)
-            }
-            Side::At => {
-                let ptc = be.ptr(&self.tile_chunk);
-                let mut args = [
-                    arg(&nout),
-                    arg(&kk),
-                    arg(&bits),
-                    arg(&ptc),
-                    arg(&sums),
-                    arg(&prp),
-                    arg(&prc),
-                    arg(&prv),
-                    arg(&pin),
-                    arg(&pout),
-                    arg(&alpha),
-                    arg(&pb),
-                    arg(&pw),
-                ];
-                be.launch(&be.k.bt_cols[vi], grid, BT_THREADS, &mut args)
-            }
-        }
+        // (the second pass's own tables: the rows' segments or the tiles' chunks)
+        let (prs, psp) = (be.ptr(&self.row_seg), be.ptr(&self.seg_pos));
+        let ptc = be.ptr(&self.tile_chunk);
+        let (f, t0, t1) = match side {
+            Side::A => (&be.k.bt_rows[vi], arg(&prs), arg(&psp)),
+            Side::At => (&be.k.bt_cols[vi], arg(&bits), arg(&ptc)),
+        };
+        let mut args = [
+            arg(&nout),
+            arg(&kk),
+            t0,
+            t1,
+            arg(&sums),
+            arg(&prp),
+            arg(&prc),
+            arg(&prv),
+            arg(&pin),
+            arg(&pout),
+            arg(&alpha),
+            arg(&pb),
+            arg(&pw),
+        ];
+        be.launch(f, grid, BT_THREADS, &mut args)
     }
 }
 
