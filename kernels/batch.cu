@@ -272,8 +272,9 @@ BT_ROWS(f32, true)
 
 // ---- The block product A^T Y on the same column tiles (the column entries of src/sparse/tiled.rs) ----
 //
-//   bt_atu:  a block per chunk and group of at most BT_KBT members: those members' values of Y
-//            on the rows of the chunk's segments (ns x kb values, one gather of kb contiguous
+//   bt_atu:  a block per chunk (at most 512 segments here: block.rs BT_CHUNK_SEGS_AT) and group
+//            of at most BT_KBT members: those members' values of Y on the rows of the chunk's
+//            segments (ns x kb values, one gather of kb contiguous
 //            values a segment) staged in shared memory; a group of kb lanes (one lane a member)
 //            a column of the tile, its entries in order; the column's sum to
 //            cpart[(chunk * T + column) * k + j].
@@ -281,7 +282,7 @@ BT_ROWS(f32, true)
 //            weighted rows (R^T in CSR, member j's entry a w_j), then
 //            x_j = alpha sum + beta_j x_j (x_j not read where beta_j == 0).
 
-#define BT_KBT 4  // members a block of bt_atu serves at most (src/backend/cuda/block.rs BT_KBT)
+#define BT_KBT 16  // members a block of bt_atu serves at most (src/backend/cuda/block.rs BT_KBT)
 
 template <typename V>
 __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __restrict__ chunk_seg,

@@ -250,7 +250,24 @@ impl Tiled {
     /// by blocks of rows, segments or chunks in parallel, each into its own places: the same
     /// arrays as the sequential loops.
     pub fn from_csr_half(a: &Csr, precision: Precision, tile_bits: u32, half: TiledHalf) -> Tiled {
+        Self::from_csr_chunked(a, precision, tile_bits, half, CHUNK_SEGS)
+    }
+
+    /// [`Self::from_csr_half`] with chunks of at most `chunk_segs` segments (1..=[`CHUNK_SEGS`]):
+    /// fewer segments a chunk for a GPU block that stages several values a segment (the
+    /// batch's A^T Y, src/backend/cuda/block.rs).
+    pub fn from_csr_chunked(
+        a: &Csr,
+        precision: Precision,
+        tile_bits: u32,
+        half: TiledHalf,
+        chunk_segs: usize,
+    ) -> Tiled {
         assert!((1..=15).contains(&tile_bits), "tile_bits in 1..=15");
+        assert!(
+            (1..=CHUNK_SEGS).contains(&chunk_segs),
+            "chunk_segs in 1..={CHUNK_SEGS}"
+        );
         let (m, n) = (a.nrows(), a.ncols());
         let ntiles = n.div_ceil(1 << tile_bits).max(1);
         let row_seg = row_segments(a, tile_bits);
@@ -260,7 +277,7 @@ impl Tiled {
             "too many segments for 32-bit indices"
         );
         let segs = Segments::in_tile_order(a, tile_bits, ntiles, &row_seg);
-        let (chunk_tile, chunk_seg, tile_chunk) = chunks(&segs.tile_seg, nseg);
+        let (chunk_tile, chunk_seg, tile_chunk) = chunks(&segs.tile_seg, nseg, chunk_segs);
         // Row entries in tile order.
         let lens: Vec<u64> = segs.csr.par_iter().map(|&(_, len)| len as u64).collect();
         let seg_ent = par::offsets(&lens);
@@ -499,9 +516,13 @@ impl Segments {
 }
 
 /// Chunks: each tile's segments (`tile_seg`: the first of each tile) in runs of at most
-/// [`CHUNK_SEGS`]. Returns the tile and first segment of each chunk (with `nseg` after the
-/// last) and the first chunk of each tile (with the chunk count after the last).
-pub(crate) fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+/// `chunk_segs` (at most [`CHUNK_SEGS`]). Returns the tile and first segment of each chunk (with
+/// `nseg` after the last) and the first chunk of each tile (with the chunk count after the last).
+pub(crate) fn chunks(
+    tile_seg: &[u64],
+    nseg: usize,
+    chunk_segs: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let ntiles = tile_seg.len() - 1;
     let mut chunk_tile = Vec::new();
     let mut chunk_seg = Vec::new();
@@ -513,7 +534,7 @@ pub(crate) fn chunks(tile_seg: &[u64], nseg: usize) -> (Vec<u32>, Vec<u32>, Vec<
         loop {
             chunk_tile.push(t as u32);
             chunk_seg.push(s as u32);
-            s = (s + CHUNK_SEGS).min(s1);
+            s = (s + chunk_segs).min(s1);
             if s >= s1 {
                 break;
             }
@@ -753,5 +774,37 @@ mod tests {
         let y = vec![1.0; m];
         let want: f64 = v.iter().map(|&x| x as f32 as f64).sum();
         assert_eq!(t.matvec_t(&y)[3], want);
+        // chunks of 512 segments: ten in tile 0, and the same column sum (in chunk order)
+        let t = Tiled::from_csr_chunked(&a, Precision::F32, 3, TiledHalf::Cols, 512);
+        assert_eq!(t.nchunks(), 10 + 1);
+        assert_eq!(t.check(), Ok(()));
+        assert_eq!(t.matvec_t(&y)[3], want);
+    }
+
+    #[test]
+    fn smaller_chunks_give_the_same_products() {
+        let a = crate::testproblems::awkward_csr(3000, 5000, 6);
+        let y: Vec<f64> = (0..3000)
+            .map(|i| ((i * 13) % 17) as f64 * 0.25 - 2.0)
+            .collect();
+        let whole = Tiled::from_csr(&a, Precision::F64, 9);
+        for segs in [1, 7, 512] {
+            let t = Tiled::from_csr_chunked(&a, Precision::F64, 9, TiledHalf::Both, segs);
+            assert_eq!(t.check(), Ok(()), "chunks of {segs}");
+            assert!(t.nchunks() > whole.nchunks() || segs == 512);
+            assert!(t
+                .chunk_seg
+                .windows(2)
+                .all(|w| (w[1] - w[0]) as usize <= segs));
+            let x = vec![1.0; 5000];
+            assert_eq!(t.matvec(&x), whole.matvec(&x));
+            let (p, q) = (t.matvec_t(&y), whole.matvec_t(&y));
+            for (p, q) in p.iter().zip(&q) {
+                assert!(
+                    (p - q).abs() <= 1e-12 * (1.0 + q.abs()),
+                    "chunks of {segs}: {p} vs {q}"
+                );
+            }
+        }
     }
 }

@@ -313,29 +313,39 @@ impl Part {
 /// more takes one block per chunk and group of members.
 const BT_KB: usize = 16;
 /// Members one block of A^T Y's tile kernel serves at most (kernels/batch.cu BT_KBT).
-const BT_KBT: usize = 4;
+const BT_KBT: usize = 16;
+/// Segments a chunk of A^T Y's tiles holds at most: a block stages Y on them for up to
+/// [`BT_KBT`] members (64 KiB). A X's chunks hold the single solve's 2048 (its block stages X on
+/// the tile, whatever the segments).
+const BT_CHUNK_SEGS_AT: usize = 512;
 /// The tiles: 2^9 columns, so a block of A X stages at most 512 x [`BT_KB`] values of X
 /// (64 KiB).
 const BT_TILE_BITS: u32 = 9;
 /// The largest shared memory a block of `bt_axf` asks for (bytes).
 const BT_SMEM_AX: usize = (1 << BT_TILE_BITS) * BT_KB * 8;
 /// The largest a block of `bt_atu` asks for: Y on a chunk's segments (bytes).
-const BT_SMEM_AT: usize = crate::sparse::tiled::CHUNK_SEGS * BT_KBT * 8;
+const BT_SMEM_AT: usize = BT_CHUNK_SEGS_AT * BT_KBT * 8;
 
 /// Threads a block of the batch's tile kernels.
 const BT_THREADS: u32 = 256;
 
-/// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns ([`Tiled`], both
-/// halves) on the device, for the block products (kernels/batch.cu `bt_axf` and `bt_rows` for
-/// A X, `bt_atu` and `bt_cols` for A^T Y).
+/// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns ([`Tiled`]: the row
+/// entries in chunks of up to 2048 segments, the column entries in chunks of up to
+/// [`BT_CHUNK_SEGS_AT`]) on the device, for the block products (kernels/batch.cu `bt_axf` and
+/// `bt_rows` for A X, `bt_atu` and `bt_cols` for A^T Y).
 struct BlockTiles {
     nrows: usize,
     ncols: usize,
     nnz: usize,
     nseg: usize,
+    /// A X's chunks: their count, tiles and first segments.
     nchunks: usize,
     chunk_tile: CudaSlice<u32>,
     chunk_seg: CudaSlice<u32>,
+    /// A^T Y's chunks: their count, first segments, each tile's first chunk, and the row of
+    /// each segment.
+    nchunks_t: usize,
+    chunk_seg_t: CudaSlice<u32>,
     tile_chunk: CudaSlice<u32>,
     seg_row: CudaSlice<u32>,
     seg_ent: CudaSlice<u64>,
@@ -362,8 +372,14 @@ fn group_grid(be: &CudaBackend, items: usize, k: usize) -> u32 {
 
 impl BlockTiles {
     fn upload(be: &CudaBackend, g: &Csr, precision: Precision) -> Result<BlockTiles> {
-        let t = phases::time("tiles", || {
-            Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Both)
+        let (t, c) = phases::time("tiles", || {
+            rayon::join(
+                || Tiled::from_csr_half(g, precision, BT_TILE_BITS, TiledHalf::Rows),
+                || {
+                    let half = TiledHalf::Cols;
+                    Tiled::from_csr_chunked(g, precision, BT_TILE_BITS, half, BT_CHUNK_SEGS_AT)
+                },
+            )
         });
         let _s = phases::span("upload");
         // The tile kernels stage more than the default 48 KiB a block.
@@ -384,17 +400,19 @@ impl BlockTiles {
             nchunks: t.nchunks(),
             chunk_tile: up(be, &t.chunk_tile)?,
             chunk_seg: up(be, &t.chunk_seg)?,
-            tile_chunk: up(be, &t.tile_chunk)?,
-            seg_row: up(be, &t.seg_row)?,
+            nchunks_t: c.nchunks(),
+            chunk_seg_t: up(be, &c.chunk_seg)?,
+            tile_chunk: up(be, &c.tile_chunk)?,
+            seg_row: up(be, &c.seg_row)?,
             seg_ent: up(be, &t.seg_ent)?,
             row_seg: up(be, &t.row_seg)?,
             seg_pos: up(be, &t.seg_pos)?,
             // the row entries padded as the flat kernel's 16-byte loads read them
             lcol: up_padded(be, true, &t.a_lcol, true)?,
             vals: values(be, true, &t.a_val, true)?,
-            colptr: up(be, &t.b_colptr)?,
-            lseg: up(be, &t.b_lseg)?,
-            cvals: values(be, true, &t.b_val, false)?,
+            colptr: up(be, &c.b_colptr)?,
+            lseg: up(be, &c.b_lseg)?,
+            cvals: values(be, true, &c.b_val, false)?,
             scratch: std::sync::Mutex::new([None, None]),
         })
     }
@@ -419,12 +437,11 @@ impl BlockTiles {
         Ok(slot.as_ref().map_or(0, |p| be.ptr(p)))
     }
 
-    /// The grid of a tile kernel: a block per chunk and group of `kb` members.
-    fn chunk_grid(&self, k: usize, kb: usize) -> Result<u32> {
-        u32::try_from(self.nchunks * k.div_ceil(kb)).map_err(|_| {
+    /// The grid of a tile kernel: a block per chunk (of `nchunks`) and group of `kb` members.
+    fn chunk_grid(nchunks: usize, k: usize, kb: usize) -> Result<u32> {
+        u32::try_from(nchunks * k.div_ceil(kb)).map_err(|_| {
             Error::Invalid(format!(
-                "a GPU batch of {k} members on {} tile chunks needs too many blocks",
-                self.nchunks
+                "a GPU batch of {k} members on {nchunks} tile chunks needs too many blocks"
             ))
         })
     }
@@ -461,7 +478,7 @@ impl BlockTiles {
         let kk = k as i32;
         let bits = BT_TILE_BITS;
         let (pin, pout) = (be.ptr(&input.data), be.ptr(&out.data));
-        let (pcs, psr) = (be.ptr(&self.chunk_seg), be.ptr(&self.seg_row));
+        let pcs = be.ptr(&self.chunk_seg);
         let tile = 1usize << bits;
         // the first pass: G's sums per segment (A) or per chunk and column (A^T)
         let (vi, sums) = match side {
@@ -485,15 +502,16 @@ impl BlockTiles {
                         arg(&sums),
                     ];
                     let smem = (tile * k.min(BT_KB) * 8) as u32;
-                    let grid = self.chunk_grid(k, BT_KB)?;
+                    let grid = Self::chunk_grid(self.nchunks, k, BT_KB)?;
                     be.launch_smem(&be.k.bt_axf[vi], grid, BT_THREADS, smem, &mut args)?;
                 }
                 (vi, sums)
             }
             Side::At => {
                 let (vi, pv) = self.cvals.index_and_ptr(be);
-                let sums = self.scratch(be, 1, self.nchunks * tile * k)?;
-                if self.nchunks > 0 {
+                let sums = self.scratch(be, 1, self.nchunks_t * tile * k)?;
+                if self.nchunks_t > 0 {
+                    let (pcs, psr) = (be.ptr(&self.chunk_seg_t), be.ptr(&self.seg_row));
                     let (pc, pl) = (be.ptr(&self.colptr), be.ptr(&self.lseg));
                     let mut args = [
                         arg(&kk),
@@ -506,8 +524,8 @@ impl BlockTiles {
                         arg(&pin),
                         arg(&sums),
                     ];
-                    let smem = (crate::sparse::tiled::CHUNK_SEGS * k.min(BT_KBT) * 8) as u32;
-                    let grid = self.chunk_grid(k, BT_KBT)?;
+                    let smem = (BT_CHUNK_SEGS_AT * k.min(BT_KBT) * 8) as u32;
+                    let grid = Self::chunk_grid(self.nchunks_t, k, BT_KBT)?;
                     be.launch_smem(&be.k.bt_atu[vi], grid, BT_THREADS, smem, &mut args)?;
                 }
                 (vi, sums)

@@ -426,7 +426,11 @@ pub(crate) fn encode(
         .clone_dtoh(&tile_seg)
         .doing("copying tile offsets to the host")?;
     be.synchronize()?;
-    let (chunk_tile, chunk_seg, tile_chunk) = chunks(&tile_seg_host, nseg as usize);
+    let (chunk_tile, chunk_seg, tile_chunk) = chunks(
+        &tile_seg_host,
+        nseg as usize,
+        crate::sparse::tiled::CHUNK_SEGS,
+    );
     let seg_row = gather_u32(be, &row, &seg_slot, nseg)?;
     let len_t = gather_u32(be, &len, &seg_slot, nseg)?;
     drop((row, len));
