@@ -39,10 +39,6 @@ pub struct BatchSystem {
 /// its work, the single solve's device loop takes 0.03 ms.
 pub const GPU_BATCH_MIN_NNZ: usize = 4_000_000;
 
-/// Why a batch on the GPU does not run below [`GPU_BATCH_MIN_NNZ`] unless asked for.
-pub const GPU_BATCH_SLOWER: &str =
-    "on the GPU one solve after another measured faster than the batch below 4M nonzeros ([tuning] gpu_batch = true runs it)";
-
 /// Why the solves of `opts` on a matrix of `nnz` nonzeros cannot run as one batch (None: they
 /// can; then each member equals its own solve): the batch is LSQR with the explicit transpose,
 /// CSR storage on the CPU (the GPU's batch stores its own column tiles with any `storage`), no
@@ -68,7 +64,11 @@ pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
             Some(true) => None,
             Some(false) => Some("[tuning] gpu_batch = false".into()),
             None if nnz >= GPU_BATCH_MIN_NNZ => None,
-            None => Some(GPU_BATCH_SLOWER.into()),
+            // (the threshold in the words from the constant itself, so the two cannot drift)
+            None => Some(format!(
+                "on the GPU one solve after another measured faster than the batch below {}M nonzeros ([tuning] gpu_batch = true runs it)",
+                GPU_BATCH_MIN_NNZ / 1_000_000
+            )),
         },
         Ok(_) if opts.operator.storage == Storage::Compact => {
             Some("storage = compact (the CPU's batch stores CSR)".into())

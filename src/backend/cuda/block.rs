@@ -478,7 +478,6 @@ impl BlockTiles {
         let kk = k as i32;
         let bits = BT_TILE_BITS;
         let (pin, pout) = (be.ptr(&input.data), be.ptr(&out.data));
-        let pcs = be.ptr(&self.chunk_seg);
         let tile = 1usize << bits;
         // the first pass: G's sums per segment (A) or per chunk and column (A^T)
         let (vi, sums) = match side {
@@ -487,7 +486,7 @@ impl BlockTiles {
                 let sums = self.scratch(be, 0, self.nseg * k)?;
                 if self.nseg > 0 {
                     let ncols = self.ncols as u64;
-                    let pt = be.ptr(&self.chunk_tile);
+                    let (pt, pcs) = (be.ptr(&self.chunk_tile), be.ptr(&self.chunk_seg));
                     let (pe, pl) = (be.ptr(&self.seg_ent), be.ptr(&self.lcol));
                     let mut args = [
                         arg(&kk),
