@@ -139,6 +139,32 @@ __device__ __forceinline__ void put(double* __restrict__ y, unsigned row, int k,
 //            k lanes a group, 32 / k groups a warp; k > 32: a warp a group, lane l taking
 //            members l, l + 32, ...
 
+// dst[i] = load(i) for i < n, the block's threads together, BT_STAGE loads a thread in flight
+// (the loads of a round issued before any is stored: a block's staging is one round trip to
+// memory a round, not one a value).
+#define BT_STAGE 8
+template <typename Load>
+__device__ __forceinline__ void bt_stage(double* __restrict__ dst, u32 n, Load load) {
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += BT_STAGE * blockDim.x) {
+        double t[BT_STAGE];
+#pragma unroll
+        for (int u = 0; u < BT_STAGE; ++u) {
+            const u32 i = i0 + (u32)u * blockDim.x;
+            t[u] = i < n ? load(i) : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < BT_STAGE; ++u) {
+            const u32 i = i0 + (u32)u * blockDim.x;
+            if (i < n) dst[i] = t[u];
+        }
+    }
+}
+
+// The most threads a block of the tile kernels (bt_axf, bt_atu) has: 512 where a block stages
+// more than 32 KiB, so that three blocks an SM (their shared memory) still make 48 warps
+// (src/backend/cuda/block.rs `tile_threads`).
+#define BT_TILE_THREADS 512
+
 #define BT_KB 16  // members a block of bt_axf serves at most (src/backend/cuda/block.rs BT_KB)
 
 // Lanes of a group (gw: at most 32), groups a warp, and this lane's group and place in it.
@@ -163,10 +189,10 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
     const int kb = min(BT_KB, k - (int)jb);
     const u32 T = 1u << tile_bits;
     const u64 c0 = (u64)chunk_tile[q] << tile_bits;
-    for (u32 i = threadIdx.x; i < T * (u32)kb; i += blockDim.x) {
+    bt_stage(xs, T * (u32)kb, [&](u32 i) {
         const u64 c = c0 + i / (u32)kb;
-        xs[i] = c < ncols ? x[c * (u64)k + jb + i % (u32)kb] : 0.0;
-    }
+        return c < ncols ? x[c * (u64)k + jb + i % (u32)kb] : 0.0;
+    });
     __syncthreads();
     const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
     int gw, groups, grp, j;
@@ -203,7 +229,7 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
 }
 
 #define BT_AXF(SUF, V)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(BT_TILE_THREADS, 2)                            \
         bt_axf_##SUF(int k, u32 tile_bits, u64 ncols, const u32* chunk_tile,                    \
                      const u32* chunk_seg, const u64* seg_ent, const u16* lcol, const V* val,   \
                      const double* x, double* seg_partial) {                                    \
@@ -297,10 +323,9 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
     const int kb = min(BT_KBT, k - (int)jb);
     const u32 T = 1u << tile_bits;
     const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
-    for (u32 i = threadIdx.x; i < ns * (u32)kb; i += blockDim.x) {
-        const u32 s = i / (u32)kb, jj = i % (u32)kb;
-        ys[i] = y[(u64)seg_row[s0 + s] * k + jb + jj];
-    }
+    bt_stage(ys, ns * (u32)kb, [&](u32 i) {
+        return y[(u64)seg_row[s0 + i / (u32)kb] * k + jb + i % (u32)kb];
+    });
     __syncthreads();
     const u64 col0 = (u64)q << tile_bits;  // this chunk's first place in colptr and cpart
     int gw, groups, grp, j;
@@ -317,7 +342,7 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
 }
 
 #define BT_ATU(SUF, V)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(BT_TILE_THREADS, 3)                            \
         bt_atu_##SUF(int k, u32 tile_bits, const u32* chunk_seg, const u32* seg_row,            \
                      const u64* colptr, const u16* lseg, const V* val, const double* y,         \
                      double* cpart) {                                                            \

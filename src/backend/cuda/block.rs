@@ -326,8 +326,23 @@ const BT_SMEM_AX: usize = (1 << BT_TILE_BITS) * BT_KB * 8;
 /// The largest a block of `bt_atu` asks for: Y on a chunk's segments (bytes).
 const BT_SMEM_AT: usize = BT_CHUNK_SEGS_AT * BT_KBT * 8;
 
-/// Threads a block of the batch's tile kernels.
+/// Threads a block of the batch's second passes (`bt_rows`, `bt_cols`).
 const BT_THREADS: u32 = 256;
+/// Threads a block of the tile kernels (`bt_axf`, `bt_atu`) serving more than 8 members: their
+/// shared memory (more than 32 KiB a block) lets only three blocks share an SM, so a block is
+/// twice the size (kernels/batch.cu BT_TILE_THREADS, the most); 8 members or fewer take
+/// [`BT_THREADS`]. 101M-nonzero system, f32, k = 16 (H100): A X 3.73 -> 3.63 ms, A^T Y 4.29 ->
+/// 3.02; k = 1 and 8 were as fast or faster with 256.
+const BT_TILE_THREADS: u32 = 512;
+
+/// Threads a block of the tile kernels for a group of `kb` members.
+fn tile_threads(kb: usize) -> u32 {
+    if kb > 8 {
+        BT_TILE_THREADS
+    } else {
+        BT_THREADS
+    }
+}
 
 /// G, the unweighted rows, in column tiles of 2^[`BT_TILE_BITS`] columns ([`Tiled`]: the row
 /// entries in chunks of up to 2048 segments, the column entries in chunks of up to
@@ -502,7 +517,13 @@ impl BlockTiles {
                     ];
                     let smem = (tile * k.min(BT_KB) * 8) as u32;
                     let grid = Self::chunk_grid(self.nchunks, k, BT_KB)?;
-                    be.launch_smem(&be.k.bt_axf[vi], grid, BT_THREADS, smem, &mut args)?;
+                    be.launch_smem(
+                        &be.k.bt_axf[vi],
+                        grid,
+                        tile_threads(k.min(BT_KB)),
+                        smem,
+                        &mut args,
+                    )?;
                 }
                 (vi, sums)
             }
@@ -525,7 +546,13 @@ impl BlockTiles {
                     ];
                     let smem = (BT_CHUNK_SEGS_AT * k.min(BT_KBT) * 8) as u32;
                     let grid = Self::chunk_grid(self.nchunks_t, k, BT_KBT)?;
-                    be.launch_smem(&be.k.bt_atu[vi], grid, BT_THREADS, smem, &mut args)?;
+                    be.launch_smem(
+                        &be.k.bt_atu[vi],
+                        grid,
+                        tile_threads(k.min(BT_KBT)),
+                        smem,
+                        &mut args,
+                    )?;
                 }
                 (vi, sums)
             }
