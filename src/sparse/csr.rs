@@ -27,6 +27,25 @@ impl crate::sparse::par::GiveBack for Csr {
     }
 }
 
+/// `a` followed by `f` of each value of `b`, as one new vector: allocated once (zeroed pages,
+/// faulted in by the threads that fill them) and filled in parallel pieces.
+fn concat_par<T: Copy + Default + Send + Sync>(
+    a: &[T],
+    b: &[T],
+    f: impl Fn(T) -> T + Sync,
+) -> Vec<T> {
+    const PIECE: usize = 1 << 18;
+    let mut v = vec![T::default(); a.len() + b.len()];
+    let (va, vb) = v.split_at_mut(a.len());
+    va.par_chunks_mut(PIECE)
+        .zip(a.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    vb.par_chunks_mut(PIECE)
+        .zip(b.par_chunks(PIECE))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = f(s)));
+    v
+}
+
 impl Csr {
     /// Validating constructor: the arrays must describe a well-formed CSR matrix with sorted,
     /// unique column indices and finite values.
@@ -585,13 +604,12 @@ impl Csr {
                 other.ncols, self.ncols
             )));
         }
-        let mut indptr = self.indptr.clone();
+        // Each array made once at its final size and filled in parallel (a stacked kernel is
+        // gigabytes: a clone then an extend copied it twice, on one thread).
         let base = self.nnz() as u64;
-        indptr.extend(other.indptr[1..].iter().map(|&p| p + base));
-        let mut indices = self.indices.clone();
-        indices.extend_from_slice(&other.indices);
-        let mut data = self.data.clone();
-        data.extend(other.data.iter().map(|&v| v * scale));
+        let indptr = concat_par(&self.indptr, &other.indptr[1..], |p| p + base);
+        let indices = concat_par(&self.indices, &other.indices, |c| c);
+        let data = concat_par(&self.data, &other.data, |v| v * scale);
         Ok(Csr::from_trusted(
             self.nrows + other.nrows,
             self.ncols,
