@@ -471,24 +471,15 @@ pub fn lcurve(
         gcv_probes: cfg.weight.gcv_probes,
         noise_norm: cfg.weight.noise_norm(sweep.g.nrows()),
     };
-    // The coverage of the kernel rows on a thread of its own while the weights are solved (a
-    // GPU sweep leaves the host's cores idle; 0.2-0.3 s at 92M kernel nonzeros).
-    let (curve, coverage) = std::thread::scope(|sc| {
-        let cov = std::thread::Builder::new()
-            .name("seistomo-coverage".into())
-            .spawn_scoped(sc, || Coverage::from_kernel_rows(&sweep.g, kernel_rows));
-        let curve = sweep.run(weights, &cfg.options, &SerialComm, mode, |i, p| {
+    let (curve, coverage) = Coverage::beside(&sweep.g, kernel_rows, || {
+        sweep.run(weights, &cfg.options, &SerialComm, mode, |i, p| {
             each(what, i, p)
-        });
-        let coverage = match cov {
-            Ok(h) => h
-                .join()
-                .map_err(|_| Error::Invalid("lcurve: the coverage's thread failed".into()))?,
-            // no thread to be had: computed here
-            Err(_) => Coverage::from_kernel_rows(&sweep.g, kernel_rows),
-        };
-        Ok::<_, Error>((curve?, coverage))
-    })?;
+        })
+    });
+    let (curve, coverage) = (
+        curve?,
+        coverage.ok_or_else(|| Error::Invalid("lcurve: the coverage's thread failed".into()))?,
+    );
     *run_model.coverage_mut() = coverage;
     let (pts, c) = (&curve.points, curve.corner);
     let triples: Vec<(f64, f64, f64)> = pts

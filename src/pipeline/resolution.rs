@@ -65,20 +65,25 @@ pub fn resolution(
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
     let sweep = Sweep::from_config(cfg)?;
     let (g, kernel_rows) = (&sweep.g, sweep.g.nrows());
-    let coverage = crate::grid::Coverage::from_kernel_rows(g, kernel_rows);
+    // The ray coverage is computed beside the solves (below); the model side is checked first.
+    let later = crate::grid::Coverage {
+        hit_count: Vec::new(),
+        dws: Vec::new(),
+    };
     let known = Known {
         ncols: g.ncols(),
         grid: sweep.grid.as_ref(),
         true_model: sweep.true_model.as_ref(),
         kernel_rows,
     };
-    let model = RunModel::with_coverage(cfg, known, coverage, false)?;
+    let mut model = RunModel::with_coverage(cfg, known, later, false)?;
     let Parameterisation::Grid(grid) = &model.spec.param else {
         return Err(Error::config(
             &cfg.path,
             "resolution tests are made on a grid: use a dataset with a grid, or give [model] grid",
         ));
     };
+    let grid = &grid.clone(); // (the model takes its coverage after the solves)
     let tests = spec.tests(grid)?;
     let started = std::time::Instant::now();
     // member 0: the data; then each test's synthetic data (noise seeded per test)
@@ -105,17 +110,22 @@ pub fn resolution(
         .collect();
     let mut outcomes: Vec<Option<Outcome>> = (0..rhs.len()).map(|_| None).collect();
     let refs: Vec<&[f64]> = rhs.iter().map(|b| b.as_slice()).collect();
-    sweep.solve_members(
-        &members,
-        &refs,
-        &opts,
-        &SerialComm,
-        separate,
-        &mut |j, o| {
-            each(&names[j], &o);
-            outcomes[j] = Some(o);
-        },
-    )?;
+    let (solved, coverage) = crate::grid::Coverage::beside(g, kernel_rows, || {
+        sweep.solve_members(
+            &members,
+            &refs,
+            &opts,
+            &SerialComm,
+            separate,
+            &mut |j, o| {
+                each(&names[j], &o);
+                outcomes[j] = Some(o);
+            },
+        )
+    });
+    solved?;
+    *model.coverage_mut() = coverage
+        .ok_or_else(|| Error::Invalid("resolution: the coverage's thread failed".into()))?;
     let seconds = started.elapsed().as_secs_f64();
     let mut outcomes = outcomes
         .into_iter()
