@@ -86,8 +86,10 @@ fn run_batch(
         guarded(|| {
             let mut got: Vec<Option<LsqrSolution>> = members.iter().map(|_| None).collect();
             let refs: Vec<&[f64]> = rhs.iter().map(|b| b.as_slice()).collect();
-            solve_batch(sys, &refs, members, opts, &SerialComm, &mut |j, o| {
-                got[j] = Some(o.solution)
+            solve_batch(sys, &refs, members, opts, &SerialComm, &mut |group| {
+                for (j, o) in group {
+                    got[j] = Some(o.solution)
+                }
             })
             .map_err(py_err)?;
             Ok(got)

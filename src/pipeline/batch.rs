@@ -80,15 +80,16 @@ pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
 
 /// Solve the members of a batch: `rhs[j]` is member j's right-hand side (all rows, the system's
 /// order), `members[j]` its weight and damping; `opts` as a single solve's (its damp is each
-/// member's). `finished(j, outcome)` gets each member's outcome as it stops: x in the original
-/// columns and a report as its own solve's, with the batch's times.
+/// member's). `finished(group)` gets each member's `(j, outcome)` as it stops, the members that
+/// stopped together (or were waiting together) in one group: x in the original columns and a
+/// report as its own solve's, with the batch's times.
 pub fn solve_batch(
     sys: BatchSystem,
     rhs: &[&[f64]],
     members: &[Member],
     opts: &SolveOptions,
     comm: &dyn Comm,
-    finished: &mut (dyn FnMut(usize, Outcome) + Send),
+    finished: &mut (dyn FnMut(Vec<(usize, Outcome)>) + Send),
 ) -> Result<()> {
     let setup_started = Instant::now();
     crate::ui::phases::take();
@@ -189,7 +190,7 @@ struct Run<'a, 'f> {
     /// of one or two costs less than a new operator's set-up).
     handoff: usize,
     facts: Facts<'a>,
-    finished: &'f mut (dyn FnMut(usize, Outcome) + Send),
+    finished: &'f mut (dyn FnMut(Vec<(usize, Outcome)>) + Send),
 }
 
 impl BatchVisitor for Run<'_, '_> {
@@ -215,7 +216,7 @@ impl BatchVisitor for Run<'_, '_> {
         } = self;
         let describe = be.describe();
         let (backend, storage) = (be.name(), op.describe());
-        let mut each = |j: usize, r: &MemberResult| {
+        let outcome = |j: usize, r: &MemberResult| {
             let mut solution = r.solution.clone();
             unmap.restore(&mut solution.x, solution.var.as_mut());
             let p = LsqrParams {
@@ -228,16 +229,16 @@ impl BatchVisitor for Run<'_, '_> {
             report.backend_detail = describe.clone();
             report.reorder = unmap.ordering.what.clone();
             report.setup_phases = phases.clone();
-            finished(
-                j,
-                Outcome {
-                    solution,
-                    history: r.history.clone(),
-                    report,
-                    calibration: Calibration::default(),
-                    coverage: None,
-                },
-            );
+            Outcome {
+                solution,
+                history: r.history.clone(),
+                report,
+                calibration: Calibration::default(),
+                coverage: None,
+            }
+        };
+        let mut each = |group: Vec<(usize, MemberResult)>| {
+            finished(group.iter().map(|(j, r)| (*j, outcome(*j, r))).collect());
         };
         // Each member's outcome (its x mapped back, and whatever `finished` does with it: an
         // L-curve point's norms on the host) is made on a thread of its own while the batch
@@ -246,8 +247,12 @@ impl BatchVisitor for Run<'_, '_> {
         let (ends, mut each) = std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::channel::<(usize, MemberResult)>();
             let consumer = s.spawn(move || {
-                for (j, r) in rx {
-                    each(j, &r);
+                // the members waiting together go as one group (an L-curve's norms take one
+                // pass over the matrix for the group)
+                while let Ok(first) = rx.recv() {
+                    let mut group = vec![first];
+                    group.extend(rx.try_iter());
+                    each(group);
                 }
                 each
             });
@@ -287,7 +292,7 @@ impl BatchVisitor for Run<'_, '_> {
                     comm,
                 };
                 let (r, _) = engine.lsqr(spec, comm, rows, false, v)?;
-                each(j, &r);
+                each(vec![(j, r)]);
             }
         }
         Ok(())

@@ -117,9 +117,11 @@ pub fn resolution(
             &opts,
             &SerialComm,
             separate,
-            &mut |j, o| {
-                each(&names[j], &o);
-                outcomes[j] = Some(o);
+            &mut |group| {
+                for (j, o) in group {
+                    each(&names[j], &o);
+                    outcomes[j] = Some(o);
+                }
             },
         )
     });

@@ -407,7 +407,7 @@ impl BlockTiles {
                 .doing("allowing the batch's tile kernels their shared memory")?;
             }
         }
-        Ok(BlockTiles {
+        let tiles = BlockTiles {
             nrows: t.nrows,
             ncols: t.ncols,
             nnz: t.nnz,
@@ -429,7 +429,10 @@ impl BlockTiles {
             lseg: up(be, &c.b_lseg)?,
             cvals: values(be, true, &c.b_val, false)?,
             scratch: std::sync::Mutex::new([None, None]),
-        })
+        };
+        // the host's tiles (both halves: gigabytes) dropped on a thread of their own
+        crate::sparse::par::drop_in_background((t, c));
+        Ok(tiles)
     }
 
     /// Scratch `which` (0: segment sums, 1: chunk column sums) of at least `len` values, its
@@ -669,7 +672,10 @@ impl CudaBlockOperator {
                 let parts = (Part::upload(be, &r)?, Part::upload(be, &rt)?);
                 drop((r, rt));
                 let g = phases::time("split rows", || rows_where(&a, |r| !w[r]));
-                (BlockTiles::upload(be, &g, precision)?, Some(parts))
+                let tiles = BlockTiles::upload(be, &g, precision)?;
+                // (a gigabyte at 92M kernel nonzeros: its pages go back on a thread of their own)
+                crate::sparse::par::drop_in_background(g);
+                (tiles, Some(parts))
             }
         };
         let row_class = weighted.map(|w| w.iter().map(|&b| u8::from(b)).collect());
