@@ -42,7 +42,9 @@
 #             csr); three of the weights solved one by one (`lcurve --separate`, each its own
 #             default solve), their points compared with the batch's; f32: the 16 weights one
 #             solve after another (wall beside the batch's); australia's L-curve (11 weights)
-#             batched and one solve after another                            -> performance.md
+#             batched and one solve after another; the block products alone (gpu_batch's
+#             time_block_kernels_on_a_dataset) beside cuSPARSE's SpMM through CuPy
+#             (bench/peers/cupy_spmm.py, cupy_spmm.txt)                      -> performance.md
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
@@ -409,6 +411,18 @@ for w, r in sorted(s.items()):
 PY
     done
   done
+  # the batch's block products timed alone (k = 1, 4, 8, 16) and, beside them, cuSPARSE's SpMM
+  # through CuPy on the same system (exported as built)
+  if [ -x "$BIN/gpu_batch" ]; then
+    SEISTOMO_ROOT=$(pwd) SEISTOMO_BIN="$BIN/seistomo" BATCH_DATASET=$ds/dataset.toml CUDA_VISIBLE_DEVICES=0 \
+      "$BIN/gpu_batch" --include-ignored --exact time_block_kernels_on_a_dataset --nocapture 2>&1 \
+      | grep -E "nonzeros|k +[0-9]+:" >> "$OUT/batch.txt"
+  fi
+  rm -rf /tmp/batch-npy
+  "$BIN/seistomo" -q export $ds/dataset.toml --format npy -o /tmp/batch-npy 2>> "$OUT/log.txt"
+  ( cd /tmp && CUDA_VISIBLE_DEVICES=0 timeout 300 python3 "$PEERS/cupy_spmm.py" /tmp/batch-npy ) \
+    > "$OUT/cupy_spmm.txt" 2>&1
+  rm -rf /tmp/batch-npy
   # australia (the real 140,792 x 2,921 system, 1.4M nonzeros): the L-curve's 11 weights as
   # one batch against one GPU solve after another (the latency-bound end)
   cfg=/tmp/batch-au.toml
