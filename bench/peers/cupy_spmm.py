@@ -9,24 +9,16 @@ product and JSON at the end.
   python3 cupy_spmm.py DIR      CSR system from DIR/{indptr,indices,data}.npy (+ shape.npy)
                                  (`seistomo export DATASET --format npy -o DIR`)
 """
-import sys, json, os
+import json
+import os
+import sys
+
 import numpy as np
 import cupy as cp
 import cupyx.scipy.sparse as csp
 
-
-def median_ms(fn, reps=20):
-    fn()
-    cp.cuda.Device().synchronize()
-    s, e = cp.cuda.Event(), cp.cuda.Event()
-    ts = []
-    for _ in range(reps):
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return float(np.median(ts))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cupy_lsqr import median_ms  # noqa: E402
 
 
 def load(d):

@@ -455,6 +455,19 @@ impl BlockTiles {
         Ok(slot.as_ref().map_or(0, |p| be.ptr(p)))
     }
 
+    /// Launch a tile kernel: a block per chunk and group of at most `kb` members
+    /// ([`Self::chunk_grid`]), [`tile_threads`] threads a block, `smem` bytes of shared memory.
+    fn launch_tiles(
+        be: &CudaBackend,
+        f: &cudarc::driver::CudaFunction,
+        (nchunks, k, kb): (usize, usize, usize),
+        smem: usize,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        let grid = Self::chunk_grid(nchunks, k, kb)?;
+        be.launch_smem(f, grid, tile_threads(k.min(kb)), smem as u32, args)
+    }
+
     /// The grid of a tile kernel: a block per chunk (of `nchunks`) and group of `kb` members.
     fn chunk_grid(nchunks: usize, k: usize, kb: usize) -> Result<u32> {
         u32::try_from(nchunks * k.div_ceil(kb)).map_err(|_| {
@@ -518,15 +531,9 @@ impl BlockTiles {
                         arg(&pin),
                         arg(&sums),
                     ];
-                    let smem = (tile * k.min(BT_KB) * 8) as u32;
-                    let grid = Self::chunk_grid(self.nchunks, k, BT_KB)?;
-                    be.launch_smem(
-                        &be.k.bt_axf[vi],
-                        grid,
-                        tile_threads(k.min(BT_KB)),
-                        smem,
-                        &mut args,
-                    )?;
+                    let smem = tile * k.min(BT_KB) * 8;
+                    let f = &be.k.bt_axf[vi];
+                    Self::launch_tiles(be, f, (self.nchunks, k, BT_KB), smem, &mut args)?;
                 }
                 (vi, sums)
             }
@@ -547,15 +554,9 @@ impl BlockTiles {
                         arg(&pin),
                         arg(&sums),
                     ];
-                    let smem = (BT_CHUNK_SEGS_AT * k.min(BT_KBT) * 8) as u32;
-                    let grid = Self::chunk_grid(self.nchunks_t, k, BT_KBT)?;
-                    be.launch_smem(
-                        &be.k.bt_atu[vi],
-                        grid,
-                        tile_threads(k.min(BT_KBT)),
-                        smem,
-                        &mut args,
-                    )?;
+                    let smem = BT_CHUNK_SEGS_AT * k.min(BT_KBT) * 8;
+                    let f = &be.k.bt_atu[vi];
+                    Self::launch_tiles(be, f, (self.nchunks_t, k, BT_KBT), smem, &mut args)?;
                 }
                 (vi, sums)
             }
