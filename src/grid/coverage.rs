@@ -48,7 +48,8 @@ impl PendingCoverage {
 }
 
 /// Per-cell ray coverage from the kernel rows of a system.
-#[derive(Debug, Clone, PartialEq)]
+/// (Default: none yet, for a run that computes it later.)
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Coverage {
     /// Number of kernel rows (rays) with a nonzero entry in the cell.
     pub hit_count: Vec<u32>,
@@ -61,19 +62,16 @@ impl Coverage {
     /// `work()` here and, meanwhile, the coverage of the first `kernel_rows` rows of `g` on a
     /// thread of its own (computed here after `work` where no thread can be started): a sweep
     /// that solves on the GPU leaves the host's cores idle (0.2-0.3 s at 92M kernel nonzeros).
-    pub fn beside<R: Send>(
-        g: &Csr,
-        kernel_rows: usize,
-        work: impl FnOnce() -> R,
-    ) -> (R, Option<Coverage>) {
+    /// A panic on that thread goes on here.
+    pub fn beside<R: Send>(g: &Csr, kernel_rows: usize, work: impl FnOnce() -> R) -> (R, Coverage) {
         std::thread::scope(|sc| {
             let cov = std::thread::Builder::new()
                 .name("seistomo-coverage".into())
                 .spawn_scoped(sc, || Coverage::from_kernel_rows(g, kernel_rows));
             let r = work();
             let c = match cov {
-                Ok(h) => h.join().ok(),
-                Err(_) => Some(Coverage::from_kernel_rows(g, kernel_rows)),
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(_) => Coverage::from_kernel_rows(g, kernel_rows),
             };
             (r, c)
         })

@@ -530,13 +530,7 @@ fn run_model_of(
                 true_model: r.true_model.as_ref(),
                 kernel_rows: r.kernel_rows,
             },
-            std::mem::replace(
-                &mut r.coverage,
-                crate::grid::Coverage {
-                    hit_count: Vec::new(),
-                    dws: Vec::new(),
-                },
-            ),
+            std::mem::take(&mut r.coverage),
             resume,
         ),
     };

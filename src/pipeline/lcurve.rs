@@ -88,8 +88,8 @@ impl Sweep {
         b
     }
 
-    /// The point of weight `w` solved as `outcome` (norms; no curvature or GCV yet).
-    /// The point of one solution (the tests' single solves).
+    /// The point of weight `w` solved as `outcome` (norms; no curvature or GCV yet): the tests'
+    /// single solves ([`Self::points`] for the sweep's).
     #[cfg(test)]
     fn point(&self, w: f64, outcome: Outcome) -> LPoint {
         let gx = self.g.par_matvec(&outcome.solution.x);
@@ -108,11 +108,10 @@ impl Sweep {
             .collect()
     }
 
-    /// The point of `outcome`, G x given.
+    /// The point of `outcome`, G x given (its rows summed in parallel, the same sums as one row
+    /// after another, which took 4 s for 16 points of the 101M-nonzero system).
     fn point_from(&self, w: f64, outcome: Outcome, gx: &[f64]) -> LPoint {
         let x = &outcome.solution.x;
-        // (the products' rows in parallel, the same sums: 16 points of the 101M-nonzero system
-        // took 4 s one row after another)
         let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
         let lm = match &self.r {
             Some(r) => norm(&r.par_matvec(x)),
@@ -478,10 +477,7 @@ pub fn lcurve(
     // where `[model]` does not, as in `invert`.
     let kernel_rows = sweep.g.nrows();
     // The ray coverage is computed beside the solves (below); the model side is checked first.
-    let later = Coverage {
-        hit_count: Vec::new(),
-        dws: Vec::new(),
-    };
+    let later = Coverage::default();
     let known = crate::pipeline::model::Known {
         ncols: sweep.g.ncols(),
         grid: sweep.grid.as_ref(),
@@ -500,10 +496,7 @@ pub fn lcurve(
             each(what, i, p)
         })
     });
-    let (curve, coverage) = (
-        curve?,
-        coverage.ok_or_else(|| Error::Invalid("lcurve: the coverage's thread failed".into()))?,
-    );
+    let curve = curve?;
     *run_model.coverage_mut() = coverage;
     let (pts, c) = (&curve.points, curve.corner);
     let triples: Vec<(f64, f64, f64)> = pts

@@ -56,11 +56,7 @@ impl RunModel {
             true_model: loaded.true_model.as_ref(),
             kernel_rows: sys.kernel_rows,
         };
-        let empty = crate::grid::Coverage {
-            hit_count: Vec::new(),
-            dws: Vec::new(),
-        };
-        let mut m = RunModel::with_coverage(cfg, known, empty, resume)?;
+        let mut m = RunModel::with_coverage(cfg, known, crate::grid::Coverage::default(), resume)?;
         m.coverage_later = true;
         Ok(m)
     }

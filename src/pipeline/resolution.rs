@@ -66,10 +66,7 @@ pub fn resolution(
     let sweep = Sweep::from_config(cfg)?;
     let (g, kernel_rows) = (&sweep.g, sweep.g.nrows());
     // The ray coverage is computed beside the solves (below); the model side is checked first.
-    let later = crate::grid::Coverage {
-        hit_count: Vec::new(),
-        dws: Vec::new(),
-    };
+    let later = crate::grid::Coverage::default();
     let known = Known {
         ncols: g.ncols(),
         grid: sweep.grid.as_ref(),
@@ -126,8 +123,7 @@ pub fn resolution(
         )
     });
     solved?;
-    *model.coverage_mut() = coverage
-        .ok_or_else(|| Error::Invalid("resolution: the coverage's thread failed".into()))?;
+    *model.coverage_mut() = coverage;
     let seconds = started.elapsed().as_secs_f64();
     let mut outcomes = outcomes
         .into_iter()
