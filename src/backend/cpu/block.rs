@@ -333,6 +333,18 @@ impl CpuBlockOperator {
     }
 }
 
+/// The member groups of a block of k: (first member, members), at most [`GROUP`] each, as
+/// equal as can be (13 members: 7 + 6).
+fn groups(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = k.div_ceil(GROUP);
+    (0..n).scan(0, move |j0, gi| {
+        let g = k / n + usize::from(gi < k % n);
+        let at = *j0;
+        *j0 += g;
+        Some((at, g))
+    })
+}
+
 /// The factors of a group of W members: [ones, weights].
 fn factors<const W: usize>(w: &[f64], j0: usize) -> [[f64; W]; 2] {
     let mut f = [[1.0; W]; 2];
@@ -344,57 +356,81 @@ fn factors<const W: usize>(w: &[f64], j0: usize) -> [[f64; W]; 2] {
 
 /// One product's rows: `src` rows (offsets, columns, values), entry classes (None: none
 /// weighted), the multiplied block `x` (k columns), members' weights `w`, and (alpha, beta).
-struct Product<'a> {
-    ptr: &'a [u64],
-    cols: &'a [u32],
-    vals: &'a [f64],
+pub(super) struct Product<'a> {
+    pub(super) ptr: &'a [u64],
+    pub(super) cols: &'a [u32],
+    pub(super) vals: &'a [f64],
     /// Weighted rows by row (A X) or by entry (A^T Y).
-    class: Classes<'a>,
-    x: &'a [f64],
-    k: usize,
-    w: &'a [f64],
-    alpha: f64,
-    beta: &'a [f64],
+    pub(super) class: Classes<'a>,
+    pub(super) x: &'a [f64],
+    pub(super) k: usize,
+    pub(super) w: &'a [f64],
+    pub(super) alpha: f64,
+    pub(super) beta: &'a [f64],
 }
 
 #[derive(Clone, Copy)]
-enum Classes<'a> {
+pub(super) enum Classes<'a> {
     None,
     Rows(&'a [u8]),
     Entries(&'a [u8]),
 }
 
 impl Product<'_> {
-    /// The rows `r0..` of the product into `out` (their k values each): with AVX2 where the CPU
-    /// has it (four members per instruction; the same sums: IEEE products and sums element by
-    /// element, never fused), else SSE2.
+    /// The rows `r0..` of the product into `out` (their k values each): with AVX2's
+    /// intrinsics where the CPU has it (four members an instruction; the same sums bit for bit:
+    /// src/backend/cpu/block_avx2.rs), else the portable kernel.
     fn rows(&self, r0: usize, out: &mut [f64]) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { self.rows_avx2(r0, out) };
+            // (AVX-512's 32 registers hold a group's lane sums and temporaries: the same
+            // operations on 256-bit vectors)
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl");
+            for (j0, g) in groups(self.k) {
+                if g < 4 {
+                    // (fewer members than a vector holds: the portable kernel, compiled for
+                    // AVX2; its lanes are scalars)
+                    // SAFETY: the CPU has AVX2 (checked above).
+                    unsafe { self.group_any_avx2(r0, j0, g, out) };
+                    continue;
+                }
+                // SAFETY: the CPU has AVX2, and AVX-512F and VL where `avx512` (checked above);
+                // the product is consistent (`product` checked the blocks' shapes and the
+                // factors' counts; the offsets, columns and classes are the operator's own),
+                // and j0 + g <= k, 4 <= g <= GROUP.
+                unsafe {
+                    if avx512 {
+                        super::block_avx2::group_avx512(self, r0, j0, g, out)
+                    } else {
+                        super::block_avx2::group(self, r0, j0, g, out)
+                    }
+                };
+            }
             return;
         }
         self.rows_any(r0, out)
     }
 
-    /// [`Self::rows`] compiled for AVX2.
+    /// [`Self::group_any`] compiled for AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn rows_avx2(&self, r0: usize, out: &mut [f64]) {
-        self.rows_any(r0, out)
+    unsafe fn group_any_avx2(&self, r0: usize, j0: usize, g: usize, out: &mut [f64]) {
+        self.group_any(r0, j0, g, out)
     }
 
-    /// The rows in member groups of up to [`GROUP`].
+    /// The rows in member groups of up to [`GROUP`], portable (the AVX2 kernel's reference).
     #[inline(always)]
     fn rows_any(&self, r0: usize, out: &mut [f64]) {
-        let k = self.k;
-        // groups of at most GROUP members (their lanes stay in AVX2's registers), as equal as
-        // can be (11 members: 6 + 5)
-        let groups = k.div_ceil(GROUP);
-        let mut j0 = 0;
-        for gi in 0..groups {
-            let g = k / groups + usize::from(gi < k % groups);
+        for (j0, g) in groups(self.k) {
+            self.group_any(r0, j0, g, out);
+        }
+    }
+
+    /// The members j0..j0 + g (g <= [`GROUP`]) of rows r0.., portable.
+    #[inline(always)]
+    fn group_any(&self, r0: usize, j0: usize, g: usize, out: &mut [f64]) {
+        {
             match g {
                 1 => self.group::<1>(r0, j0, out),
                 2 => self.group::<2>(r0, j0, out),
@@ -409,9 +445,7 @@ impl Product<'_> {
                 11 => self.group::<11>(r0, j0, out),
                 _ => self.group::<12>(r0, j0, out),
             }
-            j0 += g;
         }
-        debug_assert_eq!(j0, k);
     }
 
     #[inline(always)]
@@ -712,6 +746,77 @@ mod tests {
             for (c, &j) in keep.iter().enumerate() {
                 let x1 = single(j).1;
                 assert_eq!(bits(&be.block_column(&xb, c).unwrap()), bits(&x1));
+            }
+        }
+    }
+
+    #[test]
+    fn vector_kernels_equal_the_portable_kernel_bitwise() {
+        // every group width (k 1..=25: groups of 1-12 members, whole and overlapping vectors),
+        // every way of weighting, rows of 0-4 entries and longer ones, and betas of zero
+        let a = crate::testproblems::awkward_csr(700, 90, 5);
+        let mut rng = crate::grid::Rng::new(17);
+        let row_class: Vec<u8> = (0..a.nrows()).map(|i| u8::from(i % 3 == 1)).collect();
+        let entry_class: Vec<u8> = (0..a.nnz()).map(|p| u8::from(p % 5 < 2)).collect();
+        for k in 1..=25usize {
+            let x: Vec<f64> = crate::testproblems::with_negative_zeros(a.ncols() * k, 7, &mut rng);
+            let y0: Vec<f64> = (0..a.nrows() * k).map(|_| rng.uniform() - 0.5).collect();
+            let w: Vec<f64> = (0..k).map(|j| 0.3 + 0.17 * j as f64).collect();
+            let beta: Vec<f64> = (0..k)
+                .map(|j| if j % 3 == 0 { 0.0 } else { -0.25 * j as f64 })
+                .collect();
+            for class in [
+                Classes::None,
+                Classes::Rows(&row_class),
+                Classes::Entries(&entry_class),
+            ] {
+                let p = Product {
+                    ptr: a.indptr(),
+                    cols: a.indices(),
+                    vals: a.data(),
+                    class,
+                    x: &x,
+                    k,
+                    w: if matches!(class, Classes::None) {
+                        &[]
+                    } else {
+                        &w
+                    },
+                    alpha: 1.5,
+                    beta: &beta,
+                };
+                let mut want = y0.clone();
+                p.rows_any(0, &mut want);
+                let mut got = y0.clone();
+                p.rows(0, &mut got);
+                assert_eq!(bits(&got), bits(&want), "k {k}");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    for avx512 in [false, true] {
+                        if avx512
+                            && !(std::arch::is_x86_feature_detected!("avx512f")
+                                && std::arch::is_x86_feature_detected!("avx512vl"))
+                        {
+                            continue;
+                        }
+                        let mut got = y0.clone();
+                        for (j0, g) in groups(k).filter(|&(_, g)| g >= 4) {
+                            // SAFETY: the CPU has the features (checked); the product is a
+                            // Csr's with x and y of its shape, 4 <= g <= 12.
+                            unsafe {
+                                if avx512 {
+                                    super::super::block_avx2::group_avx512(&p, 0, j0, g, &mut got)
+                                } else {
+                                    super::super::block_avx2::group(&p, 0, j0, g, &mut got)
+                                }
+                            }
+                        }
+                        for (j0, g) in groups(k).filter(|&(_, g)| g < 4) {
+                            p.group_any(0, j0, g, &mut got);
+                        }
+                        assert_eq!(bits(&got), bits(&want), "k {k} avx512 {avx512}");
+                    }
+                }
             }
         }
     }

@@ -4,6 +4,8 @@
 //! same whatever the thread count or scheduling (bitwise reproducible runs and resumes).
 
 mod block;
+#[cfg(target_arch = "x86_64")]
+mod block_avx2;
 mod compact;
 mod rows;
 
