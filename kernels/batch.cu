@@ -6,6 +6,17 @@
 // (block.rs `block_threads`), so over the whole grid-stride loop thread t works on column
 // t % k only; the coefficients of member j (scale factors, betas, the update's steps) come from
 // a small device array of k values.
+//
+// A block may carry a pending scale (block.rs `CudaBlock::pending`): its values are then
+// p_j x_ij, formed where they are read (`p ? x * p[j] : x`: the product a block_scale would
+// have stored, so every result is the same bit for bit) instead of in a pass of their own.
+// Null: none.
+
+// Value i (of column j) of a block with pending scale p (null: none).
+__device__ __forceinline__ double scaled(const double* __restrict__ x, unsigned long long i,
+                                         const double* __restrict__ p, int j) {
+    return p ? x[i] * p[j] : x[i];
+}
 
 // Column j's partial sum of this block into partial[blockIdx.x * k + j] (blockDim.x a
 // multiple of k; `sh` holds blockDim.x doubles). Every thread calls it.
@@ -23,8 +34,10 @@ __device__ __forceinline__ void column_partials(double s, int k, double* sh, dou
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
          i < (n); i += (unsigned long long)gridDim.x * blockDim.x)
 
-// partial[b * k + j] = this block's sum of (f[j] x_ij)^2 (f null: of x_ij^2); n = rows * k.
+// partial[b * k + j] = this block's sum of (f[j] x_ij)^2 (f null: of x_ij^2); n = rows * k;
+// x's pending scale xp.
 extern "C" __global__ void block_norms(unsigned long long n, int k, const double* __restrict__ x,
+                                       const double* __restrict__ xp,
                                        const double* __restrict__ f, double* partial) {
     extern __shared__ double sh[];
     const int j = threadIdx.x % k;
@@ -32,11 +45,14 @@ extern "C" __global__ void block_norms(unsigned long long n, int k, const double
     if (f) {
         const double fj = f[j];
         BLOCK_STRIDE(n) {
-            const double v = x[i] * fj;
+            const double v = scaled(x, i, xp, j) * fj;
             s += v * v;
         }
     } else {
-        BLOCK_STRIDE(n) s += x[i] * x[i];
+        BLOCK_STRIDE(n) {
+            const double v = scaled(x, i, xp, j);
+            s += v * v;
+        }
     }
     column_partials(s, k, sh, partial);
 }
@@ -58,19 +74,23 @@ extern "C" __global__ void block_scale(unsigned long long n, int k, double* __re
     BLOCK_STRIDE(n) x[i] *= aj;
 }
 
-// y_ij = a x_ij + b[j] y_ij
+// y_ij = a x_ij + b[j] y_ij (x's pending scale xp, y's yp)
 extern "C" __global__ void block_axpby(unsigned long long n, int k, double a,
-                                       const double* __restrict__ x, const double* __restrict__ b,
-                                       double* __restrict__ y) {
-    const double bj = b[threadIdx.x % k];
-    BLOCK_STRIDE(n) y[i] = a * x[i] + bj * y[i];
+                                       const double* __restrict__ x,
+                                       const double* __restrict__ xp,
+                                       const double* __restrict__ b, double* __restrict__ y,
+                                       const double* __restrict__ yp) {
+    const int j = threadIdx.x % k;
+    const double bj = b[j];
+    BLOCK_STRIDE(n) y[i] = a * scaled(x, i, xp, j) + bj * scaled(y, i, yp, j);
 }
 
 // LSQR's update of every member (vector.cu's lsqr_update column by column): with
 // c = [t1 (k), t2 (k), inv_rho (k)], partial (per block and column) = ||inv_rho w||^2 of the old
-// w; x += t1 w; var += (inv_rho w)^2 (var may be null); w = v + t2 w.
+// w; x += t1 w; var += (inv_rho w)^2 (var may be null); w = v + t2 w (v's pending scale vp).
 extern "C" __global__ void block_update(unsigned long long n, int k, double* __restrict__ x,
                                         double* __restrict__ w, const double* __restrict__ v,
+                                        const double* __restrict__ vp,
                                         double* __restrict__ var, const double* __restrict__ c,
                                         double* partial) {
     extern __shared__ double sh[];
@@ -83,7 +103,7 @@ extern "C" __global__ void block_update(unsigned long long n, int k, double* __r
         s += dk * dk;
         x[i] += t1 * wi;
         if (var) var[i] += dk * dk;
-        w[i] = v[i] + t2 * wi;
+        w[i] = scaled(v, i, vp, j) + t2 * wi;
     }
     column_partials(s, k, sh, partial);
 }
@@ -110,12 +130,14 @@ extern "C" __global__ void block_column(unsigned long long rows, int k, int j, i
     }
 }
 
-// y_j of row `row` = alpha acc + beta_j y_j (y_j not read where beta_j == 0).
+// y_j of row `row` = alpha acc + beta_j y_j (y_j not read where beta_j == 0; y's pending
+// scale yp).
 __device__ __forceinline__ void put(double* __restrict__ y, unsigned row, int k, int j,
-                                    double alpha, double acc, const double* __restrict__ beta) {
+                                    double alpha, double acc, const double* __restrict__ beta,
+                                    const double* __restrict__ yp) {
     const unsigned long long e = (unsigned long long)row * k + j;
     const double b = beta[j];
-    y[e] = b == 0.0 ? alpha * acc : alpha * acc + b * y[e];
+    y[e] = b == 0.0 ? alpha * acc : alpha * acc + b * scaled(y, e, yp, j);
 }
 
 // ---- The block product A X on column tiles (src/backend/cuda/block.rs `BlockTiles`) ----
@@ -182,6 +204,7 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
                                             const u64* __restrict__ seg_ent,
                                             const u16* __restrict__ lcol, const V* __restrict__ val,
                                             const double* __restrict__ x,
+                                            const double* __restrict__ xp,
                                             double* __restrict__ seg_partial) {
     extern __shared__ double xs[];  // the tile's rows of X, the group's members: T x kb
     const u32 nmg = (u32)(k + BT_KB - 1) / BT_KB;
@@ -191,7 +214,8 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
     const u64 c0 = (u64)chunk_tile[q] << tile_bits;
     bt_stage(xs, T * (u32)kb, [&](u32 i) {
         const u64 c = c0 + i / (u32)kb;
-        return c < ncols ? x[c * (u64)k + jb + i % (u32)kb] : 0.0;
+        const int j = (int)(jb + i % (u32)kb);
+        return c < ncols ? scaled(x, c * (u64)k + j, xp, j) : 0.0;
     });
     __syncthreads();
     const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
@@ -232,8 +256,8 @@ __device__ __forceinline__ void bt_axf_impl(int k, u32 tile_bits, u64 ncols,
     extern "C" __global__ void __launch_bounds__(BT_TILE_THREADS, 2)                            \
         bt_axf_##SUF(int k, u32 tile_bits, u64 ncols, const u32* chunk_tile,                    \
                      const u32* chunk_seg, const u64* seg_ent, const u16* lcol, const V* val,   \
-                     const double* x, double* seg_partial) {                                    \
-        bt_axf_impl<V>(k, tile_bits, ncols, chunk_tile, chunk_seg, seg_ent, lcol, val, x,       \
+                     const double* x, const double* xp, double* seg_partial) {                  \
+        bt_axf_impl<V>(k, tile_bits, ncols, chunk_tile, chunk_seg, seg_ent, lcol, val, x, xp,   \
                        seg_partial);                                                            \
     }
 BT_AXF(f64, double)
@@ -246,7 +270,9 @@ struct BtTail {
     const u32* rcols;
     const double* rvals;
     const double* in;
+    const double* in_p;  // the input's pending scale
     double* out;
+    const double* out_p;  // the output's
     double alpha;
     const double* beta;
     const double* w;
@@ -271,10 +297,10 @@ __device__ __forceinline__ void bt_second(u32 n, int k, const BtTail& t, GSum gs
                 for (u64 p = ra; p < rb; ++p) {
                     double v = t.rvals[p] * wj;
                     if (F32) v = (double)(float)v;
-                    acc += v * t.in[(u64)t.rcols[p] * k + j];
+                    acc += v * scaled(t.in, (u64)t.rcols[p] * k + j, t.in_p, j);
                 }
             }
-            put(t.out, i, k, j, t.alpha, acc, t.beta);
+            put(t.out, i, k, j, t.alpha, acc, t.beta, t.out_p);
         }
     }
 }
@@ -283,9 +309,9 @@ __device__ __forceinline__ void bt_second(u32 n, int k, const BtTail& t, GSum gs
     extern "C" __global__ void __launch_bounds__(256)                                           \
         bt_rows_##SUF(u32 nrows, int k, const u64* row_seg, const u32* seg_pos,                 \
                       const double* seg_partial, const u64* rptr, const u32* rcols,              \
-                      const double* rvals, const double* x, double* y, double alpha,             \
-                      const double* beta, const double* w) {                                     \
-        const BtTail t = {rptr, rcols, rvals, x, y, alpha, beta, w};                             \
+                      const double* rvals, const double* x, const double* xp, double* y,         \
+                      const double* yp, double alpha, const double* beta, const double* w) {     \
+        const BtTail t = {rptr, rcols, rvals, x, xp, y, yp, alpha, beta, w};                     \
         bt_second<F32>(nrows, k, t, [&](u32 r, int j) {                                          \
             double acc = 0.0;                                                                    \
             for (u64 s = row_seg[r]; s < row_seg[r + 1]; ++s)                                    \
@@ -316,6 +342,7 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
                                             const u64* __restrict__ colptr,
                                             const u16* __restrict__ lseg, const V* __restrict__ val,
                                             const double* __restrict__ y,
+                                            const double* __restrict__ yp,
                                             double* __restrict__ cpart) {
     extern __shared__ double ys[];  // the chunk's segments' rows of Y, the group's members
     const u32 nmg = (u32)(k + BT_KBT - 1) / BT_KBT;
@@ -324,7 +351,8 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
     const u32 T = 1u << tile_bits;
     const u32 s0 = chunk_seg[q], ns = chunk_seg[q + 1] - s0;
     bt_stage(ys, ns * (u32)kb, [&](u32 i) {
-        return y[(u64)seg_row[s0 + i / (u32)kb] * k + jb + i % (u32)kb];
+        const int j = (int)(jb + i % (u32)kb);
+        return scaled(y, (u64)seg_row[s0 + i / (u32)kb] * k + j, yp, j);
     });
     __syncthreads();
     const u64 col0 = (u64)q << tile_bits;  // this chunk's first place in colptr and cpart
@@ -345,8 +373,8 @@ __device__ __forceinline__ void bt_atu_impl(int k, u32 tile_bits, const u32* __r
     extern "C" __global__ void __launch_bounds__(BT_TILE_THREADS, 3)                            \
         bt_atu_##SUF(int k, u32 tile_bits, const u32* chunk_seg, const u32* seg_row,            \
                      const u64* colptr, const u16* lseg, const V* val, const double* y,         \
-                     double* cpart) {                                                            \
-        bt_atu_impl<V>(k, tile_bits, chunk_seg, seg_row, colptr, lseg, val, y, cpart);          \
+                     const double* yp, double* cpart) {                                          \
+        bt_atu_impl<V>(k, tile_bits, chunk_seg, seg_row, colptr, lseg, val, y, yp, cpart);      \
     }
 BT_ATU(f64, double)
 BT_ATU(f32, float)
@@ -355,9 +383,9 @@ BT_ATU(f32, float)
     extern "C" __global__ void __launch_bounds__(256)                                           \
         bt_cols_##SUF(u32 ncols, int k, u32 tile_bits, const u32* tile_chunk,                   \
                       const double* cpart, const u64* rptr, const u32* rcols,                    \
-                      const double* rvals, const double* y, double* x, double alpha,             \
-                      const double* beta, const double* w) {                                     \
-        const BtTail t = {rptr, rcols, rvals, y, x, alpha, beta, w};                             \
+                      const double* rvals, const double* y, const double* yp, double* x,         \
+                      const double* xp, double alpha, const double* beta, const double* w) {     \
+        const BtTail t = {rptr, rcols, rvals, y, yp, x, xp, alpha, beta, w};                     \
         const u32 mask = (1u << tile_bits) - 1;                                                  \
         bt_second<F32>(ncols, k, t, [&](u32 c, int j) {                                          \
             const u32 tile = c >> tile_bits;                                                     \
