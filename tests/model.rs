@@ -483,6 +483,41 @@ fn bundled_model_configs_load_with_their_cell_tables() {
 }
 
 #[test]
+fn lcurve_batch_on_one_thread_finishes() {
+    // The batch's consumer (the points' norms, in parallel) once waited for the one worker
+    // that waited for it: the run hung. Killed after 120 s here.
+    let dir = tmp("lcurve-1thread");
+    let cfg = australia_config(&dir, "");
+    let out = dir.join("lc");
+    let mut child = common::seistomo()
+        .args([
+            "-q",
+            "lcurve",
+            cfg.to_str().unwrap(),
+            "--log-range",
+            "1e-2:1:4",
+        ])
+        .args(["-o", out.to_str().unwrap()])
+        .env("RAYON_NUM_THREADS", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("seistomo lcurve on one thread did not finish in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success());
+    lcurve_rows(&std::fs::read_to_string(out.join("lcurve.csv")).unwrap(), 4);
+}
+
+#[test]
 fn lcurve_without_reg_sweeps_lsqr_damping() {
     let dir = tmp("lcurve-damp");
     let lsq = root().join("datasets/lsq");

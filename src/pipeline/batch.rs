@@ -269,6 +269,15 @@ impl BatchVisitor for Run<'_, '_> {
                 },
             );
             drop(tx);
+            // This thread may be one of rayon's workers (the CPU batch runs on the pool), and
+            // the consumer's own parallel loops need a free worker: with one thread, or
+            // several batches at once, a plain join would wait for a consumer that waits for
+            // this worker. So it waits working off the pool's queue.
+            while !consumer.is_finished() {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
             match consumer.join() {
                 Ok(each) => (ends, each),
                 Err(p) => std::panic::resume_unwind(p),
