@@ -290,55 +290,6 @@ impl BatchBackend for CpuBackend {
     }
 }
 
-/// `a x_j` for each of `xs` with one pass over `a` for all: the x's copied into a row-major
-/// block (a row's k values side by side), then the block kernel ([`Product`]), rows in
-/// parallel. Each result is bit for bit `a.par_matvec(x_j)` (the same four lanes a row). Where
-/// the L-curve's points gathered each x along the matrix one after another (16 members of the
-/// 101M-nonzero system: 0.57 s on 16 cores), each entry now reads its k values from one or
-/// two cache lines.
-pub fn matvec_many(a: &Csr, xs: &[&[f64]]) -> Vec<Vec<f64>> {
-    let k = xs.len();
-    if k <= 1 {
-        return xs.iter().map(|x| a.par_matvec(x)).collect();
-    }
-    let n = a.ncols();
-    for x in xs {
-        assert_eq!(
-            x.len(),
-            n,
-            "matvec_many: a vector of another length than the columns"
-        );
-    }
-    let mut x = vec![0.0; n * k];
-    x.par_chunks_mut(k)
-        .with_min_len(4096)
-        .enumerate()
-        .for_each(|(c, row)| {
-            for (v, xj) in row.iter_mut().zip(xs) {
-                *v = xj[c];
-            }
-        });
-    let beta = vec![0.0; k];
-    let p = Product {
-        ptr: a.indptr(),
-        cols: a.indices(),
-        vals: a.data(),
-        class: Classes::None,
-        x: &x,
-        k,
-        w: &[],
-        alpha: 1.0,
-        beta: &beta,
-    };
-    let mut y = vec![0.0; a.nrows() * k];
-    p.run(&mut y);
-    drop(x);
-    (0..k)
-        .into_par_iter()
-        .map(|j| y.iter().skip(j).step_by(k).copied().collect())
-        .collect()
-}
-
 /// A CSR matrix applied to blocks: its rows for A X, an explicit transpose (CSR of A^T, the
 /// single CPU operator's CSC copy) for A^T Y; rows of class 1 are weighted (member j's
 /// `w[j]`).
@@ -795,23 +746,6 @@ mod tests {
             for (c, &j) in keep.iter().enumerate() {
                 let x1 = single(j).1;
                 assert_eq!(bits(&be.block_column(&xb, c).unwrap()), bits(&x1));
-            }
-        }
-    }
-
-    #[test]
-    fn matvec_many_equals_par_matvec_bit_for_bit() {
-        let a = crate::testproblems::awkward_csr(3000, 400, 7);
-        let mut rng = crate::grid::Rng::new(5);
-        for k in [0usize, 1, 2, 5, 11, 13] {
-            let xs: Vec<Vec<f64>> = (0..k)
-                .map(|_| crate::testproblems::with_negative_zeros(400, 7, &mut rng))
-                .collect();
-            let refs: Vec<&[f64]> = xs.iter().map(|x| x.as_slice()).collect();
-            let many = matvec_many(&a, &refs);
-            assert_eq!(many.len(), k);
-            for (x, y) in xs.iter().zip(&many) {
-                assert_eq!(bits(y), bits(&a.matvec(x)), "k {k}");
             }
         }
     }

@@ -9,7 +9,7 @@ mod block_avx2;
 mod compact;
 mod rows;
 
-pub use block::{matvec_many, CpuBlock, CpuBlockOperator};
+pub use block::{CpuBlock, CpuBlockOperator};
 pub use compact::CpuCompactOperator;
 
 pub mod square;
