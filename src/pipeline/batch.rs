@@ -269,6 +269,7 @@ impl BatchVisitor for Run<'_, '_> {
                 },
             );
             drop(tx);
+            crate::ui::phases::trace(format_args!("batch iterations done"));
             // This thread may be one of rayon's workers (the CPU batch runs on the pool), and
             // the consumer's own parallel loops need a free worker: with one thread, or
             // several batches at once, a plain join would wait for a consumer that waits for
@@ -283,6 +284,7 @@ impl BatchVisitor for Run<'_, '_> {
                 Err(p) => std::panic::resume_unwind(p),
             }
         });
+        crate::ui::phases::trace(format_args!("batch consumer done"));
         let ends = ends?;
         for (j, end) in ends.into_iter().enumerate() {
             if let MemberEnd::Handed(h) = end {

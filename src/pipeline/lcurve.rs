@@ -278,10 +278,15 @@ impl Sweep {
                     probe_x[j] = Some(out.solution.x);
                 }
             }
+            let (t, n) = (std::time::Instant::now(), data.len());
             for (i, pt) in self.points(weights, data) {
                 each(i, &pt);
                 points[i] = Some(pt);
             }
+            crate::ui::phases::trace(format_args!(
+                "points of {n} members in {:.3} s",
+                t.elapsed().as_secs_f64()
+            ));
         };
         let rhs: Vec<&[f64]> = (0..members.len()).map(|j| rhs_of(j).as_slice()).collect();
         self.solve_members(&members, &rhs, opts, comm, mode.separate, &mut take)?;
