@@ -1,4 +1,4 @@
-//! The rows of a CPU block product ([`super::block`]) with AVX2 intrinsics: four members an
+//! The rows of a CPU block product ([`super::block_rows`]) with AVX2 intrinsics: four members an
 //! instruction, a group of up to 12 members (three vectors) a pass over the row.
 //!
 //! The numbers are the portable kernel's bit for bit (`Product::rows_any`): each term is
@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::block::{Classes, Product};
+use super::block_rows::{Classes, Product};
 
 /// How a row's terms are weighted (a const parameter, so each way is a loop of its own): not
 /// at all, the whole row by `w_j`, or entry by entry by its class (1 or `w_j`).

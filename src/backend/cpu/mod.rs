@@ -6,6 +6,7 @@
 mod block;
 #[cfg(target_arch = "x86_64")]
 mod block_avx2;
+mod block_rows;
 mod compact;
 mod rows;
 
