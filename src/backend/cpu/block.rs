@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::block_rows::{groups, Classes, Product, GROUP};
+use super::block_rows::{Classes, Product, GROUP};
 use super::{CpuBackend, CHUNK};
 use crate::backend::batch::{check, weighted_rows, BatchBackend, BlockOperator, BlockScale, Side};
 use crate::backend::XwStep;
@@ -342,29 +342,38 @@ impl Product<'_> {
             // operations on 256-bit vectors)
             let avx512 = std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512vl");
-            for (j0, g) in groups(self.k) {
-                if g < 4 {
-                    // (fewer members than a vector holds: the portable kernel, compiled for
-                    // AVX2; its lanes are scalars)
-                    // SAFETY: the CPU has AVX2 (checked above).
-                    unsafe { self.group_any_avx2(r0, j0, g, out) };
-                    continue;
-                }
-                // SAFETY: the CPU has AVX2, and AVX-512F and VL where `avx512` (checked above);
-                // the product is consistent (`product` checked the blocks' shapes and the
-                // factors' counts; the offsets, columns and classes are the operator's own),
-                // and j0 + g <= k, 4 <= g <= GROUP.
-                unsafe {
-                    if avx512 {
-                        super::block_avx2::group_avx512(self, r0, j0, g, out)
-                    } else {
-                        super::block_avx2::group(self, r0, j0, g, out)
-                    }
-                };
-            }
+            // SAFETY: the CPU has AVX2, and AVX-512F and VL where `avx512` (checked above).
+            unsafe { self.rows_vector(r0, out, avx512) };
             return;
         }
         self.rows_any(r0, out)
+    }
+
+    /// [`Self::rows`] with the vector kernels (`avx512`: built with AVX-512's registers).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, and AVX-512F and AVX-512VL where `avx512`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn rows_vector(&self, r0: usize, out: &mut [f64], avx512: bool) {
+        for (j0, g) in super::block_rows::groups(self.k) {
+            if g < 4 {
+                // (fewer members than a vector holds: the portable kernel, compiled for AVX2;
+                // its lanes are scalars)
+                // SAFETY: the CPU has AVX2 (the caller's contract).
+                unsafe { self.group_any_avx2(r0, j0, g, out) };
+                continue;
+            }
+            // SAFETY: the caller's contract on the CPU; the product is consistent (`product`
+            // checked the blocks' shapes and the factors' counts; the offsets, columns and
+            // classes are the operator's own), and j0 + g <= k, 4 <= g <= GROUP.
+            unsafe {
+                if avx512 {
+                    super::block_avx2::group_avx512(self, r0, j0, g, out)
+                } else {
+                    super::block_avx2::group(self, r0, j0, g, out)
+                }
+            };
+        }
     }
 
     /// All rows, split across rayon's threads by entries.
@@ -604,20 +613,8 @@ mod tests {
                             continue;
                         }
                         let mut got = y0.clone();
-                        for (j0, g) in groups(k).filter(|&(_, g)| g >= 4) {
-                            // SAFETY: the CPU has the features (checked); the product is a
-                            // Csr's with x and y of its shape, 4 <= g <= 12.
-                            unsafe {
-                                if avx512 {
-                                    super::super::block_avx2::group_avx512(&p, 0, j0, g, &mut got)
-                                } else {
-                                    super::super::block_avx2::group(&p, 0, j0, g, &mut got)
-                                }
-                            }
-                        }
-                        for (j0, g) in groups(k).filter(|&(_, g)| g < 4) {
-                            p.group_any(0, j0, g, &mut got);
-                        }
+                        // SAFETY: the CPU has the features (checked above).
+                        unsafe { p.rows_vector(0, &mut got, avx512) };
                         assert_eq!(bits(&got), bits(&want), "k {k} avx512 {avx512}");
                     }
                 }
