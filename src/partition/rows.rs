@@ -177,6 +177,26 @@ pub fn partition(
         cost.damping(r.end - r.start, n)
     };
     let kernel_total: u64 = nnz.iter().map(|&k| cost.kernel(k)).sum();
+    if size == 1 {
+        // One rank: every row, nothing to balance (what the loop below gives, without its
+        // heap and sorts: rows that are 0..n in some order sort to 0..n).
+        let mut seen = vec![false; rows.len()];
+        let permutation = rows
+            .iter()
+            .all(|&r| (r as usize) < seen.len() && !std::mem::replace(&mut seen[r as usize], true));
+        let kernel = if permutation {
+            (0..rows.len() as u64).collect()
+        } else {
+            let mut k = rows.to_vec();
+            k.sort_unstable();
+            k
+        };
+        return Partition {
+            kernel: vec![kernel],
+            damping: RowPartition::contiguous(d as usize, 1),
+            load: vec![range_cost(0..d) + kernel_total],
+        };
+    }
     let split = match damping.cuts {
         Some(cuts) if cuts.last() == Some(&d) => {
             whole_blocks(cuts, size, kernel_total + range_cost(0..d), &range_cost)

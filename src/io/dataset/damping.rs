@@ -1,13 +1,15 @@
 //! Damping block files: consecutive damping rows as a small CSR (docs/formats.md).
 
 use std::ops::Range;
+
+use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::write_plain;
 use crate::io::dataset::binfmt::{
-    checksum_error, crc, crc_append, decode_values, pad8, prefix_len, put_columns, put_prefix,
-    put_u32, put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
+    checksum_error, crc, crc_append, pad8, prefix_len, put_columns, put_prefix, put_u32, put_u64,
+    put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
@@ -111,13 +113,13 @@ pub struct DampingBlock {
 }
 
 impl DampingBlock {
-    /// Open block number `index`, check its header against the expected first row, columns,
-    /// precision and format version, and its length (version 2: the header's and the row
-    /// offsets' checksums too).
+    /// Open block number `index`, check its header against the expected first row (where one
+    /// is given), columns, precision and format version, and its length (version 2: the
+    /// header's and the row offsets' checksums too).
     pub fn open(
         path: &Path,
         index: u64,
-        first_row: u64,
+        first_row: Option<u64>,
         ncols: u64,
         prec: Precision,
         (version, id): (u32, u64),
@@ -144,10 +146,8 @@ impl DampingBlock {
             )));
         }
         let fr = r.u64(p + 8, "first row")?;
-        if fr != first_row {
-            return Err(bad(format!(
-                "first row {fr} but the blocks before it end at row {first_row}"
-            )));
+        if let Some(want) = first_row {
+            Self::check_first_row(path, fr, want)?;
         }
         let rows = r.count(p + 16, "rows")?;
         let nnz = r.count(p + 24, "nonzeros")?;
@@ -181,7 +181,7 @@ impl DampingBlock {
             if (i == 0 && p != 0) || p < prev || p > nnz as u64 || (i == rows && p != nnz as u64) {
                 return Err(bad(format!(
                     "damping row {}: bad row offset {p} (offsets must start at 0, not decrease and end at {nnz})",
-                    first_row + i as u64
+                    fr + i as u64
                 )));
             }
             prev = p;
@@ -189,12 +189,23 @@ impl DampingBlock {
         Ok(DampingBlock {
             path: path.to_path_buf(),
             map,
-            first_row,
+            first_row: fr,
             rows: rows as u64,
             nnz: nnz as u64,
             vb,
             version,
         })
+    }
+
+    /// A block's first row `fr` (from its header) where the blocks before it end at `want`.
+    pub fn check_first_row(path: &Path, fr: u64, want: u64) -> Result<()> {
+        if fr != want {
+            return Err(Error::format(
+                path,
+                format!("first row {fr} but the blocks before it end at row {want}"),
+            ));
+        }
+        Ok(())
     }
 
     /// Bytes before the row offsets.
@@ -210,7 +221,7 @@ impl DampingBlock {
         s: usize,
         e: usize,
         reader: Option<&crate::io::rowio::RangeReader>,
-        row_of: &dyn Fn(usize) -> u64,
+        row_of: &(dyn Fn(usize) -> u64 + Sync),
     ) -> Result<()> {
         if self.version < 2 || s >= e {
             return Ok(());
@@ -220,7 +231,7 @@ impl DampingBlock {
         let vals_at = cols_at + pad8(4 * nnz);
         let sums_at = vals_at + pad8(self.vb * nnz);
         let map = self.map.bytes();
-        for k in s / DAMP_CHUNK..e.div_ceil(DAMP_CHUNK) {
+        let check = |k: usize| -> Result<()> {
             let (a, z) = (k * DAMP_CHUNK, ((k + 1) * DAMP_CHUNK).min(nnz));
             let (c0, c1) = (cols_at + 4 * a, cols_at + 4 * z);
             let (v0, v1) = (vals_at + self.vb * a, vals_at + self.vb * z);
@@ -246,8 +257,20 @@ impl DampingBlock {
                     computed,
                 ));
             }
+            Ok(())
+        };
+        let chunks = s / DAMP_CHUNK..e.div_ceil(DAMP_CHUNK);
+        match reader {
+            // MPI-IO reads from one thread, chunk by chunk
+            Some(_) => chunks.into_iter().try_for_each(check),
+            // through the map: the chunks on rayon's threads, the first bad one reported
+            None => chunks
+                .into_par_iter()
+                .map(check)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .collect(),
         }
-        Ok(())
     }
 
     /// Nonzeros of block-local rows `range` (offsets were checked at open).
@@ -262,7 +285,7 @@ impl DampingBlock {
     }
 
     /// Append the block's rows `range` (block-local) scaled by `weight` to CSR arrays; returns
-    /// bytes read. Columns and values of the whole range are decoded in one pass each.
+    /// bytes read ([`Self::read_rows_into`] on the arrays' new tail).
     pub fn read_rows(
         &self,
         range: Range<u64>,
@@ -272,22 +295,35 @@ impl DampingBlock {
         indices: &mut Vec<u32>,
         data: &mut Vec<f64>,
     ) -> Result<u64> {
-        self.read_rows_via(range, weight, ncols, None, indptr, indices, data)
+        let nnz = self.range_nnz(range.clone()) as usize;
+        let (rows, base) = ((range.end - range.start) as usize, indices.len());
+        let (p0, n0) = (indptr.len(), data.len());
+        indptr.resize(p0 + rows, 0);
+        indices.resize(base + nnz, 0);
+        data.resize(n0 + nnz, 0.0);
+        let into = RowsOut {
+            base: base as u64,
+            indptr: &mut indptr[p0..],
+            indices: &mut indices[base..],
+            data: &mut data[n0..],
+        };
+        self.read_rows_into(range, weight, ncols, None, into)
     }
 
-    /// [`Self::read_rows`], the columns and values of the range read with `reader` (MPI-IO)
-    /// instead of through the map when one is given (the row offsets come from the map, which
-    /// [`Self::open`] checked).
-    #[allow(clippy::too_many_arguments)]
-    pub fn read_rows_via(
+    /// Decode the block's rows `range` (block-local), scaled by `weight`, into `out` (sized by
+    /// [`Self::range_nnz`]), the columns and values read with `reader` (MPI-IO) when one is
+    /// given, else from the map (the row offsets come from the map, which [`Self::open`]
+    /// checked). Returns the bytes read. The chunks' checksums and the rows are checked and
+    /// decoded in pieces on rayon's threads (through a map); the error is the one a pass in row
+    /// order finds first: a column out of range anywhere, then columns not increasing, then a
+    /// value not finite.
+    pub fn read_rows_into(
         &self,
         range: Range<u64>,
         weight: f64,
         ncols: usize,
         reader: Option<&crate::io::rowio::RangeReader>,
-        indptr: &mut Vec<u64>,
-        indices: &mut Vec<u32>,
-        data: &mut Vec<f64>,
+        out: RowsOut<'_>,
     ) -> Result<u64> {
         let r = Reader::new(&self.path, self.map.bytes());
         let rows = self.rows as usize;
@@ -297,44 +333,41 @@ impl DampingBlock {
         let cols_at = head + 8 * (rows + 1);
         let vals_at = cols_at + pad8(4 * nnz);
         // Offsets were checked at open (monotone, 0..=nnz).
-        let offs: Vec<usize> = r.data[head + 8 * r0..head + 8 * (r1 + 1)]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
-            .collect();
-        let (s, e) = (offs[0], offs[offs.len() - 1]);
-        let base = indices.len();
-        let first_row = self.first_row + r0 as u64;
-        // The damping row holding local nonzero k of this range.
-        let row_of = |k: usize| first_row + (offs.partition_point(|&o| o <= s + k) - 1) as u64;
-        // Checksums of the chunks the range touches (version 2), before anything is decoded.
-        {
-            let at = |i: usize| {
-                u64::from_le_bytes(r.data[head + 8 * i..head + 8 * i + 8].try_into().unwrap())
-                    as usize
-            };
-            // The last row of the block starting at or before nonzero k.
-            let block_row = |k: usize| {
-                let (mut lo, mut hi) = (0usize, rows);
-                while lo + 1 < hi {
-                    let mid = (lo + hi) / 2;
-                    if at(mid) <= k {
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                self.first_row + lo as u64
-            };
-            self.verify_chunks(s, e, reader, &block_row)?;
+        let off = |i: usize| {
+            let o = head + 8 * i;
+            u64::from_le_bytes(r.data[o..o + 8].try_into().unwrap()) as usize
+        };
+        let (s, e) = (off(r0), off(r1));
+        if out.indices.len() != e - s || out.data.len() != e - s || out.indptr.len() != r1 - r0 {
+            return Err(Error::Invalid(format!(
+                "damping rows {r0}..{r1} of {}: arrays of the wrong size",
+                self.path.display()
+            )));
         }
-        indices.resize(base + e - s, 0);
-        data.resize(base + e - s, 0.0);
-        let label_all = || format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
+        // The block row holding block nonzero k (the last row starting at or before it).
+        let block_row = |k: usize| {
+            let (mut lo, mut hi) = (0usize, rows);
+            while lo + 1 < hi {
+                let mid = (lo + hi) / 2;
+                if off(mid) <= k {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            self.first_row + lo as u64
+        };
+        // Checksums of the chunks the range touches (version 2), before anything is decoded.
+        self.verify_chunks(s, e, reader, &block_row)?;
+        let first_row = self.first_row + r0 as u64;
         // The columns and values of the range: from the map, or read (the file's length was
         // checked at open, so a short read means it changed since).
         let (col_bytes, val_bytes);
-        let (rc, c_off, rv, v_off) = match reader {
-            None => (&r, cols_at + 4 * s, &r, vals_at + self.vb * s),
+        let (cb, vb): (&[u8], &[u8]) = match reader {
+            None => (
+                &r.data[cols_at + 4 * s..cols_at + 4 * e],
+                &r.data[vals_at + self.vb * s..vals_at + self.vb * e],
+            ),
             Some(rd) => {
                 let what = format!("damping rows {first_row}..{}", first_row + (r1 - r0) as u64);
                 let ctx = |e| crate::io::rowio::in_context(e, &what);
@@ -348,88 +381,159 @@ impl DampingBlock {
                         self.vb * (e - s),
                     )
                     .map_err(ctx)?;
-                (
-                    &Reader::new(&self.path, &col_bytes),
-                    0,
-                    &Reader::new(&self.path, &val_bytes),
-                    0,
-                )
+                (&col_bytes, &val_bytes)
             }
         };
-        // Range check of every column (strict increase is checked per row below).
-        let cols = &mut indices[base..];
-        if let Err(err) = decode_columns_unordered(rc, c_off, ncols, cols) {
-            return Err(match err {
-                Some(k) => Error::format(
-                    &self.path,
-                    format!(
-                        "damping row {}: column {} out of range (ncols = {ncols})",
-                        row_of(k),
-                        cols[k]
-                    ),
-                ),
-                None => Error::format(&self.path, format!("truncated: {}", label_all())),
-            });
-        }
-        for w in offs.windows(2) {
-            let row = &cols[w[0] - s..w[1] - s];
-            if let Some(p) = row.windows(2).position(|c| c[1] <= c[0]) {
-                return Err(Error::format(
-                    &self.path,
-                    format!(
-                        "damping row {}: columns not strictly increasing at column {} (unsorted or duplicate)",
-                        row_of(w[0] - s + p + 1),
-                        row[p + 1]
-                    ),
-                ));
-            }
-        }
-        let vals = &mut data[base..];
-        decode_values(rv, v_off, self.vb, &[], vals, &label_all).map_err(|_| {
-            let k = vals.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            Error::format(
+        if cb.len() != 4 * (e - s) || vb.len() != self.vb * (e - s) {
+            return Err(Error::format(
                 &self.path,
                 format!(
-                    "damping row {}, column {}: value is not finite ({})",
-                    row_of(k),
-                    cols[k],
-                    vals[k]
+                    "truncated: damping rows {first_row}..{}",
+                    first_row + (r1 - r0) as u64
                 ),
-            )
-        })?;
-        if weight != 1.0 {
-            vals.iter_mut().for_each(|v| *v *= weight);
+            ));
         }
-        // each offset relative to the range's first entry, after the `base` entries before it
-        // (a rank's damping range may start deep in a block while it holds few entries)
-        indptr.extend(
-            offs[1..]
-                .iter()
-                .map(|&o| (o as u64 - s as u64) + base as u64),
-        );
+        // Pieces of whole rows of about PIECE nonzeros each, decoded in parallel.
+        const PIECE: usize = 1 << 16;
+        // (the first row starting at or after each multiple of PIECE past s)
+        let row_from = |k: usize| {
+            let (mut lo, mut hi) = (r0, r1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if off(mid) < k {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
+        };
+        let mut cuts = vec![r0];
+        for j in 1..(e - s).div_ceil(PIECE) {
+            let c = row_from(s + j * PIECE);
+            if c > *cuts.last().unwrap() && c < r1 {
+                cuts.push(c);
+            }
+        }
+        cuts.push(r1);
+        let RowsOut {
+            base,
+            indptr,
+            indices,
+            data,
+        } = out;
+        let mut jobs = Vec::with_capacity(cuts.len() - 1);
+        let (mut ip, mut ix, mut dv) = (indptr, indices, data);
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let n = off(b) - off(a);
+            let (p1, p2) = std::mem::take(&mut ip).split_at_mut(b - a);
+            let (i1, i2) = std::mem::take(&mut ix).split_at_mut(n);
+            let (d1, d2) = std::mem::take(&mut dv).split_at_mut(n);
+            jobs.push(((a, b), p1, i1, d1));
+            (ip, ix, dv) = (p2, i2, d2);
+        }
+        let vbytes = self.vb;
+        // Per piece: the first column out of range, the first entry not above the one before
+        // in its row, the first value not finite (range-local nonzero positions).
+        let found: Vec<[Option<usize>; 3]> = jobs
+            .into_par_iter()
+            .map(|((a, b), ptr, cols, vals)| {
+                let k0 = off(a) - s;
+                let mut bad = [None; 3];
+                for (j, (o, c)) in cols
+                    .iter_mut()
+                    .zip(cb[4 * k0..].chunks_exact(4))
+                    .enumerate()
+                {
+                    *o = u32::from_le_bytes(c.try_into().unwrap());
+                    if *o as usize >= ncols && bad[0].is_none() {
+                        bad[0] = Some(k0 + j);
+                    }
+                }
+                for (i, p) in (a..b).zip(ptr.iter_mut()) {
+                    let (x, y) = (off(i) - off(a), off(i + 1) - off(a));
+                    *p = (off(i + 1) - s) as u64 + base;
+                    if bad[1].is_none() {
+                        if let Some(q) = cols[x..y].windows(2).position(|c| c[1] <= c[0]) {
+                            bad[1] = Some(k0 + x + q + 1);
+                        }
+                    }
+                }
+                let vals_b = &vb[vbytes * k0..vbytes * (k0 + vals.len())];
+                let mut finite = true;
+                if vbytes == 8 {
+                    for (o, c) in vals.iter_mut().zip(vals_b.chunks_exact(8)) {
+                        *o = f64::from_le_bytes(c.try_into().unwrap());
+                        finite &= o.is_finite();
+                    }
+                } else {
+                    for (o, c) in vals.iter_mut().zip(vals_b.chunks_exact(4)) {
+                        *o = f32::from_le_bytes(c.try_into().unwrap()) as f64;
+                        finite &= o.is_finite();
+                    }
+                }
+                if !finite {
+                    bad[2] = vals.iter().position(|v| !v.is_finite()).map(|j| k0 + j);
+                }
+                if weight != 1.0 {
+                    vals.iter_mut().for_each(|v| *v *= weight);
+                }
+                bad
+            })
+            .collect();
+        let first = |what: usize| found.iter().find_map(|b| b[what]);
+        // The damping row holding range-local nonzero k, and its column and value.
+        let row_of = |k: usize| block_row(s + k);
+        let at = |k: usize| -> (u32, f64) {
+            let c = u32::from_le_bytes(cb[4 * k..4 * k + 4].try_into().unwrap());
+            let v = if vbytes == 8 {
+                f64::from_le_bytes(vb[8 * k..8 * k + 8].try_into().unwrap())
+            } else {
+                f32::from_le_bytes(vb[4 * k..4 * k + 4].try_into().unwrap()) as f64
+            };
+            (c, v)
+        };
+        if let Some(k) = first(0) {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "damping row {}: column {} out of range (ncols = {ncols})",
+                    row_of(k),
+                    at(k).0
+                ),
+            ));
+        }
+        if let Some(k) = first(1) {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "damping row {}: columns not strictly increasing at column {} (unsorted or duplicate)",
+                    row_of(k),
+                    at(k).0
+                ),
+            ));
+        }
+        if let Some(k) = first(2) {
+            let (c, v) = at(k);
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "damping row {}, column {c}: value is not finite ({v})",
+                    row_of(k)
+                ),
+            ));
+        }
         Ok(((r1 - r0 + 1) * 8 + (e - s) * (4 + self.vb)) as u64)
     }
 }
 
-/// Decode column indices checking only the range; `Err(Some(k))` names the bad position,
-/// `Err(None)` a truncated file.
-fn decode_columns_unordered(
-    r: &Reader,
-    off: usize,
-    ncols: usize,
-    out: &mut [u32],
-) -> std::result::Result<(), Option<usize>> {
-    let n = out.len();
-    if off + 4 * n > r.data.len() {
-        return Err(None);
-    }
-    let mut bad = false;
-    for (o, c) in out.iter_mut().zip(r.data[off..off + 4 * n].chunks_exact(4)) {
-        *o = u32::from_le_bytes(c.try_into().unwrap());
-        bad |= *o as usize >= ncols;
-    }
-    if bad {
-        return Err(out.iter().position(|&c| c as usize >= ncols));
-    }
-    Ok(())
+/// Where [`DampingBlock::read_rows_into`] puts a range of rows: each row's end offset (relative
+/// to the range's first nonzero, plus `base`: the entries before the range in the whole
+/// arrays), and the range's columns and values.
+pub struct RowsOut<'a> {
+    pub base: u64,
+    pub indptr: &'a mut [u64],
+    pub indices: &'a mut [u32],
+    pub data: &'a mut [f64],
 }

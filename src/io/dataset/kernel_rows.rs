@@ -189,14 +189,20 @@ fn check_meta_sums(r: &Reader, h: &MetaHeader, version: u32) -> Result<()> {
     };
     let sums = head + META_ENTRY * rows;
     r.exact_len(sums + pad8(4 * nblocks), &format!("{rows} entries"))?;
-    for b in 0..nblocks {
-        let (k0, k1) = (b * META_BLOCK, ((b + 1) * META_BLOCK).min(rows));
-        r.check_crc(
-            head + META_ENTRY * k0..head + META_ENTRY * k1,
-            sums + 4 * b,
-            &format!("metadata entries {k0}..{k1}"),
-        )?;
-    }
+    // the blocks on rayon's threads, the first bad one reported
+    (0..nblocks)
+        .into_par_iter()
+        .map(|b| {
+            let (k0, k1) = (b * META_BLOCK, ((b + 1) * META_BLOCK).min(rows));
+            r.check_crc(
+                head + META_ENTRY * k0..head + META_ENTRY * k1,
+                sums + 4 * b,
+                &format!("metadata entries {k0}..{k1}"),
+            )
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .collect::<Result<()>>()?;
     if version >= 2 {
         r.zeros(
             sums + 4 * nblocks,
@@ -209,61 +215,78 @@ fn check_meta_sums(r: &Reader, h: &MetaHeader, version: u32) -> Result<()> {
 
 /// The entries, each checked (row in range and listed once, nonzeros within the columns and in
 /// descending order, file and offset fit the layout), and their totals against the header.
+/// Decoded and checked in pieces on rayon's threads; the error is the one a pass in entry order
+/// meets first.
 fn parse_meta_entries(r: &Reader, h: &MetaHeader) -> Result<Vec<MetaEntry>> {
     let bad = |msg: String| Error::format(r.path, msg);
     let (rows, cols, files) = (h.rows, h.cols, h.files);
-    let mut entries = Vec::with_capacity(rows);
-    let mut seen = vec![false; rows];
-    let mut total = 0u64;
-    let mut prev_nnz = u64::MAX;
-    for k in 0..rows {
+    r.need(h.head, META_ENTRY * rows, "entry")?;
+    let field = |o: usize| u64::from_le_bytes(r.data[o..o + 8].try_into().unwrap());
+    let entry = |k: usize| {
         let o = h.head + META_ENTRY * k;
-        let e = MetaEntry {
-            row: r.u64(o, "entry")?,
-            nnz: r.u64(o + 8, "entry")?,
-            file: r.u64(o + 16, "entry")?,
-            offset: r.u64(o + 24, "entry")?,
-        };
-        if e.row >= rows as u64 {
-            return Err(bad(format!(
+        MetaEntry {
+            row: field(o),
+            nnz: field(o + 8),
+            file: field(o + 16),
+            offset: field(o + 24),
+        }
+    };
+    // Entry k's own checks (all but "listed once"), in the order a pass makes them; the row
+    // range is checked before the duplicate test, the rest after it.
+    let row_error = |k: usize, e: &MetaEntry| {
+        (e.row >= rows as u64).then(|| {
+            format!(
                 "entry {k}: row {} out of range (kernel rows = {rows})",
                 e.row
-            )));
-        }
-        if std::mem::replace(&mut seen[e.row as usize], true) {
-            return Err(bad(format!("entry {k}: duplicate row index {}", e.row)));
-        }
+            )
+        })
+    };
+    let later_error = |k: usize, e: &MetaEntry| -> Option<String> {
         if e.nnz > cols {
-            return Err(bad(format!(
+            return Some(format!(
                 "entry {k}: row {} has {} nonzeros but there are only {cols} columns",
                 e.row, e.nnz
-            )));
+            ));
         }
-        if e.nnz > prev_nnz {
-            return Err(bad(format!(
+        if k > 0 && e.nnz > entry(k - 1).nnz {
+            return Some(format!(
                 "entry {k}: row {} ({} nonzeros) breaks the descending nnz order",
                 e.row, e.nnz
-            )));
+            ));
         }
-        prev_nnz = e.nnz;
         match h.layout {
-            Layout::PerRow if e.file != e.row || e.offset != h.row_header => {
-                return Err(bad(format!(
-                    "entry {k}: row {} must name file {} at offset {} (got file {}, offset {})",
-                    e.row, e.row, h.row_header, e.file, e.offset
-                )))
-            }
-            Layout::Packed if e.file >= files => {
-                return Err(bad(format!(
-                    "entry {k}: row {} in pack {} but there are {files} packs",
-                    e.row, e.file
-                )))
-            }
-            _ => {}
+            Layout::PerRow if e.file != e.row || e.offset != h.row_header => Some(format!(
+                "entry {k}: row {} must name file {} at offset {} (got file {}, offset {})",
+                e.row, e.row, h.row_header, e.file, e.offset
+            )),
+            Layout::Packed if e.file >= files => Some(format!(
+                "entry {k}: row {} in pack {} but there are {files} packs",
+                e.row, e.file
+            )),
+            _ => None,
         }
-        total += e.nnz;
-        entries.push(e);
+    };
+    let entries: Vec<MetaEntry> = (0..rows).into_par_iter().map(entry).collect();
+    // The first entry with an error of its own: (entry, checked before the duplicate test).
+    let own = entries.par_iter().enumerate().find_map_first(|(k, e)| {
+        row_error(k, e)
+            .map(|m| (k, true, m))
+            .or_else(|| later_error(k, e).map(|m| (k, false, m)))
+    });
+    // The first row listed twice, up to that entry (rows in range only).
+    let upto = own.as_ref().map_or(rows, |o| o.0 + 1);
+    let mut seen = vec![false; rows];
+    let duplicate = entries[..upto].iter().enumerate().find_map(|(k, e)| {
+        let i = e.row as usize;
+        (i < rows && std::mem::replace(&mut seen[i], true))
+            .then(|| (k, format!("entry {k}: duplicate row index {}", e.row)))
+    });
+    match (own, duplicate) {
+        (Some((k, first, m)), Some((kd, _))) if k < kd || (k == kd && first) => return Err(bad(m)),
+        (_, Some((_, m))) | (Some((_, _, m)), None) => return Err(bad(m)),
+        (None, None) => {}
     }
+    let total: u64 = entries.par_iter().map(|e| e.nnz).sum();
     if total != h.nnz {
         return Err(bad(format!(
             "the entries hold {total} nonzeros but the header says {}",
@@ -605,22 +628,25 @@ struct Plan {
     indptr: Vec<u64>,
     /// Nonzeros of the local rows.
     nnz: usize,
+    /// Nonzeros of the rows the caller puts after them ([`read_kernel_rows`]' `tail`).
+    tail_nnz: usize,
 }
 
 impl Plan {
-    fn new(dm: &DatasetManifest, meta: &Metadata, local: &[MetaEntry]) -> Plan {
-        let mut indptr = Vec::with_capacity(local.len() + 1);
-        indptr.push(0u64);
-        for e in local {
-            indptr.push(indptr.last().unwrap() + e.nnz);
+    fn new(dm: &DatasetManifest, meta: &Metadata, local: &[MetaEntry], tail: Tail) -> Plan {
+        // zeros the allocator hands out untouched, the tail's written by the caller's threads
+        let mut indptr = vec![0u64; local.len() + 1 + tail.rows];
+        for (i, e) in local.iter().enumerate() {
+            indptr[i + 1] = indptr[i] + e.nnz;
         }
         Plan {
+            tail_nnz: tail.nnz,
             vb: dm.m.precision.bytes(),
             version: dm.m.version,
             id: dm.id,
             ncols: meta.cols as usize,
             kdir: dm.resolve(&dm.m.kernel_dir),
-            nnz: *indptr.last().unwrap() as usize,
+            nnz: indptr[local.len()] as usize,
             indptr,
         }
     }
@@ -654,20 +680,31 @@ impl Plan {
     }
 }
 
+/// Rows and nonzeros that [`read_kernel_rows`]' arrays hold room for after the kernel rows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tail {
+    pub rows: usize,
+    pub nnz: usize,
+}
+
 /// Read the kernel rows `local` (metadata entries, in the local row order) into CSR arrays:
 /// through memory maps when `reader` is `None`, else as byte ranges read with `reader` (MPI-IO
 /// under MPI). Every file's length is checked (and pack headers and row tables verified) before
 /// anything is allocated for its rows: a lying metadata entry cannot make this rank allocate
 /// more than the files hold. Errors name the file and the row (byte ranges: and the byte offset
-/// of its record). Returns (indptr, indices, data, bytes read).
+/// of its record). Returns (indptr, indices, data, bytes read); the arrays hold `tail`'s rows
+/// and nonzeros more after the kernel rows (zeros: offsets, columns and values for the caller
+/// to fill), so that rows read after these need neither a larger copy nor one thread's
+/// writing of zeros.
 pub fn read_kernel_rows(
     dm: &DatasetManifest,
     meta: &Metadata,
     local: &[MetaEntry],
     reader: Option<&RangeReader>,
     progress: bool,
+    tail: Tail,
 ) -> Result<RowsRead> {
-    let plan = Plan::new(dm, meta, local);
+    let plan = Plan::new(dm, meta, local, tail);
     let packs = match meta.layout {
         Layout::Packed => Some(Packs::open(&plan, meta, local, reader)?),
         Layout::PerRow => None,
@@ -684,7 +721,7 @@ pub fn read_kernel_rows(
     crate::io::limits::check_alloc(
         &meta.path,
         &format!("{nnz} kernel nonzeros in {} rows", local.len()),
-        12 * nnz as u128,
+        12 * (nnz + tail.nnz) as u128,
     )?;
     let pb = crate::ui::progress::bar(nnz as u64, "loading", progress);
     let (indices, data, bytes) = match reader {
@@ -896,7 +933,7 @@ fn read_mapped(
     let bytes_read = AtomicU64::new(0);
     // Every row's place at once: zeros the allocator hands out untouched (a resize per batch
     // wrote every byte on one thread first).
-    let total = local.iter().map(|e| e.nnz as usize).sum();
+    let total = plan.nnz + plan.tail_nnz;
     let (mut indices, mut data) = (vec![0u32; total], vec![0f64; total]);
     let (mut start, mut base) = (0, 0);
     while start < local.len() {
@@ -973,8 +1010,8 @@ fn read_spans(
     reader: &RangeReader,
     pb: &indicatif::ProgressBar,
 ) -> Result<(Vec<u32>, Vec<f64>, u64)> {
-    let mut indices = vec![0u32; plan.nnz];
-    let mut data = vec![0f64; plan.nnz];
+    let mut indices = vec![0u32; plan.nnz + plan.tail_nnz];
+    let mut data = vec![0f64; plan.nnz + plan.tail_nnz];
     let bytes_read = AtomicU64::new(0);
     let per_row = packs.is_none();
     let mut jobs = span_jobs(

@@ -6,10 +6,12 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::grid::Stencil;
-use crate::io::dataset::damping::DampingBlock;
-use crate::io::dataset::kernel_rows::{read_kernel_rows, read_metadata, MetaEntry, Metadata};
+use crate::io::dataset::damping::{DampingBlock, RowsOut};
+use crate::io::dataset::kernel_rows::{read_kernel_rows, read_metadata, MetaEntry, Metadata, Tail};
 use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::vectors::{read_vector, read_vector_rows, VectorKind};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
@@ -108,17 +110,28 @@ impl OpenDataset {
     ) -> Result<OpenDataset> {
         let mut blocks = Vec::new();
         if let Some(d) = &manifest.m.damping {
+            // The blocks opened (and checked) on rayon's threads, then each one's first row
+            // against the blocks before it, in order: the first block's error is reported.
+            let opened: Vec<Result<DampingBlock>> = d
+                .blocks
+                .par_iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    DampingBlock::open(
+                        &manifest.resolve(b),
+                        i as u64,
+                        None,
+                        manifest.m.columns,
+                        manifest.m.precision,
+                        manifest.tag(),
+                    )
+                })
+                .collect();
             let mut first = 0u64;
             let mut nnz = 0u64;
-            for (i, b) in d.blocks.iter().enumerate() {
-                let blk = DampingBlock::open(
-                    &manifest.resolve(b),
-                    i as u64,
-                    first,
-                    manifest.m.columns,
-                    manifest.m.precision,
-                    manifest.tag(),
-                )?;
+            for blk in opened {
+                let blk = blk?;
+                DampingBlock::check_first_row(&blk.path, blk.first_row, first)?;
                 first += blk.rows;
                 nnz += blk.nnz;
                 blocks.push(blk);
@@ -262,19 +275,49 @@ impl OpenDataset {
         let t = Instant::now();
         let dm = &self.manifest;
         let p = self.partition(size);
-        // Metadata entry of every row.
-        let mut where_: Vec<u32> = vec![u32::MAX; self.meta.rows as usize];
-        for (k, e) in self.meta.entries.iter().enumerate() {
-            where_[e.row as usize] = k as u32;
-        }
-        let local: Vec<MetaEntry> = p.kernel[rank]
+        // This rank's rows' metadata entries, in row order.
+        let entries = &self.meta.entries;
+        let local: Vec<MetaEntry> = if p.kernel[rank].len() == entries.len() {
+            // every row (one rank): each entry in its row's place (rows are 0..M, each once)
+            let mut local = entries.clone();
+            for e in entries {
+                local[e.row as usize] = *e;
+            }
+            local
+        } else {
+            let mut where_: Vec<u32> = vec![u32::MAX; self.meta.rows as usize];
+            for (k, e) in entries.iter().enumerate() {
+                where_[e.row as usize] = k as u32;
+            }
+            p.kernel[rank]
+                .iter()
+                .map(|&r| entries[where_[r as usize] as usize])
+                .collect()
+        };
+        // This rank's damping rows: stored blocks, then generated rows. The stored blocks'
+        // rows go into the room the kernel rows' arrays leave after them.
+        let range = p.damping_range(rank);
+        let stored = dm.damping_rows();
+        let ncols = self.columns();
+        let parts: Vec<(&DampingBlock, Range<u64>, usize)> = self
+            .blocks
             .iter()
-            .map(|&r| self.meta.entries[where_[r as usize] as usize])
+            .filter_map(|blk| {
+                let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
+                let (s, e) = (range.start.max(b0), range.end.min(b1));
+                (s < e).then(|| {
+                    let r = (s - b0)..(e - b0);
+                    (blk, r.clone(), blk.range_nnz(r) as usize)
+                })
+            })
             .collect();
-        drop(where_);
+        let tail = Tail {
+            rows: parts.iter().map(|p| (p.1.end - p.1.start) as usize).sum(),
+            nnz: parts.iter().map(|p| p.2).sum(),
+        };
         let t_k = Instant::now();
         let (mut indptr, mut indices, mut data, mut bytes) =
-            read_kernel_rows(dm, &self.meta, &local, reader, progress)?;
+            read_kernel_rows(dm, &self.meta, &local, reader, progress, tail)?;
         let kernel_seconds = t_k.elapsed().as_secs_f64();
         let kernel_bytes = bytes;
         // b and weights follow their rows.
@@ -319,24 +362,39 @@ impl OpenDataset {
             }
         }
         let kernel_rows = local.len();
-        // Damping rows of this rank: stored blocks, then generated rows.
-        let range = p.damping_range(rank);
-        let stored = dm.damping_rows();
-        let ncols = self.columns();
-        for blk in &self.blocks {
-            let (b0, b1) = (blk.first_row, blk.first_row + blk.rows);
-            let (s, e) = (range.start.max(b0), range.end.min(b1));
-            if s < e {
-                bytes += blk.read_rows_via(
-                    (s - b0)..(e - b0),
-                    self.damping_weight,
-                    ncols,
-                    reader,
-                    &mut indptr,
-                    &mut indices,
-                    &mut data,
-                )?;
-            }
+        // The stored damping rows: each block decoded into its own part of the room after the
+        // kernel rows, the blocks (and their pieces) on rayon's threads through maps, one after
+        // another through MPI-IO.
+        let (p0, n0) = (kernel_rows + 1, indices.len() - tail.nnz);
+        let mut outs = Vec::with_capacity(parts.len());
+        let (mut ip, mut ix, mut dv) = (&mut indptr[p0..], &mut indices[n0..], &mut data[n0..]);
+        let mut base = n0 as u64;
+        for (_, r, n) in &parts {
+            let (p1, p2) = std::mem::take(&mut ip).split_at_mut((r.end - r.start) as usize);
+            let (i1, i2) = std::mem::take(&mut ix).split_at_mut(*n);
+            let (d1, d2) = std::mem::take(&mut dv).split_at_mut(*n);
+            outs.push(RowsOut {
+                base,
+                indptr: p1,
+                indices: i1,
+                data: d1,
+            });
+            base += *n as u64;
+            (ip, ix, dv) = (p2, i2, d2);
+        }
+        let (weight, jobs) = (self.damping_weight, parts.into_iter().zip(outs));
+        let read: Vec<Result<u64>> = match reader {
+            None => jobs
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|((blk, r, _), out)| blk.read_rows_into(r, weight, ncols, None, out))
+                .collect(),
+            Some(rd) => jobs
+                .map(|((blk, r, _), out)| blk.read_rows_into(r, weight, ncols, Some(rd), out))
+                .collect(),
+        };
+        for r in read {
+            bytes += r?;
         }
         if let Some(g) = &self.generated {
             let gr: Range<u64> = range.start.max(stored)..range.end.max(stored);

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::io::dataset::kernel_rows::{check_pack_file, read_kernel_rows};
+use crate::io::dataset::kernel_rows::{check_pack_file, read_kernel_rows, Tail};
 use crate::io::dataset::load::{LoadOptions, OpenDataset};
 use crate::io::dataset::manifest::{pack_file_name, Layout};
 use crate::io::dataset::vectors::{read_vector, VectorKind};
@@ -72,7 +72,14 @@ pub fn verify_dataset(path: &Path, progress: bool) -> Result<VerifyReport> {
             nnz += entries[end].nnz;
             end += 1;
         }
-        let (_, _, _, bytes) = read_kernel_rows(dm, &ds.meta, &entries[start..end], None, false)?;
+        let (_, _, _, bytes) = read_kernel_rows(
+            dm,
+            &ds.meta,
+            &entries[start..end],
+            None,
+            false,
+            Tail::default(),
+        )?;
         rep.bytes += bytes;
         pb.inc(nnz);
         start = end;
