@@ -537,3 +537,113 @@ pub struct RowsOut<'a> {
     pub indices: &'a mut [u32],
     pub data: &'a mut [f64],
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 200,000 rows of 1-2 entries (about 300k nonzeros: several pieces of the parallel decode)
+    /// in one version-1 block (no checksums, so a changed byte reaches the decoder).
+    fn block(dir: &Path) -> (Csr, PathBuf) {
+        let (m, n) = (200_000usize, 1000usize);
+        let mut ip = vec![0u64];
+        let (mut ix, mut dv) = (Vec::new(), Vec::new());
+        for i in 0..m {
+            ix.push((i % n) as u32);
+            dv.push(1.0 + i as f64);
+            if i % 2 == 0 {
+                ix.push((i % n + 1) as u32);
+                dv.push(-0.5);
+            }
+            ip.push(ix.len() as u64);
+        }
+        let d = Csr::try_new(m, n + 1, ip, ix, dv).unwrap();
+        let rel = write_damping(dir, &d, 1, Precision::F64, (1, 0)).unwrap();
+        (d, dir.join(&rel[0]))
+    }
+
+    fn read(path: &Path, d: &Csr) -> Result<(Vec<u64>, Vec<u32>, Vec<f64>)> {
+        let blk = DampingBlock::open(path, 0, Some(0), d.ncols() as u64, Precision::F64, (1, 0))?;
+        let (mut ip, mut ix, mut dv) = (vec![0u64], vec![7u32], vec![0.25]);
+        blk.read_rows(
+            0..d.nrows() as u64,
+            2.0,
+            d.ncols(),
+            &mut ip,
+            &mut ix,
+            &mut dv,
+        )?;
+        Ok((ip, ix, dv))
+    }
+
+    /// Overwrite block nonzero k's column (or, with `value`, its value) in the file.
+    fn poke(path: &Path, d: &Csr, k: usize, col: Option<u32>, value: Option<f64>) {
+        let mut b = std::fs::read(path).unwrap();
+        let cols_at = damp_header(1) + 8 * (d.nrows() + 1);
+        let vals_at = cols_at + pad8(4 * d.nnz());
+        if let Some(c) = col {
+            b[cols_at + 4 * k..cols_at + 4 * k + 4].copy_from_slice(&c.to_le_bytes());
+        }
+        if let Some(v) = value {
+            b[vals_at + 8 * k..vals_at + 8 * k + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(path, b).unwrap();
+    }
+
+    #[test]
+    fn rows_decoded_in_pieces_equal_the_block_and_errors_are_a_row_order_pass() {
+        let dir = std::env::temp_dir().join(format!("seistomo-damp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (d, path) = block(&dir);
+        // whole: after one entry already there, offsets past it, values times the weight
+        let (ip, ix, dv) = read(&path, &d).unwrap();
+        assert_eq!(ip.len(), d.nrows() + 1);
+        assert!(ip[1..]
+            .iter()
+            .zip(&d.indptr()[1..])
+            .all(|(a, b)| *a == b + 1));
+        assert_eq!(&ix[1..], d.indices());
+        assert!(dv[1..].iter().zip(d.data()).all(|(a, b)| *a == 2.0 * b));
+        let nnz = d.nnz();
+        let row_of = |k: usize| d.indptr().partition_point(|&o| o as usize <= k) - 1;
+        // a row out of order early, a column out of range late: the column (checked first)
+        let (early, late) = (4, nnz - 5);
+        poke(&path, &d, early, Some(0), None);
+        poke(&path, &d, late, Some(5000), None);
+        let e = read(&path, &d).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "damping row {}: column 5000 out of range",
+                row_of(late)
+            )),
+            "{e}"
+        );
+        // without it: the row out of order, though a value late is not finite
+        let (_, path) = block(&dir);
+        poke(&path, &d, early, Some(0), None);
+        poke(&path, &d, late, None, Some(f64::NAN));
+        let e = read(&path, &d).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "damping row {}: columns not strictly increasing at column 0",
+                row_of(early)
+            )),
+            "{e}"
+        );
+        // the first of two values not finite, in different pieces
+        let (_, path) = block(&dir);
+        poke(&path, &d, nnz / 2, None, Some(f64::INFINITY));
+        poke(&path, &d, late, None, Some(f64::NAN));
+        let e = read(&path, &d).unwrap_err().to_string();
+        let k = nnz / 2;
+        assert!(
+            e.contains(&format!(
+                "damping row {}, column {}: value is not finite (inf)",
+                row_of(k),
+                d.indices()[k]
+            )),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
