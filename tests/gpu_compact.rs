@@ -505,7 +505,7 @@ fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
             .clone()
             .permuted(ordering.rows.as_deref(), ordering.cols.as_deref());
         let r = ReorderedRows {
-            rows: a.clone(),
+            rows: std::sync::Arc::new(a.clone()),
             ordering,
             coverage_rows: None,
         };

@@ -549,3 +549,63 @@ fn lcurve_without_reg_sweeps_lsqr_damping() {
     let (ok, err) = seistomo(&["lcurve", cfg.to_str().unwrap(), "--damping", "1,2"]);
     assert!(!ok && err.contains("at least 3"), "{err}");
 }
+
+#[test]
+fn model_file_built_beside_the_other_outputs_equals_the_one_built_after_them() {
+    // 8 threads or more build the HDF5 image on a thread of its own while solution.txt is
+    // written (src/pipeline/publish.rs); fewer, after it. The same file either way.
+    let dir = tmp("image-beside");
+    let ds = dir.join("ds");
+    let (ok, err) = seistomo(&[
+        "-q",
+        "synth",
+        "-o",
+        ds.to_str().unwrap(),
+        "--grid",
+        "12,10,6",
+        "--rays",
+        "800",
+        "--norm-damping",
+        "0.1",
+    ]);
+    assert!(ok, "{err}");
+    let mut fields = Vec::new();
+    for threads in [2, 8] {
+        let out = dir.join(format!("out{threads}"));
+        let cfg = dir.join(format!("run{threads}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 40\n[backend]\nkind = \"cpu\"\nthreads = {threads}\n[output]\ndir = \"{}\"\n",
+                ds.join("dataset.toml").display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        let (ok, err) = seistomo(&["-q", "invert", cfg.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        let mut names: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "history.csv",
+                "model.h5",
+                "model.xdmf",
+                "report.json",
+                "seistomo-outputs.json",
+                "solution.txt"
+            ]
+        );
+        let mf = ModelFile::open(&out.join("model.h5")).unwrap();
+        let got: Vec<Vec<u64>> = ["velocity", "solution", "hit_count", "dws", "true_velocity"]
+            .iter()
+            .map(|f| mf.field(f).unwrap().0.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        fields.push((std::fs::read(out.join("solution.txt")).unwrap(), got));
+    }
+    assert!(fields[0] == fields[1]);
+}

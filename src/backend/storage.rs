@@ -115,8 +115,9 @@ impl std::fmt::Debug for EncodedRows {
 /// (what [`prepare`] leaves this way).
 #[derive(Debug, Clone)]
 pub struct ReorderedRows {
-    /// The rows in their original order and columns.
-    pub rows: Csr,
+    /// The rows in their original order and columns (shared with the thread that computes
+    /// the ray coverage from them while the GPU builds its operator and solves).
+    pub rows: Arc<Csr>,
     /// New row i is `rows`' row `ordering.rows[i]`; old column j becomes `ordering.cols[j]`.
     pub ordering: Ordering,
     /// Where the run left the ray coverage of its first rows to whoever holds these rows last
@@ -131,12 +132,34 @@ impl ReorderedRows {
             .map(|k| crate::grid::Coverage::from_kernel_rows(&self.rows, k))
     }
 
-    /// The rows in the new order on the host ([`Ordering::apply`]'s matrix).
+    /// The rows in the new order on the host ([`Ordering::apply`]'s matrix; a copy where the
+    /// rows are shared).
     pub fn apply(self) -> Csr {
         let o = &self.ordering;
-        phases::time("permute", || {
-            self.rows.permuted(o.rows.as_deref(), o.cols.as_deref())
+        let (r, c) = (o.rows.as_deref(), o.cols.as_deref());
+        phases::time("permute", || match Arc::try_unwrap(self.rows) {
+            Ok(rows) => rows.permuted(r, c),
+            Err(shared) => shared.permuted_copy(r, c),
         })
+    }
+
+    /// The ray coverage the run left to these rows ([`Self::coverage_rows`]), started on a
+    /// thread of its own that shares the rows (and drops its share when done).
+    pub fn coverage_beside(&self) -> Option<crate::grid::PendingCoverage> {
+        let (k, rows) = (self.coverage_rows?, Arc::clone(&self.rows));
+        Some(crate::grid::PendingCoverage::spawn(move || {
+            let t = std::time::Instant::now();
+            let c = crate::grid::Coverage::from_kernel_rows(&rows, k);
+            phases::trace(format_args!(
+                "coverage computed beside the set-up and the solve in {:.3} s",
+                t.elapsed().as_secs_f64()
+            ));
+            // the last share frees them (in pieces, off this thread), else the other one will
+            if let Ok(rows) = Arc::try_unwrap(rows) {
+                crate::sparse::par::drop_in_background(rows);
+            }
+            Some(c)
+        }))
     }
 }
 
@@ -174,7 +197,11 @@ impl crate::sparse::par::GiveBack for StoredRows {
     fn give_back(&mut self) {
         match self {
             Self::Csr(a) => a.give_back(),
-            Self::Reordered(r) => r.rows.give_back(),
+            Self::Reordered(r) => {
+                if let Some(rows) = Arc::get_mut(&mut r.rows) {
+                    rows.give_back();
+                }
+            }
             Self::Encoded(e) => {
                 if let Some(enc) = Arc::get_mut(&mut e.encoding) {
                     enc.ax.give_back();
@@ -397,7 +424,7 @@ pub fn prepare(
     let (rows, mut b) = if deferred.leaves_rows(storage, reorder) && ordering.rows.is_some() {
         let b = phases::time("permute", || ordering.apply_to_rhs(b));
         let r = ReorderedRows {
-            rows: a,
+            rows: Arc::new(a),
             ordering: ordering.clone(),
             coverage_rows: deferred.coverage.then_some(damping_from),
         };

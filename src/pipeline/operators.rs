@@ -724,6 +724,15 @@ fn cuda_lsqr<V: LsqrVisitor>(
     let mut compact = None;
     if built.storage == Storage::Compact {
         let (o, st, precision) = (&spec.tuning, stencil.as_ref(), spec.precision);
+        // The coverage left to the rows as read: computed from them on a thread that shares
+        // them, from now on (while the GPU uploads, reorders, encodes and solves); the rows no
+        // longer carry it.
+        if let StoredRows::Reordered(r) = &mut rows {
+            if let Some(c) = r.coverage_beside() {
+                built.coverage = Some(c);
+                r.coverage_rows = None;
+            }
+        }
         let made = match &rows {
             // Encoded ahead (prepared storage) as this run would encode it: uploaded as it is.
             StoredRows::Encoded(e) if encoding_key(precision, o) == Some(e.encoding.key) => {
@@ -740,7 +749,9 @@ fn cuda_lsqr<V: LsqrVisitor>(
         let made = match made {
             Some(made) => made,
             None => {
-                built.coverage = left_coverage_now(&rows);
+                if built.coverage.is_none() {
+                    built.coverage = left_coverage_now(&rows);
+                }
                 CudaCompactOperator::with_options(be, rows.csr()?, st, precision, o)
             }
         };
@@ -754,8 +765,8 @@ fn cuda_lsqr<V: LsqrVisitor>(
     let probe = probes_storage(spec.storage, nnz);
     if let (Some(op), false) = (&compact, probe) {
         finish_compact(op, &mut built, (&spec.tuning, rows.nnz(), device_loop));
-        let later = coverage_then_drop(rows);
-        built.coverage = built.coverage.take().or(later);
+        // (the coverage was started above where the rows carried it)
+        crate::sparse::par::drop_in_background(rows);
         built.seconds = t.elapsed().as_secs_f64();
         return Ok((v.visit(be, op)?, built));
     }
@@ -825,26 +836,6 @@ fn cuda_lsqr<V: LsqrVisitor>(
 fn left_coverage_now(rows: &StoredRows) -> Option<crate::grid::PendingCoverage> {
     rows.left_coverage()
         .map(crate::grid::PendingCoverage::ready)
-}
-
-/// The ray coverage the run left to `rows` ([`crate::backend::storage::Deferred`]), computed
-/// from the rows as read on a thread of its own, which then drops them (while the GPU
-/// solves); without one, the rows dropped in the background.
-fn coverage_then_drop(rows: StoredRows) -> Option<crate::grid::PendingCoverage> {
-    if !matches!(&rows, StoredRows::Reordered(r) if r.coverage_rows.is_some()) {
-        crate::sparse::par::drop_in_background(rows);
-        return None;
-    }
-    Some(crate::grid::PendingCoverage::spawn(move || {
-        let t = std::time::Instant::now();
-        let c = rows.left_coverage();
-        crate::ui::phases::trace(format_args!(
-            "coverage computed beside the solve in {:.3} s",
-            t.elapsed().as_secs_f64()
-        ));
-        crate::sparse::par::drop_in_background(rows);
-        c
-    }))
 }
 
 /// The most nonzeros `storage = "auto"` probes both storages at on the GPU; above, compact
