@@ -515,7 +515,13 @@ fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
         };
         for p in [Precision::F64, Precision::F32] {
             let made = CudaCompactOperator::with_options(&g, &host, sop.as_ref(), p, &o).unwrap();
-            let dev = CudaCompactOperator::from_reordered(&g, &r, sop.as_ref(), p, &o).unwrap();
+            let mut uploads = 0;
+            let dev = CudaCompactOperator::from_reordered(&g, &r, sop.as_ref(), p, &o, &mut || {
+                uploads += 1
+            })
+            .unwrap();
+            // told of the upload once where the GPU made the operator
+            assert!(dev.is_none() || uploads == 1, "{uploads} uploads");
             assert_eq!(
                 made.layout().starts_with("split"),
                 split,
@@ -553,9 +559,15 @@ fn rows_reordered_on_the_gpu_give_the_hosts_operator() {
             gpu_layout: Some(GpuLayout::Rows),
             ..Default::default()
         };
-        let none =
-            CudaCompactOperator::from_reordered(&g, &r, sop.as_ref(), Precision::F64, &rows_layout)
-                .unwrap();
+        let none = CudaCompactOperator::from_reordered(
+            &g,
+            &r,
+            sop.as_ref(),
+            Precision::F64,
+            &rows_layout,
+            &mut || {},
+        )
+        .unwrap();
         assert!(none.is_none());
     }
 }

@@ -135,16 +135,6 @@ pub fn stage_model(
     inp: &ModelInputs,
 ) -> Result<()> {
     let image = crate::ui::phases::time("hdf5", || model_image(path, inp))?;
-    stage_image(publ, path, inp, image)
-}
-
-/// [`stage_model`] with the file's bytes built already ([`model_image`] of the same inputs).
-pub fn stage_image(
-    publ: &mut crate::io::publish::Publication,
-    path: &Path,
-    inp: &ModelInputs,
-    image: ModelImage,
-) -> Result<()> {
     crate::ui::phases::time("model.h5", || publ.write_bytes(path, &image))?;
     drop(image);
     if let Parameterisation::Grid(g) = &inp.spec.param {
@@ -177,11 +167,6 @@ pub struct ModelImage {
     ptr: *mut u8,
     len: usize,
 }
-
-// SAFETY: a ModelImage owns its buffer alone (malloc'd by the core driver's callbacks, kept
-// at the file's close, freed only by its drop): moving it to another thread moves the sole
-// owner, as a Vec<u8> would.
-unsafe impl Send for ModelImage {}
 
 impl std::ops::Deref for ModelImage {
     type Target = [u8];

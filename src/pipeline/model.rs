@@ -119,54 +119,30 @@ impl RunModel {
         self.ckpt.as_ref()
     }
 
-    /// What the model file is made of.
-    fn inputs<'a>(
-        &'a self,
-        cfg: &'a RunConfig,
-        o: &'a Outcome,
-    ) -> crate::model::hdf5::ModelInputs<'a> {
-        crate::model::hdf5::ModelInputs {
-            spec: &self.spec,
-            outcome: o,
-            coverage: Some(&self.coverage),
-            kernel_rows: self.kernel_rows,
-            config_text: &cfg.text,
-            resolution: &[],
-        }
-    }
-
-    /// The model file's bytes (when configured): HDF5's file in memory, for [`Self::stage`].
-    pub fn image(
-        &self,
-        cfg: &RunConfig,
-        o: &Outcome,
-    ) -> Result<Option<crate::model::hdf5::ModelImage>> {
-        let Some(p) = &cfg.model.path else {
-            return Ok(None);
-        };
-        let inp = self.inputs(cfg, o);
-        crate::ui::phases::time("hdf5", || crate::model::hdf5::model_image(p, &inp)).map(Some)
-    }
-
-    /// Stage the model file (when configured) into the run's output set; its bytes made here
-    /// unless `image` brings them ([`Self::image`] of the same run).
+    /// Stage the model file (when configured) into the run's output set.
     pub fn stage(
         &self,
         publ: &mut crate::io::publish::Publication,
         cfg: &RunConfig,
         o: &Outcome,
-        image: Option<crate::model::hdf5::ModelImage>,
     ) -> Result<()> {
         let Some(p) = &cfg.model.path else {
             return Ok(());
         };
         let pb = crate::ui::progress::open_ended("writing");
         pb.set_message(crate::io::tidy(p).display().to_string());
-        let inp = self.inputs(cfg, o);
-        let staged = match image {
-            Some(image) => crate::model::hdf5::stage_image(publ, p, &inp, image),
-            None => crate::model::hdf5::stage_model(publ, p, &inp),
-        };
+        let staged = crate::model::hdf5::stage_model(
+            publ,
+            p,
+            &crate::model::hdf5::ModelInputs {
+                spec: &self.spec,
+                outcome: o,
+                coverage: Some(&self.coverage),
+                kernel_rows: self.kernel_rows,
+                config_text: &cfg.text,
+                resolution: &[],
+            },
+        );
         pb.finish_and_clear();
         staged
     }

@@ -72,10 +72,6 @@ pub fn write_outputs(out: &OutputPaths, o: &Outcome) -> Result<()> {
     publ.commit()
 }
 
-/// Threads (rayon's, `[backend] threads`) from which the model file's image is built beside
-/// the other outputs.
-const IMAGE_BESIDE_CORES: usize = 8;
-
 /// Rank 0: the solution, variance, history, report and model of one run, published as one set
 /// (src/io/publish.rs) that carries the run id (report.json `run_id`, model.h5 /solver).
 pub fn publish(
@@ -94,28 +90,9 @@ pub fn publish(
         report: None,
         ..out.clone()
     };
-    // The model file's image built beside the other outputs where the host has cores to
-    // spare (HDF5 on one thread, solution.txt formatted on the others); on a few cores
-    // after them (beside, they competed: 2-core VM, the image 0.03 -> 0.19-0.47 s).
-    let beside = rayon::current_num_threads() >= IMAGE_BESIDE_CORES;
-    match model {
-        Some((m, cfg)) if beside => {
-            let o: &Outcome = outcome;
-            let image = std::thread::scope(|sc| {
-                let image = sc.spawn(|| m.image(cfg, o));
-                let staged = stage_outputs(&mut publ, &rest, o);
-                let image = image
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
-                staged.and(image)
-            })?;
-            m.stage(&mut publ, cfg, o, image)?;
-        }
-        Some((m, cfg)) => {
-            stage_outputs(&mut publ, &rest, outcome)?;
-            m.stage(&mut publ, cfg, outcome, None)?;
-        }
-        None => stage_outputs(&mut publ, &rest, outcome)?,
+    stage_outputs(&mut publ, &rest, outcome)?;
+    if let Some((m, cfg)) = model {
+        m.stage(&mut publ, cfg, outcome)?;
     }
     if let Some(p) = &report {
         outcome.report.seconds.write = t.elapsed().as_secs_f64();

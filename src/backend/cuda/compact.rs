@@ -472,12 +472,15 @@ impl CudaCompactOperator {
     /// [`Self::with_options`] of the rows reordered on the host. None where the GPU does not
     /// make it (the tuning asks for another layout or `gpu_encode = false`, the rows would get
     /// another layout, the working memory does not fit): the caller reorders on the host.
+    /// `uploaded` is called once the rows are on the GPU (and only then): what the host does
+    /// next no longer competes with the upload for memory bandwidth.
     pub fn from_reordered(
         be: &CudaBackend,
         r: &ReorderedRows,
         stencil: Option<&StencilOp>,
         precision: Precision,
         o: &Tuning,
+        uploaded: &mut dyn FnMut(),
     ) -> Result<Option<Self>> {
         o.validate()?;
         be.check_compiled_with(&o.nvrtc_defines)?;
@@ -495,6 +498,7 @@ impl CudaCompactOperator {
         let bits = o.tile_bits.unwrap_or(TILE_BITS);
         let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
         let rows = phases::time("upload", || encode::DevRows::upload(be, a))?;
+        uploaded();
         let rows = phases::time("gpu_permute", || -> Result<encode::DevRows> {
             let p = encode::permute(be, rows, order, r.ordering.cols.as_deref())?;
             be.synchronize()?;
