@@ -1,5 +1,7 @@
 //! Derived model fields (velocity, slowness, perturbations).
 
+use rayon::prelude::*;
+
 use crate::model::spec::{ModelSpec, Parameterisation, Reference, Unknowns};
 
 /// The model fields written to model.h5, each one value per unknown (grid order).
@@ -44,57 +46,54 @@ fn inv(s: f64) -> f64 {
 }
 
 impl Fields {
-    /// Derive every field from the solution vector `x` (length checked by `spec.check`).
+    /// Derive every field from the solution vector `x` (length checked by `spec.check`). Each
+    /// field is made on rayon's threads (value by value, the same numbers as one loop): a
+    /// run whose heap holds no freed memory (one from prepared storage) faults in every page
+    /// of its 10-11 arrays (115 MB at 1.31M cells), 0.11 s on one thread of the H100's host.
     pub fn derive(spec: &ModelSpec, x: &[f64]) -> Fields {
         let n = x.len();
+        let each = |f: &(dyn Fn(usize) -> f64 + Sync)| -> Vec<f64> {
+            (0..n).into_par_iter().map(f).collect()
+        };
         // Reference slowness per cell.
         let ref_slow: Vec<f64> = match &spec.reference {
-            Reference::Constant(v) => vec![1.0 / v; n],
+            Reference::Constant(v) => each(&|_| 1.0 / v),
             Reference::Profile(p) => match &spec.param {
-                Parameterisation::Grid(g) => {
-                    (0..n).map(|i| 1.0 / interp(p, g.center(i)[2])).collect()
-                }
+                Parameterisation::Grid(g) => each(&|i| 1.0 / interp(p, g.center(i)[2])),
                 // Validated away; fall back to the profile's first velocity.
-                _ => vec![1.0 / p[0].1; n],
+                _ => each(&|_| 1.0 / p[0].1),
             },
             Reference::Mean => {
-                let s: Vec<f64> = match spec.unknowns {
-                    Unknowns::Slowness => x.to_vec(),
-                    Unknowns::SlownessPerturbation => vec![0.0; n],
-                };
-                let mean = s.iter().sum::<f64>() / n.max(1) as f64;
-                vec![mean; n]
+                // (in order, on one thread: the sum's bits)
+                let mean = match spec.unknowns {
+                    Unknowns::Slowness => x.iter().sum::<f64>(),
+                    Unknowns::SlownessPerturbation => (0..n).map(|_| 0.0).sum::<f64>(),
+                } / n.max(1) as f64;
+                each(&|_| mean)
             }
         };
         let to_slowness = |v: &[f64]| -> Vec<f64> {
             match spec.unknowns {
-                Unknowns::Slowness => v.to_vec(),
-                Unknowns::SlownessPerturbation => {
-                    v.iter().zip(&ref_slow).map(|(d, r)| r + d).collect()
-                }
+                Unknowns::Slowness => each(&|i| v[i]),
+                Unknowns::SlownessPerturbation => each(&|i| ref_slow[i] + v[i]),
             }
         };
-        let pert = |s: &[f64]| -> Vec<f64> {
-            s.iter()
-                .zip(&ref_slow)
-                .map(|(&s, &r)| 100.0 * (inv(s) * r - 1.0))
-                .collect()
-        };
+        let pert = |s: &[f64]| -> Vec<f64> { each(&|i| 100.0 * (inv(s[i]) * ref_slow[i] - 1.0)) };
         let slowness = to_slowness(x);
-        let velocity = slowness.iter().map(|&s| inv(s)).collect();
+        let velocity = each(&|i| inv(slowness[i]));
         let perturbation = pert(&slowness);
-        let slowness_perturbation = slowness.iter().zip(&ref_slow).map(|(s, r)| s - r).collect();
+        let slowness_perturbation = each(&|i| slowness[i] - ref_slow[i]);
         let (true_velocity, true_perturbation) = match &spec.true_model {
             Some(t) => {
                 let s = to_slowness(t);
-                (Some(s.iter().map(|&s| inv(s)).collect()), Some(pert(&s)))
+                (Some(each(&|i| inv(s[i]))), Some(pert(&s)))
             }
             None => (None, None),
         };
         Fields {
             slowness,
             velocity,
-            reference_velocity: ref_slow.iter().map(|&s| inv(s)).collect(),
+            reference_velocity: each(&|i| inv(ref_slow[i])),
             slowness_perturbation,
             perturbation,
             true_velocity,
