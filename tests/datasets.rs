@@ -618,6 +618,14 @@ fn cli_synth_inspect_export_npy() {
     );
     export(&d, "npy", &dir.join("npy"));
     let sys = load_dataset(&d, 0, 1).unwrap();
+    // One rank holds every nonzero (the partition's load is bytes, not nonzeros).
+    assert!(
+        text.contains(&format!(
+            "1 ranks  imbalance 1.000000000  max {} nnz/rank",
+            sys.a.nnz()
+        )),
+        "{text}"
+    );
     let data = std::fs::read(dir.join("npy/data.npy")).unwrap();
     let hl = u16::from_le_bytes([data[8], data[9]]) as usize;
     let vals: Vec<f64> = data[10 + hl..]

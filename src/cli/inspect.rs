@@ -97,10 +97,27 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     say_histogram(&ds);
     let mem = Memory::of(&ds);
     mem.say();
-    say!("partition (LPT on kernel nnz over damping ranges; imbalance = max/mean nnz):");
+    say!(
+        "partition (LPT on each row's cost, the bytes an iteration moves for it, over damping ranges; imbalance = max/mean cost):"
+    );
+    // each kernel row's nonzeros, by row
+    let mut row_nnz = vec![0u64; ds.kernel_rows() as usize];
+    for e in &ds.meta.entries {
+        row_nnz[e.row as usize] = e.nnz;
+    }
     for &r in &a.ranks {
         let p = ds.partition(r);
-        let mx = p.load.iter().max().copied().unwrap_or(0);
+        // the most nonzeros a rank holds (kernel rows and its damping range)
+        let mx = (0..r)
+            .map(|k| {
+                p.kernel[k]
+                    .iter()
+                    .map(|&i| row_nnz[i as usize])
+                    .sum::<u64>()
+                    + ds.damping_range_nnz(p.damping_range(k))
+            })
+            .max()
+            .unwrap_or(0);
         say!(
             "  {r:>4} ranks  imbalance {:.9}  max {mx} nnz/rank  per-rank memory ~{}",
             p.imbalance(),
