@@ -165,8 +165,8 @@ impl ReorderedRows {
 
 /// What a GPU run leaves undone in [`prepare`]: compact rows left as read for the GPU to
 /// reorder where it encodes them (`permute`, [`StoredRows::Reordered`]), and with them the ray
-/// coverage of the kernel rows (`coverage`), computed from the rows as read once the operator
-/// holds them, while the GPU solves (pipeline/operators.rs).
+/// coverage of the kernel rows (`coverage`), computed from the rows as read once the GPU holds
+/// them, while it reorders, encodes and solves (pipeline/operators.rs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Deferred {
     pub permute: bool,
