@@ -297,17 +297,9 @@ impl<'a> Reader<'a> {
 
 /// Decode `n` values of `vb` bytes at `off` into `out` (checked for finiteness; the error names
 /// `row` and the column).
-pub fn decode_values(
-    r: &Reader,
-    off: usize,
-    vb: usize,
-    cols: &[u32],
-    out: &mut [f64],
-    row_label: &dyn Fn() -> String,
-) -> Result<()> {
-    let n = out.len();
-    r.need(off, vb * n, "values")?;
-    let bytes = &r.data[off..off + vb * n];
+/// Decode `out.len()` little-endian values of `vb` bytes (8: f64, else f32) from `bytes`;
+/// whether every one is finite.
+pub fn decode_finite(bytes: &[u8], vb: usize, out: &mut [f64]) -> bool {
     let mut finite = true;
     if vb == 8 {
         for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
@@ -320,7 +312,20 @@ pub fn decode_values(
             finite &= o.is_finite();
         }
     }
-    if finite {
+    finite
+}
+
+pub fn decode_values(
+    r: &Reader,
+    off: usize,
+    vb: usize,
+    cols: &[u32],
+    out: &mut [f64],
+    row_label: &dyn Fn() -> String,
+) -> Result<()> {
+    let n = out.len();
+    r.need(off, vb * n, "values")?;
+    if decode_finite(&r.data[off..off + vb * n], vb, out) {
         return Ok(());
     }
     if let Some(k) = out.iter().position(|v| !v.is_finite()) {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::write_plain;
 use crate::io::dataset::binfmt::{
-    checksum_error, crc, crc_append, pad8, prefix_len, put_columns, put_prefix, put_u32, put_u64,
-    put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
+    checksum_error, crc, crc_append, decode_finite, pad8, prefix_len, put_columns, put_prefix,
+    put_u32, put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
 use crate::io::mmap::MappedFile;
 use crate::sparse::Csr;
@@ -461,19 +461,7 @@ impl DampingBlock {
                     }
                 }
                 let vals_b = &vb[vbytes * k0..vbytes * (k0 + vals.len())];
-                let mut finite = true;
-                if vbytes == 8 {
-                    for (o, c) in vals.iter_mut().zip(vals_b.chunks_exact(8)) {
-                        *o = f64::from_le_bytes(c.try_into().unwrap());
-                        finite &= o.is_finite();
-                    }
-                } else {
-                    for (o, c) in vals.iter_mut().zip(vals_b.chunks_exact(4)) {
-                        *o = f32::from_le_bytes(c.try_into().unwrap()) as f64;
-                        finite &= o.is_finite();
-                    }
-                }
-                if !finite {
+                if !decode_finite(vals_b, vbytes, vals) {
                     bad[2] = vals.iter().position(|v| !v.is_finite()).map(|j| k0 + j);
                 }
                 if weight != 1.0 {
@@ -487,12 +475,9 @@ impl DampingBlock {
         let row_of = |k: usize| block_row(s + k);
         let at = |k: usize| -> (u32, f64) {
             let c = u32::from_le_bytes(cb[4 * k..4 * k + 4].try_into().unwrap());
-            let v = if vbytes == 8 {
-                f64::from_le_bytes(vb[8 * k..8 * k + 8].try_into().unwrap())
-            } else {
-                f32::from_le_bytes(vb[4 * k..4 * k + 4].try_into().unwrap()) as f64
-            };
-            (c, v)
+            let mut v = [0.0];
+            decode_finite(&vb[vbytes * k..vbytes * (k + 1)], vbytes, &mut v);
+            (c, v[0])
         };
         if let Some(k) = first(0) {
             return Err(Error::format(
