@@ -1,9 +1,9 @@
 //! Damping block files: consecutive damping rows as a small CSR (docs/formats.md).
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
-use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::dataset::binfmt::write_plain;
@@ -12,6 +12,7 @@ use crate::io::dataset::binfmt::{
     put_u32, put_u64, put_values, CrcWriter, Precision, Reader, MAGIC_DAMP,
 };
 use crate::io::mmap::MappedFile;
+use crate::sparse::par::split_parts;
 use crate::sparse::Csr;
 
 /// Nonzeros per checksum chunk (version 2).
@@ -344,19 +345,20 @@ impl DampingBlock {
                 self.path.display()
             )));
         }
-        // The block row holding block nonzero k (the last row starting at or before it).
-        let block_row = |k: usize| {
-            let (mut lo, mut hi) = (0usize, rows);
-            while lo + 1 < hi {
+        // The first row in lo..hi (hi where none) whose offset is past `k` (`at`: or at it).
+        let first_past = |(mut lo, mut hi): (usize, usize), k: usize, at: bool| {
+            while lo < hi {
                 let mid = (lo + hi) / 2;
-                if off(mid) <= k {
-                    lo = mid;
-                } else {
+                if off(mid) > k || (at && off(mid) == k) {
                     hi = mid;
+                } else {
+                    lo = mid + 1;
                 }
             }
-            self.first_row + lo as u64
+            lo
         };
+        // The block row holding block nonzero k (the last row starting at or before it).
+        let block_row = |k: usize| self.first_row + (first_past((0, rows), k, false) - 1) as u64;
         // Checksums of the chunks the range touches (version 2), before anything is decoded.
         self.verify_chunks(s, e, reader, &block_row)?;
         let first_row = self.first_row + r0 as u64;
@@ -396,21 +398,9 @@ impl DampingBlock {
         // Pieces of whole rows of about PIECE nonzeros each, decoded in parallel.
         const PIECE: usize = 1 << 16;
         // (the first row starting at or after each multiple of PIECE past s)
-        let row_from = |k: usize| {
-            let (mut lo, mut hi) = (r0, r1);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                if off(mid) < k {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            lo
-        };
         let mut cuts = vec![r0];
         for j in 1..(e - s).div_ceil(PIECE) {
-            let c = row_from(s + j * PIECE);
+            let c = first_past((r0, r1), s + j * PIECE, true);
             if c > *cuts.last().unwrap() && c < r1 {
                 cuts.push(c);
             }
@@ -422,17 +412,19 @@ impl DampingBlock {
             indices,
             data,
         } = out;
-        let mut jobs = Vec::with_capacity(cuts.len() - 1);
-        let (mut ip, mut ix, mut dv) = (indptr, indices, data);
-        for w in cuts.windows(2) {
-            let (a, b) = (w[0], w[1]);
-            let n = off(b) - off(a);
-            let (p1, p2) = std::mem::take(&mut ip).split_at_mut(b - a);
-            let (i1, i2) = std::mem::take(&mut ix).split_at_mut(n);
-            let (d1, d2) = std::mem::take(&mut dv).split_at_mut(n);
-            jobs.push(((a, b), p1, i1, d1));
-            (ip, ix, dv) = (p2, i2, d2);
-        }
+        let spans: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
+        let entries = || spans.iter().map(|&(a, b)| off(b) - off(a));
+        let jobs: Vec<_> = spans
+            .iter()
+            .copied()
+            .zip(split_parts(indptr, spans.iter().map(|&(a, b)| b - a)))
+            .zip(
+                split_parts(indices, entries())
+                    .into_iter()
+                    .zip(split_parts(data, entries())),
+            )
+            .map(|((span, ptr), (cols, vals))| (span, ptr, cols, vals))
+            .collect();
         let vbytes = self.vb;
         // Per piece: the first column out of range, the first entry not above the one before
         // in its row, the first value not finite (range-local nonzero positions).

@@ -16,6 +16,7 @@ use crate::io::dataset::manifest::DatasetManifest;
 use crate::io::dataset::vectors::{read_vector, read_vector_rows, VectorKind};
 use crate::io::rowio::{IoChoice, IoPath, RangeReader};
 use crate::partition::{partition, Damping, Partition, RowCost};
+use crate::sparse::par::split_parts;
 use crate::sparse::Csr;
 use crate::sparse::System;
 
@@ -366,22 +367,26 @@ impl OpenDataset {
         // kernel rows, the blocks (and their pieces) on rayon's threads through maps, one after
         // another through MPI-IO.
         let (p0, n0) = (kernel_rows + 1, indices.len() - tail.nnz);
-        let mut outs = Vec::with_capacity(parts.len());
-        let (mut ip, mut ix, mut dv) = (&mut indptr[p0..], &mut indices[n0..], &mut data[n0..]);
-        let mut base = n0 as u64;
-        for (_, r, n) in &parts {
-            let (p1, p2) = std::mem::take(&mut ip).split_at_mut((r.end - r.start) as usize);
-            let (i1, i2) = std::mem::take(&mut ix).split_at_mut(*n);
-            let (d1, d2) = std::mem::take(&mut dv).split_at_mut(*n);
-            outs.push(RowsOut {
+        let rows_of = |r: &Range<u64>| (r.end - r.start) as usize;
+        let ptrs = split_parts(&mut indptr[p0..], parts.iter().map(|p| rows_of(&p.1)));
+        let cols = split_parts(&mut indices[n0..], parts.iter().map(|p| p.2));
+        let vals = split_parts(&mut data[n0..], parts.iter().map(|p| p.2));
+        // each part's first entry in the whole arrays
+        let bases = parts.iter().scan(n0 as u64, |b, p| {
+            let at = *b;
+            *b += p.2 as u64;
+            Some(at)
+        });
+        let outs: Vec<RowsOut> = bases
+            .zip(ptrs)
+            .zip(cols.into_iter().zip(vals))
+            .map(|((base, indptr), (indices, data))| RowsOut {
                 base,
-                indptr: p1,
-                indices: i1,
-                data: d1,
-            });
-            base += *n as u64;
-            (ip, ix, dv) = (p2, i2, d2);
-        }
+                indptr,
+                indices,
+                data,
+            })
+            .collect();
         let (weight, jobs) = (self.damping_weight, parts.into_iter().zip(outs));
         let read: Vec<Result<u64>> = match reader {
             None => jobs
