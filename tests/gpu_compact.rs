@@ -680,11 +680,13 @@ fn an_encoding_made_ahead_uploads_to_the_same_operator() {
     }
 }
 
-/// `seistomo prepare` on the GPU keeps the encoding; the next `invert` uploads it (no `encode`
-/// or `gpu_encode` phase in report.json) and writes the fresh run's solution bit for bit.
+/// `seistomo prepare` keeps the stored rows, which the next `invert` uploads for the GPU to
+/// encode (a `gpu_encode` phase, no `encode`); with `gpu_encode = false` it keeps the
+/// encoding, which the run uploads as it is (neither phase). Both write the fresh run's
+/// solution bit for bit.
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
-fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
+fn a_prepared_invert_gives_the_fresh_solution_from_the_rows_or_the_kept_encoding() {
     let bin = common::seistomo_path();
     let dir = std::env::temp_dir().join(format!("seistomo-gpu-prep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -788,12 +790,38 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
             "{name}: {}",
             rf["setup_phases"]
         );
+        // `prepare` by default: the stored rows, which the run uploads and the GPU encodes
         let said = run(&["prepare".as_ref(), cfg.as_os_str()]);
-        assert!(said.contains("encoded for the GPU"), "{name}: {said}");
+        assert!(!said.contains("encoded for the GPU"), "{name}: {said}");
         let (again, ra, cov_again) = invert();
         assert!(
             cov_again == cov_cpu,
             "{name}: the prepared run's coverage differs"
+        );
+        let note = ra["prepared"].as_str().unwrap_or_default();
+        assert!(note.starts_with("used "), "{name}: {note}");
+        assert!(
+            ra["setup_phases"].get("encode").is_none()
+                && ra["setup_phases"].get("gpu_encode").is_some(),
+            "{name}: {}",
+            ra["setup_phases"]
+        );
+        assert!(
+            fresh == again,
+            "{name}: the prepared run's solution differs"
+        );
+        // `gpu_encode = false`: `prepare` keeps the encoding and the run uploads it as it is
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let kept = text.replace("[tuning]\n", "[tuning]\ngpu_encode = false\n");
+        assert_ne!(kept, text, "{name}: no [tuning] table");
+        std::fs::write(&cfg, kept).unwrap();
+        let said = run(&["prepare".as_ref(), cfg.as_os_str()]);
+        assert!(said.contains("encoded for the GPU"), "{name}: {said}");
+        let (again, ra, cov_again) = invert();
+        std::fs::write(&cfg, text).unwrap();
+        assert!(
+            cov_again == cov_cpu,
+            "{name}: the prepared run's coverage differs (encoding kept)"
         );
         let note = ra["prepared"].as_str().unwrap_or_default();
         assert!(note.starts_with("used "), "{name}: {note}");
@@ -826,7 +854,7 @@ fn a_prepared_invert_uploads_the_kept_encoding_and_gives_the_fresh_solution() {
         assert_eq!(rf["transpose"], ra["transpose"], "{name}");
         assert!(
             fresh == again,
-            "{name}: the prepared run's solution differs"
+            "{name}: the prepared run's solution differs (encoding kept)"
         );
         println!(
             "{name}: prepared run bit for bit; setup {} s fresh, {} s prepared",

@@ -130,8 +130,15 @@ fn a_file_prepared_for_the_gpu_keeps_its_encoding_and_reads_the_rows_only_when_a
     // No GPU needed: `prepare` encodes on the CPU, and reading a file back is I/O.
     let ds = synth_dataset("prepared", "encoded", "16,16,16", "3000");
     let out = ds.with_extension("out");
-    let extra = "[backend]\nstorage = \"compact\"\n[tuning]\ngpu_layout = \"split\"";
-    let cfg_path = config(&ds, "enc", extra, &out);
+    // By default the GPU encodes the stored rows itself: the file keeps none, a run reads the
+    // rows (half the bytes of an encoding).
+    let split = "[backend]\nstorage = \"compact\"\n[tuning]\ngpu_layout = \"split\"";
+    let plain = RunConfig::load(&config(&ds, "plain", split, &out)).unwrap();
+    let w = prepare_dataset(&plain, Some(BackendChoice::Cuda), &SerialComm).unwrap();
+    assert!(!w.storage.contains("encoded for the GPU"), "{}", w.storage);
+    // A GPU that does not encode (`gpu_encode = false`): the file keeps the encoding.
+    let extra = format!("{split}\ngpu_encode = false");
+    let cfg_path = config(&ds, "enc", &extra, &out);
     let cfg = RunConfig::load(&cfg_path).unwrap();
     let w = prepare_dataset(&cfg, Some(BackendChoice::Cuda), &SerialComm).unwrap();
     assert!(w.storage.contains("encoded for the GPU"), "{}", w.storage);
@@ -175,6 +182,9 @@ fn a_file_prepared_for_the_gpu_keeps_its_encoding_and_reads_the_rows_only_when_a
     f32.operator.precision = Precision::F32;
     let r32 = read(&f32);
     assert_eq!(r32.prepared.matrix.rows.as_csr(), Some(&rows));
+    // a run whose GPU encodes (the default) reads the rows, not the kept encoding
+    let r_plain = read(&plain.options);
+    assert_eq!(r_plain.prepared.matrix.rows.as_csr(), Some(&rows));
     // the CPU's run does not use a file made for the GPU
     let (_, note) = invert(&cfg_path, &out);
     assert!(note.contains("another backend"), "{note}");

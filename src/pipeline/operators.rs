@@ -844,18 +844,26 @@ fn left_coverage_now(rows: &StoredRows) -> Option<crate::grid::PendingCoverage> 
 pub const PROBE_MAX_NNZ: usize = 16_000_000;
 
 /// The key of the GPU encoding made ahead that a run on `kind` with `spec` would upload as it
-/// is (None: it would not use one).
+/// is (None: it would not use one). Only a run whose GPU does not encode its rows itself
+/// (`[tuning] gpu_encode = false`) wants one: the GPU encodes the stored rows of prepared
+/// storage in about 0.025 s at 100M nonzeros, and reading those rows (12 bytes a nonzero
+/// in f64) beats reading an encoding (about 24: both halves' entries and tables). Measured on
+/// one H100, 2026-11-27: the iterations of a prepared 600k-ray run started at 0.40-0.42 s
+/// against 0.51 s (docs/performance.md, "Time to solution").
 pub fn wanted_encoding(kind: BackendChoice, spec: &OperatorSpec) -> Option<EncodingKey> {
     match kind {
-        BackendChoice::Cuda => encoding_key(spec.precision, &spec.tuning),
+        BackendChoice::Cuda if spec.tuning.gpu_encode == Some(false) => {
+            encoding_key(spec.precision, &spec.tuning)
+        }
         _ => None,
     }
 }
 
 /// The GPU encoding of `rows` (the stored rows of `m`, its stencil split off) that `seistomo
 /// prepare` keeps, with the words describing the storage, where a run on `kind` with `spec`
-/// would make it: compact storage on the GPU, not probed against CSR, the split layout. The
-/// caller leaves it out where the columns are scaled (the values change after the file).
+/// would upload it ([`wanted_encoding`]: the GPU does not encode rows itself) and make it:
+/// compact storage on the GPU, not probed against CSR, the split layout. The caller leaves it
+/// out where the columns are scaled (the values change after the file).
 pub fn encode_ahead(
     kind: BackendChoice,
     spec: &OperatorSpec,
@@ -863,7 +871,7 @@ pub fn encode_ahead(
     rows: &Csr,
 ) -> Option<(DeviceEncoding, String)> {
     let stencil_nnz = m.stencil.as_ref().map_or(0, |s| s.stencil().nnz());
-    if kind != BackendChoice::Cuda
+    if wanted_encoding(kind, spec).is_none()
         || m.storage != Storage::Compact
         || probes_storage(spec.storage, rows.nnz() + stencil_nnz)
     {
