@@ -245,12 +245,12 @@ impl Lsqr<'_> {
 /// The prepared storage in words, in the precision its values will have: the job's on the GPU
 /// and in compact storage, f64 in the CPU's CSR.
 fn stored_words(engine: &Engine, p: &Prepared, job: &LsqrJob) -> String {
-    let precision = match (engine.kind(), p.matrix.storage) {
-        (crate::pipeline::options::BackendChoice::Cuda, _)
-        | (_, crate::backend::storage::Storage::Compact) => job.spec.precision,
-        _ => crate::backend::Precision::F64,
-    };
-    p.matrix.describe(precision)
+    use crate::pipeline::options::BackendChoice;
+    match (engine.kind(), p.matrix.storage) {
+        (BackendChoice::Cuda, _) => p.matrix.describe_for_gpu(job.spec.precision),
+        (_, crate::backend::storage::Storage::Compact) => p.matrix.describe(job.spec.precision),
+        _ => p.matrix.describe(crate::backend::Precision::F64),
+    }
 }
 
 /// Many right-hand sides on one operator: the visitor of [`solve_many`]. Each solve is the

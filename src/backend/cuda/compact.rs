@@ -263,23 +263,56 @@ pub fn encode_ahead(stored: &Csr, precision: Precision, o: &Tuning) -> Option<De
     Some(DeviceEncoding { key, ax, at })
 }
 
-/// The split layout's two halves (A x's tiles of `1 << xbits` columns, A^T's of `1 << bits`)
-/// encoded on the GPU from `stored`'s rows uploaded once, where the tuning lets it
-/// (`gpu_encode`, default true), its working memory fits and its counts stay within the
-/// encoder's 32-bit positions; None where not, and the CPU encodes. Phases `upload` (the CSR
-/// rows) and `gpu_encode`.
-fn encode_on_device(
+/// What the GPU made of rows on the host ([`split_on_device`]).
+enum OnDevice {
+    /// The split layout's operator, its rule counted and both halves encoded on the device.
+    Made(CudaCompactOperator),
+    /// The layout the rule chose where the device does not make it: rows (by the segments it
+    /// counted), or split where its counts exceed the encoder's 32-bit positions (the CPU
+    /// encodes).
+    Chose(GpuLayout),
+    /// Not tried: the tuning asks for another layout or `gpu_encode = false`, the matrix is
+    /// small (rows), or the encoder's working memory does not fit.
+    Not,
+}
+
+/// The split layout of `stored`'s rows made on the GPU from the rows uploaded once, as
+/// [`CudaCompactOperator::from_reordered`] makes it of rows still to reorder: where the tuning
+/// does not fix the layout, its rule (segments per tile of A^T) counted there instead of
+/// [`choose_layout`]'s pass over the rows on the host (0.023 s at 101M nonzeros, on a prepared
+/// run's way to its first iteration), then both halves encoded there. Phases `upload` (the
+/// CSR rows), `layout` and `gpu_encode`.
+fn split_on_device(
     be: &CudaBackend,
     stored: &Csr,
+    stencil: Option<&StencilOp>,
     precision: Precision,
-    (xbits, bits): (u32, u32),
     o: &Tuning,
-) -> Result<Option<(encode::Encoded, encode::Encoded)>> {
-    if !gpu_may_encode(be, stored, o)? {
-        return Ok(None);
+) -> Result<OnDevice> {
+    let split = matches!(o.gpu_layout, None | Some(GpuLayout::Split));
+    // choose_layout's rule: split from SPLIT_MIN_NNZ nonzeros (then by segments, below)
+    let large = o.gpu_layout.is_some() || stored.nnz() >= SPLIT_MIN_NNZ;
+    if !split || !large || !gpu_may_encode(be, stored, o)? {
+        return Ok(OnDevice::Not);
     }
+    let free = be.mem_info()?.0 as u64;
+    let bits = o.tile_bits.unwrap_or(TILE_BITS);
+    let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
     let rows = phases::time("upload", || encode::DevRows::upload(be, stored))?;
-    encode_split(be, &rows, precision, (xbits, bits))
+    if o.gpu_layout.is_none() {
+        let segs = phases::time("layout", || encode::segments(be, &rows, bits))?;
+        if !split_by_segments(stored.nnz(), segs) {
+            return Ok(OnDevice::Chose(GpuLayout::Rows));
+        }
+    }
+    match encode_split(be, &rows, precision, (xbits, bits))? {
+        Some(made) => {
+            drop(rows);
+            CudaCompactOperator::from_split(be, made, stencil, precision, o, free)
+                .map(OnDevice::Made)
+        }
+        None => Ok(OnDevice::Chose(GpuLayout::Split)),
+    }
 }
 
 /// Both halves of the split layout encoded from rows on the device (phase `gpu_encode`); None
@@ -380,9 +413,13 @@ impl CudaCompactOperator {
             Source::Ahead(e) => (e.nrows, e.ncols, e.nnz),
         };
         let layout_kind = match src {
-            Source::Rows(stored) => o
-                .gpu_layout
-                .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits))),
+            Source::Rows(stored) => match split_on_device(be, stored, stencil, precision, o)? {
+                OnDevice::Made(op) => return Ok(op),
+                OnDevice::Chose(layout) => layout,
+                OnDevice::Not => o
+                    .gpu_layout
+                    .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits))),
+            },
             Source::Ahead(_) => GpuLayout::Split,
         };
         // The CSR rows, for the layouts never made ahead.
@@ -423,11 +460,6 @@ impl CudaCompactOperator {
             }
             GpuLayout::Split => {
                 let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
-                if let Source::Rows(stored) = src {
-                    if let Some(made) = encode_on_device(be, stored, precision, (xbits, bits), o)? {
-                        return Self::from_split(be, made, stencil, precision, o, free as u64);
-                    }
-                }
                 let mut made: Option<(Tiled, Tiled)> = None;
                 let (tx, t) = match src {
                     Source::Ahead(e) => (&e.encoding.ax, &e.encoding.at),
