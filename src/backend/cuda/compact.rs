@@ -266,7 +266,7 @@ pub fn encode_ahead(stored: &Csr, precision: Precision, o: &Tuning) -> Option<De
 /// What the GPU made of rows on the host ([`split_on_device`]).
 enum OnDevice {
     /// The split layout's operator, its rule counted and both halves encoded on the device.
-    Made(CudaCompactOperator),
+    Made(Box<CudaCompactOperator>),
     /// The layout the rule chose where the device does not make it: rows (by the segments it
     /// counted), or split where its counts exceed the encoder's 32-bit positions (the CPU
     /// encodes).
@@ -309,7 +309,7 @@ fn split_on_device(
         Some(made) => {
             drop(rows);
             CudaCompactOperator::from_split(be, made, stencil, precision, o, free)
-                .map(OnDevice::Made)
+                .map(|op| OnDevice::Made(Box::new(op)))
         }
         None => Ok(OnDevice::Chose(GpuLayout::Split)),
     }
@@ -414,7 +414,7 @@ impl CudaCompactOperator {
         };
         let layout_kind = match src {
             Source::Rows(stored) => match split_on_device(be, stored, stencil, precision, o)? {
-                OnDevice::Made(op) => return Ok(op),
+                OnDevice::Made(op) => return Ok(*op),
                 OnDevice::Chose(layout) => layout,
                 OnDevice::Not => o
                     .gpu_layout
