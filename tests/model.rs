@@ -549,3 +549,64 @@ fn lcurve_without_reg_sweeps_lsqr_damping() {
     let (ok, err) = seistomo(&["lcurve", cfg.to_str().unwrap(), "--damping", "1,2"]);
     assert!(!ok && err.contains("at least 3"), "{err}");
 }
+
+/// Fields of more than 1 MiB reach the file through the image HDF5 laid out (their values
+/// copied in at their datasets' offsets, src/model/hdf5.rs `W::deferred`): every one reads back
+/// bit for bit, beside the small datasets written through HDF5.
+#[test]
+fn large_fields_read_back_bit_for_bit() {
+    use seistomo::model::fields::Fields;
+    let g = Grid::new([64, 64, 40], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]);
+    let n = g.ncells();
+    let x: Vec<f64> = (0..n)
+        .map(|i| 0.2 + 1e-6 * i as f64 - if i % 97 == 0 { 0.3 } else { 0.0 })
+        .collect();
+    let (o, cov) = identity_outcome(&x);
+    let spec = ModelSpec {
+        param: Parameterisation::Grid(g),
+        unknowns: Unknowns::Slowness,
+        slowness_unit: "s/km".into(),
+        reference: Reference::Constant(4.5),
+        true_model: Some(x.iter().map(|v| v * 1.01).collect()),
+    };
+    let p = tmp("large").join("model.h5");
+    let inputs = ModelInputs {
+        spec: &spec,
+        outcome: &o,
+        coverage: Some(&cov),
+        kernel_rows: n,
+        config_text: "",
+        resolution: &[],
+    };
+    write_model(&p, &inputs).unwrap();
+    let f = ModelFile::open(&p).unwrap();
+    let want = Fields::derive(&spec, &o.solution.x);
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+    let var = o.solution.var.as_ref().expect("var asked for");
+    let cases: [(&str, &[f64]); 9] = [
+        ("velocity", &want.velocity),
+        ("slowness", &want.slowness),
+        ("reference_velocity", &want.reference_velocity),
+        ("perturbation", &want.perturbation),
+        ("slowness_perturbation", &want.slowness_perturbation),
+        ("solution", &o.solution.x),
+        ("true_solution", spec.true_model.as_ref().unwrap()),
+        ("variance_lower_bound", var),
+        ("dws", &cov.dws),
+    ];
+    for (name, v) in cases {
+        let (got, shape) = f.field(name).unwrap();
+        assert_eq!(shape, vec![40, 64, 64], "{name}");
+        assert!(bits(&got) == bits(v), "{name} differs");
+    }
+    assert!(
+        want.velocity.iter().any(|v| v.is_nan()),
+        "a NaN velocity kept"
+    );
+    let hits: Vec<f64> = cov.hit_count.iter().map(|&h| h as f64).collect();
+    assert_eq!(f.field("hit_count").unwrap().0, hits);
+    // (m = n: the standard error is sqrt(var), made for the file)
+    assert_eq!(o.report.m, o.report.n);
+    let se: Vec<f64> = var.iter().map(|v| (v * 1.0).sqrt()).collect();
+    assert!(bits(&f.field("std_error_lower_bound").unwrap().0) == bits(&se));
+}

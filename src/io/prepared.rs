@@ -101,7 +101,8 @@ unsafe impl Plain for f64 {
     const ELEM: Elem = Elem::F64;
 }
 
-fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
+/// The bytes of `v` as they lie in memory (a section's content).
+pub fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
     // SAFETY: T is `Plain`: no padding, so every byte is initialised; the length is the
     // slice's size in bytes and u8 has alignment 1.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }

@@ -57,12 +57,34 @@ fn vlu(path: &Path, s: &str) -> Result<VarLenUnicode> {
         .map_err(|e| Error::format(path, format!("HDF5 string: {e}")))
 }
 
-/// Attribute writers that name the file in their errors.
-struct W<'p> {
+/// Attribute and dataset writers that name the file in their errors.
+struct W<'p, 'd> {
     path: &'p Path,
+    /// Where large datasets' values wait until HDF5 has laid the file out: copied into its
+    /// image at their datasets' offsets afterwards, in parallel ([`W::copy_into`]; HDF5 copies
+    /// them on one thread). None: every dataset is written through HDF5.
+    deferred: Option<std::cell::RefCell<Vec<(u64, Payload<'d>)>>>,
 }
 
-impl W<'_> {
+/// A dataset's values waiting for the file's image ([`W::deferred`]).
+enum Payload<'d> {
+    Borrowed(&'d [u8]),
+    F64(Vec<f64>),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(b) => b,
+            Payload::F64(v) => crate::io::prepared::bytes_of(v),
+        }
+    }
+}
+
+/// Datasets of at least this many bytes are deferred ([`W::deferred`]).
+const DEFER_MIN: usize = 1 << 20;
+
+impl<'d> W<'_, 'd> {
     fn str_attr(&self, loc: &Location, name: &str, value: &str) -> Result<()> {
         self.scalar_attr(loc, name, vlu(self.path, value)?)
     }
@@ -86,6 +108,7 @@ impl W<'_> {
             .and_then(|a| a.write_raw(values))
             .map_err(|e| h5err(self.path, e))
     }
+    /// A dataset written through HDF5 now (small ones: the history's columns).
     fn dataset<T: H5Type>(
         &self,
         g: &Group,
@@ -103,6 +126,106 @@ impl W<'_> {
         ds.write_raw(data).map_err(|e| h5err(self.path, e))?;
         self.str_attr(&ds, "units", units)?;
         self.str_attr(&ds, "description", description)
+    }
+
+    /// A dataset of a field (one value per unknown): deferred where large ([`Self::deferred`]).
+    fn field<T: H5Type + crate::io::prepared::Plain>(
+        &self,
+        g: &Group,
+        (name, shape): (&str, &[usize]),
+        data: &'d [T],
+        (units, description): (&str, &str),
+    ) -> Result<()> {
+        self.dataset_of(g, (name, shape), data, None, (units, description))
+    }
+
+    /// [`Self::dataset`] of values made for it (kept until they are copied).
+    fn dataset_owned(
+        &self,
+        g: &Group,
+        (name, shape): (&str, &[usize]),
+        data: Vec<f64>,
+        (units, description): (&str, &str),
+    ) -> Result<()> {
+        self.dataset_of::<f64>(g, (name, shape), &[], Some(data), (units, description))
+    }
+
+    /// A dataset of `data` (or of `owned` where given). Where deferring and at least
+    /// [`DEFER_MIN`] bytes: its space allocated at once and never filled (contiguous, native
+    /// types: the file holds the values' bytes as they are in memory), its values copied at its
+    /// offset later ([`Self::copy_into`]); else written through HDF5.
+    fn dataset_of<T: H5Type + crate::io::prepared::Plain>(
+        &self,
+        g: &Group,
+        (name, shape): (&str, &[usize]),
+        data: &'d [T],
+        owned: Option<Vec<f64>>,
+        (units, description): (&str, &str),
+    ) -> Result<()> {
+        use ::hdf5::plist::dataset_create::{AllocTime, FillTime};
+        let bytes = owned
+            .as_ref()
+            .map_or(std::mem::size_of_val(data), |v| 8 * v.len());
+        let defer = self.deferred.as_ref().filter(|_| bytes >= DEFER_MIN);
+        let b = g.new_dataset::<T>().shape(shape.to_vec());
+        let b = if defer.is_some() {
+            b.no_chunk()
+                .alloc_time(Some(AllocTime::Early))
+                .fill_time(FillTime::Never)
+        } else {
+            b
+        };
+        let ds = b.create(name).map_err(|e| h5err(self.path, e))?;
+        match (defer, ds.offset()) {
+            (Some(list), Some(at)) if ds.storage_size() == bytes as u64 => {
+                let payload = match owned {
+                    Some(v) => Payload::F64(v),
+                    None => Payload::Borrowed(crate::io::prepared::bytes_of(data)),
+                };
+                list.borrow_mut().push((at, payload));
+            }
+            _ => match owned {
+                Some(v) => ds.write_raw(&v),
+                None => ds.write_raw(data),
+            }
+            .map_err(|e| h5err(self.path, e))?,
+        }
+        self.str_attr(&ds, "units", units)?;
+        self.str_attr(&ds, "description", description)
+    }
+
+    /// Copy the deferred datasets' values into `image`, the closed file's bytes, at their
+    /// offsets (pieces of 1 MiB on the thread pool). An offset outside the image is an error.
+    fn copy_into(&self, image: &mut [u8]) -> Result<()> {
+        use rayon::prelude::*;
+        let Some(list) = &self.deferred else {
+            return Ok(());
+        };
+        let list = list.borrow();
+        let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::new();
+        // the datasets' places, in file order, cut out of the image one after another
+        let mut order: Vec<(u64, &[u8])> = list.iter().map(|(at, p)| (*at, p.bytes())).collect();
+        order.sort_by_key(|&(at, _)| at);
+        let mut rest: &mut [u8] = image;
+        let mut base = 0u64;
+        for (at, src) in order {
+            let skip = at.checked_sub(base).map(|k| k as usize);
+            let fits = skip.is_some_and(|k| k + src.len() <= rest.len());
+            if !fits {
+                return Err(Error::format(
+                    self.path,
+                    format!("HDF5: a dataset at byte {at} lies outside the file's image"),
+                ));
+            }
+            let k = skip.unwrap_or(0);
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(k);
+            let (dst, tail) = tail.split_at_mut(src.len());
+            jobs.extend(dst.chunks_mut(1 << 20).zip(src.chunks(1 << 20)));
+            rest = tail;
+            base = at + src.len() as u64;
+        }
+        jobs.into_par_iter().for_each(|(d, s)| d.copy_from_slice(s));
+        Ok(())
     }
     fn str_dataset(&self, g: &Group, name: &str, text: &str) -> Result<()> {
         let v = vlu(self.path, text)?;
@@ -178,6 +301,16 @@ impl std::ops::Deref for ModelImage {
         // holding at least `len` bytes of the file written by HDF5, owned by this value
         // alone since the file closed.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for ModelImage {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `deref`; `&mut self` makes this the only view of the buffer.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -264,6 +397,17 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
     let cname = std::ffi::CString::new(name).map_err(|e| Error::format(path, e.to_string()))?;
+    // The fields derived from x (kept until their values are copied into the image), and the
+    // writers: large datasets deferred, except where the netCDF view reads them back while the
+    // file is written (cells: src/model/cf.rs lattice_view).
+    let fields = crate::ui::phases::time("fields", || {
+        Fields::derive(inp.spec, &inp.outcome.solution.x)
+    });
+    let w = W {
+        path,
+        deferred: (!matches!(inp.spec.param, Parameterisation::Cells(_)))
+            .then(|| std::cell::RefCell::new(Vec::new())),
+    };
     let fapl = ::hdf5::file::FileAccess::build()
         .core_options(increment, false)
         .finish()
@@ -305,7 +449,7 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
         }
         // SAFETY: `id` is a new file identifier (reference count 1), owned by `f` from here.
         let f: ::hdf5::File = unsafe { ::hdf5::from_id(id) }.map_err(|e| h5err(path, e))?;
-        write_model_to(&f, path, inp)?;
+        write_model_to(&f, &w, inp, &fields)?;
         f.flush().map_err(|e| h5err(path, e))?;
         // SAFETY: `id` is the open file `f`; a null buffer with length 0 asks for the size.
         let size = unsafe { H5Fget_file_image(f.id(), std::ptr::null_mut(), 0) };
@@ -317,7 +461,7 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
     });
     drop(fapl);
     // (owned from here: freed on an error too)
-    let image = ModelImage {
+    let mut image = ModelImage {
         ptr: std::mem::replace(&mut kept.0, std::ptr::null_mut()).cast(),
         len: *size.as_ref().unwrap_or(&0),
     };
@@ -328,6 +472,7 @@ pub fn model_image(path: &Path, inp: &ModelInputs) -> Result<ModelImage> {
             "HDF5: the file image was not kept at its close",
         ));
     }
+    crate::ui::phases::time("datasets", || w.copy_into(&mut image))?;
     Ok(image)
 }
 
@@ -346,24 +491,27 @@ fn reference_words(r: &Reference) -> String {
 }
 
 /// Everything in the model file; every group and dataset handle is closed on return.
-fn write_model_to(f: &::hdf5::File, path: &Path, inp: &ModelInputs) -> Result<()> {
-    let w = W { path };
+fn write_model_to<'d>(
+    f: &::hdf5::File,
+    w: &W<'_, 'd>,
+    inp: &'d ModelInputs,
+    fields: &'d Fields,
+) -> Result<()> {
+    let path = w.path;
     let spec = inp.spec;
     let o = inp.outcome;
     let vunit = spec.velocity_unit();
-    write_root_attrs(&w, f, inp, &vunit)?;
-    write_model_group(&w, f, inp, &vunit)?;
+    write_root_attrs(w, f, inp, &vunit)?;
+    write_model_group(w, f, inp, &vunit, fields)?;
     if let Parameterisation::Cells(c) = &spec.param {
         let cg = f.create_group("cells").map_err(|e| h5err(path, e))?;
         let ncol = c.columns.len();
         let flat: Vec<f64> = c.rows.iter().flatten().copied().collect();
-        w.dataset(
+        w.dataset_owned(
             &cg,
-            "bounds",
-            &[c.rows.len(), ncol],
-            &flat,
-            &c.units,
-            "cell bounds, one row per unknown",
+            ("bounds", &[c.rows.len(), ncol]),
+            flat,
+            (&c.units, "cell bounds, one row per unknown"),
         )?;
         let cl: &Location = &cg;
         w.str_list_attr(cl, "columns", &c.columns)?;
@@ -415,21 +563,39 @@ fn write_root_attrs(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> 
 }
 
 /// The datasets of /model: one value per unknown each, in the grid's shape (or a vector).
-struct FieldWriter<'a> {
-    w: &'a W<'a>,
+struct FieldWriter<'a, 'd> {
+    w: &'a W<'a, 'd>,
     g: Group,
     shape: Vec<usize>,
 }
 
-impl FieldWriter<'_> {
-    fn put<T: H5Type>(&self, name: &str, data: &[T], units: &str, what: &str) -> Result<()> {
+impl<'d> FieldWriter<'_, 'd> {
+    fn put<T: H5Type + crate::io::prepared::Plain>(
+        &self,
+        name: &str,
+        data: &'d [T],
+        units: &str,
+        what: &str,
+    ) -> Result<()> {
         self.w
-            .dataset(&self.g, name, &self.shape, data, units, what)
+            .field(&self.g, (name, &self.shape), data, (units, what))
+    }
+
+    /// [`Self::put`] of values made for it.
+    fn put_owned(&self, name: &str, data: Vec<f64>, units: &str, what: &str) -> Result<()> {
+        self.w
+            .dataset_owned(&self.g, (name, &self.shape), data, (units, what))
     }
 }
 
 /// /model: the recovered and reference fields, the coverage, the variance and the true model.
-fn write_model_group(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) -> Result<()> {
+fn write_model_group<'d>(
+    w: &W<'_, 'd>,
+    f: &::hdf5::File,
+    inp: &'d ModelInputs,
+    vunit: &str,
+    fields: &'d Fields,
+) -> Result<()> {
     let spec = inp.spec;
     let x = &inp.outcome.solution.x;
     let g = f.create_group("model").map_err(|e| h5err(w.path, e))?;
@@ -440,7 +606,6 @@ fn write_model_group(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) ->
         }
         _ => vec![x.len()],
     };
-    let fields = crate::ui::phases::time("fields", || Fields::derive(spec, x));
     let su = spec.slowness_unit.as_str();
     let m = FieldWriter { w, g, shape };
     m.put(
@@ -522,7 +687,7 @@ fn write_model_group(w: &W, f: &::hdf5::File, inp: &ModelInputs, vunit: &str) ->
 }
 
 /// LSQR's variance (a lower bound) and the standard error it gives, with the scale used.
-fn write_variance(m: &FieldWriter, r: &Report, var: &[f64], su: &str) -> Result<()> {
+fn write_variance<'d>(m: &FieldWriter<'_, 'd>, r: &Report, var: &'d [f64], su: &str) -> Result<()> {
     let dof = r.m.saturating_sub(r.n);
     let s2 = if dof > 0 {
         r.norms.r1norm * r.norms.r1norm / dof as f64
@@ -536,7 +701,7 @@ fn write_variance(m: &FieldWriter, r: &Report, var: &[f64], su: &str) -> Result<
         &format!("({su})^2 / data^2"),
         "LSQR's var: a LOWER BOUND on diag((A^T A + damp^2 I)^-1)",
     )?;
-    m.put("std_error_lower_bound", &se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
+    m.put_owned("std_error_lower_bound", se, su, "LOWER BOUND on the standard error of the solution: sqrt(var r1norm^2 / (m - n)) (sqrt(var) when m <= n)")?;
     let gv: &Location = &m.g;
     m.w.scalar_attr(gv, "std_error_scale_r1norm2_over_dof", s2)
 }
@@ -582,7 +747,7 @@ fn write_history(w: &W, f: &::hdf5::File, h: &[IterRecord]) -> Result<()> {
 
 /// /resolution/NAME per test: its true and recovered models (the model's shape), the
 /// correlation per depth layer, and what it is and how it came back as attributes.
-fn write_resolution(w: &W, f: &::hdf5::File, inp: &ModelInputs) -> Result<()> {
+fn write_resolution<'d>(w: &W<'_, 'd>, f: &::hdf5::File, inp: &'d ModelInputs) -> Result<()> {
     use crate::model::resolution::TestKind;
     let n = inp.outcome.solution.x.len();
     let shape: Vec<usize> = match &inp.spec.param {
@@ -598,21 +763,17 @@ fn write_resolution(w: &W, f: &::hdf5::File, inp: &ModelInputs) -> Result<()> {
     )?;
     for t in inp.resolution {
         let g = rg.create_group(&t.name).map_err(|e| h5err(w.path, e))?;
-        w.dataset(
+        w.field(
             &g,
-            "true",
-            &shape,
+            ("true", &shape),
             &t.true_model,
-            su,
-            "the test's true model (as x)",
+            (su, "the test's true model (as x)"),
         )?;
-        w.dataset(
+        w.field(
             &g,
-            "recovered",
-            &shape,
+            ("recovered", &shape),
             &t.recovered,
-            su,
-            "the model recovered from the test's data (as x)",
+            (su, "the model recovered from the test's data (as x)"),
         )?;
         w.dataset(
             &g,
