@@ -199,8 +199,9 @@ pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
     use rayon::prelude::*;
     use std::fmt::Write as _;
     const PIECE: usize = 1 << 14;
-    for batch in x.chunks(PIECE << 6) {
-        let texts: Vec<String> = batch
+    const BATCH: usize = PIECE << 4;
+    let text = |batch: &[f64]| -> Vec<String> {
+        batch
             .par_chunks(PIECE)
             .map(|piece| {
                 let mut t = String::with_capacity(piece.len() * 24);
@@ -210,10 +211,21 @@ pub fn vector_text(w: &mut dyn Write, x: &[f64]) -> std::io::Result<()> {
                 }
                 t
             })
-            .collect();
-        for t in &texts {
-            w.write_all(t.as_bytes())?;
-        }
+            .collect()
+    };
+    // Each batch formatted (on the thread pool) while the one before is written.
+    let mut batches = x.chunks(BATCH);
+    let mut ready = batches.next().map(text);
+    while let Some(texts) = ready.take() {
+        let next = batches.next();
+        std::thread::scope(|s| -> std::io::Result<()> {
+            let made = next.map(|b| s.spawn(move || text(b)));
+            for t in &texts {
+                w.write_all(t.as_bytes())?;
+            }
+            ready = made.map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+            Ok(())
+        })?;
     }
     Ok(())
 }
@@ -286,5 +298,30 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         write_vector_text(&p, &[0.1, 1e-300]).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "1e-1\n1e-300\n");
+    }
+
+    #[test]
+    fn a_long_vector_is_written_in_order_across_its_batches() {
+        // several batches of 256k values and a short last one, formatted while the one
+        // before is written: the lines of a plain loop, in order
+        let x: Vec<f64> = (0..700_001)
+            .map(|i| (i as f64 * 0.37).sin() * 1e3)
+            .collect();
+        let mut got = Vec::new();
+        vector_text(&mut got, &x).unwrap();
+        let want: String = x.iter().map(|v| format!("{v:e}\n")).collect();
+        assert!(got == want.as_bytes());
+        // a failing writer stops the write with its error
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("full"))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        assert!(vector_text(&mut Full, &x).is_err());
+        vector_text(&mut got, &[]).unwrap();
     }
 }
