@@ -519,14 +519,14 @@ fn write_model_to<'d>(
     }
 
     if !inp.resolution.is_empty() {
-        write_resolution(&w, f, inp)?;
+        write_resolution(w, f, inp)?;
     }
     // Solver diagnostics: every report key as an attribute.
     let sg = f.create_group("solver").map_err(|e| h5err(path, e))?;
     let report =
         serde_json::to_value(&o.report).map_err(|e| Error::format(path, format!("report: {e}")))?;
-    write_json_attrs(&w, &sg, "", &report)?;
-    write_history(&w, f, &o.history)?;
+    write_json_attrs(w, &sg, "", &report)?;
+    write_history(w, f, &o.history)?;
 
     let rg = f.create_group("run").map_err(|e| h5err(path, e))?;
     w.str_dataset(&rg, "config_toml", inp.config_text)?;
