@@ -276,18 +276,17 @@ enum OnDevice {
     Not,
 }
 
-/// The split layout of `stored`'s rows made on the GPU from the rows uploaded once, as
-/// [`CudaCompactOperator::from_reordered`] makes it of rows still to reorder: where the tuning
-/// does not fix the layout, its rule (segments per tile of A^T) counted there instead of
-/// [`choose_layout`]'s pass over the rows on the host (0.023 s at 101M nonzeros, on a prepared
-/// run's way to its first iteration), then both halves encoded there. Phases `upload` (the
-/// CSR rows), `layout` and `gpu_encode`.
+/// The split layout of `stored`'s rows made on the GPU from the rows uploaded once (a prepared
+/// run's rows; [`CudaCompactOperator::from_reordered`]'s rows still to reorder, which
+/// `then` permutes on the device once they are there): where the tuning does not fix the
+/// layout, its rule (segments per tile of A^T) counted there instead of [`choose_layout`]'s
+/// pass over the rows on the host (0.023 s at 101M nonzeros), then both halves encoded there.
+/// Phases `upload` (the CSR rows), `layout` and `gpu_encode`.
 fn split_on_device(
     be: &CudaBackend,
     stored: &Csr,
-    stencil: Option<&StencilOp>,
-    precision: Precision,
-    o: &Tuning,
+    (stencil, precision, o): (Option<&StencilOp>, Precision, &Tuning),
+    then: &mut dyn FnMut(encode::DevRows) -> Result<encode::DevRows>,
 ) -> Result<OnDevice> {
     let split = matches!(o.gpu_layout, None | Some(GpuLayout::Split));
     // choose_layout's rule: split from SPLIT_MIN_NNZ nonzeros (then by segments, below)
@@ -299,6 +298,7 @@ fn split_on_device(
     let bits = o.tile_bits.unwrap_or(TILE_BITS);
     let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
     let rows = phases::time("upload", || encode::DevRows::upload(be, stored))?;
+    let rows = then(rows)?;
     if o.gpu_layout.is_none() {
         let segs = phases::time("layout", || encode::segments(be, &rows, bits))?;
         if !split_by_segments(stored.nnz(), segs) {
@@ -413,13 +413,15 @@ impl CudaCompactOperator {
             Source::Ahead(e) => (e.nrows, e.ncols, e.nnz),
         };
         let layout_kind = match src {
-            Source::Rows(stored) => match split_on_device(be, stored, stencil, precision, o)? {
-                OnDevice::Made(op) => return Ok(*op),
-                OnDevice::Chose(layout) => layout,
-                OnDevice::Not => o
-                    .gpu_layout
-                    .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits))),
-            },
+            Source::Rows(stored) => {
+                match split_on_device(be, stored, (stencil, precision, o), &mut Ok)? {
+                    OnDevice::Made(op) => return Ok(*op),
+                    OnDevice::Chose(layout) => layout,
+                    OnDevice::Not => o
+                        .gpu_layout
+                        .unwrap_or_else(|| phases::time("layout", || choose_layout(stored, bits))),
+                }
+            }
             Source::Ahead(_) => GpuLayout::Split,
         };
         // The CSR rows, for the layouts never made ahead.
@@ -516,39 +518,23 @@ impl CudaCompactOperator {
     ) -> Result<Option<Self>> {
         o.validate()?;
         be.check_compiled_with(&o.nvrtc_defines)?;
-        let (a, order) = match &r.ordering.rows {
-            Some(order) => (&r.rows, order),
-            None => return Ok(None),
-        };
-        let split = matches!(o.gpu_layout, None | Some(GpuLayout::Split));
-        // choose_layout's rule: split from SPLIT_MIN_NNZ nonzeros (then by segments, below)
-        let large = o.gpu_layout.is_some() || a.nnz() >= SPLIT_MIN_NNZ;
-        if !split || !large || !gpu_may_encode(be, a, o)? {
+        let Some(order) = &r.ordering.rows else {
             return Ok(None);
-        }
-        let free = be.mem_info()?.0 as u64;
-        let bits = o.tile_bits.unwrap_or(TILE_BITS);
-        let xbits = o.ax_tile_bits.unwrap_or(AX_TILE_BITS);
-        let rows = phases::time("upload", || encode::DevRows::upload(be, a))?;
-        uploaded();
-        let rows = phases::time("gpu_permute", || -> Result<encode::DevRows> {
-            let p = encode::permute(be, rows, order, r.ordering.cols.as_deref())?;
-            be.synchronize()?;
-            Ok(p)
-        })?;
-        if o.gpu_layout.is_none() {
-            let segs = phases::time("layout", || encode::segments(be, &rows, bits))?;
-            if !split_by_segments(a.nnz(), segs) {
-                return Ok(None);
-            }
-        }
-        match encode_split(be, &rows, precision, (xbits, bits))? {
-            Some(made) => {
-                drop(rows);
-                Self::from_split(be, made, stencil, precision, o, free).map(Some)
-            }
-            None => Ok(None),
-        }
+        };
+        let mut permute = |rows| {
+            uploaded();
+            phases::time("gpu_permute", || -> Result<encode::DevRows> {
+                let p = encode::permute(be, rows, order, r.ordering.cols.as_deref())?;
+                be.synchronize()?;
+                Ok(p)
+            })
+        };
+        Ok(
+            match split_on_device(be, &r.rows, (stencil, precision, o), &mut permute)? {
+                OnDevice::Made(op) => Some(*op),
+                OnDevice::Chose(_) | OnDevice::Not => None,
+            },
+        )
     }
 
     /// The split layout's operator from both halves encoded on the device; an error with the
