@@ -339,21 +339,51 @@ lsqr_sum(const double* __restrict__ partial, u32 np, double* __restrict__ out) {
     if (threadIdx.x == 0) out[0] = s;
 }
 
+// Columns of one block of the combines below (lsqr_combine, lsqr_peer_combine): a block takes
+// COMBINE_COLS consecutive columns (COMBINE_PER values a thread, 256 threads) and writes its
+// partial at (first column / COMBINE_COLS). So the partials of v^2, and the bits of every later
+// scalar, are the same however the columns are cut into pieces (src/backend/cuda/lsqr_loop.rs:
+// PIECE_ALIGN is a multiple of COMBINE_COLS, which it repeats) and whichever path summed t over
+// the ranks.
+#define COMBINE_PER 4
+#define COMBINE_COLS (256 * COMBINE_PER)
+
+// v[i] = a t_i + b v[i] for the block's columns of [c0, c1) (b == 0: v is not read), t_i from
+// T(i); the block's partial of the new v^2 into partial[c0 / COMBINE_COLS + blockIdx.x]. Every
+// t_i is loaded before the first is used, so a thread's loads (from another GPU, for the peer
+// path) are in flight together.
+template <typename T>
+__device__ __forceinline__ void combine_cols(double* __restrict__ v, u64 c0, u64 c1, double a,
+                                             double b, T t, double* __restrict__ partial) {
+    const u64 first = c0 + (u64)blockIdx.x * COMBINE_COLS + threadIdx.x;
+    double tv[COMBINE_PER];
+#pragma unroll
+    for (int k = 0; k < COMBINE_PER; ++k) {
+        const u64 i = first + 256ull * k;
+        tv[k] = i < c1 ? t(i) : 0.0;
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < COMBINE_PER; ++k) {
+        const u64 i = first + 256ull * k;
+        if (i < c1) {
+            const double vi = b == 0.0 ? a * tv[k] : a * tv[k] + b * v[i];
+            v[i] = vi;
+            s += vi * vi;
+        }
+    }
+    block_partial(s, partial + c0 / COMBINE_COLS);  // 256 threads: 8 warp sums, in order
+}
+
 // Several ranks: once t = A^T u (this rank's rows) was summed over the ranks, v = c_atu[0] t +
 // c_atu[1] v, as the fused product's epilogue does on one rank (c_atu[1] == 0: v is not read),
-// with the block partial sums of the new v^2 for lsqr_step2. Nothing while skip_atu.
+// with the partial sums of the new v^2 for lsqr_step2 (combine_cols: n / COMBINE_COLS blocks).
+// Nothing while skip_atu.
 extern "C" __global__ void __launch_bounds__(256)
 lsqr_combine(double* __restrict__ v, const double* __restrict__ t, u64 n,
              const LsqrState* __restrict__ st, double* __restrict__ partial) {
     if (st->skip_atu) return;
-    const double a = st->c_atu[0], b = st->c_atu[1];
-    double s = 0.0;
-    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
-        const double vi = b == 0.0 ? a * t[i] : a * t[i] + b * v[i];
-        v[i] = vi;
-        s += vi * vi;
-    }
-    block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
+    combine_cols(v, 0, n, st->c_atu[0], st->c_atu[1], [=](u64 i) { return t[i]; }, partial);
 }
 
 // u *= su, v *= sv (true unit vectors again); lsqr_rescaled then resets the scales.
@@ -372,20 +402,29 @@ extern "C" __global__ void lsqr_rescaled(LsqrState* st) { rescaled(st); }
 // (t) and its part of ||u||^2. `bases` holds every rank's buffer address in rank order (its own
 // included); `off` is the byte offset of an iteration's slot from a buffer's start (the same on
 // every rank). Control words: [0] exchanges this rank has published, [1] exchanges it has
-// finished reading (its combine ran). One exchange per iteration:
+// finished reading (its combine ran), [3] the last piece of t it has published (exchange e's
+// piece j as e * 64 + j + 1: pieces only). One exchange per iteration, either whole:
 //   lsqr_peer_usq     writes ||u||^2's part after t (the first iteration of a graph replay
 //                     first waits until every rank has read every earlier exchange: the slots
 //                     take turns only inside a replay);
 //   (A^T u into t)
 //   lsqr_peer_step1   publishes (count + 1), waits for every rank's, sums ||u||^2 in rank order,
 //                     then LSQR's step 1;
-//   lsqr_peer_combine sums t in rank order from every buffer into v (as lsqr_combine).
+//   lsqr_peer_combine sums t in rank order from every buffer into v (as lsqr_combine);
+// or in pieces of t's columns (tuning atu_pieces > 1), each summed while the next is made:
+//   lsqr_peer_usq, lsqr_peer_step1 (the count now says only that ||u||^2's part is there);
+//   for each piece j: (A^T u of its columns into t), lsqr_peer_piece (word 3 = e * 64 + j + 1),
+//   and on a second stream lsqr_peer_combine of the piece, which first waits for every rank's
+//   word 3 to reach it.
 // A slot is written again two exchanges later, and a rank publishes an exchange only after its
 // combine has read the one before, so no other wait is needed inside a replay. The sums run in
 // rank order on every rank, so every rank gets the same bits (for two ranks the same as NCCL's).
 // Nothing runs once the loop is done (the same on every rank). A peer that does not come within
 // PEER_WAIT_NS stops the loop with error 4 instead of hanging. (The buffer's helpers, peer_wait,
 // peer_slot and peer_sum_at, are kernels/peer.cu's.)
+
+#define PEER_PIECES_WORD 3
+#define PEER_MAX_PIECES 64ull  // tuning atu_pieces <= 64
 
 __device__ __forceinline__ void peer_timeout(LsqrState* st) {
     st->error = 4;
@@ -429,17 +468,34 @@ extern "C" __global__ void lsqr_peer_step1(LsqrState* gst, const u64* __restrict
     *gst = cp;
 }
 
+// After this rank's A^T u of piece j's columns (an earlier kernel): word 3 = e * 64 + j + 1.
+extern "C" __global__ void lsqr_peer_piece(const u64* __restrict__ bases, u32 me, u32 j,
+                                           const LsqrState* __restrict__ st) {
+    if (threadIdx.x != 0 || st->done) return;
+    volatile u64* mine = (volatile u64*)bases[me];
+    __threadfence_system();  // the piece's values before its count
+    mine[PEER_PIECES_WORD] = mine[0] * PEER_MAX_PIECES + j + 1;
+}
+
+// v over the columns [c0, c1) from t summed in rank order (combine_cols). `piece` = j + 1 of a
+// piece (the block first waits for every rank's word 3 to reach it), 0 for the whole (step1
+// has waited).
 extern "C" __global__ void __launch_bounds__(256)
 lsqr_peer_combine(double* __restrict__ v, const u64* __restrict__ bases, u32 ranks, u32 me,
-                  u64 n, u64 off, const LsqrState* __restrict__ st, double* __restrict__ partial) {
-    if (st->skip_atu) return;
-    const double a = st->c_atu[0], b = st->c_atu[1];
-    double s = 0.0;
-    for (u64 i = blockIdx.x * 256ull + threadIdx.x; i < n; i += (u64)gridDim.x * 256ull) {
-        const double t = peer_sum_at(bases, ranks, me, off, i);
-        const double vi = b == 0.0 ? a * t : a * t + b * v[i];
-        v[i] = vi;
-        s += vi * vi;
+                  u64 c0, u64 c1, u64 off, u32 piece, LsqrState* st,
+                  double* __restrict__ partial) {
+    __shared__ int go;
+    if (threadIdx.x == 0) {
+        go = !((const volatile LsqrState*)st)->skip_atu;
+        if (go && piece) {
+            const u64 e = ((const volatile u64*)bases[me])[0];
+            go = peer_wait(bases, ranks, me, PEER_PIECES_WORD, e * PEER_MAX_PIECES + piece);
+            if (!go) peer_timeout(st);
+        }
     }
-    block_partial(s, partial);  // launched with 256 threads: 8 warp sums, in order
+    __syncthreads();
+    if (!go) return;
+    const double a = st->c_atu[0], b = st->c_atu[1];
+    combine_cols(v, c0, c1, a, b, [=](u64 i) { return peer_sum_at(bases, ranks, me, off, i); },
+                 partial);
 }

@@ -1043,10 +1043,12 @@ fn invert_under_mpirun(
 }
 
 /// A^T u in pieces of the columns on two GPUs (tuning `atu_pieces`): each piece is summed over
-/// the ranks by NCCL on a stream of its own while the next is made. A synthetic dataset of
-/// 16,384 cells (four pieces of 4096 columns at most), `invert` on two ranks with the device
-/// loop: every piece count and layout gives the solution of the whole product summed after it
-/// byte for byte (a sum of two values does not depend on their order), and the same iterations.
+/// the ranks while the next is made, by NCCL on a stream of its own, or through the ranks'
+/// memory (each piece published as it is made and combined into v on a second stream). A
+/// synthetic dataset of 16,384 cells (four pieces of 4096 columns at most), `invert` on two
+/// ranks with the device loop: every path, piece count and layout gives the solution of NCCL's
+/// whole product summed after it byte for byte (a sum of two values does not depend on their
+/// order; v's partial sums do not depend on the pieces), and the same iterations.
 #[test]
 #[ignore = "needs two CUDA GPUs and mpirun: run with --include-ignored where they are (bench/gpu.sh tests)"]
 fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
@@ -1054,35 +1056,42 @@ fn atu_pieces_on_two_gpus_give_the_whole_products_solution() {
         return;
     }
     let (dir, ds) = small_synthetic("seistomo-gpu2-atu-pieces");
-    let run = |layout: &str, pieces: &str| {
-        let out = dir.join(format!("out-{layout}-{pieces}"));
-        let cfg = dir.join(format!("{layout}-{pieces}.toml"));
+    let run = |path: &str, layout: &str, pieces: &str| {
+        let name = format!("{path}-{layout}-{pieces}");
+        let out = dir.join(format!("out-{name}"));
+        let cfg = dir.join(format!("{name}.toml"));
         std::fs::write(
             &cfg,
             format!(
-                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 120\n[backend]\nkind = \"cuda\"\nstorage = \"compact\"\nlsqr_loop = \"device\"\nallreduce = \"nccl\"\n[tuning]\ngpu_layout = \"{layout}\"\natu_pieces = {pieces}\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
+                "[dataset]\npath = \"{}\"\n[solver]\niter_lim = 120\n[backend]\nkind = \"cuda\"\nstorage = \"compact\"\nlsqr_loop = \"device\"\nallreduce = \"{path}\"\n[tuning]\ngpu_layout = \"{layout}\"\natu_pieces = {pieces}\nlsqr_block = 7\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
                 ds.join("dataset.toml").display(),
                 out.display()
             ),
         )
         .unwrap();
-        let (r, x) = invert_under_mpirun(2, &cfg, &out, &format!("{layout} {pieces}"));
-        assert_eq!(
-            r["lsqr_loop"], "device",
-            "{layout} {pieces}: the host loop ran"
-        );
+        let (r, x) = invert_under_mpirun(2, &cfg, &out, &name);
+        assert_eq!(r["lsqr_loop"], "device", "{name}: the host loop ran");
+        let ran = r["allreduce"].as_str().unwrap_or_default();
+        assert!(ran.starts_with(path), "{name}: {ran:?} ran");
         (x, r["iterations"].as_u64().unwrap())
     };
     for layout in ["split", "tiles", "rows"] {
-        let (whole, its) = run(layout, "1");
-        for pieces in ["2", "3", "4", "64"] {
-            let (x, i) = run(layout, pieces);
-            assert_eq!(i, its, "{layout} {pieces}: iterations");
-            assert!(
-                x == whole,
-                "{layout}, {pieces} pieces: the solution differs from one piece's"
-            );
-            println!("2 GPUs, {layout}, atu_pieces = {pieces}: {i} iterations, the same solution");
+        let (whole, its) = run("nccl", layout, "1");
+        for path in ["nccl", "peer"] {
+            for pieces in ["1", "2", "3", "4", "64"] {
+                if (path, pieces) == ("nccl", "1") {
+                    continue;
+                }
+                let (x, i) = run(path, layout, pieces);
+                assert_eq!(i, its, "{path} {layout} {pieces}: iterations");
+                assert!(
+                    x == whole,
+                    "{path}, {layout}, {pieces} pieces: the solution differs from NCCL's whole product's"
+                );
+                println!(
+                    "2 GPUs, {path}, {layout}, atu_pieces = {pieces}: {i} iterations, the same solution"
+                );
+            }
         }
     }
 }

@@ -64,9 +64,9 @@ pub struct Tuning {
     /// default 32.
     pub lsqr_block: Option<usize>,
     /// `atu_pieces`: on several ranks, the device LSQR loop makes A^T u in this many pieces
-    /// of the columns (column tiles), each summed over the ranks (NCCL, on a stream of its
-    /// own) while the next is made, 1..=64; default 1: the whole product, then its sum (more
-    /// pieces measured slower on two NVLink-joined GPUs).
+    /// of the columns (column tiles), each summed over the ranks (by NCCL, or through the
+    /// ranks' memory, on a stream of its own) while the next is made, 1..=64; default 1: the
+    /// whole product, then its sum (more pieces measured slower on two NVLink-joined GPUs).
     pub atu_pieces: Option<usize>,
     /// `nvrtc_defines`: preprocessor defines the CUDA kernels are compiled with, `NAME` or
     /// `NAME=VALUE` (kernel constants for experiments, e.g. `CUNROLL=2`).

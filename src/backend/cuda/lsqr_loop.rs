@@ -31,8 +31,8 @@ use super::graph_loop::{Graphed, LoopState, RECMAX};
 const BLOCK: usize = 32;
 /// Pieces of A^T u on several ranks by default (tuning `atu_pieces`; more: each summed over
 /// the ranks while the next is made). One: on two H100s joined by NVLink every further piece
-/// cost about 0.02-0.07 ms an iteration more than its overlap saved (docs/performance.md,
-/// "Two GPUs").
+/// cost about 0.02-0.07 ms an iteration more than its overlap saved, by NCCL and through the
+/// ranks' memory alike (docs/performance.md, "Two GPUs").
 const PIECES: usize = 1;
 /// Threads of the step kernels (kernels/lsqr.cu STEP_THREADS).
 pub(super) const STEP_THREADS: u32 = 1024;
@@ -337,8 +337,9 @@ impl LoopState for DevState {
 /// How the device loop of several ranks sums A^T u and ||u||^2 over them: through the other
 /// ranks' GPU memory (CUDA IPC, ranks on one node: kernels/lsqr.cu `lsqr_peer_*`), or by NCCL.
 enum RankSums {
-    /// The buffers and the columns they were made for.
-    Peer(PeerBuffers, usize),
+    /// The buffers, the columns they were made for, and the stream that combines the pieces
+    /// of A^T u (tuning `atu_pieces` > 1) while the next is made.
+    Peer(PeerBuffers, usize, Side),
     Nccl(NcclSums),
 }
 
@@ -352,7 +353,7 @@ impl RankSums {
         if be.peer.is_on() {
             // Two slots, used by turns: A^T u's n values, then this rank's part of ||u||^2.
             if let Some(p) = PeerBuffers::new(&be.stream, comm, 2 * peer_slot_values(n))? {
-                return Ok(Some(RankSums::Peer(p, n)));
+                return Ok(Some(RankSums::Peer(p, n, Side::new(be)?)));
             }
             if !be.nccl.ready() {
                 return Err(Error::backend(
@@ -367,7 +368,7 @@ impl RankSums {
     /// Where this rank's A^T u is written before its sum in iteration `i` of a replay.
     fn atu(&self, be: &CudaBackend, i: usize) -> u64 {
         match self {
-            RankSums::Peer(p, _) => p.own_base() + peer_slot_offset(p, i),
+            RankSums::Peer(p, ..) => p.own_base() + peer_slot_offset(p, i),
             RankSums::Nccl(s) => be.ptr(&s.atu),
         }
     }
@@ -376,7 +377,7 @@ impl RankSums {
     /// every rank, so every rank makes them again together).
     fn shape(&self) -> (usize, usize) {
         match self {
-            RankSums::Peer(p, n) => (p.ranks, *n),
+            RankSums::Peer(p, n, _) => (p.ranks, *n),
             RankSums::Nccl(s) => (s.ranks, s.n),
         }
     }
@@ -394,18 +395,61 @@ fn peer_slot_offset(p: &PeerBuffers, i: usize) -> u64 {
     (super::peer::CTRL + (i % 2) * (p.values / 2) * 8) as u64
 }
 
+/// A second stream of the loop's graph beside the backend's, which goes on computing: work is
+/// handed to it through `forked` ([`Side::hand_over`]), and the backend's stream waits for all
+/// of it through `joined` ([`Side::join`]) before it needs the results.
+struct Side {
+    stream: Arc<CudaStream>,
+    forked: CudaEvent,
+    joined: CudaEvent,
+}
+
+impl Side {
+    /// A stream at the highest priority (its blocks take the next free multiprocessors ahead
+    /// of the product's) and its two events.
+    fn new(be: &CudaBackend) -> Result<Side> {
+        let (_, greatest) =
+            cudarc::driver::result::stream::get_priority_range().doing("stream priorities")?;
+        Ok(Side {
+            stream: be
+                .ctx
+                .new_stream_with_priority(greatest)
+                .doing("creating the sums' stream")?,
+            forked: be.ctx.new_event(None).doing("creating an event")?,
+            joined: be.ctx.new_event(None).doing("creating an event")?,
+        })
+    }
+
+    /// Make the side stream wait for what the backend's stream has queued so far.
+    fn hand_over(&self, be: &CudaBackend) -> Result<()> {
+        wait_for(
+            &self.stream,
+            &be.stream,
+            &self.forked,
+            "a vector for the sums over the ranks",
+        )
+    }
+
+    /// Make the backend's stream wait for what the side stream has queued so far.
+    fn join(&self, be: &CudaBackend) -> Result<()> {
+        wait_for(
+            &be.stream,
+            &self.stream,
+            &self.joined,
+            "the sums over the ranks",
+        )
+    }
+}
+
 /// The buffers NCCL sums over the ranks (see [`RankSums`]), and the stream that sums them
-/// beside the backend's, which goes on computing: the sum of u^2 and each piece of A^T u are
-/// handed to it through `forked`, and the backend's stream waits for all of them through
-/// `joined` before it needs them.
+/// beside the backend's: the sum of u^2 and each piece of A^T u are handed to it, and the
+/// backend's stream waits for all of them before it needs them.
 struct NcclSums {
     ranks: usize,
     n: usize,
     atu: CudaSlice<f64>,
     usq: CudaSlice<f64>,
-    side: Arc<CudaStream>,
-    forked: CudaEvent,
-    joined: CudaEvent,
+    side: Side,
 }
 
 /// Block partials the fused x/w update writes (its grid, as the backend's reductions).
@@ -413,14 +457,29 @@ pub(super) fn update_blocks(n: usize) -> u32 {
     n.div_ceil(THREADS as usize * 4).clamp(1, 1024) as u32
 }
 
+/// The arguments of the peer kernels of one iteration (kernels/lsqr.cu `lsqr_peer_*`): every
+/// rank's buffer addresses, the ranks and this one, the iteration's slot, whether it is a
+/// replay's first, the loop's state and partials.
+struct PeerArgs {
+    bases: u64,
+    ranks: u32,
+    me: u32,
+    off: u64,
+    first: u32,
+    state: u64,
+    partial: u64,
+}
+
+/// Blocks (and partials of v^2) of the combines of v on several ranks (kernels/lsqr.cu
+/// `combine_cols`: [`COMBINE_COLS`] columns a block, whatever the pieces).
+pub(super) fn combine_blocks(n: usize) -> u32 {
+    n.div_ceil(COMBINE_COLS).max(1) as u32
+}
+
 impl NcclSums {
     /// The buffers and the sums' stream of a loop over `ranks` ranks with `n` columns.
     fn new(be: &CudaBackend, ranks: usize, n: usize) -> Result<NcclSums> {
         let st = &be.stream;
-        // The sums' stream at the highest priority: NCCL's blocks take the next free
-        // multiprocessors ahead of the product's.
-        let (_, greatest) =
-            cudarc::driver::result::stream::get_priority_range().doing("stream priorities")?;
         Ok(NcclSums {
             ranks,
             n,
@@ -430,12 +489,7 @@ impl NcclSums {
             usq: st
                 .alloc_zeros::<f64>(1)
                 .doing("device memory for ||u||^2")?,
-            side: be
-                .ctx
-                .new_stream_with_priority(greatest)
-                .doing("creating the sums' stream")?,
-            forked: be.ctx.new_event(None).doing("creating an event")?,
-            joined: be.ctx.new_event(None).doing("creating an event")?,
+            side: Side::new(be)?,
         })
     }
 }
@@ -461,6 +515,7 @@ impl DeviceLoop {
         let one = 1u32;
         let n64 = n as u64;
         let gu = update_blocks(n);
+        let nb = combine_blocks(n);
         // A product's epilogue (coefficients at `coef`, skipped while `skip`) and the step
         // kernel that adds its `np` partials.
         let fused = |coef: usize, skip: usize| Epilogue::fused(at(coef), at(skip), pp);
@@ -472,12 +527,11 @@ impl DeviceLoop {
             fused(offset_of!(DevState, c_av), offset_of!(DevState, done)),
             fused(offset_of!(DevState, c_atu), offset_of!(DevState, skip_atu)),
         );
-        // Several ranks: A^T u into a buffer of its own (coefficients (1, 0), no partials)
-        // before beta is known (u is kept unnormalised: lsqr_combine scales it), guarded by
-        // `done` instead of `skip_atu` (which lsqr_step1 sets; an A^T u it would skip is made
-        // and not used). Then the sums over the ranks: through the other ranks' memory
-        // (kernels/lsqr.cu lsqr_peer_*), or by NCCL on the side stream, each piece while the
-        // next is made.
+        // Several ranks with NCCL: A^T u into a buffer of its own (coefficients (1, 0), no
+        // partials) before beta is known (u is kept unnormalised: lsqr_combine scales it),
+        // guarded by `done` instead of `skip_atu` (which lsqr_step1 sets; an A^T u it would
+        // skip is made and not used), summed over the ranks on the side stream, each piece
+        // while the next is made. Through the ranks' memory: [`Self::record_peer_sums`].
         let raw_atu = Epilogue::fused(
             at(offset_of!(DevState, one_zero)),
             at(offset_of!(DevState, done)),
@@ -493,44 +547,18 @@ impl DeviceLoop {
                     step(&be.k.lsqr_step1, np, &[])?;
                     step(&be.k.lsqr_step2, op.atu_fused(be, pu, pv, &atu)?, &[])?;
                 }
-                Some(RankSums::Peer(p, _)) => {
-                    // (kernels/lsqr.cu: the exchange's order; the pieces are NCCL's only)
-                    let (pb, ranks, me) = (be.ptr(&p.bases), p.ranks as u32, p.rank as u32);
-                    let (off, first) = (peer_slot_offset(p, i), u32::from(i == 0));
-                    let mut args = [
-                        arg(&pp),
-                        arg(&np),
-                        arg(&pb),
-                        arg(&ranks),
-                        arg(&me),
-                        arg(&n64),
-                        arg(&off),
-                        arg(&first),
-                        arg(&ps),
-                    ];
-                    be.launch(&be.k.lsqr_peer_usq, one, STEP_THREADS, &mut args)?;
-                    op.atu_fused(be, pu, patu, &raw_atu)?;
-                    let mut args = [
-                        arg(&ps),
-                        arg(&pb),
-                        arg(&ranks),
-                        arg(&me),
-                        arg(&n64),
-                        arg(&off),
-                    ];
-                    be.launch(&be.k.lsqr_peer_step1, one, 32, &mut args)?;
-                    let mut args = [
-                        arg(&pv),
-                        arg(&pb),
-                        arg(&ranks),
-                        arg(&me),
-                        arg(&n64),
-                        arg(&off),
-                        arg(&ps),
-                        arg(&pp),
-                    ];
-                    be.launch(&be.k.lsqr_peer_combine, gu, THREADS, &mut args)?;
-                    step(&be.k.lsqr_step2, gu, &[])?;
+                Some(RankSums::Peer(p, _, side)) => {
+                    let peer = PeerArgs {
+                        bases: be.ptr(&p.bases),
+                        ranks: p.ranks as u32,
+                        me: p.rank as u32,
+                        off: peer_slot_offset(p, i),
+                        first: u32::from(i == 0),
+                        state: ps,
+                        partial: pp,
+                    };
+                    Self::record_peer_sums(be, op, (&peer, side), (np, pu, pv, patu), &cut)?;
+                    step(&be.k.lsqr_step2, nb, &[])?;
                 }
                 Some(RankSums::Nccl(r)) => {
                     Self::record_nccl_sums(be, op, r, (pp, np, pu, patu), (&raw_atu, &cut))?;
@@ -540,11 +568,11 @@ impl DeviceLoop {
                     be.launch(&be.k.lsqr_step1, one, STEP_THREADS, &mut args)?;
                     be.launch(
                         &be.k.lsqr_combine,
-                        gu,
+                        nb,
                         THREADS,
                         &mut [arg(&pv), arg(&patu), arg(&n64), arg(&ps), arg(&pp)],
                     )?;
-                    step(&be.k.lsqr_step2, gu, &[])?;
+                    step(&be.k.lsqr_step2, nb, &[])?;
                 }
             }
             Self::record_update(be, (px, pw, pv, pvar, n64, ps, pp), gu, prec)?;
@@ -557,6 +585,99 @@ impl DeviceLoop {
         )?;
         be.launch(&be.k.lsqr_rescaled, one, 32, &mut [arg(&ps)])?;
         g.copy_out(be)
+    }
+
+    /// The sums of one iteration through the ranks' memory (kernels/lsqr.cu `lsqr_peer_*`),
+    /// from the `np` partials of A v (||u||^2) and u (A^T u into this rank's slot `patu`),
+    /// into v (with its partials of v^2 at `pp`). One piece in `cut`: A^T u whole, then one
+    /// wait for every rank's ||u||^2 and A^T u, then the combine. Several: first the wait for
+    /// ||u||^2 (beta), then each piece of A^T u published as it is made and combined on the
+    /// side stream while the next is made (the combine waits for every rank's piece).
+    fn record_peer_sums(
+        be: &CudaBackend,
+        op: &dyn FusedLsqr,
+        (p, side): (&PeerArgs, &Side),
+        (np, pu, pv, patu): (u32, u64, u64, u64),
+        cut: &[Range<usize>],
+    ) -> Result<()> {
+        let one = 1u32;
+        let n = op.fused_cols() as u64;
+        let at = |off: usize| p.state + off as u64;
+        // A^T u (coefficients (1, 0), no partials) before beta is known (u is kept
+        // unnormalised: the combine scales it): whole, guarded by `done` (an A^T u that
+        // lsqr_peer_step1 then skips is made and not used); in pieces, after beta, guarded by
+        // `skip_atu`.
+        let raw = |skip: usize| Epilogue::fused(at(offset_of!(DevState, one_zero)), at(skip), 0);
+        let mut args = [
+            arg(&p.partial),
+            arg(&np),
+            arg(&p.bases),
+            arg(&p.ranks),
+            arg(&p.me),
+            arg(&n),
+            arg(&p.off),
+            arg(&p.first),
+            arg(&p.state),
+        ];
+        be.launch(&be.k.lsqr_peer_usq, one, STEP_THREADS, &mut args)?;
+        let step1 = || {
+            let mut args = [
+                arg(&p.state),
+                arg(&p.bases),
+                arg(&p.ranks),
+                arg(&p.me),
+                arg(&n),
+                arg(&p.off),
+            ];
+            be.launch(&be.k.lsqr_peer_step1, one, 32, &mut args)
+        };
+        // v over the columns `cols` on `stream`; `piece` = j + 1 of piece j, 0: whole.
+        let combine = |stream: &CudaStream, cols: Range<usize>, piece: u32| {
+            let (c0, c1) = (cols.start as u64, cols.end as u64);
+            let mut args = [
+                arg(&pv),
+                arg(&p.bases),
+                arg(&p.ranks),
+                arg(&p.me),
+                arg(&c0),
+                arg(&c1),
+                arg(&p.off),
+                arg(&piece),
+                arg(&p.state),
+                arg(&p.partial),
+            ];
+            let blocks = combine_blocks(cols.len());
+            be.launch_on(
+                stream,
+                &be.k.lsqr_peer_combine,
+                (blocks, THREADS, 0),
+                &mut args,
+            )
+        };
+        if cut.len() <= 1 {
+            op.atu_fused(be, pu, patu, &raw(offset_of!(DevState, done)))?;
+            step1()?;
+            return combine(&be.stream, 0..n as usize, 0);
+        }
+        step1()?;
+        let mut j = 0u32;
+        op.atu_in_pieces(
+            be,
+            (pu, patu),
+            &raw(offset_of!(DevState, skip_atu)),
+            cut,
+            &mut |cols| {
+                let mut args = [arg(&p.bases), arg(&p.me), arg(&j), arg(&p.state)];
+                be.launch(&be.k.lsqr_peer_piece, one, 32, &mut args)?;
+                j += 1;
+                if cols.is_empty() {
+                    return Ok(()); // no columns (the same on every rank)
+                }
+                side.hand_over(be)?;
+                combine(&side.stream, cols, j)
+            },
+        )?;
+        side.join(be)
     }
 
     /// NCCL's sums of one iteration: ||u||^2 from the `np` partials of A v, then A^T u (made
@@ -576,17 +697,17 @@ impl DeviceLoop {
             STEP_THREADS,
             &mut [arg(&pp), arg(&np), arg(&pusq)],
         )?;
-        r.hand_over(be)?;
-        be.nccl_sum_on(&r.side, &mut r.usq)?;
+        r.side.hand_over(be)?;
+        be.nccl_sum_on(&r.side.stream, &mut r.usq)?;
         op.atu_in_pieces(be, (pu, patu), raw, cut, &mut |cols| {
             if cols.is_empty() {
                 return Ok(()); // no columns (the same on every rank)
             }
-            r.hand_over(be)?;
+            r.side.hand_over(be)?;
             let mut piece = r.atu.slice_mut(cols);
-            be.nccl_sum_on(&r.side, &mut piece)
+            be.nccl_sum_on(&r.side.stream, &mut piece)
         })?;
-        wait_for(&be.stream, &r.side, &r.joined, "the sums over the ranks")
+        r.side.join(be)
     }
 
     /// The fused x/w update and the third step kernel (the stopping tests and the history
@@ -609,18 +730,6 @@ impl DeviceLoop {
         be.launch(&be.k.lsqr_update_dev, gu, THREADS, &mut args)?;
         let mut args = [arg(&ps), arg(&pp), arg(&gu), arg(&prec)];
         be.launch(&be.k.lsqr_step3, 1, STEP_THREADS, &mut args)
-    }
-}
-
-impl NcclSums {
-    /// Make the side stream wait for what the backend's stream has queued so far.
-    fn hand_over(&self, be: &CudaBackend) -> Result<()> {
-        wait_for(
-            &self.side,
-            &be.stream,
-            &self.forked,
-            "a vector for the sums over the ranks",
-        )
     }
 }
 
@@ -662,7 +771,10 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
         }
         let k = self.loop_slot().block();
         let pieces = self.loop_slot().pieces();
-        let partials = op.max_partials().max(update_blocks(n) as usize);
+        let partials = op
+            .max_partials()
+            .max(update_blocks(n) as usize)
+            .max(combine_blocks(n) as usize);
         // The sums over the ranks are made again only where the job's shape changes (the same
         // on every rank: making them is collective); the graph's buffers where this rank's
         // operator needs more partials.
@@ -709,6 +821,11 @@ impl<T: FusedLsqr> LsqrDevice<CudaBackend> for T {
 /// `tile_bits` <= 12) and a block of the tiles' column pass (kernels/tiled.cu: 1024 columns) both divide it, so the pieces
 /// are the same on every rank whatever its layout.
 pub(crate) const PIECE_ALIGN: usize = 1 << 12;
+/// Columns of a block of the combines of v on several ranks (kernels/lsqr.cu `COMBINE_COLS`:
+/// [`PIECE_ALIGN`] is a multiple, so the blocks of the pieces are the whole's). 1024 measured
+/// as fast as the earlier grid-stride combine on two H100s (0.625-0.635 ms an LSQR iteration
+/// at 101M nonzeros against 0.622-0.625); 4096 was 0.627-0.641.
+pub(super) const COMBINE_COLS: usize = 1 << 10;
 
 /// `ncols` columns cut into at most `pieces` pieces of about as many columns, in order, each
 /// starting at a multiple of [`PIECE_ALIGN`] (fewer where the columns are too few): the same
@@ -751,6 +868,32 @@ mod tests {
             let sizes: Vec<usize> = out.iter().map(|r| r.len()).collect();
             let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
             assert!(hi - lo <= PIECE_ALIGN || ncols < PIECE_ALIGN, "{sizes:?}");
+        }
+    }
+
+    /// The combine's blocks of each piece are the whole combine's, in order: every piece
+    /// starts on a block's first column, and the pieces' blocks add up to the whole's (so a
+    /// block's partial of v^2 lands where the whole combine puts it). The kernels' block
+    /// (kernels/lsqr.cu: COMBINE_PER values a thread, 256 threads) is COMBINE_COLS columns.
+    #[test]
+    fn the_pieces_combine_in_the_whole_combines_blocks() {
+        assert_eq!(PIECE_ALIGN % COMBINE_COLS, 0);
+        let src = include_str!("../../../kernels/lsqr.cu");
+        let per: usize = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define COMBINE_PER "))
+            .expect("kernels/lsqr.cu defines COMBINE_PER")
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(256 * per, COMBINE_COLS);
+        for ncols in [1, 1023, 1024, 1025, 9000, 16_384, 1_310_720, 1_310_721] {
+            for pieces in [1, 2, 3, 4, 7, 64] {
+                let out = column_pieces(ncols, pieces);
+                let blocks: u32 = out.iter().map(|p| combine_blocks(p.len())).sum();
+                assert_eq!(blocks, combine_blocks(ncols), "{ncols} {pieces}: {out:?}");
+                assert!(out.iter().all(|p| p.start % COMBINE_COLS == 0));
+            }
         }
     }
 }

@@ -61,7 +61,7 @@ kernels! {
         pmul, copy_scaled, copy_inv_sqrt, multi_axpy, tri_sweep, gather, scatter_rows, stencil_av,
         tiled_rows, tiled_cols, csr_fused_f64, csr_fused_f32, lsqr_step1, lsqr_step2, lsqr_step3,
         lsqr_update_dev, lsqr_normalize, lsqr_rescaled, lsqr_sum, lsqr_combine, lsqr_peer_usq,
-        lsqr_peer_step1, lsqr_peer_combine, peer_vec_begin, peer_vec_publish, peer_vec_sum,
+        lsqr_peer_step1, lsqr_peer_piece, lsqr_peer_combine, peer_vec_begin, peer_vec_publish, peer_vec_sum,
         peer_scalars_sum, peer_halo_publish, peer_halo_pull,
         lsmr_step1,
         lsmr_step2, lsmr_step3, lsmr_update, lsmr_normalize, lsmr_rescaled, block_norms,
