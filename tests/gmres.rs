@@ -674,7 +674,11 @@ fn device_arnoldi_loop_equals_the_host_loop() {
                         if test == ConvergenceTest::Scipy && side == PrecondSide::Right {
                             continue;
                         }
-                        for (max_iter, restart) in [(4800, 16), (23, 8), (5, 16)] {
+                        // restart 40: a device-loop cycle launched in pieces of 16 steps (the
+                        // test firing in a later piece; 50 = 40 + 10: the limit inside one)
+                        for (max_iter, restart) in
+                            [(4800, 16), (23, 8), (5, 16), (4800, 40), (50, 40)]
+                        {
                             let p = |l| GmresParams {
                                 side,
                                 test,
@@ -729,17 +733,20 @@ fn device_arnoldi_loop_equals_the_host_loop() {
             }
         }
     }
-    assert_eq!(cases, 144, "{cases} cases");
+    assert_eq!(cases, 240, "{cases} cases");
     // Several ranks: the scalars are summed over ranks in the loop.
     for orthog in [Orthog::Cgs, Orthog::Cgs2] {
-        for p in [2usize, 3] {
+        for (p, restart) in [(2usize, 16), (3, 16), (2, 40)] {
             let part = RowPartition::by_nnz(a.indptr(), p);
-            let (xh, ih, ch) = solve_threads(&a, &part, "jacobi", &base(orthog, ArnoldiLoop::Host));
-            let (xd, id, cd) =
-                solve_threads(&a, &part, "jacobi", &base(orthog, ArnoldiLoop::Device));
+            let with = |l| GmresParams {
+                restart,
+                ..base(orthog, l)
+            };
+            let (xh, ih, ch) = solve_threads(&a, &part, "jacobi", &with(ArnoldiLoop::Host));
+            let (xd, id, cd) = solve_threads(&a, &part, "jacobi", &with(ArnoldiLoop::Device));
             assert!(ch && cd);
-            assert_eq!(id, ih, "{orthog:?} P={p}");
-            assert_eq!(xd, xh, "{orthog:?} P={p}");
+            assert_eq!(id, ih, "{orthog:?} P={p} m {restart}");
+            assert_eq!(xd, xh, "{orthog:?} P={p} m {restart}");
         }
     }
     // Asked for with an orthogonalisation it does not run: one clear error.

@@ -24,6 +24,13 @@ pub(super) struct Problem<'a, B: ScalarSlots, O, P: ?Sized> {
     pub(super) left: bool,
 }
 
+/// Steps of a device-loop cycle launched before the host reads their scalars and runs their
+/// tests ([`Problem::device_cycle`]). A whole GMRES(16) cycle (the default restart) is one
+/// launch, as before; a longer cycle stops at most 15 steps after its test fires instead of
+/// running to m (GMRES(64) on 16.8M rows, one H100: the last cycle's wasted steps had made the
+/// device loop 8.6 % slower per step than the host loop, 4.22 against 3.89 ms).
+const DEVICE_STEPS: usize = 16;
+
 /// What a cycle needs to know besides the problem and the workspace.
 pub(super) struct Cycle {
     /// Cycle number, from 1.
@@ -230,33 +237,35 @@ where
         Ok(end)
     }
 
-    /// Launch `steps` Arnoldi steps of classical Gram-Schmidt (once, or twice for
-    /// `Orthog::Cgs2`) with every scalar kept on the backend (`ArnoldiLoop::Device`): step j
-    /// writes V^T w at sc[j * stride], CGS2's second pass at sc[j * stride + m + 1] and
-    /// ||w||^2 at sc[j * stride + 2 (m + 1)], and v_{j+1} = w / ||w||. Nothing here waits for
-    /// the device (except a host allreduce on several ranks without NCCL).
-    fn launch_device_cycle(
+    /// Launch Arnoldi steps `j0..j1` of a cycle of `steps` steps, classical Gram-Schmidt (once,
+    /// or twice for `Orthog::Cgs2`) with every scalar kept on the backend
+    /// (`ArnoldiLoop::Device`): step j writes V^T w at sc[j * stride], CGS2's second pass at
+    /// sc[j * stride + m + 1] and ||w||^2 at sc[j * stride + 2 (m + 1)], and v_{j+1} = w /
+    /// ||w||. `pending` (returned for the next launch of the cycle): with a diagonal M^-1 on
+    /// the left, v_j (j >= 1) is normalised by the product that reads it
+    /// (Operator::apply_normalized_scaled_rows), and this is the scalar slot of ||w||^2 while w
+    /// still holds v_j unnormalised: the same numbers as a pass of its own. Nothing here waits
+    /// for the device (except a host allreduce on several ranks without NCCL).
+    fn launch_device_steps(
         &mut self,
         ws: &mut GmresWorkspace<B>,
         orthog: Orthog,
-        steps: usize,
-    ) -> Result<()> {
+        (j0, j1, steps): (usize, usize, usize),
+        mut pending: Option<usize>,
+    ) -> Result<Option<usize>> {
         let (be, op, comm) = (self.be, self.op, self.comm);
         let GmresWorkspace { v, w, t, sc, .. } = ws;
-        let (mut w, mut t) = (w, t);
         let ld = v.len(); // m + 1
         let stride = sc_stride(ld - 1);
-        // With a diagonal M^-1 on the left, v_j (j >= 1) is normalised by the product that
-        // reads it (Operator::apply_normalized_scaled_rows): `pending` is the scalar slot of
-        // ||w||^2 while w still holds v_j unnormalised. The same numbers as a pass of its own.
         let fuse = self.left && self.pc.diagonal().is_some();
-        let mut pending: Option<usize> = None;
-        for j in 0..steps {
+        for j in j0..j1 {
             let (vl, vr) = v.split_at_mut(j + 1);
             match (pending.take(), self.pc.diagonal()) {
                 (Some(at), Some(d)) => {
                     op.apply_normalized_scaled_rows(be, (&*sc, at), w, &mut vl[j], d.scale(), t)?;
-                    std::mem::swap(&mut w, &mut t);
+                    // the product is in t: it is w from here on (the workspace's two
+                    // vectors trade places, so the next launch of the cycle sees it too)
+                    std::mem::swap(&mut *w, &mut *t);
                 }
                 (None, _) => self.product(&vl[j], t, w)?,
                 (Some(_), None) => return Err(Error::Invalid(
@@ -282,12 +291,14 @@ where
                 be.copy_inv_sqrt(sc, nsq, w, &mut vr[0])?;
             }
         }
-        Ok(())
+        Ok(pending)
     }
 
-    /// The device loop (cgs and cgs2): the whole cycle on the backend, its scalars to the host
-    /// once, then the host loop's decisions step by step on the same numbers. Steps after the
-    /// one whose test fires are discarded.
+    /// The device loop (cgs and cgs2): a cycle's steps launched on the backend
+    /// [`DEVICE_STEPS`] at a time, their scalars read to the host once per launch, then the
+    /// host loop's decisions step by step on the same numbers. The cycle ends at the step
+    /// whose test fires: the steps after it in the same launch are discarded, and no later
+    /// launch is made (so a cycle that converges early does not run to m steps).
     fn device_cycle(
         &mut self,
         ws: &mut GmresWorkspace<B>,
@@ -298,36 +309,42 @@ where
         let ld = m + 1;
         let steps = m.min(cyc.max_iter - progress.its);
         let stride = sc_stride(m);
-        self.launch_device_cycle(ws, cyc.orthog, steps)?;
-        let GmresWorkspace {
-            h,
-            rot,
-            hraw,
-            sc,
-            sc_host,
-            ..
-        } = ws;
-        self.be
-            .read_scalars(sc, 0, &mut sc_host[..steps * stride])?;
-        let seconds = progress.seconds();
         let mut end = CycleEnd::start(cyc.beta);
-        for j in 0..steps {
-            progress.its += 1;
-            let its = progress.its;
-            let r = &sc_host[j * stride..(j + 1) * stride];
-            let col = &mut h[j * ld..(j + 1) * ld];
-            if cyc.orthog == Orthog::Cgs2 {
-                for ((hi, a), b) in col[..=j].iter_mut().zip(r).zip(&r[ld..]) {
-                    *hi = a + b;
+        let mut pending = None;
+        let mut j0 = 0;
+        while j0 < steps {
+            let j1 = (j0 + DEVICE_STEPS).min(steps);
+            pending = self.launch_device_steps(ws, cyc.orthog, (j0, j1, steps), pending)?;
+            let GmresWorkspace {
+                h,
+                rot,
+                hraw,
+                sc,
+                sc_host,
+                ..
+            } = &mut *ws;
+            self.be
+                .read_scalars(sc, j0 * stride, &mut sc_host[j0 * stride..j1 * stride])?;
+            let seconds = progress.seconds();
+            for j in j0..j1 {
+                progress.its += 1;
+                let its = progress.its;
+                let r = &sc_host[j * stride..(j + 1) * stride];
+                let col = &mut h[j * ld..(j + 1) * ld];
+                if cyc.orthog == Orthog::Cgs2 {
+                    for ((hi, a), b) in col[..=j].iter_mut().zip(r).zip(&r[ld..]) {
+                        *hi = a + b;
+                    }
+                } else {
+                    col[..=j].copy_from_slice(&r[..=j]);
                 }
-            } else {
-                col[..=j].copy_from_slice(&r[..=j]);
+                let hn = r[2 * ld].max(0.0).sqrt();
+                let step = rot.end_step(col, &mut hraw[j * ld + j + 1], hn, j, its)?;
+                if end.step((j, seconds), step, cyc, progress)? {
+                    return Ok(end);
+                }
             }
-            let hn = r[2 * ld].max(0.0).sqrt();
-            let step = rot.end_step(col, &mut hraw[j * ld + j + 1], hn, j, its)?;
-            if end.step((j, seconds), step, cyc, progress)? {
-                break;
-            }
+            j0 = j1;
         }
         Ok(end)
     }
