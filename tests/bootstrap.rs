@@ -18,7 +18,7 @@ fn script(path: &Path, body: &str) {
 
 /// A scratch repository with the script, stand-ins for apt and the two venvs; apt-get fails
 /// its install when `fail`.
-fn fake_machine(name: &str, fail: bool) -> (std::path::PathBuf, Command) {
+fn fake_machine(name: &str, fail: bool) -> (common::Scratch, Command) {
     let d = common::scratch(name);
     let repo = d.join("repo");
     std::fs::create_dir_all(repo.join("scripts")).unwrap();

@@ -65,7 +65,7 @@ fn setup(d: &Path, out: &Path) -> PathBuf {
 
 /// A scratch directory NAME holding [`setup_every`]'s dataset and config, which writes to
 /// NAME/out: (the directory, out, the config).
-fn fresh(name: &str, every: usize) -> (PathBuf, PathBuf, PathBuf) {
+fn fresh(name: &str, every: usize) -> (common::Scratch, PathBuf, PathBuf) {
     let d = scratch(name);
     let out = d.join("out");
     let cfg = setup_every(&d, &out, every);

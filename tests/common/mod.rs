@@ -5,7 +5,7 @@ pub mod gpu;
 pub mod mpi;
 
 use std::io::BufRead;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use seistomo::backend::cpu::CpuBackend;
@@ -74,12 +74,46 @@ pub fn system(name: &str) -> System {
     }
 }
 
-/// An empty scratch directory under the system temp dir, unique to this process and `name`.
-pub fn scratch(name: &str) -> PathBuf {
+/// An empty scratch directory under the system temp dir, unique to this process and `name`;
+/// removed when the test that made it is done with it, unless it failed (a panicking thread
+/// leaves it for a look).
+pub fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("seistomo-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
+}
+
+/// A test's scratch directory ([`scratch`]): a path, removed on drop unless the thread is
+/// panicking.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// `f` on each of `p` simulated ranks (one thread a rank, joined by a ThreadComm); the results
