@@ -21,6 +21,9 @@
 #             through the GPUs' memory), host and NCCL allreduce (NCCL with the device loop and
 #             with the host loop), a 100M and a 4x larger synthetic dataset
 #             (nvidia-h100-x2)                                                -> performance.md
+#   restarts  GMRES Jacobi, cgs, on GPU 0: the device and the host Arnoldi loop at restarts 16 and
+#             64 (RESTARTS), 2.1M and 16.8M rows (RESTART_N="128 256"), and $PREV's device loop
+#             beside them                                       -> performance.md, gmres.md
 #   gmres2    GMRES(16) Jacobi on 1 and 2 GPUs (2.1M and 16.8M rows; GMRES2_N="128 256"),
 #             the 2-GPU defaults (through the GPUs' memory), NCCL and the host path; $BASE's
 #             and $PREV's 2-GPU defaults beside them            -> performance.md, gmres.md
@@ -187,17 +190,20 @@ fi
 if has multigpu; then
   nccl_path
   # SCALES: which datasets (1: 600k rays, 4: 2.4M); EXTRA="nccl8": NCCL with nccl_max_ctas = 8;
+  # PIECES="2 4 8": the defaults with A^T u in that many pieces (tuning atu_pieces);
   # PREV: an older binary whose host path runs too
   for scale in ${SCALES:-1 4}; do
     ds=/tmp/big$scale
     "$BIN/seistomo" synth --out $ds --grid 128,128,80 --rays $((600000 * scale)) --norm-damping 0.1 \
       --flattening 0.5,0.5,0.5 --damping-blocks 2 > /dev/null 2>> "$OUT/log.txt"
-    for run in np1 auto host nccl ncclhost ${EXTRA:-}; do
+    for run in np1 auto host nccl ncclhost ${EXTRA:-} ${PIECES:+$(printf 'pieces%s ' $PIECES)}; do
       cfg=/tmp/$run-$scale.toml; path=${run/np1/auto}; path=${path/ncclhost/nccl}; path=${path/nccl8/nccl}
+      [[ $run == pieces* ]] && path=auto
       lp=auto; [ $run = ncclhost ] && lp=host
       printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\natol = 0\nbtol = 0\nconlim = 0\niter_lim = 200\n[backend]\nkind = "cuda"\nallreduce = "%s"\nlsqr_loop = "%s"\n[output]\ndir = "/tmp/o-%s-%s"\nmodel = ""\n' \
         $ds $path $lp $run $scale > $cfg
       [ $run = nccl8 ] && printf '[tuning]\nnccl_max_ctas = 8\n' >> $cfg
+      [[ $run == pieces* ]] && printf '[tuning]\natu_pieces = %s\n' ${run#pieces} >> $cfg
       if [ $run = np1 ]; then "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"
       else $MR "$BIN/seistomo" invert $cfg 2>> "$OUT/log.txt"; fi
       cp /tmp/o-$run-$scale/report.json "$OUT/lsqr_x${scale}_$run.json" 2>/dev/null
@@ -210,6 +216,25 @@ if has multigpu; then
     rm -rf $ds
   done
   lsqr_table "$OUT"/lsqr_x*.json > "$OUT/multigpu.txt"
+fi
+
+if has restarts; then
+  # The device loop launches a cycle 16 steps at a time (src/solver/gmres/arnoldi.rs
+  # DEVICE_STEPS): at restart 64 it must not be slower than the host loop.
+  for n in ${RESTART_N:-128 256}; do
+    M=/tmp/cr$n.mtx
+    "$BIN/seistomo" -q square --kind convdiff --n $n -o $M 2>> "$S"
+    for R in ${RESTARTS:-16 64}; do
+      for v in device host ${PREV:+prev}; do
+        b="$BIN/seistomo"; lp=$v; [ $v = prev ] && { b=$PREV; lp=device; }
+        CUDA_VISIBLE_DEVICES=0 timeout 120 "$b" solve --method gmres --matrix $M --restart $R \
+          --rtol 1e-10 --precond jacobi --backend cuda --orthog cgs --arnoldi-loop $lp \
+          --report "$OUT/gr_n${n}_r${R}_$v.json" 2>> "$OUT/log.txt"
+      done
+    done
+    rm -f $M
+  done
+  gmres_table "$OUT"/gr_*.json > "$OUT/restarts.txt"
 fi
 
 if has gmres2; then
