@@ -246,10 +246,28 @@ pub fn existing_file(path: PathBuf) -> std::result::Result<PathBuf, String> {
 }
 
 /// A scratch directory for unit tests, `seistomo-{tag}-{pid}` in the system's temporary
-/// directory, created if missing (not emptied: tests of one tag may share it).
+/// directory, created if missing (not emptied: tests of one tag may share it). The directories
+/// of the same tag left by test processes that have ended (no /proc entry for their pid) are
+/// removed first, so runs (one process a test under nextest) do not pile them up.
 #[cfg(test)]
 pub(crate) fn test_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("seistomo-{tag}-{}", std::process::id()));
+    let tmp = std::env::temp_dir();
+    let me = std::process::id();
+    let prefix = format!("seistomo-{tag}-");
+    let proc_fs = Path::new("/proc/self").exists();
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if proc_fs && pid != me && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = tmp.join(format!("{prefix}{me}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
