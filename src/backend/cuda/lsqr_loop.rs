@@ -470,6 +470,14 @@ struct PeerArgs {
     partial: u64,
 }
 
+/// The epilogue of A^T u on several ranks: t = A^T u (coefficients (1, 0) from the loop's state
+/// at `state`, no partials), nothing done while the int at `skip` bytes into the state is
+/// nonzero.
+fn raw_atu(state: u64, skip: usize) -> Epilogue {
+    let at = |off: usize| state + off as u64;
+    Epilogue::fused(at(offset_of!(DevState, one_zero)), at(skip), 0)
+}
+
 /// Blocks (and partials of v^2) of the combines of v on several ranks (kernels/lsqr.cu
 /// `combine_cols`: [`COMBINE_COLS`] columns a block, whatever the pieces).
 pub(super) fn combine_blocks(n: usize) -> u32 {
@@ -532,11 +540,7 @@ impl DeviceLoop {
         // guarded by `done` instead of `skip_atu` (which lsqr_step1 sets; an A^T u it would
         // skip is made and not used), summed over the ranks on the side stream, each piece
         // while the next is made. Through the ranks' memory: [`Self::record_peer_sums`].
-        let raw_atu = Epilogue::fused(
-            at(offset_of!(DevState, one_zero)),
-            at(offset_of!(DevState, done)),
-            0,
-        );
+        let raw_atu = raw_atu(ps, offset_of!(DevState, done));
         let mut sums = ranks;
         let cut = column_pieces(n, pieces);
         for i in 0..k {
@@ -602,12 +606,11 @@ impl DeviceLoop {
     ) -> Result<()> {
         let one = 1u32;
         let n = op.fused_cols() as u64;
-        let at = |off: usize| p.state + off as u64;
         // A^T u (coefficients (1, 0), no partials) before beta is known (u is kept
         // unnormalised: the combine scales it): whole, guarded by `done` (an A^T u that
         // lsqr_peer_step1 then skips is made and not used); in pieces, after beta, guarded by
         // `skip_atu`.
-        let raw = |skip: usize| Epilogue::fused(at(offset_of!(DevState, one_zero)), at(skip), 0);
+        let raw = |skip: usize| raw_atu(p.state, skip);
         let mut args = [
             arg(&p.partial),
             arg(&np),
