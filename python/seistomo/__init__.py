@@ -713,12 +713,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
         raise ValueError("iter_lim must be >= 1 (got 0)")
     A, b, x0, as_cupy = _from_cupy(A, b, x0)
     if _columns(b):
-        if as_cupy:
-            raise ValueError("lsqr(A, B) with k columns runs on the CPU: give A and B on the "
-                             "host (A.get(), B.get()), or solve the columns one by one")
         return _lsqr_columns(A, np.asarray(b), damp, atol, btol, conlim, iter_lim, show,
-                             calc_var, x0, backend, precision, callback, transpose, storage,
-                             reorder, threads)
+                             calc_var, x0, backend, precision, callback,
+                             (transpose, lsqr_loop, storage, reorder), threads, as_cupy)
     callback, cb_x = _callback(callback, callback_type, "lsqr")
     table = None
     if show:
@@ -907,63 +904,141 @@ def _columns(b):
     return shape is not None and len(shape) == 2 and min(shape) >= 2
 
 
+def _on_gpu(backend):
+    """Whether solves with `backend` run on a GPU: "cuda", or "auto" where one is usable."""
+    b = str(backend)
+    if b not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown backend '{b}' (auto, cpu, cuda)")
+    return b == "cuda" or (b == "auto" and cuda_available()[0])
+
+
 def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, backend,
-                  precision, callback, transpose, storage, reorder, threads):
-    """lsqr for every column of B (m x k) in one batch: k LSQR recurrences sharing each pass
-    over A on the CPU (docs/python.md, "Many right-hand sides"). Returns lsqr's 10-tuple with a
-    column per solve: x and var (n, k), istop, itn and the norms arrays of k; .info a list of
-    the columns' reports. Each column equals its own seistomo.lsqr(A, B[:, j]) on the CPU."""
+                  precision, callback, layout, threads, as_cupy):
+    """lsqr for every column of B (m x k): returns lsqr's 10-tuple with a column per solve: x
+    and var (n, k), istop, itn and the norms arrays of k; .info a list of the columns' reports
+    (docs/python.md, "Many right-hand sides"). Where it runs:
+    - the CPU (backend "cpu", or "auto" without a GPU): one batch, k LSQR recurrences sharing
+      each pass over A; each column equals its own seistomo.lsqr(A, B[:, j]) on the CPU;
+    - a GPU, A from gpu_batch_min_nnz() nonzeros: one batch on the GPU (its own column tiles;
+      f64 or f32); each column agrees with its single GPU solve within rounding;
+    - a GPU below that, or A a prepared seistomo.Operator: one solve after another on one
+      operator (set up once); each column is its own lsqr(A, B[:, j]) bit for bit.
+    CuPy input: B (and x and var back) as CuPy arrays; a CuPy A goes to the host for the GPU's
+    batch (its tiles are made there), and is solved on the GPU column by column below it."""
+    transpose, lsqr_loop, storage, reorder = layout
+    if not hasattr(A, "shape"):
+        A = np.asarray(A)
+    k = B.shape[1]
     refused = [
         (x0 is not None, "x0"),
         (callback is not None, "callback"),
-        (isinstance(A, Operator) or _is_operator(A), "A given as an operator"),
-        (str(backend) == "cuda", "backend='cuda' (on the GPU one solve after another measured "
-         "faster than a batch, docs/performance.md)"),
-        (str(precision) != "f64", f"precision={precision!r}"),
-        (str(storage) == "compact", "storage='compact'"),
+        (_is_operator(A) and not isinstance(A, Operator), "A given by its products"),
         (str(transpose) == "scatter", "transpose='scatter'"),
     ]
     for bad, what in refused:
         if bad:
-            raise ValueError(f"lsqr with B of {B.shape[1]} columns runs them as one batch on "
-                             f"the CPU, which does not take {what}: solve the columns one by "
-                             f"one instead")
+            raise ValueError(f"lsqr with B of {k} columns solves them together, which does "
+                             f"not take {what}: solve the columns one by one instead")
     if B.dtype == object:
         raise TypeError("B: dtype object is not a real number type")
     _check_dtype(B.dtype, "B")
-    shape, ip, ix, data = _csr_parts(A)
-    m, k = B.shape
-    if m != shape[0]:
-        raise ValueError(f"shape mismatch: B has {m} rows but A has {shape[0]}")
-    bb = np.ascontiguousarray(B.T, dtype=np.float64).tobytes()
-    tol = (float(damp), float(atol), float(btol), float(conlim))
-    rs = _native.lsqr_columns(bb, k, shape, ip, ix, data, tol, iter_lim, bool(calc_var),
-                              str(reorder), _threads(threads))
+    rows = A.shape[0]
+    if B.shape[0] != rows:
+        raise ValueError(f"shape mismatch: B has {B.shape[0]} rows but A has {rows}")
+    gpu = _on_gpu(backend) if not isinstance(A, Operator) else False
+    nnz = getattr(A, "nnz", None)
+    if nnz is None and not isinstance(A, Operator):
+        nnz = int(np.count_nonzero(np.asarray(A)))
+    if isinstance(A, Operator) or (gpu and nnz < gpu_batch_min_nnz()):
+        rs, how = _columns_one_by_one(A, B, (damp, atol, btol, conlim), iter_lim, calc_var,
+                                      backend, precision, layout, threads)
+    else:
+        if gpu:
+            if _is_cupy(A):
+                A = A.get()  # the GPU's batch makes its column tiles on the host
+        else:
+            for bad, what in ((str(precision) != "f64", f"precision={precision!r}"),
+                              (str(storage) == "compact", "storage='compact'")):
+                if bad:
+                    raise ValueError(
+                        f"lsqr with B of {k} columns runs them as one batch on the CPU, "
+                        f"which does not take {what} (f32 and the compact storage are the "
+                        f"GPU's: backend='cuda'); solve the columns one by one instead")
+        shape, ip, ix, data = _csr_parts(A)
+        bb = np.ascontiguousarray(B.T, dtype=np.float64).tobytes()
+        tol = (float(damp), float(atol), float(btol), float(conlim))
+        rs = _native.lsqr_columns(bb, k, shape, ip, ix, data, tol, iter_lim, bool(calc_var),
+                                  str(reorder), _threads(threads), "cuda" if gpu else "cpu",
+                                  str(precision))
+        how = rs[0]["backend"]
+        _flush_console()
+    n = A.shape[1]
     X = np.stack([_array(r["x"]) for r in rs], axis=1)
     var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var
-           else np.zeros((shape[1], k)))
-    infos = [{key: v for key, v in r.items() if key not in ("x", "var")} for r in rs]
+           else np.zeros((n, k)))
+    infos = [{key: v for key, v in r.items() if key not in ("x", "var", "info")} for r in rs]
     last_info.clear()
-    last_info.update({"columns": infos, "backend": rs[0]["backend"]})
+    last_info.update({"columns": infos, "backend": how})
     col = lambda key, t=float: np.array([t(r[key]) for r in rs])  # noqa: E731
     if show:
-        print(f"LSQR of {k} right-hand sides in one batch; A has {shape[0]} rows and "
-              f"{shape[1]} columns; {rs[0]['backend']}")
+        print(f"LSQR of {k} right-hand sides; A has {rows} rows and {n} columns; {how}")
         for j, r in enumerate(rs):
             print(f"column {j:4d}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
                   f"r1norm ={r['r1norm']:9.2e}  arnorm ={r['arnorm']:9.2e}  "
                   f"xnorm ={r['xnorm']:9.2e}")
-    return LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
-                      col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
+    out = LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
+                     col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
+    if as_cupy:
+        import cupy
+
+        vals = list(out)
+        vals[0], vals[9] = cupy.asarray(vals[0]), cupy.asarray(vals[9])
+        out = LsqResult(tuple(vals), infos)
+    return out
+
+
+def _columns_one_by_one(A, B, tol, iter_lim, calc_var, backend, precision, layout, threads):
+    """B's columns solved one after another on one operator: A itself where it is a prepared
+    Operator or a CuPy matrix (which stays on the GPU), else an Operator made here, once.
+    Returns the columns' native results and how they ran, in words."""
+    transpose, lsqr_loop, storage, reorder = layout
+    damp, atol, btol, conlim = tol
+
+    def each(op):
+        return [_lsq("lsqr", op, np.ascontiguousarray(B[:, j]), damp, atol, btol, conlim,
+                     iter_lim, calc_var, None, backend, precision, None, 1, transpose,
+                     lsqr_loop, storage, reorder, threads)[1] for j in range(B.shape[1])]
+
+    if isinstance(A, Operator) or _is_cupy(A):
+        rs = each(A)
+    else:
+        with Operator(A, backend, precision=precision, transpose=transpose,
+                      lsqr_loop=lsqr_loop, storage=storage, reorder=reorder,
+                      threads=threads) as op:
+            rs = each(op)
+    why = ("a prepared Operator" if isinstance(A, Operator) else
+           f"below {gpu_batch_min_nnz() // 10**6}M nonzeros a GPU solves them one after another"
+           f" faster than as one batch")
+    return rs, f"{rs[0]['backend']}; {B.shape[1]} columns one after another ({why})"
+
+
+def gpu_batch_min_nnz():
+    """Nonzeros from which a GPU solves many right-hand sides (lsqr(A, B)) or an L-curve's
+    weights (lcurve) as one batch; below it one solve after another (measured faster there:
+    docs/performance.md, "Batched LSQR on the GPU")."""
+    return int(_native.gpu_batch_min_nnz())
 
 
 def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_lim=None, *,
-           reorder="none", threads=None, gcv_probes=1, noise=None, noise_tau=1.0):
+           reorder="none", threads=None, gcv_probes=1, noise=None, noise_tau=1.0,
+           backend="auto", precision="f64"):
     """The L-curve of min ||G x - d||^2 + w^2 ||R x||^2 (+ damp^2 ||x||^2) over `weights`, by
     LSQR on [G; w R] x = [d; 0] for every weight in one batch: one pass over the matrix per
-    iteration serves every weight still running (the CPU; what `seistomo lcurve` runs). Each
-    weight's solution is the one seistomo.lsqr(vstack([G, w R]), [d; 0]) gives on the CPU, bit
-    for bit.
+    iteration serves every weight still running (what `seistomo lcurve` runs). On the CPU each
+    weight's solution is the one seistomo.lsqr(vstack([G, w R]), [d; 0]) gives there, bit for
+    bit. backend "auto" runs on a GPU where one is usable: there, as the CLI does, one batch
+    from gpu_batch_min_nnz() nonzeros of [G; R] (f64, or f32 with precision="f32"), one solve
+    after another below it; a GPU's points agree with the CPU's within rounding.
 
     G (m x n), R (p x n): scipy.sparse matrices or 2-D arrays; d: m values; weights: w >= 0.
     Three rules choose a weight, as `seistomo lcurve` and `invert`'s `[solver] weight` do
@@ -981,6 +1056,8 @@ def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_li
     iter_lim = _check_iter_lim(iter_lim, "iter_lim")
     if not (isinstance(gcv_probes, (int, np.integer)) and 0 <= gcv_probes <= 64):
         raise ValueError(f"gcv_probes must be an integer from 0 to 64 (got {gcv_probes!r})")
+    # CuPy input goes to the host: the batch makes its layout there (x comes back on the host)
+    G, R, d = (v.get() if _is_cupy(v) else v for v in (G, R, d))
     g, r = _csr_parts(G, "G"), _csr_parts(R, "R")
     db = _vec(d, "d")
     m = len(db) // 8
@@ -993,7 +1070,8 @@ def lcurve(G, d, R, weights, damp=0.0, atol=1e-8, btol=1e-8, conlim=1e8, iter_li
     tol = (float(damp), float(atol), float(btol), float(conlim))
     rs, (corner, gcv_min, discrepancy) = _native.lcurve_batch(
         g, r, db, weights, tol, iter_lim, str(reorder), _threads(threads), int(gcv_probes),
-        target)
+        target, "cuda" if _on_gpu(backend) else "cpu", str(precision))
+    _flush_console()
     infos = [{key: v for key, v in x.items() if key not in ("x", "var")} for x in rs]
     last_info.clear()
     last_info.update({"columns": infos, "backend": rs[0]["backend"]})

@@ -1,7 +1,8 @@
 //! `seistomo.lsqr(A, B)` with B of k columns (SciPy cannot): k LSQR solves of one matrix that
 //! share each pass over it (the batched solver, `seistomo::solver::lsqr_batch`, through
-//! `seistomo::pipeline::batch`), on the CPU. Each column's result is the one its own
-//! `seistomo.lsqr(A, B[:, j])` gives on the CPU, bit for bit.
+//! `seistomo::pipeline::batch`), on the CPU or a GPU. On the CPU each column's result is the one
+//! its own `seistomo.lsqr(A, B[:, j])` gives there, bit for bit; on a GPU the batch's products
+//! sum in their own order, so a column agrees with its single GPU solve within rounding.
 
 use std::sync::atomic::AtomicBool;
 
@@ -9,6 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use seistomo::backend::Precision;
 use seistomo::comm::SerialComm;
 use seistomo::grid::reorder::Reorder;
 use seistomo::pipeline::batch::{solve_batch, BatchSystem, Member};
@@ -16,13 +18,58 @@ use seistomo::pipeline::lcurve::{Sweep, SweepMode};
 use seistomo::pipeline::options::{BackendChoice, SolveOptions};
 use seistomo::solver::LsqrSolution;
 
-use crate::{csr, f64s, finite, guarded, lsq_dict, lsq_params, py_err, solve_on};
+use crate::{
+    backend_of, csr, f64s, finite, guarded, lsq_dict, lsq_params, precision_of, py_err, solve_on,
+};
+
+/// The batch's options on the backend asked for (`cpu`, `cuda`, or `auto`: CUDA where a GPU is
+/// usable): on a GPU the batch runs whatever the size (the Python side decides batch against
+/// one solve after another, `gpu_batch_min_nnz`) in `precision`; the CPU's batch is f64.
+fn batch_options(
+    params: seistomo::solver::LsqrParams,
+    backend: &str,
+    precision: &str,
+    force_gpu_batch: bool,
+) -> PyResult<SolveOptions> {
+    let choice = backend_of(backend)?;
+    let prec = precision_of(precision)?;
+    let mut opts = SolveOptions::new(params, choice);
+    let kind = seistomo::pipeline::operators::choose_backend(choice)
+        .map_err(py_err)?
+        .0;
+    if kind == BackendChoice::Cuda {
+        opts.operator.precision = prec;
+        if force_gpu_batch {
+            opts.operator.tuning.gpu_batch = Some(true);
+        }
+    } else if prec != Precision::F64 {
+        return Err(PyValueError::new_err(format!(
+            "precision={precision:?}: the CPU's batch is f64 (f32 runs on a GPU: backend=\"cuda\")"
+        )));
+    }
+    Ok(opts)
+}
+
+/// How the batch's report names where it ran.
+fn where_ran(opts: &SolveOptions) -> &'static str {
+    match seistomo::pipeline::operators::choose_backend(opts.operator.backend) {
+        Ok((BackendChoice::Cuda, _)) => "cuda",
+        _ => "cpu",
+    }
+}
+
+/// Nonzeros from which a GPU solves many right-hand sides or weights as one batch rather than
+/// one solve after another (the CLI's rule, `pipeline::batch::GPU_BATCH_MIN_NNZ`).
+#[pyfunction]
+pub(crate) fn gpu_batch_min_nnz() -> usize {
+    seistomo::pipeline::batch::GPU_BATCH_MIN_NNZ
+}
 
 /// LSQR for every column of `b` (k columns of A's m rows, one after another, as bytes) with
 /// the same damping and tolerances; one dict a column, as `lsqr` returns.
 #[pyfunction]
 #[pyo3(signature = (b, k, shape, indptr, indices, data, tol, iter_lim, calc_var, reorder,
-    threads=None))]
+    threads=None, backend="cpu", precision="f64"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lsqr_columns<'py>(
     py: Python<'py>,
@@ -37,6 +84,8 @@ pub(crate) fn lsqr_columns<'py>(
     calc_var: bool,
     reorder: &str,
     threads: Option<usize>,
+    backend: &str,
+    precision: &str,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let (_, params) = lsq_params("lsqr", tol, iter_lim, calc_var)?;
@@ -51,7 +100,7 @@ pub(crate) fn lsqr_columns<'py>(
     }
     let rhs: Vec<Vec<f64>> = all.chunks(m).map(<[f64]>::to_vec).collect();
     drop(all);
-    let mut opts = SolveOptions::new(params.clone(), BackendChoice::Cpu);
+    let mut opts = batch_options(params.clone(), backend, precision, true)?;
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
     let members: Vec<Member> = (0..k)
         .map(|_| Member {
@@ -67,11 +116,14 @@ pub(crate) fn lsqr_columns<'py>(
         &opts,
         threads,
     )?;
-    let what = format!("cpu: batched LSQR ({k} columns on one pass over A)");
+    let what = format!(
+        "{}: batched LSQR ({k} columns on one pass over A)",
+        where_ran(&opts)
+    );
     got.iter().map(|s| lsq_dict(py, s, what.clone())).collect()
 }
 
-/// Solve the members of a batch on the CPU with the GIL released: each member's solution.
+/// Solve the members of a batch with the GIL released: each member's solution.
 fn run_batch(
     py: Python<'_>,
     sys: BatchSystem,
@@ -109,7 +161,7 @@ fn run_batch(
 /// `noise_norm`, the target ||G x - d||), each None where it finds none.
 #[pyfunction]
 #[pyo3(signature = (g, r, d, weights, tol, iter_lim, reorder, threads=None, gcv_probes=0,
-    noise_norm=None))]
+    noise_norm=None, backend="cpu", precision="f64"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn lcurve_batch<'py>(
     py: Python<'py>,
@@ -123,6 +175,8 @@ pub(crate) fn lcurve_batch<'py>(
     threads: Option<usize>,
     gcv_probes: usize,
     noise_norm: Option<f64>,
+    backend: &str,
+    precision: &str,
 ) -> PyResult<(Vec<Bound<'py, PyDict>>, Choices)> {
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     let (_, params) = lsq_params("lsqr", tol, iter_lim, false)?;
@@ -151,8 +205,11 @@ pub(crate) fn lcurve_batch<'py>(
             "noise: the target ||G x - d|| must be finite and > 0 (got {t})"
         )));
     }
-    let mut opts = SolveOptions::new(params, BackendChoice::Cpu);
+    // On a GPU the CLI's rule: one batch from GPU_BATCH_MIN_NNZ nonzeros, else one solve
+    // after another.
+    let mut opts = batch_options(params, backend, precision, false)?;
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
+    let blocked = seistomo::pipeline::batch::batch_blocker(&opts, g.nnz() + r.nnz());
     let sweep = Sweep {
         g,
         d,
@@ -174,8 +231,8 @@ pub(crate) fn lcurve_batch<'py>(
                 .map_err(py_err)
         })
     })?;
-    let what = format!(
-        "cpu: batched LSQR ({} weights{} on one pass over [G; R])",
+    let solves = format!(
+        "{} weights{}",
         weights.len(),
         if gcv_probes > 0 {
             format!(" and {} GCV probes each", gcv_probes)
@@ -183,6 +240,16 @@ pub(crate) fn lcurve_batch<'py>(
             String::new()
         }
     );
+    let what = match blocked {
+        None => format!(
+            "{}: batched LSQR ({solves} on one pass over [G; R])",
+            where_ran(&opts)
+        ),
+        Some(why) => format!(
+            "{}: LSQR, one solve after another ({solves}; {why})",
+            where_ran(&opts)
+        ),
+    };
     let dicts = curve
         .points
         .iter()

@@ -1337,6 +1337,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         columns::lsqr_columns,
         device::lsqr_device,
         columns::lcurve_batch,
+        columns::gpu_batch_min_nnz,
         console::console_to_python,
         console::console_drain,
     );

@@ -6,7 +6,7 @@ import pytest
 from scipy.sparse.linalg import lsqr as scipy_lsqr
 
 import seistomo
-from test_seistomo import rel, system, within_2pct
+from test_seistomo import HAS_GPU, rel, system, within_2pct
 
 
 def block(A, k, seed=3):
@@ -49,11 +49,17 @@ def test_one_column_is_the_single_solve_and_bad_options_are_refused():
     B = block(A, 3)
     for kw, what in [(dict(x0=np.zeros(A.shape[1])), "x0"),
                      (dict(callback=lambda *a: None), "callback"),
-                     (dict(backend="cuda"), "backend='cuda'"),
-                     (dict(precision="f32"), "precision"),
-                     (dict(storage="compact"), "storage='compact'")]:
+                     (dict(transpose="scatter"), "transpose='scatter'"),
+                     (dict(backend="cpu", precision="f32"), "precision"),
+                     (dict(backend="cpu", storage="compact"), "storage='compact'"),
+                     (dict(backend="gpu"), "unknown backend")]:
         with pytest.raises(ValueError, match=what):
             seistomo.lsqr(A, B, **kw)
+    if not HAS_GPU:  # asked for, and none here: the GPU's own error, never the CPU instead
+        with pytest.raises((RuntimeError, ValueError)):
+            seistomo.lsqr(A, B, backend="cuda")
+        with pytest.raises((RuntimeError, ValueError)):
+            seistomo.lcurve(A, b, A, [0.1], backend="cuda")
     with pytest.raises(ValueError, match="B has 5 rows"):
         seistomo.lsqr(A, B[:5], backend="cpu")
     B[2, 1] = np.nan
@@ -77,7 +83,7 @@ def test_lcurve_equals_its_single_solves_and_scipy():
     d = np.loadtxt(a / "d.txt", comments="#")
     weights = np.logspace(-3, -1, 7)
     kw = dict(atol=1e-10, btol=1e-10, conlim=1e14)
-    c = seistomo.lcurve(G, d, R, weights, **kw)
+    c = seistomo.lcurve(G, d, R, weights, backend="cpu", **kw)
     assert c["x"].shape == (G.shape[1], 7) and len(c["info"]) == 7
     assert "batched" in c["info"][0]["backend"]
     b = np.concatenate([d, np.zeros(R.shape[0])])
@@ -125,22 +131,24 @@ def test_lcurve_gcv_and_discrepancy_on_a_synthetic_with_known_noise():
     d = G @ x_true + sigma * rng.standard_normal(m)
     R = sp.diags([-1.0, 1.0], [0, 1], shape=(n - 1, n), format="csr")
     weights = np.logspace(-2, 1.5, 15)
-    c = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=4)
+    c = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=4, backend="cpu")
     assert c["corner"] is not None and c["gcv_min"] is not None
     assert c["discrepancy"] is not None
     target = np.sqrt(m) * sigma
     w = c["discrepancy"]
     A = sp.vstack([G, w * R]).tocsr()
-    x = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8)[0]
+    x = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8,
+                      backend="cpu")[0]
     assert abs(np.linalg.norm(G @ x - d) - target) <= 0.05 * target
     # GCV: its trace estimates lie between 0 and n, the minimum's model is near the best one
     assert np.all((c["trace"] > 0) & (c["trace"] < n)) and np.all(np.isfinite(c["gcv"]))
     errs = [np.linalg.norm(c["x"][:, i] - x_true) for i in range(len(weights))]
     A = sp.vstack([G, c["gcv_min"] * R]).tocsr()
-    xg = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8)[0]
+    xg = seistomo.lsqr(A, np.concatenate([d, np.zeros(n - 1)]), atol=1e-8, btol=1e-8,
+                       backend="cpu")[0]
     assert np.linalg.norm(xg - x_true) <= 2.0 * min(errs)
     # without probes no GCV; the other choices and every x are unchanged
-    c0 = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=0)
+    c0 = seistomo.lcurve(G, d, R, weights, noise=sigma, gcv_probes=0, backend="cpu")
     assert c0["gcv_min"] is None and np.all(np.isnan(c0["gcv"]))
     assert c0["corner"] == c["corner"] and c0["discrepancy"] == c["discrepancy"]
     assert np.array_equal(c0["x"], c["x"])
@@ -148,3 +156,101 @@ def test_lcurve_gcv_and_discrepancy_on_a_synthetic_with_known_noise():
                      (dict(noise=0.1, noise_tau=-1.0), "noise")):
         with pytest.raises(ValueError, match=msg):
             seistomo.lcurve(G, d, R, weights, **bad)
+
+
+def test_a_prepared_operator_solves_the_columns_one_after_another():
+    # lsqr(op, B) on a seistomo.Operator: each column its own lsqr(op, B[:, j]), bit for bit
+    A, b = system("well1850")
+    B = block(A, 3)
+    kw = dict(damp=0.01, atol=1e-10, btol=1e-10, conlim=1e14, calc_var=True)
+    with seistomo.Operator(A, backend="cpu") as op:
+        X, istop, itn, *_, var = seistomo.lsqr(op, B, **kw)
+        assert "one after another (a prepared Operator)" in seistomo.last_info["backend"]
+        for j in range(3):
+            one = seistomo.lsqr(op, B[:, j], **kw)
+            assert np.array_equal(X[:, j], one[0]) and np.array_equal(var[:, j], one[9])
+            assert (istop[j], itn[j]) == (one[1], one[2])
+
+
+def big_system(seed=11):
+    """A tall random sparse system just above gpu_batch_min_nnz() nonzeros (well conditioned:
+    LSQR converges in tens of iterations), and 3 right-hand sides."""
+    import scipy.sparse as sp
+
+    m, n = 120_000, 4_000
+    per = seistomo.gpu_batch_min_nnz() // m + 2
+    A = sp.random(m, n, density=per / n, random_state=seed, format="csr")
+    assert A.nnz >= seistomo.gpu_batch_min_nnz()
+    return A, block(A, 3, seed)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no usable CUDA GPU")
+def test_columns_on_the_gpu():
+    # small A: one solve after another on one GPU operator, each column its own GPU solve bit
+    # for bit; from gpu_batch_min_nnz(): the GPU's batch, each column its single GPU solve
+    # (istop, iterations within one, x within 1e-9; f32 within 1e-6)
+    A, b = system("australia")
+    B = block(A, 3)
+    B[:, 0] = b
+    kw = dict(atol=1e-10, btol=1e-10, conlim=1e14)
+    X, istop, itn, *_ = seistomo.lsqr(A, B, backend="cuda", **kw)
+    assert seistomo.last_info["backend"].startswith("cuda") and \
+        "one after another" in seistomo.last_info["backend"]
+    for j in range(3):
+        one = seistomo.lsqr(A, B[:, j], backend="cuda", **kw)
+        assert np.array_equal(X[:, j], one[0]) and (istop[j], itn[j]) == (one[1], one[2])
+    A, B = big_system()
+    for prec, tol in (("f64", 1e-9), ("f32", 1e-6)):
+        X, istop, itn, *_ = seistomo.lsqr(A, B, precision=prec, **kw)  # auto: the GPU
+        assert "cuda: batched LSQR (3 columns" in seistomo.last_info["backend"], prec
+        for j in range(3):
+            one = seistomo.lsqr(A, B[:, j], backend="cuda", precision=prec, **kw)
+            assert istop[j] == one[1] and abs(itn[j] - one[2]) <= 1, (prec, j)
+            assert rel(X[:, j], one[0]) <= tol, (prec, j, rel(X[:, j], one[0]))
+            ref = scipy_lsqr(A, B[:, j], **kw)
+            assert rel(X[:, j], ref[0]) <= (1e-8 if prec == "f64" else 1e-5), (prec, j)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no usable CUDA GPU")
+def test_cupy_columns_come_back_on_the_gpu():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
+    csp = pytest.importorskip("cupyx.scipy.sparse", reason="CuPy is not installed here")
+    same = dict(backend="cuda", storage="csr", transpose="csc")
+    kw = dict(atol=1e-10, btol=1e-10, conlim=1e14, calc_var=True)
+    for A, B in (system("australia")[0], None), big_system():
+        B = block(A, 3) if B is None else B
+        got = seistomo.lsqr(csp.csr_matrix(A), cupy.asarray(B), **kw)
+        assert isinstance(got[0], cupy.ndarray) and isinstance(got[9], cupy.ndarray)
+        want = seistomo.lsqr(A, B, **same, **kw)
+        assert np.array_equal(cupy.asnumpy(got[0]), want[0])
+        assert np.array_equal(got[2], want[2])
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="no usable CUDA GPU")
+def test_lcurve_on_the_gpu_agrees_with_the_cpu():
+    # australia (below gpu_batch_min_nnz: one GPU solve after another) and the large random
+    # system with first differences as R (the GPU's batch, f64 and f32): the same curve within
+    # rounding and the same corner as the CPU's batch
+    import scipy.io as sio
+    import scipy.sparse as sp
+
+    from test_seistomo import DATA
+
+    a = DATA / "australia"
+    G = sio.mmread(str(a / "G.mtx.gz")).tocsr()
+    R = sio.mmread(str(a / "R.mtx.gz")).tocsr()
+    d = np.loadtxt(a / "d.txt", comments="#")
+    Gb, Bb = big_system()
+    n = Gb.shape[1]
+    Rb = sp.diags([-1.0, 1.0], [0, 1], shape=(n - 1, n), format="csr")
+    kw = dict(atol=1e-10, btol=1e-10, conlim=1e14, gcv_probes=0)
+    for (g, dd, r, weights, how), prec, tol in (
+            ((G, d, R, np.logspace(-3, -1, 7), "one solve after another"), "f64", 1e-6),
+            ((Gb, Bb[:, 0], Rb, np.logspace(-2, 1, 5), "batched"), "f64", 1e-9),
+            ((Gb, Bb[:, 0], Rb, np.logspace(-2, 1, 5), "batched"), "f32", 1e-6)):
+        gpu = seistomo.lcurve(g, dd, r, weights, backend="cuda", precision=prec, **kw)
+        cpu = seistomo.lcurve(g, dd, r, weights, backend="cpu", **kw)
+        assert gpu["info"][0]["backend"].startswith("cuda") and how in gpu["info"][0]["backend"]
+        for key in ("residual_norm", "model_norm"):
+            assert rel(gpu[key], cpu[key]) <= tol, (how, prec, key, rel(gpu[key], cpu[key]))
+        assert gpu["corner"] == cpu["corner"], (how, prec)
