@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::pipeline_on_thread_ranks;
 use seistomo::backend::storage::Storage;
@@ -13,7 +13,7 @@ use seistomo::partition::RowCost;
 use seistomo::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
 use seistomo::solver::LsqrParams;
 
-fn synth(name: &str, grid: &str, rays: &str) -> PathBuf {
+fn synth(name: &str, grid: &str, rays: &str) -> common::Scratch {
     common::synth_dataset("balance", name, grid, rays)
 }
 

@@ -20,10 +20,8 @@ use seistomo::sparse::Precision;
 
 /// A run config of `dataset` with `extra` TOML lines, writing into `out`.
 fn config(dataset: &Path, name: &str, extra: &str, out: &Path) -> PathBuf {
-    let p = dataset.parent().unwrap().join(format!(
-        "{}-{name}.toml",
-        dataset.file_name().unwrap().to_string_lossy()
-    ));
+    // (beside the outputs, in the test's scratch folder)
+    let p = out.with_file_name(format!("{name}.toml"));
     std::fs::write(
         &p,
         format!(
@@ -68,8 +66,9 @@ fn prepare(cfg: &Path) {
 #[test]
 fn a_prepared_run_gives_the_fresh_solution_bit_for_bit_with_either_storage() {
     let ds = synth_dataset("prepared", "same", "12,10,8", "1500");
+    let work = common::scratch("prepared-same-work");
     for (name, extra) in [("csr", ""), ("compact", "[backend]\nstorage = \"compact\"")] {
-        let out = ds.with_extension(format!("out-{name}"));
+        let out = work.join(format!("out-{name}"));
         let cfg = config(&ds, name, extra, &out);
         let _ = std::fs::remove_dir_all(ds.join("prepared"));
         let (fresh, note) = invert(&cfg, &out);
@@ -90,7 +89,8 @@ fn a_prepared_run_gives_the_fresh_solution_bit_for_bit_with_either_storage() {
 #[test]
 fn two_ranks_each_read_their_own_prepared_file() {
     let ds = synth_dataset("prepared", "ranks", "12,10,8", "1500");
-    let out = ds.with_extension("out");
+    let work = common::scratch("prepared-ranks-work");
+    let out = work.join("out");
     let cfg_path = config(&ds, "r2", "[backend]\nstorage = \"compact\"", &out);
     let cfg = RunConfig::load(&cfg_path).unwrap();
     let solve = || {
@@ -129,7 +129,8 @@ fn two_ranks_each_read_their_own_prepared_file() {
 fn a_file_prepared_for_the_gpu_keeps_its_encoding_and_reads_the_rows_only_when_asked() {
     // No GPU needed: `prepare` encodes on the CPU, and reading a file back is I/O.
     let ds = synth_dataset("prepared", "encoded", "16,16,16", "3000");
-    let out = ds.with_extension("out");
+    let work = common::scratch("prepared-encoded-work");
+    let out = work.join("out");
     // By default the GPU encodes the stored rows itself: the file keeps none, a run reads the
     // rows (half the bytes of an encoding).
     let split = "[backend]\nstorage = \"compact\"\n[tuning]\ngpu_layout = \"split\"";
@@ -193,7 +194,8 @@ fn a_file_prepared_for_the_gpu_keeps_its_encoding_and_reads_the_rows_only_when_a
 #[test]
 fn stale_or_damaged_prepared_files_are_not_used_and_verify_refuses_damage() {
     let ds = synth_dataset("prepared", "stale", "12,10,8", "1500");
-    let out = ds.with_extension("out");
+    let work = common::scratch("prepared-stale-work");
+    let out = work.join("out");
     let cfg = config(&ds, "csr", "", &out);
     let (fresh, _) = invert(&cfg, &out);
     let file = file_of(&ds.join("dataset.toml"), 0, 1);
@@ -255,8 +257,7 @@ fn stale_or_damaged_prepared_files_are_not_used_and_verify_refuses_damage() {
 
 #[test]
 fn prepare_refuses_a_matrix_market_system_in_one_line() {
-    let dir = std::env::temp_dir().join(format!("seistomo-prepared-mtx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("prepared-mtx");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cfg = dir.join("mtx.toml");
     std::fs::write(

@@ -319,9 +319,11 @@ pub fn iterations_within(got: usize, want: usize, band: usize, what: &str) {
 }
 
 /// A synthetic dataset (seed 5) with norm damping and flattening (4 stencil blocks) in a fresh
-/// folder `seistomo-{tag}-{name}-{pid}` of the temporary directory.
-pub fn synth_dataset(tag: &str, name: &str, grid: &str, rays: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("seistomo-{tag}-{name}-{}", std::process::id()));
+/// folder `seistomo-{tag}-{name}-{pid}` of the temporary directory, removed when the returned
+/// guard is dropped (kept where the test fails).
+pub fn synth_dataset(tag: &str, name: &str, grid: &str, rays: &str) -> Scratch {
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("seistomo-{tag}-{name}-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&dir);
     let out = seistomo()
         .args(["-q", "synth", "-o"])
