@@ -946,6 +946,9 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
     if B.shape[0] != rows:
         raise ValueError(f"shape mismatch: B has {B.shape[0]} rows but A has {rows}")
     gpu = _on_gpu(backend) if not isinstance(A, Operator) else False
+    if _is_cupy(A) and not gpu:
+        raise ValueError(f"backend={backend!r}: a CuPy matrix lies on the GPU and runs on the "
+                         f"CUDA backend (A.get() gives it on the host for backend='cpu')")
     nnz = getattr(A, "nnz", None)
     if nnz is None and not isinstance(A, Operator):
         nnz = int(np.count_nonzero(np.asarray(A)))

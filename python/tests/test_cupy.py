@@ -102,8 +102,8 @@ def test_errors_are_clear():
         seistomo.lsqr(Ac, b, storage="compact")
     with pytest.raises(TypeError, match="complex values are not supported"):
         seistomo.lsqr(Ac.astype(cupy.complex128), b)
-    with pytest.raises(ValueError, match="runs on the CPU"):
-        seistomo.lsqr(Ac, np.stack([b, b], axis=1))
+    with pytest.raises(ValueError, match="backend='cpu': a CuPy matrix lies on the GPU"):
+        seistomo.lsqr(Ac, np.stack([b, b], axis=1), backend="cpu")  # k columns: test_columns
     with pytest.raises(ValueError, match="not finite"):
         seistomo.lsqr(Ac, np.full(A.shape[0], np.nan))
     # still solves after the errors
