@@ -21,10 +21,13 @@
 #   mtx  Matrix Market read: seistomo (`solve` load, median of REPS) against SciPy's mmread (one
 #   run) on the same files (square --n 64, plain and gzip; the 64x64x40 system exported, plain
 #   and gzip), MB/s of text; and seistomo's write (square --n 96, plain and .gz).
+# PY: the Python of the peers (default /usr/bin/python3, the Debian SciPy and PETSc of the build
+# machine; on another machine e.g. PY=python3). THREADS as for lsqr also limits mtx's reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/seistomo}; PARTS=${2:-lsqr}
 reps=${REPS:-5}
+PY=${PY:-/usr/bin/python3}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
@@ -46,7 +49,7 @@ ms = statistics.median(r["ms_per_iter"] for r in rs)
 r = rs[0]
 print(f"seistomo-cpu-{r['threads']}-threads {r['iterations']} {ms:.4f} {r['r1norm']:.8e} {r['xnorm']:.8e}")
 PY
-OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/peers/peer_lsqr.py $D/G.mtx.gz --rhs $D/d.txt \
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $PY bench/peers/peer_lsqr.py $D/G.mtx.gz --rhs $D/d.txt \
   --reg $D/R.mtx.gz --lam 0.015 --tol 1e-8 > "$tmp/peers.json"
 python3 - "$tmp" <<'PY'
 import json, sys
@@ -89,7 +92,7 @@ print("  rounds: " + " ".join(f"{x:.2f}" for x in r))
   done
 fi
 if has accuracy; then
-  /usr/bin/python3 bench/accuracy_compact.py "$BIN"
+  $PY bench/accuracy_compact.py "$BIN"
 fi
 if has gmres; then
 for n in ${SIZES:-32 64 96}; do
@@ -104,7 +107,7 @@ for n in ${SIZES:-32 64 96}; do
     "$BIN" solve --method gmres --matrix "$m" --restart 16 --rtol 1e-10 --precond jacobi \
       --orthog cgs2 --stop scipy --max-cycles 300 --report "$OUT/r.json" 2>/dev/null
     python3 -c "import json;r=json.load(open('$OUT/r.json'));print('seistomo-cgs2-%dt'%r['threads'],r['n'],r['nnz'],r['iterations'],r['converged'],'%.3e'%r['relres'],'%.4f'%r['ms_per_iter'])"
-    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tests/reference/gmres_reference.py --one "$m" --precond jacobi \
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $PY tests/reference/gmres_reference.py --one "$m" --precond jacobi \
       | python3 -c "import json,sys;c=json.loads(sys.stdin.read());[print(k,c['n'],c['nnz'],c[k]['iterations'],c[k]['converged'],'%.3e'%c[k]['relres'],'%.4f'%c[k]['ms_per_iter']) for k in ('scipy','petsc') if k in c]"
   done
 done
@@ -163,15 +166,15 @@ mkdir -p "$M"
 [ -f "$M/cd64.mtx.gz" ] || gzip -c "$M/cd64.mtx" > "$M/cd64.mtx.gz"
 [ -f "$M/med/A.mtx" ] || "$BIN" -q export "$D" --format mtx -o "$M/med" >/dev/null 2>&1
 [ -f "$M/med/A.mtx.gz" ] || gzip -c "$M/med/A.mtx" > "$M/med/A.mtx.gz"
-echo "Matrix Market read, MB/s of (uncompressed) text; seistomo: solve's load, median of $reps; SciPy $(/usr/bin/python3 -c 'import scipy; print(scipy.__version__)') mmread: one run"
+echo "Matrix Market read, MB/s of (uncompressed) text; seistomo: solve's load, median of $reps; SciPy $($PY -c 'import scipy; print(scipy.__version__)') mmread: one run"
 echo "| file | text MB | nonzeros | seistomo s | seistomo MB/s | SciPy s | SciPy MB/s | seistomo / SciPy |"
 echo "|---|---|---|---|---|---|---|---|"
 for f in cd64.mtx cd64.mtx.gz med/A.mtx med/A.mtx.gz; do
   text=$(stat -c %s "$M/${f%.gz}")
   for i in $(seq "$reps"); do
-    "$BIN" solve --matrix "$M/$f" --backend cpu --iter-lim 1 --reorder none --report "$M/r$i.json" >/dev/null 2>&1
+    "$BIN" solve --matrix "$M/$f" --backend cpu ${THREADS:+--threads $THREADS} --iter-lim 1 --reorder none --report "$M/r$i.json" >/dev/null 2>&1
   done
-  /usr/bin/python3 - "$M" "$f" "$text" "$reps" <<'PY'
+  $PY - "$M" "$f" "$text" "$reps" <<'PY'
 import json, statistics, sys, time
 import scipy.io
 m, f, text, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -545,20 +545,12 @@ fn parse_block(path: &Path, text: &[u8], body: Body) -> Block {
     }
     let mut rest = text;
     while !rest.is_empty() {
-        // the line, and whether it is all ASCII
-        let mut high = 0u8;
-        let mut end = rest.len();
-        for (i, &c) in rest.iter().enumerate() {
-            if c == b'\n' {
-                end = i;
-                break;
-            }
-            high |= c;
-        }
+        let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
         let line = &rest[..end];
         rest = &rest[(end + 1).min(rest.len())..];
         b.lines += 1;
-        if high < 0x80 {
+        // (the fast path takes ASCII lines only: one with other bytes goes the plain way)
+        if line.is_ascii() {
             match fast_line(line, body, &mut b.part) {
                 Fast::Blank => continue,
                 Fast::Data => {
@@ -620,6 +612,7 @@ fn digits(t: &[u8]) -> Option<u64> {
 
 /// An ASCII line the common way (blank, a comment, or a well-formed data line), the same
 /// values the plain parse gives; [`Fast::Slow`] for anything else (every error included).
+/// `line` must be all ASCII.
 #[inline]
 fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
     let mut toks: [&[u8]; 4] = [&[]; 4];
@@ -653,10 +646,14 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
             Field::Pattern => 1.0,
             Field::Integer => std::str::from_utf8(t).ok()?.parse::<i64>().ok()? as f64,
             Field::Real => {
-                if t.iter().any(|&c| c == b'd' || c == b'D') {
+                // Fortran's `d` exponent is left to the plain parse
+                if t.iter().any(|&c| c | 0x20 == b'd') {
                     return None;
                 }
-                std::str::from_utf8(t).ok()?.parse::<f64>().ok()?
+                // SAFETY: `t` is part of a line that is all ASCII (the caller checks), so it is
+                // UTF-8.
+                let s = unsafe { std::str::from_utf8_unchecked(t) };
+                s.parse::<f64>().ok()?
             }
         };
         v.is_finite().then_some(v)
@@ -778,8 +775,14 @@ fn read_body(
     what: &str,
 ) -> Result<Vec<TripletPart>> {
     let size_line = m.size_line;
-    let reader = m.lines.inner;
-    let (blocks, read_err) = read_blocks(path, reader, body, block_bytes());
+    let (blocks, read_err) = if plain_len(path).is_some() {
+        // a plain file: its body parsed in blocks straight from a map, all at once
+        let map = crate::io::mmap::MappedFile::open_populated(path)?;
+        let text = map.bytes().get(m.lines.consumed as usize..).unwrap_or(&[]);
+        (parse_mapped(path, text, body, block_bytes()), None)
+    } else {
+        read_blocks(path, m.lines.inner, body, block_bytes())
+    };
     let (mut line_base, mut data_base) = (size_line, 0usize);
     let more = |path: &Path| -> Error {
         Error::parse(
@@ -836,6 +839,34 @@ fn nth_data_line(path: &Path, n: usize) -> Result<usize> {
     }
     let at = m.lines.next_line()?.map(|(ln, _)| ln);
     Ok(at.unwrap_or(m.lines.lineno))
+}
+
+/// The blocks of whole lines of about `block` bytes of a body held in memory (`text`, a map of
+/// the file after its size line), parsed on the pool, in file order: what [`read_blocks`] makes
+/// of the same bytes, without a reading thread copying them first.
+fn parse_mapped(path: &Path, text: &[u8], body: Body, block: usize) -> Vec<Block> {
+    use rayon::prelude::*;
+    let mut cuts = vec![0usize];
+    let mut at = 0;
+    while at < text.len() {
+        let nominal = at + block.max(1);
+        let end = if nominal >= text.len() {
+            text.len()
+        } else {
+            memchr::memchr(b'\n', &text[nominal..]).map_or(text.len(), |i| nominal + i + 1)
+        };
+        cuts.push(end);
+        at = end;
+    }
+    let blocks: Vec<Block> = cuts
+        .par_windows(2)
+        .map(|w| parse_block(path, &text[w[0]..w[1]], body))
+        .collect();
+    // as the reader does: nothing after the first block that stopped is reported
+    match blocks.iter().position(|b| b.stop.is_some()) {
+        Some(k) => blocks.into_iter().take(k + 1).collect(),
+        None => blocks,
+    }
 }
 
 /// Blocks of whole lines from `reader`, parsed on the pool as they come (one reading thread
@@ -1330,6 +1361,16 @@ mod tests {
     }
 
     /// Read `p` in blocks of `bytes` bytes.
+    /// `p` gzipped beside it (`p` + ".gz"); its path.
+    fn gz_copy(p: &Path) -> std::path::PathBuf {
+        use std::io::Write;
+        let gz = std::path::PathBuf::from(format!("{}.gz", p.display()));
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(&std::fs::read(p).unwrap()).unwrap();
+        std::fs::write(&gz, e.finish().unwrap()).unwrap();
+        gz
+    }
+
     fn in_blocks(p: &Path, bytes: usize) -> Result<Csr> {
         TEST_BLOCK_BYTES.with(|b| b.set(bytes));
         let r = read_matrix(p);
@@ -1393,8 +1434,11 @@ mod tests {
                 let text = random_text(h as u64 * 10 + order as u64, head, 50, order);
                 let p = tmp(&format!("rb{h}{order}.mtx"), &text);
                 let want = sequential(&p).unwrap();
-                for bytes in [7, 64, 1000, 0] {
-                    assert_eq!(in_blocks(&p, bytes).unwrap(), want, "{head} order {order}");
+                // the plain file from its map, the gzip one through the reading thread
+                for p in [p.clone(), gz_copy(&p)] {
+                    for bytes in [7, 64, 1000, 0] {
+                        assert_eq!(in_blocks(&p, bytes).unwrap(), want, "{head} order {order}");
+                    }
                 }
             }
         }
@@ -1423,10 +1467,12 @@ mod tests {
             let mut bytes = h.as_bytes().to_vec();
             bytes.extend(body.chars().map(|c| c as u32 as u8));
             std::fs::write(&p, &bytes).unwrap();
-            let want = sequential(&p).map_err(|e| e.to_string());
-            for b in [3, 8, 20, 0] {
-                let got = in_blocks(&p, b).map_err(|e| e.to_string());
-                assert_eq!(got, want, "body {k}, blocks of {b}");
+            for p in [p.clone(), gz_copy(&p)] {
+                let want = sequential(&p).map_err(|e| e.to_string());
+                for b in [3, 8, 20, 0] {
+                    let got = in_blocks(&p, b).map_err(|e| e.to_string());
+                    assert_eq!(got, want, "body {k}, blocks of {b}, {}", p.display());
+                }
             }
         }
     }
