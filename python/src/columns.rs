@@ -245,9 +245,11 @@ pub(crate) fn lcurve_batch<'py>(
             "{}: batched LSQR ({solves} on one pass over [G; R])",
             where_ran(&opts)
         ),
+        // (the reason without the CLI's config key, which Python does not take)
         Some(why) => format!(
-            "{}: LSQR, one solve after another ({solves}; {why})",
-            where_ran(&opts)
+            "{}: LSQR, one solve after another ({solves}; {})",
+            where_ran(&opts),
+            why.replace(" ([tuning] gpu_batch = true runs it)", "")
         ),
     };
     let dicts = curve
