@@ -1438,6 +1438,10 @@ def open_model(path, *, xarray=True):
     "attrs"."""
     path = os.fspath(path)
     if xarray:
+        # the file first: a path that is not a model file gets its own error, extras or not
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: No such file or directory")
+        meta = _native.model_info(path)  # checks that this is a seistomo model file
         missing = []
         for mod in _XARRAY_STACK:
             try:
@@ -1452,9 +1456,6 @@ def open_model(path, *, xarray=True):
                 f"dict of NumPy arrays", name=missing[0])
         import xarray as xr
 
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: No such file or directory")
-        meta = _native.model_info(path)  # checks that this is a seistomo model file
         ds = xr.open_dataset(path, engine="h5netcdf")
         if not ds.data_vars:
             ds.close()

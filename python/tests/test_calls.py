@@ -62,7 +62,7 @@ def test_threads_per_call():
                       callback_every=50)
     assert "1 thread)" in m.info["backend"] and seen == list(range(50, m[2] + 1, 50))
     g = seistomo.gmres(sp.eye(50) * 2.0 + sp.random(50, 50, density=0.05, random_state=2),
-                       np.ones(50), threads=1)
+                       np.ones(50), threads=1, backend="cpu")
     assert g[1] == 0 and "1 thread" in g.backend
     op = seistomo.Operator(A, backend="cpu", threads=1)
     r = seistomo.lsqr(op, b, threads=1)
