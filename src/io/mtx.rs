@@ -858,15 +858,10 @@ fn parse_mapped(path: &Path, text: &[u8], body: Body, block: usize) -> Vec<Block
         cuts.push(end);
         at = end;
     }
-    let blocks: Vec<Block> = cuts
-        .par_windows(2)
+    // (read_body stops at the first block that stopped: the ones after it are never looked at)
+    cuts.par_windows(2)
         .map(|w| parse_block(path, &text[w[0]..w[1]], body))
-        .collect();
-    // as the reader does: nothing after the first block that stopped is reported
-    match blocks.iter().position(|b| b.stop.is_some()) {
-        Some(k) => blocks.into_iter().take(k + 1).collect(),
-        None => blocks,
-    }
+        .collect()
 }
 
 /// Blocks of whole lines from `reader`, parsed on the pool as they come (one reading thread
@@ -1360,7 +1355,6 @@ mod tests {
         Ok(Csr::from_triplets(nrows, ncols, &rows, &cols, &vals).unwrap())
     }
 
-    /// Read `p` in blocks of `bytes` bytes.
     /// `p` gzipped beside it (`p` + ".gz"); its path.
     fn gz_copy(p: &Path) -> std::path::PathBuf {
         use std::io::Write;
@@ -1371,6 +1365,7 @@ mod tests {
         gz
     }
 
+    /// Read `p` in blocks of `bytes` bytes.
     fn in_blocks(p: &Path, bytes: usize) -> Result<Csr> {
         TEST_BLOCK_BYTES.with(|b| b.set(bytes));
         let r = read_matrix(p);
