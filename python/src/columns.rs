@@ -23,14 +23,15 @@ use crate::{
 };
 
 /// The batch's options on the backend asked for (`cpu`, `cuda`, or `auto`: CUDA where a GPU is
-/// usable): on a GPU the batch runs whatever the size (the Python side decides batch against
-/// one solve after another, `gpu_batch_min_nnz`) in `precision`; the CPU's batch is f64.
+/// usable), and where it runs ("cuda" or "cpu", for its report): on a GPU the batch runs
+/// whatever the size (the Python side decides batch against one solve after another,
+/// `gpu_batch_min_nnz`) in `precision`; the CPU's batch is f64.
 fn batch_options(
     params: seistomo::solver::LsqrParams,
     backend: &str,
     precision: &str,
     force_gpu_batch: bool,
-) -> PyResult<SolveOptions> {
+) -> PyResult<(SolveOptions, &'static str)> {
     let choice = backend_of(backend)?;
     let prec = precision_of(precision)?;
     let mut opts = SolveOptions::new(params, choice);
@@ -42,20 +43,14 @@ fn batch_options(
         if force_gpu_batch {
             opts.operator.tuning.gpu_batch = Some(true);
         }
-    } else if prec != Precision::F64 {
+        return Ok((opts, "cuda"));
+    }
+    if prec != Precision::F64 {
         return Err(PyValueError::new_err(format!(
             "precision={precision:?}: the CPU's batch is f64 (f32 runs on a GPU: backend=\"cuda\")"
         )));
     }
-    Ok(opts)
-}
-
-/// How the batch's report names where it ran.
-fn where_ran(opts: &SolveOptions) -> &'static str {
-    match seistomo::pipeline::operators::choose_backend(opts.operator.backend) {
-        Ok((BackendChoice::Cuda, _)) => "cuda",
-        _ => "cpu",
-    }
+    Ok((opts, "cpu"))
 }
 
 /// Nonzeros from which a GPU solves many right-hand sides or weights as one batch rather than
@@ -100,7 +95,7 @@ pub(crate) fn lsqr_columns<'py>(
     }
     let rhs: Vec<Vec<f64>> = all.chunks(m).map(<[f64]>::to_vec).collect();
     drop(all);
-    let mut opts = batch_options(params.clone(), backend, precision, true)?;
+    let (mut opts, ran) = batch_options(params.clone(), backend, precision, true)?;
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
     let members: Vec<Member> = (0..k)
         .map(|_| Member {
@@ -116,10 +111,7 @@ pub(crate) fn lsqr_columns<'py>(
         &opts,
         threads,
     )?;
-    let what = format!(
-        "{}: batched LSQR ({k} columns on one pass over A)",
-        where_ran(&opts)
-    );
+    let what = format!("{ran}: batched LSQR ({k} columns on one pass over A)");
     got.iter().map(|s| lsq_dict(py, s, what.clone())).collect()
 }
 
@@ -207,7 +199,7 @@ pub(crate) fn lcurve_batch<'py>(
     }
     // On a GPU the CLI's rule: one batch from GPU_BATCH_MIN_NNZ nonzeros, else one solve
     // after another.
-    let mut opts = batch_options(params, backend, precision, false)?;
+    let (mut opts, ran) = batch_options(params, backend, precision, false)?;
     opts.reorder = reorder.parse::<Reorder>().map_err(PyValueError::new_err)?;
     let blocked = seistomo::pipeline::batch::batch_blocker(&opts, g.nnz() + r.nnz());
     let sweep = Sweep {
@@ -241,14 +233,10 @@ pub(crate) fn lcurve_batch<'py>(
         }
     );
     let what = match blocked {
-        None => format!(
-            "{}: batched LSQR ({solves} on one pass over [G; R])",
-            where_ran(&opts)
-        ),
+        None => format!("{ran}: batched LSQR ({solves} on one pass over [G; R])"),
         // (the reason without the CLI's config key, which Python does not take)
         Some(why) => format!(
-            "{}: LSQR, one solve after another ({solves}; {})",
-            where_ran(&opts),
+            "{ran}: LSQR, one solve after another ({solves}; {})",
             why.replace(" ([tuning] gpu_batch = true runs it)", "")
         ),
     };
