@@ -20,7 +20,8 @@
 #   (and median) of REPS runs, in seconds and M nonzeros/s;
 #   mtx  Matrix Market read: seistomo (`solve` load, median of REPS) against SciPy's mmread (one
 #   run) on the same files (square --n 64, plain and gzip; the 64x64x40 system exported, plain
-#   and gzip), MB/s of text; and seistomo's write (square --n 96, plain and .gz).
+#   and gzip; each gzipped twice: by `gzip`, one member, and by seistomo (cd64s, meds), members
+#   decoded on every thread), MB/s of text; and seistomo's write (square --n 96, plain and .gz).
 # PY: the Python of the peers (default /usr/bin/python3, the Debian SciPy and PETSc of the build
 # machine; on another machine e.g. PY=python3). THREADS as for lsqr also limits mtx's reads.
 set -euo pipefail
@@ -166,11 +167,15 @@ mkdir -p "$M"
 [ -f "$M/cd64.mtx.gz" ] || gzip -c "$M/cd64.mtx" > "$M/cd64.mtx.gz"
 [ -f "$M/med/A.mtx" ] || "$BIN" -q export "$D" --format mtx -o "$M/med" >/dev/null 2>&1
 [ -f "$M/med/A.mtx.gz" ] || gzip -c "$M/med/A.mtx" > "$M/med/A.mtx.gz"
+# the same text gzipped by seistomo (members that say their lengths: decoded on every thread)
+[ -f "$M/cd64s.mtx.gz" ] || "$BIN" -q square --kind convdiff --n 64 -o "$M/cd64s.mtx.gz" 2>/dev/null
+[ -f "$M/meds/A.mtx.gz" ] || "$BIN" -q export "$D" --format mtx.gz -o "$M/meds" >/dev/null 2>&1
 echo "Matrix Market read, MB/s of (uncompressed) text; seistomo: solve's load, median of $reps; SciPy $($PY -c 'import scipy; print(scipy.__version__)') mmread: one run"
 echo "| file | text MB | nonzeros | seistomo s | seistomo MB/s | SciPy s | SciPy MB/s | seistomo / SciPy |"
 echo "|---|---|---|---|---|---|---|---|"
-for f in cd64.mtx cd64.mtx.gz med/A.mtx med/A.mtx.gz; do
-  text=$(stat -c %s "$M/${f%.gz}")
+for f in cd64.mtx cd64.mtx.gz cd64s.mtx.gz med/A.mtx med/A.mtx.gz meds/A.mtx.gz; do
+  t=${f%.gz}; t=${t/cd64s/cd64}; t=${t/meds/med}
+  text=$(stat -c %s "$M/$t")
   for i in $(seq "$reps"); do
     "$BIN" solve --matrix "$M/$f" --backend cpu ${THREADS:+--threads $THREADS} --iter-lim 1 --reorder none --report "$M/r$i.json" >/dev/null 2>&1
   done

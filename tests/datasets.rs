@@ -138,6 +138,29 @@ fn australia_import_invert_matches_solve_on_mtx() {
     .unwrap();
     assert_eq!(back.a, from_ds.a);
     assert_eq!(back.b, from_ds.b);
+    // The same gzipped: members that gzip reads as one stream and seistomo in parallel.
+    export(&ds, "mtx.gz", &dir.join("expz"));
+    let back = seistomo::io::mtx::load_system(
+        &dir.join("expz/A.mtx.gz"),
+        Some(&dir.join("expz/b.mtx.gz")),
+        None,
+        1.0,
+    )
+    .unwrap();
+    assert_eq!(back.a, from_ds.a);
+    assert_eq!(back.b, from_ds.b);
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(
+            std::fs::File::open(dir.join("expz/A.mtx.gz")).unwrap(),
+        ),
+        &mut text,
+    )
+    .unwrap();
+    assert_eq!(
+        text,
+        std::fs::read_to_string(dir.join("exp/A.mtx")).unwrap()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

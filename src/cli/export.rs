@@ -13,9 +13,10 @@ pub struct ExportArgs {
     /// A dataset (dataset.toml or its directory), a run config (.toml: its system with column
     /// scaling and damp*I rows applied) or a matrix (.mtx / .mtx.gz, with --rhs/--reg).
     dataset: PathBuf,
-    /// mtx (A.mtx + b.mtx), npy (indptr, indices, data, b, shape .npy) or petsc (A.petsc +
-    /// b.petsc: PETSc binary Mat/Vec, read by MatLoad/VecLoad).
-    #[arg(long, default_value = "mtx", value_parser = super::args::words(&["mtx", "npy", "petsc"]))]
+    /// mtx (A.mtx + b.mtx), mtx.gz (the same gzip-compressed, on every thread), npy (indptr,
+    /// indices, data, b, shape .npy) or petsc (A.petsc + b.petsc: PETSc binary Mat/Vec, read by
+    /// MatLoad/VecLoad).
+    #[arg(long, default_value = "mtx", value_parser = super::args::words(&["mtx", "mtx.gz", "npy", "petsc"]))]
     format: String,
     /// Output directory (created; must not exist or be empty).
     #[arg(short = 'o', long)]

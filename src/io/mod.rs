@@ -17,6 +17,7 @@
 
 pub mod dataset;
 pub mod finite;
+mod gz;
 mod input;
 pub mod limits;
 pub mod mmap;
@@ -63,15 +64,12 @@ impl Fnv {
 }
 
 /// Open a text file for buffered reading (a regular file: [`open_input`]); `.gz` files are
-/// decompressed on the fly.
+/// decompressed on the fly (on every thread where the file allows: [`gz`]).
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
-    let f = open_input(path)?;
     if path.extension().is_some_and(|e| e == "gz") {
-        Ok(Box::new(BufReader::with_capacity(
-            1 << 20,
-            flate2::read::MultiGzDecoder::new(f),
-        )))
+        Ok(gz::open(path)?)
     } else {
+        let f = open_input(path)?;
         Ok(Box::new(BufReader::with_capacity(1 << 20, f)))
     }
 }
@@ -139,14 +137,15 @@ where
     replace_with_temp(&tmp, path, result.map_err(|e| Error::io(path, e)))
 }
 
-/// `body` writing into `w`: through a (fast) gzip stream, finished after it, when `gz`.
+/// `body` writing into `w`: through a (fast) gzip stream, finished after it, when `gz` (members
+/// compressed in parallel that readers decode in parallel: [`gz::Members`]).
 pub(crate) fn write_maybe_gz<W, F>(w: &mut W, gz: bool, body: F) -> std::io::Result<()>
 where
     W: Write,
     F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
 {
     if gz {
-        let mut z = flate2::write::GzEncoder::new(w, flate2::Compression::fast());
+        let mut z = gz::Members::new(w);
         body(&mut z)?;
         z.finish()?;
     } else {

@@ -15,19 +15,22 @@ use crate::sparse::{Csr, System};
 pub enum ExportFormat {
     /// A.mtx + b.mtx
     Mtx,
+    /// A.mtx.gz + b.mtx.gz (compressed on every thread; read back on every thread)
+    MtxGz,
     /// indptr, indices, data, b and shape as .npy (SciPy's CSR arrays)
     Npy,
     /// A.petsc + b.petsc: PETSc binary Mat/Vec, read by MatLoad/VecLoad
     Petsc,
 }
 
-choice_from_str!(ExportFormat, "export format", "mtx" => Self::Mtx, "npy" => Self::Npy, "petsc" => Self::Petsc);
+choice_from_str!(ExportFormat, "export format", "mtx" => Self::Mtx, "mtx.gz" => Self::MtxGz, "npy" => Self::Npy, "petsc" => Self::Petsc);
 
 impl ExportFormat {
     /// The files an export writes into its directory.
     pub fn files(self) -> &'static [&'static str] {
         match self {
             Self::Mtx => &["A.mtx", "b.mtx"],
+            Self::MtxGz => &["A.mtx.gz", "b.mtx.gz"],
             Self::Petsc => &["A.petsc", "b.petsc"],
             Self::Npy => &[
                 "indptr.npy",
@@ -152,11 +155,16 @@ fn write_system(sys: &System, format: ExportFormat, out: &Path) -> Result<()> {
     let mut publ = crate::io::publish::Publication::new("export");
     let s = &sys.a;
     match format {
-        ExportFormat::Mtx => {
-            publ.write(&out.join("A.mtx"), |w| {
+        ExportFormat::Mtx | ExportFormat::MtxGz => {
+            // (`.gz` names are compressed by the publication)
+            let (a, b) = match format {
+                ExportFormat::MtxGz => ("A.mtx.gz", "b.mtx.gz"),
+                _ => ("A.mtx", "b.mtx"),
+            };
+            publ.write(&out.join(a), |w| {
                 mtx::write_matrix_to(w, s, "exported by seistomo")
             })?;
-            publ.write(&out.join("b.mtx"), |w| mtx::write_vector_mtx_to(w, &sys.b))?;
+            publ.write(&out.join(b), |w| mtx::write_vector_mtx_to(w, &sys.b))?;
         }
         ExportFormat::Petsc => {
             let io = |e: Error| std::io::Error::other(e.to_string());
