@@ -234,10 +234,10 @@ pub(crate) fn lcurve_batch<'py>(
     );
     let what = match blocked {
         None => format!("{ran}: batched LSQR ({solves} on one pass over [G; R])"),
-        // (the reason without the CLI's config key, which Python does not take)
+        // (the reason without the run config's setting, which Python does not take)
         Some(why) => format!(
             "{ran}: LSQR, one solve after another ({solves}; {})",
-            why.replace(" ([tuning] gpu_batch = true runs it)", "")
+            why.reason
         ),
     };
     let dicts = curve

@@ -44,7 +44,7 @@ pub const GPU_BATCH_MIN_NNZ: usize = 4_000_000;
 /// CSR storage on the CPU (the GPU's batch stores its own column tiles with any `storage`), no
 /// column scaling (its factors depend on the weight) and no x0; on the GPU, where `[tuning]
 /// gpu_batch` asks for it or from [`GPU_BATCH_MIN_NNZ`] nonzeros.
-pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
+pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<Blocker> {
     if opts.method != LsqMethod::Lsqr {
         return Some("the batch is LSQR's (method = lsmr)".into());
     }
@@ -65,16 +65,56 @@ pub fn batch_blocker(opts: &SolveOptions, nnz: usize) -> Option<String> {
             Some(false) => Some("[tuning] gpu_batch = false".into()),
             None if nnz >= GPU_BATCH_MIN_NNZ => None,
             // (the threshold in the words from the constant itself, so the two cannot drift)
-            None => Some(format!(
-                "on the GPU one solve after another measured faster than the batch below {}M nonzeros ([tuning] gpu_batch = true runs it)",
-                GPU_BATCH_MIN_NNZ / 1_000_000
-            )),
+            None => Some(Blocker {
+                reason: format!(
+                    "on the GPU one solve after another measured faster than the batch below {}M nonzeros",
+                    GPU_BATCH_MIN_NNZ / 1_000_000
+                ),
+                config: Some("[tuning] gpu_batch = true"),
+            }),
         },
         Ok(_) if opts.operator.storage == Storage::Compact => {
             Some("storage = compact (the CPU's batch stores CSR)".into())
         }
-        Err(e) => Some(e.to_string()),
+        Err(e) => Some(e.to_string().into()),
         _ => None,
+    }
+}
+
+/// Why solves cannot run as one batch ([`batch_blocker`]): the reason, and the config setting
+/// that runs the batch anyway where one does. Shown as "reason (setting runs it)".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocker {
+    pub reason: String,
+    /// A run config's setting that lifts it (None: nothing does).
+    pub config: Option<&'static str>,
+}
+
+impl From<&str> for Blocker {
+    fn from(reason: &str) -> Blocker {
+        Blocker {
+            reason: reason.into(),
+            config: None,
+        }
+    }
+}
+
+impl From<String> for Blocker {
+    fn from(reason: String) -> Blocker {
+        Blocker {
+            reason,
+            config: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Blocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)?;
+        match self.config {
+            Some(c) => write!(f, " ({c} runs it)"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -354,5 +394,27 @@ fn member_report(
         iter_lim: p.iter_lim.unwrap_or(2 * f.n),
         seconds: Seconds::new(0.0, setup, info.seconds),
         ..Report::of_solution("lsqr", f.n, info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocker_shows_the_setting_that_lifts_it_and_keeps_the_reason_alone() {
+        let b = Blocker {
+            reason: "below 4M nonzeros".into(),
+            config: Some("[tuning] gpu_batch = true"),
+        };
+        assert_eq!(
+            b.to_string(),
+            "below 4M nonzeros ([tuning] gpu_batch = true runs it)"
+        );
+        assert_eq!(b.reason, "below 4M nonzeros");
+        assert_eq!(Blocker::from("x0 is set").to_string(), "x0 is set");
+        let mut opts = SolveOptions::new(Default::default(), BackendChoice::Cpu);
+        opts.x0 = Some("x0.txt".into());
+        assert_eq!(batch_blocker(&opts, 10), Some("x0 is set".into()));
     }
 }
