@@ -10,6 +10,10 @@
 # parts (comma-separated, default lsqr,gmres):
 #   tests     the GPU test binaries (every CUDA kernel against the CPU backend), with
 #             --include-ignored: the tests that need a GPU are #[ignore]d elsewhere
+#   python    the Python module's whole test suite (python/tests) on this machine's Python, from
+#             the manylinux wheel of this tree (`make wheel`: dist/seistomo-*.whl, or WHEEL=path)
+#             installed into OUT/pylib: the GPU's paths of lsqr, lsmr, gmres, lcurve and CuPy
+#             input run here; the failures listed (-rf)
 #   lsqr      LSQR on australia and on the 100.7M-nonzero straight-ray system, CSR and compact
 #             storage, f64/f32, device/host loop, beside CuPy's LSQR loop on the identical
 #             systems (as built and reordered)                      -> performance.md, gpu.md
@@ -121,6 +125,21 @@ if has tests; then
     timeout 240 "$BIN/$t" --include-ignored --test-threads 1 --nocapture > "$OUT/test_$t.txt" 2>&1
     echo "test $t: rc $? $(grep -E '^test result' "$OUT/test_$t.txt")" >> "$S"
   done
+fi
+
+if has python; then
+  W=${WHEEL:-$(ls dist/seistomo-*.whl 2>/dev/null | tail -1)}
+  if [ -z "$W" ]; then
+    echo "python: no wheel (make wheel, or WHEEL=path)" >> "$S"
+  else
+    rm -rf "$OUT/pylib"
+    python3 -m pip install --no-deps -q --disable-pip-version-check --target "$OUT/pylib" "$W" \
+      > "$OUT/python_install.txt" 2>&1
+    (cd python/tests && PYTHONPATH="$OUT/pylib" timeout 900 python3 -m pytest -q -rf \
+      -p no:cacheprovider -W ignore::DeprecationWarning --tb=short . > "$OUT/python.txt" 2>&1)
+    echo "python: rc $? $(tail -1 "$OUT/python.txt")" >> "$S"
+    grep -E '^FAILED' "$OUT/python.txt" >> "$S"
+  fi
 fi
 
 if has lsqr; then
