@@ -544,6 +544,20 @@ fn parse_block(path: &Path, text: &[u8], body: Body) -> Block {
     }
     let mut rest = text;
     while !rest.is_empty() {
+        // the common line (`i j v`) read where it stands, its end found on the way
+        if let Body::Coordinate {
+            shape,
+            field,
+            symmetry,
+        } = body
+        {
+            if let Some(next) = scan_entry(rest, shape, field, symmetry, &mut b.part) {
+                rest = &rest[next..];
+                b.lines += 1;
+                b.data += 1;
+                continue;
+            }
+        }
         let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
         let line = &rest[..end];
         rest = &rest[(end + 1).min(rest.len())..];
@@ -609,6 +623,111 @@ fn digits(t: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// `digits` from `at` ending at a space or tab (or, where `last`, at the line's end): the number
+/// and where the digits end (1 to 19 digits, no sign); None otherwise.
+#[inline(always)]
+fn scan_digits(t: &[u8], mut at: usize, last: bool) -> Option<(u64, usize)> {
+    let start = at;
+    let mut v = 0u64;
+    while let Some(&c) = t.get(at) {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add(d as u64);
+        at += 1;
+    }
+    let n = at - start;
+    let ends = match t.get(at) {
+        Some(b' ' | b'\t') => true,
+        Some(b'\r' | b'\n') | None => last,
+        Some(_) => false,
+    };
+    (n > 0 && n <= 19 && ends).then_some((v, at))
+}
+
+/// Past spaces and tabs from `at`.
+#[inline(always)]
+fn skip_blanks(t: &[u8], mut at: usize) -> usize {
+    while matches!(t.get(at), Some(b' ' | b'\t')) {
+        at += 1;
+    }
+    at
+}
+
+/// A `coordinate` data line at the start of `t` in its common form (blanks, `i`, blanks, `j`,
+/// blanks, the value unless `pattern`, blanks, an optional `\r`, then `\n` or the end): the entry
+/// pushed as [`fast_line`] pushes it, and where the next line starts. None for anything else
+/// (a comment, a blank line, an error, other bytes): [`fast_line`] and the plain parse decide
+/// those. One pass over the line's bytes, without looking for its end first.
+#[inline(always)]
+fn scan_entry(
+    t: &[u8],
+    shape: (usize, usize),
+    field: Field,
+    symmetry: Symmetry,
+    part: &mut TripletPart,
+) -> Option<usize> {
+    let at = skip_blanks(t, 0);
+    let (i, at) = scan_digits(t, at, false)?;
+    let (j, at) = scan_digits(t, skip_blanks(t, at), field == Field::Pattern)?;
+    if i == 0 || i as usize > shape.0 || j == 0 || j as usize > shape.1 {
+        return None;
+    }
+    if i == j && symmetry == Symmetry::Skew {
+        return None;
+    }
+    let mut at = skip_blanks(t, at);
+    let v = if field == Field::Pattern {
+        1.0
+    } else {
+        let s = at;
+        while let Some(&c) = t.get(at) {
+            if matches!(c, b' ' | b'\t' | b'\r' | b'\n') || !c.is_ascii() {
+                break;
+            }
+            at += 1;
+        }
+        value_of(&t[s..at], field)?
+    };
+    let mut at = skip_blanks(t, at);
+    if t.get(at) == Some(&b'\r') {
+        at += 1;
+    }
+    let next = match t.get(at) {
+        None => at,
+        Some(b'\n') => at + 1,
+        Some(_) => return None,
+    };
+    push_entry(part, (i, j), v, symmetry);
+    Some(next)
+}
+
+/// A value token of an ASCII line as [`fast_line`] reads it: finite, or None (left to the plain
+/// parse, which says what is wrong; Fortran's `d` exponent goes that way too). `t` must be all
+/// ASCII (both callers check it).
+#[inline(always)]
+fn value_of(t: &[u8], field: Field) -> Option<f64> {
+    debug_assert!(t.is_ascii());
+    if t.is_empty() {
+        return None;
+    }
+    // SAFETY: `t` is all ASCII (the callers' contract: scan_entry stops a token at the first
+    // byte that is not, fast_line takes ASCII lines only), so it is UTF-8.
+    let s = unsafe { std::str::from_utf8_unchecked(t) };
+    let v = match field {
+        Field::Pattern => 1.0,
+        Field::Integer => s.parse::<i64>().ok()? as f64,
+        Field::Real => {
+            if t.iter().any(|&c| c | 0x20 == b'd') {
+                return None;
+            }
+            s.parse::<f64>().ok()?
+        }
+    };
+    v.is_finite().then_some(v)
+}
+
 /// An ASCII line the common way (blank, a comment, or a well-formed data line), the same
 /// values the plain parse gives; [`Fast::Slow`] for anything else (every error included).
 /// `line` must be all ASCII.
@@ -640,23 +759,7 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
     if n == 0 {
         return Fast::Blank;
     }
-    let value = |t: &[u8], field: Field| -> Option<f64> {
-        let v = match field {
-            Field::Pattern => 1.0,
-            Field::Integer => std::str::from_utf8(t).ok()?.parse::<i64>().ok()? as f64,
-            Field::Real => {
-                // Fortran's `d` exponent is left to the plain parse
-                if t.iter().any(|&c| c | 0x20 == b'd') {
-                    return None;
-                }
-                // SAFETY: `t` is part of a line that is all ASCII (the caller checks), so it is
-                // UTF-8.
-                let s = unsafe { std::str::from_utf8_unchecked(t) };
-                s.parse::<f64>().ok()?
-            }
-        };
-        v.is_finite().then_some(v)
-    };
+    let value = value_of;
     match body {
         Body::Coordinate {
             shape,
@@ -1410,7 +1513,14 @@ mod tests {
                 Some("integer") => format!(" {}", rng.below(21) as i64 - 10),
                 _ => format!(" {:e}", rng.uniform() * 2.0 - 1.0),
             };
-            t.push_str(&format!("{i} {j}{v}"));
+            // separators and padding of every kind the readers take
+            match k % 11 {
+                2 => t.push_str(&format!("  {i}\t{j}{}", v.replace(' ', "\t "))),
+                4 => t.push_str(&format!("{i}  {j}{v} \t")),
+                6 => t.push_str(&format!("\t{i} {j}{v}\x0b")),
+                8 => t.push_str(&format!("{i:03} {j}{v}")),
+                _ => t.push_str(&format!("{i} {j}{v}")),
+            }
             t.push_str(match k % 37 {
                 3 => "\r\n",
                 5 => "\n% a comment\n",
@@ -1468,6 +1578,14 @@ mod tests {
             "1 1 1\n2 2 2\n3 3 3\n1 2 4\n\n\n\n7 7 7 7\n",
             "1 1 1\n2 2 2\n3 3 3\n1 2 4",
             "1 1 1\n2 2 2\n+3 3 3\n1 2 1.5D+03\n",
+            "1 1 1\n2 2 2\n3 3 3 \x0c\n1 2 +4e0\r\n",
+            "1 1 1\n2 2 2\n3 3 nan\n1 2 4\n",
+            "1 1 1\n2 2 2\n00000000000000000003 3 3\n1 2 4\n",
+            "1 1 1\n2 2 2\n3 3 3\r\r\n1 2 4\n",
+            "1 1 1\n2 2 2\n3\t3\t-3.\n1 2 .5\n",
+            "1 1 1\n2 2 2\n3 4 3\n1 2 4\n",
+            "1 1 1\n0 2 2\n3 3 3\n1 2 4\n",
+            "1 1 1\n2 2 2\n3 3 3 \t \r\n1\t2\t4",
         ];
         for (k, body) in bodies.iter().enumerate() {
             let p = crate::io::test_dir("mtx").join(format!("e{k}.mtx"));
