@@ -13,6 +13,7 @@ Python for each product).
     op = seistomo.Operator(A)                           # copied and set up once
     x = seistomo.lsqr(op, b, damp=0.01)[0]              # then reused by any number of solves
     ds = seistomo.open_model("out/demo/model.h5")      # xarray.Dataset (dict without xarray)
+    A = seistomo.mmread("A.mtx.gz")                     # Matrix Market on every thread
 
 The module is one process: the CPU (rayon threads) and CUDA backends, no MPI (use the
 `seistomo` CLI under mpirun for that). docs/python.md walks through it.
@@ -39,6 +40,8 @@ __all__ = [
     "Dataset",
     "invert",
     "open_model",
+    "mmread",
+    "mmwrite",
     "cuda_available",
     "last_info",
     "LsqResult",
@@ -1398,6 +1401,31 @@ def _toml(config, prefix=""):
         lines.append(f"\n[{name}]")
         lines.append(_toml(v, name + ".").strip("\n"))
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def mmread(path):
+    """Read a Matrix Market matrix file as a ``scipy.sparse.csr_matrix``: what
+    ``scipy.io.mmread(path).tocsr()`` gives (coordinate or array; real, integer or pattern;
+    general, symmetric or skew-symmetric; duplicates summed), read as ``seistomo solve`` reads
+    it: in parallel, and a ``.gz`` that seistomo wrote (``mmwrite``, ``seistomo export --format
+    mtx.gz``) decoded in parallel too. Complex files are refused. A malformed file raises
+    OSError naming the file and the line; a missing one FileNotFoundError."""
+    sp = _sparse()
+    r = _native.mtx_read(os.fspath(path))
+    m, n = r["shape"]
+    indptr = np.frombuffer(r["indptr"], dtype=np.uint64).astype(np.int64)
+    indices = np.frombuffer(r["indices"], dtype=np.uint32).astype(np.int32)
+    return sp.csr_matrix((_array(r["data"]), indices, indptr), shape=(m, n))
+
+
+def mmwrite(path, A, comment=""):
+    """Write ``A`` (a scipy.sparse matrix or a dense 2-D array) as a Matrix Market
+    ``coordinate real general`` file, every value in its shortest round-trip form (what
+    ``mmread`` and ``scipy.io.mmread`` read back exactly). A name ending in ``.gz`` is
+    compressed on every thread, as gzip members that gzip and SciPy read as one stream and
+    ``mmread`` decodes in parallel. The file appears complete or not at all."""
+    shape, ip, ix, data = _csr_parts(A, "A")
+    _native.mtx_write(os.fspath(path), shape, ip, ix, data, str(comment))
 
 
 def invert(config, progress=0, resume=False, *, base_dir=None):

@@ -1085,7 +1085,15 @@ fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, Py
             ds.load(0, 1, false).map(|(s, _)| s).map_err(py_err)
         })
     })?;
-    let (m, n, indptr, indices, data) = sys.a.into_parts();
+    let d = csr_dict(py, sys.a)?;
+    d.set_item("b", f64_bytes(py, &sys.b))?;
+    d.set_item("kernel_rows", sys.kernel_rows)?;
+    Ok(d)
+}
+
+/// `a` as a dict of its shape and CSR arrays (bytes: indptr u64, indices u32, data f64).
+fn csr_dict(py: Python<'_>, a: Csr) -> PyResult<Bound<'_, PyDict>> {
+    let (m, n, indptr, indices, data) = a.into_parts();
     let d = PyDict::new(py);
     d.set_item("shape", (m, n))?;
     let mut ip = Vec::with_capacity(indptr.len() * 8);
@@ -1099,9 +1107,35 @@ fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, Py
     d.set_item("indptr", PyBytes::new(py, &ip))?;
     d.set_item("indices", PyBytes::new(py, &ix))?;
     d.set_item("data", f64_bytes(py, &data))?;
-    d.set_item("b", f64_bytes(py, &sys.b))?;
-    d.set_item("kernel_rows", sys.kernel_rows)?;
     Ok(d)
+}
+
+/// A Matrix Market matrix (`.gz` allowed) read as `seistomo solve` reads it: in parallel, the
+/// members of seistomo's own `.gz` files decoded in parallel; its CSR arrays ([`csr_dict`]).
+#[pyfunction]
+fn mtx_read(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyDict>> {
+    let a =
+        py.allow_threads(|| guarded(|| seistomo::io::mtx::read_matrix(&path).map_err(py_err)))?;
+    csr_dict(py, a)
+}
+
+/// A CSR matrix written as Matrix Market (`coordinate real general`, shortest round-trip
+/// values; a `.gz` name compressed in parallel into members read back in parallel), complete
+/// or not at all.
+#[pyfunction]
+fn mtx_write(
+    py: Python<'_>,
+    path: PathBuf,
+    shape: (usize, usize),
+    indptr: &[u8],
+    indices: &[u8],
+    data: &[u8],
+    comment: String,
+) -> PyResult<()> {
+    let a = csr(shape, indptr, indices, data)?;
+    py.allow_threads(|| {
+        guarded(|| seistomo::io::mtx::write_matrix(&path, &a, &comment).map_err(py_err))
+    })
 }
 
 /// Run a TOML configuration as `seistomo invert` does (one process); returns report.json.
@@ -1328,6 +1362,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         dataset_create,
         dataset_info,
         dataset_system,
+        mtx_read,
+        mtx_write,
         invert,
         invert_text,
         model_fields,
