@@ -1413,9 +1413,13 @@ def mmread(path):
     sp = _sparse()
     r = _native.mtx_read(os.fspath(path))
     m, n = r["shape"]
-    indptr = np.frombuffer(r["indptr"], dtype=np.uint64).astype(np.int64)
-    indices = np.frombuffer(r["indices"], dtype=np.uint32).astype(np.int32)
-    return sp.csr_matrix((_array(r["data"]), indices, indptr), shape=(m, n))
+    # writable views of the bytearrays the native side filled (offsets below 2^63; columns
+    # below 2^31 viewed as int32, else widened)
+    indptr = np.frombuffer(r["indptr"], dtype=np.int64)
+    indices = np.frombuffer(r["indices"], dtype=np.uint32)
+    indices = indices.view(np.int32) if n <= 2**31 else indices.astype(np.int64)
+    data = np.frombuffer(r["data"], dtype=np.float64)
+    return sp.csr_matrix((data, indices, indptr), shape=(m, n))
 
 
 def mmwrite(path, A, comment=""):

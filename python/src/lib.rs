@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
 
 use seistomo::backend::precond::{HostPreconditioner, Identity, OnHost, PivotPolicy, TriSolve};
 use seistomo::backend::storage::Storage;
@@ -1091,22 +1091,31 @@ fn dataset_system<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, Py
     Ok(d)
 }
 
-/// `a` as a dict of its shape and CSR arrays (bytes: indptr u64, indices u32, data f64).
+/// A new bytearray of `v`'s values in native byte order (`N` bytes each), written in place: the
+/// one copy of `v` (NumPy views a bytearray writable, without a copy of its own).
+fn ne_bytearray<'py, T: Copy, const N: usize>(
+    py: Python<'py>,
+    v: &[T],
+    ne: impl Fn(T) -> [u8; N],
+) -> PyResult<Bound<'py, PyByteArray>> {
+    PyByteArray::new_with(py, v.len() * N, |out| {
+        for (o, &x) in out.chunks_exact_mut(N).zip(v) {
+            o.copy_from_slice(&ne(x));
+        }
+        Ok(())
+    })
+}
+
+/// `a` as a dict of its shape and CSR arrays (bytearrays: indptr u64, indices u32, data f64).
 fn csr_dict(py: Python<'_>, a: Csr) -> PyResult<Bound<'_, PyDict>> {
     let (m, n, indptr, indices, data) = a.into_parts();
     let d = PyDict::new(py);
     d.set_item("shape", (m, n))?;
-    let mut ip = Vec::with_capacity(indptr.len() * 8);
-    indptr
-        .iter()
-        .for_each(|v| ip.extend_from_slice(&v.to_ne_bytes()));
-    let mut ix = Vec::with_capacity(indices.len() * 4);
-    indices
-        .iter()
-        .for_each(|v| ix.extend_from_slice(&v.to_ne_bytes()));
-    d.set_item("indptr", PyBytes::new(py, &ip))?;
-    d.set_item("indices", PyBytes::new(py, &ix))?;
-    d.set_item("data", f64_bytes(py, &data))?;
+    d.set_item("indptr", ne_bytearray(py, &indptr, u64::to_ne_bytes)?)?;
+    drop(indptr);
+    d.set_item("indices", ne_bytearray(py, &indices, u32::to_ne_bytes)?)?;
+    drop(indices);
+    d.set_item("data", ne_bytearray(py, &data, f64::to_ne_bytes)?)?;
     Ok(d)
 }
 
