@@ -118,11 +118,13 @@ impl<W: Write> Write for Members<W> {
         if self.buf.capacity() == 0 {
             self.buf.reserve(full.min(64 << 20));
         }
-        self.buf.extend_from_slice(data);
+        // at most a wave of text held: a long write is taken a wave at a time (write_all loops)
+        let take = data.len().min(full.saturating_sub(self.buf.len()).max(1));
+        self.buf.extend_from_slice(&data[..take]);
         if self.buf.len() >= full {
             self.flush_members(false)?;
         }
-        Ok(data.len())
+        Ok(take)
     }
 
     /// Members are whole only at [`Members::finish`]: this flushes the inner writer alone.
@@ -466,6 +468,13 @@ mod tests {
             w.write_all(piece).unwrap();
         }
         let file = w.finish().unwrap();
+        // one write of it all holds no more than a wave of text at a time, and makes the same
+        let mut w = Members::new(Vec::new());
+        assert!(w.write(&t).unwrap() <= w.wave * MEMBER_TEXT);
+        let mut w = Members::new(Vec::new());
+        w.write_all(&t).unwrap();
+        assert!(w.buf.capacity() <= 2 * w.wave * MEMBER_TEXT);
+        assert_eq!(w.finish().unwrap(), file);
         let idx = index(&file).unwrap();
         assert_eq!(idx.len(), 6);
         assert_eq!(idx.iter().map(|m| m.isize as usize).sum::<usize>(), t.len());
