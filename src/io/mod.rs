@@ -64,7 +64,7 @@ impl Fnv {
 }
 
 /// Open a text file for buffered reading (a regular file: [`open_input`]); `.gz` files are
-/// decompressed on the fly (on every thread where the file allows: [`gz`]).
+/// decompressed on the fly (on every thread where the file allows: `io::gz`).
 pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>> {
     if path.extension().is_some_and(|e| e == "gz") {
         Ok(gz::open(path)?)
@@ -138,7 +138,7 @@ where
 }
 
 /// `body` writing into `w`: through a (fast) gzip stream, finished after it, when `gz` (members
-/// compressed in parallel that readers decode in parallel: [`gz::Members`]).
+/// compressed in parallel that readers decode in parallel: `io::gz::Members`).
 pub(crate) fn write_maybe_gz<W, F>(w: &mut W, gz: bool, body: F) -> std::io::Result<()>
 where
     W: Write,
