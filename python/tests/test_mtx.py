@@ -60,6 +60,19 @@ def test_mmread_takes_every_form_scipy_writes(tmp_path, symmetry, field):
     same(seistomo.mmread(str(p) + ".gz"), sio.mmread(p))
 
 
+@pytest.mark.parametrize("symmetry", ["general", "symmetric"])
+def test_mmread_takes_dense_array_files(tmp_path, symmetry):
+    rng = np.random.default_rng(11)
+    D = rng.standard_normal((7, 7)) * (rng.random((7, 7)) < 0.5)
+    if symmetry == "symmetric":
+        D = D + D.T
+    p = tmp_path / f"dense_{symmetry}.mtx"
+    sio.mmwrite(p, D, symmetry=symmetry)  # an `array` file: every value, zeros too
+    assert "array" in p.read_text().splitlines()[0]
+    same(seistomo.mmread(p), sio.mmread(p))
+    assert np.array_equal(seistomo.mmread(p).toarray(), sio.mmread(p))
+
+
 def test_mmwrite_round_trips_through_scipy_and_back(tmp_path):
     rng = np.random.default_rng(3)
     A = sp.random(3000, 400, density=0.02, random_state=rng, format="csr")
