@@ -378,15 +378,13 @@ impl Read for Parallel {
 /// every thread when each member says its length (seistomo's own and BGZF files), else by one
 /// decoder as a stream.
 pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead + Send>> {
-    let f = crate::io::open_input(path)?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > 0 {
-        let map = MappedFile::open(path)?;
+    let map = MappedFile::open(path)?;
+    if let Some(members) = index(map.bytes()) {
         map.advise_sequential();
-        if let Some(members) = index(map.bytes()) {
-            return Ok(Box::new(Parallel::new(Arc::new(map), members)));
-        }
+        return Ok(Box::new(Parallel::new(Arc::new(map), members)));
     }
+    drop(map);
+    let f = crate::io::open_input(path)?;
     Ok(Box::new(io::BufReader::with_capacity(
         1 << 20,
         flate2::read::MultiGzDecoder::new(f),

@@ -124,12 +124,21 @@ pub fn write_atomic<F>(path: &Path, body: F) -> Result<()>
 where
     F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
 {
+    write_atomic_as(path, path.extension().is_some_and(|e| e == "gz"), body)
+}
+
+/// [`write_atomic`], gzip-compressing what `body` writes only where `gz` says (a writer that
+/// compresses its own members passes false).
+pub(crate) fn write_atomic_as<F>(path: &Path, gz: bool, body: F) -> Result<()>
+where
+    F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+{
     remove_stale_temps(path);
     let tmp = temp_path(path);
     let result = (|| -> std::io::Result<()> {
         let f = File::create(&tmp)?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
-        write_maybe_gz(&mut w, path.extension().is_some_and(|e| e == "gz"), body)?;
+        write_maybe_gz(&mut w, gz, body)?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         Ok(())

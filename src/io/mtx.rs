@@ -606,28 +606,10 @@ fn is_space(c: u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
-/// 1 to 19 decimal digits (no sign) as a number; anything else is left to `str::parse`.
+/// The decimal digits of `t` from `at` (no sign) as a number (wrapping past 19 digits) and
+/// where they end.
 #[inline(always)]
-fn digits(t: &[u8]) -> Option<u64> {
-    if t.is_empty() || t.len() > 19 {
-        return None;
-    }
-    let mut v = 0u64;
-    for &c in t {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
-        }
-        v = v * 10 + d as u64;
-    }
-    Some(v)
-}
-
-/// `digits` from `at` ending at a space or tab (or, where `last`, at the line's end): the number
-/// and where the digits end (1 to 19 digits, no sign); None otherwise.
-#[inline(always)]
-fn scan_digits(t: &[u8], mut at: usize, last: bool) -> Option<(u64, usize)> {
-    let start = at;
+fn leading_digits(t: &[u8], mut at: usize) -> (u64, usize) {
     let mut v = 0u64;
     while let Some(&c) = t.get(at) {
         let d = c.wrapping_sub(b'0');
@@ -637,6 +619,21 @@ fn scan_digits(t: &[u8], mut at: usize, last: bool) -> Option<(u64, usize)> {
         v = v.wrapping_mul(10).wrapping_add(d as u64);
         at += 1;
     }
+    (v, at)
+}
+
+/// 1 to 19 decimal digits (no sign) as a number; anything else is left to `str::parse`.
+#[inline(always)]
+fn digits(t: &[u8]) -> Option<u64> {
+    let (v, end) = leading_digits(t, 0);
+    (end == t.len() && (1..=19).contains(&end)).then_some(v)
+}
+
+/// `digits` from `at` ending at a space or tab (or, where `last`, at the line's end): the number
+/// and where the digits end (1 to 19 digits, no sign); None otherwise.
+#[inline(always)]
+fn scan_digits(t: &[u8], start: usize, last: bool) -> Option<(u64, usize)> {
+    let (v, at) = leading_digits(t, start);
     let n = at - start;
     let ends = match t.get(at) {
         Some(b' ' | b'\t') => true,
@@ -759,7 +756,6 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
     if n == 0 {
         return Fast::Blank;
     }
-    let value = value_of;
     match body {
         Body::Coordinate {
             shape,
@@ -776,7 +772,7 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
             if i == 0 || i as usize > shape.0 || j == 0 || j as usize > shape.1 {
                 return Fast::Slow;
             }
-            let Some(v) = value(toks[2], field) else {
+            let Some(v) = value_of(toks[2], field) else {
                 return Fast::Slow;
             };
             if i == j && symmetry == Symmetry::Skew {
@@ -788,7 +784,7 @@ fn fast_line(line: &[u8], body: Body, part: &mut TripletPart) -> Fast {
             if n != 1 {
                 return Fast::Slow;
             }
-            let Some(v) = value(toks[0], field) else {
+            let Some(v) = value_of(toks[0], field) else {
                 return Fast::Slow;
             };
             part.vals.push(v);
@@ -1138,13 +1134,9 @@ pub fn write_matrix(path: impl AsRef<Path>, a: &Csr, comment: &str) -> Result<()
     if path.extension().is_none_or(|e| e != "gz") {
         return crate::io::write_atomic(path, |w| write_matrix_to(w, a, comment));
     }
-    // Each block of rows formatted and compressed on its own thread as one member (a stream
-    // through `io::gz::Members` would copy the text once more: 10 % slower on 2 cores).
-    crate::io::remove_stale_temps(path);
-    let tmp = crate::io::temp_path(path);
-    let result = (|| -> std::io::Result<()> {
-        let f = std::fs::File::create(&tmp)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    // Each block of rows formatted and compressed on its own thread as one member, written as
+    // it is (a stream through `io::gz::Members` would copy the text once more).
+    crate::io::write_atomic_as(path, false, |w| {
         w.write_all(&crate::io::gz::member(&matrix_head(a, comment))?)?;
         for_text_blocks(a, |blocks| {
             let packed: Vec<std::io::Result<Vec<u8>>> = blocks
@@ -1155,12 +1147,8 @@ pub fn write_matrix(path: impl AsRef<Path>, a: &Csr, comment: &str) -> Result<()
                 w.write_all(&p?)?;
             }
             Ok(())
-        })?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        Ok(())
-    })();
-    crate::io::replace_with_temp(&tmp, path, result.map_err(|e| Error::io(path, e)))
+        })
+    })
 }
 
 /// [`write_matrix`] into `w` (blocks of rows formatted in parallel, written in order).
