@@ -52,6 +52,11 @@
 #             batched and one solve after another; the block products alone (gpu_batch's
 #             time_block_kernels_on_a_dataset) beside cuSPARSE's SpMM through CuPy
 #             (bench/peers/cupy_spmm.py, cupy_spmm.txt)                      -> performance.md
+#   damps     LSQR's dampings of one system in one bidiagonalisation (issue 33): the 600k-ray
+#             dataset's L-curve over 8 and 16 values of LSQR's damping on [G; R] (`lcurve
+#             --weight-on damp`, 300 iterations, f32 and f64) beside one `invert` (device and
+#             host loop), and three dampings one solve after another against the pass
+#                                                                              -> performance.md
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
@@ -508,6 +513,48 @@ print(f"  data member: set-up {a['seconds']['setup']:.3f} s, solve {a['seconds']
 PY
   cp /tmp/batch-res-o/resolution/resolution.csv "$OUT/batch_res.csv" 2>/dev/null
   cat "$OUT/batch.txt" >> "$S"
+fi
+
+if has damps; then
+  # LSQR's dampings of one system in one bidiagonalisation (issue 33): the 600k-ray dataset's
+  # L-curve over 8 and 16 values of LSQR's damping on [G; R] (`lcurve --weight-on damp`,
+  # atol = btol = 0: every member runs 300 iterations, no GCV probes), f32 and f64, beside one
+  # `invert` of the same system (the defaults: the device loop; and the host loop); three of the
+  # dampings one solve after another (`--separate`), their points against the pass's.
+  ds=/tmp/tts600k
+  [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  D8="0.01,0.02,0.05,0.1,0.2,0.5,1,2"
+  D16="0.005,0.01,0.015,0.02,0.03,0.05,0.07,0.1,0.15,0.2,0.3,0.5,0.7,1,1.5,2"
+  for p in f32 f64; do
+    for run in single host d8 d16 d3 sep3; do
+      cfg=/tmp/damps-$p-$run.toml; o=/tmp/damps-o-$run; rm -rf $o
+      extra="precision = \"$p\""
+      [ $run = host ] && extra="$extra\nlsqr_loop = \"host\""
+      printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\natol = 0\nbtol = 0\ngcv_probes = 0\n[backend]\n%b\n[output]\ndir = "%s"\n' \
+        $ds "$extra" $o > $cfg
+      case $run in
+        single|host) CUDA_VISIBLE_DEVICES=0 "$BIN/seistomo" -q invert $cfg > /dev/null 2>> "$OUT/log.txt"
+          python3 -c "import json; r=json.load(open('$o/report.json')); print('$p $run: %d its, %.4f ms/it, %s loop, setup %.3f s, storage %s, r1norm %.15e' % (r['iterations'], r['ms_per_iter'], r['lsqr_loop'], r['seconds']['setup'], r['storage'], r['r1norm']))" >> "$OUT/damps.txt" ;;
+        d8|d16|d3|sep3) w=$D8; [ $run = d16 ] && w=$D16; flag=""
+          [[ $run = *3 ]] && w=0.01,0.1,1; [ $run = sep3 ] && flag=--separate
+          CUDA_VISIBLE_DEVICES=0 wall "$BIN/seistomo" lcurve $cfg --weight-on damp --damping $w $flag \
+            -o $o > "$OUT/damps_${p}_$run.log" 2>&1
+          echo "$p $run: $(grep -E '^(one bidiag|longest solve|solved in)|s wall$' "$OUT/damps_${p}_$run.log" | tr '\n' ' ')" >> "$OUT/damps.txt"
+          cp $o/lcurve.csv "$OUT/damps_${p}_$run.csv" 2>/dev/null ;;
+      esac
+      rm -rf $o
+    done
+    python3 - "$OUT/damps_${p}_d3.csv" "$OUT/damps_${p}_sep3.csv" >> "$OUT/damps.txt" <<'PY'
+import csv, sys
+rows = lambda f: [r for r in csv.reader(open(f)) if r[0][0].isdigit()]
+b, s = rows(sys.argv[1]), rows(sys.argv[2])
+for q, r in zip(b, s):
+    d = max(abs(float(q[i]) - float(r[i])) / abs(float(r[i])) for i in (1, 2))
+    print(f"  damp {q[0]}: one pass {q[4]} its istop {q[5]}, alone {r[4]} its istop {r[5]}; norms within {d:.2e}")
+PY
+  done
+  cat "$OUT/damps.txt" >> "$S"
 fi
 
 if has tts4; then

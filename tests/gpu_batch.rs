@@ -615,7 +615,7 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
         let members = [0.0, 0.0, 0.05].map(|damp| Member { weight: 1.0, damp });
         let comm = SerialComm;
         let shared = sweep
-            .solve_shared(1.0, &members, &rhs, &o, &comm)
+            .solve_shared(1.0, (&members, &rhs), &o, &comm, false)
             .unwrap()
             .expect("the rows can be followed");
         for (j, s) in shared.iter().enumerate() {
@@ -628,6 +628,60 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
             assert_eq!(bits(&s.solution.x), bits(&one.solution.x), "{storage} {j}");
             assert_eq!(s.report.storage, one.report.storage);
             assert_eq!(s.report.lsqr_loop, one.report.lsqr_loop);
+        }
+        // One pass: members 0 and 2 (one b, two dampings) share one bidiagonalisation, each
+        // its host-loop solve bit for bit and its default (device-loop) solve to rounding.
+        let one_pass = sweep
+            .solve_shared(1.0, (&members, &rhs), &o, &comm, true)
+            .unwrap()
+            .expect("the rows can be followed");
+        let host = seistomo::pipeline::options::SolveOptions {
+            operator: seistomo::pipeline::options::OperatorSpec {
+                lsqr_loop: seistomo::backend::LsqrLoop::Host,
+                ..o.operator.clone()
+            },
+            ..o.clone()
+        };
+        for (j, s) in one_pass.iter().enumerate() {
+            let alone = sweep.solve_one(members[j], rhs[j], &host, &comm).unwrap();
+            let dev = &shared[j];
+            let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            println!(
+                "{storage} one pass, member {j}: {} {} its istop {} (host loop {} its, device loop {} its); x against the device loop {:.2e}",
+                s.report.lsqr_loop,
+                s.report.iterations,
+                s.report.istop,
+                alone.report.iterations,
+                dev.report.iterations,
+                rel(&s.solution.x, &dev.solution.x)
+            );
+            assert_eq!(
+                s.report.lsqr_loop,
+                if j == 1 {
+                    dev.report.lsqr_loop.as_str()
+                } else {
+                    "shared"
+                },
+                "{storage} {j}"
+            );
+            let reference = if j == 1 { dev } else { &alone };
+            assert_eq!(
+                bits(&s.solution.x),
+                bits(&reference.solution.x),
+                "{storage} {j}"
+            );
+            assert_eq!(
+                (s.report.istop, s.report.iterations),
+                (reference.report.istop, reference.report.iterations),
+                "{storage} {j}"
+            );
+            // the device loop sums in another order: here (tolerance 1e-6) it stopped one
+            // iteration apart from the host loop, x within the tolerance
+            assert!(
+                s.report.iterations.abs_diff(dev.report.iterations) <= 1
+                    && rel(&s.solution.x, &dev.solution.x) <= 1e-4,
+                "{storage} {j}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&d);

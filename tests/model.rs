@@ -610,3 +610,88 @@ fn large_fields_read_back_bit_for_bit() {
     let se: Vec<f64> = var.iter().map(|v| (v * 1.0).sqrt()).collect();
     assert!(bits(&f.field("std_error_lower_bound").unwrap().0) == bits(&se));
 }
+
+/// `[solver] weight` on a dataset: the chosen weight goes where the sweep put it. On its
+/// damping rows (stored, times `damping_weight`, and generated from the grid) by default: the
+/// run equals one with those weights times w and no damping. With `weight_on = "damp"` the
+/// weight is LSQR's damping on the rows as configured.
+#[test]
+fn invert_rule_on_a_dataset_weighs_its_damping_rows_or_damps() {
+    let dir = tmp("invert-rule-dataset");
+    let syn = dir.join("syn");
+    let (ok, err) = seistomo(&[
+        "synth",
+        "-o",
+        syn.to_str().unwrap(),
+        "--grid",
+        "8,8,4",
+        "--rays",
+        "300",
+        "--norm-damping",
+        "0.1",
+        "--flattening",
+        "0.5,0.5,0.5",
+    ]);
+    assert!(ok, "{err}");
+    let run = |name: &str, dataset: &str, solver: &str| -> serde_json::Value {
+        let out = dir.join(name);
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"{}\"\n{dataset}[solver]\natol = 1e-9\nbtol = 1e-9\n{solver}[backend]\nkind = \"cpu\"\n[output]\ndir = \"{}\"\nmodel = \"\"\n",
+                syn.join("dataset.toml").display(),
+                out.display()
+            ),
+        )
+        .unwrap();
+        let (ok, err) = seistomo(&["invert", cfg.to_str().unwrap()]);
+        assert!(ok, "{name}: {err}");
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap()
+    };
+    let rows = "damping_weight = 2.0\nnorm_damping = 0.05\n";
+    let rule = "weight = \"gcv\"\nweights = \"0.01:10:7\"\n";
+    let a = run("rule", rows, rule);
+    let ch = &a["weight_choice"];
+    assert_eq!(ch["what"], "reg_weight", "{ch}");
+    let w = ch["weight"].as_f64().unwrap();
+    assert!(w != 1.0, "{ch}");
+    assert_eq!(
+        a["damp"].as_f64(),
+        Some(0.0),
+        "the weight is not LSQR's damping"
+    );
+    let b = run(
+        "explicit",
+        &format!(
+            "damping_weight = {:e}\nnorm_damping = {:e}\n",
+            2.0 * w,
+            0.05 * w
+        ),
+        "",
+    );
+    let (ra, rb) = (a["r1norm"].as_f64().unwrap(), b["r1norm"].as_f64().unwrap());
+    assert_eq!(a["iterations"], b["iterations"]);
+    assert!((ra - rb).abs() <= 1e-12 * rb, "{ra} against {rb}");
+    // the weights as LSQR's damping on the rows as configured
+    let c = run("on-damp", rows, &format!("{rule}weight_on = \"damp\"\n"));
+    let ch = &c["weight_choice"];
+    assert_eq!(ch["what"], "damp", "{ch}");
+    let wd = ch["weight"].as_f64().unwrap();
+    assert_eq!(c["damp"].as_f64(), Some(wd));
+    let d = run("explicit-damp", rows, &format!("damp = {wd:e}\n"));
+    assert_eq!(c["iterations"], d["iterations"]);
+    assert_eq!(c["r1norm"], d["r1norm"]);
+    // an unknown weight_on is refused
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        format!(
+            "[dataset]\npath = \"{}\"\n[solver]\nweight_on = \"rows\"\n",
+            syn.join("dataset.toml").display()
+        ),
+    )
+    .unwrap();
+    let (ok, err) = seistomo(&["invert", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("weight_on"), "{err}");
+}

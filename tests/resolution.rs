@@ -225,7 +225,7 @@ fn members_of_one_matrix_share_a_set_up_and_equal_their_own_solves() {
         };
         let comm = seistomo::comm::SerialComm;
         let shared = sweep
-            .solve_shared(1.0, &members, &rhs, o, &comm)
+            .solve_shared(1.0, (&members, &rhs), o, &comm, false)
             .unwrap()
             .expect("the rows can be followed");
         for (j, s) in shared.iter().enumerate() {

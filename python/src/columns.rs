@@ -208,6 +208,7 @@ pub(crate) fn lcurve_batch<'py>(
         r: Some(r),
         grid: None,
         true_model: None,
+        on_damp: false,
     };
     let mode = SweepMode {
         separate: false,

@@ -63,6 +63,21 @@ pub trait Backend: Send + Sync {
     /// `x += t1 w`; `w = v + t2 w`.
     fn lsqr_update(&self, k: XwStep, v: &Self::Vector, s: XwState<Self::Vector>) -> Result<f64>;
 
+    /// [`Self::lsqr_update`] of several members that share v (LSQR for several dampings of
+    /// one system, src/solver/lsqr_damps.rs): member j's x, w (var) with `ks[j]`; returns
+    /// each ||d_k||^2, each the bits `lsqr_update` gives. A GPU waits once for all of them.
+    fn lsqr_update_many(
+        &self,
+        ks: &[XwStep],
+        v: &Self::Vector,
+        states: Vec<XwState<'_, Self::Vector>>,
+    ) -> Result<Vec<f64>> {
+        ks.iter()
+            .zip(states)
+            .map(|(&k, s)| self.lsqr_update(k, v, s))
+            .collect()
+    }
+
     /// `out[j] = basis[j] . w` for every j (classical Gram-Schmidt's batched inner products).
     fn multi_dot(&self, basis: &[Self::Vector], w: &Self::Vector, out: &mut [f64]) -> Result<()> {
         for (o, b) in out.iter_mut().zip(basis) {

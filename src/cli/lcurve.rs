@@ -1,6 +1,6 @@
 //! `seistomo lcurve CONFIG --damping 0.001,0.01,0.1,1` (or `--log-range 1e-3:1:9`): every
-//! damping / regularisation weight solved in one batch (`--separate`: one inversion after
-//! another), the data loaded once; writes lcurve.csv, lcurve.png, and the corner's model.h5 +
+//! damping / regularisation weight solved in one batch (LSQR's dampings of one system in one
+//! bidiagonalisation; `--separate`: one inversion after another), the data loaded once; writes lcurve.csv, lcurve.png, and the corner's model.h5 +
 //! report.json; prints the corner, GCV's and the discrepancy principle's weights.
 
 use std::path::PathBuf;
@@ -26,13 +26,21 @@ pub struct LcurveArgs {
     /// Solve the weights one after another instead of as one batch (the same curve; slower).
     #[arg(long)]
     separate: bool,
+    /// What the weights weigh: `reg` (the regularisation / damping rows; the default where
+    /// the system has them) or `damp` (LSQR's damping, the rows as configured; every weight
+    /// then shares one bidiagonalisation). Overrides `[solver] weight_on`.
+    #[arg(long, value_parser = ["reg", "damp"])]
+    weight_on: Option<String>,
     /// Output directory (default: the config's output dir + /lcurve).
     #[arg(short = 'o', long, alias = "output")]
     out: Option<PathBuf>,
 }
 
 pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
-    let cfg = RunConfig::load(&a.config)?;
+    let mut cfg = RunConfig::load(&a.config)?;
+    if let Some(on) = &a.weight_on {
+        cfg.weight.on_damp = on == "damp";
+    }
     crate::pipeline::config::note_config(&cfg);
     super::init_threads(cfg.options.threads)?;
     let weights = match (&a.damping, &a.log_range) {
@@ -86,6 +94,8 @@ pub fn run(a: LcurveArgs) -> anyhow::Result<()> {
             "{}: set-up {:.3} s; {} iterations in {:.3} s ({:.4} ms each; {}; {})",
             if r.lsqr_loop.contains("batched") {
                 "batch"
+            } else if r.lsqr_loop == "shared" {
+                "one bidiagonalisation"
             } else {
                 "longest solve"
             },

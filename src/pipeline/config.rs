@@ -88,6 +88,9 @@ struct RawSolver {
     noise_tau: Option<f64>,
     /// Random probes per weight of GCV's trace estimate (default 1; 0: no GCV).
     gcv_probes: Option<i64>,
+    /// What the tried weights weigh: "reg" (the regularisation / damping rows, the default
+    /// where the system has them) or "damp" (LSQR's damping, the rows kept as they are).
+    weight_on: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -152,6 +155,10 @@ pub struct WeightSettings {
     pub tau: f64,
     /// Random probes per weight for GCV's trace (0: no GCV).
     pub gcv_probes: usize,
+    /// `weight_on = "damp"`: the weights are LSQR's damping even where the system has
+    /// regularisation rows (kept at their weight); false: the rows' weight where there are
+    /// rows, else the damping.
+    pub on_damp: bool,
     /// The choice made by `invert` before its solve (report.json `weight_choice`).
     pub chosen: Option<crate::model::lcurve::WeightChoice>,
 }
@@ -164,6 +171,7 @@ impl Default for WeightSettings {
             noise: None,
             tau: 1.0,
             gcv_probes: 1,
+            on_damp: false,
             chosen: None,
         }
     }
@@ -250,6 +258,15 @@ fn weight_settings(s: &RawSolver, bad: &dyn Fn(String) -> Error) -> Result<Weigh
         }
         w.gcv_probes = p as usize;
     }
+    w.on_damp = match s.weight_on.as_deref() {
+        None | Some("reg") => false,
+        Some("damp") => true,
+        Some(o) => {
+            return Err(bad(format!(
+                "[solver] weight_on: expected \"reg\" or \"damp\" (got \"{o}\")"
+            )))
+        }
+    };
     if w.rule == Some(WeightRule::Discrepancy) && w.noise.is_none() {
         return Err(bad(
             "[solver] weight = \"discrepancy\" needs the noise level: [solver] noise = SIGMA (or \"whitened\")".into(),

@@ -173,13 +173,28 @@ fn choose_weight(cfg: &mut RunConfig, comm: &dyn Comm) -> Result<()> {
         opt_e(ch.gcv),
         opt_e(ch.discrepancy)
     );
+    // The weight goes where the sweep put it: LSQR's damping, or a factor on every
+    // regularisation row (a Matrix Market reg matrix's weight; a dataset's damping rows, stored
+    // and generated from the grid, as `Sweep::from_config` loaded them).
     match &mut cfg.system {
-        SystemSource::Mtx {
-            reg: Some(_),
-            reg_weight,
-            ..
-        } => *reg_weight = w,
-        _ => cfg.options.params.damp = w,
+        _ if what == "damp" => cfg.options.params.damp = w,
+        SystemSource::Mtx { reg_weight, .. } => *reg_weight = w,
+        SystemSource::Dataset { path, options, .. } => {
+            let stored = match options.damping_weight {
+                Some(l) => l,
+                None => crate::io::dataset::manifest::DatasetManifest::load(path)?
+                    .m
+                    .damping
+                    .as_ref()
+                    .map_or(1.0, |d| d.weight),
+            };
+            options.damping_weight = Some(stored * w);
+            if let Some(r) = options.regularisation.as_mut() {
+                r.norm *= w;
+                r.first = r.first.map(|f| f * w);
+                r.second = r.second.map(|f| f * w);
+            }
+        }
     }
     ch.rule = Some(rule);
     ch.weight = Some(w);

@@ -19,7 +19,7 @@ use crate::pipeline::batch::{batch_blocker, solve_batch, BatchSystem, Member};
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::operators::choose_backend;
 use crate::pipeline::options::{BackendChoice, SolveOptions, SystemSource};
-use crate::pipeline::solve::solve_system;
+use crate::pipeline::solve::{same_values, solve_system};
 use crate::sparse::{Csr, System};
 
 /// The data of an L-curve sweep, loaded once.
@@ -34,6 +34,9 @@ pub struct Sweep {
     pub grid: Option<crate::grid::Grid>,
     /// A synthetic dataset's true model.
     pub true_model: Option<Vec<f64>>,
+    /// The weights are LSQR's damping on [G; R] (R kept at its weight) instead of R's weight
+    /// (`[solver] weight_on = "damp"`); without R they are the damping anyway.
+    pub on_damp: bool,
 }
 
 fn norm(v: &[f64]) -> f64 {
@@ -114,8 +117,8 @@ impl Sweep {
         let x = &outcome.solution.x;
         let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
         let lm = match &self.r {
-            Some(r) => norm(&r.par_matvec(x)),
-            None => norm(x),
+            Some(r) if !self.on_damp => norm(&r.par_matvec(x)),
+            _ => norm(x),
         };
         LPoint {
             weight: w,
@@ -129,20 +132,22 @@ impl Sweep {
     }
 
     /// Members of one matrix [G; w R] (or G), differing by right-hand side and damping, solved
-    /// one after another on one operator: each its own solve ([`Self::solve_one`]'s numbers),
-    /// the set-up paid once. None where the layout's rows cannot be followed (then one by one).
+    /// on one operator, the set-up paid once: one after another, each its own solve
+    /// ([`Self::solve_one`]'s numbers), or with `one_pass` the members of one right-hand side
+    /// in one bidiagonalisation (each its host-loop solve bit for bit: `solver::lsqr_damps`).
+    /// None where the layout's rows cannot be followed (then one by one).
     pub fn solve_shared(
         &self,
         w: f64,
-        members: &[Member],
-        rhs: &[&[f64]],
+        (members, rhs): (&[Member], &[&[f64]]),
         opts: &SolveOptions,
         comm: &dyn Comm,
+        one_pass: bool,
     ) -> Result<Option<Vec<Outcome>>> {
         let damps: Vec<f64> = members.iter().map(|m| m.damp).collect();
         crate::pipeline::solve::solve_system_many(
             self.system(w, rhs[0])?,
-            (rhs, &damps),
+            (rhs, &damps, one_pass),
             opts,
             comm,
         )
@@ -198,6 +203,16 @@ impl Sweep {
             choose_backend(opts.operator.backend),
             Ok((BackendChoice::Cuda, _))
         );
+        // Members of one matrix and one right-hand side (an L-curve over LSQR's damping, GCV's
+        // probes at every damping) share one bidiagonalisation, on any backend: about one
+        // solve's products for all of them, each its own solve's numbers.
+        let repeated = (1..rhs.len()).any(|j| rhs[..j].iter().any(|b| same_values(b, rhs[j])));
+        if shared && repeated && !separate && comm.size() == 1 {
+            if let Some(outs) = self.solve_shared(w0, (members, rhs), opts, comm, true)? {
+                take(outs.into_iter().enumerate().collect());
+                return Ok(());
+            }
+        }
         let blocker = if shared && gpu && opts.operator.tuning.gpu_batch.is_none() {
             Some("members of one matrix share one GPU operator, one solve after another".into())
         } else {
@@ -208,7 +223,7 @@ impl Sweep {
                 eprintln!("note: the solves run one by one ({why})");
             }
             if shared && members.len() > 1 {
-                if let Some(outs) = self.solve_shared(w0, members, rhs, opts, comm)? {
+                if let Some(outs) = self.solve_shared(w0, (members, rhs), opts, comm, false)? {
                     take(outs.into_iter().enumerate().collect());
                     return Ok(());
                 }
@@ -247,11 +262,11 @@ impl Sweep {
         let p = mode.gcv_probes;
         let per = 1 + p;
         let member = |w: f64| match &self.r {
-            Some(_) => Member {
+            Some(_) if !self.on_damp => Member {
                 weight: w,
                 damp: opts.params.damp,
             },
-            None => Member {
+            _ => Member {
                 weight: 1.0,
                 damp: w,
             },
@@ -402,6 +417,7 @@ impl Sweep {
                     r,
                     grid: None,
                     true_model: None,
+                    on_damp: cfg.weight.on_damp,
                 })
             }
             SystemSource::Dataset { .. } => {
@@ -425,6 +441,7 @@ impl Sweep {
                     r: (r.nrows() > 0).then_some(r),
                     grid: loaded.grid,
                     true_model: loaded.true_model,
+                    on_damp: cfg.weight.on_damp,
                 })
             }
         }
@@ -432,7 +449,7 @@ impl Sweep {
 
     /// What the weights weigh: the reg rows, or LSQR's damping.
     pub fn weight_name(&self) -> &'static str {
-        if self.r.is_some() {
+        if self.r.is_some() && !self.on_damp {
             "reg_weight"
         } else {
             "damp"
@@ -539,7 +556,7 @@ pub fn lcurve(
         Ok(())
     })?;
     let png = out.join("lcurve.png");
-    let l_label = if sweep.r.is_some() {
+    let l_label = if sweep.weight_name() == "reg_weight" {
         "roughness ||R m||"
     } else {
         "model norm ||m||"
@@ -642,6 +659,7 @@ mod tests {
             r: Some(r),
             grid: None,
             true_model: None,
+            on_damp: false,
         };
         let iterations = |c: &Curve| -> std::collections::BTreeSet<usize> {
             c.points
@@ -657,6 +675,8 @@ mod tests {
         sweep.r = None;
         let c = same_curve(&sweep, &[0.03, 0.1, 0.3, 1.0], &opts(1e-6), 0);
         assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
+        // the dampings of one b in one bidiagonalisation (the separate solves' points above)
+        assert!(c.points.iter().all(|p| p.outcome.report.lsqr_loop == "shared"));
     }
 
     /// A synthetic with known noise: G random, x smooth, d = G x + sigma e.
@@ -696,6 +716,7 @@ mod tests {
                 r,
                 grid: None,
                 true_model: None,
+                on_damp: false,
             },
             x,
             sigma,

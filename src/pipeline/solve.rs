@@ -259,8 +259,32 @@ fn stored_words(engine: &Engine, p: &Prepared, job: &LsqrJob) -> String {
 struct Many<'a> {
     method: LsqMethod,
     comm: &'a dyn Comm,
+    /// The distinct right-hand sides; member j's is `rhs[of[j]]`.
     rhs: &'a [Vec<f64>],
+    of: &'a [usize],
     params: &'a [LsqrParams],
+    /// The members in groups: a group of several (one right-hand side, LSQR) shares one
+    /// bidiagonalisation ([`solver::lsqr_damps`]); one alone is solved on its own.
+    groups: Vec<Vec<usize>>,
+}
+
+/// Whether two right-hand sides are the same values (the same slice, or equal bit for bit).
+pub fn same_values(a: &[f64], b: &[f64]) -> bool {
+    std::ptr::eq(a, b)
+        || (a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits()))
+}
+
+/// The members in groups by right-hand side (`of[j]`: member j's), each group in the
+/// members' order, the groups in the order of their first member.
+fn same_rhs_groups(of: &[usize]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (j, &r) in of.iter().enumerate() {
+        match groups.iter_mut().find(|g| of[g[0]] == r) {
+            Some(g) => g.push(j),
+            None => groups.push(vec![j]),
+        }
+    }
+    groups
 }
 
 impl LsqrVisitor for Many<'_> {
@@ -269,38 +293,56 @@ impl LsqrVisitor for Many<'_> {
         let cal = crate::ui::phases::time("calibrate", || calibrate(be, op, self.comm))?;
         // the set-up ends here for every solve: its seconds are the shared set-up's
         let started = std::time::Instant::now();
-        let mut out = Vec::with_capacity(self.rhs.len());
-        for (b, params) in self.rhs.iter().zip(self.params) {
+        let mut out: Vec<Option<_>> = (0..self.of.len()).map(|_| None).collect();
+        for g in self.groups {
+            if g.len() > 1 {
+                let ps: Vec<LsqrParams> = g.iter().map(|&j| self.params[j].clone()).collect();
+                let p = LeastSquares::new(be, op, self.comm, &self.rhs[self.of[g[0]]]);
+                for (&j, (sol, h)) in g.iter().zip(solver::lsqr_damps(&p, &ps)?) {
+                    out[j] = Some((sol, h, started, cal));
+                }
+                continue;
+            }
+            let j = g[0];
             let l = Lsqr {
                 method: self.method,
                 comm: self.comm,
-                b,
+                b: &self.rhs[self.of[j]],
                 x0: None,
-                params,
+                params: &self.params[j],
                 ckpt: None,
             };
             let mut mon = solver::History::default();
             let (sol, h) = l.run(be, op, &mut mon)?;
-            out.push((sol, h.unwrap_or(mon.0), started, cal));
+            out[j] = Some((sol, h.unwrap_or(mon.0), started, cal));
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every member is in a group"))
+            .collect())
     }
 }
 
 /// Solve the prepared system for each right-hand side of `rhs` (its rows in the prepared
 /// order, as `p.b`; one process) with `damps[j]` as member j's damping, on one operator: the
-/// set-up paid once. Each outcome is that of [`solve`] with that b and damping.
+/// set-up paid once. Each outcome is that of [`solve`] with that b and damping; with `share`,
+/// LSQR's members with the same b share one bidiagonalisation ([`solver::lsqr_damps`]: each
+/// its host-loop solve's numbers bit for bit, for about the cost of one solve).
 pub fn solve_many(
     engine: &Engine,
     why: &str,
     p: Prepared,
     job: &LsqrJob,
     comm: &dyn Comm,
-    (rhs, damps): (&[Vec<f64>], &[f64]),
+    (rhs, of, damps, share): (&[Vec<f64>], &[usize], &[f64], bool),
 ) -> Result<Vec<Outcome>> {
-    if rhs.len() != damps.len() || rhs.iter().any(|b| b.len() != p.b.len()) {
+    if of.len() != damps.len()
+        || of.iter().any(|&r| r >= rhs.len())
+        || rhs.iter().any(|b| b.len() != p.b.len())
+    {
         return Err(crate::Error::Invalid(format!(
-            "{} right-hand sides of {} rows and {} dampings",
+            "{} members of {} right-hand sides of {} rows and {} dampings",
+            of.len(),
             rhs.len(),
             p.b.len(),
             damps.len()
@@ -329,7 +371,17 @@ pub fn solve_many(
         comm,
         rhs,
         params: &params,
+        of,
+        groups: if share && job.method == LsqMethod::Lsqr {
+            same_rhs_groups(of)
+        } else {
+            (0..of.len()).map(|j| vec![j]).collect()
+        },
     };
+    let mut in_pass = vec![false; of.len()];
+    for g in many.groups.iter().filter(|g| g.len() > 1) {
+        g.iter().for_each(|&j| in_pass[j] = true);
+    }
     let device_loop =
         use_device_loop(job.spec.lsqr_loop) && (job.method == LsqMethod::Lsqr || comm.size() == 1);
     let (runs, built) = engine.lsqr(job.spec, comm, matrix, device_loop, many)?;
@@ -349,16 +401,25 @@ pub fn solve_many(
             };
             outcome((engine, why, job, comm), params, ran, &built, facts)
         })
+        .zip(in_pass)
+        .map(|(mut o, shared)| {
+            if shared {
+                // one bidiagonalisation for the dampings of this b, its steps on the host
+                o.report.lsqr_loop = "shared".into();
+            }
+            o
+        })
         .collect())
 }
 
 /// [`solve_system`] for many right-hand sides of one matrix (all rows, the system's order;
 /// `sys.b` is the first), member j with damping `damps[j]`: laid out and set up once, solved
-/// one after another on one operator. None where the layout moved rows in a way the
+/// one after another on one operator (with `share`, those of one right-hand side in one
+/// bidiagonalisation: [`solve_many`]). None where the layout moved rows in a way the
 /// right-hand sides cannot follow (then solve them one by one).
 pub fn solve_system_many(
     sys: System,
-    (rhs, damps): (&[&[f64]], &[f64]),
+    (rhs, damps, share): (&[&[f64]], &[f64], bool),
     opts: &SolveOptions,
     comm: &dyn Comm,
 ) -> Result<Option<Vec<Outcome>>> {
@@ -387,9 +448,29 @@ pub fn solve_system_many(
     if !same || rhs.iter().any(|b| b.len() != m) {
         return Ok(None);
     }
-    let rhs: Vec<Vec<f64>> = rhs.iter().map(|b| mapped(b)).collect();
+    // each distinct right-hand side mapped once (an L-curve's members share one)
+    let mut of = Vec::with_capacity(rhs.len());
+    let mut distinct: Vec<&[f64]> = Vec::new();
+    for b in rhs {
+        match distinct.iter().position(|d| same_values(d, b)) {
+            Some(i) => of.push(i),
+            None => {
+                of.push(distinct.len());
+                distinct.push(b);
+            }
+        }
+    }
+    let distinct: Vec<Vec<f64>> = distinct.iter().map(|b| mapped(b)).collect();
     let job = LsqrJob::of(opts, setup_started);
-    solve_many(&engine, &why, prepared, &job, comm, (&rhs, damps)).map(Some)
+    solve_many(
+        &engine,
+        &why,
+        prepared,
+        &job,
+        comm,
+        (&distinct, &of, damps, share),
+    )
+    .map(Some)
 }
 
 /// Solve a prepared system with LSQR on `engine` (chosen for `why`), the iterations watched as

@@ -7,12 +7,14 @@ pub mod gmres;
 pub mod lsmr;
 pub mod lsqr;
 pub mod lsqr_batch;
+pub mod lsqr_damps;
 
 pub use lsmr::{lsmr, LsmrInfo, LsmrSolution};
 pub use lsqr::{
     lsqr_iterate, lsqr_start, History, IterRecord, LsqrInfo, LsqrMonitor, LsqrNorms, LsqrParams,
     LsqrScalars, LsqrVectors, NoMonitor,
 };
+pub use lsqr_damps::lsqr_damps;
 
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;

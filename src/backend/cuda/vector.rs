@@ -129,16 +129,72 @@ impl CudaBackend {
             None => self.ptr(&self.multi_result),
         };
         self.multi_launch_to(basis, Coeffs::Host(coeffs.unwrap_or(&[])), mode, pw, n, pr)?;
+        self.read_multi(&mut out[..nout])
+    }
+
+    /// [`Backend::lsqr_update`]'s launch without waiting: ||d_k||^2 written to device address
+    /// `pr`.
+    fn lsqr_update_to(
+        &self,
+        k: XwStep,
+        v: &DeviceVec,
+        s: XwState<'_, DeviceVec>,
+        pr: u64,
+    ) -> Result<()> {
+        let (XwStep { t1, t2, inv_rho }, XwState { x, w, var }) = (k, s);
+        let n = x.len();
+        self.check_len("lsqr_update", w.len(), n)?;
+        self.check_len("lsqr_update", v.len(), n)?;
+        let pvar = match var {
+            Some(var) => {
+                self.check_len("lsqr_update", var.len(), n)?;
+                self.ptr(var)
+            }
+            None => 0u64,
+        };
+        let (px, pw, pv, n64) = (self.ptr(x), self.ptr(w), self.ptr(v), n as u64);
+        self.reduce_to(
+            &self.k.lsqr_update,
+            n,
+            &[
+                arg(&px),
+                arg(&pw),
+                arg(&pv),
+                arg(&t1),
+                arg(&t2),
+                arg(&inv_rho),
+                arg(&pvar),
+                arg(&n64),
+            ],
+            pr,
+        )
+    }
+
+    /// Device address of result slot `j` (< MULTI_MAX) of the batched reductions.
+    fn multi_slot(&self, j: usize) -> u64 {
+        debug_assert!(j < MULTI_MAX);
+        let base = match &self.multi_mapped {
+            Some(m) => m.device,
+            None => self.ptr(&self.multi_result),
+        };
+        base + (j * std::mem::size_of::<f64>()) as u64
+    }
+
+    /// The first `out.len()` (<= MULTI_MAX) result slots on the host, once the stream's work
+    /// is done (one wait).
+    fn read_multi(&self, out: &mut [f64]) -> Result<()> {
+        let nout = out.len();
+        debug_assert!(nout <= MULTI_MAX);
         if let Some(m) = &self.multi_mapped {
             self.synchronize()?;
-            for (j, o) in out[..nout].iter_mut().enumerate() {
-                // SAFETY: `m.host` holds MULTI_MAX page-locked f64 that the finished kernel
+            for (j, o) in out.iter_mut().enumerate() {
+                // SAFETY: `m.host` holds MULTI_MAX page-locked f64 that the finished kernels
                 // wrote; j < nout <= MULTI_MAX.
                 *o = unsafe { std::ptr::read_volatile((m.host as *const f64).add(j)) };
             }
         } else {
             self.stream
-                .memcpy_dtoh(&self.multi_result.slice(..nout), &mut out[..nout])
+                .memcpy_dtoh(&self.multi_result.slice(..nout), out)
                 .doing("copying results to the host")?;
             self.synchronize()?;
         }
@@ -408,32 +464,34 @@ impl Backend for CudaBackend {
         self.dot(x, x)
     }
     fn lsqr_update(&self, k: XwStep, v: &DeviceVec, s: XwState<DeviceVec>) -> Result<f64> {
-        let (XwStep { t1, t2, inv_rho }, XwState { x, w, var }) = (k, s);
-        let n = x.len();
-        self.check_len("lsqr_update", w.len(), n)?;
-        self.check_len("lsqr_update", v.len(), n)?;
-        let pvar = match var {
-            Some(var) => {
-                self.check_len("lsqr_update", var.len(), n)?;
-                self.ptr(var)
+        self.lsqr_update_to(k, v, s, self.result_ptr())?;
+        self.read_result()
+    }
+    fn lsqr_update_many(
+        &self,
+        ks: &[XwStep],
+        v: &DeviceVec,
+        states: Vec<XwState<'_, DeviceVec>>,
+    ) -> Result<Vec<f64>> {
+        if ks.len() != states.len() {
+            return Err(Error::Invalid(format!(
+                "lsqr_update_many: {} steps for {} members",
+                ks.len(),
+                states.len()
+            )));
+        }
+        let mut out = vec![0.0; ks.len()];
+        let mut states = states.into_iter();
+        // Each member's update is `lsqr_update`'s launch (the same bits), its result in a slot
+        // of the batched reductions: one wait for up to MULTI_MAX members.
+        for (kc, oc) in ks.chunks(MULTI_MAX).zip(out.chunks_mut(MULTI_MAX)) {
+            for (j, &k) in kc.iter().enumerate() {
+                let s = states.next().expect("as many states as steps (checked)");
+                self.lsqr_update_to(k, v, s, self.multi_slot(j))?;
             }
-            None => 0u64,
-        };
-        let (px, pw, pv, n64) = (self.ptr(x), self.ptr(w), self.ptr(v), n as u64);
-        self.reduce(
-            &self.k.lsqr_update,
-            n,
-            &[
-                arg(&px),
-                arg(&pw),
-                arg(&pv),
-                arg(&t1),
-                arg(&t2),
-                arg(&inv_rho),
-                arg(&pvar),
-                arg(&n64),
-            ],
-        )
+            self.read_multi(oc)?;
+        }
+        Ok(out)
     }
     fn multi_dot(
         &self,
