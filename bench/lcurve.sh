@@ -12,7 +12,9 @@
 # shared machine steadier than the wall time), and a check that the two curves agree (each point's ||G m - d|| and ||R m|| within 1e-10 relative,
 # the same iterations, istop and corner). PROBES (default 0) sets [solver] gcv_probes: 0 times
 # the L-curve alone, 1 adds GCV's probes (twice the solves, in both modes). THREADS sets
-# --threads through the config's [backend] threads.
+# --threads through the config's [backend] threads. ON=damp sweeps LSQR's damping on
+# [G; 0.015 R] instead of R's weight ([solver] weight_on = "damp": the weights of one b share
+# one bidiagonalisation; --separate solves each alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/seistomo}
@@ -25,7 +27,7 @@ mkdir -p "$OUT"
 root=$(pwd)
 cfg="$OUT/australia-lcurve.toml"
 sed -e "s#\.\./datasets#$root/datasets#g" -e "s#\"\.\./out/australia-model\"#\"$OUT/out\"#" \
-  -e "s#^\[solver\]#[solver]\ngcv_probes = ${PROBES:-0}#" configs/australia-model.toml > "$cfg"
+  -e "s#^\[solver\]#[solver]\ngcv_probes = ${PROBES:-0}\nweight_on = \"${ON:-reg}\"#" configs/australia-model.toml > "$cfg"
 if [ -n "${SYNTH:-}" ]; then
   s="$OUT/synth"
   rm -rf "$s" && mkdir -p "$s"
@@ -48,12 +50,12 @@ b = [l.strip() for l in open(f"{d}/mtx/b.mtx") if l.strip() and not l.startswith
 open(f"{d}/d.txt", "w").write("\n".join(b[:kr]) + "\n")
 PY
   cfg="$s/lcurve.toml"
-  printf '[system]\nmatrix = "G.mtx"\nrhs = "d.txt"\nreg = "R.mtx"\n[solver]\natol = 1e-8\nbtol = 1e-8\ngcv_probes = %s\nnoise = 0.01\n[output]\ndir = "out"\n' "${PROBES:-0}" > "$cfg"
+  printf '[system]\nmatrix = "G.mtx"\nrhs = "d.txt"\nreg = "R.mtx"\n[solver]\natol = 1e-8\nbtol = 1e-8\ngcv_probes = %s\nweight_on = "%s"\nnoise = 0.01\n[output]\ndir = "out"\n' "${PROBES:-0}" "${ON:-reg}" > "$cfg"
 fi
 if [ -n "${THREADS:-}" ]; then printf '\n[backend]\nthreads = %s\n' "$THREADS" >> "$cfg"; fi
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 system=australia; [ -n "${SYNTH:-}" ] && system="synthetic 32x32x16, 40000 rays"
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}   system: $system"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)   date: $(date -u +%F)   gcv_probes ${PROBES:-0}   weights on: ${ON:-reg}   system: $system"
 echo "| range | batched s | separate s | ratio | solves alone: batched s, separate s, ratio | CPU s (user + sys): batched, separate, ratio | iterations (min-max, sum) | same curve |"
 echo "|---|---|---|---|---|---|---|---|"
 for range in "${RANGES[@]}"; do
