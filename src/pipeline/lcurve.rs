@@ -676,7 +676,10 @@ mod tests {
         let c = same_curve(&sweep, &[0.03, 0.1, 0.3, 1.0], &opts(1e-6), 0);
         assert!(iterations(&c).len() >= 3, "{:?}", iterations(&c));
         // the dampings of one b in one bidiagonalisation (the separate solves' points above)
-        assert!(c.points.iter().all(|p| p.outcome.report.lsqr_loop == "shared"));
+        assert!(c
+            .points
+            .iter()
+            .all(|p| p.outcome.report.lsqr_loop == "shared"));
     }
 
     /// A synthetic with known noise: G random, x smooth, d = G x + sigma e.

@@ -316,15 +316,16 @@ impl LsqrVisitor for Many<'_> {
             let (sol, h) = l.run(be, op, &mut mon)?;
             out[j] = Some((sol, h.unwrap_or(mon.0), started, cal));
         }
-        Ok(out
-            .into_iter()
-            .map(|o| o.expect("every member is in a group"))
-            .collect())
+        out.into_iter()
+            .map(|o| {
+                o.ok_or_else(|| crate::Error::Invalid("a member of the solves has no group".into()))
+            })
+            .collect()
     }
 }
 
-/// Solve the prepared system for each right-hand side of `rhs` (its rows in the prepared
-/// order, as `p.b`; one process) with `damps[j]` as member j's damping, on one operator: the
+/// Solve the prepared system for each member j: right-hand side `rhs[of[j]]` (its rows in the
+/// prepared order, as `p.b`; one process) and damping `damps[j]`, on one operator: the
 /// set-up paid once. Each outcome is that of [`solve`] with that b and damping; with `share`,
 /// LSQR's members with the same b share one bidiagonalisation ([`solver::lsqr_damps`]: each
 /// its host-loop solve's numbers bit for bit, for about the cost of one solve).
