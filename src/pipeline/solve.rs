@@ -327,7 +327,7 @@ impl LsqrVisitor for Many<'_> {
 /// Solve the prepared system for each member j: right-hand side `rhs[of[j]]` (its rows in the
 /// prepared order, as `p.b`; one process) and damping `damps[j]`, on one operator: the
 /// set-up paid once. Each outcome is that of [`solve`] with that b and damping; with `share`,
-/// LSQR's members with the same b share one bidiagonalisation ([`solver::lsqr_damps`]: each
+/// LSQR's members with the same b share one bidiagonalisation ([`solver::lsqr_damps()`]: each
 /// its host-loop solve's numbers bit for bit, for about the cost of one solve).
 pub fn solve_many(
     engine: &Engine,

@@ -2,7 +2,7 @@
 //!
 //! LSQR's Golub-Kahan bidiagonalisation of A from b (u, v, alpha, beta) does not depend on the
 //! damping: damp enters only the plane rotations that follow it (Paige & Saunders 1982, §2.4;
-//! [`super::lsqr`]'s `rotations`). So members that share A and b and differ in `damp` (an
+//! `rotations` in src/solver/lsqr.rs). So members that share A and b and differ in `damp` (an
 //! L-curve over LSQR's damping, GCV's probes at every damping) share one bidiagonalisation: one
 //! A v and one A^T u per iteration for all of them, while each member keeps its own rotations,
 //! x, w (and var), estimates and stopping tests, and leaves when its own test fires. Every
