@@ -689,7 +689,9 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     A: scipy.sparse matrix/array (csr, csc, coo, ...; int32/int64 indices; float32/float64) or
     a dense 2-D array; b: 1-D array (any stride), or B of shape (m, k): k solves in one batch
     on the CPU, each equal to its own (x, var (n, k); istop, itn and the norms arrays of k;
-    SciPy takes one b only). backend: "auto" (CUDA when usable, else the
+    SciPy takes one b only). damp may be a 1-D list of k dampings: k solves of b in one
+    bidiagonalisation (about one solve's products), returned the same way, each equal to its
+    own lsqr(A, b, damp=d, lsqr_loop="host"). backend: "auto" (CUDA when usable, else the
     CPU), "cpu" or "cuda"; precision "f32" stores the matrix values in f32 (GPU; CPU with
     compact storage). storage ("auto", "csr", "compact": 16-bit column deltas), reorder ("auto",
     "rows", "none") and lsqr_loop ("auto", "host", "device") are the CLI's options of the same
@@ -715,6 +717,10 @@ def lsqr(A, b, damp=0.0, atol=1e-6, btol=1e-6, conlim=1e8, iter_lim=None, show=F
     if iter_lim == 0:  # as the CLI and the config (LSMR's maxiter=0 is SciPy's, kept)
         raise ValueError("iter_lim must be >= 1 (got 0)")
     A, b, x0, as_cupy = _from_cupy(A, b, x0)
+    if np.ndim(damp) == 1:
+        return _lsqr_damps(A, b, damp, atol, btol, conlim, iter_lim, show, calc_var, x0,
+                           backend, precision, callback,
+                           (transpose, lsqr_loop, storage, reorder), threads, as_cupy)
     if _columns(b):
         return _lsqr_columns(A, np.asarray(b), damp, atol, btol, conlim, iter_lim, show,
                              calc_var, x0, backend, precision, callback,
@@ -1000,6 +1006,59 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
         vals = list(out)
         vals[0], vals[9] = cupy.asarray(vals[0]), cupy.asarray(vals[9])
         out = LsqResult(tuple(vals), infos)
+    return out
+
+
+def _lsqr_damps(A, b, damps, atol, btol, conlim, iter_lim, show, calc_var, x0, backend,
+                precision, callback, layout, threads, as_cupy):
+    """lsqr of one b at every damping of `damps` (SciPy takes one): one Golub-Kahan
+    bidiagonalisation serves them all (it does not depend on damp), each damping with its own
+    rotations, x, w and stopping tests, each equal to its own lsqr(A, b, damp=d,
+    lsqr_loop="host") bit for bit (docs/python.md, "Many dampings"). Returns lsqr's 10-tuple
+    with a column per damping, as B of k columns does."""
+    damps = np.asarray(damps, dtype=np.float64)
+    k = damps.shape[0]
+    refused = [
+        (k == 0, "an empty list of dampings"),
+        (_columns(b) or np.ndim(b) != 1, "b other than one vector"),
+        (x0 is not None, "x0"),
+        (callback is not None, "callback"),
+        (isinstance(A, Operator) or _is_operator(A), "A as an Operator or given by its products"),
+        (_is_cupy(A), "a CuPy A"),
+        (_pylops_matrix(A) is not None, "a PyLops operator"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"lsqr with damp a list of {k} solves them in one "
+                             f"bidiagonalisation, which does not take {what}")
+    if not hasattr(A, "shape"):
+        A = np.asarray(A)
+    shape, ip, ix, data = _csr_parts(A)
+    bb = _vec(b, "b")
+    lay = _layout(backend, precision, *layout)
+    try:
+        rs = _native.lsqr_damps(shape, ip, ix, data, bb, [float(d) for d in damps],
+                                (float(atol), float(btol), float(conlim)), iter_lim,
+                                bool(calc_var), lay, _threads(threads))
+    finally:
+        _flush_console()
+    n = shape[1]
+    X = np.stack([_array(r["x"]) for r in rs], axis=1)
+    var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var
+           else np.zeros((n, k)))
+    infos = [{key: v for key, v in r.items() if key not in ("x", "var")} for r in rs]
+    how = rs[0]["backend"]
+    last_info.clear()
+    last_info.update({"dampings": infos, "backend": how})
+    col = lambda key, t=float: np.array([t(r[key]) for r in rs])  # noqa: E731
+    if show:
+        print(f"LSQR of {k} dampings; A has {shape[0]} rows and {n} columns; {how}")
+        for d, r in zip(damps, rs):
+            print(f"damp {d:9.2e}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
+                  f"r1norm ={r['r1norm']:9.2e}  arnorm ={r['arnorm']:9.2e}  "
+                  f"xnorm ={r['xnorm']:9.2e}")
+    out = LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
+                     col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
     return out
 
 

@@ -268,3 +268,82 @@ type CsrParts<'py> = (
     Bound<'py, PyBytes>,
     Bound<'py, PyBytes>,
 );
+
+/// LSQR of one b at every damping of `damps` (`seistomo.lsqr(A, b, damp=[...])`): one
+/// Golub-Kahan bidiagonalisation for all of them (`seistomo::solver::lsqr_damps`), each its
+/// own host-loop solve bit for bit, on the CPU or a GPU, laid out as `lsqr` lays A out; one
+/// dict a damping, as `lsqr` returns.
+#[pyfunction]
+#[pyo3(signature = (shape, indptr, indices, data, b, damps, tol, iter_lim, calc_var, layout,
+    threads=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lsqr_damps<'py>(
+    py: Python<'py>,
+    shape: (usize, usize),
+    indptr: &[u8],
+    indices: &[u8],
+    data: &[u8],
+    b: &[u8],
+    damps: Vec<f64>,
+    tol: (f64, f64, f64),
+    iter_lim: Option<usize>,
+    calc_var: bool,
+    layout: crate::LsqLayout,
+    threads: Option<usize>,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    use seistomo::pipeline::solve::{solve_many, LsqrJob};
+    seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
+    if damps.is_empty() {
+        return Err(PyValueError::new_err("damp: give at least one damping"));
+    }
+    let (atol, btol, conlim) = tol;
+    let (method, params) = lsq_params("lsqr", (damps[0], atol, btol, conlim), iter_lim, calc_var)?;
+    // every damping checked as the single solve checks its own
+    for &d in &damps {
+        lsq_params("lsqr", (d, atol, btol, conlim), iter_lim, calc_var)?;
+    }
+    let a = csr(shape, indptr, indices, data)?;
+    let (b, _) = crate::vectors(a.nrows(), a.ncols(), b, None)?;
+    let (spec, reorder) = crate::lsq_layout(layout)?;
+    let cancel = AtomicBool::new(false);
+    let got = solve_on(py, threads, &cancel, || {
+        guarded(|| {
+            let (kind, why) =
+                seistomo::pipeline::operators::choose_backend(spec.backend).map_err(py_err)?;
+            let engine = crate::engine_for(kind).map_err(py_err)?;
+            let layout = crate::layout_for(kind, &spec, reorder, a.nnz());
+            let kernel_rows = a.nrows();
+            let sys = seistomo::sparse::System { a, b, kernel_rows };
+            let setup_started = std::time::Instant::now();
+            let p =
+                seistomo::pipeline::prepare::prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            let job = LsqrJob {
+                method,
+                params: &params,
+                spec: &spec,
+                checkpoint: None,
+                setup_started,
+            };
+            let rhs = [p.b.clone()];
+            let of = vec![0; damps.len()];
+            let outs = solve_many(
+                &engine,
+                &why,
+                p,
+                &job,
+                &SerialComm,
+                (&rhs, &of, &damps, true),
+            )
+            .map_err(py_err)?;
+            let what = format!(
+                "{}: {} ({why}); {} dampings in one bidiagonalisation",
+                engine.name(),
+                engine.describe(),
+                damps.len()
+            );
+            Ok(outs.into_iter().map(|o| o.solution).collect::<Vec<_>>()).map(|s| (s, what))
+        })
+    })?;
+    let (sols, what) = got;
+    sols.iter().map(|s| lsq_dict(py, s, what.clone())).collect()
+}

@@ -1380,6 +1380,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         write_model,
         cuda_available,
         columns::lsqr_columns,
+        columns::lsqr_damps,
         device::lsqr_device,
         columns::lcurve_batch,
         columns::gpu_batch_min_nnz,

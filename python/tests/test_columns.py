@@ -258,3 +258,45 @@ def test_lcurve_on_the_gpu_agrees_with_the_cpu():
         for key in ("residual_norm", "model_norm"):
             assert rel(gpu[key], cpu[key]) <= tol, (how, prec, key, rel(gpu[key], cpu[key]))
         assert gpu["corner"] == cpu["corner"], (how, prec)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("australia", dict(atol=1e-10, btol=1e-10, conlim=1e14)),
+    ("well1850", dict(atol=1e-10, btol=1e-10, conlim=1e14, calc_var=True)),
+    ("well1033", dict(iter_lim=15)),
+])
+def test_damp_list_is_one_bidiagonalisation_equal_to_each_solve_and_scipy(name, kw):
+    # damp=[...]: every damping in one Golub-Kahan pass; each equals its own host-loop solve
+    # bit for bit (on the CPU the host loop is the only loop) and SciPy's lsqr at that damping
+    A, b = system(name)
+    damps = [0.0, 1e-3, 0.05, 1.0]
+    out = seistomo.lsqr(A, b, damp=damps, backend="cpu", **kw)
+    X, istop, itn, r1, r2, anorm, acond, arnorm, xnorm, var = out
+    assert X.shape == (A.shape[1], 4) and var.shape == X.shape and len(out.info) == 4
+    assert "one bidiagonalisation" in seistomo.last_info["backend"]
+    for j, d in enumerate(damps):
+        one = seistomo.lsqr(A, b, damp=d, backend="cpu", **kw)
+        assert np.array_equal(X[:, j], one[0]), f"{name} damp {d}: not the single solve"
+        assert (istop[j], itn[j]) == (one[1], one[2])
+        assert (r1[j], r2[j], anorm[j], acond[j], arnorm[j], xnorm[j]) == one[3:9]
+        assert np.array_equal(var[:, j], one[9])
+        ref = scipy_lsqr(A, b, damp=d, **kw)
+        assert istop[j] == ref[1], f"{name} damp {d}: istop {istop[j]} vs SciPy {ref[1]}"
+        assert within_2pct(itn[j], ref[2]), f"{name} damp {d}: {itn[j]} vs {ref[2]}"
+        if kw.get("atol", 1) < 1e-8:
+            assert rel(X[:, j], ref[0]) <= 1e-8, f"{name} damp {d}"
+    # the dampings stopped apart where they converge (not at a common limit)
+    if "iter_lim" not in kw:
+        assert len(set(itn)) >= 2, itn
+
+
+def test_damp_list_refusals():
+    A, b = system("well1033")
+    for kw, words in ((dict(damp=[]), "empty"), (dict(damp=[0.1, 1], x0=np.zeros(A.shape[1])), "x0"),
+                      (dict(damp=[0.1, 1], callback=lambda *a: None), "callback"),
+                      (dict(damp=[0.1, -1.0]), "damp")):
+        with pytest.raises(ValueError, match=words):
+            seistomo.lsqr(A, b, backend="cpu", **kw)
+    B = np.stack([b, b], axis=1)
+    with pytest.raises(ValueError, match="one vector"):
+        seistomo.lsqr(A, B, damp=[0.1, 1], backend="cpu")
