@@ -300,3 +300,22 @@ def test_damp_list_refusals():
     B = np.stack([b, b], axis=1)
     with pytest.raises(ValueError, match="one vector"):
         seistomo.lsqr(A, B, damp=[0.1, 1], backend="cpu")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_damp_list_on_the_gpu_equals_its_host_loop_solves():
+    # the GPU's one pass: each damping its own host-loop GPU solve bit for bit (f64 and f32
+    # compact storage), and the CPU's within rounding
+    A, b = system("australia")
+    damps = [1e-3, 0.05, 1.0]
+    kw = dict(atol=1e-10, btol=1e-10, conlim=1e14)
+    for prec, storage in (("f64", "csr"), ("f32", "compact")):
+        lay = dict(backend="cuda", precision=prec, storage=storage)
+        X, istop, itn, *_ = seistomo.lsqr(A, b, damp=damps, **lay, **kw)
+        assert "cuda" in seistomo.last_info["backend"]
+        cpu = seistomo.lsqr(A, b, damp=damps, backend="cpu", **kw)
+        for j, d in enumerate(damps):
+            one = seistomo.lsqr(A, b, damp=d, lsqr_loop="host", **lay, **kw)
+            assert np.array_equal(X[:, j], one[0]), (prec, d)
+            assert (istop[j], itn[j]) == (one[1], one[2]), (prec, d)
+            assert rel(X[:, j], cpu[0][:, j]) <= (1e-8 if prec == "f64" else 1e-4), (prec, d)
