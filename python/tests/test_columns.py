@@ -320,4 +320,4 @@ def test_damp_list_on_the_gpu_equals_its_host_loop_solves():
             assert (istop[j], itn[j]) == (one[1], one[2]), (prec, d)
             e = rel(X[:, j], cpu[0][:, j])
             print(f"{prec} damp {d}: {itn[j]} its (CPU {cpu[2][j]}), x against the CPU {e:.2e}")
-            assert e <= (1e-8 if prec == "f64" else 1e-2), (prec, d, e)
+            assert e <= (1e-8 if prec == "f64" else 1e-6), (prec, d, e)
