@@ -308,15 +308,7 @@ pub(crate) fn lsqr_damps<'py>(
     let cancel = AtomicBool::new(false);
     let got = solve_on(py, threads, &cancel, || {
         guarded(|| {
-            let (kind, why) =
-                seistomo::pipeline::operators::choose_backend(spec.backend).map_err(py_err)?;
-            let engine = crate::engine_for(kind).map_err(py_err)?;
-            let layout = crate::layout_for(kind, &spec, reorder, a.nnz());
-            let kernel_rows = a.nrows();
-            let sys = seistomo::sparse::System { a, b, kernel_rows };
-            let setup_started = std::time::Instant::now();
-            let p =
-                seistomo::pipeline::prepare::prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            let (engine, why, p, setup_started) = crate::prepare_on(&spec, reorder, a, b)?;
             let job = LsqrJob {
                 method,
                 params: &params,
@@ -341,7 +333,8 @@ pub(crate) fn lsqr_damps<'py>(
                 engine.describe(),
                 damps.len()
             );
-            Ok(outs.into_iter().map(|o| o.solution).collect::<Vec<_>>()).map(|s| (s, what))
+            let sols: Vec<LsqrSolution> = outs.into_iter().map(|o| o.solution).collect();
+            Ok((sols, what))
         })
     })?;
     let (sols, what) = got;

@@ -35,7 +35,7 @@ use seistomo::grid::reorder::Reorder;
 use seistomo::partition::graph::RowPartition;
 use seistomo::pipeline::operators::{choose_backend, resolve_storage, Engine, SquareSystem};
 use seistomo::pipeline::options::{BackendChoice, OperatorSpec};
-use seistomo::pipeline::prepare::{prepare, Layout};
+use seistomo::pipeline::prepare::{prepare, Layout, Prepared};
 use seistomo::pipeline::solve::{solve, LsqrJob, Recorder, Watch};
 use seistomo::pipeline::square::{gmres_square, gmres_square_host_precond};
 use seistomo::solver::dist_square::SquarePrecond;
@@ -551,13 +551,7 @@ fn lsqr<'py>(
     mon.keep_iterate = threads.is_none();
     let out = solve_on(py, threads, &cancel, || {
         guarded(|| {
-            let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
-            let engine = engine_for(kind).map_err(py_err)?;
-            let layout = layout_for(kind, &spec, reorder, a.nnz());
-            let kernel_rows = a.nrows();
-            let sys = System { a, b, kernel_rows };
-            let setup_started = std::time::Instant::now();
-            let mut p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+            let (engine, why, mut p, setup_started) = prepare_on(&spec, reorder, a, b)?;
             p.x0 = x0.as_deref().map(|x| p.unmap.ordering.to_new(x));
             mon.ordering = Some(p.unmap.ordering.clone());
             let job = LsqrJob {
@@ -767,6 +761,25 @@ fn operator_backend(backend: &str) -> PyResult<()> {
 
 /// The engine of one process: a GPU, or the CPU driven from the calling thread (Python sees
 /// Ctrl-C on its main thread only).
+/// The CLI's stages for one rank, on the backend `spec` asks for: the engine, why it was
+/// chosen, the system [A; b] prepared (laid out and reordered as `layout_for` says) and when
+/// the set-up started.
+pub(crate) fn prepare_on(
+    spec: &OperatorSpec,
+    reorder: Reorder,
+    a: Csr,
+    b: Vec<f64>,
+) -> PyResult<(Engine, String, Prepared, std::time::Instant)> {
+    let (kind, why) = choose_backend(spec.backend).map_err(py_err)?;
+    let engine = engine_for(kind).map_err(py_err)?;
+    let layout = layout_for(kind, spec, reorder, a.nnz());
+    let kernel_rows = a.nrows();
+    let sys = System { a, b, kernel_rows };
+    let setup_started = std::time::Instant::now();
+    let p = prepare(sys, &layout, &SerialComm).map_err(py_err)?;
+    Ok((engine, why, p, setup_started))
+}
+
 fn engine_for(kind: BackendChoice) -> seistomo::Result<Engine> {
     match kind {
         BackendChoice::Cuda => Engine::gpu(0),

@@ -517,19 +517,7 @@ mod tests {
     use crate::solver::{lsqr, LeastSquares, NoMonitor};
     use crate::sparse::Csr;
 
-    /// A random m x n matrix with `per_row` entries a row (no empty columns on average).
-    fn random(m: usize, n: usize, per_row: usize, seed: u64) -> Csr {
-        let mut rng = crate::grid::Rng::new(seed);
-        let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..m {
-            for _ in 0..per_row {
-                r.push(i as u64);
-                c.push(rng.below(n as u64));
-                v.push(rng.uniform() * 2.0 - 1.0);
-            }
-        }
-        Csr::from_triplets(m, n, &r, &c, &v).unwrap()
-    }
+    use crate::testproblems::uniform_rows as random;
 
     fn bits(x: &[f64]) -> Vec<u64> {
         x.iter().map(|v| v.to_bits()).collect()

@@ -10,7 +10,7 @@ pub mod random;
 pub mod square;
 
 pub use lstp::Lstp;
-pub use random::{awkward_csr, random_square, runs_csr, with_negative_zeros};
+pub use random::{awkward_csr, random_square, runs_csr, uniform_rows, with_negative_zeros};
 
 /// alpha p + beta y, entry by entry: the reference of a scaled product y <- alpha A x + beta y,
 /// with p = A x (or A^T y) computed plainly.

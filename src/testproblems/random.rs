@@ -91,3 +91,18 @@ pub fn with_negative_zeros(n: usize, every: usize, rng: &mut Rng) -> Vec<f64> {
         })
         .collect()
 }
+
+/// An m x n matrix with `per_row` entries a row at uniformly random columns (duplicates
+/// summed), values uniform in [-1, 1): the solvers' batch and damping tests' system.
+pub fn uniform_rows(m: usize, n: usize, per_row: usize, seed: u64) -> Csr {
+    let mut rng = Rng::new(seed);
+    let (mut r, mut c, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..m {
+        for _ in 0..per_row {
+            r.push(i as u64);
+            c.push(rng.below(n as u64));
+            v.push(rng.uniform() * 2.0 - 1.0);
+        }
+    }
+    Csr::from_triplets(m, n, &r, &c, &v).expect("entries within the shape")
+}
