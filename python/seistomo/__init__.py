@@ -984,18 +984,28 @@ def _lsqr_columns(A, B, damp, atol, btol, conlim, iter_lim, show, calc_var, x0, 
                                   str(precision))
         how = rs[0]["backend"]
         _flush_console()
-    n = A.shape[1]
+    labels = [f"column {j:4d}" for j in range(k)]
+    return _many_result(rs, (rows, A.shape[1]), calc_var, ("columns", "right-hand sides", how),
+                        labels, show, as_cupy)
+
+
+def _many_result(rs, shape, calc_var, what, labels, show, as_cupy):
+    """lsqr's 10-tuple from the native results `rs` of several solves (one column each): x and
+    var (n, k), istop, itn and the norms arrays of k, .info the solves' reports, also in
+    seistomo.last_info[key] beside how they ran; with show, a line a solve (`labels`). `what`
+    is (key, the solves in words, how they ran)."""
+    (rows, n), k, (key, words, how) = shape, len(rs), what
     X = np.stack([_array(r["x"]) for r in rs], axis=1)
     var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var
            else np.zeros((n, k)))
-    infos = [{key: v for key, v in r.items() if key not in ("x", "var", "info")} for r in rs]
+    infos = [{f: v for f, v in r.items() if f not in ("x", "var", "info")} for r in rs]
     last_info.clear()
-    last_info.update({"columns": infos, "backend": how})
-    col = lambda key, t=float: np.array([t(r[key]) for r in rs])  # noqa: E731
+    last_info.update({key: infos, "backend": how})
+    col = lambda f, t=float: np.array([t(r[f]) for r in rs])  # noqa: E731
     if show:
-        print(f"LSQR of {k} right-hand sides; A has {rows} rows and {n} columns; {how}")
-        for j, r in enumerate(rs):
-            print(f"column {j:4d}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
+        print(f"LSQR of {k} {words}; A has {rows} rows and {n} columns; {how}")
+        for label, r in zip(labels, rs):
+            print(f"{label}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
                   f"r1norm ={r['r1norm']:9.2e}  arnorm ={r['arnorm']:9.2e}  "
                   f"xnorm ={r['xnorm']:9.2e}")
     out = LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
@@ -1042,24 +1052,9 @@ def _lsqr_damps(A, b, damps, atol, btol, conlim, iter_lim, show, calc_var, x0, b
                                 bool(calc_var), lay, _threads(threads))
     finally:
         _flush_console()
-    n = shape[1]
-    X = np.stack([_array(r["x"]) for r in rs], axis=1)
-    var = (np.stack([_array(r["var"]) for r in rs], axis=1) if calc_var
-           else np.zeros((n, k)))
-    infos = [{key: v for key, v in r.items() if key not in ("x", "var")} for r in rs]
-    how = rs[0]["backend"]
-    last_info.clear()
-    last_info.update({"dampings": infos, "backend": how})
-    col = lambda key, t=float: np.array([t(r[key]) for r in rs])  # noqa: E731
-    if show:
-        print(f"LSQR of {k} dampings; A has {shape[0]} rows and {n} columns; {how}")
-        for d, r in zip(damps, rs):
-            print(f"damp {d:9.2e}: istop ={r['istop']:3d}  itn ={r['itn']:7d}  "
-                  f"r1norm ={r['r1norm']:9.2e}  arnorm ={r['arnorm']:9.2e}  "
-                  f"xnorm ={r['xnorm']:9.2e}")
-    out = LsqResult((X, col("istop", int), col("itn", int), col("r1norm"), col("r2norm"),
-                     col("anorm"), col("acond"), col("arnorm"), col("xnorm"), var), infos)
-    return out
+    labels = [f"damp {d:9.2e}" for d in damps]
+    what = ("dampings", "dampings", rs[0]["backend"])
+    return _many_result(rs, shape, calc_var, what, labels, show, as_cupy)
 
 
 def _columns_one_by_one(A, B, tol, iter_lim, calc_var, backend, precision, layout, threads):
