@@ -57,6 +57,10 @@
 #             --weight-on damp`, 300 iterations, f32 and f64) beside one `invert` (device and
 #             host loop), and three dampings one solve after another against the pass
 #                                                                              -> performance.md
+#   lcurve    the L-curve with the defaults (GCV's probe) and without it on the 600k-ray dataset:
+#             16 weights of R (the batch) and 16 of LSQR's damping (one bidiagonalisation), 300
+#             iterations, beside $BIN/seistomo-prev; wall, solves, the points' time, the curves
+#             compared                                                       -> performance.md
 #   tts4      time to solution on the 4x dataset (369M nonzeros), fresh and prepared, on one GPU
 #             and (when there are two) on two
 #   tts       time to solution: `invert` with the defaults on the 600k-ray 128x128x80 dataset
@@ -555,6 +559,44 @@ for q, r in zip(b, s):
 PY
   done
   cat "$OUT/damps.txt" >> "$S"
+fi
+
+if has lcurve; then
+  # The L-curve with the defaults (GCV's probe on: `[solver] gcv_probes` 1) and without the
+  # probe, on the 600k-ray dataset, 300 iterations (atol = btol = 0), f64: 16 weights of R (the
+  # GPU's batch) and 16 values of LSQR's damping (one bidiagonalisation); this binary and
+  # $BIN/seistomo-prev when it is there, runs alternated; wall, the solves and the traced points.
+  ds=/tmp/tts600k
+  [ -d $ds ] || "$BIN/seistomo" -q synth -o $ds --grid 128,128,80 --rays 600000 --norm-damping 0.1 \
+    --flattening 0.5,0.5,0.5 > /dev/null 2>> "$OUT/log.txt"
+  W16="0.05,0.07,0.1,0.15,0.2,0.3,0.5,0.7,1,1.5,2,3,5,7,10,20"
+  D16="0.005,0.01,0.015,0.02,0.03,0.05,0.07,0.1,0.15,0.2,0.3,0.5,0.7,1,1.5,2"
+  for probes in 1 0; do
+    for on in reg damp; do
+      for b in seistomo seistomo-prev seistomo seistomo-prev; do
+        [ -x "$BIN/$b" ] || continue
+        cfg=/tmp/lc-$probes-$on.toml; o=/tmp/lc-o; rm -rf $o
+        printf '[dataset]\npath = "%s/dataset.toml"\n[solver]\niter_lim = 300\natol = 0\nbtol = 0\ngcv_probes = %s\n[output]\ndir = "%s"\n' \
+          $ds $probes $o > $cfg
+        flag=(--damping $W16); [ $on = damp ] && flag=(--weight-on damp --damping $D16)
+        log="$OUT/lcurve_${probes}_${on}_$b.log"
+        CUDA_VISIBLE_DEVICES=0 wall "$BIN/$b" --trace-phases lcurve $cfg "${flag[@]}" -o $o > "$log" 2>&1
+        echo "probes $probes, $on, $b: $(grep -E '^(one bidiag|batch:|solved in|gcv:|corner:)|s wall$' "$log" | tr '\n' ' ')" >> "$OUT/lcurve.txt"
+        echo "  points: $(grep -E 'points of [0-9]+ members in' "$log" | awk '{n+=$5; s+=$8} END {print n" members in "s" s"}')" >> "$OUT/lcurve.txt"
+        cp $o/lcurve.csv "$OUT/lcurve_${probes}_${on}_$b.csv" 2>/dev/null
+        rm -rf $o
+      done
+      [ -f "$OUT/lcurve_${probes}_${on}_seistomo-prev.csv" ] && python3 - "$OUT/lcurve_${probes}_${on}_seistomo.csv" "$OUT/lcurve_${probes}_${on}_seistomo-prev.csv" >> "$OUT/lcurve.txt" <<'PY'
+import csv, sys
+rows = lambda f: [r for r in csv.reader(open(f)) if r[0][0].isdigit()]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+d = max(abs(float(q[i]) - float(r[i])) / abs(float(r[i])) for q, r in zip(a, b) for i in (1, 2))
+g = [abs(float(q[8]) - float(r[8])) / abs(float(r[8])) for q, r in zip(a, b) if r[8] not in ("NaN", "")]
+print(f"  this binary against prev: {len(a)} points, norms within {d:.2e}" + (f", GCV within {max(g):.2e}" if g else "") + f"; corners {[q[0] for q in a if q[6] == '1']} / {[r[0] for r in b if r[6] == '1']}")
+PY
+    done
+  done
+  cat "$OUT/lcurve.txt" >> "$S"
 fi
 
 if has tts4; then

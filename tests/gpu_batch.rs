@@ -686,3 +686,59 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// An L-curve on the GPU makes its points from each solution's products on the device
+/// (`Outcome::fit`, f64 values): they equal the host's norms of the same solutions, through
+/// the batch (R's weight, column tiles with weighted rows) and through one bidiagonalisation
+/// (LSQR's damping on compact storage with stencils, and CSR); f32 values keep the host's.
+#[test]
+#[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
+fn lcurve_points_from_the_devices_products_equal_the_hosts() {
+    use seistomo::pipeline::config::RunConfig;
+    use seistomo::pipeline::lcurve::{Sweep, SweepMode};
+    use seistomo::pipeline::options::SolveOptions;
+    let _g = gpu();
+    let d = common::synth_dataset("gpu-batch", "fit", "32,32,16", "20000");
+    let weights = [0.05, 0.2, 0.8, 3.2];
+    for (storage, on, precision) in [
+        ("compact", "reg", "f64"),
+        ("compact", "damp", "f64"),
+        ("csr", "damp", "f64"),
+        ("compact", "damp", "f32"),
+    ] {
+        let cfg = d.join(format!("{storage}-{on}-{precision}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"dataset.toml\"\n[solver]\niter_lim = 150\nweight_on = \"{on}\"\n\
+                 [backend]\nkind = \"cuda\"\nstorage = \"{storage}\"\nprecision = \"{precision}\"\n\
+                 [tuning]\ngpu_batch = true\n"
+            ),
+        )
+        .unwrap();
+        let cfg = RunConfig::load(&cfg).unwrap();
+        let sweep = Sweep::from_config(&cfg).unwrap();
+        let o = SolveOptions {
+            grid: sweep.grid.as_ref().map(|g| g.n),
+            ..cfg.options.clone()
+        };
+        let mode = SweepMode {
+            separate: false,
+            gcv_probes: 1,
+            noise_norm: None,
+        };
+        let c = sweep
+            .run(&weights, &o, &SerialComm, mode, |_, _| {})
+            .unwrap();
+        let what = format!("{storage}, {precision}, weights on {on}");
+        let n = common::points_match_the_host(&sweep, &c, 1e-10);
+        println!(
+            "{what}: {n} of {} points from the device's products; {}",
+            weights.len(),
+            c.points[0].outcome.report.lsqr_loop
+        );
+        let want = if precision == "f64" { weights.len() } else { 0 };
+        assert_eq!(n, want, "{what}");
+        assert!(c.points.iter().all(|p| p.trace.is_finite()), "{what}");
+    }
+}

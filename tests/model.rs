@@ -695,3 +695,72 @@ fn invert_rule_on_a_dataset_weighs_its_damping_rows_or_damps() {
     let (ok, err) = seistomo(&["invert", bad.to_str().unwrap()]);
     assert!(!ok && err.contains("weight_on"), "{err}");
 }
+
+/// The L-curve's points from each solution's products on its operator (`SolveOptions::fit`,
+/// the GPU's default) equal the host's: the CPU's batch (R's weight, block operator with
+/// weighted rows) and one bidiagonalisation (LSQR's damping on the dataset's rows, permuted
+/// and stencils), CSR and compact, GCV's traces from the probes' fits.
+#[test]
+fn lcurve_points_from_the_operators_products_equal_the_hosts() {
+    use seistomo::pipeline::config::RunConfig;
+    use seistomo::pipeline::lcurve::{Sweep, SweepMode};
+    use seistomo::pipeline::options::SolveOptions;
+    let d = common::synth_dataset("model", "fit", "16,16,8", "3000");
+    let weights = [0.05, 0.2, 0.8, 3.2];
+    for (storage, on) in [("csr", "reg"), ("csr", "damp"), ("compact", "damp")] {
+        let cfg = d.join(format!("{storage}-{on}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[dataset]\npath = \"dataset.toml\"\n[solver]\niter_lim = 80\nweight_on = \"{on}\"\n\
+                 [backend]\nkind = \"cpu\"\nstorage = \"{storage}\"\n"
+            ),
+        )
+        .unwrap();
+        let cfg = RunConfig::load(&cfg).unwrap();
+        let sweep = Sweep::from_config(&cfg).unwrap();
+        let o = SolveOptions {
+            grid: sweep.grid.as_ref().map(|g| g.n),
+            ..cfg.options.clone()
+        };
+        let mode = SweepMode {
+            separate: false,
+            gcv_probes: 1,
+            noise_norm: None,
+        };
+        let run = |fit: bool| {
+            let o = SolveOptions { fit, ..o.clone() };
+            sweep
+                .run(&weights, &o, &SerialComm, mode, |_, _| {})
+                .unwrap()
+        };
+        let (host, fitted) = (run(false), run(true));
+        let what = format!("{storage}, weights on {on}");
+        assert_eq!(
+            common::points_match_the_host(&sweep, &host, 1e-12),
+            0,
+            "{what}"
+        );
+        let n = common::points_match_the_host(&sweep, &fitted, 1e-12);
+        // the CPU's batch hands its last two members to single solves (no fit: the host's)
+        let least = if on == "reg" {
+            weights.len() - 2
+        } else {
+            weights.len()
+        };
+        assert!(n >= least, "{what}: {n} points with a fit");
+        for (p, q) in fitted.points.iter().zip(&host.points) {
+            assert_eq!(p.outcome.solution.x, q.outcome.solution.x, "{what}");
+            let rel = |a: f64, b: f64| (a - b).abs() / b.abs();
+            assert!(rel(p.residual_norm, q.residual_norm) <= 1e-12, "{what}");
+            assert!(rel(p.model_norm, q.model_norm) <= 1e-12, "{what}");
+            assert!(
+                p.trace.is_finite() && rel(p.trace, q.trace) <= 1e-10,
+                "{what}: trace {} against {}",
+                p.trace,
+                q.trace
+            );
+        }
+        assert_eq!(fitted.corner, host.corner, "{what}");
+    }
+}

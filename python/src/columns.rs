@@ -291,7 +291,7 @@ pub(crate) fn lsqr_damps<'py>(
     layout: crate::LsqLayout,
     threads: Option<usize>,
 ) -> PyResult<Vec<Bound<'py, PyDict>>> {
-    use seistomo::pipeline::solve::{solve_many, LsqrJob};
+    use seistomo::pipeline::solve::{solve_many, LsqrJob, ManySolves};
     seistomo::backend::cpu::init_threads(None).map_err(py_err)?;
     if damps.is_empty() {
         return Err(PyValueError::new_err("damp: give at least one damping"));
@@ -324,7 +324,13 @@ pub(crate) fn lsqr_damps<'py>(
                 p,
                 &job,
                 &SerialComm,
-                (&rhs, &of, &damps, true),
+                ManySolves {
+                    rhs: &rhs,
+                    of: &of,
+                    damps: &damps,
+                    share: true,
+                    fit: None,
+                },
             )
             .map_err(py_err)?;
             let what = format!(

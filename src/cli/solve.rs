@@ -205,6 +205,7 @@ pub fn run(a: SolveArgs, comm: &dyn Comm) -> anyhow::Result<()> {
         threads: a.threads,
         reorder: a.reorder,
         grid: None,
+        fit: false,
     };
     let out = OutputPaths {
         solution: a.solution,

@@ -187,6 +187,22 @@ pub struct Outcome {
     /// The ray coverage of this rank's kernel rows where the run left it to the operator's
     /// build ([`crate::backend::storage::Deferred::coverage`]), computed meanwhile.
     pub coverage: Option<crate::grid::PendingCoverage>,
+    /// The solution's products on the operator it was solved on, where the run was asked for
+    /// them (`SolveOptions::fit`).
+    pub fit: Option<Fit>,
+}
+
+/// A solution x's products made on the operator it was solved on, before the operator was
+/// dropped: what an L-curve's point and GCV's trace need, without a pass over the kernel rows
+/// on the host (on the GPU: one product, against 0.6 s on 16 host cores for 16 points of the
+/// 101M-nonzero system).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fit {
+    /// G x: the kernel rows' product, in the system's row order.
+    pub gx: Vec<f64>,
+    /// The norm of the other rows' product as the solved matrix has them: ||w R x|| for
+    /// [G; w R].
+    pub reg_norm: f64,
 }
 
 /// One rank's products and vector sum, timed alone before the solve (report.json

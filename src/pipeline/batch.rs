@@ -13,7 +13,8 @@ use crate::backend::TransposeStrategy;
 use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::report::{Calibration, Outcome, Report, Seconds};
+use crate::model::report::{Calibration, Fit, Outcome, Report, Seconds};
+use crate::pipeline::fit::{BlockFitter, FitRows};
 use crate::pipeline::operators::{choose_backend, BatchVisitor, Engine, LsqrVisitor};
 use crate::pipeline::options::{BackendChoice, SolveOptions};
 use crate::pipeline::prepare::{prepare, Unmap};
@@ -184,6 +185,12 @@ pub fn solve_batch(
             .collect()
     };
     let (n, nnz) = (rows.ncols(), p.nnz);
+    // the members' fits on the block operator (one process: its rows are all the rows)
+    let fit = if opts.fit && comm.size() == 1 {
+        FitRows::new(rows.nrows(), kernel_rows, old)
+    } else {
+        None
+    };
     let v = Run {
         rhs: &rhs,
         members,
@@ -193,6 +200,7 @@ pub fn solve_batch(
         engine: &engine,
         spec: &opts.operator,
         handoff: if gpu { 0 } else { HANDOFF },
+        fit: fit.as_ref(),
         facts: Facts {
             m: p.m,
             n,
@@ -229,6 +237,9 @@ struct Run<'a, 'f> {
     /// Members left that go on alone ([`HANDOFF`] on the CPU; never on the GPU, where a batch
     /// of one or two costs less than a new operator's set-up).
     handoff: usize,
+    /// Where the kernel rows are: each member's fit is made on the block operator as it stops
+    /// (None: no fits).
+    fit: Option<&'a FitRows>,
     facts: Facts<'a>,
     finished: &'f mut (dyn FnMut(Vec<(usize, Outcome)>) + Send),
 }
@@ -250,13 +261,14 @@ impl BatchVisitor for Run<'_, '_> {
             engine,
             spec,
             handoff,
+            fit,
             facts,
             finished,
             ..
         } = self;
         let describe = be.describe();
         let (backend, storage) = (be.name(), op.describe());
-        let outcome = |j: usize, r: &MemberResult| {
+        let outcome = |j: usize, r: &MemberResult, fit: Option<Fit>| {
             let mut solution = r.solution.clone();
             unmap.restore(&mut solution.x, solution.var.as_mut());
             let p = LsqrParams {
@@ -275,17 +287,24 @@ impl BatchVisitor for Run<'_, '_> {
                 report,
                 calibration: Calibration::default(),
                 coverage: None,
+                fit,
             }
         };
-        let mut each = |group: Vec<(usize, MemberResult)>| {
-            finished(group.iter().map(|(j, r)| (*j, outcome(*j, r))).collect());
+        let mut each = |group: Vec<(usize, MemberResult, Option<Fit>)>| {
+            finished(
+                group
+                    .into_iter()
+                    .map(|(j, r, f)| (j, outcome(j, &r, f)))
+                    .collect(),
+            );
         };
         // Each member's outcome (its x mapped back, and whatever `finished` does with it: an
         // L-curve point's norms on the host) is made on a thread of its own while the batch
         // goes on (measured: 16 members of the 101M-nonzero system spent 1.2-1.6 s of a 4.4 s
         // GPU batch in `finished` between iterations).
+        let mut fitter = fit.map(BlockFitter::new);
         let (ends, mut each) = std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel::<(usize, MemberResult)>();
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, MemberResult, Option<Fit>)>();
             let consumer = s.spawn(move || {
                 // the members waiting together go as one group (an L-curve's norms take one
                 // pass over the matrix for the group)
@@ -304,12 +323,21 @@ impl BatchVisitor for Run<'_, '_> {
                 params,
                 handoff,
                 &mut |j, r| {
+                    // its fit while the operator holds the batch's last products (a product
+                    // and its rows brought back: milliseconds); a member without one (where
+                    // making it failed) has its products made on the host by the caller
+                    let f = fitter
+                        .as_mut()
+                        .and_then(|f| f.fit(be, op, (&r.solution.x, members[j].weight)).ok());
                     // the receiver lives until the sender is dropped below
-                    let _ = tx.send((j, r.clone()));
+                    let _ = tx.send((j, r.clone(), f));
                 },
             );
             drop(tx);
             crate::ui::phases::trace(format_args!("batch iterations done"));
+            if let Some(f) = &fitter {
+                crate::ui::phases::trace(format_args!("fits in {:.3} s", f.seconds));
+            }
             // This thread may be one of rayon's workers (the CPU batch runs on the pool), and
             // the consumer's own parallel loops need a free worker: with one thread, or
             // several batches at once, a plain join would wait for a consumer that waits for
@@ -343,7 +371,7 @@ impl BatchVisitor for Run<'_, '_> {
                     comm,
                 };
                 let (r, _) = engine.lsqr(spec, comm, rows, false, v)?;
-                each(vec![(j, r)]);
+                each(vec![(j, r, None)]);
             }
         }
         Ok(())

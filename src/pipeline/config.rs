@@ -409,6 +409,7 @@ impl RunConfig {
             threads,
             reorder,
             grid: None,
+            fit: false,
         };
         let resolution = raw
             .resolution

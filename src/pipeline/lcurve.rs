@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::backend::Precision;
 use crate::comm::{Comm, SerialComm};
 use crate::error::{Error, Result};
 use crate::grid::Coverage;
@@ -99,25 +100,46 @@ impl Sweep {
         self.point_from(w, outcome, &gx)
     }
 
-    /// The points of several solutions (weight index, outcome) with one pass over G for all:
-    /// each point as [`Self::point`] makes it, bit for bit (16 points at the iteration limit of
-    /// the 101M-nonzero system took 0.57 s one after another).
+    /// The points of several solutions (weight index, outcome): from each outcome's fit (its
+    /// products made on the operator it was solved on: the GPU's runs), the others with one
+    /// pass over G on the host for all, each point as [`Self::point`] makes it, bit for bit
+    /// (16 points at the iteration limit of the 101M-nonzero system took 0.57 s on 16 cores).
     fn points(&self, weights: &[f64], data: Vec<(usize, Outcome)>) -> Vec<(usize, LPoint)> {
-        let xs: Vec<&[f64]> = data.iter().map(|(_, o)| o.solution.x.as_slice()).collect();
+        let (fitted, host): (Vec<_>, Vec<_>) = data
+            .into_iter()
+            .partition(|(_, o)| o.fit.as_ref().is_some_and(|f| f.gx.len() == self.g.nrows()));
+        let xs: Vec<&[f64]> = host.iter().map(|(_, o)| o.solution.x.as_slice()).collect();
         let gxs = self.g.par_matvec_many(&xs);
-        data.into_iter()
+        let mut out: Vec<(usize, LPoint)> = host
+            .into_iter()
             .zip(gxs)
             .map(|((i, o), gx)| (i, self.point_from(weights[i], o, &gx)))
-            .collect()
+            .collect();
+        for (i, o) in fitted {
+            // (the outcome keeps its fit: the caller may read G x from it)
+            let fit = o.fit.clone().unwrap_or_default();
+            // ||R x|| from the fit's ||w R x|| (the members of a weight sweep are [G; w R])
+            let reg =
+                (fit.reg_norm.is_finite() && weights[i] > 0.0).then(|| fit.reg_norm / weights[i]);
+            out.push((i, self.point_with(weights[i], o, &fit.gx, reg)));
+        }
+        out.sort_by_key(|(i, _)| *i);
+        out
     }
 
     /// The point of `outcome`, G x given (its rows summed in parallel, the same sums as one row
     /// after another, which took 4 s for 16 points of the 101M-nonzero system).
     fn point_from(&self, w: f64, outcome: Outcome, gx: &[f64]) -> LPoint {
+        self.point_with(w, outcome, gx, None)
+    }
+
+    /// [`Self::point_from`] with ||R x|| given where it is known (the model norm of a sweep of
+    /// R's weight).
+    fn point_with(&self, w: f64, outcome: Outcome, gx: &[f64], rx: Option<f64>) -> LPoint {
         let x = &outcome.solution.x;
         let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
         let lm = match &self.r {
-            Some(r) if !self.on_damp => norm(&r.par_matvec(x)),
+            Some(r) if !self.on_damp => rx.unwrap_or_else(|| norm(&r.par_matvec(x))),
             _ => norm(x),
         };
         LPoint {
@@ -255,8 +277,16 @@ impl Sweep {
         mut each: impl FnMut(usize, &LPoint) + Send,
     ) -> Result<Curve> {
         let started = std::time::Instant::now();
+        // On the GPU each solution's products are made on its operator (milliseconds) instead
+        // of a pass over G on the host for each point and probe; where its values are f64 (f32
+        // values would move a residual of 1e-3 of ||d|| in its fifth digit).
+        let gpu = matches!(
+            choose_backend(opts.operator.backend),
+            Ok((BackendChoice::Cuda, _))
+        );
         let opts = &SolveOptions {
             grid: opts.grid.or(self.grid.as_ref().map(|g| g.n)),
+            fit: opts.fit || (gpu && opts.operator.precision == Precision::F64),
             ..opts.clone()
         };
         let p = mode.gcv_probes;
@@ -283,14 +313,18 @@ impl Sweep {
             q => &probe_rhs[q - 1],
         };
         let mut points: Vec<Option<LPoint>> = (0..weights.len()).map(|_| None).collect();
-        let mut probe_x: Vec<Option<Vec<f64>>> = vec![None; members.len()];
+        // G x of each probe's solution (GCV's trace)
+        let mut probe_gx: Vec<Option<Vec<f64>>> = vec![None; members.len()];
         let mut take = |group: Vec<(usize, Outcome)>| {
             let mut data = Vec::with_capacity(group.len());
             for (j, out) in group {
                 if j % per == 0 {
                     data.push((j / per, out));
                 } else {
-                    probe_x[j] = Some(out.solution.x);
+                    probe_gx[j] = Some(match out.fit {
+                        Some(f) if f.gx.len() == self.g.nrows() => f.gx,
+                        _ => self.g.par_matvec(&out.solution.x),
+                    });
                 }
             }
             let (t, n) = (std::time::Instant::now(), data.len());
@@ -309,18 +343,19 @@ impl Sweep {
             .into_iter()
             .map(|p| p.ok_or_else(|| Error::Invalid("lcurve: a weight has no solution".into())))
             .collect::<Result<_>>()?;
-        self.fill_gcv(&mut pts, &probes, &probe_x, per);
+        self.fill_gcv(&mut pts, &probes, &probe_gx, per);
         let mut c = self.choose(pts, weights, mode);
         c.seconds = started.elapsed().as_secs_f64();
         Ok(c)
     }
 
-    /// Each point's trace estimate (1/p sum_q z_q^T G x_q, x_q the solve of [z_q; 0]) and GCV.
+    /// Each point's trace estimate (1/p sum_q z_q^T G x_q, x_q the solve of [z_q; 0]; `gxs`
+    /// holds each probe member's G x_q) and GCV.
     fn fill_gcv(
         &self,
         pts: &mut [LPoint],
         probes: &[Vec<f64>],
-        xs: &[Option<Vec<f64>>],
+        gxs: &[Option<Vec<f64>>],
         per: usize,
     ) {
         if probes.is_empty() {
@@ -331,8 +366,8 @@ impl Sweep {
             let t: f64 = probes
                 .iter()
                 .enumerate()
-                .map(|(q, z)| match &xs[i * per + q + 1] {
-                    Some(x) => self.g.matvec(x).iter().zip(z).map(|(a, b)| a * b).sum(),
+                .map(|(q, z)| match &gxs[i * per + q + 1] {
+                    Some(gx) => gx.iter().zip(z).map(|(a, b)| a * b).sum(),
                     None => f64::NAN,
                 })
                 .sum::<f64>()

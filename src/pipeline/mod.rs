@@ -13,7 +13,8 @@
 //!   concrete backends and operators
 //! - [`config`]: TOML run configs -> [`config::RunConfig`]
 //! - [`monitor`]: progress and history of LSQR and GMRES
-//! - [`checkpoint`]: LSQR with checkpoints; [`model`]: the model side of `invert`
+//! - [`checkpoint`]: LSQR with checkpoints; [`model`]: the model side of `invert`; [`fit`]: a
+//!   solution's products on its operator (an L-curve's points)
 //! - [`square`]: GMRES on square systems over ranks (`solve --method gmres`)
 //! - [`lcurve`], [`compare`], [`mod@bench`], [`export`], [`import`]: the other commands' work;
 //!   [`timing`]: medians and copy bandwidths for `bench` and the factory
@@ -24,6 +25,7 @@ pub mod checkpoint;
 pub mod compare;
 pub mod config;
 pub mod export;
+pub mod fit;
 pub mod import;
 pub mod invert;
 pub mod lcurve;

@@ -209,6 +209,7 @@ pub fn write_solution(path: &std::path::Path, spec: &ModelSpec, s: Solved) -> Re
         report,
         calibration: Default::default(),
         coverage: None,
+        fit: None,
     };
     crate::model::hdf5::write_model(
         path,

@@ -88,6 +88,10 @@ pub struct SolveOptions {
     /// Cells along x, y, z when the unknowns are a regular grid's cells (set by `invert` from
     /// the dataset or `[model]`; lets `reorder = "auto"` number the cells in Morton order).
     pub grid: Option<[usize; 3]>,
+    /// Each solution's kernel-row product G x and regularisation norm made on the operator it
+    /// was solved on (`Outcome::fit`), where the run can: many solves of one system on one
+    /// process (an L-curve's members). Off by default.
+    pub fit: bool,
 }
 
 impl SolveOptions {
@@ -105,6 +109,7 @@ impl SolveOptions {
             threads: None,
             reorder: Reorder::None,
             grid: None,
+            fit: false,
         }
     }
 }

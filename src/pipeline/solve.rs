@@ -8,7 +8,8 @@ use crate::backend::{Backend, Operator};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::model::checkpoint::Checkpointing;
-use crate::model::report::{Calibration, Outcome, Report, ReportHeader, Seconds};
+use crate::model::report::{Calibration, Fit, Outcome, Report, ReportHeader, Seconds};
+use crate::pipeline::fit::{FitRows, Fitter};
 use crate::pipeline::monitor::LsqrProgress;
 use crate::pipeline::operators::{
     choose_backend, resolve_storage, use_device_loop, Built, Engine, LsqrVisitor,
@@ -266,6 +267,8 @@ struct Many<'a> {
     /// The members in groups: a group of several (one right-hand side, LSQR) shares one
     /// bidiagonalisation ([`solver::lsqr_damps`]); one alone is solved on its own.
     groups: Vec<Vec<usize>>,
+    /// Where the kernel rows are: each solution's fit is made on the operator (None: no fits).
+    fit: Option<&'a FitRows>,
 }
 
 /// Whether two right-hand sides are the same values (the same slice, or equal bit for bit).
@@ -288,7 +291,7 @@ fn same_rhs_groups(of: &[usize]) -> Vec<Vec<usize>> {
 }
 
 impl LsqrVisitor for Many<'_> {
-    type Output = Vec<<Run<'static, 'static> as LsqrVisitor>::Output>;
+    type Output = Vec<(<Run<'static, 'static> as LsqrVisitor>::Output, Option<Fit>)>;
     fn visit<B: Backend, O: Operator<B>>(self, be: &B, op: &O) -> Result<Self::Output> {
         let cal = crate::ui::phases::time("calibrate", || calibrate(be, op, self.comm))?;
         // the set-up ends here for every solve: its seconds are the shared set-up's
@@ -316,27 +319,67 @@ impl LsqrVisitor for Many<'_> {
             let (sol, h) = l.run(be, op, &mut mon)?;
             out[j] = Some((sol, h.unwrap_or(mon.0), started, cal));
         }
-        out.into_iter()
+        // each solution's products while the operator is still there (the prepared columns:
+        // x is mapped back afterwards)
+        let t = std::time::Instant::now();
+        let mut fitter = self.fit.map(Fitter::new);
+        let out = out
+            .into_iter()
             .map(|o| {
-                o.ok_or_else(|| crate::Error::Invalid("a member of the solves has no group".into()))
+                let o = o.ok_or_else(|| {
+                    crate::Error::Invalid("a member of the solves has no group".into())
+                })?;
+                let fit = match &mut fitter {
+                    Some(f) => Some(f.fit(be, op, &o.0.x)?),
+                    None => None,
+                };
+                Ok((o, fit))
             })
-            .collect()
+            .collect();
+        if fitter.is_some() {
+            crate::ui::phases::trace(format_args!(
+                "fits of {} members in {:.3} s",
+                self.of.len(),
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        out
     }
+}
+
+/// The members of [`solve_many`]: member j solves right-hand side `rhs[of[j]]` (its rows in
+/// the prepared order) with damping `damps[j]`.
+pub struct ManySolves<'a> {
+    pub rhs: &'a [Vec<f64>],
+    pub of: &'a [usize],
+    pub damps: &'a [f64],
+    /// LSQR's members of one right-hand side share one bidiagonalisation.
+    pub share: bool,
+    /// Where the kernel rows went: each outcome gets its fit ([`Outcome::fit`]).
+    pub fit: Option<&'a FitRows>,
 }
 
 /// Solve the prepared system for each member j: right-hand side `rhs[of[j]]` (its rows in the
 /// prepared order, as `p.b`; one process) and damping `damps[j]`, on one operator: the
 /// set-up paid once. Each outcome is that of [`solve`] with that b and damping; with `share`,
 /// LSQR's members with the same b share one bidiagonalisation ([`solver::lsqr_damps()`]: each
-/// its host-loop solve's numbers bit for bit, for about the cost of one solve).
+/// its host-loop solve's numbers bit for bit, for about the cost of one solve). With `fit`
+/// (where the kernel rows went), each outcome has its fit ([`Outcome::fit`]).
 pub fn solve_many(
     engine: &Engine,
     why: &str,
     p: Prepared,
     job: &LsqrJob,
     comm: &dyn Comm,
-    (rhs, of, damps, share): (&[Vec<f64>], &[usize], &[f64], bool),
+    solves: ManySolves,
 ) -> Result<Vec<Outcome>> {
+    let ManySolves {
+        rhs,
+        of,
+        damps,
+        share,
+        fit,
+    } = solves;
     if of.len() != damps.len()
         || of.iter().any(|&r| r >= rhs.len())
         || rhs.iter().any(|b| b.len() != p.b.len())
@@ -378,6 +421,7 @@ pub fn solve_many(
         } else {
             (0..of.len()).map(|j| vec![j]).collect()
         },
+        fit,
     };
     let mut in_pass = vec![false; of.len()];
     for g in many.groups.iter().filter(|g| g.len() > 1) {
@@ -390,7 +434,7 @@ pub fn solve_many(
     Ok(runs
         .into_iter()
         .zip(&params)
-        .map(|(mut ran, params)| {
+        .map(|((mut ran, fit), params)| {
             unmap.restore(&mut ran.0.x, ran.0.var.as_mut());
             let facts = RunFacts {
                 storage: storage.clone(),
@@ -400,7 +444,10 @@ pub fn solve_many(
                 shape: (m, n, nnz),
                 load_seconds: 0.0,
             };
-            outcome((engine, why, job, comm), params, ran, &built, facts)
+            Outcome {
+                fit,
+                ..outcome((engine, why, job, comm), params, ran, &built, facts)
+            }
         })
         .zip(in_pass)
         .map(|(mut o, shared)| {
@@ -429,7 +476,7 @@ pub fn solve_system_many(
     if comm.size() > 1 {
         return Ok(None);
     }
-    let first = sys.b.clone();
+    let (first, kernel_rows) = (sys.b.clone(), sys.kernel_rows);
     let (engine, why, prepared) = start_and_prepare(sys, opts, comm)?;
     // The stored rows are permuted (new row i is old row rows[i]); rows split off as a
     // stencil after them keep their places (backend::storage::prepare).
@@ -463,13 +510,24 @@ pub fn solve_system_many(
     }
     let distinct: Vec<Vec<f64>> = distinct.iter().map(|b| mapped(b)).collect();
     let job = LsqrJob::of(opts, setup_started);
+    let fit = if opts.fit {
+        FitRows::new(m, kernel_rows, old)
+    } else {
+        None
+    };
     solve_many(
         &engine,
         &why,
         prepared,
         &job,
         comm,
-        (&distinct, &of, damps, share),
+        ManySolves {
+            rhs: &distinct,
+            of: &of,
+            damps,
+            share,
+            fit: fit.as_ref(),
+        },
     )
     .map(Some)
 }
@@ -592,6 +650,7 @@ fn outcome(
             ..calibration
         },
         coverage: built.coverage.clone(),
+        fit: None,
     }
 }
 

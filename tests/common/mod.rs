@@ -339,3 +339,48 @@ pub fn synth_dataset(tag: &str, name: &str, grid: &str, rays: &str) -> Scratch {
     );
     dir
 }
+
+/// Each point of an L-curve against its own solution's norms made on the host from the
+/// sweep's rows (||G x - d|| and ||R x|| or ||x||), within `tol` relative, and the trace of a
+/// point with GCV's probes finite. Returns how many points came with a fit made on their
+/// operator ([`seistomo::model::report::Outcome::fit`]), each checked against G x.
+#[allow(dead_code)]
+pub fn points_match_the_host(
+    sweep: &seistomo::pipeline::lcurve::Sweep,
+    curve: &seistomo::pipeline::lcurve::Curve,
+    tol: f64,
+) -> usize {
+    let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let close = |a: f64, b: f64| (a - b).abs() <= tol * b.abs().max(f64::MIN_POSITIVE);
+    let mut fitted = 0;
+    for p in &curve.points {
+        let x = &p.outcome.solution.x;
+        let gx = sweep.g.par_matvec(x);
+        let res: Vec<f64> = gx.iter().zip(&sweep.d).map(|(a, b)| a - b).collect();
+        assert!(
+            close(p.residual_norm, norm(&res)),
+            "w {}: ||G x - d|| {} against {} on the host",
+            p.weight,
+            p.residual_norm,
+            norm(&res)
+        );
+        let model = match &sweep.r {
+            Some(r) if !sweep.on_damp => norm(&r.par_matvec(x)),
+            _ => norm(x),
+        };
+        assert!(
+            close(p.model_norm, model),
+            "w {}: model norm {} against {model} on the host",
+            p.weight,
+            p.model_norm
+        );
+        if let Some(f) = &p.outcome.fit {
+            fitted += 1;
+            assert_eq!(f.gx.len(), gx.len());
+            let scale = norm(&gx).max(f64::MIN_POSITIVE);
+            let diff: Vec<f64> = f.gx.iter().zip(&gx).map(|(a, b)| a - b).collect();
+            assert!(norm(&diff) <= tol * scale, "w {}: the fit's G x", p.weight);
+        }
+    }
+    fitted
+}
