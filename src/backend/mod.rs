@@ -11,7 +11,7 @@ pub mod precond;
 pub mod storage;
 
 use crate::comm::Comm;
-use crate::error::Result;
+use crate::error::{Error, Result};
 pub use crate::sparse::Precision;
 
 /// Vector storage and the vector kernels the Krylov solvers use. Reductions (`dot`, `norm_sq`)
@@ -30,6 +30,10 @@ pub trait Backend: Send + Sync {
     fn upload(&self, x: &[f64]) -> Result<Self::Vector>;
     fn download(&self, x: &Self::Vector, out: &mut [f64]) -> Result<()>;
     fn len(&self, x: &Self::Vector) -> usize;
+    /// out = x[start..start + out.len()] (the default copies all of x to the host first).
+    fn download_range(&self, x: &Self::Vector, start: usize, out: &mut [f64]) -> Result<()> {
+        copy_range(&self.to_host(x)?, start, out)
+    }
     /// A host copy of `x`.
     fn to_host(&self, x: &Self::Vector) -> Result<Vec<f64>> {
         let mut h = vec![0.0; self.len(x)];
@@ -217,6 +221,21 @@ pub trait ScalarSlots: Backend {
     /// for a device (a GPU), false where scalars are computed on the host anyway.
     fn defers_scalars(&self) -> bool {
         false
+    }
+}
+
+/// out = host[start..start + out.len()] ([`Backend::download_range`] of a host copy).
+pub fn copy_range(host: &[f64], start: usize, out: &mut [f64]) -> Result<()> {
+    match host.get(start..start + out.len()) {
+        Some(part) => {
+            out.copy_from_slice(part);
+            Ok(())
+        }
+        None => Err(Error::Invalid(format!(
+            "values {start}..{} of a vector of {}",
+            start + out.len(),
+            host.len()
+        ))),
     }
 }
 

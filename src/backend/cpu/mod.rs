@@ -340,6 +340,9 @@ impl Backend for CpuBackend {
         out.copy_from_slice(x);
         Ok(())
     }
+    fn download_range(&self, x: &Vec<f64>, start: usize, out: &mut [f64]) -> Result<()> {
+        crate::backend::copy_range(x, start, out)
+    }
     fn len(&self, x: &Vec<f64>) -> usize {
         x.len()
     }
