@@ -694,9 +694,6 @@ fn members_of_one_matrix_share_one_gpu_operator_and_equal_their_own_solves() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --include-ignored where there is one (bench/gpu.sh tests)"]
 fn lcurve_points_from_the_devices_products_equal_the_hosts() {
-    use seistomo::pipeline::config::RunConfig;
-    use seistomo::pipeline::lcurve::{Sweep, SweepMode};
-    use seistomo::pipeline::options::SolveOptions;
     let _g = gpu();
     let d = common::synth_dataset("gpu-batch", "fit", "32,32,16", "20000");
     let weights = [0.05, 0.2, 0.8, 3.2];
@@ -706,27 +703,15 @@ fn lcurve_points_from_the_devices_products_equal_the_hosts() {
         ("csr", "damp", "f64"),
         ("compact", "damp", "f32"),
     ] {
-        let cfg = d.join(format!("{storage}-{on}-{precision}.toml"));
-        std::fs::write(
-            &cfg,
-            format!(
-                "[dataset]\npath = \"dataset.toml\"\n[solver]\niter_lim = 150\nweight_on = \"{on}\"\n\
+        let (sweep, o, mode) = common::dataset_sweep(
+            &d,
+            &format!("{storage}-{on}-{precision}.toml"),
+            &format!(
+                "[solver]\niter_lim = 150\nweight_on = \"{on}\"\n\
                  [backend]\nkind = \"cuda\"\nstorage = \"{storage}\"\nprecision = \"{precision}\"\n\
                  [tuning]\ngpu_batch = true\n"
             ),
-        )
-        .unwrap();
-        let cfg = RunConfig::load(&cfg).unwrap();
-        let sweep = Sweep::from_config(&cfg).unwrap();
-        let o = SolveOptions {
-            grid: sweep.grid.as_ref().map(|g| g.n),
-            ..cfg.options.clone()
-        };
-        let mode = SweepMode {
-            separate: false,
-            gcv_probes: 1,
-            noise_norm: None,
-        };
+        );
         let c = sweep
             .run(&weights, &o, &SerialComm, mode, |_, _| {})
             .unwrap();

@@ -702,32 +702,18 @@ fn invert_rule_on_a_dataset_weighs_its_damping_rows_or_damps() {
 /// and stencils), CSR and compact, GCV's traces from the probes' fits.
 #[test]
 fn lcurve_points_from_the_operators_products_equal_the_hosts() {
-    use seistomo::pipeline::config::RunConfig;
-    use seistomo::pipeline::lcurve::{Sweep, SweepMode};
     use seistomo::pipeline::options::SolveOptions;
     let d = common::synth_dataset("model", "fit", "16,16,8", "3000");
     let weights = [0.05, 0.2, 0.8, 3.2];
     for (storage, on) in [("csr", "reg"), ("csr", "damp"), ("compact", "damp")] {
-        let cfg = d.join(format!("{storage}-{on}.toml"));
-        std::fs::write(
-            &cfg,
-            format!(
-                "[dataset]\npath = \"dataset.toml\"\n[solver]\niter_lim = 80\nweight_on = \"{on}\"\n\
+        let (sweep, o, mode) = common::dataset_sweep(
+            &d,
+            &format!("{storage}-{on}.toml"),
+            &format!(
+                "[solver]\niter_lim = 80\nweight_on = \"{on}\"\n\
                  [backend]\nkind = \"cpu\"\nstorage = \"{storage}\"\n"
             ),
-        )
-        .unwrap();
-        let cfg = RunConfig::load(&cfg).unwrap();
-        let sweep = Sweep::from_config(&cfg).unwrap();
-        let o = SolveOptions {
-            grid: sweep.grid.as_ref().map(|g| g.n),
-            ..cfg.options.clone()
-        };
-        let mode = SweepMode {
-            separate: false,
-            gcv_probes: 1,
-            noise_norm: None,
-        };
+        );
         let run = |fit: bool| {
             let o = SolveOptions { fit, ..o.clone() };
             sweep

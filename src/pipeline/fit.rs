@@ -52,6 +52,19 @@ impl FitRows {
         self.kernel.len()
     }
 
+    /// Whether an x of `cols` values on an operator of `shape` (rows, columns) can be fitted.
+    fn check(&self, cols: usize, shape: (usize, usize)) -> Result<()> {
+        if shape != (self.nrows(), cols) {
+            return Err(Error::Invalid(format!(
+                "a fit of {} rows and {cols} columns on an operator of {} x {}",
+                self.nrows(),
+                shape.0,
+                shape.1
+            )));
+        }
+        Ok(())
+    }
+
     /// The prepared rows from the first kernel row to the last (where a product's kernel rows
     /// are read from).
     fn span(&self) -> std::ops::Range<usize> {
@@ -121,15 +134,7 @@ impl<'a, B: Backend> Fitter<'a, B> {
     /// The fit of `x` (the prepared columns) on `op`: one product on the operator's backend.
     pub fn fit<O: Operator<B>>(&mut self, be: &B, op: &O, x: &[f64]) -> Result<Fit> {
         let rows = self.rows;
-        if op.nrows() != rows.nrows() || op.ncols() != x.len() {
-            return Err(Error::Invalid(format!(
-                "a fit of {} x {} rows and columns on an operator of {} x {}",
-                rows.nrows(),
-                x.len(),
-                op.nrows(),
-                op.ncols()
-            )));
-        }
+        rows.check(x.len(), (op.nrows(), op.ncols()))?;
         let xv = be.upload(x)?;
         let [y, z, mask] = match &mut self.bufs {
             Some(b) => b,
@@ -185,15 +190,7 @@ impl<'a, B: BatchBackend> BlockFitter<'a, B> {
     ) -> Result<Fit> {
         let t = std::time::Instant::now();
         let rows = self.rows;
-        if op.nrows() != rows.nrows() || op.ncols() != x.len() {
-            return Err(Error::Invalid(format!(
-                "a fit of {} x {} rows and columns on a block operator of {} x {}",
-                rows.nrows(),
-                x.len(),
-                op.nrows(),
-                op.ncols()
-            )));
-        }
+        rows.check(x.len(), (op.nrows(), op.ncols()))?;
         let (xb, yb) = match &mut self.blocks {
             Some(b) => b,
             none => none.insert((

@@ -384,3 +384,34 @@ pub fn points_match_the_host(
     }
     fitted
 }
+
+/// The L-curve of the dataset in `dir` (`dataset.toml`) under a config with `tables` (its
+/// `[solver]`, `[backend]`, ... lines), written to `dir/name`: the sweep, its options (the
+/// dataset's grid) and a batched mode with GCV's probe.
+#[allow(dead_code)]
+pub fn dataset_sweep(
+    dir: &Path,
+    name: &str,
+    tables: &str,
+) -> (
+    seistomo::pipeline::lcurve::Sweep,
+    SolveOptions,
+    seistomo::pipeline::lcurve::SweepMode,
+) {
+    use seistomo::pipeline::config::RunConfig;
+    use seistomo::pipeline::lcurve::{Sweep, SweepMode};
+    let p = dir.join(name);
+    std::fs::write(&p, format!("[dataset]\npath = \"dataset.toml\"\n{tables}")).unwrap();
+    let cfg = RunConfig::load(&p).unwrap();
+    let sweep = Sweep::from_config(&cfg).unwrap();
+    let o = SolveOptions {
+        grid: sweep.grid.as_ref().map(|g| g.n),
+        ..cfg.options.clone()
+    };
+    let mode = SweepMode {
+        separate: false,
+        gcv_probes: 1,
+        noise_norm: None,
+    };
+    (sweep, o, mode)
+}
