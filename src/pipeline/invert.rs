@@ -131,7 +131,7 @@ fn choose_weight(cfg: &mut RunConfig, comm: &dyn Comm) -> Result<()> {
             "[solver] weight: the weight is chosen on one rank (run without MPI)".into(),
         ));
     }
-    let sweep = Sweep::from_config(cfg)?;
+    let (sweep, _probe) = Sweep::load_beside_backend(cfg)?;
     let mode = SweepMode {
         separate: false,
         gcv_probes: cfg.weight.gcv_probes,

@@ -63,7 +63,7 @@ pub fn resolution(
         paths.output("-o", &figure(out, &name));
     }
     let _lock = crate::io::outpaths::check_and_lock(&paths)?;
-    let sweep = Sweep::from_config(cfg)?;
+    let (sweep, _probe) = Sweep::load_beside_backend(cfg)?;
     let (g, kernel_rows) = (&sweep.g, sweep.g.nrows());
     // The ray coverage is computed beside the solves (below); the model side is checked first.
     let later = crate::grid::Coverage::default();
