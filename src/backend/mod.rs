@@ -226,15 +226,17 @@ pub trait ScalarSlots: Backend {
 
 /// out = host[start..start + out.len()] ([`Backend::download_range`] of a host copy).
 pub fn copy_range(host: &[f64], start: usize, out: &mut [f64]) -> Result<()> {
-    match host.get(start..start + out.len()) {
-        Some(part) => {
-            out.copy_from_slice(part);
-            Ok(())
-        }
-        None => Err(Error::Invalid(format!(
-            "values {start}..{} of a vector of {}",
-            start + out.len(),
-            host.len()
+    out.copy_from_slice(&host[range_in(start, out.len(), host.len())?]);
+    Ok(())
+}
+
+/// The values start..start + len of a vector of `n` ([`Backend::download_range`]'s check).
+pub fn range_in(start: usize, len: usize, n: usize) -> Result<std::ops::Range<usize>> {
+    match start.checked_add(len) {
+        Some(end) if end <= n => Ok(start..end),
+        _ => Err(Error::Invalid(format!(
+            "values {start}..{} of a vector of {n}",
+            start.saturating_add(len)
         ))),
     }
 }

@@ -82,15 +82,19 @@ impl FitRows {
             .collect()
     }
 
+    /// G x from `part`, the product's prepared rows from `lo` on.
+    fn kernel_values(&self, part: &[f64], lo: usize) -> Vec<f64> {
+        self.at
+            .par_iter()
+            .with_min_len(4096)
+            .map(|&i| part[i - lo])
+            .collect()
+    }
+
     /// The fit of a product `y` of the prepared system (its prepared rows).
     pub fn fit(&self, y: &[f64]) -> Fit {
         assert_eq!(y.len(), self.kernel.len(), "a fit of the prepared rows");
-        let gx = self
-            .at
-            .par_iter()
-            .with_min_len(4096)
-            .map(|&i| y[i])
-            .collect();
+        let gx = self.kernel_values(y, 0);
         let pieces: Vec<f64> = y
             .par_chunks(PIECE)
             .zip(self.kernel.par_chunks(PIECE))
@@ -150,14 +154,8 @@ impl<'a, B: Backend> Fitter<'a, B> {
         let lo = self.span.start;
         self.host.resize(self.span.len(), 0.0);
         be.download_range(y, lo, &mut self.host)?;
-        let host = &self.host;
         Ok(Fit {
-            gx: rows
-                .at
-                .par_iter()
-                .with_min_len(4096)
-                .map(|&i| host[i - lo])
-                .collect(),
+            gx: rows.kernel_values(&self.host, lo),
             reg_norm: reg.sqrt(),
         })
     }

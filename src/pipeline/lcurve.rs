@@ -15,7 +15,7 @@ use crate::model::hdf5::{stage_model, ModelInputs};
 use crate::model::lcurve::{
     corner, discrepancy_weight, gcv_minimum, gcv_value, LPoint, WeightChoice,
 };
-use crate::model::report::Outcome;
+use crate::model::report::{Fit, Outcome};
 use crate::pipeline::batch::{batch_blocker, solve_batch, BatchSystem, Member};
 use crate::pipeline::config::RunConfig;
 use crate::pipeline::operators::{choose_backend, BackendProbe};
@@ -97,7 +97,7 @@ impl Sweep {
     #[cfg(test)]
     fn point(&self, w: f64, outcome: Outcome) -> LPoint {
         let gx = self.g.par_matvec(&outcome.solution.x);
-        self.point_from(w, outcome, &gx)
+        self.point_from(w, outcome, &gx, None)
     }
 
     /// The points of several solutions (weight index, outcome): from each outcome's fit (its
@@ -107,13 +107,13 @@ impl Sweep {
     fn points(&self, weights: &[f64], data: Vec<(usize, Outcome)>) -> Vec<(usize, LPoint)> {
         let (fitted, host): (Vec<_>, Vec<_>) = data
             .into_iter()
-            .partition(|(_, o)| o.fit.as_ref().is_some_and(|f| f.gx.len() == self.g.nrows()));
+            .partition(|(_, o)| self.fit_of(o).is_some());
         let xs: Vec<&[f64]> = host.iter().map(|(_, o)| o.solution.x.as_slice()).collect();
         let gxs = self.g.par_matvec_many(&xs);
         let mut out: Vec<(usize, LPoint)> = host
             .into_iter()
             .zip(gxs)
-            .map(|((i, o), gx)| (i, self.point_from(weights[i], o, &gx)))
+            .map(|((i, o), gx)| (i, self.point_from(weights[i], o, &gx, None)))
             .collect();
         for (i, o) in fitted {
             // (the outcome keeps its fit: the caller may read G x from it)
@@ -121,21 +121,21 @@ impl Sweep {
             // ||R x|| from the fit's ||w R x|| (the members of a weight sweep are [G; w R])
             let reg =
                 (fit.reg_norm.is_finite() && weights[i] > 0.0).then(|| fit.reg_norm / weights[i]);
-            out.push((i, self.point_with(weights[i], o, &fit.gx, reg)));
+            out.push((i, self.point_from(weights[i], o, &fit.gx, reg)));
         }
         out.sort_by_key(|(i, _)| *i);
         out
     }
 
-    /// The point of `outcome`, G x given (its rows summed in parallel, the same sums as one row
-    /// after another, which took 4 s for 16 points of the 101M-nonzero system).
-    fn point_from(&self, w: f64, outcome: Outcome, gx: &[f64]) -> LPoint {
-        self.point_with(w, outcome, gx, None)
+    /// The fit made on `o`'s operator, where it has one for G's rows.
+    fn fit_of<'o>(&self, o: &'o Outcome) -> Option<&'o Fit> {
+        o.fit.as_ref().filter(|f| f.gx.len() == self.g.nrows())
     }
 
-    /// [`Self::point_from`] with ||R x|| given where it is known (the model norm of a sweep of
-    /// R's weight).
-    fn point_with(&self, w: f64, outcome: Outcome, gx: &[f64], rx: Option<f64>) -> LPoint {
+    /// The point of `outcome`, G x given (on the host: its rows summed in parallel, the same
+    /// sums as one row after another, which took 4 s for 16 points of the 101M-nonzero
+    /// system), and ||R x|| where it is known (`rx`: the model norm of a sweep of R's weight).
+    fn point_from(&self, w: f64, outcome: Outcome, gx: &[f64], rx: Option<f64>) -> LPoint {
         let x = &outcome.solution.x;
         let res: Vec<f64> = gx.iter().zip(&self.d).map(|(a, b)| a - b).collect();
         let lm = match &self.r {
@@ -321,8 +321,9 @@ impl Sweep {
                 if j % per == 0 {
                     data.push((j / per, out));
                 } else {
+                    let usable = self.fit_of(&out).is_some();
                     probe_gx[j] = Some(match out.fit {
-                        Some(f) if f.gx.len() == self.g.nrows() => f.gx,
+                        Some(f) if usable => f.gx,
                         _ => self.g.par_matvec(&out.solution.x),
                     });
                 }

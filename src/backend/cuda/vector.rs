@@ -424,16 +424,9 @@ impl Backend for CudaBackend {
         self.synchronize()
     }
     fn download_range(&self, x: &CudaSlice<f64>, start: usize, out: &mut [f64]) -> Result<()> {
-        let end = start.checked_add(out.len()).filter(|&e| e <= x.len());
-        let Some(end) = end else {
-            return Err(Error::Invalid(format!(
-                "values {start}..{} of a vector of {}",
-                start + out.len(),
-                x.len()
-            )));
-        };
+        let part = crate::backend::range_in(start, out.len(), x.len())?;
         self.stream
-            .memcpy_dtoh(&x.slice(start..end), out)
+            .memcpy_dtoh(&x.slice(part), out)
             .doing("copying part of a vector to the host")?;
         self.synchronize()
     }
